@@ -1,0 +1,5 @@
+//! Command-line subcommands: each file holds one command's clap arguments and its `run`, and
+//! calls into the library. `main.rs` only dispatches.
+
+pub mod bench;
+pub mod inspect;

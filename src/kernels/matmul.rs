@@ -1,0 +1,105 @@
+//! Weights x activations over a thread pool: y[t][r] = dot(w row r, activation row t).
+//!
+//! Each task owns a contiguous range of weight rows and runs every activation row against
+//! them, so a weight row is read from memory once per call whatever the batch size (prefill
+//! streams weights once; decode is the batch-of-one case).
+
+use super::{check_len, dot_fn, kernels_for, Acts, Isa, KernelError};
+use crate::dtype::DType;
+use rayon::prelude::*;
+
+/// A row-major encoded matrix: `rows` rows of `cols` elements, each row whole blocks of `dtype`.
+#[derive(Clone, Copy, Debug)]
+pub struct WeightView<'a> {
+    pub dtype: DType,
+    pub bytes: &'a [u8],
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl<'a> WeightView<'a> {
+    pub fn new(dtype: DType, bytes: &'a [u8], rows: usize, cols: usize) -> Result<Self, KernelError> {
+        check_len("weight matrix", dtype, rows * cols, bytes.len())?;
+        Ok(WeightView { dtype, bytes, rows, cols })
+    }
+
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        self.bytes.len() / self.rows.max(1)
+    }
+
+    pub fn row(&self, r: usize) -> &'a [u8] {
+        let rb = self.row_bytes();
+        &self.bytes[r * rb..(r + 1) * rb]
+    }
+}
+
+struct SyncPtr(*mut f32);
+// SAFETY: tasks write disjoint elements (distinct weight rows) through this pointer.
+unsafe impl Sync for SyncPtr {}
+unsafe impl Send for SyncPtr {}
+
+/// y (acts.rows() x w.rows, row-major) = activations x w^T. Prepares `acts` in the weight's
+/// activation format. `isa` caps the instruction set (use `Isa::detect()` normally).
+pub fn matmul(
+    w: &WeightView<'_>,
+    acts: &mut Acts,
+    y: &mut [f32],
+    pool: Option<&rayon::ThreadPool>,
+    isa: Isa,
+) -> Result<(), KernelError> {
+    let k = kernels_for(w.dtype)?;
+    if acts.cols() != w.cols {
+        return Err(KernelError::Shape(format!("activations have {} columns, weight has {}", acts.cols(), w.cols)));
+    }
+    check_len("weight matrix", w.dtype, w.rows * w.cols, w.bytes.len())?;
+    let t_rows = acts.rows();
+    if y.len() != t_rows * w.rows {
+        return Err(KernelError::Shape(format!("output has {} elements, expected {}x{}", y.len(), t_rows, w.rows)));
+    }
+    acts.prepare(k.act);
+    if !acts.is_prepared(k.act) {
+        return Err(KernelError::Shape(format!("{} columns cannot be prepared as {:?}", w.cols, k.act)));
+    }
+    let dot = dot_fn(w.dtype, isa)?;
+    let acts = &*acts;
+    let n_rows = w.rows;
+    let rb = w.row_bytes();
+
+    let threads = pool.map(|p| p.current_num_threads()).unwrap_or(1);
+    let total_bytes = w.bytes.len() * t_rows.max(1);
+    if threads <= 1 || total_bytes < 256 * 1024 || n_rows < 2 {
+        for r in 0..n_rows {
+            let wr = &w.bytes[r * rb..(r + 1) * rb];
+            for t in 0..t_rows {
+                y[t * n_rows + r] = dot(wr, &acts.row(t));
+            }
+        }
+        return Ok(());
+    }
+    // Enough chunks to balance load across uneven cores, few enough to keep overhead low.
+    let chunk = (n_rows / (threads * 8)).clamp(8, 4096);
+    let n_chunks = n_rows.div_ceil(chunk);
+    let yp = SyncPtr(y.as_mut_ptr());
+    let run = || {
+        (0..n_chunks).into_par_iter().for_each(|c| {
+            let yp = &yp;
+            let r0 = c * chunk;
+            let r1 = (r0 + chunk).min(n_rows);
+            for r in r0..r1 {
+                let wr = &w.bytes[r * rb..(r + 1) * rb];
+                for t in 0..t_rows {
+                    let v = dot(wr, &acts.row(t));
+                    // SAFETY: index t*n_rows + r < y.len() (checked above); row r belongs to
+                    // exactly one chunk, so no two tasks write the same element.
+                    unsafe { *yp.0.add(t * n_rows + r) = v };
+                }
+            }
+        })
+    };
+    match pool {
+        Some(p) => p.install(run),
+        None => run(),
+    }
+    Ok(())
+}

@@ -1,0 +1,149 @@
+//! Dequantization and dot/matrix-vector kernels, one file per tensor type, one function per ISA.
+//!
+//! Owns: turning encoded weight bytes into f32 (`dequantize`) and multiplying encoded weight
+//! rows with activations (`matmul`, which is matvec when there is one activation row).
+//! Does not own: where the bytes come from (format/, experts/), threads beyond the pool it is
+//! handed, or model logic.
+//!
+//! Shape of the module:
+//! - `act.rs`: activations prepared once per matmul in the format a weight type dots against
+//!   (f32, 32-wide int8 blocks, or 256-wide int8 super-blocks with 16-element sums).
+//! - `isa.rs`: run-time ISA detection (AVX-512 > AVX2 > scalar), overridable with `SLUICE_ISA`.
+//! - one file per type (`q4_k.rs`, ...): `pub(super) const KERNELS: Option<TypeKernels>` with a
+//!   dequantizer (scalar, bit-identical to `gguf.quants.dequantize`) and dot functions per ISA.
+//!   The scalar dot is always present and always tested; SIMD dots must agree with it within
+//!   f32 summation-order noise.
+//! - `matmul.rs`: multi-threaded matrix x activations over rows.
+//!
+//! Invariant: a dot function receives `w` holding exactly `n / block_elems` whole blocks of its
+//! type and an `ActRow` of `n` elements prepared in its `ActFormat`; the dispatcher checks both,
+//! so kernels may index without re-validating.
+
+pub mod act;
+pub mod isa;
+mod matmul;
+
+mod float;
+mod fp8;
+mod iq2_xxs;
+mod mxfp4;
+mod q2_k;
+mod q3_k;
+mod q4_0;
+mod q4_k;
+mod q5_k;
+mod q6_k;
+mod q8_0;
+pub(crate) mod tables;
+
+/// Super-block size of k-quants and i-quants.
+pub const QK: usize = crate::dtype::QK_K;
+
+pub use act::{ActFormat, ActRow, Acts, BlockQ8K, BlockQ8_32};
+pub use fp8::dequantize_fp8_block_scaled;
+pub use isa::Isa;
+pub use matmul::{matmul, WeightView};
+
+use crate::dtype::DType;
+
+/// Dequantize whole blocks to f32. `out.len()` == blocks * block_elems.
+pub type DequantFn = fn(blocks: &[u8], out: &mut [f32]);
+/// Dot product of one encoded weight row with one prepared activation row.
+pub type DotFn = fn(w: &[u8], a: &ActRow<'_>) -> f32;
+
+/// The kernels of one tensor type.
+pub struct TypeKernels {
+    pub dtype: DType,
+    /// Which activation format `dot_*` read from the `ActRow`.
+    pub act: ActFormat,
+    pub dequant: DequantFn,
+    pub dot_scalar: DotFn,
+    /// Only called after the dispatcher has checked the CPU has AVX2+FMA(+F16C).
+    pub dot_avx2: Option<DotFn>,
+    /// Only called after the dispatcher has checked the CPU has AVX-512 F/BW/VL(+VNNI).
+    pub dot_avx512: Option<DotFn>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error("tensor type {0} is not supported by sluice's kernels")]
+    Unsupported(DType),
+    #[error("{what}: expected {expected} bytes for {elems} elements of {dtype}, got {got}")]
+    BadLength { what: &'static str, dtype: DType, elems: usize, expected: usize, got: usize },
+    #[error("{dtype}: {elems} elements is not a whole number of {block}-element blocks")]
+    NotWholeBlocks { dtype: DType, elems: usize, block: usize },
+    #[error("shape mismatch: {0}")]
+    Shape(String),
+}
+
+/// The kernel table for `dtype`, or a clear error if sluice cannot compute with it.
+pub fn kernels_for(dtype: DType) -> Result<&'static TypeKernels, KernelError> {
+    let k: Option<&'static TypeKernels> = match dtype {
+        DType::F32 => float::F32_KERNELS.as_ref(),
+        DType::F16 => float::F16_KERNELS.as_ref(),
+        DType::BF16 => float::BF16_KERNELS.as_ref(),
+        DType::Q8_0 => q8_0::KERNELS.as_ref(),
+        DType::Q4_0 => q4_0::KERNELS.as_ref(),
+        DType::Q2_K => q2_k::KERNELS.as_ref(),
+        DType::Q3_K => q3_k::KERNELS.as_ref(),
+        DType::Q4_K => q4_k::KERNELS.as_ref(),
+        DType::Q5_K => q5_k::KERNELS.as_ref(),
+        DType::Q6_K => q6_k::KERNELS.as_ref(),
+        DType::IQ2_XXS => iq2_xxs::KERNELS.as_ref(),
+        DType::MXFP4 => mxfp4::KERNELS.as_ref(),
+        _ => None,
+    };
+    k.ok_or(KernelError::Unsupported(dtype))
+}
+
+/// Types with kernels in this build, in a stable order (tests and benchmarks iterate this).
+pub fn supported_types() -> Vec<DType> {
+    use DType::*;
+    [F32, F16, BF16, Q8_0, Q4_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, MXFP4]
+        .into_iter()
+        .filter(|t| kernels_for(*t).is_ok())
+        .collect()
+}
+
+fn check_len(what: &'static str, dtype: DType, elems: usize, got: usize) -> Result<(), KernelError> {
+    let (be, bb) = dtype.block_geometry().ok_or(KernelError::Unsupported(dtype))?;
+    if elems % be != 0 {
+        return Err(KernelError::NotWholeBlocks { dtype, elems, block: be });
+    }
+    let expected = elems / be * bb;
+    if got != expected {
+        return Err(KernelError::BadLength { what, dtype, elems, expected, got });
+    }
+    Ok(())
+}
+
+/// Dequantize `bytes` (whole blocks of `dtype`) into `out` (one f32 per element).
+pub fn dequantize(dtype: DType, bytes: &[u8], out: &mut [f32]) -> Result<(), KernelError> {
+    let k = kernels_for(dtype)?;
+    check_len("dequantize", dtype, out.len(), bytes.len())?;
+    (k.dequant)(bytes, out);
+    Ok(())
+}
+
+/// The dot function for `dtype` at the best ISA not above `isa` that the type implements.
+pub fn dot_fn(dtype: DType, isa: Isa) -> Result<DotFn, KernelError> {
+    let k = kernels_for(dtype)?;
+    let isa = isa.min(Isa::detect());
+    Ok(match isa {
+        Isa::Avx512 => k.dot_avx512.or(k.dot_avx2).unwrap_or(k.dot_scalar),
+        Isa::Avx2 => k.dot_avx2.unwrap_or(k.dot_scalar),
+        Isa::Scalar => k.dot_scalar,
+    })
+}
+
+/// One dot product of an encoded weight row with activations, checked. For tests and tools;
+/// hot paths use [`matmul`].
+pub fn dot(dtype: DType, isa: Isa, w: &[u8], acts: &Acts, row: usize) -> Result<f32, KernelError> {
+    let k = kernels_for(dtype)?;
+    check_len("dot", dtype, acts.cols(), w.len())?;
+    if !acts.is_prepared(k.act) {
+        return Err(KernelError::Shape(format!("activations not prepared as {:?}", k.act)));
+    }
+    let f = dot_fn(dtype, isa)?;
+    Ok(f(w, &acts.row(row)))
+}

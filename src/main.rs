@@ -1,0 +1,32 @@
+//! The `sluice` command line: parses arguments and dispatches to `sluice::cli`.
+
+use clap::{Parser, Subcommand};
+use sluice::cli;
+
+#[derive(Parser)]
+#[command(name = "sluice", version, about = "Run Mixture-of-Experts models far larger than RAM")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Describe a model: architecture, experts, quant types, resident and routed bytes.
+    Inspect(cli::inspect::InspectArgs),
+    /// Benchmarks (`--kernels`: matvec GB/s per type against memory bandwidth).
+    Bench(cli::bench::BenchArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Inspect(a) => cli::inspect::run(a),
+        Command::Bench(a) => cli::bench::run(a),
+    };
+    if let Err(e) = result {
+        // One line: the chain of causes joined, no backtrace.
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
