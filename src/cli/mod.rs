@@ -2,4 +2,8 @@
 //! calls into the library. `main.rs` only dispatches.
 
 pub mod bench;
+pub mod chat;
+pub mod common;
 pub mod inspect;
+pub mod logits;
+pub mod run;

@@ -34,6 +34,7 @@ mod q4_k;
 mod q5_k;
 mod q6_k;
 mod q8_0;
+pub mod quantize;
 pub(crate) mod tables;
 
 /// Super-block size of k-quants and i-quants.
