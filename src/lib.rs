@@ -7,4 +7,5 @@
 pub mod cli;
 pub mod dtype;
 pub mod format;
+pub mod inspect;
 pub mod kernels;
