@@ -18,6 +18,7 @@ use crate::dtype::DType;
 pub(crate) const FOREIGN_DTYPE_ID: u32 = u32::MAX;
 
 /// One tensor of a safetensors file.
+#[derive(Debug)]
 pub(crate) struct SafeTensor {
     pub info: TensorInfo,
     /// The dtype as the header spells it (`BF16`, `F8_E4M3`, `U8`, ...).
@@ -120,6 +121,7 @@ pub(crate) fn parse(path: &Path, buf: &[u8], file: usize) -> Result<Vec<SafeTens
 
 /// The shard file names of `model.safetensors.index.json`, in sorted order, and for each
 /// tensor the shard that holds it.
+#[derive(Debug)]
 pub(crate) struct Index {
     pub shards: Vec<String>,
     pub weight_map: Vec<(String, String)>,
