@@ -244,7 +244,7 @@ impl ModelFiles {
                 format!("the file name says {named_count} shards but split.count says {count}"),
             ));
         }
-        let paths: Vec<PathBuf> = (1..=count).map(|i| dir.join(gguf::split_name(prefix, i, count))).collect();
+        let paths: Vec<PathBuf> = (1..=count).map(|i| path.with_file_name(gguf::split_name(prefix, i, count))).collect();
         for p in &paths {
             if !p.is_file() {
                 return Err(FormatError::MissingShard { path: path.to_path_buf(), shard: p.clone() });
@@ -420,7 +420,12 @@ impl ModelFiles {
         FormatError::UnsupportedDType {
             path: self.path_of(t.range.file).to_path_buf(),
             tensor: t.name.clone(),
-            dtype: self.dtype_name(t),
+            dtype: match t.dtype {
+                DType::Unknown(id) if id != safetensors::FOREIGN_DTYPE_ID => {
+                    format!("#{id} (a ggml type id sluice does not know)")
+                }
+                _ => self.dtype_name(t),
+            },
             op,
         }
     }

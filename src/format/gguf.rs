@@ -234,11 +234,13 @@ pub(crate) fn parse(path: &Path, buf: &[u8], file: usize) -> Result<GgufFile, Fo
     let n_kv = r.u64(&|| "the metadata count".to_string())?;
     // A key/value takes at least 13 bytes (8-byte key length, 4-byte type, 1-byte value); a
     // tensor info at least 24. Counts beyond what the file can hold are corruption.
-    if n_kv.checked_mul(13).is_none_or(|n| n > r.remaining()) {
-        return Err(r.err(format!("metadata count {n_kv} is more than the file can hold")));
-    }
-    if n_tensors.checked_mul(24).is_none_or(|n| n > r.remaining()) {
-        return Err(r.err(format!("tensor count {n_tensors} is more than the file can hold")));
+    let min_header = n_kv.checked_mul(13).and_then(|kv| n_tensors.checked_mul(24).and_then(|t| t.checked_add(kv)));
+    if min_header.is_none_or(|n| n > r.remaining()) {
+        return Err(r.err(format!(
+            "truncated or corrupt: {n_kv} metadata entries and {n_tensors} tensor infos cannot fit in the {} bytes after offset {}",
+            r.remaining(),
+            r.pos
+        )));
     }
 
     let mut meta = Vec::with_capacity(n_kv as usize);
