@@ -119,7 +119,7 @@ struct LayerExperts {
 impl LayerExperts {
     fn one_expert(&self) -> u64 {
         let n = self.experts.len() as u64;
-        self.fused_per_expert + if n > 0 { self.per_expert_total / n } else { 0 }
+        self.fused_per_expert + self.per_expert_total.checked_div(n).unwrap_or(0)
     }
 }
 

@@ -209,7 +209,7 @@ impl ModelFiles {
         let first = gguf::parse(path, &map, 0)?;
         let count = match first.meta("split.count") {
             None => 1,
-            Some(v) => v.as_u64().filter(|&c| c >= 1 && c <= 99_999).ok_or_else(|| {
+            Some(v) => v.as_u64().filter(|c| (1..=99_999).contains(c)).ok_or_else(|| {
                 FormatError::malformed(path, format!("split.count is {v:?}; expected a shard count"))
             })?,
         };

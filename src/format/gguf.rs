@@ -337,7 +337,7 @@ fn tensor_ranges(
         let len = match dtype.block_geometry() {
             Some((be, _)) => {
                 let inner = t.dims.first().copied().unwrap_or(1);
-                if inner % be as u64 != 0 {
+                if !inner.is_multiple_of(be as u64) {
                     return Err(FormatError::malformed(
                         path,
                         format!(

@@ -114,7 +114,7 @@ impl GgufWriter {
         }
         let (be, _) = dtype.block_geometry().ok_or_else(|| self.err(format!("tensor `{name}`: type {dtype} has no known size")))?;
         let inner = shape[shape.len() - 1];
-        if inner % be as u64 != 0 {
+        if !inner.is_multiple_of(be as u64) {
             return Err(self.err(format!("tensor `{name}`: innermost dimension {inner} is not a multiple of {dtype}'s block of {be}")));
         }
         let len = shape
