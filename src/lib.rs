@@ -3,13 +3,15 @@
 //! Map (see docs/ARCHITECTURE.md): `format` reads model files into byte ranges; `kernels`
 //! computes on encoded tensors; `model` holds shared blocks and one file per architecture
 //! family; `tokenizer`, `chat` and `sample` turn text into tokens and back; `generate` runs
-//! the prefill/decode loop; `cli` holds the subcommands that `main.rs` dispatches to.
+//! the prefill/decode loop; `inspect` summarises a model; `cli` holds the subcommands that
+//! `main.rs` dispatches to.
 
 pub mod cli;
 pub mod default_model;
 pub mod dtype;
 pub mod format;
 pub mod generate;
+pub mod inspect;
 pub mod kernels;
 pub mod model;
 pub mod npy;
