@@ -10,7 +10,7 @@ pub mod cli;
 pub mod default_model;
 pub mod dtype;
 pub mod format;
-pub mod generate;
+// TEMP pub mod generate;
 pub mod inspect;
 pub mod kernels;
 pub mod model;

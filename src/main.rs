@@ -12,12 +12,6 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Generate text from a prompt (no MODEL: the built-in tiny model).
-    Run(cli::run::RunArgs),
-    /// Interactive chat with the model's chat template.
-    Chat(cli::chat::ChatArgs),
-    /// Teacher-forced logits of a token sequence, written as float32 .npy [T, vocab].
-    Logits(cli::logits::LogitsArgs),
     /// Describe a model: architecture, experts, quant types, resident and routed bytes.
     Inspect(cli::inspect::InspectArgs),
     /// Benchmarks (`--kernels`: matvec GB/s per type against memory bandwidth).
@@ -27,9 +21,6 @@ enum Command {
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run(a) => cli::run::run(a),
-        Command::Chat(a) => cli::chat::run(a),
-        Command::Logits(a) => cli::logits::run(a),
         Command::Inspect(a) => cli::inspect::run(a),
         Command::Bench(a) => cli::bench::run(a),
     };

@@ -41,13 +41,13 @@ pub struct Weights<'a> {
     pub layers: Vec<Layer<'a>>,
 }
 
-struct Binder<'a> {
+struct Binder<'a, 'c> {
     files: &'a ModelFiles,
-    cfg: &'a ModelConfig,
+    cfg: &'c ModelConfig,
     hf_moe: &'static [(Role, &'static str)],
 }
 
-impl<'a> Binder<'a> {
+impl<'a> Binder<'a, '_> {
     fn is_gguf(&self) -> bool {
         self.files.kind() == FileKind::Gguf
     }
