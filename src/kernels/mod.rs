@@ -34,6 +34,7 @@ mod q4_k;
 mod q5_k;
 mod q6_k;
 mod q8_0;
+mod simd;
 pub(crate) mod tables;
 
 /// Super-block size of k-quants and i-quants.
@@ -43,6 +44,7 @@ pub use act::{ActFormat, ActRow, Acts, BlockQ8K, BlockQ8_32};
 pub use fp8::dequantize_fp8_block_scaled;
 pub use isa::Isa;
 pub use matmul::{matmul, WeightView};
+pub use simd::read_sweep;
 
 use crate::dtype::DType;
 
