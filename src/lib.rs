@@ -4,6 +4,7 @@
 //! computes on encoded tensors; `model` holds shared blocks and one file per architecture
 //! family; `cli` holds the subcommands that `main.rs` dispatches to.
 
+pub mod bench;
 pub mod cli;
 pub mod dtype;
 pub mod format;

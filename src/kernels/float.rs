@@ -111,7 +111,8 @@ fn dot_bf16_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::super::simd::x86::{hsum_ps256, hsum_ps512};
+    use super::super::simd::prefetch_distance;
+    use super::super::simd::x86::{hsum_ps256, hsum_ps512, prefetch};
     use super::{dot_bf16_scalar, dot_f16_scalar, dot_f32_scalar, ActRow, Isa};
     use std::arch::x86_64::*;
 
@@ -141,6 +142,8 @@ mod x86 {
 
     /// Loads 8 f32 weights from element `i` of `w` (element type `F`), as an AVX2 vector.
     trait Load8 {
+        /// Bytes per element.
+        const ES: usize;
         /// # Safety
         /// AVX2+F16C; `w` valid for elements `i..i + 8`.
         unsafe fn load8(w: *const u8, i: usize) -> __m256;
@@ -160,7 +163,9 @@ mod x86 {
                 const L: usize = $lanes;
                 let mut acc: [$vec; 4] = [$zero(); 4];
                 let mut i = 0;
+                let pf = prefetch_distance();
                 while i + 4 * L <= n {
+                    prefetch(w.wrapping_add(i * T::ES), pf, 4 * L * T::ES);
                     for (k, a) in acc.iter_mut().enumerate() {
                         let j = i + k * L;
                         *a = $fma(T::$load(w, j), $ldx(x.add(j)), *a);
@@ -201,6 +206,7 @@ mod x86 {
     struct Bf16W;
 
     impl Load8 for F32W {
+        const ES: usize = 4;
         #[inline(always)]
         unsafe fn load8(w: *const u8, i: usize) -> __m256 {
             _mm256_loadu_ps((w as *const f32).add(i))
@@ -217,6 +223,7 @@ mod x86 {
     }
 
     impl Load8 for F16W {
+        const ES: usize = 2;
         #[inline(always)]
         unsafe fn load8(w: *const u8, i: usize) -> __m256 {
             _mm256_cvtph_ps(_mm_loadu_si128(w.add(2 * i) as *const __m128i))
@@ -233,6 +240,7 @@ mod x86 {
     }
 
     impl Load8 for Bf16W {
+        const ES: usize = 2;
         #[inline(always)]
         unsafe fn load8(w: *const u8, i: usize) -> __m256 {
             let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(w.add(2 * i) as *const __m128i));

@@ -49,7 +49,8 @@ fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::super::simd::x86::{f16_at, hsum_ps256};
+    use super::super::simd::prefetch_distance;
+    use super::super::simd::x86::{f16_at, hsum_ps256, prefetch};
     use super::{dot_scalar, ActRow, BlockQ8_32, BB};
     use crate::kernels::Isa;
     use std::arch::x86_64::*;
@@ -91,8 +92,10 @@ mod x86 {
         let mut acc = [_mm256_setzero_ps(); 2];
         let eight = _mm256_set1_epi8(8);
         let ones = _mm256_set1_epi16(1);
+        let pf = prefetch_distance();
         for i in 0..nb {
             let b = w.add(i * BB);
+            prefetch(b, pf, BB);
             let ab = &*a.add(i);
             let d = _mm256_set1_ps(f16_at(b) * ab.d);
             let qw = _mm256_sub_epi8(nibbles(b), eight);
@@ -114,8 +117,10 @@ mod x86 {
         let mut acc = [_mm256_setzero_ps(); 2];
         let zero = _mm256_setzero_si256();
         let eight = _mm256_set1_epi8(8);
+        let pf = prefetch_distance();
         for i in 0..nb {
             let b = w.add(i * BB);
+            prefetch(b, pf, BB);
             let ab = &*a.add(i);
             let d = _mm256_set1_ps(f16_at(b) * ab.d);
             let qa = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);

@@ -98,7 +98,8 @@ fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::super::simd::x86::{f16_at, hsum_ps128, hsum_ps256, hsum_ps512};
+    use super::super::simd::prefetch_distance;
+    use super::super::simd::x86::{f16_at, hsum_ps128, hsum_ps256, hsum_ps512, prefetch};
     use super::{dot_scalar, scales_mins_u64, ActRow, BlockQ8K, BB};
     use crate::kernels::Isa;
     use std::arch::x86_64::*;
@@ -159,8 +160,10 @@ mod x86 {
         let m4 = _mm256_set1_epi8(0x0F);
         let mut acc = _mm256_setzero_ps();
         let mut accm = _mm_setzero_ps();
+        let pf = prefetch_distance();
         for i in 0..nb {
             let b = w.add(i * BB);
+            prefetch(b, pf, BB);
             let ab = &*a.add(i);
             let d = f16_at(b) * ab.d;
             let dmin = f16_at(b.add(2)) * ab.d;
@@ -218,8 +221,10 @@ mod x86 {
         ];
         let mut acc = _mm512_setzero_ps();
         let mut accm = _mm_setzero_ps();
+        let pf = prefetch_distance();
         for i in 0..nb {
             let b = w.add(i * BB);
+            prefetch(b, pf, BB);
             let ab = &*a.add(i);
             let d = f16_at(b) * ab.d;
             let dmin = f16_at(b.add(2)) * ab.d;

@@ -65,7 +65,8 @@ fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::super::simd::x86::{f16_at, hsum_ps256, hsum_ps512};
+    use super::super::simd::prefetch_distance;
+    use super::super::simd::x86::{f16_at, hsum_ps256, hsum_ps512, prefetch};
     use super::{dot_scalar, ActRow, BlockQ8K, BB};
     use crate::kernels::Isa;
     use std::arch::x86_64::*;
@@ -113,8 +114,10 @@ mod x86 {
         let m4 = _mm256_set1_epi8(0x0F);
         let m30 = _mm256_set1_epi8(0x30);
         let mut acc = _mm256_setzero_ps();
+        let pf = prefetch_distance();
         for i in 0..nb {
             let b = w.add(i * BB);
+            prefetch(b, pf, BB);
             let ab = &*a.add(i);
             let d = f16_at(b.add(208)) * ab.d;
             let sc8 = _mm_loadu_si128(b.add(192) as *const __m128i);
@@ -175,8 +178,10 @@ mod x86 {
         let idx: [__m512i; 4] = std::array::from_fn(|k| _mm512_loadu_si512(QUAD[k].as_ptr() as *const __m512i));
         let mut acc = _mm512_setzero_ps();
         let mut acc_off = _mm256_setzero_ps();
+        let pf = prefetch_distance();
         for i in 0..nb {
             let b = w.add(i * BB);
+            prefetch(b, pf, BB);
             let ab = &*a.add(i);
             let d = f16_at(b.add(208)) * ab.d;
             let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));

@@ -44,7 +44,8 @@ fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::super::simd::x86::{f16_at, hsum_ps256};
+    use super::super::simd::prefetch_distance;
+    use super::super::simd::x86::{f16_at, hsum_ps256, prefetch};
     use super::{dot_scalar, ActRow, BlockQ8_32, BB};
     use crate::kernels::Isa;
     use std::arch::x86_64::*;
@@ -82,8 +83,10 @@ mod x86 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn avx2(w: *const u8, a: *const BlockQ8_32, nb: usize) -> f32 {
         let mut acc = [_mm256_setzero_ps(); 2];
+        let pf = prefetch_distance();
         for i in 0..nb {
             let b = w.add(i * BB);
+            prefetch(b, pf, BB);
             let ab = &*a.add(i);
             let d = _mm256_set1_ps(f16_at(b) * ab.d);
             let qw = _mm256_loadu_si256(b.add(2) as *const __m256i);
@@ -102,8 +105,10 @@ mod x86 {
     unsafe fn avx512(w: *const u8, a: *const BlockQ8_32, nb: usize) -> f32 {
         let mut acc = [_mm256_setzero_ps(); 2];
         let zero = _mm256_setzero_si256();
+        let pf = prefetch_distance();
         for i in 0..nb {
             let b = w.add(i * BB);
+            prefetch(b, pf, BB);
             let ab = &*a.add(i);
             let d = _mm256_set1_ps(f16_at(b) * ab.d);
             let qw = _mm256_loadu_si256(b.add(2) as *const __m256i);

@@ -43,9 +43,41 @@ pub fn read_sweep(bytes: &[u8], isa: Isa) -> u64 {
     s
 }
 
+/// How far ahead of the block being computed the SIMD kernels prefetch weight bytes, unless
+/// `SLUICE_PREFETCH=BYTES` says otherwise (0 turns prefetching off; read once).
+///
+/// Why: the L2 streamer does not cross 4 KiB pages, and a dot kernel keeps too few loads in
+/// flight to cover DRAM latency by itself; on the 2-core Xeon of docs/PERFORMANCE.md software
+/// prefetch took Q4_K matvec from ~40% to ~75% of the read sweep.
+pub fn prefetch_distance() -> usize {
+    static D: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *D.get_or_init(|| std::env::var("SLUICE_PREFETCH").ok().and_then(|s| s.parse().ok()).unwrap_or(DEFAULT_PREFETCH))
+}
+
+const DEFAULT_PREFETCH: usize = 2048;
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
     use std::arch::x86_64::*;
+
+    /// Prefetch (into L1) the `len` bytes that start `dist` bytes after `p`: one prefetch per
+    /// 64 bytes of `len`. Called once per block of `len` bytes, this covers the whole stream.
+    /// Never faults and never reads in Rust's sense, so `p + dist` may lie past the buffer.
+    #[inline(always)]
+    pub fn prefetch(p: *const u8, dist: usize, len: usize) {
+        if dist == 0 {
+            return;
+        }
+        let q = p.wrapping_add(dist) as *const i8;
+        let mut off = 0;
+        while off < len {
+            // SAFETY: a prefetch is a hint: it neither faults nor dereferences (the address is
+            // formed with wrapping arithmetic, so no out-of-bounds pointer offset either). SSE
+            // is part of x86_64's baseline.
+            unsafe { _mm_prefetch(q.wrapping_add(off), _MM_HINT_T0) };
+            off += 64;
+        }
+    }
 
     /// f16 bits at `p` (little-endian, unaligned) as f32, exactly.
     ///
