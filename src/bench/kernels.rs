@@ -15,9 +15,17 @@ pub enum BenchError {
     #[error("cannot allocate {mib} MiB for the {dtype} weight buffer")]
     Alloc { dtype: DType, mib: usize },
     #[error("{cols} columns is not a whole number of {dtype} blocks ({block} elements)")]
-    Cols { dtype: DType, cols: usize, block: usize },
+    Cols {
+        dtype: DType,
+        cols: usize,
+        block: usize,
+    },
     #[error("--mb {mib} holds no whole {dtype} row of {cols} columns")]
-    TooSmall { dtype: DType, mib: usize, cols: usize },
+    TooSmall {
+        dtype: DType,
+        mib: usize,
+        cols: usize,
+    },
     #[error(transparent)]
     Kernel(#[from] KernelError),
 }
@@ -33,6 +41,9 @@ pub struct KernelBenchOpts {
     pub reps: usize,
     /// ISA cap for the matvec kernels (the sweep always uses the widest loads available).
     pub isa: Isa,
+    /// Kernel prefetch distances to compare (bytes; 0 = off), each an arm of an interleaved
+    /// A/B on the same buffer. Empty: the current distance only.
+    pub prefetch: Vec<usize>,
 }
 
 /// Median, min and max of a set of GB/s figures.
@@ -54,7 +65,11 @@ impl Stats {
         } else {
             (v[n / 2 - 1] + v[n / 2]) / 2.0
         };
-        Stats { median, min: v.first().copied().unwrap_or(0.0), max: v.last().copied().unwrap_or(0.0) }
+        Stats {
+            median,
+            min: v.first().copied().unwrap_or(0.0),
+            max: v.last().copied().unwrap_or(0.0),
+        }
     }
 }
 
@@ -64,6 +79,8 @@ pub struct KernelResult {
     pub dtype: DType,
     /// The ISA the matvec actually ran (the cap, lowered to what the type and CPU have).
     pub isa: Isa,
+    /// Kernel prefetch distance of this arm, bytes.
+    pub prefetch: usize,
     pub rows: usize,
     pub cols: usize,
     /// Weight bytes read per matvec.
@@ -89,29 +106,72 @@ impl KernelResult {
 /// checksum so the reads cannot be optimised away.
 pub fn parallel_read_sweep(bytes: &[u8], pool: &rayon::ThreadPool) -> u64 {
     let threads = pool.current_num_threads().max(1);
-    let chunk = (bytes.len() / (threads * 8)).max(1 << 20).next_multiple_of(256);
+    let chunk = (bytes.len() / (threads * 8))
+        .max(1 << 20)
+        .next_multiple_of(256);
     let isa = Isa::hardware();
-    pool.install(|| bytes.par_chunks(chunk).map(|c| kernels::read_sweep(c, isa)).reduce(|| 0, u64::wrapping_add))
+    pool.install(|| {
+        bytes
+            .par_chunks(chunk)
+            .map(|c| kernels::read_sweep(c, isa))
+            .reduce(|| 0, u64::wrapping_add)
+    })
 }
 
-/// Measure the matvec of `dtype` against the read sweep; see the module doc.
-pub fn bench_type(dtype: DType, opts: &KernelBenchOpts, pool: &rayon::ThreadPool) -> Result<KernelResult, BenchError> {
+/// Measure the matvec of `dtype` against the read sweep, one result per prefetch arm; see the
+/// module doc. Leaves the prefetch distance as it found it.
+pub fn bench_type(
+    dtype: DType,
+    opts: &KernelBenchOpts,
+    pool: &rayon::ThreadPool,
+) -> Result<Vec<KernelResult>, BenchError> {
+    let before = kernels::prefetch_distance();
+    let r = bench_arms(dtype, opts, pool);
+    kernels::set_prefetch_distance(before);
+    r
+}
+
+fn bench_arms(
+    dtype: DType,
+    opts: &KernelBenchOpts,
+    pool: &rayon::ThreadPool,
+) -> Result<Vec<KernelResult>, BenchError> {
+    let arms = if opts.prefetch.is_empty() {
+        vec![kernels::prefetch_distance()]
+    } else {
+        opts.prefetch.clone()
+    };
     let k = kernels::kernels_for(dtype)?;
-    let (be, bb) = dtype.block_geometry().ok_or(KernelError::Unsupported(dtype))?;
+    let (be, bb) = dtype
+        .block_geometry()
+        .ok_or(KernelError::Unsupported(dtype))?;
     if opts.cols == 0 || opts.cols % be != 0 {
-        return Err(BenchError::Cols { dtype, cols: opts.cols, block: be });
+        return Err(BenchError::Cols {
+            dtype,
+            cols: opts.cols,
+            block: be,
+        });
     }
     let row_bytes = opts.cols / be * bb;
     let rows = opts.mib * (1 << 20) / row_bytes;
     if rows == 0 {
-        return Err(BenchError::TooSmall { dtype, mib: opts.mib, cols: opts.cols });
+        return Err(BenchError::TooSmall {
+            dtype,
+            mib: opts.mib,
+            cols: opts.cols,
+        });
     }
     let n = rows * row_bytes;
     let mut w: Vec<u8> = Vec::new();
-    w.try_reserve_exact(n).map_err(|_| BenchError::Alloc { dtype, mib: opts.mib })?;
+    w.try_reserve_exact(n).map_err(|_| BenchError::Alloc {
+        dtype,
+        mib: opts.mib,
+    })?;
     w.resize(n, 0);
     pool.install(|| {
-        w.par_chunks_mut(bb * 4096).enumerate().for_each(|(i, c)| fill_valid_blocks(dtype, c, 0x5EED ^ i as u64))
+        w.par_chunks_mut(bb * 4096)
+            .enumerate()
+            .for_each(|(i, c)| fill_valid_blocks(dtype, c, 0x5EED ^ i as u64))
     });
     let view = WeightView::new(dtype, &w, rows, opts.cols)?;
 
@@ -126,18 +186,22 @@ pub fn bench_type(dtype: DType, opts: &KernelBenchOpts, pool: &rayon::ThreadPool
     // Warm-up: faults the pages in, prepares the activations, spins the pool up.
     kernels::matmul(&view, &mut acts, &mut y, Some(pool), opts.isa)?;
     sink ^= parallel_read_sweep(&w, pool);
-    let (mut mv, mut rd) = (Vec::new(), Vec::new());
+    let mut rd = Vec::new();
+    let mut mv = vec![Vec::new(); arms.len()];
+    let steps = arms.len() + 1;
     for r in 0..opts.reps.max(1) {
-        for step in 0..2 {
-            // A B B A: alternate which of the two runs first.
-            if (step == 0) == (r % 2 == 0) {
+        // Rotate the order each repetition (sweep first, then last, ...): A B B A for one arm.
+        for k in 0..steps {
+            let step = if r % 2 == 0 { k } else { steps - 1 - k };
+            if step == 0 {
                 let t = Instant::now();
                 sink ^= parallel_read_sweep(&w, pool);
                 rd.push(gbps(t.elapsed().as_secs_f64()));
             } else {
+                kernels::set_prefetch_distance(arms[step - 1]);
                 let t = Instant::now();
                 kernels::matmul(&view, &mut acts, &mut y, Some(pool), opts.isa)?;
-                mv.push(gbps(t.elapsed().as_secs_f64()));
+                mv[step - 1].push(gbps(t.elapsed().as_secs_f64()));
             }
         }
     }
@@ -147,7 +211,21 @@ pub fn bench_type(dtype: DType, opts: &KernelBenchOpts, pool: &rayon::ThreadPool
         Isa::Avx512 | Isa::Avx2 if k.dot_avx2.is_some() => Isa::Avx2,
         _ => Isa::Scalar,
     };
-    Ok(KernelResult { dtype, isa: isa_used, rows, cols: opts.cols, bytes: n, matvec: Stats::of(mv), read: Stats::of(rd) })
+    let read = Stats::of(rd);
+    Ok(arms
+        .iter()
+        .zip(mv)
+        .map(|(&prefetch, mv)| KernelResult {
+            dtype,
+            isa: isa_used,
+            prefetch,
+            rows,
+            cols: opts.cols,
+            bytes: n,
+            matvec: Stats::of(mv),
+            read,
+        })
+        .collect())
 }
 
 /// Deterministic pseudo-random numbers (splitmix64).
@@ -189,13 +267,21 @@ pub fn fill_valid_blocks(dtype: DType, buf: &mut [u8], seed: u64) {
         }
         DType::F16 => {
             for c in buf.chunks_exact_mut(2) {
-                c.copy_from_slice(&half::f16::from_f32(r.unit() * 2.0 - 1.0).to_bits().to_le_bytes());
+                c.copy_from_slice(
+                    &half::f16::from_f32(r.unit() * 2.0 - 1.0)
+                        .to_bits()
+                        .to_le_bytes(),
+                );
             }
             return;
         }
         DType::BF16 => {
             for c in buf.chunks_exact_mut(2) {
-                c.copy_from_slice(&half::bf16::from_f32(r.unit() * 2.0 - 1.0).to_bits().to_le_bytes());
+                c.copy_from_slice(
+                    &half::bf16::from_f32(r.unit() * 2.0 - 1.0)
+                        .to_bits()
+                        .to_le_bytes(),
+                );
             }
             return;
         }
@@ -214,7 +300,9 @@ pub fn fill_valid_blocks(dtype: DType, buf: &mut [u8], seed: u64) {
         DType::Q6_K => &[208],
         _ => &[],
     };
-    let Some((_, bb)) = dtype.block_geometry() else { return };
+    let Some((_, bb)) = dtype.block_geometry() else {
+        return;
+    };
     for blk in buf.chunks_exact_mut(bb) {
         for &off in scales {
             blk[off..off + 2].copy_from_slice(&r.scale_f16());
@@ -229,5 +317,8 @@ pub fn fill_valid_blocks(dtype: DType, buf: &mut [u8], seed: u64) {
 /// The CPU model as /proc/cpuinfo names it, if readable.
 pub fn cpu_model() -> Option<String> {
     let s = std::fs::read_to_string("/proc/cpuinfo").ok()?;
-    s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|m| m.trim().to_string())
+    s.lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map(|m| m.trim().to_string())
 }

@@ -44,7 +44,7 @@ pub use act::{ActFormat, ActRow, Acts, BlockQ8K, BlockQ8_32};
 pub use fp8::dequantize_fp8_block_scaled;
 pub use isa::Isa;
 pub use matmul::{matmul, WeightView};
-pub use simd::read_sweep;
+pub use simd::{prefetch_distance, read_sweep, set_prefetch_distance, DEFAULT_PREFETCH};
 
 use crate::dtype::DType;
 

@@ -6,6 +6,7 @@
 //! them into kernels compiled with a superset of those features.
 
 use super::Isa;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Sum of `bytes` read as little-endian u64 words (the tail shorter than 8 bytes is ignored),
 /// with the widest loads the CPU allows under `isa`. Its only purpose is to read memory as fast as
@@ -43,18 +44,31 @@ pub fn read_sweep(bytes: &[u8], isa: Isa) -> u64 {
     s
 }
 
-/// How far ahead of the block being computed the SIMD kernels prefetch weight bytes, unless
-/// `SLUICE_PREFETCH=BYTES` says otherwise (0 turns prefetching off; read once).
+/// How far ahead of the block being computed the SIMD kernels prefetch weight bytes (0: no
+/// software prefetch). Starts at `SLUICE_PREFETCH=BYTES` if set, else [`DEFAULT_PREFETCH`].
 ///
 /// Why: the L2 streamer does not cross 4 KiB pages, and a dot kernel keeps too few loads in
 /// flight to cover DRAM latency by itself; on the 2-core Xeon of docs/PERFORMANCE.md software
 /// prefetch took Q4_K matvec from ~40% to ~75% of the read sweep.
 pub fn prefetch_distance() -> usize {
-    static D: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *D.get_or_init(|| std::env::var("SLUICE_PREFETCH").ok().and_then(|s| s.parse().ok()).unwrap_or(DEFAULT_PREFETCH))
+    let d = PREFETCH.load(Ordering::Relaxed);
+    if d != usize::MAX {
+        return d;
+    }
+    let d = std::env::var("SLUICE_PREFETCH").ok().and_then(|s| s.parse().ok()).unwrap_or(DEFAULT_PREFETCH);
+    PREFETCH.store(d, Ordering::Relaxed);
+    d
 }
 
-const DEFAULT_PREFETCH: usize = 2048;
+/// Set the prefetch distance for all later kernel calls (benchmarks A/B it; 0 turns it off).
+pub fn set_prefetch_distance(bytes: usize) {
+    PREFETCH.store(bytes.min(usize::MAX - 1), Ordering::Relaxed);
+}
+
+/// Default prefetch distance in bytes (see `prefetch_distance`).
+pub const DEFAULT_PREFETCH: usize = 2048;
+
+static PREFETCH: AtomicUsize = AtomicUsize::new(usize::MAX);
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
@@ -117,17 +131,6 @@ pub(crate) mod x86 {
         let lo = _mm512_castps512_ps256(v);
         let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
         hsum_ps256(_mm256_add_ps(lo, hi))
-    }
-
-    /// # Safety
-    /// AVX2 available.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn hsum_epi32_256(v: __m256i) -> i32 {
-        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
-        _mm_cvtsi128_si32(s)
     }
 
     /// Sums u64 words over whole 32-byte chunks of `b` (tail bytes ignored).
