@@ -6,6 +6,7 @@
 //! the prefill/decode loop; `inspect` summarises a model; `cli` holds the subcommands that
 //! `main.rs` dispatches to.
 
+pub mod bench;
 pub mod cli;
 pub mod default_model;
 pub mod dtype;
