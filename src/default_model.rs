@@ -39,13 +39,18 @@ pub fn cache_dir() -> PathBuf {
 
 /// Path of the default model, writing it first if it is not there.
 pub fn ensure() -> Result<PathBuf, FormatError> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let dir = cache_dir();
     let path = dir.join(format!("default-moe-v{VERSION}.gguf"));
     if path.is_file() {
         return Ok(path);
     }
     std::fs::create_dir_all(&dir).map_err(|e| FormatError::Io { path: dir.clone(), op: "create directory", err: e })?;
-    write(&path)?;
+    // Another process may be writing it too: write under our own name, then rename into place.
+    let mine = dir.join(format!("default-moe-v{VERSION}.{}.gguf", std::process::id()));
+    write(&mine)?;
+    std::fs::rename(&mine, &path).map_err(|e| FormatError::Io { path: path.clone(), op: "rename", err: e })?;
     Ok(path)
 }
 

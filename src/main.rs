@@ -12,6 +12,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Teacher-forced logits of a token sequence, written as float32 .npy [T, vocab].
+    Logits(cli::logits::LogitsArgs),
     /// Describe a model: architecture, experts, quant types, resident and routed bytes.
     Inspect(cli::inspect::InspectArgs),
     /// Benchmarks (`--kernels`: matvec GB/s per type against memory bandwidth).
@@ -21,6 +23,7 @@ enum Command {
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Logits(a) => cli::logits::run(a),
         Command::Inspect(a) => cli::inspect::run(a),
         Command::Bench(a) => cli::bench::run(a),
     };

@@ -7,7 +7,7 @@ use sluice::format::ModelFiles;
 use sluice::model::{LoadOptions, Model};
 
 fn default_model() -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("sluice-test-cache-{}", std::process::id()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("model-errors-cache");
     std::env::set_var("SLUICE_CACHE_DIR", &dir);
     sluice::default_model::ensure().expect("write default model")
 }

@@ -1,5 +1,6 @@
 //! Arguments shared by the commands that load a model and generate.
 
+#[cfg(any())] // TEMP
 use crate::sample::SamplingParams;
 use clap::Args;
 
@@ -42,6 +43,7 @@ pub struct SamplingArgs {
     pub seed: u64,
 }
 
+#[cfg(any())] // TEMP
 impl SamplingArgs {
     pub fn params(&self) -> SamplingParams {
         SamplingParams {

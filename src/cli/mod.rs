@@ -3,7 +3,7 @@
 
 pub mod bench;
 // TEMP pub mod chat;
-// TEMP pub mod common;
+pub mod common;
 pub mod inspect;
-// TEMP pub mod logits;
+pub mod logits;
 // TEMP pub mod run;
