@@ -16,3 +16,4 @@ pub mod inspect;
 pub mod kernels;
 pub mod model;
 pub mod npy;
+pub mod synth;
