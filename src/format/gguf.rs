@@ -240,7 +240,7 @@ pub(crate) fn parse(path: &Path, buf: &[u8], file: usize) -> Result<GgufFile, Fo
     match version {
         2 | 3 => {}
         1 => return Err(r.err("GGUF version 1 is not supported (v2 and v3 are)".to_string())),
-        v if v & 0xFFFF == 0 => {
+        v if v != 0 && v & 0xFFFF == 0 => {
             return Err(r.err(format!("big-endian GGUF (version field {v:#x}) is not supported")))
         }
         v => return Err(r.err(format!("unknown GGUF version {v} (v2 and v3 are supported)"))),
