@@ -20,6 +20,9 @@ use super::{ByteRange, FileKind, FormatError, MetaValue, TensorInfo};
 use crate::dtype::DType;
 use crate::kernels;
 
+/// The files of a GGUF model: paths, maps and parsed headers, shard by shard.
+type GgufShards = (Vec<PathBuf>, Vec<Mmap>, Vec<GgufFile>);
+
 /// An opened model. See the module docs of `format` for what it guarantees.
 pub struct ModelFiles {
     kind: FileKind,
@@ -254,7 +257,7 @@ impl ModelFiles {
     }
 
     /// Every shard of the split GGUF that `path` belongs to, mapped and parsed, in order.
-    fn open_gguf_shards(path: &Path, count: u32) -> Result<(Vec<PathBuf>, Vec<Mmap>, Vec<GgufFile>), FormatError> {
+    fn open_gguf_shards(path: &Path, count: u32) -> Result<GgufShards, FormatError> {
         let Some((prefix, _, named_count)) = gguf::parse_split_name(file_name(path)) else {
             return Err(FormatError::malformed(
                 path,
