@@ -174,3 +174,10 @@ fn directory_with_one_gguf_opens_it() {
     assert_eq!(m.kind(), FileKind::Gguf);
     assert_eq!(m.tensors().len(), 27);
 }
+
+#[test]
+fn model_files_can_be_shared_across_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<ModelFiles>();
+    assert_send_sync::<FormatError>();
+}

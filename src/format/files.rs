@@ -20,6 +20,9 @@ use super::{ByteRange, FileKind, FormatError, MetaValue, TensorInfo};
 use crate::dtype::DType;
 use crate::kernels;
 
+/// The files of a GGUF model: paths, maps and parsed headers, shard by shard.
+type GgufShards = (Vec<PathBuf>, Vec<Mmap>, Vec<GgufFile>);
+
 /// An opened model. See the module docs of `format` for what it guarantees.
 pub struct ModelFiles {
     kind: FileKind,
@@ -201,7 +204,11 @@ impl ModelFiles {
         }
         let cfg_path = dir.join("config.json");
         let config = if cfg_path.is_file() { Some(read_json(&cfg_path)?) } else { None };
-        Ok(Self::assemble(FileKind::Safetensors, dir, paths, maps, tensors, foreign, Vec::new(), config, None, None))
+        Ok(ModelFiles {
+            foreign_dtypes: foreign,
+            config,
+            ..Self::assemble(FileKind::Safetensors, dir, paths, maps, tensors, Vec::new())
+        })
     }
 
     fn open_gguf(path: &Path) -> Result<ModelFiles, FormatError> {
@@ -211,27 +218,46 @@ impl ModelFiles {
             None => 1,
             Some(v) => v.as_u64().filter(|c| (1..=99_999).contains(c)).ok_or_else(|| {
                 FormatError::malformed(path, format!("split.count is {v:?}; expected a shard count"))
-            })?,
+            })? as u32,
         };
-        let dir = parent_dir(path);
-        if count == 1 {
-            let (version, alignment) = (first.version, first.alignment);
-            let data_offsets = vec![first.data_offset];
-            return Ok(Self::assemble(
-                FileKind::Gguf,
-                &dir,
-                vec![path.to_path_buf()],
-                vec![map],
-                first.tensors,
-                HashMap::new(),
-                first.meta,
-                None,
-                Some(version),
-                Some(alignment),
-            )
-            .with_data_offsets(data_offsets));
+        let (paths, maps, mut parsed) = if count == 1 {
+            (vec![path.to_path_buf()], vec![map], vec![first])
+        } else {
+            Self::open_gguf_shards(path, count)?
+        };
+        let mut tensors = Vec::new();
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        for (i, g) in parsed.iter_mut().enumerate() {
+            for t in g.tensors.drain(..) {
+                if let Some(prev) = seen.insert(t.name.clone(), i) {
+                    return Err(FormatError::malformed(
+                        &paths[i],
+                        format!("tensor `{}` is also in {}", t.name, paths[prev].display()),
+                    ));
+                }
+                tensors.push(t);
+            }
         }
-        let count = count as u32;
+        let data_offsets: Vec<u64> = parsed.iter().map(|g| g.data_offset).collect();
+        let first = parsed.swap_remove(0);
+        if let Some(v) = first.meta("split.tensors.count") {
+            if v.as_u64() != Some(tensors.len() as u64) {
+                return Err(FormatError::malformed(
+                    &paths[0],
+                    format!("split.tensors.count is {v:?} but the shards hold {} tensors", tensors.len()),
+                ));
+            }
+        }
+        Ok(ModelFiles {
+            gguf_version: Some(first.version),
+            alignment: Some(first.alignment),
+            data_offsets,
+            ..Self::assemble(FileKind::Gguf, &parent_dir(path), paths, maps, tensors, first.meta)
+        })
+    }
+
+    /// Every shard of the split GGUF that `path` belongs to, mapped and parsed, in order.
+    fn open_gguf_shards(path: &Path, count: u32) -> Result<GgufShards, FormatError> {
         let Some((prefix, _, named_count)) = gguf::parse_split_name(file_name(path)) else {
             return Err(FormatError::malformed(
                 path,
@@ -251,9 +277,9 @@ impl ModelFiles {
             }
         }
         let mut maps = Vec::with_capacity(paths.len());
-        let mut parsed: Vec<GgufFile> = Vec::with_capacity(paths.len());
+        let mut parsed = Vec::with_capacity(paths.len());
         for (i, p) in paths.iter().enumerate() {
-            let m = if p == path { map_file(path)? } else { map_file(p)? };
+            let m = map_file(p)?;
             let g = gguf::parse(p, &m, i)?;
             let no = g.meta("split.no").and_then(|v| v.as_u64());
             if no != Some(i as u64) {
@@ -266,62 +292,17 @@ impl ModelFiles {
             maps.push(m);
             parsed.push(g);
         }
-        let data_offsets: Vec<u64> = parsed.iter().map(|g| g.data_offset).collect();
-        let mut tensors = Vec::new();
-        let mut seen: HashMap<String, usize> = HashMap::new();
-        for (i, g) in parsed.iter_mut().enumerate() {
-            for t in g.tensors.drain(..) {
-                if let Some(prev) = seen.insert(t.name.clone(), i) {
-                    return Err(FormatError::malformed(
-                        &paths[i],
-                        format!("tensor `{}` is also in {}", t.name, paths[prev].display()),
-                    ));
-                }
-                tensors.push(t);
-            }
-        }
-        let first = parsed.swap_remove(0);
-        if let Some(v) = first.meta("split.tensors.count") {
-            if v.as_u64() != Some(tensors.len() as u64) {
-                return Err(FormatError::malformed(
-                    &paths[0],
-                    format!("split.tensors.count is {v:?} but the shards hold {} tensors", tensors.len()),
-                ));
-            }
-        }
-        let (version, alignment) = (first.version, first.alignment);
-        Ok(Self::assemble(
-            FileKind::Gguf,
-            &dir,
-            paths,
-            maps,
-            tensors,
-            HashMap::new(),
-            first.meta,
-            None,
-            Some(version),
-            Some(alignment),
-        )
-        .with_data_offsets(data_offsets))
+        Ok((paths, maps, parsed))
     }
 
-    fn with_data_offsets(mut self, offsets: Vec<u64>) -> Self {
-        self.data_offsets = offsets;
-        self
-    }
-
-    #[allow(clippy::too_many_arguments)]
+    /// A model with no GGUF-only or safetensors-only extras (callers fill those in).
     fn assemble(
         kind: FileKind,
         dir: &Path,
         paths: Vec<PathBuf>,
         maps: Vec<Mmap>,
         tensors: Vec<TensorInfo>,
-        foreign_dtypes: HashMap<usize, String>,
         meta: Vec<(String, MetaValue)>,
-        config: Option<serde_json::Value>,
-        gguf_version: Option<u32>,
-        alignment: Option<u64>,
     ) -> ModelFiles {
         let by_name = tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
         let meta_index = meta.iter().enumerate().map(|(i, (k, _))| (k.clone(), i)).collect();
@@ -332,12 +313,12 @@ impl ModelFiles {
             maps,
             tensors,
             by_name,
-            foreign_dtypes,
+            foreign_dtypes: HashMap::new(),
             meta,
             meta_index,
-            config,
-            gguf_version,
-            alignment,
+            config: None,
+            gguf_version: None,
+            alignment: None,
             data_offsets: Vec::new(),
         }
     }

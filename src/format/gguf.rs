@@ -19,6 +19,12 @@ pub(crate) const DEFAULT_ALIGNMENT: u64 = 32;
 pub(crate) const MAX_DIMS: usize = 4;
 /// Arrays inside arrays inside ...: real files use one level; more than this is corruption.
 const MAX_NESTING: usize = 8;
+/// Sanity limits for lengths in a header. A length is first checked against the bytes left in
+/// the file, but a model file can be hundreds of GB, so a corrupt length could still ask for
+/// that much. Real headers stay far below these (the largest arrays are tokenizer vocabularies
+/// and merge lists of ~10^6 entries; the largest strings embedded tokenizer JSON of ~10^7 bytes).
+const MAX_STRING: u64 = 256 << 20;
+const MAX_ARRAY: u64 = 1 << 24;
 
 /// GGUF metadata value type ids.
 pub(crate) mod vt {
@@ -145,6 +151,9 @@ impl<'a> Reader<'a> {
                 self.buf.len()
             )));
         }
+        if len > MAX_STRING {
+            return Err(self.err(format!("{}: string length {len} at offset {at} is implausible (limit {MAX_STRING})", what())));
+        }
         let bytes = self.take(len, what)?;
         String::from_utf8(bytes.to_vec())
             .map_err(|_| self.err(format!("{}: string at offset {} is not valid UTF-8", what(), at)))
@@ -182,6 +191,12 @@ impl<'a> Reader<'a> {
                         n,
                         at,
                         self.buf.len()
+                    )));
+                }
+                if n > MAX_ARRAY {
+                    return Err(self.err(format!(
+                        "{}: array of {n} elements at offset {at} is implausible (limit {MAX_ARRAY})",
+                        what()
                     )));
                 }
                 let mut items = Vec::with_capacity(n as usize);
@@ -225,7 +240,7 @@ pub(crate) fn parse(path: &Path, buf: &[u8], file: usize) -> Result<GgufFile, Fo
     match version {
         2 | 3 => {}
         1 => return Err(r.err("GGUF version 1 is not supported (v2 and v3 are)".to_string())),
-        v if v & 0xFFFF == 0 => {
+        v if v != 0 && v & 0xFFFF == 0 => {
             return Err(r.err(format!("big-endian GGUF (version field {v:#x}) is not supported")))
         }
         v => return Err(r.err(format!("unknown GGUF version {v} (v2 and v3 are supported)"))),
@@ -243,7 +258,7 @@ pub(crate) fn parse(path: &Path, buf: &[u8], file: usize) -> Result<GgufFile, Fo
         )));
     }
 
-    let mut meta = Vec::with_capacity(n_kv as usize);
+    let mut meta = Vec::with_capacity(n_kv.min(1 << 12) as usize);
     let mut keys = HashSet::new();
     for i in 0..n_kv {
         let key = r.string(&|| format!("metadata key #{i}"))?;
@@ -260,7 +275,7 @@ pub(crate) fn parse(path: &Path, buf: &[u8], file: usize) -> Result<GgufFile, Fo
         meta.push((key, v));
     }
 
-    let mut raw = Vec::with_capacity(n_tensors as usize);
+    let mut raw = Vec::with_capacity(n_tensors.min(1 << 16) as usize);
     let mut names = HashSet::new();
     for i in 0..n_tensors {
         let name = r.string(&|| format!("tensor info #{i}"))?;

@@ -17,6 +17,8 @@ use crate::dtype::DType;
 /// F8_E5M2, ...). The original name is kept beside the tensor (`SafeTensor::dtype_name`).
 pub(crate) const FOREIGN_DTYPE_ID: u32 = u32::MAX;
 
+const MAX_HEADER: u64 = 100_000_000;
+
 /// One tensor of a safetensors file.
 #[derive(Debug)]
 pub(crate) struct SafeTensor {
@@ -59,6 +61,11 @@ pub(crate) fn parse(path: &Path, buf: &[u8], file: usize) -> Result<Vec<SafeTens
     let n = u64::from_le_bytes(n);
     if n > file_len - 8 {
         return Err(bad(format!("header length {n} runs past the end of the file ({file_len} bytes)")));
+    }
+    // The safetensors reference implementation refuses headers over 100 MB; so do we, rather
+    // than parse gigabytes of tensor data as JSON when the length is corrupt.
+    if n > MAX_HEADER {
+        return Err(bad(format!("header length {n} is implausible (limit {MAX_HEADER})")));
     }
     let data_start = 8 + n;
     let json = &buf[8..data_start as usize];
