@@ -14,6 +14,8 @@ struct Cli {
 enum Command {
     /// Teacher-forced logits of a token sequence, written as float32 .npy [T, vocab].
     Logits(cli::logits::LogitsArgs),
+    /// Write a synthetic GGUF with a real model's shapes and random weights.
+    Synth(cli::synth::SynthArgs),
     /// Describe a model: architecture, experts, quant types, resident and routed bytes.
     Inspect(cli::inspect::InspectArgs),
     /// Benchmarks (`--kernels`: matvec GB/s per type against memory bandwidth).
@@ -24,6 +26,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Logits(a) => cli::logits::run(a),
+        Command::Synth(a) => cli::synth::run(a),
         Command::Inspect(a) => cli::inspect::run(a),
         Command::Bench(a) => cli::bench::run(a),
     };

@@ -7,3 +7,4 @@ pub mod common;
 pub mod inspect;
 pub mod logits;
 // TEMP pub mod run;
+pub mod synth;
