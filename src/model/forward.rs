@@ -114,6 +114,14 @@ impl<'a> Model<'a> {
     /// and leave the logits of tokens `logits_from..` in the returned slice
     /// ((tokens.len() - logits_from) x vocab, at most `st.logit_rows()` rows).
     pub fn forward_chunk<'s>(&self, st: &'s mut State, tokens: &[u32], logits_from: usize) -> Result<&'s [f32], ModelError> {
+        // Run on a pool thread: nested parallel loops then use the workers' own deques instead
+        // of the pool's injector queue, which allocates as jobs pass through it.
+        self.pool.install(|| self.forward_inner(st, tokens, logits_from))?;
+        let n_logits = tokens.len().saturating_sub(logits_from);
+        Ok(&st.logits[..n_logits * self.cfg.vocab])
+    }
+
+    fn forward_inner(&self, st: &mut State, tokens: &[u32], logits_from: usize) -> Result<(), ModelError> {
         let cfg = &self.cfg;
         let n = tokens.len();
         if n == 0 || n > st.batch {
@@ -234,7 +242,7 @@ impl<'a> Model<'a> {
             st.acts.load(&st.xn[..n_logits * h], n_logits, h);
             kernels::matmul(&w.output, &mut st.acts, &mut st.logits[..n_logits * v], pool, isa)?;
         }
-        Ok(&st.logits[..n_logits * v])
+        Ok(())
     }
 
     /// Routed experts for tokens 0..n of `st.xn`; result in `st.proj`.
