@@ -2,9 +2,18 @@
 //!
 //! Map (see docs/ARCHITECTURE.md): `format` reads model files into byte ranges; `kernels`
 //! computes on encoded tensors; `model` holds shared blocks and one file per architecture
-//! family; `cli` holds the subcommands that `main.rs` dispatches to.
+//! family; `tokenizer`, `chat` and `sample` turn text into tokens and back; `generate` runs
+//! the prefill/decode loop; `inspect` summarises a model; `cli` holds the subcommands that
+//! `main.rs` dispatches to.
 
+pub mod bench;
 pub mod cli;
+pub mod default_model;
 pub mod dtype;
 pub mod format;
+// TEMP pub mod generate;
+pub mod inspect;
 pub mod kernels;
+pub mod model;
+pub mod npy;
+pub mod synth;

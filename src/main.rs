@@ -12,6 +12,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Teacher-forced logits of a token sequence, written as float32 .npy [T, vocab].
+    Logits(cli::logits::LogitsArgs),
+    /// Write a synthetic GGUF with a real model's shapes and random weights.
+    Synth(cli::synth::SynthArgs),
     /// Describe a model: architecture, experts, quant types, resident and routed bytes.
     Inspect(cli::inspect::InspectArgs),
     /// Benchmarks (`--kernels`: matvec GB/s per type against memory bandwidth).
@@ -21,12 +25,15 @@ enum Command {
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Logits(a) => cli::logits::run(a),
+        Command::Synth(a) => cli::synth::run(a),
         Command::Inspect(a) => cli::inspect::run(a),
         Command::Bench(a) => cli::bench::run(a),
     };
     if let Err(e) = result {
         // One line: the chain of causes joined, no backtrace.
-        eprintln!("error: {e:#}");
+        let msg = format!("{e:#}").replace('\n', " ");
+        eprintln!("error: {msg}");
         std::process::exit(1);
     }
 }

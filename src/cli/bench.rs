@@ -1,5 +1,9 @@
 //! `sluice bench --kernels`: kernel throughput against the machine's memory read bandwidth.
 
+use crate::bench::kernels::{bench_type, cpu_model, KernelBenchOpts};
+use crate::dtype::DType;
+use crate::kernels::{self, Isa};
+use anyhow::{bail, Context};
 use clap::Args;
 
 #[derive(Args, Debug)]
@@ -7,8 +11,112 @@ pub struct BenchArgs {
     /// Benchmark the matvec kernels of every supported type.
     #[arg(long)]
     pub kernels: bool,
+    /// Threads for the matvec and for the bandwidth sweep (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Weight buffer per type, in MiB; make it several times the last-level cache.
+    #[arg(long, default_value_t = 1024)]
+    pub mb: usize,
+    /// Timed repetitions (medians are reported).
+    #[arg(long, default_value_t = 7)]
+    pub reps: usize,
+    /// Columns per weight row.
+    #[arg(long, default_value_t = 4096)]
+    pub cols: usize,
+    /// Comma-separated types to run (default: every supported type), e.g. `Q4_K,Q8_0`.
+    #[arg(long)]
+    pub types: Option<String>,
+    /// Cap the kernels' instruction set: scalar, avx2 or avx512 (as `SLUICE_ISA`).
+    #[arg(long)]
+    pub isa: Option<String>,
+    /// Kernel prefetch distances in bytes to compare, comma-separated (0 = off), e.g.
+    /// `0,2048`: each is an interleaved arm on the same buffer. Default: the current distance.
+    #[arg(long)]
+    pub prefetch: Option<String>,
 }
 
-pub fn run(_args: BenchArgs) -> anyhow::Result<()> {
-    anyhow::bail!("bench: not built yet")
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if !args.kernels {
+        bail!("bench: say what to benchmark (--kernels)");
+    }
+    let threads = match args.threads {
+        Some(0) => bail!("bench: --threads must be at least 1"),
+        Some(n) => n,
+        None => std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+    };
+    if args.mb == 0 {
+        bail!("bench: --mb must be at least 1");
+    }
+    let isa = match &args.isa {
+        Some(s) => Isa::parse(s)
+            .with_context(|| format!("bench: --isa {s:?}: expected scalar, avx2 or avx512"))?,
+        None => Isa::detect(),
+    };
+    let types = match &args.types {
+        Some(list) => list
+            .split(',')
+            .map(|s| {
+                let t = DType::from_name(s.trim())
+                    .with_context(|| format!("bench: --types: unknown type {s:?}"))?;
+                kernels::kernels_for(t).with_context(|| format!("bench: --types {s}"))?;
+                Ok(t)
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?,
+        None => kernels::supported_types(),
+    };
+    let prefetch = match &args.prefetch {
+        Some(list) => list
+            .split(',')
+            .map(|s| {
+                s.trim()
+                    .parse::<usize>()
+                    .with_context(|| format!("bench: --prefetch: {s:?} is not a byte count"))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?,
+        None => Vec::new(),
+    };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .context("bench: thread pool")?;
+    let opts = KernelBenchOpts {
+        mib: args.mb,
+        cols: args.cols,
+        reps: args.reps,
+        isa,
+        prefetch,
+    };
+
+    println!(
+        "sluice bench --kernels: {} | {threads} threads | isa cap {} (hardware {}) | {} MiB per type, {} cols, {} reps, medians",
+        cpu_model().unwrap_or_else(|| "unknown CPU".into()),
+        isa.min(Isa::detect()).name(),
+        Isa::hardware().name(),
+        args.mb,
+        args.cols,
+        args.reps
+    );
+    println!(
+        "{:<8} {:<7} {:>8} {:>7} {:>12} {:>10} {:>7}   matvec min..max",
+        "type", "isa", "prefetch", "MB", "matvec GB/s", "read GB/s", "ratio"
+    );
+    for t in types {
+        for r in bench_type(t, &opts, &pool).with_context(|| format!("bench: {t}"))? {
+            println!(
+                "{:<8} {:<7} {:>8} {:>7.0} {:>12.2} {:>10.2} {:>6.0}%   {:.2}..{:.2}",
+                t.name(),
+                r.isa.name(),
+                r.prefetch,
+                r.bytes as f64 / 1e6,
+                r.matvec.median,
+                r.read.median,
+                100.0 * r.ratio(),
+                r.matvec.min,
+                r.matvec.max
+            );
+        }
+    }
+    Ok(())
 }

@@ -68,6 +68,13 @@ impl Isa {
         }
     }
 
+    /// Whether this CPU can run kernels built for `self` (SIMD wrappers check this before
+    /// entering `#[target_feature]` code, so calling them directly is never unsound).
+    #[inline]
+    pub fn supported(self) -> bool {
+        self <= Isa::hardware()
+    }
+
     /// Every ISA this machine can run, lowest first (tests iterate these).
     pub fn available() -> Vec<Isa> {
         [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|i| *i <= Isa::hardware()).collect()

@@ -34,6 +34,8 @@ mod q4_k;
 mod q5_k;
 mod q6_k;
 mod q8_0;
+pub mod quantize;
+mod simd;
 pub(crate) mod tables;
 
 /// Super-block size of k-quants and i-quants.
@@ -43,6 +45,7 @@ pub use act::{ActFormat, ActRow, Acts, BlockQ8K, BlockQ8_32};
 pub use fp8::dequantize_fp8_block_scaled;
 pub use isa::Isa;
 pub use matmul::{matmul, WeightView};
+pub use simd::{prefetch_distance, read_sweep, set_prefetch_distance, DEFAULT_PREFETCH};
 
 use crate::dtype::DType;
 

@@ -1,5 +1,254 @@
-//! Q4_K kernels (not yet implemented in this build: `kernels_for` reports the type as unsupported).
+//! Q4_K: super-blocks of 256 elements, 144 bytes: `d` (f16), `dmin` (f16), `scales[12]` (eight
+//! 6-bit scales and eight 6-bit mins, packed), `qs[128]`. Sub-block j (32 elements) reads the
+//! low nibbles of qs[32*(j/2)..][..32] when j is even, the high nibbles when odd;
+//! value = (d * sc_j) * q - (dmin * m_j), in that f32 order (as `gguf.quants`).
+//!
+//! Dots against `Q8K` activations: per super-block the exact integers
+//! sum_j sc_j * sum(q * a) and sum_j m_j * (bsum of sub-block j), scaled by d*d_a and dmin*d_a.
 
-use super::TypeKernels;
+use super::float::f16_le;
+use super::{ActFormat, ActRow, BlockQ8K, TypeKernels};
+use crate::dtype::DType;
 
-pub(super) const KERNELS: Option<TypeKernels> = None;
+pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
+    dtype: DType::Q4_K,
+    act: ActFormat::Q8K,
+    dequant,
+    dot_scalar,
+    #[cfg(target_arch = "x86_64")]
+    dot_avx2: Some(x86::dot_avx2),
+    #[cfg(target_arch = "x86_64")]
+    dot_avx512: Some(x86::dot_avx512),
+    #[cfg(not(target_arch = "x86_64"))]
+    dot_avx2: None,
+    #[cfg(not(target_arch = "x86_64"))]
+    dot_avx512: None,
+});
+
+const BB: usize = 144;
+
+/// The eight 6-bit scales and eight 6-bit mins of a Q4_K/Q5_K `scales[12]` field.
+/// Bytes 0..4 hold sc0..3 (low 6 bits) and the top 2 bits of sc4..7; bytes 4..8 the same for
+/// the mins; bytes 8..12 the low 4 bits of sc4..7 (low nibble) and m4..7 (high nibble).
+#[inline]
+pub(super) fn scales_mins(s: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let mut sc = [0u8; 8];
+    let mut m = [0u8; 8];
+    for j in 0..4 {
+        sc[j] = s[j] & 63;
+        m[j] = s[j + 4] & 63;
+        sc[j + 4] = (s[j + 8] & 0x0F) | ((s[j] >> 6) << 4);
+        m[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
+    }
+    (sc, m)
+}
+
+/// `scales_mins` as two little-endian u64 words (byte j = sc_j / m_j), with word operations.
+#[inline]
+pub(super) fn scales_mins_u64(s: &[u8]) -> (u64, u64) {
+    let w = |i: usize| u32::from_le_bytes([s[i], s[i + 1], s[i + 2], s[i + 3]]);
+    let (a, b, c) = (w(0), w(4), w(8));
+    const LOW6: u32 = 0x3F3F_3F3F;
+    const LOW4: u32 = 0x0F0F_0F0F;
+    const TOP2: u32 = 0x0303_0303;
+    let sc_lo = a & LOW6;
+    let sc_hi = (c & LOW4) | (((a >> 6) & TOP2) << 4);
+    let m_lo = b & LOW6;
+    let m_hi = ((c >> 4) & LOW4) | (((b >> 6) & TOP2) << 4);
+    (sc_lo as u64 | (sc_hi as u64) << 32, m_lo as u64 | (m_hi as u64) << 32)
+}
+
+fn dequant(b: &[u8], out: &mut [f32]) {
+    for (blk, o) in b.chunks_exact(BB).zip(out.chunks_exact_mut(256)) {
+        let d = f16_le(blk);
+        let dmin = f16_le(&blk[2..]);
+        let (sc, m) = scales_mins(&blk[4..16]);
+        let qs = &blk[16..];
+        for (j, o) in o.chunks_exact_mut(32).enumerate() {
+            let dj = d * sc[j] as f32;
+            let mj = dmin * m[j] as f32;
+            let q = &qs[32 * (j / 2)..32 * (j / 2) + 32];
+            let shift = 4 * (j % 2);
+            for (o, &q) in o.iter_mut().zip(q) {
+                *o = dj * ((q >> shift) & 0x0F) as f32 - mj;
+            }
+        }
+    }
+}
+
+fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
+    let mut sum = 0.0f32;
+    for (blk, ab) in w.chunks_exact(BB).zip(a.q8k) {
+        let (sc, m) = scales_mins(&blk[4..16]);
+        let qs = &blk[16..];
+        let mut isum = 0i32;
+        let mut msum = 0i32;
+        for j in 0..8 {
+            let q = &qs[32 * (j / 2)..32 * (j / 2) + 32];
+            let shift = 4 * (j % 2);
+            let x = &ab.qs[32 * j..32 * j + 32];
+            let s: i32 = q.iter().zip(x).map(|(&q, &x)| ((q >> shift) & 0x0F) as i32 * x as i32).sum();
+            isum += sc[j] as i32 * s;
+            msum += m[j] as i32 * (ab.bsums[2 * j] as i32 + ab.bsums[2 * j + 1] as i32);
+        }
+        sum += f16_le(blk) * ab.d * isum as f32 - f16_le(&blk[2..]) * ab.d * msum as f32;
+    }
+    sum
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::super::simd::prefetch_distance;
+    use super::super::simd::x86::{f16_at, hsum_ps128, hsum_ps256, hsum_ps512, prefetch};
+    use super::{dot_scalar, scales_mins_u64, ActRow, BlockQ8K, BB};
+    use crate::kernels::Isa;
+    use std::arch::x86_64::*;
+
+    pub(super) fn dot_avx2(w: &[u8], a: &ActRow<'_>) -> f32 {
+        if !Isa::Avx2.supported() {
+            return dot_scalar(w, a);
+        }
+        let nb = a.q8k.len().min(w.len() / BB);
+        // SAFETY: AVX2/FMA/F16C present (checked above); `w` holds `nb` whole blocks and
+        // `a.q8k` at least `nb` blocks.
+        unsafe { avx2(w.as_ptr(), a.q8k.as_ptr(), nb) }
+    }
+
+    pub(super) fn dot_avx512(w: &[u8], a: &ActRow<'_>) -> f32 {
+        if !Isa::Avx512.supported() {
+            return dot_scalar(w, a);
+        }
+        let nb = a.q8k.len().min(w.len() / BB);
+        // SAFETY: AVX-512 F/BW/VL/VNNI present (checked above); lengths as in `dot_avx2`.
+        unsafe { avx512(w.as_ptr(), a.q8k.as_ptr(), nb) }
+    }
+
+    /// Scales (i16 lanes 0..8) and mins (lanes 8..16) of the block at `b`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn scales_mins16(b: *const u8) -> __m256i {
+        let (sc, m) = scales_mins_u64(std::slice::from_raw_parts(b.add(4), 12));
+        _mm256_cvtepu8_epi16(_mm_set_epi64x(m as i64, sc as i64))
+    }
+
+    /// sum_j m_j * bsum(sub-block j) as 4 i32 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn mins_dot(sm: __m256i, ab: &BlockQ8K) -> __m128i {
+        let bs = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
+        let bs8 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+        _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), bs8)
+    }
+
+    /// `pshufb` controls broadcasting i16 lane k of a 128-bit lane to all eight.
+    const fn bcast16(k: u8) -> [u8; 32] {
+        let mut c = [0u8; 32];
+        let mut i = 0;
+        while i < 32 {
+            c[i] = 2 * k + (i as u8 & 1);
+            i += 1;
+        }
+        c
+    }
+    static BCAST: [[u8; 32]; 8] =
+        [bcast16(0), bcast16(1), bcast16(2), bcast16(3), bcast16(4), bcast16(5), bcast16(6), bcast16(7)];
+
+    /// # Safety
+    /// AVX2+FMA+F16C; `w` valid for `nb` blocks, `a` for `nb` activation blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn avx2(w: *const u8, a: *const BlockQ8K, nb: usize) -> f32 {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let mut acc = _mm256_setzero_ps();
+        let mut accm = _mm_setzero_ps();
+        let pf = prefetch_distance();
+        for i in 0..nb {
+            let b = w.add(i * BB);
+            prefetch(b, pf, BB);
+            let ab = &*a.add(i);
+            let d = f16_at(b) * ab.d;
+            let dmin = f16_at(b.add(2)) * ab.d;
+            let sm = scales_mins16(b);
+            accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_dot(sm, ab)), accm);
+            let sc = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
+            let qs = b.add(16);
+            let x = ab.qs.as_ptr();
+            let mut sumi = _mm256_setzero_si256();
+            for j in 0..4 {
+                let q = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
+                let lo = _mm256_and_si256(q, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                let x0 = _mm256_loadu_si256(x.add(64 * j) as *const __m256i);
+                let x1 = _mm256_loadu_si256(x.add(64 * j + 32) as *const __m256i);
+                let s0 = _mm256_shuffle_epi8(sc, _mm256_loadu_si256(BCAST[2 * j].as_ptr() as *const __m256i));
+                let s1 = _mm256_shuffle_epi8(sc, _mm256_loadu_si256(BCAST[2 * j + 1].as_ptr() as *const __m256i));
+                // nibble (<= 15) x a (|a| <= 127), pairs summed: no i16 saturation.
+                let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), s0);
+                let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), s1);
+                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+            }
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        }
+        hsum_ps256(acc) - hsum_ps128(accm)
+    }
+
+    /// `vpermw` indices: i16 lanes 0..16 take scale `a`, lanes 16..32 take scale `b`.
+    const fn pair_idx(a: u16, b: u16) -> [u16; 32] {
+        let mut c = [0u16; 32];
+        let mut i = 0;
+        while i < 32 {
+            c[i] = if i < 16 { a } else { b };
+            i += 1;
+        }
+        c
+    }
+    static PAIR: [[u16; 32]; 4] = [pair_idx(0, 2), pair_idx(1, 3), pair_idx(4, 6), pair_idx(5, 7)];
+
+    /// Two 64-byte halves per super-block: the low nibbles of qs[0..64] are sub-blocks 0 and 2,
+    /// the high nibbles 1 and 3 (and 4..8 likewise for qs[64..128]); the activations are
+    /// regrouped to match with one 128-bit-lane shuffle each. `maddubs` then VNNI `dpwssd`
+    /// applies the per-sub-block scale and accumulates in i32.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL/VNNI + F16C; `w` valid for `nb` blocks, `a` for `nb` activation blocks.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn avx512(w: *const u8, a: *const BlockQ8K, nb: usize) -> f32 {
+        let m4 = _mm512_set1_epi8(0x0F);
+        let idx: [__m512i; 4] = [
+            _mm512_loadu_si512(PAIR[0].as_ptr() as *const __m512i),
+            _mm512_loadu_si512(PAIR[1].as_ptr() as *const __m512i),
+            _mm512_loadu_si512(PAIR[2].as_ptr() as *const __m512i),
+            _mm512_loadu_si512(PAIR[3].as_ptr() as *const __m512i),
+        ];
+        let mut acc = _mm512_setzero_ps();
+        let mut accm = _mm_setzero_ps();
+        let pf = prefetch_distance();
+        for i in 0..nb {
+            let b = w.add(i * BB);
+            prefetch(b, pf, BB);
+            let ab = &*a.add(i);
+            let d = f16_at(b) * ab.d;
+            let dmin = f16_at(b.add(2)) * ab.d;
+            let sm = scales_mins16(b);
+            accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_dot(sm, ab)), accm);
+            let sc = _mm512_castsi256_si512(sm);
+            let qs = b.add(16);
+            let x = ab.qs.as_ptr();
+            let mut sumi = _mm512_setzero_si512();
+            for h in 0..2 {
+                let q = _mm512_loadu_si512(qs.add(64 * h) as *const __m512i);
+                let lo = _mm512_and_si512(q, m4);
+                let hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+                let x0 = _mm512_loadu_si512(x.add(128 * h) as *const __m512i);
+                let x1 = _mm512_loadu_si512(x.add(128 * h + 64) as *const __m512i);
+                let xlo = _mm512_shuffle_i64x2(x0, x1, 0x44);
+                let xhi = _mm512_shuffle_i64x2(x0, x1, 0xEE);
+                let slo = _mm512_permutexvar_epi16(idx[2 * h], sc);
+                let shi = _mm512_permutexvar_epi16(idx[2 * h + 1], sc);
+                sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(lo, xlo), slo);
+                sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(hi, xhi), shi);
+            }
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
+        }
+        hsum_ps512(acc) - hsum_ps128(accm)
+    }
+}

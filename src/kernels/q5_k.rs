@@ -1,5 +1,231 @@
-//! Q5_K kernels (not yet implemented in this build: `kernels_for` reports the type as unsupported).
+//! Q5_K: super-blocks of 256 elements, 176 bytes: `d` (f16), `dmin` (f16), `scales[12]` (packed
+//! as in Q4_K), `qh[32]`, `qs[128]`. Element l of sub-block j (32 elements) has low 4 bits from
+//! qs as in Q4_K and fifth bit `(qh[l] >> j) & 1`; value = (d * sc_j) * q - (dmin * m_j).
+//!
+//! Dots against `Q8K` activations, as Q4_K with 5-bit codes.
 
-use super::TypeKernels;
+use super::float::f16_le;
+use super::q4_k::scales_mins;
+use super::{ActFormat, ActRow, BlockQ8K, TypeKernels};
+use crate::dtype::DType;
 
-pub(super) const KERNELS: Option<TypeKernels> = None;
+pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
+    dtype: DType::Q5_K,
+    act: ActFormat::Q8K,
+    dequant,
+    dot_scalar,
+    #[cfg(target_arch = "x86_64")]
+    dot_avx2: Some(x86::dot_avx2),
+    #[cfg(target_arch = "x86_64")]
+    dot_avx512: Some(x86::dot_avx512),
+    #[cfg(not(target_arch = "x86_64"))]
+    dot_avx2: None,
+    #[cfg(not(target_arch = "x86_64"))]
+    dot_avx512: None,
+});
+
+const BB: usize = 176;
+
+/// The 5-bit code of element l of sub-block j.
+#[inline]
+fn code(qh: &[u8], qs: &[u8], j: usize, l: usize) -> u8 {
+    let lo = (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F;
+    lo | (((qh[l] >> j) & 1) << 4)
+}
+
+fn dequant(b: &[u8], out: &mut [f32]) {
+    for (blk, o) in b.chunks_exact(BB).zip(out.chunks_exact_mut(256)) {
+        let d = f16_le(blk);
+        let dmin = f16_le(&blk[2..]);
+        let (sc, m) = scales_mins(&blk[4..16]);
+        let (qh, qs) = (&blk[16..48], &blk[48..]);
+        for (j, o) in o.chunks_exact_mut(32).enumerate() {
+            let dj = d * sc[j] as f32;
+            let mj = dmin * m[j] as f32;
+            for (l, o) in o.iter_mut().enumerate() {
+                *o = dj * code(qh, qs, j, l) as f32 - mj;
+            }
+        }
+    }
+}
+
+fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
+    let mut sum = 0.0f32;
+    for (blk, ab) in w.chunks_exact(BB).zip(a.q8k) {
+        let (sc, m) = scales_mins(&blk[4..16]);
+        let (qh, qs) = (&blk[16..48], &blk[48..]);
+        let mut isum = 0i32;
+        let mut msum = 0i32;
+        for j in 0..8 {
+            let x = &ab.qs[32 * j..32 * j + 32];
+            let s: i32 = x.iter().enumerate().map(|(l, &x)| code(qh, qs, j, l) as i32 * x as i32).sum();
+            isum += sc[j] as i32 * s;
+            msum += m[j] as i32 * (ab.bsums[2 * j] as i32 + ab.bsums[2 * j + 1] as i32);
+        }
+        sum += f16_le(blk) * ab.d * isum as f32 - f16_le(&blk[2..]) * ab.d * msum as f32;
+    }
+    sum
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::super::q4_k::scales_mins_u64;
+    use super::super::simd::prefetch_distance;
+    use super::super::simd::x86::{f16_at, hsum_ps128, hsum_ps256, hsum_ps512, prefetch};
+    use super::{dot_scalar, ActRow, BlockQ8K, BB};
+    use crate::kernels::Isa;
+    use std::arch::x86_64::*;
+
+    pub(super) fn dot_avx2(w: &[u8], a: &ActRow<'_>) -> f32 {
+        if !Isa::Avx2.supported() {
+            return dot_scalar(w, a);
+        }
+        let nb = a.q8k.len().min(w.len() / BB);
+        // SAFETY: AVX2/FMA/F16C present (checked above); `w` holds `nb` whole blocks and
+        // `a.q8k` at least `nb` blocks.
+        unsafe { avx2(w.as_ptr(), a.q8k.as_ptr(), nb) }
+    }
+
+    pub(super) fn dot_avx512(w: &[u8], a: &ActRow<'_>) -> f32 {
+        if !Isa::Avx512.supported() {
+            return dot_scalar(w, a);
+        }
+        let nb = a.q8k.len().min(w.len() / BB);
+        // SAFETY: AVX-512 F/BW/VL/VNNI present (checked above); lengths as in `dot_avx2`.
+        unsafe { avx512(w.as_ptr(), a.q8k.as_ptr(), nb) }
+    }
+
+    /// Scales (i16 lanes 0..8) and mins (lanes 8..16) of the block at `b`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn scales_mins16(b: *const u8) -> __m256i {
+        let (sc, m) = scales_mins_u64(std::slice::from_raw_parts(b.add(4), 12));
+        _mm256_cvtepu8_epi16(_mm_set_epi64x(m as i64, sc as i64))
+    }
+
+    /// sum_j m_j * bsum(sub-block j) as 4 i32 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn mins_dot(sm: __m256i, ab: &BlockQ8K) -> __m128i {
+        let bs = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
+        let bs8 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+        _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), bs8)
+    }
+
+    /// # Safety
+    /// AVX2+FMA+F16C; `w` valid for `nb` blocks, `a` for `nb` activation blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn avx2(w: *const u8, a: *const BlockQ8K, nb: usize) -> f32 {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let sixteen = _mm256_set1_epi8(0x10);
+        let mut acc = _mm256_setzero_ps();
+        let mut accm = _mm_setzero_ps();
+        let pf = prefetch_distance();
+        for i in 0..nb {
+            let b = w.add(i * BB);
+            prefetch(b, pf, BB);
+            let ab = &*a.add(i);
+            let d = f16_at(b) * ab.d;
+            let dmin = f16_at(b.add(2)) * ab.d;
+            let sm = scales_mins16(b);
+            accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_dot(sm, ab)), accm);
+            let mut sc = [0i16; 16];
+            _mm256_storeu_si256(sc.as_mut_ptr() as *mut __m256i, sm);
+            let qh = _mm256_loadu_si256(b.add(16) as *const __m256i);
+            let qs = b.add(48);
+            let x = ab.qs.as_ptr();
+            let mut sumi = _mm256_setzero_si256();
+            for j in 0..4 {
+                let q = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
+                let lo = _mm256_and_si256(q, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                // Fifth bit: byte l of qh has bit j set -> add 16.
+                let b0 = _mm256_set1_epi8(1 << (2 * j));
+                let b1 = _mm256_set1_epi8((1u8 << (2 * j + 1)) as i8);
+                let h0 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b0), b0), sixteen);
+                let h1 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b1), b1), sixteen);
+                let x0 = _mm256_loadu_si256(x.add(64 * j) as *const __m256i);
+                let x1 = _mm256_loadu_si256(x.add(64 * j + 32) as *const __m256i);
+                // code (<= 31) x a (|a| <= 127), pairs summed: no i16 saturation.
+                let p0 = _mm256_maddubs_epi16(_mm256_or_si256(lo, h0), x0);
+                let p1 = _mm256_maddubs_epi16(_mm256_or_si256(hi, h1), x1);
+                let p0 = _mm256_madd_epi16(p0, _mm256_set1_epi16(sc[2 * j]));
+                let p1 = _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * j + 1]));
+                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+            }
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        }
+        hsum_ps256(acc) - hsum_ps128(accm)
+    }
+
+    /// `vpermw` indices: i16 lanes 0..16 take scale `a`, lanes 16..32 take scale `b`.
+    const fn pair_idx(a: u16, b: u16) -> [u16; 32] {
+        let mut c = [0u16; 32];
+        let mut i = 0;
+        while i < 32 {
+            c[i] = if i < 16 { a } else { b };
+            i += 1;
+        }
+        c
+    }
+    static PAIR: [[u16; 32]; 4] = [pair_idx(0, 2), pair_idx(1, 3), pair_idx(4, 6), pair_idx(5, 7)];
+
+    /// Bytes 0..32 select bit `a` of qh, bytes 32..64 bit `b`.
+    const fn bit_sel(a: u32, b: u32) -> [u8; 64] {
+        let mut c = [0u8; 64];
+        let mut i = 0;
+        while i < 64 {
+            c[i] = if i < 32 { 1 << a } else { 1 << b };
+            i += 1;
+        }
+        c
+    }
+    static BITS: [[u8; 64]; 4] = [bit_sel(0, 2), bit_sel(1, 3), bit_sel(4, 6), bit_sel(5, 7)];
+
+    /// As Q4_K's AVX-512 kernel; the fifth bit comes from `qh` (duplicated into both halves
+    /// of a register) through a byte test mask that adds 16.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL/VNNI + F16C; `w` valid for `nb` blocks, `a` for `nb` activation blocks.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn avx512(w: *const u8, a: *const BlockQ8K, nb: usize) -> f32 {
+        let m4 = _mm512_set1_epi8(0x0F);
+        let sixteen = _mm512_set1_epi8(0x10);
+        let idx: [__m512i; 4] = std::array::from_fn(|k| _mm512_loadu_si512(PAIR[k].as_ptr() as *const __m512i));
+        let bits: [__m512i; 4] = std::array::from_fn(|k| _mm512_loadu_si512(BITS[k].as_ptr() as *const __m512i));
+        let mut acc = _mm512_setzero_ps();
+        let mut accm = _mm_setzero_ps();
+        let pf = prefetch_distance();
+        for i in 0..nb {
+            let b = w.add(i * BB);
+            prefetch(b, pf, BB);
+            let ab = &*a.add(i);
+            let d = f16_at(b) * ab.d;
+            let dmin = f16_at(b.add(2)) * ab.d;
+            let sm = scales_mins16(b);
+            accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_dot(sm, ab)), accm);
+            let sc = _mm512_castsi256_si512(sm);
+            let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(16) as *const __m256i));
+            let qs = b.add(48);
+            let x = ab.qs.as_ptr();
+            let mut sumi = _mm512_setzero_si512();
+            for h in 0..2 {
+                let q = _mm512_loadu_si512(qs.add(64 * h) as *const __m512i);
+                let lo = _mm512_and_si512(q, m4);
+                let hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+                let lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(qh, bits[2 * h]), lo, sixteen);
+                let hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(qh, bits[2 * h + 1]), hi, sixteen);
+                let x0 = _mm512_loadu_si512(x.add(128 * h) as *const __m512i);
+                let x1 = _mm512_loadu_si512(x.add(128 * h + 64) as *const __m512i);
+                let xlo = _mm512_shuffle_i64x2(x0, x1, 0x44);
+                let xhi = _mm512_shuffle_i64x2(x0, x1, 0xEE);
+                let slo = _mm512_permutexvar_epi16(idx[2 * h], sc);
+                let shi = _mm512_permutexvar_epi16(idx[2 * h + 1], sc);
+                sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(lo, xlo), slo);
+                sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(hi, xhi), shi);
+            }
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
+        }
+        hsum_ps512(acc) - hsum_ps128(accm)
+    }
+}

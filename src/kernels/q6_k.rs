@@ -1,5 +1,212 @@
-//! Q6_K kernels (not yet implemented in this build: `kernels_for` reports the type as unsupported).
+//! Q6_K: super-blocks of 256 elements, 210 bytes: `ql[128]`, `qh[64]`, `scales[16]` (i8, one
+//! per 16 elements), `d` (f16). Each half h (128 elements) uses ql[64h..][..64] and
+//! qh[32h..][..32]: element e takes the low nibble of ql[e] (e < 64) or the high nibble of
+//! ql[e - 64], and bits 4..6 from `(qh[e % 32] >> 2 * (e / 32)) & 3`; value =
+//! (d * scale) * (q - 32), in that f32 order (as `gguf.quants`).
+//!
+//! Dots against `Q8K` activations: sum_g sc_g * sum(q * a) - 32 * sum_g sc_g * bsum_g, exact in
+//! i32, scaled by d * d_a.
 
-use super::TypeKernels;
+use super::float::f16_le;
+use super::{ActFormat, ActRow, BlockQ8K, TypeKernels};
+use crate::dtype::DType;
 
-pub(super) const KERNELS: Option<TypeKernels> = None;
+pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
+    dtype: DType::Q6_K,
+    act: ActFormat::Q8K,
+    dequant,
+    dot_scalar,
+    #[cfg(target_arch = "x86_64")]
+    dot_avx2: Some(x86::dot_avx2),
+    #[cfg(target_arch = "x86_64")]
+    dot_avx512: Some(x86::dot_avx512),
+    #[cfg(not(target_arch = "x86_64"))]
+    dot_avx2: None,
+    #[cfg(not(target_arch = "x86_64"))]
+    dot_avx512: None,
+});
+
+const BB: usize = 210;
+
+/// The 6-bit code (0..64) of element `i` (0..256) of a block.
+#[inline]
+fn code(blk: &[u8], i: usize) -> i32 {
+    let (h, e) = (i / 128, i % 128);
+    let ql = &blk[64 * h..];
+    let lo = if e < 64 { ql[e] & 0x0F } else { ql[e - 64] >> 4 };
+    let hi = (blk[128 + 32 * h + e % 32] >> (2 * (e / 32))) & 3;
+    (lo | (hi << 4)) as i32
+}
+
+fn dequant(b: &[u8], out: &mut [f32]) {
+    for (blk, o) in b.chunks_exact(BB).zip(out.chunks_exact_mut(256)) {
+        let d = f16_le(&blk[208..]);
+        for (g, o) in o.chunks_exact_mut(16).enumerate() {
+            let dg = d * (blk[192 + g] as i8) as f32;
+            for (l, o) in o.iter_mut().enumerate() {
+                *o = dg * (code(blk, 16 * g + l) - 32) as f32;
+            }
+        }
+    }
+}
+
+fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
+    let mut sum = 0.0f32;
+    for (blk, ab) in w.chunks_exact(BB).zip(a.q8k) {
+        let mut isum = 0i32;
+        for g in 0..16 {
+            let s: i32 = (0..16).map(|l| (code(blk, 16 * g + l) - 32) * ab.qs[16 * g + l] as i32).sum();
+            isum += (blk[192 + g] as i8) as i32 * s;
+        }
+        sum += f16_le(&blk[208..]) * ab.d * isum as f32;
+    }
+    sum
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::super::simd::prefetch_distance;
+    use super::super::simd::x86::{f16_at, hsum_ps256, hsum_ps512, prefetch};
+    use super::{dot_scalar, ActRow, BlockQ8K, BB};
+    use crate::kernels::Isa;
+    use std::arch::x86_64::*;
+
+    pub(super) fn dot_avx2(w: &[u8], a: &ActRow<'_>) -> f32 {
+        if !Isa::Avx2.supported() {
+            return dot_scalar(w, a);
+        }
+        let nb = a.q8k.len().min(w.len() / BB);
+        // SAFETY: AVX2/FMA/F16C present (checked above); `w` holds `nb` whole blocks and
+        // `a.q8k` at least `nb` blocks.
+        unsafe { avx2(w.as_ptr(), a.q8k.as_ptr(), nb) }
+    }
+
+    pub(super) fn dot_avx512(w: &[u8], a: &ActRow<'_>) -> f32 {
+        if !Isa::Avx512.supported() {
+            return dot_scalar(w, a);
+        }
+        let nb = a.q8k.len().min(w.len() / BB);
+        // SAFETY: AVX-512 F/BW/VL/VNNI present (checked above); lengths as in `dot_avx2`.
+        unsafe { avx512(w.as_ptr(), a.q8k.as_ptr(), nb) }
+    }
+
+    /// `pshufb` control: bytes 0..8 pick scale `g`, bytes 8..16 scale `g + 1`.
+    const fn pair_sel(g: u8) -> [u8; 16] {
+        let mut c = [0u8; 16];
+        let mut i = 0;
+        while i < 16 {
+            c[i] = if i < 8 { g } else { g + 1 };
+            i += 1;
+        }
+        c
+    }
+    static SEL: [[u8; 16]; 8] =
+        [pair_sel(0), pair_sel(2), pair_sel(4), pair_sel(6), pair_sel(8), pair_sel(10), pair_sel(12), pair_sel(14)];
+
+    /// 32 codes (0..64) per register: four per half, `maddubs` against the activations (codes
+    /// <= 63, |a| <= 127: no i16 saturation), `madd` with the i16 scales of the two 16-element
+    /// groups each register spans. The -32 offset is applied once per block through the bsums.
+    ///
+    /// # Safety
+    /// AVX2+FMA+F16C; `w` valid for `nb` blocks, `a` for `nb` activation blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn avx2(w: *const u8, a: *const BlockQ8K, nb: usize) -> f32 {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let m30 = _mm256_set1_epi8(0x30);
+        let mut acc = _mm256_setzero_ps();
+        let pf = prefetch_distance();
+        for i in 0..nb {
+            let b = w.add(i * BB);
+            prefetch(b, pf, BB);
+            let ab = &*a.add(i);
+            let d = f16_at(b.add(208)) * ab.d;
+            let sc8 = _mm_loadu_si128(b.add(192) as *const __m128i);
+            let bs = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
+            let offset = _mm256_madd_epi16(bs, _mm256_cvtepi8_epi16(sc8));
+            let mut sumi = _mm256_setzero_si256();
+            for h in 0..2 {
+                let ql0 = _mm256_loadu_si256(b.add(64 * h) as *const __m256i);
+                let ql1 = _mm256_loadu_si256(b.add(64 * h + 32) as *const __m256i);
+                let qh = _mm256_loadu_si256(b.add(128 + 32 * h) as *const __m256i);
+                let q = [
+                    _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)),
+                    _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m30)),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                        _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30),
+                    ),
+                ];
+                for (k, q) in q.iter().enumerate() {
+                    let x = _mm256_loadu_si256(ab.qs.as_ptr().add(128 * h + 32 * k) as *const __m256i);
+                    let sel = _mm_loadu_si128(SEL[4 * h + k].as_ptr() as *const __m128i);
+                    let s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, sel));
+                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(*q, x), s));
+                }
+            }
+            let sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(offset, 5));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        }
+        hsum_ps256(acc)
+    }
+
+    /// `vpermw` indices: 128-bit lane k of the result takes scale `4 * p + k` (8 i16 each).
+    const fn quad_idx(p: u16) -> [u16; 32] {
+        let mut c = [0u16; 32];
+        let mut i = 0;
+        while i < 32 {
+            c[i] = 4 * p + (i as u16 / 8);
+            i += 1;
+        }
+        c
+    }
+    static QUAD: [[u16; 32]; 4] = [quad_idx(0), quad_idx(1), quad_idx(2), quad_idx(3)];
+
+    /// Per half: one 64-byte `ql` load gives codes 0..64 (low nibbles) and 64..128 (high
+    /// nibbles), which line up with contiguous activations; `qh` is duplicated into both
+    /// 256-bit halves and shifted per half with variable 16-bit shifts.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL/VNNI + F16C; `w` valid for `nb` blocks, `a` for `nb` activation blocks.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn avx512(w: *const u8, a: *const BlockQ8K, nb: usize) -> f32 {
+        let m4 = _mm512_set1_epi8(0x0F);
+        let m30 = _mm512_set1_epi8(0x30);
+        // Codes 0..32 need qh << 4, 32..64 qh << 2; codes 64..96 qh >> 0, 96..128 qh >> 2.
+        let shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+        let shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+        let idx: [__m512i; 4] = std::array::from_fn(|k| _mm512_loadu_si512(QUAD[k].as_ptr() as *const __m512i));
+        let mut acc = _mm512_setzero_ps();
+        let mut acc_off = _mm256_setzero_ps();
+        let pf = prefetch_distance();
+        for i in 0..nb {
+            let b = w.add(i * BB);
+            prefetch(b, pf, BB);
+            let ab = &*a.add(i);
+            let d = f16_at(b.add(208)) * ab.d;
+            let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
+            let bs = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
+            let off = _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, sc16));
+            acc_off = _mm256_fmadd_ps(_mm256_set1_ps(d), off, acc_off);
+            let sc = _mm512_castsi256_si512(sc16);
+            let x = ab.qs.as_ptr();
+            let mut sumi = _mm512_setzero_si512();
+            for h in 0..2 {
+                let ql = _mm512_loadu_si512(b.add(64 * h) as *const __m512i);
+                let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(128 + 32 * h) as *const __m256i));
+                // lo | (high bits & 0x30), fused: ternary logic A | (B & C) = 0xF8.
+                let lo = _mm512_ternarylogic_epi32(_mm512_and_si512(ql, m4), _mm512_sllv_epi16(qh, shl), m30, 0xF8);
+                let qlh = _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4);
+                let hi = _mm512_ternarylogic_epi32(qlh, _mm512_srlv_epi16(qh, shr), m30, 0xF8);
+                let x0 = _mm512_loadu_si512(x.add(128 * h) as *const __m512i);
+                let x1 = _mm512_loadu_si512(x.add(128 * h + 64) as *const __m512i);
+                let s0 = _mm512_permutexvar_epi16(idx[2 * h], sc);
+                let s1 = _mm512_permutexvar_epi16(idx[2 * h + 1], sc);
+                sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(lo, x0), s0);
+                sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(hi, x1), s1);
+            }
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
+        }
+        hsum_ps512(acc) - 32.0 * hsum_ps256(acc_off)
+    }
+}

@@ -1,0 +1,153 @@
+//! Shared building blocks: RMSNorm, rotary embeddings, softmax, SiLU, top-k selection.
+//!
+//! Free functions over slices, no allocation: the forward pass calls them on buffers it owns.
+
+use super::config::RopeLayout;
+
+/// out = x / sqrt(mean(x^2) + eps) * w (HF RMSNorm, computed in f32 with an f64 sum).
+pub fn rmsnorm(out: &mut [f32], x: &[f32], w: &[f32], eps: f32) {
+    let ss: f64 = x.iter().map(|v| (*v as f64) * (*v as f64)).sum();
+    let mean = (ss / x.len() as f64) as f32;
+    let inv = 1.0 / (mean + eps).sqrt();
+    for ((o, v), g) in out.iter_mut().zip(x).zip(w) {
+        *o = g * (v * inv);
+    }
+}
+
+/// RMSNorm in place.
+pub fn rmsnorm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
+    let ss: f64 = x.iter().map(|v| (*v as f64) * (*v as f64)).sum();
+    let mean = (ss / x.len() as f64) as f32;
+    let inv = 1.0 / (mean + eps).sqrt();
+    for (v, g) in x.iter_mut().zip(w) {
+        *v = g * (*v * inv);
+    }
+}
+
+/// In-place softmax.
+pub fn softmax(x: &mut [f32]) {
+    let m = x.iter().fold(f32::NEG_INFINITY, |a, b| a.max(*b));
+    let mut s = 0.0f32;
+    for v in x.iter_mut() {
+        *v = (*v - m).exp();
+        s += *v;
+    }
+    let inv = 1.0 / s;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// Indices of the `out.len()` largest values of `x`, largest first; ties go to the lower index.
+pub fn top_k(x: &[f32], out: &mut [usize]) {
+    let k = out.len();
+    for slot in 0..k {
+        let mut best = usize::MAX;
+        for (i, v) in x.iter().enumerate() {
+            if out[..slot].contains(&i) {
+                continue;
+            }
+            if best == usize::MAX || *v > x[best] {
+                best = i;
+            }
+        }
+        out[slot] = best;
+    }
+}
+
+/// Precomputed rotary tables for positions `0..ctx`.
+pub struct Rope {
+    layout: RopeLayout,
+    half: usize,
+    cos: Vec<f32>, // (ctx, half)
+    sin: Vec<f32>, // (ctx, half)
+}
+
+impl Rope {
+    /// Frequencies as HF computes them: inv_freq[i] = 1 / theta^(2i/d) in f32, angle =
+    /// (pos / linear_factor) * inv_freq in f32.
+    pub fn new(head_dim: usize, ctx: usize, theta: f64, linear_factor: f64, layout: RopeLayout) -> Rope {
+        let half = head_dim / 2;
+        let inv_freq: Vec<f32> = (0..half).map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / head_dim as f32)).collect();
+        let mut cos = Vec::with_capacity(ctx * half);
+        let mut sin = Vec::with_capacity(ctx * half);
+        for p in 0..ctx {
+            let pos = (p as f64 / linear_factor) as f32;
+            for f in &inv_freq {
+                let a = pos * f;
+                cos.push(a.cos());
+                sin.push(a.sin());
+            }
+        }
+        Rope { layout, half, cos, sin }
+    }
+
+    pub fn ctx(&self) -> usize {
+        self.cos.len() / self.half.max(1)
+    }
+
+    /// Rotate one head (`2*half` values) for position `pos`.
+    pub fn apply(&self, x: &mut [f32], pos: usize) {
+        let h = self.half;
+        let c = &self.cos[pos * h..(pos + 1) * h];
+        let s = &self.sin[pos * h..(pos + 1) * h];
+        match self.layout {
+            RopeLayout::HalfSplit => {
+                for i in 0..h {
+                    let (a, b) = (x[i], x[i + h]);
+                    x[i] = a * c[i] - b * s[i];
+                    x[i + h] = b * c[i] + a * s[i];
+                }
+            }
+            RopeLayout::Interleaved => {
+                for i in 0..h {
+                    let (a, b) = (x[2 * i], x[2 * i + 1]);
+                    x[2 * i] = a * c[i] - b * s[i];
+                    x[2 * i + 1] = b * c[i] + a * s[i];
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_k_orders_and_breaks_ties_low() {
+        let mut out = [0usize; 3];
+        top_k(&[0.1, 0.5, 0.5, 0.9, 0.0], &mut out);
+        assert_eq!(out, [3, 1, 2]);
+    }
+
+    #[test]
+    fn softmax_sums_to_one() {
+        let mut x = [1.0f32, 2.0, 3.0, -1.0];
+        softmax(&mut x);
+        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert!(x[2] > x[1] && x[1] > x[0]);
+    }
+
+    #[test]
+    fn rope_layouts_agree_up_to_permutation() {
+        // Rotating an interleaved vector equals rotating its half-split permutation.
+        let d = 8;
+        let a = Rope::new(d, 4, 10000.0, 1.0, RopeLayout::Interleaved);
+        let b = Rope::new(d, 4, 10000.0, 1.0, RopeLayout::HalfSplit);
+        let x: Vec<f32> = (0..d).map(|i| i as f32 * 0.3 - 1.0).collect();
+        let mut xi = x.clone();
+        let mut xh: Vec<f32> = (0..d).map(|i| if i < d / 2 { x[2 * i] } else { x[2 * (i - d / 2) + 1] }).collect();
+        a.apply(&mut xi, 3);
+        b.apply(&mut xh, 3);
+        for i in 0..d / 2 {
+            assert!((xi[2 * i] - xh[i]).abs() < 1e-6);
+            assert!((xi[2 * i + 1] - xh[i + d / 2]).abs() < 1e-6);
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! Models: shared blocks, one thin file per architecture family, and the forward pass.
+//!
+//! Map: `config.rs` reads hyperparameters (GGUF or config.json) into `ModelConfig`;
+//! `names.rs` + the family files (`qwen3moe.rs`, `mixtral.rs`, `olmoe.rs`) say which tensor
+//! plays which role; `weights.rs` binds tensors to roles with shape checks; `blocks.rs` holds
+//! the primitives (RMSNorm, RoPE, softmax, top-k); `forward.rs` runs a batch of tokens.
+//! Does not own: sampling (`sample`), tokenization (`tokenizer`), reading experts from disk.
+//! Invariant: what is computed never depends on where weights live; placement is elsewhere.
+
+pub mod blocks;
+pub mod config;
+mod forward;
+pub mod mixtral;
+pub mod names;
+pub mod olmoe;
+pub mod qwen3moe;
+pub mod weights;
+
+pub use config::{Family, ModelConfig};
+pub use forward::State;
+pub use weights::Weights;
+
+use crate::format::{FormatError, ModelFiles};
+use crate::kernels::{Isa, KernelError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("{0}")]
+    Config(String),
+    #[error("missing tensor {0}")]
+    MissingTensor(String),
+    #[error("shape mismatch: {0}")]
+    Shape(String),
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    #[error("{0}")]
+    Input(String),
+    #[error("context full: {needed} tokens needed, context is {ctx} (raise -c)")]
+    ContextFull { needed: usize, ctx: usize },
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+}
+
+/// A loaded model: config, weights bound to the mapped files, rotary tables and a thread pool.
+pub struct Model<'a> {
+    pub cfg: ModelConfig,
+    pub weights: Weights<'a>,
+    pub rope: blocks::Rope,
+    pub pool: rayon::ThreadPool,
+    pub isa: Isa,
+}
+
+/// Options that do not change what is computed, only how.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// Compute threads (0 = all cores).
+    pub threads: usize,
+    /// Longest sequence the rotary tables cover (the run's context length).
+    pub ctx: usize,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { threads: 0, ctx: 4096 }
+    }
+}
+
+impl<'a> Model<'a> {
+    pub fn load(files: &'a ModelFiles, opts: &LoadOptions) -> Result<Model<'a>, ModelError> {
+        let mut cfg = ModelConfig::from_files(files)?;
+        let weights = Weights::load(files, &mut cfg)?;
+        let rope = blocks::Rope::new(cfg.head_dim, opts.ctx.max(1), cfg.rope_theta, cfg.rope_linear_factor, cfg.rope_layout);
+        let threads = if opts.threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { opts.threads };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("sluice-compute-{i}"))
+            .build()
+            .map_err(|e| ModelError::Config(format!("cannot start {threads} compute threads: {e}")))?;
+        Ok(Model { cfg, weights, rope, pool, isa: Isa::detect() })
+    }
+
+    /// A state sized for this model: `ctx` positions, prefill chunks of `batch` tokens.
+    pub fn new_state(&self, ctx: usize, batch: usize, logit_rows: usize) -> Result<State, ModelError> {
+        if ctx > self.rope.ctx() {
+            return Err(ModelError::Input(format!("context {ctx} exceeds the {} positions the model was loaded for", self.rope.ctx())));
+        }
+        Ok(State::new(&self.cfg, ctx, batch, logit_rows))
+    }
+
+    /// Feed `tokens` (prefill, in batches) and return the logits of the last one.
+    pub fn feed<'s>(&self, st: &'s mut State, tokens: &[u32]) -> Result<&'s [f32], ModelError> {
+        if tokens.is_empty() {
+            return Err(ModelError::Input("no tokens to feed".into()));
+        }
+        if st.pos + tokens.len() > st.ctx() {
+            return Err(ModelError::ContextFull { needed: st.pos + tokens.len(), ctx: st.ctx() });
+        }
+        let b = st.batch();
+        let chunks = tokens.len().div_ceil(b);
+        for c in 0..chunks - 1 {
+            self.forward_chunk(st, &tokens[c * b..(c + 1) * b], b)?;
+        }
+        let last = &tokens[(chunks - 1) * b..];
+        self.forward_chunk(st, last, last.len() - 1)
+    }
+
+    /// Teacher-forced logits of every position of `tokens`, appended to `out` (T x vocab).
+    pub fn logits_all(&self, st: &mut State, tokens: &[u32], out: &mut Vec<f32>) -> Result<(), ModelError> {
+        if st.pos + tokens.len() > st.ctx() {
+            return Err(ModelError::ContextFull { needed: st.pos + tokens.len(), ctx: st.ctx() });
+        }
+        let step = st.logit_rows().min(st.batch());
+        for chunk in tokens.chunks(step) {
+            let l = self.forward_chunk(st, chunk, 0)?;
+            out.extend_from_slice(l);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,250 @@
+//! Binding checkpoint tensors to the forward pass: finds each role's tensor, checks its shape
+//! against the config, and keeps matrices as zero-copy views of the mapped files.
+//!
+//! Owns: `Weights` and `Layer` (one field per weight, shapes in comments). Small vectors
+//! (norm weights) are dequantized to f32 once; matrices stay encoded in place.
+//! Invariant: after `Weights::load` succeeds every view has the shape the config implies and a
+//! type the kernels support, so the forward pass can not fail on a weight.
+
+use super::config::{Family, ModelConfig, QkNorm};
+use super::names::{self, Role};
+use super::{mixtral, olmoe, qwen3moe, ModelError};
+use crate::dtype::DType;
+use crate::format::{FileKind, ModelFiles, TensorInfo};
+use crate::kernels::{self, WeightView};
+
+/// One routed expert's three projections.
+#[derive(Clone, Copy)]
+pub struct Expert<'a> {
+    pub gate: WeightView<'a>, // (ffn, hidden)
+    pub up: WeightView<'a>,   // (ffn, hidden)
+    pub down: WeightView<'a>, // (hidden, ffn)
+}
+
+pub struct Layer<'a> {
+    pub attn_norm: Vec<f32>,    // (hidden)
+    pub wq: WeightView<'a>,     // (n_heads*head_dim, hidden)
+    pub wk: WeightView<'a>,     // (n_kv_heads*head_dim, hidden)
+    pub wv: WeightView<'a>,     // (n_kv_heads*head_dim, hidden)
+    pub wo: WeightView<'a>,     // (hidden, n_heads*head_dim)
+    pub q_norm: Option<Vec<f32>>, // (head_dim) per-head, or (n_heads*head_dim) whole
+    pub k_norm: Option<Vec<f32>>, // (head_dim) per-head, or (n_kv_heads*head_dim) whole
+    pub ffn_norm: Vec<f32>,     // (hidden)
+    pub router: WeightView<'a>, // (n_experts, hidden)
+    pub experts: Vec<Expert<'a>>, // n_experts
+}
+
+pub struct Weights<'a> {
+    pub token_embd: WeightView<'a>, // (vocab, hidden)
+    pub output_norm: Vec<f32>,      // (hidden)
+    pub output: WeightView<'a>,     // (vocab, hidden); token_embd when tied
+    pub layers: Vec<Layer<'a>>,
+}
+
+struct Binder<'a, 'c> {
+    files: &'a ModelFiles,
+    cfg: &'c ModelConfig,
+    hf_moe: &'static [(Role, &'static str)],
+}
+
+impl<'a> Binder<'a, '_> {
+    fn is_gguf(&self) -> bool {
+        self.files.kind() == FileKind::Gguf
+    }
+
+    /// The tensor for a non-MoE role, if present.
+    fn find(&self, role: Role, layer: usize) -> Option<&'a TensorInfo> {
+        let pattern = if self.is_gguf() { Some(names::gguf_name(role)) } else { names::hf_common_name(role) };
+        pattern.and_then(|p| self.files.tensor(&names::fill(p, layer, 0)))
+    }
+
+    fn require(&self, role: Role, layer: usize) -> Result<&'a TensorInfo, ModelError> {
+        self.find(role, layer).ok_or_else(|| {
+            let p = if self.is_gguf() { names::gguf_name(role) } else { names::hf_common_name(role).unwrap_or("?") };
+            ModelError::MissingTensor(names::fill(p, layer, 0))
+        })
+    }
+
+    fn view(&self, t: &'a TensorInfo, rows: usize, cols: usize) -> Result<WeightView<'a>, ModelError> {
+        check_shape(t, &[rows, cols])?;
+        let bytes = self.files.bytes(t)?;
+        view_of(t, bytes, rows, cols)
+    }
+
+    fn vector(&self, t: &TensorInfo, n: usize) -> Result<Vec<f32>, ModelError> {
+        if t.n_elems() != n as u64 {
+            return Err(ModelError::Shape(format!("{}: has {} elements ({:?}), config implies {n}", t.name, t.n_elems(), t.shape)));
+        }
+        Ok(self.files.dequantize(t)?)
+    }
+
+    fn mat(&self, role: Role, layer: usize, rows: usize, cols: usize) -> Result<WeightView<'a>, ModelError> {
+        let t = self.require(role, layer)?;
+        self.view(t, rows, cols)
+    }
+
+    fn norm(&self, role: Role, layer: usize, n: usize) -> Result<Vec<f32>, ModelError> {
+        let t = self.require(role, layer)?;
+        self.vector(t, n)
+    }
+
+    fn router(&self, layer: usize) -> Result<WeightView<'a>, ModelError> {
+        let (e, h) = (self.cfg.n_experts, self.cfg.hidden);
+        if self.is_gguf() {
+            return self.mat(Role::Router, layer, e, h);
+        }
+        let t = self
+            .hf_moe
+            .iter()
+            .filter(|(r, _)| *r == Role::Router)
+            .find_map(|(_, p)| self.files.tensor(&names::fill(p, layer, 0)))
+            .ok_or_else(|| ModelError::MissingTensor(format!("router of layer {layer} ({})", self.hf_moe[0].1.replace("{l}", &layer.to_string()))))?;
+        self.view(t, e, h)
+    }
+
+    /// Per-expert views of one projection stored as a 3-D [n_expert, rows, cols] tensor.
+    fn split_3d(&self, t: &'a TensorInfo, rows: usize, cols: usize) -> Result<Vec<WeightView<'a>>, ModelError> {
+        let n = self.cfg.n_experts;
+        check_shape(t, &[n, rows, cols])?;
+        let all = self.files.bytes(t)?;
+        let mut out = Vec::with_capacity(n);
+        for e in 0..n {
+            let r = self.files.expert_range(t, e)?;
+            let start = (r.offset - t.range.offset) as usize;
+            let bytes = all
+                .get(start..start + r.len as usize)
+                .ok_or_else(|| ModelError::Shape(format!("{}: expert {e} range lies outside the tensor", t.name)))?;
+            out.push(view_of(t, bytes, rows, cols)?);
+        }
+        Ok(out)
+    }
+
+    fn experts(&self, layer: usize) -> Result<Vec<Expert<'a>>, ModelError> {
+        let (n, f, h) = (self.cfg.n_experts, self.cfg.expert_ffn, self.cfg.hidden);
+        if self.is_gguf() {
+            let get = |role| self.require(role, layer);
+            let down = self.split_3d(get(Role::ExpDown)?, h, f)?;
+            let (gate, up) = match self.find(Role::ExpGate, layer) {
+                Some(g) => (self.split_3d(g, f, h)?, self.split_3d(get(Role::ExpUp)?, f, h)?),
+                None => split_gate_up(self.split_3d(get(Role::ExpGateUp)?, 2 * f, h)?, f)?,
+            };
+            return Ok(zip_experts(gate, up, down));
+        }
+        // HF: per-expert tensors, or fused 3-D tensors.
+        let pattern = |role: Role, fused: bool| {
+            self.hf_moe.iter().filter(move |(r, p)| *r == role && p.contains("{e}") != fused).map(|(_, p)| *p)
+        };
+        let per_expert = pattern(Role::ExpGate, false).find(|p| self.files.tensor(&names::fill(p, layer, 0)).is_some());
+        if let Some(gate_p) = per_expert {
+            let prefix_len = gate_p.find("{e}").unwrap_or(0);
+            // The up/down patterns that share the gate pattern's prefix (same naming scheme).
+            let sibling = |role: Role| {
+                pattern(role, false)
+                    .find(|p| p[..prefix_len.min(p.len())] == gate_p[..prefix_len])
+                    .ok_or_else(|| ModelError::MissingTensor(format!("{role:?} of layer {layer}")))
+            };
+            let (up_p, down_p) = (sibling(Role::ExpUp)?, sibling(Role::ExpDown)?);
+            let mut out = Vec::with_capacity(n);
+            for e in 0..n {
+                let get = |p: &str| {
+                    let name = names::fill(p, layer, e);
+                    self.files.tensor(&name).ok_or(ModelError::MissingTensor(name))
+                };
+                out.push(Expert { gate: self.view(get(gate_p)?, f, h)?, up: self.view(get(up_p)?, f, h)?, down: self.view(get(down_p)?, h, f)? });
+            }
+            return Ok(out);
+        }
+        let fused = |role: Role| {
+            pattern(role, true)
+                .find_map(|p| self.files.tensor(&names::fill(p, layer, 0)))
+                .ok_or_else(|| ModelError::MissingTensor(format!("experts of layer {layer} (neither per-expert nor fused {role:?} tensors found)")))
+        };
+        let (gate, up) = split_gate_up(self.split_3d(fused(Role::ExpGateUp)?, 2 * f, h)?, f)?;
+        let down = self.split_3d(fused(Role::ExpDown)?, h, f)?;
+        Ok(zip_experts(gate, up, down))
+    }
+}
+
+fn zip_experts<'a>(gate: Vec<WeightView<'a>>, up: Vec<WeightView<'a>>, down: Vec<WeightView<'a>>) -> Vec<Expert<'a>> {
+    gate.into_iter().zip(up).zip(down).map(|((gate, up), down)| Expert { gate, up, down }).collect()
+}
+
+/// Split fused [2*ffn, hidden] gate+up matrices into gate (first ffn rows) and up (the rest).
+fn split_gate_up<'a>(fused: Vec<WeightView<'a>>, ffn: usize) -> Result<(Vec<WeightView<'a>>, Vec<WeightView<'a>>), ModelError> {
+    let mut gates = Vec::with_capacity(fused.len());
+    let mut ups = Vec::with_capacity(fused.len());
+    for w in fused {
+        let half = ffn * w.row_bytes();
+        let (g, u) = w.bytes.split_at(half);
+        gates.push(WeightView { dtype: w.dtype, bytes: g, rows: ffn, cols: w.cols });
+        ups.push(WeightView { dtype: w.dtype, bytes: u, rows: ffn, cols: w.cols });
+    }
+    Ok((gates, ups))
+}
+
+fn check_shape(t: &TensorInfo, want: &[usize]) -> Result<(), ModelError> {
+    let ok = t.shape.len() == want.len() && t.shape.iter().zip(want).all(|(a, b)| *a == *b as u64);
+    if ok {
+        Ok(())
+    } else {
+        Err(ModelError::Shape(format!("{}: shape {:?} in the file, config implies {:?}", t.name, t.shape, want)))
+    }
+}
+
+fn view_of<'a>(t: &TensorInfo, bytes: &'a [u8], rows: usize, cols: usize) -> Result<WeightView<'a>, ModelError> {
+    if t.dtype == DType::F8E4M3 {
+        return Err(ModelError::Unsupported(format!("{}: FP8 matrices are dequantize-only in this build", t.name)));
+    }
+    kernels::kernels_for(t.dtype).map_err(|_| ModelError::Unsupported(format!("{}: tensor type {} has no kernels in sluice", t.name, t.dtype)))?;
+    WeightView::new(t.dtype, bytes, rows, cols).map_err(|e| ModelError::Shape(format!("{}: {e}", t.name)))
+}
+
+impl<'a> Weights<'a> {
+    pub fn load(files: &'a ModelFiles, cfg: &mut ModelConfig) -> Result<Weights<'a>, ModelError> {
+        let hf_moe = match cfg.family {
+            Family::Qwen3Moe => qwen3moe::HF_MOE,
+            Family::Mixtral => mixtral::HF_MOE,
+            Family::Olmoe => olmoe::HF_MOE,
+        };
+        let (h, v) = (cfg.hidden, cfg.vocab);
+        let (qd, kvd, hd) = (cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
+        // GGUF does not say which q/k norm a family has; the weights' lengths do.
+        if files.kind() == FileKind::Gguf {
+            let b = Binder { files, cfg, hf_moe };
+            cfg.qk_norm = match b.find(Role::QNorm, 0) {
+                None => QkNorm::None,
+                Some(t) if t.n_elems() == hd as u64 => QkNorm::PerHead,
+                Some(_) => QkNorm::Whole,
+            };
+        }
+        let cfg: &ModelConfig = cfg;
+        let b = Binder { files, cfg, hf_moe };
+        let token_embd = b.mat(Role::TokenEmbd, 0, v, h)?;
+        let output = match (b.find(Role::Output, 0), cfg.tie_embeddings) {
+            (_, true) => token_embd,
+            (Some(t), false) => b.view(t, v, h)?,
+            (None, false) => return Err(ModelError::MissingTensor("lm_head / output.weight (embeddings are not tied)".into())),
+        };
+        let mut layers = Vec::with_capacity(cfg.n_layers);
+        for l in 0..cfg.n_layers {
+            let (qn, kn) = match cfg.qk_norm {
+                QkNorm::None => (None, None),
+                QkNorm::PerHead => (Some(b.norm(Role::QNorm, l, hd)?), Some(b.norm(Role::KNorm, l, hd)?)),
+                QkNorm::Whole => (Some(b.norm(Role::QNorm, l, qd)?), Some(b.norm(Role::KNorm, l, kvd)?)),
+            };
+            layers.push(Layer {
+                attn_norm: b.norm(Role::AttnNorm, l, h)?,
+                wq: b.mat(Role::Wq, l, qd, h)?,
+                wk: b.mat(Role::Wk, l, kvd, h)?,
+                wv: b.mat(Role::Wv, l, kvd, h)?,
+                wo: b.mat(Role::Wo, l, h, qd)?,
+                q_norm: qn,
+                k_norm: kn,
+                ffn_norm: b.norm(Role::FfnNorm, l, h)?,
+                router: b.router(l)?,
+                experts: b.experts(l)?,
+            });
+        }
+        Ok(Weights { token_embd, output_norm: b.norm(Role::OutputNorm, 0, h)?, output, layers })
+    }
+}

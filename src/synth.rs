@@ -1,0 +1,222 @@
+//! Synthetic models: GGUFs with real shapes and seeded random weights, for the default model and
+//! for performance work (no real model can be downloaded here).
+//!
+//! Owns: `MoeSpec` (a model's shape), presets with real models' dimensions, and a streaming
+//! writer that never holds more than one tensor in memory.
+//! Does not own: the GGUF byte layout (`format::GgufWriter`), quantizers (`kernels::quantize`).
+//! Invariant: output is a pure function of the spec (seeded generator, fixed tensor order).
+
+use crate::dtype::DType;
+use crate::format::{FormatError, GgufWriter, MetaValue};
+use crate::kernels::quantize::quantize;
+use std::path::Path;
+
+/// The shape of a Qwen3-MoE-style model.
+#[derive(Clone, Debug)]
+pub struct MoeSpec {
+    pub hidden: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub experts: usize,
+    pub experts_used: usize,
+    pub expert_ffn: usize,
+    /// Vocabulary size; 0 = just the built-in byte-level vocabulary. Larger sizes are padded
+    /// with unused tokens so embeddings and lm_head have the real model's size.
+    pub vocab: usize,
+    pub ctx: usize,
+    /// Type of the matrices (norms and router stay F32).
+    pub dtype: DType,
+    pub seed: u64,
+    pub name: String,
+}
+
+impl MoeSpec {
+    /// Real models' dimensions, by preset name.
+    pub fn preset(name: &str) -> Option<MoeSpec> {
+        let base = |hidden, layers, heads, kv_heads, head_dim, experts, used, ffn, vocab| MoeSpec {
+            hidden,
+            layers,
+            heads,
+            kv_heads,
+            head_dim,
+            experts,
+            experts_used: used,
+            expert_ffn: ffn,
+            vocab,
+            ctx: 40960,
+            dtype: DType::Q8_0,
+            seed: 1,
+            name: format!("synthetic {name}"),
+        };
+        Some(match name {
+            "qwen3-30b-a3b" => base(2048, 48, 32, 4, 128, 128, 8, 768, 151936),
+            "qwen3-235b-a22b" => base(4096, 94, 64, 4, 128, 128, 8, 1536, 151936),
+            _ => return None,
+        })
+    }
+
+    pub const PRESETS: &'static [&'static str] = &["qwen3-30b-a3b", "qwen3-235b-a22b"];
+}
+
+/// SplitMix64: a tiny deterministic generator (weights must not depend on a crate's version).
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-a, a).
+    fn uniform(&mut self, a: f32) -> f32 {
+        let u = (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32;
+        (2.0 * u - 1.0) * a
+    }
+}
+
+/// GPT-2's byte -> printable character map (byte-level BPE vocabularies spell bytes this way).
+pub fn byte_chars() -> Vec<char> {
+    let printable = |b: u32| (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+    let mut extra = 0u32;
+    (0u32..256)
+        .map(|b| {
+            if printable(b) {
+                char::from_u32(b).unwrap_or('?')
+            } else {
+                extra += 1;
+                char::from_u32(255 + extra).unwrap_or('?')
+            }
+        })
+        .collect()
+}
+
+/// A byte-level vocabulary: the 256 bytes, merges of common English pairs, ChatML specials,
+/// padded with `<|unused_N|>` tokens to `min_size`. Returns (tokens, merges, token types).
+fn vocabulary(min_size: usize) -> (Vec<String>, Vec<String>, Vec<i32>) {
+    let bc = byte_chars();
+    let mut tokens: Vec<String> = bc.iter().map(|c| c.to_string()).collect();
+    let mut merges = Vec::new();
+    let sp = bc[b' ' as usize];
+    let pairs = ["th", "he", "in", "er", "an", "re", "on", "at", "en", "nd", "ti", "es", "or", "te", "of", "ed", "is", "it", "al", "ar"];
+    for w in pairs {
+        let (a, b) = w.split_at(1);
+        merges.push(format!("{a} {b}"));
+        tokens.push(w.to_string());
+    }
+    for w in ["t", "a", "o", "s", "w", "i", "c", "b", "f", "m"] {
+        merges.push(format!("{sp} {w}"));
+        tokens.push(format!("{sp}{w}"));
+    }
+    let mut types = vec![1i32; tokens.len()];
+    let mut i = 0;
+    while tokens.len() + 3 < min_size {
+        tokens.push(format!("<|unused_{i}|>"));
+        types.push(5); // unused
+        i += 1;
+    }
+    for s in ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] {
+        tokens.push(s.to_string());
+        types.push(3); // control
+    }
+    (tokens, merges, types)
+}
+
+const CHAT_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+/// Write a Qwen3-MoE GGUF (llama.cpp names and keys) with seeded random weights. `progress`
+/// is called after each tensor with (bytes written, total bytes).
+pub fn write_random_qwen3moe(path: &Path, spec: &MoeSpec, progress: &mut dyn FnMut(u64, u64)) -> Result<(), FormatError> {
+    let (tokens, merges, types) = vocabulary(spec.vocab);
+    let vocab = tokens.len();
+    let eos = vocab as u32 - 1; // <|im_end|>
+    let mut w = GgufWriter::new(path)?;
+    let s = |v: &str| MetaValue::String(v.to_string());
+    let u = |v: usize| MetaValue::U32(v as u32);
+    let arch = "qwen3moe";
+    let meta: Vec<(String, MetaValue)> = vec![
+        ("general.architecture".into(), s(arch)),
+        ("general.name".into(), s(&spec.name)),
+        (format!("{arch}.context_length"), u(spec.ctx)),
+        (format!("{arch}.embedding_length"), u(spec.hidden)),
+        (format!("{arch}.block_count"), u(spec.layers)),
+        (format!("{arch}.feed_forward_length"), u(spec.expert_ffn)),
+        (format!("{arch}.expert_feed_forward_length"), u(spec.expert_ffn)),
+        (format!("{arch}.attention.head_count"), u(spec.heads)),
+        (format!("{arch}.attention.head_count_kv"), u(spec.kv_heads)),
+        (format!("{arch}.attention.key_length"), u(spec.head_dim)),
+        (format!("{arch}.attention.value_length"), u(spec.head_dim)),
+        (format!("{arch}.rope.freq_base"), MetaValue::F32(1_000_000.0)),
+        (format!("{arch}.attention.layer_norm_rms_epsilon"), MetaValue::F32(1e-6)),
+        (format!("{arch}.expert_count"), u(spec.experts)),
+        (format!("{arch}.expert_used_count"), u(spec.experts_used)),
+        ("tokenizer.ggml.model".into(), s("gpt2")),
+        ("tokenizer.ggml.pre".into(), s("qwen2")),
+        ("tokenizer.ggml.tokens".into(), MetaValue::Array(tokens.iter().map(|t| s(t)).collect())),
+        ("tokenizer.ggml.token_type".into(), MetaValue::Array(types.iter().map(|t| MetaValue::I32(*t)).collect())),
+        ("tokenizer.ggml.merges".into(), MetaValue::Array(merges.iter().map(|m| s(m)).collect())),
+        ("tokenizer.ggml.eos_token_id".into(), MetaValue::U32(eos)),
+        ("tokenizer.ggml.padding_token_id".into(), MetaValue::U32(vocab as u32 - 3)),
+        ("tokenizer.ggml.add_bos_token".into(), MetaValue::Bool(false)),
+        ("tokenizer.chat_template".into(), s(CHAT_TEMPLATE)),
+    ];
+    for (k, v) in meta {
+        w.add_meta(&k, v)?;
+    }
+
+    // (name, type, shape outermost-first, init scale); scale 0 = a norm (all ones).
+    let (h, qd, kvd, f, e, dt) = (spec.hidden, spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim, spec.expert_ffn, spec.experts, spec.dtype);
+    let fan = |n: usize| 1.7 / (n as f32).sqrt();
+    let (hu, qu, ku, fu, eu, vu) = (h as u64, qd as u64, kvd as u64, f as u64, e as u64, vocab as u64);
+    let mut plan: Vec<(String, DType, Vec<u64>, f32)> = vec![("token_embd.weight".into(), dt, vec![vu, hu], 1.0)];
+    for l in 0..spec.layers {
+        let b = |n: &str| format!("blk.{l}.{n}.weight");
+        plan.push((b("attn_norm"), DType::F32, vec![hu], 0.0));
+        plan.push((b("attn_q"), dt, vec![qu, hu], fan(h)));
+        plan.push((b("attn_k"), dt, vec![ku, hu], fan(h)));
+        plan.push((b("attn_v"), dt, vec![ku, hu], fan(h)));
+        plan.push((b("attn_output"), dt, vec![hu, qu], fan(qd)));
+        plan.push((b("attn_q_norm"), DType::F32, vec![spec.head_dim as u64], 0.0));
+        plan.push((b("attn_k_norm"), DType::F32, vec![spec.head_dim as u64], 0.0));
+        plan.push((b("ffn_norm"), DType::F32, vec![hu], 0.0));
+        plan.push((b("ffn_gate_inp"), DType::F32, vec![eu, hu], 4.0 * fan(h)));
+        plan.push((b("ffn_gate_exps"), dt, vec![eu, fu, hu], fan(h)));
+        plan.push((b("ffn_up_exps"), dt, vec![eu, fu, hu], fan(h)));
+        plan.push((b("ffn_down_exps"), dt, vec![eu, hu, fu], fan(f)));
+    }
+    plan.push(("output_norm.weight".into(), DType::F32, vec![hu], 0.0));
+    plan.push(("output.weight".into(), dt, vec![vu, hu], fan(h)));
+    let mut total = 0u64;
+    for (name, dtype, shape, _) in &plan {
+        w.add_tensor_info(name, *dtype, shape)?;
+        total += dtype.bytes_for(shape.iter().product()).unwrap_or(0);
+    }
+    let mut rng = Rng(spec.seed);
+    let mut x = Vec::new();
+    let mut buf = Vec::new();
+    let mut done = 0u64;
+    for (name, dtype, shape, scale) in &plan {
+        let n: u64 = shape.iter().product();
+        // Generate and encode in pieces of whole rows so huge tensors never sit in memory.
+        let row = *shape.last().unwrap_or(&1);
+        let rows_per_piece = ((1u64 << 22) / row.max(1)).max(1);
+        let mut left = n / row.max(1);
+        while left > 0 {
+            let r = left.min(rows_per_piece);
+            x.clear();
+            x.extend((0..r * row).map(|_| if *scale == 0.0 { 1.0 } else { rng.uniform(*scale) }));
+            buf.clear();
+            quantize(*dtype, &x, &mut buf).map_err(|err| FormatError::Writer { path: path.to_path_buf(), msg: format!("{name}: {err}") })?;
+            w.write_tensor_data(&buf)?;
+            done += buf.len() as u64;
+            left -= r;
+        }
+        progress(done, total);
+    }
+    w.finish()?;
+    Ok(())
+}
