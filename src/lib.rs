@@ -17,3 +17,6 @@ pub mod kernels;
 pub mod model;
 pub mod npy;
 pub mod synth;
+pub mod tokenizer;
+pub mod chat;
+pub mod sample;
