@@ -329,14 +329,19 @@ def mtp_checkpoint_tensors(mtp, n_main: int, main_sd: dict) -> dict:
     return out
 
 
-def make_model(model_cls, config, seed: int, torch):
-    """transformers' own init under torch.manual_seed(seed), then randomize_extras."""
+def make_model(model_cls, config, seed: int, torch, embed_scale: float = 1.0):
+    """transformers' own init under torch.manual_seed(seed), then randomize_extras; the
+    embedding (and so a tied lm_head) is multiplied by embed_scale."""
     torch.manual_seed(seed)
     model = model_cls(config).to(torch.float32).eval()
     model.set_attn_implementation("eager")
     model.set_experts_implementation("eager")
     gen = torch.Generator().manual_seed(seed + 100)
     tweak = randomize_extras(owned_params(model), torch, config.initializer_range, False, gen)
+    if embed_scale != 1.0:
+        with torch.no_grad():
+            model.get_input_embeddings().weight.mul_(embed_scale)
+        tweak["embed_scale"] = embed_scale
     return model, tweak
 
 
@@ -431,7 +436,7 @@ def stage_models(args) -> None:
         chosen = None
         for attempt in range(specs.SEED_ATTEMPTS):
             seed = fam["seed"] + 17 * attempt
-            model, tweak = make_model(model_cls, config, seed, torch)
+            model, tweak = make_model(model_cls, config, seed, torch, fam.get("embed_scale", 1.0))
             q = quality(model, config, case_ids, prompt_ids, torch)
             ok = (q["router_min_margin"] >= specs.MIN_ROUTER_MARGIN and q["case_min_margin"] >= specs.MIN_LOGIT_MARGIN
                   and q["greedy_min_margin"] >= specs.MIN_GREEDY_MARGIN
@@ -446,7 +451,7 @@ def stage_models(args) -> None:
             if ok:
                 break
         seed = chosen[1]
-        model, tweak = make_model(model_cls, config, seed, torch)
+        model, tweak = make_model(model_cls, config, seed, torch, fam.get("embed_scale", 1.0))
         print("chosen seed", seed, "tweaks:", tweak, flush=True)
 
         model.generation_config = GenerationConfig(
@@ -534,10 +539,12 @@ def stage_models(args) -> None:
             seq.append(int(last.argmax()))
         loop_new = seq[len(prompt_ids):]
         model2.generation_config.eos_token_id = None
+        pad_for_generate = config.pad_token_id if config.pad_token_id is not None else config.vocab_size - 1
         with torch.no_grad():
+            # explicit attention mask: a BOS id equal to the pad id must not be masked out
             out = model2.generate(
-                torch.tensor([prompt_ids]), do_sample=False, max_new_tokens=specs.GREEDY_NEW_TOKENS,
-                eos_token_id=None, pad_token_id=0,
+                torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+                do_sample=False, max_new_tokens=specs.GREEDY_NEW_TOKENS, eos_token_id=None, pad_token_id=pad_for_generate,
             )
         gen_new = out[0, len(prompt_ids):].tolist()
         # KV-cache consistency of transformers itself: prefill ids[:-1], then one cached step
@@ -647,8 +654,9 @@ def stage_models(args) -> None:
             try:
                 with torch.no_grad():
                     out_mtp = model2.generate(
-                        torch.tensor([prompt_ids]), do_sample=False, max_new_tokens=specs.GREEDY_NEW_TOKENS,
-                        eos_token_id=None, pad_token_id=0, use_mtp=True,
+                        torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+                        do_sample=False, max_new_tokens=specs.GREEDY_NEW_TOKENS,
+                        eos_token_id=None, pad_token_id=pad_for_generate, use_mtp=True,
                     )
                 greedy["generate_use_mtp_new_ids"] = out_mtp[0, len(prompt_ids):].tolist()
                 greedy["generate_use_mtp_matches"] = greedy["generate_use_mtp_new_ids"] == loop_new

@@ -18,7 +18,7 @@ NORM_JITTER = 0.1  # RMSNorm weights become 1 + NORM_JITTER * N(0, 1)
 GREEDY_PROMPT = "The keeper writes down the level every hour:"
 # seed search (make_model_fixtures.py): try seed, seed+17, ... until all of these hold
 SEED_ATTEMPTS = 12
-MIN_ROUTER_MARGIN = 1e-3  # k-th vs (k+1)-th expert score, every token of every case
+MIN_ROUTER_MARGIN = 2e-4  # k-th vs (k+1)-th expert score, every token of every case
 MIN_LOGIT_MARGIN = 5e-4  # top-1 vs top-2 logit, every position of every case
 MIN_GREEDY_MARGIN = 2e-3  # top-1 vs top-2 logit at every greedy step
 MIN_GREEDY_DISTINCT = 6  # distinct tokens among the 16 greedy ones
@@ -88,6 +88,9 @@ FAMILIES = {
         "architecture": "OlmoeForCausalLM",
         "config_class": "OlmoeConfig",
         "seed": 1003,
+        # tied lm_head: with full-size random embeddings the current token's own logit dominates
+        # and greedy decoding repeats one token forever; a smaller embedding avoids that
+        "embed_scale": 0.4,
         "config": dict(
             vocab_size=VOCAB, hidden_size=64, intermediate_size=32, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, hidden_act="silu",
