@@ -11,7 +11,7 @@ use crate::synth::{write_random_qwen3moe, MoeSpec};
 use std::path::PathBuf;
 
 /// Bump when the model's contents change, so stale caches are not reused.
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 
 /// The cache directory: `$SLUICE_CACHE_DIR`, else `$XDG_CACHE_HOME/sluice`, else `~/.cache/sluice`.
 pub fn cache_dir() -> PathBuf {

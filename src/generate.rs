@@ -36,6 +36,8 @@ pub struct GenStats {
     pub prompt_tokens: usize,
     pub prefill_secs: f64,
     pub generated: usize,
+    /// Forward passes of one token (the first token comes from the prefill's logits).
+    pub decode_steps: usize,
     pub decode_secs: f64,
     /// Routed experts computed per decoded token, summed over layers.
     pub experts_per_token: f64,
@@ -48,8 +50,7 @@ impl GenStats {
     }
 
     pub fn decode_tps(&self) -> f64 {
-        // The first sampled token comes from the prefill's logits; decode steps are the rest.
-        self.generated.saturating_sub(1) as f64 / self.decode_secs.max(1e-9)
+        self.decode_steps as f64 / self.decode_secs.max(1e-9)
     }
 
     /// One line for stderr, llama.cpp-like.
@@ -66,8 +67,8 @@ impl GenStats {
 }
 
 /// Feed `prompt` to the model at `st.pos` and generate up to `max_tokens`, calling `on_text`
-/// with each completed piece of text. Stops at an end-of-generation token (not emitted) or
-/// when `on_text` returns false. Returns the generated ids and figures.
+/// with each completed piece of text. Stops at an end-of-generation token (not emitted; unless
+/// `ignore_eos`) or when `on_text` returns false. Returns the generated ids and figures.
 pub fn generate(
     model: &Model<'_>,
     st: &mut State,
@@ -75,6 +76,7 @@ pub fn generate(
     sampler: &mut Sampler,
     prompt: &[u32],
     max_tokens: usize,
+    ignore_eos: bool,
     on_text: &mut dyn FnMut(&str) -> bool,
 ) -> Result<(Vec<u32>, GenStats), GenerateError> {
     if prompt.is_empty() {
@@ -96,7 +98,7 @@ pub fn generate(
     let t1 = Instant::now();
     let mut experts = 0usize;
     loop {
-        if tok.eos_ids().contains(&next) {
+        if !ignore_eos && tok.eos_ids().contains(&next) {
             stats.stopped_by_eos = true;
             break;
         }
@@ -114,12 +116,12 @@ pub fn generate(
         let logits = model.forward_chunk(st, &[next], 0)?;
         next = sampler.sample(logits, &history);
         experts += st.experts_run;
+        stats.decode_steps += 1;
     }
     if let Some(text) = dec.flush(tok)? {
         on_text(&text);
     }
     stats.decode_secs = t1.elapsed().as_secs_f64();
-    let steps = stats.generated.saturating_sub(1).max(1);
-    stats.experts_per_token = experts as f64 / steps as f64;
+    stats.experts_per_token = experts as f64 / stats.decode_steps.max(1) as f64;
     Ok((out, stats))
 }

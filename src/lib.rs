@@ -11,7 +11,7 @@ pub mod cli;
 pub mod default_model;
 pub mod dtype;
 pub mod format;
-// TEMP pub mod generate;
+pub mod generate;
 pub mod inspect;
 pub mod kernels;
 pub mod model;

@@ -12,6 +12,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Generate text from a prompt (no MODEL: the built-in tiny model).
+    Run(cli::run::RunArgs),
+    /// Interactive chat with the model's chat template.
+    Chat(cli::chat::ChatArgs),
     /// Teacher-forced logits of a token sequence, written as float32 .npy [T, vocab].
     Logits(cli::logits::LogitsArgs),
     /// Write a synthetic GGUF with a real model's shapes and random weights.
@@ -25,6 +29,8 @@ enum Command {
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Run(a) => cli::run::run(a),
+        Command::Chat(a) => cli::chat::run(a),
         Command::Logits(a) => cli::logits::run(a),
         Command::Synth(a) => cli::synth::run(a),
         Command::Inspect(a) => cli::inspect::run(a),

@@ -133,6 +133,11 @@ const CHAT_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + me
 pub fn write_random_qwen3moe(path: &Path, spec: &MoeSpec, progress: &mut dyn FnMut(u64, u64)) -> Result<(), FormatError> {
     let (tokens, merges, types) = vocabulary(spec.vocab);
     let vocab = tokens.len();
+    let bc = byte_chars();
+    let printable: Vec<bool> = tokens
+        .iter()
+        .map(|t| !t.starts_with("<|") && t.chars().all(|c| bc.iter().position(|b| *b == c).is_some_and(|b| (0x20..0x7f).contains(&b))))
+        .collect();
     let eos = vocab as u32 - 1; // <|im_end|>
     let mut w = GgufWriter::new(path)?;
     let s = |v: &str| MetaValue::String(v.to_string());
@@ -205,10 +210,21 @@ pub fn write_random_qwen3moe(path: &Path, spec: &MoeSpec, progress: &mut dyn FnM
         let row = *shape.last().unwrap_or(&1);
         let rows_per_piece = ((1u64 << 22) / row.max(1)).max(1);
         let mut left = n / row.max(1);
+        let mut row0 = 0usize;
         while left > 0 {
             let r = left.min(rows_per_piece);
             x.clear();
             x.extend((0..r * row).map(|_| if *scale == 0.0 { 1.0 } else { rng.uniform(*scale) }));
+            if name == "output.weight" {
+                // Readable noise: tokens that spell printable ASCII get full-scale logits,
+                // the rest (other bytes, specials, padding) near-zero ones.
+                for (i, xr) in x.chunks_exact_mut(row as usize).enumerate() {
+                    if !printable[row0 + i] {
+                        xr.iter_mut().for_each(|v| *v *= 0.05);
+                    }
+                }
+            }
+            row0 += r as usize;
             buf.clear();
             quantize(*dtype, &x, &mut buf).map_err(|err| FormatError::Writer { path: path.to_path_buf(), msg: format!("{name}: {err}") })?;
             w.write_tensor_data(&buf)?;

@@ -65,7 +65,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         st.truncate(common);
         cached.truncate(common);
         let mut reply = String::new();
-        let (gen, stats) = generate(&model, &mut st, &tok, &mut sampler, &ids[common..], args.n_predict, &mut |s| {
+        let (gen, stats) = generate(&model, &mut st, &tok, &mut sampler, &ids[common..], args.n_predict, false, &mut |s| {
             reply.push_str(s);
             print!("{s}");
             let _ = std::io::stdout().flush();

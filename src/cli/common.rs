@@ -1,6 +1,5 @@
 //! Arguments shared by the commands that load a model and generate.
 
-#[cfg(any())] // TEMP
 use crate::sample::SamplingParams;
 use clap::Args;
 
@@ -43,7 +42,6 @@ pub struct SamplingArgs {
     pub seed: u64,
 }
 
-#[cfg(any())] // TEMP
 impl SamplingArgs {
     pub fn params(&self) -> SamplingParams {
         SamplingParams {

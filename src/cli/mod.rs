@@ -2,9 +2,9 @@
 //! calls into the library. `main.rs` only dispatches.
 
 pub mod bench;
-// TEMP pub mod chat;
+pub mod chat;
 pub mod common;
 pub mod inspect;
 pub mod logits;
-// TEMP pub mod run;
+pub mod run;
 pub mod synth;

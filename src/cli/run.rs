@@ -22,6 +22,9 @@ pub struct RunArgs {
     /// Tokens to generate.
     #[arg(short = 'n', long = "n-predict", default_value_t = 64)]
     pub n_predict: usize,
+    /// Keep generating past end-of-generation tokens.
+    #[arg(long = "ignore-eos")]
+    pub ignore_eos: bool,
     #[command(flatten)]
     pub compute: ComputeArgs,
     #[command(flatten)]
@@ -49,7 +52,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let stdout = std::io::stdout();
     let mut lock = stdout.lock();
     write!(lock, "{}", args.prompt)?;
-    let (_, stats) = generate(&model, &mut st, &tok, &mut sampler, &prompt, args.n_predict, &mut |s| {
+    let (_, stats) = generate(&model, &mut st, &tok, &mut sampler, &prompt, args.n_predict, args.ignore_eos, &mut |s| {
         let ok = write!(lock, "{s}").is_ok();
         let _ = lock.flush();
         ok
