@@ -440,14 +440,20 @@ impl StreamDecoder {
         self.ids.push(id);
         let prev = tok.decode_piece(&self.ids[self.prefix..self.read], self.skip_special)?;
         let full = tok.decode_piece(&self.ids[self.prefix..], self.skip_special)?;
-        if full.len() <= prev.len() || full.ends_with('\u{FFFD}') || !full.starts_with(&prev) {
-            // Nothing new yet, or an incomplete character. A window grown past a few tokens
-            // with a replacement character in the middle is not going to complete: let it out.
-            if self.ids.len() - self.read < 8 || full.len() <= prev.len() || !full.starts_with(&prev) {
-                return Ok(None);
-            }
+        let Some(new) = full.strip_prefix(prev.as_str()) else {
+            return Ok(None); // a decoder that rewrote earlier text; wait
+        };
+        if new.is_empty() {
+            // Tokens that render as nothing (skipped control tokens): consumed.
+            self.read = self.ids.len();
+            return Ok(None);
         }
-        let new = full[prev.len()..].to_string();
+        // An incomplete UTF-8 character at the end: wait for the rest, unless the window has
+        // grown past a few tokens (then it is not going to complete: let it out).
+        if new.ends_with('\u{FFFD}') && self.ids.len() - self.read < 8 {
+            return Ok(None);
+        }
+        let new = new.to_string();
         self.prefix = self.read;
         self.read = self.ids.len();
         if self.prefix > 256 {
