@@ -38,6 +38,32 @@ pub fn softmax(x: &mut [f32]) {
     }
 }
 
+/// f32 dot product with 16 independent partial sums, so the compiler vectorises it.
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 16];
+    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..16 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut s: f32 = ra.iter().zip(rb).map(|(x, y)| x * y).sum();
+    for v in acc {
+        s += v;
+    }
+    s
+}
+
+/// y += a * x.
+#[inline]
+pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    for (o, v) in y.iter_mut().zip(x) {
+        *o += a * v;
+    }
+}
+
 #[inline]
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())

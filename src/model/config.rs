@@ -198,10 +198,14 @@ impl ModelConfig {
             "linear" => rope.and_then(|r| r.get("factor")).and_then(Value::as_f64).unwrap_or(1.0),
             other => return Err(ModelError::Config(format!("config.json: rope type {other:?} is not supported for {}", family.name()))),
         };
-        let (n_experts, expert_ffn) = match family {
-            Family::Qwen3Moe => (req_u("num_experts")?, req_u("moe_intermediate_size")?),
-            Family::Mixtral => (req_u("num_local_experts")?, req_u("intermediate_size")?),
-            Family::Olmoe => (req_u("num_experts")?, req_u("intermediate_size")?),
+        // transformers 5 writes `num_local_experts` for every family; older configs `num_experts`.
+        let n_experts = match opt_u("num_experts").or_else(|| opt_u("num_local_experts")) {
+            Some(n) => n,
+            None => return Err(ModelError::Config("config.json: neither num_experts nor num_local_experts is set".into())),
+        };
+        let expert_ffn = match family {
+            Family::Qwen3Moe => req_u("moe_intermediate_size")?,
+            Family::Mixtral | Family::Olmoe => req_u("intermediate_size")?,
         };
         if family == Family::Qwen3Moe {
             let step = opt_u("decoder_sparse_step").unwrap_or(1);

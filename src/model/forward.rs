@@ -5,7 +5,7 @@
 //! the MoE output of each token is summed in its top-k slot order, so the result does not
 //! depend on the order in which experts are computed (or, later, arrive from disk).
 
-use super::blocks::{rmsnorm, rmsnorm_inplace, silu, softmax, top_k};
+use super::blocks::{axpy, dot, rmsnorm, rmsnorm_inplace, silu, softmax, top_k};
 use super::config::{ModelConfig, QkNorm};
 use super::{Model, ModelError};
 use crate::kernels::{self, Acts};
@@ -197,15 +197,13 @@ impl<'a> Model<'a> {
                     let sc = &mut sc[..len];
                     for (j, s) in sc.iter_mut().enumerate() {
                         let kj = &layer_k[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd];
-                        *s = qh.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * scale;
+                        *s = dot(qh, kj) * scale;
                     }
                     softmax(sc);
                     o.fill(0.0);
                     for (j, s) in sc.iter().enumerate() {
                         let vj = &layer_v[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd];
-                        for (a, b) in o.iter_mut().zip(vj) {
-                            *a += s * b;
-                        }
+                        axpy(o, *s, vj);
                     }
                 };
                 let heads = out.par_chunks_mut(hd).zip(st.scores.par_chunks_mut(ctx)).enumerate();

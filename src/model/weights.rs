@@ -10,15 +10,25 @@ use super::config::{Family, ModelConfig, QkNorm};
 use super::names::{self, Role};
 use super::{mixtral, olmoe, qwen3moe, ModelError};
 use crate::dtype::DType;
-use crate::format::{FileKind, ModelFiles, TensorInfo};
+use crate::format::{ByteRange, FileKind, ModelFiles, TensorInfo};
 use crate::kernels::{self, WeightView};
 
-/// One routed expert's three projections.
+/// One routed expert's three projections, as views of the mapped files and as the byte
+/// ranges they occupy there (what the streaming expert cache reads).
 #[derive(Clone, Copy)]
 pub struct Expert<'a> {
     pub gate: WeightView<'a>, // (ffn, hidden)
     pub up: WeightView<'a>,   // (ffn, hidden)
     pub down: WeightView<'a>, // (hidden, ffn)
+    /// gate, up, down
+    pub ranges: [ByteRange; 3],
+}
+
+/// A matrix view and where its bytes are.
+#[derive(Clone, Copy)]
+struct Located<'a> {
+    view: WeightView<'a>,
+    range: ByteRange,
 }
 
 pub struct Layer<'a> {
@@ -102,8 +112,12 @@ impl<'a> Binder<'a, '_> {
         self.view(t, e, h)
     }
 
+    fn located(&self, t: &'a TensorInfo, rows: usize, cols: usize) -> Result<Located<'a>, ModelError> {
+        Ok(Located { view: self.view(t, rows, cols)?, range: t.range })
+    }
+
     /// Per-expert views of one projection stored as a 3-D [n_expert, rows, cols] tensor.
-    fn split_3d(&self, t: &'a TensorInfo, rows: usize, cols: usize) -> Result<Vec<WeightView<'a>>, ModelError> {
+    fn split_3d(&self, t: &'a TensorInfo, rows: usize, cols: usize) -> Result<Vec<Located<'a>>, ModelError> {
         let n = self.cfg.n_experts;
         check_shape(t, &[n, rows, cols])?;
         let all = self.files.bytes(t)?;
@@ -114,7 +128,7 @@ impl<'a> Binder<'a, '_> {
             let bytes = all
                 .get(start..start + r.len as usize)
                 .ok_or_else(|| ModelError::Shape(format!("{}: expert {e} range lies outside the tensor", t.name)))?;
-            out.push(view_of(t, bytes, rows, cols)?);
+            out.push(Located { view: view_of(t, bytes, rows, cols)?, range: r });
         }
         Ok(out)
     }
@@ -150,7 +164,8 @@ impl<'a> Binder<'a, '_> {
                     let name = names::fill(p, layer, e);
                     self.files.tensor(&name).ok_or(ModelError::MissingTensor(name))
                 };
-                out.push(Expert { gate: self.view(get(gate_p)?, f, h)?, up: self.view(get(up_p)?, f, h)?, down: self.view(get(down_p)?, h, f)? });
+                let (g, u, d) = (self.located(get(gate_p)?, f, h)?, self.located(get(up_p)?, f, h)?, self.located(get(down_p)?, h, f)?);
+                out.push(Expert { gate: g.view, up: u.view, down: d.view, ranges: [g.range, u.range, d.range] });
             }
             return Ok(out);
         }
@@ -165,19 +180,24 @@ impl<'a> Binder<'a, '_> {
     }
 }
 
-fn zip_experts<'a>(gate: Vec<WeightView<'a>>, up: Vec<WeightView<'a>>, down: Vec<WeightView<'a>>) -> Vec<Expert<'a>> {
-    gate.into_iter().zip(up).zip(down).map(|((gate, up), down)| Expert { gate, up, down }).collect()
+fn zip_experts<'a>(gate: Vec<Located<'a>>, up: Vec<Located<'a>>, down: Vec<Located<'a>>) -> Vec<Expert<'a>> {
+    gate.into_iter()
+        .zip(up)
+        .zip(down)
+        .map(|((g, u), d)| Expert { gate: g.view, up: u.view, down: d.view, ranges: [g.range, u.range, d.range] })
+        .collect()
 }
 
 /// Split fused [2*ffn, hidden] gate+up matrices into gate (first ffn rows) and up (the rest).
-fn split_gate_up<'a>(fused: Vec<WeightView<'a>>, ffn: usize) -> Result<(Vec<WeightView<'a>>, Vec<WeightView<'a>>), ModelError> {
+fn split_gate_up<'a>(fused: Vec<Located<'a>>, ffn: usize) -> Result<(Vec<Located<'a>>, Vec<Located<'a>>), ModelError> {
     let mut gates = Vec::with_capacity(fused.len());
     let mut ups = Vec::with_capacity(fused.len());
-    for w in fused {
+    for Located { view: w, range } in fused {
         let half = ffn * w.row_bytes();
         let (g, u) = w.bytes.split_at(half);
-        gates.push(WeightView { dtype: w.dtype, bytes: g, rows: ffn, cols: w.cols });
-        ups.push(WeightView { dtype: w.dtype, bytes: u, rows: ffn, cols: w.cols });
+        let h = half as u64;
+        gates.push(Located { view: WeightView { dtype: w.dtype, bytes: g, rows: ffn, cols: w.cols }, range: ByteRange { len: h, ..range } });
+        ups.push(Located { view: WeightView { dtype: w.dtype, bytes: u, rows: ffn, cols: w.cols }, range: ByteRange { offset: range.offset + h, len: range.len - h, ..range } });
     }
     Ok((gates, ups))
 }
