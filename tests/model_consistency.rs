@@ -54,7 +54,7 @@ fn expert_ranges_address_the_viewed_bytes() {
         let files = ModelFiles::open(&path).unwrap();
         let model = Model::load(&files, &LoadOptions { threads: 1, ctx: 16 }).unwrap();
         for layer in &model.weights.layers {
-            for e in &layer.experts {
+            for e in layer.moe().map(|m| &m.experts[..]).unwrap_or(&[]) {
                 for (view, range) in [e.gate, e.up, e.down].iter().zip(e.ranges) {
                     let b = files.range_bytes(range).unwrap();
                     assert_eq!(b.as_ptr(), view.bytes.as_ptr(), "{}", path.display());

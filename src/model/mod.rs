@@ -9,7 +9,9 @@
 
 pub mod blocks;
 pub mod config;
+pub mod deepseek2;
 mod forward;
+pub mod glm4moe;
 pub mod mixtral;
 pub mod names;
 pub mod olmoe;
@@ -71,7 +73,7 @@ impl<'a> Model<'a> {
     pub fn load(files: &'a ModelFiles, opts: &LoadOptions) -> Result<Model<'a>, ModelError> {
         let mut cfg = ModelConfig::from_files(files)?;
         let weights = Weights::load(files, &mut cfg)?;
-        let rope = blocks::Rope::new(cfg.head_dim, opts.ctx.max(1), cfg.rope_theta, cfg.rope_linear_factor, cfg.rope_layout);
+        let rope = blocks::Rope::new(cfg.rotary_dim, opts.ctx.max(1), cfg.rope_theta, cfg.rope_scaling, cfg.rope_layout);
         let threads = if opts.threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { opts.threads };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
