@@ -340,7 +340,9 @@ impl ExpertCache {
         let Some(place) = st.place.get(layer) else {
             return Err(ExpertError::Request(format!("layer {layer} out of range ({} layers)", st.place.len())));
         };
-        let clock = st.clock + 1;
+        // A fresh clock value per call (failed ones too): it also marks `seen` for this call.
+        st.clock += 1;
+        let clock = st.clock;
         let mut unpinned = 0;
         for &e in experts {
             let Some(w) = place.get(e) else {
@@ -360,7 +362,6 @@ impl ExpertCache {
                 "layer {layer}: {unpinned} unpinned experts requested at once, {cap} slots: split the request into waves"
             )));
         }
-        st.clock = clock;
         if let Some(t) = &mut st.trace {
             t.record(st.stats.tokens, layer, experts)?;
         }
