@@ -162,6 +162,8 @@ struct State {
     ready: VecDeque<(usize, usize)>,
     jobs: Vec<ReadJob>,
     stats: CacheStats,
+    /// The pool's busy seconds spent loading the pinned tier (excluded from `read_secs`).
+    pin_busy_secs: f64,
     trace: Option<TraceWriter>,
 }
 
@@ -247,6 +249,7 @@ impl ExpertCache {
             ready: VecDeque::with_capacity(experts_per_layer.iter().copied().max().unwrap_or(0)),
             jobs: Vec::with_capacity((max_cap * max_jobs).max(n_pinned.min(4096) * max_jobs)),
             stats: CacheStats::default(),
+            pin_busy_secs: 0.0,
             trace,
         };
         let mut cache = ExpertCache {
@@ -295,6 +298,7 @@ impl ExpertCache {
         let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
         st.stats.pin_load_bytes = self.pool.bytes_read() - b0;
         st.stats.pin_load_secs = t0.elapsed().as_secs_f64();
+        st.pin_busy_secs = self.pool.busy_secs();
         Ok(())
     }
 
@@ -482,7 +486,7 @@ impl ExpertCache {
         let st = self.lock();
         let mut s = st.stats;
         s.bytes_read = self.pool.bytes_read() - s.pin_load_bytes;
-        s.read_secs = (self.pool.busy_secs() - s.pin_load_secs).max(0.0);
+        s.read_secs = (self.pool.busy_secs() - st.pin_busy_secs).max(0.0);
         s
     }
 

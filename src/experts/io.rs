@@ -103,6 +103,8 @@ struct Queues {
     busy: Duration,
     bytes: u64,
     shutdown: bool,
+    /// Readers that have started running.
+    started: usize,
 }
 
 struct Shared {
@@ -157,12 +159,24 @@ impl ReadPool {
         let mut handles = Vec::with_capacity(threads);
         for i in 0..threads {
             let s = Arc::clone(&shared);
-            let h = std::thread::Builder::new()
-                .name(format!("sluice-read-{i}"))
-                .spawn(move || reader(&s))
-                .map_err(|e| ExpertError::io(std::path::Path::new("reader thread"), "spawn", e))?;
-            handles.push(h);
+            match std::thread::Builder::new().name(format!("sluice-read-{i}")).spawn(move || reader(&s)) {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    shared.lock().shutdown = true;
+                    shared.work.notify_all();
+                    for h in handles {
+                        let _ = h.join();
+                    }
+                    return Err(ExpertError::io(std::path::Path::new("reader thread"), "spawn", e));
+                }
+            }
         }
+        // Every reader is running (its start-up allocations done) before `new` returns.
+        let mut q = shared.lock();
+        while q.started < threads {
+            q = shared.done.wait(q).unwrap_or_else(|p| p.into_inner());
+        }
+        drop(q);
         Ok(ReadPool { shared, threads: handles, note })
     }
 
@@ -314,6 +328,8 @@ fn open_one(path: &std::path::Path, mode: IoMode) -> Result<OpenFile, OpenErr> {
 }
 
 fn reader(s: &Shared) {
+    s.lock().started += 1;
+    s.done.notify_all();
     loop {
         let job = {
             let mut q = s.lock();
