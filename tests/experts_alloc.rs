@@ -65,7 +65,7 @@ fn waves_allocate_nothing() {
                     (layer, v)
                 })
                 .collect();
-            let mut run = |cache: &mut ExpertCache, range: std::ops::Range<usize>| {
+            let run = |cache: &mut ExpertCache, range: std::ops::Range<usize>| {
                 let mut sum = 0u64;
                 for (layer, v) in &reqs[range] {
                     cache.begin(*layer, v).expect("begin");

@@ -641,3 +641,12 @@ fn max_jobs_per_expert(store: &ExpertStore, chunk: u64) -> usize {
     }
     most
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cache_is_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<super::ExpertCache>();
+    }
+}
