@@ -247,7 +247,7 @@ impl ExpertCache {
             seen: vec![0; experts_per_layer.iter().copied().max().unwrap_or(0)],
             wave: None,
             ready: VecDeque::with_capacity(experts_per_layer.iter().copied().max().unwrap_or(0)),
-            jobs: Vec::with_capacity((max_cap * max_jobs).max(n_pinned.min(4096) * max_jobs)),
+            jobs: Vec::with_capacity(max_cap * max_jobs),
             stats: CacheStats::default(),
             pin_busy_secs: 0.0,
             trace,
@@ -399,6 +399,7 @@ impl ExpertCache {
                 continue;
             }
             st.stats.misses += 1;
+            // Always Some: at most `cap` unpinned experts, so a non-busy slot remains.
             let i = policy::victim(self.policy, &st.slots[layer], &st.hot, layer)
                 .ok_or_else(|| ExpertError::Request(format!("layer {layer}: no free slot for expert {e}")))?;
             let old = st.slots[layer][i].expert;
