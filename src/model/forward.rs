@@ -9,7 +9,8 @@ use super::blocks::{axpy, dot, rmsnorm, rmsnorm_inplace, silu, softmax, top_k};
 use super::config::{AttnKind, ModelConfig, QkNorm};
 use super::weights::{Attention, Ffn, Gqa, HeadMat, Mla, Mlp, Moe};
 use super::{Model, ModelError};
-use crate::kernels::{self, Acts, Isa};
+use crate::experts::ExpertCache;
+use crate::kernels::{self, Acts, Isa, WeightView};
 use rayon::prelude::*;
 
 /// Buffers for one sequence: activations for up to `batch` tokens and the KV cache for `ctx`.
@@ -45,6 +46,9 @@ pub struct State {
     slot_out: Vec<f32>, // (batch, k, hidden) each token's expert outputs, unweighted
     acts: Acts,
     logits: Vec<f32>,   // (logit_rows, vocab)
+    needed: Vec<usize>, // (n_experts) experts one MoE layer needs, ascending
+    /// Streaming expert cache; `None` = experts are read through the mapped files.
+    pub(crate) expert_cache: Option<ExpertCache>,
     /// Experts computed in the last forward call, summed over layers (telemetry).
     pub experts_run: usize,
 }
@@ -94,6 +98,8 @@ impl State {
             slot_out: vec![0.0; batch * k * h],
             acts: Acts::with_capacity(batch, widest),
             logits: vec![0.0; logit_rows * cfg.vocab],
+            needed: Vec::with_capacity(e),
+            expert_cache: None,
             experts_run: 0,
         }
     }
@@ -202,7 +208,7 @@ impl<'a> Model<'a> {
                     self.mlp(st, n, m)?;
                     st.proj[..n * h].copy_from_slice(&st.down[..n * h]);
                 }
-                Ffn::Moe(m) => self.moe(st, n, m)?,
+                Ffn::Moe(m) => self.moe(st, l, n, m)?,
             }
             for (x, p) in st.x[..n * h].iter_mut().zip(&st.proj[..n * h]) {
                 *x += p;
@@ -368,6 +374,64 @@ impl<'a> Model<'a> {
         Ok(())
     }
 
+    /// One expert for all the tokens routed to it: gather their inputs, SwiGLU, and leave
+    /// each token's output in its top-k slot.
+    fn run_expert(&self, st: &mut State, ex: usize, gate: &WeightView<'_>, up: &WeightView<'_>, down: &WeightView<'_>) -> Result<(), ModelError> {
+        let (h, k, f) = (self.cfg.hidden, self.cfg.n_experts_used, self.cfg.expert_ffn);
+        let (pool, isa) = (Some(&self.pool), self.isa);
+        let toks = &st.groups[ex];
+        let cnt = toks.len();
+        st.experts_run += 1;
+        for (j, &(t, _)) in toks.iter().enumerate() {
+            st.gathered[j * h..(j + 1) * h].copy_from_slice(&st.xn[t as usize * h..(t as usize + 1) * h]);
+        }
+        st.acts.load(&st.gathered[..cnt * h], cnt, h);
+        kernels::matmul(gate, &mut st.acts, &mut st.gate[..cnt * f], pool, isa)?;
+        kernels::matmul(up, &mut st.acts, &mut st.up[..cnt * f], pool, isa)?;
+        for (g, u) in st.gate[..cnt * f].iter_mut().zip(&st.up[..cnt * f]) {
+            *g = silu(*g) * u;
+        }
+        st.acts.load(&st.gate[..cnt * f], cnt, f);
+        kernels::matmul(down, &mut st.acts, &mut st.down[..cnt * h], pool, isa)?;
+        for (j, &(t, slot)) in st.groups[ex].iter().enumerate() {
+            let dst = (t as usize * k + slot as usize) * h;
+            st.slot_out[dst..dst + h].copy_from_slice(&st.down[j * h..(j + 1) * h]);
+        }
+        Ok(())
+    }
+
+    /// The needed experts through the streaming cache, in waves of at most the layer's
+    /// evictable slots: all misses of a wave are read at once and each expert is computed as
+    /// soon as its bytes land (hits first).
+    fn moe_streamed(&self, st: &mut State, l: usize, m: &Moe<'_>, cache: &mut ExpertCache) -> Result<(), ModelError> {
+        let cap = cache.slots(l).max(1);
+        let mut i = 0;
+        while i < st.needed.len() {
+            let start = i;
+            let mut unpinned = 0;
+            while i < st.needed.len() {
+                let pinned = cache.is_pinned(l, st.needed[i]);
+                if !pinned && unpinned == cap {
+                    break;
+                }
+                unpinned += usize::from(!pinned);
+                i += 1;
+            }
+            cache.begin(l, &st.needed[start..i])?;
+            let wave = (|| -> Result<(), ModelError> {
+                while let Some((ex, b)) = cache.next_ready()? {
+                    let xw = &m.experts[ex];
+                    let v = |w: &WeightView<'_>, bytes| WeightView { bytes, ..*w };
+                    self.run_expert(st, ex, &v(&xw.gate, b.gate), &v(&xw.up, b.up), &v(&xw.down, b.down))?;
+                }
+                Ok(())
+            })();
+            cache.end();
+            wave?;
+        }
+        Ok(())
+    }
+
     /// Choose experts and their weights for token `i` from `st.router` (raw logits): scores
     /// by softmax or sigmoid; selection on score + `bias` (selection only, DeepSeek's
     /// `e_score_correction_bias`), limited to the best groups; weights from the unbiased scores,
@@ -426,9 +490,9 @@ impl<'a> Model<'a> {
     }
 
     /// Routed experts (+ shared experts) for tokens 0..n of `st.xn`; result in `st.proj`.
-    fn moe(&self, st: &mut State, n: usize, m: &Moe<'_>) -> Result<(), ModelError> {
+    fn moe(&self, st: &mut State, l: usize, n: usize, m: &Moe<'_>) -> Result<(), ModelError> {
         let cfg = &self.cfg;
-        let (h, e, k, f) = (cfg.hidden, cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn);
+        let (h, e, k) = (cfg.hidden, cfg.n_experts, cfg.n_experts_used);
         let (pool, isa) = (Some(&self.pool), self.isa);
 
         st.acts.load(&st.xn[..n * h], n, h);
@@ -441,30 +505,25 @@ impl<'a> Model<'a> {
                 st.groups[ex].push((i as u32, slot as u32));
             }
         }
-
-        for (ex, toks) in st.groups.iter().enumerate() {
-            let cnt = toks.len();
-            if cnt == 0 {
-                continue;
-            }
-            st.experts_run += 1;
-            let xw = &m.experts[ex];
-            for (j, &(t, _)) in toks.iter().enumerate() {
-                st.gathered[j * h..(j + 1) * h].copy_from_slice(&st.xn[t as usize * h..(t as usize + 1) * h]);
-            }
-            st.acts.load(&st.gathered[..cnt * h], cnt, h);
-            kernels::matmul(&xw.gate, &mut st.acts, &mut st.gate[..cnt * f], pool, isa)?;
-            kernels::matmul(&xw.up, &mut st.acts, &mut st.up[..cnt * f], pool, isa)?;
-            for (g, u) in st.gate[..cnt * f].iter_mut().zip(&st.up[..cnt * f]) {
-                *g = silu(*g) * u;
-            }
-            st.acts.load(&st.gate[..cnt * f], cnt, f);
-            kernels::matmul(&xw.down, &mut st.acts, &mut st.down[..cnt * h], pool, isa)?;
-            for (j, &(t, slot)) in toks.iter().enumerate() {
-                let dst = (t as usize * k + slot as usize) * h;
-                st.slot_out[dst..dst + h].copy_from_slice(&st.down[j * h..(j + 1) * h]);
+        st.needed.clear();
+        for ex in 0..e {
+            if !st.groups[ex].is_empty() {
+                st.needed.push(ex);
             }
         }
+
+        // Take the cache out of the state while experts run (put back on every path).
+        let mut cache = st.expert_cache.take();
+        let run = match cache.as_mut() {
+            None => (0..st.needed.len()).try_for_each(|i| {
+                let ex = st.needed[i];
+                let xw = &m.experts[ex];
+                self.run_expert(st, ex, &xw.gate, &xw.up, &xw.down)
+            }),
+            Some(c) => self.moe_streamed(st, l, m, c),
+        };
+        st.expert_cache = cache;
+        run?;
 
         for i in 0..n {
             let out = &mut st.proj[i * h..(i + 1) * h];

@@ -16,6 +16,7 @@ pub mod mixtral;
 pub mod names;
 pub mod olmoe;
 pub mod qwen3moe;
+mod streaming;
 pub mod weights;
 
 pub use config::{Family, ModelConfig};
@@ -43,6 +44,8 @@ pub enum ModelError {
     Format(#[from] FormatError),
     #[error(transparent)]
     Kernel(#[from] KernelError),
+    #[error(transparent)]
+    Experts(#[from] crate::experts::ExpertError),
 }
 
 /// A loaded model: config, weights bound to the mapped files, rotary tables and a thread pool.
