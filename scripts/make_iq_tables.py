@@ -3,9 +3,7 @@
 the `gguf` Python package's own definitions (gguf.quants), so no table is typed by hand.
 
 Tables written:
-- IQ2XXS_GRID_MAP  [u8; 3]       the three magnitudes a grid element can take (gguf grid_map)
 - IQ2XXS_GRID      [u64; 256]    grid row i as 8 bytes, element c in byte c (little-endian)
-- IQ2XXS_GRID_CODES [u16; 256]   grid row i as 2-bit indices into IQ2XXS_GRID_MAP, element c at bits 2c..2c+1
 - KSIGNS_IQ2XS     [u8; 128]     7-bit sign index -> 8 sign bits (bit 7 = even parity)
 - KSIGNS_IQ2XS_PM1 [u64; 128]    the same signs as bytes: 0x01 (+1) or 0xFF (-1), element c in byte c
 - MXFP4_KVALUES    [i8; 16]      doubled E2M1 values of the 4-bit codes
@@ -39,7 +37,7 @@ def main():
     assert np.array_equal(grid, np.round(grid)), "grid values must be integers"
     gi = grid.astype(np.int64)
     grid_u64 = [sum(int(gi[r, c]) << (8 * c) for c in range(8)) for r in range(256)]
-    codes = [sum(gmap.index(int(gi[r, c])) << (2 * c) for c in range(8)) for r in range(256)]
+    assert set(gi.reshape(-1).tolist()) <= set(gmap)
     ksigns = list(np.frombuffer(IQ2_XXS.ksigns, dtype=np.uint8))
     assert len(ksigns) == 128
     # Sanity: bit 7 of ksigns makes an even number of minus signs (what the kernels rely on).
@@ -56,12 +54,8 @@ def main():
         f"(gguf {version('gguf')}, gguf.quants.IQ2_XXS grid_map/grid_hex/ksigns and MXFP4.kvalues).\n",
         "//! Do not edit; regenerate. Owns data only; the kernels that read it are iq2_xxs.rs and mxfp4.rs.\n",
         "//! Invariant: every table equals what gguf's dequantizer computes with.\n\n",
-        rust_array("IQ2XXS_GRID_MAP", "u8", gmap, str, 8,
-                   ["Magnitudes an IQ2_XXS grid element takes (gguf `IQ2_XXS.grid_map`)."]), "\n",
         rust_array("IQ2XXS_GRID", "u64", grid_u64, lambda v: f"0x{v:016x}", 4,
                    ["IQ2_XXS grid: row i as 8 magnitude bytes, element c in byte c."]), "\n",
-        rust_array("IQ2XXS_GRID_CODES", "u16", codes, lambda v: f"0x{v:04x}", 8,
-                   ["IQ2_XXS grid as 2-bit indices into `IQ2XXS_GRID_MAP`, element c at bits 2c..2c+1."]), "\n",
         rust_array("KSIGNS_IQ2XS", "u8", ksigns, lambda v: f"0x{int(v):02x}", 16,
                    ["7-bit sign index -> sign bits of 8 elements (bit c set: element c negative)."]), "\n",
         rust_array("KSIGNS_IQ2XS_PM1", "u64", pm1, lambda v: f"0x{v:016x}", 4,
