@@ -141,7 +141,7 @@ mod simd {
     /// AVX2: grid rows and sign bytes (as ±1) come from tables, one 32-element group per
     /// 256-bit vector; `maddubs` multiplies grid magnitudes by sign-applied activations.
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot_avx2_impl(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    fn dot_avx2_impl(w: &[u8], a: &[BlockQ8K]) -> f32 {
         let mut acc = _mm256_setzero_ps();
         for (b, q8) in w.chunks_exact(BLOCK_BYTES).zip(a) {
             _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(PREFETCH) as *const i8);
@@ -241,7 +241,7 @@ mod simd {
     /// registers (byte permutes, no gathers) measured ~49: the two-register permutes it needs
     /// cost two cycles each on port 5.
     #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni,avx2,fma,f16c")]
-    unsafe fn dot_avx512_impl(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    fn dot_avx512_impl(w: &[u8], a: &[BlockQ8K]) -> f32 {
         let c = &CONSTS;
         let (ks_lo, ks_hi) = (ldc(&c.ksigns[0]), ldc(&c.ksigns[1]));
         let (ctrl_sign, ctrl_compact) = (ldc(&c.ctrl_sign), ldc(&c.ctrl_compact));

@@ -97,7 +97,189 @@ mod simd {
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::super::DotFn;
-    pub(super) const AVX2: Option<DotFn> = None;
-    pub(super) const AVX512: Option<DotFn> = None;
+    use super::super::{ActRow, BlockQ8K, DotFn};
+    use super::BLOCK_BYTES;
+    use std::arch::x86_64::*;
+
+    pub(super) const AVX2: Option<DotFn> = Some(dot_avx2);
+    pub(super) const AVX512: Option<DotFn> = Some(dot_avx512);
+
+    /// Bytes ahead of the current block to prefetch into L1 (weights stream from DRAM).
+    const PREFETCH: usize = 1024;
+
+    fn has_avx2() -> bool {
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+    }
+
+    fn has_avx512() -> bool {
+        has_avx2()
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vnni")
+    }
+
+    fn dot_avx2(w: &[u8], a: &ActRow<'_>) -> f32 {
+        if !has_avx2() {
+            return super::dot_scalar(w, a);
+        }
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above).
+        unsafe { dot_avx2_impl(w, a.q8k) }
+    }
+
+    fn dot_avx512(w: &[u8], a: &ActRow<'_>) -> f32 {
+        if !has_avx512() {
+            return dot_avx2(w, a);
+        }
+        // SAFETY: the CPU has AVX-512 F/BW/VNNI and AVX2/FMA/F16C (checked just above).
+        unsafe { dot_avx512_impl(w, a.q8k) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn f16_at(b: &[u8], at: usize) -> f32 {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes([b[at], b[at + 1]]) as i32)))
+    }
+
+    /// The sixteen signed scales (minus 32) of block `b`, as bytes (what `unpack_scales`
+    /// computes, in vector registers).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn scales16(b: &[u8]) -> __m128i {
+        let s = &b[96..108];
+        let lo8 = u64::from_le_bytes([s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]]);
+        let hi4 = u32::from_le_bytes([s[8], s[9], s[10], s[11]]);
+        let l = _mm_cvtsi64_si128(lo8 as i64);
+        let m4 = _mm_set1_epi8(0x0f);
+        // Bytes 0..8: low nibbles, 8..16: high nibbles.
+        let lo = _mm_unpacklo_epi64(_mm_and_si128(l, m4), _mm_and_si128(_mm_srli_epi16::<4>(l), m4));
+        // Byte i: (hi4 byte i%4) >> 2(i/4), low 2 bits.
+        let h = _mm_srlv_epi32(_mm_set1_epi32(hi4 as i32), _mm_setr_epi32(0, 2, 4, 6));
+        let hi = _mm_slli_epi16::<4>(_mm_and_si128(h, _mm_set1_epi8(0x03)));
+        _mm_sub_epi8(_mm_or_si128(lo, hi), _mm_set1_epi8(32))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn hsum256(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    /// `pshufb` controls over 8 scale words held in each 128-bit lane: for step j (groups
+    /// 2j, 2j+1 of a half), lane 0 words <- word 2j, lane 1 words <- word 2j+1.
+    const fn pair_ctrl() -> [[u8; 32]; 4] {
+        let mut c = [[0u8; 32]; 4];
+        let mut j = 0;
+        while j < 4 {
+            let mut i = 0;
+            while i < 32 {
+                c[j][i] = (2 * (2 * j + i / 16) + i % 2) as u8;
+                i += 1;
+            }
+            j += 1;
+        }
+        c
+    }
+    static PAIR_CTRL: [[u8; 32]; 4] = pair_ctrl();
+
+    /// AVX2: 32 elements per step with `u = low | high << 2` (q + 4, unsigned) through
+    /// `maddubs`, `madd` by the signed group scales; the -4 offset is removed once per block
+    /// through the activation group sums.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn dot_avx2_impl(w: &[u8], a: &[BlockQ8K]) -> f32 {
+        let m2 = _mm256_set1_epi8(0x03);
+        let four = _mm256_set1_epi8(0x04);
+        let ctrl: [__m256i; 4] = std::array::from_fn(|j| {
+            // SAFETY: PAIR_CTRL[j] is 32 bytes.
+            unsafe { _mm256_loadu_si256(PAIR_CTRL[j].as_ptr() as *const __m256i) }
+        });
+        let mut acc = _mm256_setzero_ps();
+        for (b, q8) in w.chunks_exact(BLOCK_BYTES).zip(a) {
+            _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(PREFETCH) as *const i8);
+            // SAFETY (loads below): b is 110 bytes (hmask at 0..32, qs at 32..96); q8.qs is 256
+            // bytes and q8.bsums 32; every load stays inside them.
+            let s16 = _mm256_cvtepi8_epi16(scales16(b));
+            let bsums = unsafe { _mm256_loadu_si256(q8.bsums.as_ptr() as *const __m256i) };
+            let corr = _mm256_madd_epi16(s16, bsums);
+            let halves = [
+                _mm256_broadcastsi128_si256(_mm256_castsi256_si128(s16)),
+                _mm256_broadcastsi128_si256(_mm256_extracti128_si256::<1>(s16)),
+            ];
+            let hm = unsafe { _mm256_loadu_si256(b.as_ptr() as *const __m256i) };
+            let mut isum = _mm256_setzero_si256();
+            for h in 0..2 {
+                let q = unsafe { _mm256_loadu_si256(b.as_ptr().add(32 + 32 * h) as *const __m256i) };
+                let qj = [q, _mm256_srli_epi16::<2>(q), _mm256_srli_epi16::<4>(q), _mm256_srli_epi16::<6>(q)];
+                for (j, qj) in qj.into_iter().enumerate() {
+                    let bit = _mm256_set1_epi8(1 << (4 * h + j));
+                    let high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), four);
+                    let u = _mm256_or_si256(_mm256_and_si256(qj, m2), high);
+                    let x = unsafe { _mm256_loadu_si256(q8.qs.as_ptr().add(128 * h + 32 * j) as *const __m256i) };
+                    let p = _mm256_maddubs_epi16(u, x);
+                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, _mm256_shuffle_epi8(halves[h], ctrl[j])));
+                }
+            }
+            let isum = _mm256_sub_epi32(isum, _mm256_slli_epi32::<2>(corr));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b, 108) * q8.d), _mm256_cvtepi32_ps(isum), acc);
+        }
+        hsum256(acc)
+    }
+
+    /// AVX-512: 64 elements (four groups) per step; quants as in Q2_K's kernel, high bits by a
+    /// byte test against the step's two hmask bits, scale words by a word permute.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+    fn dot_avx512_impl(w: &[u8], a: &[BlockQ8K]) -> f32 {
+        let m2 = _mm512_set1_epi8(0x03);
+        let four = _mm512_set1_epi8(0x04);
+        // Word shift counts: low half by 4jj, high half by 4jj + 2.
+        let shifts = [
+            _mm512_inserti64x4::<1>(_mm512_set1_epi16(0), _mm256_set1_epi16(2)),
+            _mm512_inserti64x4::<1>(_mm512_set1_epi16(4), _mm256_set1_epi16(6)),
+        ];
+        // Step t = 2h + jj: hmask bits 2t (low half) and 2t + 1 (high half); lane k of the
+        // scale words <- scale 4t + k.
+        let bits: [__m512i; 4] = std::array::from_fn(|t| {
+            _mm512_inserti64x4::<1>(_mm512_set1_epi8(1 << (2 * t)), _mm256_set1_epi8((1u8 << (2 * t + 1)) as i8))
+        });
+        let sctrl: [__m512i; 4] = std::array::from_fn(|t| {
+            let t = 4 * t as i64;
+            _mm512_set_epi64(
+                (t + 3) * 0x0001_0001_0001_0001,
+                (t + 3) * 0x0001_0001_0001_0001,
+                (t + 2) * 0x0001_0001_0001_0001,
+                (t + 2) * 0x0001_0001_0001_0001,
+                (t + 1) * 0x0001_0001_0001_0001,
+                (t + 1) * 0x0001_0001_0001_0001,
+                t * 0x0001_0001_0001_0001,
+                t * 0x0001_0001_0001_0001,
+            )
+        });
+        let mut acc = _mm256_setzero_ps();
+        for (b, q8) in w.chunks_exact(BLOCK_BYTES).zip(a) {
+            _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(PREFETCH) as *const i8);
+            // SAFETY (loads below): b is 110 bytes (hmask at 0..32, qs at 32..96); q8.qs is 256
+            // bytes and q8.bsums 32; every load stays inside them.
+            let s16 = _mm256_cvtepi8_epi16(scales16(b));
+            let bsums = unsafe { _mm256_loadu_si256(q8.bsums.as_ptr() as *const __m256i) };
+            let corr = _mm256_madd_epi16(s16, bsums);
+            let s16 = _mm512_castsi256_si512(s16);
+            let hm = _mm512_broadcast_i64x4(unsafe { _mm256_loadu_si256(b.as_ptr() as *const __m256i) });
+            let mut isum = _mm512_setzero_si512();
+            for h in 0..2 {
+                let q = unsafe { _mm256_loadu_si256(b.as_ptr().add(32 + 32 * h) as *const __m256i) };
+                let q = _mm512_broadcast_i64x4(q);
+                for jj in 0..2 {
+                    let t = 2 * h + jj;
+                    let low = _mm512_and_si512(_mm512_srlv_epi16(q, shifts[jj]), m2);
+                    let u = _mm512_mask_add_epi8(low, _mm512_test_epi8_mask(hm, bits[t]), low, four);
+                    let x = unsafe { _mm512_loadu_si512(q8.qs.as_ptr().add(64 * t) as *const __m512i) };
+                    let p = _mm512_maddubs_epi16(u, x);
+                    isum = _mm512_dpwssd_epi32(isum, p, _mm512_permutexvar_epi16(sctrl[t], s16));
+                }
+            }
+            let isum = _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64::<1>(isum));
+            let isum = _mm256_sub_epi32(isum, _mm256_slli_epi32::<2>(corr));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b, 108) * q8.d), _mm256_cvtepi32_ps(isum), acc);
+        }
+        hsum256(acc)
+    }
 }
