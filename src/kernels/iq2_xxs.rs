@@ -179,7 +179,7 @@ mod simd {
         /// Dword k (k < 16) <- grid index k (block byte 8(k/4) + k%4), and k + 16; other bytes
         /// are zeroed by the mask.
         ctrl_index: [V64; 2],
-        /// Vector z: word i <- low word of qword 2z + i/16 (the scale of group 2z or 2z+1).
+        /// Vector z: dword i <- low dword of qword 2z + i/8 (the scale of group 2z or 2z+1).
         ctrl_scale: [V64; 4],
     }
 
@@ -205,8 +205,8 @@ mod simd {
             c.ctrl_index[1].0[i] = (8 * (k / 4 + 4) + k % 4) as u8;
             let mut z = 0;
             while z < 4 {
-                // Byte i is half of word i/2; both bytes pick the same source word.
-                c.ctrl_scale[z].0[i] = if i % 2 == 0 { (4 * (2 * z + i / 32)) as u8 } else { 0 };
+                // Dword i/4 <- dword 2(2z + i/32) (low dword of qword 2z or 2z+1).
+                c.ctrl_scale[z].0[i] = if i % 4 == 0 { (2 * (2 * z + i / 32)) as u8 } else { 0 };
                 z += 1;
             }
             i += 1;
@@ -231,15 +231,16 @@ mod simd {
     /// - Signs: `multishift` cuts the four 7-bit sign indices of each group, a two-register
     ///   byte permute looks them up in `KSIGNS_IQ2XS`; the 32 sign bytes, stored, are the four
     ///   64-bit masks that negate activations.
-    /// - Scales: 2ls+1 is `(qword >> 59) | 1`; a word permute spreads it over its group.
+    /// - Scales: 2ls+1 is `(qword >> 59) | 1`, copied into both words of the low dword; a dword
+    ///   permute spreads it over its group.
     /// - `maddubs` (magnitude x signed activation), then `vpdpwssd` by the scale words.
     /// - Block scales d_w * d_a / 8 are computed 16 blocks at a time (two gathers) and picked
     ///   per block with one permute.
     ///
-    /// Measured on the development machine (Xeon, AVX-512): ~37 cycles per block in L1/L2, of
-    /// which the four gathers are ~11. Looking the grid up through 2-bit codes held in
-    /// registers (byte permutes, no gathers) measured ~49: the two-register permutes it needs
-    /// cost two cycles each on port 5.
+    /// Measured on the development machine (Xeon, AVX-512): ~36 cycles per block with the
+    /// weights in L2, of which the four gathers are ~8-11. Looking the grid up through 2-bit
+    /// codes held in registers (byte permutes, no gathers) measured ~49: the two-register byte
+    /// permutes it needs take two cycles each on port 5, where most of this kernel runs.
     #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni,avx2,fma,f16c")]
     fn dot_avx512_impl(w: &[u8], a: &[BlockQ8K]) -> f32 {
         let c = &CONSTS;
@@ -285,6 +286,7 @@ mod simd {
                 unsafe { _mm256_store_si256(masks.0.as_mut_ptr() as *mut __m256i, _mm512_castsi512_si256(sb)) };
                 // 2ls + 1: bit 59 is the top sign-index bit, which or-ing 1 overwrites.
                 let s = _mm512_or_si512(_mm512_srli_epi64(qv, 59), one);
+                let s = _mm512_or_si512(s, _mm512_slli_epi64::<16>(s));
                 let ilo = _mm512_maskz_permutexvar_epi8(0x1111_1111_1111_1111, ctrl_i0, qv);
                 let ihi = _mm512_maskz_permutexvar_epi8(0x1111_1111_1111_1111, ctrl_i1, qv);
                 let idx = [
@@ -313,7 +315,7 @@ mod simd {
                     let x = unsafe { _mm512_loadu_si512(q8.qs.as_ptr().add(64 * z) as *const __m512i) };
                     let x = _mm512_mask_sub_epi8(x, m, _mm512_setzero_si512(), x);
                     let p = _mm512_maddubs_epi16(g, x);
-                    let sc = _mm512_permutexvar_epi16(ctrl_scale[z], s);
+                    let sc = _mm512_permutexvar_epi32(ctrl_scale[z], s);
                     if z == 0 {
                         isum = _mm512_madd_epi16(p, sc);
                     } else {
