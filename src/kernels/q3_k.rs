@@ -235,23 +235,15 @@ mod simd {
             _mm512_inserti64x4::<1>(_mm512_set1_epi16(0), _mm256_set1_epi16(2)),
             _mm512_inserti64x4::<1>(_mm512_set1_epi16(4), _mm256_set1_epi16(6)),
         ];
-        // Step t = 2h + jj: hmask bits 2t (low half) and 2t + 1 (high half); lane k of the
-        // scale words <- scale 4t + k.
+        // Step t = 2h + jj: hmask bits 2t (low half) and 2t + 1 (high half).
         let bits: [__m512i; 4] = std::array::from_fn(|t| {
             _mm512_inserti64x4::<1>(_mm512_set1_epi8(1 << (2 * t)), _mm256_set1_epi8((1u8 << (2 * t + 1)) as i8))
         });
-        let sctrl: [__m512i; 4] = std::array::from_fn(|t| {
-            let t = 4 * t as i64;
-            _mm512_set_epi64(
-                (t + 3) * 0x0001_0001_0001_0001,
-                (t + 3) * 0x0001_0001_0001_0001,
-                (t + 2) * 0x0001_0001_0001_0001,
-                (t + 2) * 0x0001_0001_0001_0001,
-                (t + 1) * 0x0001_0001_0001_0001,
-                (t + 1) * 0x0001_0001_0001_0001,
-                t * 0x0001_0001_0001_0001,
-                t * 0x0001_0001_0001_0001,
-            )
+        // Within a half's 8 scale words (broadcast to every lane): lane k of step jj <- word
+        // 4jj + k.
+        let sctrl: [__m512i; 2] = std::array::from_fn(|jj| {
+            let w = |k: i64| (8 * jj as i64 + 2 * k) * 0x0101_0101_0101_0101 + 0x0100_0100_0100_0100;
+            _mm512_set_epi64(w(3), w(3), w(2), w(2), w(1), w(1), w(0), w(0))
         });
         let mut acc = _mm256_setzero_ps();
         for (b, q8) in w.chunks_exact(BLOCK_BYTES).zip(a) {
@@ -261,7 +253,10 @@ mod simd {
             let s16 = _mm256_cvtepi8_epi16(scales16(b));
             let bsums = unsafe { _mm256_loadu_si256(q8.bsums.as_ptr() as *const __m256i) };
             let corr = _mm256_madd_epi16(s16, bsums);
-            let s16 = _mm512_castsi256_si512(s16);
+            let halves = [
+                _mm512_broadcast_i32x4(_mm256_castsi256_si128(s16)),
+                _mm512_broadcast_i32x4(_mm256_extracti128_si256::<1>(s16)),
+            ];
             let hm = _mm512_broadcast_i64x4(unsafe { _mm256_loadu_si256(b.as_ptr() as *const __m256i) });
             let mut isum = _mm512_setzero_si512();
             for h in 0..2 {
@@ -273,7 +268,7 @@ mod simd {
                     let u = _mm512_mask_add_epi8(low, _mm512_test_epi8_mask(hm, bits[t]), low, four);
                     let x = unsafe { _mm512_loadu_si512(q8.qs.as_ptr().add(64 * t) as *const __m512i) };
                     let p = _mm512_maddubs_epi16(u, x);
-                    isum = _mm512_dpwssd_epi32(isum, p, _mm512_permutexvar_epi16(sctrl[t], s16));
+                    isum = _mm512_dpwssd_epi32(isum, p, _mm512_shuffle_epi8(halves[h], sctrl[jj]));
                 }
             }
             let isum = _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64::<1>(isum));
