@@ -11,9 +11,9 @@
 //! |dot - ref| <= sum_b (d_b / 2) sum_{i in b} |w_i|  (+ f32 rounding of the block sums,
 //! allowed as 1e-5 * sum |w_i x_i| + 1e-6). That bound is a worst case and loose, so a second,
 //! tight check holds too: against the f64 dot of the gguf weights with the activations as
-//! quantized (d_b * q_i), the kernels may differ only by f32 rounding (1e-5 * sum |w_i d_b q_i|
-//! + 1e-6), since their integer inner products are exact. SIMD results must also agree with the
-//! scalar kernel within that allowance.
+//! quantized (d_b * q_i), the kernels may differ only by f32 rounding, 1e-5 * sum |w_i d_b q_i|
+//! plus 1e-6, since their integer inner products are exact. SIMD results must also agree with
+//! the scalar kernel within that allowance.
 
 use sluice::dtype::DType;
 use sluice::kernels::{self, ActFormat, Acts, Isa};
@@ -80,7 +80,7 @@ fn activations(rng: &mut Rng, n: usize) -> Vec<f32> {
             scale = 10f32.powf(2.0 * rng.unit());
         }
         let mut v = rng.unit() * scale;
-        if rng.next() % 97 == 0 {
+        if rng.next().is_multiple_of(97) {
             v *= 20.0;
         }
         x.push(v);

@@ -108,19 +108,42 @@ mod simd {
         _mm_cvtss_f32(s)
     }
 
+
+    /// Integer element types whose bytes may be loaded into vectors as they are.
+    trait Plain: Copy {}
+    impl Plain for u8 {}
+    impl Plain for i8 {}
+    impl Plain for i16 {}
+
+    /// Unaligned loads of the first bytes of a slice. The length check panics on a short
+    /// slice; callers pass fixed-size block fields, so it folds away.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn ld128<T: Plain>(s: &[T]) -> __m128i {
+        assert!(std::mem::size_of_val(s) >= 16);
+        // SAFETY: `s` has at least 16 readable bytes of plain integers.
+        unsafe { _mm_loadu_si128(s.as_ptr() as *const __m128i) }
+    }
+
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn ld256<T: Plain>(s: &[T]) -> __m256i {
+        assert!(std::mem::size_of_val(s) >= 32);
+        // SAFETY: `s` has at least 32 readable bytes of plain integers.
+        unsafe { _mm256_loadu_si256(s.as_ptr() as *const __m256i) }
+    }
+
     /// The 16 kvalues as a vector (a `pshufb` table).
     #[target_feature(enable = "avx2,fma,f16c")]
     fn kvalues() -> __m128i {
-        // SAFETY: MXFP4_KVALUES is 16 bytes.
-        unsafe { _mm_loadu_si128(MXFP4_KVALUES.as_ptr() as *const __m128i) }
+        ld128(&MXFP4_KVALUES)
     }
 
     /// Codes of one block as 32 bytes: element i < 16 from the low nibble of qs[i], 16 + i
     /// from the high nibble.
     #[target_feature(enable = "avx2,fma,f16c")]
     fn codes(b: &[u8]) -> __m256i {
-        // SAFETY: b[1..17] is 16 bytes.
-        let q = unsafe { _mm_loadu_si128(b[1..17].as_ptr() as *const __m128i) };
+        let q = ld128(&b[1..17]);
         let m4 = _mm_set1_epi8(0x0f);
         _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(q), m4), _mm_and_si128(q, m4))
     }
@@ -135,8 +158,7 @@ mod simd {
         for (b, q8) in w.chunks_exact(BLOCK_BYTES).zip(a) {
             _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(PREFETCH) as *const i8);
             let v = _mm256_shuffle_epi8(kv, codes(b));
-            // SAFETY: q8.qs is 32 bytes.
-            let x = unsafe { _mm256_loadu_si256(q8.qs.as_ptr() as *const __m256i) };
+            let x = ld256(&q8.qs);
             let p = _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(x, v));
             let isum = _mm256_madd_epi16(p, ones);
             acc = _mm256_fmadd_ps(_mm256_set1_ps(e8m0_half(b[0]) * q8.d), _mm256_cvtepi32_ps(isum), acc);
@@ -158,12 +180,7 @@ mod simd {
             let (b0, b1) = bb.split_at(BLOCK_BYTES);
             let c = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(codes(b0)), codes(b1));
             let v = _mm512_shuffle_epi8(kabs, c);
-            // SAFETY: each qs is 32 bytes.
-            let x = unsafe {
-                let x0 = _mm256_loadu_si256(qq[0].qs.as_ptr() as *const __m256i);
-                let x1 = _mm256_loadu_si256(qq[1].qs.as_ptr() as *const __m256i);
-                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(x0), x1)
-            };
+            let x = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ld256(&qq[0].qs)), ld256(&qq[1].qs));
             let x = _mm512_mask_sub_epi8(x, _mm512_test_epi8_mask(c, bit3), _mm512_setzero_si512(), x);
             let isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, x);
             let f0 = _mm512_set1_ps(e8m0_half(b0[0]) * qq[0].d);

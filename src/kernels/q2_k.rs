@@ -113,6 +113,40 @@ mod simd {
         unsafe { dot_avx512_impl(w, a.q8k) }
     }
 
+
+    /// Integer element types whose bytes may be loaded into vectors as they are.
+    trait Plain: Copy {}
+    impl Plain for u8 {}
+    impl Plain for i8 {}
+    impl Plain for i16 {}
+
+    /// Unaligned loads of the first bytes of a slice. The length check panics on a short
+    /// slice; callers pass fixed-size block fields, so it folds away.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn ld128<T: Plain>(s: &[T]) -> __m128i {
+        assert!(std::mem::size_of_val(s) >= 16);
+        // SAFETY: `s` has at least 16 readable bytes of plain integers.
+        unsafe { _mm_loadu_si128(s.as_ptr() as *const __m128i) }
+    }
+
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn ld256<T: Plain>(s: &[T]) -> __m256i {
+        assert!(std::mem::size_of_val(s) >= 32);
+        // SAFETY: `s` has at least 32 readable bytes of plain integers.
+        unsafe { _mm256_loadu_si256(s.as_ptr() as *const __m256i) }
+    }
+
+    /// Unaligned load of the first 64 bytes of a slice (see `ld256`).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn ld512<T: Plain>(s: &[T]) -> __m512i {
+        assert!(std::mem::size_of_val(s) >= 64);
+        // SAFETY: `s` has at least 64 readable bytes of plain integers.
+        unsafe { _mm512_loadu_si512(s.as_ptr() as *const __m512i) }
+    }
+
     /// d and dmin of a block as f32.
     #[target_feature(enable = "avx2,fma,f16c")]
     fn d_dmin(b: &[u8]) -> (f32, f32) {
@@ -154,27 +188,22 @@ mod simd {
     fn dot_avx2_impl(w: &[u8], a: &[BlockQ8K]) -> f32 {
         let m4 = _mm_set1_epi8(0x0f);
         let m2 = _mm256_set1_epi8(0x03);
-        let ctrl: [__m256i; 8] = std::array::from_fn(|p| {
-            // SAFETY: PAIR_CTRL[p] is 32 bytes.
-            unsafe { _mm256_loadu_si256(PAIR_CTRL[p].as_ptr() as *const __m256i) }
-        });
+        let ctrl: [__m256i; 8] = std::array::from_fn(|p| ld256(&PAIR_CTRL[p]));
         let mut acc = _mm256_setzero_ps();
         let mut acc_m = _mm256_setzero_ps();
         for (b, q8) in w.chunks_exact(BLOCK_BYTES).zip(a) {
             _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(PREFETCH) as *const i8);
-            // SAFETY (loads below): b is 84 bytes (scales at 0..16, qs at 16..80); q8.qs is 256
-            // bytes and q8.bsums 32 bytes; every load stays inside them.
-            let raw = unsafe { _mm_loadu_si128(b.as_ptr() as *const __m128i) };
+            let raw = ld128(&b[..16]);
             let sc = _mm256_broadcastsi128_si256(_mm_and_si128(raw, m4));
             let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4));
-            let bsums = unsafe { _mm256_loadu_si256(q8.bsums.as_ptr() as *const __m256i) };
+            let bsums = ld256(&q8.bsums);
             let summ = _mm256_madd_epi16(mins, bsums);
             let mut isum = _mm256_setzero_si256();
             for h in 0..2 {
-                let q = unsafe { _mm256_loadu_si256(b.as_ptr().add(16 + 32 * h) as *const __m256i) };
+                let q = ld256(&b[16 + 32 * h..]);
                 let qj = [q, _mm256_srli_epi16::<2>(q), _mm256_srli_epi16::<4>(q), _mm256_srli_epi16::<6>(q)];
                 for (j, qj) in qj.into_iter().enumerate() {
-                    let x = unsafe { _mm256_loadu_si256(q8.qs.as_ptr().add(128 * h + 32 * j) as *const __m256i) };
+                    let x = ld256(&q8.qs[128 * h + 32 * j..]);
                     let p = _mm256_maddubs_epi16(_mm256_and_si256(qj, m2), x);
                     let scw = _mm256_shuffle_epi8(sc, ctrl[4 * h + j]);
                     isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scw));
@@ -213,10 +242,7 @@ mod simd {
     fn dot_avx512_impl(w: &[u8], a: &[BlockQ8K]) -> f32 {
         let m4 = _mm_set1_epi8(0x0f);
         let m2 = _mm512_set1_epi8(0x03);
-        let ctrl: [__m512i; 4] = std::array::from_fn(|t| {
-            // SAFETY: QUAD_CTRL[t] is 64 bytes.
-            unsafe { _mm512_loadu_si512(QUAD_CTRL[t].as_ptr() as *const __m512i) }
-        });
+        let ctrl: [__m512i; 4] = std::array::from_fn(|t| ld512(&QUAD_CTRL[t]));
         // Word shift counts: low half by 4jj, high half by 4jj + 2.
         let shifts = [
             _mm512_inserti64x4::<1>(_mm512_set1_epi16(0), _mm256_set1_epi16(2)),
@@ -226,20 +252,18 @@ mod simd {
         let mut acc_m = _mm256_setzero_ps();
         for (b, q8) in w.chunks_exact(BLOCK_BYTES).zip(a) {
             _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(PREFETCH) as *const i8);
-            // SAFETY (loads below): b is 84 bytes (scales at 0..16, qs at 16..80); q8.qs is 256
-            // bytes and q8.bsums 32 bytes; every load stays inside them.
-            let raw = unsafe { _mm_loadu_si128(b.as_ptr() as *const __m128i) };
+            let raw = ld128(&b[..16]);
             let sc = _mm512_broadcast_i32x4(_mm_and_si128(raw, m4));
             let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4));
-            let bsums = unsafe { _mm256_loadu_si256(q8.bsums.as_ptr() as *const __m256i) };
+            let bsums = ld256(&q8.bsums);
             let summ = _mm256_madd_epi16(mins, bsums);
             let mut isum = _mm512_setzero_si512();
             for h in 0..2 {
-                let q = unsafe { _mm256_loadu_si256(b.as_ptr().add(16 + 32 * h) as *const __m256i) };
+                let q = ld256(&b[16 + 32 * h..]);
                 let q = _mm512_broadcast_i64x4(q);
                 for jj in 0..2 {
                     let qj = _mm512_and_si512(_mm512_srlv_epi16(q, shifts[jj]), m2);
-                    let x = unsafe { _mm512_loadu_si512(q8.qs.as_ptr().add(128 * h + 64 * jj) as *const __m512i) };
+                    let x = ld512(&q8.qs[128 * h + 64 * jj..]);
                     let p = _mm512_maddubs_epi16(qj, x);
                     isum = _mm512_dpwssd_epi32(isum, p, _mm512_shuffle_epi8(sc, ctrl[2 * h + jj]));
                 }

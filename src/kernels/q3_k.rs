@@ -139,6 +139,30 @@ mod simd {
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes([b[at], b[at + 1]]) as i32)))
     }
 
+
+    /// Integer element types whose bytes may be loaded into vectors as they are.
+    trait Plain: Copy {}
+    impl Plain for u8 {}
+    impl Plain for i8 {}
+    impl Plain for i16 {}
+
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn ld256<T: Plain>(s: &[T]) -> __m256i {
+        assert!(std::mem::size_of_val(s) >= 32);
+        // SAFETY: `s` has at least 32 readable bytes of plain integers.
+        unsafe { _mm256_loadu_si256(s.as_ptr() as *const __m256i) }
+    }
+
+    /// Unaligned load of the first 64 bytes of a slice (see `ld256`).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn ld512<T: Plain>(s: &[T]) -> __m512i {
+        assert!(std::mem::size_of_val(s) >= 64);
+        // SAFETY: `s` has at least 64 readable bytes of plain integers.
+        unsafe { _mm512_loadu_si512(s.as_ptr() as *const __m512i) }
+    }
+
     /// The sixteen signed scales (minus 32) of block `b`, as bytes (what `unpack_scales`
     /// computes, in vector registers).
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -188,34 +212,29 @@ mod simd {
     fn dot_avx2_impl(w: &[u8], a: &[BlockQ8K]) -> f32 {
         let m2 = _mm256_set1_epi8(0x03);
         let four = _mm256_set1_epi8(0x04);
-        let ctrl: [__m256i; 4] = std::array::from_fn(|j| {
-            // SAFETY: PAIR_CTRL[j] is 32 bytes.
-            unsafe { _mm256_loadu_si256(PAIR_CTRL[j].as_ptr() as *const __m256i) }
-        });
+        let ctrl: [__m256i; 4] = std::array::from_fn(|j| ld256(&PAIR_CTRL[j]));
         let mut acc = _mm256_setzero_ps();
         for (b, q8) in w.chunks_exact(BLOCK_BYTES).zip(a) {
             _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(PREFETCH) as *const i8);
-            // SAFETY (loads below): b is 110 bytes (hmask at 0..32, qs at 32..96); q8.qs is 256
-            // bytes and q8.bsums 32; every load stays inside them.
             let s16 = _mm256_cvtepi8_epi16(scales16(b));
-            let bsums = unsafe { _mm256_loadu_si256(q8.bsums.as_ptr() as *const __m256i) };
+            let bsums = ld256(&q8.bsums);
             let corr = _mm256_madd_epi16(s16, bsums);
             let halves = [
                 _mm256_broadcastsi128_si256(_mm256_castsi256_si128(s16)),
                 _mm256_broadcastsi128_si256(_mm256_extracti128_si256::<1>(s16)),
             ];
-            let hm = unsafe { _mm256_loadu_si256(b.as_ptr() as *const __m256i) };
+            let hm = ld256(&b[..32]);
             let mut isum = _mm256_setzero_si256();
-            for h in 0..2 {
-                let q = unsafe { _mm256_loadu_si256(b.as_ptr().add(32 + 32 * h) as *const __m256i) };
+            for (h, half) in halves.iter().enumerate() {
+                let q = ld256(&b[32 + 32 * h..]);
                 let qj = [q, _mm256_srli_epi16::<2>(q), _mm256_srli_epi16::<4>(q), _mm256_srli_epi16::<6>(q)];
                 for (j, qj) in qj.into_iter().enumerate() {
                     let bit = _mm256_set1_epi8(1 << (4 * h + j));
                     let high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), four);
                     let u = _mm256_or_si256(_mm256_and_si256(qj, m2), high);
-                    let x = unsafe { _mm256_loadu_si256(q8.qs.as_ptr().add(128 * h + 32 * j) as *const __m256i) };
+                    let x = ld256(&q8.qs[128 * h + 32 * j..]);
                     let p = _mm256_maddubs_epi16(u, x);
-                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, _mm256_shuffle_epi8(halves[h], ctrl[j])));
+                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, _mm256_shuffle_epi8(*half, ctrl[j])));
                 }
             }
             let isum = _mm256_sub_epi32(isum, _mm256_slli_epi32::<2>(corr));
@@ -248,27 +267,25 @@ mod simd {
         let mut acc = _mm256_setzero_ps();
         for (b, q8) in w.chunks_exact(BLOCK_BYTES).zip(a) {
             _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(PREFETCH) as *const i8);
-            // SAFETY (loads below): b is 110 bytes (hmask at 0..32, qs at 32..96); q8.qs is 256
-            // bytes and q8.bsums 32; every load stays inside them.
             let s16 = _mm256_cvtepi8_epi16(scales16(b));
-            let bsums = unsafe { _mm256_loadu_si256(q8.bsums.as_ptr() as *const __m256i) };
+            let bsums = ld256(&q8.bsums);
             let corr = _mm256_madd_epi16(s16, bsums);
             let halves = [
                 _mm512_broadcast_i32x4(_mm256_castsi256_si128(s16)),
                 _mm512_broadcast_i32x4(_mm256_extracti128_si256::<1>(s16)),
             ];
-            let hm = _mm512_broadcast_i64x4(unsafe { _mm256_loadu_si256(b.as_ptr() as *const __m256i) });
+            let hm = _mm512_broadcast_i64x4(ld256(&b[..32]));
             let mut isum = _mm512_setzero_si512();
-            for h in 0..2 {
-                let q = unsafe { _mm256_loadu_si256(b.as_ptr().add(32 + 32 * h) as *const __m256i) };
+            for (h, half) in halves.iter().enumerate() {
+                let q = ld256(&b[32 + 32 * h..]);
                 let q = _mm512_broadcast_i64x4(q);
                 for jj in 0..2 {
                     let t = 2 * h + jj;
                     let low = _mm512_and_si512(_mm512_srlv_epi16(q, shifts[jj]), m2);
                     let u = _mm512_mask_add_epi8(low, _mm512_test_epi8_mask(hm, bits[t]), low, four);
-                    let x = unsafe { _mm512_loadu_si512(q8.qs.as_ptr().add(64 * t) as *const __m512i) };
+                    let x = ld512(&q8.qs[64 * t..]);
                     let p = _mm512_maddubs_epi16(u, x);
-                    isum = _mm512_dpwssd_epi32(isum, p, _mm512_shuffle_epi8(halves[h], sctrl[jj]));
+                    isum = _mm512_dpwssd_epi32(isum, p, _mm512_shuffle_epi8(*half, sctrl[jj]));
                 }
             }
             let isum = _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64::<1>(isum));
