@@ -20,8 +20,8 @@ from gguf.quants import IQ2_XXS, MXFP4
 OUT = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parent.parent / "src/kernels/tables.rs")
 
 
-def rust_array(name, ty, values, fmt, per_line, doc):
-    lines = [f"/// {d}" for d in doc]
+def rust_array(name, ty, values, fmt, per_line, doc, attrs=()):
+    lines = [f"/// {d}" for d in doc] + list(attrs)
     lines.append(f"pub(crate) static {name}: [{ty}; {len(values)}] = [")
     for i in range(0, len(values), per_line):
         lines.append("    " + " ".join(fmt(v) + "," for v in values[i:i + per_line]))
@@ -59,7 +59,8 @@ def main():
         rust_array("KSIGNS_IQ2XS", "u8", ksigns, lambda v: f"0x{int(v):02x}", 16,
                    ["7-bit sign index -> sign bits of 8 elements (bit c set: element c negative)."]), "\n",
         rust_array("KSIGNS_IQ2XS_PM1", "u64", pm1, lambda v: f"0x{v:016x}", 4,
-                   ["`KSIGNS_IQ2XS` as bytes: element c is byte c, 0x01 for +1 and 0xFF for -1."]), "\n",
+                   ["`KSIGNS_IQ2XS` as bytes: element c is byte c, 0x01 for +1 and 0xFF for -1 (AVX2 kernel)."],
+                   ['#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]']), "\n",
         rust_array("MXFP4_KVALUES", "i8", kvalues, str, 16,
                    ["MXFP4 (E2M1) code -> value times two (gguf `MXFP4.kvalues`)."]),
     ]

@@ -84,7 +84,8 @@ pub(crate) static KSIGNS_IQ2XS: [u8; 128] = [
     0xf0, 0x71, 0x72, 0xf3, 0x74, 0xf5, 0xf6, 0x77, 0x78, 0xf9, 0xfa, 0x7b, 0xfc, 0x7d, 0x7e, 0xff,
 ];
 
-/// `KSIGNS_IQ2XS` as bytes: element c is byte c, 0x01 for +1 and 0xFF for -1.
+/// `KSIGNS_IQ2XS` as bytes: element c is byte c, 0x01 for +1 and 0xFF for -1 (AVX2 kernel).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) static KSIGNS_IQ2XS_PM1: [u64; 128] = [
     0x0101010101010101, 0xff010101010101ff, 0xff0101010101ff01, 0x010101010101ffff,
     0xff01010101ff0101, 0x0101010101ff01ff, 0x0101010101ffff01, 0xff01010101ffffff,
