@@ -116,6 +116,7 @@ pub fn generate(
         let logits = model.forward_chunk(st, &[next], 0)?;
         next = sampler.sample(logits, &history);
         experts += st.experts_run;
+        st.tick_token();
         stats.decode_steps += 1;
     }
     if let Some(text) = dec.flush(tok)? {
