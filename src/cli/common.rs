@@ -209,8 +209,18 @@ pub fn setup_experts(model: &crate::model::Model<'_>, files: &crate::format::Mod
 }
 
 /// The end-of-run expert line: hit rates, experts read per token, GB read and read speed.
-pub fn expert_summary(st: &crate::model::State, decoded: usize, secs: f64) -> Option<String> {
-    let s = st.expert_stats()?;
+/// `before` (the figures when the prefill ended) is subtracted, so the line is decode only.
+pub fn expert_summary(st: &crate::model::State, before: Option<crate::experts::CacheStats>, decoded: usize, secs: f64) -> Option<String> {
+    let mut s = st.expert_stats()?;
+    if let Some(b) = before {
+        s.hits_pin -= b.hits_pin;
+        s.hits_lru -= b.hits_lru;
+        s.misses -= b.misses;
+        s.bytes_read -= b.bytes_read;
+        s.read_secs -= b.read_secs;
+        s.wait_secs -= b.wait_secs;
+        s.tokens -= b.tokens;
+    }
     let req = s.requests().max(1) as f64;
     let rss = std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -223,7 +233,7 @@ pub fn expert_summary(st: &crate::model::State, decoded: usize, secs: f64) -> Op
         100.0 * s.hit_rate(),
         100.0 * s.hits_pin as f64 / req,
         100.0 * s.hits_lru as f64 / req,
-        s.misses as f64 / (s.tokens.max(1)) as f64,
+        s.misses as f64 / decoded.max(1) as f64,
         human(s.bytes_read),
         gb(s.bytes_read) / s.read_secs.max(1e-9),
         s.wait_secs

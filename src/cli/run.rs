@@ -62,7 +62,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     })?;
     writeln!(lock)?;
     eprintln!("{}", stats.timing_line());
-    if let Some(line) = expert_summary(&st, stats.decode_steps, stats.decode_secs) {
+    if let Some(line) = expert_summary(&st, stats.experts_after_prefill, stats.decode_steps, stats.decode_secs) {
         eprintln!("{line}");
     }
     Ok(())
