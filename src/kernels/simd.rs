@@ -93,15 +93,45 @@ pub(crate) mod x86 {
         }
     }
 
-    /// f16 bits at `p` (little-endian, unaligned) as f32, exactly.
+    /// The f16 values at `p` and `p + 2` (little-endian, unaligned) as f32 in lanes 0 and 1.
+    ///
+    /// Written in `asm!` on purpose: from intrinsics LLVM narrows the load and emits
+    /// `vpinsrw` into an arbitrary register, whose old value then becomes a false dependency;
+    /// it picked loop accumulators and serialised whole kernels on the FMA chain (Q8_0 ran at
+    /// half speed). `vmovd` from memory writes the full register.
+    ///
+    /// # Safety
+    /// F16C available; `p` valid for 4 bytes.
+    #[inline(always)]
+    pub unsafe fn f16x2_at(p: *const u8) -> __m128 {
+        let x: __m128;
+        std::arch::asm!(
+            "vmovd {x}, dword ptr [{p}]",
+            "vcvtph2ps {x}, {x}",
+            p = in(reg) p,
+            x = out(xmm_reg) x,
+            options(pure, readonly, nostack, preserves_flags)
+        );
+        x
+    }
+
+    /// The f16 at `p` (little-endian, unaligned) as f32; see [`f16x2_at`] for why `asm!`.
     ///
     /// # Safety
     /// F16C available; `p` valid for 2 bytes.
-    #[inline]
-    #[target_feature(enable = "avx2,f16c")]
+    #[inline(always)]
     pub unsafe fn f16_at(p: *const u8) -> f32 {
-        let bits = std::ptr::read_unaligned(p as *const u16);
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+        let x: __m128;
+        std::arch::asm!(
+            "movzx {t:e}, word ptr [{p}]",
+            "vmovd {x}, {t:e}",
+            "vcvtph2ps {x}, {x}",
+            p = in(reg) p,
+            t = out(reg) _,
+            x = out(xmm_reg) x,
+            options(pure, readonly, nostack, preserves_flags)
+        );
+        _mm_cvtss_f32(x)
     }
 
     /// # Safety
