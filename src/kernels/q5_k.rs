@@ -71,7 +71,7 @@ fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
 mod x86 {
     use super::super::q4_k::scales_mins_u64;
     use super::super::simd::prefetch_distance;
-    use super::super::simd::x86::{f16_at, hsum_ps128, hsum_ps256, hsum_ps512, prefetch};
+    use super::super::simd::x86::{f16x2_at, hsum_ps128, hsum_ps256, hsum_ps512, prefetch};
     use super::{dot_scalar, ActRow, BlockQ8K, BB};
     use crate::kernels::Isa;
     use std::arch::x86_64::*;
@@ -125,8 +125,10 @@ mod x86 {
             let b = w.add(i * BB);
             prefetch(b, pf, BB);
             let ab = &*a.add(i);
-            let d = f16_at(b) * ab.d;
-            let dmin = f16_at(b.add(2)) * ab.d;
+            // d and dmin (adjacent f16) times the activation scale, in lanes 0 and 1.
+            let dd = _mm_mul_ps(f16x2_at(b), _mm_set1_ps(ab.d));
+            let d = _mm_cvtss_f32(dd);
+            let dmin = _mm_cvtss_f32(_mm_movehdup_ps(dd));
             let sm = scales_mins16(b);
             accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_dot(sm, ab)), accm);
             let mut sc = [0i16; 16];
@@ -200,8 +202,10 @@ mod x86 {
             let b = w.add(i * BB);
             prefetch(b, pf, BB);
             let ab = &*a.add(i);
-            let d = f16_at(b) * ab.d;
-            let dmin = f16_at(b.add(2)) * ab.d;
+            // d and dmin (adjacent f16) times the activation scale, in lanes 0 and 1.
+            let dd = _mm_mul_ps(f16x2_at(b), _mm_set1_ps(ab.d));
+            let d = _mm_cvtss_f32(dd);
+            let dmin = _mm_cvtss_f32(_mm_movehdup_ps(dd));
             let sm = scales_mins16(b);
             accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_dot(sm, ab)), accm);
             let sc = _mm512_castsi256_si512(sm);
