@@ -182,6 +182,9 @@ mod x86 {
         }
         c
     }
+    /// `vpermw` indices (256-bit): each min (lanes 8..16 of the scales/mins vector) twice, to
+    /// meet the 16-element bsums.
+    static MIN_DUP: [u16; 16] = [8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15];
     static BITS: [[u8; 64]; 4] = [bit_sel(0, 2), bit_sel(1, 3), bit_sel(4, 6), bit_sel(5, 7)];
 
     /// As Q4_K's AVX-512 kernel; the fifth bit comes from `qh` (duplicated into both halves
@@ -195,8 +198,9 @@ mod x86 {
         let sixteen = _mm512_set1_epi8(0x10);
         let idx: [__m512i; 4] = std::array::from_fn(|k| _mm512_loadu_si512(PAIR[k].as_ptr() as *const __m512i));
         let bits: [__m512i; 4] = std::array::from_fn(|k| _mm512_loadu_si512(BITS[k].as_ptr() as *const __m512i));
+        let min_dup = _mm256_loadu_si256(MIN_DUP.as_ptr() as *const __m256i);
         let mut acc = _mm512_setzero_ps();
-        let mut accm = _mm_setzero_ps();
+        let mut accm = _mm256_setzero_ps();
         let pf = prefetch_distance();
         for i in 0..nb {
             let b = w.add(i * BB);
@@ -204,10 +208,10 @@ mod x86 {
             let ab = &*a.add(i);
             // d and dmin (adjacent f16) times the activation scale, in lanes 0 and 1.
             let dd = _mm_mul_ps(f16x2_at(b), _mm_set1_ps(ab.d));
-            let d = _mm_cvtss_f32(dd);
-            let dmin = _mm_cvtss_f32(_mm_movehdup_ps(dd));
             let sm = scales_mins16(b);
-            accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_dot(sm, ab)), accm);
+            let bs = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
+            let mins = _mm256_madd_epi16(bs, _mm256_permutexvar_epi16(min_dup, sm));
+            accm = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), _mm256_cvtepi32_ps(mins), accm);
             let sc = _mm512_castsi256_si512(sm);
             let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(16) as *const __m256i));
             let qs = b.add(48);
@@ -228,8 +232,8 @@ mod x86 {
                 sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(lo, xlo), slo);
                 sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(hi, xhi), shi);
             }
-            acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
+            acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(sumi), acc);
         }
-        hsum_ps512(acc) - hsum_ps128(accm)
+        hsum_ps512(acc) - hsum_ps256(accm)
     }
 }
