@@ -41,7 +41,11 @@ fn dequant(b: &[u8], out: &mut [f32]) {
 fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
     let mut sum = 0.0f32;
     for (blk, ab) in w.chunks_exact(BB).zip(a.q8_32) {
-        let sumi: i32 = ab.qs.iter().enumerate().map(|(i, &x)| nibble(&blk[2..], i) * x as i32).sum();
+        let (lo, hi) = ab.qs.split_at(16);
+        let mut sumi = 0i32;
+        for ((&q, &x0), &x1) in blk[2..].iter().zip(lo).zip(hi) {
+            sumi += ((q & 0x0F) as i32 - 8) * x0 as i32 + ((q >> 4) as i32 - 8) * x1 as i32;
+        }
         sum += sumi as f32 * (f16_le(blk) * ab.d);
     }
     sum

@@ -58,7 +58,12 @@ fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
         let mut msum = 0i32;
         for j in 0..8 {
             let x = &ab.qs[32 * j..32 * j + 32];
-            let s: i32 = x.iter().enumerate().map(|(l, &x)| code(qh, qs, j, l) as i32 * x as i32).sum();
+            let q = &qs[32 * (j / 2)..32 * (j / 2) + 32];
+            let shift = 4 * (j % 2);
+            let mut s = 0i32;
+            for ((&q, &h), &x) in q.iter().zip(qh).zip(x) {
+                s += (((q >> shift) & 0x0F) | (((h >> j) & 1) << 4)) as i32 * x as i32;
+            }
             isum += sc[j] as i32 * s;
             msum += m[j] as i32 * (ab.bsums[2 * j] as i32 + ab.bsums[2 * j + 1] as i32);
         }

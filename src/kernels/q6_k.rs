@@ -53,9 +53,22 @@ fn dequant(b: &[u8], out: &mut [f32]) {
 fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
     let mut sum = 0.0f32;
     for (blk, ab) in w.chunks_exact(BB).zip(a.q8k) {
+        // Codes of the block in element order, then 16 exact integer group sums.
+        let mut q = [0i8; 256];
+        for h in 0..2 {
+            let (ql, qh) = (&blk[64 * h..64 * h + 64], &blk[128 + 32 * h..128 + 32 * h + 32]);
+            let out = &mut q[128 * h..128 * h + 128];
+            for l in 0..32 {
+                let hb = qh[l];
+                out[l] = ((ql[l] & 0x0F) | ((hb & 3) << 4)) as i8 - 32;
+                out[l + 32] = ((ql[l + 32] & 0x0F) | (((hb >> 2) & 3) << 4)) as i8 - 32;
+                out[l + 64] = ((ql[l] >> 4) | (((hb >> 4) & 3) << 4)) as i8 - 32;
+                out[l + 96] = ((ql[l + 32] >> 4) | (((hb >> 6) & 3) << 4)) as i8 - 32;
+            }
+        }
         let mut isum = 0i32;
-        for g in 0..16 {
-            let s: i32 = (0..16).map(|l| (code(blk, 16 * g + l) - 32) * ab.qs[16 * g + l] as i32).sum();
+        for (g, (qg, xg)) in q.chunks_exact(16).zip(ab.qs.chunks_exact(16)).enumerate() {
+            let s: i32 = qg.iter().zip(xg).map(|(&q, &x)| q as i32 * x as i32).sum();
             isum += (blk[192 + g] as i8) as i32 * s;
         }
         sum += f16_le(&blk[208..]) * ab.d * isum as f32;
