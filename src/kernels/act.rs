@@ -7,7 +7,8 @@
 //!   (k-quants and i-quants; the group sums let the kernels apply per-group minimums cheaply).
 //!
 //! Quantization: for each block, d = max|x| / 127 and q = round(x / d), so |x - d*q| <= d/2.
-//! That is the whole error budget the dot tests allow for (see `tests/kernels_dot.rs`).
+//! That is the whole error budget the dot tests allow for (see `tests/kernels_ref.rs` and
+//! docs/PERFORMANCE.md).
 //!
 //! Invariant: `Acts` allocates only when asked for more rows/columns than it has held before;
 //! the decode loop sizes it once.
