@@ -81,7 +81,7 @@ fn activations(n: usize, pattern: usize, seed: u64) -> Vec<f32> {
             match pattern {
                 0 => x,
                 1 => {
-                    if r.next() % 97 == 0 {
+                    if r.next().is_multiple_of(97) {
                         x * 60.0
                     } else {
                         x

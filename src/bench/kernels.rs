@@ -146,7 +146,7 @@ fn bench_arms(
     let (be, bb) = dtype
         .block_geometry()
         .ok_or(KernelError::Unsupported(dtype))?;
-    if opts.cols == 0 || opts.cols % be != 0 {
+    if opts.cols == 0 || !opts.cols.is_multiple_of(be) {
         return Err(BenchError::Cols {
             dtype,
             cols: opts.cols,

@@ -102,8 +102,8 @@ impl Acts {
     pub fn is_prepared(&self, fmt: ActFormat) -> bool {
         match fmt {
             ActFormat::F32 => true,
-            ActFormat::Q8_32 => self.ready_q8_32 && self.cols % 32 == 0,
-            ActFormat::Q8K => self.ready_q8k && self.cols % QK == 0,
+            ActFormat::Q8_32 => self.ready_q8_32 && self.cols.is_multiple_of(32),
+            ActFormat::Q8K => self.ready_q8k && self.cols.is_multiple_of(QK),
         }
     }
 
@@ -113,7 +113,7 @@ impl Acts {
         match fmt {
             ActFormat::F32 => {}
             ActFormat::Q8_32 => {
-                if self.ready_q8_32 || self.cols % 32 != 0 {
+                if self.ready_q8_32 || !self.cols.is_multiple_of(32) {
                     return;
                 }
                 let nb = self.cols / 32;
@@ -125,7 +125,7 @@ impl Acts {
                 self.ready_q8_32 = true;
             }
             ActFormat::Q8K => {
-                if self.ready_q8k || self.cols % QK != 0 {
+                if self.ready_q8k || !self.cols.is_multiple_of(QK) {
                     return;
                 }
                 let nb = self.cols / QK;

@@ -243,7 +243,7 @@ mod x86 {
             let qs = b.add(16);
             let x = ab.qs.as_ptr();
             let mut sumi = _mm512_setzero_si512();
-            for h in 0..2 {
+            for (h, ix) in idx.iter().enumerate() {
                 let q = _mm512_loadu_si512(qs.add(64 * h) as *const __m512i);
                 let lo = _mm512_and_si512(q, m4);
                 let hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
@@ -251,7 +251,7 @@ mod x86 {
                 let x1 = _mm512_loadu_si512(x.add(128 * h + 64) as *const __m512i);
                 let plo = _mm512_dpbusd_epi32(zero, lo, _mm512_shuffle_i64x2(x0, x1, 0x44));
                 let phi = _mm512_dpbusd_epi32(zero, hi, _mm512_shuffle_i64x2(x0, x1, 0xEE));
-                let s = _mm512_permutexvar_epi16(idx[h], sc);
+                let s = _mm512_permutexvar_epi16(*ix, sc);
                 sumi = _mm512_dpwssd_epi32(sumi, _mm512_packs_epi32(plo, phi), s);
             }
             acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(sumi), acc);

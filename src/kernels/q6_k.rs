@@ -210,7 +210,7 @@ mod x86 {
             let sc = _mm512_castsi256_si512(sc16);
             let x = ab.qs.as_ptr();
             let mut sumi = _mm512_setzero_si512();
-            for h in 0..2 {
+            for (h, ix) in idx.iter().enumerate() {
                 let ql = _mm512_loadu_si512(b.add(64 * h) as *const __m512i);
                 let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(128 + 32 * h) as *const __m256i));
                 // lo | (high bits & 0x30), fused: ternary logic A | (B & C) = 0xF8.
@@ -220,7 +220,7 @@ mod x86 {
                 let x0 = _mm512_loadu_si512(x.add(128 * h) as *const __m512i);
                 let x1 = _mm512_loadu_si512(x.add(128 * h + 64) as *const __m512i);
                 let p = _mm512_packs_epi32(_mm512_dpbusd_epi32(zero, lo, x0), _mm512_dpbusd_epi32(zero, hi, x1));
-                sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_permutexvar_epi16(idx[h], sc));
+                sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_permutexvar_epi16(*ix, sc));
             }
             acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
         }

@@ -160,9 +160,9 @@ mod x86 {
             let dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32::<1>(w_offs, b0 as *const _)));
             let da = _mm512_i32gather_ps::<1>(a_offs, a0 as *const _);
             let dv = _mm512_mul_ps(dw, da);
-            for k in 0..8 {
+            for (k, pair) in PAIR.iter().enumerate() {
                 let p = pair_dot(b0.add(2 * k * BB), a0.add(2 * k));
-                let d = _mm512_permutexvar_ps(_mm512_loadu_si512(PAIR[k].as_ptr() as *const __m512i), dv);
+                let d = _mm512_permutexvar_ps(_mm512_loadu_si512(pair.as_ptr() as *const __m512i), dv);
                 acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc);
             }
             i += 16;
