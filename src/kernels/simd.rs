@@ -67,7 +67,7 @@ pub fn set_prefetch_distance(bytes: usize) {
 }
 
 /// Default prefetch distance in bytes (see `prefetch_distance`).
-pub const DEFAULT_PREFETCH: usize = 4096;
+pub const DEFAULT_PREFETCH: usize = 3072;
 
 static PREFETCH: AtomicUsize = AtomicUsize::new(usize::MAX);
 
