@@ -7,11 +7,10 @@
 //!   (k-quants and i-quants; the group sums let the kernels apply per-group minimums cheaply).
 //!
 //! Quantization: for each block, d = max|x| / 127 and q = round(x / d) (ties away from zero),
-//! so |x - d*q| <= d/2. The AVX-512 quantizer gives the scalar one's bits; neither calls libm
-//! (`f32::round` is a libm call on baseline x86_64 and made preparing a 4096-element row cost
-//! 30-40 us, about 2 us now).
-//! That is the whole error budget the dot tests allow for (see `tests/kernels_ref.rs` and
-//! docs/PERFORMANCE.md).
+//! so |x - d*q| <= d/2. That is the whole error budget the dot tests allow for (see
+//! `tests/kernels_ref.rs` and docs/PERFORMANCE.md). The AVX-512 quantizer gives the scalar
+//! one's bits; neither calls libm (`f32::round` is a libm call on baseline x86_64 and made
+//! preparing a 4096-element row cost 30-40 us; about 2 us now).
 //!
 //! Invariant: `Acts` allocates only when asked for more rows/columns than it has held before;
 //! the decode loop sizes it once.
