@@ -46,6 +46,9 @@ pub struct KernelBenchOpts {
     /// Kernel prefetch distances to compare (bytes; 0 = off), each an arm of an interleaved
     /// A/B on the same buffer. Empty: the current distance only.
     pub prefetch: Vec<usize>,
+    /// Activation rows per matmul (1: matvec, as in decode; more: a prefill-like batch, where
+    /// GB/s still counts each weight byte once).
+    pub batch: usize,
 }
 
 /// Median, min and max of a set of GB/s figures.
@@ -177,10 +180,11 @@ fn bench_arms(
     let view = WeightView::new(dtype, &w, rows, opts.cols)?;
 
     let mut rng = SplitMix(42);
-    let x: Vec<f32> = (0..opts.cols).map(|_| rng.unit() * 2.0 - 1.0).collect();
+    let batch = opts.batch.max(1);
+    let x: Vec<f32> = (0..opts.cols * batch).map(|_| rng.unit() * 2.0 - 1.0).collect();
     let mut acts = Acts::new();
-    acts.load(&x, 1, opts.cols);
-    let mut y = vec![0.0f32; rows];
+    acts.load(&x, batch, opts.cols);
+    let mut y = vec![0.0f32; rows * batch];
 
     let gbps = |secs: f64| n as f64 / secs / 1e9;
     let mut sink = 0u64;

@@ -33,6 +33,10 @@ pub struct BenchArgs {
     /// `0,2048`: each is an interleaved arm on the same buffer. Default: the current distance.
     #[arg(long)]
     pub prefetch: Option<String>,
+    /// Activation rows per matmul: 1 is the decode matvec; more measures a prefill-like batch
+    /// (GB/s still counts each weight byte once per matmul).
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -87,15 +91,20 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         reps: args.reps,
         isa,
         prefetch,
+        batch: args.batch,
     };
+    if args.batch == 0 {
+        bail!("bench: --batch must be at least 1");
+    }
 
     println!(
-        "sluice bench --kernels: {} | {threads} threads | isa cap {} (hardware {}) | {} MiB per type, {} cols, {} reps, medians",
+        "sluice bench --kernels: {} | {threads} threads | isa cap {} (hardware {}) | {} MiB per type, {} cols, batch {}, {} reps, medians",
         cpu_model().unwrap_or_else(|| "unknown CPU".into()),
         isa.min(Isa::detect()).name(),
         Isa::hardware().name(),
         args.mb,
         args.cols,
+        args.batch,
         args.reps
     );
     println!("read GB/s: the better median of a plain read sweep and a prefetching one (plain shown apart)");
