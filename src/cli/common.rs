@@ -85,6 +85,54 @@ pub struct ExpertArgs {
     /// Write (token, layer, experts) per MoE step to FILE for `sluice cache-sim`.
     #[arg(long = "route-trace")]
     pub route_trace: Option<std::path::PathBuf>,
+    /// Pin the most-selected experts (from earlier runs' usage statistics) up to `--pin-gb`.
+    #[arg(long)]
+    pub autopin: bool,
+    /// Share of the expert budget the pinned tier may take (default: half; the LRU tier keeps
+    /// at least one slot per layer).
+    #[arg(long = "pin-gb")]
+    pub pin_gb: Option<f64>,
+    /// Read usage statistics but never write them (for benchmarks).
+    #[arg(long = "usage-freeze")]
+    pub usage_freeze: bool,
+    /// Write the run's figures as JSON to FILE.
+    #[arg(long = "stats-json")]
+    pub stats_json: Option<std::path::PathBuf>,
+}
+
+/// Where a model's usage statistics live: beside the model if that directory is writable,
+/// else in the cache directory, named after the model identity.
+pub fn usage_path(files: &crate::format::ModelFiles, id: &str) -> std::path::PathBuf {
+    let name = files.paths().first().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().to_string()).unwrap_or_else(|| "model".into());
+    let beside = files.dir().join(format!(".{name}.sluice-usage.json"));
+    let writable = std::fs::metadata(files.dir()).map(|m| !m.permissions().readonly()).unwrap_or(false)
+        && std::fs::OpenOptions::new().create(true).append(true).open(files.dir().join(".sluice-write-probe")).map(|_| true).unwrap_or(false);
+    let _ = std::fs::remove_file(files.dir().join(".sluice-write-probe"));
+    if writable {
+        beside
+    } else {
+        let short: String = id.chars().filter(|c| c.is_ascii_alphanumeric()).take(24).collect();
+        crate::default_model::cache_dir().join(format!("usage-{short}.json"))
+    }
+}
+
+/// After a run: add this run's selections to the saved usage statistics (unless frozen).
+pub fn save_usage(files: &crate::format::ModelFiles, st: &crate::model::State, a: &ExpertArgs) -> anyhow::Result<()> {
+    let Some(cache) = st.experts() else { return Ok(()) };
+    if a.usage_freeze {
+        return Ok(());
+    }
+    let id = crate::experts::model_identity(files.paths())?;
+    let path = usage_path(files, &id);
+    let mut usage = cache.usage();
+    if let Ok(old) = crate::experts::UsageStats::load(&path, &id) {
+        usage.add(&old)?;
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    usage.save(&path, &id)?;
+    Ok(())
 }
 
 /// Parse sizes like `24G`, `512M`, `1.5GiB`, `1000000` (bytes).
@@ -186,14 +234,38 @@ pub fn setup_experts(model: &crate::model::Model<'_>, files: &crate::format::Mod
     if a.io_threads == 0 {
         anyhow::bail!("--io-threads must be at least 1");
     }
+    let mut pinned = Vec::new();
+    if a.autopin {
+        let id = crate::experts::model_identity(files.paths())?;
+        let path = usage_path(files, &id);
+        match crate::experts::UsageStats::load(&path, &id) {
+            Ok(usage) => {
+                // Pin budget: --pin-gb, else half the expert budget; the LRU keeps >= 1 slot/layer.
+                let moe_layers = (model.cfg.n_layers - model.cfg.n_dense_layers) as u64;
+                let floor = moe_layers * store.slot_bytes();
+                let want = a.pin_gb.map(|g| (g * 1e9) as u64).unwrap_or(budget / 2);
+                let pin_bytes = want.min(budget.saturating_sub(floor));
+                let n = (pin_bytes / store.slot_bytes().max(1)) as usize;
+                pinned = usage.top_n(n);
+                eprintln!("[plan] autopin: {} most-selected experts ({}) from {}", pinned.len(), human(pinned.len() as u64 * store.slot_bytes()), path.display());
+            }
+            Err(e) => eprintln!("[plan] autopin: no usage statistics yet ({e}); run once without --usage-freeze to collect them"),
+        }
+    }
+    let slots = if a.cap.is_none() && !pinned.is_empty() {
+        store.slots_per_layer_for_budget(budget, pinned.len()).max(1)
+    } else {
+        slots
+    };
     let mut cfg = CacheConfig::new(slots);
+    cfg.pinned = pinned;
     cfg.io = io;
     cfg.io_threads = a.io_threads;
     cfg.policy = policy;
     cfg.trace = a.route_trace.clone();
     let cache = crate::experts::ExpertCache::new(store, cfg)?;
     eprintln!(
-        "[plan] experts: streamed, {} slots/layer of {} ({slots_why}), {} cache {}, io {} x{}",
+        "[plan] experts: streamed, {} slots/layer of {} ({slots_why}), {} policy, slab {} (pinned + evictable), io {} x{}",
         cache.slots(model.cfg.n_dense_layers),
         human(cache.slot_bytes()),
         cache.policy().name(),
@@ -209,6 +281,40 @@ pub fn setup_experts(model: &crate::model::Model<'_>, files: &crate::format::Mod
 }
 
 /// The end-of-run expert line: hit rates, experts read per token, GB read and read speed.
+/// The run's figures as JSON (`--stats-json`).
+pub fn stats_json(st: &crate::model::State, g: &crate::generate::GenStats) -> serde_json::Value {
+    let mut v = serde_json::json!({
+        "tokens": g.generated,
+        "prompt_tokens": g.prompt_tokens,
+        "decode_tok_s": g.decode_tps(),
+        "prefill_tok_s": g.prefill_tps(),
+        "experts_per_token": g.experts_per_token,
+    });
+    if let Some(mut s) = st.expert_stats() {
+        if let Some(b) = g.experts_after_prefill {
+            s.hits_pin -= b.hits_pin;
+            s.hits_lru -= b.hits_lru;
+            s.misses -= b.misses;
+            s.bytes_read -= b.bytes_read;
+            s.read_secs -= b.read_secs;
+            s.wait_secs -= b.wait_secs;
+        }
+        let req = s.requests().max(1) as f64;
+        let steps = g.decode_steps.max(1) as f64;
+        v["hit_rate"] = s.hit_rate().into();
+        v["hit_pin"] = (s.hits_pin as f64 / req).into();
+        v["hit_lru"] = (s.hits_lru as f64 / req).into();
+        v["experts_read_per_token"] = (s.misses as f64 / steps).into();
+        v["bytes_read"] = s.bytes_read.into();
+        v["read_gb_s"] = (gb(s.bytes_read) / s.read_secs.max(1e-9)).into();
+        v["time_shares"] = serde_json::json!({ "expert_disk_wait": s.wait_secs / g.decode_secs.max(1e-9) });
+    }
+    if let Some(kb) = std::fs::read_to_string("/proc/self/status").ok().and_then(|t| t.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())) {
+        v["peak_rss_bytes"] = (kb * 1024).into();
+    }
+    v
+}
+
 /// `before` (the figures when the prefill ended) is subtracted, so the line is decode only.
 pub fn expert_summary(st: &crate::model::State, before: Option<crate::experts::CacheStats>, decoded: usize, secs: f64) -> Option<String> {
     let mut s = st.expert_stats()?;
