@@ -7,7 +7,7 @@
 
 use super::blocks::{axpy, dot, rmsnorm, rmsnorm_inplace, silu, softmax, top_k};
 use super::config::{AttnKind, ModelConfig, QkNorm};
-use super::weights::{Attention, Ffn, Gqa, HeadMat, Mla, Mlp, Moe};
+use super::weights::{Attention, Ffn, Gqa, HeadMat, Layer, Mla, Mlp, Moe};
 use super::{Model, ModelError};
 use crate::experts::ExpertCache;
 use crate::kernels::{self, Acts, Isa, WeightView};
@@ -20,8 +20,8 @@ pub struct State {
     logit_rows: usize,
     /// Tokens already in the KV cache.
     pub pos: usize,
-    x: Vec<f32>,        // (batch, hidden) residual stream
-    xn: Vec<f32>,       // (batch, hidden) normed input of a sub-block
+    pub(crate) x: Vec<f32>,        // (batch, hidden) residual stream
+    pub(crate) xn: Vec<f32>,       // (batch, hidden) normed input of a sub-block
     q: Vec<f32>,        // (batch, q_dim)
     qa: Vec<f32>,       // (batch, q_lora) MLA q latent
     k: Vec<f32>,        // (batch, max(kv_dim, kv_lora + rope))
@@ -30,6 +30,9 @@ pub struct State {
     scores: Vec<f32>,   // (n_heads, ctx)
     lat: Vec<f32>,      // (2, kv_lora) MLA: q folded into latent space, latent context
     proj: Vec<f32>,     // (batch, hidden) sub-block output
+    pub(crate) hfin: Vec<f32>, // (batch, hidden) final-normed hidden states of the last chunk
+    /// Added to cache positions to get rotary positions (1 for the MTP head's slots).
+    pub(crate) rope_offset: usize,
     kcache: Vec<f32>,   // (layers, ctx, k_dim) GQA keys, or MLA latent + rope key
     vcache: Vec<f32>,   // (layers, ctx, v_dim) GQA values (empty for MLA)
     router: Vec<f32>,   // (batch, n_experts) router scores
@@ -44,9 +47,15 @@ pub struct State {
     up: Vec<f32>,       // (batch, widest ffn)
     down: Vec<f32>,     // (batch, hidden)
     slot_out: Vec<f32>, // (batch, k, hidden) each token's expert outputs, unweighted
-    acts: Acts,
+    pub(crate) acts: Acts,
     logits: Vec<f32>,   // (logit_rows, vocab)
     needed: Vec<usize>, // (n_experts) experts one MoE layer needs, ascending
+    // Multi-token prediction (empty unless the model has an MTP layer).
+    pub(crate) mtp_cat: Vec<f32>,    // (batch, 2*hidden) [enorm(embed); hnorm(h)]
+    pub(crate) mtp_hidden: Vec<f32>, // (batch, hidden) main hidden states paired with tokens
+    pub(crate) mtp_logits: Vec<f32>, // (logit_rows, vocab)
+    /// MTP slots in the MTP layer's cache (slot s pairs hidden of position s with token s+1).
+    pub mtp_pos: usize,
     /// Streaming expert cache; `None` = experts are read through the mapped files.
     pub(crate) expert_cache: Option<ExpertCache>,
     /// Experts computed in the last forward call, summed over layers (telemetry).
@@ -66,7 +75,7 @@ impl State {
         let ffn = cfg.expert_ffn.max(cfg.dense_ffn).max(cfg.shared_ffn);
         let batch = batch.max(1);
         let logit_rows = logit_rows.clamp(1, batch);
-        let widest = h.max(qd).max(ffn).max(cfg.att_dim()).max(q_lora).max(kv_lora);
+        let widest = (2 * h).max(qd).max(ffn).max(cfg.att_dim()).max(q_lora).max(kv_lora);
         State {
             batch,
             ctx,
@@ -82,8 +91,10 @@ impl State {
             scores: vec![0.0; cfg.n_heads * ctx],
             lat: vec![0.0; 2 * kv_lora],
             proj: vec![0.0; batch * h],
-            kcache: vec![0.0; cfg.n_layers * ctx * kc],
-            vcache: vec![0.0; cfg.n_layers * ctx * vc],
+            hfin: vec![0.0; batch * h],
+            rope_offset: 0,
+            kcache: vec![0.0; (cfg.n_layers + cfg.n_mtp_layers) * ctx * kc],
+            vcache: vec![0.0; (cfg.n_layers + cfg.n_mtp_layers) * ctx * vc],
             router: vec![0.0; batch * e],
             choice: vec![0.0; e],
             groups_score: vec![0.0; cfg.routing.n_group],
@@ -99,6 +110,10 @@ impl State {
             acts: Acts::with_capacity(batch, widest),
             logits: vec![0.0; logit_rows * cfg.vocab],
             needed: Vec::with_capacity(e),
+            mtp_cat: vec![0.0; if cfg.n_mtp_layers > 0 { batch * 2 * h } else { 0 }],
+            mtp_hidden: vec![0.0; if cfg.n_mtp_layers > 0 { batch * h } else { 0 }],
+            mtp_logits: vec![0.0; if cfg.n_mtp_layers > 0 { logit_rows * cfg.vocab } else { 0 }],
+            mtp_pos: 0,
             expert_cache: None,
             experts_run: 0,
         }
@@ -124,11 +139,14 @@ impl State {
     /// Forget the sequence (the buffers stay allocated).
     pub fn reset(&mut self) {
         self.pos = 0;
+        self.mtp_pos = 0;
     }
 
-    /// Drop cached positions from `pos` on (prompt reuse keeps a prefix).
+    /// Drop cached positions from `pos` on (prompt reuse keeps a prefix). The MTP head's
+    /// slots depend on the positions after them, so they go back to `pos - 1`.
     pub fn truncate(&mut self, pos: usize) {
         self.pos = self.pos.min(pos);
+        self.mtp_pos = self.mtp_pos.min(pos.saturating_sub(1));
     }
 }
 
@@ -190,41 +208,49 @@ impl<'a> Model<'a> {
         }
 
         for (l, lw) in w.layers.iter().enumerate() {
-            for i in 0..n {
-                rmsnorm(&mut st.xn[i * h..(i + 1) * h], &st.x[i * h..(i + 1) * h], &lw.attn_norm, cfg.rms_eps);
-            }
-            match &lw.attn {
-                Attention::Gqa(a) => self.attn_gqa(st, l, n, a)?,
-                Attention::Mla(a) => self.attn_mla(st, l, n, a)?,
-            }
-            for (x, p) in st.x[..n * h].iter_mut().zip(&st.proj[..n * h]) {
-                *x += p;
-            }
-            for i in 0..n {
-                rmsnorm(&mut st.xn[i * h..(i + 1) * h], &st.x[i * h..(i + 1) * h], &lw.ffn_norm, cfg.rms_eps);
-            }
-            match &lw.ffn {
-                Ffn::Dense(m) => {
-                    self.mlp(st, n, m)?;
-                    st.proj[..n * h].copy_from_slice(&st.down[..n * h]);
-                }
-                Ffn::Moe(m) => self.moe(st, l, n, m)?,
-            }
-            for (x, p) in st.x[..n * h].iter_mut().zip(&st.proj[..n * h]) {
-                *x += p;
-            }
+            self.layer_forward(st, l, lw, n)?;
         }
         st.pos += n;
 
-        // Final norm and lm_head for the requested rows.
+        // Final norm of every row (kept for the MTP head) and lm_head for the requested rows.
         let v = cfg.vocab;
-        for i in logits_from..n {
-            let r = i - logits_from;
-            rmsnorm(&mut st.xn[r * h..(r + 1) * h], &st.x[i * h..(i + 1) * h], &w.output_norm, cfg.rms_eps);
+        for i in 0..n {
+            rmsnorm(&mut st.hfin[i * h..(i + 1) * h], &st.x[i * h..(i + 1) * h], &w.output_norm, cfg.rms_eps);
         }
         if n_logits > 0 {
-            st.acts.load(&st.xn[..n_logits * h], n_logits, h);
+            st.acts.load(&st.hfin[logits_from * h..n * h], n_logits, h);
             kernels::matmul(&w.output, &mut st.acts, &mut st.logits[..n_logits * v], Some(&self.pool), self.isa)?;
+        }
+        Ok(())
+    }
+
+    /// One decoder layer over rows 0..n of `st.x` (in place), at positions `st.pos..`, with
+    /// its keys and values in cache layer `l`.
+    pub(crate) fn layer_forward(&self, st: &mut State, l: usize, lw: &Layer<'_>, n: usize) -> Result<(), ModelError> {
+        let cfg = &self.cfg;
+        let h = cfg.hidden;
+        for i in 0..n {
+            rmsnorm(&mut st.xn[i * h..(i + 1) * h], &st.x[i * h..(i + 1) * h], &lw.attn_norm, cfg.rms_eps);
+        }
+        match &lw.attn {
+            Attention::Gqa(a) => self.attn_gqa(st, l, n, a)?,
+            Attention::Mla(a) => self.attn_mla(st, l, n, a)?,
+        }
+        for (x, p) in st.x[..n * h].iter_mut().zip(&st.proj[..n * h]) {
+            *x += p;
+        }
+        for i in 0..n {
+            rmsnorm(&mut st.xn[i * h..(i + 1) * h], &st.x[i * h..(i + 1) * h], &lw.ffn_norm, cfg.rms_eps);
+        }
+        match &lw.ffn {
+            Ffn::Dense(m) => {
+                self.mlp(st, n, m)?;
+                st.proj[..n * h].copy_from_slice(&st.down[..n * h]);
+            }
+            Ffn::Moe(m) => self.moe(st, l, n, m)?,
+        }
+        for (x, p) in st.x[..n * h].iter_mut().zip(&st.proj[..n * h]) {
+            *x += p;
         }
         Ok(())
     }
@@ -260,8 +286,9 @@ impl<'a> Model<'a> {
                 _ => {}
             }
             let p = st.pos + i;
-            q.chunks_exact_mut(hd).for_each(|x| self.rope.apply(&mut x[..rd], p));
-            k.chunks_exact_mut(hd).for_each(|x| self.rope.apply(&mut x[..rd], p));
+            let rp = p + st.rope_offset;
+            q.chunks_exact_mut(hd).for_each(|x| self.rope.apply(&mut x[..rd], rp));
+            k.chunks_exact_mut(hd).for_each(|x| self.rope.apply(&mut x[..rd], rp));
             let base = (l * st.ctx + p) * kvd;
             st.kcache[base..base + kvd].copy_from_slice(k);
             st.vcache[base..base + kvd].copy_from_slice(v);
@@ -325,11 +352,11 @@ impl<'a> Model<'a> {
             let p = st.pos + i;
             let kv = &mut st.k[i * kc..(i + 1) * kc];
             rmsnorm_inplace(&mut kv[..kv_lora], &a.kv_a_norm, cfg.rms_eps);
-            self.rope.apply(&mut kv[kv_lora..], p);
+            self.rope.apply(&mut kv[kv_lora..], p + st.rope_offset);
             let base = (l * st.ctx + p) * kc;
             st.kcache[base..base + kc].copy_from_slice(kv);
             for hh in 0..nh {
-                self.rope.apply(&mut st.q[i * nh * qk + hh * qk + nope..i * nh * qk + (hh + 1) * qk], p);
+                self.rope.apply(&mut st.q[i * nh * qk + hh * qk + nope..i * nh * qk + (hh + 1) * qk], p + st.rope_offset);
             }
         }
         let ctx = st.ctx;
@@ -514,7 +541,8 @@ impl<'a> Model<'a> {
 
         // Take the cache out of the state while experts run (put back on every path).
         let mut cache = st.expert_cache.take();
-        let run = match cache.as_mut() {
+        let streamed = if l < cfg.n_layers { cache.as_mut() } else { None };
+        let run = match streamed {
             None => (0..st.needed.len()).try_for_each(|i| {
                 let ex = st.needed[i];
                 let xw = &m.experts[ex];

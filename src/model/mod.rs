@@ -17,6 +17,7 @@ pub mod names;
 pub mod olmoe;
 pub mod qwen3moe;
 mod streaming;
+mod mtp;
 pub mod weights;
 
 pub use config::{Family, ModelConfig};
@@ -76,7 +77,7 @@ impl<'a> Model<'a> {
     pub fn load(files: &'a ModelFiles, opts: &LoadOptions) -> Result<Model<'a>, ModelError> {
         let mut cfg = ModelConfig::from_files(files)?;
         let weights = Weights::load(files, &mut cfg)?;
-        let rope = blocks::Rope::new(cfg.rotary_dim, opts.ctx.max(1), cfg.rope_theta, cfg.rope_scaling, cfg.rope_layout);
+        let rope = blocks::Rope::new(cfg.rotary_dim, opts.ctx.max(1) + 1, cfg.rope_theta, cfg.rope_scaling, cfg.rope_layout);
         let threads = if opts.threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { opts.threads };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -88,7 +89,7 @@ impl<'a> Model<'a> {
 
     /// A state sized for this model: `ctx` positions, prefill chunks of `batch` tokens.
     pub fn new_state(&self, ctx: usize, batch: usize, logit_rows: usize) -> Result<State, ModelError> {
-        if ctx > self.rope.ctx() {
+        if ctx + 1 > self.rope.ctx() {
             return Err(ModelError::Input(format!("context {ctx} exceeds the {} positions the model was loaded for", self.rope.ctx())));
         }
         Ok(State::new(&self.cfg, ctx, batch, logit_rows))

@@ -48,6 +48,13 @@ pub enum Role {
     DenseGate,
     DenseUp,
     DenseDown,
+    /// Multi-token-prediction layer extras (DeepSeek-V3 / GLM-4.5 `nextn`).
+    MtpEnorm,
+    MtpHnorm,
+    MtpEh,
+    MtpHeadNorm,
+    MtpHead,
+    MtpEmbed,
 }
 
 /// llama.cpp's GGUF names for a role in layer `l` (`{l}` is substituted), in preference
@@ -88,6 +95,12 @@ pub fn gguf_names(role: Role) -> &'static [&'static str] {
         Role::DenseGate => &["blk.{l}.ffn_gate.weight"],
         Role::DenseUp => &["blk.{l}.ffn_up.weight"],
         Role::DenseDown => &["blk.{l}.ffn_down.weight"],
+        Role::MtpEnorm => &["blk.{l}.nextn.enorm.weight"],
+        Role::MtpHnorm => &["blk.{l}.nextn.hnorm.weight"],
+        Role::MtpEh => &["blk.{l}.nextn.eh_proj.weight"],
+        Role::MtpHeadNorm => &["blk.{l}.nextn.shared_head_norm.weight"],
+        Role::MtpHead => &["blk.{l}.nextn.shared_head_head.weight"],
+        Role::MtpEmbed => &["blk.{l}.nextn.embed_tokens.weight"],
     }
 }
 
@@ -122,6 +135,12 @@ pub fn hf_common_names(role: Role) -> &'static [&'static str] {
         Role::DenseGate => &["model.layers.{l}.mlp.gate_proj.weight"],
         Role::DenseUp => &["model.layers.{l}.mlp.up_proj.weight"],
         Role::DenseDown => &["model.layers.{l}.mlp.down_proj.weight"],
+        Role::MtpEnorm => &["model.layers.{l}.enorm.weight"],
+        Role::MtpHnorm => &["model.layers.{l}.hnorm.weight"],
+        Role::MtpEh => &["model.layers.{l}.eh_proj.weight"],
+        Role::MtpHeadNorm => &["model.layers.{l}.shared_head.norm.weight"],
+        Role::MtpHead => &["model.layers.{l}.shared_head.head.weight"],
+        Role::MtpEmbed => &["model.layers.{l}.embed_tokens.weight"],
         _ => &[],
     }
 }

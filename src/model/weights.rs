@@ -103,6 +103,20 @@ pub struct Weights<'a> {
     pub output_norm: Vec<f32>,      // (hidden)
     pub output: WeightView<'a>,     // (vocab, hidden); token_embd when tied
     pub layers: Vec<Layer<'a>>,
+    /// The first multi-token-prediction layer, when the file has one.
+    pub mtp: Option<MtpWeights<'a>>,
+}
+
+/// A multi-token-prediction module: x = eh_proj([enorm(embed(t_{i+1})); hnorm(h_i)]) -> one
+/// decoder layer -> head_norm -> head, predicting t_{i+2}.
+pub struct MtpWeights<'a> {
+    pub enorm: Vec<f32>,          // (hidden)
+    pub hnorm: Vec<f32>,          // (hidden)
+    pub eh_proj: WeightView<'a>,  // (hidden, 2*hidden)
+    pub layer: Layer<'a>,
+    pub head_norm: Vec<f32>,      // (hidden)
+    pub head: WeightView<'a>,     // (vocab, hidden); the main lm_head when not stored
+    pub embed: WeightView<'a>,    // (vocab, hidden); the main embedding when not stored
 }
 
 /// A matrix view and where its bytes are.
@@ -415,6 +429,31 @@ impl<'a> Weights<'a> {
             };
             layers.push(Layer { attn_norm: b.norm(Role::AttnNorm, l, h)?, attn, ffn_norm: b.norm(Role::FfnNorm, l, h)?, ffn });
         }
-        Ok(Weights { token_embd, output_norm: b.norm(Role::OutputNorm, 0, h)?, output, layers })
+        let mtp = if cfg.n_mtp_layers > 0 && b.find(Role::MtpEh, cfg.n_layers).is_some() {
+            let l = cfg.n_layers;
+            let attn = match cfg.attn {
+                AttnKind::Gqa => Attention::Gqa(b.gqa(l)?),
+                AttnKind::Mla { .. } => Attention::Mla(b.mla(l)?),
+            };
+            let layer = Layer { attn_norm: b.norm(Role::AttnNorm, l, h)?, attn, ffn_norm: b.norm(Role::FfnNorm, l, h)?, ffn: Ffn::Moe(b.moe(l)?) };
+            Some(MtpWeights {
+                enorm: b.norm(Role::MtpEnorm, l, h)?,
+                hnorm: b.norm(Role::MtpHnorm, l, h)?,
+                eh_proj: b.mat(Role::MtpEh, l, h, 2 * h)?,
+                layer,
+                head_norm: b.norm(Role::MtpHeadNorm, l, h)?,
+                head: match b.find(Role::MtpHead, l) {
+                    Some(t) => b.view(t, v, h)?,
+                    None => output,
+                },
+                embed: match b.find(Role::MtpEmbed, l) {
+                    Some(t) => b.view(t, v, h)?,
+                    None => token_embd,
+                },
+            })
+        } else {
+            None
+        };
+        Ok(Weights { token_embd, output_norm: b.norm(Role::OutputNorm, 0, h)?, output, layers, mtp })
     }
 }
