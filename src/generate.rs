@@ -42,6 +42,9 @@ pub struct GenStats {
     /// Routed experts computed per decoded token, summed over layers.
     pub experts_per_token: f64,
     pub stopped_by_eos: bool,
+    /// MTP speculative decoding: tokens drafted and accepted.
+    pub mtp_drafted: usize,
+    pub mtp_accepted: usize,
     /// Expert-cache figures when the prefill ended (decode figures are the difference).
     pub experts_after_prefill: Option<crate::experts::CacheStats>,
 }
@@ -55,14 +58,30 @@ impl GenStats {
         self.decode_steps as f64 / self.decode_secs.max(1e-9)
     }
 
+    /// Generated tokens per second of decode time (with MTP, more than one per forward).
+    pub fn gen_tps(&self) -> f64 {
+        self.generated.saturating_sub(1) as f64 / self.decode_secs.max(1e-9)
+    }
+
     /// One line for stderr, llama.cpp-like.
     pub fn timing_line(&self) -> String {
+        let mtp = if self.mtp_drafted > 0 {
+            format!(
+                " | mtp accepted {}/{} ({:.0}%), {:.2} tok/forward",
+                self.mtp_accepted,
+                self.mtp_drafted,
+                100.0 * self.mtp_accepted as f64 / self.mtp_drafted as f64,
+                self.generated.saturating_sub(1) as f64 / self.decode_steps.max(1) as f64
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "[timing] prompt {} tok, prefill {:.2} tok/s | generated {} tok, decode {:.2} tok/s | experts/token {:.1}",
+            "[timing] prompt {} tok, prefill {:.2} tok/s | generated {} tok, decode {:.2} tok/s | experts/token {:.1}{mtp}",
             self.prompt_tokens,
             self.prefill_tps(),
             self.generated,
-            self.decode_tps(),
+            self.gen_tps(),
             self.experts_per_token
         )
     }
@@ -127,5 +146,270 @@ pub fn generate(
     }
     stats.decode_secs = t1.elapsed().as_secs_f64();
     stats.experts_per_token = experts as f64 / stats.decode_steps.max(1) as f64;
+    Ok((out, stats))
+}
+
+/// A small generator for speculative sampling's coin flips (independent of the sampler's).
+struct Coin(u64);
+
+impl Coin {
+    fn next(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Draw from (id, weight) pairs (weights need not sum to one).
+    fn draw(&mut self, dist: &[(u32, f32)]) -> u32 {
+        let total: f64 = dist.iter().map(|&(_, p)| p as f64).sum();
+        let target = self.next() * total;
+        let mut acc = 0.0;
+        for &(id, p) in dist {
+            acc += p as f64;
+            if acc > target {
+                return id;
+            }
+        }
+        dist.last().map(|d| d.0).unwrap_or(0)
+    }
+}
+
+fn prob_of(dist: &[(u32, f32)], id: u32) -> f32 {
+    dist.iter().find(|d| d.0 == id).map(|d| d.1).unwrap_or(0.0)
+}
+
+/// Self-speculative generation with the model's MTP head: each step drafts up to `k` tokens
+/// with the MTP head, verifies them in one batched forward of the main model, and keeps the
+/// longest accepted prefix plus the main model's own next token. At temperature 0 a draft is
+/// accepted iff it equals the main model's arg-max, so the output equals `generate`'s token for
+/// token; above 0 the standard speculative-sampling rule (accept with min(1, p/q), else draw
+/// from max(0, p - q)) keeps the output distribution the main model's.
+///
+/// `st` must be fresh (position 0) with `batch` and `logit_rows` of at least `k + 1`.
+#[allow(clippy::too_many_arguments)]
+pub fn generate_mtp(
+    model: &Model<'_>,
+    st: &mut State,
+    tok: &Tokenizer,
+    sampler: &mut Sampler,
+    prompt: &[u32],
+    max_tokens: usize,
+    ignore_eos: bool,
+    k: usize,
+    on_text: &mut dyn FnMut(&str) -> bool,
+) -> Result<(Vec<u32>, GenStats), GenerateError> {
+    generate_mtp_with(model, st, tok, sampler, prompt, max_tokens, ignore_eos, k, None, on_text)
+}
+
+/// `generate_mtp` with an optional draft override for tests: when `oracle` is given, draft j
+/// of the step that follows output token i is `oracle[i + 1 + j]` (the MTP head still runs,
+/// so its cache is exercised), which lets a test drive the acceptance and rollback paths with
+/// drafts that are right or wrong on purpose. Greedy only.
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn generate_mtp_with(
+    model: &Model<'_>,
+    st: &mut State,
+    tok: &Tokenizer,
+    sampler: &mut Sampler,
+    prompt: &[u32],
+    max_tokens: usize,
+    ignore_eos: bool,
+    k: usize,
+    oracle: Option<&[u32]>,
+    on_text: &mut dyn FnMut(&str) -> bool,
+) -> Result<(Vec<u32>, GenStats), GenerateError> {
+    if !model.has_mtp() {
+        return Err(ModelError::Input("--mtp: this model has no MTP layer".into()).into());
+    }
+    if k == 0 || st.batch() < k + 1 || st.logit_rows() < k + 1 {
+        return Err(ModelError::Input(format!("--mtp {k}: needs 1..=3 drafts and a state of at least {} rows", k + 1)).into());
+    }
+    if prompt.is_empty() {
+        return Err(GenerateError::EmptyPrompt);
+    }
+    st.reset();
+    let h = model.cfg.hidden;
+    let mut stats = GenStats { prompt_tokens: prompt.len(), ..Default::default() };
+    let mut history: Vec<u32> = Vec::with_capacity(prompt.len() + max_tokens + k);
+    history.extend_from_slice(prompt);
+    let mut out = Vec::with_capacity(max_tokens + k);
+    let mut dec = StreamDecoder::new();
+    let mut pending = vec![0f32; h];
+    let mut coin = Coin(sampler.params().seed ^ 0x5bd1_e995);
+    let greedy = sampler.params().temperature <= 0.0;
+
+    // Prefill in chunks; after each, the MTP head catches up on the slots whose next token is known.
+    let t0 = Instant::now();
+    let b = st.batch();
+    let n = prompt.len();
+    let mut next = 0u32;
+    let mut a = 0;
+    while a < n {
+        let e = (a + b - 1).min(n); // leave room for the pending slot in the MTP call
+        let last = e == n;
+        let logits = model.forward_chunk(st, &prompt[a..e], if last { e - a - 1 } else { e - a })?;
+        if last {
+            next = sampler.sample(logits, &history);
+        }
+        let mut rows = 0;
+        if a > 0 {
+            st.mtp_hidden[..h].copy_from_slice(&pending);
+            rows = 1;
+        }
+        let own = (e - a).saturating_sub(1);
+        if own > 0 {
+            model.mtp_take_hidden(st, 0, own, rows);
+        }
+        let first_tok = if a > 0 { a } else { 1 };
+        if e > first_tok {
+            model.mtp_forward(st, &prompt[first_tok..e], e - first_tok)?;
+        }
+        pending.copy_from_slice(&st.hfin[(e - a - 1) * h..(e - a) * h]);
+        a = e;
+    }
+    stats.prefill_secs = t0.elapsed().as_secs_f64();
+    stats.experts_after_prefill = st.expert_stats();
+
+    let t1 = Instant::now();
+    let mut drafts = vec![0u32; k];
+    let mut qdists: Vec<Vec<(u32, f32)>> = vec![Vec::new(); k];
+    let mut experts = 0usize;
+    let mut emit = |id: u32, out: &mut Vec<u32>, history: &mut Vec<u32>, stats: &mut GenStats| -> Result<bool, GenerateError> {
+        if !ignore_eos && tok.eos_ids().contains(&id) {
+            stats.stopped_by_eos = true;
+            return Ok(false);
+        }
+        out.push(id);
+        history.push(id);
+        stats.generated += 1;
+        if let Some(text) = dec.push(tok, id)? {
+            if !on_text(&text) {
+                return Ok(false);
+            }
+        }
+        Ok(out.len() < max_tokens)
+    };
+    'gen: loop {
+        if !emit(next, &mut out, &mut history, &mut stats)? {
+            break;
+        }
+        let pos = st.pos;
+        let kk = k.min(max_tokens - out.len()).min(st.ctx().saturating_sub(pos + 1));
+        if kk == 0 {
+            // No room to draft: one plain step.
+            if pos >= st.ctx() {
+                break;
+            }
+            let logits = model.forward_chunk(st, &[next], 0)?;
+            next = sampler.sample(logits, &history);
+            experts += st.experts_run;
+            stats.decode_steps += 1;
+            st.tick_token();
+            continue;
+        }
+        // Draft kk tokens: slot pos-1 pairs `next` with the real hidden state; later slots chain.
+        st.mtp_hidden[..h].copy_from_slice(&pending);
+        let mtp_start = st.mtp_pos;
+        let mut prev = next;
+        let hist_len = history.len();
+        for j in 0..kk {
+            if j > 0 {
+                model.mtp_chain_hidden(st, 0, 0);
+            }
+            let lg = model.mtp_forward(st, &[prev], 0)?;
+            let d = if greedy {
+                sampler.sample(lg, &history)
+            } else {
+                let q = sampler.probs_after_filters(lg, &history);
+                qdists[j].clear();
+                qdists[j].extend_from_slice(q);
+                coin.draw(&qdists[j])
+            };
+            experts += st.experts_run;
+            let d = match oracle.and_then(|o| o.get(out.len() + j)) {
+                Some(&o) if greedy => o,
+                _ => d,
+            };
+            drafts[j] = d;
+            history.push(d);
+            prev = d;
+        }
+        history.truncate(hist_len);
+        stats.mtp_drafted += kk;
+
+        // Verify: one main forward over [next, d1..dkk].
+        let mut input = [0u32; 4];
+        input[0] = next;
+        input[1..=kk].copy_from_slice(&drafts[..kk]);
+        let logits = model.forward_chunk(st, &input[..=kk], 0)?;
+        stats.decode_steps += 1;
+        let v = model.cfg.vocab;
+        let mut acc = 0;
+        let mut fix = None;
+        for j in 0..kk {
+            let row = &logits[j * v..(j + 1) * v];
+            if greedy {
+                let y = sampler.sample(row, &history);
+                if y == drafts[j] {
+                    acc += 1;
+                    history.push(y);
+                } else {
+                    fix = Some(y);
+                    break;
+                }
+            } else {
+                let p = sampler.probs_after_filters(row, &history).to_vec();
+                let d = drafts[j];
+                let (pd, qd) = (prob_of(&p, d), prob_of(&qdists[j], d));
+                if qd > 0.0 && coin.next() < (pd / qd).min(1.0) as f64 {
+                    acc += 1;
+                    history.push(d);
+                } else {
+                    let residual: Vec<(u32, f32)> = p.iter().map(|&(id, pp)| (id, (pp - prob_of(&qdists[j], id)).max(0.0))).filter(|x| x.1 > 0.0).collect();
+                    fix = Some(if residual.is_empty() { coin.draw(&p) } else { coin.draw(&residual) });
+                    break;
+                }
+            }
+        }
+        history.truncate(hist_len);
+        let bonus = match fix {
+            Some(y) => y,
+            None => {
+                let row = &logits[kk * v..(kk + 1) * v];
+                let mut hh = history.clone();
+                hh.extend_from_slice(&drafts[..kk]);
+                sampler.sample(row, &hh)
+            }
+        };
+        stats.mtp_accepted += acc;
+        experts += st.experts_run;
+
+        // Keep the main cache up to the last accepted token; redo the MTP slots of accepted
+        // drafts with the main model's real hidden states.
+        st.truncate(pos + 1 + acc);
+        st.mtp_pos = mtp_start + 1;
+        if acc > 0 {
+            model.mtp_take_hidden(st, 0, acc, 0);
+            model.mtp_forward(st, &drafts[..acc], acc)?;
+        }
+        pending.copy_from_slice(&st.hfin[acc * h..(acc + 1) * h]);
+        for _ in 0..=acc {
+            st.tick_token();
+        }
+        for j in 0..acc {
+            if !emit(drafts[j], &mut out, &mut history, &mut stats)? {
+                break 'gen;
+            }
+        }
+        next = bonus;
+    }
+    if let Some(text) = dec.flush(tok)? {
+        on_text(&text);
+    }
+    stats.decode_secs = t1.elapsed().as_secs_f64();
+    stats.experts_per_token = experts as f64 / stats.generated.saturating_sub(1).max(1) as f64;
     Ok((out, stats))
 }

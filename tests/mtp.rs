@@ -46,3 +46,85 @@ fn mtp_logits_match_transformers() {
     check_mtp_logits("glm4_moe", &dir("glm4_moe"));
     check_mtp_logits("glm4_moe", &dir("glm4_moe").join("model-f32.gguf"));
 }
+
+/// With `--mtp K` the emitted tokens are exactly plain decoding's, at temperature 0, for every
+/// K, prefill batch and file format; and drafts are actually accepted sometimes.
+#[test]
+fn speculative_decoding_emits_plain_greedy_tokens() {
+    use sluice::generate::{generate, generate_mtp, load_tokenizer};
+    use sluice::sample::{Sampler, SamplingParams};
+    for (family, path) in [("deepseek_v3", dir("deepseek_v3")), ("glm4_moe", dir("glm4_moe")), ("glm4_moe", dir("glm4_moe").join("model-f32.gguf"))] {
+        let files = ModelFiles::open(&path).unwrap();
+        let model = Model::load(&files, &LoadOptions { threads: 2, ctx: 128 }).unwrap();
+        let tok = load_tokenizer(&files).unwrap();
+        let g: Value = serde_json::from_str(&std::fs::read_to_string(dir(family).join("greedy.json")).unwrap()).unwrap();
+        let prompt = ids(&g["prompt_ids"]);
+        let mut st = model.new_state(128, 8, 4).unwrap();
+        let mut sampler = Sampler::new(SamplingParams::greedy(), model.cfg.vocab);
+        let (plain, _) = generate(&model, &mut st, &tok, &mut sampler, &prompt, 24, true, &mut |_| true).unwrap();
+        assert_eq!(&plain[..16], &ids(&g["new_ids"])[..], "{family}: plain greedy vs transformers");
+        let mut accepted = 0;
+        for k in 1..=3 {
+            for batch in [k + 1, 8] {
+                let mut st = model.new_state(128, batch, k + 1).unwrap();
+                let mut sampler = Sampler::new(SamplingParams::greedy(), model.cfg.vocab);
+                let (spec, stats) = generate_mtp(&model, &mut st, &tok, &mut sampler, &prompt, 24, true, k, &mut |_| true).unwrap();
+                assert_eq!(spec, plain, "{family} {}: --mtp {k} batch {batch}", path.display());
+                assert!(stats.mtp_drafted > 0);
+                accepted += stats.mtp_accepted;
+            }
+        }
+        eprintln!("{family} {}: accepted {accepted} drafts over k = 1..3", path.display());
+    }
+}
+
+/// Above temperature 0 speculative sampling still runs, repeats under a seed, and stays in vocab.
+#[test]
+fn speculative_sampling_is_seeded() {
+    use sluice::generate::{generate_mtp, load_tokenizer};
+    use sluice::sample::{Sampler, SamplingParams};
+    let files = ModelFiles::open(&dir("deepseek_v3")).unwrap();
+    let model = Model::load(&files, &LoadOptions { threads: 2, ctx: 128 }).unwrap();
+    let tok = load_tokenizer(&files).unwrap();
+    let run = || {
+        let mut st = model.new_state(128, 4, 3).unwrap();
+        let params = SamplingParams { temperature: 1.0, seed: 11, ..SamplingParams::default() };
+        let mut sampler = Sampler::new(params, model.cfg.vocab);
+        generate_mtp(&model, &mut st, &tok, &mut sampler, &[3, 4, 5], 20, true, 2, &mut |_| true).unwrap().0
+    };
+    let a = run();
+    assert_eq!(a.len(), 20);
+    assert_eq!(a, run());
+    assert!(a.iter().all(|&t| (t as usize) < model.cfg.vocab));
+}
+
+/// Drafts that are right (and, every fourth one, wrong on purpose) drive the acceptance,
+/// rollback and MTP catch-up paths; the output must still be plain greedy's.
+#[test]
+fn accepted_and_rejected_drafts_keep_greedy_output() {
+    use sluice::generate::{generate, generate_mtp_with, load_tokenizer};
+    use sluice::sample::{Sampler, SamplingParams};
+    for (family, path) in [("deepseek_v3", dir("deepseek_v3")), ("glm4_moe", dir("glm4_moe").join("model-f32.gguf"))] {
+        let files = ModelFiles::open(&path).unwrap();
+        let model = Model::load(&files, &LoadOptions { threads: 2, ctx: 128 }).unwrap();
+        let tok = load_tokenizer(&files).unwrap();
+        let prompt = [5u32, 17, 99, 4, 42, 8];
+        let mut st = model.new_state(128, 8, 4).unwrap();
+        let mut sampler = Sampler::new(SamplingParams::greedy(), model.cfg.vocab);
+        let (plain, _) = generate(&model, &mut st, &tok, &mut sampler, &prompt, 30, true, &mut |_| true).unwrap();
+        let mut oracle = plain.clone();
+        for (i, t) in oracle.iter_mut().enumerate() {
+            if i % 4 == 3 {
+                *t = (*t + 1) % model.cfg.vocab as u32;
+            }
+        }
+        for k in 1..=3 {
+            let mut st = model.new_state(128, 4, 4).unwrap();
+            let mut sampler = Sampler::new(SamplingParams::greedy(), model.cfg.vocab);
+            let (spec, stats) = generate_mtp_with(&model, &mut st, &tok, &mut sampler, &prompt, 30, true, k, Some(&oracle), &mut |_| true).unwrap();
+            assert_eq!(spec, plain, "{family}: --mtp {k} with oracle drafts");
+            assert!(stats.mtp_accepted > 0 && stats.mtp_accepted < stats.mtp_drafted, "{family} k {k}: {}/{}", stats.mtp_accepted, stats.mtp_drafted);
+            assert!(stats.decode_steps < 29, "{family} k {k}: accepted drafts save forwards ({} steps)", stats.decode_steps);
+        }
+    }
+}

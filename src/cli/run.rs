@@ -3,7 +3,7 @@
 
 use super::common::{expert_summary, save_usage, setup_experts, stats_json, ComputeArgs, ExpertArgs, SamplingArgs};
 use crate::format::ModelFiles;
-use crate::generate::{generate, load_tokenizer};
+use crate::generate::{generate, generate_mtp, load_tokenizer};
 use crate::model::{LoadOptions, Model};
 use crate::sample::Sampler;
 use anyhow::Context;
@@ -22,6 +22,10 @@ pub struct RunArgs {
     /// Tokens to generate.
     #[arg(short = 'n', long = "n-predict", default_value_t = 64)]
     pub n_predict: usize,
+    /// Self-speculative decoding with the model's MTP head: draft K tokens (1..=3) per step
+    /// and verify them in one batched forward (0 = off). Pays only when experts are resident.
+    #[arg(long, default_value_t = 0)]
+    pub mtp: usize,
     /// Keep generating past end-of-generation tokens.
     #[arg(long = "ignore-eos")]
     pub ignore_eos: bool,
@@ -49,17 +53,25 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let model = Model::load(&files, &LoadOptions { threads: args.compute.threads, ctx: args.compute.ctx })?;
     let tok = load_tokenizer(&files)?;
     let prompt = tok.encode(&args.prompt, true)?;
-    let mut st = model.new_state(args.compute.ctx, args.compute.batch, 1)?;
+    if args.mtp > 3 {
+        anyhow::bail!("--mtp {}: draft 1 to 3 tokens per step (0 = off)", args.mtp);
+    }
+    let mut st = model.new_state(args.compute.ctx, args.compute.batch.max(args.mtp + 1), args.mtp + 1)?;
     setup_experts(&model, &files, &mut st, &args.experts)?;
     let mut sampler = Sampler::new(args.sampling.params(), model.cfg.vocab);
     let stdout = std::io::stdout();
     let mut lock = stdout.lock();
     write!(lock, "{}", args.prompt)?;
-    let (_, stats) = generate(&model, &mut st, &tok, &mut sampler, &prompt, args.n_predict, args.ignore_eos, &mut |s| {
+    let mut sink = |s: &str| {
         let ok = write!(lock, "{s}").is_ok();
         let _ = lock.flush();
         ok
-    })?;
+    };
+    let (_, stats) = if args.mtp > 0 {
+        generate_mtp(&model, &mut st, &tok, &mut sampler, &prompt, args.n_predict, args.ignore_eos, args.mtp, &mut sink)?
+    } else {
+        generate(&model, &mut st, &tok, &mut sampler, &prompt, args.n_predict, args.ignore_eos, &mut sink)?
+    };
     writeln!(lock)?;
     eprintln!("{}", stats.timing_line());
     if let Some(line) = expert_summary(&st, stats.experts_after_prefill, stats.decode_steps, stats.decode_secs) {
