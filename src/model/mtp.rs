@@ -52,6 +52,7 @@ impl<'a> Model<'a> {
             }
         }
         let saved = st.pos;
+        st.experts_run = 0;
         let result = self.pool.install(|| -> Result<(), ModelError> {
             let er = m.embed.row_bytes();
             for (j, &t) in tokens.iter().enumerate() {
