@@ -24,6 +24,8 @@ enum Command {
     Inspect(cli::inspect::InspectArgs),
     /// Benchmarks (`--kernels`: matvec GB/s per type against memory bandwidth).
     Bench(cli::bench::BenchArgs),
+    /// Check a model's files and measure this machine (CPU, memory, storage, GPU); cached.
+    Doctor(cli::doctor::DoctorArgs),
 }
 
 fn main() {
@@ -35,6 +37,7 @@ fn main() {
         Command::Synth(a) => cli::synth::run(a),
         Command::Inspect(a) => cli::inspect::run(a),
         Command::Bench(a) => cli::bench::run(a),
+        Command::Doctor(a) => cli::doctor::run(a),
     };
     if let Err(e) = result {
         // One line: the chain of causes joined, no backtrace.

@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod chat;
 pub mod common;
+pub mod doctor;
 pub mod inspect;
 pub mod logits;
 pub mod run;
