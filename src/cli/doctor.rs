@@ -81,21 +81,23 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
             profile: &loaded.profile,
             model: report.as_ref(),
         };
-        println!("{}", serde_json::to_string_pretty(&doc).context("serialising the report")?);
+        emit(&(serde_json::to_string_pretty(&doc).context("serialising the report")? + "\n"))?;
     } else {
+        let o = &mut Out(String::new());
         if let Some(r) = &report {
-            print_model(r);
+            print_model(o, r);
         }
         let how = match loaded.origin {
             Origin::Cached => "cached".to_string(),
             Origin::Extended => "cached, new read sizes probed now".to_string(),
             Origin::Probed => format!("probed now in {:.1} s", loaded.profile.probe_seconds),
         };
-        line("profile", format!("{} ({how})", loaded.path.display()));
+        o.line("profile", format!("{} ({how})", loaded.path.display()));
         if let Some(e) = &loaded.save_error {
-            line("profile not saved", e.clone());
+            o.line("profile not saved", e.clone());
         }
-        print_profile(&loaded.profile);
+        print_profile(o, &loaded.profile);
+        emit(&o.0)?;
     }
     if let Some(d) = report.as_ref().and_then(|r| r.deep.as_ref()) {
         if !d.bad.is_empty() {
@@ -115,8 +117,24 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
 
 const W: usize = 22;
 
-fn line(label: &str, value: impl std::fmt::Display) {
-    println!("{label:<W$} {value}");
+/// The text report, written to stdout at the end in one go.
+struct Out(String);
+
+impl Out {
+    fn line(&mut self, label: &str, value: impl std::fmt::Display) {
+        use std::fmt::Write;
+        let _ = writeln!(self.0, "{label:<W$} {value}");
+    }
+}
+
+/// Write to stdout; a closed pipe (`| head`) is not an error.
+fn emit(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut o = std::io::stdout().lock();
+    match o.write_all(text.as_bytes()).and_then(|_| o.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e).context("writing to stdout"),
+        _ => Ok(()),
+    }
 }
 
 /// Bytes as KiB/MiB/GiB with one decimal.
@@ -143,14 +161,14 @@ fn yes(b: bool) -> &'static str {
     }
 }
 
-fn print_model(r: &ModelReport) {
-    line("model", format!("{} ({}, {} file(s), {} tensors)", r.path, r.format, r.files.len(), r.tensors));
+fn print_model(o: &mut Out, r: &ModelReport) {
+    o.line("model", format!("{} ({}, {} file(s), {} tensors)", r.path, r.format, r.files.len(), r.tensors));
     for c in &r.checks {
-        line(&format!("check {}", c.name), format!("{}: {}", c.status, c.detail));
+        o.line(&format!("check {}", c.name), format!("{}: {}", c.status, c.detail));
     }
     if let Some(d) = &r.deep {
         let gbps = if d.seconds > 0.0 { d.bytes as f64 / d.seconds / 1e9 } else { 0.0 };
-        line(
+        o.line(
             "deep",
             format!(
                 "{} of {} tensors, {} in {:.2} s ({gbps:.2} GB/s, {} threads)",
@@ -162,35 +180,35 @@ fn print_model(r: &ModelReport) {
             ),
         );
         for f in &d.files {
-            line("deep file", format!("{}: {} tensors, {}, {} {}", f.path, f.tensors, size(f.bytes), d.algorithm, f.fnv1a64));
+            o.line("deep file", format!("{}: {} tensors, {}, {} {}", f.path, f.tensors, size(f.bytes), d.algorithm, f.fnv1a64));
         }
         for b in &d.bad {
-            line("deep BAD", format!("`{}` in {}: {}", b.name, b.path, b.reason));
+            o.line("deep BAD", format!("`{}` in {}: {}", b.name, b.path, b.reason));
         }
         if d.bad.is_empty() {
-            line("deep result", format!("ok: all {} tensors read, no NaN/inf in float tensors", d.tensors.len()));
+            o.line("deep result", format!("ok: all {} tensors read, no NaN/inf in float tensors", d.tensors.len()));
         }
     }
 }
 
-fn print_profile(p: &MachineProfile) {
+fn print_profile(o: &mut Out, p: &MachineProfile) {
     let c = &p.cpu;
-    line("cpu", c.model.as_deref().unwrap_or("unknown"));
-    line(
+    o.line("cpu", c.model.as_deref().unwrap_or("unknown"));
+    o.line(
         "cores",
         format!("{} logical, {} physical", c.logical_cores, c.physical_cores.map_or("unknown".to_string(), |n| n.to_string())),
     );
-    line(
+    o.line(
         "simd",
         format!("avx2 {}, avx512 {}, avx512-vnni {}; kernels use {}", yes(c.avx2), yes(c.avx512), yes(c.avx512_vnni), c.kernel_isa),
     );
-    line("last-level cache", c.llc_bytes.map_or("unknown".to_string(), size));
+    o.line("last-level cache", c.llc_bytes.map_or("unknown".to_string(), size));
 
     let m = &p.memory;
-    line("ram total", size(m.total_bytes));
-    line("ram available", size(m.available_bytes));
-    line("mlock limit", m.memlock_limit_bytes.map_or("unlimited".to_string(), size));
-    line(
+    o.line("ram total", size(m.total_bytes));
+    o.line("ram available", size(m.available_bytes));
+    o.line("mlock limit", m.memlock_limit_bytes.map_or("unlimited".to_string(), size));
+    o.line(
         "cgroup memory limit",
         match (m.cgroup_limit_bytes, &m.cgroup_source) {
             (Some(l), Some(s)) => format!("{} ({s}; counts page cache)", size(l)),
@@ -199,7 +217,7 @@ fn print_profile(p: &MachineProfile) {
             (None, None) => "none (no memory cgroup visible)".to_string(),
         },
     );
-    line(
+    o.line(
         "memory read",
         match m.read_gbps {
             Some(g) => format!(
@@ -213,8 +231,8 @@ fn print_profile(p: &MachineProfile) {
     );
 
     let s = &p.storage;
-    line("storage", &s.dir);
-    line(
+    o.line("storage", &s.dir);
+    o.line(
         "filesystem",
         format!(
             "{} on {} (dev {}{}), {} free",
@@ -225,8 +243,8 @@ fn print_profile(p: &MachineProfile) {
             s.free_bytes.map_or("?".to_string(), size)
         ),
     );
-    line("read-ahead", s.read_ahead_kb.map_or("unknown (no block device queue found)".to_string(), |k| format!("{k} KiB")));
-    line("O_DIRECT", format!("{}; data read: {}", yes(s.o_direct), s.data.as_deref().unwrap_or("none")));
+    o.line("read-ahead", s.read_ahead_kb.map_or("unknown (no block device queue found)".to_string(), |k| format!("{k} KiB")));
+    o.line("O_DIRECT", format!("{}; data read: {}", yes(s.o_direct), s.data.as_deref().unwrap_or("none")));
     for series in &s.series {
         let mode = match series.mode {
             ReadMode::Direct => "direct",
@@ -239,40 +257,40 @@ fn print_profile(p: &MachineProfile) {
                 }
                 _ => String::new(),
             };
-            line(
+            o.line(
                 &format!("{mode} {} x{}", size(series.block_bytes), pt.threads),
                 format!("{:>7.2} GB/s {:>9.0} IOPS{amp}", pt.gbps, pt.iops),
             );
         }
         if let Some(a) = &series.advice {
-            line(&format!("{mode} {} advice", size(series.block_bytes)), a);
+            o.line(&format!("{mode} {} advice", size(series.block_bytes)), a);
         }
     }
     match s.series.iter().filter(|x| x.mode == ReadMode::Direct).filter_map(|x| Some((x, x.best()?))).max_by(|a, b| a.1.gbps.total_cmp(&b.1.gbps)) {
-        Some((x, b)) => line(
+        Some((x, b)) => o.line(
             "disk ceiling",
-            format!("{:.2} GB/s (O_DIRECT, {} reads, {} threads)", b.gbps, size(x.block_bytes), b.threads),
+            format!("{:.2} GB/s (O_DIRECT, {} reads, {} reader thread(s))", b.gbps, size(x.block_bytes), b.threads),
         ),
-        None => line("disk ceiling", "not measured (no O_DIRECT figures; buffered figures are not a ceiling)"),
+        None => o.line("disk ceiling", "not measured (no O_DIRECT figures; buffered figures are not a ceiling)"),
     }
     if let Some(n) = &s.note {
-        line("storage note", n);
+        o.line("storage note", n);
     }
 
     let g = &p.gpu;
     if g.devices.is_empty() {
-        line("gpu", format!("none ({})", g.note.as_deref().unwrap_or("no device")));
+        o.line("gpu", format!("none ({})", g.note.as_deref().unwrap_or("no device")));
     } else {
-        line("gpu driver", format!("{} (CUDA {})", g.driver.as_deref().unwrap_or("?"), g.driver_version.as_deref().unwrap_or("?")));
+        o.line("gpu driver", format!("{} (CUDA {})", g.driver.as_deref().unwrap_or("?"), g.driver_version.as_deref().unwrap_or("?")));
         for d in &g.devices {
-            line(&format!("gpu {}", d.index), format!("{}, {} VRAM", d.name, size(d.vram_bytes)));
+            o.line(&format!("gpu {}", d.index), format!("{}, {} VRAM", d.name, size(d.vram_bytes)));
         }
         match &g.h2d {
             Some(r) => {
-                line("h2d pinned", format!("{:.2} GB/s ({} copies x{} into gpu {})", r.pinned_gbps, size(r.bytes), r.copies, r.device));
-                line("h2d pageable", r.pageable_gbps.map_or("not measured".to_string(), |v| format!("{v:.2} GB/s (for contrast)")));
+                o.line("h2d pinned", format!("{:.2} GB/s ({} copies x{} into gpu {})", r.pinned_gbps, size(r.bytes), r.copies, r.device));
+                o.line("h2d pageable", r.pageable_gbps.map_or("not measured".to_string(), |v| format!("{v:.2} GB/s (for contrast)")));
             }
-            None => line("h2d", format!("not measured ({})", g.note.as_deref().unwrap_or("?"))),
+            None => o.line("h2d", format!("not measured ({})", g.note.as_deref().unwrap_or("?"))),
         }
     }
 }

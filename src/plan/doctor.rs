@@ -396,7 +396,7 @@ pub fn deep_check(m: &ModelFiles, threads: usize) -> Result<DeepReport, FormatEr
         tensors,
         bad,
         bytes,
-        seconds: t0.elapsed().as_secs_f64(),
+        seconds: super::sig6(t0.elapsed().as_secs_f64()),
         threads: pool.current_num_threads(),
     })
 }

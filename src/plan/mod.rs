@@ -194,6 +194,15 @@ pub struct Loaded {
     pub save_error: Option<String>,
 }
 
+/// `x` to six significant digits: what a measurement is worth, and short enough that the JSON
+/// reader gives back the very same `f64` (profiles round-trip exactly).
+pub(crate) fn sig6(x: f64) -> f64 {
+    if !x.is_finite() || x == 0.0 {
+        return x;
+    }
+    format!("{x:.5e}").parse().unwrap_or(x)
+}
+
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xCBF2_9CE4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01B3))
 }
@@ -252,7 +261,7 @@ pub fn probe(o: &ProbeOptions, log: &dyn Fn(&str)) -> Result<MachineProfile, Pro
     let l = probe_mem::limits();
     let sweep = probe_mem::SweepOptions::auto(&cpu, l.available_bytes, o.quick);
     log(&format!("memory read sweep over {} MiB with {} threads", sweep.buffer_bytes >> 20, sweep.threads));
-    let read_gbps = probe_mem::read_bandwidth(&sweep).ok();
+    let read_gbps = probe_mem::read_bandwidth(&sweep).ok().map(sig6);
     let memory = MemoryInfo {
         total_bytes: l.total_bytes,
         available_bytes: l.available_bytes,
@@ -272,7 +281,7 @@ pub fn probe(o: &ProbeOptions, log: &dyn Fn(&str)) -> Result<MachineProfile, Pro
         sluice_version: env!("CARGO_PKG_VERSION").to_string(),
         key,
         probed_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
-        probe_seconds: t.elapsed().as_secs_f64(),
+        probe_seconds: sig6(t.elapsed().as_secs_f64()),
         quick: o.quick,
         cpu,
         memory,

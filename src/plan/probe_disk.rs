@@ -27,7 +27,7 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use super::sys::{self, Advice, RemoveOnSignal};
-use super::ProbeError;
+use super::{sig6, ProbeError};
 
 /// O_DIRECT offset, length and buffer alignment used here (covers 512 B and 4 KiB sectors).
 pub const ALIGN: u64 = 4096;
@@ -430,10 +430,10 @@ fn measure(f: &File, len: u64, block: u64, threads: usize, dur: Duration, stat: 
     let secs = (end - start).as_secs_f64().max(1e-9);
     Ok(ReadPoint {
         threads,
-        gbps: (reads * block) as f64 / secs / 1e9,
-        iops: reads as f64 / secs,
+        gbps: sig6((reads * block) as f64 / secs / 1e9),
+        iops: sig6(reads as f64 / secs),
         reads,
-        seconds: secs,
+        seconds: sig6(secs),
         device_read_bytes: before.zip(after).map(|(b, a)| a.saturating_sub(b)),
     })
 }

@@ -245,7 +245,7 @@ fn time_copies(s: &CopySetup<'_>, src: *const c_void, bytes: usize, copies: usiz
     // SAFETY: as above.
     d.check("cuCtxSynchronize", unsafe { (d.ctx_synchronize)() })?;
     let secs = t.elapsed().as_secs_f64().max(1e-9);
-    Ok((bytes * copies) as f64 / secs / 1e9)
+    Ok(super::sig6((bytes * copies) as f64 / secs / 1e9))
 }
 
 fn copy_rate(d: &Driver, index: usize, bytes: usize, copies: usize) -> Result<CopyRate, String> {
