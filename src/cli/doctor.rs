@@ -253,7 +253,7 @@ fn print_profile(o: &mut Out, p: &MachineProfile) {
         for pt in &series.points {
             let amp = match pt.device_read_bytes {
                 Some(d) if series.mode == ReadMode::Buffered && pt.reads > 0 => {
-                    format!("   device read {:.1}x the bytes asked", d as f64 / (pt.reads * series.block_bytes) as f64)
+                    format!("   device read {:.1}x the bytes asked (whole device)", d as f64 / (pt.reads * series.block_bytes) as f64)
                 }
                 _ => String::new(),
             };

@@ -314,7 +314,12 @@ pub fn load_or_probe_with(o: &ProbeOptions, refresh: bool, log: &dyn Fn(&str)) -
                 series.retain(|old| !s.series.iter().any(|n| n.mode == old.mode && n.block_bytes == old.block_bytes));
                 series.extend(s.series.iter().cloned());
                 series.sort_by_key(|s| (s.block_bytes, s.mode == ReadMode::Buffered));
+                let earlier = p.storage.data.take();
                 p.storage = StorageInfo { series, ..s };
+                if earlier.is_some() && earlier != p.storage.data {
+                    let now = p.storage.data.take().unwrap_or_default();
+                    p.storage.data = Some(format!("{now}; sizes probed earlier: {}", earlier.unwrap_or_default()));
+                }
                 (p, Origin::Extended)
             }
         }

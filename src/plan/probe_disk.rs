@@ -362,7 +362,7 @@ fn write_probe_file(dir: &Path, bytes: u64) -> Result<(ProbeFile, bool), ProbeEr
         Err(e) => return Err(ProbeError::io(&path, "create", e)),
     };
     const CHUNK: usize = 8 << 20;
-    let mut buf = Aligned::new(CHUNK).map_err(|m| ProbeError::Other(m))?;
+    let mut buf = Aligned::new(CHUNK).map_err(ProbeError::Other)?;
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ std::process::id() as u64);
     let mut left = bytes;
     while left > 0 {

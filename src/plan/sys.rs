@@ -20,6 +20,8 @@ fn c_path(p: &Path) -> io::Result<CString> {
 }
 
 /// Bytes an unprivileged user may still write on the filesystem holding `p`.
+// The casts are no-ops on 64-bit Linux but not on every target libc describes.
+#[allow(clippy::unnecessary_cast)]
 pub fn free_bytes(p: &Path) -> io::Result<u64> {
     let c = c_path(p)?;
     let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
@@ -35,6 +37,7 @@ pub fn free_bytes(p: &Path) -> io::Result<u64> {
 }
 
 /// RLIMIT_MEMLOCK's soft limit in bytes; `None` when unlimited.
+#[allow(clippy::unnecessary_cast)]
 pub fn memlock_limit() -> io::Result<Option<u64>> {
     let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: `r` is a valid, writable rlimit for the duration of the call.
