@@ -230,6 +230,35 @@ fn doctor_tiny_model_deep_matches_gguf_reference() {
     assert!(text.contains("probed now"), "{text}");
 }
 
+#[test]
+fn doctor_deep_sharded_safetensors_matches_reference() {
+    let d = scratch("doctor-st");
+    let src = fixture("format/hf-deepseek");
+    let dir = d.join("hf-deepseek");
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in std::fs::read_dir(&src).unwrap().flatten() {
+        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+    }
+    let v = json_of(&doctor(&d.join("cache"), &[dir.to_str().unwrap(), "--deep", "--quick", "--json"]));
+    let exp = expected();
+    let reference = exp["safetensors"]["format/hf-deepseek"]["tensors"].as_array().unwrap();
+    let got: HashMap<&str, &str> = v["model"]["deep"]["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["name"].as_str().unwrap(), t["fnv1a64"].as_str().unwrap()))
+        .collect();
+    assert_eq!(got.len(), reference.len());
+    for t in reference {
+        let name = t["name"].as_str().unwrap();
+        assert_eq!(got.get(name).copied(), t["fnv"].as_str(), "{name}");
+    }
+    let files = v["model"]["deep"]["files"].as_array().unwrap();
+    assert_eq!(files.len(), 2);
+    assert_eq!(files.iter().map(|f| as_u64(&f["tensors"])).sum::<u64>(), reference.len() as u64);
+    assert!(probe_files(&dir).is_empty());
+}
+
 /// Offset of `output.weight`'s tensor-info offset field.
 fn output_offset_field(g: &[u8]) -> usize {
     let mut needle = 13u64.to_le_bytes().to_vec();

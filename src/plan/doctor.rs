@@ -244,7 +244,7 @@ pub fn check_model(m: &ModelFiles) -> Result<ModelReport, FormatError> {
         let per = s.experts_per_layer;
         let odd: Vec<u64> = counts.keys().copied().filter(|&n| per.is_some_and(|p| p != n)).collect();
         let detail = format!(
-            "{} routed tensors ({fused} fused, split into whole experts); one expert: {} bytes per tensor, {} bytes per layer",
+            "{} routed tensors ({fused} fused ones split into whole experts); one expert: {} bytes per tensor, {} bytes per layer",
             m.tensors().iter().filter(|t| routed_expert_tensor(&t.name).is_some()).count(),
             sizes.slice_bytes.unwrap_or(0),
             sizes.per_layer_bytes
