@@ -17,6 +17,7 @@ pub mod inspect;
 pub mod kernels;
 pub mod model;
 pub mod npy;
+pub mod plan;
 pub mod synth;
 pub mod tokenizer;
 pub mod chat;

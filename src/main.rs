@@ -26,6 +26,8 @@ enum Command {
     Bench(cli::bench::BenchArgs),
     /// Replay a route trace against LRU, hotness and Belady-optimal expert eviction.
     CacheSim(cli::cache_sim::CacheSimArgs),
+    /// Check a model's files and measure this machine (CPU, memory, storage, GPU); cached.
+    Doctor(cli::doctor::DoctorArgs),
 }
 
 fn main() {
@@ -38,6 +40,7 @@ fn main() {
         Command::Inspect(a) => cli::inspect::run(a),
         Command::Bench(a) => cli::bench::run(a),
         Command::CacheSim(a) => cli::cache_sim::run(a),
+        Command::Doctor(a) => cli::doctor::run(a),
     };
     if let Err(e) = result {
         // One line: the chain of causes joined, no backtrace.

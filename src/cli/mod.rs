@@ -5,6 +5,7 @@ pub mod bench;
 pub mod cache_sim;
 pub mod chat;
 pub mod common;
+pub mod doctor;
 pub mod inspect;
 pub mod logits;
 pub mod run;
