@@ -185,11 +185,11 @@ pub fn read_bandwidth(o: &SweepOptions) -> Result<f64, String> {
         .num_threads(o.threads.max(1))
         .build()
         .map_err(|e| format!("cannot start {} threads: {e}", o.threads))?;
-    let mut sink = crate::bench::kernels::parallel_read_sweep(&buf, &pool);
+    let mut sink = crate::bench::kernels::parallel_read_sweep(&buf, &pool, 0);
     let mut v = Vec::with_capacity(o.reps);
     for _ in 0..o.reps.max(1) {
         let t = Instant::now();
-        sink ^= crate::bench::kernels::parallel_read_sweep(&buf, &pool);
+        sink ^= crate::bench::kernels::parallel_read_sweep(&buf, &pool, 0);
         let s = t.elapsed().as_secs_f64();
         if s > 0.0 {
             v.push(n as f64 / s / 1e9);
