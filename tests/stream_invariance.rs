@@ -105,3 +105,38 @@ fn truncated_file_mid_run_is_an_error() {
     let err = err.expect("a truncated model file must fail the run");
     assert!(err.contains("m.gguf"), "error names the file: {err}");
 }
+
+/// Peak RSS stays within the budget plus a small fixed overhead while running a model whose
+/// routed experts are more than 4x the budget (generated here, in a temp dir).
+#[test]
+fn peak_rss_stays_within_budget() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("stream-rss");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("wide.gguf");
+    let mut spec = sluice::default_model::spec();
+    // ~100 MB of routed experts (4 layers x 32 experts x 3 x 512x512 Q8_0), ~5 MB resident.
+    (spec.hidden, spec.layers, spec.heads, spec.head_dim, spec.experts, spec.expert_ffn) = (512, 4, 8, 64, 32, 512);
+    if !path.exists() {
+        sluice::synth::write_random_qwen3moe(&path, &spec, &mut |_, _| {}).unwrap();
+    }
+    let files = ModelFiles::open(&path).unwrap();
+    let model = Model::load(&files, &LoadOptions { threads: 1, ctx: 64 }).unwrap();
+    let (routed, resident) = model.routed_and_resident_bytes(&files);
+    let budget: u64 = 24 << 20;
+    assert!(routed >= 4 * budget, "experts {routed} vs budget {budget}");
+    drop(model);
+    let json = dir.join("stats.json");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["run", path.to_str().unwrap(), "-n", "24", "--ignore-eos", "-t", "1", "-c", "64", "--experts", "stream"])
+        .args(["--ram", &budget.to_string(), "--usage-freeze", "--stats-json", json.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rss = v["peak_rss_bytes"].as_u64().unwrap();
+    // Overhead: the binary, thread stacks, allocator slack, tokenizer.
+    let overhead: u64 = 48 << 20;
+    eprintln!("peak RSS {rss}, budget {budget}, resident weights {resident}, routed {routed}");
+    assert!(rss <= budget + overhead, "peak RSS {rss} > budget {budget} + {overhead}");
+    assert!(v["bytes_read"].as_u64().unwrap() > 0);
+}
