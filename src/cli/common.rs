@@ -95,6 +95,10 @@ pub struct ExpertArgs {
     /// Read usage statistics but never write them (for benchmarks).
     #[arg(long = "usage-freeze")]
     pub usage_freeze: bool,
+    /// Print where decode time went (attention, expert wait, expert compute, lm_head, other)
+    /// and a verdict (I/O-bound, compute-bound, balanced).
+    #[arg(long)]
+    pub prof: bool,
     /// Write the run's figures as JSON to FILE.
     #[arg(long = "stats-json")]
     pub stats_json: Option<std::path::PathBuf>,
@@ -307,12 +311,48 @@ pub fn stats_json(st: &crate::model::State, g: &crate::generate::GenStats) -> se
         v["experts_read_per_token"] = (s.misses as f64 / steps).into();
         v["bytes_read"] = s.bytes_read.into();
         v["read_gb_s"] = (gb(s.bytes_read) / s.read_secs.max(1e-9)).into();
-        v["time_shares"] = serde_json::json!({ "expert_disk_wait": s.wait_secs / g.decode_secs.max(1e-9) });
     }
+    v["time_shares"] = time_shares(st).0;
     if let Some(kb) = std::fs::read_to_string("/proc/self/status").ok().and_then(|t| t.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())) {
         v["peak_rss_bytes"] = (kb * 1024).into();
     }
     v
+}
+
+/// Time shares of the whole run (prefill and decode): expert-disk wait, expert compute (the
+/// MoE blocks minus the wait), attention, lm_head, other. Returns (shares line, verdict line).
+pub fn time_shares(st: &crate::model::State) -> (serde_json::Value, String, String) {
+    let p = st.prof;
+    let wait = st.expert_stats().map(|s| s.wait_secs).unwrap_or(0.0).min(p.experts);
+    let total = p.total.max(1e-9);
+    let other = (p.total - p.attention - p.experts - p.dense_ffn - p.lm_head).max(0.0);
+    let shares = serde_json::json!({
+        "expert_disk_wait": wait / total,
+        "expert_matmul": (p.experts - wait) / total,
+        "attention": p.attention / total,
+        "dense_ffn": p.dense_ffn / total,
+        "lm_head": p.lm_head / total,
+        "other": other / total,
+    });
+    let line = format!(
+        "[prof] {:.2}s in forward: expert-disk wait {:.0}% | expert matmul {:.0}% | attention {:.0}% | dense ffn {:.0}% | lm_head {:.0}% | other {:.0}%",
+        p.total,
+        100.0 * wait / total,
+        100.0 * (p.experts - wait) / total,
+        100.0 * p.attention / total,
+        100.0 * p.dense_ffn / total,
+        100.0 * p.lm_head / total,
+        100.0 * other / total
+    );
+    let w = wait / total;
+    let verdict = if w > 0.5 {
+        "[prof] verdict: I/O-bound (more than half the time waits for expert reads: a bigger cache, autopin or a faster disk helps; more threads do not)"
+    } else if w < 0.1 {
+        "[prof] verdict: compute-bound (expert reads wait under 10%: more cache will not help; threads and kernels do)"
+    } else {
+        "[prof] verdict: balanced (reads and compute both matter)"
+    };
+    (shares, line, verdict.to_string())
 }
 
 /// `before` (the figures when the prefill ended) is subtracted, so the line is decode only.

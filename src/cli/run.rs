@@ -1,7 +1,7 @@
 //! `sluice run [MODEL] -p PROMPT -n N`: generate text, streaming it to stdout, with one timing
 //! line on stderr. With no MODEL, runs the small default model sluice writes itself.
 
-use super::common::{expert_summary, save_usage, setup_experts, stats_json, ComputeArgs, ExpertArgs, SamplingArgs};
+use super::common::{expert_summary, save_usage, setup_experts, stats_json, time_shares, ComputeArgs, ExpertArgs, SamplingArgs};
 use crate::format::ModelFiles;
 use crate::generate::{generate, generate_mtp, load_tokenizer};
 use crate::model::{LoadOptions, Model};
@@ -76,6 +76,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     eprintln!("{}", stats.timing_line());
     if let Some(line) = expert_summary(&st, stats.experts_after_prefill, stats.decode_steps, stats.decode_secs) {
         eprintln!("{line}");
+    }
+    if args.experts.prof {
+        let (_, line, verdict) = time_shares(&st);
+        eprintln!("{line}");
+        eprintln!("{verdict}");
     }
     if let Some(p) = &args.experts.stats_json {
         let tmp = p.with_extension("json.tmp");

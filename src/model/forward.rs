@@ -60,6 +60,19 @@ pub struct State {
     pub(crate) expert_cache: Option<ExpertCache>,
     /// Experts computed in the last forward call, summed over layers (telemetry).
     pub experts_run: usize,
+    /// Seconds spent per part of the forward pass since the state was made (`--prof`).
+    pub prof: Prof,
+}
+
+/// Where forward time goes (wall seconds, accumulated).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Prof {
+    pub total: f64,
+    pub attention: f64,
+    /// Routed experts: waiting for bytes and computing (the cache's own wait figure splits it).
+    pub experts: f64,
+    pub dense_ffn: f64,
+    pub lm_head: f64,
 }
 
 impl State {
@@ -116,6 +129,7 @@ impl State {
             mtp_pos: 0,
             expert_cache: None,
             experts_run: 0,
+            prof: Prof::default(),
         }
     }
 
@@ -173,7 +187,10 @@ impl<'a> Model<'a> {
     pub fn forward_chunk<'s>(&self, st: &'s mut State, tokens: &[u32], logits_from: usize) -> Result<&'s [f32], ModelError> {
         // Run on a pool thread: nested parallel loops then use the workers' own deques instead
         // of the pool's injector queue, which allocates as jobs pass through it.
-        self.pool.install(|| self.forward_inner(st, tokens, logits_from))?;
+        let t0 = std::time::Instant::now();
+        let r = self.pool.install(|| self.forward_inner(st, tokens, logits_from));
+        st.prof.total += t0.elapsed().as_secs_f64();
+        r?;
         let n_logits = tokens.len().saturating_sub(logits_from);
         Ok(&st.logits[..n_logits * self.cfg.vocab])
     }
@@ -218,8 +235,10 @@ impl<'a> Model<'a> {
             rmsnorm(&mut st.hfin[i * h..(i + 1) * h], &st.x[i * h..(i + 1) * h], &w.output_norm, cfg.rms_eps);
         }
         if n_logits > 0 {
+            let t = std::time::Instant::now();
             st.acts.load(&st.hfin[logits_from * h..n * h], n_logits, h);
             kernels::matmul(&w.output, &mut st.acts, &mut st.logits[..n_logits * v], Some(&self.pool), self.isa)?;
+            st.prof.lm_head += t.elapsed().as_secs_f64();
         }
         Ok(())
     }
@@ -232,22 +251,29 @@ impl<'a> Model<'a> {
         for i in 0..n {
             rmsnorm(&mut st.xn[i * h..(i + 1) * h], &st.x[i * h..(i + 1) * h], &lw.attn_norm, cfg.rms_eps);
         }
+        let t = std::time::Instant::now();
         match &lw.attn {
             Attention::Gqa(a) => self.attn_gqa(st, l, n, a)?,
             Attention::Mla(a) => self.attn_mla(st, l, n, a)?,
         }
+        st.prof.attention += t.elapsed().as_secs_f64();
         for (x, p) in st.x[..n * h].iter_mut().zip(&st.proj[..n * h]) {
             *x += p;
         }
         for i in 0..n {
             rmsnorm(&mut st.xn[i * h..(i + 1) * h], &st.x[i * h..(i + 1) * h], &lw.ffn_norm, cfg.rms_eps);
         }
+        let t = std::time::Instant::now();
         match &lw.ffn {
             Ffn::Dense(m) => {
                 self.mlp(st, n, m)?;
                 st.proj[..n * h].copy_from_slice(&st.down[..n * h]);
+                st.prof.dense_ffn += t.elapsed().as_secs_f64();
             }
-            Ffn::Moe(m) => self.moe(st, l, n, m)?,
+            Ffn::Moe(m) => {
+                self.moe(st, l, n, m)?;
+                st.prof.experts += t.elapsed().as_secs_f64();
+            }
         }
         for (x, p) in st.x[..n * h].iter_mut().zip(&st.proj[..n * h]) {
             *x += p;

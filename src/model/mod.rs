@@ -21,7 +21,7 @@ mod mtp;
 pub mod weights;
 
 pub use config::{Family, ModelConfig};
-pub use forward::State;
+pub use forward::{Prof, State};
 pub use weights::Weights;
 
 use crate::format::{FormatError, ModelFiles};
