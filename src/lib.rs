@@ -20,3 +20,4 @@ pub mod synth;
 pub mod tokenizer;
 pub mod chat;
 pub mod sample;
+pub mod serve;

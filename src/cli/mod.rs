@@ -7,4 +7,5 @@ pub mod common;
 pub mod inspect;
 pub mod logits;
 pub mod run;
+pub mod serve;
 pub mod synth;

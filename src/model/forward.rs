@@ -26,8 +26,8 @@ pub struct State {
     att: Vec<f32>,      // (batch, q_dim) attention output before o_proj
     scores: Vec<f32>,   // (n_heads, ctx)
     proj: Vec<f32>,     // (batch, hidden) sub-block output
-    kcache: Vec<f32>,   // (layers, ctx, kv_dim)
-    vcache: Vec<f32>,   // (layers, ctx, kv_dim)
+    pub(super) kcache: Vec<f32>, // (layers, ctx, kv_dim); pub(super) for kv_io.rs
+    pub(super) vcache: Vec<f32>, // (layers, ctx, kv_dim)
     router: Vec<f32>,   // (batch, n_experts)
     sel: Vec<usize>,    // (batch, k) chosen experts
     selw: Vec<f32>,     // (batch, k) their routing weights

@@ -10,6 +10,7 @@
 pub mod blocks;
 pub mod config;
 mod forward;
+mod kv_io;
 pub mod mixtral;
 pub mod names;
 pub mod olmoe;
