@@ -177,7 +177,7 @@ pub fn messages(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Resu
         None => return Err(ApiError::param("max_tokens", "missing required field `max_tokens`")),
     };
     let (tokens, tools_on) = prompt(sh, &o)?;
-    let g = GenRequest { tokens, max_tokens: Some(max_tokens), sampling: params::sampling(&o, &sh.cfg.sampling)?, stop: params::stop_list(&o, "stop_sequences")? };
+    let g = GenRequest { tokens, max_tokens: Some(max_tokens), sampling: params::sampling(&o, &sh.cfg.sampling)?, stop: params::stop_list(&o, "stop_sequences")?, ignore_eos: params::opt_bool(&o, "ignore_eos")?.unwrap_or(false) };
     let stream = params::opt_bool(&o, "stream")?.unwrap_or(false);
     let p = submit(sh, g)?;
     let (reused, prefilled) = match wait_start(&p, conn) {

@@ -28,6 +28,8 @@ pub struct Job {
     pub sampling: SamplingParams,
     /// Stop sequences: generation ends where one appears, and it is cut from the text.
     pub stop: Vec<String>,
+    /// Generate past end-of-generation tokens (vLLM's `ignore_eos`).
+    pub ignore_eos: bool,
     /// Set by the connection when its client goes away.
     pub cancel: Arc<AtomicBool>,
     pub events: Sender<Event>,
@@ -309,7 +311,7 @@ impl Engine {
             if job.max_tokens == 0 {
                 break FinishReason::Length;
             }
-            if eos.contains(&next) {
+            if !job.ignore_eos && eos.contains(&next) {
                 break FinishReason::Eos;
             }
             generated += 1;

@@ -411,6 +411,7 @@ pub(crate) struct GenRequest {
     pub max_tokens: Option<u64>,
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
+    pub ignore_eos: bool,
 }
 
 /// A submitted job, seen from its connection.
@@ -479,7 +480,7 @@ pub(crate) fn submit(sh: &Shared, g: GenRequest) -> Result<Pending, ApiError> {
     };
     let (tx, rx) = mpsc::channel();
     let cancel = Arc::new(AtomicBool::new(false));
-    sh.queue.push(Job { tokens: g.tokens, max_tokens, sampling: g.sampling, stop: g.stop, cancel: cancel.clone(), events: tx })?;
+    sh.queue.push(Job { tokens: g.tokens, max_tokens, sampling: g.sampling, stop: g.stop, ignore_eos: g.ignore_eos, cancel: cancel.clone(), events: tx })?;
     Ok(Pending { rx, cancel, prompt_tokens: n })
 }
 

@@ -104,7 +104,7 @@ pub fn chat(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Result<H
         Some(m) => Some(m),
         None => params::opt_u64(&o, "max_tokens")?,
     };
-    let g = GenRequest { tokens, max_tokens, sampling: params::sampling(&o, &sh.cfg.sampling)?, stop: params::stop_list(&o, "stop")? };
+    let g = GenRequest { tokens, max_tokens, sampling: params::sampling(&o, &sh.cfg.sampling)?, stop: params::stop_list(&o, "stop")?, ignore_eos: params::opt_bool(&o, "ignore_eos")?.unwrap_or(false) };
     let stream = params::opt_bool(&o, "stream")?.unwrap_or(false);
     let include_usage = match o.get("stream_options").filter(|v| !v.is_null()) {
         None => false,
@@ -346,7 +346,7 @@ pub fn completions(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> R
     };
     // OpenAI's default for this endpoint.
     let max_tokens = Some(params::opt_u64(&o, "max_tokens")?.unwrap_or(16));
-    let g = GenRequest { tokens, max_tokens, sampling: params::sampling(&o, &sh.cfg.sampling)?, stop: params::stop_list(&o, "stop")? };
+    let g = GenRequest { tokens, max_tokens, sampling: params::sampling(&o, &sh.cfg.sampling)?, stop: params::stop_list(&o, "stop")?, ignore_eos: params::opt_bool(&o, "ignore_eos")?.unwrap_or(false) };
     let stream = params::opt_bool(&o, "stream")?.unwrap_or(false);
     let include_usage = o.get("stream_options").and_then(|s| s.get("include_usage")).and_then(Value::as_bool).unwrap_or(false);
     let p = submit(sh, g)?;
@@ -382,6 +382,9 @@ pub fn completions(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> R
                 if !sse(conn, &chunk(&t, None)) {
                     return Ok(gone(&p));
                 }
+            }
+            Step::Done(fin) if fin.reason == FinishReason::Cancelled => {
+                return Ok(stream_error(conn, &ApiError::new(503, "the server is shutting down; generation cancelled")));
             }
             Step::Done(fin) => {
                 let mut ok = sse(conn, &chunk("", Some(finish_reason(&fin.reason))));
