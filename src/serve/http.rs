@@ -130,7 +130,8 @@ impl Conn {
         if len > max_body {
             // Read and drop the body first: a client still sending would otherwise see the
             // connection reset instead of the answer.
-            if len <= DRAIN_LIMIT {
+            let waits = req.header("expect").is_some_and(|v| v.eq_ignore_ascii_case("100-continue"));
+            if len <= DRAIN_LIMIT && !waits {
                 self.drain(len, stopping);
             }
             return Err(ReadError::Bad { status: 413, message: format!("request body of {len} bytes is over the limit of {max_body} bytes (--max-body)") });

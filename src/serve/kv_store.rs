@@ -155,9 +155,13 @@ impl KvStore {
         if layers != self.layers || kv_dim != self.kv_dim {
             return Err(bad(format!("{layers} layers of width {kv_dim}, the model has {} of {}", self.layers, self.kv_dim)));
         }
-        let want = HEAD + n * 4 + 2 * (layers as u64) * n * (kv_dim as u64) * 4;
-        if size != want {
-            return Err(bad(format!("{size} bytes, a session of {n} tokens has {want}")));
+        let want = (layers as u64)
+            .checked_mul(kv_dim as u64)
+            .and_then(|x| x.checked_mul(n))
+            .and_then(|x| x.checked_mul(8))
+            .and_then(|x| x.checked_add(HEAD + n * 4));
+        if want != Some(size) {
+            return Err(bad(format!("{size} bytes, not the size of a session of {n} tokens")));
         }
         let mut raw = vec![0u8; n as usize * 4];
         r.read_exact(&mut raw).map_err(|err| KvStoreError::Io { path: path.into(), op: "read", err })?;
@@ -280,5 +284,46 @@ impl KvStore {
             let _ = std::fs::remove_file(&s.path);
         }
         Ok(Some(bytes))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session_bytes(fp: u64, layers: u32, kvd: u32, tokens: &[u32], kv_floats: usize) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend_from_slice(MAGIC);
+        b.extend_from_slice(&VERSION.to_le_bytes());
+        b.extend_from_slice(&fp.to_le_bytes());
+        for x in [layers, kvd, tokens.len() as u32] {
+            b.extend_from_slice(&x.to_le_bytes());
+        }
+        for t in tokens {
+            b.extend_from_slice(&t.to_le_bytes());
+        }
+        b.extend(std::iter::repeat_n(0u8, kv_floats * 4));
+        b
+    }
+
+    #[test]
+    fn damaged_and_foreign_sessions_are_skipped() {
+        let dir = std::env::temp_dir().join(format!("sluice-kv-store-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (fp, layers, kvd) = (7u64, 2u32, 4u32);
+        let good = session_bytes(fp, layers, kvd, &[1, 2, 3], 2 * 2 * 3 * 4);
+        std::fs::write(dir.join("session-a.slkv"), &good).unwrap();
+        std::fs::write(dir.join("session-b.slkv"), &good[..good.len() - 1]).unwrap(); // truncated
+        std::fs::write(dir.join("session-c.slkv"), session_bytes(99, layers, kvd, &[1], 16)).unwrap(); // other model
+        std::fs::write(dir.join("session-d.slkv"), b"SLUICEKV\x01").unwrap();
+        let mut huge = session_bytes(fp, u32::MAX, u32::MAX, &[], 0);
+        huge[28..32].copy_from_slice(&u32::MAX.to_le_bytes());
+        std::fs::write(dir.join("session-e.slkv"), huge).unwrap(); // sizes that overflow
+        let store = KvStore::open(&dir, fp, layers as usize, kvd as usize, 8).unwrap();
+        assert_eq!(store.len(), 1);
+        assert_eq!(store.best_match(&[1, 2, 9]), Some((0, 2)));
+        assert_eq!(store.best_match(&[5]), None);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
