@@ -10,12 +10,7 @@ use super::{ModelError, State};
 impl State {
     /// Layers of the KV cache, given the width of one cached row (`ModelConfig::kv_dim`).
     pub fn kv_layers(&self, kv_dim: usize) -> usize {
-        let per_layer = self.ctx() * kv_dim;
-        if per_layer == 0 {
-            0
-        } else {
-            self.kcache.len() / per_layer
-        }
+        self.kcache.len().checked_div(self.ctx() * kv_dim).unwrap_or(0)
     }
 
     /// The cached keys and values of positions `0..n` of `layer` (each `n * kv_dim` floats).
