@@ -11,6 +11,12 @@ same ids and strings (tests/tokenizer_hf.rs).
                                         post-processor, decoder that strips the leading space.
   tests/fixtures/tokenizer/cases.json   for each tokenizer and text: ids without/with special
                                         tokens, ids with special tokens left as text, decodes.
+  tests/fixtures/tokenizer/pretok_splits.json
+                                        for each entry of sluice's GGUF pre-tokenizer table
+                                        (src/tokenizer/pretok.rs, regexes read from that file):
+                                        how the Python package (Oniguruma regexes) splits texts,
+                                        so the Rust build (fancy-regex) is held to the same engine
+                                        behaviour.
 
 Deterministic: the training corpus is below and the trainers run single-threaded.
 Run: python3 scripts/make_tokenizer_fixtures.py
@@ -185,6 +191,61 @@ def record(tok):
     return out
 
 
+# `tokenizer.ggml.pre` name -> the constants of src/tokenizer/pretok.rs it uses.
+PRETOK_TABLE = {
+    "default": ["DEFAULT"],
+    "gpt-2": ["GPT2"],
+    "llama-bpe": ["LLAMA3"],
+    "qwen2": ["QWEN2"],
+    "qwen35": ["QWEN35"],
+    "deepseek-llm": ["DEEPSEEK_LLM"],
+    "deepseek-coder": ["DEEPSEEK_CODER"],
+    "deepseek-v3": ["DEEPSEEK_V3"],
+    "falcon": ["FALCON"],
+    "starcoder": ["STARCODER"],
+    "gpt-4o": ["GPT4O"],
+    "tekken": ["TEKKEN"],
+    "bailingmoe": ["BAILING"],
+    "seed-coder": ["SEED_CODER"],
+}
+
+PRETOK_TEXTS = TEXTS + [
+    "HelloWorld camelCase snake_case SCREAMING_CASE iPhone McDonald's",
+    "I'M HERE, YOU'RE THERE; 'tis 'S 'LL",
+    ".Hello ,world !x (paren) [bracket] {brace} <angle> a.b.c ...dots",
+    "1 12 123 1234 12345 123456 3.14159 1,234,567 ４５６ ١٢٣",
+    "中文和日本語のテキスト、カタカナ、ひらがな。한국어 텍스트",
+    "combining: e\u0301 a\u0300\u0301 \u0915\u093f\u0928\u094d\u0926\u0940 \u0e01\u0e34\u0e19",
+    "Ελληνικά ώΐΊ ᾼι ΩK Zürich µ ǅ",
+    "tabs\t\t\nand\r\nnewlines\n\n  \n",
+    "emoji🦙text🚀 ✨x",
+    "   ",
+    "a\n",
+    "trailing spaces   ",
+]
+
+
+def pretok_regexes():
+    """The regex lists of src/tokenizer/pretok.rs, read from the Rust source."""
+    import re
+
+    src = open(os.path.join(ROOT, "src", "tokenizer", "pretok.rs"), encoding="utf-8").read()
+    consts = {}
+    for m in re.finditer(r"const (\w+): &(?:str|\[&str\]) =\s*(.*?);\n", src, re.S):
+        consts[m.group(1)] = re.findall(r'r"(.*?)"', m.group(2), re.S)
+    return {name: [r for c in names for r in consts[c]] for name, names in PRETOK_TABLE.items()}
+
+
+def pretok_splits():
+    out = {}
+    for name, regexes in pretok_regexes().items():
+        pre = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(tokenizers.Regex(r), behavior="isolated", invert=False) for r in regexes]
+        )
+        out[name] = [{"text": t, "splits": [piece for piece, _ in pre.pre_tokenize_str(t)]} for t in PRETOK_TEXTS]
+    return out
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     cases = {"tokenizers_version": tokenizers.__version__, "tokenizers": {}}
@@ -207,6 +268,10 @@ def main():
         print(f"{name}: vocab {tok.get_vocab_size(with_added_tokens=True)}")
     with open(os.path.join(OUT, "cases.json"), "w", encoding="utf-8") as f:
         json.dump(cases, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+    splits = {"tokenizers_version": tokenizers.__version__, "pre": pretok_splits()}
+    with open(os.path.join(OUT, "pretok_splits.json"), "w", encoding="utf-8") as f:
+        json.dump(splits, f, indent=0, ensure_ascii=False)
         f.write("\n")
 
 

@@ -13,7 +13,7 @@
 
 use std::fmt::Write as _;
 
-use minijinja::value::{Kwargs, Rest};
+use minijinja::value::{Kwargs, Rest, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
@@ -71,8 +71,26 @@ pub fn render_chat_json(
     eos_token: &str,
     extra: Option<&Json>,
 ) -> Result<String, ChatError> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    render_chat_json_at(template, messages, add_generation_prompt, bos_token, eos_token, extra, now)
+}
+
+/// `render_chat_json` with the clock the template's `strftime_now` reads pinned to `now_unix`
+/// (seconds since 1970, rendered in UTC).
+pub fn render_chat_json_at(
+    template: &str,
+    messages: &[Json],
+    add_generation_prompt: bool,
+    bos_token: &str,
+    eos_token: &str,
+    extra: Option<&Json>,
+    now_unix: i64,
+) -> Result<String, ChatError> {
     let mut ctx = serde_json::Map::new();
-    ctx.insert("messages".into(), Json::Array(messages.to_vec()));
+    ctx.insert("messages".into(), Json::Array(messages.iter().map(template_message).collect()));
     ctx.insert("tools".into(), Json::Null);
     ctx.insert("documents".into(), Json::Null);
     ctx.insert("add_generation_prompt".into(), Json::Bool(add_generation_prompt));
@@ -89,7 +107,7 @@ pub fn render_chat_json(
     }
 
     let source = rewrite_generation_tags(template);
-    let env = environment();
+    let env = environment(now_unix);
     let tmpl = env.template_from_str(&source).map_err(|e| ChatError::Syntax(describe(&e)))?;
     tmpl.render(Value::from(minijinja::value::Serde(Json::Object(ctx)))).map_err(|e| {
         if e.kind() == ErrorKind::InvalidOperation && e.detail().is_some_and(|d| d.starts_with(RAISED)) {
@@ -98,6 +116,23 @@ pub fn render_chat_json(
             ChatError::Render(describe(&e))
         }
     })
+}
+
+/// A message as transformers hands it to the template: keys whose value is null dropped, and
+/// reasoning under any of its names (`reasoning_content`, `thinking`, `reasoning`) also given
+/// as `thinking` (first) and `reasoning_content`.
+fn template_message(m: &Json) -> Json {
+    let Json::Object(o) = m else { return m.clone() };
+    let o: serde_json::Map<String, Json> = o.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), v.clone())).collect();
+    let reasoning = ["reasoning_content", "thinking", "reasoning"].iter().find_map(|k| o.get(*k)).cloned();
+    let Some(r) = reasoning else { return Json::Object(o) };
+    let mut out = serde_json::Map::new();
+    out.insert("thinking".into(), r.clone());
+    for (k, v) in o {
+        out.insert(k, v);
+    }
+    out.insert("reasoning_content".into(), r);
+    Json::Object(out)
 }
 
 const RAISED: &str = "raise_exception: ";
@@ -156,7 +191,7 @@ fn rewrite_generation_tags(src: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
-fn environment() -> Environment<'static> {
+fn environment(now_unix: i64) -> Environment<'static> {
     let mut env = Environment::new();
     let syntax = minijinja::syntax::SyntaxConfig::builder()
         .trim_blocks(true)
@@ -170,8 +205,17 @@ fn environment() -> Environment<'static> {
     env.add_function("raise_exception", |msg: String| -> Result<Value, Error> {
         Err(Error::new(ErrorKind::InvalidOperation, format!("{RAISED}{msg}")))
     });
-    env.add_function("strftime_now", |fmt: String| -> Result<String, Error> { Ok(strftime_utc_now(&fmt)) });
+    env.add_function("strftime_now", move |fmt: String| -> Result<String, Error> { Ok(strftime_utc(now_unix, &fmt)) });
     env.add_filter("tojson", tojson);
+    // Jinja2's `iterable` and `sequence` tests: strings and dicts count, none does not.
+    env.add_test("iterable", |v: Value| match v.kind() {
+        ValueKind::Undefined | ValueKind::String | ValueKind::Bytes | ValueKind::Seq | ValueKind::Map | ValueKind::Iterable => true,
+        ValueKind::Plain => v.try_iter().is_ok(),
+        _ => false,
+    });
+    env.add_test("sequence", |v: Value| {
+        matches!(v.kind(), ValueKind::Undefined | ValueKind::String | ValueKind::Bytes | ValueKind::Seq | ValueKind::Map)
+    });
     env
 }
 
@@ -362,16 +406,8 @@ fn python_float_repr(x: f64) -> String {
     }
 }
 
-/// `strftime_now(format)` in UTC (sluice keeps no time-zone database): `%Y %m %d %H %M %S %y
+/// `strftime_now(format)`, in UTC (sluice keeps no time-zone database): `%Y %m %d %H %M %S %y
 /// %b %B %a %A %j %p %I %%` are understood, anything else is copied.
-fn strftime_utc_now(fmt: &str) -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
-    strftime_utc(secs, fmt)
-}
-
 fn strftime_utc(secs: i64, fmt: &str) -> String {
     const MONTHS: [&str; 12] =
         ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];

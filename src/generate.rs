@@ -42,6 +42,8 @@ pub struct GenStats {
     /// Routed experts computed per decoded token, summed over layers.
     pub experts_per_token: f64,
     pub stopped_by_eos: bool,
+    /// Expert-cache figures when the prefill ended (decode figures are the difference).
+    pub experts_after_prefill: Option<crate::experts::CacheStats>,
 }
 
 impl GenStats {
@@ -94,6 +96,7 @@ pub fn generate(
     let t0 = Instant::now();
     let mut next = sampler.sample(model.feed(st, prompt)?, &history);
     stats.prefill_secs = t0.elapsed().as_secs_f64();
+    stats.experts_after_prefill = st.expert_stats();
 
     let t1 = Instant::now();
     let mut experts = 0usize;
@@ -116,6 +119,7 @@ pub fn generate(
         let logits = model.forward_chunk(st, &[next], 0)?;
         next = sampler.sample(logits, &history);
         experts += st.experts_run;
+        st.tick_token();
         stats.decode_steps += 1;
     }
     if let Some(text) = dec.flush(tok)? {

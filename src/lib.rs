@@ -10,6 +10,7 @@ pub mod bench;
 pub mod cli;
 pub mod default_model;
 pub mod dtype;
+pub mod experts;
 pub mod format;
 pub mod generate;
 pub mod inspect;

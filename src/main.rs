@@ -24,6 +24,8 @@ enum Command {
     Inspect(cli::inspect::InspectArgs),
     /// Benchmarks (`--kernels`: matvec GB/s per type against memory bandwidth).
     Bench(cli::bench::BenchArgs),
+    /// Replay a route trace against LRU, hotness and Belady-optimal expert eviction.
+    CacheSim(cli::cache_sim::CacheSimArgs),
     /// OpenAI- and Anthropic-compatible HTTP server (no MODEL: the built-in tiny model).
     Serve(cli::serve::ServeArgs),
 }
@@ -37,6 +39,7 @@ fn main() {
         Command::Synth(a) => cli::synth::run(a),
         Command::Inspect(a) => cli::inspect::run(a),
         Command::Bench(a) => cli::bench::run(a),
+        Command::CacheSim(a) => cli::cache_sim::run(a),
         Command::Serve(a) => cli::serve::run_cmd(a),
     };
     if let Err(e) = result {

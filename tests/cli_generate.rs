@@ -75,3 +75,36 @@ fn logits_writes_npy_of_t_by_vocab() {
     assert_eq!(shape[0], 3);
     assert_eq!(data.len(), 3 * shape[1]);
 }
+
+#[test]
+fn streaming_run_saves_usage_and_autopins_from_it() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-usage");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::env::set_var("SLUICE_CACHE_DIR", Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-generate-cache"));
+    let m = dir.join("m.gguf");
+    std::fs::copy(sluice::default_model::ensure().unwrap(), &m).unwrap();
+    let ms = m.to_str().unwrap();
+    let usage = dir.join(".m.gguf.sluice-usage.json");
+    // --usage-freeze: nothing written.
+    let (code, out_frozen, err) = sluice(&["run", ms, "-n", "8", "--temp", "0", "--ignore-eos", "--experts", "stream", "--cap", "1", "--usage-freeze"], None);
+    assert_eq!(code, 0, "{err}");
+    assert!(!usage.exists());
+    assert!(err.contains("[experts] decode"), "{err}");
+    // A normal streaming run writes the statistics; --autopin then pins from them.
+    let (code, out, err) = sluice(&["run", ms, "-n", "8", "--temp", "0", "--ignore-eos", "--experts", "stream", "--cap", "1"], None);
+    assert_eq!(code, 0, "{err}");
+    assert!(usage.exists(), "usage statistics written beside the model");
+    let json = dir.join("stats.json");
+    let (code, out_pinned, err) = sluice(&["run", ms, "-n", "8", "--temp", "0", "--ignore-eos", "--experts", "stream", "--ram", "64M", "--autopin", "--pin-gb", "0.002", "--usage-freeze", "--stats-json", json.to_str().unwrap()], None);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("[plan] autopin:"), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    for k in ["tokens", "decode_tok_s", "prefill_tok_s", "hit_rate", "hit_pin", "hit_lru", "experts_read_per_token", "bytes_read", "read_gb_s", "peak_rss_bytes", "time_shares"] {
+        assert!(v.get(k).is_some(), "stats json lacks {k}: {v}");
+    }
+    assert!(v["hit_pin"].as_f64().unwrap() > 0.0, "{v}");
+    // Placement never changes the text.
+    assert_eq!(out, out_frozen);
+    assert_eq!(out, out_pinned);
+}

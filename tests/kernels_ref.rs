@@ -81,7 +81,7 @@ fn activations(n: usize, pattern: usize, seed: u64) -> Vec<f32> {
             match pattern {
                 0 => x,
                 1 => {
-                    if r.next() % 97 == 0 {
+                    if r.next().is_multiple_of(97) {
                         x * 60.0
                     } else {
                         x
@@ -174,7 +174,11 @@ fn dot_within_activation_quantization_bound() {
     for t in kernels::supported_types() {
         let (blocks, refv) = load(t);
         let fmt = kernels::kernels_for(t).unwrap().act;
-        for (rows, cols) in [(8usize, 256usize), (1, 2048), (4, 512)] {
+        let be = t.block_elems().unwrap();
+        // Whole fixture as 8, 1 or 4 rows; then odd block counts (63, 21, 7, 3 blocks of 32 or
+        // 256), which reach the SIMD kernels' remainder paths.
+        let shapes = [(8usize, 256usize), (1, 2048), (4, 512), (1, 2016), (3, 672), (1, 1792), (2, 768)];
+        for (rows, cols) in shapes.into_iter().filter(|(_, c)| c % be == 0) {
             let rb = nbytes(t, cols);
             for pattern in 0..3 {
                 let x = activations(cols, pattern, 7 + cols as u64);

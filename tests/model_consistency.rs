@@ -41,3 +41,26 @@ fn batched_prefill_matches_token_by_token() {
     let err = last.iter().zip(r).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
     assert!(err < 1e-3, "feed vs logits_all: {err}");
 }
+
+/// Each expert's recorded byte ranges are exactly the bytes its views read (the streaming
+/// cache reads by range, the resident path by view: they must agree).
+#[test]
+fn expert_ranges_address_the_viewed_bytes() {
+    let mut paths = vec![default_model()];
+    let hf = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/mixtral");
+    paths.push(hf.clone());
+    paths.push(hf.join("model-q8_0.gguf"));
+    for path in paths {
+        let files = ModelFiles::open(&path).unwrap();
+        let model = Model::load(&files, &LoadOptions { threads: 1, ctx: 16 }).unwrap();
+        for layer in &model.weights.layers {
+            for e in layer.moe().map(|m| &m.experts[..]).unwrap_or(&[]) {
+                for (view, range) in [e.gate, e.up, e.down].iter().zip(e.ranges) {
+                    let b = files.range_bytes(range).unwrap();
+                    assert_eq!(b.as_ptr(), view.bytes.as_ptr(), "{}", path.display());
+                    assert_eq!(b.len(), view.bytes.len(), "{}", path.display());
+                }
+            }
+        }
+    }
+}

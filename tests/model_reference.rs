@@ -15,7 +15,7 @@ use sluice::format::ModelFiles;
 use sluice::model::{LoadOptions, Model};
 use std::path::{Path, PathBuf};
 
-const FAMILIES: &[&str] = &["qwen3_moe", "mixtral", "olmoe"];
+const FAMILIES: &[&str] = &["qwen3_moe", "mixtral", "olmoe", "deepseek_v3", "glm4_moe"];
 
 fn dir(family: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models").join(family)

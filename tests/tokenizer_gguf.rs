@@ -172,6 +172,19 @@ fn special_tokens_in_text() {
     assert_eq!(ids, want);
     assert_eq!(tok.decode(&ids, false).unwrap(), "<|im_start|>user\nhi<|im_end|>");
     assert_eq!(tok.decode(&ids, true).unwrap(), "user\nhi");
+    let mut dec = StreamDecoder::new();
+    let mut streamed = String::new();
+    for &id in ids.iter().chain(&ids) {
+        streamed.push_str(&dec.push(&tok, id).unwrap().unwrap_or_default());
+    }
+    streamed.push_str(&dec.flush(&tok).unwrap().unwrap_or_default());
+    assert_eq!(streamed, "user\nhiuser\nhi");
+    let mut dec = StreamDecoder::with_special();
+    let mut streamed = String::new();
+    for &id in &ids {
+        streamed.push_str(&dec.push(&tok, id).unwrap().unwrap_or_default());
+    }
+    assert_eq!(streamed, "<|im_start|>user\nhi<|im_end|>");
     // Literal encoding keeps control tokens as text, and it decodes back to the same text.
     let lit = tok.encode_literal("<|im_start|>", false).unwrap();
     assert!(!lit.contains(&start) && lit.len() > 1, "{lit:?}");
@@ -227,4 +240,60 @@ fn sentencepiece_bos_and_space_prefix() {
     pieces.extend(dec.flush(&tok).unwrap());
     assert!(pieces.iter().all(|p| !p.contains('\u{FFFD}')), "{pieces:?}");
     assert_eq!(pieces.concat(), format!(" {text}"));
+}
+
+#[test]
+fn bad_metadata_is_an_error_not_a_panic() {
+    use sluice::format::MetaValue as M;
+    use std::collections::HashMap;
+    let s = |v: &str| M::String(v.to_string());
+    let strs = |v: &[&str]| M::Array(v.iter().map(|x| s(x)).collect());
+    let good = || -> HashMap<&'static str, M> {
+        HashMap::from([
+            ("tokenizer.ggml.model", s("gpt2")),
+            ("tokenizer.ggml.pre", s("qwen2")),
+            ("tokenizer.ggml.tokens", strs(&["a", "b", "ab", "<|end|>"])),
+            ("tokenizer.ggml.token_type", M::Array(vec![M::I32(1), M::I32(1), M::I32(1), M::I32(3)])),
+            ("tokenizer.ggml.merges", strs(&["a b"])),
+            ("tokenizer.ggml.eos_token_id", M::U32(3)),
+        ])
+    };
+    let load = |m: &HashMap<&'static str, M>| Tokenizer::from_gguf_meta(&|k| m.get(k));
+    let tok = load(&good()).unwrap();
+    assert_eq!(tok.encode("abab<|end|>", false).unwrap(), vec![2, 2, 3]);
+    assert_eq!(tok.eos_ids(), &[3]);
+
+    let cases: Vec<(&str, Option<M>, &str)> = vec![
+        ("tokenizer.ggml.model", None, "tokenizer.ggml.model"),
+        ("tokenizer.ggml.model", Some(s("bert")), "bert"),
+        ("tokenizer.ggml.model", Some(M::U32(1)), "tokenizer.ggml.model"),
+        ("tokenizer.ggml.tokens", None, "tokenizer.ggml.tokens"),
+        ("tokenizer.ggml.tokens", Some(M::Array(vec![])), "tokenizer.ggml.tokens"),
+        ("tokenizer.ggml.tokens", Some(M::Array(vec![M::U8(1)])), "tokenizer.ggml.tokens"),
+        ("tokenizer.ggml.token_type", Some(M::Array(vec![M::I32(1)])), "tokenizer.ggml.token_type"),
+        ("tokenizer.ggml.merges", None, "tokenizer.ggml.merges"),
+        ("tokenizer.ggml.merges", Some(strs(&["ab"])), "tokenizer.ggml.merges"),
+        ("tokenizer.ggml.pre", Some(s("no-such-pre")), "no-such-pre"),
+        ("tokenizer.ggml.eos_token_id", Some(M::U32(99)), "tokenizer.ggml.eos_token_id"),
+        ("tokenizer.ggml.bos_token_id", Some(s("x")), "tokenizer.ggml.bos_token_id"),
+        ("tokenizer.ggml.add_bos_token", Some(M::Bool(true)), "add_bos_token"),
+        ("tokenizer.chat_template", Some(M::U32(0)), "tokenizer.chat_template"),
+    ];
+    for (key, value, needle) in cases {
+        let mut m = good();
+        match value {
+            Some(v) => m.insert(key, v),
+            None => m.remove(key),
+        };
+        let e = load(&m).unwrap_err().to_string();
+        assert!(e.contains(needle), "{key}: {e}");
+    }
+    // A merge whose pieces are not in the vocabulary can never apply: skipped, not fatal.
+    let mut m = good();
+    m.insert("tokenizer.ggml.merges", strs(&["a b", "x y"]));
+    assert_eq!(load(&m).unwrap().encode("ab", false).unwrap(), vec![2]);
+    // Ids out of range are errors when decoding and streaming.
+    let mut dec = StreamDecoder::new();
+    assert!(dec.push(&tok, 4).is_err());
+    assert!(tok.decode(&[0, 7], false).is_err());
 }

@@ -98,6 +98,12 @@ fn sentencepiece_matches_python() {
 }
 
 #[test]
+fn tokenizer_is_shareable_across_threads() {
+    fn send_sync<T: Send + Sync + Clone>() {}
+    send_sync::<Tokenizer>();
+}
+
+#[test]
 fn missing_or_bad_files_are_errors() {
     let dir = std::env::temp_dir().join(format!("sluice-tok-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -3,7 +3,9 @@
 //!
 //! For each type: one buffer of random valid blocks much larger than the last-level cache (the
 //! weights), one f32 activation row; repetitions alternate a read-only sweep of the buffer
-//! (the ceiling) and a matvec over it (A B B A ...), and medians are reported.
+//! (the ceiling) and a matvec over it (A B B A ...), and medians are reported. The ceiling is
+//! the better of two sweeps, plain and with the kernels' software prefetch, since either can
+//! win depending on the machine.
 
 use crate::dtype::DType;
 use crate::kernels::{self, Acts, Isa, KernelError, WeightView};
@@ -44,6 +46,9 @@ pub struct KernelBenchOpts {
     /// Kernel prefetch distances to compare (bytes; 0 = off), each an arm of an interleaved
     /// A/B on the same buffer. Empty: the current distance only.
     pub prefetch: Vec<usize>,
+    /// Activation rows per matmul (1: matvec, as in decode; more: a prefill-like batch, where
+    /// GB/s still counts each weight byte once).
+    pub batch: usize,
 }
 
 /// Median, min and max of a set of GB/s figures.
@@ -87,8 +92,11 @@ pub struct KernelResult {
     pub bytes: usize,
     /// Matvec, GB/s (1e9 bytes) of weight bytes.
     pub matvec: Stats,
-    /// Read-only sweep of the same buffer, GB/s.
+    /// Read-only sweep of the same buffer, GB/s: the better (by median) of a plain sweep and
+    /// one with the kernels' software prefetch at `DEFAULT_PREFETCH`.
     pub read: Stats,
+    /// The plain sweep alone (no software prefetch), GB/s.
+    pub read_plain: Stats,
 }
 
 impl KernelResult {
@@ -102,19 +110,15 @@ impl KernelResult {
     }
 }
 
-/// Read every byte of `bytes` with `pool`'s threads, each over contiguous chunks; returns a
-/// checksum so the reads cannot be optimised away.
-pub fn parallel_read_sweep(bytes: &[u8], pool: &rayon::ThreadPool) -> u64 {
+/// Read every byte of `bytes` with `pool`'s threads, each over contiguous chunks, with
+/// software prefetch `prefetch` bytes ahead (0: none); returns a checksum so the reads cannot
+/// be optimised away.
+pub fn parallel_read_sweep(bytes: &[u8], pool: &rayon::ThreadPool, prefetch: usize) -> u64 {
     let threads = pool.current_num_threads().max(1);
-    let chunk = (bytes.len() / (threads * 8))
-        .max(1 << 20)
-        .next_multiple_of(256);
+    let chunk = (bytes.len() / (threads * 8)).max(1 << 20).next_multiple_of(256);
     let isa = Isa::hardware();
     pool.install(|| {
-        bytes
-            .par_chunks(chunk)
-            .map(|c| kernels::read_sweep(c, isa))
-            .reduce(|| 0, u64::wrapping_add)
+        bytes.par_chunks(chunk).map(|c| kernels::read_sweep(c, isa, prefetch)).reduce(|| 0, u64::wrapping_add)
     })
 }
 
@@ -145,7 +149,7 @@ fn bench_arms(
     let (be, bb) = dtype
         .block_geometry()
         .ok_or(KernelError::Unsupported(dtype))?;
-    if opts.cols == 0 || opts.cols % be != 0 {
+    if opts.cols == 0 || !opts.cols.is_multiple_of(be) {
         return Err(BenchError::Cols {
             dtype,
             cols: opts.cols,
@@ -176,17 +180,18 @@ fn bench_arms(
     let view = WeightView::new(dtype, &w, rows, opts.cols)?;
 
     let mut rng = SplitMix(42);
-    let x: Vec<f32> = (0..opts.cols).map(|_| rng.unit() * 2.0 - 1.0).collect();
+    let batch = opts.batch.max(1);
+    let x: Vec<f32> = (0..opts.cols * batch).map(|_| rng.unit() * 2.0 - 1.0).collect();
     let mut acts = Acts::new();
-    acts.load(&x, 1, opts.cols);
-    let mut y = vec![0.0f32; rows];
+    acts.load(&x, batch, opts.cols);
+    let mut y = vec![0.0f32; rows * batch];
 
     let gbps = |secs: f64| n as f64 / secs / 1e9;
     let mut sink = 0u64;
     // Warm-up: faults the pages in, prepares the activations, spins the pool up.
     kernels::matmul(&view, &mut acts, &mut y, Some(pool), opts.isa)?;
-    sink ^= parallel_read_sweep(&w, pool);
-    let mut rd = Vec::new();
+    sink ^= parallel_read_sweep(&w, pool, 0);
+    let (mut rd, mut rd_pf) = (Vec::new(), Vec::new());
     let mut mv = vec![Vec::new(); arms.len()];
     let steps = arms.len() + 1;
     for r in 0..opts.reps.max(1) {
@@ -195,8 +200,11 @@ fn bench_arms(
             let step = if r % 2 == 0 { k } else { steps - 1 - k };
             if step == 0 {
                 let t = Instant::now();
-                sink ^= parallel_read_sweep(&w, pool);
+                sink ^= parallel_read_sweep(&w, pool, 0);
                 rd.push(gbps(t.elapsed().as_secs_f64()));
+                let t = Instant::now();
+                sink ^= parallel_read_sweep(&w, pool, kernels::DEFAULT_PREFETCH);
+                rd_pf.push(gbps(t.elapsed().as_secs_f64()));
             } else {
                 kernels::set_prefetch_distance(arms[step - 1]);
                 let t = Instant::now();
@@ -211,7 +219,8 @@ fn bench_arms(
         Isa::Avx512 | Isa::Avx2 if k.dot_avx2.is_some() => Isa::Avx2,
         _ => Isa::Scalar,
     };
-    let read = Stats::of(rd);
+    let (read_plain, read_pf) = (Stats::of(rd), Stats::of(rd_pf));
+    let read = if read_pf.median > read_plain.median { read_pf } else { read_plain };
     Ok(arms
         .iter()
         .zip(mv)
@@ -224,6 +233,7 @@ fn bench_arms(
             bytes: n,
             matvec: Stats::of(mv),
             read,
+            read_plain,
         })
         .collect())
 }

@@ -33,6 +33,10 @@ pub struct BenchArgs {
     /// `0,2048`: each is an interleaved arm on the same buffer. Default: the current distance.
     #[arg(long)]
     pub prefetch: Option<String>,
+    /// Activation rows per matmul: 1 is the decode matvec; more measures a prefill-like batch
+    /// (GB/s still counts each weight byte once per matmul).
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -87,25 +91,31 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         reps: args.reps,
         isa,
         prefetch,
+        batch: args.batch,
     };
+    if args.batch == 0 {
+        bail!("bench: --batch must be at least 1");
+    }
 
     println!(
-        "sluice bench --kernels: {} | {threads} threads | isa cap {} (hardware {}) | {} MiB per type, {} cols, {} reps, medians",
+        "sluice bench --kernels: {} | {threads} threads | isa cap {} (hardware {}) | {} MiB per type, {} cols, batch {}, {} reps, medians",
         cpu_model().unwrap_or_else(|| "unknown CPU".into()),
         isa.min(Isa::detect()).name(),
         Isa::hardware().name(),
         args.mb,
         args.cols,
+        args.batch,
         args.reps
     );
+    println!("read GB/s: the better median of a plain read sweep and a prefetching one (plain shown apart)");
     println!(
-        "{:<8} {:<7} {:>8} {:>7} {:>12} {:>10} {:>7}   matvec min..max",
-        "type", "isa", "prefetch", "MB", "matvec GB/s", "read GB/s", "ratio"
+        "{:<8} {:<7} {:>8} {:>7} {:>12} {:>10} {:>7} {:>11}   matvec min..max",
+        "type", "isa", "prefetch", "MB", "matvec GB/s", "read GB/s", "ratio", "plain read"
     );
     for t in types {
         for r in bench_type(t, &opts, &pool).with_context(|| format!("bench: {t}"))? {
             println!(
-                "{:<8} {:<7} {:>8} {:>7.0} {:>12.2} {:>10.2} {:>6.0}%   {:.2}..{:.2}",
+                "{:<8} {:<7} {:>8} {:>7.0} {:>12.2} {:>10.2} {:>6.0}% {:>11.2}   {:.2}..{:.2}",
                 t.name(),
                 r.isa.name(),
                 r.prefetch,
@@ -113,6 +123,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 r.matvec.median,
                 r.read.median,
                 100.0 * r.ratio(),
+                r.read_plain.median,
                 r.matvec.min,
                 r.matvec.max
             );

@@ -55,3 +55,293 @@ impl SamplingArgs {
         }
     }
 }
+
+/// Where routed experts live and how they are read (issue: streaming expert cache).
+#[derive(Args, Debug, Clone)]
+pub struct ExpertArgs {
+    /// auto | resident | stream. `resident` reads experts through the mapped files (the OS
+    /// page cache decides what stays); `stream` reads them into sluice's own bounded cache.
+    /// `auto` streams when the model does not fit in `--ram`.
+    #[arg(long = "experts", default_value = "auto")]
+    pub mode: String,
+    /// Memory budget for everything (resident weights, KV cache, expert cache), e.g. 24G.
+    /// Default: 85% of MemAvailable.
+    #[arg(long)]
+    pub ram: Option<String>,
+    /// Evictable expert slots per MoE layer (default: what the budget holds).
+    #[arg(long)]
+    pub cap: Option<usize>,
+    /// direct | buffered | mmap (direct falls back to buffered where O_DIRECT is refused).
+    #[arg(long, default_value = "direct")]
+    pub io: String,
+    /// Reader threads.
+    #[arg(long = "io-threads", default_value_t = 4)]
+    pub io_threads: usize,
+    /// Eviction policy: lru | hotness (selection counts halved every `--halve-every` tokens).
+    #[arg(long, default_value = "lru")]
+    pub policy: String,
+    #[arg(long = "halve-every", default_value_t = 64)]
+    pub halve_every: u64,
+    /// Write (token, layer, experts) per MoE step to FILE for `sluice cache-sim`.
+    #[arg(long = "route-trace")]
+    pub route_trace: Option<std::path::PathBuf>,
+    /// Pin the most-selected experts (from earlier runs' usage statistics) up to `--pin-gb`.
+    #[arg(long)]
+    pub autopin: bool,
+    /// Share of the expert budget the pinned tier may take (default: half; the LRU tier keeps
+    /// at least one slot per layer).
+    #[arg(long = "pin-gb")]
+    pub pin_gb: Option<f64>,
+    /// Read usage statistics but never write them (for benchmarks).
+    #[arg(long = "usage-freeze")]
+    pub usage_freeze: bool,
+    /// Write the run's figures as JSON to FILE.
+    #[arg(long = "stats-json")]
+    pub stats_json: Option<std::path::PathBuf>,
+}
+
+/// Where a model's usage statistics live: beside the model if that directory is writable,
+/// else in the cache directory, named after the model identity.
+pub fn usage_path(files: &crate::format::ModelFiles, id: &str) -> std::path::PathBuf {
+    let name = files.paths().first().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().to_string()).unwrap_or_else(|| "model".into());
+    let beside = files.dir().join(format!(".{name}.sluice-usage.json"));
+    let writable = std::fs::metadata(files.dir()).map(|m| !m.permissions().readonly()).unwrap_or(false)
+        && std::fs::OpenOptions::new().create(true).append(true).open(files.dir().join(".sluice-write-probe")).map(|_| true).unwrap_or(false);
+    let _ = std::fs::remove_file(files.dir().join(".sluice-write-probe"));
+    if writable {
+        beside
+    } else {
+        let short: String = id.chars().filter(|c| c.is_ascii_alphanumeric()).take(24).collect();
+        crate::default_model::cache_dir().join(format!("usage-{short}.json"))
+    }
+}
+
+/// After a run: add this run's selections to the saved usage statistics (unless frozen).
+pub fn save_usage(files: &crate::format::ModelFiles, st: &crate::model::State, a: &ExpertArgs) -> anyhow::Result<()> {
+    let Some(cache) = st.experts() else { return Ok(()) };
+    if a.usage_freeze {
+        return Ok(());
+    }
+    let id = crate::experts::model_identity(files.paths())?;
+    let path = usage_path(files, &id);
+    let mut usage = cache.usage();
+    if let Ok(old) = crate::experts::UsageStats::load(&path, &id) {
+        usage.add(&old)?;
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    usage.save(&path, &id)?;
+    Ok(())
+}
+
+/// Parse sizes like `24G`, `512M`, `1.5GiB`, `1000000` (bytes).
+pub fn parse_size(s: &str) -> anyhow::Result<u64> {
+    let t = s.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num.trim().parse().map_err(|_| anyhow::anyhow!("size {s:?}: expected a number with an optional K/M/G/T suffix"))?;
+    let mul = match unit.to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+        "" => 1.0,
+        "K" => 1024.0,
+        "M" => 1024.0 * 1024.0,
+        "G" => 1024.0 * 1024.0 * 1024.0,
+        "T" => 1024.0f64.powi(4),
+        _ => anyhow::bail!("size {s:?}: unknown unit {unit:?}"),
+    };
+    if !(v >= 0.0) {
+        anyhow::bail!("size {s:?} must be positive");
+    }
+    Ok((v * mul) as u64)
+}
+
+/// MemAvailable from /proc/meminfo, in bytes.
+pub fn mem_available() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+fn gb(b: u64) -> f64 {
+    b as f64 / 1e9
+}
+
+/// Bytes in the unit that reads best (B, KB, MB, GB; decimal).
+fn human(b: u64) -> String {
+    match b {
+        0..=9_999 => format!("{b} B"),
+        10_000..=9_999_999 => format!("{:.1} KB", b as f64 / 1e3),
+        10_000_000..=9_999_999_999 => format!("{:.1} MB", b as f64 / 1e6),
+        _ => format!("{:.2} GB", b as f64 / 1e9),
+    }
+}
+
+/// Decide where experts live, print one `[plan]` line per decision with its reason, and
+/// attach a streaming cache to `st` when streaming.
+pub fn setup_experts(model: &crate::model::Model<'_>, files: &crate::format::ModelFiles, st: &mut crate::model::State, a: &ExpertArgs) -> anyhow::Result<()> {
+    use crate::experts::{CacheConfig, IoMode, Policy};
+    let (routed, resident) = model.routed_and_resident_bytes(files);
+    let kv = st.kv_bytes() as u64;
+    let (ram, ram_why) = match &a.ram {
+        Some(s) => (parse_size(s)?, "--ram".to_string()),
+        None => match mem_available() {
+            Some(m) => (m / 100 * 85, "85% of MemAvailable".to_string()),
+            None => (resident + routed + kv, "MemAvailable unknown: whole model".to_string()),
+        },
+    };
+    let stream = match a.mode.as_str() {
+        "resident" => false,
+        "stream" => true,
+        "auto" => a.cap.is_some() || resident + routed + kv > ram,
+        other => anyhow::bail!("--experts {other:?}: expected auto, resident or stream"),
+    };
+    eprintln!("[plan] budget {} ({ram_why}); resident weights {}, KV cache {}, routed experts {}", human(ram), human(resident), human(kv), human(routed));
+    if !stream {
+        let why = if a.mode == "resident" { "--experts resident" } else { "the whole model fits in the budget" };
+        eprintln!("[plan] experts: resident, read through the mapped files ({why})");
+        return Ok(());
+    }
+    if resident + kv > ram {
+        anyhow::bail!(
+            "budget {} cannot hold the resident part: weights {} + KV cache {} (lower -c or raise --ram)",
+            human(ram),
+            human(resident),
+            human(kv)
+        );
+    }
+    let io = match a.io.as_str() {
+        "direct" => IoMode::Direct,
+        "buffered" => IoMode::Buffered,
+        "mmap" => IoMode::Mmap,
+        other => anyhow::bail!("--io {other:?}: expected direct, buffered or mmap"),
+    };
+    let policy = Policy::parse(&a.policy, a.halve_every).map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
+    let store = model.expert_store(files)?;
+    let budget = ram - resident - kv;
+    let (slots, slots_why) = match a.cap {
+        Some(c) => (c, "--cap".to_string()),
+        None => (store.slots_per_layer_for_budget(budget, 0), format!("{} left for experts after resident + KV", human(budget))),
+    };
+    if slots == 0 {
+        anyhow::bail!(
+            "budget {} leaves {} for experts, less than one {} slot per MoE layer (raise --ram)",
+            human(ram),
+            human(budget),
+            human(store.slot_bytes())
+        );
+    }
+    if a.io_threads == 0 {
+        anyhow::bail!("--io-threads must be at least 1");
+    }
+    let mut pinned = Vec::new();
+    if a.autopin {
+        let id = crate::experts::model_identity(files.paths())?;
+        let path = usage_path(files, &id);
+        match crate::experts::UsageStats::load(&path, &id) {
+            Ok(usage) => {
+                // Pin budget: --pin-gb, else half the expert budget; the LRU keeps >= 1 slot/layer.
+                let moe_layers = (model.cfg.n_layers - model.cfg.n_dense_layers) as u64;
+                let floor = moe_layers * store.slot_bytes();
+                let want = a.pin_gb.map(|g| (g * 1e9) as u64).unwrap_or(budget / 2);
+                let pin_bytes = want.min(budget.saturating_sub(floor));
+                let n = (pin_bytes / store.slot_bytes().max(1)) as usize;
+                pinned = usage.top_n(n);
+                eprintln!("[plan] autopin: {} most-selected experts ({}) from {}", pinned.len(), human(pinned.len() as u64 * store.slot_bytes()), path.display());
+            }
+            Err(e) => eprintln!("[plan] autopin: no usage statistics yet ({e}); run once without --usage-freeze to collect them"),
+        }
+    }
+    let slots = if a.cap.is_none() && !pinned.is_empty() {
+        store.slots_per_layer_for_budget(budget, pinned.len()).max(1)
+    } else {
+        slots
+    };
+    let mut cfg = CacheConfig::new(slots);
+    cfg.pinned = pinned;
+    cfg.io = io;
+    cfg.io_threads = a.io_threads;
+    cfg.policy = policy;
+    cfg.trace = a.route_trace.clone();
+    let cache = crate::experts::ExpertCache::new(store, cfg)?;
+    eprintln!(
+        "[plan] experts: streamed, {} slots/layer of {} ({slots_why}), {} policy, slab {} (pinned + evictable), io {} x{}",
+        cache.slots(model.cfg.n_dense_layers),
+        human(cache.slot_bytes()),
+        cache.policy().name(),
+        human(cache.slab_bytes()),
+        cache.io_mode().name(),
+        a.io_threads
+    );
+    for n in cache.notes() {
+        eprintln!("[plan] note: {n}");
+    }
+    st.attach_experts(cache);
+    Ok(())
+}
+
+/// The end-of-run expert line: hit rates, experts read per token, GB read and read speed.
+/// The run's figures as JSON (`--stats-json`).
+pub fn stats_json(st: &crate::model::State, g: &crate::generate::GenStats) -> serde_json::Value {
+    let mut v = serde_json::json!({
+        "tokens": g.generated,
+        "prompt_tokens": g.prompt_tokens,
+        "decode_tok_s": g.decode_tps(),
+        "prefill_tok_s": g.prefill_tps(),
+        "experts_per_token": g.experts_per_token,
+    });
+    if let Some(mut s) = st.expert_stats() {
+        if let Some(b) = g.experts_after_prefill {
+            s.hits_pin -= b.hits_pin;
+            s.hits_lru -= b.hits_lru;
+            s.misses -= b.misses;
+            s.bytes_read -= b.bytes_read;
+            s.read_secs -= b.read_secs;
+            s.wait_secs -= b.wait_secs;
+        }
+        let req = s.requests().max(1) as f64;
+        let steps = g.decode_steps.max(1) as f64;
+        v["hit_rate"] = s.hit_rate().into();
+        v["hit_pin"] = (s.hits_pin as f64 / req).into();
+        v["hit_lru"] = (s.hits_lru as f64 / req).into();
+        v["experts_read_per_token"] = (s.misses as f64 / steps).into();
+        v["bytes_read"] = s.bytes_read.into();
+        v["read_gb_s"] = (gb(s.bytes_read) / s.read_secs.max(1e-9)).into();
+        v["time_shares"] = serde_json::json!({ "expert_disk_wait": s.wait_secs / g.decode_secs.max(1e-9) });
+    }
+    if let Some(kb) = std::fs::read_to_string("/proc/self/status").ok().and_then(|t| t.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())) {
+        v["peak_rss_bytes"] = (kb * 1024).into();
+    }
+    v
+}
+
+/// `before` (the figures when the prefill ended) is subtracted, so the line is decode only.
+pub fn expert_summary(st: &crate::model::State, before: Option<crate::experts::CacheStats>, decoded: usize, secs: f64) -> Option<String> {
+    let mut s = st.expert_stats()?;
+    if let Some(b) = before {
+        s.hits_pin -= b.hits_pin;
+        s.hits_lru -= b.hits_lru;
+        s.misses -= b.misses;
+        s.bytes_read -= b.bytes_read;
+        s.read_secs -= b.read_secs;
+        s.wait_secs -= b.wait_secs;
+        s.tokens -= b.tokens;
+    }
+    let req = s.requests().max(1) as f64;
+    let rss = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|t| t.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
+        .map(|kb| format!(" | peak RSS {}", human(kb * 1024)))
+        .unwrap_or_default();
+    Some(format!(
+        "[experts] decode {decoded} tokens in {secs:.2}s ({:.2} tok/s) | expert hit {:.1}% (pin {:.1}% + lru {:.1}%) | {:.1} experts read/token | {} read at {:.2} GB/s | wait {:.2}s{rss}",
+        decoded as f64 / secs.max(1e-9),
+        100.0 * s.hit_rate(),
+        100.0 * s.hits_pin as f64 / req,
+        100.0 * s.hits_lru as f64 / req,
+        s.misses as f64 / decoded.max(1) as f64,
+        human(s.bytes_read),
+        gb(s.bytes_read) / s.read_secs.max(1e-9),
+        s.wait_secs
+    ))
+}

@@ -2,6 +2,7 @@
 //! calls into the library. `main.rs` only dispatches.
 
 pub mod bench;
+pub mod cache_sim;
 pub mod chat;
 pub mod common;
 pub mod inspect;

@@ -1,7 +1,7 @@
 //! `sluice run [MODEL] -p PROMPT -n N`: generate text, streaming it to stdout, with one timing
 //! line on stderr. With no MODEL, runs the small default model sluice writes itself.
 
-use super::common::{ComputeArgs, SamplingArgs};
+use super::common::{expert_summary, save_usage, setup_experts, stats_json, ComputeArgs, ExpertArgs, SamplingArgs};
 use crate::format::ModelFiles;
 use crate::generate::{generate, load_tokenizer};
 use crate::model::{LoadOptions, Model};
@@ -29,6 +29,8 @@ pub struct RunArgs {
     pub compute: ComputeArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub experts: ExpertArgs,
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -48,6 +50,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let tok = load_tokenizer(&files)?;
     let prompt = tok.encode(&args.prompt, true)?;
     let mut st = model.new_state(args.compute.ctx, args.compute.batch, 1)?;
+    setup_experts(&model, &files, &mut st, &args.experts)?;
     let mut sampler = Sampler::new(args.sampling.params(), model.cfg.vocab);
     let stdout = std::io::stdout();
     let mut lock = stdout.lock();
@@ -59,5 +62,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     })?;
     writeln!(lock)?;
     eprintln!("{}", stats.timing_line());
+    if let Some(line) = expert_summary(&st, stats.experts_after_prefill, stats.decode_steps, stats.decode_secs) {
+        eprintln!("{line}");
+    }
+    if let Some(p) = &args.experts.stats_json {
+        let tmp = p.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::to_string_pretty(&stats_json(&st, &stats))?).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, p).with_context(|| format!("writing {}", p.display()))?;
+    }
+    save_usage(&files, &st, &args.experts)?;
     Ok(())
 }

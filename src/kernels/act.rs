@@ -6,13 +6,16 @@
 //! - `Q8K`: super-blocks of 256 int8 with one f32 scale and the sums of each 16-element group
 //!   (k-quants and i-quants; the group sums let the kernels apply per-group minimums cheaply).
 //!
-//! Quantization: for each block, d = max|x| / 127 and q = round(x / d), so |x - d*q| <= d/2.
-//! That is the whole error budget the dot tests allow for (see `tests/kernels_dot.rs`).
+//! Quantization: for each block, d = max|x| / 127 and q = round(x / d) (ties away from zero),
+//! so |x - d*q| <= d/2. That is the whole error budget the dot tests allow for (see
+//! `tests/kernels_ref.rs` and docs/PERFORMANCE.md). The AVX-512 quantizer gives the scalar
+//! one's bits; neither calls libm (`f32::round` is a libm call on baseline x86_64 and made
+//! preparing a 4096-element row cost 30-40 us; about 2 us now).
 //!
 //! Invariant: `Acts` allocates only when asked for more rows/columns than it has held before;
 //! the decode loop sizes it once.
 
-use super::QK;
+use super::{Isa, QK};
 
 /// 32 int8 activations with their scale.
 #[derive(Clone, Copy, Debug)]
@@ -101,8 +104,8 @@ impl Acts {
     pub fn is_prepared(&self, fmt: ActFormat) -> bool {
         match fmt {
             ActFormat::F32 => true,
-            ActFormat::Q8_32 => self.ready_q8_32 && self.cols % 32 == 0,
-            ActFormat::Q8K => self.ready_q8k && self.cols % QK == 0,
+            ActFormat::Q8_32 => self.ready_q8_32 && self.cols.is_multiple_of(32),
+            ActFormat::Q8K => self.ready_q8k && self.cols.is_multiple_of(QK),
         }
     }
 
@@ -112,7 +115,7 @@ impl Acts {
         match fmt {
             ActFormat::F32 => {}
             ActFormat::Q8_32 => {
-                if self.ready_q8_32 || self.cols % 32 != 0 {
+                if self.ready_q8_32 || !self.cols.is_multiple_of(32) {
                     return;
                 }
                 let nb = self.cols / 32;
@@ -124,7 +127,7 @@ impl Acts {
                 self.ready_q8_32 = true;
             }
             ActFormat::Q8K => {
-                if self.ready_q8k || self.cols % QK != 0 {
+                if self.ready_q8k || !self.cols.is_multiple_of(QK) {
                     return;
                 }
                 let nb = self.cols / QK;
@@ -152,27 +155,145 @@ fn amax(x: &[f32]) -> f32 {
     x.iter().fold(0.0f32, |m, v| m.max(v.abs()))
 }
 
+/// round(v) with ties away from zero (as `f32::round`), clamped to [-127, 127], for |v| well
+/// below 2^31. Written with a truncating conversion so that it needs no libm call on baseline
+/// x86_64 and matches the SIMD versions bit for bit.
+#[inline]
+fn round_clamp(v: f32) -> i8 {
+    let t = v as i32;
+    let f = v - t as f32;
+    let r = t + (f >= 0.5) as i32 - (f <= -0.5) as i32;
+    r.clamp(-127, 127) as i8
+}
+
 /// d = max|x|/127, q = round(x/d).
 pub fn quantize_q8_32(x: &[f32], out: &mut BlockQ8_32) {
+    #[cfg(target_arch = "x86_64")]
+    if x.len() == 32 && Isa::detect() >= Isa::Avx512 {
+        // SAFETY: AVX-512 F/BW/VL present (Isa::detect never exceeds the hardware); x holds
+        // exactly 32 values and out.qs 32 bytes.
+        unsafe { x86::quantize_avx512(x.as_ptr(), 32, out.qs.as_mut_ptr(), &mut out.d, None) };
+        return;
+    }
+    out.d = quantize_scalar(x, &mut out.qs);
+}
+
+/// The scalar quantizer: fills `q` from `x`, returns d.
+fn quantize_scalar(x: &[f32], q: &mut [i8]) -> f32 {
     let m = amax(x);
     let d = m / 127.0;
     let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-    out.d = d;
-    for (q, v) in out.qs.iter_mut().zip(x) {
-        *q = (v * id).round().clamp(-127.0, 127.0) as i8;
+    for (q, v) in q.iter_mut().zip(x) {
+        *q = round_clamp(v * id);
     }
+    d
 }
 
 /// d = max|x|/127 over 256 values, q = round(x/d), bsums = sums of each 16 q.
 pub fn quantize_q8k(x: &[f32], out: &mut BlockQ8K) {
-    let m = amax(x);
-    let d = m / 127.0;
-    let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-    out.d = d;
-    for (q, v) in out.qs.iter_mut().zip(x) {
-        *q = (v * id).round().clamp(-127.0, 127.0) as i8;
+    #[cfg(target_arch = "x86_64")]
+    if x.len() == QK && Isa::detect() >= Isa::Avx512 {
+        // SAFETY: AVX-512 F/BW/VL present; x holds exactly 256 values, out.qs 256 bytes and
+        // out.bsums 16 sums.
+        unsafe { x86::quantize_avx512(x.as_ptr(), QK, out.qs.as_mut_ptr(), &mut out.d, Some(&mut out.bsums)) };
+        return;
     }
+    out.d = quantize_scalar(x, &mut out.qs);
     for (s, g) in out.bsums.iter_mut().zip(out.qs.chunks_exact(16)) {
         *s = g.iter().map(|&q| q as i16).sum();
     }
 }
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// The scalar quantizers' arithmetic, 16 lanes at a time: same max, same scale, same
+    /// product, same rounding (truncate, then step away from zero on a fraction >= 0.5).
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL; `x` valid for `n` floats and `q` for `n` bytes, `n` a multiple of 16;
+    /// `bsums`, if given, has n / 16 entries.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn quantize_avx512(x: *const f32, n: usize, q: *mut i8, d_out: &mut f32, bsums: Option<&mut [i16; 16]>) {
+        let mut m = _mm512_setzero_ps();
+        for i in (0..n).step_by(16) {
+            m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x.add(i))));
+        }
+        let d = _mm512_reduce_max_ps(m) / 127.0;
+        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        *d_out = d;
+        let idv = _mm512_set1_ps(id);
+        let half = _mm512_set1_ps(0.5);
+        let neg_half = _mm512_set1_ps(-0.5);
+        let one = _mm512_set1_epi32(1);
+        let (lo, hi) = (_mm512_set1_epi32(-127), _mm512_set1_epi32(127));
+        let mut sums = [0i16; 16];
+        for (g, i) in (0..n).step_by(16).enumerate() {
+            let v = _mm512_mul_ps(_mm512_loadu_ps(x.add(i)), idv);
+            let t = _mm512_cvttps_epi32(v);
+            let f = _mm512_sub_ps(v, _mm512_cvtepi32_ps(t));
+            let t = _mm512_mask_add_epi32(t, _mm512_cmp_ps_mask::<_CMP_GE_OQ>(f, half), t, one);
+            let t = _mm512_mask_sub_epi32(t, _mm512_cmp_ps_mask::<_CMP_LE_OQ>(f, neg_half), t, one);
+            let t = _mm512_min_epi32(_mm512_max_epi32(t, lo), hi);
+            _mm_storeu_si128(q.add(i) as *mut __m128i, _mm512_cvtepi32_epi8(t));
+            if g < 16 {
+                sums[g] = _mm512_reduce_add_epi32(t) as i16;
+            }
+        }
+        if let Some(b) = bsums {
+            *b = sums;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The SIMD quantizers give the scalar arithmetic's bits, ties included.
+    #[test]
+    fn simd_quantization_matches_scalar() {
+        // Values with ties: with max|x| = 127 the scale is 1, so k + 0.5 are exact ties.
+        let mut x: Vec<f32> = (0..256).map(|i| (i as f32 - 128.0) * 0.5).collect();
+        x[7] = 127.0;
+        let mut s = 1u64;
+        let mut y: Vec<f32> = (0..256)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
+            })
+            .collect();
+        y[3] = -40.0;
+        for v in [&x, &y, &vec![0.0f32; 256]] {
+            let mut a = BlockQ8K { d: 0.0, qs: [0; 256], bsums: [0; 16] };
+            quantize_q8k(v, &mut a);
+            // Scalar reference, written out.
+            let d = amax(v) / 127.0;
+            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+            assert_eq!(a.d.to_bits(), d.to_bits());
+            for (i, (&q, &xv)) in a.qs.iter().zip(v.iter()).enumerate() {
+                let want = (xv * id).round().clamp(-127.0, 127.0) as i8;
+                assert_eq!(q, want, "element {i}: x {xv}, x/d {}", xv * id);
+            }
+            for (g, &b) in a.bsums.iter().enumerate() {
+                assert_eq!(b, a.qs[16 * g..16 * g + 16].iter().map(|&q| q as i16).sum::<i16>());
+            }
+            // The scalar path (not taken above on an AVX-512 machine) agrees too.
+            let mut qs = [0i8; 256];
+            assert_eq!(quantize_scalar(v, &mut qs).to_bits(), a.d.to_bits());
+            assert_eq!(qs, a.qs);
+            for c in 0..8 {
+                let mut b = BlockQ8_32 { d: 0.0, qs: [0; 32] };
+                quantize_q8_32(&v[32 * c..32 * c + 32], &mut b);
+                let d = amax(&v[32 * c..32 * c + 32]) / 127.0;
+                let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+                assert_eq!(b.d.to_bits(), d.to_bits());
+                for (&q, &xv) in b.qs.iter().zip(&v[32 * c..32 * c + 32]) {
+                    assert_eq!(q, (xv * id).round().clamp(-127.0, 127.0) as i8);
+                }
+            }
+        }
+    }
+}
+

@@ -51,9 +51,23 @@ const fn simd_fn(t: usize, avx512: bool) -> Option<DotFn> {
     }
 }
 
+/// Exact f16 -> f32 in integer arithmetic (branch-free in practice; the `half` crate's
+/// software path without F16C is several times slower). Infinities and NaNs keep their
+/// payload bits, as numpy's conversion does.
 #[inline]
 pub(crate) fn f16_to_f32(bits: u16) -> f32 {
-    half::f16::from_bits(bits).to_f32()
+    let h = bits as u32;
+    let sign = (h & 0x8000) << 16;
+    let em = h & 0x7FFF;
+    // Normal: move exponent and mantissa into place, rebias 15 -> 127.
+    let normal = (em << 13) + ((127 - 15) << 23);
+    // Zero or subnormal: m * 2^-24, exact (m < 2^10).
+    let sub = (em as f32 * f32::from_bits(0x3380_0000)).to_bits();
+    let special = (em << 13) | 0x7F80_0000;
+    // Selects rather than branches, so loops over it vectorise.
+    let out = if em < 0x0400 { sub } else { normal };
+    let out = if em >= 0x7C00 { special } else { out };
+    f32::from_bits(sign | out)
 }
 
 #[inline]
@@ -85,28 +99,34 @@ fn dequant_bf16(b: &[u8], out: &mut [f32]) {
     }
 }
 
-/// Eight independent partial sums, so the scalar path has the same summation shape as SIMD.
-fn dot_lanes(n: usize, w: impl Fn(usize) -> f32, x: &[f32]) -> f32 {
+/// Eight independent partial sums, so the scalar path has the same summation shape as SIMD
+/// (and the compiler can vectorise it). `ES` is the weight element size in bytes.
+#[inline(always)]
+fn dot_lanes<const ES: usize>(w: &[u8], x: &[f32], conv: impl Fn(&[u8]) -> f32) -> f32 {
     let mut acc = [0.0f32; 8];
-    for i in 0..n {
-        acc[i % 8] += w(i) * x[i];
+    let mut wc = w.chunks_exact(8 * ES);
+    let mut xc = x.chunks_exact(8);
+    for (wb, xb) in (&mut wc).zip(&mut xc) {
+        for k in 0..8 {
+            acc[k] += conv(&wb[k * ES..(k + 1) * ES]) * xb[k];
+        }
+    }
+    for (k, (wb, &xv)) in wc.remainder().chunks_exact(ES).zip(xc.remainder()).enumerate() {
+        acc[k] += conv(wb) * xv;
     }
     acc.iter().sum()
 }
 
 fn dot_f32_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
-    let n = a.f32.len().min(w.len() / 4);
-    dot_lanes(n, |i| f32::from_le_bytes([w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]]), a.f32)
+    dot_lanes::<4>(w, a.f32, |c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
 }
 
 fn dot_f16_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
-    let n = a.f32.len().min(w.len() / 2);
-    dot_lanes(n, |i| f16_to_f32(u16::from_le_bytes([w[2 * i], w[2 * i + 1]])), a.f32)
+    dot_lanes::<2>(w, a.f32, |c| f16_to_f32(u16::from_le_bytes([c[0], c[1]])))
 }
 
 fn dot_bf16_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
-    let n = a.f32.len().min(w.len() / 2);
-    dot_lanes(n, |i| bf16_to_f32(u16::from_le_bytes([w[2 * i], w[2 * i + 1]])), a.f32)
+    dot_lanes::<2>(w, a.f32, |c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]])))
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -280,3 +300,22 @@ mod x86 {
 
 #[cfg(target_arch = "x86_64")]
 use super::Isa;
+
+#[cfg(test)]
+mod tests {
+    /// Every f16 bit pattern converts as the `half` crate converts it (NaNs: same payload,
+    /// modulo the quiet bit that `half` sets).
+    #[test]
+    fn f16_conversion_is_exact_for_all_values() {
+        for bits in 0..=u16::MAX {
+            let ours = super::f16_to_f32(bits);
+            let theirs = half::f16::from_bits(bits).to_f32();
+            if theirs.is_nan() {
+                assert!(ours.is_nan(), "{bits:#06x}");
+                assert_eq!(ours.to_bits() | 0x0040_0000, theirs.to_bits(), "{bits:#06x}");
+            } else {
+                assert_eq!(ours.to_bits(), theirs.to_bits(), "{bits:#06x}: {ours} vs {theirs}");
+            }
+        }
+    }
+}

@@ -2,7 +2,12 @@
 //!
 //! Each task owns a contiguous range of weight rows and runs every activation row against
 //! them, so a weight row is read from memory once per call whatever the batch size (prefill
-//! streams weights once; decode is the batch-of-one case).
+//! streams weights once; decode is the batch-of-one case). Within a range, rows go in tiles of
+//! `TILE_BYTES` so that, with many activation rows, activations are re-read per tile rather
+//! than per weight row.
+//!
+//! Invariant: every output element is one call of the same dot function on the same inputs,
+//! so results are bit-identical whatever the thread count, tiling or batch size.
 
 use super::{check_len, dot_fn, kernels_for, Acts, Isa, KernelError};
 use crate::dtype::DType;
@@ -66,15 +71,28 @@ pub fn matmul(
     let n_rows = w.rows;
     let rb = w.row_bytes();
 
+    // Weight rows per tile: a tile stays in L2 while every activation row passes over it, so
+    // with many activation rows (prefill) each is read once per tile rather than once per
+    // weight row. One activation row (decode) makes this the plain row loop.
+    let tile = (TILE_BYTES / rb.max(1)).max(1);
+    let rows_range = |r0: usize, r1: usize, out: &mut dyn FnMut(usize, f32)| {
+        let mut t0 = r0;
+        while t0 < r1 {
+            let t1 = (t0 + tile).min(r1);
+            for t in 0..t_rows {
+                let a = acts.row(t);
+                for r in t0..t1 {
+                    out(t * n_rows + r, dot(&w.bytes[r * rb..(r + 1) * rb], &a));
+                }
+            }
+            t0 = t1;
+        }
+    };
+
     let threads = pool.map(|p| p.current_num_threads()).unwrap_or(1);
     let total_bytes = w.bytes.len() * t_rows.max(1);
     if threads <= 1 || total_bytes < 256 * 1024 || n_rows < 2 {
-        for r in 0..n_rows {
-            let wr = &w.bytes[r * rb..(r + 1) * rb];
-            for t in 0..t_rows {
-                y[t * n_rows + r] = dot(wr, &acts.row(t));
-            }
-        }
+        rows_range(0, n_rows, &mut |i, v| y[i] = v);
         return Ok(());
     }
     // Enough chunks to balance load across uneven cores, few enough to keep overhead low.
@@ -86,15 +104,11 @@ pub fn matmul(
             let yp = &yp;
             let r0 = c * chunk;
             let r1 = (r0 + chunk).min(n_rows);
-            for r in r0..r1 {
-                let wr = &w.bytes[r * rb..(r + 1) * rb];
-                for t in 0..t_rows {
-                    let v = dot(wr, &acts.row(t));
-                    // SAFETY: index t*n_rows + r < y.len() (checked above); row r belongs to
-                    // exactly one chunk, so no two tasks write the same element.
-                    unsafe { *yp.0.add(t * n_rows + r) = v };
-                }
-            }
+            rows_range(r0, r1, &mut |i, v| {
+                // SAFETY: i = t*n_rows + r < y.len() (checked above); weight row r belongs to
+                // exactly one chunk, so no two tasks write the same element.
+                unsafe { *yp.0.add(i) = v }
+            });
         })
     };
     match pool {
@@ -103,3 +117,6 @@ pub fn matmul(
     }
     Ok(())
 }
+
+/// Bytes of weight rows per tile in `matmul` (well inside a 1-2 MiB L2).
+const TILE_BYTES: usize = 64 * 1024;

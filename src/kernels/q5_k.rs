@@ -58,7 +58,12 @@ fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
         let mut msum = 0i32;
         for j in 0..8 {
             let x = &ab.qs[32 * j..32 * j + 32];
-            let s: i32 = x.iter().enumerate().map(|(l, &x)| code(qh, qs, j, l) as i32 * x as i32).sum();
+            let q = &qs[32 * (j / 2)..32 * (j / 2) + 32];
+            let shift = 4 * (j % 2);
+            let mut s = 0i32;
+            for ((&q, &h), &x) in q.iter().zip(qh).zip(x) {
+                s += (((q >> shift) & 0x0F) | (((h >> j) & 1) << 4)) as i32 * x as i32;
+            }
             isum += sc[j] as i32 * s;
             msum += m[j] as i32 * (ab.bsums[2 * j] as i32 + ab.bsums[2 * j + 1] as i32);
         }
@@ -71,7 +76,7 @@ fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
 mod x86 {
     use super::super::q4_k::scales_mins_u64;
     use super::super::simd::prefetch_distance;
-    use super::super::simd::x86::{f16_at, hsum_ps128, hsum_ps256, hsum_ps512, prefetch};
+    use super::super::simd::x86::{f16x2_at, hsum_ps128, hsum_ps256, hsum_ps512, prefetch};
     use super::{dot_scalar, ActRow, BlockQ8K, BB};
     use crate::kernels::Isa;
     use std::arch::x86_64::*;
@@ -125,8 +130,10 @@ mod x86 {
             let b = w.add(i * BB);
             prefetch(b, pf, BB);
             let ab = &*a.add(i);
-            let d = f16_at(b) * ab.d;
-            let dmin = f16_at(b.add(2)) * ab.d;
+            // d and dmin (adjacent f16) times the activation scale, in lanes 0 and 1.
+            let dd = _mm_mul_ps(f16x2_at(b), _mm_set1_ps(ab.d));
+            let d = _mm_cvtss_f32(dd);
+            let dmin = _mm_cvtss_f32(_mm_movehdup_ps(dd));
             let sm = scales_mins16(b);
             accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_dot(sm, ab)), accm);
             let mut sc = [0i16; 16];
@@ -158,18 +165,23 @@ mod x86 {
         hsum_ps256(acc) - hsum_ps128(accm)
     }
 
-    /// `vpermw` indices: i16 lanes 0..16 take scale `a`, lanes 16..32 take scale `b`.
-    const fn pair_idx(a: u16, b: u16) -> [u16; 32] {
+    /// `vpermw` indices for the packed sums of half `h` (see `avx512`): in 128-bit lanes 0 and 1
+    /// i16 lanes 0..4 take scale 4h and 4..8 scale 4h+1; in lanes 2 and 3, scales 4h+2, 4h+3.
+    const fn packed_idx(h: u16) -> [u16; 32] {
         let mut c = [0u16; 32];
         let mut i = 0;
         while i < 32 {
-            c[i] = if i < 16 { a } else { b };
+            let lane = i / 8;
+            let second = (i % 8) / 4;
+            c[i] = 4 * h + 2 * (lane as u16 / 2) + second as u16;
             i += 1;
         }
         c
     }
-    static PAIR: [[u16; 32]; 4] = [pair_idx(0, 2), pair_idx(1, 3), pair_idx(4, 6), pair_idx(5, 7)];
-
+    static PACKED: [[u16; 32]; 2] = [packed_idx(0), packed_idx(1)];
+    /// `vpermw` indices (256-bit): each min (lanes 8..16 of the scales/mins vector) twice, to
+    /// meet the 16-element bsums.
+    static MIN_DUP: [u16; 16] = [8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15];
     /// Bytes 0..32 select bit `a` of qh, bytes 32..64 bit `b`.
     const fn bit_sel(a: u32, b: u32) -> [u8; 64] {
         let mut c = [0u8; 64];
@@ -182,8 +194,9 @@ mod x86 {
     }
     static BITS: [[u8; 64]; 4] = [bit_sel(0, 2), bit_sel(1, 3), bit_sel(4, 6), bit_sel(5, 7)];
 
-    /// As Q4_K's AVX-512 kernel; the fifth bit comes from `qh` (duplicated into both halves
-    /// of a register) through a byte test mask that adds 16.
+    /// As Q4_K's AVX-512 kernel (`dpbusd`, pack to i16, one `dpwssd` per half; sums of 4
+    /// products are at most 4 * 31 * 127, so the pack is exact); the fifth bit comes from `qh`
+    /// (duplicated into both halves of a register) through a byte test mask that adds 16.
     ///
     /// # Safety
     /// AVX-512 F/BW/VL/VNNI + F16C; `w` valid for `nb` blocks, `a` for `nb` activation blocks.
@@ -191,19 +204,23 @@ mod x86 {
     unsafe fn avx512(w: *const u8, a: *const BlockQ8K, nb: usize) -> f32 {
         let m4 = _mm512_set1_epi8(0x0F);
         let sixteen = _mm512_set1_epi8(0x10);
-        let idx: [__m512i; 4] = std::array::from_fn(|k| _mm512_loadu_si512(PAIR[k].as_ptr() as *const __m512i));
+        let idx: [__m512i; 2] = std::array::from_fn(|k| _mm512_loadu_si512(PACKED[k].as_ptr() as *const __m512i));
+        let zero = _mm512_setzero_si512();
         let bits: [__m512i; 4] = std::array::from_fn(|k| _mm512_loadu_si512(BITS[k].as_ptr() as *const __m512i));
+        let min_dup = _mm256_loadu_si256(MIN_DUP.as_ptr() as *const __m256i);
         let mut acc = _mm512_setzero_ps();
-        let mut accm = _mm_setzero_ps();
+        let mut accm = _mm256_setzero_ps();
         let pf = prefetch_distance();
         for i in 0..nb {
             let b = w.add(i * BB);
             prefetch(b, pf, BB);
             let ab = &*a.add(i);
-            let d = f16_at(b) * ab.d;
-            let dmin = f16_at(b.add(2)) * ab.d;
+            // d and dmin (adjacent f16) times the activation scale, in lanes 0 and 1.
+            let dd = _mm_mul_ps(f16x2_at(b), _mm_set1_ps(ab.d));
             let sm = scales_mins16(b);
-            accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_dot(sm, ab)), accm);
+            let bs = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
+            let mins = _mm256_madd_epi16(bs, _mm256_permutexvar_epi16(min_dup, sm));
+            accm = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), _mm256_cvtepi32_ps(mins), accm);
             let sc = _mm512_castsi256_si512(sm);
             let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(16) as *const __m256i));
             let qs = b.add(48);
@@ -217,15 +234,13 @@ mod x86 {
                 let hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(qh, bits[2 * h + 1]), hi, sixteen);
                 let x0 = _mm512_loadu_si512(x.add(128 * h) as *const __m512i);
                 let x1 = _mm512_loadu_si512(x.add(128 * h + 64) as *const __m512i);
-                let xlo = _mm512_shuffle_i64x2(x0, x1, 0x44);
-                let xhi = _mm512_shuffle_i64x2(x0, x1, 0xEE);
-                let slo = _mm512_permutexvar_epi16(idx[2 * h], sc);
-                let shi = _mm512_permutexvar_epi16(idx[2 * h + 1], sc);
-                sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(lo, xlo), slo);
-                sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(hi, xhi), shi);
+                let plo = _mm512_dpbusd_epi32(zero, lo, _mm512_shuffle_i64x2(x0, x1, 0x44));
+                let phi = _mm512_dpbusd_epi32(zero, hi, _mm512_shuffle_i64x2(x0, x1, 0xEE));
+                let s = _mm512_permutexvar_epi16(idx[h], sc);
+                sumi = _mm512_dpwssd_epi32(sumi, _mm512_packs_epi32(plo, phi), s);
             }
-            acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
+            acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(sumi), acc);
         }
-        hsum_ps512(acc) - hsum_ps128(accm)
+        hsum_ps512(acc) - hsum_ps256(accm)
     }
 }

@@ -53,9 +53,22 @@ fn dequant(b: &[u8], out: &mut [f32]) {
 fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
     let mut sum = 0.0f32;
     for (blk, ab) in w.chunks_exact(BB).zip(a.q8k) {
+        // Codes of the block in element order, then 16 exact integer group sums.
+        let mut q = [0i8; 256];
+        for h in 0..2 {
+            let (ql, qh) = (&blk[64 * h..64 * h + 64], &blk[128 + 32 * h..128 + 32 * h + 32]);
+            let out = &mut q[128 * h..128 * h + 128];
+            for l in 0..32 {
+                let hb = qh[l];
+                out[l] = ((ql[l] & 0x0F) | ((hb & 3) << 4)) as i8 - 32;
+                out[l + 32] = ((ql[l + 32] & 0x0F) | (((hb >> 2) & 3) << 4)) as i8 - 32;
+                out[l + 64] = ((ql[l] >> 4) | (((hb >> 4) & 3) << 4)) as i8 - 32;
+                out[l + 96] = ((ql[l + 32] >> 4) | (((hb >> 6) & 3) << 4)) as i8 - 32;
+            }
+        }
         let mut isum = 0i32;
-        for g in 0..16 {
-            let s: i32 = (0..16).map(|l| (code(blk, 16 * g + l) - 32) * ab.qs[16 * g + l] as i32).sum();
+        for (g, (qg, xg)) in q.chunks_exact(16).zip(ab.qs.chunks_exact(16)).enumerate() {
+            let s: i32 = qg.iter().zip(xg).map(|(&q, &x)| q as i32 * x as i32).sum();
             isum += (blk[192 + g] as i8) as i32 * s;
         }
         sum += f16_le(&blk[208..]) * ab.d * isum as f32;
@@ -150,21 +163,26 @@ mod x86 {
         hsum_ps256(acc)
     }
 
-    /// `vpermw` indices: 128-bit lane k of the result takes scale `4 * p + k` (8 i16 each).
-    const fn quad_idx(p: u16) -> [u16; 32] {
+    /// `vpermw` indices for the packed sums of half `h`: in 128-bit lane k, i16 lanes 0..4 take
+    /// scale 8h+k (codes 0..64 of the half) and 4..8 scale 8h+4+k (codes 64..128).
+    const fn packed_idx(h: u16) -> [u16; 32] {
         let mut c = [0u16; 32];
         let mut i = 0;
         while i < 32 {
-            c[i] = 4 * p + (i as u16 / 8);
+            let lane = i as u16 / 8;
+            let second = (i as u16 % 8) / 4;
+            c[i] = 8 * h + lane + 4 * second;
             i += 1;
         }
         c
     }
-    static QUAD: [[u16; 32]; 4] = [quad_idx(0), quad_idx(1), quad_idx(2), quad_idx(3)];
+    static PACKED: [[u16; 32]; 2] = [packed_idx(0), packed_idx(1)];
 
     /// Per half: one 64-byte `ql` load gives codes 0..64 (low nibbles) and 64..128 (high
     /// nibbles), which line up with contiguous activations; `qh` is duplicated into both
-    /// 256-bit halves and shifted per half with variable 16-bit shifts.
+    /// 256-bit halves and shifted per half with variable 16-bit shifts. VNNI `dpbusd` sums 4
+    /// products (at most 4 * 63 * 127 < 2^15), the two results of a half are packed to i16 and
+    /// one `dpwssd` applies the 16-element group scales.
     ///
     /// # Safety
     /// AVX-512 F/BW/VL/VNNI + F16C; `w` valid for `nb` blocks, `a` for `nb` activation blocks.
@@ -175,7 +193,8 @@ mod x86 {
         // Codes 0..32 need qh << 4, 32..64 qh << 2; codes 64..96 qh >> 0, 96..128 qh >> 2.
         let shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
         let shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
-        let idx: [__m512i; 4] = std::array::from_fn(|k| _mm512_loadu_si512(QUAD[k].as_ptr() as *const __m512i));
+        let idx: [__m512i; 2] = std::array::from_fn(|k| _mm512_loadu_si512(PACKED[k].as_ptr() as *const __m512i));
+        let zero = _mm512_setzero_si512();
         let mut acc = _mm512_setzero_ps();
         let mut acc_off = _mm256_setzero_ps();
         let pf = prefetch_distance();
@@ -191,7 +210,7 @@ mod x86 {
             let sc = _mm512_castsi256_si512(sc16);
             let x = ab.qs.as_ptr();
             let mut sumi = _mm512_setzero_si512();
-            for h in 0..2 {
+            for (h, ix) in idx.iter().enumerate() {
                 let ql = _mm512_loadu_si512(b.add(64 * h) as *const __m512i);
                 let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(128 + 32 * h) as *const __m256i));
                 // lo | (high bits & 0x30), fused: ternary logic A | (B & C) = 0xF8.
@@ -200,10 +219,8 @@ mod x86 {
                 let hi = _mm512_ternarylogic_epi32(qlh, _mm512_srlv_epi16(qh, shr), m30, 0xF8);
                 let x0 = _mm512_loadu_si512(x.add(128 * h) as *const __m512i);
                 let x1 = _mm512_loadu_si512(x.add(128 * h + 64) as *const __m512i);
-                let s0 = _mm512_permutexvar_epi16(idx[2 * h], sc);
-                let s1 = _mm512_permutexvar_epi16(idx[2 * h + 1], sc);
-                sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(lo, x0), s0);
-                sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(hi, x1), s1);
+                let p = _mm512_packs_epi32(_mm512_dpbusd_epi32(zero, lo, x0), _mm512_dpbusd_epi32(zero, hi, x1));
+                sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_permutexvar_epi16(*ix, sc));
             }
             acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
         }

@@ -45,7 +45,7 @@ fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::super::simd::prefetch_distance;
-    use super::super::simd::x86::{f16_at, hsum_ps256, prefetch};
+    use super::super::simd::x86::{f16_at, hsum_ps256, hsum_ps512, prefetch};
     use super::{dot_scalar, ActRow, BlockQ8_32, BB};
     use crate::kernels::Isa;
     use std::arch::x86_64::*;
@@ -97,27 +97,98 @@ mod x86 {
         hsum_ps256(_mm256_add_ps(acc[0], acc[1]))
     }
 
-    /// Same as `avx2`, with VNNI's `dpbusd` doing the multiply-add in one instruction.
+    /// Byte offsets of the scales of 16 consecutive blocks of `stride` bytes.
+    const fn offsets(stride: i32) -> [i32; 16] {
+        let mut o = [0i32; 16];
+        let mut k = 0;
+        while k < 16 {
+            o[k] = k as i32 * stride;
+            k += 1;
+        }
+        o
+    }
+    static W_OFFS: [i32; 16] = offsets(BB as i32);
+    static A_OFFS: [i32; 16] = offsets(std::mem::size_of::<BlockQ8_32>() as i32);
+    /// `vpermps` indices: lanes 0..8 take scale `2k`, lanes 8..16 scale `2k + 1`.
+    const fn pair(k: i32) -> [i32; 16] {
+        let mut o = [0i32; 16];
+        let mut i = 0;
+        while i < 16 {
+            o[i] = 2 * k + (i as i32 / 8);
+            i += 1;
+        }
+        o
+    }
+    static PAIR: [[i32; 16]; 8] = [pair(0), pair(1), pair(2), pair(3), pair(4), pair(5), pair(6), pair(7)];
+
+    /// Integer dot of blocks `b0` and `b0 + BB` with `a0`, `a0 + 1`: 8 i32 lanes per block.
+    #[inline(always)]
+    unsafe fn pair_dot(b0: *const u8, a0: *const BlockQ8_32) -> __m512i {
+        let qw = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256(b0.add(2) as *const __m256i)),
+            _mm256_loadu_si256(b0.add(BB + 2) as *const __m256i),
+            1,
+        );
+        let qa = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256((*a0).qs.as_ptr() as *const __m256i)),
+            _mm256_loadu_si256((*a0.add(1)).qs.as_ptr() as *const __m256i),
+            1,
+        );
+        // Sign trick: |w| (unsigned) x (a * sign w); |w| <= 128, |a| <= 127.
+        let sa = _mm512_mask_sub_epi8(qa, _mm512_movepi8_mask(qw), _mm512_setzero_si512(), qa);
+        _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(qw), sa)
+    }
+
+    /// Two blocks per 512-bit register (`pair_dot`, VNNI `dpbusd`), and the scales of 16 blocks
+    /// at a time: gathered, converted and multiplied once, then spread per pair with `vpermps`
+    /// (per-block scalar scale handling cost as much as the dot itself).
     ///
     /// # Safety
     /// AVX-512 F/BW/VL/VNNI + F16C; `w` valid for `nb` blocks, `a` for `nb` activation blocks.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx2,fma,f16c")]
     unsafe fn avx512(w: *const u8, a: *const BlockQ8_32, nb: usize) -> f32 {
-        let mut acc = [_mm256_setzero_ps(); 2];
-        let zero = _mm256_setzero_si256();
+        let mut acc = _mm512_setzero_ps();
         let pf = prefetch_distance();
-        for i in 0..nb {
+        let w_offs = _mm512_loadu_si512(W_OFFS.as_ptr() as *const __m512i);
+        let a_offs = _mm512_loadu_si512(A_OFFS.as_ptr() as *const __m512i);
+        let mut i = 0;
+        while i + 16 <= nb {
+            let b0 = w.add(i * BB);
+            let a0 = a.add(i);
+            prefetch(b0, pf, 16 * BB);
+            // Each gathered i32 starts at a block: its low 16 bits are the f16 `d`.
+            let dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32::<1>(w_offs, b0 as *const _)));
+            let da = _mm512_i32gather_ps::<1>(a_offs, a0 as *const _);
+            let dv = _mm512_mul_ps(dw, da);
+            for (k, pair) in PAIR.iter().enumerate() {
+                let p = pair_dot(b0.add(2 * k * BB), a0.add(2 * k));
+                let d = _mm512_permutexvar_ps(_mm512_loadu_si512(pair.as_ptr() as *const __m512i), dv);
+                acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc);
+            }
+            i += 16;
+        }
+        while i + 2 <= nb {
+            let b0 = w.add(i * BB);
+            prefetch(b0, pf, 2 * BB);
+            let p = pair_dot(b0, a.add(i));
+            let d = _mm512_insertf32x8(
+                _mm512_set1_ps(f16_at(b0) * (*a.add(i)).d),
+                _mm256_set1_ps(f16_at(b0.add(BB)) * (*a.add(i + 1)).d),
+                1,
+            );
+            acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc);
+            i += 2;
+        }
+        let mut sum = hsum_ps512(acc);
+        if i < nb {
             let b = w.add(i * BB);
-            prefetch(b, pf, BB);
             let ab = &*a.add(i);
-            let d = _mm256_set1_ps(f16_at(b) * ab.d);
             let qw = _mm256_loadu_si256(b.add(2) as *const __m256i);
             let qa = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
-            let neg = _mm256_movepi8_mask(qw);
-            let sa = _mm256_mask_sub_epi8(qa, neg, zero, qa);
-            let p = _mm256_dpbusd_epi32(zero, _mm256_abs_epi8(qw), sa);
-            acc[i & 1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[i & 1]);
+            let sa = _mm256_mask_sub_epi8(qa, _mm256_movepi8_mask(qw), _mm256_setzero_si256(), qa);
+            let p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(qw), sa);
+            sum += hsum_ps256(_mm256_cvtepi32_ps(p)) * (f16_at(b) * ab.d);
         }
-        hsum_ps256(_mm256_add_ps(acc[0], acc[1]))
+        sum
     }
 }

@@ -9,23 +9,24 @@ use super::Isa;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Sum of `bytes` read as little-endian u64 words (the tail shorter than 8 bytes is ignored),
-/// with the widest loads the CPU allows under `isa`. Its only purpose is to read memory as fast as
-/// the machine can: `sluice bench` uses it as the read-bandwidth ceiling for matvec kernels.
-pub fn read_sweep(bytes: &[u8], isa: Isa) -> u64 {
+/// with the widest loads the CPU allows under `isa`, and software prefetch `prefetch` bytes
+/// ahead as the kernels do it (0: none). Its only purpose is to read memory as fast as the
+/// machine can: `sluice bench` uses it as the read-bandwidth ceiling for matvec kernels.
+pub fn read_sweep(bytes: &[u8], isa: Isa, prefetch: usize) -> u64 {
     #[cfg(target_arch = "x86_64")]
     {
         let isa = isa.min(Isa::hardware());
         if isa == Isa::Avx512 {
             // SAFETY: the CPU has AVX-512F (Isa::hardware checked it); the function reads only
             // whole 64-byte chunks inside `bytes`.
-            return unsafe { x86::sweep_avx512(bytes) };
+            return unsafe { x86::sweep_avx512(bytes, prefetch) };
         }
         if isa == Isa::Avx2 {
             // SAFETY: as above for AVX2, 32-byte chunks inside `bytes`.
-            return unsafe { x86::sweep_avx2(bytes) };
+            return unsafe { x86::sweep_avx2(bytes, prefetch) };
         }
     }
-    let _ = isa;
+    let _ = (isa, prefetch);
     let mut acc = [0u64; 8];
     let mut chunks = bytes.chunks_exact(64);
     for c in &mut chunks {
@@ -49,7 +50,7 @@ pub fn read_sweep(bytes: &[u8], isa: Isa) -> u64 {
 ///
 /// Why: the L2 streamer does not cross 4 KiB pages, and a dot kernel keeps too few loads in
 /// flight to cover DRAM latency by itself; on the 2-core Xeon of docs/PERFORMANCE.md software
-/// prefetch took Q4_K matvec from ~40% to ~75% of the read sweep.
+/// prefetch took Q4_K matvec from ~50% to ~85% of the read sweep.
 pub fn prefetch_distance() -> usize {
     let d = PREFETCH.load(Ordering::Relaxed);
     if d != usize::MAX {
@@ -66,7 +67,7 @@ pub fn set_prefetch_distance(bytes: usize) {
 }
 
 /// Default prefetch distance in bytes (see `prefetch_distance`).
-pub const DEFAULT_PREFETCH: usize = 2048;
+pub const DEFAULT_PREFETCH: usize = 3072;
 
 static PREFETCH: AtomicUsize = AtomicUsize::new(usize::MAX);
 
@@ -74,34 +75,73 @@ static PREFETCH: AtomicUsize = AtomicUsize::new(usize::MAX);
 pub(crate) mod x86 {
     use std::arch::x86_64::*;
 
-    /// Prefetch (into L1) the `len` bytes that start `dist` bytes after `p`: one prefetch per
-    /// 64 bytes of `len`. Called once per block of `len` bytes, this covers the whole stream.
-    /// Never faults and never reads in Rust's sense, so `p + dist` may lie past the buffer.
+    /// Prefetch the `len` bytes that start `dist` bytes after `p` into L2, and those `dist / 2`
+    /// after `p` into L1: one prefetch of each kind per 64 bytes of `len`. Called once per
+    /// block of `len` bytes, this covers the whole stream twice over. Never faults and never
+    /// reads in Rust's sense, so the addresses may lie past the buffer.
+    ///
+    /// Why two levels: L2 prefetches far ahead keep many more lines in flight than L1 fill
+    /// buffers allow, and the near L1 prefetch hides the L2 latency (docs/PERFORMANCE.md has
+    /// the A/B: L1 only at 2 KiB reached 77-82% of the read sweep for Q4_K, this 85-88%).
     #[inline(always)]
     pub fn prefetch(p: *const u8, dist: usize, len: usize) {
         if dist == 0 {
             return;
         }
-        let q = p.wrapping_add(dist) as *const i8;
+        let far = p.wrapping_add(dist) as *const i8;
+        let near = p.wrapping_add(dist / 2) as *const i8;
         let mut off = 0;
         while off < len {
-            // SAFETY: a prefetch is a hint: it neither faults nor dereferences (the address is
-            // formed with wrapping arithmetic, so no out-of-bounds pointer offset either). SSE
-            // is part of x86_64's baseline.
-            unsafe { _mm_prefetch(q.wrapping_add(off), _MM_HINT_T0) };
+            // SAFETY: a prefetch is a hint: it neither faults nor dereferences (the addresses
+            // are formed with wrapping arithmetic, so no out-of-bounds pointer offset either).
+            // SSE is part of x86_64's baseline.
+            unsafe {
+                _mm_prefetch(far.wrapping_add(off), _MM_HINT_T1);
+                _mm_prefetch(near.wrapping_add(off), _MM_HINT_T0);
+            }
             off += 64;
         }
     }
 
-    /// f16 bits at `p` (little-endian, unaligned) as f32, exactly.
+    /// The f16 values at `p` and `p + 2` (little-endian, unaligned) as f32 in lanes 0 and 1.
+    ///
+    /// Written in `asm!` on purpose: from intrinsics LLVM narrows the load and emits
+    /// `vpinsrw` into an arbitrary register, whose old value then becomes a false dependency;
+    /// it picked loop accumulators and serialised whole kernels on the FMA chain (Q8_0 ran at
+    /// half speed). `vmovd` from memory writes the full register.
+    ///
+    /// # Safety
+    /// F16C available; `p` valid for 4 bytes.
+    #[inline(always)]
+    pub unsafe fn f16x2_at(p: *const u8) -> __m128 {
+        let x: __m128;
+        std::arch::asm!(
+            "vmovd {x}, dword ptr [{p}]",
+            "vcvtph2ps {x}, {x}",
+            p = in(reg) p,
+            x = out(xmm_reg) x,
+            options(pure, readonly, nostack, preserves_flags)
+        );
+        x
+    }
+
+    /// The f16 at `p` (little-endian, unaligned) as f32; see [`f16x2_at`] for why `asm!`.
     ///
     /// # Safety
     /// F16C available; `p` valid for 2 bytes.
-    #[inline]
-    #[target_feature(enable = "avx2,f16c")]
+    #[inline(always)]
     pub unsafe fn f16_at(p: *const u8) -> f32 {
-        let bits = std::ptr::read_unaligned(p as *const u16);
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+        let x: __m128;
+        std::arch::asm!(
+            "movzx {t:e}, word ptr [{p}]",
+            "vmovd {x}, {t:e}",
+            "vcvtph2ps {x}, {x}",
+            p = in(reg) p,
+            t = out(reg) _,
+            x = out(xmm_reg) x,
+            options(pure, readonly, nostack, preserves_flags)
+        );
+        _mm_cvtss_f32(x)
     }
 
     /// # Safety
@@ -138,11 +178,12 @@ pub(crate) mod x86 {
     /// # Safety
     /// AVX2 available.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn sweep_avx2(b: &[u8]) -> u64 {
+    pub unsafe fn sweep_avx2(b: &[u8], pf: usize) -> u64 {
         let n = b.len() / 128;
         let p = b.as_ptr();
         let mut a = [_mm256_setzero_si256(); 4];
         for i in 0..n {
+            prefetch(p.add(i * 128), pf, 128);
             let q = p.add(i * 128) as *const __m256i;
             for (k, acc) in a.iter_mut().enumerate() {
                 *acc = _mm256_add_epi64(*acc, _mm256_loadu_si256(q.add(k)));
@@ -162,11 +203,12 @@ pub(crate) mod x86 {
     /// # Safety
     /// AVX-512F available.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn sweep_avx512(b: &[u8]) -> u64 {
+    pub unsafe fn sweep_avx512(b: &[u8], pf: usize) -> u64 {
         let n = b.len() / 256;
         let p = b.as_ptr();
         let mut a = [_mm512_setzero_si512(); 4];
         for i in 0..n {
+            prefetch(p.add(i * 256), pf, 256);
             let q = p.add(i * 256) as *const __m512i;
             for (k, acc) in a.iter_mut().enumerate() {
                 *acc = _mm512_add_epi64(*acc, _mm512_loadu_si512(q.add(k)));

@@ -2,7 +2,7 @@
 //!
 //! Free functions over slices, no allocation: the forward pass calls them on buffers it owns.
 
-use super::config::RopeLayout;
+use super::config::{RopeLayout, RopeScaling};
 
 /// out = x / sqrt(mean(x^2) + eps) * w (HF RMSNorm, computed in f32 with an f64 sum).
 pub fn rmsnorm(out: &mut [f32], x: &[f32], w: &[f32], eps: f32) {
@@ -94,20 +94,48 @@ pub struct Rope {
     sin: Vec<f32>, // (ctx, half)
 }
 
+/// Rotary inverse frequencies for `dim` rotating dimensions, as transformers computes them
+/// (f32 arithmetic; YaRN per `_compute_yarn_parameters`), and the cos/sin scale.
+pub fn rope_inv_freq(dim: usize, theta: f64, scaling: RopeScaling) -> (Vec<f32>, f32) {
+    let half = dim / 2;
+    let pos_freqs: Vec<f32> = (0..half).map(|i| (theta as f32).powf((2 * i) as f32 / dim as f32)).collect();
+    match scaling {
+        RopeScaling::None => (pos_freqs.iter().map(|p| 1.0 / p).collect(), 1.0),
+        RopeScaling::Linear(f) => (pos_freqs.iter().map(|p| 1.0 / p / f as f32).collect(), 1.0),
+        RopeScaling::Yarn { factor, orig_ctx, beta_fast, beta_slow, attention_factor } => {
+            let corr = |rot: f64| (dim as f64 * (orig_ctx / (rot * 2.0 * std::f64::consts::PI)).ln()) / (2.0 * theta.ln());
+            let low = corr(beta_fast).floor().max(0.0);
+            let mut high = corr(beta_slow).ceil().min(dim as f64 - 1.0);
+            if low == high {
+                high += 0.001;
+            }
+            let inv: Vec<f32> = pos_freqs
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    let ramp = ((i as f32 - low as f32) / (high as f32 - low as f32)).clamp(0.0, 1.0);
+                    let extra = 1.0 - ramp; // extrapolation weight
+                    let (fe, fi) = (1.0 / p, 1.0 / (factor as f32 * p));
+                    fi * (1.0 - extra) + fe * extra
+                })
+                .collect();
+            (inv, attention_factor as f32)
+        }
+    }
+}
+
 impl Rope {
-    /// Frequencies as HF computes them: inv_freq[i] = 1 / theta^(2i/d) in f32, angle =
-    /// (pos / linear_factor) * inv_freq in f32.
-    pub fn new(head_dim: usize, ctx: usize, theta: f64, linear_factor: f64, layout: RopeLayout) -> Rope {
-        let half = head_dim / 2;
-        let inv_freq: Vec<f32> = (0..half).map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / head_dim as f32)).collect();
+    /// Tables for `dim` rotating dimensions: angle = pos * inv_freq in f32, as HF computes it.
+    pub fn new(dim: usize, ctx: usize, theta: f64, scaling: RopeScaling, layout: RopeLayout) -> Rope {
+        let half = dim / 2;
+        let (inv_freq, mscale) = rope_inv_freq(dim, theta, scaling);
         let mut cos = Vec::with_capacity(ctx * half);
         let mut sin = Vec::with_capacity(ctx * half);
         for p in 0..ctx {
-            let pos = (p as f64 / linear_factor) as f32;
             for f in &inv_freq {
-                let a = pos * f;
-                cos.push(a.cos());
-                sin.push(a.sin());
+                let a = p as f32 * f;
+                cos.push(a.cos() * mscale);
+                sin.push(a.sin() * mscale);
             }
         }
         Rope { layout, half, cos, sin }
@@ -117,7 +145,8 @@ impl Rope {
         self.cos.len() / self.half.max(1)
     }
 
-    /// Rotate one head (`2*half` values) for position `pos`.
+    /// Rotate the first `2*half` values of one head for position `pos` (the rest, if any, is
+    /// the non-rotating part of a partial-rotary head).
     pub fn apply(&self, x: &mut [f32], pos: usize) {
         let h = self.half;
         let c = &self.cos[pos * h..(pos + 1) * h];
@@ -164,8 +193,8 @@ mod tests {
     fn rope_layouts_agree_up_to_permutation() {
         // Rotating an interleaved vector equals rotating its half-split permutation.
         let d = 8;
-        let a = Rope::new(d, 4, 10000.0, 1.0, RopeLayout::Interleaved);
-        let b = Rope::new(d, 4, 10000.0, 1.0, RopeLayout::HalfSplit);
+        let a = Rope::new(d, 4, 10000.0, RopeScaling::None, RopeLayout::Interleaved);
+        let b = Rope::new(d, 4, 10000.0, RopeScaling::None, RopeLayout::HalfSplit);
         let x: Vec<f32> = (0..d).map(|i| i as f32 * 0.3 - 1.0).collect();
         let mut xi = x.clone();
         let mut xh: Vec<f32> = (0..d).map(|i| if i < d / 2 { x[2 * i] } else { x[2 * (i - d / 2) + 1] }).collect();

@@ -15,6 +15,10 @@ pub enum Family {
     /// Mixtral, written by llama.cpp as GGUF architecture `llama` with experts.
     Mixtral,
     Olmoe,
+    /// DeepSeek-V3/R1 and Kimi-K2 (GGUF `deepseek2`): MLA attention, sigmoid group routing.
+    DeepseekV3,
+    /// GLM-4.5/4.6/4.7 MoE (GGUF `glm4moe`).
+    Glm4Moe,
 }
 
 impl Family {
@@ -23,6 +27,8 @@ impl Family {
             Family::Qwen3Moe => "qwen3moe",
             Family::Mixtral => "mixtral",
             Family::Olmoe => "olmoe",
+            Family::DeepseekV3 => "deepseek2",
+            Family::Glm4Moe => "glm4moe",
         }
     }
 }
@@ -32,18 +38,53 @@ impl Family {
 pub enum RopeLayout {
     /// Pairs (i, i + d/2): HF `rotate_half`, llama.cpp NEOX.
     HalfSplit,
-    /// Pairs (2i, 2i+1): llama.cpp's normal mode (its converter permutes llama q/k to suit).
+    /// Pairs (2i, 2i+1): llama.cpp's normal mode (its converter permutes llama q/k to suit),
+    /// and DeepSeek-V3's `rope_interleave`.
     Interleaved,
+}
+
+/// Position scaling of the rotary frequencies.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RopeScaling {
+    None,
+    Linear(f64),
+    /// YaRN (as transformers' `_compute_yarn_parameters`): frequencies blended between
+    /// interpolation and extrapolation; cos/sin scaled by `attention_factor`.
+    Yarn { factor: f64, orig_ctx: f64, beta_fast: f64, beta_slow: f64, attention_factor: f64 },
 }
 
 /// Where the q/k RMSNorm applies, if the family has one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QkNorm {
     None,
-    /// One weight of `head_dim`, applied to each head (Qwen3).
+    /// One weight of `head_dim`, applied to each head (Qwen3, GLM).
     PerHead,
     /// One weight over all heads' concatenation (OLMoE).
     Whole,
+}
+
+/// Attention variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttnKind {
+    /// Grouped-query attention over full K/V.
+    Gqa,
+    /// Multi-head latent attention: the cache holds `kv_lora` latent + `rope` key values per
+    /// token; decode runs in latent space (up-projections folded into q and the output).
+    Mla { q_lora: Option<usize>, kv_lora: usize, nope: usize, rope: usize, v_dim: usize },
+}
+
+/// How router logits become expert choices and weights.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Routing {
+    /// Sigmoid scores (DeepSeek-V3, GLM) instead of softmax.
+    pub sigmoid: bool,
+    /// Group-limited selection: keep the `topk_group` best of `n_group` groups (1 = off).
+    pub n_group: usize,
+    pub topk_group: usize,
+    /// Renormalise the chosen weights to sum to one.
+    pub norm_topk_prob: bool,
+    /// Multiply the final weights (DeepSeek's `routed_scaling_factor`).
+    pub scale: f32,
 }
 
 #[derive(Clone, Debug)]
@@ -54,22 +95,45 @@ pub struct ModelConfig {
     pub n_layers: usize,
     pub n_heads: usize,
     pub n_kv_heads: usize,
+    /// Per-head width of q and k (MLA: nope + rope).
     pub head_dim: usize,
+    /// Per-head width of v (= head_dim except MLA).
+    pub v_head_dim: usize,
+    pub attn: AttnKind,
+    /// Bias on q/k/v projections (GLM).
+    pub attn_bias: bool,
     pub rms_eps: f32,
     pub rope_theta: f64,
     pub rope_layout: RopeLayout,
-    /// Linear position scaling factor (1.0 = none).
-    pub rope_linear_factor: f64,
+    pub rope_scaling: RopeScaling,
+    /// Dimensions of a head that rotate (partial rotary; MLA: the rope part).
+    pub rotary_dim: usize,
+    /// Softmax scale of attention scores.
+    pub attn_scale: f32,
     pub qk_norm: QkNorm,
     pub n_experts: usize,
     pub n_experts_used: usize,
     /// Intermediate size of one routed expert.
     pub expert_ffn: usize,
-    /// Renormalise the top-k routing weights to sum to one.
-    pub norm_topk_prob: bool,
+    pub routing: Routing,
+    /// Shared experts' total intermediate size (0 = none).
+    pub shared_ffn: usize,
+    /// The first `n_dense_layers` layers have a dense FFN of `dense_ffn` instead of experts.
+    pub n_dense_layers: usize,
+    pub dense_ffn: usize,
+    /// Multi-token-prediction layers after the main stack (not run by the main forward pass).
+    pub n_mtp_layers: usize,
     /// Context length the model was trained for (the run's `-c` may differ).
     pub train_ctx: usize,
     pub tie_embeddings: bool,
+}
+
+fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
+    if scale <= 1.0 {
+        1.0
+    } else {
+        0.1 * mscale * scale.ln() + 1.0
+    }
 }
 
 impl ModelConfig {
@@ -101,14 +165,21 @@ impl ModelConfig {
         let family = match arch.as_str() {
             "qwen3moe" => Family::Qwen3Moe,
             "olmoe" => Family::Olmoe,
+            "deepseek2" => Family::DeepseekV3,
+            "glm4moe" => Family::Glm4Moe,
             "llama" if n_experts > 0 => Family::Mixtral,
             "llama" => return Err(ModelError::Config("GGUF architecture llama without experts (dense models are not supported)".into())),
-            other => return Err(ModelError::Config(format!("unknown architecture {other:?} (supported: qwen3moe, llama with experts (Mixtral), olmoe)"))),
+            other => {
+                return Err(ModelError::Config(format!(
+                    "unknown architecture {other:?} (supported: qwen3moe, llama with experts (Mixtral), olmoe, deepseek2, glm4moe)"
+                )))
+            }
         };
         let hidden = req_u("embedding_length")?;
         let n_heads = req_u("attention.head_count")?;
-        let n_kv_heads = opt_u("attention.head_count_kv").unwrap_or(n_heads);
-        let head_dim = opt_u("attention.key_length").unwrap_or(hidden / n_heads.max(1));
+        let mut n_kv_heads = opt_u("attention.head_count_kv").unwrap_or(n_heads);
+        let mut head_dim = opt_u("attention.key_length").unwrap_or(hidden / n_heads.max(1));
+        let mut v_head_dim = opt_u("attention.value_length").unwrap_or(head_dim);
         let vocab = match opt_u("vocab_size") {
             Some(v) => v,
             None => files
@@ -121,33 +192,78 @@ impl ModelConfig {
             Some(v) => v,
             None => req_u("feed_forward_length")?,
         };
+        let n_mtp_layers = opt_u("nextn_predict_layers").unwrap_or(0);
+        let n_layers = req_u("block_count")?.checked_sub(n_mtp_layers).unwrap_or(0);
         let scaling = get("rope.scaling.type").and_then(MetaValue::as_str).unwrap_or("none");
-        let rope_linear_factor = match scaling {
-            "none" => 1.0,
-            "linear" => opt_f("rope.scaling.factor").unwrap_or(1.0),
+        let factor = opt_f("rope.scaling.factor").unwrap_or(1.0);
+        let rope_scaling = match scaling {
+            "none" => RopeScaling::None,
+            "linear" => RopeScaling::Linear(factor),
+            "yarn" => RopeScaling::Yarn {
+                factor,
+                orig_ctx: opt_f("rope.scaling.original_context_length").unwrap_or(4096.0),
+                beta_fast: opt_f("rope.scaling.yarn_beta_fast").unwrap_or(32.0),
+                beta_slow: opt_f("rope.scaling.yarn_beta_slow").unwrap_or(1.0),
+                // llama.cpp keeps mscale == mscale_all_dim for DeepSeek: cos/sin unscaled.
+                attention_factor: 1.0,
+            },
             other => return Err(ModelError::Config(format!("{}: rope scaling {other:?} is not supported for {arch}", key("rope.scaling.type")))),
         };
+        let mut attn = AttnKind::Gqa;
+        let mut rotary_dim = opt_u("rope.dimension_count").unwrap_or(head_dim);
+        let mut attn_scale = 1.0 / (head_dim as f64).sqrt();
+        if family == Family::DeepseekV3 {
+            let kv_lora = req_u("attention.kv_lora_rank")?;
+            let rope = req_u("rope.dimension_count")?;
+            let qk = opt_u("attention.key_length_mla").unwrap_or(head_dim);
+            let v_dim = opt_u("attention.value_length_mla").unwrap_or(v_head_dim);
+            let q_lora = opt_u("attention.q_lora_rank").filter(|r| *r > 0);
+            attn = AttnKind::Mla { q_lora, kv_lora, nope: qk.saturating_sub(rope), rope, v_dim };
+            (head_dim, v_head_dim, n_kv_heads, rotary_dim) = (qk, v_dim, n_heads, rope);
+            attn_scale = 1.0 / (qk as f64).sqrt();
+            if let RopeScaling::Yarn { factor, .. } = rope_scaling {
+                // yarn_log_multiplier = 0.1 * mscale_all_dim
+                let m = yarn_mscale(factor, opt_f("rope.scaling.yarn_log_multiplier").unwrap_or(0.1) / 0.1);
+                attn_scale *= m * m;
+            }
+        }
+        let sigmoid = matches!(family, Family::DeepseekV3 | Family::Glm4Moe) && opt_u("expert_gating_func").unwrap_or(2) == 2;
         let default_norm = !matches!(family, Family::Olmoe);
         let cfg = ModelConfig {
             family,
             vocab,
             hidden,
-            n_layers: req_u("block_count")?,
+            n_layers,
             n_heads,
             n_kv_heads,
             head_dim,
+            v_head_dim,
+            attn,
+            attn_bias: files.tensor("blk.0.attn_q.bias").is_some(),
             rms_eps: opt_f("attention.layer_norm_rms_epsilon").unwrap_or(1e-6) as f32,
             rope_theta: opt_f("rope.freq_base").unwrap_or(10000.0),
             rope_layout: match family {
-                Family::Mixtral => RopeLayout::Interleaved,
-                Family::Qwen3Moe | Family::Olmoe => RopeLayout::HalfSplit,
+                Family::Mixtral | Family::DeepseekV3 => RopeLayout::Interleaved,
+                Family::Qwen3Moe | Family::Olmoe | Family::Glm4Moe => RopeLayout::HalfSplit,
             },
-            rope_linear_factor,
+            rope_scaling,
+            rotary_dim,
+            attn_scale: attn_scale as f32,
             qk_norm: QkNorm::None, // decided from tensor shapes by the loader
             n_experts,
             n_experts_used: req_u("expert_used_count")?,
             expert_ffn,
-            norm_topk_prob: get("expert_weights_norm").and_then(MetaValue::as_bool).unwrap_or(default_norm),
+            routing: Routing {
+                sigmoid,
+                n_group: opt_u("expert_group_count").unwrap_or(1).max(1),
+                topk_group: opt_u("expert_group_used_count").unwrap_or(1).max(1),
+                norm_topk_prob: get("expert_weights_norm").and_then(MetaValue::as_bool).unwrap_or(default_norm),
+                scale: opt_f("expert_weights_scale").unwrap_or(1.0) as f32,
+            },
+            shared_ffn: opt_u("expert_shared_count").unwrap_or(0) * expert_ffn,
+            n_dense_layers: opt_u("leading_dense_block_count").unwrap_or(0),
+            dense_ffn: opt_u("feed_forward_length").unwrap_or(0),
+            n_mtp_layers,
             train_ctx: opt_u("context_length").unwrap_or(4096),
             tie_embeddings: files.tensor("output.weight").is_none(),
         };
@@ -166,9 +282,11 @@ impl ModelConfig {
             "Qwen3MoeForCausalLM" | "qwen3_moe" => Family::Qwen3Moe,
             "MixtralForCausalLM" | "mixtral" => Family::Mixtral,
             "OlmoeForCausalLM" | "olmoe" => Family::Olmoe,
+            "DeepseekV3ForCausalLM" | "deepseek_v3" => Family::DeepseekV3,
+            "Glm4MoeForCausalLM" | "glm4_moe" => Family::Glm4Moe,
             other => {
                 return Err(ModelError::Config(format!(
-                    "config.json: unknown architecture {other:?} (supported: Qwen3MoeForCausalLM, MixtralForCausalLM, OlmoeForCausalLM)"
+                    "config.json: unknown architecture {other:?} (supported: Qwen3MoeForCausalLM, MixtralForCausalLM, OlmoeForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM)"
                 )))
             }
         };
@@ -182,30 +300,41 @@ impl ModelConfig {
         let opt_f = |k: &str| cfg.get(k).and_then(Value::as_f64);
         let hidden = req_u("hidden_size")?;
         let n_heads = req_u("num_attention_heads")?;
+        let max_pos = opt_u("max_position_embeddings").unwrap_or(4096);
         // transformers 5 moved rope settings into `rope_parameters`; older configs have them top-level.
         let rope = cfg.get("rope_parameters").or_else(|| cfg.get("rope_scaling")).filter(|v| v.is_object());
-        let rope_theta = rope
-            .and_then(|r| r.get("rope_theta"))
-            .and_then(Value::as_f64)
-            .or_else(|| opt_f("rope_theta"))
-            .unwrap_or(10000.0);
-        let rope_type = rope
-            .and_then(|r| r.get("rope_type").or_else(|| r.get("type")))
-            .and_then(Value::as_str)
-            .unwrap_or("default");
-        let rope_linear_factor = match rope_type {
-            "default" => 1.0,
-            "linear" => rope.and_then(|r| r.get("factor")).and_then(Value::as_f64).unwrap_or(1.0),
+        let rget = |k: &str| rope.and_then(|r| r.get(k)).and_then(Value::as_f64);
+        let rope_theta = rget("rope_theta").or_else(|| opt_f("rope_theta")).unwrap_or(10000.0);
+        let rope_type = rope.and_then(|r| r.get("rope_type").or_else(|| r.get("type"))).and_then(Value::as_str).unwrap_or("default");
+        let factor = rget("factor").unwrap_or(1.0);
+        let rope_scaling = match rope_type {
+            "default" => RopeScaling::None,
+            "linear" => RopeScaling::Linear(factor),
+            "yarn" => {
+                // As transformers: with original_max_position_embeddings the factor is the
+                // ratio of the context lengths; cos/sin scale by mscale ratios.
+                let (orig, f) = match rget("original_max_position_embeddings") {
+                    Some(o) => (o, max_pos as f64 / o),
+                    None => (max_pos as f64, factor),
+                };
+                let attention_factor = match (rget("attention_factor"), rget("mscale"), rget("mscale_all_dim")) {
+                    (Some(a), _, _) => a,
+                    (None, Some(m), Some(ma)) if m != 0.0 && ma != 0.0 => yarn_mscale(f, m) / yarn_mscale(f, ma),
+                    _ => yarn_mscale(f, 1.0),
+                };
+                RopeScaling::Yarn { factor: f, orig_ctx: orig, beta_fast: rget("beta_fast").unwrap_or(32.0), beta_slow: rget("beta_slow").unwrap_or(1.0), attention_factor }
+            }
             other => return Err(ModelError::Config(format!("config.json: rope type {other:?} is not supported for {}", family.name()))),
         };
-        // transformers 5 writes `num_local_experts` for every family; older configs `num_experts`.
-        let n_experts = match opt_u("num_experts").or_else(|| opt_u("num_local_experts")) {
-            Some(n) => n,
-            None => return Err(ModelError::Config("config.json: neither num_experts nor num_local_experts is set".into())),
-        };
+        // transformers 5 writes `num_local_experts` for some families; others `num_experts`
+        // or DeepSeek's `n_routed_experts`.
+        let n_experts = ["num_experts", "num_local_experts", "n_routed_experts"]
+            .iter()
+            .find_map(|k| opt_u(k))
+            .ok_or_else(|| ModelError::Config("config.json: none of num_experts / num_local_experts / n_routed_experts is set".into()))?;
         let expert_ffn = match family {
-            Family::Qwen3Moe => req_u("moe_intermediate_size")?,
             Family::Mixtral | Family::Olmoe => req_u("intermediate_size")?,
+            _ => req_u("moe_intermediate_size")?,
         };
         if family == Family::Qwen3Moe {
             let step = opt_u("decoder_sparse_step").unwrap_or(1);
@@ -214,31 +343,77 @@ impl ModelConfig {
                 return Err(ModelError::Config("config.json: Qwen3-MoE with dense layers (decoder_sparse_step != 1 or mlp_only_layers) is not supported".into()));
             }
         }
+        let mut head_dim = opt_u("head_dim").unwrap_or(hidden / n_heads.max(1));
+        let mut v_head_dim = head_dim;
+        let mut n_kv_heads = opt_u("num_key_value_heads").unwrap_or(n_heads);
+        let partial = rget("partial_rotary_factor").or_else(|| opt_f("partial_rotary_factor")).unwrap_or(1.0);
+        let mut rotary_dim = (head_dim as f64 * partial) as usize;
+        let mut attn = AttnKind::Gqa;
+        let mut attn_scale = 1.0 / (head_dim as f64).sqrt();
+        let mut layout = RopeLayout::HalfSplit;
+        if family == Family::DeepseekV3 {
+            let (nope, rope_d, v_dim, kv_lora) = (req_u("qk_nope_head_dim")?, req_u("qk_rope_head_dim")?, req_u("v_head_dim")?, req_u("kv_lora_rank")?);
+            attn = AttnKind::Mla { q_lora: opt_u("q_lora_rank"), kv_lora, nope, rope: rope_d, v_dim };
+            (head_dim, v_head_dim, n_kv_heads, rotary_dim) = (nope + rope_d, v_dim, n_heads, rope_d);
+            attn_scale = 1.0 / (head_dim as f64).sqrt();
+            if rope_type != "default" {
+                let ma = rget("mscale_all_dim").unwrap_or(0.0);
+                if ma != 0.0 {
+                    let m = yarn_mscale(factor, ma);
+                    attn_scale *= m * m;
+                }
+            }
+            if cfg.get("rope_interleave").and_then(Value::as_bool).unwrap_or(true) {
+                layout = RopeLayout::Interleaved;
+            }
+            let scoring = cfg.get("scoring_func").and_then(Value::as_str).unwrap_or("sigmoid");
+            if scoring != "sigmoid" {
+                return Err(ModelError::Config(format!("config.json: scoring_func {scoring:?} is not supported (sigmoid only)")));
+            }
+        }
+        let sigmoid = matches!(family, Family::DeepseekV3 | Family::Glm4Moe);
+        let n_shared = opt_u("n_shared_experts").unwrap_or(0);
         let c = ModelConfig {
             family,
             vocab: req_u("vocab_size")?,
             hidden,
             n_layers: req_u("num_hidden_layers")?,
             n_heads,
-            n_kv_heads: opt_u("num_key_value_heads").unwrap_or(n_heads),
-            head_dim: opt_u("head_dim").unwrap_or(hidden / n_heads.max(1)),
+            n_kv_heads,
+            head_dim,
+            v_head_dim,
+            attn,
+            attn_bias: family == Family::Glm4Moe && cfg.get("attention_bias").and_then(Value::as_bool).unwrap_or(false),
             rms_eps: opt_f("rms_norm_eps").unwrap_or(1e-6) as f32,
             rope_theta,
-            rope_layout: RopeLayout::HalfSplit,
-            rope_linear_factor,
+            rope_layout: layout,
+            rope_scaling,
+            rotary_dim,
+            attn_scale: attn_scale as f32,
             qk_norm: match family {
                 Family::Qwen3Moe => QkNorm::PerHead,
+                Family::Glm4Moe if cfg.get("use_qk_norm").and_then(Value::as_bool).unwrap_or(false) => QkNorm::PerHead,
                 Family::Olmoe => QkNorm::Whole,
-                Family::Mixtral => QkNorm::None,
+                _ => QkNorm::None,
             },
             n_experts,
             n_experts_used: req_u("num_experts_per_tok")?,
             expert_ffn,
-            norm_topk_prob: match family {
-                Family::Mixtral => true,
-                _ => cfg.get("norm_topk_prob").and_then(Value::as_bool).unwrap_or(false),
+            routing: Routing {
+                sigmoid,
+                n_group: if sigmoid { opt_u("n_group").unwrap_or(1).max(1) } else { 1 },
+                topk_group: if sigmoid { opt_u("topk_group").unwrap_or(1).max(1) } else { 1 },
+                norm_topk_prob: match family {
+                    Family::Mixtral => true,
+                    _ => cfg.get("norm_topk_prob").and_then(Value::as_bool).unwrap_or(false),
+                },
+                scale: if sigmoid { opt_f("routed_scaling_factor").unwrap_or(1.0) as f32 } else { 1.0 },
             },
-            train_ctx: opt_u("max_position_embeddings").unwrap_or(4096),
+            shared_ffn: n_shared * expert_ffn,
+            n_dense_layers: if sigmoid { opt_u("first_k_dense_replace").unwrap_or(0) } else { 0 },
+            dense_ffn: opt_u("intermediate_size").unwrap_or(0),
+            n_mtp_layers: opt_u("num_nextn_predict_layers").unwrap_or(0),
+            train_ctx: max_pos,
             tie_embeddings: cfg.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
         };
         c.validate()?;
@@ -253,8 +428,8 @@ impl ModelConfig {
         if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
             return bad(format!("{} attention heads is not a multiple of {} key/value heads", self.n_heads, self.n_kv_heads));
         }
-        if self.head_dim % 2 != 0 {
-            return bad(format!("head_dim {} is odd; rotary embeddings need pairs", self.head_dim));
+        if self.rotary_dim % 2 != 0 || self.rotary_dim > self.head_dim {
+            return bad(format!("rotary dimension {} must be even and at most head_dim {}", self.rotary_dim, self.head_dim));
         }
         if self.n_experts == 0 || self.n_experts_used == 0 || self.n_experts_used > self.n_experts {
             return bad(format!("{} experts used per token out of {}", self.n_experts_used, self.n_experts));
@@ -262,15 +437,41 @@ impl ModelConfig {
         if self.expert_ffn == 0 {
             return bad("expert intermediate size is 0".into());
         }
+        let r = &self.routing;
+        if self.n_experts % r.n_group != 0 || r.topk_group > r.n_group || r.topk_group * (self.n_experts / r.n_group) < self.n_experts_used {
+            return bad(format!("expert groups: {} experts in {} groups, {} groups kept, {} experts used", self.n_experts, r.n_group, r.topk_group, self.n_experts_used));
+        }
+        if self.n_dense_layers > self.n_layers || (self.n_dense_layers > 0 && self.dense_ffn == 0) {
+            return bad(format!("{} dense layers of width {} in a {}-layer model", self.n_dense_layers, self.dense_ffn, self.n_layers));
+        }
         Ok(())
     }
 
-    /// Query width (all heads) and key/value width (all kv heads).
+    /// Width of all heads' queries.
     pub fn q_dim(&self) -> usize {
         self.n_heads * self.head_dim
     }
 
+    /// Width of GQA keys/values (all kv heads).
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
+    }
+
+    /// Width of all heads' attention outputs (o_proj input).
+    pub fn att_dim(&self) -> usize {
+        self.n_heads * self.v_head_dim
+    }
+
+    /// Floats per token per layer in the key cache and the value cache.
+    pub fn cache_dims(&self) -> (usize, usize) {
+        match self.attn {
+            AttnKind::Gqa => (self.kv_dim(), self.n_kv_heads * self.v_head_dim),
+            AttnKind::Mla { kv_lora, rope, .. } => (kv_lora + rope, 0),
+        }
+    }
+
+    /// Whether layer `l` routes to experts (else it has a dense FFN).
+    pub fn is_moe_layer(&self, l: usize) -> bool {
+        l >= self.n_dense_layers
     }
 }

@@ -6,9 +6,11 @@
 //! depend on the order in which experts are computed (or, later, arrive from disk).
 
 use super::blocks::{axpy, dot, rmsnorm, rmsnorm_inplace, silu, softmax, top_k};
-use super::config::{ModelConfig, QkNorm};
+use super::config::{AttnKind, ModelConfig, QkNorm};
+use super::weights::{Attention, Ffn, Gqa, HeadMat, Mla, Mlp, Moe};
 use super::{Model, ModelError};
-use crate::kernels::{self, Acts};
+use crate::experts::ExpertCache;
+use crate::kernels::{self, Acts, Isa, WeightView};
 use rayon::prelude::*;
 
 /// Buffers for one sequence: activations for up to `batch` tokens and the KV cache for `ctx`.
@@ -21,24 +23,32 @@ pub struct State {
     x: Vec<f32>,        // (batch, hidden) residual stream
     xn: Vec<f32>,       // (batch, hidden) normed input of a sub-block
     q: Vec<f32>,        // (batch, q_dim)
-    k: Vec<f32>,        // (batch, kv_dim)
+    qa: Vec<f32>,       // (batch, q_lora) MLA q latent
+    k: Vec<f32>,        // (batch, max(kv_dim, kv_lora + rope))
     v: Vec<f32>,        // (batch, kv_dim)
-    att: Vec<f32>,      // (batch, q_dim) attention output before o_proj
+    att: Vec<f32>,      // (batch, att_dim) attention output before o_proj
     scores: Vec<f32>,   // (n_heads, ctx)
+    lat: Vec<f32>,      // (2, kv_lora) MLA: q folded into latent space, latent context
     proj: Vec<f32>,     // (batch, hidden) sub-block output
-    pub(super) kcache: Vec<f32>, // (layers, ctx, kv_dim); pub(super) for kv_io.rs
-    pub(super) vcache: Vec<f32>, // (layers, ctx, kv_dim)
-    router: Vec<f32>,   // (batch, n_experts)
+    pub(super) kcache: Vec<f32>, // (layers, ctx, k_dim) GQA keys, or MLA latent + rope key; pub(super) for kv_io.rs
+    pub(super) vcache: Vec<f32>, // (layers, ctx, v_dim) GQA values (empty for MLA)
+    router: Vec<f32>,   // (batch, n_experts) router scores
+    choice: Vec<f32>,   // (n_experts) selection scores of one token
+    groups_score: Vec<f32>, // (n_group)
+    groups_kept: Vec<usize>, // (topk_group)
     sel: Vec<usize>,    // (batch, k) chosen experts
     selw: Vec<f32>,     // (batch, k) their routing weights
     groups: Vec<Vec<(u32, u32)>>, // per expert: (token, slot) pairs, capacity batch
     gathered: Vec<f32>, // (batch, hidden) inputs of one expert's tokens
-    gate: Vec<f32>,     // (batch, ffn)
-    up: Vec<f32>,       // (batch, ffn)
+    gate: Vec<f32>,     // (batch, widest ffn)
+    up: Vec<f32>,       // (batch, widest ffn)
     down: Vec<f32>,     // (batch, hidden)
     slot_out: Vec<f32>, // (batch, k, hidden) each token's expert outputs, unweighted
     acts: Acts,
     logits: Vec<f32>,   // (logit_rows, vocab)
+    needed: Vec<usize>, // (n_experts) experts one MoE layer needs, ascending
+    /// Streaming expert cache; `None` = experts are read through the mapped files.
+    pub(crate) expert_cache: Option<ExpertCache>,
     /// Experts computed in the last forward call, summed over layers (telemetry).
     pub experts_run: usize,
 }
@@ -47,10 +57,16 @@ impl State {
     /// `batch`: most tokens per forward chunk (prefill speed vs memory); `logit_rows`: most
     /// positions whose logits one chunk returns (1 for generation).
     pub fn new(cfg: &ModelConfig, ctx: usize, batch: usize, logit_rows: usize) -> State {
-        let (h, qd, kvd, e, k, f) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn);
+        let (h, qd, kvd, e, k) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.n_experts, cfg.n_experts_used);
+        let (kc, vc) = cfg.cache_dims();
+        let (q_lora, kv_lora) = match cfg.attn {
+            AttnKind::Mla { q_lora, kv_lora, .. } => (q_lora.unwrap_or(0), kv_lora),
+            AttnKind::Gqa => (0, 0),
+        };
+        let ffn = cfg.expert_ffn.max(cfg.dense_ffn).max(cfg.shared_ffn);
         let batch = batch.max(1);
         let logit_rows = logit_rows.clamp(1, batch);
-        let widest = h.max(qd).max(f);
+        let widest = h.max(qd).max(ffn).max(cfg.att_dim()).max(q_lora).max(kv_lora);
         State {
             batch,
             ctx,
@@ -59,24 +75,31 @@ impl State {
             x: vec![0.0; batch * h],
             xn: vec![0.0; batch * h],
             q: vec![0.0; batch * qd],
-            k: vec![0.0; batch * kvd],
+            qa: vec![0.0; batch * q_lora],
+            k: vec![0.0; batch * kvd.max(kc)],
             v: vec![0.0; batch * kvd],
-            att: vec![0.0; batch * qd],
+            att: vec![0.0; batch * cfg.att_dim()],
             scores: vec![0.0; cfg.n_heads * ctx],
+            lat: vec![0.0; 2 * kv_lora],
             proj: vec![0.0; batch * h],
-            kcache: vec![0.0; cfg.n_layers * ctx * kvd],
-            vcache: vec![0.0; cfg.n_layers * ctx * kvd],
+            kcache: vec![0.0; cfg.n_layers * ctx * kc],
+            vcache: vec![0.0; cfg.n_layers * ctx * vc],
             router: vec![0.0; batch * e],
+            choice: vec![0.0; e],
+            groups_score: vec![0.0; cfg.routing.n_group],
+            groups_kept: vec![0; cfg.routing.topk_group],
             sel: vec![0; batch * k],
             selw: vec![0.0; batch * k],
             groups: (0..e).map(|_| Vec::with_capacity(batch)).collect(),
             gathered: vec![0.0; batch * h],
-            gate: vec![0.0; batch * f],
-            up: vec![0.0; batch * f],
+            gate: vec![0.0; batch * ffn],
+            up: vec![0.0; batch * ffn],
             down: vec![0.0; batch * h],
             slot_out: vec![0.0; batch * k * h],
             acts: Acts::with_capacity(batch, widest),
             logits: vec![0.0; logit_rows * cfg.vocab],
+            needed: Vec::with_capacity(e),
+            expert_cache: None,
             experts_run: 0,
         }
     }
@@ -109,6 +132,22 @@ impl State {
     }
 }
 
+/// y = M x for a per-head matrix.
+fn head_matvec(m: &HeadMat<'_>, x: &[f32], y: &mut [f32], acts: &mut Acts, isa: Isa) -> Result<(), ModelError> {
+    match m {
+        HeadMat::View(w) => {
+            acts.load(x, 1, w.cols);
+            kernels::matmul(w, acts, y, None, isa)?;
+        }
+        HeadMat::Owned { rows, cols, data } => {
+            for (r, o) in y.iter_mut().enumerate().take(*rows) {
+                *o = dot(&data[r * cols..(r + 1) * cols], x);
+            }
+        }
+    }
+    Ok(())
+}
+
 impl<'a> Model<'a> {
     /// Run `tokens` (at most `st.batch()`) at positions `st.pos..`, append them to the KV cache,
     /// and leave the logits of tokens `logits_from..` in the returned slice
@@ -139,9 +178,7 @@ impl<'a> Model<'a> {
                 return Err(ModelError::Input(format!("token id {t} is out of range (vocabulary has {} tokens)", cfg.vocab)));
             }
         }
-        let (h, qd, kvd, hd) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
-        let pool = Some(&self.pool);
-        let isa = self.isa;
+        let h = cfg.hidden;
         let w = &self.weights;
         st.experts_run = 0;
 
@@ -153,77 +190,26 @@ impl<'a> Model<'a> {
         }
 
         for (l, lw) in w.layers.iter().enumerate() {
-            // --- attention ---
             for i in 0..n {
                 rmsnorm(&mut st.xn[i * h..(i + 1) * h], &st.x[i * h..(i + 1) * h], &lw.attn_norm, cfg.rms_eps);
             }
-            st.acts.load(&st.xn[..n * h], n, h);
-            kernels::matmul(&lw.wq, &mut st.acts, &mut st.q[..n * qd], pool, isa)?;
-            kernels::matmul(&lw.wk, &mut st.acts, &mut st.k[..n * kvd], pool, isa)?;
-            kernels::matmul(&lw.wv, &mut st.acts, &mut st.v[..n * kvd], pool, isa)?;
-            for i in 0..n {
-                let q = &mut st.q[i * qd..(i + 1) * qd];
-                let k = &mut st.k[i * kvd..(i + 1) * kvd];
-                match (cfg.qk_norm, &lw.q_norm, &lw.k_norm) {
-                    (QkNorm::PerHead, Some(qn), Some(kn)) => {
-                        q.chunks_exact_mut(hd).for_each(|x| rmsnorm_inplace(x, qn, cfg.rms_eps));
-                        k.chunks_exact_mut(hd).for_each(|x| rmsnorm_inplace(x, kn, cfg.rms_eps));
-                    }
-                    (QkNorm::Whole, Some(qn), Some(kn)) => {
-                        rmsnorm_inplace(q, qn, cfg.rms_eps);
-                        rmsnorm_inplace(k, kn, cfg.rms_eps);
-                    }
-                    _ => {}
-                }
-                let p = st.pos + i;
-                q.chunks_exact_mut(hd).for_each(|x| self.rope.apply(x, p));
-                k.chunks_exact_mut(hd).for_each(|x| self.rope.apply(x, p));
-                let base = (l * st.ctx + p) * kvd;
-                st.kcache[base..base + kvd].copy_from_slice(k);
-                st.vcache[base..base + kvd].copy_from_slice(&st.v[i * kvd..(i + 1) * kvd]);
+            match &lw.attn {
+                Attention::Gqa(a) => self.attn_gqa(st, l, n, a)?,
+                Attention::Mla(a) => self.attn_mla(st, l, n, a)?,
             }
-            let group = cfg.n_heads / cfg.n_kv_heads;
-            let scale = 1.0 / (hd as f32).sqrt();
-            let layer_k = &st.kcache[l * st.ctx * kvd..(l + 1) * st.ctx * kvd];
-            let layer_v = &st.vcache[l * st.ctx * kvd..(l + 1) * st.ctx * kvd];
-            let ctx = st.ctx;
-            for i in 0..n {
-                let len = st.pos + i + 1; // causal: positions 0..=pos+i
-                let q = &st.q[i * qd..(i + 1) * qd];
-                let out = &mut st.att[i * qd..(i + 1) * qd];
-                let head = |(hh, (o, sc)): (usize, (&mut [f32], &mut [f32]))| {
-                    let qh = &q[hh * hd..(hh + 1) * hd];
-                    let kvh = hh / group;
-                    let sc = &mut sc[..len];
-                    for (j, s) in sc.iter_mut().enumerate() {
-                        let kj = &layer_k[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd];
-                        *s = dot(qh, kj) * scale;
-                    }
-                    softmax(sc);
-                    o.fill(0.0);
-                    for (j, s) in sc.iter().enumerate() {
-                        let vj = &layer_v[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd];
-                        axpy(o, *s, vj);
-                    }
-                };
-                let heads = out.par_chunks_mut(hd).zip(st.scores.par_chunks_mut(ctx)).enumerate();
-                if len * qd > 1 << 14 {
-                    self.pool.install(|| heads.for_each(head));
-                } else {
-                    out.chunks_mut(hd).zip(st.scores.chunks_mut(ctx)).enumerate().for_each(head);
-                }
-            }
-            st.acts.load(&st.att[..n * qd], n, qd);
-            kernels::matmul(&lw.wo, &mut st.acts, &mut st.proj[..n * h], pool, isa)?;
             for (x, p) in st.x[..n * h].iter_mut().zip(&st.proj[..n * h]) {
                 *x += p;
             }
-
-            // --- mixture of experts ---
             for i in 0..n {
                 rmsnorm(&mut st.xn[i * h..(i + 1) * h], &st.x[i * h..(i + 1) * h], &lw.ffn_norm, cfg.rms_eps);
             }
-            self.moe(st, l, n)?;
+            match &lw.ffn {
+                Ffn::Dense(m) => {
+                    self.mlp(st, n, m)?;
+                    st.proj[..n * h].copy_from_slice(&st.down[..n * h]);
+                }
+                Ffn::Moe(m) => self.moe(st, l, n, m)?,
+            }
             for (x, p) in st.x[..n * h].iter_mut().zip(&st.proj[..n * h]) {
                 *x += p;
             }
@@ -238,73 +224,319 @@ impl<'a> Model<'a> {
         }
         if n_logits > 0 {
             st.acts.load(&st.xn[..n_logits * h], n_logits, h);
-            kernels::matmul(&w.output, &mut st.acts, &mut st.logits[..n_logits * v], pool, isa)?;
+            kernels::matmul(&w.output, &mut st.acts, &mut st.logits[..n_logits * v], Some(&self.pool), self.isa)?;
         }
         Ok(())
     }
 
-    /// Routed experts for tokens 0..n of `st.xn`; result in `st.proj`.
-    fn moe(&self, st: &mut State, l: usize, n: usize) -> Result<(), ModelError> {
+    /// Grouped-query attention of tokens 0..n of `st.xn`; result (after o_proj) in `st.proj`.
+    fn attn_gqa(&self, st: &mut State, l: usize, n: usize, a: &Gqa<'_>) -> Result<(), ModelError> {
         let cfg = &self.cfg;
-        let lw = &self.weights.layers[l];
-        let (h, e, k, f) = (cfg.hidden, cfg.n_experts, cfg.n_experts_used, cfg.expert_ffn);
-        let pool = Some(&self.pool);
-        let isa = self.isa;
+        let (h, qd, kvd, hd) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
+        let (pool, isa) = (Some(&self.pool), self.isa);
+        st.acts.load(&st.xn[..n * h], n, h);
+        kernels::matmul(&a.wq, &mut st.acts, &mut st.q[..n * qd], pool, isa)?;
+        kernels::matmul(&a.wk, &mut st.acts, &mut st.k[..n * kvd], pool, isa)?;
+        kernels::matmul(&a.wv, &mut st.acts, &mut st.v[..n * kvd], pool, isa)?;
+        let rd = cfg.rotary_dim;
+        for i in 0..n {
+            let q = &mut st.q[i * qd..(i + 1) * qd];
+            let k = &mut st.k[i * kvd..(i + 1) * kvd];
+            let v = &mut st.v[i * kvd..(i + 1) * kvd];
+            for (x, b) in [(&mut *q, &a.bq), (&mut *k, &a.bk), (&mut *v, &a.bv)] {
+                if let Some(b) = b {
+                    x.iter_mut().zip(b).for_each(|(x, b)| *x += b);
+                }
+            }
+            match (cfg.qk_norm, &a.q_norm, &a.k_norm) {
+                (QkNorm::PerHead, Some(qn), Some(kn)) => {
+                    q.chunks_exact_mut(hd).for_each(|x| rmsnorm_inplace(x, qn, cfg.rms_eps));
+                    k.chunks_exact_mut(hd).for_each(|x| rmsnorm_inplace(x, kn, cfg.rms_eps));
+                }
+                (QkNorm::Whole, Some(qn), Some(kn)) => {
+                    rmsnorm_inplace(q, qn, cfg.rms_eps);
+                    rmsnorm_inplace(k, kn, cfg.rms_eps);
+                }
+                _ => {}
+            }
+            let p = st.pos + i;
+            q.chunks_exact_mut(hd).for_each(|x| self.rope.apply(&mut x[..rd], p));
+            k.chunks_exact_mut(hd).for_each(|x| self.rope.apply(&mut x[..rd], p));
+            let base = (l * st.ctx + p) * kvd;
+            st.kcache[base..base + kvd].copy_from_slice(k);
+            st.vcache[base..base + kvd].copy_from_slice(v);
+        }
+        let group = cfg.n_heads / cfg.n_kv_heads;
+        let scale = cfg.attn_scale;
+        let ctx = st.ctx;
+        let layer_k = &st.kcache[l * ctx * kvd..(l + 1) * ctx * kvd];
+        let layer_v = &st.vcache[l * ctx * kvd..(l + 1) * ctx * kvd];
+        for i in 0..n {
+            let len = st.pos + i + 1; // causal: positions 0..=pos+i
+            let q = &st.q[i * qd..(i + 1) * qd];
+            let out = &mut st.att[i * qd..(i + 1) * qd];
+            let head = |(hh, (o, sc)): (usize, (&mut [f32], &mut [f32]))| {
+                let qh = &q[hh * hd..(hh + 1) * hd];
+                let kvh = hh / group;
+                let sc = &mut sc[..len];
+                for (j, s) in sc.iter_mut().enumerate() {
+                    *s = dot(qh, &layer_k[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd]) * scale;
+                }
+                softmax(sc);
+                o.fill(0.0);
+                for (j, s) in sc.iter().enumerate() {
+                    axpy(o, *s, &layer_v[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd]);
+                }
+            };
+            if len * qd > 1 << 14 {
+                out.par_chunks_mut(hd).zip(st.scores.par_chunks_mut(ctx)).enumerate().for_each(head);
+            } else {
+                out.chunks_mut(hd).zip(st.scores.chunks_mut(ctx)).enumerate().for_each(head);
+            }
+        }
+        st.acts.load(&st.att[..n * qd], n, qd);
+        kernels::matmul(&a.wo, &mut st.acts, &mut st.proj[..n * h], pool, isa)?;
+        Ok(())
+    }
+
+    /// Multi-head latent attention in absorbed form: scores and values are computed against
+    /// the cached latent, never against expanded per-head keys and values.
+    fn attn_mla(&self, st: &mut State, l: usize, n: usize, a: &Mla<'_>) -> Result<(), ModelError> {
+        let cfg = &self.cfg;
+        let AttnKind::Mla { q_lora, kv_lora, nope, rope, v_dim } = cfg.attn else {
+            return Err(ModelError::Config("MLA weights in a GQA model".into()));
+        };
+        let (h, nh, qk) = (cfg.hidden, cfg.n_heads, cfg.head_dim);
+        let (pool, isa) = (Some(&self.pool), self.isa);
+        let kc = kv_lora + rope;
+        // q = q_b(norm(q_a x)) or q_proj(x); kv = kv_a x = [latent | rope key].
+        st.acts.load(&st.xn[..n * h], n, h);
+        kernels::matmul(&a.kv_a, &mut st.acts, &mut st.k[..n * kc], pool, isa)?;
+        match (&a.q_a, &a.q_a_norm, q_lora) {
+            (Some(qa), Some(qn), Some(r)) => {
+                kernels::matmul(qa, &mut st.acts, &mut st.qa[..n * r], pool, isa)?;
+                st.qa[..n * r].chunks_exact_mut(r).for_each(|x| rmsnorm_inplace(x, qn, cfg.rms_eps));
+                st.acts.load(&st.qa[..n * r], n, r);
+            }
+            _ => {}
+        }
+        kernels::matmul(&a.q_b, &mut st.acts, &mut st.q[..n * nh * qk], pool, isa)?;
+        for i in 0..n {
+            let p = st.pos + i;
+            let kv = &mut st.k[i * kc..(i + 1) * kc];
+            rmsnorm_inplace(&mut kv[..kv_lora], &a.kv_a_norm, cfg.rms_eps);
+            self.rope.apply(&mut kv[kv_lora..], p);
+            let base = (l * st.ctx + p) * kc;
+            st.kcache[base..base + kc].copy_from_slice(kv);
+            for hh in 0..nh {
+                self.rope.apply(&mut st.q[i * nh * qk + hh * qk + nope..i * nh * qk + (hh + 1) * qk], p);
+            }
+        }
+        let ctx = st.ctx;
+        for i in 0..n {
+            let len = st.pos + i + 1;
+            for hh in 0..nh {
+                let q = &st.q[i * nh * qk + hh * qk..i * nh * qk + (hh + 1) * qk];
+                let (q_lat, c_lat) = st.lat.split_at_mut(kv_lora);
+                head_matvec(&a.k_b[hh], &q[..nope], q_lat, &mut st.acts, isa)?;
+                let sc = &mut st.scores[hh * ctx..hh * ctx + len];
+                let layer = &st.kcache[l * ctx * kc..];
+                for (j, s) in sc.iter_mut().enumerate() {
+                    let c = &layer[j * kc..(j + 1) * kc];
+                    *s = (dot(q_lat, &c[..kv_lora]) + dot(&q[nope..], &c[kv_lora..])) * cfg.attn_scale;
+                }
+                softmax(sc);
+                c_lat.fill(0.0);
+                for (j, s) in sc.iter().enumerate() {
+                    axpy(c_lat, *s, &layer[j * kc..j * kc + kv_lora]);
+                }
+                let out = &mut st.att[i * nh * v_dim + hh * v_dim..i * nh * v_dim + (hh + 1) * v_dim];
+                head_matvec(&a.v_b[hh], c_lat, out, &mut st.acts, isa)?;
+            }
+        }
+        st.acts.load(&st.att[..n * nh * v_dim], n, nh * v_dim);
+        kernels::matmul(&a.wo, &mut st.acts, &mut st.proj[..n * h], pool, isa)?;
+        Ok(())
+    }
+
+    /// SwiGLU MLP of tokens 0..n of `st.xn`; result in `st.down`.
+    fn mlp(&self, st: &mut State, n: usize, m: &Mlp<'_>) -> Result<(), ModelError> {
+        let (h, f) = (self.cfg.hidden, m.gate.rows);
+        let (pool, isa) = (Some(&self.pool), self.isa);
+        st.acts.load(&st.xn[..n * h], n, h);
+        kernels::matmul(&m.gate, &mut st.acts, &mut st.gate[..n * f], pool, isa)?;
+        kernels::matmul(&m.up, &mut st.acts, &mut st.up[..n * f], pool, isa)?;
+        for (g, u) in st.gate[..n * f].iter_mut().zip(&st.up[..n * f]) {
+            *g = silu(*g) * u;
+        }
+        st.acts.load(&st.gate[..n * f], n, f);
+        kernels::matmul(&m.down, &mut st.acts, &mut st.down[..n * h], pool, isa)?;
+        Ok(())
+    }
+
+    /// One expert for all the tokens routed to it: gather their inputs, SwiGLU, and leave
+    /// each token's output in its top-k slot.
+    fn run_expert(&self, st: &mut State, ex: usize, gate: &WeightView<'_>, up: &WeightView<'_>, down: &WeightView<'_>) -> Result<(), ModelError> {
+        let (h, k, f) = (self.cfg.hidden, self.cfg.n_experts_used, self.cfg.expert_ffn);
+        let (pool, isa) = (Some(&self.pool), self.isa);
+        let toks = &st.groups[ex];
+        let cnt = toks.len();
+        st.experts_run += 1;
+        for (j, &(t, _)) in toks.iter().enumerate() {
+            st.gathered[j * h..(j + 1) * h].copy_from_slice(&st.xn[t as usize * h..(t as usize + 1) * h]);
+        }
+        st.acts.load(&st.gathered[..cnt * h], cnt, h);
+        kernels::matmul(gate, &mut st.acts, &mut st.gate[..cnt * f], pool, isa)?;
+        kernels::matmul(up, &mut st.acts, &mut st.up[..cnt * f], pool, isa)?;
+        for (g, u) in st.gate[..cnt * f].iter_mut().zip(&st.up[..cnt * f]) {
+            *g = silu(*g) * u;
+        }
+        st.acts.load(&st.gate[..cnt * f], cnt, f);
+        kernels::matmul(down, &mut st.acts, &mut st.down[..cnt * h], pool, isa)?;
+        for (j, &(t, slot)) in st.groups[ex].iter().enumerate() {
+            let dst = (t as usize * k + slot as usize) * h;
+            st.slot_out[dst..dst + h].copy_from_slice(&st.down[j * h..(j + 1) * h]);
+        }
+        Ok(())
+    }
+
+    /// The needed experts through the streaming cache, in waves of at most the layer's
+    /// evictable slots: all misses of a wave are read at once and each expert is computed as
+    /// soon as its bytes land (hits first).
+    fn moe_streamed(&self, st: &mut State, l: usize, m: &Moe<'_>, cache: &mut ExpertCache) -> Result<(), ModelError> {
+        let cap = cache.slots(l).max(1);
+        let mut i = 0;
+        while i < st.needed.len() {
+            let start = i;
+            let mut unpinned = 0;
+            while i < st.needed.len() {
+                let pinned = cache.is_pinned(l, st.needed[i]);
+                if !pinned && unpinned == cap {
+                    break;
+                }
+                unpinned += usize::from(!pinned);
+                i += 1;
+            }
+            cache.begin(l, &st.needed[start..i])?;
+            let wave = (|| -> Result<(), ModelError> {
+                while let Some((ex, b)) = cache.next_ready()? {
+                    let xw = &m.experts[ex];
+                    let v = |w: &WeightView<'_>, bytes| WeightView { bytes, ..*w };
+                    self.run_expert(st, ex, &v(&xw.gate, b.gate), &v(&xw.up, b.up), &v(&xw.down, b.down))?;
+                }
+                Ok(())
+            })();
+            cache.end();
+            wave?;
+        }
+        Ok(())
+    }
+
+    /// Choose experts and their weights for token `i` from `st.router` (raw logits): scores
+    /// by softmax or sigmoid; selection on score + `bias` (selection only, DeepSeek's
+    /// `e_score_correction_bias`), limited to the best groups; weights from the unbiased scores,
+    /// optionally renormalised, times the routed scale.
+    fn route(&self, st: &mut State, i: usize, bias: Option<&[f32]>) {
+        let cfg = &self.cfg;
+        let r = &cfg.routing;
+        let (e, k) = (cfg.n_experts, cfg.n_experts_used);
+        let scores = &mut st.router[i * e..(i + 1) * e];
+        if r.sigmoid {
+            scores.iter_mut().for_each(|s| *s = 1.0 / (1.0 + (-*s).exp()));
+        } else {
+            softmax(scores);
+        }
+        let choice = &mut st.choice;
+        choice.copy_from_slice(scores);
+        if let Some(b) = bias {
+            choice.iter_mut().zip(b).for_each(|(c, b)| *c += b);
+        }
+        if r.n_group > 1 {
+            // Group score = sum of its two best choice scores; keep the best `topk_group`
+            // groups and zero the rest (as transformers' masked_fill(0.0)).
+            let per = e / r.n_group;
+            for (g, gs) in st.groups_score.iter_mut().enumerate() {
+                let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+                for &v in &choice[g * per..(g + 1) * per] {
+                    if v > a {
+                        b = a;
+                        a = v;
+                    } else if v > b {
+                        b = v;
+                    }
+                }
+                *gs = if per >= 2 { a + b } else { a };
+            }
+            top_k(&st.groups_score, &mut st.groups_kept);
+            for g in 0..r.n_group {
+                if !st.groups_kept.contains(&g) {
+                    choice[g * per..(g + 1) * per].fill(0.0);
+                }
+            }
+        }
+        let sel = &mut st.sel[i * k..(i + 1) * k];
+        top_k(choice, sel);
+        let selw = &mut st.selw[i * k..(i + 1) * k];
+        for (wv, &ex) in selw.iter_mut().zip(sel.iter()) {
+            *wv = scores[ex];
+        }
+        if r.norm_topk_prob {
+            let s: f32 = selw.iter().sum::<f32>() + if r.sigmoid { 1e-20 } else { 0.0 };
+            selw.iter_mut().for_each(|wv| *wv /= s);
+        }
+        if r.scale != 1.0 {
+            selw.iter_mut().for_each(|wv| *wv *= r.scale);
+        }
+    }
+
+    /// Routed experts (+ shared experts) for tokens 0..n of `st.xn`; result in `st.proj`.
+    fn moe(&self, st: &mut State, l: usize, n: usize, m: &Moe<'_>) -> Result<(), ModelError> {
+        let cfg = &self.cfg;
+        let (h, e, k) = (cfg.hidden, cfg.n_experts, cfg.n_experts_used);
+        let (pool, isa) = (Some(&self.pool), self.isa);
 
         st.acts.load(&st.xn[..n * h], n, h);
-        kernels::matmul(&lw.router, &mut st.acts, &mut st.router[..n * e], pool, isa)?;
+        kernels::matmul(&m.router, &mut st.acts, &mut st.router[..n * e], pool, isa)?;
         st.groups.iter_mut().for_each(Vec::clear);
         for i in 0..n {
-            let probs = &mut st.router[i * e..(i + 1) * e];
-            softmax(probs);
-            let sel = &mut st.sel[i * k..(i + 1) * k];
-            top_k(probs, sel);
-            let selw = &mut st.selw[i * k..(i + 1) * k];
-            for (wv, &ex) in selw.iter_mut().zip(sel.iter()) {
-                *wv = probs[ex];
-            }
-            if cfg.norm_topk_prob {
-                let s: f32 = selw.iter().sum();
-                selw.iter_mut().for_each(|wv| *wv /= s);
-            }
-            for (slot, &ex) in sel.iter().enumerate() {
+            self.route(st, i, m.score_bias.as_deref());
+            for slot in 0..k {
+                let ex = st.sel[i * k + slot];
                 st.groups[ex].push((i as u32, slot as u32));
             }
         }
-
-        for (ex, toks) in st.groups.iter().enumerate() {
-            let m = toks.len();
-            if m == 0 {
-                continue;
-            }
-            st.experts_run += 1;
-            let xw = &lw.experts[ex];
-            for (j, &(t, _)) in toks.iter().enumerate() {
-                st.gathered[j * h..(j + 1) * h].copy_from_slice(&st.xn[t as usize * h..(t as usize + 1) * h]);
-            }
-            st.acts.load(&st.gathered[..m * h], m, h);
-            kernels::matmul(&xw.gate, &mut st.acts, &mut st.gate[..m * f], pool, isa)?;
-            kernels::matmul(&xw.up, &mut st.acts, &mut st.up[..m * f], pool, isa)?;
-            for (g, u) in st.gate[..m * f].iter_mut().zip(&st.up[..m * f]) {
-                *g = silu(*g) * u;
-            }
-            st.acts.load(&st.gate[..m * f], m, f);
-            kernels::matmul(&xw.down, &mut st.acts, &mut st.down[..m * h], pool, isa)?;
-            for (j, &(t, slot)) in toks.iter().enumerate() {
-                let dst = (t as usize * k + slot as usize) * h;
-                st.slot_out[dst..dst + h].copy_from_slice(&st.down[j * h..(j + 1) * h]);
+        st.needed.clear();
+        for ex in 0..e {
+            if !st.groups[ex].is_empty() {
+                st.needed.push(ex);
             }
         }
+
+        // Take the cache out of the state while experts run (put back on every path).
+        let mut cache = st.expert_cache.take();
+        let run = match cache.as_mut() {
+            None => (0..st.needed.len()).try_for_each(|i| {
+                let ex = st.needed[i];
+                let xw = &m.experts[ex];
+                self.run_expert(st, ex, &xw.gate, &xw.up, &xw.down)
+            }),
+            Some(c) => self.moe_streamed(st, l, m, c),
+        };
+        st.expert_cache = cache;
+        run?;
 
         for i in 0..n {
             let out = &mut st.proj[i * h..(i + 1) * h];
             out.fill(0.0);
             for slot in 0..k {
                 let wv = st.selw[i * k + slot];
-                let src = &st.slot_out[(i * k + slot) * h..(i * k + slot + 1) * h];
-                for (o, s) in out.iter_mut().zip(src) {
-                    *o += wv * s;
-                }
+                axpy(out, wv, &st.slot_out[(i * k + slot) * h..(i * k + slot + 1) * h]);
+            }
+        }
+        if let Some(sh) = &m.shared {
+            self.mlp(st, n, sh)?;
+            for (o, d) in st.proj[..n * h].iter_mut().zip(&st.down[..n * h]) {
+                *o += d;
             }
         }
         Ok(())

@@ -9,12 +9,15 @@
 
 pub mod blocks;
 pub mod config;
+pub mod deepseek2;
 mod forward;
+pub mod glm4moe;
 mod kv_io;
 pub mod mixtral;
 pub mod names;
 pub mod olmoe;
 pub mod qwen3moe;
+mod streaming;
 pub mod weights;
 
 pub use config::{Family, ModelConfig};
@@ -42,6 +45,8 @@ pub enum ModelError {
     Format(#[from] FormatError),
     #[error(transparent)]
     Kernel(#[from] KernelError),
+    #[error(transparent)]
+    Experts(#[from] crate::experts::ExpertError),
 }
 
 /// A loaded model: config, weights bound to the mapped files, rotary tables and a thread pool.
@@ -72,7 +77,7 @@ impl<'a> Model<'a> {
     pub fn load(files: &'a ModelFiles, opts: &LoadOptions) -> Result<Model<'a>, ModelError> {
         let mut cfg = ModelConfig::from_files(files)?;
         let weights = Weights::load(files, &mut cfg)?;
-        let rope = blocks::Rope::new(cfg.head_dim, opts.ctx.max(1), cfg.rope_theta, cfg.rope_linear_factor, cfg.rope_layout);
+        let rope = blocks::Rope::new(cfg.rotary_dim, opts.ctx.max(1), cfg.rope_theta, cfg.rope_scaling, cfg.rope_layout);
         let threads = if opts.threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { opts.threads };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)

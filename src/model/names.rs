@@ -14,57 +14,116 @@ pub enum Role {
     Wk,
     Wv,
     Wo,
+    BiasQ,
+    BiasK,
+    BiasV,
     QNorm,
     KNorm,
+    /// MLA: q down-projection, its norm, q up-projection.
+    QA,
+    QANorm,
+    QB,
+    /// MLA: joint kv down-projection (+ rope key), its norm, kv up-projection (HF, and old
+    /// GGUFs), or the up-projection split per head into k (transposed) and v (new GGUFs).
+    KVA,
+    KVANorm,
+    KVB,
+    KB,
+    VB,
     FfnNorm,
     Router,
+    /// Selection bias of sigmoid routers (DeepSeek's `e_score_correction_bias`).
+    ScoreBias,
     /// Per-expert gate (w1), up (w3) and down (w2) projections.
     ExpGate,
     ExpUp,
     ExpDown,
     /// Fused [n_expert, 2*ffn, hidden] gate+up (transformers 5 style).
     ExpGateUp,
+    /// Shared experts (one MLP of n_shared * expert_ffn).
+    ShGate,
+    ShUp,
+    ShDown,
+    /// Dense FFN of the leading dense layers.
+    DenseGate,
+    DenseUp,
+    DenseDown,
 }
 
-/// llama.cpp's GGUF name for a role in layer `l` (`{l}` is substituted). Expert roles name the
-/// 3-D `[n_expert, rows, cols]` tensors.
-pub fn gguf_name(role: Role) -> &'static str {
+/// llama.cpp's GGUF names for a role in layer `l` (`{l}` is substituted), in preference
+/// order. Expert roles name the 3-D `[n_expert, rows, cols]` tensors.
+pub fn gguf_names(role: Role) -> &'static [&'static str] {
     match role {
-        Role::TokenEmbd => "token_embd.weight",
-        Role::OutputNorm => "output_norm.weight",
-        Role::Output => "output.weight",
-        Role::AttnNorm => "blk.{l}.attn_norm.weight",
-        Role::Wq => "blk.{l}.attn_q.weight",
-        Role::Wk => "blk.{l}.attn_k.weight",
-        Role::Wv => "blk.{l}.attn_v.weight",
-        Role::Wo => "blk.{l}.attn_output.weight",
-        Role::QNorm => "blk.{l}.attn_q_norm.weight",
-        Role::KNorm => "blk.{l}.attn_k_norm.weight",
-        Role::FfnNorm => "blk.{l}.ffn_norm.weight",
-        Role::Router => "blk.{l}.ffn_gate_inp.weight",
-        Role::ExpGate => "blk.{l}.ffn_gate_exps.weight",
-        Role::ExpUp => "blk.{l}.ffn_up_exps.weight",
-        Role::ExpDown => "blk.{l}.ffn_down_exps.weight",
-        Role::ExpGateUp => "blk.{l}.ffn_gate_up_exps.weight",
+        Role::TokenEmbd => &["token_embd.weight"],
+        Role::OutputNorm => &["output_norm.weight"],
+        Role::Output => &["output.weight"],
+        Role::AttnNorm => &["blk.{l}.attn_norm.weight"],
+        Role::Wq => &["blk.{l}.attn_q.weight"],
+        Role::Wk => &["blk.{l}.attn_k.weight"],
+        Role::Wv => &["blk.{l}.attn_v.weight"],
+        Role::Wo => &["blk.{l}.attn_output.weight"],
+        Role::BiasQ => &["blk.{l}.attn_q.bias"],
+        Role::BiasK => &["blk.{l}.attn_k.bias"],
+        Role::BiasV => &["blk.{l}.attn_v.bias"],
+        Role::QNorm => &["blk.{l}.attn_q_norm.weight"],
+        Role::KNorm => &["blk.{l}.attn_k_norm.weight"],
+        Role::QA => &["blk.{l}.attn_q_a.weight"],
+        Role::QANorm => &["blk.{l}.attn_q_a_norm.weight"],
+        Role::QB => &["blk.{l}.attn_q_b.weight"],
+        Role::KVA => &["blk.{l}.attn_kv_a_mqa.weight"],
+        Role::KVANorm => &["blk.{l}.attn_kv_a_norm.weight"],
+        Role::KVB => &["blk.{l}.attn_kv_b.weight"],
+        Role::KB => &["blk.{l}.attn_k_b.weight"],
+        Role::VB => &["blk.{l}.attn_v_b.weight"],
+        Role::FfnNorm => &["blk.{l}.ffn_norm.weight", "blk.{l}.post_attention_norm.weight"],
+        Role::Router => &["blk.{l}.ffn_gate_inp.weight"],
+        Role::ScoreBias => &["blk.{l}.exp_probs_b.bias", "blk.{l}.exp_probs_b"],
+        Role::ExpGate => &["blk.{l}.ffn_gate_exps.weight"],
+        Role::ExpUp => &["blk.{l}.ffn_up_exps.weight"],
+        Role::ExpDown => &["blk.{l}.ffn_down_exps.weight"],
+        Role::ExpGateUp => &["blk.{l}.ffn_gate_up_exps.weight"],
+        Role::ShGate => &["blk.{l}.ffn_gate_shexp.weight"],
+        Role::ShUp => &["blk.{l}.ffn_up_shexp.weight"],
+        Role::ShDown => &["blk.{l}.ffn_down_shexp.weight"],
+        Role::DenseGate => &["blk.{l}.ffn_gate.weight"],
+        Role::DenseUp => &["blk.{l}.ffn_up.weight"],
+        Role::DenseDown => &["blk.{l}.ffn_down.weight"],
     }
 }
 
-/// HF names shared by the Llama-derived families (embeddings, attention, norms).
-pub fn hf_common_name(role: Role) -> Option<&'static str> {
-    Some(match role {
-        Role::TokenEmbd => "model.embed_tokens.weight",
-        Role::OutputNorm => "model.norm.weight",
-        Role::Output => "lm_head.weight",
-        Role::AttnNorm => "model.layers.{l}.input_layernorm.weight",
-        Role::Wq => "model.layers.{l}.self_attn.q_proj.weight",
-        Role::Wk => "model.layers.{l}.self_attn.k_proj.weight",
-        Role::Wv => "model.layers.{l}.self_attn.v_proj.weight",
-        Role::Wo => "model.layers.{l}.self_attn.o_proj.weight",
-        Role::QNorm => "model.layers.{l}.self_attn.q_norm.weight",
-        Role::KNorm => "model.layers.{l}.self_attn.k_norm.weight",
-        Role::FfnNorm => "model.layers.{l}.post_attention_layernorm.weight",
-        _ => return None,
-    })
+/// HF names shared by the Llama-derived families (everything but the routed experts and the
+/// router, which the family files list), in preference order.
+pub fn hf_common_names(role: Role) -> &'static [&'static str] {
+    match role {
+        Role::TokenEmbd => &["model.embed_tokens.weight"],
+        Role::OutputNorm => &["model.norm.weight"],
+        Role::Output => &["lm_head.weight"],
+        Role::AttnNorm => &["model.layers.{l}.input_layernorm.weight"],
+        Role::Wq => &["model.layers.{l}.self_attn.q_proj.weight"],
+        Role::Wk => &["model.layers.{l}.self_attn.k_proj.weight"],
+        Role::Wv => &["model.layers.{l}.self_attn.v_proj.weight"],
+        Role::Wo => &["model.layers.{l}.self_attn.o_proj.weight"],
+        Role::BiasQ => &["model.layers.{l}.self_attn.q_proj.bias"],
+        Role::BiasK => &["model.layers.{l}.self_attn.k_proj.bias"],
+        Role::BiasV => &["model.layers.{l}.self_attn.v_proj.bias"],
+        Role::QNorm => &["model.layers.{l}.self_attn.q_norm.weight"],
+        Role::KNorm => &["model.layers.{l}.self_attn.k_norm.weight"],
+        Role::QA => &["model.layers.{l}.self_attn.q_a_proj.weight"],
+        Role::QANorm => &["model.layers.{l}.self_attn.q_a_layernorm.weight"],
+        Role::QB => &["model.layers.{l}.self_attn.q_b_proj.weight"],
+        Role::KVA => &["model.layers.{l}.self_attn.kv_a_proj_with_mqa.weight"],
+        Role::KVANorm => &["model.layers.{l}.self_attn.kv_a_layernorm.weight"],
+        Role::KVB => &["model.layers.{l}.self_attn.kv_b_proj.weight"],
+        Role::FfnNorm => &["model.layers.{l}.post_attention_layernorm.weight"],
+        Role::ScoreBias => &["model.layers.{l}.mlp.gate.e_score_correction_bias"],
+        Role::ShGate => &["model.layers.{l}.mlp.shared_experts.gate_proj.weight"],
+        Role::ShUp => &["model.layers.{l}.mlp.shared_experts.up_proj.weight"],
+        Role::ShDown => &["model.layers.{l}.mlp.shared_experts.down_proj.weight"],
+        Role::DenseGate => &["model.layers.{l}.mlp.gate_proj.weight"],
+        Role::DenseUp => &["model.layers.{l}.mlp.up_proj.weight"],
+        Role::DenseDown => &["model.layers.{l}.mlp.down_proj.weight"],
+        _ => &[],
+    }
 }
 
 /// HF names of the MoE tensors of families that call the block `mlp` (Qwen3-MoE, OLMoE, and

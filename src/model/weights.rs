@@ -2,36 +2,100 @@
 //! against the config, and keeps matrices as zero-copy views of the mapped files.
 //!
 //! Owns: `Weights` and `Layer` (one field per weight, shapes in comments). Small vectors
-//! (norm weights) are dequantized to f32 once; matrices stay encoded in place.
+//! (norms, biases) are dequantized to f32 once; matrices stay encoded in place.
 //! Invariant: after `Weights::load` succeeds every view has the shape the config implies and a
 //! type the kernels support, so the forward pass can not fail on a weight.
 
-use super::config::{Family, ModelConfig, QkNorm};
+use super::config::{AttnKind, Family, ModelConfig, QkNorm};
 use super::names::{self, Role};
-use super::{mixtral, olmoe, qwen3moe, ModelError};
+use super::{deepseek2, glm4moe, mixtral, olmoe, qwen3moe, ModelError};
 use crate::dtype::DType;
-use crate::format::{FileKind, ModelFiles, TensorInfo};
+use crate::format::{ByteRange, FileKind, ModelFiles, TensorInfo};
 use crate::kernels::{self, WeightView};
 
-/// One routed expert's three projections.
+/// One routed expert's three projections, as views of the mapped files and as the byte
+/// ranges they occupy there (what the streaming expert cache reads).
 #[derive(Clone, Copy)]
 pub struct Expert<'a> {
     pub gate: WeightView<'a>, // (ffn, hidden)
     pub up: WeightView<'a>,   // (ffn, hidden)
     pub down: WeightView<'a>, // (hidden, ffn)
+    /// gate, up, down
+    pub ranges: [ByteRange; 3],
+}
+
+/// A SwiGLU MLP: dense FFN layers and shared experts.
+pub struct Mlp<'a> {
+    pub gate: WeightView<'a>, // (ffn, hidden)
+    pub up: WeightView<'a>,   // (ffn, hidden)
+    pub down: WeightView<'a>, // (hidden, ffn)
+}
+
+/// Grouped-query attention.
+pub struct Gqa<'a> {
+    pub wq: WeightView<'a>, // (n_heads*head_dim, hidden)
+    pub wk: WeightView<'a>, // (n_kv_heads*head_dim, hidden)
+    pub wv: WeightView<'a>, // (n_kv_heads*head_dim, hidden)
+    pub wo: WeightView<'a>, // (hidden, n_heads*head_dim)
+    pub bq: Option<Vec<f32>>, // (n_heads*head_dim)
+    pub bk: Option<Vec<f32>>, // (n_kv_heads*head_dim)
+    pub bv: Option<Vec<f32>>, // (n_kv_heads*head_dim)
+    pub q_norm: Option<Vec<f32>>, // (head_dim) per-head, or (n_heads*head_dim) whole
+    pub k_norm: Option<Vec<f32>>, // (head_dim) per-head, or (n_kv_heads*head_dim) whole
+}
+
+/// A per-head matrix: a view of the file, or an owned f32 copy when the checkpoint stores
+/// it transposed relative to what the kernels need.
+pub enum HeadMat<'a> {
+    View(WeightView<'a>),
+    Owned { rows: usize, cols: usize, data: Vec<f32> },
+}
+
+/// Multi-head latent attention (DeepSeek-V3).
+pub struct Mla<'a> {
+    pub q_a: Option<WeightView<'a>>, // (q_lora, hidden)
+    pub q_a_norm: Option<Vec<f32>>,  // (q_lora)
+    pub q_b: WeightView<'a>,         // (n_heads*(nope+rope), q_lora or hidden)
+    pub kv_a: WeightView<'a>,        // (kv_lora+rope, hidden)
+    pub kv_a_norm: Vec<f32>,         // (kv_lora)
+    pub k_b: Vec<HeadMat<'a>>,       // n_heads x (kv_lora, nope): folds k's up-projection into q
+    pub v_b: Vec<HeadMat<'a>>,       // n_heads x (v_dim, kv_lora)
+    pub wo: WeightView<'a>,          // (hidden, n_heads*v_dim)
+}
+
+pub enum Attention<'a> {
+    Gqa(Gqa<'a>),
+    Mla(Mla<'a>),
+}
+
+/// A routed MoE block.
+pub struct Moe<'a> {
+    pub router: WeightView<'a>,      // (n_experts, hidden)
+    pub score_bias: Option<Vec<f32>>, // (n_experts) selection-only bias of sigmoid routers
+    pub experts: Vec<Expert<'a>>,    // n_experts
+    pub shared: Option<Mlp<'a>>,     // (shared_ffn)
+}
+
+pub enum Ffn<'a> {
+    Dense(Mlp<'a>),
+    Moe(Moe<'a>),
 }
 
 pub struct Layer<'a> {
-    pub attn_norm: Vec<f32>,    // (hidden)
-    pub wq: WeightView<'a>,     // (n_heads*head_dim, hidden)
-    pub wk: WeightView<'a>,     // (n_kv_heads*head_dim, hidden)
-    pub wv: WeightView<'a>,     // (n_kv_heads*head_dim, hidden)
-    pub wo: WeightView<'a>,     // (hidden, n_heads*head_dim)
-    pub q_norm: Option<Vec<f32>>, // (head_dim) per-head, or (n_heads*head_dim) whole
-    pub k_norm: Option<Vec<f32>>, // (head_dim) per-head, or (n_kv_heads*head_dim) whole
-    pub ffn_norm: Vec<f32>,     // (hidden)
-    pub router: WeightView<'a>, // (n_experts, hidden)
-    pub experts: Vec<Expert<'a>>, // n_experts
+    pub attn_norm: Vec<f32>, // (hidden)
+    pub attn: Attention<'a>,
+    pub ffn_norm: Vec<f32>, // (hidden)
+    pub ffn: Ffn<'a>,
+}
+
+impl<'a> Layer<'a> {
+    /// The routed block, if this layer has one.
+    pub fn moe(&self) -> Option<&Moe<'a>> {
+        match &self.ffn {
+            Ffn::Moe(m) => Some(m),
+            Ffn::Dense(_) => None,
+        }
+    }
 }
 
 pub struct Weights<'a> {
@@ -39,6 +103,13 @@ pub struct Weights<'a> {
     pub output_norm: Vec<f32>,      // (hidden)
     pub output: WeightView<'a>,     // (vocab, hidden); token_embd when tied
     pub layers: Vec<Layer<'a>>,
+}
+
+/// A matrix view and where its bytes are.
+#[derive(Clone, Copy)]
+struct Located<'a> {
+    view: WeightView<'a>,
+    range: ByteRange,
 }
 
 struct Binder<'a, 'c> {
@@ -52,16 +123,23 @@ impl<'a> Binder<'a, '_> {
         self.files.kind() == FileKind::Gguf
     }
 
-    /// The tensor for a non-MoE role, if present.
+    fn patterns(&self, role: Role) -> &'static [&'static str] {
+        if self.is_gguf() {
+            names::gguf_names(role)
+        } else {
+            names::hf_common_names(role)
+        }
+    }
+
+    /// The tensor for a non-expert role, if present.
     fn find(&self, role: Role, layer: usize) -> Option<&'a TensorInfo> {
-        let pattern = if self.is_gguf() { Some(names::gguf_name(role)) } else { names::hf_common_name(role) };
-        pattern.and_then(|p| self.files.tensor(&names::fill(p, layer, 0)))
+        self.patterns(role).iter().find_map(|p| self.files.tensor(&names::fill(p, layer, 0)))
     }
 
     fn require(&self, role: Role, layer: usize) -> Result<&'a TensorInfo, ModelError> {
         self.find(role, layer).ok_or_else(|| {
-            let p = if self.is_gguf() { names::gguf_name(role) } else { names::hf_common_name(role).unwrap_or("?") };
-            ModelError::MissingTensor(names::fill(p, layer, 0))
+            let p = self.patterns(role).first().copied().unwrap_or("?");
+            ModelError::MissingTensor(format!("{} ({role:?})", names::fill(p, layer, 0)))
         })
     }
 
@@ -88,6 +166,15 @@ impl<'a> Binder<'a, '_> {
         self.vector(t, n)
     }
 
+    fn opt_vector(&self, role: Role, layer: usize, n: usize) -> Result<Option<Vec<f32>>, ModelError> {
+        self.find(role, layer).map(|t| self.vector(t, n)).transpose()
+    }
+
+    fn mlp(&self, roles: [Role; 3], layer: usize, ffn: usize) -> Result<Mlp<'a>, ModelError> {
+        let h = self.cfg.hidden;
+        Ok(Mlp { gate: self.mat(roles[0], layer, ffn, h)?, up: self.mat(roles[1], layer, ffn, h)?, down: self.mat(roles[2], layer, h, ffn)? })
+    }
+
     fn router(&self, layer: usize) -> Result<WeightView<'a>, ModelError> {
         let (e, h) = (self.cfg.n_experts, self.cfg.hidden);
         if self.is_gguf() {
@@ -102,9 +189,12 @@ impl<'a> Binder<'a, '_> {
         self.view(t, e, h)
     }
 
-    /// Per-expert views of one projection stored as a 3-D [n_expert, rows, cols] tensor.
-    fn split_3d(&self, t: &'a TensorInfo, rows: usize, cols: usize) -> Result<Vec<WeightView<'a>>, ModelError> {
-        let n = self.cfg.n_experts;
+    fn located(&self, t: &'a TensorInfo, rows: usize, cols: usize) -> Result<Located<'a>, ModelError> {
+        Ok(Located { view: self.view(t, rows, cols)?, range: t.range })
+    }
+
+    /// Per-slice views of a 3-D [n, rows, cols] tensor (experts, or MLA heads).
+    fn split_3d(&self, t: &'a TensorInfo, n: usize, rows: usize, cols: usize) -> Result<Vec<Located<'a>>, ModelError> {
         check_shape(t, &[n, rows, cols])?;
         let all = self.files.bytes(t)?;
         let mut out = Vec::with_capacity(n);
@@ -113,8 +203,8 @@ impl<'a> Binder<'a, '_> {
             let start = (r.offset - t.range.offset) as usize;
             let bytes = all
                 .get(start..start + r.len as usize)
-                .ok_or_else(|| ModelError::Shape(format!("{}: expert {e} range lies outside the tensor", t.name)))?;
-            out.push(view_of(t, bytes, rows, cols)?);
+                .ok_or_else(|| ModelError::Shape(format!("{}: slice {e} lies outside the tensor", t.name)))?;
+            out.push(Located { view: view_of(t, bytes, rows, cols)?, range: r });
         }
         Ok(out)
     }
@@ -123,10 +213,10 @@ impl<'a> Binder<'a, '_> {
         let (n, f, h) = (self.cfg.n_experts, self.cfg.expert_ffn, self.cfg.hidden);
         if self.is_gguf() {
             let get = |role| self.require(role, layer);
-            let down = self.split_3d(get(Role::ExpDown)?, h, f)?;
+            let down = self.split_3d(get(Role::ExpDown)?, n, h, f)?;
             let (gate, up) = match self.find(Role::ExpGate, layer) {
-                Some(g) => (self.split_3d(g, f, h)?, self.split_3d(get(Role::ExpUp)?, f, h)?),
-                None => split_gate_up(self.split_3d(get(Role::ExpGateUp)?, 2 * f, h)?, f)?,
+                Some(g) => (self.split_3d(g, n, f, h)?, self.split_3d(get(Role::ExpUp)?, n, f, h)?),
+                None => split_gate_up(self.split_3d(get(Role::ExpGateUp)?, n, 2 * f, h)?, f)?,
             };
             return Ok(zip_experts(gate, up, down));
         }
@@ -150,7 +240,8 @@ impl<'a> Binder<'a, '_> {
                     let name = names::fill(p, layer, e);
                     self.files.tensor(&name).ok_or(ModelError::MissingTensor(name))
                 };
-                out.push(Expert { gate: self.view(get(gate_p)?, f, h)?, up: self.view(get(up_p)?, f, h)?, down: self.view(get(down_p)?, h, f)? });
+                let (g, u, d) = (self.located(get(gate_p)?, f, h)?, self.located(get(up_p)?, f, h)?, self.located(get(down_p)?, h, f)?);
+                out.push(Expert { gate: g.view, up: u.view, down: d.view, ranges: [g.range, u.range, d.range] });
             }
             return Ok(out);
         }
@@ -159,25 +250,110 @@ impl<'a> Binder<'a, '_> {
                 .find_map(|p| self.files.tensor(&names::fill(p, layer, 0)))
                 .ok_or_else(|| ModelError::MissingTensor(format!("experts of layer {layer} (neither per-expert nor fused {role:?} tensors found)")))
         };
-        let (gate, up) = split_gate_up(self.split_3d(fused(Role::ExpGateUp)?, 2 * f, h)?, f)?;
-        let down = self.split_3d(fused(Role::ExpDown)?, h, f)?;
+        let (gate, up) = split_gate_up(self.split_3d(fused(Role::ExpGateUp)?, n, 2 * f, h)?, f)?;
+        let down = self.split_3d(fused(Role::ExpDown)?, n, h, f)?;
         Ok(zip_experts(gate, up, down))
+    }
+
+    fn gqa(&self, l: usize) -> Result<Gqa<'a>, ModelError> {
+        let c = self.cfg;
+        let (h, qd, kvd, hd) = (c.hidden, c.q_dim(), c.kv_dim(), c.head_dim);
+        let (q_norm, k_norm) = match c.qk_norm {
+            QkNorm::None => (None, None),
+            QkNorm::PerHead => (Some(self.norm(Role::QNorm, l, hd)?), Some(self.norm(Role::KNorm, l, hd)?)),
+            QkNorm::Whole => (Some(self.norm(Role::QNorm, l, qd)?), Some(self.norm(Role::KNorm, l, kvd)?)),
+        };
+        let bias = |role| if c.attn_bias { self.norm(role, l, if role == Role::BiasQ { qd } else { kvd }).map(Some) } else { Ok(None) };
+        Ok(Gqa {
+            wq: self.mat(Role::Wq, l, qd, h)?,
+            wk: self.mat(Role::Wk, l, kvd, h)?,
+            wv: self.mat(Role::Wv, l, kvd, h)?,
+            wo: self.mat(Role::Wo, l, h, c.att_dim())?,
+            bq: bias(Role::BiasQ)?,
+            bk: bias(Role::BiasK)?,
+            bv: bias(Role::BiasV)?,
+            q_norm,
+            k_norm,
+        })
+    }
+
+    fn mla(&self, l: usize) -> Result<Mla<'a>, ModelError> {
+        let c = self.cfg;
+        let AttnKind::Mla { q_lora, kv_lora, nope, rope, v_dim } = c.attn else {
+            return Err(ModelError::Config("MLA weights requested for a GQA model".into()));
+        };
+        let (h, nh) = (c.hidden, c.n_heads);
+        let (q_a, q_a_norm, q_b) = match q_lora {
+            Some(r) => (Some(self.mat(Role::QA, l, r, h)?), Some(self.norm(Role::QANorm, l, r)?), self.mat(Role::QB, l, nh * (nope + rope), r)?),
+            None => (None, None, self.mat(Role::Wq, l, nh * (nope + rope), h)?),
+        };
+        let (k_b, v_b) = match (self.find(Role::KB, l), self.find(Role::VB, l)) {
+            (Some(kb), Some(vb)) => (
+                self.split_3d(kb, nh, kv_lora, nope)?.into_iter().map(|x| HeadMat::View(x.view)).collect(),
+                self.split_3d(vb, nh, v_dim, kv_lora)?.into_iter().map(|x| HeadMat::View(x.view)).collect(),
+            ),
+            _ => {
+                // kv_b: (n_heads*(nope+v), kv_lora); per head `nope` k rows then `v_dim` v rows.
+                let t = self.require(Role::KVB, l)?;
+                let w = self.view(t, nh * (nope + v_dim), kv_lora)?;
+                let all = self.files.dequantize(t)?;
+                let rb = w.row_bytes();
+                let mut k_b = Vec::with_capacity(nh);
+                let mut v_b = Vec::with_capacity(nh);
+                for hh in 0..nh {
+                    let r0 = hh * (nope + v_dim);
+                    // k part transposed to (kv_lora, nope) so q folds into latent space.
+                    let mut data = vec![0f32; kv_lora * nope];
+                    for i in 0..nope {
+                        for j in 0..kv_lora {
+                            data[j * nope + i] = all[(r0 + i) * kv_lora + j];
+                        }
+                    }
+                    k_b.push(HeadMat::Owned { rows: kv_lora, cols: nope, data });
+                    let vb = &w.bytes[(r0 + nope) * rb..(r0 + nope + v_dim) * rb];
+                    v_b.push(HeadMat::View(WeightView { dtype: w.dtype, bytes: vb, rows: v_dim, cols: kv_lora }));
+                }
+                (k_b, v_b)
+            }
+        };
+        Ok(Mla {
+            q_a,
+            q_a_norm,
+            q_b,
+            kv_a: self.mat(Role::KVA, l, kv_lora + rope, h)?,
+            kv_a_norm: self.norm(Role::KVANorm, l, kv_lora)?,
+            k_b,
+            v_b,
+            wo: self.mat(Role::Wo, l, h, nh * v_dim)?,
+        })
+    }
+
+    fn moe(&self, l: usize) -> Result<Moe<'a>, ModelError> {
+        let c = self.cfg;
+        let score_bias = if c.routing.sigmoid { self.opt_vector(Role::ScoreBias, l, c.n_experts)? } else { None };
+        let shared = if c.shared_ffn > 0 { Some(self.mlp([Role::ShGate, Role::ShUp, Role::ShDown], l, c.shared_ffn)?) } else { None };
+        Ok(Moe { router: self.router(l)?, score_bias, experts: self.experts(l)?, shared })
     }
 }
 
-fn zip_experts<'a>(gate: Vec<WeightView<'a>>, up: Vec<WeightView<'a>>, down: Vec<WeightView<'a>>) -> Vec<Expert<'a>> {
-    gate.into_iter().zip(up).zip(down).map(|((gate, up), down)| Expert { gate, up, down }).collect()
+fn zip_experts<'a>(gate: Vec<Located<'a>>, up: Vec<Located<'a>>, down: Vec<Located<'a>>) -> Vec<Expert<'a>> {
+    gate.into_iter()
+        .zip(up)
+        .zip(down)
+        .map(|((g, u), d)| Expert { gate: g.view, up: u.view, down: d.view, ranges: [g.range, u.range, d.range] })
+        .collect()
 }
 
 /// Split fused [2*ffn, hidden] gate+up matrices into gate (first ffn rows) and up (the rest).
-fn split_gate_up<'a>(fused: Vec<WeightView<'a>>, ffn: usize) -> Result<(Vec<WeightView<'a>>, Vec<WeightView<'a>>), ModelError> {
+fn split_gate_up<'a>(fused: Vec<Located<'a>>, ffn: usize) -> Result<(Vec<Located<'a>>, Vec<Located<'a>>), ModelError> {
     let mut gates = Vec::with_capacity(fused.len());
     let mut ups = Vec::with_capacity(fused.len());
-    for w in fused {
+    for Located { view: w, range } in fused {
         let half = ffn * w.row_bytes();
         let (g, u) = w.bytes.split_at(half);
-        gates.push(WeightView { dtype: w.dtype, bytes: g, rows: ffn, cols: w.cols });
-        ups.push(WeightView { dtype: w.dtype, bytes: u, rows: ffn, cols: w.cols });
+        let h = half as u64;
+        gates.push(Located { view: WeightView { dtype: w.dtype, bytes: g, rows: ffn, cols: w.cols }, range: ByteRange { len: h, ..range } });
+        ups.push(Located { view: WeightView { dtype: w.dtype, bytes: u, rows: ffn, cols: w.cols }, range: ByteRange { offset: range.offset + h, len: range.len - h, ..range } });
     }
     Ok((gates, ups))
 }
@@ -205,15 +381,16 @@ impl<'a> Weights<'a> {
             Family::Qwen3Moe => qwen3moe::HF_MOE,
             Family::Mixtral => mixtral::HF_MOE,
             Family::Olmoe => olmoe::HF_MOE,
+            Family::DeepseekV3 => deepseek2::HF_MOE,
+            Family::Glm4Moe => glm4moe::HF_MOE,
         };
         let (h, v) = (cfg.hidden, cfg.vocab);
-        let (qd, kvd, hd) = (cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
         // GGUF does not say which q/k norm a family has; the weights' lengths do.
-        if files.kind() == FileKind::Gguf {
+        if files.kind() == FileKind::Gguf && cfg.attn == AttnKind::Gqa {
             let b = Binder { files, cfg, hf_moe };
             cfg.qk_norm = match b.find(Role::QNorm, 0) {
                 None => QkNorm::None,
-                Some(t) if t.n_elems() == hd as u64 => QkNorm::PerHead,
+                Some(t) if t.n_elems() == cfg.head_dim as u64 => QkNorm::PerHead,
                 Some(_) => QkNorm::Whole,
             };
         }
@@ -227,23 +404,16 @@ impl<'a> Weights<'a> {
         };
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for l in 0..cfg.n_layers {
-            let (qn, kn) = match cfg.qk_norm {
-                QkNorm::None => (None, None),
-                QkNorm::PerHead => (Some(b.norm(Role::QNorm, l, hd)?), Some(b.norm(Role::KNorm, l, hd)?)),
-                QkNorm::Whole => (Some(b.norm(Role::QNorm, l, qd)?), Some(b.norm(Role::KNorm, l, kvd)?)),
+            let attn = match cfg.attn {
+                AttnKind::Gqa => Attention::Gqa(b.gqa(l)?),
+                AttnKind::Mla { .. } => Attention::Mla(b.mla(l)?),
             };
-            layers.push(Layer {
-                attn_norm: b.norm(Role::AttnNorm, l, h)?,
-                wq: b.mat(Role::Wq, l, qd, h)?,
-                wk: b.mat(Role::Wk, l, kvd, h)?,
-                wv: b.mat(Role::Wv, l, kvd, h)?,
-                wo: b.mat(Role::Wo, l, h, qd)?,
-                q_norm: qn,
-                k_norm: kn,
-                ffn_norm: b.norm(Role::FfnNorm, l, h)?,
-                router: b.router(l)?,
-                experts: b.experts(l)?,
-            });
+            let ffn = if cfg.is_moe_layer(l) {
+                Ffn::Moe(b.moe(l)?)
+            } else {
+                Ffn::Dense(b.mlp([Role::DenseGate, Role::DenseUp, Role::DenseDown], l, cfg.dense_ffn)?)
+            };
+            layers.push(Layer { attn_norm: b.norm(Role::AttnNorm, l, h)?, attn, ffn_norm: b.norm(Role::FfnNorm, l, h)?, ffn });
         }
         Ok(Weights { token_embd, output_norm: b.norm(Role::OutputNorm, 0, h)?, output, layers })
     }

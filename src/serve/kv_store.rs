@@ -3,8 +3,9 @@
 //! memory by another) resumes without prefilling again.
 //!
 //! File `session-<hash>.slkv`, little-endian:
-//! `b"SLUICEKV"`, u32 version (1), u64 model fingerprint, u32 layers, u32 kv_dim, u32 n,
-//! n x u32 tokens, then for each layer n*kv_dim f32 keys followed by n*kv_dim f32 values.
+//! `b"SLUICEKV"`, u32 version (2), u64 model fingerprint, u32 cache layers, u32 key width,
+//! u32 value width, u32 n, n x u32 tokens, then for each layer n*key_width f32 keys followed
+//! by n*value_width f32 values (widths from `ModelConfig::cache_dims`; MLA has no values).
 //! Files are written to a temporary name, synced, and renamed into place (atomic).
 //!
 //! Owns: the directory's session files, their index (tokens per file) and eviction (oldest
@@ -20,8 +21,8 @@ use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 8] = b"SLUICEKV";
-const VERSION: u32 = 1;
-const HEAD: u64 = 8 + 4 + 8 + 4 + 4 + 4;
+const VERSION: u32 = 2;
+const HEAD: u64 = 8 + 4 + 8 + 4 + 4 + 4 + 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum KvStoreError {
@@ -43,7 +44,8 @@ pub struct KvStore {
     dir: PathBuf,
     fingerprint: u64,
     layers: usize,
-    kv_dim: usize,
+    /// Floats per position and layer: (keys, values).
+    dims: (usize, usize),
     max_sessions: usize,
     sessions: Vec<Session>,
     clock: u64,
@@ -93,10 +95,10 @@ pub fn fingerprint(files: &ModelFiles, cfg: &ModelConfig) -> u64 {
 
 impl KvStore {
     /// Open (creating) `dir` and index the sessions in it that belong to this model.
-    pub fn open(dir: &Path, fingerprint: u64, layers: usize, kv_dim: usize, max_sessions: usize) -> Result<KvStore, KvStoreError> {
+    pub fn open(dir: &Path, fingerprint: u64, layers: usize, dims: (usize, usize), max_sessions: usize) -> Result<KvStore, KvStoreError> {
         let io = |op, err| KvStoreError::Io { path: dir.to_path_buf(), op, err };
         std::fs::create_dir_all(dir).map_err(|e| io("create directory", e))?;
-        let mut store = KvStore { dir: dir.to_path_buf(), fingerprint, layers, kv_dim, max_sessions: max_sessions.max(1), sessions: Vec::new(), clock: 0 };
+        let mut store = KvStore { dir: dir.to_path_buf(), fingerprint, layers, dims, max_sessions: max_sessions.max(1), sessions: Vec::new(), clock: 0 };
         let mut found: Vec<(std::time::SystemTime, PathBuf)> = Vec::new();
         for entry in std::fs::read_dir(dir).map_err(|e| io("list", e))? {
             let Ok(entry) = entry else { continue };
@@ -151,14 +153,17 @@ impl KvStore {
         if u64::from_le_bytes(fp) != self.fingerprint {
             return Ok(None);
         }
-        let (layers, kv_dim, n) = (u32_at(20) as usize, u32_at(24) as usize, u32_at(28) as u64);
-        if layers != self.layers || kv_dim != self.kv_dim {
-            return Err(bad(format!("{layers} layers of width {kv_dim}, the model has {} of {}", self.layers, self.kv_dim)));
+        let (layers, kd, vd, n) = (u32_at(20) as usize, u32_at(24) as usize, u32_at(28) as usize, u32_at(32) as u64);
+        if layers != self.layers || (kd, vd) != self.dims {
+            return Err(bad(format!(
+                "{layers} cache layers of widths ({kd}, {vd}), the model has {} of {:?}",
+                self.layers, self.dims
+            )));
         }
         let want = (layers as u64)
-            .checked_mul(kv_dim as u64)
+            .checked_mul((kd + vd) as u64)
             .and_then(|x| x.checked_mul(n))
-            .and_then(|x| x.checked_mul(8))
+            .and_then(|x| x.checked_mul(4))
             .and_then(|x| x.checked_add(HEAD + n * 4));
         if want != Some(size) {
             return Err(bad(format!("{size} bytes, not the size of a session of {n} tokens")));
@@ -191,17 +196,18 @@ impl KvStore {
         let n = n.min(s.tokens.len());
         let io = |op, err| KvStoreError::Io { path: path.clone(), op, err };
         let mut f = File::open(&path).map_err(|e| io("open", e))?;
-        let kvd = self.kv_dim;
-        let row = (kvd * 4) as u64;
+        let (kd, vd) = self.dims;
+        let layer_bytes = total * ((kd + vd) * 4) as u64;
         let base = HEAD + total * 4;
-        let mut buf = vec![0u8; n * kvd * 4];
+        let mut buf = Vec::new();
         st.pos = 0;
         for layer in 0..self.layers {
             let (k, v) = st
-                .kv_rows_mut(layer, kvd, n)
+                .kv_rows_mut(layer, self.dims, n)
                 .map_err(|e| KvStoreError::Bad { path: path.clone(), msg: e.to_string() })?;
-            let k_at = base + layer as u64 * 2 * total * row;
-            for (dst, at) in [(k, k_at), (v, k_at + total * row)] {
+            let k_at = base + layer as u64 * layer_bytes;
+            for (dst, at) in [(k, k_at), (v, k_at + total * (kd * 4) as u64)] {
+                buf.resize(dst.len() * 4, 0);
                 f.seek(SeekFrom::Start(at)).map_err(|e| io("seek", e))?;
                 f.read_exact(&mut buf).map_err(|e| io("read", e))?;
                 for (x, c) in dst.iter_mut().zip(buf.chunks_exact(4)) {
@@ -210,7 +216,7 @@ impl KvStore {
             }
         }
         st.pos = n;
-        Ok(2 * self.layers as u64 * n as u64 * row)
+        Ok(self.layers as u64 * n as u64 * ((kd + vd) * 4) as u64)
     }
 
     /// Save the conversation `tokens` (whose KV is in `st`, `st.pos == tokens.len()`).
@@ -234,22 +240,23 @@ impl KvStore {
         let f = File::create(&tmp).map_err(|e| io("create", e))?;
         let mut w = BufWriter::with_capacity(1 << 20, f);
         let n = tokens.len();
-        let kvd = self.kv_dim;
+        let (kd, vd) = self.dims;
         let mut head = Vec::with_capacity(HEAD as usize + n * 4);
         head.extend_from_slice(MAGIC);
         head.extend_from_slice(&VERSION.to_le_bytes());
         head.extend_from_slice(&self.fingerprint.to_le_bytes());
         head.extend_from_slice(&(self.layers as u32).to_le_bytes());
-        head.extend_from_slice(&(kvd as u32).to_le_bytes());
+        head.extend_from_slice(&(kd as u32).to_le_bytes());
+        head.extend_from_slice(&(vd as u32).to_le_bytes());
         head.extend_from_slice(&(n as u32).to_le_bytes());
         for t in tokens {
             head.extend_from_slice(&t.to_le_bytes());
         }
         let write = |w: &mut BufWriter<File>, b: &[u8]| w.write_all(b).map_err(|e| io("write", e));
         write(&mut w, &head)?;
-        let mut buf = Vec::with_capacity(n * kvd * 4);
+        let mut buf = Vec::with_capacity(n * kd.max(vd) * 4);
         for layer in 0..self.layers {
-            let (k, v) = st.kv_rows(layer, kvd, n).map_err(|e| KvStoreError::Bad { path: tmp.clone(), msg: e.to_string() })?;
+            let (k, v) = st.kv_rows(layer, self.dims, n).map_err(|e| KvStoreError::Bad { path: tmp.clone(), msg: e.to_string() })?;
             for rows in [k, v] {
                 buf.clear();
                 for x in rows {
@@ -265,7 +272,7 @@ impl KvStore {
         if let Ok(d) = File::open(&self.dir) {
             let _ = d.sync_all();
         }
-        let bytes = HEAD + n as u64 * 4 + 2 * (self.layers * n * kvd * 4) as u64;
+        let bytes = HEAD + n as u64 * 4 + (self.layers * n * (kd + vd) * 4) as u64;
 
         // Sessions this one extends are superseded.
         self.sessions.retain(|s| {
@@ -292,11 +299,12 @@ mod tests {
     use super::*;
 
     fn session_bytes(fp: u64, layers: u32, kvd: u32, tokens: &[u32], kv_floats: usize) -> Vec<u8> {
+        // Keys and values of the same width `kvd`.
         let mut b = Vec::new();
         b.extend_from_slice(MAGIC);
         b.extend_from_slice(&VERSION.to_le_bytes());
         b.extend_from_slice(&fp.to_le_bytes());
-        for x in [layers, kvd, tokens.len() as u32] {
+        for x in [layers, kvd, kvd, tokens.len() as u32] {
             b.extend_from_slice(&x.to_le_bytes());
         }
         for t in tokens {
@@ -318,9 +326,9 @@ mod tests {
         std::fs::write(dir.join("session-c.slkv"), session_bytes(99, layers, kvd, &[1], 16)).unwrap(); // other model
         std::fs::write(dir.join("session-d.slkv"), b"SLUICEKV\x01").unwrap();
         let mut huge = session_bytes(fp, u32::MAX, u32::MAX, &[], 0);
-        huge[28..32].copy_from_slice(&u32::MAX.to_le_bytes());
+        huge[32..36].copy_from_slice(&u32::MAX.to_le_bytes());
         std::fs::write(dir.join("session-e.slkv"), huge).unwrap(); // sizes that overflow
-        let store = KvStore::open(&dir, fp, layers as usize, kvd as usize, 8).unwrap();
+        let store = KvStore::open(&dir, fp, layers as usize, (kvd as usize, kvd as usize), 8).unwrap();
         assert_eq!(store.len(), 1);
         assert_eq!(store.best_match(&[1, 2, 9]), Some((0, 2)));
         assert_eq!(store.best_match(&[5]), None);

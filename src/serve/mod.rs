@@ -91,8 +91,10 @@ pub fn run(files: &'static ModelFiles, cfg: ServeConfig) -> Result<(), ServeErro
         None => None,
         Some(dir) => {
             let fp = kv_store::fingerprint(files, &model.cfg);
-            let layers = model.cfg.n_layers;
-            let s = kv_store::KvStore::open(dir, fp, layers, model.cfg.kv_dim(), cfg.kv_max_sessions)
+            let dims = model.cfg.cache_dims();
+            // Every layer that caches (the state may hold more than `n_layers`).
+            let layers = model.new_state(1, 1, 1)?.kv_layers(dims);
+            let s = kv_store::KvStore::open(dir, fp, layers, dims, cfg.kv_max_sessions)
                 .map_err(|e| ServeError::KvDir { path: dir.clone(), msg: e.to_string() })?;
             eprintln!("[serve] --kv-dir {}: {} saved session(s) of this model", dir.display(), s.len());
             Some(s)

@@ -160,7 +160,7 @@ impl Tokenizer {
     /// A Hugging Face `tokenizer.json`. Beside it, if present: `tokenizer_config.json` (bos/eos
     /// tokens, `add_bos_token`/`add_eos_token`, `chat_template`), `chat_template.jinja` (takes
     /// precedence, as in transformers) and `generation_config.json` (`eos_token_id`: every id it
-    /// lists ends generation).
+    /// lists ends generation; `config.json`'s when it has none).
     pub fn from_file(path: &Path) -> Result<Tokenizer, TokenizerError> {
         if !path.is_file() {
             return Err(TokenizerError::Io {
@@ -215,13 +215,15 @@ impl Tokenizer {
         };
 
         let mut eos_ids: Vec<u32> = eos_id.into_iter().collect();
-        let gen_path = dir.join("generation_config.json");
-        if let Some(gen) = read_json(&gen_path)? {
-            match gen.get("eos_token_id") {
-                Some(Value::Number(n)) => eos_ids.extend(n.as_u64().map(|x| x as u32)),
-                Some(Value::Array(a)) => eos_ids.extend(a.iter().filter_map(Value::as_u64).map(|x| x as u32)),
-                _ => {}
-            }
+        // transformers' `generate` stops at generation_config.json's eos ids, else config.json's.
+        let gen = match read_json(&dir.join("generation_config.json"))? {
+            Some(g) if g.get("eos_token_id").is_some() => Some(g),
+            _ => read_json(&dir.join("config.json"))?,
+        };
+        match gen.as_ref().and_then(|g| g.get("eos_token_id")) {
+            Some(Value::Number(n)) => eos_ids.extend(n.as_u64().map(|x| x as u32)),
+            Some(Value::Array(a)) => eos_ids.extend(a.iter().filter_map(Value::as_u64).map(|x| x as u32)),
+            _ => {}
         }
         let vocab_size = hf.get_vocab_size(true);
         eos_ids.retain(|&i| (i as usize) < vocab_size);
@@ -438,14 +440,20 @@ impl StreamDecoder {
         self.ids.push(id);
         let prev = tok.decode_piece(&self.ids[self.prefix..self.read], self.skip_special)?;
         let full = tok.decode_piece(&self.ids[self.prefix..], self.skip_special)?;
-        if full.len() <= prev.len() || full.ends_with('\u{FFFD}') || !full.starts_with(&prev) {
-            // Nothing new yet, or an incomplete character. A window grown past a few tokens
-            // with a replacement character in the middle is not going to complete: let it out.
-            if self.ids.len() - self.read < 8 || full.len() <= prev.len() || !full.starts_with(&prev) {
-                return Ok(None);
-            }
+        let Some(new) = full.strip_prefix(prev.as_str()) else {
+            return Ok(None); // a decoder that rewrote earlier text; wait
+        };
+        if new.is_empty() {
+            // Tokens that render as nothing (skipped control tokens): consumed.
+            self.read = self.ids.len();
+            return Ok(None);
         }
-        let new = full[prev.len()..].to_string();
+        // An incomplete UTF-8 character at the end: wait for the rest, unless the window has
+        // grown past a few tokens (then it is not going to complete: let it out).
+        if new.ends_with('\u{FFFD}') && self.ids.len() - self.read < 8 {
+            return Ok(None);
+        }
+        let new = new.to_string();
         self.prefix = self.read;
         self.read = self.ids.len();
         if self.prefix > 256 {

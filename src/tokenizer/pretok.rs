@@ -121,4 +121,36 @@ mod tests {
         }
         assert!(lookup("no-such-pre").is_none());
     }
+
+    /// Every table entry splits texts exactly as the Python `tokenizers` package (Oniguruma)
+    /// does with the same regexes (tests/fixtures/tokenizer/pretok_splits.json, made by
+    /// scripts/make_tokenizer_fixtures.py): our regex engine is fancy-regex, the reference's is
+    /// not, and `\p{..}` classes, look-arounds and `(?i:)` must behave the same.
+    #[test]
+    fn splits_match_python_tokenizers() {
+        use tokenizers::pre_tokenizers::sequence::Sequence;
+        use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer/pretok_splits.json");
+        let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let mut checked = 0;
+        for (name, cases) in doc["pre"].as_object().unwrap() {
+            let t = lookup(name).unwrap_or_else(|| panic!("{name} is not in the table"));
+            let steps = t
+                .regexes
+                .iter()
+                .map(|r| Split::new(SplitPattern::Regex(r.to_string()), SplitDelimiterBehavior::Isolated, false).unwrap().into())
+                .collect();
+            let seq = Sequence::new(steps);
+            for c in cases.as_array().unwrap() {
+                let text = c["text"].as_str().unwrap();
+                let mut pts = PreTokenizedString::from(text);
+                seq.pre_tokenize(&mut pts).unwrap();
+                let got: Vec<&str> = pts.get_splits(OffsetReferential::Original, OffsetType::Char).into_iter().map(|s| s.0).collect();
+                let want: Vec<&str> = c["splits"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+                assert_eq!(got, want, "{name}: {text:?}");
+                checked += 1;
+            }
+        }
+        assert!(checked > 500);
+    }
 }

@@ -1,0 +1,653 @@
+//! `ExpertCache`: routed experts in a fixed set of slots — a pinned tier loaded at start and an
+//! evictable tier per layer (LRU or decayed hotness) filled on demand by a `ReadPool`.
+//!
+//! Owns the slot memory (one `Slab`, allocated once, never reallocated), which expert is in
+//! which slot, the usage counts of this run and the hit/miss/IO figures. Does not pick experts
+//! (the router does) or split a too-large request into waves (the caller does).
+//!
+//! Protocol, one wave at a time: `begin(layer, experts)` records the selections and issues the
+//! reads of every miss at once; `next_ready` hands out each expert as soon as its bytes are in
+//! memory (hits first); `end` releases the wave's slots for eviction.
+//! Invariant: a slot handed out by `next_ready` is neither evicted nor written until `end`, and
+//! `end` takes `&mut self`, so the borrow checker proves no `ExpertBytes` outlives its wave.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
+
+use super::io::Completion;
+use super::policy::{self, Hotness, SlotMeta, EMPTY};
+use super::store::ExpertPlan;
+use super::{ExpertError, ExpertStore, IoMode, ReadJob, ReadPool, Slab, TraceWriter, UsageStats, ALIGN};
+
+/// Eviction policy of the evictable tier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// Least recently used (one use-clock tick per request).
+    Lru,
+    /// Coldest first: +1 per selection, every count halved each `halve_every` tokens; ties go
+    /// to the least recently used.
+    Hotness { halve_every: u64 },
+}
+
+impl Policy {
+    /// `lru` or `hotness` (which then halves every `halve_every` tokens).
+    pub fn parse(name: &str, halve_every: u64) -> Result<Policy, String> {
+        match name {
+            "lru" => Ok(Policy::Lru),
+            "hotness" => Ok(Policy::Hotness { halve_every }),
+            _ => Err(format!("unknown cache policy `{name}` (expected lru or hotness)")),
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Policy::Lru => "lru",
+            Policy::Hotness { .. } => "hotness",
+        }
+    }
+}
+
+/// How the cache is built.
+#[derive(Clone, Debug)]
+pub struct CacheConfig {
+    /// Evictable slots per MoE layer (clamped to the layer's unpinned experts). See
+    /// `ExpertStore::slots_per_layer_for_budget` to derive it from a byte budget.
+    pub slots_per_layer: usize,
+    /// (layer, expert) pairs held for the whole run, loaded by `ExpertCache::new`.
+    pub pinned: Vec<(usize, usize)>,
+    pub policy: Policy,
+    pub io: IoMode,
+    pub io_threads: usize,
+    /// Largest single read, bytes (a multiple of 4096); bigger windows are split so several
+    /// readers share one expert.
+    pub read_chunk: u64,
+    /// Try to mlock the slot memory (a note says when the system refuses).
+    pub mlock: bool,
+    /// Write every `begin` as a route-trace line to this file (`sluice cache-sim` replays it).
+    pub trace: Option<PathBuf>,
+}
+
+impl CacheConfig {
+    /// `slots_per_layer` evictable slots, nothing pinned, LRU, O_DIRECT, 4 readers, 1 MiB reads.
+    pub fn new(slots_per_layer: usize) -> CacheConfig {
+        CacheConfig {
+            slots_per_layer,
+            pinned: Vec::new(),
+            policy: Policy::Lru,
+            io: IoMode::Direct,
+            io_threads: 4,
+            read_chunk: 1 << 20,
+            mlock: true,
+            trace: None,
+        }
+    }
+}
+
+/// Figures since the cache was built (the pinned tier's initial load is counted apart).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CacheStats {
+    /// Experts requested that were in the pinned tier.
+    pub hits_pin: u64,
+    /// Experts requested that were in the evictable tier.
+    pub hits_lru: u64,
+    /// Experts requested that had to be read.
+    pub misses: u64,
+    /// Bytes read for misses (whole aligned windows in direct mode).
+    pub bytes_read: u64,
+    /// Wall time with at least one miss read outstanding.
+    pub read_secs: f64,
+    /// Time the caller spent blocked in `next_ready`.
+    pub wait_secs: f64,
+    /// `tick_token` calls.
+    pub tokens: u64,
+    /// Bytes and wall time of loading the pinned tier in `new`.
+    pub pin_load_bytes: u64,
+    pub pin_load_secs: f64,
+}
+
+impl CacheStats {
+    pub fn requests(&self) -> u64 {
+        self.hits_pin + self.hits_lru + self.misses
+    }
+
+    /// Fraction of requested experts already in memory (0 when nothing was requested).
+    pub fn hit_rate(&self) -> f64 {
+        let r = self.requests();
+        if r == 0 {
+            0.0
+        } else {
+            (self.hits_pin + self.hits_lru) as f64 / r as f64
+        }
+    }
+}
+
+/// One expert's bytes, exactly the bytes of its three ranges in the files.
+#[derive(Clone, Copy, Debug)]
+pub struct ExpertBytes<'a> {
+    pub gate: &'a [u8],
+    pub up: &'a [u8],
+    pub down: &'a [u8],
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Where {
+    Absent,
+    Pinned(u32),
+    /// Global slot index (pinned slots first, then each layer's evictable slots).
+    Slot(u32),
+}
+
+struct Wave {
+    layer: usize,
+    /// Misses whose reads have not all completed.
+    loading: usize,
+}
+
+struct State {
+    place: Vec<Vec<Where>>,
+    /// Evictable slots of each layer; global index = `layer_base[layer] + i`.
+    slots: Vec<Vec<SlotMeta>>,
+    /// Reads outstanding per global slot, and whether one of them failed.
+    pending: Vec<u32>,
+    failed: Vec<bool>,
+    hot: Hotness,
+    usage: UsageStats,
+    clock: u64,
+    /// Marks for duplicate detection in `begin` (value = clock of the request that saw it).
+    seen: Vec<u64>,
+    wave: Option<Wave>,
+    /// Experts of the open wave in memory and not yet handed out: (expert, global slot).
+    ready: VecDeque<(usize, usize)>,
+    jobs: Vec<ReadJob>,
+    stats: CacheStats,
+    /// The pool's busy seconds spent loading the pinned tier (excluded from `read_secs`).
+    pin_busy_secs: f64,
+    trace: Option<TraceWriter>,
+}
+
+pub struct ExpertCache {
+    // Field order is drop order: the pool joins its readers before the slab is unmapped.
+    pool: ReadPool,
+    slab: Slab,
+    store: ExpertStore,
+    slot_bytes: u64,
+    layer_base: Vec<usize>,
+    n_pinned: usize,
+    pinned_per_layer: Vec<usize>,
+    policy: Policy,
+    read_chunk: u64,
+    notes: Vec<String>,
+    state: Mutex<State>,
+}
+
+impl ExpertCache {
+    /// Allocates every slot, opens the files, loads the pinned experts (reads errors surface
+    /// here) and returns a cache ready for `begin`.
+    pub fn new(store: ExpertStore, cfg: CacheConfig) -> Result<ExpertCache, ExpertError> {
+        if cfg.read_chunk == 0 || !cfg.read_chunk.is_multiple_of(ALIGN) {
+            return Err(ExpertError::Config(format!("read chunk {} is not a positive multiple of {ALIGN}", cfg.read_chunk)));
+        }
+        if let Policy::Hotness { halve_every: 0 } = cfg.policy {
+            return Err(ExpertError::Config("hotness policy needs halve_every >= 1 token".into()));
+        }
+        store.check_files()?;
+        let n_layers = store.n_layers();
+        let experts_per_layer: Vec<usize> = (0..n_layers).map(|l| store.n_experts(l)).collect();
+
+        let mut place: Vec<Vec<Where>> = experts_per_layer.iter().map(|&n| vec![Where::Absent; n]).collect();
+        let mut pinned_per_layer = vec![0usize; n_layers];
+        for (i, &(l, e)) in cfg.pinned.iter().enumerate() {
+            let slot = place
+                .get_mut(l)
+                .and_then(|p| p.get_mut(e))
+                .ok_or_else(|| ExpertError::Config(format!("pinned expert {e} of layer {l} does not exist")))?;
+            if *slot != Where::Absent {
+                return Err(ExpertError::Config(format!("expert {e} of layer {l} is pinned twice")));
+            }
+            *slot = Where::Pinned(i as u32);
+            pinned_per_layer[l] += 1;
+        }
+        let n_pinned = cfg.pinned.len();
+        let caps: Vec<usize> =
+            (0..n_layers).map(|l| cfg.slots_per_layer.min(experts_per_layer[l] - pinned_per_layer[l])).collect();
+        let mut layer_base = Vec::with_capacity(n_layers);
+        let mut n_slots = n_pinned;
+        for &c in &caps {
+            layer_base.push(n_slots);
+            n_slots += c;
+        }
+        let slot_bytes = store.slot_bytes();
+        let total = (n_slots as u64)
+            .checked_mul(slot_bytes)
+            .ok_or_else(|| ExpertError::Config(format!("{n_slots} slots of {slot_bytes} bytes overflow")))?;
+        let (slab, lock_note) = Slab::new(total, cfg.mlock)?;
+
+        let max_cap = caps.iter().copied().max().unwrap_or(0);
+        let max_jobs = max_jobs_per_expert(&store, cfg.read_chunk);
+        let pool = ReadPool::new(store.paths(), cfg.io, cfg.io_threads, (max_cap * max_jobs).max(16))?;
+        let notes: Vec<String> = pool.note().map(str::to_string).into_iter().chain(lock_note).collect();
+        let trace = match &cfg.trace {
+            Some(p) => Some(TraceWriter::create(p, &experts_per_layer)?),
+            None => None,
+        };
+        let halve = match cfg.policy {
+            Policy::Hotness { halve_every } => halve_every,
+            Policy::Lru => 0,
+        };
+        let state = State {
+            place,
+            slots: caps.iter().map(|&c| vec![SlotMeta::default(); c]).collect(),
+            pending: vec![0; n_slots],
+            failed: vec![false; n_slots],
+            hot: Hotness::new(&experts_per_layer, halve),
+            usage: UsageStats::new(&experts_per_layer),
+            clock: 0,
+            seen: vec![0; experts_per_layer.iter().copied().max().unwrap_or(0)],
+            wave: None,
+            ready: VecDeque::with_capacity(experts_per_layer.iter().copied().max().unwrap_or(0)),
+            jobs: Vec::with_capacity(max_cap * max_jobs),
+            stats: CacheStats::default(),
+            pin_busy_secs: 0.0,
+            trace,
+        };
+        let mut cache = ExpertCache {
+            pool,
+            slab,
+            store,
+            slot_bytes,
+            layer_base,
+            n_pinned,
+            pinned_per_layer,
+            policy: cfg.policy,
+            read_chunk: cfg.read_chunk,
+            notes,
+            state: Mutex::new(state),
+        };
+        cache.load_pinned(&cfg.pinned)?;
+        Ok(cache)
+    }
+
+    fn load_pinned(&mut self, pinned: &[(usize, usize)]) -> Result<(), ExpertError> {
+        let t0 = Instant::now();
+        let b0 = self.pool.bytes_read();
+        let mut jobs = Vec::new();
+        // In batches, so the queues stay near their preallocated size.
+        for start in (0..pinned.len()).step_by(256) {
+            jobs.clear();
+            for (i, &(l, e)) in pinned.iter().enumerate().skip(start).take(256) {
+                if let Some(plan) = self.store.plan(l, e) {
+                    push_jobs(&mut jobs, plan, self.slot_ptr(i), i, self.pool.mode(), self.read_chunk);
+                }
+            }
+            // SAFETY: each job writes inside its own pinned slot (distinct per pair, in the slab
+            // that outlives the pool's readers); nothing reads those slots until every
+            // completion is taken just below.
+            unsafe { self.pool.submit(&jobs) };
+            let mut first_err = None;
+            while let Some(c) = self.pool.wait() {
+                if let (Err(e), None) = (c.result, &first_err) {
+                    first_err = Some(e);
+                }
+            }
+            if let Some(e) = first_err {
+                return Err(e);
+            }
+        }
+        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        st.stats.pin_load_bytes = self.pool.bytes_read() - b0;
+        st.stats.pin_load_secs = t0.elapsed().as_secs_f64();
+        st.pin_busy_secs = self.pool.busy_secs();
+        Ok(())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every mutation completes before any call that could panic; poisoning carries no news.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn slot_ptr(&self, global: usize) -> *mut u8 {
+        // SAFETY: `global < n_slots`, so the offset lies inside the slab (n_slots * slot_bytes).
+        unsafe { self.slab.as_ptr().add(global * self.slot_bytes as usize) }
+    }
+
+    fn bytes_of(&self, layer: usize, expert: usize, global: usize) -> ExpertBytes<'_> {
+        let empty = ExpertBytes { gate: &[], up: &[], down: &[] };
+        let Some(plan) = self.store.plan(layer, expert) else { return empty };
+        let base = self.slot_ptr(global);
+        let part = |i: usize| {
+            let (off, len) = plan.parts()[i];
+            if len == 0 {
+                return &[][..];
+            }
+            // SAFETY: the plan keeps every part inside `slot_len <= slot_bytes` of its slot; the
+            // slot is busy (pinned, or handed out in the open wave) so no reader writes it and no
+            // eviction reuses it until `end(&mut self)`, which cannot run while this borrow lives.
+            unsafe { std::slice::from_raw_parts(base.add(off as usize), len as usize) }
+        };
+        ExpertBytes { gate: part(0), up: part(1), down: part(2) }
+    }
+
+    /// Starts a wave for `layer`: records the selections, hands out hits first and issues the
+    /// reads of every miss at once. `experts` must be distinct and hold at most
+    /// `slots(layer)` experts outside the pinned tier.
+    pub fn begin(&self, layer: usize, experts: &[usize]) -> Result<(), ExpertError> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        if let Some(w) = &st.wave {
+            return Err(ExpertError::Request(format!(
+                "begin(layer {layer}) while the wave of layer {} is open: call end() first",
+                w.layer
+            )));
+        }
+        let Some(place) = st.place.get(layer) else {
+            return Err(ExpertError::Request(format!("layer {layer} out of range ({} layers)", st.place.len())));
+        };
+        // A fresh clock value per call (failed ones too): it also marks `seen` for this call.
+        st.clock += 1;
+        let clock = st.clock;
+        let mut unpinned = 0;
+        for &e in experts {
+            let Some(w) = place.get(e) else {
+                return Err(ExpertError::Request(format!("expert {e} out of range: layer {layer} has {}", place.len())));
+            };
+            if st.seen[e] == clock {
+                return Err(ExpertError::Request(format!("expert {e} named twice in one request for layer {layer}")));
+            }
+            st.seen[e] = clock;
+            if !matches!(w, Where::Pinned(_)) {
+                unpinned += 1;
+            }
+        }
+        let cap = st.slots[layer].len();
+        if unpinned > cap {
+            return Err(ExpertError::Request(format!(
+                "layer {layer}: {unpinned} unpinned experts requested at once, {cap} slots: split the request into waves"
+            )));
+        }
+        if let Some(t) = &mut st.trace {
+            t.record(st.stats.tokens, layer, experts)?;
+        }
+        let mut wave = Wave { layer, loading: 0 };
+        st.ready.clear();
+        // Pass 1: hits (and mark them busy so pass 2 cannot evict them).
+        for &e in experts {
+            st.usage.record(layer, e);
+            if matches!(self.policy, Policy::Hotness { .. }) {
+                st.hot.record(layer, e);
+            }
+            match st.place[layer][e] {
+                Where::Pinned(i) => {
+                    st.stats.hits_pin += 1;
+                    st.ready.push_back((e, i as usize));
+                }
+                Where::Slot(g) => {
+                    st.stats.hits_lru += 1;
+                    let m = &mut st.slots[layer][g as usize - self.layer_base[layer]];
+                    m.busy = true;
+                    m.last_use = clock;
+                    st.ready.push_back((e, g as usize));
+                }
+                Where::Absent => {}
+            }
+        }
+        // Pass 2: misses take a victim slot each and queue their reads.
+        st.jobs.clear();
+        for &e in experts {
+            if st.place[layer][e] != Where::Absent {
+                continue;
+            }
+            st.stats.misses += 1;
+            // Always Some: at most `cap` unpinned experts, so a non-busy slot remains.
+            let i = policy::victim(self.policy, &st.slots[layer], &st.hot, layer)
+                .ok_or_else(|| ExpertError::Request(format!("layer {layer}: no free slot for expert {e}")))?;
+            let old = st.slots[layer][i].expert;
+            if old != EMPTY {
+                st.place[layer][old as usize] = Where::Absent;
+            }
+            st.slots[layer][i] = SlotMeta { expert: e as u32, last_use: clock, busy: true };
+            let g = self.layer_base[layer] + i;
+            st.place[layer][e] = Where::Slot(g as u32);
+            let before = st.jobs.len();
+            if let Some(plan) = self.store.plan(layer, e) {
+                push_jobs(&mut st.jobs, plan, self.slot_ptr(g), g, self.pool.mode(), self.read_chunk);
+            }
+            let n = st.jobs.len() - before;
+            st.pending[g] = n as u32;
+            st.failed[g] = false;
+            if n == 0 {
+                st.ready.push_back((e, g));
+            } else {
+                wave.loading += 1;
+            }
+        }
+        // SAFETY: every job writes inside the slot of a miss just marked busy in this wave;
+        // those slots are not handed out before all their completions are taken, and the pool
+        // is joined before the slab is unmapped.
+        unsafe { self.pool.submit(&st.jobs) };
+        st.wave = Some(wave);
+        Ok(())
+    }
+
+    /// The next expert of the open wave whose bytes are in memory: hits first, then misses in
+    /// the order their reads complete. `Ok(None)` when every expert was handed out. A failed
+    /// read is returned as its error (its expert is dropped from the cache, never handed out).
+    pub fn next_ready(&self) -> Result<Option<(usize, ExpertBytes<'_>)>, ExpertError> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        let Some(layer) = st.wave.as_ref().map(|w| w.layer) else {
+            return Err(ExpertError::Request("next_ready() without begin()".into()));
+        };
+        if let Some((e, g)) = st.ready.pop_front() {
+            return Ok(Some((e, self.bytes_of(layer, e, g))));
+        }
+        while st.wave.as_ref().is_some_and(|w| w.loading > 0) {
+            let t0 = Instant::now();
+            let c = self.pool.wait();
+            st.stats.wait_secs += t0.elapsed().as_secs_f64();
+            let Some(c) = c else {
+                return Err(ExpertError::Request("reads of the open wave vanished from the pool".into()));
+            };
+            match book(st, self.layer_base[layer], c) {
+                Ok(Some((e, g))) => return Ok(Some((e, self.bytes_of(layer, e, g)))),
+                Ok(None) => {}
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Closes the wave: waits for any reads still in flight (after an error, or when the caller
+    /// stopped early), then makes the wave's slots evictable again. Experts read but not handed
+    /// out stay cached. Without an open wave it does nothing.
+    pub fn end(&mut self) {
+        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        let Some(layer) = st.wave.as_ref().map(|w| w.layer) else { return };
+        while st.wave.as_ref().is_some_and(|w| w.loading > 0) {
+            let Some(c) = self.pool.wait() else { break };
+            // Errors were (or would have been) reported by next_ready; the slot is dropped.
+            let _ = book(st, self.layer_base[layer], c);
+        }
+        for m in st.slots[layer].iter_mut() {
+            m.busy = false;
+        }
+        st.ready.clear();
+        st.wave = None;
+    }
+
+    /// One decoded token passed (the hotness decay clock and the trace's token index).
+    pub fn tick_token(&self) {
+        let mut st = self.lock();
+        st.stats.tokens += 1;
+        st.hot.tick();
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        let st = self.lock();
+        let mut s = st.stats;
+        s.bytes_read = self.pool.bytes_read() - s.pin_load_bytes;
+        s.read_secs = (self.pool.busy_secs() - st.pin_busy_secs).max(0.0);
+        s
+    }
+
+    /// Selection counts of this run (one per expert per `begin`).
+    pub fn usage(&self) -> UsageStats {
+        self.lock().usage.clone()
+    }
+
+    /// Flushes the route trace, if one is being written.
+    pub fn flush_trace(&self) -> Result<(), ExpertError> {
+        match &mut self.lock().trace {
+            Some(t) => t.flush(),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the expert's bytes are in memory now (pinned or evictable tier).
+    pub fn is_cached(&self, layer: usize, expert: usize) -> bool {
+        let st = self.lock();
+        match st.place.get(layer).and_then(|p| p.get(expert)) {
+            Some(Where::Pinned(_)) => true,
+            Some(Where::Slot(g)) => st.pending[*g as usize] == 0,
+            _ => false,
+        }
+    }
+
+    pub fn is_pinned(&self, layer: usize, expert: usize) -> bool {
+        matches!(self.lock().place.get(layer).and_then(|p| p.get(expert)), Some(Where::Pinned(_)))
+    }
+
+    /// Evictable slots of `layer` (the most unpinned experts one wave may name).
+    pub fn slots(&self, layer: usize) -> usize {
+        self.lock().slots.get(layer).map_or(0, Vec::len)
+    }
+
+    /// Pinned experts of `layer`.
+    pub fn pinned_in(&self, layer: usize) -> usize {
+        self.pinned_per_layer.get(layer).copied().unwrap_or(0)
+    }
+
+    pub fn n_pinned(&self) -> usize {
+        self.n_pinned
+    }
+
+    /// One-line notes for the user (O_DIRECT fallback, mlock refused), each said once.
+    pub fn notes(&self) -> &[String] {
+        &self.notes
+    }
+
+    /// The IO mode in effect (buffered after an O_DIRECT fallback).
+    pub fn io_mode(&self) -> IoMode {
+        self.pool.mode()
+    }
+
+    pub fn slot_bytes(&self) -> u64 {
+        self.slot_bytes
+    }
+
+    /// Bytes of slot memory (pinned + evictable).
+    pub fn slab_bytes(&self) -> u64 {
+        self.slab.len() as u64
+    }
+
+    pub fn mlocked(&self) -> bool {
+        self.slab.locked()
+    }
+
+    pub fn store(&self) -> &ExpertStore {
+        &self.store
+    }
+
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+}
+
+impl Drop for ExpertCache {
+    fn drop(&mut self) {
+        // Let reads in flight land before the pool and slab go (the pool's own drop joins too;
+        // this keeps the order explicit).
+        while self.pool.wait().is_some() {}
+        if let Some(t) = &mut self.state.get_mut().unwrap_or_else(|p| p.into_inner()).trace {
+            let _ = t.flush();
+        }
+    }
+}
+
+/// Books one completion of the open wave (whose evictable slots start at global index `base`).
+/// Returns the (expert, global slot) it finished if it was the last read of a slot whose reads
+/// all succeeded; the read's error if it failed. A slot with a failed read is emptied when its
+/// last read is in, so it is never handed out or kept.
+fn book(st: &mut State, base: usize, c: Completion) -> Result<Option<(usize, usize)>, ExpertError> {
+    let g = c.tag as usize;
+    let err = c.result.err();
+    if err.is_some() {
+        st.failed[g] = true;
+    }
+    st.pending[g] = st.pending[g].saturating_sub(1);
+    let mut done = None;
+    if st.pending[g] == 0 {
+        let Some(w) = st.wave.as_mut() else { return err.map_or(Ok(None), Err) };
+        w.loading = w.loading.saturating_sub(1);
+        let layer = w.layer;
+        let i = g - base;
+        let e = st.slots[layer][i].expert as usize;
+        if st.failed[g] {
+            st.place[layer][e] = Where::Absent;
+            st.slots[layer][i] = SlotMeta::default();
+            st.failed[g] = false;
+        } else {
+            done = Some((e, g));
+        }
+    }
+    match err {
+        Some(e) => Err(e),
+        None => Ok(done),
+    }
+}
+
+/// Jobs for one expert into the slot at `slot` (global index `tag`), split at `chunk` bytes.
+fn push_jobs(jobs: &mut Vec<ReadJob>, plan: &ExpertPlan, slot: *mut u8, tag: usize, mode: IoMode, chunk: u64) {
+    for r in plan.reads() {
+        let (start, end) = if mode == IoMode::Direct { (r.aligned_off, r.aligned_end) } else { (r.data_off, r.data_end) };
+        let mut c0 = start;
+        while c0 < end {
+            let c1 = (c0 + chunk).min(end);
+            let need = r.data_end.min(c1).saturating_sub(c0);
+            jobs.push(ReadJob {
+                file: r.file,
+                offset: c0,
+                len: (c1 - c0) as usize,
+                need: need as usize,
+                // SAFETY: `c0 - aligned_off < aligned_end - aligned_off`, so the destination
+                // stays inside the plan's window, which lies inside the slot.
+                dst: unsafe { slot.add((r.slot_off + (c0 - r.aligned_off)) as usize) },
+                tag: tag as u64,
+            });
+            c0 = c1;
+        }
+    }
+}
+
+fn max_jobs_per_expert(store: &ExpertStore, chunk: u64) -> usize {
+    let mut most = 1;
+    for l in 0..store.n_layers() {
+        for e in 0..store.n_experts(l) {
+            if let Some(p) = store.plan(l, e) {
+                let n: u64 = p.reads().iter().map(|r| (r.aligned_end - r.aligned_off).div_ceil(chunk)).sum();
+                most = most.max(n as usize);
+            }
+        }
+    }
+    most
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cache_is_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<super::ExpertCache>();
+    }
+}
