@@ -88,3 +88,21 @@ fn sigterm_during_a_stream_ends_it_cleanly_and_exits_0() {
     assert!(stream.contains("shutting down") && stream.contains("data: [DONE]"), "stream should end with an error event and [DONE]: {}", &stream[stream.len().saturating_sub(500)..]);
     assert!(stream.ends_with("0\r\n\r\n"), "chunked stream not terminated");
 }
+
+#[test]
+fn streamed_experts_serve_the_same_text_and_export_cache_figures() {
+    let msgs = json!([{"role": "user", "content": "Stream the experts."}]);
+    let resident = Server::start(&["--experts", "resident"]);
+    let (a, _) = chat(&resident, &msgs, 12);
+    let (_, m) = resident.get("/metrics");
+    assert!(!m.contains("sluice_expert_hit_rate"), "no cache figures without a cache: {m}");
+    drop(resident);
+    let streamed = Server::start(&["--experts", "stream", "--cap", "2", "--io", "buffered", "--usage-freeze"]);
+    let (b, _) = chat(&streamed, &msgs, 12);
+    let (_, m) = streamed.get("/metrics");
+    assert_eq!(a, b, "streaming experts must not change the text");
+    assert!(m.contains("sluice_expert_hit_rate{"), "{m}");
+    let read = m.lines().find(|l| l.starts_with("sluice_expert_bytes_read_total{")).and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+    assert!(read.is_some_and(|r| r > 0.0), "experts were read from disk: {m}");
+    assert_eq!(streamed.stop(), 0);
+}

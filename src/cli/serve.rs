@@ -2,8 +2,9 @@
 //! OpenAI- and Anthropic-compatible HTTP server (see docs/SERVER.md). With no MODEL, serves the
 //! built-in tiny model.
 
-use super::common::{ComputeArgs, SamplingArgs};
+use super::common::{save_usage, setup_experts, ComputeArgs, ExpertArgs, SamplingArgs};
 use crate::format::ModelFiles;
+use crate::model::{LoadOptions, Model};
 use crate::serve::{run, ServeConfig};
 use anyhow::Context;
 use clap::Args;
@@ -50,6 +51,8 @@ pub struct ServeArgs {
     pub compute: ComputeArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub experts: ExpertArgs,
 }
 
 pub fn run_cmd(args: ServeArgs) -> anyhow::Result<()> {
@@ -72,19 +75,23 @@ pub fn run_cmd(args: ServeArgs) -> anyhow::Result<()> {
     if !(0.0..=3600.0).contains(&args.shutdown_grace) {
         anyhow::bail!("--shutdown-grace must be between 0 and 3600 seconds");
     }
+    if args.experts.stats_json.is_some() {
+        anyhow::bail!("--stats-json is for `sluice run`; the server's figures are at GET /metrics");
+    }
     if args.compute.ctx < 2 {
         anyhow::bail!("--ctx-size must be at least 2");
     }
     // The model borrows its files for as long as the server runs: leak them (see serve/mod.rs).
     let files: &'static ModelFiles = Box::leak(Box::new(ModelFiles::open(&path)?));
+    let model = Model::load(files, &LoadOptions { threads: args.compute.threads, ctx: args.compute.ctx })?;
+    let mut st = model.new_state(args.compute.ctx, args.compute.batch.max(1), 1)?;
+    setup_experts(&model, files, &mut st, &args.experts)?;
     let cfg = ServeConfig {
         host: args.host,
         port: args.port,
         api_key: args.api_key.or_else(|| std::env::var("SLUICE_API_KEY").ok()).filter(|k| !k.is_empty()),
         model_id,
-        threads: args.compute.threads,
         ctx: args.compute.ctx,
-        batch: args.compute.batch.max(1),
         sampling: args.sampling.params(),
         kv_dir: args.kv_dir,
         kv_max_sessions: args.kv_max_sessions,
@@ -93,6 +100,7 @@ pub fn run_cmd(args: ServeArgs) -> anyhow::Result<()> {
         max_connections: args.max_connections.max(1),
         shutdown_grace: Duration::from_secs_f64(args.shutdown_grace),
     };
-    run(files, cfg)?;
+    let st = run(files, model, st, cfg)?;
+    save_usage(files, &st, &args.experts)?;
     Ok(())
 }

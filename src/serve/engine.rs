@@ -157,13 +157,16 @@ pub struct Engine {
 }
 
 impl Engine {
-    pub fn new(model: Model<'static>, tok: Tokenizer, ctx: usize, batch: usize, store: Option<KvStore>, metrics: Arc<Metrics>) -> Result<Engine, ModelError> {
-        let st = model.new_state(ctx, batch, 1)?;
-        Ok(Engine { model, tok, st, cached: Vec::new(), store, metrics })
+    /// `st`: a fresh state of `model` (its expert cache, if any, already set up).
+    pub fn new(model: Model<'static>, tok: Tokenizer, mut st: State, store: Option<KvStore>, metrics: Arc<Metrics>) -> Engine {
+        st.reset();
+        metrics.set_expert_stats(st.expert_stats());
+        Engine { model, tok, st, cached: Vec::new(), store, metrics }
     }
 
     /// Serve jobs until the queue is closed and empty. `abort`: cancel the running job.
-    pub fn run(mut self, queue: &Queue, abort: &AtomicBool) {
+    /// Returns the state (for the caller's end-of-run figures).
+    pub fn run(mut self, queue: &Queue, abort: &AtomicBool) -> State {
         while let Some(job) = queue.pop() {
             if job.cancel.load(Ordering::Relaxed) || abort.load(Ordering::Relaxed) {
                 self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
@@ -185,9 +188,11 @@ impl Engine {
                 }
             }
             drop(job);
+            self.metrics.set_expert_stats(self.st.expert_stats());
             self.save_session();
             queue.idle();
         }
+        self.st
     }
 
     /// Write the conversation in the KV cache to `--kv-dir`, if one is set.
@@ -335,6 +340,7 @@ impl Engine {
             let sampled = sampler.sample(logits, &history);
             self.cached.push(next);
             experts += self.st.experts_run as u64;
+            self.st.tick_token();
             steps += 1;
             next = sampled;
         };

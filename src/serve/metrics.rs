@@ -1,9 +1,10 @@
 //! Server counters and their Prometheus text rendering for `GET /metrics`.
 //!
 //! Owns: request counts by route and status, token counts, timing sums, the last decode speed,
-//! cancellations and KV-session disk traffic. Does not own: the queue (its length is passed in
-//! when rendering). Invariant: only figures the server really measures are exported; expert
-//! cache hit rates and bytes read from disk are left out until the streaming cache exists.
+//! cancellations, KV-session disk traffic, and the expert cache's figures when experts are
+//! streamed. Does not own: the queue (its length is passed in when rendering).
+//! Invariant: only figures the server really measures are exported: without a streaming
+//! expert cache there are no hit-rate or bytes-read lines at all.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -32,12 +33,18 @@ pub struct Metrics {
     pub kv_loads: AtomicU64,
     pub kv_bytes_written: AtomicU64,
     pub kv_bytes_read: AtomicU64,
+    /// The expert cache's running totals (None: experts are not streamed).
+    experts: Mutex<Option<crate::experts::CacheStats>>,
 }
 
 impl Metrics {
     pub fn count_request(&self, route: &str, status: u16) {
         let mut m = self.requests.lock().unwrap_or_else(|p| p.into_inner());
         *m.entry((route.to_string(), status)).or_insert(0) += 1;
+    }
+
+    pub fn set_expert_stats(&self, s: Option<crate::experts::CacheStats>) {
+        *self.experts.lock().unwrap_or_else(|p| p.into_inner()) = s;
     }
 
     pub fn set_speeds(&self, prefill_tps: Option<f64>, decode_tps: Option<f64>) {
@@ -83,6 +90,17 @@ impl Metrics {
         gauge(&mut s, "sluice_last_decode_tokens_per_second", "Decode speed of the last generation.", f64::from_bits(ld(&self.last_decode_tps)));
         gauge(&mut s, "sluice_last_prefill_tokens_per_second", "Prefill speed of the last generation that prefilled.", f64::from_bits(ld(&self.last_prefill_tps)));
 
+        let experts = *self.experts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = experts {
+            counter(&mut s, "sluice_expert_hits_pinned_total", "Expert requests served by the pinned tier.", e.hits_pin as f64);
+            counter(&mut s, "sluice_expert_hits_lru_total", "Expert requests served by the evictable tier.", e.hits_lru as f64);
+            counter(&mut s, "sluice_expert_misses_total", "Expert requests that had to be read from disk.", e.misses as f64);
+            counter(&mut s, "sluice_expert_bytes_read_total", "Bytes of experts read from disk.", e.bytes_read as f64);
+            counter(&mut s, "sluice_expert_read_seconds_total", "Wall time with an expert read outstanding.", e.read_secs);
+            counter(&mut s, "sluice_expert_wait_seconds_total", "Time compute waited for experts.", e.wait_secs);
+            gauge(&mut s, "sluice_expert_hit_rate", "Share of expert requests found in memory, since start.", e.hit_rate());
+        }
+
         let _ = writeln!(s, "# HELP sluice_requests_total HTTP requests by route and status.\n# TYPE sluice_requests_total counter");
         let m = self.requests.lock().unwrap_or_else(|p| p.into_inner());
         for ((route, status), n) in m.iter() {
@@ -110,6 +128,10 @@ mod tests {
         assert!(t.contains("sluice_generated_tokens_total{model=\"x\\\"y\"} 7"), "{t}");
         assert!(t.contains("sluice_queue_length{model=\"x\\\"y\"} 3"));
         assert!(t.contains("sluice_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 1"));
-        assert!(!t.contains("hit"), "no cache figures until they are real");
+        assert!(!t.contains("expert_hit"), "no cache figures without a streaming cache");
+        m.set_expert_stats(Some(crate::experts::CacheStats { hits_lru: 3, misses: 1, bytes_read: 4096, ..Default::default() }));
+        let t = m.render(0, "m");
+        assert!(t.contains("sluice_expert_hit_rate{model=\"m\"} 0.75"), "{t}");
+        assert!(t.contains("sluice_expert_bytes_read_total{model=\"m\"} 4096"), "{t}");
     }
 }

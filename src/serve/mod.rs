@@ -30,7 +30,7 @@ pub use error::{ApiError, ServeError};
 use crate::chat::render_chat_json;
 use crate::format::ModelFiles;
 use crate::generate::load_tokenizer;
-use crate::model::{LoadOptions, Model};
+use crate::model::{Model, State};
 use crate::sample::SamplingParams;
 use crate::tokenizer::Tokenizer;
 use engine::{Engine, Event, Finished, Job, Queue};
@@ -55,9 +55,8 @@ pub struct ServeConfig {
     pub api_key: Option<String>,
     /// The model name clients must ask for (and `/v1/models` lists).
     pub model_id: String,
-    pub threads: usize,
+    /// Context length (the state passed to `run` must hold this many positions).
     pub ctx: usize,
-    pub batch: usize,
     /// Sampling defaults for fields a request leaves out.
     pub sampling: SamplingParams,
     pub kv_dir: Option<PathBuf>,
@@ -81,10 +80,13 @@ pub(crate) struct Shared {
     pub started: u64,
 }
 
-/// Load the model and serve until SIGINT or SIGTERM; then stop accepting, let the running
-/// generation finish (up to the grace time), answer queued requests 503 and return.
-pub fn run(files: &'static ModelFiles, cfg: ServeConfig) -> Result<(), ServeError> {
-    let model = Model::load(files, &LoadOptions { threads: cfg.threads, ctx: cfg.ctx })?;
+/// Serve `model` (loaded from `files`, with `st` a fresh state of it, its expert placement set
+/// up) until SIGINT or SIGTERM; then stop accepting, let the running generation finish (up to
+/// the grace time), answer queued requests 503, and return the state.
+pub fn run(files: &'static ModelFiles, model: Model<'static>, st: State, cfg: ServeConfig) -> Result<State, ServeError> {
+    if st.ctx() != cfg.ctx {
+        return Err(ServeError::Model(crate::model::ModelError::Input(format!("state holds {} positions, --ctx-size is {}", st.ctx(), cfg.ctx))));
+    }
     let tok = load_tokenizer(files)?;
     let metrics = Arc::new(Metrics::default());
     let store = match &cfg.kv_dir {
@@ -100,7 +102,7 @@ pub fn run(files: &'static ModelFiles, cfg: ServeConfig) -> Result<(), ServeErro
             Some(s)
         }
     };
-    let engine = Engine::new(model, tok.clone(), cfg.ctx, cfg.batch, store, metrics.clone())?;
+    let engine = Engine::new(model, tok.clone(), st, store, metrics.clone());
 
     let addr = format!("{}:{}", cfg.host, cfg.port);
     let listener = TcpListener::bind(&addr).map_err(|err| ServeError::Bind { addr: addr.clone(), err })?;
@@ -177,14 +179,14 @@ pub fn run(files: &'static ModelFiles, cfg: ServeConfig) -> Result<(), ServeErro
         std::thread::sleep(Duration::from_millis(20));
     }
     abort.store(true, Ordering::SeqCst);
-    let _ = worker.join();
+    let st = worker.join().map_err(|_| ServeError::Io(std::io::Error::other("the generator thread panicked")))?;
     // Give connection threads a moment to write their last bytes.
     let t = Instant::now();
     while connections.load(Ordering::SeqCst) > 0 && t.elapsed() < Duration::from_secs(2) {
         std::thread::sleep(Duration::from_millis(20));
     }
     eprintln!("[serve] stopped");
-    Ok(())
+    Ok(st)
 }
 
 /// What a handler did, for the log line.
