@@ -22,3 +22,4 @@ pub mod synth;
 pub mod tokenizer;
 pub mod chat;
 pub mod sample;
+pub mod serve;

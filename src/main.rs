@@ -28,6 +28,8 @@ enum Command {
     CacheSim(cli::cache_sim::CacheSimArgs),
     /// Check a model's files and measure this machine (CPU, memory, storage, GPU); cached.
     Doctor(cli::doctor::DoctorArgs),
+    /// OpenAI- and Anthropic-compatible HTTP server (no MODEL: the built-in tiny model).
+    Serve(cli::serve::ServeArgs),
 }
 
 fn main() {
@@ -41,6 +43,7 @@ fn main() {
         Command::Bench(a) => cli::bench::run(a),
         Command::CacheSim(a) => cli::cache_sim::run(a),
         Command::Doctor(a) => cli::doctor::run(a),
+        Command::Serve(a) => cli::serve::run_cmd(a),
     };
     if let Err(e) = result {
         // One line: the chain of causes joined, no backtrace.

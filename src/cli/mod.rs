@@ -9,4 +9,5 @@ pub mod doctor;
 pub mod inspect;
 pub mod logits;
 pub mod run;
+pub mod serve;
 pub mod synth;

@@ -33,8 +33,8 @@ pub struct State {
     pub(crate) hfin: Vec<f32>, // (batch, hidden) final-normed hidden states of the last chunk
     /// Added to cache positions to get rotary positions (1 for the MTP head's slots).
     pub(crate) rope_offset: usize,
-    kcache: Vec<f32>,   // (layers, ctx, k_dim) GQA keys, or MLA latent + rope key
-    vcache: Vec<f32>,   // (layers, ctx, v_dim) GQA values (empty for MLA)
+    pub(super) kcache: Vec<f32>, // (layers, ctx, k_dim) GQA keys, or MLA latent + rope key; pub(super) for kv_io.rs
+    pub(super) vcache: Vec<f32>, // (layers, ctx, v_dim) GQA values (empty for MLA)
     router: Vec<f32>,   // (batch, n_experts) router scores
     choice: Vec<f32>,   // (n_experts) selection scores of one token
     groups_score: Vec<f32>, // (n_group)

@@ -12,6 +12,7 @@ pub mod config;
 pub mod deepseek2;
 mod forward;
 pub mod glm4moe;
+mod kv_io;
 pub mod mixtral;
 pub mod names;
 pub mod olmoe;

@@ -1,0 +1,106 @@
+//! `sluice serve [MODEL] [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--kv-dir DIR]`: an
+//! OpenAI- and Anthropic-compatible HTTP server (see docs/SERVER.md). With no MODEL, serves the
+//! built-in tiny model.
+
+use super::common::{save_usage, setup_experts, ComputeArgs, ExpertArgs, SamplingArgs};
+use crate::format::ModelFiles;
+use crate::model::{LoadOptions, Model};
+use crate::serve::{run, ServeConfig};
+use anyhow::Context;
+use clap::Args;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// A .gguf file (first shard of a split model) or a safetensors model directory.
+    /// Default: sluice's own small MoE model.
+    pub model: Option<PathBuf>,
+    /// Address to listen on (loopback by default; anything else exposes the model).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port (0 = any free port; the one chosen is printed).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require this key: `Authorization: Bearer KEY` or `x-api-key: KEY` (default: the
+    /// SLUICE_API_KEY environment variable, which keeps the key out of `ps`).
+    #[arg(long = "api-key")]
+    pub api_key: Option<String>,
+    /// Model name clients ask for (default: the file name without .gguf).
+    #[arg(long = "model-id")]
+    pub model_id: Option<String>,
+    /// Save KV sessions here and restore them (also across restarts).
+    #[arg(long = "kv-dir")]
+    pub kv_dir: Option<PathBuf>,
+    /// Most sessions kept in --kv-dir (oldest removed first).
+    #[arg(long = "kv-max-sessions", default_value_t = 8)]
+    pub kv_max_sessions: usize,
+    /// Largest request body in bytes.
+    #[arg(long = "max-body", default_value_t = 16 << 20)]
+    pub max_body: usize,
+    /// Most requests waiting for the generator (more get 429).
+    #[arg(long = "max-queue", default_value_t = 64)]
+    pub max_queue: usize,
+    /// Most open connections (more get 503).
+    #[arg(long = "max-connections", default_value_t = 256)]
+    pub max_connections: usize,
+    /// On SIGINT/SIGTERM, seconds a running generation may go on before it is cancelled.
+    #[arg(long = "shutdown-grace", default_value_t = 5.0)]
+    pub shutdown_grace: f64,
+    #[command(flatten)]
+    pub compute: ComputeArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub experts: ExpertArgs,
+}
+
+pub fn run_cmd(args: ServeArgs) -> anyhow::Result<()> {
+    let path = match &args.model {
+        Some(p) => p.clone(),
+        None => {
+            let p = crate::default_model::ensure().context("preparing the default model")?;
+            eprintln!("[sluice] no model given: serving the built-in tiny random MoE model at {} (its text is noise)", p.display());
+            p
+        }
+    };
+    let model_id = match args.model_id {
+        Some(id) if !id.is_empty() => id,
+        Some(_) => anyhow::bail!("--model-id must not be empty"),
+        None => {
+            let p = if path.is_dir() { path.clone() } else { path.with_extension("") };
+            p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
+        }
+    };
+    if !(0.0..=3600.0).contains(&args.shutdown_grace) {
+        anyhow::bail!("--shutdown-grace must be between 0 and 3600 seconds");
+    }
+    if args.experts.stats_json.is_some() {
+        anyhow::bail!("--stats-json is for `sluice run`; the server's figures are at GET /metrics");
+    }
+    if args.compute.ctx < 2 {
+        anyhow::bail!("--ctx-size must be at least 2");
+    }
+    // The model borrows its files for as long as the server runs: leak them (see serve/mod.rs).
+    let files: &'static ModelFiles = Box::leak(Box::new(ModelFiles::open(&path)?));
+    let model = Model::load(files, &LoadOptions { threads: args.compute.threads, ctx: args.compute.ctx })?;
+    let mut st = model.new_state(args.compute.ctx, args.compute.batch.max(1), 1)?;
+    setup_experts(&model, files, &mut st, &args.experts)?;
+    let cfg = ServeConfig {
+        host: args.host,
+        port: args.port,
+        api_key: args.api_key.or_else(|| std::env::var("SLUICE_API_KEY").ok()).filter(|k| !k.is_empty()),
+        model_id,
+        ctx: args.compute.ctx,
+        sampling: args.sampling.params(),
+        kv_dir: args.kv_dir,
+        kv_max_sessions: args.kv_max_sessions,
+        max_body: args.max_body,
+        max_queue: args.max_queue.max(1),
+        max_connections: args.max_connections.max(1),
+        shutdown_grace: Duration::from_secs_f64(args.shutdown_grace),
+    };
+    let st = run(files, model, st, cfg)?;
+    save_usage(files, &st, &args.experts)?;
+    Ok(())
+}

@@ -1,0 +1,307 @@
+//! Anthropic's Messages API: `POST /v1/messages` (whole responses and the event stream
+//! `message_start`, `content_block_start`, `ping`, `content_block_delta`,
+//! `content_block_stop`, `message_delta`, `message_stop`) and `POST /v1/messages/count_tokens`.
+//!
+//! Owns: translating Anthropic requests (system, content blocks, `tool_use`/`tool_result`,
+//! tools with `input_schema`) into chat-template messages, and events into Anthropic's shapes.
+//! Usage: `input_tokens` counts the prompt tokens that were prefilled,
+//! `cache_read_input_tokens` those reused from the KV cache (their sum is the prompt).
+//! Does not own: HTTP, generation, tool-call parsing (tools.rs).
+//! Invariant: errors on this route use Anthropic's error shape.
+
+use super::engine::{Finished, FinishReason};
+use super::error::{ApiError, Dialect};
+use super::http::{Conn, Request};
+use super::openai::{collect, gone, text_content, wait_start};
+use super::params::{self, kind, Obj};
+use super::tools::{parse_tool_calls, ToolCall, ToolSplitter};
+use super::{chat_tokens, check_model, new_id, note, submit, GenRequest, Handled, Shared, Step};
+use serde_json::{json, Map, Value};
+
+/// Template messages, template variables and whether tools are on, from a Messages request.
+fn prompt(sh: &Shared, o: &Obj) -> Result<(Vec<u32>, bool), ApiError> {
+    let mut msgs: Vec<Value> = Vec::new();
+    match o.get("system").filter(|v| !v.is_null()) {
+        None => {}
+        Some(s) => {
+            let text = text_content(Some(s), "system").map_err(|e| ApiError::param("system", e.message))?;
+            msgs.push(json!({ "role": "system", "content": text }));
+        }
+    }
+    let messages = match params::req(o, "messages")? {
+        Value::Array(a) if !a.is_empty() => a,
+        Value::Array(_) => return Err(ApiError::param("messages", "`messages` is empty")),
+        v => return Err(ApiError::param("messages", format!("`messages` must be an array, got {}", kind(v)))),
+    };
+    for (i, m) in messages.iter().enumerate() {
+        convert_message(i, m, &mut msgs)?;
+    }
+    let mut extra = Map::new();
+    let tools_on = match o.get("tool_choice").filter(|v| !v.is_null()) {
+        None => true,
+        Some(tc) => match tc.get("type").and_then(Value::as_str) {
+            Some("auto") => true,
+            Some("none") => false,
+            _ => return Err(ApiError::param("tool_choice", format!("`tool_choice` {tc} is not supported (only auto and none): forcing a call needs constrained decoding"))),
+        },
+    };
+    let tools = tools(o)?;
+    let tools_on = tools_on && !tools.is_empty();
+    if tools_on {
+        extra.insert("tools".into(), Value::Array(tools));
+    }
+    if let Some(t) = o.get("thinking").filter(|v| !v.is_null()) {
+        match t.get("type").and_then(Value::as_str) {
+            Some("enabled") => extra.insert("enable_thinking".into(), json!(true)),
+            Some("disabled") => extra.insert("enable_thinking".into(), json!(false)),
+            _ => return Err(ApiError::param("thinking", "`thinking.type` must be \"enabled\" or \"disabled\"")),
+        };
+    }
+    Ok((chat_tokens(sh, &msgs, &extra)?, tools_on))
+}
+
+/// Anthropic tools (`name`, `description`, `input_schema`) in the OpenAI shape chat templates
+/// are written for.
+fn tools(o: &Obj) -> Result<Vec<Value>, ApiError> {
+    let Some(t) = o.get("tools").filter(|v| !v.is_null()) else { return Ok(Vec::new()) };
+    let Value::Array(list) = t else {
+        return Err(ApiError::param("tools", format!("`tools` must be an array, got {}", kind(t))));
+    };
+    let mut out = Vec::with_capacity(list.len());
+    for (i, tool) in list.iter().enumerate() {
+        let (Some(name), Some(schema)) = (tool.get("name").and_then(Value::as_str), tool.get("input_schema")) else {
+            return Err(ApiError::param("tools", format!("`tools[{i}]` needs `name` and `input_schema` (server tools are not supported)")));
+        };
+        let mut f = json!({ "name": name, "parameters": schema });
+        if let Some(d) = tool.get("description").and_then(Value::as_str) {
+            f["description"] = json!(d);
+        }
+        out.push(json!({ "type": "function", "function": f }));
+    }
+    Ok(out)
+}
+
+/// One Anthropic message as template messages (a user turn with tool results becomes `tool`
+/// messages followed by the user's text).
+fn convert_message(i: usize, m: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
+    let at = |what: &str| format!("messages[{i}]{what}");
+    let role = match m.get("role") {
+        Some(Value::String(r)) if r == "user" || r == "assistant" => r.as_str(),
+        Some(v) => return Err(ApiError::param("messages", format!("`{}` must be \"user\" or \"assistant\", got {v}", at(".role")))),
+        None => return Err(ApiError::param("messages", format!("`{}` is missing", at(".role")))),
+    };
+    let blocks = match m.get("content") {
+        Some(Value::String(s)) => {
+            out.push(json!({ "role": role, "content": s }));
+            return Ok(());
+        }
+        Some(Value::Array(b)) => b,
+        Some(v) => return Err(ApiError::param("messages", format!("`{}` must be a string or a list of blocks, got {}", at(".content"), kind(v)))),
+        None => return Err(ApiError::param("messages", format!("`{}` is missing", at(".content")))),
+    };
+    let mut text = String::new();
+    let mut reasoning = String::new();
+    let mut calls = Vec::new();
+    for (j, b) in blocks.iter().enumerate() {
+        let here = at(&format!(".content[{j}]"));
+        match b.get("type").and_then(Value::as_str) {
+            Some("text") => match b.get("text").and_then(Value::as_str) {
+                Some(t) => text.push_str(t),
+                None => return Err(ApiError::param("messages", format!("`{here}.text` must be a string"))),
+            },
+            Some("tool_use") if role == "assistant" => {
+                let (Some(id), Some(name)) = (b.get("id").and_then(Value::as_str), b.get("name").and_then(Value::as_str)) else {
+                    return Err(ApiError::param("messages", format!("`{here}` (tool_use) needs `id` and `name`")));
+                };
+                let input = b.get("input").cloned().unwrap_or_else(|| json!({}));
+                calls.push(json!({ "id": id, "type": "function", "function": { "name": name, "arguments": input } }));
+            }
+            Some("tool_result") if role == "user" => {
+                let Some(id) = b.get("tool_use_id").and_then(Value::as_str) else {
+                    return Err(ApiError::param("messages", format!("`{here}` (tool_result) needs `tool_use_id`")));
+                };
+                let content = text_content(b.get("content"), &format!("{here}.content"))?;
+                out.push(json!({ "role": "tool", "content": content, "tool_call_id": id }));
+            }
+            Some("thinking") if role == "assistant" => {
+                if let Some(t) = b.get("thinking").and_then(Value::as_str) {
+                    reasoning.push_str(t);
+                }
+            }
+            Some("redacted_thinking") if role == "assistant" => {}
+            Some(t) => return Err(ApiError::param("messages", format!("`{here}` is a {t:?} block: not supported in a {role} message here"))),
+            None => return Err(ApiError::param("messages", format!("`{here}` has no `type`"))),
+        }
+    }
+    if role == "user" && text.is_empty() && out.last().is_some_and(|m| m["role"] == "tool") {
+        return Ok(());
+    }
+    let mut msg = json!({ "role": role, "content": text });
+    if !calls.is_empty() {
+        msg["tool_calls"] = Value::Array(calls);
+    }
+    if !reasoning.is_empty() {
+        msg["reasoning_content"] = json!(reasoning);
+    }
+    out.push(msg);
+    Ok(())
+}
+
+fn usage(f: &Finished) -> Value {
+    json!({
+        "input_tokens": f.prefilled,
+        "output_tokens": f.completion_tokens,
+        "cache_read_input_tokens": f.reused,
+        "cache_creation_input_tokens": 0,
+    })
+}
+
+fn stop_reason(r: &FinishReason) -> (&'static str, Value) {
+    match r {
+        FinishReason::Length => ("max_tokens", Value::Null),
+        FinishReason::Stop(s) => ("stop_sequence", json!(s)),
+        _ => ("end_turn", Value::Null),
+    }
+}
+
+fn tool_use_block(c: &ToolCall) -> Value {
+    json!({ "type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments })
+}
+
+/// `POST /v1/messages`.
+pub fn messages(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Result<Handled, ApiError> {
+    let o = params::parse_object(&req.body)?;
+    check_model(sh, &o)?;
+    let max_tokens = match params::opt_u64(&o, "max_tokens")? {
+        Some(m) => m,
+        None => return Err(ApiError::param("max_tokens", "missing required field `max_tokens`")),
+    };
+    let (tokens, tools_on) = prompt(sh, &o)?;
+    let g = GenRequest { tokens, max_tokens: Some(max_tokens), sampling: params::sampling(&o, &sh.cfg.sampling)?, stop: params::stop_list(&o, "stop_sequences")?, ignore_eos: params::opt_bool(&o, "ignore_eos")?.unwrap_or(false) };
+    let stream = params::opt_bool(&o, "stream")?.unwrap_or(false);
+    let p = submit(sh, g)?;
+    let (reused, prefilled) = match wait_start(&p, conn) {
+        Ok(s) => s,
+        Err(h) => return h,
+    };
+    let id = new_id("msg_");
+    let model = sh.cfg.model_id.as_str();
+    let tool_id = || new_id("toolu_");
+    if !stream {
+        let (text, fin) = match collect(&p, conn) {
+            Ok(x) => x,
+            Err(h) => return h,
+        };
+        let (text, calls) = if tools_on { parse_tool_calls(&text, &mut || tool_id()).unwrap_or((text, Vec::new())) } else { (text, Vec::new()) };
+        let mut content = Vec::new();
+        if !text.is_empty() || calls.is_empty() {
+            content.push(json!({ "type": "text", "text": text }));
+        }
+        content.extend(calls.iter().map(tool_use_block));
+        let (mut reason, seq) = stop_reason(&fin.reason);
+        if !calls.is_empty() {
+            reason = "tool_use";
+        }
+        let body = json!({
+            "id": id, "type": "message", "role": "assistant", "model": model, "content": content,
+            "stop_reason": reason, "stop_sequence": seq, "usage": usage(&fin),
+        });
+        let mut h = super::send_json(conn, 200, &body, keep);
+        h.note = note(&fin);
+        return Ok(h);
+    }
+
+    if conn.start_chunks(200, "text/event-stream").is_err() {
+        return Ok(gone(&p));
+    }
+    let start = json!({
+        "type": "message_start",
+        "message": {
+            "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
+            "stop_reason": null, "stop_sequence": null,
+            "usage": { "input_tokens": prefilled, "output_tokens": 0, "cache_read_input_tokens": reused, "cache_creation_input_tokens": 0 },
+        }
+    });
+    let ok = event(conn, "message_start", &start)
+        && event(conn, "content_block_start", &json!({ "type": "content_block_start", "index": 0, "content_block": { "type": "text", "text": "" } }))
+        && event(conn, "ping", &json!({ "type": "ping" }));
+    if !ok {
+        return Ok(gone(&p));
+    }
+    let text_delta = |t: &str| json!({ "type": "content_block_delta", "index": 0, "delta": { "type": "text_delta", "text": t } });
+    let mut split = tools_on.then(ToolSplitter::default);
+    loop {
+        match p.next(conn) {
+            Step::Text(t) => {
+                let out = match &mut split {
+                    Some(s) => s.push(&t),
+                    None => t,
+                };
+                if !out.is_empty() && !event(conn, "content_block_delta", &text_delta(&out)) {
+                    return Ok(gone(&p));
+                }
+            }
+            Step::Done(fin) => {
+                if fin.reason == FinishReason::Cancelled {
+                    let e = ApiError::new(503, "the server is shutting down; generation cancelled");
+                    let _ = event(conn, "error", &e.to_json(Dialect::Anthropic));
+                    let _ = conn.end_chunks();
+                    return Ok(Handled { status: 200, close: true, note: note(&fin) });
+                }
+                let (mut reason, seq) = stop_reason(&fin.reason);
+                let mut calls = Vec::new();
+                if let Some(s) = split.take() {
+                    let (rest, c) = s.finish(&mut || tool_id());
+                    if !rest.is_empty() && !event(conn, "content_block_delta", &text_delta(&rest)) {
+                        return Ok(gone(&p));
+                    }
+                    calls = c;
+                }
+                let mut ok = event(conn, "content_block_stop", &json!({ "type": "content_block_stop", "index": 0 }));
+                for (i, c) in calls.iter().enumerate() {
+                    let idx = i + 1;
+                    let block = json!({ "type": "tool_use", "id": c.id, "name": c.name, "input": {} });
+                    ok = ok
+                        && event(conn, "content_block_start", &json!({ "type": "content_block_start", "index": idx, "content_block": block }))
+                        && event(
+                            conn,
+                            "content_block_delta",
+                            &json!({ "type": "content_block_delta", "index": idx, "delta": { "type": "input_json_delta", "partial_json": c.arguments_text() } }),
+                        )
+                        && event(conn, "content_block_stop", &json!({ "type": "content_block_stop", "index": idx }));
+                }
+                if !calls.is_empty() {
+                    reason = "tool_use";
+                }
+                let delta = json!({
+                    "type": "message_delta",
+                    "delta": { "stop_reason": reason, "stop_sequence": seq },
+                    "usage": usage(&fin),
+                });
+                ok = ok && event(conn, "message_delta", &delta) && event(conn, "message_stop", &json!({ "type": "message_stop" }));
+                let ok = ok && conn.end_chunks().is_ok();
+                return Ok(Handled { status: 200, close: !ok, note: note(&fin) });
+            }
+            Step::Failed(e) => {
+                let _ = event(conn, "error", &e.to_json(Dialect::Anthropic));
+                let _ = conn.end_chunks();
+                return Ok(Handled { status: 200, close: true, note: format!(" error mid-stream: {}", e.message) });
+            }
+            Step::Gone => return Ok(gone(&p)),
+            Step::Started { .. } => {}
+        }
+    }
+}
+
+/// `POST /v1/messages/count_tokens`: the prompt's length after the chat template.
+pub fn count_tokens(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Result<Handled, ApiError> {
+    let o = params::parse_object(&req.body)?;
+    check_model(sh, &o)?;
+    let (tokens, _) = prompt(sh, &o)?;
+    Ok(super::send_json(conn, 200, &json!({ "input_tokens": tokens.len() }), keep))
+}
+
+/// One named server-sent event. False if the client is gone.
+fn event(conn: &mut Conn, name: &str, data: &Value) -> bool {
+    conn.chunk(format!("event: {name}\ndata: {data}\n\n").as_bytes()).is_ok()
+}

@@ -1,0 +1,527 @@
+//! `sluice serve`: an HTTP server speaking OpenAI's (`/v1/chat/completions`,
+//! `/v1/completions`, `/v1/models`) and Anthropic's (`/v1/messages`) APIs, plus `/health` and
+//! Prometheus `/metrics`.
+//!
+//! Map: `http.rs` reads requests and writes responses on one socket; `openai.rs` and
+//! `anthropic.rs` turn requests into token jobs and events into each API's JSON and SSE;
+//! `params.rs` validates fields; `engine.rs` is the single generator thread with its queue,
+//! prompt reuse and cancellation; `kv_store.rs` keeps sessions on disk; `tools.rs` parses
+//! tool calls; `metrics.rs` counts; `error.rs` shapes errors.
+//!
+//! Threads: one accept loop, one thread per connection (parses, renders the chat template,
+//! tokenizes, then waits on its job's events while watching its socket), one generator.
+//! The model borrows its `ModelFiles` for the life of the process: the caller leaks them
+//! (`Box::leak`), which is what a server that runs until it is stopped wants anyway.
+//! Invariant: a connection's failure (bad input, a disconnect) ends that connection only; the
+//! generator and every other connection go on.
+
+mod anthropic;
+mod engine;
+mod error;
+mod http;
+pub mod kv_store;
+mod metrics;
+mod openai;
+mod params;
+mod tools;
+
+pub use error::{ApiError, ServeError};
+
+use crate::chat::render_chat_json;
+use crate::format::ModelFiles;
+use crate::generate::load_tokenizer;
+use crate::model::{Model, State};
+use crate::sample::SamplingParams;
+use crate::tokenizer::Tokenizer;
+use engine::{Engine, Event, Finished, Job, Queue};
+use error::Dialect;
+use http::{Conn, ReadError, Request};
+use metrics::Metrics;
+use serde_json::{json, Value};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Everything `sluice serve` is told on its command line.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    pub host: String,
+    pub port: u16,
+    /// Required key: `Authorization: Bearer KEY` (OpenAI routes) or `x-api-key: KEY`
+    /// (Anthropic route; Bearer is accepted there too).
+    pub api_key: Option<String>,
+    /// The model name clients must ask for (and `/v1/models` lists).
+    pub model_id: String,
+    /// Context length (the state passed to `run` must hold this many positions).
+    pub ctx: usize,
+    /// Sampling defaults for fields a request leaves out.
+    pub sampling: SamplingParams,
+    pub kv_dir: Option<PathBuf>,
+    pub kv_max_sessions: usize,
+    pub max_body: usize,
+    pub max_queue: usize,
+    pub max_connections: usize,
+    /// On SIGINT/SIGTERM, how long a running generation may go on before it is cancelled.
+    pub shutdown_grace: Duration,
+}
+
+/// State every connection thread shares.
+pub(crate) struct Shared {
+    pub cfg: ServeConfig,
+    pub tok: Tokenizer,
+    pub template: Option<String>,
+    pub queue: Queue,
+    pub metrics: Arc<Metrics>,
+    pub stopping: AtomicBool,
+    /// Unix seconds at start (`created` of the model entry).
+    pub started: u64,
+}
+
+/// Serve `model` (loaded from `files`, with `st` a fresh state of it, its expert placement set
+/// up) until SIGINT or SIGTERM; then stop accepting, let the running generation finish (up to
+/// the grace time), answer queued requests 503, and return the state.
+pub fn run(files: &'static ModelFiles, model: Model<'static>, st: State, cfg: ServeConfig) -> Result<State, ServeError> {
+    if st.ctx() != cfg.ctx {
+        return Err(ServeError::Model(crate::model::ModelError::Input(format!("state holds {} positions, --ctx-size is {}", st.ctx(), cfg.ctx))));
+    }
+    let tok = load_tokenizer(files)?;
+    let metrics = Arc::new(Metrics::default());
+    let store = match &cfg.kv_dir {
+        None => None,
+        Some(dir) => {
+            let fp = kv_store::fingerprint(files, &model.cfg);
+            let dims = model.cfg.cache_dims();
+            // Every layer that caches (the state may hold more than `n_layers`).
+            let layers = model.new_state(1, 1, 1)?.kv_layers(dims);
+            let s = kv_store::KvStore::open(dir, fp, layers, dims, cfg.kv_max_sessions)
+                .map_err(|e| ServeError::KvDir { path: dir.clone(), msg: e.to_string() })?;
+            eprintln!("[serve] --kv-dir {}: {} saved session(s) of this model", dir.display(), s.len());
+            Some(s)
+        }
+    };
+    let engine = Engine::new(model, tok.clone(), st, store, metrics.clone());
+
+    let addr = format!("{}:{}", cfg.host, cfg.port);
+    let listener = TcpListener::bind(&addr).map_err(|err| ServeError::Bind { addr: addr.clone(), err })?;
+    listener.set_nonblocking(true)?;
+    let local = listener.local_addr()?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // A second signal while stopping ends the process at once.
+        signal_hook::flag::register_conditional_default(sig, stop.clone()).map_err(ServeError::Signal)?;
+        signal_hook::flag::register(sig, stop.clone()).map_err(ServeError::Signal)?;
+    }
+
+    let template = tok.chat_template().map(str::to_string);
+    if template.is_none() {
+        eprintln!("[serve] warning: the model has no chat template; /v1/chat/completions and /v1/messages will answer 400");
+    }
+    let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let shared = Arc::new(Shared {
+        queue: Queue::new(cfg.max_queue),
+        cfg,
+        tok,
+        template,
+        metrics,
+        stopping: AtomicBool::new(false),
+        started,
+    });
+    let abort = Arc::new(AtomicBool::new(false));
+    let worker = {
+        let sh = shared.clone();
+        let abort = abort.clone();
+        std::thread::Builder::new().name("sluice-generator".into()).spawn(move || engine.run(&sh.queue, &abort))?
+    };
+    eprintln!("[serve] model {:?} (context {}) listening on http://{local}", shared.cfg.model_id, shared.cfg.ctx);
+
+    let connections = Arc::new(AtomicUsize::new(0));
+    while !stop.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                let sh = shared.clone();
+                let n = connections.clone();
+                if n.fetch_add(1, Ordering::SeqCst) >= sh.cfg.max_connections {
+                    n.fetch_sub(1, Ordering::SeqCst);
+                    if let Ok(mut c) = Conn::new(stream) {
+                        let e = ApiError::new(503, "too many open connections (--max-connections)");
+                        let _ = c.respond(503, "application/json", e.to_json(Dialect::OpenAi).to_string().as_bytes(), false);
+                    }
+                    continue;
+                }
+                let spawned = std::thread::Builder::new().name("sluice-conn".into()).spawn(move || {
+                    handle_connection(&sh, stream);
+                    n.fetch_sub(1, Ordering::SeqCst);
+                });
+                if let Err(e) = spawned {
+                    connections.fetch_sub(1, Ordering::SeqCst);
+                    eprintln!("[serve] cannot start a connection thread: {e}");
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => {
+                eprintln!("[serve] accept failed: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+
+    // Shutdown: stop accepting, refuse what is queued, let the running job finish or cancel it.
+    drop(listener);
+    eprintln!("[serve] stopping: no new connections; finishing the running generation (up to {:?})", shared.cfg.shutdown_grace);
+    shared.stopping.store(true, Ordering::SeqCst);
+    shared.queue.close();
+    let t = Instant::now();
+    while shared.queue.busy() && t.elapsed() < shared.cfg.shutdown_grace {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    abort.store(true, Ordering::SeqCst);
+    let st = worker.join().map_err(|_| ServeError::Io(std::io::Error::other("the generator thread panicked")))?;
+    // Give connection threads a moment to write their last bytes.
+    let t = Instant::now();
+    while connections.load(Ordering::SeqCst) > 0 && t.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!("[serve] stopped");
+    Ok(st)
+}
+
+/// What a handler did, for the log line.
+pub(crate) struct Handled {
+    pub status: u16,
+    /// Close the connection after this (a response cut short, a client gone).
+    pub close: bool,
+    pub note: String,
+}
+
+fn handle_connection(sh: &Shared, stream: std::net::TcpStream) {
+    let Ok(mut conn) = Conn::new(stream) else { return };
+    loop {
+        let req = match conn.read_request(sh.cfg.max_body, &sh.stopping) {
+            Ok(r) => r,
+            Err(ReadError::Closed) => return,
+            Err(ReadError::Bad { status, message }) => {
+                let path = if conn.path.is_empty() { "-".to_string() } else { conn.path.clone() };
+                let dialect = if path.starts_with("/v1/messages") { Dialect::Anthropic } else { Dialect::OpenAi };
+                let e = ApiError::new(status, message);
+                let _ = conn.respond(status, "application/json", e.to_json(dialect).to_string().as_bytes(), false);
+                sh.metrics.count_request(route_label(&path), status);
+                eprintln!("[serve] {path} {status} {}", e.message);
+                return;
+            }
+        };
+        let t = Instant::now();
+        let keep = req.keep_alive && !sh.stopping.load(Ordering::Relaxed);
+        let h = route(sh, &req, &mut conn, keep);
+        sh.metrics.count_request(route_label(&req.path), h.status);
+        if req.path != "/health" && req.path != "/metrics" {
+            eprintln!("[serve] {} {} {} {:.2}s{}", req.method, req.path, h.status, t.elapsed().as_secs_f64(), h.note);
+        }
+        if h.close || !keep {
+            return;
+        }
+    }
+}
+
+/// The label a path is counted under (unknown paths share one, so clients cannot grow the
+/// metrics without bound).
+fn route_label(path: &str) -> &'static str {
+    match path {
+        "/v1/chat/completions" => "/v1/chat/completions",
+        "/v1/completions" => "/v1/completions",
+        "/v1/messages" => "/v1/messages",
+        "/v1/messages/count_tokens" => "/v1/messages/count_tokens",
+        "/health" => "/health",
+        "/metrics" => "/metrics",
+        p if p.starts_with("/v1/models") => "/v1/models",
+        _ => "other",
+    }
+}
+
+fn route(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Handled {
+    let dialect = if req.path.starts_with("/v1/messages") { Dialect::Anthropic } else { Dialect::OpenAi };
+    let method = req.method.as_str();
+    let want = |m: &str| -> Result<(), ApiError> {
+        if method == m {
+            Ok(())
+        } else {
+            Err(ApiError::new(405, format!("{} takes {m}, not {method}", req.path)))
+        }
+    };
+    let res: Result<Handled, ApiError> = (|| match req.path.as_str() {
+        "/health" => {
+            want("GET")?;
+            let body = json!({"status": "ok", "model": sh.cfg.model_id, "queue": sh.queue.len(), "busy": sh.queue.busy()});
+            Ok(send_json(conn, 200, &body, keep))
+        }
+        "/metrics" => {
+            want("GET")?;
+            let text = sh.metrics.render(sh.queue.len(), &sh.cfg.model_id);
+            let ok = conn.respond(200, "text/plain; version=0.0.4", text.as_bytes(), keep).is_ok();
+            Ok(Handled { status: 200, close: !ok, note: String::new() })
+        }
+        "/v1/models" => {
+            want("GET")?;
+            authorize(sh, req, dialect)?;
+            let body = json!({"object": "list", "data": [model_entry(sh)]});
+            Ok(send_json(conn, 200, &body, keep))
+        }
+        p if p.starts_with("/v1/models/") => {
+            want("GET")?;
+            authorize(sh, req, dialect)?;
+            let id = &p["/v1/models/".len()..];
+            if id != sh.cfg.model_id {
+                return Err(unknown_model(sh, id));
+            }
+            Ok(send_json(conn, 200, &model_entry(sh), keep))
+        }
+        "/v1/chat/completions" => {
+            want("POST")?;
+            authorize(sh, req, dialect)?;
+            openai::chat(sh, req, conn, keep)
+        }
+        "/v1/completions" => {
+            want("POST")?;
+            authorize(sh, req, dialect)?;
+            openai::completions(sh, req, conn, keep)
+        }
+        "/v1/messages" => {
+            want("POST")?;
+            authorize(sh, req, dialect)?;
+            anthropic::messages(sh, req, conn, keep)
+        }
+        "/v1/messages/count_tokens" => {
+            want("POST")?;
+            authorize(sh, req, dialect)?;
+            anthropic::count_tokens(sh, req, conn, keep)
+        }
+        other => Err(ApiError::new(404, format!("no route {other} (this server has /v1/chat/completions, /v1/completions, /v1/models, /v1/messages, /health, /metrics)"))),
+    })();
+    match res {
+        Ok(h) => h,
+        Err(e) => send_error(conn, &e, dialect, keep),
+    }
+}
+
+fn model_entry(sh: &Shared) -> Value {
+    json!({
+        "id": sh.cfg.model_id,
+        "object": "model",
+        "created": sh.started,
+        "owned_by": "sluice",
+        // Anthropic's listing fields.
+        "type": "model",
+        "display_name": sh.cfg.model_id,
+        "context_length": sh.cfg.ctx,
+    })
+}
+
+/// 404 for a model this server does not serve.
+pub(crate) fn unknown_model(sh: &Shared, asked: &str) -> ApiError {
+    ApiError {
+        status: 404,
+        message: format!("the model `{asked}` does not exist here; this server serves `{}`", sh.cfg.model_id),
+        param: Some("model".into()),
+        code: Some("model_not_found"),
+    }
+}
+
+/// The request's `model` must be the served one.
+pub(crate) fn check_model(sh: &Shared, o: &params::Obj) -> Result<(), ApiError> {
+    let m = params::req_str(o, "model")?;
+    if m != sh.cfg.model_id {
+        return Err(unknown_model(sh, m));
+    }
+    Ok(())
+}
+
+fn authorize(sh: &Shared, req: &Request, dialect: Dialect) -> Result<(), ApiError> {
+    let Some(key) = &sh.cfg.api_key else { return Ok(()) };
+    let bearer = req.header("authorization").and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")));
+    let x_api = req.header("x-api-key");
+    let given = match dialect {
+        Dialect::OpenAi => bearer.or(x_api),
+        Dialect::Anthropic => x_api.or(bearer),
+    };
+    match given {
+        Some(g) if same_secret(g.trim().as_bytes(), key.as_bytes()) => Ok(()),
+        Some(_) => Err(ApiError::new(401, "invalid API key").with_code("invalid_api_key")),
+        None => Err(ApiError::new(
+            401,
+            match dialect {
+                Dialect::OpenAi => "missing API key: send `Authorization: Bearer KEY`",
+                Dialect::Anthropic => "missing API key: send `x-api-key: KEY`",
+            },
+        )
+        .with_code("invalid_api_key")),
+    }
+}
+
+/// Comparison whose time does not depend on where the inputs differ.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = (a.len() ^ b.len()) as u8 | u8::from(a.len() != b.len());
+    for i in 0..a.len().max(b.len()) {
+        diff |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0);
+    }
+    diff == 0
+}
+
+pub(crate) fn send_json(conn: &mut Conn, status: u16, body: &Value, keep: bool) -> Handled {
+    let ok = conn.respond(status, "application/json", body.to_string().as_bytes(), keep).is_ok();
+    Handled { status, close: !ok, note: String::new() }
+}
+
+pub(crate) fn send_error(conn: &mut Conn, e: &ApiError, dialect: Dialect, keep: bool) -> Handled {
+    let mut h = send_json(conn, e.status, &e.to_json(dialect), keep);
+    h.note = format!(" {}", e.message);
+    h
+}
+
+/// A new id: `prefix` and 24 hex digits, unique in this process and unlikely to repeat
+/// across restarts.
+pub(crate) fn new_id(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    let mut x = t ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (std::process::id() as u64).rotate_left(32);
+    x ^= x >> 31;
+    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x ^= x >> 29;
+    format!("{prefix}{x:016x}{:08x}", n as u32)
+}
+
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// Render the chat template over template-ready messages and tokenize the result.
+pub(crate) fn chat_tokens(sh: &Shared, messages: &[Value], extra: &serde_json::Map<String, Value>) -> Result<Vec<u32>, ApiError> {
+    let template = sh
+        .template
+        .as_deref()
+        .ok_or_else(|| ApiError::new(400, "this model has no chat template: use /v1/completions with a raw prompt"))?;
+    let extra = Value::Object(extra.clone());
+    let text = render_chat_json(template, messages, true, sh.tok.bos_token().unwrap_or(""), sh.tok.eos_token().unwrap_or(""), Some(&extra))
+        .map_err(|e| ApiError::param("messages", e.to_string()))?;
+    sh.tok.encode(&text, false).map_err(|e| ApiError::new(400, format!("cannot tokenize the prompt: {e}")))
+}
+
+/// What a generation endpoint asks of the generator.
+pub(crate) struct GenRequest {
+    pub tokens: Vec<u32>,
+    pub max_tokens: Option<u64>,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub ignore_eos: bool,
+}
+
+/// A submitted job, seen from its connection.
+pub(crate) struct Pending {
+    rx: Receiver<Event>,
+    cancel: Arc<AtomicBool>,
+    pub prompt_tokens: usize,
+}
+
+/// What the connection gets next.
+pub(crate) enum Step {
+    Started { reused: usize, prefilled: usize },
+    Text(String),
+    Done(Finished),
+    Failed(ApiError),
+    /// The client closed the connection; the generation is cancelled.
+    Gone,
+}
+
+impl Pending {
+    /// Wait for the next event, watching the socket: a client that goes away cancels the job.
+    pub fn next(&self, conn: &Conn) -> Step {
+        loop {
+            match self.rx.recv_timeout(Duration::from_millis(20)) {
+                Ok(Event::Started { reused, prefilled }) => return Step::Started { reused, prefilled },
+                Ok(Event::Text(t)) => return Step::Text(t),
+                Ok(Event::Done(f)) => return Step::Done(f),
+                Ok(Event::Failed(e)) => return Step::Failed(e),
+                Err(RecvTimeoutError::Timeout) => {
+                    if conn.peer_gone() {
+                        self.cancel();
+                        return Step::Gone;
+                    }
+                }
+                Err(RecvTimeoutError::Disconnected) => return Step::Failed(ApiError::new(500, "the generator stopped")),
+            }
+        }
+    }
+
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        // A handler that returns early (write failure, error) abandons its job.
+        self.cancel();
+    }
+}
+
+/// Check the prompt against the context and queue the job.
+pub(crate) fn submit(sh: &Shared, g: GenRequest) -> Result<Pending, ApiError> {
+    let n = g.tokens.len();
+    if n == 0 {
+        return Err(ApiError::param("prompt", "the prompt is empty after tokenization"));
+    }
+    if n >= sh.cfg.ctx {
+        return Err(engine::context_error(n, sh.cfg.ctx));
+    }
+    let room = sh.cfg.ctx - n;
+    let max_tokens = match g.max_tokens {
+        Some(0) => return Err(ApiError::param("max_tokens", "`max_tokens` must be at least 1")),
+        Some(m) => (m.min(usize::MAX as u64) as usize).min(room),
+        None => room,
+    };
+    let (tx, rx) = mpsc::channel();
+    let cancel = Arc::new(AtomicBool::new(false));
+    sh.queue.push(Job { tokens: g.tokens, max_tokens, sampling: g.sampling, stop: g.stop, ignore_eos: g.ignore_eos, cancel: cancel.clone(), events: tx })?;
+    Ok(Pending { rx, cancel, prompt_tokens: n })
+}
+
+/// Note for the log line.
+pub(crate) fn note(f: &Finished) -> String {
+    format!(
+        " prompt {} (reused {}, prefilled {}) generated {} [{}] prefill {:.2}s decode {:.2}s",
+        f.prompt_tokens,
+        f.reused,
+        f.prefilled,
+        f.completion_tokens,
+        match &f.reason {
+            engine::FinishReason::Eos => "eos".to_string(),
+            engine::FinishReason::Length => "length".to_string(),
+            engine::FinishReason::Stop(s) => format!("stop {s:?}"),
+            engine::FinishReason::Cancelled => "cancelled".to_string(),
+        },
+        f.prefill_secs,
+        f.decode_secs
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_comparison() {
+        assert!(same_secret(b"abc", b"abc"));
+        assert!(!same_secret(b"abc", b"abd"));
+        assert!(!same_secret(b"abc", b"abcd"));
+        assert!(!same_secret(b"", b"a"));
+    }
+
+    #[test]
+    fn ids_differ() {
+        assert_ne!(new_id("x"), new_id("x"));
+        assert!(new_id("chatcmpl-").starts_with("chatcmpl-"));
+    }
+}
