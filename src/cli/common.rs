@@ -77,8 +77,9 @@ pub struct ExpertArgs {
     /// Reader threads.
     #[arg(long = "io-threads", default_value_t = 4)]
     pub io_threads: usize,
-    /// Eviction policy: lru | hotness (selection counts halved every `--halve-every` tokens).
-    #[arg(long, default_value = "lru")]
+    /// Eviction policy: hotness (selection counts halved every `--halve-every` tokens; the
+    /// default: it beat LRU on recorded traces, see docs/PERFORMANCE.md) | lru.
+    #[arg(long, default_value = "hotness")]
     pub policy: String,
     #[arg(long = "halve-every", default_value_t = 64)]
     pub halve_every: u64,
