@@ -150,3 +150,25 @@ fn gguf_q8_0_close_to_transformers() {
         assert!(agree * 10 >= total * 9, "{f} q8_0: top-1 agreement {agree}/{total}");
     }
 }
+
+/// DeepSeek-V3.2 (DSA indexer) within `index_topk` tokens: transformers' logits, computed with
+/// the indexer selecting every causal token, equal sluice's dense MLA.
+#[test]
+fn deepseek_v32_within_index_topk_matches_transformers() {
+    let d = dir("deepseek_v32");
+    let cases = json(&d.join("cases.json"));
+    for case in cases["cases"].as_array().unwrap() {
+        let toks = ids(&case["ids"]);
+        let (_, refr) = sluice::npy::read_f32(&d.join(case["logits"].as_str().unwrap())).unwrap();
+        let files = ModelFiles::open(&d).unwrap();
+        let model = Model::load(&files, &LoadOptions { threads: 2, ctx: 64 }).unwrap();
+        let mut st = model.new_state(64, 8, 8).unwrap();
+        let mut ours = Vec::new();
+        model.logits_all(&mut st, &toks, &mut ours).unwrap();
+        let (err, same) = compare(&ours, &refr, model.cfg.vocab);
+        eprintln!("deepseek_v32 {}: {err:.2e}", case["name"]);
+        assert!(err <= 1e-4 && same, "deepseek_v32 {}: {err}", case["name"]);
+        // Beyond index_topk the sparse selection would matter: refused, not approximated.
+        assert!(model.new_state(65, 8, 8).is_err());
+    }
+}

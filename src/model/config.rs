@@ -126,6 +126,9 @@ pub struct ModelConfig {
     /// Context length the model was trained for (the run's `-c` may differ).
     pub train_ctx: usize,
     pub tie_embeddings: bool,
+    /// DeepSeek-V3.2: sparse attention keeps the `index_topk` best tokens per query; up to that
+    /// many positions it is exactly dense attention, which is all sluice implements.
+    pub dense_attn_limit: Option<usize>,
 }
 
 fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
@@ -266,6 +269,9 @@ impl ModelConfig {
             n_mtp_layers,
             train_ctx: opt_u("context_length").unwrap_or(4096),
             tie_embeddings: files.tensor("output.weight").is_none(),
+            // A V3.2 GGUF carries indexer tensors; without its top-k key assume DeepSeek's 2048.
+            dense_attn_limit: opt_u("attention.indexer.top_k")
+                .or_else(|| files.tensors().iter().any(|t| t.name.contains("indexer")).then_some(2048)),
         };
         cfg.validate()?;
         Ok(cfg)
@@ -282,7 +288,9 @@ impl ModelConfig {
             "Qwen3MoeForCausalLM" | "qwen3_moe" => Family::Qwen3Moe,
             "MixtralForCausalLM" | "mixtral" => Family::Mixtral,
             "OlmoeForCausalLM" | "olmoe" => Family::Olmoe,
-            "DeepseekV3ForCausalLM" | "deepseek_v3" => Family::DeepseekV3,
+            // V3.2 is V3 plus DSA's lightning indexer, which changes nothing while the context
+            // fits in `index_topk` (see `dense_attn_limit`).
+            "DeepseekV3ForCausalLM" | "deepseek_v3" | "DeepseekV32ForCausalLM" | "deepseek_v32" => Family::DeepseekV3,
             "Glm4MoeForCausalLM" | "glm4_moe" => Family::Glm4Moe,
             other => {
                 return Err(ModelError::Config(format!(
@@ -415,6 +423,7 @@ impl ModelConfig {
             n_mtp_layers: opt_u("num_nextn_predict_layers").unwrap_or(0),
             train_ctx: max_pos,
             tie_embeddings: cfg.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
+            dense_attn_limit: if family == Family::DeepseekV3 { opt_u("index_topk") } else { None },
         };
         c.validate()?;
         Ok(c)
