@@ -184,7 +184,7 @@ impl DType {
     /// a whole number of blocks.
     pub fn bytes_for(self, n_elems: u64) -> Option<u64> {
         let (be, bb) = self.block_geometry()?;
-        if n_elems % be as u64 != 0 {
+        if !n_elems.is_multiple_of(be as u64) {
             return None;
         }
         (n_elems / be as u64).checked_mul(bb as u64)

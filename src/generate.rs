@@ -90,6 +90,7 @@ impl GenStats {
 /// Feed `prompt` to the model at `st.pos` and generate up to `max_tokens`, calling `on_text`
 /// with each completed piece of text. Stops at an end-of-generation token (not emitted; unless
 /// `ignore_eos`) or when `on_text` returns false. Returns the generated ids and figures.
+#[allow(clippy::too_many_arguments)]
 pub fn generate(
     model: &Model<'_>,
     st: &mut State,
@@ -399,8 +400,8 @@ pub fn generate_mtp_with(
         for _ in 0..=acc {
             st.tick_token();
         }
-        for j in 0..acc {
-            if !emit(drafts[j], &mut out, &mut history, &mut stats)? {
+        for &d in &drafts[..acc] {
+            if !emit(d, &mut out, &mut history, &mut stats)? {
                 break 'gen;
             }
         }

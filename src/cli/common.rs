@@ -154,7 +154,7 @@ pub fn parse_size(s: &str) -> anyhow::Result<u64> {
         "T" => 1024.0f64.powi(4),
         _ => anyhow::bail!("size {s:?}: unknown unit {unit:?}"),
     };
-    if !(v >= 0.0) {
+    if v.is_nan() || v < 0.0 {
         anyhow::bail!("size {s:?} must be positive");
     }
     Ok((v * mul) as u64)

@@ -110,7 +110,7 @@ pub fn supported_types() -> Vec<DType> {
 
 fn check_len(what: &'static str, dtype: DType, elems: usize, got: usize) -> Result<(), KernelError> {
     let (be, bb) = dtype.block_geometry().ok_or(KernelError::Unsupported(dtype))?;
-    if elems % be != 0 {
+    if !elems.is_multiple_of(be) {
         return Err(KernelError::NotWholeBlocks { dtype, elems, block: be });
     }
     let expected = elems / be * bb;

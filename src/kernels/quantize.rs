@@ -10,7 +10,7 @@ pub fn quantize(dtype: DType, x: &[f32], out: &mut Vec<u8>) -> Result<(), super:
         DType::F16 => x.iter().for_each(|v| out.extend_from_slice(&half::f16::from_f32(*v).to_bits().to_le_bytes())),
         DType::BF16 => x.iter().for_each(|v| out.extend_from_slice(&half::bf16::from_f32(*v).to_bits().to_le_bytes())),
         DType::Q8_0 => {
-            if x.len() % 32 != 0 {
+            if !x.len().is_multiple_of(32) {
                 return Err(super::KernelError::NotWholeBlocks { dtype, elems: x.len(), block: 32 });
             }
             for b in x.chunks_exact(32) {

@@ -196,7 +196,7 @@ impl ModelConfig {
             None => req_u("feed_forward_length")?,
         };
         let n_mtp_layers = opt_u("nextn_predict_layers").unwrap_or(0);
-        let n_layers = req_u("block_count")?.checked_sub(n_mtp_layers).unwrap_or(0);
+        let n_layers = req_u("block_count")?.saturating_sub(n_mtp_layers);
         let scaling = get("rope.scaling.type").and_then(MetaValue::as_str).unwrap_or("none");
         let factor = opt_f("rope.scaling.factor").unwrap_or(1.0);
         let rope_scaling = match scaling {
@@ -434,10 +434,10 @@ impl ModelConfig {
         if self.hidden == 0 || self.n_layers == 0 || self.n_heads == 0 || self.head_dim == 0 || self.vocab == 0 {
             return bad(format!("degenerate dimensions: hidden {}, layers {}, heads {}, head_dim {}, vocab {}", self.hidden, self.n_layers, self.n_heads, self.head_dim, self.vocab));
         }
-        if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
+        if self.n_kv_heads == 0 || !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return bad(format!("{} attention heads is not a multiple of {} key/value heads", self.n_heads, self.n_kv_heads));
         }
-        if self.rotary_dim % 2 != 0 || self.rotary_dim > self.head_dim {
+        if !self.rotary_dim.is_multiple_of(2) || self.rotary_dim > self.head_dim {
             return bad(format!("rotary dimension {} must be even and at most head_dim {}", self.rotary_dim, self.head_dim));
         }
         if self.n_experts == 0 || self.n_experts_used == 0 || self.n_experts_used > self.n_experts {
@@ -447,7 +447,7 @@ impl ModelConfig {
             return bad("expert intermediate size is 0".into());
         }
         let r = &self.routing;
-        if self.n_experts % r.n_group != 0 || r.topk_group > r.n_group || r.topk_group * (self.n_experts / r.n_group) < self.n_experts_used {
+        if !self.n_experts.is_multiple_of(r.n_group) || r.topk_group > r.n_group || r.topk_group * (self.n_experts / r.n_group) < self.n_experts_used {
             return bad(format!("expert groups: {} experts in {} groups, {} groups kept, {} experts used", self.n_experts, r.n_group, r.topk_group, self.n_experts_used));
         }
         if self.n_dense_layers > self.n_layers || (self.n_dense_layers > 0 && self.dense_ffn == 0) {

@@ -365,13 +365,10 @@ impl<'a> Model<'a> {
         // q = q_b(norm(q_a x)) or q_proj(x); kv = kv_a x = [latent | rope key].
         st.acts.load(&st.xn[..n * h], n, h);
         kernels::matmul(&a.kv_a, &mut st.acts, &mut st.k[..n * kc], pool, isa)?;
-        match (&a.q_a, &a.q_a_norm, q_lora) {
-            (Some(qa), Some(qn), Some(r)) => {
-                kernels::matmul(qa, &mut st.acts, &mut st.qa[..n * r], pool, isa)?;
-                st.qa[..n * r].chunks_exact_mut(r).for_each(|x| rmsnorm_inplace(x, qn, cfg.rms_eps));
-                st.acts.load(&st.qa[..n * r], n, r);
-            }
-            _ => {}
+        if let (Some(qa), Some(qn), Some(r)) = (&a.q_a, &a.q_a_norm, q_lora) {
+            kernels::matmul(qa, &mut st.acts, &mut st.qa[..n * r], pool, isa)?;
+            st.qa[..n * r].chunks_exact_mut(r).for_each(|x| rmsnorm_inplace(x, qn, cfg.rms_eps));
+            st.acts.load(&st.qa[..n * r], n, r);
         }
         kernels::matmul(&a.q_b, &mut st.acts, &mut st.q[..n * nh * qk], pool, isa)?;
         for i in 0..n {
