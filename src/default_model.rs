@@ -60,6 +60,7 @@ pub fn spec() -> MoeSpec {
         dtype: DType::Q8_0,
         seed: 0x5EED_0000 + VERSION as u64,
         name: "sluice default tiny MoE (random weights)".into(),
+        skew: 0.0,
     }
 }
 

@@ -30,6 +30,12 @@ pub struct MoeSpec {
     pub dtype: DType,
     pub seed: u64,
     pub name: String,
+    /// Router skew S: expert popularity roughly Zipf-like with exponent S (0 = uniform).
+    /// How: every token embedding gets a constant +1 in dimension 0, so the normed hidden
+    /// state keeps a positive component there; each router row gets a weight in column 0 that
+    /// adds a logit bias of -S * ln(rank + 1) (rank = a seeded permutation per layer). The
+    /// resulting popularity is measured, not promised: see `sluice cache-sim` / usage stats.
+    pub skew: f32,
 }
 
 impl MoeSpec {
@@ -49,6 +55,7 @@ impl MoeSpec {
             dtype: DType::Q8_0,
             seed: 1,
             name: format!("synthetic {name}"),
+            skew: 0.0,
         };
         Some(match name {
             "qwen3-30b-a3b" => base(2048, 48, 32, 4, 128, 128, 8, 768, 151936),
@@ -58,6 +65,11 @@ impl MoeSpec {
     }
 
     pub const PRESETS: &'static [&'static str] = &["qwen3-30b-a3b", "qwen3-235b-a22b"];
+}
+
+/// FNV-1a of a name (to key per-tensor streams).
+fn fnv(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
 }
 
 /// SplitMix64: a tiny deterministic generator (weights must not depend on a crate's version).
@@ -215,6 +227,21 @@ pub fn write_random_qwen3moe(path: &Path, spec: &MoeSpec, progress: &mut dyn FnM
             let r = left.min(rows_per_piece);
             x.clear();
             x.extend((0..r * row).map(|_| if *scale == 0.0 { 1.0 } else { rng.uniform(*scale) }));
+            if spec.skew > 0.0 && name == "token_embd.weight" {
+                x.chunks_exact_mut(row as usize).for_each(|xr| xr[0] = 1.0);
+            }
+            if spec.skew > 0.0 && name.ends_with("ffn_gate_inp.weight") {
+                // One seeded rank permutation per layer (Fisher-Yates on a layer-keyed stream).
+                let mut perm: Vec<usize> = (0..spec.experts).collect();
+                let mut prng = Rng(spec.seed ^ 0xA5A5_0000 ^ (row0 as u64) ^ name.len() as u64 ^ fnv(name));
+                for i in (1..perm.len()).rev() {
+                    perm.swap(i, (prng.next_u64() % (i as u64 + 1)) as usize);
+                }
+                // x[0] of a normed hidden state is ~1.7 (1 against uniform(-1,1) entries).
+                for (e, xr) in x.chunks_exact_mut(row as usize).enumerate() {
+                    xr[0] = -spec.skew * ((perm[(row0 + e) % spec.experts] + 1) as f32).ln() / 1.7;
+                }
+            }
             if name == "output.weight" {
                 // Readable noise: tokens that spell printable ASCII get full-scale logits,
                 // the rest (other bytes, specials, padding) near-zero ones.

@@ -23,6 +23,9 @@ pub struct SynthArgs {
     /// Seed of the weights.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Router skew S: expert popularity roughly Zipf-like with exponent S (0 = uniform).
+    #[arg(long, default_value_t = 0.0)]
+    pub skew: f32,
 }
 
 pub fn run(args: SynthArgs) -> anyhow::Result<()> {
@@ -36,6 +39,10 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
         _ => anyhow::bail!("--quant {:?}: synth can write q8_0, f16, bf16 or f32", args.quant),
     };
     spec.seed = args.seed;
+    if !(0.0..=8.0).contains(&args.skew) {
+        anyhow::bail!("--skew {}: expected 0 (uniform) to 8", args.skew);
+    }
+    spec.skew = args.skew;
     let start = std::time::Instant::now();
     let mut last = 0u64;
     write_random_qwen3moe(&args.out, &spec, &mut |done, total| {
