@@ -17,7 +17,7 @@ pub struct SynthArgs {
     /// Keep only the first N layers (0 = all).
     #[arg(long, default_value_t = 0)]
     pub layers: usize,
-    /// Type of the matrices: q8_0 | f16 | bf16 | f32 (norms and routers stay f32).
+    /// Type of the matrices: q4_k | q8_0 | f16 | bf16 | f32 (norms and routers stay f32).
     #[arg(long, default_value = "q8_0")]
     pub quant: String,
     /// Seed of the weights.
@@ -35,8 +35,8 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
         spec.layers = args.layers.min(spec.layers);
     }
     spec.dtype = match DType::from_name(&args.quant) {
-        Some(t @ (DType::Q8_0 | DType::F16 | DType::BF16 | DType::F32)) => t,
-        _ => anyhow::bail!("--quant {:?}: synth can write q8_0, f16, bf16 or f32", args.quant),
+        Some(t @ (DType::Q4_K | DType::Q8_0 | DType::F16 | DType::BF16 | DType::F32)) => t,
+        _ => anyhow::bail!("--quant {:?}: synth can write q4_k, q8_0, f16, bf16 or f32", args.quant),
     };
     spec.seed = args.seed;
     if !(0.0..=8.0).contains(&args.skew) {
