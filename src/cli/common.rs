@@ -281,6 +281,18 @@ pub fn setup_experts(model: &crate::model::Model<'_>, files: &crate::format::Mod
     for n in cache.notes() {
         eprintln!("[plan] note: {n}");
     }
+    // Keep the resident (non-expert) weights in memory while experts stream past them.
+    let expert_ranges: std::collections::HashSet<(usize, u64)> = model.expert_locs().iter().flatten().flat_map(|l| l.parts.iter().map(|p| (p.file, p.offset))).collect();
+    let resident: Vec<&[u8]> = files
+        .tensors()
+        .iter()
+        .filter(|t| !expert_ranges.contains(&(t.range.file, t.range.offset)) && crate::inspect::routed_expert_tensor(&t.name).is_none())
+        .filter_map(|t| files.range_bytes(t.range).ok())
+        .collect();
+    match crate::experts::lock_resident(&resident) {
+        Ok(b) => eprintln!("[plan] resident weights locked in memory ({})", human(b)),
+        Err(e) => eprintln!("[plan] note: {e}"),
+    }
     st.attach_experts(cache);
     Ok(())
 }

@@ -408,3 +408,26 @@ fn copy_from_map(f: &OpenFile, map: &memmap2::Mmap, job: &ReadJob) -> Result<u64
     unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), job.dst, src.len()) };
     Ok(avail)
 }
+
+/// Lock the pages of already-mapped, resident weight bytes (dense tensors) in memory, so
+/// streaming experts cannot push them out. Returns the bytes locked, or why not (the caller
+/// warns once; streaming works either way).
+pub fn lock_resident(ranges: &[&[u8]]) -> Result<u64, String> {
+    let page = 4096usize;
+    let mut locked = 0u64;
+    for r in ranges {
+        if r.is_empty() {
+            continue;
+        }
+        let start = r.as_ptr() as usize & !(page - 1);
+        let end = (r.as_ptr() as usize + r.len()).next_multiple_of(page);
+        // SAFETY: [start, end) covers only pages of a live read-only mapping that `r` borrows
+        // (rounded to page bounds within the same mapping); mlock does not change their contents.
+        let rc = unsafe { libc::mlock(start as *const libc::c_void, end - start) };
+        if rc != 0 {
+            return Err(format!("mlock of resident weights refused after {} MB ({}): they stay in the page cache, unpinned", locked >> 20, std::io::Error::last_os_error()));
+        }
+        locked += (end - start) as u64;
+    }
+    Ok(locked)
+}

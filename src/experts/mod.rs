@@ -32,7 +32,7 @@ pub mod trace;
 pub mod usage;
 
 pub use cache::{CacheConfig, CacheStats, ExpertBytes, ExpertCache, Policy};
-pub use io::{IoMode, ReadJob, ReadPool};
+pub use io::{lock_resident, IoMode, ReadJob, ReadPool};
 pub use sim::{simulate, SimPolicy, SimResult};
 pub use slab::Slab;
 pub use store::{ExpertLoc, ExpertStore};
