@@ -28,6 +28,8 @@ enum Command {
     CacheSim(cli::cache_sim::CacheSimArgs),
     /// Check a model's files and measure this machine (CPU, memory, storage, GPU); cached.
     Doctor(cli::doctor::DoctorArgs),
+    /// The plan `run` would follow (expert placement, IO, predicted tok/s), with reasons.
+    Plan(cli::plan::PlanArgs),
 }
 
 fn main() {
@@ -41,6 +43,7 @@ fn main() {
         Command::Bench(a) => cli::bench::run(a),
         Command::CacheSim(a) => cli::cache_sim::run(a),
         Command::Doctor(a) => cli::doctor::run(a),
+        Command::Plan(a) => cli::plan::run(a),
     };
     if let Err(e) = result {
         // One line: the chain of causes joined, no backtrace.
