@@ -34,7 +34,7 @@ fn profile(disk_gbps: f64, best_threads: usize, mem_gbps: f64, avail: u64, o_dir
 
 /// Qwen3-30B-A3B-like: 48 MoE layers of 128 experts, top-8, ~2.36 MB a slot, an MTP head.
 fn model() -> ModelSummary {
-    ModelSummary { resident_bytes: 1_500_000_000, routed_bytes: 48 * 128 * 2_359_296, kv_bytes: 400_000_000, moe_layers: 48, experts_per_layer: 128, top_k: 8, slot_bytes: 2_359_296, mtp_layers: 1 }
+    ModelSummary { resident_bytes: 1_500_000_000, routed_bytes: 48 * 128 * 2_359_296, kv_bytes: 400_000_000, moe_layers: 48, experts_per_layer: 128, top_k: 8, slot_bytes: 2_359_296, mtp_layers: 1, embedding_bytes: 0 }
 }
 
 fn req(ram: u64) -> PlanRequest {

@@ -19,7 +19,8 @@
 //! - predicted decode tok/s, a range from this cost model (per decoded token):
 //!   `missed = (1 - hit) x routed bytes/token`, `routed bytes/token = top-k x expert bytes x MoE
 //!   layers`, `time = missed / disk ceiling + active / memory read GB/s`, with `active` = resident
-//!   bytes + routed bytes/token (every active weight byte is read once from RAM). The hit rate:
+//!   bytes but the embedding table + routed bytes/token (every active weight byte is read once
+//!   from RAM). The hit rate:
 //!   lower bound under uniform routing, `hit = C / E` (C cached slots per layer, E experts per
 //!   layer); upper bound from a skewed estimate, the cache holding the C most popular experts of
 //!   a Zipf(1) popularity, `hit = H(C) / H(E)` with `H(n) = 1 + 1/2 + ... + 1/n`. Real routing
@@ -53,6 +54,10 @@ pub struct ModelSummary {
     pub slot_bytes: u64,
     /// MTP head layers (0: the model has none).
     pub mtp_layers: usize,
+    /// Bytes of the token-embedding table when it is not also the output head: resident, but
+    /// a token reads one row of it, so the cost model leaves it out of the active bytes.
+    #[serde(default)]
+    pub embedding_bytes: u64,
 }
 
 impl ModelSummary {
@@ -69,12 +74,23 @@ impl ModelSummary {
             top_k: model.cfg.n_experts_used,
             slot_bytes: store.slot_bytes(),
             mtp_layers: model.cfg.n_mtp_layers,
+            embedding_bytes: if model.cfg.tie_embeddings {
+                0
+            } else {
+                files.tensors().iter().filter(|t| t.name == "token_embd.weight" || t.name.ends_with("embed_tokens.weight")).map(|t| t.range.len).sum()
+            },
         })
     }
 
     /// Bytes of the whole model plus its KV cache.
     pub fn total_bytes(&self) -> u64 {
         self.resident_bytes + self.routed_bytes + self.kv_bytes
+    }
+
+    /// Bytes one decoded token reads from RAM: resident weights but the embedding table, plus
+    /// its routed experts.
+    pub fn active_bytes_per_token(&self) -> u64 {
+        self.resident_bytes.saturating_sub(self.embedding_bytes) + self.routed_bytes_per_token()
     }
 
     /// Routed bytes one token reads when every selected expert is distinct.
@@ -220,7 +236,7 @@ pub fn expected_hit(c: f64, e: usize) -> (f64, f64) {
 fn token_secs(m: &ModelSummary, hit: f64, disk: f64, mem: f64) -> (f64, f64) {
     let routed = m.routed_bytes_per_token() as f64;
     let missed = (1.0 - hit) * routed;
-    let active = m.resident_bytes as f64 + routed;
+    let active = m.active_bytes_per_token() as f64;
     (missed / (disk * 1e9), active / (mem * 1e9))
 }
 
@@ -387,7 +403,7 @@ pub fn plan(m: &ModelSummary, profile: Option<&MachineProfile>, req: &PlanReques
             format!(
                 "(1 - hit) x {} routed/token from disk at {dk:.2} GB/s + {} active/token from RAM at {mm:.2} GB/s; {}",
                 human(routed_tok),
-                human(m.resident_bytes + routed_tok),
+                human(m.active_bytes_per_token()),
                 if disk_bound { "disk-bound" } else { "memory-bound" }
             ),
         )),
