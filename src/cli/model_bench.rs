@@ -65,7 +65,7 @@ fn parse_timing(stderr: &str) -> Option<(usize, f64, usize, f64)> {
     let line = stderr.lines().find(|l| l.starts_with("[timing]"))?;
     let num_after = |key: &str| -> Option<f64> {
         let rest = &line[line.find(key)? + key.len()..];
-        rest.trim_start().split_whitespace().next()?.parse().ok()
+        rest.split_whitespace().next()?.parse().ok()
     };
     Some((num_after("prompt")? as usize, num_after("prefill")?, num_after("generated")? as usize, num_after("decode")?))
 }
