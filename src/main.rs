@@ -30,6 +30,8 @@ enum Command {
     Doctor(cli::doctor::DoctorArgs),
     /// OpenAI- and Anthropic-compatible HTTP server (no MODEL: the built-in tiny model).
     Serve(cli::serve::ServeArgs),
+    /// The plan `run` would follow (expert placement, IO, predicted tok/s), with reasons.
+    Plan(cli::plan::PlanArgs),
 }
 
 fn main() {
@@ -44,6 +46,7 @@ fn main() {
         Command::CacheSim(a) => cli::cache_sim::run(a),
         Command::Doctor(a) => cli::doctor::run(a),
         Command::Serve(a) => cli::serve::run_cmd(a),
+        Command::Plan(a) => cli::plan::run(a),
     };
     if let Err(e) = result {
         // One line: the chain of causes joined, no backtrace.

@@ -1,4 +1,7 @@
 //! `sluice bench --kernels`: kernel throughput against the machine's memory read bandwidth.
+//! `sluice bench MODEL`: prompt processing and generation tok/s like llama-bench, each
+//! repetition a fresh `sluice run` process; `--ab 'FLAGS_A' 'FLAGS_B'` compares two flag sets
+//! (see `model_bench.rs`).
 
 use crate::bench::kernels::{bench_type, cpu_model, KernelBenchOpts};
 use crate::dtype::DType;
@@ -8,6 +11,30 @@ use clap::Args;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
+    /// A model to benchmark pp/tg on (`.gguf` or safetensors directory).
+    pub model: Option<std::path::PathBuf>,
+    /// Prompt tokens (pp test).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    pub n_prompt: usize,
+    /// Generated tokens (tg test).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    pub n_gen: usize,
+    /// Repetitions for a MODEL (default 3).
+    #[arg(short = 'r', long = "repetitions")]
+    pub repetitions: Option<usize>,
+    /// Print results as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Print results as CSV.
+    #[arg(long)]
+    pub csv: bool,
+    /// Two flag sets for `sluice run` (split on whitespace; no quoting), run as fresh
+    /// processes interleaved A B B A ...; the ratio B/A is refused if their text differs.
+    #[arg(long, num_args = 2, value_names = ["FLAGS_A", "FLAGS_B"], allow_hyphen_values = true)]
+    pub ab: Option<Vec<String>>,
+    /// Extra flags for every `sluice run` (split on whitespace).
+    #[arg(long = "run-flags", allow_hyphen_values = true)]
+    pub run_flags: Option<String>,
     /// Benchmark the matvec kernels of every supported type.
     #[arg(long)]
     pub kernels: bool,
@@ -40,8 +67,14 @@ pub struct BenchArgs {
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if let Some(m) = &args.model {
+        if args.kernels {
+            bail!("bench: give either MODEL or --kernels, not both");
+        }
+        return super::model_bench::run(m, &args);
+    }
     if !args.kernels {
-        bail!("bench: say what to benchmark (--kernels)");
+        bail!("bench: say what to benchmark (MODEL or --kernels)");
     }
     let threads = match args.threads {
         Some(0) => bail!("bench: --threads must be at least 1"),

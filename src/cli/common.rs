@@ -72,11 +72,12 @@ pub struct ExpertArgs {
     #[arg(long)]
     pub cap: Option<usize>,
     /// direct | buffered | mmap (direct falls back to buffered where O_DIRECT is refused).
-    #[arg(long, default_value = "direct")]
-    pub io: String,
-    /// Reader threads.
-    #[arg(long = "io-threads", default_value_t = 4)]
-    pub io_threads: usize,
+    /// Default: the planner's (direct where O_DIRECT works).
+    #[arg(long)]
+    pub io: Option<String>,
+    /// Reader threads (default: the planner's, from the probed disk ceiling; 4 without one).
+    #[arg(long = "io-threads")]
+    pub io_threads: Option<usize>,
     /// Eviction policy: hotness (selection counts halved every `--halve-every` tokens; the
     /// default: it beat LRU on recorded traces, see docs/PERFORMANCE.md) | lru.
     #[arg(long, default_value = "hotness")]
@@ -172,111 +173,94 @@ fn gb(b: u64) -> f64 {
     b as f64 / 1e9
 }
 
-/// Bytes in the unit that reads best (B, KB, MB, GB; decimal).
-fn human(b: u64) -> String {
-    match b {
-        0..=9_999 => format!("{b} B"),
-        10_000..=9_999_999 => format!("{:.1} KB", b as f64 / 1e3),
-        10_000_000..=9_999_999_999 => format!("{:.1} MB", b as f64 / 1e6),
-        _ => format!("{:.2} GB", b as f64 / 1e9),
+use crate::plan::planner::human;
+
+/// Decide where experts live, print one `[plan]` line per decision with its reason, and
+/// attach a streaming cache to `st` when streaming. Returns the plan (for predicted vs measured).
+pub fn setup_experts(model: &crate::model::Model<'_>, files: &crate::format::ModelFiles, st: &mut crate::model::State, a: &ExpertArgs) -> anyhow::Result<crate::plan::planner::Plan> {
+    setup_experts_mtp(model, files, st, a, 0)
+}
+
+/// The planner's request from the flags (`autopin`: experts with usage statistics, if asked).
+pub fn plan_request(a: &ExpertArgs, mtp: usize, autopin: Option<usize>) -> anyhow::Result<crate::plan::planner::PlanRequest> {
+    use crate::plan::planner::{ExpertMode, PlanRequest};
+    let io = match &a.io {
+        Some(s) => Some(s.parse::<crate::experts::IoMode>().map_err(|_| anyhow::anyhow!("--io {s:?}: expected direct, buffered or mmap"))?),
+        None => None,
+    };
+    Ok(PlanRequest {
+        ram: a.ram.as_deref().map(parse_size).transpose()?,
+        available: mem_available(),
+        mode: ExpertMode::parse(&a.mode)?,
+        cap: a.cap,
+        io,
+        io_threads: a.io_threads,
+        autopin,
+        pin_bytes: a.pin_gb.map(|g| (g * 1e9) as u64),
+        mtp,
+    })
+}
+
+/// The machine profile `run` uses: the cached one, never a fresh probe (a `[plan]` line says).
+pub fn run_profile(files: &crate::format::ModelFiles) -> Option<crate::plan::MachineProfile> {
+    match crate::plan::planner::cached_profile(files) {
+        Some(p) => {
+            eprintln!("[plan] machine: cached profile {} ({}probed {} s ago)", p.key, if p.quick { "quick, " } else { "" }, std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()).saturating_sub(p.probed_unix));
+            Some(p)
+        }
+        None => {
+            eprintln!("[plan] machine: no cached profile for this disk and CPU: default decisions, no prediction (`sluice doctor` or `sluice plan` measure it)");
+            None
+        }
     }
 }
 
-/// Decide where experts live, print one `[plan]` line per decision with its reason, and
-/// attach a streaming cache to `st` when streaming.
-pub fn setup_experts(model: &crate::model::Model<'_>, files: &crate::format::ModelFiles, st: &mut crate::model::State, a: &ExpertArgs) -> anyhow::Result<()> {
-    use crate::experts::{CacheConfig, IoMode, Policy};
-    let (routed, resident) = model.routed_and_resident_bytes(files);
-    let kv = st.kv_bytes() as u64;
-    let (ram, ram_why) = match &a.ram {
-        Some(s) => (parse_size(s)?, "--ram".to_string()),
-        None => match mem_available() {
-            Some(m) => (m / 100 * 85, "85% of MemAvailable".to_string()),
-            None => (resident + routed + kv, "MemAvailable unknown: whole model".to_string()),
-        },
-    };
-    let stream = match a.mode.as_str() {
-        "resident" => false,
-        "stream" => true,
-        "auto" => a.cap.is_some() || resident + routed + kv > ram,
-        other => anyhow::bail!("--experts {other:?}: expected auto, resident or stream"),
-    };
-    eprintln!("[plan] budget {} ({ram_why}); resident weights {}, KV cache {}, routed experts {}", human(ram), human(resident), human(kv), human(routed));
-    if !stream {
-        let why = if a.mode == "resident" { "--experts resident" } else { "the whole model fits in the budget" };
-        eprintln!("[plan] experts: resident, read through the mapped files ({why})");
-        return Ok(());
-    }
-    if resident + kv > ram {
-        anyhow::bail!(
-            "budget {} cannot hold the resident part: weights {} + KV cache {} (lower -c or raise --ram)",
-            human(ram),
-            human(resident),
-            human(kv)
-        );
-    }
-    let io = match a.io.as_str() {
-        "direct" => IoMode::Direct,
-        "buffered" => IoMode::Buffered,
-        "mmap" => IoMode::Mmap,
-        other => anyhow::bail!("--io {other:?}: expected direct, buffered or mmap"),
-    };
+/// `setup_experts` with `--mtp K` taken into account by the planner.
+pub fn setup_experts_mtp(model: &crate::model::Model<'_>, files: &crate::format::ModelFiles, st: &mut crate::model::State, a: &ExpertArgs, mtp: usize) -> anyhow::Result<crate::plan::planner::Plan> {
+    use crate::experts::{CacheConfig, Policy};
+    let summary = crate::plan::planner::ModelSummary::of(model, files, st.kv_bytes() as u64)?;
     let policy = Policy::parse(&a.policy, a.halve_every).map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
-    let store = model.expert_store(files)?;
-    let budget = ram - resident - kv;
-    let (slots, slots_why) = match a.cap {
-        Some(c) => (c, "--cap".to_string()),
-        None => (store.slots_per_layer_for_budget(budget, 0), format!("{} left for experts after resident + KV", human(budget))),
-    };
-    if slots == 0 {
-        anyhow::bail!(
-            "budget {} leaves {} for experts, less than one {} slot per MoE layer (raise --ram)",
-            human(ram),
-            human(budget),
-            human(store.slot_bytes())
-        );
-    }
-    if a.io_threads == 0 {
-        anyhow::bail!("--io-threads must be at least 1");
-    }
-    let mut pinned = Vec::new();
+    // Usage statistics first: how many experts could be pinned bounds the pinned tier.
+    let mut usage = None;
     if a.autopin {
         let id = crate::experts::model_identity(files.paths())?;
         let path = usage_path(files, &id);
         match crate::experts::UsageStats::load(&path, &id) {
-            Ok(usage) => {
-                // Pin budget: --pin-gb, else half the expert budget; the LRU keeps >= 1 slot/layer.
-                let moe_layers = (model.cfg.n_layers - model.cfg.n_dense_layers) as u64;
-                let floor = moe_layers * store.slot_bytes();
-                let want = a.pin_gb.map(|g| (g * 1e9) as u64).unwrap_or(budget / 2);
-                let pin_bytes = want.min(budget.saturating_sub(floor));
-                let n = (pin_bytes / store.slot_bytes().max(1)) as usize;
-                pinned = usage.top_n(n);
-                eprintln!("[plan] autopin: {} most-selected experts ({}) from {}", pinned.len(), human(pinned.len() as u64 * store.slot_bytes()), path.display());
-            }
+            Ok(u) => usage = Some((u, path)),
             Err(e) => eprintln!("[plan] autopin: no usage statistics yet ({e}); run once without --usage-freeze to collect them"),
         }
     }
-    let slots = if a.cap.is_none() && !pinned.is_empty() {
-        store.slots_per_layer_for_budget(budget, pinned.len()).max(1)
-    } else {
-        slots
-    };
-    let mut cfg = CacheConfig::new(slots);
+    let avail = a.autopin.then(|| usage.as_ref().map_or(0, |(u, _)| u.top_n(usize::MAX).len()));
+    let profile = run_profile(files);
+    let req = plan_request(a, mtp, avail)?;
+    let plan = crate::plan::planner::plan(&summary, profile.as_ref(), &req)?;
+    for l in plan.lines() {
+        eprintln!("{l}");
+    }
+    if !plan.stream {
+        return Ok(plan);
+    }
+    let store = model.expert_store(files)?;
+    let mut pinned = Vec::new();
+    if let Some((u, path)) = &usage {
+        pinned = u.top_n(plan.pinned);
+        eprintln!("[plan] autopin: {} most-selected experts ({}) from {}", pinned.len(), human(pinned.len() as u64 * store.slot_bytes()), path.display());
+    }
+    let mut cfg = CacheConfig::new(plan.slots_per_layer);
     cfg.pinned = pinned;
-    cfg.io = io;
-    cfg.io_threads = a.io_threads;
+    cfg.io = plan.io_mode();
+    cfg.io_threads = plan.io_threads;
     cfg.policy = policy;
     cfg.trace = a.route_trace.clone();
     let cache = crate::experts::ExpertCache::new(store, cfg)?;
     eprintln!(
-        "[plan] experts: streamed, {} slots/layer of {} ({slots_why}), {} policy, slab {} (pinned + evictable), io {} x{}",
+        "[plan] experts: streamed, {} slots/layer of {}, {} policy, slab {} (pinned + evictable), io {} x{}",
         cache.slots(model.cfg.n_dense_layers),
         human(cache.slot_bytes()),
         cache.policy().name(),
         human(cache.slab_bytes()),
         cache.io_mode().name(),
-        a.io_threads
+        plan.io_threads
     );
     for n in cache.notes() {
         eprintln!("[plan] note: {n}");
@@ -294,7 +278,15 @@ pub fn setup_experts(model: &crate::model::Model<'_>, files: &crate::format::Mod
         Err(e) => eprintln!("[plan] note: {e}"),
     }
     st.attach_experts(cache);
-    Ok(())
+    Ok(plan)
+}
+
+/// After a run: `[plan] predicted X–Y tok/s, measured Z tok/s`.
+pub fn predicted_vs_measured(plan: &crate::plan::planner::Plan, measured: f64) -> String {
+    match plan.predicted_tok_s {
+        Some((lo, hi)) => format!("[plan] predicted {lo:.2}–{hi:.2} tok/s, measured {measured:.2} tok/s"),
+        None => format!("[plan] predicted unknown (no machine profile), measured {measured:.2} tok/s"),
+    }
 }
 
 /// The end-of-run expert line: hit rates, experts read per token, GB read and read speed.

@@ -8,6 +8,8 @@ pub mod common;
 pub mod doctor;
 pub mod inspect;
 pub mod logits;
+pub mod model_bench;
+pub mod plan;
 pub mod run;
 pub mod serve;
 pub mod synth;

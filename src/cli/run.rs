@@ -1,7 +1,7 @@
 //! `sluice run [MODEL] -p PROMPT -n N`: generate text, streaming it to stdout, with one timing
 //! line on stderr. With no MODEL, runs the small default model sluice writes itself.
 
-use super::common::{expert_summary, save_usage, setup_experts, stats_json, time_shares, ComputeArgs, ExpertArgs, SamplingArgs};
+use super::common::{expert_summary, predicted_vs_measured, save_usage, setup_experts_mtp, stats_json, time_shares, ComputeArgs, ExpertArgs, SamplingArgs};
 use crate::format::ModelFiles;
 use crate::generate::{generate, generate_mtp, load_tokenizer};
 use crate::model::{LoadOptions, Model};
@@ -57,7 +57,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         anyhow::bail!("--mtp {}: draft 1 to 3 tokens per step (0 = off)", args.mtp);
     }
     let mut st = model.new_state(args.compute.ctx, args.compute.batch.max(args.mtp + 1), args.mtp + 1)?;
-    setup_experts(&model, &files, &mut st, &args.experts)?;
+    let plan = setup_experts_mtp(&model, &files, &mut st, &args.experts, args.mtp)?;
     let mut sampler = Sampler::new(args.sampling.params(), model.cfg.vocab);
     let stdout = std::io::stdout();
     let mut lock = stdout.lock();
@@ -82,6 +82,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         eprintln!("{line}");
         eprintln!("{verdict}");
     }
+    eprintln!("{}", predicted_vs_measured(&plan, stats.gen_tps()));
     if let Some(p) = &args.experts.stats_json {
         let tmp = p.with_extension("json.tmp");
         std::fs::write(&tmp, serde_json::to_string_pretty(&stats_json(&st, &stats))?).with_context(|| format!("writing {}", tmp.display()))?;

@@ -1,0 +1,207 @@
+//! `sluice bench MODEL`: pp (prompt processing) and tg (generation) tok/s like llama-bench.
+//!
+//! Every repetition is a fresh `sluice run` process (this executable), greedy (`--temp 0`), with
+//! a fixed seed, `--ignore-eos` and `--usage-freeze` (so one run's statistics cannot change the
+//! next), unless an arm's own flags say otherwise. The figures come from the run's `[timing]`
+//! line, and the expert hit rate from its `--stats-json` file. With `--ab 'A' 'B'` the arms
+//! alternate A B B A A B ... (so drift in a noisy machine falls on both arms alike) with the
+//! same prompt, and the B/A ratio is refused when the arms' generated text differs: a ratio
+//! between runs that computed different things is not a speed-up.
+//!
+//! Owns: the process loop, parsing and statistics. Does not own: what a run does.
+
+use super::bench::BenchArgs;
+use crate::format::ModelFiles;
+use crate::generate::load_tokenizer;
+use anyhow::{bail, Context};
+use std::path::Path;
+use std::process::Command;
+
+/// One arm's samples.
+struct Arm {
+    name: String,
+    flags: Vec<String>,
+    pp: Vec<f64>,
+    tg: Vec<f64>,
+    hit: Vec<f64>,
+    texts: Vec<String>,
+    prompt_tokens: usize,
+    generated: usize,
+}
+
+/// median, mean, sample sd, min, max.
+fn summary(v: &[f64]) -> (f64, f64, f64, f64, f64) {
+    if v.is_empty() {
+        return (f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN);
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    let median = if n % 2 == 1 { s[n / 2] } else { (s[n / 2 - 1] + s[n / 2]) / 2.0 };
+    let mean = s.iter().sum::<f64>() / n as f64;
+    let sd = if n > 1 { (s.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt() } else { 0.0 };
+    (median, mean, sd, s[0], s[n - 1])
+}
+
+/// A prompt of at least `n` tokens of plain English words.
+fn make_prompt(files: &ModelFiles, n: usize) -> anyhow::Result<String> {
+    let tok = load_tokenizer(files)?;
+    let words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "rivers", "carry", "water", "to", "distant", "seas"];
+    let mut text = String::from("The");
+    let mut i = 0usize;
+    while tok.encode(&text, true)?.len() < n.max(1) {
+        text.push(' ');
+        text.push_str(words[i % words.len()]);
+        i += 1;
+        if i > 64 * n + 64 {
+            bail!("bench: could not build a {n}-token prompt with this tokenizer");
+        }
+    }
+    Ok(text)
+}
+
+/// `[timing] prompt P tok, prefill X tok/s | generated G tok, decode Y tok/s | ...`.
+fn parse_timing(stderr: &str) -> Option<(usize, f64, usize, f64)> {
+    let line = stderr.lines().find(|l| l.starts_with("[timing]"))?;
+    let num_after = |key: &str| -> Option<f64> {
+        let rest = &line[line.find(key)? + key.len()..];
+        rest.split_whitespace().next()?.parse().ok()
+    };
+    Some((num_after("prompt")? as usize, num_after("prefill")?, num_after("generated")? as usize, num_after("decode")?))
+}
+
+fn has_flag(flags: &[String], name: &str) -> bool {
+    flags.iter().any(|f| f == name || f.starts_with(&format!("{name}=")))
+}
+
+pub fn run(model: &Path, args: &BenchArgs) -> anyhow::Result<()> {
+    let reps = args.repetitions.unwrap_or(3);
+    if reps == 0 {
+        bail!("bench: -r must be at least 1");
+    }
+    if args.json && args.csv {
+        bail!("bench: give --json or --csv, not both");
+    }
+    let files = ModelFiles::open(model)?;
+    let prompt = make_prompt(&files, args.n_prompt)?;
+    drop(files);
+    let exe = std::env::current_exe().context("bench: finding the sluice executable")?;
+    let common: Vec<String> = args.run_flags.as_deref().unwrap_or("").split_whitespace().map(String::from).collect();
+    let mut arms: Vec<Arm> = match &args.ab {
+        Some(v) if v.len() == 2 => v.iter().zip(["A", "B"]).map(|(f, n)| Arm { name: n.into(), flags: f.split_whitespace().map(String::from).collect(), pp: vec![], tg: vec![], hit: vec![], texts: vec![], prompt_tokens: 0, generated: 0 }).collect(),
+        Some(_) => bail!("bench: --ab takes two flag sets"),
+        None => vec![Arm { name: "run".into(), flags: vec![], pp: vec![], tg: vec![], hit: vec![], texts: vec![], prompt_tokens: 0, generated: 0 }],
+    };
+    let stats_path = std::env::temp_dir().join(format!("sluice-bench-{}.json", std::process::id()));
+    for r in 0..reps {
+        let order: Vec<usize> = if arms.len() == 2 { if r % 2 == 0 { vec![0, 1] } else { vec![1, 0] } } else { vec![0] };
+        for i in order {
+            let arm = &mut arms[i];
+            let mut flags: Vec<String> = common.iter().chain(arm.flags.iter()).cloned().collect();
+            for (name, value) in [("--temp", Some("0")), ("--seed", Some("42")), ("--usage-freeze", None), ("--ignore-eos", None)] {
+                if !has_flag(&flags, name) {
+                    flags.push(name.into());
+                    flags.extend(value.map(String::from));
+                }
+            }
+            if let Some(t) = args.threads {
+                if !has_flag(&flags, "-t") && !has_flag(&flags, "--threads") {
+                    flags.extend(["-t".to_string(), t.to_string()]);
+                }
+            }
+            let _ = std::fs::remove_file(&stats_path);
+            let out = Command::new(&exe)
+                .arg("run")
+                .arg(model)
+                .args(["-p", &prompt, "-n", &args.n_gen.to_string(), "--stats-json"])
+                .arg(&stats_path)
+                .args(&flags)
+                .output()
+                .with_context(|| format!("bench: starting {}", exe.display()))?;
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            if !out.status.success() {
+                let last = stderr.lines().last().unwrap_or("").to_string();
+                bail!("bench: arm {} (`sluice run ... {}`) failed: {last}", arm.name, flags.join(" "));
+            }
+            let (p, pp, g, tg) = parse_timing(&stderr).with_context(|| format!("bench: arm {}: no [timing] line in the run's output", arm.name))?;
+            arm.pp.push(pp);
+            arm.tg.push(tg);
+            arm.prompt_tokens = p;
+            arm.generated = g;
+            if let Some(h) = std::fs::read_to_string(&stats_path).ok().and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok()).and_then(|v| v["hit_rate"].as_f64()) {
+                arm.hit.push(h);
+            }
+            arm.texts.push(String::from_utf8_lossy(&out.stdout).to_string());
+            if !args.json && !args.csv {
+                eprintln!("[bench] rep {} arm {}: pp {pp:.2} tok/s, tg {tg:.2} tok/s", r + 1, arm.name);
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&stats_path);
+
+    let same_within = arms.iter().all(|a| a.texts.windows(2).all(|w| w[0] == w[1]));
+    let same_across = arms.len() < 2 || arms[0].texts.first() == arms[1].texts.first();
+    let ratio = |f: fn(&Arm) -> &Vec<f64>| -> f64 { summary(f(&arms[1])).0 / summary(f(&arms[0])).0 };
+    let ratios = (arms.len() == 2 && same_within && same_across).then(|| (ratio(|a| &a.pp), ratio(|a| &a.tg)));
+    let model_name = model.display().to_string();
+    let mut rows = Vec::new();
+    for a in &arms {
+        for (test, v) in [(format!("pp{}", a.prompt_tokens), &a.pp), (format!("tg{}", a.generated), &a.tg)] {
+            let (med, mean, sd, min, max) = summary(v);
+            let hit = if a.hit.is_empty() { None } else { Some(summary(&a.hit).0) };
+            rows.push(serde_json::json!({"model": model_name, "arm": a.name, "flags": a.flags.join(" "), "test": test, "reps": v.len(), "median": med, "mean": mean, "sd": sd, "min": min, "max": max, "samples": v, "hit_rate": hit}));
+        }
+    }
+    if args.json {
+        let v = serde_json::json!({
+            "results": rows,
+            "text_identical": same_within && same_across,
+            "ratio_b_over_a": ratios.map(|(p, t)| serde_json::json!({"pp": p, "tg": t})),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else if args.csv {
+        println!("model,arm,flags,test,reps,median,mean,sd,min,max,hit_rate");
+        for r in &rows {
+            println!(
+                "{},{},\"{}\",{},{},{:.4},{:.4},{:.4},{:.4},{:.4},{}",
+                r["model"].as_str().unwrap_or(""),
+                r["arm"].as_str().unwrap_or(""),
+                r["flags"].as_str().unwrap_or(""),
+                r["test"].as_str().unwrap_or(""),
+                r["reps"],
+                r["median"].as_f64().unwrap_or(f64::NAN),
+                r["mean"].as_f64().unwrap_or(f64::NAN),
+                r["sd"].as_f64().unwrap_or(f64::NAN),
+                r["min"].as_f64().unwrap_or(f64::NAN),
+                r["max"].as_f64().unwrap_or(f64::NAN),
+                r["hit_rate"].as_f64().map(|h| format!("{h:.4}")).unwrap_or_default()
+            );
+        }
+    } else {
+        println!("| {:<4} | {:<40} | {:>7} | {:>10} | {:>8} | {:>8} | {:>10} | {:>6} |", "arm", "flags", "test", "t/s median", "mean", "sd", "min..max", "hit");
+        for r in &rows {
+            let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+            println!(
+                "| {:<4} | {:<40} | {:>7} | {:>10.2} | {:>8.2} | {:>8.2} | {:>10} | {:>6} |",
+                r["arm"].as_str().unwrap_or(""),
+                r["flags"].as_str().unwrap_or(""),
+                r["test"].as_str().unwrap_or(""),
+                f("median"),
+                f("mean"),
+                f("sd"),
+                format!("{:.1}..{:.1}", f("min"), f("max")),
+                r["hit_rate"].as_f64().map(|h| format!("{:.1}%", 100.0 * h)).unwrap_or_else(|| "-".into())
+            );
+        }
+        if let Some((p, t)) = ratios {
+            println!("B/A (medians): pp {p:.3}x, tg {t:.3}x; generated text identical across all runs");
+        }
+    }
+    if arms.len() == 2 && ratios.is_none() {
+        bail!("bench --ab: the arms generated different text (or a run differed from its own arm), so no ratio is reported: a speed ratio between runs that computed different things is meaningless");
+    }
+    if !same_within {
+        bail!("bench: repetitions of one run generated different text (nondeterministic flags?)");
+    }
+    Ok(())
+}

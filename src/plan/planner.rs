@@ -1,0 +1,451 @@
+//! The planner: from a model's sizes, a measured `MachineProfile` and the user's request, decide
+//! where experts live and how they are read, and predict decode speed. `sluice plan` prints the
+//! `Plan`; `run` builds its expert cache from it.
+//!
+//! Decisions, each a `Decision { what, value, reason }` (one `[plan]` line):
+//! - budget: `--ram`, else 85% of MemAvailable.
+//! - resident bytes (dense weights, norms, embeddings, shared experts) and KV bytes for `-c`.
+//! - experts: resident (read through the mapped files) when the whole model fits the budget,
+//!   else streamed through the bounded cache (`--experts` overrides).
+//! - expert cache: slots per MoE layer from what the budget leaves, split into a pinned tier
+//!   (`--autopin`: half of it unless `--pin-gb`, the LRU keeping at least one slot a layer) and
+//!   an evictable tier (`--cap` overrides the count).
+//! - reader threads: the thread count at which the probed O_DIRECT ceiling was reached
+//!   (`--io-threads` overrides); IO mode: direct where O_DIRECT works, else buffered (`--io`).
+//! - prefetch: off, because sluice does not implement it yet.
+//! - MTP: off unless asked; when asked while decode is disk-bound it is kept (the flag wins) but
+//!   the line says it will likely slow decode: the head's draft tokens widen the per-token union
+//!   of experts that must be read.
+//! - predicted decode tok/s, a range from this cost model (per decoded token):
+//!   `missed = (1 - hit) x routed bytes/token`, `routed bytes/token = top-k x expert bytes x MoE
+//!   layers`, `time = missed / disk ceiling + active / memory read GB/s`, with `active` = resident
+//!   bytes but the embedding table + routed bytes/token (every active weight byte is read once
+//!   from RAM). The hit rate:
+//!   lower bound under uniform routing, `hit = C / E` (C cached slots per layer, E experts per
+//!   layer); upper bound from a skewed estimate, the cache holding the C most popular experts of
+//!   a Zipf(1) popularity, `hit = H(C) / H(E)` with `H(n) = 1 + 1/2 + ... + 1/n`. Real routing
+//!   usually lies between; LRU on skewed routing does a little worse than the ideal top-C.
+//!
+//! Owns: those decisions and the cost model. Does not own: measuring (the probes), building the
+//! cache (experts/), printing. Invariant: a plan either fits the budget or is refused with the
+//! numbers that do not fit; no decision is made without a reason saying which input drove it.
+
+use serde::{Deserialize, Serialize};
+
+use super::MachineProfile;
+use crate::experts::IoMode;
+
+/// What the planner needs to know about a model (sizes only; cheap to build).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelSummary {
+    /// Bytes of everything that is not a routed expert.
+    pub resident_bytes: u64,
+    /// Bytes of all routed experts.
+    pub routed_bytes: u64,
+    /// KV cache bytes for the requested context.
+    pub kv_bytes: u64,
+    /// Layers with routed experts.
+    pub moe_layers: usize,
+    /// Routed experts per MoE layer.
+    pub experts_per_layer: usize,
+    /// Experts a token selects per MoE layer.
+    pub top_k: usize,
+    /// One expert's bytes in one layer as a cache slot holds it (the read size).
+    pub slot_bytes: u64,
+    /// MTP head layers (0: the model has none).
+    pub mtp_layers: usize,
+    /// Bytes of the token-embedding table when it is not also the output head: resident, but
+    /// a token reads one row of it, so the cost model leaves it out of the active bytes.
+    #[serde(default)]
+    pub embedding_bytes: u64,
+}
+
+impl ModelSummary {
+    /// The summary of a loaded model, with `kv_bytes` for the state it will run with.
+    pub fn of(model: &crate::model::Model<'_>, files: &crate::format::ModelFiles, kv_bytes: u64) -> Result<ModelSummary, crate::model::ModelError> {
+        let (routed, resident) = model.routed_and_resident_bytes(files);
+        let store = model.expert_store(files)?;
+        Ok(ModelSummary {
+            resident_bytes: resident,
+            routed_bytes: routed,
+            kv_bytes,
+            moe_layers: store.moe_layers(),
+            experts_per_layer: model.cfg.n_experts,
+            top_k: model.cfg.n_experts_used,
+            slot_bytes: store.slot_bytes(),
+            mtp_layers: model.cfg.n_mtp_layers,
+            embedding_bytes: if model.cfg.tie_embeddings {
+                0
+            } else {
+                files.tensors().iter().filter(|t| t.name == "token_embd.weight" || t.name.ends_with("embed_tokens.weight")).map(|t| t.range.len).sum()
+            },
+        })
+    }
+
+    /// Bytes of the whole model plus its KV cache.
+    pub fn total_bytes(&self) -> u64 {
+        self.resident_bytes + self.routed_bytes + self.kv_bytes
+    }
+
+    /// Bytes one decoded token reads from RAM: resident weights but the embedding table, plus
+    /// its routed experts.
+    pub fn active_bytes_per_token(&self) -> u64 {
+        self.resident_bytes.saturating_sub(self.embedding_bytes) + self.routed_bytes_per_token()
+    }
+
+    /// Routed bytes one token reads when every selected expert is distinct.
+    pub fn routed_bytes_per_token(&self) -> u64 {
+        (self.top_k.min(self.experts_per_layer) * self.moe_layers) as u64 * self.slot_bytes
+    }
+}
+
+/// `--experts`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExpertMode {
+    Auto,
+    Resident,
+    Stream,
+}
+
+impl ExpertMode {
+    pub fn parse(s: &str) -> Result<ExpertMode, PlanError> {
+        match s {
+            "auto" => Ok(ExpertMode::Auto),
+            "resident" => Ok(ExpertMode::Resident),
+            "stream" => Ok(ExpertMode::Stream),
+            other => Err(PlanError::Flag(format!("--experts {other:?}: expected auto, resident or stream"))),
+        }
+    }
+}
+
+/// What the user asked for; every `Some` overrides the planner's choice.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanRequest {
+    /// `--ram`, bytes.
+    pub ram: Option<u64>,
+    /// MemAvailable now, bytes (the default budget is 85% of it).
+    pub available: Option<u64>,
+    pub mode: ExpertMode,
+    /// `--cap`: evictable slots per MoE layer.
+    pub cap: Option<usize>,
+    pub io: Option<IoMode>,
+    pub io_threads: Option<usize>,
+    /// `--autopin`: `Some(n)` = n experts have usage statistics to pin from; `None` = off.
+    pub autopin: Option<usize>,
+    /// `--pin-gb`, bytes.
+    pub pin_bytes: Option<u64>,
+    /// `--mtp K` (0 = off).
+    pub mtp: usize,
+}
+
+impl Default for PlanRequest {
+    fn default() -> PlanRequest {
+        PlanRequest { ram: None, available: None, mode: ExpertMode::Auto, cap: None, io: None, io_threads: None, autopin: None, pin_bytes: None, mtp: 0 }
+    }
+}
+
+/// One decision and why.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    pub what: String,
+    pub value: String,
+    pub reason: String,
+}
+
+/// The plan: what `run` will do, and what it should reach.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    pub model: ModelSummary,
+    pub budget_bytes: u64,
+    /// Stream experts through the cache (else read them through the mapped files).
+    pub stream: bool,
+    /// Evictable slots per MoE layer (streaming only).
+    pub slots_per_layer: usize,
+    /// Experts to pin (streaming with `--autopin` only).
+    pub pinned: usize,
+    /// Bytes of the expert cache (pinned + evictable slots).
+    pub expert_cache_bytes: u64,
+    /// "direct" | "buffered" | "mmap".
+    pub io: String,
+    pub io_threads: usize,
+    pub prefetch: bool,
+    /// MTP draft tokens (0 = off).
+    pub mtp: usize,
+    /// Expected expert hit rate: (uniform routing, skewed estimate).
+    pub hit_rate: (f64, f64),
+    /// Storage ceiling used, GB/s (None: no profile or no O_DIRECT figure).
+    pub disk_gbps: Option<f64>,
+    /// Memory read bandwidth used, GB/s.
+    pub mem_gbps: Option<f64>,
+    /// Predicted decode tok/s (low, high); None when a bandwidth is unknown.
+    pub predicted_tok_s: Option<(f64, f64)>,
+    /// Whether decode is predicted to wait on the disk more than on memory (uniform bound).
+    pub disk_bound: bool,
+    pub decisions: Vec<Decision>,
+}
+
+impl Plan {
+    pub fn io_mode(&self) -> IoMode {
+        self.io.parse().unwrap_or(IoMode::Direct)
+    }
+
+    /// The `[plan] what: value (reason)` lines.
+    pub fn lines(&self) -> Vec<String> {
+        self.decisions.iter().map(|d| format!("[plan] {}: {} ({})", d.what, d.value, d.reason)).collect()
+    }
+}
+
+/// A plan that cannot work, with the numbers, or a bad override.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("plan impossible: {0}")]
+    Impossible(String),
+    #[error("{0}")]
+    Flag(String),
+}
+
+/// Bytes in the unit that reads best (decimal).
+pub fn human(b: u64) -> String {
+    match b {
+        0..=9_999 => format!("{b} B"),
+        10_000..=9_999_999 => format!("{:.1} KB", b as f64 / 1e3),
+        10_000_000..=9_999_999_999 => format!("{:.1} MB", b as f64 / 1e6),
+        _ => format!("{:.2} GB", b as f64 / 1e9),
+    }
+}
+
+/// Expected hit rate with `c` cached slots per layer of `e` experts: (uniform, Zipf(1) top-c).
+pub fn expected_hit(c: f64, e: usize) -> (f64, f64) {
+    if e == 0 {
+        return (1.0, 1.0);
+    }
+    let c = c.clamp(0.0, e as f64);
+    let uniform = c / e as f64;
+    let h = |n: f64| -> f64 {
+        let whole = n.floor() as usize;
+        let mut s: f64 = (1..=whole).map(|i| 1.0 / i as f64).sum();
+        s += (n - whole as f64) / (whole + 1) as f64;
+        s
+    };
+    let skewed = (h(c) / h(e as f64)).max(uniform);
+    (uniform, skewed.min(1.0))
+}
+
+/// Seconds per decoded token: missed bytes from disk plus active bytes from RAM.
+fn token_secs(m: &ModelSummary, hit: f64, disk: f64, mem: f64) -> (f64, f64) {
+    let routed = m.routed_bytes_per_token() as f64;
+    let missed = (1.0 - hit) * routed;
+    let active = m.active_bytes_per_token() as f64;
+    (missed / (disk * 1e9), active / (mem * 1e9))
+}
+
+fn d(what: &str, value: impl Into<String>, reason: impl Into<String>) -> Decision {
+    Decision { what: what.into(), value: value.into(), reason: reason.into() }
+}
+
+/// Decide. `profile` = None: no measured machine (defaults, no prediction; a decision says so).
+pub fn plan(m: &ModelSummary, profile: Option<&MachineProfile>, req: &PlanRequest) -> Result<Plan, PlanError> {
+    let mut ds = Vec::new();
+    let available = req.available.or(profile.map(|p| p.memory.available_bytes));
+    let (budget, why) = match (req.ram, available) {
+        (Some(r), _) => (r, "--ram".to_string()),
+        (None, Some(a)) => (a / 100 * 85, format!("85% of MemAvailable {}", human(a))),
+        (None, None) => (m.total_bytes(), "MemAvailable unknown: assumed the whole model fits".to_string()),
+    };
+    ds.push(d("budget", human(budget), why));
+    ds.push(d("resident", human(m.resident_bytes), "dense weights, embeddings, norms, shared experts: always in RAM"));
+    ds.push(d("kv cache", human(m.kv_bytes), "-c context x layers x KV width, f32"));
+    if m.resident_bytes + m.kv_bytes > budget {
+        return Err(PlanError::Impossible(format!(
+            "budget {} cannot hold the resident part: weights {} + KV cache {} = {} (lower -c or raise --ram)",
+            human(budget),
+            human(m.resident_bytes),
+            human(m.kv_bytes),
+            human(m.resident_bytes + m.kv_bytes)
+        )));
+    }
+    let left = budget - m.resident_bytes - m.kv_bytes;
+    let fits = m.total_bytes() <= budget;
+    let stream = match req.mode {
+        ExpertMode::Resident => false,
+        ExpertMode::Stream => true,
+        ExpertMode::Auto => req.cap.is_some() || !fits,
+    };
+    let mode_why = match (req.mode, stream) {
+        (ExpertMode::Resident, _) => "--experts resident".to_string(),
+        (ExpertMode::Stream, _) => "--experts stream".to_string(),
+        (ExpertMode::Auto, true) if req.cap.is_some() => "--cap given".to_string(),
+        (ExpertMode::Auto, true) => format!("model + KV {} exceed the budget {}", human(m.total_bytes()), human(budget)),
+        (ExpertMode::Auto, false) => format!("model + KV {} fit the budget {}", human(m.total_bytes()), human(budget)),
+    };
+    ds.push(d(
+        "experts",
+        if stream { format!("streamed, {} routed", human(m.routed_bytes)) } else { format!("resident, {} routed read through the mapped files", human(m.routed_bytes)) },
+        mode_why,
+    ));
+
+    // The expert cache: pinned + evictable slots.
+    let moe = m.moe_layers.max(1) as u64;
+    let slot = m.slot_bytes.max(1);
+    let (mut slots, mut pinned) = (0usize, 0usize);
+    let cached_per_layer: f64;
+    if stream && m.moe_layers > 0 {
+        let floor = moe * slot;
+        if let Some(avail) = req.autopin {
+            let want = req.pin_bytes.unwrap_or(left / 2);
+            let pin_bytes = want.min(left.saturating_sub(floor));
+            pinned = ((pin_bytes / slot) as usize).min(avail);
+        }
+        let by_budget = ((left / slot) as usize).saturating_sub(pinned) / m.moe_layers;
+        let (s, why) = match req.cap {
+            Some(c) => (c, "--cap".to_string()),
+            None => (by_budget, format!("{} left for experts after resident + KV, {} a slot", human(left), human(slot))),
+        };
+        slots = if req.cap.is_none() && pinned > 0 { s.max(1) } else { s };
+        if slots == 0 {
+            return Err(PlanError::Impossible(format!(
+                "budget {} leaves {} for experts, less than one {} slot per MoE layer x {} layers = {} (raise --ram)",
+                human(budget),
+                human(left),
+                human(slot),
+                m.moe_layers,
+                human(floor)
+            )));
+        }
+        let cache_bytes = (slots as u64 * moe + pinned as u64) * slot;
+        let pin_why = match req.autopin {
+            None => "no --autopin".to_string(),
+            Some(0) => "--autopin, but no usage statistics yet".to_string(),
+            Some(_) => match req.pin_bytes {
+                Some(_) => "--autopin, --pin-gb".to_string(),
+                None => "--autopin: half the expert budget, the LRU keeping >= 1 slot a layer".to_string(),
+            },
+        };
+        ds.push(d("expert cache", format!("{} = {} evictable slots/layer x {} layers + {} pinned", human(cache_bytes), slots, m.moe_layers, pinned), why));
+        ds.push(d("pin/lru split", format!("{} pinned / {} evictable", human(pinned as u64 * slot), human(slots as u64 * moe * slot)), pin_why));
+        cached_per_layer = slots as f64 + pinned as f64 / moe as f64;
+    } else if m.moe_layers > 0 {
+        // Mapped experts: the page cache keeps what the budget leaves.
+        cached_per_layer = (left / slot) as f64 / moe as f64;
+    } else {
+        cached_per_layer = 0.0;
+    }
+
+    // IO.
+    let direct_ok = profile.map(|p| p.storage.o_direct);
+    let (io, io_why) = match (req.io, direct_ok) {
+        (Some(i), _) => (i, "--io".to_string()),
+        (None, Some(true)) | (None, None) if stream => (IoMode::Direct, if direct_ok.is_some() { "O_DIRECT works here: no page-cache double copy".to_string() } else { "default (no profile); falls back to buffered where O_DIRECT is refused".to_string() }),
+        (None, Some(false)) if stream => (IoMode::Buffered, "O_DIRECT refused on this filesystem (doctor)".to_string()),
+        (None, _) => (IoMode::Direct, "unused: experts are not streamed".to_string()),
+    };
+    let ceiling = profile.and_then(|p| p.disk_ceiling(m.slot_bytes));
+    let (threads, threads_why) = match (req.io_threads, ceiling) {
+        (Some(0), _) => return Err(PlanError::Flag("--io-threads must be at least 1".into())),
+        (Some(t), _) => (t, "--io-threads".to_string()),
+        (None, Some((b, p))) => (p.threads.clamp(1, 64), format!("O_DIRECT {} reads peaked at {:.2} GB/s with {} threads", human(b), p.gbps, p.threads)),
+        (None, None) => (4, "default (no measured disk figures)".to_string()),
+    };
+    if stream {
+        ds.push(d("io", format!("{} x{threads} readers", io.name()), format!("{io_why}; {threads_why}")));
+    }
+    ds.push(d("prefetch", "off", "not implemented in sluice yet"));
+
+    // Prediction.
+    let hit = if m.moe_layers == 0 || (!stream && fits) { (1.0, 1.0) } else { expected_hit(cached_per_layer, m.experts_per_layer) };
+    let disk = ceiling.map(|(_, p)| p.gbps).filter(|g| *g > 0.0);
+    let mem = profile.and_then(|p| p.memory.read_gbps).filter(|g| *g > 0.0);
+    let mut disk_bound = false;
+    let predicted = match (disk, mem) {
+        (Some(dk), Some(mm)) => {
+            let (dl, cl) = token_secs(m, hit.0, dk, mm);
+            let (dh, ch) = token_secs(m, hit.1, dk, mm);
+            disk_bound = dl > cl;
+            Some((1.0 / (dl + cl).max(1e-12), 1.0 / (dh + ch).max(1e-12)))
+        }
+        _ => None,
+    };
+
+    // MTP.
+    let (mtp_value, mtp_why) = if m.mtp_layers == 0 {
+        ("off".to_string(), if req.mtp > 0 { "--mtp asked, but the model has no MTP head".to_string() } else { "the model has no MTP head".to_string() })
+    } else if req.mtp > 0 {
+        let why = if disk_bound {
+            "--mtp; warning: decode is disk-bound, and the MTP head's drafts widen the per-token expert union, so it will likely slow decode"
+        } else {
+            "--mtp"
+        };
+        (format!("on, {} drafts", req.mtp), why.to_string())
+    } else if disk_bound {
+        ("off".to_string(), "disk-bound: the MTP head's drafts widen the per-token expert union (more misses per step)".to_string())
+    } else {
+        ("off".to_string(), "not asked (--mtp K turns it on; pays when experts are resident)".to_string())
+    };
+    ds.push(d("mtp", mtp_value, mtp_why));
+    if req.mtp > 0 && m.mtp_layers == 0 {
+        return Err(PlanError::Flag("--mtp: the model has no MTP head".into()));
+    }
+
+    let routed_tok = m.routed_bytes_per_token();
+    let hit_why = format!(
+        "{:.1} cached of {} experts per layer: uniform routing {:.0}% (lower bound), Zipf(1) popularity with the top experts cached {:.0}% (upper)",
+        cached_per_layer.min(m.experts_per_layer as f64),
+        m.experts_per_layer,
+        100.0 * hit.0,
+        100.0 * hit.1
+    );
+    ds.push(d("expected hit", format!("{:.0}%..{:.0}%", 100.0 * hit.0, 100.0 * hit.1), hit_why));
+    match (predicted, disk, mem) {
+        (Some((lo, hi)), Some(dk), Some(mm)) => ds.push(d(
+            "predicted decode",
+            format!("{lo:.2}–{hi:.2} tok/s"),
+            format!(
+                "(1 - hit) x {} routed/token from disk at {dk:.2} GB/s + {} active/token from RAM at {mm:.2} GB/s; {}",
+                human(routed_tok),
+                human(m.active_bytes_per_token()),
+                if disk_bound { "disk-bound" } else { "memory-bound" }
+            ),
+        )),
+        _ => ds.push(d(
+            "predicted decode",
+            "unknown",
+            match (disk, mem) {
+                (None, _) if profile.is_none() => "no machine profile (run `sluice doctor`)".to_string(),
+                (None, _) => "the profile has no O_DIRECT read figure".to_string(),
+                _ => "the profile has no memory read bandwidth".to_string(),
+            },
+        )),
+    }
+
+    let expert_cache_bytes = if stream { (slots as u64 * m.moe_layers as u64 + pinned as u64) * m.slot_bytes } else { 0 };
+    Ok(Plan {
+        model: m.clone(),
+        budget_bytes: budget,
+        stream,
+        slots_per_layer: slots,
+        pinned,
+        expert_cache_bytes,
+        io: io.name().to_string(),
+        io_threads: threads,
+        prefetch: false,
+        mtp: req.mtp,
+        hit_rate: hit,
+        disk_gbps: disk,
+        mem_gbps: mem,
+        predicted_tok_s: predicted,
+        disk_bound,
+        decisions: ds,
+    })
+}
+
+/// The cached machine profile for the storage under `files`, without probing; `None` if none
+/// is cached for this device and CPU.
+pub fn cached_profile(files: &crate::format::ModelFiles) -> Option<MachineProfile> {
+    let o = super::ProbeOptions::for_model(files);
+    let cpu = super::probe_cpu::probe();
+    let key = super::profile_key(&o.storage_dir, &cpu).ok()?;
+    let mut p = super::read_profile(&super::profile_path(&o.cache_dir, &key)).filter(|p| p.key == key && p.cpu == cpu)?;
+    p.refresh_volatile();
+    Some(p)
+}
