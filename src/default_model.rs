@@ -11,7 +11,12 @@ use crate::synth::{write_random_qwen3moe, MoeSpec};
 use std::path::PathBuf;
 
 /// Bump when the model's contents change, so stale caches are not reused.
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
+
+/// The default model's name as the server lists it (its file stem).
+pub fn model_id() -> String {
+    format!("default-moe-v{VERSION}")
+}
 
 /// The cache directory: `$SLUICE_CACHE_DIR`, else `$XDG_CACHE_HOME/sluice`, else `~/.cache/sluice`.
 pub fn cache_dir() -> PathBuf {
@@ -32,7 +37,7 @@ pub fn ensure() -> Result<PathBuf, FormatError> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _guard = LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let dir = cache_dir();
-    let path = dir.join(format!("default-moe-v{VERSION}.gguf"));
+    let path = dir.join(format!("{}.gguf", model_id()));
     if path.is_file() {
         return Ok(path);
     }

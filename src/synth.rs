@@ -107,35 +107,66 @@ pub fn byte_chars() -> Vec<char> {
         .collect()
 }
 
-/// A byte-level vocabulary: the 256 bytes, merges of common English pairs, ChatML specials,
-/// padded with `<|unused_N|>` tokens to `min_size`. Returns (tokens, merges, token types).
-fn vocabulary(min_size: usize) -> (Vec<String>, Vec<String>, Vec<i32>) {
-    let bc = byte_chars();
-    let mut tokens: Vec<String> = bc.iter().map(|c| c.to_string()).collect();
-    let mut merges = Vec::new();
-    let sp = bc[b' ' as usize];
-    let pairs = ["th", "he", "in", "er", "an", "re", "on", "at", "en", "nd", "ti", "es", "or", "te", "of", "ed", "is", "it", "al", "ar"];
-    for w in pairs {
-        let (a, b) = w.split_at(1);
-        merges.push(format!("{a} {b}"));
-        tokens.push(w.to_string());
+/// A real (small) byte-level BPE: 988 tokens and 729 merges trained with the Python
+/// `tokenizers` package on an English corpus with Qwen2's pre-tokenizer, plus ChatML specials
+/// (assets/synth-vocab.json = tests/fixtures/tokenizer/bytelevel/tokenizer.json, made by
+/// scripts/make_tokenizer_fixtures.py).
+const VOCAB_JSON: &str = include_str!("../assets/synth-vocab.json");
+
+/// The embedded vocabulary, padded with `<|unused_N|>` tokens to `min_size`.
+struct Vocab {
+    tokens: Vec<String>,
+    merges: Vec<String>,
+    types: Vec<i32>,
+    eos: u32,
+    pad: u32,
+}
+
+fn vocabulary(min_size: usize, path: &Path) -> Result<Vocab, FormatError> {
+    let bad = |m: &str| FormatError::Writer { path: path.to_path_buf(), msg: format!("embedded vocabulary: {m}") };
+    let v: serde_json::Value = serde_json::from_str(VOCAB_JSON).map_err(|e| bad(&e.to_string()))?;
+    let map = v["model"]["vocab"].as_object().ok_or_else(|| bad("no model.vocab"))?;
+    let added = v["added_tokens"].as_array().cloned().unwrap_or_default();
+    let ids = map.values().chain(added.iter().map(|a| &a["id"])).filter_map(|x| x.as_u64());
+    let n = ids.max().map(|m| m as usize + 1).ok_or_else(|| bad("empty"))?;
+    let mut tokens = vec![String::new(); n];
+    let mut types = vec![1i32; n];
+    for (t, id) in map {
+        let id = id.as_u64().ok_or_else(|| bad("non-integer id"))? as usize;
+        tokens[id] = t.clone();
     }
-    for w in ["t", "a", "o", "s", "w", "i", "c", "b", "f", "m"] {
-        merges.push(format!("{sp} {w}"));
-        tokens.push(format!("{sp}{w}"));
+    for a in &added {
+        let (Some(id), Some(c)) = (a["id"].as_u64(), a["content"].as_str()) else { return Err(bad("bad added token")) };
+        tokens[id as usize] = c.to_string();
+        types[id as usize] = if a["special"].as_bool().unwrap_or(true) { 3 } else { 4 };
     }
-    let mut types = vec![1i32; tokens.len()];
-    let mut i = 0;
-    while tokens.len() + 3 < min_size {
-        tokens.push(format!("<|unused_{i}|>"));
-        types.push(5); // unused
-        i += 1;
+    let mut unused = 0;
+    for (t, ty) in tokens.iter_mut().zip(types.iter_mut()) {
+        if t.is_empty() {
+            *t = format!("<|unused_{unused}|>");
+            *ty = 5;
+            unused += 1;
+        }
     }
-    for s in ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] {
-        tokens.push(s.to_string());
-        types.push(3); // control
+    while tokens.len() < min_size {
+        tokens.push(format!("<|unused_{unused}|>"));
+        types.push(5);
+        unused += 1;
     }
-    (tokens, merges, types)
+    let merges = v["model"]["merges"]
+        .as_array()
+        .ok_or_else(|| bad("no model.merges"))?
+        .iter()
+        .map(|m| match m {
+            serde_json::Value::String(s) => Some(s.clone()),
+            serde_json::Value::Array(p) => Some(format!("{} {}", p.first()?.as_str()?, p.get(1)?.as_str()?)),
+            _ => None,
+        })
+        .collect::<Option<Vec<String>>>()
+        .ok_or_else(|| bad("bad merge"))?;
+    let id_of = |s: &str| tokens.iter().position(|t| t == s).map(|i| i as u32).ok_or_else(|| bad(&format!("no {s}")));
+    let (eos, pad) = (id_of("<|im_end|>")?, id_of("<|endoftext|>")?);
+    Ok(Vocab { tokens, merges, types, eos, pad })
 }
 
 const CHAT_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
@@ -143,14 +174,13 @@ const CHAT_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + me
 /// Write a Qwen3-MoE GGUF (llama.cpp names and keys) with seeded random weights. `progress`
 /// is called after each tensor with (bytes written, total bytes).
 pub fn write_random_qwen3moe(path: &Path, spec: &MoeSpec, progress: &mut dyn FnMut(u64, u64)) -> Result<(), FormatError> {
-    let (tokens, merges, types) = vocabulary(spec.vocab);
+    let Vocab { tokens, merges, types, eos, pad } = vocabulary(spec.vocab, path)?;
     let vocab = tokens.len();
     let bc = byte_chars();
     let printable: Vec<bool> = tokens
         .iter()
         .map(|t| !t.starts_with("<|") && t.chars().all(|c| bc.iter().position(|b| *b == c).is_some_and(|b| (0x20..0x7f).contains(&b))))
         .collect();
-    let eos = vocab as u32 - 1; // <|im_end|>
     let mut w = GgufWriter::new(path)?;
     let s = |v: &str| MetaValue::String(v.to_string());
     let u = |v: usize| MetaValue::U32(v as u32);
@@ -177,7 +207,7 @@ pub fn write_random_qwen3moe(path: &Path, spec: &MoeSpec, progress: &mut dyn FnM
         ("tokenizer.ggml.token_type".into(), MetaValue::Array(types.iter().map(|t| MetaValue::I32(*t)).collect())),
         ("tokenizer.ggml.merges".into(), MetaValue::Array(merges.iter().map(|m| s(m)).collect())),
         ("tokenizer.ggml.eos_token_id".into(), MetaValue::U32(eos)),
-        ("tokenizer.ggml.padding_token_id".into(), MetaValue::U32(vocab as u32 - 3)),
+        ("tokenizer.ggml.padding_token_id".into(), MetaValue::U32(pad)),
         ("tokenizer.ggml.add_bos_token".into(), MetaValue::Bool(false)),
         ("tokenizer.chat_template".into(), s(CHAT_TEMPLATE)),
     ];

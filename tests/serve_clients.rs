@@ -27,7 +27,7 @@ fn official_clients_against_the_server() {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/serve/test_clients.py");
     let out = Command::new("python3")
         .arg(script)
-        .args(["--base", &server.base(), "--key", "test-key", "--model", "default-moe-v2", "--ctx", CTX, "--max-body", MAX_BODY])
+        .args(["--base", &server.base(), "--key", "test-key", "--model", &sluice::default_model::model_id(), "--ctx", CTX, "--max-body", MAX_BODY])
         .output()
         .expect("run python3");
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 fn chat(server: &Server, messages: &Value, max_tokens: u32) -> (String, Value) {
     let (st, body) = server.post(
         "/v1/chat/completions",
-        &json!({"model": "default-moe-v2", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": true}),
+        &json!({"model": sluice::default_model::model_id(), "messages": messages, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": true}),
     );
     assert_eq!(st, 200, "{body}");
     let text = body["choices"][0]["message"]["content"].as_str().expect("content").to_string();
@@ -46,7 +46,7 @@ fn kv_sessions_survive_a_restart_bit_identically() {
     assert_eq!(s2.stop(), 0);
     let reused = u2["reused_tokens"].as_u64().unwrap();
     assert!(reused >= u1["prompt_tokens"].as_u64().unwrap() - 1, "restored prefix too short: {u2} vs first turn {u1}");
-    assert!(metrics.contains("sluice_kv_sessions_loaded_total{model=\"default-moe-v2\"} 1"), "{metrics}");
+    assert!(metrics.contains(&format!("sluice_kv_sessions_loaded_total{{model=\"{}\"}} 1", sluice::default_model::model_id())), "{metrics}");
 
     // Server 3 has no sessions: it computes everything, and must produce the same text.
     let s3 = Server::start(&["-c", "512"]);
@@ -67,7 +67,7 @@ fn sigterm_during_a_stream_ends_it_cleanly_and_exits_0() {
     let server = Server::start(&["--shutdown-grace", "0.3"]);
     let addr = server.addr.clone();
     let reader = std::thread::spawn(move || {
-        let body = json!({"model": "default-moe-v2", "prompt": "Once", "max_tokens": 3000, "temperature": 0, "ignore_eos": true, "stream": true}).to_string();
+        let body = json!({"model": sluice::default_model::model_id(), "prompt": "Once", "max_tokens": 3000, "temperature": 0, "ignore_eos": true, "stream": true}).to_string();
         let mut s = std::net::TcpStream::connect(&addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
         write!(s, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
