@@ -75,6 +75,12 @@ pub(crate) fn bf16_to_f32(bits: u16) -> f32 {
     f32::from_bits((bits as u32) << 16)
 }
 
+/// The little-endian f16 at byte `at` of a block, as f32.
+#[inline]
+pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
+    f16_le(&b[at..])
+}
+
 /// The little-endian f16 at `b[0..2]` as f32.
 #[inline]
 pub(crate) fn f16_le(b: &[u8]) -> f32 {

@@ -10,6 +10,7 @@
 //! `d * da / 8 * sum_g (2 ls_g + 1) * <±grid, a>_g`, an exact integer sum.
 
 use super::tables::{IQ2XXS_GRID, KSIGNS_IQ2XS};
+use super::float::f16_at;
 use super::{ActFormat, ActRow, TypeKernels};
 use crate::dtype::DType;
 
@@ -23,11 +24,6 @@ pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
     dot_avx2: simd::AVX2,
     dot_avx512: simd::AVX512,
 });
-
-#[inline]
-fn f16_at(b: &[u8], at: usize) -> f32 {
-    half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
-}
 
 /// (aux0, aux1) of group `g` of block `b`.
 #[inline]
@@ -88,6 +84,8 @@ mod simd {
     use super::super::tables::{IQ2XXS_GRID, KSIGNS_IQ2XS, KSIGNS_IQ2XS_PM1};
     use super::super::{ActRow, BlockQ8K, DotFn};
     use super::BLOCK_BYTES;
+    use super::super::simd::x86::{hsum256};
+    use crate::kernels::Isa;
     use std::arch::x86_64::*;
 
     pub(super) const AVX2: Option<DotFn> = Some(dot_avx2);
@@ -96,20 +94,13 @@ mod simd {
     /// Bytes ahead of the current block to prefetch into L1 (weights stream from DRAM).
     const PREFETCH: usize = 1024;
 
-    fn has_avx2() -> bool {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
-    }
-
+    /// AVX-512 as `Isa::Avx512` guarantees, plus VBMI (Cascade Lake lacks it).
     fn has_avx512() -> bool {
-        has_avx2()
-            && is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vbmi")
-            && is_x86_feature_detected!("avx512vnni")
+        Isa::Avx512.supported() && is_x86_feature_detected!("avx512vbmi")
     }
 
     fn dot_avx2(w: &[u8], a: &ActRow<'_>) -> f32 {
-        if !has_avx2() {
+        if !Isa::Avx2.supported() {
             return super::dot_scalar(w, a);
         }
         // SAFETY: the CPU has AVX2, FMA and F16C (checked just above).
@@ -128,14 +119,6 @@ mod simd {
     #[target_feature(enable = "avx2,fma,f16c")]
     fn f16_to_f32(b: &[u8]) -> f32 {
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes([b[0], b[1]]) as i32)))
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn hsum256(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
     }
 
     /// AVX2: grid rows and sign bytes (as ±1) come from tables, one 32-element group per

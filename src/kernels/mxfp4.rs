@@ -64,6 +64,8 @@ mod simd {
     use super::super::tables::MXFP4_KVALUES;
     use super::super::{ActRow, BlockQ8_32, DotFn};
     use super::{e8m0_half, BLOCK_BYTES};
+    use super::super::simd::x86::{hsum256, ld128, ld256};
+    use crate::kernels::Isa;
     use std::arch::x86_64::*;
 
     pub(super) const AVX2: Option<DotFn> = Some(dot_avx2);
@@ -72,20 +74,8 @@ mod simd {
     /// Bytes ahead of the current block to prefetch into L1 (weights stream from DRAM).
     const PREFETCH: usize = 1024;
 
-    fn has_avx2() -> bool {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
-    }
-
-    fn has_avx512() -> bool {
-        has_avx2()
-            && is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl")
-            && is_x86_feature_detected!("avx512vnni")
-    }
-
     fn dot_avx2(w: &[u8], a: &ActRow<'_>) -> f32 {
-        if !has_avx2() {
+        if !Isa::Avx2.supported() {
             return super::dot_scalar(w, a);
         }
         // SAFETY: the CPU has AVX2, FMA and F16C (checked just above).
@@ -93,45 +83,15 @@ mod simd {
     }
 
     fn dot_avx512(w: &[u8], a: &ActRow<'_>) -> f32 {
-        if !has_avx512() {
+        if !Isa::Avx512.supported() {
             return dot_avx2(w, a);
         }
         // SAFETY: the CPU has AVX-512 F/BW/VL/VNNI and AVX2/FMA (checked just above).
         unsafe { dot_avx512_impl(w, a.q8_32) }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn hsum256(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
-    }
-
 
     /// Integer element types whose bytes may be loaded into vectors as they are.
-    trait Plain: Copy {}
-    impl Plain for u8 {}
-    impl Plain for i8 {}
-    impl Plain for i16 {}
-
-    /// Unaligned loads of the first bytes of a slice. The length check panics on a short
-    /// slice; callers pass fixed-size block fields, so it folds away.
-    #[target_feature(enable = "avx2")]
-    #[inline]
-    fn ld128<T: Plain>(s: &[T]) -> __m128i {
-        assert!(std::mem::size_of_val(s) >= 16);
-        // SAFETY: `s` has at least 16 readable bytes of plain integers.
-        unsafe { _mm_loadu_si128(s.as_ptr() as *const __m128i) }
-    }
-
-    #[target_feature(enable = "avx2")]
-    #[inline]
-    fn ld256<T: Plain>(s: &[T]) -> __m256i {
-        assert!(std::mem::size_of_val(s) >= 32);
-        // SAFETY: `s` has at least 32 readable bytes of plain integers.
-        unsafe { _mm256_loadu_si256(s.as_ptr() as *const __m256i) }
-    }
 
     /// The 16 kvalues as a vector (a `pshufb` table).
     #[target_feature(enable = "avx2,fma,f16c")]

@@ -9,6 +9,7 @@
 //! with exact integer inner products; the activation group sums make the minimums one madd.
 //! Does not own activation quantization (act.rs) or dispatch (mod.rs).
 
+use super::float::f16_at;
 use super::{ActFormat, ActRow, TypeKernels};
 use crate::dtype::DType;
 
@@ -22,11 +23,6 @@ pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
     dot_avx2: simd::AVX2,
     dot_avx512: simd::AVX512,
 });
-
-#[inline]
-fn f16_at(b: &[u8], at: usize) -> f32 {
-    half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
-}
 
 fn dequant(blocks: &[u8], out: &mut [f32]) {
     for (b, y) in blocks.chunks_exact(BLOCK_BYTES).zip(out.chunks_exact_mut(256)) {
@@ -78,6 +74,8 @@ mod simd {
 mod simd {
     use super::super::{ActRow, BlockQ8K, DotFn};
     use super::BLOCK_BYTES;
+    use super::super::simd::x86::{hsum256, ld128, ld256, ld512};
+    use crate::kernels::Isa;
     use std::arch::x86_64::*;
 
     pub(super) const AVX2: Option<DotFn> = Some(dot_avx2);
@@ -86,19 +84,8 @@ mod simd {
     /// Bytes ahead of the current block to prefetch into L1 (weights stream from DRAM).
     const PREFETCH: usize = 1024;
 
-    fn has_avx2() -> bool {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
-    }
-
-    fn has_avx512() -> bool {
-        has_avx2()
-            && is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vnni")
-    }
-
     fn dot_avx2(w: &[u8], a: &ActRow<'_>) -> f32 {
-        if !has_avx2() {
+        if !Isa::Avx2.supported() {
             return super::dot_scalar(w, a);
         }
         // SAFETY: the CPU has AVX2, FMA and F16C (checked just above).
@@ -106,7 +93,7 @@ mod simd {
     }
 
     fn dot_avx512(w: &[u8], a: &ActRow<'_>) -> f32 {
-        if !has_avx512() {
+        if !Isa::Avx512.supported() {
             return dot_avx2(w, a);
         }
         // SAFETY: the CPU has AVX-512 F/BW/VNNI and AVX2/FMA/F16C (checked just above).
@@ -115,37 +102,6 @@ mod simd {
 
 
     /// Integer element types whose bytes may be loaded into vectors as they are.
-    trait Plain: Copy {}
-    impl Plain for u8 {}
-    impl Plain for i8 {}
-    impl Plain for i16 {}
-
-    /// Unaligned loads of the first bytes of a slice. The length check panics on a short
-    /// slice; callers pass fixed-size block fields, so it folds away.
-    #[target_feature(enable = "avx2")]
-    #[inline]
-    fn ld128<T: Plain>(s: &[T]) -> __m128i {
-        assert!(std::mem::size_of_val(s) >= 16);
-        // SAFETY: `s` has at least 16 readable bytes of plain integers.
-        unsafe { _mm_loadu_si128(s.as_ptr() as *const __m128i) }
-    }
-
-    #[target_feature(enable = "avx2")]
-    #[inline]
-    fn ld256<T: Plain>(s: &[T]) -> __m256i {
-        assert!(std::mem::size_of_val(s) >= 32);
-        // SAFETY: `s` has at least 32 readable bytes of plain integers.
-        unsafe { _mm256_loadu_si256(s.as_ptr() as *const __m256i) }
-    }
-
-    /// Unaligned load of the first 64 bytes of a slice (see `ld256`).
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    fn ld512<T: Plain>(s: &[T]) -> __m512i {
-        assert!(std::mem::size_of_val(s) >= 64);
-        // SAFETY: `s` has at least 64 readable bytes of plain integers.
-        unsafe { _mm512_loadu_si512(s.as_ptr() as *const __m512i) }
-    }
 
     /// d and dmin of a block as f32.
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -153,14 +109,6 @@ mod simd {
         let v = u32::from_le_bytes([b[80], b[81], b[82], b[83]]);
         let f = _mm_cvtph_ps(_mm_cvtsi32_si128(v as i32));
         (_mm_cvtss_f32(f), _mm_cvtss_f32(_mm_movehdup_ps(f)))
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn hsum256(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
     }
 
     /// `pshufb` controls that spread scale bytes over 16-bit words: for group pair p (groups

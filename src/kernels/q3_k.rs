@@ -9,6 +9,7 @@
 //! Dot: with `u = q + 4 = low | high << 2` (0..=7, unsigned, so it fits `maddubs`),
 //! `sum_g s_g <q, a>_g = sum_g s_g <u, a>_g - 4 sum_g s_g bsum_g`, all integer.
 
+use super::float::f16_at;
 use super::{ActFormat, ActRow, TypeKernels};
 use crate::dtype::DType;
 
@@ -22,11 +23,6 @@ pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
     dot_avx2: simd::AVX2,
     dot_avx512: simd::AVX512,
 });
-
-#[inline]
-fn f16_at(b: &[u8], at: usize) -> f32 {
-    half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
-}
 
 /// The sixteen signed scales (already minus 32) of a block's packed `scales[12]`.
 ///
@@ -99,6 +95,8 @@ mod simd {
 mod simd {
     use super::super::{ActRow, BlockQ8K, DotFn};
     use super::BLOCK_BYTES;
+    use super::super::simd::x86::{hsum256, ld256, ld512};
+    use crate::kernels::Isa;
     use std::arch::x86_64::*;
 
     pub(super) const AVX2: Option<DotFn> = Some(dot_avx2);
@@ -107,19 +105,8 @@ mod simd {
     /// Bytes ahead of the current block to prefetch into L1 (weights stream from DRAM).
     const PREFETCH: usize = 1024;
 
-    fn has_avx2() -> bool {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
-    }
-
-    fn has_avx512() -> bool {
-        has_avx2()
-            && is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vnni")
-    }
-
     fn dot_avx2(w: &[u8], a: &ActRow<'_>) -> f32 {
-        if !has_avx2() {
+        if !Isa::Avx2.supported() {
             return super::dot_scalar(w, a);
         }
         // SAFETY: the CPU has AVX2, FMA and F16C (checked just above).
@@ -127,7 +114,7 @@ mod simd {
     }
 
     fn dot_avx512(w: &[u8], a: &ActRow<'_>) -> f32 {
-        if !has_avx512() {
+        if !Isa::Avx512.supported() {
             return dot_avx2(w, a);
         }
         // SAFETY: the CPU has AVX-512 F/BW/VNNI and AVX2/FMA/F16C (checked just above).
@@ -141,27 +128,6 @@ mod simd {
 
 
     /// Integer element types whose bytes may be loaded into vectors as they are.
-    trait Plain: Copy {}
-    impl Plain for u8 {}
-    impl Plain for i8 {}
-    impl Plain for i16 {}
-
-    #[target_feature(enable = "avx2")]
-    #[inline]
-    fn ld256<T: Plain>(s: &[T]) -> __m256i {
-        assert!(std::mem::size_of_val(s) >= 32);
-        // SAFETY: `s` has at least 32 readable bytes of plain integers.
-        unsafe { _mm256_loadu_si256(s.as_ptr() as *const __m256i) }
-    }
-
-    /// Unaligned load of the first 64 bytes of a slice (see `ld256`).
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    fn ld512<T: Plain>(s: &[T]) -> __m512i {
-        assert!(std::mem::size_of_val(s) >= 64);
-        // SAFETY: `s` has at least 64 readable bytes of plain integers.
-        unsafe { _mm512_loadu_si512(s.as_ptr() as *const __m512i) }
-    }
 
     /// The sixteen signed scales (minus 32) of block `b`, as bytes (what `unpack_scales`
     /// computes, in vector registers).
@@ -178,14 +144,6 @@ mod simd {
         let h = _mm_srlv_epi32(_mm_set1_epi32(hi4 as i32), _mm_setr_epi32(0, 2, 4, 6));
         let hi = _mm_slli_epi16::<4>(_mm_and_si128(h, _mm_set1_epi8(0x03)));
         _mm_sub_epi8(_mm_or_si128(lo, hi), _mm_set1_epi8(32))
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn hsum256(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
     }
 
     /// `pshufb` controls over 8 scale words held in each 128-bit lane: for step j (groups

@@ -74,7 +74,7 @@ fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::super::q4_k::scales_mins_u64;
+    use super::super::q4_k::x86::{mins_dot, scales_mins16};
     use super::super::simd::prefetch_distance;
     use super::super::simd::x86::{f16x2_at, hsum_ps128, hsum_ps256, hsum_ps512, prefetch};
     use super::{dot_scalar, ActRow, BlockQ8K, BB};
@@ -100,22 +100,7 @@ mod x86 {
         unsafe { avx512(w.as_ptr(), a.q8k.as_ptr(), nb) }
     }
 
-    /// Scales (i16 lanes 0..8) and mins (lanes 8..16) of the block at `b`.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    unsafe fn scales_mins16(b: *const u8) -> __m256i {
-        let (sc, m) = scales_mins_u64(std::slice::from_raw_parts(b.add(4), 12));
-        _mm256_cvtepu8_epi16(_mm_set_epi64x(m as i64, sc as i64))
-    }
 
-    /// sum_j m_j * bsum(sub-block j) as 4 i32 lanes.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    unsafe fn mins_dot(sm: __m256i, ab: &BlockQ8K) -> __m128i {
-        let bs = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
-        let bs8 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-        _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), bs8)
-    }
 
     /// # Safety
     /// AVX2+FMA+F16C; `w` valid for `nb` blocks, `a` for `nb` activation blocks.

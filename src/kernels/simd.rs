@@ -163,6 +163,48 @@ pub(crate) mod x86 {
         _mm_cvtss_f32(s)
     }
 
+    /// `hsum_ps256` for safe `#[target_feature]` kernels (the i-quant and low-bit k-quant files).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub fn hsum256(v: __m256) -> f32 {
+        // SAFETY: this function is compiled with the features `hsum_ps256` needs.
+        unsafe { hsum_ps256(v) }
+    }
+
+    /// Plain integer element types the block loaders below may read.
+    pub trait Plain: Copy {}
+    impl Plain for u8 {}
+    impl Plain for i8 {}
+    impl Plain for i16 {}
+
+    /// Unaligned load of the first 16 bytes of a slice. The length check panics on a short
+    /// slice; callers pass fixed-size block fields, so it folds away.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub fn ld128<T: Plain>(s: &[T]) -> __m128i {
+        assert!(std::mem::size_of_val(s) >= 16);
+        // SAFETY: `s` has at least 16 readable bytes of plain integers.
+        unsafe { _mm_loadu_si128(s.as_ptr() as *const __m128i) }
+    }
+
+    /// Unaligned load of the first 32 bytes of a slice (see `ld128`).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub fn ld256<T: Plain>(s: &[T]) -> __m256i {
+        assert!(std::mem::size_of_val(s) >= 32);
+        // SAFETY: `s` has at least 32 readable bytes of plain integers.
+        unsafe { _mm256_loadu_si256(s.as_ptr() as *const __m256i) }
+    }
+
+    /// Unaligned load of the first 64 bytes of a slice (see `ld128`).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub fn ld512<T: Plain>(s: &[T]) -> __m512i {
+        assert!(std::mem::size_of_val(s) >= 64);
+        // SAFETY: `s` has at least 64 readable bytes of plain integers.
+        unsafe { _mm512_loadu_si512(s.as_ptr() as *const __m512i) }
+    }
+
     /// # Safety
     /// AVX-512F available.
     #[inline]
