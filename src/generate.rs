@@ -151,15 +151,11 @@ pub fn generate(
 }
 
 /// A small generator for speculative sampling's coin flips (independent of the sampler's).
-struct Coin(u64);
+struct Coin(crate::synth::Rng);
 
 impl Coin {
     fn next(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+        self.0.next_f64()
     }
 
     /// Draw from (id, weight) pairs (weights need not sum to one).
@@ -239,7 +235,7 @@ pub fn generate_mtp_with(
     let mut out = Vec::with_capacity(max_tokens + k);
     let mut dec = StreamDecoder::new();
     let mut pending = vec![0f32; h];
-    let mut coin = Coin(sampler.params().seed ^ 0x5bd1_e995);
+    let mut coin = Coin(crate::synth::Rng(sampler.params().seed ^ 0x5bd1_e995));
     let greedy = sampler.params().temperature <= 0.0;
 
     // Prefill in chunks; after each, the MTP head catches up on the slots whose next token is known.
@@ -277,6 +273,7 @@ pub fn generate_mtp_with(
     let t1 = Instant::now();
     let mut drafts = vec![0u32; k];
     let mut qdists: Vec<Vec<(u32, f32)>> = vec![Vec::new(); k];
+    let mut residual: Vec<(u32, f32)> = Vec::new();
     let mut experts = 0usize;
     let mut emit = |id: u32, out: &mut Vec<u32>, history: &mut Vec<u32>, stats: &mut GenStats| -> Result<bool, GenerateError> {
         if !ignore_eos && tok.eos_ids().contains(&id) {
@@ -362,29 +359,26 @@ pub fn generate_mtp_with(
                     break;
                 }
             } else {
-                let p = sampler.probs_after_filters(row, &history).to_vec();
+                let p = sampler.probs_after_filters(row, &history);
                 let d = drafts[j];
-                let (pd, qd) = (prob_of(&p, d), prob_of(&qdists[j], d));
+                let (pd, qd) = (prob_of(p, d), prob_of(&qdists[j], d));
                 if qd > 0.0 && coin.next() < (pd / qd).min(1.0) as f64 {
                     acc += 1;
                     history.push(d);
                 } else {
-                    let residual: Vec<(u32, f32)> = p.iter().map(|&(id, pp)| (id, (pp - prob_of(&qdists[j], id)).max(0.0))).filter(|x| x.1 > 0.0).collect();
-                    fix = Some(if residual.is_empty() { coin.draw(&p) } else { coin.draw(&residual) });
+                    residual.clear();
+                    residual.extend(p.iter().map(|&(id, pp)| (id, (pp - prob_of(&qdists[j], id)).max(0.0))).filter(|x| x.1 > 0.0));
+                    fix = Some(if residual.is_empty() { coin.draw(p) } else { coin.draw(&residual) });
                     break;
                 }
             }
         }
-        history.truncate(hist_len);
+        // All accepted: `history` already ends with the kk drafts the bonus token follows.
         let bonus = match fix {
             Some(y) => y,
-            None => {
-                let row = &logits[kk * v..(kk + 1) * v];
-                let mut hh = history.clone();
-                hh.extend_from_slice(&drafts[..kk]);
-                sampler.sample(row, &hh)
-            }
+            None => sampler.sample(&logits[kk * v..(kk + 1) * v], &history),
         };
+        history.truncate(hist_len);
         stats.mtp_accepted += acc;
         experts += st.experts_run;
 

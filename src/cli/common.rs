@@ -266,11 +266,13 @@ pub fn setup_experts_mtp(model: &crate::model::Model<'_>, files: &crate::format:
         eprintln!("[plan] note: {n}");
     }
     // Keep the resident (non-expert) weights in memory while experts stream past them.
-    let expert_ranges: std::collections::HashSet<(usize, u64)> = model.expert_locs().iter().flatten().flat_map(|l| l.parts.iter().map(|p| (p.file, p.offset))).collect();
+    // Every routed tensor begins with some expert's part (expert 0's slice of a 3-D tensor, a
+    // per-expert tensor, the gate half of a fused gate_up): those starts identify them.
+    let expert_starts: std::collections::HashSet<(usize, u64)> = model.expert_locs().iter().flatten().flat_map(|l| l.parts.iter().map(|p| (p.file, p.offset))).collect();
     let resident: Vec<&[u8]> = files
         .tensors()
         .iter()
-        .filter(|t| !expert_ranges.contains(&(t.range.file, t.range.offset)) && crate::inspect::routed_expert_tensor(&t.name).is_none())
+        .filter(|t| !expert_starts.contains(&(t.range.file, t.range.offset)))
         .filter_map(|t| files.range_bytes(t.range).ok())
         .collect();
     match crate::experts::lock_resident(&resident) {
@@ -289,7 +291,18 @@ pub fn predicted_vs_measured(plan: &crate::plan::planner::Plan, measured: f64) -
     }
 }
 
-/// The end-of-run expert line: hit rates, experts read per token, GB read and read speed.
+/// The cache's figures since `before` (the prefill's end), i.e. decode only.
+fn decode_stats(st: &crate::model::State, before: Option<crate::experts::CacheStats>) -> Option<crate::experts::CacheStats> {
+    st.expert_stats().map(|s| before.map_or(s, |b| s.since(&b)))
+}
+
+/// The process's peak resident set (VmHWM), in bytes.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb: u64 = status.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
 /// The run's figures as JSON (`--stats-json`).
 pub fn stats_json(st: &crate::model::State, g: &crate::generate::GenStats) -> serde_json::Value {
     let mut v = serde_json::json!({
@@ -299,15 +312,7 @@ pub fn stats_json(st: &crate::model::State, g: &crate::generate::GenStats) -> se
         "prefill_tok_s": g.prefill_tps(),
         "experts_per_token": g.experts_per_token,
     });
-    if let Some(mut s) = st.expert_stats() {
-        if let Some(b) = g.experts_after_prefill {
-            s.hits_pin -= b.hits_pin;
-            s.hits_lru -= b.hits_lru;
-            s.misses -= b.misses;
-            s.bytes_read -= b.bytes_read;
-            s.read_secs -= b.read_secs;
-            s.wait_secs -= b.wait_secs;
-        }
+    if let Some(s) = decode_stats(st, g.experts_after_prefill) {
         let req = s.requests().max(1) as f64;
         let steps = g.decode_steps.max(1) as f64;
         v["hit_rate"] = s.hit_rate().into();
@@ -318,8 +323,8 @@ pub fn stats_json(st: &crate::model::State, g: &crate::generate::GenStats) -> se
         v["read_gb_s"] = (gb(s.bytes_read) / s.read_secs.max(1e-9)).into();
     }
     v["time_shares"] = time_shares(st).0;
-    if let Some(kb) = std::fs::read_to_string("/proc/self/status").ok().and_then(|t| t.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())) {
-        v["peak_rss_bytes"] = (kb * 1024).into();
+    if let Some(b) = peak_rss_bytes() {
+        v["peak_rss_bytes"] = b.into();
     }
     v
 }
@@ -360,24 +365,12 @@ pub fn time_shares(st: &crate::model::State) -> (serde_json::Value, String, Stri
     (shares, line, verdict.to_string())
 }
 
+/// The end-of-run expert line: hit rates, experts read per token, bytes read and read speed.
 /// `before` (the figures when the prefill ended) is subtracted, so the line is decode only.
 pub fn expert_summary(st: &crate::model::State, before: Option<crate::experts::CacheStats>, decoded: usize, secs: f64) -> Option<String> {
-    let mut s = st.expert_stats()?;
-    if let Some(b) = before {
-        s.hits_pin -= b.hits_pin;
-        s.hits_lru -= b.hits_lru;
-        s.misses -= b.misses;
-        s.bytes_read -= b.bytes_read;
-        s.read_secs -= b.read_secs;
-        s.wait_secs -= b.wait_secs;
-        s.tokens -= b.tokens;
-    }
+    let s = decode_stats(st, before)?;
     let req = s.requests().max(1) as f64;
-    let rss = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|t| t.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
-        .map(|kb| format!(" | peak RSS {}", human(kb * 1024)))
-        .unwrap_or_default();
+    let rss = peak_rss_bytes().map(|b| format!(" | peak RSS {}", human(b))).unwrap_or_default();
     Some(format!(
         "[experts] decode {decoded} tokens in {secs:.2}s ({:.2} tok/s) | expert hit {:.1}% (pin {:.1}% + lru {:.1}%) | {:.1} experts read/token | {} read at {:.2} GB/s | wait {:.2}s{rss}",
         decoded as f64 / secs.max(1e-9),

@@ -108,6 +108,21 @@ pub struct CacheStats {
 }
 
 impl CacheStats {
+    /// The figures accumulated since `before`, an earlier snapshot of the same cache (the
+    /// pinned tier's load, done once in `new`, is kept as is).
+    pub fn since(&self, before: &CacheStats) -> CacheStats {
+        CacheStats {
+            hits_pin: self.hits_pin.saturating_sub(before.hits_pin),
+            hits_lru: self.hits_lru.saturating_sub(before.hits_lru),
+            misses: self.misses.saturating_sub(before.misses),
+            bytes_read: self.bytes_read.saturating_sub(before.bytes_read),
+            read_secs: (self.read_secs - before.read_secs).max(0.0),
+            wait_secs: (self.wait_secs - before.wait_secs).max(0.0),
+            tokens: self.tokens.saturating_sub(before.tokens),
+            ..*self
+        }
+    }
+
     pub fn requests(&self) -> u64 {
         self.hits_pin + self.hits_lru + self.misses
     }
