@@ -27,7 +27,10 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {
-        ChatMessage { role: role.into(), content: content.into() }
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
     }
 }
 
@@ -58,7 +61,14 @@ pub fn render_chat(
         .iter()
         .map(|m| serde_json::json!({ "role": m.role, "content": m.content }))
         .collect();
-    render_chat_json(template, &msgs, add_generation_prompt, bos_token, eos_token, extra)
+    render_chat_json(
+        template,
+        &msgs,
+        add_generation_prompt,
+        bos_token,
+        eos_token,
+        extra,
+    )
 }
 
 /// `render_chat` for messages given as arbitrary JSON objects (tool calls, tool results,
@@ -75,7 +85,15 @@ pub fn render_chat_json(
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or(0);
-    render_chat_json_at(template, messages, add_generation_prompt, bos_token, eos_token, extra, now)
+    render_chat_json_at(
+        template,
+        messages,
+        add_generation_prompt,
+        bos_token,
+        eos_token,
+        extra,
+        now,
+    )
 }
 
 /// `render_chat_json` with the clock the template's `strftime_now` reads pinned to `now_unix`
@@ -90,10 +108,16 @@ pub fn render_chat_json_at(
     now_unix: i64,
 ) -> Result<String, ChatError> {
     let mut ctx = serde_json::Map::new();
-    ctx.insert("messages".into(), Json::Array(messages.iter().map(template_message).collect()));
+    ctx.insert(
+        "messages".into(),
+        Json::Array(messages.iter().map(template_message).collect()),
+    );
     ctx.insert("tools".into(), Json::Null);
     ctx.insert("documents".into(), Json::Null);
-    ctx.insert("add_generation_prompt".into(), Json::Bool(add_generation_prompt));
+    ctx.insert(
+        "add_generation_prompt".into(),
+        Json::Bool(add_generation_prompt),
+    );
     ctx.insert("bos_token".into(), Json::String(bos_token.into()));
     ctx.insert("eos_token".into(), Json::String(eos_token.into()));
     match extra {
@@ -108,14 +132,24 @@ pub fn render_chat_json_at(
 
     let source = rewrite_generation_tags(template);
     let env = environment(now_unix);
-    let tmpl = env.template_from_str(&source).map_err(|e| ChatError::Syntax(describe(&e)))?;
-    tmpl.render(Value::from(minijinja::value::Serde(Json::Object(ctx)))).map_err(|e| {
-        if e.kind() == ErrorKind::InvalidOperation && e.detail().is_some_and(|d| d.starts_with(RAISED)) {
-            ChatError::Raised(e.detail().unwrap_or_default().trim_start_matches(RAISED).to_string())
-        } else {
-            ChatError::Render(describe(&e))
-        }
-    })
+    let tmpl = env
+        .template_from_str(&source)
+        .map_err(|e| ChatError::Syntax(describe(&e)))?;
+    tmpl.render(Value::from(minijinja::value::Serde(Json::Object(ctx))))
+        .map_err(|e| {
+            if e.kind() == ErrorKind::InvalidOperation
+                && e.detail().is_some_and(|d| d.starts_with(RAISED))
+            {
+                ChatError::Raised(
+                    e.detail()
+                        .unwrap_or_default()
+                        .trim_start_matches(RAISED)
+                        .to_string(),
+                )
+            } else {
+                ChatError::Render(describe(&e))
+            }
+        })
 }
 
 /// A message as transformers hands it to the template: keys whose value is null dropped, and
@@ -123,9 +157,18 @@ pub fn render_chat_json_at(
 /// as `thinking` (first) and `reasoning_content`.
 fn template_message(m: &Json) -> Json {
     let Json::Object(o) = m else { return m.clone() };
-    let o: serde_json::Map<String, Json> = o.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), v.clone())).collect();
-    let reasoning = ["reasoning_content", "thinking", "reasoning"].iter().find_map(|k| o.get(*k)).cloned();
-    let Some(r) = reasoning else { return Json::Object(o) };
+    let o: serde_json::Map<String, Json> = o
+        .iter()
+        .filter(|(_, v)| !v.is_null())
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let reasoning = ["reasoning_content", "thinking", "reasoning"]
+        .iter()
+        .find_map(|k| o.get(*k))
+        .cloned();
+    let Some(r) = reasoning else {
+        return Json::Object(o);
+    };
     let mut out = serde_json::Map::new();
     out.insert("thinking".into(), r.clone());
     for (k, v) in o {
@@ -203,18 +246,36 @@ fn environment(now_unix: i64) -> Environment<'static> {
     }
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_function("raise_exception", |msg: String| -> Result<Value, Error> {
-        Err(Error::new(ErrorKind::InvalidOperation, format!("{RAISED}{msg}")))
+        Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("{RAISED}{msg}"),
+        ))
     });
-    env.add_function("strftime_now", move |fmt: String| -> Result<String, Error> { Ok(strftime_utc(now_unix, &fmt)) });
+    env.add_function(
+        "strftime_now",
+        move |fmt: String| -> Result<String, Error> { Ok(strftime_utc(now_unix, &fmt)) },
+    );
     env.add_filter("tojson", tojson);
     // Jinja2's `iterable` and `sequence` tests: strings and dicts count, none does not.
     env.add_test("iterable", |v: Value| match v.kind() {
-        ValueKind::Undefined | ValueKind::String | ValueKind::Bytes | ValueKind::Seq | ValueKind::Map | ValueKind::Iterable => true,
+        ValueKind::Undefined
+        | ValueKind::String
+        | ValueKind::Bytes
+        | ValueKind::Seq
+        | ValueKind::Map
+        | ValueKind::Iterable => true,
         ValueKind::Plain => v.try_iter().is_ok(),
         _ => false,
     });
     env.add_test("sequence", |v: Value| {
-        matches!(v.kind(), ValueKind::Undefined | ValueKind::String | ValueKind::Bytes | ValueKind::Seq | ValueKind::Map)
+        matches!(
+            v.kind(),
+            ValueKind::Undefined
+                | ValueKind::String
+                | ValueKind::Bytes
+                | ValueKind::Seq
+                | ValueKind::Map
+        )
     });
     env
 }
@@ -242,16 +303,28 @@ fn tojson(value: Value, args: Rest<Value>, kwargs: Kwargs) -> Result<String, Err
         if let [a, b] = v.as_slice() {
             seps = Some((a.clone(), b.clone()));
         } else {
-            return Err(Error::new(ErrorKind::InvalidOperation, "tojson: separators must be two strings"));
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                "tojson: separators must be two strings",
+            ));
         }
     }
     kwargs.assert_all_used()?;
     let json = serde_json::to_value(&value)
         .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
     let (item_sep, key_sep) = seps.unwrap_or_else(|| {
-        (if indent.is_some() { "," } else { ", " }.to_string(), ": ".to_string())
+        (
+            if indent.is_some() { "," } else { ", " }.to_string(),
+            ": ".to_string(),
+        )
     });
-    let opts = DumpOpts { ensure_ascii, indent, sort_keys, item_sep, key_sep };
+    let opts = DumpOpts {
+        ensure_ascii,
+        indent,
+        sort_keys,
+        item_sep,
+        key_sep,
+    };
     let mut out = String::new();
     dump(&json, &opts, 0, &mut out);
     Ok(out)
@@ -266,7 +339,10 @@ fn indent_arg(v: &Value) -> Result<Option<String>, Error> {
     }
     match i64::try_from(v.clone()) {
         Ok(n) => Ok(Some(" ".repeat(n.max(0) as usize))),
-        Err(_) => Err(Error::new(ErrorKind::InvalidOperation, "tojson: indent must be an integer or a string")),
+        Err(_) => Err(Error::new(
+            ErrorKind::InvalidOperation,
+            "tojson: indent must be an integer or a string",
+        )),
     }
 }
 
@@ -375,10 +451,18 @@ fn python_float_repr(x: f64) -> String {
         return "NaN".into();
     }
     if x.is_infinite() {
-        return if x > 0.0 { "Infinity".into() } else { "-Infinity".into() };
+        return if x > 0.0 {
+            "Infinity".into()
+        } else {
+            "-Infinity".into()
+        };
     }
     if x == 0.0 {
-        return if x.is_sign_negative() { "-0.0".into() } else { "0.0".into() };
+        return if x.is_sign_negative() {
+            "-0.0".into()
+        } else {
+            "0.0".into()
+        };
     }
     // `{:e}` gives the shortest round-trip digits: "-1.2345e-7".
     let sci = format!("{x:e}");
@@ -396,11 +480,19 @@ fn python_float_repr(x: f64) -> String {
         } else if point as usize >= digits.len() {
             format!("{}{}.0", digits, "0".repeat(point as usize - digits.len()))
         } else {
-            format!("{}.{}", &digits[..point as usize], &digits[point as usize..])
+            format!(
+                "{}.{}",
+                &digits[..point as usize],
+                &digits[point as usize..]
+            )
         };
         format!("{sign}{s}")
     } else {
-        let m = if digits.len() > 1 { format!("{}.{}", &digits[..1], &digits[1..]) } else { digits };
+        let m = if digits.len() > 1 {
+            format!("{}.{}", &digits[..1], &digits[1..])
+        } else {
+            digits
+        };
         let es = if exp < 0 { '-' } else { '+' };
         format!("{sign}{m}e{es}{:02}", exp.abs())
     }
@@ -409,9 +501,29 @@ fn python_float_repr(x: f64) -> String {
 /// `strftime_now(format)`, in UTC (sluice keeps no time-zone database): `%Y %m %d %H %M %S %y
 /// %b %B %a %A %j %p %I %%` are understood, anything else is copied.
 fn strftime_utc(secs: i64, fmt: &str) -> String {
-    const MONTHS: [&str; 12] =
-        ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
-    const DAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const DAYS: [&str; 7] = [
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+    ];
     let days = secs.div_euclid(86400);
     let tod = secs.rem_euclid(86400);
     let (h, mi, s) = (tod / 3600, tod % 3600 / 60, tod % 60);
@@ -486,7 +598,8 @@ mod tests {
     fn tojson_is_python_json_dumps() {
         let t = r#"{{ x | tojson }}|{{ x | tojson(indent=2) }}|{{ "é\n" | tojson(ensure_ascii=true) }}"#;
         let x = serde_json::json!({"b": [1, 2.5, null], "a": "é", "c": {}});
-        let out = render_chat_json(t, &[], false, "", "", Some(&serde_json::json!({ "x": x }))).unwrap();
+        let out =
+            render_chat_json(t, &[], false, "", "", Some(&serde_json::json!({ "x": x }))).unwrap();
         assert_eq!(
             out,
             "{\"b\": [1, 2.5, null], \"a\": \"é\", \"c\": {}}|{\n  \"b\": [\n    1,\n    2.5,\n    null\n  ],\n  \"a\": \"é\",\n  \"c\": {}\n}|\"\\u00e9\\n\""
@@ -495,13 +608,25 @@ mod tests {
 
     #[test]
     fn raise_exception_is_an_error() {
-        let e = render_chat("{{ raise_exception('no system role') }}", &[], false, "", "", None).unwrap_err();
-        assert!(matches!(e, ChatError::Raised(ref m) if m == "no system role"), "{e}");
+        let e = render_chat(
+            "{{ raise_exception('no system role') }}",
+            &[],
+            false,
+            "",
+            "",
+            None,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(e, ChatError::Raised(ref m) if m == "no system role"),
+            "{e}"
+        );
     }
 
     #[test]
     fn generation_tags_render_their_body() {
-        let t = "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}";
+        let t =
+            "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}";
         let out = render_chat(t, &[ChatMessage::new("user", "hi")], false, "", "", None).unwrap();
         assert_eq!(out, "hi");
     }
@@ -509,7 +634,10 @@ mod tests {
     #[test]
     fn strftime() {
         // 2024-07-26 13:05:09 UTC, a Friday.
-        assert_eq!(strftime_utc(1_722_000_309, "%d %b %Y %H:%M:%S %A %j"), "26 Jul 2024 13:25:09 Friday 208");
+        assert_eq!(
+            strftime_utc(1_722_000_309, "%d %b %Y %H:%M:%S %A %j"),
+            "26 Jul 2024 13:25:09 Friday 208"
+        );
         assert_eq!(strftime_utc(0, "%Y-%m-%d %a"), "1970-01-01 Thu");
     }
 }

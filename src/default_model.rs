@@ -41,11 +41,22 @@ pub fn ensure() -> Result<PathBuf, FormatError> {
     if path.is_file() {
         return Ok(path);
     }
-    std::fs::create_dir_all(&dir).map_err(|e| FormatError::Io { path: dir.clone(), op: "create directory", err: e })?;
+    std::fs::create_dir_all(&dir).map_err(|e| FormatError::Io {
+        path: dir.clone(),
+        op: "create directory",
+        err: e,
+    })?;
     // Another process may be writing it too: write under our own name, then rename into place.
-    let mine = dir.join(format!("default-moe-v{VERSION}.{}.gguf", std::process::id()));
+    let mine = dir.join(format!(
+        "default-moe-v{VERSION}.{}.gguf",
+        std::process::id()
+    ));
     write(&mine)?;
-    std::fs::rename(&mine, &path).map_err(|e| FormatError::Io { path: path.clone(), op: "rename", err: e })?;
+    std::fs::rename(&mine, &path).map_err(|e| FormatError::Io {
+        path: path.clone(),
+        op: "rename",
+        err: e,
+    })?;
     Ok(path)
 }
 

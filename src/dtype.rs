@@ -235,7 +235,13 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for t in [DType::Q4_K, DType::IQ2_XXS, DType::BF16, DType::F8E4M3, DType::MXFP4] {
+        for t in [
+            DType::Q4_K,
+            DType::IQ2_XXS,
+            DType::BF16,
+            DType::F8E4M3,
+            DType::MXFP4,
+        ] {
             assert_eq!(DType::from_name(&t.name()), Some(t));
         }
     }

@@ -24,7 +24,9 @@ pub enum GenerateError {
 /// is there), else the vocabulary embedded in the GGUF.
 pub fn load_tokenizer(files: &ModelFiles) -> Result<Tokenizer, TokenizerError> {
     let json = files.dir().join("tokenizer.json");
-    if files.kind() == FileKind::Safetensors || json.is_file() && files.meta("tokenizer.ggml.model").is_none() {
+    if files.kind() == FileKind::Safetensors
+        || json.is_file() && files.meta("tokenizer.ggml.model").is_none()
+    {
         return Tokenizer::from_file(&json);
     }
     Tokenizer::from_gguf_meta(&|k| files.meta(k))
@@ -104,7 +106,10 @@ pub fn generate(
     if prompt.is_empty() {
         return Err(GenerateError::EmptyPrompt);
     }
-    let mut stats = GenStats { prompt_tokens: prompt.len(), ..Default::default() };
+    let mut stats = GenStats {
+        prompt_tokens: prompt.len(),
+        ..Default::default()
+    };
     let mut history: Vec<u32> = Vec::with_capacity(prompt.len() + max_tokens);
     history.extend_from_slice(prompt);
     let mut out = Vec::with_capacity(max_tokens);
@@ -197,7 +202,9 @@ pub fn generate_mtp(
     k: usize,
     on_text: &mut dyn FnMut(&str) -> bool,
 ) -> Result<(Vec<u32>, GenStats), GenerateError> {
-    generate_mtp_with(model, st, tok, sampler, prompt, max_tokens, ignore_eos, k, None, on_text)
+    generate_mtp_with(
+        model, st, tok, sampler, prompt, max_tokens, ignore_eos, k, None, on_text,
+    )
 }
 
 /// `generate_mtp` with an optional draft override for tests: when `oracle` is given, draft j
@@ -222,14 +229,21 @@ pub fn generate_mtp_with(
         return Err(ModelError::Input("--mtp: this model has no MTP layer".into()).into());
     }
     if k == 0 || st.batch() < k + 1 || st.logit_rows() < k + 1 {
-        return Err(ModelError::Input(format!("--mtp {k}: needs 1..=3 drafts and a state of at least {} rows", k + 1)).into());
+        return Err(ModelError::Input(format!(
+            "--mtp {k}: needs 1..=3 drafts and a state of at least {} rows",
+            k + 1
+        ))
+        .into());
     }
     if prompt.is_empty() {
         return Err(GenerateError::EmptyPrompt);
     }
     st.reset();
     let h = model.cfg.hidden;
-    let mut stats = GenStats { prompt_tokens: prompt.len(), ..Default::default() };
+    let mut stats = GenStats {
+        prompt_tokens: prompt.len(),
+        ..Default::default()
+    };
     let mut history: Vec<u32> = Vec::with_capacity(prompt.len() + max_tokens + k);
     history.extend_from_slice(prompt);
     let mut out = Vec::with_capacity(max_tokens + k);
@@ -247,7 +261,8 @@ pub fn generate_mtp_with(
     while a < n {
         let e = (a + b - 1).min(n); // leave room for the pending slot in the MTP call
         let last = e == n;
-        let logits = model.forward_chunk(st, &prompt[a..e], if last { e - a - 1 } else { e - a })?;
+        let logits =
+            model.forward_chunk(st, &prompt[a..e], if last { e - a - 1 } else { e - a })?;
         if last {
             next = sampler.sample(logits, &history);
         }
@@ -275,7 +290,11 @@ pub fn generate_mtp_with(
     let mut qdists: Vec<Vec<(u32, f32)>> = vec![Vec::new(); k];
     let mut residual: Vec<(u32, f32)> = Vec::new();
     let mut experts = 0usize;
-    let mut emit = |id: u32, out: &mut Vec<u32>, history: &mut Vec<u32>, stats: &mut GenStats| -> Result<bool, GenerateError> {
+    let mut emit = |id: u32,
+                    out: &mut Vec<u32>,
+                    history: &mut Vec<u32>,
+                    stats: &mut GenStats|
+     -> Result<bool, GenerateError> {
         if !ignore_eos && tok.eos_ids().contains(&id) {
             stats.stopped_by_eos = true;
             return Ok(false);
@@ -295,7 +314,9 @@ pub fn generate_mtp_with(
             break;
         }
         let pos = st.pos;
-        let kk = k.min(max_tokens - out.len()).min(st.ctx().saturating_sub(pos + 1));
+        let kk = k
+            .min(max_tokens - out.len())
+            .min(st.ctx().saturating_sub(pos + 1));
         if kk == 0 {
             // No room to draft: one plain step.
             if pos >= st.ctx() {
@@ -367,8 +388,16 @@ pub fn generate_mtp_with(
                     history.push(d);
                 } else {
                     residual.clear();
-                    residual.extend(p.iter().map(|&(id, pp)| (id, (pp - prob_of(&qdists[j], id)).max(0.0))).filter(|x| x.1 > 0.0));
-                    fix = Some(if residual.is_empty() { coin.draw(p) } else { coin.draw(&residual) });
+                    residual.extend(
+                        p.iter()
+                            .map(|&(id, pp)| (id, (pp - prob_of(&qdists[j], id)).max(0.0)))
+                            .filter(|x| x.1 > 0.0),
+                    );
+                    fix = Some(if residual.is_empty() {
+                        coin.draw(p)
+                    } else {
+                        coin.draw(&residual)
+                    });
                     break;
                 }
             }

@@ -35,7 +35,10 @@ pub fn routed_expert_tensor(name: &str) -> Option<RoutedTensor> {
     let parts: Vec<&str> = name.split('.').collect();
     if let ["blk", n, ffn, ..] = parts[..] {
         if ffn.starts_with("ffn_") && ffn.ends_with("_exps") {
-            return Some(RoutedTensor { layer: n.parse().ok()?, expert: None });
+            return Some(RoutedTensor {
+                layer: n.parse().ok()?,
+                expert: None,
+            });
         }
         return None;
     }
@@ -45,9 +48,15 @@ pub fn routed_expert_tensor(name: &str) -> Option<RoutedTensor> {
     let ei = rest.iter().position(|p| *p == "experts")?;
     let next = rest.get(ei + 1)?;
     if next.bytes().all(|b| b.is_ascii_digit()) {
-        Some(RoutedTensor { layer, expert: Some(next.parse().ok()?) })
+        Some(RoutedTensor {
+            layer,
+            expert: Some(next.parse().ok()?),
+        })
     } else {
-        Some(RoutedTensor { layer, expert: None })
+        Some(RoutedTensor {
+            layer,
+            expert: None,
+        })
     }
 }
 
@@ -126,7 +135,10 @@ impl LayerExperts {
 /// Summarise an opened model.
 pub fn summarize(m: &ModelFiles) -> ModelSummary {
     let arch = match m.kind() {
-        FileKind::Gguf => m.meta("general.architecture").and_then(|v| v.as_str()).map(str::to_string),
+        FileKind::Gguf => m
+            .meta("general.architecture")
+            .and_then(|v| v.as_str())
+            .map(str::to_string),
         FileKind::Safetensors => m.config().and_then(|c| {
             c.get("architectures")
                 .and_then(|a| a.get(0))
@@ -136,7 +148,13 @@ pub fn summarize(m: &ModelFiles) -> ModelSummary {
         }),
     };
     let a = arch.clone().unwrap_or_default();
-    let key = |suffix: &str| if m.kind() == FileKind::Gguf { Some(format!("{a}.{suffix}")) } else { None };
+    let key = |suffix: &str| {
+        if m.kind() == FileKind::Gguf {
+            Some(format!("{a}.{suffix}"))
+        } else {
+            None
+        }
+    };
 
     let mut types: BTreeMap<String, (usize, u64)> = BTreeMap::new();
     let mut layers: BTreeMap<u64, LayerExperts> = BTreeMap::new();
@@ -154,7 +172,9 @@ pub fn summarize(m: &ModelFiles) -> ModelSummary {
         if let Some(l) = layer_of(t) {
             max_layer = max_layer.max(Some(l));
         }
-        let Some(r) = routed_expert_tensor(&t.name) else { continue };
+        let Some(r) = routed_expert_tensor(&t.name) else {
+            continue;
+        };
         routed += t.range.len;
         let acc = layers.entry(r.layer).or_default();
         match r.expert {
@@ -170,27 +190,59 @@ pub fn summarize(m: &ModelFiles) -> ModelSummary {
         }
     }
 
-    let n_layers = number(m, key("block_count").as_deref(), &["num_hidden_layers", "n_layer", "num_layers"])
-        .or(max_layer.map(|l| l + 1));
-    let counted: Vec<&LayerExperts> =
-        layers.iter().filter(|(l, _)| n_layers.is_none_or(|n| **l < n)).map(|(_, e)| e).collect();
-    let experts = number(m, key("expert_count").as_deref(), &["num_experts", "n_routed_experts", "num_local_experts"])
-        .or_else(|| layers.values().map(|e| e.fused_experts.max(e.experts.len() as u64)).max());
-    let used = number(m, key("expert_used_count").as_deref(), &["num_experts_per_tok", "num_experts_per_token"]);
-    let shared = number(m, key("expert_shared_count").as_deref(), &["n_shared_experts", "num_shared_experts"])
-        .or_else(|| {
-            number(m, None, &["shared_expert_intermediate_size"]).map(|s| u64::from(s > 0))
-        })
-        .unwrap_or(u64::from(has_shexp));
+    let n_layers = number(
+        m,
+        key("block_count").as_deref(),
+        &["num_hidden_layers", "n_layer", "num_layers"],
+    )
+    .or(max_layer.map(|l| l + 1));
+    let counted: Vec<&LayerExperts> = layers
+        .iter()
+        .filter(|(l, _)| n_layers.is_none_or(|n| **l < n))
+        .map(|(_, e)| e)
+        .collect();
+    let experts = number(
+        m,
+        key("expert_count").as_deref(),
+        &["num_experts", "n_routed_experts", "num_local_experts"],
+    )
+    .or_else(|| {
+        layers
+            .values()
+            .map(|e| e.fused_experts.max(e.experts.len() as u64))
+            .max()
+    });
+    let used = number(
+        m,
+        key("expert_used_count").as_deref(),
+        &["num_experts_per_tok", "num_experts_per_token"],
+    );
+    let shared = number(
+        m,
+        key("expert_shared_count").as_deref(),
+        &["n_shared_experts", "num_shared_experts"],
+    )
+    .or_else(|| number(m, None, &["shared_expert_intermediate_size"]).map(|s| u64::from(s > 0)))
+    .unwrap_or(u64::from(has_shexp));
     let one = counted.iter().map(|e| e.one_expert()).max().unwrap_or(0);
     let per_token = used.unwrap_or(0) * counted.iter().map(|e| e.one_expert()).sum::<u64>();
 
-    let mut quant_types: Vec<QuantTypeCount> =
-        types.into_iter().map(|(dtype, (tensors, bytes))| QuantTypeCount { dtype, tensors, bytes }).collect();
+    let mut quant_types: Vec<QuantTypeCount> = types
+        .into_iter()
+        .map(|(dtype, (tensors, bytes))| QuantTypeCount {
+            dtype,
+            tensors,
+            bytes,
+        })
+        .collect();
     quant_types.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.dtype.cmp(&b.dtype)));
 
     let shown = match m.kind() {
-        FileKind::Gguf => m.paths().first().map(|p| p.display().to_string()).unwrap_or_default(),
+        FileKind::Gguf => m
+            .paths()
+            .first()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
         FileKind::Safetensors => m.dir().display().to_string(),
     };
     ModelSummary {
@@ -234,19 +286,51 @@ mod tests {
 
     #[test]
     fn routed_names() {
-        let r = |l, e| Some(RoutedTensor { layer: l, expert: e });
-        assert_eq!(routed_expert_tensor("blk.3.ffn_gate_exps.weight"), r(3, None));
-        assert_eq!(routed_expert_tensor("blk.0.ffn_gate_up_exps.weight"), r(0, None));
+        let r = |l, e| {
+            Some(RoutedTensor {
+                layer: l,
+                expert: e,
+            })
+        };
+        assert_eq!(
+            routed_expert_tensor("blk.3.ffn_gate_exps.weight"),
+            r(3, None)
+        );
+        assert_eq!(
+            routed_expert_tensor("blk.0.ffn_gate_up_exps.weight"),
+            r(0, None)
+        );
         assert_eq!(routed_expert_tensor("blk.0.ffn_down_exps.bias"), r(0, None));
         assert_eq!(routed_expert_tensor("blk.0.ffn_gate_shexp.weight"), None);
         assert_eq!(routed_expert_tensor("blk.0.ffn_gate_inp.weight"), None);
-        assert_eq!(routed_expert_tensor("model.layers.7.mlp.experts.12.up_proj.weight"), r(7, Some(12)));
-        assert_eq!(routed_expert_tensor("model.layers.7.mlp.experts.12.up_proj.weight_scale_inv"), r(7, Some(12)));
-        assert_eq!(routed_expert_tensor("model.layers.1.block_sparse_moe.experts.5.w2.weight"), r(1, Some(5)));
-        assert_eq!(routed_expert_tensor("model.layers.2.mlp.experts.gate_up_proj"), r(2, None));
-        assert_eq!(routed_expert_tensor("language_model.model.layers.2.feed_forward.experts.down_proj"), r(2, None));
-        assert_eq!(routed_expert_tensor("model.layers.2.mlp.shared_experts.up_proj.weight"), None);
-        assert_eq!(routed_expert_tensor("model.layers.2.mlp.shared_expert.up_proj.weight"), None);
+        assert_eq!(
+            routed_expert_tensor("model.layers.7.mlp.experts.12.up_proj.weight"),
+            r(7, Some(12))
+        );
+        assert_eq!(
+            routed_expert_tensor("model.layers.7.mlp.experts.12.up_proj.weight_scale_inv"),
+            r(7, Some(12))
+        );
+        assert_eq!(
+            routed_expert_tensor("model.layers.1.block_sparse_moe.experts.5.w2.weight"),
+            r(1, Some(5))
+        );
+        assert_eq!(
+            routed_expert_tensor("model.layers.2.mlp.experts.gate_up_proj"),
+            r(2, None)
+        );
+        assert_eq!(
+            routed_expert_tensor("language_model.model.layers.2.feed_forward.experts.down_proj"),
+            r(2, None)
+        );
+        assert_eq!(
+            routed_expert_tensor("model.layers.2.mlp.shared_experts.up_proj.weight"),
+            None
+        );
+        assert_eq!(
+            routed_expert_tensor("model.layers.2.mlp.shared_expert.up_proj.weight"),
+            None
+        );
         assert_eq!(routed_expert_tensor("model.layers.2.mlp.gate.weight"), None);
         assert_eq!(routed_expert_tensor("model.embed_tokens.weight"), None);
     }

@@ -7,6 +7,7 @@
 //! `main.rs` dispatches to.
 
 pub mod bench;
+pub mod chat;
 pub mod cli;
 pub mod default_model;
 pub mod dtype;
@@ -18,8 +19,7 @@ pub mod kernels;
 pub mod model;
 pub mod npy;
 pub mod plan;
-pub mod synth;
-pub mod tokenizer;
-pub mod chat;
 pub mod sample;
 pub mod serve;
+pub mod synth;
+pub mod tokenizer;

@@ -4,7 +4,11 @@ use clap::{Parser, Subcommand};
 use sluice::cli;
 
 #[derive(Parser)]
-#[command(name = "sluice", version, about = "Run Mixture-of-Experts models far larger than RAM")]
+#[command(
+    name = "sluice",
+    version,
+    about = "Run Mixture-of-Experts models far larger than RAM"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -44,7 +44,10 @@ impl Default for SamplingParams {
 impl SamplingParams {
     /// Greedy decoding (temperature 0), everything else default.
     pub fn greedy() -> SamplingParams {
-        SamplingParams { temperature: 0.0, ..SamplingParams::default() }
+        SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        }
     }
 }
 
@@ -64,7 +67,9 @@ impl Rng {
             z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
             z ^ (z >> 31)
         };
-        Rng { s: [next(), next(), next(), next()] }
+        Rng {
+            s: [next(), next(), next(), next()],
+        }
     }
 
     fn next_u64(&mut self) -> u64 {
@@ -233,7 +238,10 @@ impl Sampler {
         for i in 0..n {
             let l = self.logit_at(logits, i);
             max = max.max(l);
-            self.cand.push(Cand { id: i as u32, logit: l });
+            self.cand.push(Cand {
+                id: i as u32,
+                logit: l,
+            });
         }
         self.count_window(window, false);
         if self.cand.is_empty() {
@@ -243,17 +251,29 @@ impl Sampler {
         }
 
         // top-k: keep the k best, sorted.
-        let k = if p.top_k > 0 && p.top_k < self.cand.len() { p.top_k } else { self.cand.len() };
+        let k = if p.top_k > 0 && p.top_k < self.cand.len() {
+            p.top_k
+        } else {
+            self.cand.len()
+        };
         // min-p keeps exactly the candidates with logit >= max + ln(min_p) whatever top-p did
         // before it (top-p keeps the max); dropping the others before sorting is exact and
         // spares sorting a whole vocabulary.
-        let min_logit = if p.min_p > 0.0 && p.min_p <= 1.0 { max + p.min_p.ln() } else { f32::NEG_INFINITY };
+        let min_logit = if p.min_p > 0.0 && p.min_p <= 1.0 {
+            max + p.min_p.ln()
+        } else {
+            f32::NEG_INFINITY
+        };
         if k < self.cand.len() {
             self.cand.select_nth_unstable_by(k - 1, by_logit_desc);
             self.cand.truncate(k);
         }
         // Softmax normaliser of the top-k set at temperature 1 (top-p needs it before min-p).
-        let z: f64 = self.cand.iter().map(|c| ((c.logit - max) as f64).exp()).sum();
+        let z: f64 = self
+            .cand
+            .iter()
+            .map(|c| ((c.logit - max) as f64).exp())
+            .sum();
         let mut m = self.cand.len();
         if min_logit > f32::NEG_INFINITY {
             let mut keep = 0;

@@ -69,7 +69,9 @@ impl MoeSpec {
 
 /// FNV-1a of a name (to key per-tensor streams).
 fn fnv(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 /// SplitMix64: a tiny deterministic generator (weights must not depend on a crate's version).
@@ -98,7 +100,9 @@ impl Rng {
 
 /// GPT-2's byte -> printable character map (byte-level BPE vocabularies spell bytes this way).
 pub fn byte_chars() -> Vec<char> {
-    let printable = |b: u32| (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+    let printable = |b: u32| {
+        (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
+    };
     let mut extra = 0u32;
     (0u32..256)
         .map(|b| {
@@ -128,12 +132,23 @@ struct Vocab {
 }
 
 fn vocabulary(min_size: usize, path: &Path) -> Result<Vocab, FormatError> {
-    let bad = |m: &str| FormatError::Writer { path: path.to_path_buf(), msg: format!("embedded vocabulary: {m}") };
+    let bad = |m: &str| FormatError::Writer {
+        path: path.to_path_buf(),
+        msg: format!("embedded vocabulary: {m}"),
+    };
     let v: serde_json::Value = serde_json::from_str(VOCAB_JSON).map_err(|e| bad(&e.to_string()))?;
-    let map = v["model"]["vocab"].as_object().ok_or_else(|| bad("no model.vocab"))?;
+    let map = v["model"]["vocab"]
+        .as_object()
+        .ok_or_else(|| bad("no model.vocab"))?;
     let added = v["added_tokens"].as_array().cloned().unwrap_or_default();
-    let ids = map.values().chain(added.iter().map(|a| &a["id"])).filter_map(|x| x.as_u64());
-    let n = ids.max().map(|m| m as usize + 1).ok_or_else(|| bad("empty"))?;
+    let ids = map
+        .values()
+        .chain(added.iter().map(|a| &a["id"]))
+        .filter_map(|x| x.as_u64());
+    let n = ids
+        .max()
+        .map(|m| m as usize + 1)
+        .ok_or_else(|| bad("empty"))?;
     let mut tokens = vec![String::new(); n];
     let mut types = vec![1i32; n];
     for (t, id) in map {
@@ -141,9 +156,15 @@ fn vocabulary(min_size: usize, path: &Path) -> Result<Vocab, FormatError> {
         tokens[id] = t.clone();
     }
     for a in &added {
-        let (Some(id), Some(c)) = (a["id"].as_u64(), a["content"].as_str()) else { return Err(bad("bad added token")) };
+        let (Some(id), Some(c)) = (a["id"].as_u64(), a["content"].as_str()) else {
+            return Err(bad("bad added token"));
+        };
         tokens[id as usize] = c.to_string();
-        types[id as usize] = if a["special"].as_bool().unwrap_or(true) { 3 } else { 4 };
+        types[id as usize] = if a["special"].as_bool().unwrap_or(true) {
+            3
+        } else {
+            4
+        };
     }
     let mut unused = 0;
     for (t, ty) in tokens.iter_mut().zip(types.iter_mut()) {
@@ -164,27 +185,58 @@ fn vocabulary(min_size: usize, path: &Path) -> Result<Vocab, FormatError> {
         .iter()
         .map(|m| match m {
             serde_json::Value::String(s) => Some(s.clone()),
-            serde_json::Value::Array(p) => Some(format!("{} {}", p.first()?.as_str()?, p.get(1)?.as_str()?)),
+            serde_json::Value::Array(p) => {
+                Some(format!("{} {}", p.first()?.as_str()?, p.get(1)?.as_str()?))
+            }
             _ => None,
         })
         .collect::<Option<Vec<String>>>()
         .ok_or_else(|| bad("bad merge"))?;
-    let id_of = |s: &str| tokens.iter().position(|t| t == s).map(|i| i as u32).ok_or_else(|| bad(&format!("no {s}")));
+    let id_of = |s: &str| {
+        tokens
+            .iter()
+            .position(|t| t == s)
+            .map(|i| i as u32)
+            .ok_or_else(|| bad(&format!("no {s}")))
+    };
     let (eos, pad) = (id_of("<|im_end|>")?, id_of("<|endoftext|>")?);
-    Ok(Vocab { tokens, merges, types, eos, pad })
+    Ok(Vocab {
+        tokens,
+        merges,
+        types,
+        eos,
+        pad,
+    })
 }
 
 const CHAT_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
 /// Write a Qwen3-MoE GGUF (llama.cpp names and keys) with seeded random weights. `progress`
 /// is called after each tensor with (bytes written, total bytes).
-pub fn write_random_qwen3moe(path: &Path, spec: &MoeSpec, progress: &mut dyn FnMut(u64, u64)) -> Result<(), FormatError> {
-    let Vocab { tokens, merges, types, eos, pad } = vocabulary(spec.vocab, path)?;
+pub fn write_random_qwen3moe(
+    path: &Path,
+    spec: &MoeSpec,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<(), FormatError> {
+    let Vocab {
+        tokens,
+        merges,
+        types,
+        eos,
+        pad,
+    } = vocabulary(spec.vocab, path)?;
     let vocab = tokens.len();
     let bc = byte_chars();
     let printable: Vec<bool> = tokens
         .iter()
-        .map(|t| !t.starts_with("<|") && t.chars().all(|c| bc.iter().position(|b| *b == c).is_some_and(|b| (0x20..0x7f).contains(&b))))
+        .map(|t| {
+            !t.starts_with("<|")
+                && t.chars().all(|c| {
+                    bc.iter()
+                        .position(|b| *b == c)
+                        .is_some_and(|b| (0x20..0x7f).contains(&b))
+                })
+        })
         .collect();
     let mut w = GgufWriter::new(path)?;
     let s = |v: &str| MetaValue::String(v.to_string());
@@ -197,23 +249,47 @@ pub fn write_random_qwen3moe(path: &Path, spec: &MoeSpec, progress: &mut dyn FnM
         (format!("{arch}.embedding_length"), u(spec.hidden)),
         (format!("{arch}.block_count"), u(spec.layers)),
         (format!("{arch}.feed_forward_length"), u(spec.expert_ffn)),
-        (format!("{arch}.expert_feed_forward_length"), u(spec.expert_ffn)),
+        (
+            format!("{arch}.expert_feed_forward_length"),
+            u(spec.expert_ffn),
+        ),
         (format!("{arch}.attention.head_count"), u(spec.heads)),
         (format!("{arch}.attention.head_count_kv"), u(spec.kv_heads)),
         (format!("{arch}.attention.key_length"), u(spec.head_dim)),
         (format!("{arch}.attention.value_length"), u(spec.head_dim)),
-        (format!("{arch}.rope.freq_base"), MetaValue::F32(1_000_000.0)),
-        (format!("{arch}.attention.layer_norm_rms_epsilon"), MetaValue::F32(1e-6)),
+        (
+            format!("{arch}.rope.freq_base"),
+            MetaValue::F32(1_000_000.0),
+        ),
+        (
+            format!("{arch}.attention.layer_norm_rms_epsilon"),
+            MetaValue::F32(1e-6),
+        ),
         (format!("{arch}.expert_count"), u(spec.experts)),
         (format!("{arch}.expert_used_count"), u(spec.experts_used)),
         ("tokenizer.ggml.model".into(), s("gpt2")),
         ("tokenizer.ggml.pre".into(), s("qwen2")),
-        ("tokenizer.ggml.tokens".into(), MetaValue::Array(tokens.iter().map(|t| s(t)).collect())),
-        ("tokenizer.ggml.token_type".into(), MetaValue::Array(types.iter().map(|t| MetaValue::I32(*t)).collect())),
-        ("tokenizer.ggml.merges".into(), MetaValue::Array(merges.iter().map(|m| s(m)).collect())),
+        (
+            "tokenizer.ggml.tokens".into(),
+            MetaValue::Array(tokens.iter().map(|t| s(t)).collect()),
+        ),
+        (
+            "tokenizer.ggml.token_type".into(),
+            MetaValue::Array(types.iter().map(|t| MetaValue::I32(*t)).collect()),
+        ),
+        (
+            "tokenizer.ggml.merges".into(),
+            MetaValue::Array(merges.iter().map(|m| s(m)).collect()),
+        ),
         ("tokenizer.ggml.eos_token_id".into(), MetaValue::U32(eos)),
-        ("tokenizer.ggml.padding_token_id".into(), MetaValue::U32(pad)),
-        ("tokenizer.ggml.add_bos_token".into(), MetaValue::Bool(false)),
+        (
+            "tokenizer.ggml.padding_token_id".into(),
+            MetaValue::U32(pad),
+        ),
+        (
+            "tokenizer.ggml.add_bos_token".into(),
+            MetaValue::Bool(false),
+        ),
         ("tokenizer.chat_template".into(), s(CHAT_TEMPLATE)),
     ];
     for (k, v) in meta {
@@ -221,10 +297,25 @@ pub fn write_random_qwen3moe(path: &Path, spec: &MoeSpec, progress: &mut dyn FnM
     }
 
     // (name, type, shape outermost-first, init scale); scale 0 = a norm (all ones).
-    let (h, qd, kvd, f, e, dt) = (spec.hidden, spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim, spec.expert_ffn, spec.experts, spec.dtype);
+    let (h, qd, kvd, f, e, dt) = (
+        spec.hidden,
+        spec.heads * spec.head_dim,
+        spec.kv_heads * spec.head_dim,
+        spec.expert_ffn,
+        spec.experts,
+        spec.dtype,
+    );
     let fan = |n: usize| 1.7 / (n as f32).sqrt();
-    let (hu, qu, ku, fu, eu, vu) = (h as u64, qd as u64, kvd as u64, f as u64, e as u64, vocab as u64);
-    let mut plan: Vec<(String, DType, Vec<u64>, f32)> = vec![("token_embd.weight".into(), dt, vec![vu, hu], 1.0)];
+    let (hu, qu, ku, fu, eu, vu) = (
+        h as u64,
+        qd as u64,
+        kvd as u64,
+        f as u64,
+        e as u64,
+        vocab as u64,
+    );
+    let mut plan: Vec<(String, DType, Vec<u64>, f32)> =
+        vec![("token_embd.weight".into(), dt, vec![vu, hu], 1.0)];
     for l in 0..spec.layers {
         let b = |n: &str| format!("blk.{l}.{n}.weight");
         plan.push((b("attn_norm"), DType::F32, vec![hu], 0.0));
@@ -232,8 +323,18 @@ pub fn write_random_qwen3moe(path: &Path, spec: &MoeSpec, progress: &mut dyn FnM
         plan.push((b("attn_k"), dt, vec![ku, hu], fan(h)));
         plan.push((b("attn_v"), dt, vec![ku, hu], fan(h)));
         plan.push((b("attn_output"), dt, vec![hu, qu], fan(qd)));
-        plan.push((b("attn_q_norm"), DType::F32, vec![spec.head_dim as u64], 0.0));
-        plan.push((b("attn_k_norm"), DType::F32, vec![spec.head_dim as u64], 0.0));
+        plan.push((
+            b("attn_q_norm"),
+            DType::F32,
+            vec![spec.head_dim as u64],
+            0.0,
+        ));
+        plan.push((
+            b("attn_k_norm"),
+            DType::F32,
+            vec![spec.head_dim as u64],
+            0.0,
+        ));
         plan.push((b("ffn_norm"), DType::F32, vec![hu], 0.0));
         plan.push((b("ffn_gate_inp"), DType::F32, vec![eu, hu], 4.0 * fan(h)));
         plan.push((b("ffn_gate_exps"), dt, vec![eu, fu, hu], fan(h)));
@@ -261,14 +362,21 @@ pub fn write_random_qwen3moe(path: &Path, spec: &MoeSpec, progress: &mut dyn FnM
         while left > 0 {
             let r = left.min(rows_per_piece);
             x.clear();
-            x.extend((0..r * row).map(|_| if *scale == 0.0 { 1.0 } else { rng.uniform(*scale) }));
+            x.extend((0..r * row).map(|_| {
+                if *scale == 0.0 {
+                    1.0
+                } else {
+                    rng.uniform(*scale)
+                }
+            }));
             if spec.skew > 0.0 && name == "token_embd.weight" {
                 x.chunks_exact_mut(row as usize).for_each(|xr| xr[0] = 1.0);
             }
             if spec.skew > 0.0 && name.ends_with("ffn_gate_inp.weight") {
                 // One seeded rank permutation per layer (Fisher-Yates on a layer-keyed stream).
                 let mut perm: Vec<usize> = (0..spec.experts).collect();
-                let mut prng = Rng(spec.seed ^ 0xA5A5_0000 ^ (row0 as u64) ^ name.len() as u64 ^ fnv(name));
+                let mut prng =
+                    Rng(spec.seed ^ 0xA5A5_0000 ^ (row0 as u64) ^ name.len() as u64 ^ fnv(name));
                 for i in (1..perm.len()).rev() {
                     perm.swap(i, (prng.next_u64() % (i as u64 + 1)) as usize);
                 }
@@ -288,7 +396,10 @@ pub fn write_random_qwen3moe(path: &Path, spec: &MoeSpec, progress: &mut dyn FnM
             }
             row0 += r as usize;
             buf.clear();
-            quantize(*dtype, &x, &mut buf).map_err(|err| FormatError::Writer { path: path.to_path_buf(), msg: format!("{name}: {err}") })?;
+            quantize(*dtype, &x, &mut buf).map_err(|err| FormatError::Writer {
+                path: path.to_path_buf(),
+                msg: format!("{name}: {err}"),
+            })?;
             w.write_tensor_data(&buf)?;
             done += buf.len() as u64;
             left -= r;

@@ -21,9 +21,22 @@ fn template_dir() -> PathBuf {
 
 /// First differing position, with some context, for a readable failure.
 fn diff(got: &str, want: &str) -> String {
-    let at = got.chars().zip(want.chars()).take_while(|(a, b)| a == b).count();
-    let ctx = |s: &str| s.chars().skip(at.saturating_sub(30)).take(70).collect::<String>();
-    format!("first difference at char {at}:\n      got  {:?}\n      want {:?}", ctx(got), ctx(want))
+    let at = got
+        .chars()
+        .zip(want.chars())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let ctx = |s: &str| {
+        s.chars()
+            .skip(at.saturating_sub(30))
+            .take(70)
+            .collect::<String>()
+    };
+    format!(
+        "first difference at char {at}:\n      got  {:?}\n      want {:?}",
+        ctx(got),
+        ctx(want)
+    )
 }
 
 #[test]
@@ -41,8 +54,19 @@ fn real_templates_render_like_transformers() {
         let conv = case["conversation"].as_str().unwrap();
         let messages = convs[conv].as_array().unwrap();
         let agp = case["add_generation_prompt"].as_bool().unwrap();
-        let (bos, eos) = (case["bos_token"].as_str().unwrap(), case["eos_token"].as_str().unwrap());
-        let got = render_chat_json_at(&template, messages, agp, bos, eos, Some(&case["extra"]), now);
+        let (bos, eos) = (
+            case["bos_token"].as_str().unwrap(),
+            case["eos_token"].as_str().unwrap(),
+        );
+        let got = render_chat_json_at(
+            &template,
+            messages,
+            agp,
+            bos,
+            eos,
+            Some(&case["extra"]),
+            now,
+        );
         let label = format!("{name} / {conv} / add_generation_prompt={agp}");
         let ok = match (&got, case.get("rendered").and_then(Value::as_str)) {
             (Ok(g), Some(want)) if g == want => true,
@@ -52,18 +76,30 @@ fn real_templates_render_like_transformers() {
             }
             (Err(_), None) => true,
             (Err(e), Some(_)) => {
-                failures.push(format!("{label}: sluice failed where transformers rendered: {e}"));
+                failures.push(format!(
+                    "{label}: sluice failed where transformers rendered: {e}"
+                ));
                 false
             }
             // Known divergence: the template pipes a `map(...)` result into `tojson`; in Python
             // that is a generator, which `json.dumps` rejects (TypeError), while minijinja's
             // `map` gives a list, which serializes. sluice renders the intended JSON instead.
-            (Ok(_), None) if case["error"].as_str().is_some_and(|e| e.contains("generator is not JSON serializable")) => {
-                eprintln!("  known divergence (transformers: {}): {label}", case["error"]);
+            (Ok(_), None)
+                if case["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("generator is not JSON serializable")) =>
+            {
+                eprintln!(
+                    "  known divergence (transformers: {}): {label}",
+                    case["error"]
+                );
                 true
             }
             (Ok(_), None) => {
-                failures.push(format!("{label}: rendered where transformers raised {}", case["error"]));
+                failures.push(format!(
+                    "{label}: rendered where transformers raised {}",
+                    case["error"]
+                ));
                 false
             }
         };
@@ -77,14 +113,21 @@ fn real_templates_render_like_transformers() {
     for f in &failures {
         eprintln!("  {f}");
     }
-    assert!(failures.is_empty(), "{} renders differ from transformers", failures.len());
+    assert!(
+        failures.is_empty(),
+        "{} renders differ from transformers",
+        failures.len()
+    );
 }
 
 #[test]
 fn chat_message_api_renders_the_same() {
     let dir = template_dir();
     let template = std::fs::read_to_string(dir.join("Qwen-Qwen3-0.6B.jinja")).unwrap();
-    let msgs = vec![ChatMessage::new("system", "Be brief."), ChatMessage::new("user", "Hi")];
+    let msgs = vec![
+        ChatMessage::new("system", "Be brief."),
+        ChatMessage::new("user", "Hi"),
+    ];
     let got = sluice::chat::render_chat(&template, &msgs, true, "", "<|im_end|>", None).unwrap();
     assert_eq!(got, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
 }

@@ -32,10 +32,24 @@ fn decode_step_allocates_nothing() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("wide.gguf");
     let mut spec = sluice::default_model::spec();
-    (spec.hidden, spec.layers, spec.heads, spec.head_dim, spec.experts, spec.expert_ffn) = (1024, 2, 16, 128, 8, 512);
+    (
+        spec.hidden,
+        spec.layers,
+        spec.heads,
+        spec.head_dim,
+        spec.experts,
+        spec.expert_ffn,
+    ) = (1024, 2, 16, 128, 8, 512);
     sluice::synth::write_random_qwen3moe(&path, &spec, &mut |_, _| {}).unwrap();
     let files = sluice::format::ModelFiles::open(&path).unwrap();
-    let model = sluice::model::Model::load(&files, &sluice::model::LoadOptions { threads: 2, ctx: 1024 }).unwrap();
+    let model = sluice::model::Model::load(
+        &files,
+        &sluice::model::LoadOptions {
+            threads: 2,
+            ctx: 1024,
+        },
+    )
+    .unwrap();
     let mut st = model.new_state(1024, 16, 1).unwrap();
     let prompt: Vec<u32> = (0..600).map(|i| i % 250).collect();
     model.feed(&mut st, &prompt).unwrap();
@@ -47,5 +61,10 @@ fn decode_step_allocates_nothing() {
         model.forward_chunk(&mut st, &[20 + t], 0).unwrap();
     }
     let after = ALLOCS.load(Ordering::SeqCst);
-    assert_eq!(after - before, 0, "decode steps allocated {} times", after - before);
+    assert_eq!(
+        after - before,
+        0,
+        "decode steps allocated {} times",
+        after - before
+    );
 }

@@ -26,7 +26,11 @@ fn doctor(cache: &Path, args: &[&str]) -> Output {
 }
 
 fn json_of(o: &Output) -> serde_json::Value {
-    assert!(o.status.success(), "doctor failed: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "doctor failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     serde_json::from_slice(&o.stdout).expect("doctor --json prints JSON")
 }
 
@@ -54,7 +58,12 @@ fn probe_files(dir: &Path) -> Vec<String> {
 fn expect_one_line_failure(o: &Output, needles: &[&str]) {
     let err = String::from_utf8_lossy(&o.stderr);
     let line = err.trim_end();
-    assert_eq!(o.status.code(), Some(1), "exit status {:?}, stderr: {err}", o.status);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "exit status {:?}, stderr: {err}",
+        o.status
+    );
     assert!(!line.contains('\n'), "stderr is not one line:\n{err}");
     assert!(!err.contains("panicked"), "panic:\n{err}");
     assert!(line.starts_with("error: "), "{line}");
@@ -83,8 +92,16 @@ fn profile_round_trip() {
     let path = plan::profile_path(&o.cache_dir, &p.key);
     plan::write_profile(&path, &p).unwrap();
     assert_eq!(plan::read_profile(&path).as_ref(), Some(&p));
-    let leftovers: Vec<_> = std::fs::read_dir(&o.cache_dir).unwrap().flatten().map(|e| e.file_name()).collect();
-    assert_eq!(leftovers.len(), 1, "only the profile in the cache dir: {leftovers:?}");
+    let leftovers: Vec<_> = std::fs::read_dir(&o.cache_dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(
+        leftovers.len(),
+        1,
+        "only the profile in the cache dir: {leftovers:?}"
+    );
     let mut old = p.clone();
     old.version = PROFILE_VERSION + 1;
     plan::write_profile(&path, &old).unwrap();
@@ -110,12 +127,24 @@ fn o_direct_probe_small_file() {
         buffered: true,
     };
     let s = probe_disk::probe(&o, &|_| {}).expect("probe");
-    assert!(probe_files(&d).is_empty(), "probe file left behind: {:?}", probe_files(&d));
+    assert!(
+        probe_files(&d).is_empty(),
+        "probe file left behind: {:?}",
+        probe_files(&d)
+    );
     assert_eq!(s.data_bytes, 8 << 20);
     assert!(s.data.as_deref().unwrap_or("").contains("probe file"));
-    let modes: Vec<ReadMode> = if s.o_direct { vec![ReadMode::Direct, ReadMode::Buffered] } else { vec![ReadMode::Buffered] };
+    let modes: Vec<ReadMode> = if s.o_direct {
+        vec![ReadMode::Direct, ReadMode::Buffered]
+    } else {
+        vec![ReadMode::Buffered]
+    };
     if !s.o_direct {
-        assert!(s.note.as_deref().unwrap_or("").contains("O_DIRECT"), "{:?}", s.note);
+        assert!(
+            s.note.as_deref().unwrap_or("").contains("O_DIRECT"),
+            "{:?}",
+            s.note
+        );
     }
     for mode in modes {
         // 5000 bytes is rounded up to 8 KiB.
@@ -125,7 +154,10 @@ fn o_direct_probe_small_file() {
                 .iter()
                 .find(|x| x.mode == mode && x.block_bytes == block)
                 .unwrap_or_else(|| panic!("no {mode:?} series at {block}: {:?}", s.series));
-            assert_eq!(series.points.iter().map(|p| p.threads).collect::<Vec<_>>(), vec![1, 2]);
+            assert_eq!(
+                series.points.iter().map(|p| p.threads).collect::<Vec<_>>(),
+                vec![1, 2]
+            );
             for p in &series.points {
                 assert!(p.gbps.is_finite() && p.gbps > 0.0, "{p:?}");
                 assert!(p.iops.is_finite() && p.iops > 0.0, "{p:?}");
@@ -151,7 +183,14 @@ fn o_direct_probe_too_large_block_is_noted() {
     };
     let s = probe_disk::probe(&o, &|_| {}).expect("probe");
     assert!(s.series.is_empty());
-    assert!(s.note.as_deref().unwrap_or("").contains("8192 KiB not measured"), "{:?}", s.note);
+    assert!(
+        s.note
+            .as_deref()
+            .unwrap_or("")
+            .contains("8192 KiB not measured"),
+        "{:?}",
+        s.note
+    );
     assert!(probe_files(&d).is_empty());
 }
 
@@ -166,7 +205,14 @@ fn doctor_tiny_model_deep_matches_gguf_reference() {
     assert_eq!(m["tensors"], 27);
     let checks = m["checks"].as_array().unwrap();
     let names: Vec<&str> = checks.iter().map(|c| c["name"].as_str().unwrap()).collect();
-    for want in ["header", "ranges", "overlap", "sizes", "alignment", "experts"] {
+    for want in [
+        "header",
+        "ranges",
+        "overlap",
+        "sizes",
+        "alignment",
+        "experts",
+    ] {
         assert!(names.contains(&want), "no {want} check: {names:?}");
     }
     for c in checks {
@@ -183,7 +229,12 @@ fn doctor_tiny_model_deep_matches_gguf_reference() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|t| (t["name"].as_str().unwrap().to_string(), t["fnv"].as_str().unwrap().to_string()))
+        .map(|t| {
+            (
+                t["name"].as_str().unwrap().to_string(),
+                t["fnv"].as_str().unwrap().to_string(),
+            )
+        })
         .collect();
     let deep = &m["deep"];
     assert_eq!(deep["algorithm"], "fnv1a64");
@@ -191,13 +242,22 @@ fn doctor_tiny_model_deep_matches_gguf_reference() {
     assert_eq!(tensors.len(), reference.len());
     for t in tensors {
         let name = t["name"].as_str().unwrap();
-        assert_eq!(t["fnv1a64"].as_str(), Some(reference[name].as_str()), "{name}");
+        assert_eq!(
+            t["fnv1a64"].as_str(),
+            Some(reference[name].as_str()),
+            "{name}"
+        );
     }
     assert_eq!(deep["bad"].as_array().unwrap().len(), 0);
     let files = deep["files"].as_array().unwrap();
     assert_eq!(files.len(), 1);
     assert_eq!(files[0]["tensors"], 27);
-    let ref_bytes: u64 = exp["gguf"]["tiny-moe.gguf"]["tensors"].as_array().unwrap().iter().map(|t| as_u64(&t["n_bytes"])).sum();
+    let ref_bytes: u64 = exp["gguf"]["tiny-moe.gguf"]["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| as_u64(&t["n_bytes"]))
+        .sum();
     assert_eq!(as_u64(&files[0]["bytes"]), ref_bytes);
     assert_eq!(as_u64(&deep["bytes"]), ref_bytes);
 
@@ -208,8 +268,16 @@ fn doctor_tiny_model_deep_matches_gguf_reference() {
     assert!(p["memory"]["total_bytes"].as_u64().unwrap() > 0);
     assert!(p["memory"]["read_gbps"].as_f64().unwrap() > 0.0);
     let s = &p["storage"];
-    assert_eq!(s["dir"].as_str().unwrap(), std::fs::canonicalize(&d).unwrap().to_str().unwrap());
-    let sizes: Vec<u64> = s["series"].as_array().unwrap().iter().map(|x| as_u64(&x["block_bytes"])).collect();
+    assert_eq!(
+        s["dir"].as_str().unwrap(),
+        std::fs::canonicalize(&d).unwrap().to_str().unwrap()
+    );
+    let sizes: Vec<u64> = s["series"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| as_u64(&x["block_bytes"]))
+        .collect();
     for want in [12u64 << 10, 20 << 10, 1 << 20] {
         assert!(sizes.contains(&want), "{want} not probed: {sizes:?}");
     }
@@ -224,8 +292,20 @@ fn doctor_tiny_model_deep_matches_gguf_reference() {
     let text = doctor(&cache, &[ms, "--quick", "--refresh"]);
     assert!(text.status.success());
     let text = String::from_utf8(text.stdout).unwrap();
-    for label in ["check ranges ", "cpu ", "ram total ", "mlock limit ", "memory read ", "read-ahead ", "disk ceiling ", "gpu"] {
-        assert!(text.lines().any(|l| l.starts_with(label)), "no {label:?} line in:\n{text}");
+    for label in [
+        "check ranges ",
+        "cpu ",
+        "ram total ",
+        "mlock limit ",
+        "memory read ",
+        "read-ahead ",
+        "disk ceiling ",
+        "gpu",
+    ] {
+        assert!(
+            text.lines().any(|l| l.starts_with(label)),
+            "no {label:?} line in:\n{text}"
+        );
     }
     assert!(text.contains("probed now"), "{text}");
 }
@@ -239,9 +319,14 @@ fn doctor_deep_sharded_safetensors_matches_reference() {
     for e in std::fs::read_dir(&src).unwrap().flatten() {
         std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
     }
-    let v = json_of(&doctor(&d.join("cache"), &[dir.to_str().unwrap(), "--deep", "--quick", "--json"]));
+    let v = json_of(&doctor(
+        &d.join("cache"),
+        &[dir.to_str().unwrap(), "--deep", "--quick", "--json"],
+    ));
     let exp = expected();
-    let reference = exp["safetensors"]["format/hf-deepseek"]["tensors"].as_array().unwrap();
+    let reference = exp["safetensors"]["format/hf-deepseek"]["tensors"]
+        .as_array()
+        .unwrap();
     let got: HashMap<&str, &str> = v["model"]["deep"]["tensors"]
         .as_array()
         .unwrap()
@@ -255,7 +340,10 @@ fn doctor_deep_sharded_safetensors_matches_reference() {
     }
     let files = v["model"]["deep"]["files"].as_array().unwrap();
     assert_eq!(files.len(), 2);
-    assert_eq!(files.iter().map(|f| as_u64(&f["tensors"])).sum::<u64>(), reference.len() as u64);
+    assert_eq!(
+        files.iter().map(|f| as_u64(&f["tensors"])).sum::<u64>(),
+        reference.len() as u64
+    );
     assert!(probe_files(&dir).is_empty());
 }
 
@@ -285,7 +373,15 @@ fn doctor_overlapping_tensors_fail_in_one_line() {
     g[at..at + 8].copy_from_slice(&0u64.to_le_bytes()); // on top of token_embd.weight
     let (d, model) = model_copy("doctor-overlap", &g);
     let o = doctor(&d.join("cache"), &[model.to_str().unwrap(), "--quick"]);
-    expect_one_line_failure(&o, &["tiny-moe.gguf", "output.weight", "overlap", "token_embd.weight"]);
+    expect_one_line_failure(
+        &o,
+        &[
+            "tiny-moe.gguf",
+            "output.weight",
+            "overlap",
+            "token_embd.weight",
+        ],
+    );
     assert!(o.stdout.is_empty());
 }
 
@@ -310,9 +406,21 @@ fn doctor_deep_names_a_nan_tensor() {
     // Without --deep the header is fine.
     assert!(doctor(&cache, &[ms, "--quick"]).status.success());
     let o = doctor(&cache, &[ms, "--quick", "--deep"]);
-    expect_one_line_failure(&o, &["tiny-moe.gguf", "1 of 27 tensors bad", "blk.0.attn_norm.weight", "NaN"]);
+    expect_one_line_failure(
+        &o,
+        &[
+            "tiny-moe.gguf",
+            "1 of 27 tensors bad",
+            "blk.0.attn_norm.weight",
+            "NaN",
+        ],
+    );
     let text = String::from_utf8_lossy(&o.stdout);
-    assert!(text.lines().any(|l| l.starts_with("deep BAD") && l.contains("blk.0.attn_norm.weight")), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("deep BAD") && l.contains("blk.0.attn_norm.weight")),
+        "{text}"
+    );
 }
 
 #[test]
@@ -351,10 +459,17 @@ fn probe_file_removed_on_sigint() {
         eprintln!("probe_file_removed_on_sigint: probe ended before it could be interrupted");
         return;
     }
-    let kill = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    let kill = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
     assert!(kill.success());
     let status = child.wait().unwrap();
     use std::os::unix::process::ExitStatusExt;
     assert!(status.signal() == Some(2) || status.success(), "{status:?}");
-    assert!(probe_files(&d).is_empty(), "probe file left after SIGINT: {:?}", probe_files(&d));
+    assert!(
+        probe_files(&d).is_empty(),
+        "probe file left after SIGINT: {:?}",
+        probe_files(&d)
+    );
 }

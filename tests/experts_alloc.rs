@@ -46,7 +46,11 @@ fn waves_allocate_nothing() {
                 trace: Some(dir.join("t.trace")),
                 ..CacheConfig::new(3)
             };
-            let mut cache = ExpertCache::new(ExpertStore::new(l.paths.clone(), l.experts.clone()).expect("store"), cfg).expect("cache");
+            let mut cache = ExpertCache::new(
+                ExpertStore::new(l.paths.clone(), l.experts.clone()).expect("store"),
+                cfg,
+            )
+            .expect("cache");
             let mut rng = Rng::new(4);
             // Requests prepared up front (the caller's buffers are its own business).
             let reqs: Vec<(usize, Vec<usize>)> = (0..400)
@@ -82,8 +86,16 @@ fn waves_allocate_nothing() {
             let sum = run(&mut cache, 50..400);
             let after = ALLOCS.load(Ordering::SeqCst);
             let s = cache.stats();
-            assert!(sum > 0 && s.misses > 100 && s.hits_lru > 10 && s.hits_pin > 10, "{s:?}");
-            assert_eq!(after - before, 0, "{mode} {policy:?}: {} allocations in 350 waves", after - before);
+            assert!(
+                sum > 0 && s.misses > 100 && s.hits_lru > 10 && s.hits_pin > 10,
+                "{s:?}"
+            );
+            assert_eq!(
+                after - before,
+                0,
+                "{mode} {policy:?}: {} allocations in 350 waves",
+                after - before
+            );
         }
     }
 }

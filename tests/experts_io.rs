@@ -14,7 +14,11 @@ fn store(l: &Layout) -> ExpertStore {
 }
 
 fn cfg(slots: usize, io: IoMode, threads: usize) -> CacheConfig {
-    CacheConfig { io, io_threads: threads, ..CacheConfig::new(slots) }
+    CacheConfig {
+        io,
+        io_threads: threads,
+        ..CacheConfig::new(slots)
+    }
 }
 
 /// Runs one wave and checks every handed-out expert byte for byte; returns the experts in the
@@ -23,10 +27,16 @@ fn wave(cache: &mut ExpertCache, l: &Layout, layer: usize, experts: &[usize]) ->
     cache.begin(layer, experts).expect("begin");
     let mut got = Vec::new();
     while let Some((e, b)) = cache.next_ready().expect("next_ready") {
-        assert!(experts.contains(&e), "expert {e} handed out but not requested");
+        assert!(
+            experts.contains(&e),
+            "expert {e} handed out but not requested"
+        );
         assert!(!got.contains(&e), "expert {e} handed out twice");
         for (i, part) in [b.gate, b.up, b.down].into_iter().enumerate() {
-            assert!(part == l.expected(layer, e, i), "layer {layer} expert {e} part {i}: wrong bytes");
+            assert!(
+                part == l.expected(layer, e, i),
+                "layer {layer} expert {e} part {i}: wrong bytes"
+            );
         }
         got.push(e);
     }
@@ -44,9 +54,15 @@ fn every_mode_every_size_exact_bytes() {
             // Chunks of 8 KiB (many jobs per expert, EOF inside a chunk) and 1 MiB.
             for chunk in [8192u64, 1 << 20] {
                 for slots in 1..=6 {
-                    let c = CacheConfig { read_chunk: chunk, ..cfg(slots, mode, threads) };
+                    let c = CacheConfig {
+                        read_chunk: chunk,
+                        ..cfg(slots, mode, threads)
+                    };
                     let mut cache = ExpertCache::new(store(&l), c).expect("cache");
-                    assert!(cache.io_mode() == mode || !cache.notes().is_empty(), "mode changed without a note");
+                    assert!(
+                        cache.io_mode() == mode || !cache.notes().is_empty(),
+                        "mode changed without a note"
+                    );
                     let mut rng = Rng::new((slots * 31 + threads) as u64);
                     for _ in 0..12 {
                         for layer in [0usize, 2] {
@@ -85,7 +101,10 @@ fn direct_reads_widen_to_alignment() {
     wave(&mut cache, &l, 2, &[4]);
     let s = cache.stats();
     assert_eq!(s.misses, 1);
-    assert_eq!(s.bytes_read, (2_125_824 - 1_998_848) + (1_507_328 - 1_499_136) + (1_048_653 - 983_040));
+    assert_eq!(
+        s.bytes_read,
+        (2_125_824 - 1_998_848) + (1_507_328 - 1_499_136) + (1_048_653 - 983_040)
+    );
     assert_eq!(cache.slot_bytes() % 4096, 0);
 }
 
@@ -95,7 +114,10 @@ fn pinned_experts_are_never_reread() {
     let l = layout(&dir);
     for mode in MODES {
         let pinned = vec![(0, 5), (0, 1), (2, 4)];
-        let c = CacheConfig { pinned: pinned.clone(), ..cfg(1, mode, 3) };
+        let c = CacheConfig {
+            pinned: pinned.clone(),
+            ..cfg(1, mode, 3)
+        };
         let mut cache = ExpertCache::new(store(&l), c).expect("cache");
         assert!(cache.stats().pin_load_bytes > 0);
         for &(layer, e) in &pinned {
@@ -122,7 +144,14 @@ fn pinned_experts_are_never_reread() {
 fn lru_evicts_least_recently_used() {
     let dir = scratch("experts_io_lru");
     let l = layout(&dir);
-    let mut cache = ExpertCache::new(store(&l), CacheConfig { policy: Policy::Lru, ..cfg(2, IoMode::Buffered, 1) }).expect("cache");
+    let mut cache = ExpertCache::new(
+        store(&l),
+        CacheConfig {
+            policy: Policy::Lru,
+            ..cfg(2, IoMode::Buffered, 1)
+        },
+    )
+    .expect("cache");
     for e in [0, 0, 0, 1] {
         wave(&mut cache, &l, 0, &[e]);
     }
@@ -141,7 +170,10 @@ fn hotness_evicts_the_coldest_and_decays() {
     let dir = scratch("experts_io_hot");
     let l = layout(&dir);
     // Without decay: 0 was selected 3 times, 1 once, so 2 evicts 1 (LRU would evict 0).
-    let c = CacheConfig { policy: Policy::Hotness { halve_every: 1000 }, ..cfg(2, IoMode::Mmap, 2) };
+    let c = CacheConfig {
+        policy: Policy::Hotness { halve_every: 1000 },
+        ..cfg(2, IoMode::Mmap, 2)
+    };
     let mut cache = ExpertCache::new(store(&l), c).expect("cache");
     for e in [0, 0, 0, 1, 2] {
         wave(&mut cache, &l, 0, &[e]);
@@ -151,7 +183,10 @@ fn hotness_evicts_the_coldest_and_decays() {
 
     // Halving every token: 0's three selections decay to 0 while 1 (selected this token)
     // counts 1, so 2 evicts 0.
-    let c = CacheConfig { policy: Policy::Hotness { halve_every: 1 }, ..cfg(2, IoMode::Mmap, 2) };
+    let c = CacheConfig {
+        policy: Policy::Hotness { halve_every: 1 },
+        ..cfg(2, IoMode::Mmap, 2)
+    };
     let mut cache = ExpertCache::new(store(&l), c).expect("cache");
     for e in [0, 0, 0] {
         wave(&mut cache, &l, 0, &[e]);
@@ -169,7 +204,10 @@ fn truncated_file_gives_an_error_not_bytes() {
         let l = layout(&dir);
         let mut cache = ExpertCache::new(store(&l), cfg(6, mode, 2)).expect("cache");
         // Cut file 0 to 1 MB: layer 0 experts 0..4 have gates below it (and the rest above).
-        let f = std::fs::OpenOptions::new().write(true).open(&l.paths[0]).expect("open");
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&l.paths[0])
+            .expect("open");
         f.set_len(1_000_000).expect("truncate");
         drop(f);
         cache.begin(0, &[3, 5]).expect("begin");
@@ -181,14 +219,20 @@ fn truncated_file_gives_an_error_not_bytes() {
                 Err(e) => {
                     let msg = e.to_string();
                     assert!(matches!(e, ExpertError::ShortRead { .. }), "{mode}: {msg}");
-                    assert!(msg.contains("model-0.bin") && msg.contains("truncated"), "{mode}: {msg}");
+                    assert!(
+                        msg.contains("model-0.bin") && msg.contains("truncated"),
+                        "{mode}: {msg}"
+                    );
                     errors += 1;
                 }
             }
         }
         cache.end();
         assert!(errors >= 1, "{mode}: no error");
-        assert!(!cache.is_cached(0, 3) && !cache.is_cached(0, 5), "{mode}: failed experts stay cached");
+        assert!(
+            !cache.is_cached(0, 3) && !cache.is_cached(0, 5),
+            "{mode}: failed experts stay cached"
+        );
         // The cache still works for experts the files still hold (layer 2 experts 0-3 live in
         // file 1).
         wave(&mut cache, &l, 2, &[0, 1, 2, 3]);
@@ -202,25 +246,61 @@ fn protocol_errors() {
     let mut cache = ExpertCache::new(store(&l), cfg(2, IoMode::Buffered, 1)).expect("cache");
     assert!(matches!(cache.next_ready(), Err(ExpertError::Request(_))));
     let e = cache.begin(0, &[0, 1, 2]).unwrap_err().to_string();
-    assert!(e.contains("3 unpinned experts requested at once, 2 slots"), "{e}");
-    assert!(cache.begin(0, &[1, 1]).unwrap_err().to_string().contains("named twice"));
-    assert!(cache.begin(0, &[6]).unwrap_err().to_string().contains("out of range"));
-    assert!(cache.begin(3, &[0]).unwrap_err().to_string().contains("out of range"));
-    assert!(cache.begin(1, &[0]).unwrap_err().to_string().contains("out of range"));
+    assert!(
+        e.contains("3 unpinned experts requested at once, 2 slots"),
+        "{e}"
+    );
+    assert!(cache
+        .begin(0, &[1, 1])
+        .unwrap_err()
+        .to_string()
+        .contains("named twice"));
+    assert!(cache
+        .begin(0, &[6])
+        .unwrap_err()
+        .to_string()
+        .contains("out of range"));
+    assert!(cache
+        .begin(3, &[0])
+        .unwrap_err()
+        .to_string()
+        .contains("out of range"));
+    assert!(cache
+        .begin(1, &[0])
+        .unwrap_err()
+        .to_string()
+        .contains("out of range"));
     cache.begin(0, &[0]).expect("begin");
-    assert!(cache.begin(2, &[0]).unwrap_err().to_string().contains("call end() first"));
+    assert!(cache
+        .begin(2, &[0])
+        .unwrap_err()
+        .to_string()
+        .contains("call end() first"));
     cache.end();
     wave(&mut cache, &l, 0, &[0, 1]);
 
-    let bad = CacheConfig { pinned: vec![(1, 0)], ..cfg(2, IoMode::Buffered, 1) };
+    let bad = CacheConfig {
+        pinned: vec![(1, 0)],
+        ..cfg(2, IoMode::Buffered, 1)
+    };
     assert!(ExpertCache::new(store(&l), bad).is_err());
-    let bad = CacheConfig { io_threads: 0, ..cfg(2, IoMode::Buffered, 1) };
+    let bad = CacheConfig {
+        io_threads: 0,
+        ..cfg(2, IoMode::Buffered, 1)
+    };
     assert!(ExpertCache::new(store(&l), bad).is_err());
     // A range past the end of its file is refused up front.
     let mut ex = l.experts.clone();
     ex[0][0].parts[1].offset = experts_util::F0_LEN as u64;
-    let e = ExpertCache::new(ExpertStore::new(l.paths.clone(), ex).expect("store"), cfg(2, IoMode::Buffered, 1));
-    assert!(e.err().map(|e| e.to_string()).unwrap_or_default().contains("expert 0 of layer 0, up"));
+    let e = ExpertCache::new(
+        ExpertStore::new(l.paths.clone(), ex).expect("store"),
+        cfg(2, IoMode::Buffered, 1),
+    );
+    assert!(e
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default()
+        .contains("expert 0 of layer 0, up"));
 }
 
 #[test]

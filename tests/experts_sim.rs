@@ -8,8 +8,8 @@ use std::path::Path;
 
 use experts_util::{r, random_file, scratch, zipf_weights, Rng};
 use sluice::experts::{
-    simulate, CacheConfig, ExpertCache, ExpertLoc, ExpertStore, IoMode, Policy, SimPolicy, Trace, TraceWriter,
-    UsageStats,
+    simulate, CacheConfig, ExpertCache, ExpertLoc, ExpertStore, IoMode, Policy, SimPolicy, Trace,
+    TraceWriter, UsageStats,
 };
 
 fn trace(text: &str) -> Trace {
@@ -32,12 +32,22 @@ fn hand_trace_single_expert_requests() {
     assert_eq!(hits(&t, 2, &[], SimPolicy::Belady), (0, 3, 6));
     // Hotness without decay: 2 evicts 1 (count 1 < 2), 1 evicts 2 (1 < 3), 3 evicts 1 (2 < 3),
     // 1 evicts 3 (1 < 4): same choices as Belady here.
-    assert_eq!(hits(&t, 2, &[], SimPolicy::Hotness { halve_every: 100 }), (0, 3, 6));
+    assert_eq!(
+        hits(&t, 2, &[], SimPolicy::Hotness { halve_every: 100 }),
+        (0, 3, 6)
+    );
     // Hotness halving every token: every count is back to 0 before the next token's choice, so
     // ties fall to LRU and the counts equal LRU's.
-    assert_eq!(hits(&t, 2, &[], SimPolicy::Hotness { halve_every: 1 }), (0, 2, 7));
+    assert_eq!(
+        hits(&t, 2, &[], SimPolicy::Hotness { halve_every: 1 }),
+        (0, 2, 7)
+    );
     // Enough slots: only the 4 cold misses.
-    for p in [SimPolicy::Lru, SimPolicy::Belady, SimPolicy::Hotness { halve_every: 3 }] {
+    for p in [
+        SimPolicy::Lru,
+        SimPolicy::Belady,
+        SimPolicy::Hotness { halve_every: 3 },
+    ] {
         assert_eq!(hits(&t, 4, &[], p), (0, 5, 4));
     }
 }
@@ -50,12 +60,20 @@ fn hand_trace_sets_and_pins() {
     //  3: 1 hit (busy), 0 evicts 2 -> [0, 1].
     //  4: 4 pin hit, 3 evicts slot 0 (0 and 1 tie on last use and, for Belady, on "never
     //     again"; the lower slot goes).
-    let t = trace("# sluice route-trace v1\n# experts-per-layer 5\n0 0 0 4\n1 0 1 2\n2 0 0 1\n3 0 4 3\n");
-    for p in [SimPolicy::Lru, SimPolicy::Belady, SimPolicy::Hotness { halve_every: 10 }] {
+    let t = trace(
+        "# sluice route-trace v1\n# experts-per-layer 5\n0 0 0 4\n1 0 1 2\n2 0 0 1\n3 0 4 3\n",
+    );
+    for p in [
+        SimPolicy::Lru,
+        SimPolicy::Belady,
+        SimPolicy::Hotness { halve_every: 10 },
+    ] {
         assert_eq!(hits(&t, 2, &[(0, 4)], p), (2, 1, 5), "{p:?}");
     }
     // A request with more unpinned experts than slots is refused, as the cache refuses it.
-    let e = simulate(&t, 1, &[], SimPolicy::Lru).unwrap_err().to_string();
+    let e = simulate(&t, 1, &[], SimPolicy::Lru)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("2 unpinned experts, 1 slots"), "{e}");
 }
 
@@ -63,11 +81,18 @@ fn hand_trace_sets_and_pins() {
 /// popularity shift halfway (as topics change), as trace text.
 fn zipf_trace(layers: usize, experts: usize, k: usize, tokens: usize, seed: u64) -> Trace {
     let mut rng = Rng::new(seed);
-    let mut text = format!("# sluice route-trace v1\n# experts-per-layer{}\n", format!(" {experts}").repeat(layers));
-    let mut weights: Vec<Vec<f64>> = (0..layers).map(|_| zipf_weights(experts, 1.0, &mut rng)).collect();
+    let mut text = format!(
+        "# sluice route-trace v1\n# experts-per-layer{}\n",
+        format!(" {experts}").repeat(layers)
+    );
+    let mut weights: Vec<Vec<f64>> = (0..layers)
+        .map(|_| zipf_weights(experts, 1.0, &mut rng))
+        .collect();
     for t in 0..tokens {
         if t == tokens / 2 {
-            weights = (0..layers).map(|_| zipf_weights(experts, 1.0, &mut rng)).collect();
+            weights = (0..layers)
+                .map(|_| zipf_weights(experts, 1.0, &mut rng))
+                .collect();
         }
         for (l, w) in weights.iter().enumerate() {
             let sel = rng.distinct_weighted(w, k);
@@ -89,17 +114,35 @@ fn belady_bounds_lru_and_hotness_on_zipf_routing() {
         let b = simulate(&t, slots, &[], SimPolicy::Belady).expect("belady");
         let l = simulate(&t, slots, &[], SimPolicy::Lru).expect("lru");
         for k in [4, 16, 64, 256] {
-            let h = simulate(&t, slots, &[], SimPolicy::Hotness { halve_every: k }).expect("hotness");
-            assert!(b.hits >= h.hits, "slots {slots}: belady {} < hotness/{k} {}", b.hits, h.hits);
+            let h =
+                simulate(&t, slots, &[], SimPolicy::Hotness { halve_every: k }).expect("hotness");
+            assert!(
+                b.hits >= h.hits,
+                "slots {slots}: belady {} < hotness/{k} {}",
+                b.hits,
+                h.hits
+            );
             eprintln!("slots {slots:>2}: hotness/{k:<3} {:.3}", h.hit_rate());
         }
-        assert!(b.hits >= l.hits, "slots {slots}: belady {} < lru {}", b.hits, l.hits);
+        assert!(
+            b.hits >= l.hits,
+            "slots {slots}: belady {} < lru {}",
+            b.hits,
+            l.hits
+        );
         if slots > 4 {
-            assert!(b.hits > l.hits, "slots {slots}: belady should strictly beat LRU on this trace");
+            assert!(
+                b.hits > l.hits,
+                "slots {slots}: belady should strictly beat LRU on this trace"
+            );
         } else {
             assert_eq!(b.hits, l.hits);
         }
-        eprintln!("slots {slots:>2}: lru {:.3} belady {:.3}", l.hit_rate(), b.hit_rate());
+        eprintln!(
+            "slots {slots:>2}: lru {:.3} belady {:.3}",
+            l.hit_rate(),
+            b.hit_rate()
+        );
         assert_eq!(b.requests(), t.selections());
     }
 }
@@ -116,7 +159,13 @@ fn simulator_matches_the_cache_on_its_own_trace() {
             (0..12u64)
                 .map(|e| {
                     let base = (l * 12 + e) * 3 * part;
-                    ExpertLoc { parts: [r(0, base, part), r(0, base + part, part), r(0, base + 2 * part, part)] }
+                    ExpertLoc {
+                        parts: [
+                            r(0, base, part),
+                            r(0, base + part, part),
+                            r(0, base + 2 * part, part),
+                        ],
+                    }
                 })
                 .collect()
         })
@@ -132,7 +181,11 @@ fn simulator_matches_the_cache_on_its_own_trace() {
             trace: Some(trace_path.clone()),
             ..CacheConfig::new(4)
         };
-        let mut cache = ExpertCache::new(ExpertStore::new(vec![path.clone()], experts.clone()).expect("store"), cfg).expect("cache");
+        let mut cache = ExpertCache::new(
+            ExpertStore::new(vec![path.clone()], experts.clone()).expect("store"),
+            cfg,
+        )
+        .expect("cache");
         let mut rng = Rng::new(99);
         let w: Vec<Vec<f64>> = (0..3).map(|_| zipf_weights(12, 1.2, &mut rng)).collect();
         for _ in 0..300 {
@@ -153,7 +206,11 @@ fn simulator_matches_the_cache_on_its_own_trace() {
             Policy::Hotness { halve_every } => SimPolicy::Hotness { halve_every },
         };
         let sim = simulate(&t, 4, &pinned, sp).expect("simulate");
-        assert_eq!((sim.hits_pin, sim.hits, sim.misses), (s.hits_pin, s.hits_lru, s.misses), "{policy:?}");
+        assert_eq!(
+            (sim.hits_pin, sim.hits, sim.misses),
+            (s.hits_pin, s.hits_lru, s.misses),
+            "{policy:?}"
+        );
         // Usage counts of the run equal the trace's selections.
         let u = cache.usage();
         assert_eq!(u.total(), t.selections());
@@ -172,8 +229,18 @@ fn trace_round_trip_and_bad_lines() {
     let t = Trace::load(&p).expect("load");
     assert_eq!(t.experts_per_layer, vec![0, 8, 8]);
     assert_eq!(t.lines.len(), 3);
-    assert_eq!((t.lines[0].token, t.lines[0].layer, t.lines[0].experts.clone()), (0, 1, vec![3, 7, 0]));
-    assert_eq!((t.lines[2].token, t.lines[2].layer, t.lines[2].experts.len()), (4, 1, 0));
+    assert_eq!(
+        (
+            t.lines[0].token,
+            t.lines[0].layer,
+            t.lines[0].experts.clone()
+        ),
+        (0, 1, vec![3, 7, 0])
+    );
+    assert_eq!(
+        (t.lines[2].token, t.lines[2].layer, t.lines[2].experts.len()),
+        (4, 1, 0)
+    );
 
     let head = "# sluice route-trace v1\n# experts-per-layer 0 8\n";
     for (body, want) in [
@@ -185,10 +252,15 @@ fn trace_round_trip_and_bad_lines() {
         ("0 1 x\n", "expert `x` is not a number"),
         ("7\n", "missing layer"),
     ] {
-        let e = Trace::parse(&format!("{head}{body}"), Path::new("t")).unwrap_err().to_string();
+        let e = Trace::parse(&format!("{head}{body}"), Path::new("t"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(want), "{body:?}: {e}");
     }
-    assert!(Trace::parse("hello\n", Path::new("t")).unwrap_err().to_string().contains("not a route trace"));
+    assert!(Trace::parse("hello\n", Path::new("t"))
+        .unwrap_err()
+        .to_string()
+        .contains("not a route trace"));
 }
 
 #[test]
@@ -206,14 +278,27 @@ fn usage_save_load_top_n() {
     u.save(&p, "model-a").expect("save");
     assert_eq!(UsageStats::load(&p, "model-a").expect("load"), u);
     // No temporary file is left beside it.
-    let names: Vec<_> = std::fs::read_dir(&dir).expect("dir").map(|e| e.expect("entry").file_name()).collect();
+    let names: Vec<_> = std::fs::read_dir(&dir)
+        .expect("dir")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
     assert_eq!(names, vec![std::ffi::OsString::from("usage.json")]);
     let e = UsageStats::load(&p, "model-b").unwrap_err().to_string();
     assert!(e.contains("made for model `model-a`, not `model-b`"), "{e}");
-    std::fs::write(&p, b"{\"format\":\"sluice-usage\",\"version\":9,\"model\":\"m\",\"layers\":[]}").expect("write");
-    assert!(UsageStats::load(&p, "m").unwrap_err().to_string().contains("version 9"));
+    std::fs::write(
+        &p,
+        b"{\"format\":\"sluice-usage\",\"version\":9,\"model\":\"m\",\"layers\":[]}",
+    )
+    .expect("write");
+    assert!(UsageStats::load(&p, "m")
+        .unwrap_err()
+        .to_string()
+        .contains("version 9"));
     std::fs::write(&p, b"garbage").expect("write");
-    assert!(UsageStats::load(&p, "m").unwrap_err().to_string().contains("not a usage file"));
+    assert!(UsageStats::load(&p, "m")
+        .unwrap_err()
+        .to_string()
+        .contains("not a usage file"));
     let mut twice = u.clone();
     twice.add(&u).expect("add");
     assert_eq!(twice.count(2, 0), 18);
@@ -236,19 +321,48 @@ fn cache_sim_command() {
     std::fs::write(&p, "# sluice route-trace v1\n# experts-per-layer 4\n0 0 0\n1 0 1\n2 0 0\n3 0 2\n4 0 0\n5 0 1\n6 0 3\n7 0 0\n8 0 1\n")
         .expect("write");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["cache-sim", p.to_str().expect("utf-8 path"), "--slots", "2", "--halve-every", "100"])
+        .args([
+            "cache-sim",
+            p.to_str().expect("utf-8 path"),
+            "--slots",
+            "2",
+            "--halve-every",
+            "100",
+        ])
         .output()
         .expect("run sluice");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text} {}", String::from_utf8_lossy(&out.stderr));
-    let row = |name: &str| text.lines().find(|l| l.starts_with(name)).map(|l| l.split_whitespace().skip(1).take(3).collect::<Vec<_>>().join(" "));
+    assert!(
+        out.status.success(),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = |name: &str| {
+        text.lines().find(|l| l.starts_with(name)).map(|l| {
+            l.split_whitespace()
+                .skip(1)
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+    };
     assert_eq!(row("lru").as_deref(), Some("0 2 7"), "{text}");
     assert_eq!(row("hotness/100").as_deref(), Some("0 3 6"), "{text}");
     assert_eq!(row("belady").as_deref(), Some("0 3 6"), "{text}");
     // Bad input: one line, exit 1.
-    std::fs::write(&p, "# sluice route-trace v1\n# experts-per-layer 4\n0 0 7\n").expect("write");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice")).args(["cache-sim", p.to_str().expect("utf-8"), "--slots", "2"]).output().expect("run");
+    std::fs::write(
+        &p,
+        "# sluice route-trace v1\n# experts-per-layer 4\n0 0 7\n",
+    )
+    .expect("write");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["cache-sim", p.to_str().expect("utf-8"), "--slots", "2"])
+        .output()
+        .expect("run");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1));
-    assert!(err.contains("t.trace:3: expert 7 out of range") && err.lines().count() == 1, "{err}");
+    assert!(
+        err.contains("t.trace:3: expert 7 out of range") && err.lines().count() == 1,
+        "{err}"
+    );
 }

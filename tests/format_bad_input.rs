@@ -21,13 +21,35 @@ fn expect_failure(path: &Path, extra: &[&str], names: &str, needles: &[&str]) {
         .expect("run sluice");
     let err = String::from_utf8_lossy(&o.stderr);
     let line = err.trim_end();
-    assert_eq!(o.status.code(), Some(1), "{}: exit status {:?}, stderr: {err}", path.display(), o.status);
-    assert!(!line.contains('\n'), "{}: stderr is not one line:\n{err}", path.display());
-    assert!(!err.contains("panicked") && !err.contains("backtrace"), "{}: panic:\n{err}", path.display());
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}: exit status {:?}, stderr: {err}",
+        path.display(),
+        o.status
+    );
+    assert!(
+        !line.contains('\n'),
+        "{}: stderr is not one line:\n{err}",
+        path.display()
+    );
+    assert!(
+        !err.contains("panicked") && !err.contains("backtrace"),
+        "{}: panic:\n{err}",
+        path.display()
+    );
     assert!(line.starts_with("error: "), "{line}");
-    assert!(line.contains(names), "{}: error does not name {names}: {line}", path.display());
+    assert!(
+        line.contains(names),
+        "{}: error does not name {names}: {line}",
+        path.display()
+    );
     for n in needles {
-        assert!(line.contains(n), "{}: error lacks {n:?}: {line}", path.display());
+        assert!(
+            line.contains(n),
+            "{}: error lacks {n:?}: {line}",
+            path.display()
+        );
     }
     assert!(o.stdout.is_empty(), "nothing on stdout for a failure");
 }
@@ -37,7 +59,9 @@ fn tiny() -> Vec<u8> {
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> usize {
-    hay.windows(needle.len()).position(|w| w == needle).expect("needle in fixture")
+    hay.windows(needle.len())
+        .position(|w| w == needle)
+        .expect("needle in fixture")
 }
 
 fn put_u64(b: &mut [u8], at: usize, v: u64) {
@@ -69,7 +93,12 @@ fn gguf_truncated_data() {
     let d = scratch("bad");
     let g = tiny();
     let p = write(&d, "trunc-data.gguf", &g[..g.len() - 1000]);
-    expect_failure(&p, &[], "trunc-data.gguf", &["output.weight", "past the end of the file"]);
+    expect_failure(
+        &p,
+        &[],
+        "trunc-data.gguf",
+        &["output.weight", "past the end of the file"],
+    );
 }
 
 #[test]
@@ -107,7 +136,12 @@ fn gguf_array_length_past_end() {
     let at = find(&g, b"tokenizer.ggml.tokens") + "tokenizer.ggml.tokens".len() + 8;
     put_u64(&mut g, at, 1 << 50);
     let p = write(&d, "arrlen.gguf", &g);
-    expect_failure(&p, &[], "arrlen.gguf", &["tokenizer.ggml.tokens", "array of", "past the end"]);
+    expect_failure(
+        &p,
+        &[],
+        "arrlen.gguf",
+        &["tokenizer.ggml.tokens", "array of", "past the end"],
+    );
 }
 
 #[test]
@@ -142,7 +176,11 @@ fn gguf_empty_and_missing_files() {
 fn gguf_unsupported_type_when_used() {
     // Inspecting only describes; --check reads every tensor and meets type 99.
     let p = fixture("format/unknown-type.gguf");
-    let o = Command::new(env!("CARGO_BIN_EXE_sluice")).arg("inspect").arg(&p).output().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("inspect")
+        .arg(&p)
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     expect_failure(&p, &["--check"], "unknown-type.gguf", &["b.weight", "#99"]);
 }
@@ -153,7 +191,12 @@ fn gguf_missing_shard() {
     for n in ["split-00001-of-00003.gguf", "split-00003-of-00003.gguf"] {
         std::fs::copy(fixture(&format!("format/{n}")), d.join(n)).unwrap();
     }
-    expect_failure(&d.join("split-00001-of-00003.gguf"), &[], "split-00002-of-00003.gguf", &["missing shard"]);
+    expect_failure(
+        &d.join("split-00001-of-00003.gguf"),
+        &[],
+        "split-00002-of-00003.gguf",
+        &["missing shard"],
+    );
 }
 
 fn fused() -> Vec<u8> {
@@ -166,7 +209,12 @@ fn safetensors_header_length_past_end() {
     let mut b = fused();
     put_u64(&mut b, 0, 1 << 40);
     let p = write(&d, "hdr.safetensors", &b);
-    expect_failure(&p, &[], "hdr.safetensors", &["header length", "past the end"]);
+    expect_failure(
+        &p,
+        &[],
+        "hdr.safetensors",
+        &["header length", "past the end"],
+    );
 }
 
 #[test]
@@ -201,16 +249,29 @@ fn safetensors_unsupported_dtype_when_used() {
 #[test]
 fn safetensors_missing_shard() {
     let d = scratch("bad-st");
-    for n in ["config.json", "model.safetensors.index.json", "model-00001-of-00002.safetensors"] {
+    for n in [
+        "config.json",
+        "model.safetensors.index.json",
+        "model-00001-of-00002.safetensors",
+    ] {
         std::fs::copy(fixture(&format!("format/hf-deepseek/{n}")), d.join(n)).unwrap();
     }
-    expect_failure(&d, &[], "model-00002-of-00002.safetensors", &["missing shard", "index.json"]);
+    expect_failure(
+        &d,
+        &[],
+        "model-00002-of-00002.safetensors",
+        &["missing shard", "index.json"],
+    );
 }
 
 #[test]
 fn safetensors_bad_config() {
     let d = scratch("bad-cfg");
-    std::fs::copy(fixture("format/hf-fused/model.safetensors"), d.join("model.safetensors")).unwrap();
+    std::fs::copy(
+        fixture("format/hf-fused/model.safetensors"),
+        d.join("model.safetensors"),
+    )
+    .unwrap();
     std::fs::write(d.join("config.json"), "{\"num_hidden_layers\": ").unwrap();
     expect_failure(&d, &[], "config.json", &["not valid JSON"]);
 }
@@ -218,7 +279,12 @@ fn safetensors_bad_config() {
 #[test]
 fn not_a_model() {
     let d = scratch("bad-dir");
-    expect_failure(&d, &[], d.file_name().unwrap().to_str().unwrap(), &["no .safetensors or .gguf"]);
+    expect_failure(
+        &d,
+        &[],
+        d.file_name().unwrap().to_str().unwrap(),
+        &["no .safetensors or .gguf"],
+    );
     let p = write(&d, "notes.txt", b"hello");
     expect_failure(&p, &[], "notes.txt", &["not a model"]);
 }

@@ -13,7 +13,10 @@ fn try_open(path: &std::path::Path, bytes: &[u8]) {
     match ModelFiles::open(path) {
         Err(e) => {
             let msg = e.to_string();
-            assert!(msg.contains(path.file_name().unwrap().to_str().unwrap()), "{msg}");
+            assert!(
+                msg.contains(path.file_name().unwrap().to_str().unwrap()),
+                "{msg}"
+            );
             assert!(!msg.contains('\n'), "{msg}");
         }
         Ok(m) => {
@@ -61,7 +64,10 @@ fn every_truncation_of_a_gguf_header_is_an_error() {
 #[test]
 fn corrupted_gguf_headers_never_panic() {
     let g = std::fs::read(fixture("format/all-types.gguf")).unwrap();
-    let header = ModelFiles::open(&fixture("format/all-types.gguf")).unwrap().data_offset(0).unwrap() as usize;
+    let header = ModelFiles::open(&fixture("format/all-types.gguf"))
+        .unwrap()
+        .data_offset(0)
+        .unwrap() as usize;
     let d = scratch("flip-gguf");
     let p = d.join("f.gguf");
     let mut rng = Rng(0x5EED_1234_ABCD_0001);
@@ -94,7 +100,11 @@ fn corrupted_safetensors_headers_never_panic() {
         let mut b = good.clone();
         for _ in 0..1 + rng.below(3) {
             let i = rng.below(8 + h.len());
-            b[i] = if rng.below(2) == 0 { b"0123456789[]{},:\"-"[rng.below(18)] } else { rng.next() as u8 };
+            b[i] = if rng.below(2) == 0 {
+                b"0123456789[]{},:\"-"[rng.below(18)]
+            } else {
+                rng.next() as u8
+            };
         }
         try_open(&p, &b);
     }

@@ -12,7 +12,12 @@ fn check_model(rel: &str, m: &ModelFiles) {
     let all = expected();
     let exp = &all["safetensors"][rel];
     assert_eq!(m.kind(), FileKind::Safetensors);
-    let files: Vec<_> = exp["files"].as_array().unwrap().iter().map(|f| fixture(f.as_str().unwrap())).collect();
+    let files: Vec<_> = exp["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| fixture(f.as_str().unwrap()))
+        .collect();
     assert_eq!(m.paths(), &files[..], "{rel}: files");
     assert_eq!(m.meta_keys().count(), 0);
     assert!(m.meta("general.architecture").is_none());
@@ -28,10 +33,18 @@ fn check_model(rel: &str, m: &ModelFiles) {
         assert_eq!(t.range.file as u64, as_u64(&e["file"]), "{name}: file");
         assert_eq!(t.range.offset, as_u64(&e["offset"]), "{name}: offset");
         assert_eq!(t.range.len, as_u64(&e["n_bytes"]), "{name}: length");
-        assert_eq!(fnv1a64(m.bytes(t).unwrap()), e["fnv"].as_str().unwrap(), "{name}: bytes");
+        assert_eq!(
+            fnv1a64(m.bytes(t).unwrap()),
+            e["fnv"].as_str().unwrap(),
+            "{name}: bytes"
+        );
         if let Some(f) = e.get("dequant_fnv") {
             match m.dequantize(t) {
-                Ok(v) => assert_eq!(fnv1a64(&f32_bytes(&v)), f.as_str().unwrap(), "{name}: dequantized"),
+                Ok(v) => assert_eq!(
+                    fnv1a64(&f32_bytes(&v)),
+                    f.as_str().unwrap(),
+                    "{name}: dequantized"
+                ),
                 // BF16 kernels come from kernels/float.rs; F8 from kernels/fp8.rs: both present.
                 Err(err) => panic!("{name}: {err}"),
             }
@@ -39,7 +52,11 @@ fn check_model(rel: &str, m: &ModelFiles) {
         if let Some(experts) = e.get("experts_fnv") {
             for (i, f) in experts.as_array().unwrap().iter().enumerate() {
                 let r = m.expert_range(t, i).unwrap();
-                assert_eq!(fnv1a64(m.range_bytes(r).unwrap()), f.as_str().unwrap(), "{name}: expert {i}");
+                assert_eq!(
+                    fnv1a64(m.range_bytes(r).unwrap()),
+                    f.as_str().unwrap(),
+                    "{name}: expert {i}"
+                );
             }
         }
     }
@@ -53,9 +70,16 @@ fn deepseek_sharded_fp8_matches_reference() {
     let cfg = m.config().expect("config.json");
     assert_eq!(cfg["model_type"], "deepseek_v3");
     // Weights are FP8 with a sibling scale tensor; scales are plain F32.
-    let w = m.tensor("model.layers.1.mlp.experts.3.down_proj.weight").unwrap();
+    let w = m
+        .tensor("model.layers.1.mlp.experts.3.down_proj.weight")
+        .unwrap();
     assert_eq!(w.dtype, DType::F8E4M3);
-    assert_eq!(m.tensor("model.layers.1.mlp.experts.3.down_proj.weight_scale_inv").unwrap().dtype, DType::F32);
+    assert_eq!(
+        m.tensor("model.layers.1.mlp.experts.3.down_proj.weight_scale_inv")
+            .unwrap()
+            .dtype,
+        DType::F32
+    );
     // The index file itself opens the same model.
     let m2 = ModelFiles::open(&fixture("format/hf-deepseek/model.safetensors.index.json")).unwrap();
     assert_eq!(m2.tensors(), m.tensors());
@@ -78,7 +102,13 @@ fn fp8_block_scaled_dequantization_is_bit_identical() {
         .collect();
     assert_eq!(got.len(), want.len());
     for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-        assert_eq!(a.to_bits(), b.to_bits(), "element {i} (row {}, col {}): {a} vs {b}", i / 136, i % 136);
+        assert_eq!(
+            a.to_bits(),
+            b.to_bits(),
+            "element {i} (row {}, col {}): {a} vs {b}",
+            i / 136,
+            i % 136
+        );
     }
 }
 
@@ -118,7 +148,10 @@ fn unsupported_dtypes_fail_when_used() {
     let u = m.tensor("u").unwrap();
     assert_eq!(m.dtype_name(u), "U16");
     let e = m.bytes(u).unwrap_err().to_string();
-    assert!(e.contains("model.safetensors") && e.contains("`u`") && e.contains("U16"), "{e}");
+    assert!(
+        e.contains("model.safetensors") && e.contains("`u`") && e.contains("U16"),
+        "{e}"
+    );
     // I32 has a layout (bytes work) but no kernels.
     let i = m.tensor("i").unwrap();
     assert_eq!(m.bytes(i).unwrap().len(), 4);
@@ -141,8 +174,14 @@ fn fp8_scale_shape_mismatch_is_an_error() {
     data.extend([0x38u8, 0xB8, 0x7E, 0x01, 0x00, 0x80]);
     write_st(&p, h, &data);
     let m = ModelFiles::open(&p).unwrap();
-    let e = m.dequantize(m.tensor("w.weight").unwrap()).unwrap_err().to_string();
-    assert!(e.contains("w.weight_scale_inv") && e.contains("[1, 2]"), "{e}");
+    let e = m
+        .dequantize(m.tensor("w.weight").unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("w.weight_scale_inv") && e.contains("[1, 2]"),
+        "{e}"
+    );
     // Without a scale tensor: plain E4M3 values.
     let v = m.dequantize(m.tensor("p.weight").unwrap()).unwrap();
     assert_eq!(v, vec![1.0, -1.0, 448.0, 2f32.powi(-9), 0.0, -0.0]);

@@ -41,7 +41,10 @@ fn check_identical(rel: &str, chunk: usize) {
     let m2 = ModelFiles::open(&out).unwrap();
     assert_eq!(m2.tensors().len(), m.tensors().len());
     for (x, y) in m.tensors().iter().zip(m2.tensors()) {
-        assert_eq!((&x.name, x.dtype, &x.shape, x.range.offset), (&y.name, y.dtype, &y.shape, y.range.offset));
+        assert_eq!(
+            (&x.name, x.dtype, &x.shape, x.range.offset),
+            (&y.name, y.dtype, &y.shape, y.range.offset)
+        );
     }
 }
 
@@ -63,18 +66,33 @@ fn writer_refuses_misuse_and_leaves_no_file() {
     let tmp = d.join("m.gguf.tmp");
     let mut w = GgufWriter::new(&out).unwrap();
     assert!(tmp.exists());
-    w.add_meta("general.architecture", MetaValue::String("x".into())).unwrap();
-    assert!(w.add_meta("general.architecture", MetaValue::String("y".into())).is_err());
-    assert!(w.add_meta("a", MetaValue::Array(vec![MetaValue::U8(1), MetaValue::I8(1)])).is_err());
+    w.add_meta("general.architecture", MetaValue::String("x".into()))
+        .unwrap();
+    assert!(w
+        .add_meta("general.architecture", MetaValue::String("y".into()))
+        .is_err());
+    assert!(w
+        .add_meta(
+            "a",
+            MetaValue::Array(vec![MetaValue::U8(1), MetaValue::I8(1)])
+        )
+        .is_err());
     assert!(w.add_meta("general.alignment", MetaValue::U32(48)).is_err());
-    assert!(w.add_tensor_info(&"n".repeat(64), DType::F32, &[4]).is_err());
+    assert!(w
+        .add_tensor_info(&"n".repeat(64), DType::F32, &[4])
+        .is_err());
     assert!(w.add_tensor_info("fp8", DType::F8E4M3, &[4]).is_err());
     assert!(w.add_tensor_info("q", DType::Q4_K, &[2, 100]).is_err());
     assert!(w.add_tensor_info("u", DType::Unknown(99), &[4]).is_err());
-    assert!(w.add_tensor_info("big", DType::F32, &[1, 1, 1, 1, 1]).is_err());
+    assert!(w
+        .add_tensor_info("big", DType::F32, &[1, 1, 1, 1, 1])
+        .is_err());
     w.add_tensor_info("a", DType::F32, &[2]).unwrap();
     w.add_tensor_info("b", DType::F16, &[3]).unwrap();
-    assert!(w.write_tensor_data(&[0u8; 9]).is_err(), "runs into the next tensor");
+    assert!(
+        w.write_tensor_data(&[0u8; 9]).is_err(),
+        "runs into the next tensor"
+    );
     w.write_tensor_data(&[0u8; 8]).unwrap();
     assert!(w.add_meta("late", MetaValue::U8(1)).is_err());
     assert!(w.add_tensor_info("late", DType::F32, &[1]).is_err());
@@ -94,14 +112,18 @@ fn writer_output_reads_back() {
     let d = scratch("writer-small");
     let out = d.join("s.gguf");
     let mut w = GgufWriter::new(&out).unwrap();
-    w.add_meta("general.alignment", MetaValue::U32(128)).unwrap();
+    w.add_meta("general.alignment", MetaValue::U32(128))
+        .unwrap();
     w.add_meta("k.empty", MetaValue::Array(vec![])).unwrap();
     w.add_meta("k.f", MetaValue::F64(-1.5)).unwrap();
     w.add_tensor_info("w", DType::Q8_0, &[2, 3, 32]).unwrap();
     w.add_tensor_info("v", DType::F32, &[5]).unwrap();
     let q: Vec<u8> = (0..6 * 34).map(|i| i as u8).collect();
     w.write_tensor_data(&q).unwrap();
-    let v: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0, 5.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+    let v: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0, 5.0]
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
     w.write_tensor_data(&v).unwrap();
     w.finish().unwrap();
 
@@ -115,6 +137,9 @@ fn writer_output_reads_back() {
     assert_eq!(m.bytes(t).unwrap(), &q[..]);
     let e1 = m.expert_range(t, 1).unwrap();
     assert_eq!(m.range_bytes(e1).unwrap(), &q[3 * 34..]);
-    assert_eq!(m.dequantize(m.tensor("v").unwrap()).unwrap(), vec![1.0, 2.0, 3.0, 4.0, 5.0]);
+    assert_eq!(
+        m.dequantize(m.tensor("v").unwrap()).unwrap(),
+        vec![1.0, 2.0, 3.0, 4.0, 5.0]
+    );
     assert_eq!(std::fs::metadata(&out).unwrap().len() % 128, 0);
 }

@@ -14,29 +14,70 @@ fn check(rel: &str, s: &ModelSummary) {
     let all = expected();
     let e = &all["inspect"][rel];
     assert!(e.is_object(), "no expectations for {rel}");
-    assert_eq!(s.architecture.as_deref(), e["architecture"].as_str(), "{rel}: architecture");
+    assert_eq!(
+        s.architecture.as_deref(),
+        e["architecture"].as_str(),
+        "{rel}: architecture"
+    );
     assert_eq!(s.layers, e["layers"].as_u64(), "{rel}: layers");
     assert_eq!(s.moe_layers, as_u64(&e["moe_layers"]), "{rel}: moe layers");
-    assert_eq!(s.experts_per_layer, e["experts_per_layer"].as_u64(), "{rel}: experts");
-    assert_eq!(s.experts_used_per_token, e["experts_used_per_token"].as_u64(), "{rel}: used");
-    assert_eq!(s.shared_experts, as_u64(&e["shared_experts"]), "{rel}: shared");
+    assert_eq!(
+        s.experts_per_layer,
+        e["experts_per_layer"].as_u64(),
+        "{rel}: experts"
+    );
+    assert_eq!(
+        s.experts_used_per_token,
+        e["experts_used_per_token"].as_u64(),
+        "{rel}: used"
+    );
+    assert_eq!(
+        s.shared_experts,
+        as_u64(&e["shared_experts"]),
+        "{rel}: shared"
+    );
     assert_eq!(s.tensors as u64, as_u64(&e["tensors"]), "{rel}: tensors");
     let qt = e["quant_types"].as_object().unwrap();
     assert_eq!(s.quant_types.len(), qt.len(), "{rel}: quant types");
     for q in &s.quant_types {
         let want = &qt[&q.dtype];
-        assert_eq!(q.tensors as u64, as_u64(&want["tensors"]), "{rel}: {} count", q.dtype);
+        assert_eq!(
+            q.tensors as u64,
+            as_u64(&want["tensors"]),
+            "{rel}: {} count",
+            q.dtype
+        );
         assert_eq!(q.bytes, as_u64(&want["bytes"]), "{rel}: {} bytes", q.dtype);
     }
     assert!(s.quant_types.windows(2).all(|w| w[0].bytes >= w[1].bytes));
-    assert_eq!(s.resident_bytes, as_u64(&e["resident_bytes"]), "{rel}: resident");
-    assert_eq!(s.routed_expert_bytes, as_u64(&e["routed_expert_bytes"]), "{rel}: routed");
+    assert_eq!(
+        s.resident_bytes,
+        as_u64(&e["resident_bytes"]),
+        "{rel}: resident"
+    );
+    assert_eq!(
+        s.routed_expert_bytes,
+        as_u64(&e["routed_expert_bytes"]),
+        "{rel}: routed"
+    );
     assert_eq!(s.resident_bytes + s.routed_expert_bytes, s.total_bytes);
-    assert_eq!(s.one_expert_bytes_per_layer, as_u64(&e["one_expert_bytes_per_layer"]), "{rel}: one expert");
-    assert_eq!(s.routed_bytes_per_token, as_u64(&e["routed_bytes_per_token"]), "{rel}: per token");
+    assert_eq!(
+        s.one_expert_bytes_per_layer,
+        as_u64(&e["one_expert_bytes_per_layer"]),
+        "{rel}: one expert"
+    );
+    assert_eq!(
+        s.routed_bytes_per_token,
+        as_u64(&e["routed_bytes_per_token"]),
+        "{rel}: per token"
+    );
 }
 
-const MODELS: [&str; 3] = ["tiny-moe.gguf", "format/hf-deepseek", "format/hf-fused/model.safetensors"];
+const MODELS: [&str; 3] = [
+    "tiny-moe.gguf",
+    "format/hf-deepseek",
+    "format/hf-fused/model.safetensors",
+];
 
 #[test]
 fn summaries_match_reference() {
@@ -47,8 +88,15 @@ fn summaries_match_reference() {
 }
 
 fn sluice(args: &[&str]) -> (i32, String, String) {
-    let o = Command::new(env!("CARGO_BIN_EXE_sluice")).args(args).output().expect("run sluice");
-    (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stdout).into(), String::from_utf8_lossy(&o.stderr).into())
+    let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .output()
+        .expect("run sluice");
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into(),
+        String::from_utf8_lossy(&o.stderr).into(),
+    )
 }
 
 #[test]
@@ -69,7 +117,14 @@ fn cli_text_names_the_essentials() {
     let (code, out, err) = sluice(&["inspect", p.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
     assert!(err.is_empty(), "{err}");
-    for needle in ["qwen3moe", "8 per layer, 2 used per token, 0 shared", "Q4_K", "Q6_K", "Q8_0", "(71680 bytes)"] {
+    for needle in [
+        "qwen3moe",
+        "8 per layer, 2 used per token, 0 shared",
+        "Q4_K",
+        "Q6_K",
+        "Q8_0",
+        "(71680 bytes)",
+    ] {
         assert!(out.contains(needle), "missing {needle:?} in:\n{out}");
     }
 }
@@ -77,7 +132,13 @@ fn cli_text_names_the_essentials() {
 #[test]
 fn cli_tensor_list_and_check() {
     let p = fixture("format/hf-deepseek");
-    let (code, out, err) = sluice(&["inspect", p.to_str().unwrap(), "--json", "--tensors", "--check"]);
+    let (code, out, err) = sluice(&[
+        "inspect",
+        p.to_str().unwrap(),
+        "--json",
+        "--tensors",
+        "--check",
+    ]);
     assert_eq!(code, 0, "{err}");
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["checked"], true);

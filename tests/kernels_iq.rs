@@ -22,10 +22,15 @@ use std::path::PathBuf;
 const TYPES: [DType; 4] = [DType::Q2_K, DType::Q3_K, DType::IQ2_XXS, DType::MXFP4];
 
 fn read(dir: &str, name: &str) -> (Vec<u8>, Vec<f32>) {
-    let base = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(dir);
+    let base = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(dir);
     let blocks = std::fs::read(base.join(format!("{name}.blocks"))).expect("fixture blocks");
     let raw = std::fs::read(base.join(format!("{name}.f32"))).expect("fixture f32");
-    let f = raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let f = raw
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
     (blocks, f)
 }
 
@@ -36,12 +41,21 @@ fn assert_dequant_bits(t: DType, blocks: &[u8], want: &[f32], what: &str) {
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         if g.to_bits() != w.to_bits() {
             if bad < 5 {
-                eprintln!("{what} element {i}: sluice {g:e} ({:#010x}), gguf {w:e} ({:#010x})", g.to_bits(), w.to_bits());
+                eprintln!(
+                    "{what} element {i}: sluice {g:e} ({:#010x}), gguf {w:e} ({:#010x})",
+                    g.to_bits(),
+                    w.to_bits()
+                );
             }
             bad += 1;
         }
     }
-    assert_eq!(bad, 0, "{what}: {bad} of {} elements differ from gguf", want.len());
+    assert_eq!(
+        bad,
+        0,
+        "{what}: {bad} of {} elements differ from gguf",
+        want.len()
+    );
 }
 
 #[test]
@@ -51,8 +65,18 @@ fn dequantize_matches_gguf_bit_for_bit() {
         assert_eq!(want.len(), 2048);
         assert_dequant_bits(t, &blocks, &want, &t.name());
     }
-    assert_dequant_bits(DType::IQ2_XXS, &read("iq", "IQ2_XXS_grid").0, &read("iq", "IQ2_XXS_grid").1, "IQ2_XXS_grid");
-    assert_dequant_bits(DType::MXFP4, &read("iq", "MXFP4_codes").0, &read("iq", "MXFP4_codes").1, "MXFP4_codes");
+    assert_dequant_bits(
+        DType::IQ2_XXS,
+        &read("iq", "IQ2_XXS_grid").0,
+        &read("iq", "IQ2_XXS_grid").1,
+        "IQ2_XXS_grid",
+    );
+    assert_dequant_bits(
+        DType::MXFP4,
+        &read("iq", "MXFP4_codes").0,
+        &read("iq", "MXFP4_codes").1,
+        "MXFP4_codes",
+    );
 }
 
 /// xorshift64*: deterministic activations without a rand dependency.
@@ -116,8 +140,16 @@ fn dot64(w: &[f32], x: &[f64]) -> (f64, f64) {
 /// The activations of `row` after quantization, as f64 (exact: d_b * q_i).
 fn dequantized_acts(row: &kernels::ActRow<'_>, fmt: ActFormat) -> Vec<f64> {
     match fmt {
-        ActFormat::Q8_32 => row.q8_32.iter().flat_map(|b| b.qs.iter().map(move |&q| b.d as f64 * q as f64)).collect(),
-        ActFormat::Q8K => row.q8k.iter().flat_map(|b| b.qs.iter().map(move |&q| b.d as f64 * q as f64)).collect(),
+        ActFormat::Q8_32 => row
+            .q8_32
+            .iter()
+            .flat_map(|b| b.qs.iter().map(move |&q| b.d as f64 * q as f64))
+            .collect(),
+        ActFormat::Q8K => row
+            .q8k
+            .iter()
+            .flat_map(|b| b.qs.iter().map(move |&q| b.d as f64 * q as f64))
+            .collect(),
         ActFormat::F32 => row.f32.iter().map(|&v| v as f64).collect(),
     }
 }
@@ -131,7 +163,12 @@ fn check_for(w: &[f32], x: &[f32], xq: &[f64], ab: usize) -> Check {
         let d = xb.iter().fold(0f32, |m, v| m.max(v.abs())) as f64 / 127.0;
         quant += d / 2.0 * wb.iter().map(|v| v.abs() as f64).sum::<f64>();
     }
-    Check { reference, bound: quant + 1e-5 * abs + 1e-6, quantized, rounding: 1e-5 * abs_q + 1e-6 }
+    Check {
+        reference,
+        bound: quant + 1e-5 * abs + 1e-6,
+        quantized,
+        rounding: 1e-5 * abs_q + 1e-6,
+    }
 }
 
 /// Dot rows of `row_blocks` blocks cut from `blocks`, with several activation rows, at every ISA.
@@ -209,12 +246,19 @@ fn dot_matches_gguf_within_activation_quantization() {
 fn zero_activations_give_zero() {
     for t in TYPES {
         let (blocks, _) = read("quant", &t.name());
-        let n = blocks.len() / t.block_geometry().expect("geometry").1 * t.block_geometry().expect("geometry").0;
+        let n = blocks.len() / t.block_geometry().expect("geometry").1
+            * t.block_geometry().expect("geometry").0;
         let mut acts = Acts::new();
         acts.load(&vec![0.0; n], 1, n);
         acts.prepare(kernels::kernels_for(t).expect("kernels").act);
         for isa in Isa::available() {
-            assert_eq!(kernels::dot_fn(t, isa).expect("dot_fn")(&blocks, &acts.row(0)), 0.0, "{} {}", t.name(), isa.name());
+            assert_eq!(
+                kernels::dot_fn(t, isa).expect("dot_fn")(&blocks, &acts.row(0)),
+                0.0,
+                "{} {}",
+                t.name(),
+                isa.name()
+            );
         }
     }
 }

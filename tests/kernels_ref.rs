@@ -32,16 +32,24 @@ use sluice::kernels::{self, ActFormat, Acts, Isa, WeightView};
 use std::path::PathBuf;
 
 fn fixture(t: DType, ext: &str) -> Vec<u8> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/quant").join(format!("{}.{ext}", t.name()));
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/quant")
+        .join(format!("{}.{ext}", t.name()));
     std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
 /// (blocks, reference f32 values) of type `t`.
 fn load(t: DType) -> (Vec<u8>, Vec<f32>) {
     let blocks = fixture(t, "blocks");
-    let refv: Vec<f32> =
-        fixture(t, "f32").chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-    assert_eq!(Some(blocks.len() as u64), t.bytes_for(refv.len() as u64), "{t}: fixture sizes disagree");
+    let refv: Vec<f32> = fixture(t, "f32")
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    assert_eq!(
+        Some(blocks.len() as u64),
+        t.bytes_for(refv.len() as u64),
+        "{t}: fixture sizes disagree"
+    );
     (blocks, refv)
 }
 
@@ -112,15 +120,27 @@ fn seen_activations(acts: &Acts, row: usize, fmt: ActFormat) -> Vec<f64> {
     let r = acts.row(row);
     match fmt {
         ActFormat::F32 => r.f32.iter().map(|&v| v as f64).collect(),
-        ActFormat::Q8_32 => r.q8_32.iter().flat_map(|b| b.qs.iter().map(move |&q| b.d as f64 * q as f64)).collect(),
-        ActFormat::Q8K => r.q8k.iter().flat_map(|b| b.qs.iter().map(move |&q| b.d as f64 * q as f64)).collect(),
+        ActFormat::Q8_32 => r
+            .q8_32
+            .iter()
+            .flat_map(|b| b.qs.iter().map(move |&q| b.d as f64 * q as f64))
+            .collect(),
+        ActFormat::Q8K => r
+            .q8k
+            .iter()
+            .flat_map(|b| b.qs.iter().map(move |&q| b.d as f64 * q as f64))
+            .collect(),
     }
 }
 
 /// (f64 reference dot, allowed error) for weights `w` (dequantized) and activations `x`.
 fn reference(w: &[f32], x: &[f32], fmt: ActFormat) -> (f64, f64) {
     let exact: f64 = w.iter().zip(x).map(|(&w, &x)| w as f64 * x as f64).sum();
-    let abs: f64 = w.iter().zip(x).map(|(&w, &x)| (w as f64 * x as f64).abs()).sum();
+    let abs: f64 = w
+        .iter()
+        .zip(x)
+        .map(|(&w, &x)| (w as f64 * x as f64).abs())
+        .sum();
     let mut bound = 1e-5 * abs + 1e-6;
     if let Some(b) = act_block(fmt) {
         for (wb, xb) in w.chunks(b).zip(x.chunks(b)) {
@@ -134,13 +154,20 @@ fn reference(w: &[f32], x: &[f32], fmt: ActFormat) -> (f64, f64) {
 #[test]
 fn dequantize_is_bit_identical_to_gguf() {
     let types = kernels::supported_types();
-    assert!(types.len() >= 8, "expected at least the float, Q8_0, Q4_0 and K types, got {types:?}");
+    assert!(
+        types.len() >= 8,
+        "expected at least the float, Q8_0, Q4_0 and K types, got {types:?}"
+    );
     for t in types {
         let (blocks, refv) = load(t);
         let mut out = vec![f32::NAN; refv.len()];
         kernels::dequantize(t, &blocks, &mut out).unwrap();
         for (i, (a, b)) in out.iter().zip(&refv).enumerate() {
-            assert_eq!(a.to_bits(), b.to_bits(), "{t}: element {i}: sluice {a:e} vs gguf {b:e}");
+            assert_eq!(
+                a.to_bits(),
+                b.to_bits(),
+                "{t}: element {i}: sluice {a:e} vs gguf {b:e}"
+            );
         }
     }
 }
@@ -157,13 +184,27 @@ fn dequantize_rejects_partial_blocks() {
 /// negative scales. Offsets of the f16 `d` field per ggml's block structs.
 #[test]
 fn fixtures_include_negative_scales() {
-    let d_offset = [(DType::Q8_0, 0), (DType::Q4_0, 0), (DType::Q4_K, 0), (DType::Q4_K, 2), (DType::Q5_K, 0), (DType::Q5_K, 2), (DType::Q6_K, 208)];
+    let d_offset = [
+        (DType::Q8_0, 0),
+        (DType::Q4_0, 0),
+        (DType::Q4_K, 0),
+        (DType::Q4_K, 2),
+        (DType::Q5_K, 0),
+        (DType::Q5_K, 2),
+        (DType::Q6_K, 208),
+    ];
     for (t, off) in d_offset {
         let (blocks, _) = load(t);
         let bb = t.block_geometry().unwrap().1;
-        let neg = blocks.chunks_exact(bb).filter(|b| b[off + 1] & 0x80 != 0).count();
+        let neg = blocks
+            .chunks_exact(bb)
+            .filter(|b| b[off + 1] & 0x80 != 0)
+            .count();
         let n = blocks.len() / bb;
-        assert!(neg > 0 && neg < n, "{t}: {neg} of {n} blocks have a negative scale at byte {off}");
+        assert!(
+            neg > 0 && neg < n,
+            "{t}: {neg} of {n} blocks have a negative scale at byte {off}"
+        );
     }
 }
 
@@ -177,7 +218,15 @@ fn dot_within_activation_quantization_bound() {
         let be = t.block_elems().unwrap();
         // Whole fixture as 8, 1 or 4 rows; then odd block counts (63, 21, 7, 3 blocks of 32 or
         // 256), which reach the SIMD kernels' remainder paths.
-        let shapes = [(8usize, 256usize), (1, 2048), (4, 512), (1, 2016), (3, 672), (1, 1792), (2, 768)];
+        let shapes = [
+            (8usize, 256usize),
+            (1, 2048),
+            (4, 512),
+            (1, 2016),
+            (3, 672),
+            (1, 1792),
+            (2, 768),
+        ];
         for (rows, cols) in shapes.into_iter().filter(|(_, c)| c % be == 0) {
             let rb = nbytes(t, cols);
             for pattern in 0..3 {
@@ -190,10 +239,16 @@ fn dot_within_activation_quantization_bound() {
                     let w = &refv[r * cols..(r + 1) * cols];
                     let (exact, bound) = reference(w, &x, fmt);
                     let exact_seen: f64 = w.iter().zip(&seen).map(|(&w, &x)| w as f64 * x).sum();
-                    let tight = 1e-5 * w.iter().zip(&seen).map(|(&w, &x)| (w as f64 * x).abs()).sum::<f64>() + 1e-6;
+                    let tight = 1e-5
+                        * w.iter()
+                            .zip(&seen)
+                            .map(|(&w, &x)| (w as f64 * x).abs())
+                            .sum::<f64>()
+                        + 1e-6;
                     let mut scalar = None;
                     for isa in Isa::available() {
-                        let got = kernels::dot(t, isa, &blocks[r * rb..(r + 1) * rb], &acts, 0).unwrap();
+                        let got =
+                            kernels::dot(t, isa, &blocks[r * rb..(r + 1) * rb], &acts, 0).unwrap();
                         let err_seen = (got as f64 - exact_seen).abs();
                         assert!(
                             err_seen <= tight,
@@ -208,7 +263,11 @@ fn dot_within_activation_quantization_bound() {
                             None => scalar = Some(got),
                             Some(s) => {
                                 // Same integer sums, different f32 summation order only.
-                                let abs: f64 = w.iter().zip(&x).map(|(&w, &x)| (w as f64 * x as f64).abs()).sum();
+                                let abs: f64 = w
+                                    .iter()
+                                    .zip(&x)
+                                    .map(|(&w, &x)| (w as f64 * x as f64).abs())
+                                    .sum();
                                 let tol = 1e-5 * abs + 1e-6;
                                 assert!(
                                     ((got - s) as f64).abs() <= tol,
@@ -231,8 +290,16 @@ fn bound_is_tight_enough_to_catch_layout_bugs() {
         let fmt = kernels::kernels_for(t).unwrap().act;
         let x = activations(refv.len(), 0, 11);
         let (_, bound) = reference(&refv, &x, fmt);
-        let abs: f64 = refv.iter().zip(&x).map(|(&w, &x)| (w as f64 * x as f64).abs()).sum();
-        assert!(bound < 0.05 * abs, "{t}: bound {bound:e} is {:.1}% of sum|wx|", 100.0 * bound / abs);
+        let abs: f64 = refv
+            .iter()
+            .zip(&x)
+            .map(|(&w, &x)| (w as f64 * x as f64).abs())
+            .sum();
+        assert!(
+            bound < 0.05 * abs,
+            "{t}: bound {bound:e} is {:.1}% of sum|wx|",
+            100.0 * bound / abs
+        );
     }
 }
 
@@ -255,7 +322,10 @@ fn zero_activations_give_exact_zero() {
 /// pairs of 256-element chunks of the fixture in varying order, so every output differs.
 #[test]
 fn matmul_matches_per_row_dots() {
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
     for t in kernels::supported_types() {
         let (blocks, refv) = load(t);
         let chunk = nbytes(t, 256);
@@ -282,7 +352,11 @@ fn matmul_matches_per_row_dots() {
                         for r in 0..rows {
                             let want = kernels::dot(t, isa, view.row(r), &acts, tr).unwrap();
                             let got = y[tr * rows + r];
-                            assert_eq!(got.to_bits(), want.to_bits(), "{t} {isa:?} act row {tr} weight row {r}: {got} vs {want}");
+                            assert_eq!(
+                                got.to_bits(),
+                                want.to_bits(),
+                                "{t} {isa:?} act row {tr} weight row {r}: {got} vs {want}"
+                            );
                         }
                     }
                 }

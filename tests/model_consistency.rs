@@ -16,7 +16,14 @@ fn default_model() -> std::path::PathBuf {
 fn batched_prefill_matches_token_by_token() {
     let path = default_model();
     let files = ModelFiles::open(&path).unwrap();
-    let model = Model::load(&files, &LoadOptions { threads: 2, ctx: 64 }).unwrap();
+    let model = Model::load(
+        &files,
+        &LoadOptions {
+            threads: 2,
+            ctx: 64,
+        },
+    )
+    .unwrap();
     let v = model.cfg.vocab;
     let tokens: Vec<u32> = (0..20).map(|i| (i * 37 + 11) % v as u32).collect();
 
@@ -32,13 +39,19 @@ fn batched_prefill_matches_token_by_token() {
         let r = &all[i * v..(i + 1) * v];
         let scale = r.iter().fold(0f32, |m, x| m.max(x.abs()));
         let err = l.iter().zip(r).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-        assert!(err <= 1e-4 * scale.max(1.0), "position {i}: max diff {err} (scale {scale})");
+        assert!(
+            err <= 1e-4 * scale.max(1.0),
+            "position {i}: max diff {err} (scale {scale})"
+        );
     }
     // feed() returns the last position's logits.
     let mut st2 = model.new_state(64, 5, 1).unwrap();
     let last = model.feed(&mut st2, &tokens).unwrap().to_vec();
     let r = &all[(tokens.len() - 1) * v..];
-    let err = last.iter().zip(r).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    let err = last
+        .iter()
+        .zip(r)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
     assert!(err < 1e-3, "feed vs logits_all: {err}");
 }
 
@@ -52,7 +65,14 @@ fn expert_ranges_address_the_viewed_bytes() {
     paths.push(hf.join("model-q8_0.gguf"));
     for path in paths {
         let files = ModelFiles::open(&path).unwrap();
-        let model = Model::load(&files, &LoadOptions { threads: 1, ctx: 16 }).unwrap();
+        let model = Model::load(
+            &files,
+            &LoadOptions {
+                threads: 1,
+                ctx: 16,
+            },
+        )
+        .unwrap();
         for layer in &model.weights.layers {
             for e in layer.moe().map(|m| &m.experts[..]).unwrap_or(&[]) {
                 for (view, range) in [e.gate, e.up, e.down].iter().zip(e.ranges) {

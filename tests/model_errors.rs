@@ -13,7 +13,11 @@ fn tmpdir(tag: &str) -> PathBuf {
 }
 
 /// Copy the default model to `out`, letting `meta` edit metadata and `keep` drop tensors.
-fn rewrite(out: &Path, meta: impl Fn(&str, &MetaValue) -> Option<MetaValue>, keep: impl Fn(&str) -> bool) {
+fn rewrite(
+    out: &Path,
+    meta: impl Fn(&str, &MetaValue) -> Option<MetaValue>,
+    keep: impl Fn(&str) -> bool,
+) {
     std::env::set_var("SLUICE_CACHE_DIR", tmpdir("cache"));
     let src = sluice::default_model::ensure().unwrap();
     let files = ModelFiles::open(&src).unwrap();
@@ -35,37 +39,100 @@ fn rewrite(out: &Path, meta: impl Fn(&str, &MetaValue) -> Option<MetaValue>, kee
 }
 
 fn sluice(args: &[&str]) -> (i32, String) {
-    let o = Command::new(env!("CARGO_BIN_EXE_sluice")).args(args).output().unwrap();
-    (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stderr).to_string())
+    let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stderr).to_string(),
+    )
 }
 
 fn assert_clean_failure(args: &[&str], needle: &str) {
     let (code, err) = sluice(args);
     assert_eq!(code, 1, "exit code for {args:?}; stderr: {err}");
     assert!(!err.contains("panicked"), "panic for {args:?}: {err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "stderr not one line for {args:?}: {err}");
-    assert!(err.contains(needle), "stderr for {args:?} lacks {needle:?}: {err}");
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "stderr not one line for {args:?}: {err}"
+    );
+    assert!(
+        err.contains(needle),
+        "stderr for {args:?} lacks {needle:?}: {err}"
+    );
 }
 
 #[test]
 fn unknown_architecture() {
     let p = tmpdir("arch").join("m.gguf");
-    rewrite(&p, |k, v| Some(if k == "general.architecture" { MetaValue::String("frobnicator".into()) } else { v.clone() }), |_| true);
-    assert_clean_failure(&["logits", p.to_str().unwrap(), "--tokens", "1,2", "--out", "/dev/null"], "unknown architecture \"frobnicator\"");
+    rewrite(
+        &p,
+        |k, v| {
+            Some(if k == "general.architecture" {
+                MetaValue::String("frobnicator".into())
+            } else {
+                v.clone()
+            })
+        },
+        |_| true,
+    );
+    assert_clean_failure(
+        &[
+            "logits",
+            p.to_str().unwrap(),
+            "--tokens",
+            "1,2",
+            "--out",
+            "/dev/null",
+        ],
+        "unknown architecture \"frobnicator\"",
+    );
 }
 
 #[test]
 fn missing_tensor() {
     let p = tmpdir("missing").join("m.gguf");
     rewrite(&p, |_, v| Some(v.clone()), |n| n != "blk.1.attn_k.weight");
-    assert_clean_failure(&["logits", p.to_str().unwrap(), "--tokens", "1,2", "--out", "/dev/null"], "missing tensor blk.1.attn_k.weight");
+    assert_clean_failure(
+        &[
+            "logits",
+            p.to_str().unwrap(),
+            "--tokens",
+            "1,2",
+            "--out",
+            "/dev/null",
+        ],
+        "missing tensor blk.1.attn_k.weight",
+    );
 }
 
 #[test]
 fn shape_mismatch() {
     let p = tmpdir("shape").join("m.gguf");
-    rewrite(&p, |k, v| Some(if k == "qwen3moe.expert_feed_forward_length" { MetaValue::U32(512) } else { v.clone() }), |_| true);
-    assert_clean_failure(&["logits", p.to_str().unwrap(), "--tokens", "1,2", "--out", "/dev/null"], "shape mismatch");
+    rewrite(
+        &p,
+        |k, v| {
+            Some(if k == "qwen3moe.expert_feed_forward_length" {
+                MetaValue::U32(512)
+            } else {
+                v.clone()
+            })
+        },
+        |_| true,
+    );
+    assert_clean_failure(
+        &[
+            "logits",
+            p.to_str().unwrap(),
+            "--tokens",
+            "1,2",
+            "--out",
+            "/dev/null",
+        ],
+        "shape mismatch",
+    );
 }
 
 #[test]
@@ -73,6 +140,16 @@ fn token_out_of_range() {
     std::env::set_var("SLUICE_CACHE_DIR", tmpdir("cache"));
     let src = sluice::default_model::ensure().unwrap();
     let out = tmpdir("tok").join("l.npy");
-    assert_clean_failure(&["logits", src.to_str().unwrap(), "--tokens", "1,99999", "--out", out.to_str().unwrap()], "token id 99999 is out of range");
+    assert_clean_failure(
+        &[
+            "logits",
+            src.to_str().unwrap(),
+            "--tokens",
+            "1,99999",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        "token id 99999 is out of range",
+    );
     assert!(!out.exists(), "no output file on failure");
 }

@@ -18,21 +18,37 @@ use std::path::{Path, PathBuf};
 const FAMILIES: &[&str] = &["qwen3_moe", "mixtral", "olmoe", "deepseek_v3", "glm4_moe"];
 
 fn dir(family: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models").join(family)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/models")
+        .join(family)
 }
 
 fn json(p: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))).unwrap()
+    serde_json::from_str(
+        &std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())),
+    )
+    .unwrap()
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 /// Teacher-forced logits of `tokens` through the model at `path`, with prefill batch `batch`.
 fn logits(path: &Path, tokens: &[u32], batch: usize) -> (Vec<f32>, usize) {
     let files = ModelFiles::open(path).unwrap_or_else(|e| panic!("{e}"));
-    let model = Model::load(&files, &LoadOptions { threads: 2, ctx: 256 }).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let model = Model::load(
+        &files,
+        &LoadOptions {
+            threads: 2,
+            ctx: 256,
+        },
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut st = model.new_state(256, batch, batch).unwrap();
     let mut out = Vec::new();
     model.logits_all(&mut st, tokens, &mut out).unwrap();
@@ -67,14 +83,26 @@ fn check_cases(family: &str, model_path: &Path, what: &str) {
     let cases = json(&d.join("cases.json"));
     for case in cases["cases"].as_array().unwrap() {
         let toks = ids(&case["ids"]);
-        let (shape, refr) = sluice::npy::read_f32(&d.join(case["logits"].as_str().unwrap())).unwrap();
+        let (shape, refr) =
+            sluice::npy::read_f32(&d.join(case["logits"].as_str().unwrap())).unwrap();
         for batch in [1, 5, 64] {
             let (ours, v) = logits(model_path, &toks, batch);
             assert_eq!(shape, vec![toks.len(), v], "{family} {what}: logits shape");
             let (err, same) = compare(&ours, &refr, v);
-            eprintln!("{family} {what} {} batch {batch}: max|Δ|/max|ref| = {err:.2e}", case["name"]);
-            assert!(err <= 1e-4, "{family} {what} {}: max|Δ|/max|ref| = {err:.2e} (batch {batch})", case["name"]);
-            assert!(same, "{family} {what} {}: argmax differs (batch {batch})", case["name"]);
+            eprintln!(
+                "{family} {what} {} batch {batch}: max|Δ|/max|ref| = {err:.2e}",
+                case["name"]
+            );
+            assert!(
+                err <= 1e-4,
+                "{family} {what} {}: max|Δ|/max|ref| = {err:.2e} (batch {batch})",
+                case["name"]
+            );
+            assert!(
+                same,
+                "{family} {what} {}: argmax differs (batch {batch})",
+                case["name"]
+            );
         }
     }
 }
@@ -84,7 +112,14 @@ fn check_greedy(family: &str, model_path: &Path) {
     let prompt = ids(&g["prompt_ids"]);
     let want = ids(&g["new_ids"]);
     let files = ModelFiles::open(model_path).unwrap();
-    let model = Model::load(&files, &LoadOptions { threads: 2, ctx: 128 }).unwrap();
+    let model = Model::load(
+        &files,
+        &LoadOptions {
+            threads: 2,
+            ctx: 128,
+        },
+    )
+    .unwrap();
     let mut st = model.new_state(128, 16, 1).unwrap();
     let mut next = argmax(model.feed(&mut st, &prompt).unwrap()) as u32;
     let mut got = vec![next];
@@ -92,7 +127,10 @@ fn check_greedy(family: &str, model_path: &Path) {
         next = argmax(model.forward_chunk(&mut st, &[next], 0).unwrap()) as u32;
         got.push(next);
     }
-    assert_eq!(got, want, "{family}: greedy continuation differs from transformers");
+    assert_eq!(
+        got, want,
+        "{family}: greedy continuation differs from transformers"
+    );
 }
 
 #[test]
@@ -128,7 +166,8 @@ fn gguf_q8_0_close_to_transformers() {
         let mut worst_kl = 0f64;
         for case in cases["cases"].as_array().unwrap() {
             let toks = ids(&case["ids"]);
-            let (_, refr) = sluice::npy::read_f32(&d.join(case["logits"].as_str().unwrap())).unwrap();
+            let (_, refr) =
+                sluice::npy::read_f32(&d.join(case["logits"].as_str().unwrap())).unwrap();
             let (ours, v) = logits(&d.join("model-q8_0.gguf"), &toks, 8);
             for (a, b) in ours.chunks(v).zip(refr.chunks(v)) {
                 let lse = |x: &[f32]| {
@@ -136,10 +175,14 @@ fn gguf_q8_0_close_to_transformers() {
                     m + x.iter().map(|v| (*v as f64 - m).exp()).sum::<f64>().ln()
                 };
                 let (la, lb) = (lse(a), lse(b));
-                let kl: f64 = a.iter().zip(b).map(|(x, y)| {
-                    let (lp, lq) = (*y as f64 - lb, *x as f64 - la);
-                    lp.exp() * (lp - lq)
-                }).sum();
+                let kl: f64 = a
+                    .iter()
+                    .zip(b)
+                    .map(|(x, y)| {
+                        let (lp, lq) = (*y as f64 - lb, *x as f64 - la);
+                        lp.exp() * (lp - lq)
+                    })
+                    .sum();
                 worst_kl = worst_kl.max(kl);
                 agree += (argmax(a) == argmax(b)) as usize;
                 total += 1;
@@ -147,7 +190,10 @@ fn gguf_q8_0_close_to_transformers() {
         }
         eprintln!("{f} q8_0: worst KL {worst_kl:.2e}, top-1 agreement {agree}/{total}");
         assert!(worst_kl < 0.02, "{f} q8_0: KL {worst_kl} too large");
-        assert!(agree * 10 >= total * 9, "{f} q8_0: top-1 agreement {agree}/{total}");
+        assert!(
+            agree * 10 >= total * 9,
+            "{f} q8_0: top-1 agreement {agree}/{total}"
+        );
     }
 }
 
@@ -161,7 +207,14 @@ fn deepseek_v32_within_index_topk_matches_transformers() {
         let toks = ids(&case["ids"]);
         let (_, refr) = sluice::npy::read_f32(&d.join(case["logits"].as_str().unwrap())).unwrap();
         let files = ModelFiles::open(&d).unwrap();
-        let model = Model::load(&files, &LoadOptions { threads: 2, ctx: 64 }).unwrap();
+        let model = Model::load(
+            &files,
+            &LoadOptions {
+                threads: 2,
+                ctx: 64,
+            },
+        )
+        .unwrap();
         let mut st = model.new_state(64, 8, 8).unwrap();
         let mut ours = Vec::new();
         model.logits_all(&mut st, &toks, &mut ours).unwrap();

@@ -8,23 +8,47 @@ use sluice::model::{LoadOptions, Model};
 use std::path::{Path, PathBuf};
 
 fn dir(f: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models").join(f)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/models")
+        .join(f)
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn check_mtp_logits(family: &str, model_path: &Path) {
     let d = dir(family);
     let files = ModelFiles::open(model_path).unwrap();
-    let model = Model::load(&files, &LoadOptions { threads: 2, ctx: 64 }).unwrap();
-    assert!(model.has_mtp(), "{family}: MTP layer not loaded from {}", model_path.display());
-    let cases: Value = serde_json::from_str(&std::fs::read_to_string(d.join("cases.json")).unwrap()).unwrap();
-    let mtp: Value = serde_json::from_str(&std::fs::read_to_string(d.join("mtp.json")).unwrap()).unwrap();
+    let model = Model::load(
+        &files,
+        &LoadOptions {
+            threads: 2,
+            ctx: 64,
+        },
+    )
+    .unwrap();
+    assert!(
+        model.has_mtp(),
+        "{family}: MTP layer not loaded from {}",
+        model_path.display()
+    );
+    let cases: Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("cases.json")).unwrap()).unwrap();
+    let mtp: Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("mtp.json")).unwrap()).unwrap();
     for c in mtp["cases"].as_array().unwrap() {
         let name = c["case"].as_str().unwrap();
-        let case = cases["cases"].as_array().unwrap().iter().find(|x| x["name"] == name).unwrap();
+        let case = cases["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["name"] == name)
+            .unwrap();
         let toks = ids(&case["ids"]);
         let t = toks.len();
         let mut st = model.new_state(64, 32, 32).unwrap();
@@ -34,8 +58,15 @@ fn check_mtp_logits(family: &str, model_path: &Path) {
         let (shape, want) = sluice::npy::read_f32(&d.join(c["logits"].as_str().unwrap())).unwrap();
         assert_eq!(shape, vec![t - 1, model.cfg.vocab]);
         let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
-        let err = got.iter().zip(&want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-        eprintln!("{family} {} MTP {name}: max|Δ|/max|ref| = {:.2e}", model_path.display(), err / scale);
+        let err = got
+            .iter()
+            .zip(&want)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        eprintln!(
+            "{family} {} MTP {name}: max|Δ|/max|ref| = {:.2e}",
+            model_path.display(),
+            err / scale
+        );
         assert!(err <= 1e-4 * scale, "{family} MTP {name}: {}", err / scale);
     }
 }
@@ -53,28 +84,75 @@ fn mtp_logits_match_transformers() {
 fn speculative_decoding_emits_plain_greedy_tokens() {
     use sluice::generate::{generate, generate_mtp, load_tokenizer};
     use sluice::sample::{Sampler, SamplingParams};
-    for (family, path) in [("deepseek_v3", dir("deepseek_v3")), ("glm4_moe", dir("glm4_moe")), ("glm4_moe", dir("glm4_moe").join("model-f32.gguf"))] {
+    for (family, path) in [
+        ("deepseek_v3", dir("deepseek_v3")),
+        ("glm4_moe", dir("glm4_moe")),
+        ("glm4_moe", dir("glm4_moe").join("model-f32.gguf")),
+    ] {
         let files = ModelFiles::open(&path).unwrap();
-        let model = Model::load(&files, &LoadOptions { threads: 2, ctx: 128 }).unwrap();
+        let model = Model::load(
+            &files,
+            &LoadOptions {
+                threads: 2,
+                ctx: 128,
+            },
+        )
+        .unwrap();
         let tok = load_tokenizer(&files).unwrap();
-        let g: Value = serde_json::from_str(&std::fs::read_to_string(dir(family).join("greedy.json")).unwrap()).unwrap();
+        let g: Value = serde_json::from_str(
+            &std::fs::read_to_string(dir(family).join("greedy.json")).unwrap(),
+        )
+        .unwrap();
         let prompt = ids(&g["prompt_ids"]);
         let mut st = model.new_state(128, 8, 4).unwrap();
         let mut sampler = Sampler::new(SamplingParams::greedy(), model.cfg.vocab);
-        let (plain, _) = generate(&model, &mut st, &tok, &mut sampler, &prompt, 24, true, &mut |_| true).unwrap();
-        assert_eq!(&plain[..16], &ids(&g["new_ids"])[..], "{family}: plain greedy vs transformers");
+        let (plain, _) = generate(
+            &model,
+            &mut st,
+            &tok,
+            &mut sampler,
+            &prompt,
+            24,
+            true,
+            &mut |_| true,
+        )
+        .unwrap();
+        assert_eq!(
+            &plain[..16],
+            &ids(&g["new_ids"])[..],
+            "{family}: plain greedy vs transformers"
+        );
         let mut accepted = 0;
         for k in 1..=3 {
             for batch in [k + 1, 8] {
                 let mut st = model.new_state(128, batch, k + 1).unwrap();
                 let mut sampler = Sampler::new(SamplingParams::greedy(), model.cfg.vocab);
-                let (spec, stats) = generate_mtp(&model, &mut st, &tok, &mut sampler, &prompt, 24, true, k, &mut |_| true).unwrap();
-                assert_eq!(spec, plain, "{family} {}: --mtp {k} batch {batch}", path.display());
+                let (spec, stats) = generate_mtp(
+                    &model,
+                    &mut st,
+                    &tok,
+                    &mut sampler,
+                    &prompt,
+                    24,
+                    true,
+                    k,
+                    &mut |_| true,
+                )
+                .unwrap();
+                assert_eq!(
+                    spec,
+                    plain,
+                    "{family} {}: --mtp {k} batch {batch}",
+                    path.display()
+                );
                 assert!(stats.mtp_drafted > 0);
                 accepted += stats.mtp_accepted;
             }
         }
-        eprintln!("{family} {}: accepted {accepted} drafts over k = 1..3", path.display());
+        eprintln!(
+            "{family} {}: accepted {accepted} drafts over k = 1..3",
+            path.display()
+        );
     }
 }
 
@@ -84,13 +162,36 @@ fn speculative_sampling_is_seeded() {
     use sluice::generate::{generate_mtp, load_tokenizer};
     use sluice::sample::{Sampler, SamplingParams};
     let files = ModelFiles::open(&dir("deepseek_v3")).unwrap();
-    let model = Model::load(&files, &LoadOptions { threads: 2, ctx: 128 }).unwrap();
+    let model = Model::load(
+        &files,
+        &LoadOptions {
+            threads: 2,
+            ctx: 128,
+        },
+    )
+    .unwrap();
     let tok = load_tokenizer(&files).unwrap();
     let run = || {
         let mut st = model.new_state(128, 4, 3).unwrap();
-        let params = SamplingParams { temperature: 1.0, seed: 11, ..SamplingParams::default() };
+        let params = SamplingParams {
+            temperature: 1.0,
+            seed: 11,
+            ..SamplingParams::default()
+        };
         let mut sampler = Sampler::new(params, model.cfg.vocab);
-        generate_mtp(&model, &mut st, &tok, &mut sampler, &[3, 4, 5], 20, true, 2, &mut |_| true).unwrap().0
+        generate_mtp(
+            &model,
+            &mut st,
+            &tok,
+            &mut sampler,
+            &[3, 4, 5],
+            20,
+            true,
+            2,
+            &mut |_| true,
+        )
+        .unwrap()
+        .0
     };
     let a = run();
     assert_eq!(a.len(), 20);
@@ -104,14 +205,34 @@ fn speculative_sampling_is_seeded() {
 fn accepted_and_rejected_drafts_keep_greedy_output() {
     use sluice::generate::{generate, generate_mtp_with, load_tokenizer};
     use sluice::sample::{Sampler, SamplingParams};
-    for (family, path) in [("deepseek_v3", dir("deepseek_v3")), ("glm4_moe", dir("glm4_moe").join("model-f32.gguf"))] {
+    for (family, path) in [
+        ("deepseek_v3", dir("deepseek_v3")),
+        ("glm4_moe", dir("glm4_moe").join("model-f32.gguf")),
+    ] {
         let files = ModelFiles::open(&path).unwrap();
-        let model = Model::load(&files, &LoadOptions { threads: 2, ctx: 128 }).unwrap();
+        let model = Model::load(
+            &files,
+            &LoadOptions {
+                threads: 2,
+                ctx: 128,
+            },
+        )
+        .unwrap();
         let tok = load_tokenizer(&files).unwrap();
         let prompt = [5u32, 17, 99, 4, 42, 8];
         let mut st = model.new_state(128, 8, 4).unwrap();
         let mut sampler = Sampler::new(SamplingParams::greedy(), model.cfg.vocab);
-        let (plain, _) = generate(&model, &mut st, &tok, &mut sampler, &prompt, 30, true, &mut |_| true).unwrap();
+        let (plain, _) = generate(
+            &model,
+            &mut st,
+            &tok,
+            &mut sampler,
+            &prompt,
+            30,
+            true,
+            &mut |_| true,
+        )
+        .unwrap();
         let mut oracle = plain.clone();
         for (i, t) in oracle.iter_mut().enumerate() {
             if i % 4 == 3 {
@@ -121,10 +242,31 @@ fn accepted_and_rejected_drafts_keep_greedy_output() {
         for k in 1..=3 {
             let mut st = model.new_state(128, 4, 4).unwrap();
             let mut sampler = Sampler::new(SamplingParams::greedy(), model.cfg.vocab);
-            let (spec, stats) = generate_mtp_with(&model, &mut st, &tok, &mut sampler, &prompt, 30, true, k, Some(&oracle), &mut |_| true).unwrap();
+            let (spec, stats) = generate_mtp_with(
+                &model,
+                &mut st,
+                &tok,
+                &mut sampler,
+                &prompt,
+                30,
+                true,
+                k,
+                Some(&oracle),
+                &mut |_| true,
+            )
+            .unwrap();
             assert_eq!(spec, plain, "{family}: --mtp {k} with oracle drafts");
-            assert!(stats.mtp_accepted > 0 && stats.mtp_accepted < stats.mtp_drafted, "{family} k {k}: {}/{}", stats.mtp_accepted, stats.mtp_drafted);
-            assert!(stats.decode_steps < 29, "{family} k {k}: accepted drafts save forwards ({} steps)", stats.decode_steps);
+            assert!(
+                stats.mtp_accepted > 0 && stats.mtp_accepted < stats.mtp_drafted,
+                "{family} k {k}: {}/{}",
+                stats.mtp_accepted,
+                stats.mtp_drafted
+            );
+            assert!(
+                stats.decode_steps < 29,
+                "{family} k {k}: accepted drafts save forwards ({} steps)",
+                stats.decode_steps
+            );
         }
     }
 }

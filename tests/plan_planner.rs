@@ -5,13 +5,21 @@
 
 use serde_json::json;
 use sluice::experts::IoMode;
-use sluice::plan::planner::{expected_hit, plan, ExpertMode, ModelSummary, Plan, PlanError, PlanRequest};
+use sluice::plan::planner::{
+    expected_hit, plan, ExpertMode, ModelSummary, Plan, PlanError, PlanRequest,
+};
 use sluice::plan::MachineProfile;
 
 const GB: u64 = 1_000_000_000;
 
 /// A machine whose O_DIRECT reads peak at `disk_gbps` with `best_threads` readers.
-fn profile(disk_gbps: f64, best_threads: usize, mem_gbps: f64, avail: u64, o_direct: bool) -> MachineProfile {
+fn profile(
+    disk_gbps: f64,
+    best_threads: usize,
+    mem_gbps: f64,
+    avail: u64,
+    o_direct: bool,
+) -> MachineProfile {
     let points: Vec<_> = [1usize, 2, 4, 8, 16]
         .iter()
         .map(|&t| {
@@ -19,7 +27,13 @@ fn profile(disk_gbps: f64, best_threads: usize, mem_gbps: f64, avail: u64, o_dir
             json!({"threads": t, "gbps": g, "iops": 1000.0, "reads": 100, "seconds": 0.4, "device_read_bytes": null})
         })
         .collect();
-    let series = if o_direct { vec![json!({"mode": "direct", "block_bytes": 2_359_296u64, "advice": null, "points": points})] } else { vec![] };
+    let series = if o_direct {
+        vec![
+            json!({"mode": "direct", "block_bytes": 2_359_296u64, "advice": null, "points": points}),
+        ]
+    } else {
+        vec![]
+    };
     serde_json::from_value(json!({
         "version": 1, "sluice_version": "test", "key": "synthetic", "probed_unix": 0, "probe_seconds": 1.0, "quick": false,
         "cpu": {"model": "synthetic", "logical_cores": 16, "physical_cores": 8, "avx2": true, "avx512": false, "avx512_vnni": false, "kernel_isa": "avx2", "llc_bytes": null},
@@ -34,22 +48,44 @@ fn profile(disk_gbps: f64, best_threads: usize, mem_gbps: f64, avail: u64, o_dir
 
 /// Qwen3-30B-A3B-like: 48 MoE layers of 128 experts, top-8, ~2.36 MB a slot, an MTP head.
 fn model() -> ModelSummary {
-    ModelSummary { resident_bytes: 1_500_000_000, routed_bytes: 48 * 128 * 2_359_296, kv_bytes: 400_000_000, moe_layers: 48, experts_per_layer: 128, top_k: 8, slot_bytes: 2_359_296, mtp_layers: 1, embedding_bytes: 0 }
+    ModelSummary {
+        resident_bytes: 1_500_000_000,
+        routed_bytes: 48 * 128 * 2_359_296,
+        kv_bytes: 400_000_000,
+        moe_layers: 48,
+        experts_per_layer: 128,
+        top_k: 8,
+        slot_bytes: 2_359_296,
+        mtp_layers: 1,
+        embedding_bytes: 0,
+    }
 }
 
 fn req(ram: u64) -> PlanRequest {
-    PlanRequest { ram: Some(ram), ..PlanRequest::default() }
+    PlanRequest {
+        ram: Some(ram),
+        ..PlanRequest::default()
+    }
 }
 
 fn decision<'a>(p: &'a Plan, what: &str) -> (&'a str, &'a str) {
-    let d = p.decisions.iter().find(|d| d.what == what).unwrap_or_else(|| panic!("no {what} decision in {:?}", p.decisions));
+    let d = p
+        .decisions
+        .iter()
+        .find(|d| d.what == what)
+        .unwrap_or_else(|| panic!("no {what} decision in {:?}", p.decisions));
     (d.value.as_str(), d.reason.as_str())
 }
 
 #[test]
 fn fast_nvme_small_ram_streams_direct_with_many_readers() {
     let m = model();
-    let p = plan(&m, Some(&profile(7.0, 16, 50.0, 64 * GB, true)), &req(8 * GB)).unwrap();
+    let p = plan(
+        &m,
+        Some(&profile(7.0, 16, 50.0, 64 * GB, true)),
+        &req(8 * GB),
+    )
+    .unwrap();
     assert!(p.stream);
     let (v, why) = decision(&p, "experts");
     assert!(v.starts_with("streamed"), "{v}");
@@ -72,30 +108,57 @@ fn fast_nvme_small_ram_streams_direct_with_many_readers() {
     let hit = p.slots_per_layer as f64 / 128.0;
     let routed = (8 * 48 * 2_359_296) as f64;
     let t = (1.0 - hit) * routed / 7e9 + (1.5e9 + routed) / 50e9;
-    assert!((lo - 1.0 / t).abs() < 1e-9 * lo.max(1.0), "{lo} vs {}", 1.0 / t);
+    assert!(
+        (lo - 1.0 / t).abs() < 1e-9 * lo.max(1.0),
+        "{lo} vs {}",
+        1.0 / t
+    );
 }
 
 #[test]
 fn slow_disk_large_ram_takes_one_reader_and_caches_more() {
     let m = model();
-    let fast = plan(&m, Some(&profile(7.0, 16, 50.0, 64 * GB, true)), &req(8 * GB)).unwrap();
-    let slow = plan(&m, Some(&profile(0.2, 1, 50.0, 64 * GB, true)), &req(14 * GB)).unwrap();
+    let fast = plan(
+        &m,
+        Some(&profile(7.0, 16, 50.0, 64 * GB, true)),
+        &req(8 * GB),
+    )
+    .unwrap();
+    let slow = plan(
+        &m,
+        Some(&profile(0.2, 1, 50.0, 64 * GB, true)),
+        &req(14 * GB),
+    )
+    .unwrap();
     assert!(slow.stream);
     assert_eq!(slow.io_threads, 1);
     assert!(slow.slots_per_layer > fast.slots_per_layer);
     assert!(slow.hit_rate.0 > fast.hit_rate.0);
     // A filesystem refusing O_DIRECT flips the IO mode, with the reason.
-    let no_direct = plan(&m, Some(&profile(0.2, 1, 50.0, 64 * GB, false)), &req(14 * GB)).unwrap();
+    let no_direct = plan(
+        &m,
+        Some(&profile(0.2, 1, 50.0, 64 * GB, false)),
+        &req(14 * GB),
+    )
+    .unwrap();
     assert_eq!(no_direct.io, "buffered");
     assert!(decision(&no_direct, "io").1.contains("O_DIRECT refused"));
-    assert!(no_direct.predicted_tok_s.is_none(), "no O_DIRECT ceiling: no prediction");
+    assert!(
+        no_direct.predicted_tok_s.is_none(),
+        "no O_DIRECT ceiling: no prediction"
+    );
     assert_eq!(decision(&no_direct, "predicted decode").0, "unknown");
 }
 
 #[test]
 fn ram_at_least_model_keeps_experts_resident_and_memory_bound() {
     let m = model();
-    let p = plan(&m, Some(&profile(0.2, 1, 50.0, 64 * GB, true)), &req(32 * GB)).unwrap();
+    let p = plan(
+        &m,
+        Some(&profile(0.2, 1, 50.0, 64 * GB, true)),
+        &req(32 * GB),
+    )
+    .unwrap();
     assert!(!p.stream);
     let (v, why) = decision(&p, "experts");
     assert!(v.starts_with("resident"), "{v}");
@@ -107,12 +170,35 @@ fn ram_at_least_model_keeps_experts_resident_and_memory_bound() {
     assert!((lo - 50e9 / active).abs() < 1e-6 && (hi - lo).abs() < 1e-9);
     assert!(decision(&p, "mtp").1.contains("not asked"));
     // Asked for, MTP is on; on a disk-bound plan it stays on (the flag wins) with a warning.
-    let on = plan(&m, Some(&profile(0.2, 1, 50.0, 64 * GB, true)), &PlanRequest { mtp: 2, ..req(32 * GB) }).unwrap();
+    let on = plan(
+        &m,
+        Some(&profile(0.2, 1, 50.0, 64 * GB, true)),
+        &PlanRequest {
+            mtp: 2,
+            ..req(32 * GB)
+        },
+    )
+    .unwrap();
     assert_eq!(decision(&on, "mtp").0, "on, 2 drafts");
-    let warn = plan(&m, Some(&profile(0.2, 1, 50.0, 64 * GB, true)), &PlanRequest { mtp: 2, ..req(8 * GB) }).unwrap();
-    assert!(decision(&warn, "mtp").1.contains("warning: decode is disk-bound"));
+    let warn = plan(
+        &m,
+        Some(&profile(0.2, 1, 50.0, 64 * GB, true)),
+        &PlanRequest {
+            mtp: 2,
+            ..req(8 * GB)
+        },
+    )
+    .unwrap();
+    assert!(decision(&warn, "mtp")
+        .1
+        .contains("warning: decode is disk-bound"));
     // Default budget: 85% of MemAvailable.
-    let auto = plan(&m, Some(&profile(0.2, 1, 50.0, 64 * GB, true)), &PlanRequest::default()).unwrap();
+    let auto = plan(
+        &m,
+        Some(&profile(0.2, 1, 50.0, 64 * GB, true)),
+        &PlanRequest::default(),
+    )
+    .unwrap();
     assert_eq!(auto.budget_bytes, 64 * GB / 100 * 85);
     assert!(!auto.stream);
 }
@@ -120,22 +206,46 @@ fn ram_at_least_model_keeps_experts_resident_and_memory_bound() {
 #[test]
 fn overrides_win_and_say_so() {
     let m = model();
-    let r = PlanRequest { mode: ExpertMode::Stream, cap: Some(3), io: Some(IoMode::Buffered), io_threads: Some(2), ..req(32 * GB) };
+    let r = PlanRequest {
+        mode: ExpertMode::Stream,
+        cap: Some(3),
+        io: Some(IoMode::Buffered),
+        io_threads: Some(2),
+        ..req(32 * GB)
+    };
     let p = plan(&m, Some(&profile(7.0, 16, 50.0, 64 * GB, true)), &r).unwrap();
     assert!(p.stream && p.slots_per_layer == 3 && p.io == "buffered" && p.io_threads == 2);
     assert!(decision(&p, "experts").1.contains("--experts stream"));
     assert!(decision(&p, "expert cache").1.contains("--cap"));
     assert!(decision(&p, "io").1.contains("--io") && decision(&p, "io").1.contains("--io-threads"));
     // Autopin: half the expert budget by default, bounded by the experts with statistics.
-    let pin = plan(&m, Some(&profile(7.0, 16, 50.0, 64 * GB, true)), &PlanRequest { autopin: Some(100), ..req(8 * GB) }).unwrap();
+    let pin = plan(
+        &m,
+        Some(&profile(7.0, 16, 50.0, 64 * GB, true)),
+        &PlanRequest {
+            autopin: Some(100),
+            ..req(8 * GB)
+        },
+    )
+    .unwrap();
     assert_eq!(pin.pinned, 100);
-    let pin = plan(&m, Some(&profile(7.0, 16, 50.0, 64 * GB, true)), &PlanRequest { autopin: Some(usize::MAX), ..req(8 * GB) }).unwrap();
+    let pin = plan(
+        &m,
+        Some(&profile(7.0, 16, 50.0, 64 * GB, true)),
+        &PlanRequest {
+            autopin: Some(usize::MAX),
+            ..req(8 * GB)
+        },
+    )
+    .unwrap();
     assert_eq!(pin.pinned as u64, (6_100_000_000 / 2) / 2_359_296);
     // No profile: defaults, said so, no prediction.
     let none = plan(&m, None, &req(8 * GB)).unwrap();
     assert_eq!(none.io_threads, 4);
     assert!(none.predicted_tok_s.is_none());
-    assert!(decision(&none, "predicted decode").1.contains("no machine profile"));
+    assert!(decision(&none, "predicted decode")
+        .1
+        .contains("no machine profile"));
 }
 
 #[test]
@@ -144,12 +254,37 @@ fn impossible_plans_are_refused_with_numbers() {
     let e = plan(&m, None, &req(GB)).unwrap_err();
     assert!(matches!(e, PlanError::Impossible(_)));
     let s = e.to_string();
-    assert!(s.contains("1000.0 MB") && s.contains("1500.0 MB") && s.contains("400.0 MB") && s.contains("1900.0 MB"), "{s}");
+    assert!(
+        s.contains("1000.0 MB")
+            && s.contains("1500.0 MB")
+            && s.contains("400.0 MB")
+            && s.contains("1900.0 MB"),
+        "{s}"
+    );
     // Room for the resident part but not one slot per layer.
-    let e = plan(&m, None, &PlanRequest { mode: ExpertMode::Stream, ..req(1_950_000_000) }).unwrap_err();
+    let e = plan(
+        &m,
+        None,
+        &PlanRequest {
+            mode: ExpertMode::Stream,
+            ..req(1_950_000_000)
+        },
+    )
+    .unwrap_err();
     let s = e.to_string();
-    assert!(s.contains("less than one") && s.contains("48 layers"), "{s}");
-    assert!(plan(&m, None, &PlanRequest { io_threads: Some(0), ..req(8 * GB) }).is_err());
+    assert!(
+        s.contains("less than one") && s.contains("48 layers"),
+        "{s}"
+    );
+    assert!(plan(
+        &m,
+        None,
+        &PlanRequest {
+            io_threads: Some(0),
+            ..req(8 * GB)
+        }
+    )
+    .is_err());
 }
 
 #[test]

@@ -46,17 +46,30 @@ static GLOBAL: Counting = Counting;
 struct Lcg(u64);
 impl Lcg {
     fn next(&mut self) -> f64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (self.0 >> 11) as f64 / (1u64 << 53) as f64
     }
     /// Roughly normal, scaled.
     fn logits(&mut self, n: usize, scale: f64) -> Vec<f32> {
-        (0..n).map(|_| ((0..4).map(|_| self.next()).sum::<f64>() - 2.0) as f32 * scale as f32).collect()
+        (0..n)
+            .map(|_| ((0..4).map(|_| self.next()).sum::<f64>() - 2.0) as f32 * scale as f32)
+            .collect()
     }
 }
 
 fn params(temperature: f32, top_k: usize, top_p: f32, min_p: f32) -> SamplingParams {
-    SamplingParams { temperature, top_k, top_p, min_p, repeat_penalty: 1.0, repeat_last_n: 64, seed: 7 }
+    SamplingParams {
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        repeat_penalty: 1.0,
+        repeat_last_n: 64,
+        seed: 7,
+    }
 }
 
 /// llama.cpp's chain written out plainly: every step on a fully sorted list.
@@ -69,7 +82,11 @@ fn reference(logits: &[f32], history: &[u32], p: &SamplingParams) -> Vec<(u32, f
             seen.insert(t as usize);
         }
         for t in seen {
-            l[t] = if l[t] <= 0.0 { l[t] * p.repeat_penalty } else { l[t] / p.repeat_penalty };
+            l[t] = if l[t] <= 0.0 {
+                l[t] * p.repeat_penalty
+            } else {
+                l[t] / p.repeat_penalty
+            };
         }
     }
     let mut c: Vec<(u32, f32)> = l.iter().enumerate().map(|(i, &x)| (i as u32, x)).collect();
@@ -102,7 +119,9 @@ fn reference(logits: &[f32], history: &[u32], p: &SamplingParams) -> Vec<(u32, f
     let t = p.temperature as f64;
     let max = c[0].1 as f64 / t;
     let z: f64 = c.iter().map(|x| (x.1 as f64 / t - max).exp()).sum();
-    c.iter().map(|x| (x.0, ((x.1 as f64 / t - max).exp() / z) as f32)).collect()
+    c.iter()
+        .map(|x| (x.0, ((x.1 as f64 / t - max).exp() / z) as f32))
+        .collect()
 }
 
 fn assert_same_dist(got: &[(u32, f32)], want: &[(u32, f32)], what: &str) {
@@ -110,20 +129,33 @@ fn assert_same_dist(got: &[(u32, f32)], want: &[(u32, f32)], what: &str) {
     let wi: Vec<u32> = want.iter().map(|x| x.0).collect();
     assert_eq!(gi, wi, "{what}: candidate set");
     for (g, w) in got.iter().zip(want) {
-        assert!((g.1 - w.1).abs() <= 1e-5, "{what}: p[{}] = {} vs {}", g.0, g.1, w.1);
+        assert!(
+            (g.1 - w.1).abs() <= 1e-5,
+            "{what}: p[{}] = {} vs {}",
+            g.0,
+            g.1,
+            w.1
+        );
     }
 }
 
 #[test]
 fn greedy_is_argmax_lowest_id_on_ties() {
     let mut s = Sampler::new(SamplingParams::greedy(), 8);
-    assert_eq!(s.sample(&[0.1, 3.0, -1.0, 3.0, 2.9, f32::NAN, 0.0, 1.0], &[]), 1);
+    assert_eq!(
+        s.sample(&[0.1, 3.0, -1.0, 3.0, 2.9, f32::NAN, 0.0, 1.0], &[]),
+        1
+    );
     assert_eq!(s.sample(&[-5.0, -5.0, -5.0], &[]), 0);
     assert_eq!(s.sample(&[f32::NAN, -1.0, f32::NAN], &[]), 1);
     let mut rng = Lcg(3);
     for _ in 0..20 {
         let l = rng.logits(500, 3.0);
-        let (best, _) = l.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b });
+        let (best, _) =
+            l.iter().enumerate().fold(
+                (0, f32::NEG_INFINITY),
+                |b, (i, &x)| if x > b.1 { (i, x) } else { b },
+            );
         assert_eq!(s.sample(&l, &[]) as usize, best);
         assert_eq!(s.probs_after_filters(&l, &[]), &[(best as u32, 1.0)]);
     }
@@ -131,7 +163,11 @@ fn greedy_is_argmax_lowest_id_on_ties() {
 
 #[test]
 fn greedy_sees_the_repetition_penalty() {
-    let p = SamplingParams { repeat_penalty: 2.0, repeat_last_n: 2, ..SamplingParams::greedy() };
+    let p = SamplingParams {
+        repeat_penalty: 2.0,
+        repeat_last_n: 2,
+        ..SamplingParams::greedy()
+    };
     let mut s = Sampler::new(p, 3);
     // Token 0 (3.0 -> 1.5) loses to token 1 (2.0) when it is in the window.
     assert_eq!(s.sample(&[3.0, 2.0, 1.0], &[0]), 1);
@@ -145,7 +181,15 @@ fn greedy_sees_the_repetition_penalty() {
 fn repetition_penalty_is_llama_cpps() {
     // Temperature 1, no filters: the distribution is softmax of the penalized logits, each
     // distinct token in the window penalized once however often it occurs.
-    let p = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, repeat_penalty: 1.5, repeat_last_n: 4, seed: 1 };
+    let p = SamplingParams {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        repeat_penalty: 1.5,
+        repeat_last_n: 4,
+        seed: 1,
+    };
     let logits = [2.0f32, -1.0, 0.5, 1.0, 0.0];
     let history = [3, 1, 0, 1, 1];
     let mut s = Sampler::new(p.clone(), logits.len());
@@ -212,7 +256,10 @@ fn draws_follow_the_distribution() {
     for (i, &c) in counts.iter().enumerate() {
         let expect = probs[i] * n as f64;
         let sigma = (n as f64 * probs[i] * (1.0 - probs[i])).sqrt();
-        assert!((c as f64 - expect).abs() < 5.0 * sigma, "token {i}: {c} draws, expected {expect:.0} ± {sigma:.0}");
+        assert!(
+            (c as f64 - expect).abs() < 5.0 * sigma,
+            "token {i}: {c} draws, expected {expect:.0} ± {sigma:.0}"
+        );
         chi2 += (c as f64 - expect).powi(2) / expect;
     }
     // 7 degrees of freedom: P(chi2 > 29.9) ≈ 1e-4.
@@ -232,18 +279,36 @@ fn same_seed_same_tokens() {
     let mut rng = Lcg(5);
     let logits: Vec<Vec<f32>> = (0..200).map(|_| rng.logits(300, 2.0)).collect();
     let run = |seed: u64| {
-        let mut s = Sampler::new(SamplingParams { seed, ..SamplingParams::default() }, 300);
-        logits.iter().map(|l| s.sample(l, &[])).collect::<Vec<u32>>()
+        let mut s = Sampler::new(
+            SamplingParams {
+                seed,
+                ..SamplingParams::default()
+            },
+            300,
+        );
+        logits
+            .iter()
+            .map(|l| s.sample(l, &[]))
+            .collect::<Vec<u32>>()
     };
     assert_eq!(run(42), run(42));
     assert_ne!(run(42), run(43));
     let greedy = |_: u64| {
         let mut s = Sampler::new(SamplingParams::greedy(), 300);
-        logits.iter().map(|l| s.sample(l, &[])).collect::<Vec<u32>>()
+        logits
+            .iter()
+            .map(|l| s.sample(l, &[]))
+            .collect::<Vec<u32>>()
     };
     assert_eq!(greedy(1), greedy(2));
     // Reseeding restarts the sequence.
-    let mut s = Sampler::new(SamplingParams { seed: 42, ..SamplingParams::default() }, 300);
+    let mut s = Sampler::new(
+        SamplingParams {
+            seed: 42,
+            ..SamplingParams::default()
+        },
+        300,
+    );
     let first: Vec<u32> = logits.iter().map(|l| s.sample(l, &[])).collect();
     s.reseed(42);
     let again: Vec<u32> = logits.iter().map(|l| s.sample(l, &[])).collect();
@@ -261,7 +326,10 @@ fn sample_allocates_nothing() {
     for p in [
         SamplingParams::default(),
         SamplingParams::greedy(),
-        SamplingParams { repeat_penalty: 1.1, ..SamplingParams::default() },
+        SamplingParams {
+            repeat_penalty: 1.1,
+            ..SamplingParams::default()
+        },
         params(1.0, 0, 0.9, 0.0),
     ] {
         let mut s = Sampler::new(p, n);

@@ -14,7 +14,9 @@ const MAX_BODY: &str = "262144";
 
 #[test]
 fn official_clients_against_the_server() {
-    let probe = Command::new("python3").args(["-c", "import openai, anthropic"]).output();
+    let probe = Command::new("python3")
+        .args(["-c", "import openai, anthropic"])
+        .output();
     match probe {
         Ok(o) if o.status.success() => {}
         Ok(o) => panic!(
@@ -27,13 +29,28 @@ fn official_clients_against_the_server() {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/serve/test_clients.py");
     let out = Command::new("python3")
         .arg(script)
-        .args(["--base", &server.base(), "--key", "test-key", "--model", &sluice::default_model::model_id(), "--ctx", CTX, "--max-body", MAX_BODY])
+        .args([
+            "--base",
+            &server.base(),
+            "--key",
+            "test-key",
+            "--model",
+            &sluice::default_model::model_id(),
+            "--ctx",
+            CTX,
+            "--max-body",
+            MAX_BODY,
+        ])
         .output()
         .expect("run python3");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     println!("{stdout}\n{stderr}");
-    assert!(out.status.success(), "client checks failed:\n{stdout}\n{stderr}\nserver log:\n{}", server.log_text());
+    assert!(
+        out.status.success(),
+        "client checks failed:\n{stdout}\n{stderr}\nserver log:\n{}",
+        server.log_text()
+    );
     assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
     let log = server.log_text();
     let code = server.stop();

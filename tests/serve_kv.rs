@@ -15,7 +15,10 @@ fn chat(server: &Server, messages: &Value, max_tokens: u32) -> (String, Value) {
         &json!({"model": sluice::default_model::model_id(), "messages": messages, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": true}),
     );
     assert_eq!(st, 200, "{body}");
-    let text = body["choices"][0]["message"]["content"].as_str().expect("content").to_string();
+    let text = body["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content")
+        .to_string();
     (text, body["usage"].clone())
 }
 
@@ -31,13 +34,31 @@ fn kv_sessions_survive_a_restart_bit_identically() {
     let (reply, u1) = chat(&s1, &first, 16);
     assert_eq!(u1["reused_tokens"], 0, "{u1}");
     assert_eq!(s1.stop(), 0);
-    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
-    assert!(files.iter().any(|f| f.starts_with("session-") && f.ends_with(".slkv")), "{files:?}");
-    assert!(!files.iter().any(|f| f.ends_with(".tmp")), "temporary file left behind: {files:?}");
+    let files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        files
+            .iter()
+            .any(|f| f.starts_with("session-") && f.ends_with(".slkv")),
+        "{files:?}"
+    );
+    assert!(
+        !files.iter().any(|f| f.ends_with(".tmp")),
+        "temporary file left behind: {files:?}"
+    );
 
     let mut second = first.clone();
-    second.as_array_mut().unwrap().push(json!({"role": "assistant", "content": reply}));
-    second.as_array_mut().unwrap().push(json!({"role": "user", "content": "And then?"}));
+    second
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"role": "assistant", "content": reply}));
+    second
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"role": "user", "content": "And then?"}));
 
     // Server 2 starts with the same directory: the second turn reuses the saved prefix.
     let s2 = Server::start(&["-c", "512", "--kv-dir", kv]);
@@ -45,19 +66,35 @@ fn kv_sessions_survive_a_restart_bit_identically() {
     let (_, metrics) = s2.get("/metrics");
     assert_eq!(s2.stop(), 0);
     let reused = u2["reused_tokens"].as_u64().unwrap();
-    assert!(reused >= u1["prompt_tokens"].as_u64().unwrap() - 1, "restored prefix too short: {u2} vs first turn {u1}");
-    assert!(metrics.contains(&format!("sluice_kv_sessions_loaded_total{{model=\"{}\"}} 1", sluice::default_model::model_id())), "{metrics}");
+    assert!(
+        reused >= u1["prompt_tokens"].as_u64().unwrap() - 1,
+        "restored prefix too short: {u2} vs first turn {u1}"
+    );
+    assert!(
+        metrics.contains(&format!(
+            "sluice_kv_sessions_loaded_total{{model=\"{}\"}} 1",
+            sluice::default_model::model_id()
+        )),
+        "{metrics}"
+    );
 
     // Server 3 has no sessions: it computes everything, and must produce the same text.
     let s3 = Server::start(&["-c", "512"]);
     let (fresh, u3) = chat(&s3, &second, 24);
     assert_eq!(u3["reused_tokens"], 0, "{u3}");
-    assert_eq!(resumed, fresh, "a resumed session must continue exactly like a fresh computation");
+    assert_eq!(
+        resumed, fresh,
+        "a resumed session must continue exactly like a fresh computation"
+    );
     // And the first turn replayed on a restored session gives the first reply again.
     let s4 = Server::start(&["-c", "512", "--kv-dir", kv]);
     let (again, u4) = chat(&s4, &first, 16);
     assert_eq!(again, reply);
-    assert_eq!(u4["reused_tokens"].as_u64().unwrap(), u1["prompt_tokens"].as_u64().unwrap() - 1, "{u4}");
+    assert_eq!(
+        u4["reused_tokens"].as_u64().unwrap(),
+        u1["prompt_tokens"].as_u64().unwrap() - 1,
+        "{u4}"
+    );
     drop(s3);
     assert_eq!(s4.stop(), 0);
 }
@@ -85,8 +122,15 @@ fn sigterm_during_a_stream_ends_it_cleanly_and_exits_0() {
     let stream = reader.join().unwrap();
     assert!(stream.starts_with("HTTP/1.1 200"), "{stream}");
     assert!(stream.contains("\"text_completion\""), "{stream}");
-    assert!(stream.contains("shutting down") && stream.contains("data: [DONE]"), "stream should end with an error event and [DONE]: {}", &stream[stream.len().saturating_sub(500)..]);
-    assert!(stream.ends_with("0\r\n\r\n"), "chunked stream not terminated");
+    assert!(
+        stream.contains("shutting down") && stream.contains("data: [DONE]"),
+        "stream should end with an error event and [DONE]: {}",
+        &stream[stream.len().saturating_sub(500)..]
+    );
+    assert!(
+        stream.ends_with("0\r\n\r\n"),
+        "chunked stream not terminated"
+    );
 }
 
 #[test]
@@ -95,14 +139,31 @@ fn streamed_experts_serve_the_same_text_and_export_cache_figures() {
     let resident = Server::start(&["--experts", "resident"]);
     let (a, _) = chat(&resident, &msgs, 12);
     let (_, m) = resident.get("/metrics");
-    assert!(!m.contains("sluice_expert_hit_rate"), "no cache figures without a cache: {m}");
+    assert!(
+        !m.contains("sluice_expert_hit_rate"),
+        "no cache figures without a cache: {m}"
+    );
     drop(resident);
-    let streamed = Server::start(&["--experts", "stream", "--cap", "2", "--io", "buffered", "--usage-freeze"]);
+    let streamed = Server::start(&[
+        "--experts",
+        "stream",
+        "--cap",
+        "2",
+        "--io",
+        "buffered",
+        "--usage-freeze",
+    ]);
     let (b, _) = chat(&streamed, &msgs, 12);
     let (_, m) = streamed.get("/metrics");
     assert_eq!(a, b, "streaming experts must not change the text");
     assert!(m.contains("sluice_expert_hit_rate{"), "{m}");
-    let read = m.lines().find(|l| l.starts_with("sluice_expert_bytes_read_total{")).and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
-    assert!(read.is_some_and(|r| r > 0.0), "experts were read from disk: {m}");
+    let read = m
+        .lines()
+        .find(|l| l.starts_with("sluice_expert_bytes_read_total{"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+    assert!(
+        read.is_some_and(|r| r > 0.0),
+        "experts were read from disk: {m}"
+    );
     assert_eq!(streamed.stop(), 0);
 }

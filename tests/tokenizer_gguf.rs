@@ -22,7 +22,8 @@ fn vocab_dir() -> PathBuf {
 fn load(name: &str) -> Tokenizer {
     let path = vocab_dir().join(format!("ggml-vocab-{name}.gguf"));
     let files = ModelFiles::open(&path).unwrap_or_else(|e| panic!("{e}"));
-    Tokenizer::from_gguf_meta(&|k| files.meta(k)).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    Tokenizer::from_gguf_meta(&|k| files.meta(k))
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// llama.cpp's test format: inputs separated by "\n__ggml_vocab_test__\n", one line of ids each.
@@ -40,7 +41,11 @@ fn cases(name: &str) -> Vec<(String, Vec<u32>)> {
         .lines()
         .map(|l| l.split_whitespace().map(|t| t.parse().unwrap()).collect())
         .collect();
-    assert_eq!(texts.len(), ids.len(), "{name}: .inp and .out disagree on the number of cases");
+    assert_eq!(
+        texts.len(),
+        ids.len(),
+        "{name}: .inp and .out disagree on the number of cases"
+    );
     texts.into_iter().zip(ids).collect()
 }
 
@@ -54,20 +59,27 @@ struct Report {
 fn check(name: &str) -> Report {
     let tok = load(name);
     let cases = cases(name);
-    let mut r = Report { encode_ok: 0, decode_ok: 0, total: cases.len(), failures: Vec::new() };
+    let mut r = Report {
+        encode_ok: 0,
+        decode_ok: 0,
+        total: cases.len(),
+        failures: Vec::new(),
+    };
     for (text, want) in &cases {
         let got = tok.encode_literal(text, false).unwrap();
         if &got == want {
             r.encode_ok += 1;
         } else {
-            r.failures.push(format!("encode {text:?}: got {got:?}, want {want:?}"));
+            r.failures
+                .push(format!("encode {text:?}: got {got:?}, want {want:?}"));
         }
         // Decoding the reference ids gives the text back.
         let back = tok.decode(want, false).unwrap();
         if &back == text {
             r.decode_ok += 1;
         } else {
-            r.failures.push(format!("decode {want:?}: got {back:?}, want {text:?}"));
+            r.failures
+                .push(format!("decode {want:?}: got {back:?}, want {text:?}"));
         }
         // Streaming one id at a time gives the same text as decoding all at once.
         let mut dec = StreamDecoder::new();
@@ -88,11 +100,18 @@ fn check(name: &str) -> Report {
 
 fn run(name: &str) {
     let r = check(name);
-    eprintln!("{name}: encode {}/{} decode {}/{}", r.encode_ok, r.total, r.decode_ok, r.total);
+    eprintln!(
+        "{name}: encode {}/{} decode {}/{}",
+        r.encode_ok, r.total, r.decode_ok, r.total
+    );
     for f in &r.failures {
         eprintln!("  {f}");
     }
-    assert!(r.failures.is_empty(), "{name}: {} mismatches with llama.cpp's expected ids/text", r.failures.len());
+    assert!(
+        r.failures.is_empty(),
+        "{name}: {} mismatches with llama.cpp's expected ids/text",
+        r.failures.len()
+    );
 }
 
 #[test]
@@ -163,14 +182,20 @@ fn command_r() {
 #[test]
 fn special_tokens_in_text() {
     let tok = load("qwen2");
-    let (start, end) = (tok.token_to_id("<|im_start|>").unwrap(), tok.token_to_id("<|im_end|>").unwrap());
+    let (start, end) = (
+        tok.token_to_id("<|im_start|>").unwrap(),
+        tok.token_to_id("<|im_end|>").unwrap(),
+    );
     assert_eq!((start, end), (151644, 151645));
     let ids = tok.encode("<|im_start|>user\nhi<|im_end|>", false).unwrap();
     let mut want = vec![start];
     want.extend(tok.encode_literal("user\nhi", false).unwrap());
     want.push(end);
     assert_eq!(ids, want);
-    assert_eq!(tok.decode(&ids, false).unwrap(), "<|im_start|>user\nhi<|im_end|>");
+    assert_eq!(
+        tok.decode(&ids, false).unwrap(),
+        "<|im_start|>user\nhi<|im_end|>"
+    );
     assert_eq!(tok.decode(&ids, true).unwrap(), "user\nhi");
     let mut dec = StreamDecoder::new();
     let mut streamed = String::new();
@@ -190,11 +215,21 @@ fn special_tokens_in_text() {
     assert!(!lit.contains(&start) && lit.len() > 1, "{lit:?}");
     assert_eq!(tok.decode(&lit, false).unwrap(), "<|im_start|>");
     // End of generation: <|endoftext|> (eos) and <|im_end|> (by its text, as llama.cpp does).
-    assert!(tok.eos_ids().contains(&151643) && tok.eos_ids().contains(&151645), "{:?}", tok.eos_ids());
+    assert!(
+        tok.eos_ids().contains(&151643) && tok.eos_ids().contains(&151645),
+        "{:?}",
+        tok.eos_ids()
+    );
     assert_eq!(tok.eos_token(), Some("<|endoftext|>"));
     // Qwen2 adds no bos.
-    assert_eq!(tok.encode("hi", true).unwrap(), tok.encode("hi", false).unwrap());
-    assert!(matches!(tok.decode(&[tok.vocab_size() as u32], false), Err(sluice::tokenizer::TokenizerError::TokenId { .. })));
+    assert_eq!(
+        tok.encode("hi", true).unwrap(),
+        tok.encode("hi", false).unwrap()
+    );
+    assert!(matches!(
+        tok.decode(&[tok.vocab_size() as u32], false),
+        Err(sluice::tokenizer::TokenizerError::TokenId { .. })
+    ));
 }
 
 #[test]
@@ -253,7 +288,10 @@ fn bad_metadata_is_an_error_not_a_panic() {
             ("tokenizer.ggml.model", s("gpt2")),
             ("tokenizer.ggml.pre", s("qwen2")),
             ("tokenizer.ggml.tokens", strs(&["a", "b", "ab", "<|end|>"])),
-            ("tokenizer.ggml.token_type", M::Array(vec![M::I32(1), M::I32(1), M::I32(1), M::I32(3)])),
+            (
+                "tokenizer.ggml.token_type",
+                M::Array(vec![M::I32(1), M::I32(1), M::I32(1), M::I32(3)]),
+            ),
             ("tokenizer.ggml.merges", strs(&["a b"])),
             ("tokenizer.ggml.eos_token_id", M::U32(3)),
         ])
@@ -266,18 +304,54 @@ fn bad_metadata_is_an_error_not_a_panic() {
     let cases: Vec<(&str, Option<M>, &str)> = vec![
         ("tokenizer.ggml.model", None, "tokenizer.ggml.model"),
         ("tokenizer.ggml.model", Some(s("bert")), "bert"),
-        ("tokenizer.ggml.model", Some(M::U32(1)), "tokenizer.ggml.model"),
+        (
+            "tokenizer.ggml.model",
+            Some(M::U32(1)),
+            "tokenizer.ggml.model",
+        ),
         ("tokenizer.ggml.tokens", None, "tokenizer.ggml.tokens"),
-        ("tokenizer.ggml.tokens", Some(M::Array(vec![])), "tokenizer.ggml.tokens"),
-        ("tokenizer.ggml.tokens", Some(M::Array(vec![M::U8(1)])), "tokenizer.ggml.tokens"),
-        ("tokenizer.ggml.token_type", Some(M::Array(vec![M::I32(1)])), "tokenizer.ggml.token_type"),
+        (
+            "tokenizer.ggml.tokens",
+            Some(M::Array(vec![])),
+            "tokenizer.ggml.tokens",
+        ),
+        (
+            "tokenizer.ggml.tokens",
+            Some(M::Array(vec![M::U8(1)])),
+            "tokenizer.ggml.tokens",
+        ),
+        (
+            "tokenizer.ggml.token_type",
+            Some(M::Array(vec![M::I32(1)])),
+            "tokenizer.ggml.token_type",
+        ),
         ("tokenizer.ggml.merges", None, "tokenizer.ggml.merges"),
-        ("tokenizer.ggml.merges", Some(strs(&["ab"])), "tokenizer.ggml.merges"),
+        (
+            "tokenizer.ggml.merges",
+            Some(strs(&["ab"])),
+            "tokenizer.ggml.merges",
+        ),
         ("tokenizer.ggml.pre", Some(s("no-such-pre")), "no-such-pre"),
-        ("tokenizer.ggml.eos_token_id", Some(M::U32(99)), "tokenizer.ggml.eos_token_id"),
-        ("tokenizer.ggml.bos_token_id", Some(s("x")), "tokenizer.ggml.bos_token_id"),
-        ("tokenizer.ggml.add_bos_token", Some(M::Bool(true)), "add_bos_token"),
-        ("tokenizer.chat_template", Some(M::U32(0)), "tokenizer.chat_template"),
+        (
+            "tokenizer.ggml.eos_token_id",
+            Some(M::U32(99)),
+            "tokenizer.ggml.eos_token_id",
+        ),
+        (
+            "tokenizer.ggml.bos_token_id",
+            Some(s("x")),
+            "tokenizer.ggml.bos_token_id",
+        ),
+        (
+            "tokenizer.ggml.add_bos_token",
+            Some(M::Bool(true)),
+            "add_bos_token",
+        ),
+        (
+            "tokenizer.chat_template",
+            Some(M::U32(0)),
+            "tokenizer.chat_template",
+        ),
     ];
     for (key, value, needle) in cases {
         let mut m = good();

@@ -12,7 +12,11 @@ fn fixtures() -> PathBuf {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn stream(tok: &Tokenizer, ids: &[u32]) -> String {
@@ -30,10 +34,16 @@ fn stream(tok: &Tokenizer, ids: &[u32]) -> String {
 }
 
 fn check(name: &str) -> Tokenizer {
-    let all: Value = serde_json::from_str(&std::fs::read_to_string(fixtures().join("cases.json")).unwrap()).unwrap();
+    let all: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures().join("cases.json")).unwrap())
+            .unwrap();
     let rec = &all["tokenizers"][name];
     let tok = Tokenizer::from_file(&fixtures().join(name).join("tokenizer.json")).unwrap();
-    assert_eq!(tok.vocab_size() as u64, rec["vocab_size"].as_u64().unwrap(), "{name}: vocab size");
+    assert_eq!(
+        tok.vocab_size() as u64,
+        rec["vocab_size"].as_u64().unwrap(),
+        "{name}: vocab size"
+    );
     let cases = rec["cases"].as_array().unwrap();
     let mut failures = Vec::new();
     for c in cases {
@@ -41,8 +51,16 @@ fn check(name: &str) -> Tokenizer {
         let want = ids(&c["ids"]);
         let checks = [
             ("encode", tok.encode(text, false).unwrap(), want.clone()),
-            ("encode add_special", tok.encode(text, true).unwrap(), ids(&c["ids_add_special"])),
-            ("encode_literal", tok.encode_literal(text, false).unwrap(), ids(&c["ids_literal"])),
+            (
+                "encode add_special",
+                tok.encode(text, true).unwrap(),
+                ids(&c["ids_add_special"]),
+            ),
+            (
+                "encode_literal",
+                tok.encode_literal(text, false).unwrap(),
+                ids(&c["ids_literal"]),
+            ),
         ];
         for (what, got, want) in checks {
             if got != want {
@@ -51,27 +69,50 @@ fn check(name: &str) -> Tokenizer {
         }
         let decoded = tok.decode(&want, false).unwrap();
         if decoded != c["decoded"].as_str().unwrap() {
-            failures.push(format!("decode {want:?}: got {decoded:?}, want {:?}", c["decoded"]));
+            failures.push(format!(
+                "decode {want:?}: got {decoded:?}, want {:?}",
+                c["decoded"]
+            ));
         }
         let skip = c["decoded_skip_special"].as_str().unwrap();
         let decoded = tok.decode(&want, true).unwrap();
         if decoded != skip {
-            failures.push(format!("decode skip_special {want:?}: got {decoded:?}, want {skip:?}"));
+            failures.push(format!(
+                "decode skip_special {want:?}: got {decoded:?}, want {skip:?}"
+            ));
         }
         // Streaming equals decoding the whole, except that a stream never drops the leading
         // space a SentencePiece decoder strips at the start of a text.
         let streamed = stream(&tok, &want);
-        assert_eq!(streamed, tok.decode_piece(&want, true).unwrap(), "{name}: stream of {text:?}");
-        let unstripped = if name == "spm" { streamed.strip_prefix(' ').unwrap_or(&streamed) } else { &streamed };
+        assert_eq!(
+            streamed,
+            tok.decode_piece(&want, true).unwrap(),
+            "{name}: stream of {text:?}"
+        );
+        let unstripped = if name == "spm" {
+            streamed.strip_prefix(' ').unwrap_or(&streamed)
+        } else {
+            &streamed
+        };
         if unstripped != skip {
-            failures.push(format!("stream {text:?}: got {streamed:?}, want {skip:?} (+ leading space)"));
+            failures.push(format!(
+                "stream {text:?}: got {streamed:?}, want {skip:?} (+ leading space)"
+            ));
         }
     }
-    eprintln!("{name}: {} cases, {} mismatches", cases.len(), failures.len());
+    eprintln!(
+        "{name}: {} cases, {} mismatches",
+        cases.len(),
+        failures.len()
+    );
     for f in &failures {
         eprintln!("  {f}");
     }
-    assert!(failures.is_empty(), "{name}: {} mismatches with the Python tokenizers package", failures.len());
+    assert!(
+        failures.is_empty(),
+        "{name}: {} mismatches with the Python tokenizers package",
+        failures.len()
+    );
     tok
 }
 
@@ -85,7 +126,11 @@ fn byte_level_matches_python() {
     assert_eq!(tok.eos_token(), Some("<|im_end|>"));
     let mut want = vec![end, eot];
     want.sort();
-    assert_eq!(tok.eos_ids(), want.as_slice(), "eos from tokenizer_config.json + generation_config.json");
+    assert_eq!(
+        tok.eos_ids(),
+        want.as_slice(),
+        "eos from tokenizer_config.json + generation_config.json"
+    );
 }
 
 #[test]
@@ -112,7 +157,11 @@ fn missing_or_bad_files_are_errors() {
     std::fs::write(dir.join("tokenizer.json"), "{ not json").unwrap();
     let e = Tokenizer::from_file(&dir.join("tokenizer.json")).unwrap_err();
     assert!(e.to_string().contains("tokenizer.json"), "{e}");
-    std::fs::copy(fixtures().join("bytelevel/tokenizer.json"), dir.join("tokenizer.json")).unwrap();
+    std::fs::copy(
+        fixtures().join("bytelevel/tokenizer.json"),
+        dir.join("tokenizer.json"),
+    )
+    .unwrap();
     std::fs::write(dir.join("tokenizer_config.json"), "[1, 2").unwrap();
     let e = Tokenizer::from_file(&dir.join("tokenizer.json")).unwrap_err();
     assert!(e.to_string().contains("tokenizer_config.json"), "{e}");

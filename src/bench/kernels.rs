@@ -115,10 +115,15 @@ impl KernelResult {
 /// be optimised away.
 pub fn parallel_read_sweep(bytes: &[u8], pool: &rayon::ThreadPool, prefetch: usize) -> u64 {
     let threads = pool.current_num_threads().max(1);
-    let chunk = (bytes.len() / (threads * 8)).max(1 << 20).next_multiple_of(256);
+    let chunk = (bytes.len() / (threads * 8))
+        .max(1 << 20)
+        .next_multiple_of(256);
     let isa = Isa::hardware();
     pool.install(|| {
-        bytes.par_chunks(chunk).map(|c| kernels::read_sweep(c, isa, prefetch)).reduce(|| 0, u64::wrapping_add)
+        bytes
+            .par_chunks(chunk)
+            .map(|c| kernels::read_sweep(c, isa, prefetch))
+            .reduce(|| 0, u64::wrapping_add)
     })
 }
 
@@ -181,7 +186,9 @@ fn bench_arms(
 
     let mut rng = SplitMix(42);
     let batch = opts.batch.max(1);
-    let x: Vec<f32> = (0..opts.cols * batch).map(|_| rng.unit() * 2.0 - 1.0).collect();
+    let x: Vec<f32> = (0..opts.cols * batch)
+        .map(|_| rng.unit() * 2.0 - 1.0)
+        .collect();
     let mut acts = Acts::new();
     acts.load(&x, batch, opts.cols);
     let mut y = vec![0.0f32; rows * batch];
@@ -220,7 +227,11 @@ fn bench_arms(
         _ => Isa::Scalar,
     };
     let (read_plain, read_pf) = (Stats::of(rd), Stats::of(rd_pf));
-    let read = if read_pf.median > read_plain.median { read_pf } else { read_plain };
+    let read = if read_pf.median > read_plain.median {
+        read_pf
+    } else {
+        read_plain
+    };
     Ok(arms
         .iter()
         .zip(mv)

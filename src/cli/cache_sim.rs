@@ -30,9 +30,17 @@ pub struct CacheSimArgs {
 pub fn run(args: CacheSimArgs) -> anyhow::Result<()> {
     let policies: Vec<SimPolicy> = match args.policy.as_str() {
         "lru" => vec![SimPolicy::Lru],
-        "hotness" => vec![SimPolicy::Hotness { halve_every: args.halve_every }],
+        "hotness" => vec![SimPolicy::Hotness {
+            halve_every: args.halve_every,
+        }],
         "belady" => vec![SimPolicy::Belady],
-        "all" => vec![SimPolicy::Lru, SimPolicy::Hotness { halve_every: args.halve_every }, SimPolicy::Belady],
+        "all" => vec![
+            SimPolicy::Lru,
+            SimPolicy::Hotness {
+                halve_every: args.halve_every,
+            },
+            SimPolicy::Belady,
+        ],
         p => anyhow::bail!("--policy {p:?}: expected lru, hotness, belady or all"),
     };
     if args.halve_every == 0 {
@@ -60,14 +68,25 @@ pub fn run(args: CacheSimArgs) -> anyhow::Result<()> {
         args.slots,
         pinned.len()
     );
-    println!("{:<10} {:>12} {:>12} {:>12} {:>9}", "policy", "hits pin", "hits", "misses", "hit rate");
+    println!(
+        "{:<10} {:>12} {:>12} {:>12} {:>9}",
+        "policy", "hits pin", "hits", "misses", "hit rate"
+    );
     for p in policies {
-        let r = simulate(&trace, args.slots, &pinned, p).with_context(|| format!("replaying {}", args.trace.display()))?;
+        let r = simulate(&trace, args.slots, &pinned, p)
+            .with_context(|| format!("replaying {}", args.trace.display()))?;
         let name = match p {
             SimPolicy::Hotness { halve_every } => format!("hotness/{halve_every}"),
             _ => p.name().to_string(),
         };
-        println!("{:<10} {:>12} {:>12} {:>12} {:>8.2}%", name, r.hits_pin, r.hits, r.misses, 100.0 * r.hit_rate());
+        println!(
+            "{:<10} {:>12} {:>12} {:>12} {:>8.2}%",
+            name,
+            r.hits_pin,
+            r.hits,
+            r.misses,
+            100.0 * r.hit_rate()
+        );
     }
     Ok(())
 }

@@ -34,22 +34,36 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         None => crate::default_model::ensure().context("preparing the default model")?,
     };
     let files = ModelFiles::open(&path)?;
-    let model = Model::load(&files, &LoadOptions { threads: args.compute.threads, ctx: args.compute.ctx })?;
+    let model = Model::load(
+        &files,
+        &LoadOptions {
+            threads: args.compute.threads,
+            ctx: args.compute.ctx,
+        },
+    )?;
     let tok = load_tokenizer(&files)?;
-    let template = tok
-        .chat_template()
-        .map(str::to_string)
-        .ok_or_else(|| anyhow::anyhow!("{}: the model has no chat template; use `sluice run -p` for raw prompts", path.display()))?;
+    let template = tok.chat_template().map(str::to_string).ok_or_else(|| {
+        anyhow::anyhow!(
+            "{}: the model has no chat template; use `sluice run -p` for raw prompts",
+            path.display()
+        )
+    })?;
     let mut st = model.new_state(args.compute.ctx, args.compute.batch, 1)?;
     let mut sampler = Sampler::new(args.sampling.params(), model.cfg.vocab);
     let mut messages: Vec<ChatMessage> = Vec::new();
     if let Some(s) = &args.system {
-        messages.push(ChatMessage { role: "system".into(), content: s.clone() });
+        messages.push(ChatMessage {
+            role: "system".into(),
+            content: s.clone(),
+        });
     }
     let mut cached: Vec<u32> = Vec::new();
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
-    eprintln!("[sluice] chat with {} (empty line or Ctrl-D to quit)", path.display());
+    eprintln!(
+        "[sluice] chat with {} (empty line or Ctrl-D to quit)",
+        path.display()
+    );
     loop {
         write!(out, "> ")?;
         out.flush()?;
@@ -57,25 +71,53 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         if stdin.lock().read_line(&mut line)? == 0 || line.trim().is_empty() {
             break;
         }
-        messages.push(ChatMessage { role: "user".into(), content: line.trim_end().to_string() });
-        let text = render_chat(&template, &messages, true, tok.bos_token().unwrap_or(""), tok.eos_token().unwrap_or(""), None)?;
+        messages.push(ChatMessage {
+            role: "user".into(),
+            content: line.trim_end().to_string(),
+        });
+        let text = render_chat(
+            &template,
+            &messages,
+            true,
+            tok.bos_token().unwrap_or(""),
+            tok.eos_token().unwrap_or(""),
+            None,
+        )?;
         let ids = tok.encode(&text, false)?;
         // Reuse the cached prefix; always feed at least one token to get fresh logits.
-        let common = cached.iter().zip(&ids).take_while(|(a, b)| a == b).count().min(ids.len().saturating_sub(1)).min(st.pos);
+        let common = cached
+            .iter()
+            .zip(&ids)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(ids.len().saturating_sub(1))
+            .min(st.pos);
         st.truncate(common);
         cached.truncate(common);
         let mut reply = String::new();
-        let (gen, stats) = generate(&model, &mut st, &tok, &mut sampler, &ids[common..], args.n_predict, false, &mut |s| {
-            reply.push_str(s);
-            print!("{s}");
-            let _ = std::io::stdout().flush();
-            true
-        })?;
+        let (gen, stats) = generate(
+            &model,
+            &mut st,
+            &tok,
+            &mut sampler,
+            &ids[common..],
+            args.n_predict,
+            false,
+            &mut |s| {
+                reply.push_str(s);
+                print!("{s}");
+                let _ = std::io::stdout().flush();
+                true
+            },
+        )?;
         println!();
         eprintln!("{} | reused {common} cached tokens", stats.timing_line());
         cached.extend_from_slice(&ids[common..]);
         cached.extend_from_slice(&gen);
-        messages.push(ChatMessage { role: "assistant".into(), content: reply });
+        messages.push(ChatMessage {
+            role: "assistant".into(),
+            content: reply,
+        });
     }
     Ok(())
 }

@@ -109,22 +109,44 @@ pub struct ExpertArgs {
 /// Where a model's usage statistics live: beside the model if that directory is writable,
 /// else in the cache directory, named after the model identity.
 pub fn usage_path(files: &crate::format::ModelFiles, id: &str) -> std::path::PathBuf {
-    let name = files.paths().first().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().to_string()).unwrap_or_else(|| "model".into());
+    let name = files
+        .paths()
+        .first()
+        .and_then(|p| p.file_name())
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_else(|| "model".into());
     let beside = files.dir().join(format!(".{name}.sluice-usage.json"));
-    let writable = std::fs::metadata(files.dir()).map(|m| !m.permissions().readonly()).unwrap_or(false)
-        && std::fs::OpenOptions::new().create(true).append(true).open(files.dir().join(".sluice-write-probe")).map(|_| true).unwrap_or(false);
+    let writable = std::fs::metadata(files.dir())
+        .map(|m| !m.permissions().readonly())
+        .unwrap_or(false)
+        && std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(files.dir().join(".sluice-write-probe"))
+            .map(|_| true)
+            .unwrap_or(false);
     let _ = std::fs::remove_file(files.dir().join(".sluice-write-probe"));
     if writable {
         beside
     } else {
-        let short: String = id.chars().filter(|c| c.is_ascii_alphanumeric()).take(24).collect();
+        let short: String = id
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric())
+            .take(24)
+            .collect();
         crate::default_model::cache_dir().join(format!("usage-{short}.json"))
     }
 }
 
 /// After a run: add this run's selections to the saved usage statistics (unless frozen).
-pub fn save_usage(files: &crate::format::ModelFiles, st: &crate::model::State, a: &ExpertArgs) -> anyhow::Result<()> {
-    let Some(cache) = st.experts() else { return Ok(()) };
+pub fn save_usage(
+    files: &crate::format::ModelFiles,
+    st: &crate::model::State,
+    a: &ExpertArgs,
+) -> anyhow::Result<()> {
+    let Some(cache) = st.experts() else {
+        return Ok(());
+    };
     if a.usage_freeze {
         return Ok(());
     }
@@ -146,8 +168,14 @@ pub fn parse_size(s: &str) -> anyhow::Result<u64> {
     let t = s.trim();
     let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let v: f64 = num.trim().parse().map_err(|_| anyhow::anyhow!("size {s:?}: expected a number with an optional K/M/G/T suffix"))?;
-    let mul = match unit.to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+    let v: f64 = num.trim().parse().map_err(|_| {
+        anyhow::anyhow!("size {s:?}: expected a number with an optional K/M/G/T suffix")
+    })?;
+    let mul = match unit
+        .to_ascii_uppercase()
+        .trim_end_matches("IB")
+        .trim_end_matches('B')
+    {
         "" => 1.0,
         "K" => 1024.0,
         "M" => 1024.0 * 1024.0,
@@ -177,15 +205,27 @@ use crate::plan::planner::human;
 
 /// Decide where experts live, print one `[plan]` line per decision with its reason, and
 /// attach a streaming cache to `st` when streaming. Returns the plan (for predicted vs measured).
-pub fn setup_experts(model: &crate::model::Model<'_>, files: &crate::format::ModelFiles, st: &mut crate::model::State, a: &ExpertArgs) -> anyhow::Result<crate::plan::planner::Plan> {
+pub fn setup_experts(
+    model: &crate::model::Model<'_>,
+    files: &crate::format::ModelFiles,
+    st: &mut crate::model::State,
+    a: &ExpertArgs,
+) -> anyhow::Result<crate::plan::planner::Plan> {
     setup_experts_mtp(model, files, st, a, 0)
 }
 
 /// The planner's request from the flags (`autopin`: experts with usage statistics, if asked).
-pub fn plan_request(a: &ExpertArgs, mtp: usize, autopin: Option<usize>) -> anyhow::Result<crate::plan::planner::PlanRequest> {
+pub fn plan_request(
+    a: &ExpertArgs,
+    mtp: usize,
+    autopin: Option<usize>,
+) -> anyhow::Result<crate::plan::planner::PlanRequest> {
     use crate::plan::planner::{ExpertMode, PlanRequest};
     let io = match &a.io {
-        Some(s) => Some(s.parse::<crate::experts::IoMode>().map_err(|_| anyhow::anyhow!("--io {s:?}: expected direct, buffered or mmap"))?),
+        Some(s) => Some(
+            s.parse::<crate::experts::IoMode>()
+                .map_err(|_| anyhow::anyhow!("--io {s:?}: expected direct, buffered or mmap"))?,
+        ),
         None => None,
     };
     Ok(PlanRequest {
@@ -205,7 +245,15 @@ pub fn plan_request(a: &ExpertArgs, mtp: usize, autopin: Option<usize>) -> anyho
 pub fn run_profile(files: &crate::format::ModelFiles) -> Option<crate::plan::MachineProfile> {
     match crate::plan::planner::cached_profile(files) {
         Some(p) => {
-            eprintln!("[plan] machine: cached profile {} ({}probed {} s ago)", p.key, if p.quick { "quick, " } else { "" }, std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()).saturating_sub(p.probed_unix));
+            eprintln!(
+                "[plan] machine: cached profile {} ({}probed {} s ago)",
+                p.key,
+                if p.quick { "quick, " } else { "" },
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs())
+                    .saturating_sub(p.probed_unix)
+            );
             Some(p)
         }
         None => {
@@ -216,10 +264,17 @@ pub fn run_profile(files: &crate::format::ModelFiles) -> Option<crate::plan::Mac
 }
 
 /// `setup_experts` with `--mtp K` taken into account by the planner.
-pub fn setup_experts_mtp(model: &crate::model::Model<'_>, files: &crate::format::ModelFiles, st: &mut crate::model::State, a: &ExpertArgs, mtp: usize) -> anyhow::Result<crate::plan::planner::Plan> {
+pub fn setup_experts_mtp(
+    model: &crate::model::Model<'_>,
+    files: &crate::format::ModelFiles,
+    st: &mut crate::model::State,
+    a: &ExpertArgs,
+    mtp: usize,
+) -> anyhow::Result<crate::plan::planner::Plan> {
     use crate::experts::{CacheConfig, Policy};
     let summary = crate::plan::planner::ModelSummary::of(model, files, st.kv_bytes() as u64)?;
-    let policy = Policy::parse(&a.policy, a.halve_every).map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
+    let policy =
+        Policy::parse(&a.policy, a.halve_every).map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
     // Usage statistics first: how many experts could be pinned bounds the pinned tier.
     let mut usage = None;
     if a.autopin {
@@ -230,7 +285,9 @@ pub fn setup_experts_mtp(model: &crate::model::Model<'_>, files: &crate::format:
             Err(e) => eprintln!("[plan] autopin: no usage statistics yet ({e}); run once without --usage-freeze to collect them"),
         }
     }
-    let avail = a.autopin.then(|| usage.as_ref().map_or(0, |(u, _)| u.top_n(usize::MAX).len()));
+    let avail = a
+        .autopin
+        .then(|| usage.as_ref().map_or(0, |(u, _)| u.top_n(usize::MAX).len()));
     let profile = run_profile(files);
     let req = plan_request(a, mtp, avail)?;
     let plan = crate::plan::planner::plan(&summary, profile.as_ref(), &req)?;
@@ -244,7 +301,12 @@ pub fn setup_experts_mtp(model: &crate::model::Model<'_>, files: &crate::format:
     let mut pinned = Vec::new();
     if let Some((u, path)) = &usage {
         pinned = u.top_n(plan.pinned);
-        eprintln!("[plan] autopin: {} most-selected experts ({}) from {}", pinned.len(), human(pinned.len() as u64 * store.slot_bytes()), path.display());
+        eprintln!(
+            "[plan] autopin: {} most-selected experts ({}) from {}",
+            pinned.len(),
+            human(pinned.len() as u64 * store.slot_bytes()),
+            path.display()
+        );
     }
     let mut cfg = CacheConfig::new(plan.slots_per_layer);
     cfg.pinned = pinned;
@@ -268,7 +330,12 @@ pub fn setup_experts_mtp(model: &crate::model::Model<'_>, files: &crate::format:
     // Keep the resident (non-expert) weights in memory while experts stream past them.
     // Every routed tensor begins with some expert's part (expert 0's slice of a 3-D tensor, a
     // per-expert tensor, the gate half of a fused gate_up): those starts identify them.
-    let expert_starts: std::collections::HashSet<(usize, u64)> = model.expert_locs().iter().flatten().flat_map(|l| l.parts.iter().map(|p| (p.file, p.offset))).collect();
+    let expert_starts: std::collections::HashSet<(usize, u64)> = model
+        .expert_locs()
+        .iter()
+        .flatten()
+        .flat_map(|l| l.parts.iter().map(|p| (p.file, p.offset)))
+        .collect();
     let resident: Vec<&[u8]> = files
         .tensors()
         .iter()
@@ -286,20 +353,33 @@ pub fn setup_experts_mtp(model: &crate::model::Model<'_>, files: &crate::format:
 /// After a run: `[plan] predicted X–Y tok/s, measured Z tok/s`.
 pub fn predicted_vs_measured(plan: &crate::plan::planner::Plan, measured: f64) -> String {
     match plan.predicted_tok_s {
-        Some((lo, hi)) => format!("[plan] predicted {lo:.2}–{hi:.2} tok/s, measured {measured:.2} tok/s"),
-        None => format!("[plan] predicted unknown (no machine profile), measured {measured:.2} tok/s"),
+        Some((lo, hi)) => {
+            format!("[plan] predicted {lo:.2}–{hi:.2} tok/s, measured {measured:.2} tok/s")
+        }
+        None => {
+            format!("[plan] predicted unknown (no machine profile), measured {measured:.2} tok/s")
+        }
     }
 }
 
 /// The cache's figures since `before` (the prefill's end), i.e. decode only.
-fn decode_stats(st: &crate::model::State, before: Option<crate::experts::CacheStats>) -> Option<crate::experts::CacheStats> {
+fn decode_stats(
+    st: &crate::model::State,
+    before: Option<crate::experts::CacheStats>,
+) -> Option<crate::experts::CacheStats> {
     st.expert_stats().map(|s| before.map_or(s, |b| s.since(&b)))
 }
 
 /// The process's peak resident set (VmHWM), in bytes.
 fn peak_rss_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kb: u64 = status.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    let kb: u64 = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
     Some(kb * 1024)
 }
 
@@ -333,7 +413,11 @@ pub fn stats_json(st: &crate::model::State, g: &crate::generate::GenStats) -> se
 /// MoE blocks minus the wait), attention, lm_head, other. Returns (shares line, verdict line).
 pub fn time_shares(st: &crate::model::State) -> (serde_json::Value, String, String) {
     let p = st.prof;
-    let wait = st.expert_stats().map(|s| s.wait_secs).unwrap_or(0.0).min(p.experts);
+    let wait = st
+        .expert_stats()
+        .map(|s| s.wait_secs)
+        .unwrap_or(0.0)
+        .min(p.experts);
     let total = p.total.max(1e-9);
     let other = (p.total - p.attention - p.experts - p.dense_ffn - p.lm_head).max(0.0);
     let shares = serde_json::json!({
@@ -367,10 +451,17 @@ pub fn time_shares(st: &crate::model::State) -> (serde_json::Value, String, Stri
 
 /// The end-of-run expert line: hit rates, experts read per token, bytes read and read speed.
 /// `before` (the figures when the prefill ended) is subtracted, so the line is decode only.
-pub fn expert_summary(st: &crate::model::State, before: Option<crate::experts::CacheStats>, decoded: usize, secs: f64) -> Option<String> {
+pub fn expert_summary(
+    st: &crate::model::State,
+    before: Option<crate::experts::CacheStats>,
+    decoded: usize,
+    secs: f64,
+) -> Option<String> {
     let s = decode_stats(st, before)?;
     let req = s.requests().max(1) as f64;
-    let rss = peak_rss_bytes().map(|b| format!(" | peak RSS {}", human(b))).unwrap_or_default();
+    let rss = peak_rss_bytes()
+        .map(|b| format!(" | peak RSS {}", human(b)))
+        .unwrap_or_default();
     Some(format!(
         "[experts] decode {decoded} tokens in {secs:.2}s ({:.2} tok/s) | expert hit {:.1}% (pin {:.1}% + lru {:.1}%) | {:.1} experts read/token | {} read at {:.2} GB/s | wait {:.2}s{rss}",
         decoded as f64 / secs.max(1e-9),

@@ -51,7 +51,9 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
     if args.deep && model.is_none() {
         bail!("doctor: --deep checksums a model's tensors; name the MODEL");
     }
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let show = std::io::stderr().is_terminal();
     let log = |s: &str| {
         if show {
@@ -63,7 +65,10 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
         None => None,
     };
     if let (Some(m), Some(r), true) = (&model, report.as_mut(), args.deep) {
-        log(&format!("checksumming {} tensors with {threads} threads", m.tensors().len()));
+        log(&format!(
+            "checksumming {} tensors with {threads} threads",
+            m.tensors().len()
+        ));
         r.deep = Some(deep_check(m, threads)?);
     }
     let mut opts = match &model {
@@ -71,7 +76,8 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
         None => ProbeOptions::for_cache_dir(),
     };
     opts.quick = args.quick;
-    let loaded = load_or_probe_with(&opts, args.refresh, &log).context("doctor: probing the machine")?;
+    let loaded =
+        load_or_probe_with(&opts, args.refresh, &log).context("doctor: probing the machine")?;
 
     if args.json {
         let doc = Report {
@@ -101,7 +107,12 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
     }
     if let Some(d) = report.as_ref().and_then(|r| r.deep.as_ref()) {
         if !d.bad.is_empty() {
-            let list: Vec<String> = d.bad.iter().take(8).map(|b| format!("`{}` ({})", b.name, b.reason)).collect();
+            let list: Vec<String> = d
+                .bad
+                .iter()
+                .take(8)
+                .map(|b| format!("`{}` ({})", b.name, b.reason))
+                .collect();
             bail!(
                 "{}: {} of {} tensors bad: {}{}",
                 report.as_ref().map_or("", |r| r.path.as_str()),
@@ -162,12 +173,28 @@ fn yes(b: bool) -> &'static str {
 }
 
 fn print_model(o: &mut Out, r: &ModelReport) {
-    o.line("model", format!("{} ({}, {} file(s), {} tensors)", r.path, r.format, r.files.len(), r.tensors));
+    o.line(
+        "model",
+        format!(
+            "{} ({}, {} file(s), {} tensors)",
+            r.path,
+            r.format,
+            r.files.len(),
+            r.tensors
+        ),
+    );
     for c in &r.checks {
-        o.line(&format!("check {}", c.name), format!("{}: {}", c.status, c.detail));
+        o.line(
+            &format!("check {}", c.name),
+            format!("{}: {}", c.status, c.detail),
+        );
     }
     if let Some(d) = &r.deep {
-        let gbps = if d.seconds > 0.0 { d.bytes as f64 / d.seconds / 1e9 } else { 0.0 };
+        let gbps = if d.seconds > 0.0 {
+            d.bytes as f64 / d.seconds / 1e9
+        } else {
+            0.0
+        };
         o.line(
             "deep",
             format!(
@@ -180,13 +207,32 @@ fn print_model(o: &mut Out, r: &ModelReport) {
             ),
         );
         for f in &d.files {
-            o.line("deep file", format!("{}: {} tensors, {}, {} {}", f.path, f.tensors, size(f.bytes), d.algorithm, f.fnv1a64));
+            o.line(
+                "deep file",
+                format!(
+                    "{}: {} tensors, {}, {} {}",
+                    f.path,
+                    f.tensors,
+                    size(f.bytes),
+                    d.algorithm,
+                    f.fnv1a64
+                ),
+            );
         }
         for b in &d.bad {
-            o.line("deep BAD", format!("`{}` in {}: {}", b.name, b.path, b.reason));
+            o.line(
+                "deep BAD",
+                format!("`{}` in {}: {}", b.name, b.path, b.reason),
+            );
         }
         if d.bad.is_empty() {
-            o.line("deep result", format!("ok: all {} tensors read, no NaN/inf in float tensors", d.tensors.len()));
+            o.line(
+                "deep result",
+                format!(
+                    "ok: all {} tensors read, no NaN/inf in float tensors",
+                    d.tensors.len()
+                ),
+            );
         }
     }
 }
@@ -196,18 +242,35 @@ fn print_profile(o: &mut Out, p: &MachineProfile) {
     o.line("cpu", c.model.as_deref().unwrap_or("unknown"));
     o.line(
         "cores",
-        format!("{} logical, {} physical", c.logical_cores, c.physical_cores.map_or("unknown".to_string(), |n| n.to_string())),
+        format!(
+            "{} logical, {} physical",
+            c.logical_cores,
+            c.physical_cores
+                .map_or("unknown".to_string(), |n| n.to_string())
+        ),
     );
     o.line(
         "simd",
-        format!("avx2 {}, avx512 {}, avx512-vnni {}; kernels use {}", yes(c.avx2), yes(c.avx512), yes(c.avx512_vnni), c.kernel_isa),
+        format!(
+            "avx2 {}, avx512 {}, avx512-vnni {}; kernels use {}",
+            yes(c.avx2),
+            yes(c.avx512),
+            yes(c.avx512_vnni),
+            c.kernel_isa
+        ),
     );
-    o.line("last-level cache", c.llc_bytes.map_or("unknown".to_string(), size));
+    o.line(
+        "last-level cache",
+        c.llc_bytes.map_or("unknown".to_string(), size),
+    );
 
     let m = &p.memory;
     o.line("ram total", size(m.total_bytes));
     o.line("ram available", size(m.available_bytes));
-    o.line("mlock limit", m.memlock_limit_bytes.map_or("unlimited".to_string(), size));
+    o.line(
+        "mlock limit",
+        m.memlock_limit_bytes.map_or("unlimited".to_string(), size),
+    );
     o.line(
         "cgroup memory limit",
         match (m.cgroup_limit_bytes, &m.cgroup_source) {
@@ -239,12 +302,27 @@ fn print_profile(o: &mut Out, p: &MachineProfile) {
             s.fs_type.as_deref().unwrap_or("?"),
             s.source.as_deref().unwrap_or("?"),
             s.dev,
-            s.block_device.as_ref().map_or(String::new(), |b| format!(", block device {b}")),
+            s.block_device
+                .as_ref()
+                .map_or(String::new(), |b| format!(", block device {b}")),
             s.free_bytes.map_or("?".to_string(), size)
         ),
     );
-    o.line("read-ahead", s.read_ahead_kb.map_or("unknown (no block device queue found)".to_string(), |k| format!("{k} KiB")));
-    o.line("O_DIRECT", format!("{}; data read: {}", yes(s.o_direct), s.data.as_deref().unwrap_or("none")));
+    o.line(
+        "read-ahead",
+        s.read_ahead_kb
+            .map_or("unknown (no block device queue found)".to_string(), |k| {
+                format!("{k} KiB")
+            }),
+    );
+    o.line(
+        "O_DIRECT",
+        format!(
+            "{}; data read: {}",
+            yes(s.o_direct),
+            s.data.as_deref().unwrap_or("none")
+        ),
+    );
     for series in &s.series {
         let mode = match series.mode {
             ReadMode::Direct => "direct",
@@ -253,7 +331,10 @@ fn print_profile(o: &mut Out, p: &MachineProfile) {
         for pt in &series.points {
             let amp = match pt.device_read_bytes {
                 Some(d) if series.mode == ReadMode::Buffered && pt.reads > 0 => {
-                    format!("   device read {:.1}x the bytes asked (whole device)", d as f64 / (pt.reads * series.block_bytes) as f64)
+                    format!(
+                        "   device read {:.1}x the bytes asked (whole device)",
+                        d as f64 / (pt.reads * series.block_bytes) as f64
+                    )
                 }
                 _ => String::new(),
             };
@@ -266,12 +347,26 @@ fn print_profile(o: &mut Out, p: &MachineProfile) {
             o.line(&format!("{mode} {} advice", size(series.block_bytes)), a);
         }
     }
-    match s.series.iter().filter(|x| x.mode == ReadMode::Direct).filter_map(|x| Some((x, x.best()?))).max_by(|a, b| a.1.gbps.total_cmp(&b.1.gbps)) {
+    match s
+        .series
+        .iter()
+        .filter(|x| x.mode == ReadMode::Direct)
+        .filter_map(|x| Some((x, x.best()?)))
+        .max_by(|a, b| a.1.gbps.total_cmp(&b.1.gbps))
+    {
         Some((x, b)) => o.line(
             "disk ceiling",
-            format!("{:.2} GB/s (O_DIRECT, {} reads, {} reader thread(s))", b.gbps, size(x.block_bytes), b.threads),
+            format!(
+                "{:.2} GB/s (O_DIRECT, {} reads, {} reader thread(s))",
+                b.gbps,
+                size(x.block_bytes),
+                b.threads
+            ),
         ),
-        None => o.line("disk ceiling", "not measured (no O_DIRECT figures; buffered figures are not a ceiling)"),
+        None => o.line(
+            "disk ceiling",
+            "not measured (no O_DIRECT figures; buffered figures are not a ceiling)",
+        ),
     }
     if let Some(n) = &s.note {
         o.line("storage note", n);
@@ -279,18 +374,48 @@ fn print_profile(o: &mut Out, p: &MachineProfile) {
 
     let g = &p.gpu;
     if g.devices.is_empty() {
-        o.line("gpu", format!("none ({})", g.note.as_deref().unwrap_or("no device")));
+        o.line(
+            "gpu",
+            format!("none ({})", g.note.as_deref().unwrap_or("no device")),
+        );
     } else {
-        o.line("gpu driver", format!("{} (CUDA {})", g.driver.as_deref().unwrap_or("?"), g.driver_version.as_deref().unwrap_or("?")));
+        o.line(
+            "gpu driver",
+            format!(
+                "{} (CUDA {})",
+                g.driver.as_deref().unwrap_or("?"),
+                g.driver_version.as_deref().unwrap_or("?")
+            ),
+        );
         for d in &g.devices {
-            o.line(&format!("gpu {}", d.index), format!("{}, {} VRAM", d.name, size(d.vram_bytes)));
+            o.line(
+                &format!("gpu {}", d.index),
+                format!("{}, {} VRAM", d.name, size(d.vram_bytes)),
+            );
         }
         match &g.h2d {
             Some(r) => {
-                o.line("h2d pinned", format!("{:.2} GB/s ({} copies x{} into gpu {})", r.pinned_gbps, size(r.bytes), r.copies, r.device));
-                o.line("h2d pageable", r.pageable_gbps.map_or("not measured".to_string(), |v| format!("{v:.2} GB/s (for contrast)")));
+                o.line(
+                    "h2d pinned",
+                    format!(
+                        "{:.2} GB/s ({} copies x{} into gpu {})",
+                        r.pinned_gbps,
+                        size(r.bytes),
+                        r.copies,
+                        r.device
+                    ),
+                );
+                o.line(
+                    "h2d pageable",
+                    r.pageable_gbps.map_or("not measured".to_string(), |v| {
+                        format!("{v:.2} GB/s (for contrast)")
+                    }),
+                );
             }
-            None => o.line("h2d", format!("not measured ({})", g.note.as_deref().unwrap_or("?"))),
+            None => o.line(
+                "h2d",
+                format!("not measured ({})", g.note.as_deref().unwrap_or("?")),
+            ),
         }
     }
 }

@@ -35,7 +35,8 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     if args.json {
         let mut v = serde_json::to_value(&s).context("serialising the summary")?;
         if args.tensors {
-            let list: Vec<serde_json::Value> = m.tensors().iter().map(|t| tensor_json(&m, t)).collect();
+            let list: Vec<serde_json::Value> =
+                m.tensors().iter().map(|t| tensor_json(&m, t)).collect();
             if let Some(o) = v.as_object_mut() {
                 o.insert("tensor_list".to_string(), list.into());
             }
@@ -45,7 +46,10 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
                 o.insert("checked".to_string(), true.into());
             }
         }
-        println!("{}", serde_json::to_string_pretty(&v).context("serialising the summary")?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&v).context("serialising the summary")?
+        );
     } else {
         print_text(&s);
         if args.tensors {
@@ -63,7 +67,10 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
             }
         }
         if args.check {
-            println!("check         all {} tensors read and dequantized, all values finite", m.tensors().len());
+            println!(
+                "check         all {} tensors read and dequantized, all values finite",
+                m.tensors().len()
+            );
         }
     }
     Ok(())
@@ -82,7 +89,13 @@ fn check_all(m: &ModelFiles) -> anyhow::Result<()> {
     const SLAB: usize = 1 << 22; // floats per step
     let mut buf = Vec::new();
     for t in m.tensors() {
-        let bad = |n: usize| anyhow::anyhow!("{}: tensor `{}`: {n} values are NaN or infinite", m.paths()[t.range.file].display(), t.name);
+        let bad = |n: usize| {
+            anyhow::anyhow!(
+                "{}: tensor `{}`: {n} values are NaN or infinite",
+                m.paths()[t.range.file].display(),
+                t.name
+            )
+        };
         if t.dtype == crate::dtype::DType::F8E4M3 {
             let v = m.dequantize(t)?;
             let n = v.iter().filter(|x| !x.is_finite()).count();
@@ -106,8 +119,9 @@ fn check_all(m: &ModelFiles) -> anyhow::Result<()> {
         for chunk in bytes.chunks(rows_per * row_bytes) {
             let n = chunk.len() / row_bytes * cols;
             buf.resize(n, 0f32);
-            kernels::dequantize(t.dtype, chunk, &mut buf)
-                .with_context(|| format!("{}: tensor `{}`", m.paths()[t.range.file].display(), t.name))?;
+            kernels::dequantize(t.dtype, chunk, &mut buf).with_context(|| {
+                format!("{}: tensor `{}`", m.paths()[t.range.file].display(), t.name)
+            })?;
             n_bad += buf.iter().filter(|x| !x.is_finite()).count();
         }
         if n_bad > 0 {
@@ -137,10 +151,18 @@ fn opt(v: Option<u64>) -> String {
 }
 
 fn print_text(s: &ModelSummary) {
-    let files = if s.files == 1 { "1 file".to_string() } else { format!("{} files", s.files) };
+    let files = if s.files == 1 {
+        "1 file".to_string()
+    } else {
+        format!("{} files", s.files)
+    };
     println!("model         {} ({}, {files})", s.path, s.format);
     println!("architecture  {}", s.architecture.as_deref().unwrap_or("?"));
-    println!("layers        {} ({} with routed experts)", opt(s.layers), s.moe_layers);
+    println!(
+        "layers        {} ({} with routed experts)",
+        opt(s.layers),
+        s.moe_layers
+    );
     println!(
         "experts       {} per layer, {} used per token, {} shared",
         opt(s.experts_per_layer),
@@ -150,11 +172,22 @@ fn print_text(s: &ModelSummary) {
     println!("tensors       {}", s.tensors);
     for (i, q) in s.quant_types.iter().enumerate() {
         let label = if i == 0 { "types" } else { "" };
-        println!("{label:<13} {:<8} {:>5} tensors  {}", q.dtype, q.tensors, human(q.bytes));
+        println!(
+            "{label:<13} {:<8} {:>5} tensors  {}",
+            q.dtype,
+            q.tensors,
+            human(q.bytes)
+        );
     }
     println!("total         {}", human(s.total_bytes));
     println!("resident      {}", human(s.resident_bytes));
     println!("routed        {}", human(s.routed_expert_bytes));
-    println!("one expert    {} per layer", human(s.one_expert_bytes_per_layer));
-    println!("per token     {} of routed experts", human(s.routed_bytes_per_token));
+    println!(
+        "one expert    {} per layer",
+        human(s.one_expert_bytes_per_layer)
+    );
+    println!(
+        "per token     {} of routed experts",
+        human(s.routed_bytes_per_token)
+    );
 }

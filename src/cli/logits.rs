@@ -24,7 +24,13 @@ pub struct LogitsArgs {
 pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
     let files = ModelFiles::open(&args.model)?;
     let ctx = args.compute.ctx.max(args.tokens.len());
-    let model = Model::load(&files, &LoadOptions { threads: args.compute.threads, ctx })?;
+    let model = Model::load(
+        &files,
+        &LoadOptions {
+            threads: args.compute.threads,
+            ctx,
+        },
+    )?;
     let batch = args.compute.batch.max(1);
     let mut st = model.new_state(ctx, batch, batch.min(64))?;
     let mut out = Vec::with_capacity(args.tokens.len() * model.cfg.vocab);

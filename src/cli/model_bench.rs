@@ -37,16 +37,27 @@ fn summary(v: &[f64]) -> (f64, f64, f64, f64, f64) {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     let n = s.len();
-    let median = if n % 2 == 1 { s[n / 2] } else { (s[n / 2 - 1] + s[n / 2]) / 2.0 };
+    let median = if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    };
     let mean = s.iter().sum::<f64>() / n as f64;
-    let sd = if n > 1 { (s.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt() } else { 0.0 };
+    let sd = if n > 1 {
+        (s.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt()
+    } else {
+        0.0
+    };
     (median, mean, sd, s[0], s[n - 1])
 }
 
 /// A prompt of at least `n` tokens of plain English words.
 fn make_prompt(files: &ModelFiles, n: usize) -> anyhow::Result<String> {
     let tok = load_tokenizer(files)?;
-    let words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "rivers", "carry", "water", "to", "distant", "seas"];
+    let words = [
+        "the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "rivers",
+        "carry", "water", "to", "distant", "seas",
+    ];
     let mut text = String::from("The");
     let mut i = 0usize;
     while tok.encode(&text, true)?.len() < n.max(1) {
@@ -67,11 +78,18 @@ fn parse_timing(stderr: &str) -> Option<(usize, f64, usize, f64)> {
         let rest = &line[line.find(key)? + key.len()..];
         rest.split_whitespace().next()?.parse().ok()
     };
-    Some((num_after("prompt")? as usize, num_after("prefill")?, num_after("generated")? as usize, num_after("decode")?))
+    Some((
+        num_after("prompt")? as usize,
+        num_after("prefill")?,
+        num_after("generated")? as usize,
+        num_after("decode")?,
+    ))
 }
 
 fn has_flag(flags: &[String], name: &str) -> bool {
-    flags.iter().any(|f| f == name || f.starts_with(&format!("{name}=")))
+    flags
+        .iter()
+        .any(|f| f == name || f.starts_with(&format!("{name}=")))
 }
 
 pub fn run(model: &Path, args: &BenchArgs) -> anyhow::Result<()> {
@@ -86,19 +104,60 @@ pub fn run(model: &Path, args: &BenchArgs) -> anyhow::Result<()> {
     let prompt = make_prompt(&files, args.n_prompt)?;
     drop(files);
     let exe = std::env::current_exe().context("bench: finding the sluice executable")?;
-    let common: Vec<String> = args.run_flags.as_deref().unwrap_or("").split_whitespace().map(String::from).collect();
+    let common: Vec<String> = args
+        .run_flags
+        .as_deref()
+        .unwrap_or("")
+        .split_whitespace()
+        .map(String::from)
+        .collect();
     let mut arms: Vec<Arm> = match &args.ab {
-        Some(v) if v.len() == 2 => v.iter().zip(["A", "B"]).map(|(f, n)| Arm { name: n.into(), flags: f.split_whitespace().map(String::from).collect(), pp: vec![], tg: vec![], hit: vec![], texts: vec![], prompt_tokens: 0, generated: 0 }).collect(),
+        Some(v) if v.len() == 2 => v
+            .iter()
+            .zip(["A", "B"])
+            .map(|(f, n)| Arm {
+                name: n.into(),
+                flags: f.split_whitespace().map(String::from).collect(),
+                pp: vec![],
+                tg: vec![],
+                hit: vec![],
+                texts: vec![],
+                prompt_tokens: 0,
+                generated: 0,
+            })
+            .collect(),
         Some(_) => bail!("bench: --ab takes two flag sets"),
-        None => vec![Arm { name: "run".into(), flags: vec![], pp: vec![], tg: vec![], hit: vec![], texts: vec![], prompt_tokens: 0, generated: 0 }],
+        None => vec![Arm {
+            name: "run".into(),
+            flags: vec![],
+            pp: vec![],
+            tg: vec![],
+            hit: vec![],
+            texts: vec![],
+            prompt_tokens: 0,
+            generated: 0,
+        }],
     };
     let stats_path = std::env::temp_dir().join(format!("sluice-bench-{}.json", std::process::id()));
     for r in 0..reps {
-        let order: Vec<usize> = if arms.len() == 2 { if r % 2 == 0 { vec![0, 1] } else { vec![1, 0] } } else { vec![0] };
+        let order: Vec<usize> = if arms.len() == 2 {
+            if r % 2 == 0 {
+                vec![0, 1]
+            } else {
+                vec![1, 0]
+            }
+        } else {
+            vec![0]
+        };
         for i in order {
             let arm = &mut arms[i];
             let mut flags: Vec<String> = common.iter().chain(arm.flags.iter()).cloned().collect();
-            for (name, value) in [("--temp", Some("0")), ("--seed", Some("42")), ("--usage-freeze", None), ("--ignore-eos", None)] {
+            for (name, value) in [
+                ("--temp", Some("0")),
+                ("--seed", Some("42")),
+                ("--usage-freeze", None),
+                ("--ignore-eos", None),
+            ] {
                 if !has_flag(&flags, name) {
                     flags.push(name.into());
                     flags.extend(value.map(String::from));
@@ -121,34 +180,63 @@ pub fn run(model: &Path, args: &BenchArgs) -> anyhow::Result<()> {
             let stderr = String::from_utf8_lossy(&out.stderr);
             if !out.status.success() {
                 let last = stderr.lines().last().unwrap_or("").to_string();
-                bail!("bench: arm {} (`sluice run ... {}`) failed: {last}", arm.name, flags.join(" "));
+                bail!(
+                    "bench: arm {} (`sluice run ... {}`) failed: {last}",
+                    arm.name,
+                    flags.join(" ")
+                );
             }
-            let (p, pp, g, tg) = parse_timing(&stderr).with_context(|| format!("bench: arm {}: no [timing] line in the run's output", arm.name))?;
+            let (p, pp, g, tg) = parse_timing(&stderr).with_context(|| {
+                format!(
+                    "bench: arm {}: no [timing] line in the run's output",
+                    arm.name
+                )
+            })?;
             arm.pp.push(pp);
             arm.tg.push(tg);
             arm.prompt_tokens = p;
             arm.generated = g;
-            if let Some(h) = std::fs::read_to_string(&stats_path).ok().and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok()).and_then(|v| v["hit_rate"].as_f64()) {
+            if let Some(h) = std::fs::read_to_string(&stats_path)
+                .ok()
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                .and_then(|v| v["hit_rate"].as_f64())
+            {
                 arm.hit.push(h);
             }
-            arm.texts.push(String::from_utf8_lossy(&out.stdout).to_string());
+            arm.texts
+                .push(String::from_utf8_lossy(&out.stdout).to_string());
             if !args.json && !args.csv {
-                eprintln!("[bench] rep {} arm {}: pp {pp:.2} tok/s, tg {tg:.2} tok/s", r + 1, arm.name);
+                eprintln!(
+                    "[bench] rep {} arm {}: pp {pp:.2} tok/s, tg {tg:.2} tok/s",
+                    r + 1,
+                    arm.name
+                );
             }
         }
     }
     let _ = std::fs::remove_file(&stats_path);
 
-    let same_within = arms.iter().all(|a| a.texts.windows(2).all(|w| w[0] == w[1]));
+    let same_within = arms
+        .iter()
+        .all(|a| a.texts.windows(2).all(|w| w[0] == w[1]));
     let same_across = arms.len() < 2 || arms[0].texts.first() == arms[1].texts.first();
-    let ratio = |f: fn(&Arm) -> &Vec<f64>| -> f64 { summary(f(&arms[1])).0 / summary(f(&arms[0])).0 };
-    let ratios = (arms.len() == 2 && same_within && same_across).then(|| (ratio(|a| &a.pp), ratio(|a| &a.tg)));
+    let ratio =
+        |f: fn(&Arm) -> &Vec<f64>| -> f64 { summary(f(&arms[1])).0 / summary(f(&arms[0])).0 };
+    let ratios = (arms.len() == 2 && same_within && same_across)
+        .then(|| (ratio(|a| &a.pp), ratio(|a| &a.tg)));
     let model_name = model.display().to_string();
     let mut rows = Vec::new();
     for a in &arms {
-        for (test, v) in [(format!("pp{}", a.prompt_tokens), &a.pp), (format!("tg{}", a.generated), &a.tg)] {
+        for (test, v) in [
+            (format!("pp{}", a.prompt_tokens), &a.pp),
+            (format!("tg{}", a.generated), &a.tg),
+        ] {
             let (med, mean, sd, min, max) = summary(v);
-            let hit = if a.hit.is_empty() { None } else { Some(summary(&a.hit).0) };
+            let hit = if a.hit.is_empty() {
+                None
+            } else {
+                Some(summary(&a.hit).0)
+            };
             rows.push(serde_json::json!({"model": model_name, "arm": a.name, "flags": a.flags.join(" "), "test": test, "reps": v.len(), "median": med, "mean": mean, "sd": sd, "min": min, "max": max, "samples": v, "hit_rate": hit}));
         }
     }
@@ -174,11 +262,17 @@ pub fn run(model: &Path, args: &BenchArgs) -> anyhow::Result<()> {
                 r["sd"].as_f64().unwrap_or(f64::NAN),
                 r["min"].as_f64().unwrap_or(f64::NAN),
                 r["max"].as_f64().unwrap_or(f64::NAN),
-                r["hit_rate"].as_f64().map(|h| format!("{h:.4}")).unwrap_or_default()
+                r["hit_rate"]
+                    .as_f64()
+                    .map(|h| format!("{h:.4}"))
+                    .unwrap_or_default()
             );
         }
     } else {
-        println!("| {:<4} | {:<40} | {:>7} | {:>10} | {:>8} | {:>8} | {:>10} | {:>6} |", "arm", "flags", "test", "t/s median", "mean", "sd", "min..max", "hit");
+        println!(
+            "| {:<4} | {:<40} | {:>7} | {:>10} | {:>8} | {:>8} | {:>10} | {:>6} |",
+            "arm", "flags", "test", "t/s median", "mean", "sd", "min..max", "hit"
+        );
         for r in &rows {
             let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
             println!(
@@ -190,11 +284,16 @@ pub fn run(model: &Path, args: &BenchArgs) -> anyhow::Result<()> {
                 f("mean"),
                 f("sd"),
                 format!("{:.1}..{:.1}", f("min"), f("max")),
-                r["hit_rate"].as_f64().map(|h| format!("{:.1}%", 100.0 * h)).unwrap_or_else(|| "-".into())
+                r["hit_rate"]
+                    .as_f64()
+                    .map(|h| format!("{:.1}%", 100.0 * h))
+                    .unwrap_or_else(|| "-".into())
             );
         }
         if let Some((p, t)) = ratios {
-            println!("B/A (medians): pp {p:.3}x, tg {t:.3}x; generated text identical across all runs");
+            println!(
+                "B/A (medians): pp {p:.3}x, tg {t:.3}x; generated text identical across all runs"
+            );
         }
     }
     if arms.len() == 2 && ratios.is_none() {

@@ -33,13 +33,23 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         None => crate::default_model::ensure().context("preparing the default model")?,
     };
     let files = ModelFiles::open(&path)?;
-    let model = Model::load(&files, &LoadOptions { threads: args.compute.threads, ctx: args.compute.ctx })?;
+    let model = Model::load(
+        &files,
+        &LoadOptions {
+            threads: args.compute.threads,
+            ctx: args.compute.ctx,
+        },
+    )?;
     let st = model.new_state(args.compute.ctx, 1, args.mtp + 1)?;
     let summary = ModelSummary::of(&model, &files, st.kv_bytes() as u64)?;
     drop(st);
     let (profile, how) = match cached_profile(&files) {
         Some(p) => {
-            let how = format!("cached profile {}{}", p.key, if p.quick { " (quick)" } else { "" });
+            let how = format!(
+                "cached profile {}{}",
+                p.key,
+                if p.quick { " (quick)" } else { "" }
+            );
             (p, how)
         }
         None => {

@@ -1,7 +1,10 @@
 //! `sluice run [MODEL] -p PROMPT -n N`: generate text, streaming it to stdout, with one timing
 //! line on stderr. With no MODEL, runs the small default model sluice writes itself.
 
-use super::common::{expert_summary, predicted_vs_measured, save_usage, setup_experts_mtp, stats_json, time_shares, ComputeArgs, ExpertArgs, SamplingArgs};
+use super::common::{
+    expert_summary, predicted_vs_measured, save_usage, setup_experts_mtp, stats_json, time_shares,
+    ComputeArgs, ExpertArgs, SamplingArgs,
+};
 use crate::format::ModelFiles;
 use crate::generate::{generate, generate_mtp, load_tokenizer};
 use crate::model::{LoadOptions, Model};
@@ -50,13 +53,23 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     };
     let files = ModelFiles::open(&path)?;
-    let model = Model::load(&files, &LoadOptions { threads: args.compute.threads, ctx: args.compute.ctx })?;
+    let model = Model::load(
+        &files,
+        &LoadOptions {
+            threads: args.compute.threads,
+            ctx: args.compute.ctx,
+        },
+    )?;
     let tok = load_tokenizer(&files)?;
     let prompt = tok.encode(&args.prompt, true)?;
     if args.mtp > 3 {
         anyhow::bail!("--mtp {}: draft 1 to 3 tokens per step (0 = off)", args.mtp);
     }
-    let mut st = model.new_state(args.compute.ctx, args.compute.batch.max(args.mtp + 1), args.mtp + 1)?;
+    let mut st = model.new_state(
+        args.compute.ctx,
+        args.compute.batch.max(args.mtp + 1),
+        args.mtp + 1,
+    )?;
     let plan = setup_experts_mtp(&model, &files, &mut st, &args.experts, args.mtp)?;
     let mut sampler = Sampler::new(args.sampling.params(), model.cfg.vocab);
     let stdout = std::io::stdout();
@@ -68,13 +81,37 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         ok
     };
     let (_, stats) = if args.mtp > 0 {
-        generate_mtp(&model, &mut st, &tok, &mut sampler, &prompt, args.n_predict, args.ignore_eos, args.mtp, &mut sink)?
+        generate_mtp(
+            &model,
+            &mut st,
+            &tok,
+            &mut sampler,
+            &prompt,
+            args.n_predict,
+            args.ignore_eos,
+            args.mtp,
+            &mut sink,
+        )?
     } else {
-        generate(&model, &mut st, &tok, &mut sampler, &prompt, args.n_predict, args.ignore_eos, &mut sink)?
+        generate(
+            &model,
+            &mut st,
+            &tok,
+            &mut sampler,
+            &prompt,
+            args.n_predict,
+            args.ignore_eos,
+            &mut sink,
+        )?
     };
     writeln!(lock)?;
     eprintln!("{}", stats.timing_line());
-    if let Some(line) = expert_summary(&st, stats.experts_after_prefill, stats.decode_steps, stats.decode_secs) {
+    if let Some(line) = expert_summary(
+        &st,
+        stats.experts_after_prefill,
+        stats.decode_steps,
+        stats.decode_secs,
+    ) {
         eprintln!("{line}");
     }
     if args.experts.prof {
@@ -85,7 +122,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     eprintln!("{}", predicted_vs_measured(&plan, stats.gen_tps()));
     if let Some(p) = &args.experts.stats_json {
         let tmp = p.with_extension("json.tmp");
-        std::fs::write(&tmp, serde_json::to_string_pretty(&stats_json(&st, &stats))?).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::write(
+            &tmp,
+            serde_json::to_string_pretty(&stats_json(&st, &stats))?,
+        )
+        .with_context(|| format!("writing {}", tmp.display()))?;
         std::fs::rename(&tmp, p).with_context(|| format!("writing {}", p.display()))?;
     }
     save_usage(&files, &st, &args.experts)?;

@@ -68,8 +68,14 @@ pub fn run_cmd(args: ServeArgs) -> anyhow::Result<()> {
         Some(id) if !id.is_empty() => id,
         Some(_) => anyhow::bail!("--model-id must not be empty"),
         None => {
-            let p = if path.is_dir() { path.clone() } else { path.with_extension("") };
-            p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
+            let p = if path.is_dir() {
+                path.clone()
+            } else {
+                path.with_extension("")
+            };
+            p.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "model".into())
         }
     };
     if !(0.0..=3600.0).contains(&args.shutdown_grace) {
@@ -83,13 +89,22 @@ pub fn run_cmd(args: ServeArgs) -> anyhow::Result<()> {
     }
     // The model borrows its files for as long as the server runs: leak them (see serve/mod.rs).
     let files: &'static ModelFiles = Box::leak(Box::new(ModelFiles::open(&path)?));
-    let model = Model::load(files, &LoadOptions { threads: args.compute.threads, ctx: args.compute.ctx })?;
+    let model = Model::load(
+        files,
+        &LoadOptions {
+            threads: args.compute.threads,
+            ctx: args.compute.ctx,
+        },
+    )?;
     let mut st = model.new_state(args.compute.ctx, args.compute.batch.max(1), 1)?;
     setup_experts(&model, files, &mut st, &args.experts)?;
     let cfg = ServeConfig {
         host: args.host,
         port: args.port,
-        api_key: args.api_key.or_else(|| std::env::var("SLUICE_API_KEY").ok()).filter(|k| !k.is_empty()),
+        api_key: args
+            .api_key
+            .or_else(|| std::env::var("SLUICE_API_KEY").ok())
+            .filter(|k| !k.is_empty()),
         model_id,
         ctx: args.compute.ctx,
         sampling: args.sampling.params(),

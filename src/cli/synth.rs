@@ -29,14 +29,22 @@ pub struct SynthArgs {
 }
 
 pub fn run(args: SynthArgs) -> anyhow::Result<()> {
-    let mut spec = MoeSpec::preset(&args.preset)
-        .ok_or_else(|| anyhow::anyhow!("--preset {:?}: unknown (known: {})", args.preset, MoeSpec::PRESETS.join(", ")))?;
+    let mut spec = MoeSpec::preset(&args.preset).ok_or_else(|| {
+        anyhow::anyhow!(
+            "--preset {:?}: unknown (known: {})",
+            args.preset,
+            MoeSpec::PRESETS.join(", ")
+        )
+    })?;
     if args.layers > 0 {
         spec.layers = args.layers.min(spec.layers);
     }
     spec.dtype = match DType::from_name(&args.quant) {
         Some(t @ (DType::Q4_K | DType::Q8_0 | DType::F16 | DType::BF16 | DType::F32)) => t,
-        _ => anyhow::bail!("--quant {:?}: synth can write q4_k, q8_0, f16, bf16 or f32", args.quant),
+        _ => anyhow::bail!(
+            "--quant {:?}: synth can write q4_k, q8_0, f16, bf16 or f32",
+            args.quant
+        ),
     };
     spec.seed = args.seed;
     if !(0.0..=8.0).contains(&args.skew) {
@@ -49,10 +57,19 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
         let pct = done * 100 / total.max(1);
         if pct != last || done == total {
             last = pct;
-            eprint!("\r[synth] {:>3}%  {:.2} / {:.2} GB", pct, done as f64 / 1e9, total as f64 / 1e9);
+            eprint!(
+                "\r[synth] {:>3}%  {:.2} / {:.2} GB",
+                pct,
+                done as f64 / 1e9,
+                total as f64 / 1e9
+            );
             let _ = std::io::stderr().flush();
         }
     })?;
-    eprintln!("\n[synth] wrote {} in {:.1}s", args.out.display(), start.elapsed().as_secs_f64());
+    eprintln!(
+        "\n[synth] wrote {} in {:.1}s",
+        args.out.display(),
+        start.elapsed().as_secs_f64()
+    );
     Ok(())
 }

@@ -19,7 +19,9 @@ use std::time::Instant;
 use super::io::Completion;
 use super::policy::{self, Hotness, SlotMeta, EMPTY};
 use super::store::ExpertPlan;
-use super::{ExpertError, ExpertStore, IoMode, ReadJob, ReadPool, Slab, TraceWriter, UsageStats, ALIGN};
+use super::{
+    ExpertError, ExpertStore, IoMode, ReadJob, ReadPool, Slab, TraceWriter, UsageStats, ALIGN,
+};
 
 /// Eviction policy of the evictable tier.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,7 +39,9 @@ impl Policy {
         match name {
             "lru" => Ok(Policy::Lru),
             "hotness" => Ok(Policy::Hotness { halve_every }),
-            _ => Err(format!("unknown cache policy `{name}` (expected lru or hotness)")),
+            _ => Err(format!(
+                "unknown cache policy `{name}` (expected lru or hotness)"
+            )),
         }
     }
 
@@ -202,31 +206,44 @@ impl ExpertCache {
     /// here) and returns a cache ready for `begin`.
     pub fn new(store: ExpertStore, cfg: CacheConfig) -> Result<ExpertCache, ExpertError> {
         if cfg.read_chunk == 0 || !cfg.read_chunk.is_multiple_of(ALIGN) {
-            return Err(ExpertError::Config(format!("read chunk {} is not a positive multiple of {ALIGN}", cfg.read_chunk)));
+            return Err(ExpertError::Config(format!(
+                "read chunk {} is not a positive multiple of {ALIGN}",
+                cfg.read_chunk
+            )));
         }
         if let Policy::Hotness { halve_every: 0 } = cfg.policy {
-            return Err(ExpertError::Config("hotness policy needs halve_every >= 1 token".into()));
+            return Err(ExpertError::Config(
+                "hotness policy needs halve_every >= 1 token".into(),
+            ));
         }
         store.check_files()?;
         let n_layers = store.n_layers();
         let experts_per_layer: Vec<usize> = (0..n_layers).map(|l| store.n_experts(l)).collect();
 
-        let mut place: Vec<Vec<Where>> = experts_per_layer.iter().map(|&n| vec![Where::Absent; n]).collect();
+        let mut place: Vec<Vec<Where>> = experts_per_layer
+            .iter()
+            .map(|&n| vec![Where::Absent; n])
+            .collect();
         let mut pinned_per_layer = vec![0usize; n_layers];
         for (i, &(l, e)) in cfg.pinned.iter().enumerate() {
-            let slot = place
-                .get_mut(l)
-                .and_then(|p| p.get_mut(e))
-                .ok_or_else(|| ExpertError::Config(format!("pinned expert {e} of layer {l} does not exist")))?;
+            let slot = place.get_mut(l).and_then(|p| p.get_mut(e)).ok_or_else(|| {
+                ExpertError::Config(format!("pinned expert {e} of layer {l} does not exist"))
+            })?;
             if *slot != Where::Absent {
-                return Err(ExpertError::Config(format!("expert {e} of layer {l} is pinned twice")));
+                return Err(ExpertError::Config(format!(
+                    "expert {e} of layer {l} is pinned twice"
+                )));
             }
             *slot = Where::Pinned(i as u32);
             pinned_per_layer[l] += 1;
         }
         let n_pinned = cfg.pinned.len();
-        let caps: Vec<usize> =
-            (0..n_layers).map(|l| cfg.slots_per_layer.min(experts_per_layer[l] - pinned_per_layer[l])).collect();
+        let caps: Vec<usize> = (0..n_layers)
+            .map(|l| {
+                cfg.slots_per_layer
+                    .min(experts_per_layer[l] - pinned_per_layer[l])
+            })
+            .collect();
         let mut layer_base = Vec::with_capacity(n_layers);
         let mut n_slots = n_pinned;
         for &c in &caps {
@@ -234,15 +251,25 @@ impl ExpertCache {
             n_slots += c;
         }
         let slot_bytes = store.slot_bytes();
-        let total = (n_slots as u64)
-            .checked_mul(slot_bytes)
-            .ok_or_else(|| ExpertError::Config(format!("{n_slots} slots of {slot_bytes} bytes overflow")))?;
+        let total = (n_slots as u64).checked_mul(slot_bytes).ok_or_else(|| {
+            ExpertError::Config(format!("{n_slots} slots of {slot_bytes} bytes overflow"))
+        })?;
         let (slab, lock_note) = Slab::new(total, cfg.mlock)?;
 
         let max_cap = caps.iter().copied().max().unwrap_or(0);
         let max_jobs = max_jobs_per_expert(&store, cfg.read_chunk);
-        let pool = ReadPool::new(store.paths(), cfg.io, cfg.io_threads, (max_cap * max_jobs).max(16))?;
-        let notes: Vec<String> = pool.note().map(str::to_string).into_iter().chain(lock_note).collect();
+        let pool = ReadPool::new(
+            store.paths(),
+            cfg.io,
+            cfg.io_threads,
+            (max_cap * max_jobs).max(16),
+        )?;
+        let notes: Vec<String> = pool
+            .note()
+            .map(str::to_string)
+            .into_iter()
+            .chain(lock_note)
+            .collect();
         let trace = match &cfg.trace {
             Some(p) => Some(TraceWriter::create(p, &experts_per_layer)?),
             None => None,
@@ -293,7 +320,14 @@ impl ExpertCache {
             jobs.clear();
             for (i, &(l, e)) in pinned.iter().enumerate().skip(start).take(256) {
                 if let Some(plan) = self.store.plan(l, e) {
-                    push_jobs(&mut jobs, plan, self.slot_ptr(i), i, self.pool.mode(), self.read_chunk);
+                    push_jobs(
+                        &mut jobs,
+                        plan,
+                        self.slot_ptr(i),
+                        i,
+                        self.pool.mode(),
+                        self.read_chunk,
+                    );
                 }
             }
             // SAFETY: each job writes inside its own pinned slot (distinct per pair, in the slab
@@ -328,8 +362,14 @@ impl ExpertCache {
     }
 
     fn bytes_of(&self, layer: usize, expert: usize, global: usize) -> ExpertBytes<'_> {
-        let empty = ExpertBytes { gate: &[], up: &[], down: &[] };
-        let Some(plan) = self.store.plan(layer, expert) else { return empty };
+        let empty = ExpertBytes {
+            gate: &[],
+            up: &[],
+            down: &[],
+        };
+        let Some(plan) = self.store.plan(layer, expert) else {
+            return empty;
+        };
         let base = self.slot_ptr(global);
         let part = |i: usize| {
             let (off, len) = plan.parts()[i];
@@ -341,7 +381,11 @@ impl ExpertCache {
             // eviction reuses it until `end(&mut self)`, which cannot run while this borrow lives.
             unsafe { std::slice::from_raw_parts(base.add(off as usize), len as usize) }
         };
-        ExpertBytes { gate: part(0), up: part(1), down: part(2) }
+        ExpertBytes {
+            gate: part(0),
+            up: part(1),
+            down: part(2),
+        }
     }
 
     /// Starts a wave for `layer`: records the selections, hands out hits first and issues the
@@ -357,7 +401,10 @@ impl ExpertCache {
             )));
         }
         let Some(place) = st.place.get(layer) else {
-            return Err(ExpertError::Request(format!("layer {layer} out of range ({} layers)", st.place.len())));
+            return Err(ExpertError::Request(format!(
+                "layer {layer} out of range ({} layers)",
+                st.place.len()
+            )));
         };
         // A fresh clock value per call (failed ones too): it also marks `seen` for this call.
         st.clock += 1;
@@ -365,10 +412,15 @@ impl ExpertCache {
         let mut unpinned = 0;
         for &e in experts {
             let Some(w) = place.get(e) else {
-                return Err(ExpertError::Request(format!("expert {e} out of range: layer {layer} has {}", place.len())));
+                return Err(ExpertError::Request(format!(
+                    "expert {e} out of range: layer {layer} has {}",
+                    place.len()
+                )));
             };
             if st.seen[e] == clock {
-                return Err(ExpertError::Request(format!("expert {e} named twice in one request for layer {layer}")));
+                return Err(ExpertError::Request(format!(
+                    "expert {e} named twice in one request for layer {layer}"
+                )));
             }
             st.seen[e] = clock;
             if !matches!(w, Where::Pinned(_)) {
@@ -415,18 +467,31 @@ impl ExpertCache {
             }
             st.stats.misses += 1;
             // Always Some: at most `cap` unpinned experts, so a non-busy slot remains.
-            let i = policy::victim(self.policy, &st.slots[layer], &st.hot, layer)
-                .ok_or_else(|| ExpertError::Request(format!("layer {layer}: no free slot for expert {e}")))?;
+            let i =
+                policy::victim(self.policy, &st.slots[layer], &st.hot, layer).ok_or_else(|| {
+                    ExpertError::Request(format!("layer {layer}: no free slot for expert {e}"))
+                })?;
             let old = st.slots[layer][i].expert;
             if old != EMPTY {
                 st.place[layer][old as usize] = Where::Absent;
             }
-            st.slots[layer][i] = SlotMeta { expert: e as u32, last_use: clock, busy: true };
+            st.slots[layer][i] = SlotMeta {
+                expert: e as u32,
+                last_use: clock,
+                busy: true,
+            };
             let g = self.layer_base[layer] + i;
             st.place[layer][e] = Where::Slot(g as u32);
             let before = st.jobs.len();
             if let Some(plan) = self.store.plan(layer, e) {
-                push_jobs(&mut st.jobs, plan, self.slot_ptr(g), g, self.pool.mode(), self.read_chunk);
+                push_jobs(
+                    &mut st.jobs,
+                    plan,
+                    self.slot_ptr(g),
+                    g,
+                    self.pool.mode(),
+                    self.read_chunk,
+                );
             }
             let n = st.jobs.len() - before;
             st.pending[g] = n as u32;
@@ -462,7 +527,9 @@ impl ExpertCache {
             let c = self.pool.wait();
             st.stats.wait_secs += t0.elapsed().as_secs_f64();
             let Some(c) = c else {
-                return Err(ExpertError::Request("reads of the open wave vanished from the pool".into()));
+                return Err(ExpertError::Request(
+                    "reads of the open wave vanished from the pool".into(),
+                ));
             };
             match book(st, self.layer_base[layer], c) {
                 Ok(Some((e, g))) => return Ok(Some((e, self.bytes_of(layer, e, g)))),
@@ -478,7 +545,9 @@ impl ExpertCache {
     /// out stay cached. Without an open wave it does nothing.
     pub fn end(&mut self) {
         let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        let Some(layer) = st.wave.as_ref().map(|w| w.layer) else { return };
+        let Some(layer) = st.wave.as_ref().map(|w| w.layer) else {
+            return;
+        };
         while st.wave.as_ref().is_some_and(|w| w.loading > 0) {
             let Some(c) = self.pool.wait() else { break };
             // Errors were (or would have been) reported by next_ready; the slot is dropped.
@@ -530,7 +599,10 @@ impl ExpertCache {
     }
 
     pub fn is_pinned(&self, layer: usize, expert: usize) -> bool {
-        matches!(self.lock().place.get(layer).and_then(|p| p.get(expert)), Some(Where::Pinned(_)))
+        matches!(
+            self.lock().place.get(layer).and_then(|p| p.get(expert)),
+            Some(Where::Pinned(_))
+        )
     }
 
     /// Evictable slots of `layer` (the most unpinned experts one wave may name).
@@ -584,7 +656,12 @@ impl Drop for ExpertCache {
         // Let reads in flight land before the pool and slab go (the pool's own drop joins too;
         // this keeps the order explicit).
         while self.pool.wait().is_some() {}
-        if let Some(t) = &mut self.state.get_mut().unwrap_or_else(|p| p.into_inner()).trace {
+        if let Some(t) = &mut self
+            .state
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .trace
+        {
             let _ = t.flush();
         }
     }
@@ -603,7 +680,9 @@ fn book(st: &mut State, base: usize, c: Completion) -> Result<Option<(usize, usi
     st.pending[g] = st.pending[g].saturating_sub(1);
     let mut done = None;
     if st.pending[g] == 0 {
-        let Some(w) = st.wave.as_mut() else { return err.map_or(Ok(None), Err) };
+        let Some(w) = st.wave.as_mut() else {
+            return err.map_or(Ok(None), Err);
+        };
         w.loading = w.loading.saturating_sub(1);
         let layer = w.layer;
         let i = g - base;
@@ -623,9 +702,20 @@ fn book(st: &mut State, base: usize, c: Completion) -> Result<Option<(usize, usi
 }
 
 /// Jobs for one expert into the slot at `slot` (global index `tag`), split at `chunk` bytes.
-fn push_jobs(jobs: &mut Vec<ReadJob>, plan: &ExpertPlan, slot: *mut u8, tag: usize, mode: IoMode, chunk: u64) {
+fn push_jobs(
+    jobs: &mut Vec<ReadJob>,
+    plan: &ExpertPlan,
+    slot: *mut u8,
+    tag: usize,
+    mode: IoMode,
+    chunk: u64,
+) {
     for r in plan.reads() {
-        let (start, end) = if mode == IoMode::Direct { (r.aligned_off, r.aligned_end) } else { (r.data_off, r.data_end) };
+        let (start, end) = if mode == IoMode::Direct {
+            (r.aligned_off, r.aligned_end)
+        } else {
+            (r.data_off, r.data_end)
+        };
         let mut c0 = start;
         while c0 < end {
             let c1 = (c0 + chunk).min(end);
@@ -650,7 +740,11 @@ fn max_jobs_per_expert(store: &ExpertStore, chunk: u64) -> usize {
     for l in 0..store.n_layers() {
         for e in 0..store.n_experts(l) {
             if let Some(p) = store.plan(l, e) {
-                let n: u64 = p.reads().iter().map(|r| (r.aligned_end - r.aligned_off).div_ceil(chunk)).sum();
+                let n: u64 = p
+                    .reads()
+                    .iter()
+                    .map(|r| (r.aligned_end - r.aligned_off).div_ceil(chunk))
+                    .sum();
                 most = most.max(n as usize);
             }
         }

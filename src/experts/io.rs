@@ -55,7 +55,9 @@ impl FromStr for IoMode {
             "direct" => Ok(IoMode::Direct),
             "buffered" => Ok(IoMode::Buffered),
             "mmap" => Ok(IoMode::Mmap),
-            _ => Err(format!("unknown IO mode `{s}` (expected direct, buffered or mmap)")),
+            _ => Err(format!(
+                "unknown IO mode `{s}` (expected direct, buffered or mmap)"
+            )),
         }
     }
 }
@@ -135,9 +137,16 @@ impl ReadPool {
     /// the job and completion queues (the most jobs expected in flight at once). When O_DIRECT
     /// is refused (tmpfs, some network file systems: EINVAL), falls back to buffered reads and
     /// says so in `note()`.
-    pub fn new(paths: &[PathBuf], mode: IoMode, threads: usize, queue_capacity: usize) -> Result<ReadPool, ExpertError> {
+    pub fn new(
+        paths: &[PathBuf],
+        mode: IoMode,
+        threads: usize,
+        queue_capacity: usize,
+    ) -> Result<ReadPool, ExpertError> {
         if threads == 0 {
-            return Err(ExpertError::Config("--io-threads must be at least 1".into()));
+            return Err(ExpertError::Config(
+                "--io-threads must be at least 1".into(),
+            ));
         }
         let (files, mode, note) = match open_all(paths, mode) {
             Ok(files) => (files, mode, None),
@@ -155,11 +164,20 @@ impl ReadPool {
             done: VecDeque::with_capacity(queue_capacity),
             ..Queues::default()
         };
-        let shared = Arc::new(Shared { q: Mutex::new(q), work: Condvar::new(), done: Condvar::new(), files, mode });
+        let shared = Arc::new(Shared {
+            q: Mutex::new(q),
+            work: Condvar::new(),
+            done: Condvar::new(),
+            files,
+            mode,
+        });
         let mut handles = Vec::with_capacity(threads);
         for i in 0..threads {
             let s = Arc::clone(&shared);
-            match std::thread::Builder::new().name(format!("sluice-read-{i}")).spawn(move || reader(&s)) {
+            match std::thread::Builder::new()
+                .name(format!("sluice-read-{i}"))
+                .spawn(move || reader(&s))
+            {
                 Ok(h) => handles.push(h),
                 Err(e) => {
                     shared.lock().shutdown = true;
@@ -167,7 +185,11 @@ impl ReadPool {
                     for h in handles {
                         let _ = h.join();
                     }
-                    return Err(ExpertError::io(std::path::Path::new("reader thread"), "spawn", e));
+                    return Err(ExpertError::io(
+                        std::path::Path::new("reader thread"),
+                        "spawn",
+                        e,
+                    ));
                 }
             }
         }
@@ -177,7 +199,11 @@ impl ReadPool {
             q = shared.done.wait(q).unwrap_or_else(|p| p.into_inner());
         }
         drop(q);
-        Ok(ReadPool { shared, threads: handles, note })
+        Ok(ReadPool {
+            shared,
+            threads: handles,
+            note,
+        })
     }
 
     /// The mode in effect (buffered after an O_DIRECT fallback).
@@ -247,7 +273,10 @@ impl ReadPool {
     /// Wall time during which at least one job was queued or being read.
     pub fn busy_secs(&self) -> f64 {
         let q = self.shared.lock();
-        let live = q.busy_since.filter(|_| q.in_flight > 0).map_or(Duration::ZERO, |t| t.elapsed());
+        let live = q
+            .busy_since
+            .filter(|_| q.in_flight > 0)
+            .map_or(Duration::ZERO, |t| t.elapsed());
         (q.busy + live).as_secs_f64()
     }
 }
@@ -281,7 +310,10 @@ fn open_all(paths: &[PathBuf], mode: IoMode) -> Result<Vec<OpenFile>, OpenErr> {
 }
 
 fn no_direct(path: &std::path::Path, err: std::io::Error) -> OpenErr {
-    OpenErr::NoDirect(format!("note: O_DIRECT is not supported for {} ({err}); using buffered reads", path.display()))
+    OpenErr::NoDirect(format!(
+        "note: O_DIRECT is not supported for {} ({err}); using buffered reads",
+        path.display()
+    ))
 }
 
 fn open_one(path: &std::path::Path, mode: IoMode) -> Result<OpenFile, OpenErr> {
@@ -292,7 +324,9 @@ fn open_one(path: &std::path::Path, mode: IoMode) -> Result<OpenFile, OpenErr> {
     }
     let file = match opts.open(path) {
         Ok(f) => f,
-        Err(e) if mode == IoMode::Direct && e.raw_os_error() == Some(libc::EINVAL) => return Err(no_direct(path, e)),
+        Err(e) if mode == IoMode::Direct && e.raw_os_error() == Some(libc::EINVAL) => {
+            return Err(no_direct(path, e))
+        }
         Err(e) => return Err(OpenErr::Other(ExpertError::io(path, "open", e))),
     };
     let mut map = None;
@@ -319,12 +353,17 @@ fn open_one(path: &std::path::Path, mode: IoMode) -> Result<OpenFile, OpenErr> {
             // SAFETY: the mapping is only copied from, after checking the file's current size
             // (`copy_from_map`); a truncation racing that copy can still raise SIGBUS, which is
             // inherent to reading a file through a mapping.
-            let m = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| OpenErr::Other(ExpertError::io(path, "map", e)))?;
+            let m = unsafe { memmap2::Mmap::map(&file) }
+                .map_err(|e| OpenErr::Other(ExpertError::io(path, "map", e)))?;
             let _ = m.advise(memmap2::Advice::Random);
             map = Some(m);
         }
     }
-    Ok(OpenFile { path: path.to_path_buf(), file, map })
+    Ok(OpenFile {
+        path: path.to_path_buf(),
+        file,
+        map,
+    })
 }
 
 fn reader(s: &Shared) {
@@ -345,7 +384,11 @@ fn reader(s: &Shared) {
         };
         let result = match s.files.get(job.file) {
             Some(f) => read_job(f, s.mode, &job),
-            None => Err(ExpertError::Request(format!("read job names file {} of {}", job.file, s.files.len()))),
+            None => Err(ExpertError::Request(format!(
+                "read job names file {} of {}",
+                job.file,
+                s.files.len()
+            ))),
         };
         let mut q = s.lock();
         if let Ok(n) = result {
@@ -357,7 +400,10 @@ fn reader(s: &Shared) {
                 q.busy += t.elapsed();
             }
         }
-        q.done.push_back(Completion { tag: job.tag, result });
+        q.done.push_back(Completion {
+            tag: job.tag,
+            result,
+        });
         drop(q);
         s.done.notify_one();
     }
@@ -367,20 +413,37 @@ fn read_job(f: &OpenFile, mode: IoMode, job: &ReadJob) -> Result<u64, ExpertErro
     if let Some(map) = &f.map {
         return copy_from_map(f, map, job);
     }
-    let short = |got: usize| ExpertError::ShortRead { path: f.path.clone(), offset: job.offset, wanted: job.need as u64, got: got as u64 };
+    let short = |got: usize| ExpertError::ShortRead {
+        path: f.path.clone(),
+        offset: job.offset,
+        wanted: job.need as u64,
+        got: got as u64,
+    };
     let fd = f.file.as_raw_fd();
     let mut got = 0usize;
     while got < job.need {
         let off = job.offset + got as u64;
         // SAFETY: `dst` is valid for `len` bytes and ours until completion (submit's contract);
         // `got < need <= len`, so the destination stays inside the job's window.
-        let r = unsafe { libc::pread(fd, job.dst.add(got).cast(), job.len - got, off as libc::off_t) };
+        let r = unsafe {
+            libc::pread(
+                fd,
+                job.dst.add(got).cast(),
+                job.len - got,
+                off as libc::off_t,
+            )
+        };
         if r < 0 {
             let err = std::io::Error::last_os_error();
             if err.kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
-            return Err(ExpertError::Read { path: f.path.clone(), offset: off, len: (job.len - got) as u64, err });
+            return Err(ExpertError::Read {
+                path: f.path.clone(),
+                offset: off,
+                len: (job.len - got) as u64,
+                err,
+            });
         }
         if r == 0 {
             return Err(short(got));
@@ -396,10 +459,20 @@ fn read_job(f: &OpenFile, mode: IoMode, job: &ReadJob) -> Result<u64, ExpertErro
 }
 
 fn copy_from_map(f: &OpenFile, map: &memmap2::Mmap, job: &ReadJob) -> Result<u64, ExpertError> {
-    let size = f.file.metadata().map_err(|e| ExpertError::io(&f.path, "stat", e))?.len().min(map.len() as u64);
+    let size = f
+        .file
+        .metadata()
+        .map_err(|e| ExpertError::io(&f.path, "stat", e))?
+        .len()
+        .min(map.len() as u64);
     let avail = size.saturating_sub(job.offset).min(job.len as u64);
     if avail < job.need as u64 {
-        return Err(ExpertError::ShortRead { path: f.path.clone(), offset: job.offset, wanted: job.need as u64, got: avail });
+        return Err(ExpertError::ShortRead {
+            path: f.path.clone(),
+            offset: job.offset,
+            wanted: job.need as u64,
+            got: avail,
+        });
     }
     let start = job.offset as usize;
     let src = &map[start..start + avail as usize];

@@ -51,17 +51,36 @@ pub const ALIGN: u64 = 4096;
 pub enum ExpertError {
     /// The file system refused (open, stat, read, write, rename).
     #[error("{}: cannot {op}: {err}", path.display())]
-    Io { path: PathBuf, op: &'static str, err: std::io::Error },
+    Io {
+        path: PathBuf,
+        op: &'static str,
+        err: std::io::Error,
+    },
     /// The operating system failed a read (EIO, a vanished device, ...).
     #[error("{}: read of {len} bytes at offset {offset} failed: {err}", path.display())]
-    Read { path: PathBuf, offset: u64, len: u64, err: std::io::Error },
+    Read {
+        path: PathBuf,
+        offset: u64,
+        len: u64,
+        err: std::io::Error,
+    },
     /// A read ended before the bytes an expert needs: the file is shorter than the model says
     /// (truncated while running, or a wrong range).
     #[error("{}: short read at offset {offset}: got {got} of {wanted} bytes (file truncated or shorter than the model says)", path.display())]
-    ShortRead { path: PathBuf, offset: u64, wanted: u64, got: u64 },
+    ShortRead {
+        path: PathBuf,
+        offset: u64,
+        wanted: u64,
+        got: u64,
+    },
     /// An expert's byte range is impossible (file index, overflow, past the end of the file).
     #[error("expert {expert} of layer {layer}, {part}: {msg}")]
-    BadRange { layer: usize, expert: usize, part: &'static str, msg: String },
+    BadRange {
+        layer: usize,
+        expert: usize,
+        part: &'static str,
+        msg: String,
+    },
     /// A configuration the cache cannot honour (capacity, pinned list, policy parameters).
     #[error("expert cache: {0}")]
     Config(String),
@@ -74,7 +93,11 @@ pub enum ExpertError {
     Alloc { bytes: u64, err: std::io::Error },
     /// A route trace line that does not parse or contradicts the header.
     #[error("{}:{line}: {msg}", path.display())]
-    Trace { path: PathBuf, line: usize, msg: String },
+    Trace {
+        path: PathBuf,
+        line: usize,
+        msg: String,
+    },
     /// A usage-statistics file that does not parse or belongs to another model.
     #[error("{}: {msg}", path.display())]
     Usage { path: PathBuf, msg: String },
@@ -82,7 +105,11 @@ pub enum ExpertError {
 
 impl ExpertError {
     pub(crate) fn io(path: &Path, op: &'static str, err: std::io::Error) -> ExpertError {
-        ExpertError::Io { path: path.to_path_buf(), op, err }
+        ExpertError::Io {
+            path: path.to_path_buf(),
+            op,
+            err,
+        }
     }
 }
 

@@ -21,7 +21,11 @@ pub(crate) struct SlotMeta {
 
 impl Default for SlotMeta {
     fn default() -> SlotMeta {
-        SlotMeta { expert: EMPTY, last_use: 0, busy: false }
+        SlotMeta {
+            expert: EMPTY,
+            last_use: 0,
+            busy: false,
+        }
     }
 }
 
@@ -47,11 +51,21 @@ impl Hotness {
             layer_base.push(n);
             n += e;
         }
-        Hotness { halve_every, tokens: 0, epoch: 0, layer_base, counts: vec![0; n], stamp: vec![0; n] }
+        Hotness {
+            halve_every,
+            tokens: 0,
+            epoch: 0,
+            layer_base,
+            counts: vec![0; n],
+            stamp: vec![0; n],
+        }
     }
 
     fn index(&self, layer: usize, expert: usize) -> Option<usize> {
-        self.layer_base.get(layer).map(|b| b + expert).filter(|&i| i < self.counts.len())
+        self.layer_base
+            .get(layer)
+            .map(|b| b + expert)
+            .filter(|&i| i < self.counts.len())
     }
 
     fn current(&self, i: usize) -> u32 {
@@ -80,7 +94,12 @@ impl Hotness {
 }
 
 /// The slot to evict in `layer` for a miss, or `None` when every slot is busy.
-pub(crate) fn victim(policy: Policy, slots: &[SlotMeta], hot: &Hotness, layer: usize) -> Option<usize> {
+pub(crate) fn victim(
+    policy: Policy,
+    slots: &[SlotMeta],
+    hot: &Hotness,
+    layer: usize,
+) -> Option<usize> {
     let mut best: Option<(usize, (u32, u64))> = None;
     for (i, s) in slots.iter().enumerate() {
         if s.busy {
@@ -110,7 +129,9 @@ mod tests {
         let mut eager = [0u32; 4];
         let mut x = 12345u64;
         for t in 0..200 {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             let e = (x >> 60) as usize % 4;
             h.record(0, e);
             eager[e] += 1;
@@ -127,7 +148,11 @@ mod tests {
     #[test]
     fn victim_skips_busy_prefers_empty() {
         let hot = Hotness::new(&[8], 0);
-        let s = |expert, last_use, busy| SlotMeta { expert, last_use, busy };
+        let s = |expert, last_use, busy| SlotMeta {
+            expert,
+            last_use,
+            busy,
+        };
         let slots = [s(1, 1, true), s(2, 5, false), s(3, 2, false)];
         assert_eq!(victim(Policy::Lru, &slots, &hot, 0), Some(2));
         let slots = [s(1, 1, false), s(EMPTY, 0, false)];

@@ -13,7 +13,9 @@ use super::{ExpertError, Trace};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SimPolicy {
     Lru,
-    Hotness { halve_every: u64 },
+    Hotness {
+        halve_every: u64,
+    },
     /// Farthest next use first (optimal for this request sequence; needs the future).
     Belady,
 }
@@ -64,7 +66,10 @@ pub fn simulate(
     for (i, line) in trace.lines.iter().enumerate() {
         let n = epl.get(line.layer).copied().unwrap_or(0);
         if line.layer >= n_layers || line.experts.iter().any(|&e| e >= n) {
-            return Err(ExpertError::Request(format!("trace request {}: layer or expert out of range", i + 1)));
+            return Err(ExpertError::Request(format!(
+                "trace request {}: layer or expert out of range",
+                i + 1
+            )));
         }
     }
     // Where each expert is: NONE, PINNED, or its slot index in its layer.
@@ -73,31 +78,44 @@ pub fn simulate(
     let mut place: Vec<Vec<u32>> = epl.iter().map(|&n| vec![NONE; n]).collect();
     let mut pinned_in = vec![0usize; n_layers];
     for &(l, e) in pinned {
-        let p = place
-            .get_mut(l)
-            .and_then(|p| p.get_mut(e))
-            .ok_or_else(|| ExpertError::Config(format!("pinned expert {e} of layer {l} does not exist")))?;
+        let p = place.get_mut(l).and_then(|p| p.get_mut(e)).ok_or_else(|| {
+            ExpertError::Config(format!("pinned expert {e} of layer {l} does not exist"))
+        })?;
         if *p == PINNED {
-            return Err(ExpertError::Config(format!("expert {e} of layer {l} is pinned twice")));
+            return Err(ExpertError::Config(format!(
+                "expert {e} of layer {l} is pinned twice"
+            )));
         }
         *p = PINNED;
         pinned_in[l] += 1;
     }
-    let mut slots: Vec<Vec<SlotMeta>> =
-        (0..n_layers).map(|l| vec![SlotMeta::default(); slots_per_layer.min(epl[l] - pinned_in[l])]).collect();
+    let mut slots: Vec<Vec<SlotMeta>> = (0..n_layers)
+        .map(|l| vec![SlotMeta::default(); slots_per_layer.min(epl[l] - pinned_in[l])])
+        .collect();
     let (cache_policy, halve) = match policy {
         SimPolicy::Hotness { halve_every } => (Policy::Hotness { halve_every }, halve_every),
         _ => (Policy::Lru, 0),
     };
     if let SimPolicy::Hotness { halve_every: 0 } = policy {
-        return Err(ExpertError::Config("hotness policy needs halve_every >= 1 token".into()));
+        return Err(ExpertError::Config(
+            "hotness policy needs halve_every >= 1 token".into(),
+        ));
     }
     let mut hot = Hotness::new(epl, halve);
     // Belady: next request index (per line, per named expert) of the same expert in the same
     // layer; u64::MAX when never again. `next_of[slot]` lives in SlotMeta::last_use.
-    let next_use = if policy == SimPolicy::Belady { next_uses(trace) } else { Vec::new() };
+    let next_use = if policy == SimPolicy::Belady {
+        next_uses(trace)
+    } else {
+        Vec::new()
+    };
 
-    let mut r = SimResult { policy, hits_pin: 0, hits: 0, misses: 0 };
+    let mut r = SimResult {
+        policy,
+        hits_pin: 0,
+        hits: 0,
+        misses: 0,
+    };
     let mut ticks = 0u64;
     let mut flat = 0usize;
     for (clock, line) in trace.lines.iter().enumerate() {
@@ -107,7 +125,11 @@ pub fn simulate(
             ticks += 1;
         }
         let l = line.layer;
-        let unpinned = line.experts.iter().filter(|&&e| place[l][e] != PINNED).count();
+        let unpinned = line
+            .experts
+            .iter()
+            .filter(|&&e| place[l][e] != PINNED)
+            .count();
         if unpinned > slots[l].len() {
             return Err(ExpertError::Request(format!(
                 "trace request {clock} (token {}, layer {l}): {unpinned} unpinned experts, {} slots",
@@ -115,7 +137,13 @@ pub fn simulate(
                 slots[l].len()
             )));
         }
-        let stamp = |j: usize| if policy == SimPolicy::Belady { next_use[flat + j] } else { clock };
+        let stamp = |j: usize| {
+            if policy == SimPolicy::Belady {
+                next_use[flat + j]
+            } else {
+                clock
+            }
+        };
         for (j, &e) in line.experts.iter().enumerate() {
             if matches!(policy, SimPolicy::Hotness { .. }) {
                 hot.record(l, e);
@@ -141,13 +169,19 @@ pub fn simulate(
                 _ => policy::victim(cache_policy, &slots[l], &hot, l),
             };
             let Some(v) = v else {
-                return Err(ExpertError::Request(format!("trace request {clock}: no free slot in layer {l}")));
+                return Err(ExpertError::Request(format!(
+                    "trace request {clock}: no free slot in layer {l}"
+                )));
             };
             let old = slots[l][v].expert;
             if old != EMPTY {
                 place[l][old as usize] = NONE;
             }
-            slots[l][v] = SlotMeta { expert: e as u32, last_use: stamp(j), busy: true };
+            slots[l][v] = SlotMeta {
+                expert: e as u32,
+                last_use: stamp(j),
+                busy: true,
+            };
             place[l][e] = v as u32;
         }
         for m in slots[l].iter_mut() {
@@ -181,7 +215,11 @@ fn belady_victim(slots: &[SlotMeta]) -> Option<usize> {
 fn next_uses(trace: &Trace) -> Vec<u64> {
     let total: usize = trace.lines.iter().map(|l| l.experts.len()).sum();
     let mut out = vec![u64::MAX; total];
-    let mut later: Vec<Vec<u64>> = trace.experts_per_layer.iter().map(|&n| vec![u64::MAX; n]).collect();
+    let mut later: Vec<Vec<u64>> = trace
+        .experts_per_layer
+        .iter()
+        .map(|&n| vec![u64::MAX; n])
+        .collect();
     let mut flat = total;
     for (i, line) in trace.lines.iter().enumerate().rev() {
         flat -= line.experts.len();

@@ -26,10 +26,20 @@ impl Slab {
     pub fn new(len: u64, lock: bool) -> Result<(Slab, Option<String>), ExpertError> {
         let bytes = len.div_ceil(ALIGN) * ALIGN;
         let Ok(size) = usize::try_from(bytes) else {
-            return Err(ExpertError::Alloc { bytes, err: std::io::Error::other("larger than the address space") });
+            return Err(ExpertError::Alloc {
+                bytes,
+                err: std::io::Error::other("larger than the address space"),
+            });
         };
         if size == 0 {
-            return Ok((Slab { ptr: NonNull::dangling(), len: 0, locked: false }, None));
+            return Ok((
+                Slab {
+                    ptr: NonNull::dangling(),
+                    len: 0,
+                    locked: false,
+                },
+                None,
+            ));
         }
         // SAFETY: an anonymous private mapping with no address hint; the result is checked.
         let p = unsafe {
@@ -43,12 +53,22 @@ impl Slab {
             )
         };
         if p == libc::MAP_FAILED {
-            return Err(ExpertError::Alloc { bytes, err: std::io::Error::last_os_error() });
+            return Err(ExpertError::Alloc {
+                bytes,
+                err: std::io::Error::last_os_error(),
+            });
         }
         let Some(ptr) = NonNull::new(p.cast::<u8>()) else {
-            return Err(ExpertError::Alloc { bytes, err: std::io::Error::other("mmap returned null") });
+            return Err(ExpertError::Alloc {
+                bytes,
+                err: std::io::Error::other("mmap returned null"),
+            });
         };
-        let mut slab = Slab { ptr, len: size, locked: false };
+        let mut slab = Slab {
+            ptr,
+            len: size,
+            locked: false,
+        };
         let mut note = None;
         if lock {
             // SAFETY: the range is exactly the mapping made above.

@@ -68,8 +68,14 @@ impl ExpertPlan {
                     continue;
                 }
             }
-            plan.reads[plan.n_reads] =
-                PlannedRead { file: p.file, aligned_off: a_start, aligned_end: a_end, data_off: start, data_end: end, slot_off: 0 };
+            plan.reads[plan.n_reads] = PlannedRead {
+                file: p.file,
+                aligned_off: a_start,
+                aligned_end: a_end,
+                data_off: start,
+                data_end: end,
+                slot_off: 0,
+            };
             read_of[i] = plan.n_reads;
             plan.n_reads += 1;
         }
@@ -117,19 +123,34 @@ pub struct ExpertStore {
 impl ExpertStore {
     /// `experts[layer][e]` locates expert `e` of layer `layer` (a layer may have none: dense
     /// layers). Ranges index `paths` by `ByteRange::file` and use absolute offsets.
-    pub fn new(paths: Vec<PathBuf>, experts: Vec<Vec<ExpertLoc>>) -> Result<ExpertStore, ExpertError> {
+    pub fn new(
+        paths: Vec<PathBuf>,
+        experts: Vec<Vec<ExpertLoc>>,
+    ) -> Result<ExpertStore, ExpertError> {
         let mut plans = Vec::with_capacity(experts.len());
         let mut slot_bytes = 0;
         for (l, layer) in experts.iter().enumerate() {
             let mut lp = Vec::with_capacity(layer.len());
             for (e, loc) in layer.iter().enumerate() {
                 for (part, r) in PART_NAMES.iter().zip(&loc.parts) {
-                    let bad = |msg: String| ExpertError::BadRange { layer: l, expert: e, part, msg };
+                    let bad = |msg: String| ExpertError::BadRange {
+                        layer: l,
+                        expert: e,
+                        part,
+                        msg,
+                    };
                     if r.file >= paths.len() {
-                        return Err(bad(format!("file index {} out of range ({} files)", r.file, paths.len())));
+                        return Err(bad(format!(
+                            "file index {} out of range ({} files)",
+                            r.file,
+                            paths.len()
+                        )));
                     }
                     // Keep offsets far from u64::MAX so alignment arithmetic cannot overflow.
-                    if r.offset.checked_add(r.len).is_none_or(|end| end > u64::MAX / 2) {
+                    if r.offset
+                        .checked_add(r.len)
+                        .is_none_or(|end| end > u64::MAX / 2)
+                    {
                         return Err(bad(format!("range [{}, +{}) overflows", r.offset, r.len)));
                     }
                 }
@@ -139,7 +160,12 @@ impl ExpertStore {
             }
             plans.push(lp);
         }
-        Ok(ExpertStore { paths, locs: experts, plans, slot_bytes })
+        Ok(ExpertStore {
+            paths,
+            locs: experts,
+            plans,
+            slot_bytes,
+        })
     }
 
     pub fn paths(&self) -> &[PathBuf] {
@@ -171,7 +197,8 @@ impl ExpertStore {
 
     /// The expert's own bytes (gate + up + down, no alignment slack).
     pub fn expert_bytes(&self, layer: usize, expert: usize) -> u64 {
-        self.loc(layer, expert).map_or(0, |l| l.parts.iter().map(|p| p.len).sum())
+        self.loc(layer, expert)
+            .map_or(0, |l| l.parts.iter().map(|p| p.len).sum())
     }
 
     /// Layers that have routed experts.
@@ -220,7 +247,9 @@ impl ExpertStore {
 }
 
 pub(crate) fn file_size(p: &Path) -> Result<u64, ExpertError> {
-    std::fs::metadata(p).map(|m| m.len()).map_err(|e| ExpertError::io(p, "stat", e))
+    std::fs::metadata(p)
+        .map(|m| m.len())
+        .map_err(|e| ExpertError::io(p, "stat", e))
 }
 
 #[cfg(test)]
@@ -233,7 +262,9 @@ mod tests {
 
     #[test]
     fn plan_separate_tensors() {
-        let loc = ExpertLoc { parts: [r(0, 100, 5000), r(0, 1_000_000, 10), r(1, 8192, 4096)] };
+        let loc = ExpertLoc {
+            parts: [r(0, 100, 5000), r(0, 1_000_000, 10), r(1, 8192, 4096)],
+        };
         let p = ExpertPlan::new(&loc);
         assert_eq!(p.reads().len(), 3);
         // gate: [0, 8192) window of 2 pages, starts 100 in; up: one page; down exactly one page.
@@ -246,7 +277,9 @@ mod tests {
     #[test]
     fn plan_merges_neighbours_in_file_order() {
         // HF per-expert tensors: w1 (gate), w2 (down), w3 (up) back to back.
-        let loc = ExpertLoc { parts: [r(0, 10, 3000), r(0, 6010, 3000), r(0, 3010, 3000)] };
+        let loc = ExpertLoc {
+            parts: [r(0, 10, 3000), r(0, 6010, 3000), r(0, 3010, 3000)],
+        };
         let p = ExpertPlan::new(&loc);
         assert_eq!(p.reads().len(), 1);
         assert_eq!(p.parts()[0], (10, 3000));
@@ -257,8 +290,14 @@ mod tests {
 
     #[test]
     fn bad_file_index() {
-        let loc = ExpertLoc { parts: [r(0, 0, 1), r(2, 0, 1), r(0, 0, 1)] };
+        let loc = ExpertLoc {
+            parts: [r(0, 0, 1), r(2, 0, 1), r(0, 0, 1)],
+        };
         let e = ExpertStore::new(vec![PathBuf::from("a")], vec![vec![loc]]).unwrap_err();
-        assert!(e.to_string().contains("expert 0 of layer 0, up: file index 2"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("expert 0 of layer 0, up: file index 2"),
+            "{e}"
+        );
     }
 }

@@ -30,17 +30,27 @@ pub struct TraceWriter {
 impl TraceWriter {
     pub fn create(path: &Path, experts_per_layer: &[usize]) -> Result<TraceWriter, ExpertError> {
         let f = File::create(path).map_err(|e| ExpertError::io(path, "create", e))?;
-        let mut w = TraceWriter { path: path.to_path_buf(), out: BufWriter::with_capacity(1 << 16, f) };
+        let mut w = TraceWriter {
+            path: path.to_path_buf(),
+            out: BufWriter::with_capacity(1 << 16, f),
+        };
         let mut head = format!("{MAGIC}\n{SHAPE}");
         for n in experts_per_layer {
             head.push_str(&format!(" {n}"));
         }
         head.push('\n');
-        w.out.write_all(head.as_bytes()).map_err(|e| ExpertError::io(path, "write", e))?;
+        w.out
+            .write_all(head.as_bytes())
+            .map_err(|e| ExpertError::io(path, "write", e))?;
         Ok(w)
     }
 
-    pub fn record(&mut self, token: u64, layer: usize, experts: &[usize]) -> Result<(), ExpertError> {
+    pub fn record(
+        &mut self,
+        token: u64,
+        layer: usize,
+        experts: &[usize],
+    ) -> Result<(), ExpertError> {
         let r = (|| {
             write!(self.out, "{token} {layer}")?;
             for e in experts {
@@ -52,7 +62,9 @@ impl TraceWriter {
     }
 
     pub fn flush(&mut self) -> Result<(), ExpertError> {
-        self.out.flush().map_err(|e| ExpertError::io(&self.path, "write", e))
+        self.out
+            .flush()
+            .map_err(|e| ExpertError::io(&self.path, "write", e))
     }
 }
 
@@ -79,11 +91,20 @@ impl Trace {
 
     /// Parses trace text; `path` only names the source in errors.
     pub fn parse(text: &str, path: &Path) -> Result<Trace, ExpertError> {
-        let err = |line: usize, msg: String| ExpertError::Trace { path: path.to_path_buf(), line, msg };
+        let err = |line: usize, msg: String| ExpertError::Trace {
+            path: path.to_path_buf(),
+            line,
+            msg,
+        };
         let mut lines_in = text.lines().enumerate();
         match lines_in.next() {
             Some((_, l)) if l.trim_end() == MAGIC => {}
-            _ => return Err(err(1, format!("not a route trace: the first line must be `{MAGIC}`"))),
+            _ => {
+                return Err(err(
+                    1,
+                    format!("not a route trace: the first line must be `{MAGIC}`"),
+                ))
+            }
         }
         let shape_line = lines_in.next().map(|(_, l)| l).unwrap_or("");
         let Some(rest) = shape_line.strip_prefix(SHAPE) else {
@@ -91,7 +112,10 @@ impl Trace {
         };
         let mut experts_per_layer = Vec::new();
         for w in rest.split_whitespace() {
-            experts_per_layer.push(w.parse::<usize>().map_err(|_| err(2, format!("`{w}` is not an expert count")))?);
+            experts_per_layer.push(
+                w.parse::<usize>()
+                    .map_err(|_| err(2, format!("`{w}` is not an expert count")))?,
+            );
         }
         let max_e = experts_per_layer.iter().copied().max().unwrap_or(0);
         let mut seen = vec![usize::MAX; max_e];
@@ -105,23 +129,40 @@ impl Trace {
             }
             let mut words = l.split_whitespace();
             let mut num = |what: &str| -> Result<u64, ExpertError> {
-                let w = words.next().ok_or_else(|| err(n, format!("missing {what}")))?;
-                w.parse::<u64>().map_err(|_| err(n, format!("{what} `{w}` is not a number")))
+                let w = words
+                    .next()
+                    .ok_or_else(|| err(n, format!("missing {what}")))?;
+                w.parse::<u64>()
+                    .map_err(|_| err(n, format!("{what} `{w}` is not a number")))
             };
             let token = num("token")?;
             let layer = num("layer")? as usize;
             if token < last_token {
-                return Err(err(n, format!("token {token} after token {last_token}: tokens must not decrease")));
+                return Err(err(
+                    n,
+                    format!("token {token} after token {last_token}: tokens must not decrease"),
+                ));
             }
             last_token = token;
             let Some(&n_exp) = experts_per_layer.get(layer) else {
-                return Err(err(n, format!("layer {layer} out of range ({} layers)", experts_per_layer.len())));
+                return Err(err(
+                    n,
+                    format!(
+                        "layer {layer} out of range ({} layers)",
+                        experts_per_layer.len()
+                    ),
+                ));
             };
             let mut experts = Vec::new();
             for w in words {
-                let e: usize = w.parse().map_err(|_| err(n, format!("expert `{w}` is not a number")))?;
+                let e: usize = w
+                    .parse()
+                    .map_err(|_| err(n, format!("expert `{w}` is not a number")))?;
                 if e >= n_exp {
-                    return Err(err(n, format!("expert {e} out of range: layer {layer} has {n_exp}")));
+                    return Err(err(
+                        n,
+                        format!("expert {e} out of range: layer {layer} has {n_exp}"),
+                    ));
                 }
                 if seen[e] == n {
                     return Err(err(n, format!("expert {e} named twice")));
@@ -129,9 +170,16 @@ impl Trace {
                 seen[e] = n;
                 experts.push(e);
             }
-            lines.push(TraceLine { token, layer, experts });
+            lines.push(TraceLine {
+                token,
+                layer,
+                experts,
+            });
         }
-        Ok(Trace { experts_per_layer, lines })
+        Ok(Trace {
+            experts_per_layer,
+            lines,
+        })
     }
 
     /// Tokens covered (last token index + 1; 0 for an empty trace).

@@ -34,7 +34,9 @@ struct UsageFile {
 impl UsageStats {
     /// All zero, `experts_per_layer[l]` experts in layer `l`.
     pub fn new(experts_per_layer: &[usize]) -> UsageStats {
-        UsageStats { counts: experts_per_layer.iter().map(|&n| vec![0; n]).collect() }
+        UsageStats {
+            counts: experts_per_layer.iter().map(|&n| vec![0; n]).collect(),
+        }
     }
 
     /// One selection of `expert` in `layer` (ignored when out of range).
@@ -45,7 +47,11 @@ impl UsageStats {
     }
 
     pub fn count(&self, layer: usize, expert: usize) -> u64 {
-        self.counts.get(layer).and_then(|l| l.get(expert)).copied().unwrap_or(0)
+        self.counts
+            .get(layer)
+            .and_then(|l| l.get(expert))
+            .copied()
+            .unwrap_or(0)
     }
 
     pub fn experts_per_layer(&self) -> Vec<usize> {
@@ -65,7 +71,12 @@ impl UsageStats {
                 other.counts.len()
             )));
         }
-        for (a, b) in self.counts.iter_mut().flatten().zip(other.counts.iter().flatten()) {
+        for (a, b) in self
+            .counts
+            .iter_mut()
+            .flatten()
+            .zip(other.counts.iter().flatten())
+        {
             *a += b;
         }
         Ok(())
@@ -88,8 +99,16 @@ impl UsageStats {
 
     /// Writes the counts for model `model_id` to `path` (via a temporary file and a rename).
     pub fn save(&self, path: &Path, model_id: &str) -> Result<(), ExpertError> {
-        let f = UsageFile { format: FORMAT.into(), version: VERSION, model: model_id.into(), layers: self.counts.clone() };
-        let json = serde_json::to_vec(&f).map_err(|e| ExpertError::Usage { path: path.to_path_buf(), msg: e.to_string() })?;
+        let f = UsageFile {
+            format: FORMAT.into(),
+            version: VERSION,
+            model: model_id.into(),
+            layers: self.counts.clone(),
+        };
+        let json = serde_json::to_vec(&f).map_err(|e| ExpertError::Usage {
+            path: path.to_path_buf(),
+            msg: e.to_string(),
+        })?;
         let tmp = temp_path(path);
         let write = || -> std::io::Result<()> {
             let mut out = std::fs::File::create(&tmp)?;
@@ -109,24 +128,37 @@ impl UsageStats {
     /// Reads counts saved for model `model_id`. Fails (with the reason) when the file is not a
     /// usage file, has another version, or belongs to another model.
     pub fn load(path: &Path, model_id: &str) -> Result<UsageStats, ExpertError> {
-        let bad = |msg: String| ExpertError::Usage { path: path.to_path_buf(), msg };
+        let bad = |msg: String| ExpertError::Usage {
+            path: path.to_path_buf(),
+            msg,
+        };
         let bytes = std::fs::read(path).map_err(|e| ExpertError::io(path, "read", e))?;
-        let f: UsageFile = serde_json::from_slice(&bytes).map_err(|e| bad(format!("not a usage file: {e}")))?;
+        let f: UsageFile =
+            serde_json::from_slice(&bytes).map_err(|e| bad(format!("not a usage file: {e}")))?;
         if f.format != FORMAT {
             return Err(bad(format!("format `{}`, expected `{FORMAT}`", f.format)));
         }
         if f.version != VERSION {
-            return Err(bad(format!("version {}, this sluice reads version {VERSION}", f.version)));
+            return Err(bad(format!(
+                "version {}, this sluice reads version {VERSION}",
+                f.version
+            )));
         }
         if f.model != model_id {
-            return Err(bad(format!("made for model `{}`, not `{model_id}`", f.model)));
+            return Err(bad(format!(
+                "made for model `{}`, not `{model_id}`",
+                f.model
+            )));
         }
         Ok(UsageStats { counts: f.layers })
     }
 }
 
 fn temp_path(path: &Path) -> PathBuf {
-    let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    let mut name = path
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_default();
     name.push(format!(".tmp{}", std::process::id()));
     path.with_file_name(name)
 }
@@ -138,9 +170,14 @@ pub fn model_identity(paths: &[PathBuf]) -> Result<String, ExpertError> {
     let mut parts = Vec::with_capacity(paths.len());
     for p in paths {
         let f = std::fs::File::open(p).map_err(|e| ExpertError::io(p, "open", e))?;
-        let size = f.metadata().map_err(|e| ExpertError::io(p, "stat", e))?.len();
+        let size = f
+            .metadata()
+            .map_err(|e| ExpertError::io(p, "stat", e))?
+            .len();
         let mut head = Vec::with_capacity(1 << 20);
-        f.take(1 << 20).read_to_end(&mut head).map_err(|e| ExpertError::io(p, "read", e))?;
+        f.take(1 << 20)
+            .read_to_end(&mut head)
+            .map_err(|e| ExpertError::io(p, "read", e))?;
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
         for &b in &head {
             h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);

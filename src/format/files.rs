@@ -55,7 +55,10 @@ impl std::fmt::Debug for ModelFiles {
 
 fn map_file(path: &Path) -> Result<Mmap, FormatError> {
     let f = File::open(path).map_err(|e| FormatError::io(path, "open", e))?;
-    let len = f.metadata().map_err(|e| FormatError::io(path, "stat", e))?.len();
+    let len = f
+        .metadata()
+        .map_err(|e| FormatError::io(path, "stat", e))?
+        .len();
     if len == 0 {
         return Err(FormatError::malformed(path, "truncated: the file is empty"));
     }
@@ -67,7 +70,8 @@ fn map_file(path: &Path) -> Result<Mmap, FormatError> {
 
 fn read_json(path: &Path) -> Result<serde_json::Value, FormatError> {
     let text = std::fs::read(path).map_err(|e| FormatError::io(path, "read", e))?;
-    serde_json::from_slice(&text).map_err(|e| FormatError::malformed(path, format!("not valid JSON: {e}")))
+    serde_json::from_slice(&text)
+        .map_err(|e| FormatError::malformed(path, format!("not valid JSON: {e}")))
 }
 
 fn file_name(p: &Path) -> &str {
@@ -84,7 +88,10 @@ fn parent_dir(p: &Path) -> PathBuf {
 fn starts_with_gguf_magic(path: &Path) -> bool {
     use std::io::Read;
     let mut m = [0u8; 4];
-    File::open(path).and_then(|mut f| f.read_exact(&mut m)).is_ok() && &m == gguf::MAGIC
+    File::open(path)
+        .and_then(|mut f| f.read_exact(&mut m))
+        .is_ok()
+        && &m == gguf::MAGIC
 }
 
 impl ModelFiles {
@@ -136,14 +143,22 @@ impl ModelFiles {
             return Self::open_safetensors(dir, st, None);
         }
         // A directory holding one GGUF model (one file, or the shards of one split model).
-        let firsts: Vec<&PathBuf> =
-            gg.iter().filter(|p| gguf::parse_split_name(file_name(p)).is_none_or(|(_, no, _)| no == 1)).collect();
+        let firsts: Vec<&PathBuf> = gg
+            .iter()
+            .filter(|p| gguf::parse_split_name(file_name(p)).is_none_or(|(_, no, _)| no == 1))
+            .collect();
         match firsts.as_slice() {
             [one] => Self::open_gguf(one),
-            [] => Err(FormatError::malformed(dir, "not a model: no .safetensors or .gguf file in this directory")),
+            [] => Err(FormatError::malformed(
+                dir,
+                "not a model: no .safetensors or .gguf file in this directory",
+            )),
             _ => Err(FormatError::malformed(
                 dir,
-                format!("{} GGUF models in this directory; name the file to open", firsts.len()),
+                format!(
+                    "{} GGUF models in this directory; name the file to open",
+                    firsts.len()
+                ),
             )),
         }
     }
@@ -152,13 +167,19 @@ impl ModelFiles {
         let text = std::fs::read(index_path).map_err(|e| FormatError::io(index_path, "read", e))?;
         let index = safetensors::parse_index(index_path, &text)?;
         if index.shards.is_empty() {
-            return Err(FormatError::malformed(index_path, "weight_map names no shard"));
+            return Err(FormatError::malformed(
+                index_path,
+                "weight_map names no shard",
+            ));
         }
         let mut paths = Vec::with_capacity(index.shards.len());
         for s in &index.shards {
             let p = dir.join(s);
             if !p.is_file() {
-                return Err(FormatError::MissingShard { path: index_path.to_path_buf(), shard: p });
+                return Err(FormatError::MissingShard {
+                    path: index_path.to_path_buf(),
+                    shard: p,
+                });
             }
             paths.push(p);
         }
@@ -180,7 +201,11 @@ impl ModelFiles {
                 if let Some(&prev) = where_is.get(&t.info.name) {
                     return Err(FormatError::malformed(
                         p,
-                        format!("tensor `{}` is also in {}", t.info.name, paths[prev].display()),
+                        format!(
+                            "tensor `{}` is also in {}",
+                            t.info.name,
+                            paths[prev].display()
+                        ),
                     ));
                 }
                 where_is.insert(t.info.name.clone(), fi);
@@ -203,7 +228,11 @@ impl ModelFiles {
             }
         }
         let cfg_path = dir.join("config.json");
-        let config = if cfg_path.is_file() { Some(read_json(&cfg_path)?) } else { None };
+        let config = if cfg_path.is_file() {
+            Some(read_json(&cfg_path)?)
+        } else {
+            None
+        };
         Ok(ModelFiles {
             foreign_dtypes: foreign,
             config,
@@ -216,9 +245,15 @@ impl ModelFiles {
         let first = gguf::parse(path, &map, 0)?;
         let count = match first.meta("split.count") {
             None => 1,
-            Some(v) => v.as_u64().filter(|c| (1..=99_999).contains(c)).ok_or_else(|| {
-                FormatError::malformed(path, format!("split.count is {v:?}; expected a shard count"))
-            })? as u32,
+            Some(v) => v
+                .as_u64()
+                .filter(|c| (1..=99_999).contains(c))
+                .ok_or_else(|| {
+                    FormatError::malformed(
+                        path,
+                        format!("split.count is {v:?}; expected a shard count"),
+                    )
+                })? as u32,
         };
         let (paths, maps, mut parsed) = if count == 1 {
             (vec![path.to_path_buf()], vec![map], vec![first])
@@ -244,7 +279,10 @@ impl ModelFiles {
             if v.as_u64() != Some(tensors.len() as u64) {
                 return Err(FormatError::malformed(
                     &paths[0],
-                    format!("split.tensors.count is {v:?} but the shards hold {} tensors", tensors.len()),
+                    format!(
+                        "split.tensors.count is {v:?} but the shards hold {} tensors",
+                        tensors.len()
+                    ),
                 ));
             }
         }
@@ -252,7 +290,14 @@ impl ModelFiles {
             gguf_version: Some(first.version),
             alignment: Some(first.alignment),
             data_offsets,
-            ..Self::assemble(FileKind::Gguf, &parent_dir(path), paths, maps, tensors, first.meta)
+            ..Self::assemble(
+                FileKind::Gguf,
+                &parent_dir(path),
+                paths,
+                maps,
+                tensors,
+                first.meta,
+            )
         })
     }
 
@@ -270,10 +315,15 @@ impl ModelFiles {
                 format!("the file name says {named_count} shards but split.count says {count}"),
             ));
         }
-        let paths: Vec<PathBuf> = (1..=count).map(|i| path.with_file_name(gguf::split_name(prefix, i, count))).collect();
+        let paths: Vec<PathBuf> = (1..=count)
+            .map(|i| path.with_file_name(gguf::split_name(prefix, i, count)))
+            .collect();
         for p in &paths {
             if !p.is_file() {
-                return Err(FormatError::MissingShard { path: path.to_path_buf(), shard: p.clone() });
+                return Err(FormatError::MissingShard {
+                    path: path.to_path_buf(),
+                    shard: p.clone(),
+                });
             }
         }
         let mut maps = Vec::with_capacity(paths.len());
@@ -283,11 +333,17 @@ impl ModelFiles {
             let g = gguf::parse(p, &m, i)?;
             let no = g.meta("split.no").and_then(|v| v.as_u64());
             if no != Some(i as u64) {
-                return Err(FormatError::malformed(p, format!("split.no is {no:?}; this shard's name says {i}")));
+                return Err(FormatError::malformed(
+                    p,
+                    format!("split.no is {no:?}; this shard's name says {i}"),
+                ));
             }
             let c = g.meta("split.count").and_then(|v| v.as_u64());
             if c != Some(count as u64) {
-                return Err(FormatError::malformed(p, format!("split.count is {c:?}; the first shard says {count}")));
+                return Err(FormatError::malformed(
+                    p,
+                    format!("split.count is {c:?}; the first shard says {count}"),
+                ));
             }
             maps.push(m);
             parsed.push(g);
@@ -304,8 +360,16 @@ impl ModelFiles {
         tensors: Vec<TensorInfo>,
         meta: Vec<(String, MetaValue)>,
     ) -> ModelFiles {
-        let by_name = tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
-        let meta_index = meta.iter().enumerate().map(|(i, (k, _))| (k.clone(), i)).collect();
+        let by_name = tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
+        let meta_index = meta
+            .iter()
+            .enumerate()
+            .map(|(i, (k, _))| (k.clone(), i))
+            .collect();
         ModelFiles {
             kind,
             dir: dir.to_path_buf(),
@@ -365,27 +429,52 @@ impl ModelFiles {
     /// The element type as the file names it: `DType::name()`, or for safetensors dtypes sluice
     /// has no `DType` for, the header's own name (`U8`, `F8_E5M2`, ...).
     pub fn dtype_name(&self, t: &TensorInfo) -> String {
-        match self.by_name.get(&t.name).and_then(|i| self.foreign_dtypes.get(i)) {
-            Some(n) if matches!(t.dtype, DType::Unknown(safetensors::FOREIGN_DTYPE_ID)) => n.clone(),
+        match self
+            .by_name
+            .get(&t.name)
+            .and_then(|i| self.foreign_dtypes.get(i))
+        {
+            Some(n) if matches!(t.dtype, DType::Unknown(safetensors::FOREIGN_DTYPE_ID)) => {
+                n.clone()
+            }
             _ => t.dtype.name(),
         }
     }
 
     fn path_of(&self, file: usize) -> &Path {
-        self.paths.get(file).map(|p| p.as_path()).unwrap_or(&self.dir)
+        self.paths
+            .get(file)
+            .map(|p| p.as_path())
+            .unwrap_or(&self.dir)
     }
 
     /// The bytes of any range of the model's files (zero-copy, from the memory map).
     pub fn range_bytes(&self, r: ByteRange) -> Result<&[u8], FormatError> {
         let Some(map) = self.maps.get(r.file) else {
-            return Err(FormatError::malformed(&self.dir, format!("file index {} out of range ({} files)", r.file, self.maps.len())));
+            return Err(FormatError::malformed(
+                &self.dir,
+                format!(
+                    "file index {} out of range ({} files)",
+                    r.file,
+                    self.maps.len()
+                ),
+            ));
         };
-        let end = r.offset.checked_add(r.len).filter(|&e| e <= map.len() as u64).ok_or_else(|| {
-            FormatError::malformed(
-                self.path_of(r.file),
-                format!("byte range [{}, +{}) lies past the end of the file ({} bytes)", r.offset, r.len, map.len()),
-            )
-        })?;
+        let end = r
+            .offset
+            .checked_add(r.len)
+            .filter(|&e| e <= map.len() as u64)
+            .ok_or_else(|| {
+                FormatError::malformed(
+                    self.path_of(r.file),
+                    format!(
+                        "byte range [{}, +{}) lies past the end of the file ({} bytes)",
+                        r.offset,
+                        r.len,
+                        map.len()
+                    ),
+                )
+            })?;
         Ok(&map[r.offset as usize..end as usize])
     }
 
@@ -419,22 +508,38 @@ impl ModelFiles {
     /// outermost first): GGUF `blk.N.ffn_*_exps.weight` or a fused safetensors expert tensor.
     pub fn expert_range(&self, t: &TensorInfo, expert: usize) -> Result<ByteRange, FormatError> {
         let [n, rows, cols] = t.shape[..] else {
-            return Err(self.tensor_err(t, format!("shape {:?} is not [n_expert, rows, cols]", t.shape)));
+            return Err(self.tensor_err(
+                t,
+                format!("shape {:?} is not [n_expert, rows, cols]", t.shape),
+            ));
         };
         if matches!(t.dtype, DType::Unknown(_)) {
             return Err(self.unsupported(t, "split into experts"));
         }
         if expert as u64 >= n {
-            return Err(self.tensor_err(t, format!("expert {expert} out of range: the tensor holds {n} experts")));
+            return Err(self.tensor_err(
+                t,
+                format!("expert {expert} out of range: the tensor holds {n} experts"),
+            ));
         }
         let per = rows
             .checked_mul(cols)
             .and_then(|e| t.dtype.bytes_for(e))
             .filter(|&p| p.checked_mul(n) == Some(t.range.len))
             .ok_or_else(|| {
-                self.tensor_err(t, format!("{} bytes do not split into {n} experts of {rows}x{cols} {}", t.range.len, t.dtype))
+                self.tensor_err(
+                    t,
+                    format!(
+                        "{} bytes do not split into {n} experts of {rows}x{cols} {}",
+                        t.range.len, t.dtype
+                    ),
+                )
             })?;
-        Ok(ByteRange { file: t.range.file, offset: t.range.offset + per * expert as u64, len: per })
+        Ok(ByteRange {
+            file: t.range.file,
+            offset: t.range.offset + per * expert as u64,
+            len: per,
+        })
     }
 
     /// A GGUF metadata value (always `None` for safetensors: see `config()`).
@@ -457,7 +562,8 @@ impl ModelFiles {
     /// config's `quantization_config.weight_block_size`).
     pub fn dequantize(&self, t: &TensorInfo) -> Result<Vec<f32>, FormatError> {
         let bytes = self.bytes(t)?;
-        let n = usize::try_from(t.n_elems()).map_err(|_| self.tensor_err(t, "too many elements for this machine"))?;
+        let n = usize::try_from(t.n_elems())
+            .map_err(|_| self.tensor_err(t, "too many elements for this machine"))?;
         if t.dtype == DType::F8E4M3 {
             return self.dequantize_fp8(t, bytes, n);
         }
@@ -465,7 +571,8 @@ impl ModelFiles {
             return Err(self.unsupported(t, "dequantize"));
         }
         let mut out = vec![0f32; n];
-        kernels::dequantize(t.dtype, bytes, &mut out).map_err(|e| self.tensor_err(t, e.to_string()))?;
+        kernels::dequantize(t.dtype, bytes, &mut out)
+            .map_err(|e| self.tensor_err(t, e.to_string()))?;
         Ok(out)
     }
 
@@ -478,13 +585,24 @@ impl ModelFiles {
         else {
             return Ok(128);
         };
-        match b.as_array().map(|a| a.iter().map(|x| x.as_u64()).collect::<Vec<_>>()).as_deref() {
+        match b
+            .as_array()
+            .map(|a| a.iter().map(|x| x.as_u64()).collect::<Vec<_>>())
+            .as_deref()
+        {
             Some([Some(r), Some(c)]) if r == c && *r > 0 => Ok(*r as usize),
-            _ => Err(format!("config.json quantization_config.weight_block_size {b} is not [n, n]")),
+            _ => Err(format!(
+                "config.json quantization_config.weight_block_size {b} is not [n, n]"
+            )),
         }
     }
 
-    fn dequantize_fp8(&self, t: &TensorInfo, bytes: &[u8], n: usize) -> Result<Vec<f32>, FormatError> {
+    fn dequantize_fp8(
+        &self,
+        t: &TensorInfo,
+        bytes: &[u8],
+        n: usize,
+    ) -> Result<Vec<f32>, FormatError> {
         let mut out = vec![0f32; n];
         if n == 0 {
             return Ok(out);
@@ -502,29 +620,55 @@ impl ModelFiles {
         let Some(st) = self.tensor(&scale_name) else {
             // No scales: plain E4M3 values, as one tile with scale 1.
             let all_rows = mats * rows;
-            kernels::dequantize_fp8_block_scaled(bytes, &[1.0], all_rows, cols, all_rows.max(cols), &mut out)
-                .map_err(|e| self.tensor_err(t, e.to_string()))?;
+            kernels::dequantize_fp8_block_scaled(
+                bytes,
+                &[1.0],
+                all_rows,
+                cols,
+                all_rows.max(cols),
+                &mut out,
+            )
+            .map_err(|e| self.tensor_err(t, e.to_string()))?;
             return Ok(out);
         };
         let block = self.fp8_block().map_err(|m| self.tensor_err(t, m))?;
         let (sr, sc) = (rows.div_ceil(block), cols.div_ceil(block));
         let shape_ok = match t.shape.len() {
             0 | 1 => st.n_elems() == sc as u64,
-            k => st.shape.len() == k && st.shape[..k - 2] == t.shape[..k - 2] && st.shape[k - 2..] == [sr as u64, sc as u64],
+            k => {
+                st.shape.len() == k
+                    && st.shape[..k - 2] == t.shape[..k - 2]
+                    && st.shape[k - 2..] == [sr as u64, sc as u64]
+            }
         };
         if !shape_ok {
             return Err(self.tensor_err(
                 t,
-                format!("`{scale_name}` has shape {:?}, which is not {block}x{block} tiles of {:?}", st.shape, t.shape),
+                format!(
+                    "`{scale_name}` has shape {:?}, which is not {block}x{block} tiles of {:?}",
+                    st.shape, t.shape
+                ),
             ));
         }
         let scales = self.dequantize(st)?;
         if scales.len() != mats * sr * sc {
-            return Err(self.tensor_err(t, format!("`{scale_name}` holds {} scales, expected {}", scales.len(), mats * sr * sc)));
+            return Err(self.tensor_err(
+                t,
+                format!(
+                    "`{scale_name}` holds {} scales, expected {}",
+                    scales.len(),
+                    mats * sr * sc
+                ),
+            ));
         }
         let mat = rows * cols;
-        for ((w, s), o) in bytes.chunks_exact(mat).zip(scales.chunks_exact(sr * sc)).zip(out.chunks_exact_mut(mat)) {
-            kernels::dequantize_fp8_block_scaled(w, s, rows, cols, block, o).map_err(|e| self.tensor_err(t, e.to_string()))?;
+        for ((w, s), o) in bytes
+            .chunks_exact(mat)
+            .zip(scales.chunks_exact(sr * sc))
+            .zip(out.chunks_exact_mut(mat))
+        {
+            kernels::dequantize_fp8_block_scaled(w, s, rows, cols, block, o)
+                .map_err(|e| self.tensor_err(t, e.to_string()))?;
         }
         Ok(out)
     }

@@ -152,14 +152,27 @@ impl<'a> Reader<'a> {
             )));
         }
         if len > MAX_STRING {
-            return Err(self.err(format!("{}: string length {len} at offset {at} is implausible (limit {MAX_STRING})", what())));
+            return Err(self.err(format!(
+                "{}: string length {len} at offset {at} is implausible (limit {MAX_STRING})",
+                what()
+            )));
         }
         let bytes = self.take(len, what)?;
-        String::from_utf8(bytes.to_vec())
-            .map_err(|_| self.err(format!("{}: string at offset {} is not valid UTF-8", what(), at)))
+        String::from_utf8(bytes.to_vec()).map_err(|_| {
+            self.err(format!(
+                "{}: string at offset {} is not valid UTF-8",
+                what(),
+                at
+            ))
+        })
     }
 
-    fn value(&mut self, t: u32, depth: usize, what: &dyn Fn() -> String) -> Result<MetaValue, FormatError> {
+    fn value(
+        &mut self,
+        t: u32,
+        depth: usize,
+        what: &dyn Fn() -> String,
+    ) -> Result<MetaValue, FormatError> {
         Ok(match t {
             vt::U8 => MetaValue::U8(self.array::<1>(what)?[0]),
             vt::I8 => MetaValue::I8(self.array::<1>(what)?[0] as i8),
@@ -175,12 +188,18 @@ impl<'a> Reader<'a> {
             vt::F64 => MetaValue::F64(f64::from_le_bytes(self.array(what)?)),
             vt::ARRAY => {
                 if depth >= MAX_NESTING {
-                    return Err(self.err(format!("{}: arrays nested more than {MAX_NESTING} deep", what())));
+                    return Err(self.err(format!(
+                        "{}: arrays nested more than {MAX_NESTING} deep",
+                        what()
+                    )));
                 }
                 let at = self.pos;
                 let et = self.u32(what)?;
                 if et > vt::F64 {
-                    return Err(self.err(format!("{}: unknown array element type {et} at offset {at}", what())));
+                    return Err(self.err(format!(
+                        "{}: unknown array element type {et} at offset {at}",
+                        what()
+                    )));
                 }
                 let n = self.u64(what)?;
                 let need = n.checked_mul(min_value_size(et));
@@ -241,15 +260,23 @@ pub(crate) fn parse(path: &Path, buf: &[u8], file: usize) -> Result<GgufFile, Fo
         2 | 3 => {}
         1 => return Err(r.err("GGUF version 1 is not supported (v2 and v3 are)".to_string())),
         v if v != 0 && v & 0xFFFF == 0 => {
-            return Err(r.err(format!("big-endian GGUF (version field {v:#x}) is not supported")))
+            return Err(r.err(format!(
+                "big-endian GGUF (version field {v:#x}) is not supported"
+            )))
         }
-        v => return Err(r.err(format!("unknown GGUF version {v} (v2 and v3 are supported)"))),
+        v => {
+            return Err(r.err(format!(
+                "unknown GGUF version {v} (v2 and v3 are supported)"
+            )))
+        }
     }
     let n_tensors = r.u64(&|| "the tensor count".to_string())?;
     let n_kv = r.u64(&|| "the metadata count".to_string())?;
     // A key/value takes at least 13 bytes (8-byte key length, 4-byte type, 1-byte value); a
     // tensor info at least 24. Counts beyond what the file can hold are corruption.
-    let min_header = n_kv.checked_mul(13).and_then(|kv| n_tensors.checked_mul(24).and_then(|t| t.checked_add(kv)));
+    let min_header = n_kv
+        .checked_mul(13)
+        .and_then(|kv| n_tensors.checked_mul(24).and_then(|t| t.checked_add(kv)));
     if min_header.is_none_or(|n| n > r.remaining()) {
         return Err(r.err(format!(
             "truncated or corrupt: {n_kv} metadata entries and {n_tensors} tensor infos cannot fit in the {} bytes after offset {}",
@@ -266,7 +293,9 @@ pub(crate) fn parse(path: &Path, buf: &[u8], file: usize) -> Result<GgufFile, Fo
         let at = r.pos;
         let t = r.u32(&what)?;
         if t > vt::F64 {
-            return Err(r.err(format!("metadata `{key}`: unknown value type {t} at offset {at}")));
+            return Err(r.err(format!(
+                "metadata `{key}`: unknown value type {t} at offset {at}"
+            )));
         }
         let v = r.value(t, 0, &what)?;
         if !keys.insert(key.clone()) {
@@ -282,7 +311,9 @@ pub(crate) fn parse(path: &Path, buf: &[u8], file: usize) -> Result<GgufFile, Fo
         let what = || format!("tensor info `{name}`");
         let n_dims = r.u32(&what)? as usize;
         if n_dims > MAX_DIMS {
-            return Err(r.err(format!("tensor `{name}`: {n_dims} dimensions (at most {MAX_DIMS})")));
+            return Err(r.err(format!(
+                "tensor `{name}`: {n_dims} dimensions (at most {MAX_DIMS})"
+            )));
         }
         let mut dims = Vec::with_capacity(n_dims);
         for _ in 0..n_dims {
@@ -293,21 +324,36 @@ pub(crate) fn parse(path: &Path, buf: &[u8], file: usize) -> Result<GgufFile, Fo
         if !names.insert(name.clone()) {
             return Err(r.err(format!("tensor `{name}` appears twice")));
         }
-        raw.push(RawInfo { name, dims, type_id, rel_offset });
+        raw.push(RawInfo {
+            name,
+            dims,
+            type_id,
+            rel_offset,
+        });
     }
 
     let alignment = match meta.iter().find(|(k, _)| k == "general.alignment") {
         None => DEFAULT_ALIGNMENT,
         Some((_, v)) => match v.as_u64() {
             Some(a) if a.is_power_of_two() && !matches!(v, MetaValue::Bool(_)) => a,
-            _ => return Err(r.err(format!("general.alignment is {v:?}; it must be a power of two"))),
+            _ => {
+                return Err(r.err(format!(
+                    "general.alignment is {v:?}; it must be a power of two"
+                )))
+            }
         },
     };
     let header_end = r.pos as u64;
     let data_offset = header_end.div_ceil(alignment) * alignment;
     let file_len = buf.len() as u64;
     let tensors = tensor_ranges(path, raw, data_offset, alignment, file_len, file)?;
-    Ok(GgufFile { version, alignment, data_offset, meta, tensors })
+    Ok(GgufFile {
+        version,
+        alignment,
+        data_offset,
+        meta,
+        tensors,
+    })
 }
 
 fn tensor_ranges(
@@ -324,19 +370,25 @@ fn tensor_ranges(
         if t.rel_offset % alignment != 0 {
             return Err(FormatError::malformed(
                 path,
-                format!("tensor `{}`: offset {} is not a multiple of the alignment {alignment}", t.name, t.rel_offset),
+                format!(
+                    "tensor `{}`: offset {} is not a multiple of the alignment {alignment}",
+                    t.name, t.rel_offset
+                ),
             ));
         }
-        let abs = data_offset.checked_add(t.rel_offset).filter(|&a| a <= file_len).ok_or_else(|| {
-            FormatError::malformed(
-                path,
-                format!(
+        let abs = data_offset
+            .checked_add(t.rel_offset)
+            .filter(|&a| a <= file_len)
+            .ok_or_else(|| {
+                FormatError::malformed(
+                    path,
+                    format!(
                     "tensor `{}`: data offset {} lies past the end of the file ({file_len} bytes)",
                     t.name,
                     data_offset.saturating_add(t.rel_offset)
                 ),
-            )
-        })?;
+                )
+            })?;
         starts.push(abs);
     }
     let mut sorted = starts.clone();
@@ -345,9 +397,16 @@ fn tensor_ranges(
     let mut out = Vec::with_capacity(raw.len());
     for (t, &abs) in raw.into_iter().zip(&starts) {
         let dtype = DType::from_ggml_id(t.type_id);
-        let n_elems = t.dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)).filter(|&n| n <= i64::MAX as u64);
+        let n_elems = t
+            .dims
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+            .filter(|&n| n <= i64::MAX as u64);
         let Some(n_elems) = n_elems else {
-            return Err(FormatError::malformed(path, format!("tensor `{}`: dimensions {:?} overflow", t.name, t.dims)));
+            return Err(FormatError::malformed(
+                path,
+                format!("tensor `{}`: dimensions {:?} overflow", t.name, t.dims),
+            ));
         };
         let len = match dtype.block_geometry() {
             Some((be, _)) => {
@@ -362,12 +421,19 @@ fn tensor_ranges(
                     ));
                 }
                 dtype.bytes_for(n_elems).ok_or_else(|| {
-                    FormatError::malformed(path, format!("tensor `{}`: byte size overflows", t.name))
+                    FormatError::malformed(
+                        path,
+                        format!("tensor `{}`: byte size overflows", t.name),
+                    )
                 })?
             }
             // Unknown type: up to the next tensor's start, or the end of the file.
             None => {
-                let next = sorted.iter().copied().find(|&s| s > abs).unwrap_or(file_len);
+                let next = sorted
+                    .iter()
+                    .copied()
+                    .find(|&s| s > abs)
+                    .unwrap_or(file_len);
                 next - abs
             }
         };
@@ -383,7 +449,16 @@ fn tensor_ranges(
         debug_assert!(end <= file_len);
         let mut shape = t.dims;
         shape.reverse();
-        out.push(TensorInfo { name: t.name, dtype, shape, range: ByteRange { file, offset: abs, len } });
+        out.push(TensorInfo {
+            name: t.name,
+            dtype,
+            shape,
+            range: ByteRange {
+                file,
+                offset: abs,
+                len,
+            },
+        });
     }
     Ok(out)
 }
@@ -414,7 +489,10 @@ mod tests {
     #[test]
     fn split_names() {
         assert_eq!(parse_split_name("m-00002-of-00004.gguf"), Some(("m", 2, 4)));
-        assert_eq!(parse_split_name("a-b-00001-of-00001.gguf"), Some(("a-b", 1, 1)));
+        assert_eq!(
+            parse_split_name("a-b-00001-of-00001.gguf"),
+            Some(("a-b", 1, 1))
+        );
         assert_eq!(parse_split_name("m-00005-of-00004.gguf"), None);
         assert_eq!(parse_split_name("m-2-of-4.gguf"), None);
         assert_eq!(parse_split_name("m.gguf"), None);

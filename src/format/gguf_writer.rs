@@ -71,7 +71,10 @@ impl GgufWriter {
     }
 
     fn err(&self, msg: impl Into<String>) -> FormatError {
-        FormatError::Writer { path: self.path.clone(), msg: msg.into() }
+        FormatError::Writer {
+            path: self.path.clone(),
+            msg: msg.into(),
+        }
     }
 
     /// Add a metadata key/value (every GGUF value type; arrays take their element type from
@@ -88,7 +91,11 @@ impl GgufWriter {
         if key == "general.alignment" {
             match value {
                 MetaValue::U32(a) if a.is_power_of_two() => self.alignment = a as u64,
-                _ => return Err(self.err(format!("general.alignment must be a power-of-two U32, got {value:?}"))),
+                _ => {
+                    return Err(self.err(format!(
+                        "general.alignment must be a power-of-two U32, got {value:?}"
+                    )))
+                }
             }
         }
         self.meta.push((key.to_string(), value));
@@ -96,23 +103,39 @@ impl GgufWriter {
     }
 
     /// Add a tensor's description: name (< 64 bytes), type, shape outermost-first.
-    pub fn add_tensor_info(&mut self, name: &str, dtype: DType, shape: &[u64]) -> Result<(), FormatError> {
+    pub fn add_tensor_info(
+        &mut self,
+        name: &str,
+        dtype: DType,
+        shape: &[u64],
+    ) -> Result<(), FormatError> {
         if self.header_written {
             return Err(self.err(format!("tensor `{name}` added after tensor data started")));
         }
         if name.len() >= MAX_NAME {
-            return Err(self.err(format!("tensor name `{name}` is {} bytes; GGUF readers allow < {MAX_NAME}", name.len())));
+            return Err(self.err(format!(
+                "tensor name `{name}` is {} bytes; GGUF readers allow < {MAX_NAME}",
+                name.len()
+            )));
         }
         if !self.names.insert(name.to_string()) {
             return Err(self.err(format!("tensor `{name}` added twice")));
         }
         if shape.is_empty() || shape.len() > gguf::MAX_DIMS {
-            return Err(self.err(format!("tensor `{name}`: {} dimensions (1 to {})", shape.len(), gguf::MAX_DIMS)));
+            return Err(self.err(format!(
+                "tensor `{name}`: {} dimensions (1 to {})",
+                shape.len(),
+                gguf::MAX_DIMS
+            )));
         }
         if dtype.ggml_id().is_none() {
-            return Err(self.err(format!("tensor `{name}`: type {dtype} cannot be stored in GGUF")));
+            return Err(self.err(format!(
+                "tensor `{name}`: type {dtype} cannot be stored in GGUF"
+            )));
         }
-        let (be, _) = dtype.block_geometry().ok_or_else(|| self.err(format!("tensor `{name}`: type {dtype} has no known size")))?;
+        let (be, _) = dtype
+            .block_geometry()
+            .ok_or_else(|| self.err(format!("tensor `{name}`: type {dtype} has no known size")))?;
         let inner = shape[shape.len() - 1];
         if !inner.is_multiple_of(be as u64) {
             return Err(self.err(format!("tensor `{name}`: innermost dimension {inner} is not a multiple of {dtype}'s block of {be}")));
@@ -122,7 +145,12 @@ impl GgufWriter {
             .try_fold(1u64, |a, &d| a.checked_mul(d))
             .and_then(|n| dtype.bytes_for(n))
             .ok_or_else(|| self.err(format!("tensor `{name}`: shape {shape:?} overflows")))?;
-        self.tensors.push(PlannedTensor { name: name.to_string(), dtype, shape: shape.to_vec(), len });
+        self.tensors.push(PlannedTensor {
+            name: name.to_string(),
+            dtype,
+            shape: shape.to_vec(),
+            len,
+        });
         Ok(())
     }
 
@@ -133,9 +161,13 @@ impl GgufWriter {
 
     fn put(&mut self, bytes: &[u8]) -> Result<(), FormatError> {
         let Some(out) = self.out.as_mut() else {
-            return Err(FormatError::Writer { path: self.path.clone(), msg: "already finished".to_string() });
+            return Err(FormatError::Writer {
+                path: self.path.clone(),
+                msg: "already finished".to_string(),
+            });
         };
-        out.write_all(bytes).map_err(|e| FormatError::io(&self.tmp, "write", e))?;
+        out.write_all(bytes)
+            .map_err(|e| FormatError::io(&self.tmp, "write", e))?;
         self.pos += bytes.len() as u64;
         Ok(())
     }
@@ -220,10 +252,14 @@ impl GgufWriter {
         let Some(out) = self.out.take() else {
             return Err(self.err("already finished"));
         };
-        let f = out.into_inner().map_err(|e| FormatError::io(&self.tmp, "write", e.into_error()))?;
-        f.sync_all().map_err(|e| FormatError::io(&self.tmp, "sync", e))?;
+        let f = out
+            .into_inner()
+            .map_err(|e| FormatError::io(&self.tmp, "write", e.into_error()))?;
+        f.sync_all()
+            .map_err(|e| FormatError::io(&self.tmp, "sync", e))?;
         drop(f);
-        std::fs::rename(&self.tmp, &self.path).map_err(|e| FormatError::io(&self.path, "rename the .tmp file to", e))?;
+        std::fs::rename(&self.tmp, &self.path)
+            .map_err(|e| FormatError::io(&self.path, "rename the .tmp file to", e))?;
         Ok(self.path.clone())
     }
 }

@@ -52,7 +52,11 @@ impl FileKind {
 pub enum FormatError {
     /// The file system refused (open, stat, map, read, write, rename).
     #[error("{}: cannot {op}: {err}", path.display())]
-    Io { path: PathBuf, op: &'static str, err: std::io::Error },
+    Io {
+        path: PathBuf,
+        op: &'static str,
+        err: std::io::Error,
+    },
     /// The bytes do not follow the format (bad magic, truncated, lengths past the end, ...).
     #[error("{}: {msg}", path.display())]
     Malformed { path: PathBuf, msg: String },
@@ -61,10 +65,19 @@ pub enum FormatError {
     MissingShard { path: PathBuf, shard: PathBuf },
     /// A tensor's element type is one sluice cannot read or compute with.
     #[error("{}: tensor `{tensor}` has type {dtype}, which sluice cannot {op}", path.display())]
-    UnsupportedDType { path: PathBuf, tensor: String, dtype: String, op: &'static str },
+    UnsupportedDType {
+        path: PathBuf,
+        tensor: String,
+        dtype: String,
+        op: &'static str,
+    },
     /// A request about one tensor that the tensor cannot satisfy.
     #[error("{}: tensor `{tensor}`: {msg}", path.display())]
-    Tensor { path: PathBuf, tensor: String, msg: String },
+    Tensor {
+        path: PathBuf,
+        tensor: String,
+        msg: String,
+    },
     /// `GgufWriter` used out of order or given something GGUF cannot hold.
     #[error("{}: GGUF writer: {msg}", path.display())]
     Writer { path: PathBuf, msg: String },
@@ -72,15 +85,26 @@ pub enum FormatError {
 
 impl FormatError {
     pub(crate) fn malformed(path: &Path, msg: impl Into<String>) -> FormatError {
-        FormatError::Malformed { path: path.to_path_buf(), msg: msg.into() }
+        FormatError::Malformed {
+            path: path.to_path_buf(),
+            msg: msg.into(),
+        }
     }
 
     pub(crate) fn io(path: &Path, op: &'static str, err: std::io::Error) -> FormatError {
-        FormatError::Io { path: path.to_path_buf(), op, err }
+        FormatError::Io {
+            path: path.to_path_buf(),
+            op,
+            err,
+        }
     }
 
     pub(crate) fn tensor(path: &Path, tensor: &str, msg: impl Into<String>) -> FormatError {
-        FormatError::Tensor { path: path.to_path_buf(), tensor: tensor.to_string(), msg: msg.into() }
+        FormatError::Tensor {
+            path: path.to_path_buf(),
+            tensor: tensor.to_string(),
+            msg: msg.into(),
+        }
     }
 
     /// The file the error is about.

@@ -54,18 +54,24 @@ pub(crate) fn parse(path: &Path, buf: &[u8], file: usize) -> Result<Vec<SafeTens
     let bad = |msg: String| FormatError::malformed(path, msg);
     let file_len = buf.len() as u64;
     let Some(head) = buf.get(..8) else {
-        return Err(bad(format!("truncated: {file_len} bytes, too short for a safetensors header")));
+        return Err(bad(format!(
+            "truncated: {file_len} bytes, too short for a safetensors header"
+        )));
     };
     let mut n = [0u8; 8];
     n.copy_from_slice(head);
     let n = u64::from_le_bytes(n);
     if n > file_len - 8 {
-        return Err(bad(format!("header length {n} runs past the end of the file ({file_len} bytes)")));
+        return Err(bad(format!(
+            "header length {n} runs past the end of the file ({file_len} bytes)"
+        )));
     }
     // The safetensors reference implementation refuses headers over 100 MB; so do we, rather
     // than parse gigabytes of tensor data as JSON when the length is corrupt.
     if n > MAX_HEADER {
-        return Err(bad(format!("header length {n} is implausible (limit {MAX_HEADER})")));
+        return Err(bad(format!(
+            "header length {n} is implausible (limit {MAX_HEADER})"
+        )));
     }
     let data_start = 8 + n;
     let json = &buf[8..data_start as usize];
@@ -80,7 +86,11 @@ pub(crate) fn parse(path: &Path, buf: &[u8], file: usize) -> Result<Vec<SafeTens
         if name == "__metadata__" {
             continue;
         }
-        let field = |key: &str| entry.get(key).ok_or_else(|| bad(format!("tensor `{name}`: header entry has no `{key}`")));
+        let field = |key: &str| {
+            entry
+                .get(key)
+                .ok_or_else(|| bad(format!("tensor `{name}`: header entry has no `{key}`")))
+        };
         let dtype_name = field("dtype")?
             .as_str()
             .ok_or_else(|| bad(format!("tensor `{name}`: `dtype` is not a string")))?
@@ -88,12 +98,20 @@ pub(crate) fn parse(path: &Path, buf: &[u8], file: usize) -> Result<Vec<SafeTens
         let shape = field("shape")?
             .as_array()
             .and_then(|a| a.iter().map(|d| d.as_u64()).collect::<Option<Vec<u64>>>())
-            .ok_or_else(|| bad(format!("tensor `{name}`: `shape` is not a list of non-negative integers")))?;
+            .ok_or_else(|| {
+                bad(format!(
+                    "tensor `{name}`: `shape` is not a list of non-negative integers"
+                ))
+            })?;
         let offs = field("data_offsets")?
             .as_array()
             .and_then(|a| a.iter().map(|d| d.as_u64()).collect::<Option<Vec<u64>>>())
             .filter(|a| a.len() == 2)
-            .ok_or_else(|| bad(format!("tensor `{name}`: `data_offsets` is not [begin, end]")))?;
+            .ok_or_else(|| {
+                bad(format!(
+                    "tensor `{name}`: `data_offsets` is not [begin, end]"
+                ))
+            })?;
         let (begin, end) = (offs[0], offs[1]);
         if begin > end || end > data_len {
             return Err(bad(format!(
@@ -117,7 +135,11 @@ pub(crate) fn parse(path: &Path, buf: &[u8], file: usize) -> Result<Vec<SafeTens
                 name: name.clone(),
                 dtype,
                 shape,
-                range: ByteRange { file, offset: data_start + begin, len: end - begin },
+                range: ByteRange {
+                    file,
+                    offset: data_start + begin,
+                    len: end - begin,
+                },
             },
             dtype_name,
         });
@@ -136,7 +158,8 @@ pub(crate) struct Index {
 
 pub(crate) fn parse_index(path: &Path, text: &[u8]) -> Result<Index, FormatError> {
     let bad = |msg: String| FormatError::malformed(path, msg);
-    let v: serde_json::Value = serde_json::from_slice(text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+    let v: serde_json::Value =
+        serde_json::from_slice(text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
     let map = v
         .get("weight_map")
         .and_then(|m| m.as_object())
@@ -144,10 +167,19 @@ pub(crate) fn parse_index(path: &Path, text: &[u8]) -> Result<Index, FormatError
     let mut weight_map = Vec::with_capacity(map.len());
     let mut shards = HashSet::new();
     for (name, file) in map {
-        let file = file.as_str().ok_or_else(|| bad(format!("weight_map[`{name}`] is not a file name")))?;
+        let file = file
+            .as_str()
+            .ok_or_else(|| bad(format!("weight_map[`{name}`] is not a file name")))?;
         // Shards live beside the index: a name with a directory part would reach elsewhere.
-        if file.is_empty() || file.contains('/') || file.contains('\\') || file == "." || file == ".." {
-            return Err(bad(format!("weight_map[`{name}`] = `{file}` is not a plain file name")));
+        if file.is_empty()
+            || file.contains('/')
+            || file.contains('\\')
+            || file == "."
+            || file == ".."
+        {
+            return Err(bad(format!(
+                "weight_map[`{name}`] = `{file}` is not a plain file name"
+            )));
         }
         shards.insert(file.to_string());
         weight_map.push((name.clone(), file.to_string()));
@@ -175,7 +207,14 @@ mod tests {
         assert_eq!(t[0].info.name, "a");
         assert_eq!(t[0].dtype_name, "U8");
         assert_eq!(t[0].info.dtype, DType::Unknown(FOREIGN_DTYPE_ID));
-        assert_eq!(t[1].info.range, ByteRange { file: 0, offset: 8 + h.len() as u64 + 4, len: 8 });
+        assert_eq!(
+            t[1].info.range,
+            ByteRange {
+                file: 0,
+                offset: 8 + h.len() as u64 + 4,
+                len: 8
+            }
+        );
     }
 
     #[test]
@@ -183,19 +222,38 @@ mod tests {
         let p = Path::new("m.safetensors");
         let mut huge = file("{}", 0);
         huge[..8].copy_from_slice(&1000u64.to_le_bytes());
-        assert!(parse(p, &huge, 0).unwrap_err().to_string().contains("header length 1000"));
+        assert!(parse(p, &huge, 0)
+            .unwrap_err()
+            .to_string()
+            .contains("header length 1000"));
         let h = r#"{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#;
-        assert!(parse(p, &file(h, 8), 0).unwrap_err().to_string().contains("needs 12 bytes"));
+        assert!(parse(p, &file(h, 8), 0)
+            .unwrap_err()
+            .to_string()
+            .contains("needs 12 bytes"));
         let h = r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#;
-        assert!(parse(p, &file(h, 4), 0).unwrap_err().to_string().contains("outside the data section"));
-        assert!(parse(p, &file("[1]", 0), 0).unwrap_err().to_string().contains("not a JSON object"));
-        assert!(parse(p, &[1, 2, 3], 0).unwrap_err().to_string().contains("truncated"));
+        assert!(parse(p, &file(h, 4), 0)
+            .unwrap_err()
+            .to_string()
+            .contains("outside the data section"));
+        assert!(parse(p, &file("[1]", 0), 0)
+            .unwrap_err()
+            .to_string()
+            .contains("not a JSON object"));
+        assert!(parse(p, &[1, 2, 3], 0)
+            .unwrap_err()
+            .to_string()
+            .contains("truncated"));
     }
 
     #[test]
     fn index_rejects_paths() {
         let p = Path::new("model.safetensors.index.json");
-        let ok = parse_index(p, br#"{"weight_map":{"a":"m2.safetensors","b":"m1.safetensors"}}"#).unwrap();
+        let ok = parse_index(
+            p,
+            br#"{"weight_map":{"a":"m2.safetensors","b":"m1.safetensors"}}"#,
+        )
+        .unwrap();
         assert_eq!(ok.shards, vec!["m1.safetensors", "m2.safetensors"]);
         assert!(parse_index(p, br#"{"weight_map":{"a":"../x.safetensors"}}"#).is_err());
     }

@@ -59,8 +59,15 @@ pub struct Acts {
     ready_q8k: bool,
 }
 
-const ZERO32: BlockQ8_32 = BlockQ8_32 { d: 0.0, qs: [0; 32] };
-const ZEROK: BlockQ8K = BlockQ8K { d: 0.0, qs: [0; 256], bsums: [0; 16] };
+const ZERO32: BlockQ8_32 = BlockQ8_32 {
+    d: 0.0,
+    qs: [0; 32],
+};
+const ZEROK: BlockQ8K = BlockQ8K {
+    d: 0.0,
+    qs: [0; 256],
+    bsums: [0; 16],
+};
 
 impl Default for Acts {
     fn default() -> Self {
@@ -70,7 +77,15 @@ impl Default for Acts {
 
 impl Acts {
     pub fn new() -> Acts {
-        Acts { rows: 0, cols: 0, f32: Vec::new(), q8_32: Vec::new(), q8k: Vec::new(), ready_q8_32: false, ready_q8k: false }
+        Acts {
+            rows: 0,
+            cols: 0,
+            f32: Vec::new(),
+            q8_32: Vec::new(),
+            q8k: Vec::new(),
+            ready_q8_32: false,
+            ready_q8k: false,
+        }
     }
 
     /// Pre-size for up to `rows` x `cols` so later `load`s of that size do not allocate.
@@ -84,7 +99,12 @@ impl Acts {
 
     /// Copy `x` (`rows` x `cols`, row-major) in; quantized copies are made on `prepare`.
     pub fn load(&mut self, x: &[f32], rows: usize, cols: usize) {
-        assert_eq!(x.len(), rows * cols, "Acts::load: x has {} elements, expected {rows}x{cols}", x.len());
+        assert_eq!(
+            x.len(),
+            rows * cols,
+            "Acts::load: x has {} elements, expected {rows}x{cols}",
+            x.len()
+        );
         self.rows = rows;
         self.cols = cols;
         self.f32.clear();
@@ -145,8 +165,16 @@ impl Acts {
     pub fn row(&self, i: usize) -> ActRow<'_> {
         let c = self.cols;
         let f32 = &self.f32[i * c..(i + 1) * c];
-        let q8_32 = if self.ready_q8_32 { &self.q8_32[i * (c / 32)..(i + 1) * (c / 32)] } else { &[][..] };
-        let q8k = if self.ready_q8k { &self.q8k[i * (c / QK)..(i + 1) * (c / QK)] } else { &[][..] };
+        let q8_32 = if self.ready_q8_32 {
+            &self.q8_32[i * (c / 32)..(i + 1) * (c / 32)]
+        } else {
+            &[][..]
+        };
+        let q8k = if self.ready_q8k {
+            &self.q8k[i * (c / QK)..(i + 1) * (c / QK)]
+        } else {
+            &[][..]
+        };
         ActRow { f32, q8_32, q8k }
     }
 }
@@ -195,7 +223,15 @@ pub fn quantize_q8k(x: &[f32], out: &mut BlockQ8K) {
     if x.len() == QK && Isa::detect() >= Isa::Avx512 {
         // SAFETY: AVX-512 F/BW/VL present; x holds exactly 256 values, out.qs 256 bytes and
         // out.bsums 16 sums.
-        unsafe { x86::quantize_avx512(x.as_ptr(), QK, out.qs.as_mut_ptr(), &mut out.d, Some(&mut out.bsums)) };
+        unsafe {
+            x86::quantize_avx512(
+                x.as_ptr(),
+                QK,
+                out.qs.as_mut_ptr(),
+                &mut out.d,
+                Some(&mut out.bsums),
+            )
+        };
         return;
     }
     out.d = quantize_scalar(x, &mut out.qs);
@@ -215,7 +251,13 @@ mod x86 {
     /// AVX-512 F/BW/VL; `x` valid for `n` floats and `q` for `n` bytes, `n` a multiple of 16;
     /// `bsums`, if given, has n / 16 entries.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    pub(super) unsafe fn quantize_avx512(x: *const f32, n: usize, q: *mut i8, d_out: &mut f32, bsums: Option<&mut [i16; 16]>) {
+    pub(super) unsafe fn quantize_avx512(
+        x: *const f32,
+        n: usize,
+        q: *mut i8,
+        d_out: &mut f32,
+        bsums: Option<&mut [i16; 16]>,
+    ) {
         let mut m = _mm512_setzero_ps();
         for i in (0..n).step_by(16) {
             m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x.add(i))));
@@ -260,13 +302,19 @@ mod tests {
         let mut s = 1u64;
         let mut y: Vec<f32> = (0..256)
             .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
             })
             .collect();
         y[3] = -40.0;
         for v in [&x, &y, &vec![0.0f32; 256]] {
-            let mut a = BlockQ8K { d: 0.0, qs: [0; 256], bsums: [0; 16] };
+            let mut a = BlockQ8K {
+                d: 0.0,
+                qs: [0; 256],
+                bsums: [0; 16],
+            };
             quantize_q8k(v, &mut a);
             // Scalar reference, written out.
             let d = amax(v) / 127.0;
@@ -277,14 +325,23 @@ mod tests {
                 assert_eq!(q, want, "element {i}: x {xv}, x/d {}", xv * id);
             }
             for (g, &b) in a.bsums.iter().enumerate() {
-                assert_eq!(b, a.qs[16 * g..16 * g + 16].iter().map(|&q| q as i16).sum::<i16>());
+                assert_eq!(
+                    b,
+                    a.qs[16 * g..16 * g + 16]
+                        .iter()
+                        .map(|&q| q as i16)
+                        .sum::<i16>()
+                );
             }
             // The scalar path (not taken above on an AVX-512 machine) agrees too.
             let mut qs = [0i8; 256];
             assert_eq!(quantize_scalar(v, &mut qs).to_bits(), a.d.to_bits());
             assert_eq!(qs, a.qs);
             for c in 0..8 {
-                let mut b = BlockQ8_32 { d: 0.0, qs: [0; 32] };
+                let mut b = BlockQ8_32 {
+                    d: 0.0,
+                    qs: [0; 32],
+                };
                 quantize_q8_32(&v[32 * c..32 * c + 32], &mut b);
                 let d = amax(&v[32 * c..32 * c + 32]) / 127.0;
                 let id = if d > 0.0 { 1.0 / d } else { 0.0 };
@@ -296,4 +353,3 @@ mod tests {
         }
     }
 }
-

@@ -117,7 +117,12 @@ fn dot_lanes<const ES: usize>(w: &[u8], x: &[f32], conv: impl Fn(&[u8]) -> f32) 
             acc[k] += conv(&wb[k * ES..(k + 1) * ES]) * xb[k];
         }
     }
-    for (k, (wb, &xv)) in wc.remainder().chunks_exact(ES).zip(xc.remainder()).enumerate() {
+    for (k, (wb, &xv)) in wc
+        .remainder()
+        .chunks_exact(ES)
+        .zip(xc.remainder())
+        .enumerate()
+    {
         acc[k] += conv(wb) * xv;
     }
     acc.iter().sum()
@@ -164,7 +169,13 @@ mod x86 {
     wrap!(dot_bf16_avx2, bf16_avx2, Isa::Avx2, 2, dot_bf16_scalar);
     wrap!(dot_f32_avx512, f32_avx512, Isa::Avx512, 4, dot_f32_scalar);
     wrap!(dot_f16_avx512, f16_avx512, Isa::Avx512, 2, dot_f16_scalar);
-    wrap!(dot_bf16_avx512, bf16_avx512, Isa::Avx512, 2, dot_bf16_scalar);
+    wrap!(
+        dot_bf16_avx512,
+        bf16_avx512,
+        Isa::Avx512,
+        2,
+        dot_bf16_scalar
+    );
 
     /// Loads 8 f32 weights from element `i` of `w` (element type `F`), as an AVX2 vector.
     trait Load8 {
@@ -213,7 +224,18 @@ mod x86 {
         };
     }
 
-    body!(body_avx2, "avx2,fma,f16c", __m256, 8, _mm256_setzero_ps, _mm256_fmadd_ps, _mm256_add_ps, load8, hsum_ps256, _mm256_loadu_ps);
+    body!(
+        body_avx2,
+        "avx2,fma,f16c",
+        __m256,
+        8,
+        _mm256_setzero_ps,
+        _mm256_fmadd_ps,
+        _mm256_add_ps,
+        load8,
+        hsum_ps256,
+        _mm256_loadu_ps
+    );
     body!(
         body_avx512,
         "avx512f,avx512bw,avx2,fma,f16c",
@@ -318,9 +340,17 @@ mod tests {
             let theirs = half::f16::from_bits(bits).to_f32();
             if theirs.is_nan() {
                 assert!(ours.is_nan(), "{bits:#06x}");
-                assert_eq!(ours.to_bits() | 0x0040_0000, theirs.to_bits(), "{bits:#06x}");
+                assert_eq!(
+                    ours.to_bits() | 0x0040_0000,
+                    theirs.to_bits(),
+                    "{bits:#06x}"
+                );
             } else {
-                assert_eq!(ours.to_bits(), theirs.to_bits(), "{bits:#06x}: {ours} vs {theirs}");
+                assert_eq!(
+                    ours.to_bits(),
+                    theirs.to_bits(),
+                    "{bits:#06x}: {ours} vs {theirs}"
+                );
             }
         }
     }

@@ -64,7 +64,10 @@ pub fn dequantize_fp8_block_scaled(
         });
     }
     if out.len() != n {
-        return Err(KernelError::Shape(format!("FP8 output holds {} floats, need {n}", out.len())));
+        return Err(KernelError::Shape(format!(
+            "FP8 output holds {} floats, need {n}",
+            out.len()
+        )));
     }
     let sc = cols.div_ceil(block);
     let want = rows.div_ceil(block) * sc;
@@ -77,7 +80,11 @@ pub fn dequantize_fp8_block_scaled(
     if n == 0 {
         return Ok(());
     }
-    for (r, (w, o)) in bytes.chunks_exact(cols).zip(out.chunks_exact_mut(cols)).enumerate() {
+    for (r, (w, o)) in bytes
+        .chunks_exact(cols)
+        .zip(out.chunks_exact_mut(cols))
+        .enumerate()
+    {
         let srow = &scales[(r / block) * sc..(r / block + 1) * sc];
         for ((wc, oc), &s) in w.chunks(block).zip(o.chunks_mut(block)).zip(srow) {
             for (x, y) in wc.iter().zip(oc.iter_mut()) {

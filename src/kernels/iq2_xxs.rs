@@ -9,8 +9,8 @@
 //! Dot: `(0.5 + ls) * 0.25 = (2 ls + 1) / 8`, so a block contributes
 //! `d * da / 8 * sum_g (2 ls_g + 1) * <±grid, a>_g`, an exact integer sum.
 
-use super::tables::{IQ2XXS_GRID, KSIGNS_IQ2XS};
 use super::float::f16_at;
+use super::tables::{IQ2XXS_GRID, KSIGNS_IQ2XS};
 use super::{ActFormat, ActRow, TypeKernels};
 use crate::dtype::DType;
 
@@ -34,7 +34,10 @@ fn group_words(b: &[u8], g: usize) -> (u32, u32) {
 }
 
 fn dequant(blocks: &[u8], out: &mut [f32]) {
-    for (b, y) in blocks.chunks_exact(BLOCK_BYTES).zip(out.chunks_exact_mut(256)) {
+    for (b, y) in blocks
+        .chunks_exact(BLOCK_BYTES)
+        .zip(out.chunks_exact_mut(256))
+    {
         let d = f16_at(b, 0);
         for (g, yg) in y.chunks_exact_mut(32).enumerate() {
             let (aux0, aux1) = group_words(b, g);
@@ -81,10 +84,10 @@ mod simd {
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
+    use super::super::simd::x86::hsum256;
     use super::super::tables::{IQ2XXS_GRID, KSIGNS_IQ2XS, KSIGNS_IQ2XS_PM1};
     use super::super::{ActRow, BlockQ8K, DotFn};
     use super::BLOCK_BYTES;
-    use super::super::simd::x86::{hsum256};
     use crate::kernels::Isa;
     use std::arch::x86_64::*;
 
@@ -118,7 +121,9 @@ mod simd {
 
     #[target_feature(enable = "avx2,fma,f16c")]
     fn f16_to_f32(b: &[u8]) -> f32 {
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes([b[0], b[1]]) as i32)))
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+            u16::from_le_bytes([b[0], b[1]]) as i32,
+        )))
     }
 
     /// AVX2: grid rows and sign bytes (as ±1) come from tables, one 32-element group per
@@ -133,8 +138,10 @@ mod simd {
                 let at = 2 + 8 * g;
                 let aux0 = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
                 let aux1 = u32::from_le_bytes([b[at + 4], b[at + 5], b[at + 6], b[at + 7]]);
-                let [g0, g1, g2, g3] = [0, 8, 16, 24].map(|s| IQ2XXS_GRID[((aux0 >> s) & 0xff) as usize] as i64);
-                let [s0, s1, s2, s3] = [0, 7, 14, 21].map(|s| KSIGNS_IQ2XS_PM1[((aux1 >> s) & 0x7f) as usize] as i64);
+                let [g0, g1, g2, g3] =
+                    [0, 8, 16, 24].map(|s| IQ2XXS_GRID[((aux0 >> s) & 0xff) as usize] as i64);
+                let [s0, s1, s2, s3] =
+                    [0, 7, 14, 21].map(|s| KSIGNS_IQ2XS_PM1[((aux1 >> s) & 0x7f) as usize] as i64);
                 // SAFETY: `x` is 32 bytes.
                 let x = unsafe { _mm256_loadu_si256(x.as_ptr() as *const __m256i) };
                 let x = _mm256_sign_epi8(x, _mm256_set_epi64x(s3, s2, s1, s0));
@@ -189,7 +196,11 @@ mod simd {
             let mut z = 0;
             while z < 4 {
                 // Dword i/4 <- dword 2(2z + i/32) (low dword of qword 2z or 2z+1).
-                c.ctrl_scale[z].0[i] = if i % 4 == 0 { (2 * (2 * z + i / 32)) as u8 } else { 0 };
+                c.ctrl_scale[z].0[i] = if i % 4 == 0 {
+                    (2 * (2 * z + i / 32)) as u8
+                } else {
+                    0
+                };
                 z += 1;
             }
             i += 1;
@@ -234,7 +245,10 @@ mod simd {
         let one = _mm512_set1_epi64(1);
         let lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
         let off_w = _mm512_mullo_epi32(lane, _mm512_set1_epi32(BLOCK_BYTES as i32));
-        let off_a = _mm512_mullo_epi32(lane, _mm512_set1_epi32(std::mem::size_of::<BlockQ8K>() as i32));
+        let off_a = _mm512_mullo_epi32(
+            lane,
+            _mm512_set1_epi32(std::mem::size_of::<BlockQ8K>() as i32),
+        );
         /// The four 64-bit sign masks of a block, read back by `kmovq` from memory.
         #[repr(C, align(32))]
         struct Masks([u64; 4]);
@@ -266,7 +280,12 @@ mod simd {
                 let sb = _mm512_permutex2var_epi8(ks_lo, sidx, ks_hi);
                 let sb = _mm512_permutexvar_epi8(ctrl_compact, sb);
                 // SAFETY: `masks` is 32 aligned bytes.
-                unsafe { _mm256_store_si256(masks.0.as_mut_ptr() as *mut __m256i, _mm512_castsi512_si256(sb)) };
+                unsafe {
+                    _mm256_store_si256(
+                        masks.0.as_mut_ptr() as *mut __m256i,
+                        _mm512_castsi512_si256(sb),
+                    )
+                };
                 // 2ls + 1: bit 59 is the top sign-index bit, which or-ing 1 overwrites.
                 let s = _mm512_or_si512(_mm512_srli_epi64(qv, 59), one);
                 let s = _mm512_or_si512(s, _mm512_slli_epi64::<16>(s));
@@ -281,7 +300,9 @@ mod simd {
                 let mut isum = _mm512_setzero_si512();
                 for z in 0..4 {
                     // SAFETY: every index is a byte (< 256 rows of IQ2XXS_GRID).
-                    let g = unsafe { _mm512_i32gather_epi64::<8>(idx[z], IQ2XXS_GRID.as_ptr() as *const i64) };
+                    let g = unsafe {
+                        _mm512_i32gather_epi64::<8>(idx[z], IQ2XXS_GRID.as_ptr() as *const i64)
+                    };
                     let m: u64;
                     // SAFETY: reads masks.0[z] (in bounds), no other effect. Loading the mask
                     // straight from memory keeps it off port 5 (the compiler would otherwise
@@ -295,7 +316,8 @@ mod simd {
                         );
                     }
                     // SAFETY: q8.qs has 256 bytes; 64z + 64 <= 256.
-                    let x = unsafe { _mm512_loadu_si512(q8.qs.as_ptr().add(64 * z) as *const __m512i) };
+                    let x =
+                        unsafe { _mm512_loadu_si512(q8.qs.as_ptr().add(64 * z) as *const __m512i) };
                     let x = _mm512_mask_sub_epi8(x, m, _mm512_setzero_si512(), x);
                     let p = _mm512_maddubs_epi16(g, x);
                     let sc = _mm512_permutexvar_epi32(ctrl_scale[z], s);

@@ -44,7 +44,11 @@ impl Isa {
         static CHOSEN: OnceLock<Isa> = OnceLock::new();
         *CHOSEN.get_or_init(|| {
             let hw = Isa::hardware();
-            match std::env::var("SLUICE_ISA").ok().as_deref().and_then(Isa::parse) {
+            match std::env::var("SLUICE_ISA")
+                .ok()
+                .as_deref()
+                .and_then(Isa::parse)
+            {
                 Some(cap) => cap.min(hw),
                 None => hw,
             }
@@ -77,6 +81,9 @@ impl Isa {
 
     /// Every ISA this machine can run, lowest first (tests iterate these).
     pub fn available() -> Vec<Isa> {
-        [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|i| *i <= Isa::hardware()).collect()
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512]
+            .into_iter()
+            .filter(|i| *i <= Isa::hardware())
+            .collect()
     }
 }

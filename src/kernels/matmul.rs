@@ -23,9 +23,19 @@ pub struct WeightView<'a> {
 }
 
 impl<'a> WeightView<'a> {
-    pub fn new(dtype: DType, bytes: &'a [u8], rows: usize, cols: usize) -> Result<Self, KernelError> {
+    pub fn new(
+        dtype: DType,
+        bytes: &'a [u8],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self, KernelError> {
         check_len("weight matrix", dtype, rows * cols, bytes.len())?;
-        Ok(WeightView { dtype, bytes, rows, cols })
+        Ok(WeightView {
+            dtype,
+            bytes,
+            rows,
+            cols,
+        })
     }
 
     /// Bytes of one row.
@@ -55,16 +65,28 @@ pub fn matmul(
 ) -> Result<(), KernelError> {
     let k = kernels_for(w.dtype)?;
     if acts.cols() != w.cols {
-        return Err(KernelError::Shape(format!("activations have {} columns, weight has {}", acts.cols(), w.cols)));
+        return Err(KernelError::Shape(format!(
+            "activations have {} columns, weight has {}",
+            acts.cols(),
+            w.cols
+        )));
     }
     check_len("weight matrix", w.dtype, w.rows * w.cols, w.bytes.len())?;
     let t_rows = acts.rows();
     if y.len() != t_rows * w.rows {
-        return Err(KernelError::Shape(format!("output has {} elements, expected {}x{}", y.len(), t_rows, w.rows)));
+        return Err(KernelError::Shape(format!(
+            "output has {} elements, expected {}x{}",
+            y.len(),
+            t_rows,
+            w.rows
+        )));
     }
     acts.prepare(k.act);
     if !acts.is_prepared(k.act) {
-        return Err(KernelError::Shape(format!("{} columns cannot be prepared as {:?}", w.cols, k.act)));
+        return Err(KernelError::Shape(format!(
+            "{} columns cannot be prepared as {:?}",
+            w.cols, k.act
+        )));
     }
     let dot = dot_fn(w.dtype, isa)?;
     let acts = &*acts;

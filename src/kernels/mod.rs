@@ -72,9 +72,19 @@ pub enum KernelError {
     #[error("tensor type {0} is not supported by sluice's kernels")]
     Unsupported(DType),
     #[error("{what}: expected {expected} bytes for {elems} elements of {dtype}, got {got}")]
-    BadLength { what: &'static str, dtype: DType, elems: usize, expected: usize, got: usize },
+    BadLength {
+        what: &'static str,
+        dtype: DType,
+        elems: usize,
+        expected: usize,
+        got: usize,
+    },
     #[error("{dtype}: {elems} elements is not a whole number of {block}-element blocks")]
-    NotWholeBlocks { dtype: DType, elems: usize, block: usize },
+    NotWholeBlocks {
+        dtype: DType,
+        elems: usize,
+        block: usize,
+    },
     #[error("shape mismatch: {0}")]
     Shape(String),
 }
@@ -102,20 +112,39 @@ pub fn kernels_for(dtype: DType) -> Result<&'static TypeKernels, KernelError> {
 /// Types with kernels in this build, in a stable order (tests and benchmarks iterate this).
 pub fn supported_types() -> Vec<DType> {
     use DType::*;
-    [F32, F16, BF16, Q8_0, Q4_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, MXFP4]
-        .into_iter()
-        .filter(|t| kernels_for(*t).is_ok())
-        .collect()
+    [
+        F32, F16, BF16, Q8_0, Q4_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, MXFP4,
+    ]
+    .into_iter()
+    .filter(|t| kernels_for(*t).is_ok())
+    .collect()
 }
 
-fn check_len(what: &'static str, dtype: DType, elems: usize, got: usize) -> Result<(), KernelError> {
-    let (be, bb) = dtype.block_geometry().ok_or(KernelError::Unsupported(dtype))?;
+fn check_len(
+    what: &'static str,
+    dtype: DType,
+    elems: usize,
+    got: usize,
+) -> Result<(), KernelError> {
+    let (be, bb) = dtype
+        .block_geometry()
+        .ok_or(KernelError::Unsupported(dtype))?;
     if !elems.is_multiple_of(be) {
-        return Err(KernelError::NotWholeBlocks { dtype, elems, block: be });
+        return Err(KernelError::NotWholeBlocks {
+            dtype,
+            elems,
+            block: be,
+        });
     }
     let expected = elems / be * bb;
     if got != expected {
-        return Err(KernelError::BadLength { what, dtype, elems, expected, got });
+        return Err(KernelError::BadLength {
+            what,
+            dtype,
+            elems,
+            expected,
+            got,
+        });
     }
     Ok(())
 }
@@ -145,7 +174,10 @@ pub fn dot(dtype: DType, isa: Isa, w: &[u8], acts: &Acts, row: usize) -> Result<
     let k = kernels_for(dtype)?;
     check_len("dot", dtype, acts.cols(), w.len())?;
     if !acts.is_prepared(k.act) {
-        return Err(KernelError::Shape(format!("activations not prepared as {:?}", k.act)));
+        return Err(KernelError::Shape(format!(
+            "activations not prepared as {:?}",
+            k.act
+        )));
     }
     let f = dot_fn(dtype, isa)?;
     Ok(f(w, &acts.row(row)))

@@ -25,12 +25,19 @@ pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
 /// Half of the E8M0 scale 2^(e - 127), as gguf's `e8m0_to_fp32_half` builds it from bits.
 #[inline]
 fn e8m0_half(e: u8) -> f32 {
-    let bits = if e < 2 { 0x0020_0000u32 << e } else { ((e as u32) - 1) << 23 };
+    let bits = if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        ((e as u32) - 1) << 23
+    };
     f32::from_bits(bits)
 }
 
 fn dequant(blocks: &[u8], out: &mut [f32]) {
-    for (b, y) in blocks.chunks_exact(BLOCK_BYTES).zip(out.chunks_exact_mut(32)) {
+    for (b, y) in blocks
+        .chunks_exact(BLOCK_BYTES)
+        .zip(out.chunks_exact_mut(32))
+    {
         let d = e8m0_half(b[0]);
         let (lo, hi) = y.split_at_mut(16);
         for ((&q, ylo), yhi) in b[1..17].iter().zip(lo).zip(hi) {
@@ -61,10 +68,10 @@ mod simd {
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
+    use super::super::simd::x86::{hsum256, ld128, ld256};
     use super::super::tables::MXFP4_KVALUES;
     use super::super::{ActRow, BlockQ8_32, DotFn};
     use super::{e8m0_half, BLOCK_BYTES};
-    use super::super::simd::x86::{hsum256, ld128, ld256};
     use crate::kernels::Isa;
     use std::arch::x86_64::*;
 
@@ -90,7 +97,6 @@ mod simd {
         unsafe { dot_avx512_impl(w, a.q8_32) }
     }
 
-
     /// Integer element types whose bytes may be loaded into vectors as they are.
 
     /// The 16 kvalues as a vector (a `pshufb` table).
@@ -105,7 +111,10 @@ mod simd {
     fn codes(b: &[u8]) -> __m256i {
         let q = ld128(&b[1..17]);
         let m4 = _mm_set1_epi8(0x0f);
-        _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(q), m4), _mm_and_si128(q, m4))
+        _mm256_set_m128i(
+            _mm_and_si128(_mm_srli_epi16::<4>(q), m4),
+            _mm_and_si128(q, m4),
+        )
     }
 
     /// AVX2: one block (32 elements) per step: codes -> values with `pshufb`, signed x signed
@@ -121,7 +130,11 @@ mod simd {
             let x = ld256(&q8.qs);
             let p = _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(x, v));
             let isum = _mm256_madd_epi16(p, ones);
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(e8m0_half(b[0]) * q8.d), _mm256_cvtepi32_ps(isum), acc);
+            acc = _mm256_fmadd_ps(
+                _mm256_set1_ps(e8m0_half(b[0]) * q8.d),
+                _mm256_cvtepi32_ps(isum),
+                acc,
+            );
         }
         hsum256(acc)
     }
@@ -140,8 +153,10 @@ mod simd {
             let (b0, b1) = bb.split_at(BLOCK_BYTES);
             let c = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(codes(b0)), codes(b1));
             let v = _mm512_shuffle_epi8(kabs, c);
-            let x = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ld256(&qq[0].qs)), ld256(&qq[1].qs));
-            let x = _mm512_mask_sub_epi8(x, _mm512_test_epi8_mask(c, bit3), _mm512_setzero_si512(), x);
+            let x =
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ld256(&qq[0].qs)), ld256(&qq[1].qs));
+            let x =
+                _mm512_mask_sub_epi8(x, _mm512_test_epi8_mask(c, bit3), _mm512_setzero_si512(), x);
             let isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, x);
             let f0 = _mm512_set1_ps(e8m0_half(b0[0]) * qq[0].d);
             let f = _mm512_mask_mov_ps(f0, 0xff00, _mm512_set1_ps(e8m0_half(b1[0]) * qq[1].d));

@@ -25,7 +25,10 @@ pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
 });
 
 fn dequant(blocks: &[u8], out: &mut [f32]) {
-    for (b, y) in blocks.chunks_exact(BLOCK_BYTES).zip(out.chunks_exact_mut(256)) {
+    for (b, y) in blocks
+        .chunks_exact(BLOCK_BYTES)
+        .zip(out.chunks_exact_mut(256))
+    {
         let (scales, qs) = (&b[0..16], &b[16..80]);
         let d = f16_at(b, 80);
         let dmin = f16_at(b, 82);
@@ -72,9 +75,9 @@ mod simd {
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
+    use super::super::simd::x86::{hsum256, ld128, ld256, ld512};
     use super::super::{ActRow, BlockQ8K, DotFn};
     use super::BLOCK_BYTES;
-    use super::super::simd::x86::{hsum256, ld128, ld256, ld512};
     use crate::kernels::Isa;
     use std::arch::x86_64::*;
 
@@ -99,7 +102,6 @@ mod simd {
         // SAFETY: the CPU has AVX-512 F/BW/VNNI and AVX2/FMA/F16C (checked just above).
         unsafe { dot_avx512_impl(w, a.q8k) }
     }
-
 
     /// Integer element types whose bytes may be loaded into vectors as they are.
 
@@ -149,7 +151,12 @@ mod simd {
             let mut isum = _mm256_setzero_si256();
             for h in 0..2 {
                 let q = ld256(&b[16 + 32 * h..]);
-                let qj = [q, _mm256_srli_epi16::<2>(q), _mm256_srli_epi16::<4>(q), _mm256_srli_epi16::<6>(q)];
+                let qj = [
+                    q,
+                    _mm256_srli_epi16::<2>(q),
+                    _mm256_srli_epi16::<4>(q),
+                    _mm256_srli_epi16::<6>(q),
+                ];
                 for (j, qj) in qj.into_iter().enumerate() {
                     let x = ld256(&q8.qs[128 * h + 32 * j..]);
                     let p = _mm256_maddubs_epi16(_mm256_and_si256(qj, m2), x);
@@ -216,7 +223,10 @@ mod simd {
                     isum = _mm512_dpwssd_epi32(isum, p, _mm512_shuffle_epi8(sc, ctrl[2 * h + jj]));
                 }
             }
-            let isum = _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64::<1>(isum));
+            let isum = _mm256_add_epi32(
+                _mm512_castsi512_si256(isum),
+                _mm512_extracti64x4_epi64::<1>(isum),
+            );
             let (d, dmin) = d_dmin(b);
             acc = _mm256_fmadd_ps(_mm256_set1_ps(d * q8.d), _mm256_cvtepi32_ps(isum), acc);
             acc_m = _mm256_fmadd_ps(_mm256_set1_ps(dmin * q8.d), _mm256_cvtepi32_ps(summ), acc_m);

@@ -50,7 +50,10 @@ fn unpack_scales(s: &[u8]) -> [i8; 16] {
 }
 
 fn dequant(blocks: &[u8], out: &mut [f32]) {
-    for (b, y) in blocks.chunks_exact(BLOCK_BYTES).zip(out.chunks_exact_mut(256)) {
+    for (b, y) in blocks
+        .chunks_exact(BLOCK_BYTES)
+        .zip(out.chunks_exact_mut(256))
+    {
         let (hmask, qs) = (&b[0..32], &b[32..96]);
         let sc = unpack_scales(&b[96..108]);
         let d = f16_at(b, 108);
@@ -93,9 +96,9 @@ mod simd {
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
+    use super::super::simd::x86::{hsum256, ld256, ld512};
     use super::super::{ActRow, BlockQ8K, DotFn};
     use super::BLOCK_BYTES;
-    use super::super::simd::x86::{hsum256, ld256, ld512};
     use crate::kernels::Isa;
     use std::arch::x86_64::*;
 
@@ -123,9 +126,10 @@ mod simd {
 
     #[target_feature(enable = "avx2,fma,f16c")]
     fn f16_at(b: &[u8], at: usize) -> f32 {
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes([b[at], b[at + 1]]) as i32)))
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+            u16::from_le_bytes([b[at], b[at + 1]]) as i32,
+        )))
     }
-
 
     /// Integer element types whose bytes may be loaded into vectors as they are.
 
@@ -139,7 +143,10 @@ mod simd {
         let l = _mm_cvtsi64_si128(lo8 as i64);
         let m4 = _mm_set1_epi8(0x0f);
         // Bytes 0..8: low nibbles, 8..16: high nibbles.
-        let lo = _mm_unpacklo_epi64(_mm_and_si128(l, m4), _mm_and_si128(_mm_srli_epi16::<4>(l), m4));
+        let lo = _mm_unpacklo_epi64(
+            _mm_and_si128(l, m4),
+            _mm_and_si128(_mm_srli_epi16::<4>(l), m4),
+        );
         // Byte i: (hi4 byte i%4) >> 2(i/4), low 2 bits.
         let h = _mm_srlv_epi32(_mm_set1_epi32(hi4 as i32), _mm_setr_epi32(0, 2, 4, 6));
         let hi = _mm_slli_epi16::<4>(_mm_and_si128(h, _mm_set1_epi8(0x03)));
@@ -185,18 +192,31 @@ mod simd {
             let mut isum = _mm256_setzero_si256();
             for (h, half) in halves.iter().enumerate() {
                 let q = ld256(&b[32 + 32 * h..]);
-                let qj = [q, _mm256_srli_epi16::<2>(q), _mm256_srli_epi16::<4>(q), _mm256_srli_epi16::<6>(q)];
+                let qj = [
+                    q,
+                    _mm256_srli_epi16::<2>(q),
+                    _mm256_srli_epi16::<4>(q),
+                    _mm256_srli_epi16::<6>(q),
+                ];
                 for (j, qj) in qj.into_iter().enumerate() {
                     let bit = _mm256_set1_epi8(1 << (4 * h + j));
-                    let high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), four);
+                    let high =
+                        _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), four);
                     let u = _mm256_or_si256(_mm256_and_si256(qj, m2), high);
                     let x = ld256(&q8.qs[128 * h + 32 * j..]);
                     let p = _mm256_maddubs_epi16(u, x);
-                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, _mm256_shuffle_epi8(*half, ctrl[j])));
+                    isum = _mm256_add_epi32(
+                        isum,
+                        _mm256_madd_epi16(p, _mm256_shuffle_epi8(*half, ctrl[j])),
+                    );
                 }
             }
             let isum = _mm256_sub_epi32(isum, _mm256_slli_epi32::<2>(corr));
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b, 108) * q8.d), _mm256_cvtepi32_ps(isum), acc);
+            acc = _mm256_fmadd_ps(
+                _mm256_set1_ps(f16_at(b, 108) * q8.d),
+                _mm256_cvtepi32_ps(isum),
+                acc,
+            );
         }
         hsum256(acc)
     }
@@ -214,12 +234,16 @@ mod simd {
         ];
         // Step t = 2h + jj: hmask bits 2t (low half) and 2t + 1 (high half).
         let bits: [__m512i; 4] = std::array::from_fn(|t| {
-            _mm512_inserti64x4::<1>(_mm512_set1_epi8(1 << (2 * t)), _mm256_set1_epi8((1u8 << (2 * t + 1)) as i8))
+            _mm512_inserti64x4::<1>(
+                _mm512_set1_epi8(1 << (2 * t)),
+                _mm256_set1_epi8((1u8 << (2 * t + 1)) as i8),
+            )
         });
         // Within a half's 8 scale words (broadcast to every lane): lane k of step jj <- word
         // 4jj + k.
         let sctrl: [__m512i; 2] = std::array::from_fn(|jj| {
-            let w = |k: i64| (8 * jj as i64 + 2 * k) * 0x0101_0101_0101_0101 + 0x0100_0100_0100_0100;
+            let w =
+                |k: i64| (8 * jj as i64 + 2 * k) * 0x0101_0101_0101_0101 + 0x0100_0100_0100_0100;
             _mm512_set_epi64(w(3), w(3), w(2), w(2), w(1), w(1), w(0), w(0))
         });
         let mut acc = _mm256_setzero_ps();
@@ -240,15 +264,23 @@ mod simd {
                 for jj in 0..2 {
                     let t = 2 * h + jj;
                     let low = _mm512_and_si512(_mm512_srlv_epi16(q, shifts[jj]), m2);
-                    let u = _mm512_mask_add_epi8(low, _mm512_test_epi8_mask(hm, bits[t]), low, four);
+                    let u =
+                        _mm512_mask_add_epi8(low, _mm512_test_epi8_mask(hm, bits[t]), low, four);
                     let x = ld512(&q8.qs[64 * t..]);
                     let p = _mm512_maddubs_epi16(u, x);
                     isum = _mm512_dpwssd_epi32(isum, p, _mm512_shuffle_epi8(*half, sctrl[jj]));
                 }
             }
-            let isum = _mm256_add_epi32(_mm512_castsi512_si256(isum), _mm512_extracti64x4_epi64::<1>(isum));
+            let isum = _mm256_add_epi32(
+                _mm512_castsi512_si256(isum),
+                _mm512_extracti64x4_epi64::<1>(isum),
+            );
             let isum = _mm256_sub_epi32(isum, _mm256_slli_epi32::<2>(corr));
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b, 108) * q8.d), _mm256_cvtepi32_ps(isum), acc);
+            acc = _mm256_fmadd_ps(
+                _mm256_set1_ps(f16_at(b, 108) * q8.d),
+                _mm256_cvtepi32_ps(isum),
+                acc,
+            );
         }
         hsum256(acc)
     }

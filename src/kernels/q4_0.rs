@@ -26,7 +26,12 @@ const BB: usize = 18;
 
 #[inline]
 fn nibble(qs: &[u8], i: usize) -> i32 {
-    (if i < 16 { qs[i] & 0x0F } else { qs[i - 16] >> 4 }) as i32 - 8
+    (if i < 16 {
+        qs[i] & 0x0F
+    } else {
+        qs[i - 16] >> 4
+    }) as i32
+        - 8
 }
 
 fn dequant(b: &[u8], out: &mut [f32]) {
@@ -134,7 +139,16 @@ mod x86 {
         }
         o
     }
-    static PAIR: [[i32; 16]; 8] = [pair(0), pair(1), pair(2), pair(3), pair(4), pair(5), pair(6), pair(7)];
+    static PAIR: [[i32; 16]; 8] = [
+        pair(0),
+        pair(1),
+        pair(2),
+        pair(3),
+        pair(4),
+        pair(5),
+        pair(6),
+        pair(7),
+    ];
 
     /// Integer dot of blocks `b0`, `b0 + BB` with `a0`, `a0 + 1`: 8 i32 lanes per block,
     /// sum(nibble * a) - 8 * sum(a), both with VNNI `dpbusd`.
@@ -148,14 +162,20 @@ mod x86 {
             1,
         );
         let z = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
-        let qw = _mm512_and_si512(_mm512_shuffle_i64x2(z, z, 0b11_01_10_00), _mm512_set1_epi8(0x0F));
+        let qw = _mm512_and_si512(
+            _mm512_shuffle_i64x2(z, z, 0b11_01_10_00),
+            _mm512_set1_epi8(0x0F),
+        );
         let qa = _mm512_inserti64x4(
             _mm512_castsi256_si512(_mm256_loadu_si256((*a0).qs.as_ptr() as *const __m256i)),
             _mm256_loadu_si256((*a0.add(1)).qs.as_ptr() as *const __m256i),
             1,
         );
         let zero = _mm512_setzero_si512();
-        _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, qw, qa), _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(8), qa))
+        _mm512_sub_epi32(
+            _mm512_dpbusd_epi32(zero, qw, qa),
+            _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(8), qa),
+        )
     }
 
     /// Two blocks per 512-bit register (`pair_dot`), scales of 16 blocks at a time (gathered,
@@ -175,12 +195,16 @@ mod x86 {
             let a0 = a.add(i);
             prefetch(b0, pf, 16 * BB);
             // Each gathered i32 starts at a block: its low 16 bits are the f16 `d`.
-            let dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32::<1>(w_offs, b0 as *const _)));
+            let dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32::<1>(
+                w_offs,
+                b0 as *const _,
+            )));
             let da = _mm512_i32gather_ps::<1>(a_offs, a0 as *const _);
             let dv = _mm512_mul_ps(dw, da);
             for (k, pair) in PAIR.iter().enumerate() {
                 let p = pair_dot(b0.add(2 * k * BB), a0.add(2 * k));
-                let d = _mm512_permutexvar_ps(_mm512_loadu_si512(pair.as_ptr() as *const __m512i), dv);
+                let d =
+                    _mm512_permutexvar_ps(_mm512_loadu_si512(pair.as_ptr() as *const __m512i), dv);
                 acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc);
             }
             i += 16;

@@ -55,7 +55,10 @@ pub(super) fn scales_mins_u64(s: &[u8]) -> (u64, u64) {
     let sc_hi = (c & LOW4) | (((a >> 6) & TOP2) << 4);
     let m_lo = b & LOW6;
     let m_hi = ((c >> 4) & LOW4) | (((b >> 6) & TOP2) << 4);
-    (sc_lo as u64 | (sc_hi as u64) << 32, m_lo as u64 | (m_hi as u64) << 32)
+    (
+        sc_lo as u64 | (sc_hi as u64) << 32,
+        m_lo as u64 | (m_hi as u64) << 32,
+    )
 }
 
 fn dequant(b: &[u8], out: &mut [f32]) {
@@ -87,7 +90,11 @@ fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
             let q = &qs[32 * (j / 2)..32 * (j / 2) + 32];
             let shift = 4 * (j % 2);
             let x = &ab.qs[32 * j..32 * j + 32];
-            let s: i32 = q.iter().zip(x).map(|(&q, &x)| ((q >> shift) & 0x0F) as i32 * x as i32).sum();
+            let s: i32 = q
+                .iter()
+                .zip(x)
+                .map(|(&q, &x)| ((q >> shift) & 0x0F) as i32 * x as i32)
+                .sum();
             isum += sc[j] as i32 * s;
             msum += m[j] as i32 * (ab.bsums[2 * j] as i32 + ab.bsums[2 * j + 1] as i32);
         }
@@ -150,8 +157,16 @@ pub(super) mod x86 {
         }
         c
     }
-    static BCAST: [[u8; 32]; 8] =
-        [bcast16(0), bcast16(1), bcast16(2), bcast16(3), bcast16(4), bcast16(5), bcast16(6), bcast16(7)];
+    static BCAST: [[u8; 32]; 8] = [
+        bcast16(0),
+        bcast16(1),
+        bcast16(2),
+        bcast16(3),
+        bcast16(4),
+        bcast16(5),
+        bcast16(6),
+        bcast16(7),
+    ];
 
     /// # Safety
     /// AVX2+FMA+F16C; `w` valid for `nb` blocks, `a` for `nb` activation blocks.
@@ -181,8 +196,14 @@ pub(super) mod x86 {
                 let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
                 let x0 = _mm256_loadu_si256(x.add(64 * j) as *const __m256i);
                 let x1 = _mm256_loadu_si256(x.add(64 * j + 32) as *const __m256i);
-                let s0 = _mm256_shuffle_epi8(sc, _mm256_loadu_si256(BCAST[2 * j].as_ptr() as *const __m256i));
-                let s1 = _mm256_shuffle_epi8(sc, _mm256_loadu_si256(BCAST[2 * j + 1].as_ptr() as *const __m256i));
+                let s0 = _mm256_shuffle_epi8(
+                    sc,
+                    _mm256_loadu_si256(BCAST[2 * j].as_ptr() as *const __m256i),
+                );
+                let s1 = _mm256_shuffle_epi8(
+                    sc,
+                    _mm256_loadu_si256(BCAST[2 * j + 1].as_ptr() as *const __m256i),
+                );
                 // nibble (<= 15) x a (|a| <= 127), pairs summed: no i16 saturation.
                 let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), s0);
                 let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), s1);
@@ -223,7 +244,8 @@ pub(super) mod x86 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     unsafe fn avx512(w: *const u8, a: *const BlockQ8K, nb: usize) -> f32 {
         let m4 = _mm512_set1_epi8(0x0F);
-        let idx: [__m512i; 2] = std::array::from_fn(|k| _mm512_loadu_si512(PACKED[k].as_ptr() as *const __m512i));
+        let idx: [__m512i; 2] =
+            std::array::from_fn(|k| _mm512_loadu_si512(PACKED[k].as_ptr() as *const __m512i));
         let min_dup = _mm256_loadu_si256(MIN_DUP.as_ptr() as *const __m256i);
         let zero = _mm512_setzero_si512();
         let mut acc = _mm512_setzero_ps();
@@ -238,7 +260,11 @@ pub(super) mod x86 {
             let sm = scales_mins16(b);
             let bs = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
             let mins = _mm256_madd_epi16(bs, _mm256_permutexvar_epi16(min_dup, sm));
-            accm = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), _mm256_cvtepi32_ps(mins), accm);
+            accm = _mm256_fmadd_ps(
+                _mm256_broadcastss_ps(_mm_movehdup_ps(dd)),
+                _mm256_cvtepi32_ps(mins),
+                accm,
+            );
             let sc = _mm512_castsi256_si512(sm);
             let qs = b.add(16);
             let x = ab.qs.as_ptr();

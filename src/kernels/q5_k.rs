@@ -100,8 +100,6 @@ mod x86 {
         unsafe { avx512(w.as_ptr(), a.q8k.as_ptr(), nb) }
     }
 
-
-
     /// # Safety
     /// AVX2+FMA+F16C; `w` valid for `nb` blocks, `a` for `nb` activation blocks.
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -189,9 +187,11 @@ mod x86 {
     unsafe fn avx512(w: *const u8, a: *const BlockQ8K, nb: usize) -> f32 {
         let m4 = _mm512_set1_epi8(0x0F);
         let sixteen = _mm512_set1_epi8(0x10);
-        let idx: [__m512i; 2] = std::array::from_fn(|k| _mm512_loadu_si512(PACKED[k].as_ptr() as *const __m512i));
+        let idx: [__m512i; 2] =
+            std::array::from_fn(|k| _mm512_loadu_si512(PACKED[k].as_ptr() as *const __m512i));
         let zero = _mm512_setzero_si512();
-        let bits: [__m512i; 4] = std::array::from_fn(|k| _mm512_loadu_si512(BITS[k].as_ptr() as *const __m512i));
+        let bits: [__m512i; 4] =
+            std::array::from_fn(|k| _mm512_loadu_si512(BITS[k].as_ptr() as *const __m512i));
         let min_dup = _mm256_loadu_si256(MIN_DUP.as_ptr() as *const __m256i);
         let mut acc = _mm512_setzero_ps();
         let mut accm = _mm256_setzero_ps();
@@ -205,7 +205,11 @@ mod x86 {
             let sm = scales_mins16(b);
             let bs = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
             let mins = _mm256_madd_epi16(bs, _mm256_permutexvar_epi16(min_dup, sm));
-            accm = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), _mm256_cvtepi32_ps(mins), accm);
+            accm = _mm256_fmadd_ps(
+                _mm256_broadcastss_ps(_mm_movehdup_ps(dd)),
+                _mm256_cvtepi32_ps(mins),
+                accm,
+            );
             let sc = _mm512_castsi256_si512(sm);
             let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(16) as *const __m256i));
             let qs = b.add(48);
@@ -215,8 +219,14 @@ mod x86 {
                 let q = _mm512_loadu_si512(qs.add(64 * h) as *const __m512i);
                 let lo = _mm512_and_si512(q, m4);
                 let hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-                let lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(qh, bits[2 * h]), lo, sixteen);
-                let hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(qh, bits[2 * h + 1]), hi, sixteen);
+                let lo =
+                    _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(qh, bits[2 * h]), lo, sixteen);
+                let hi = _mm512_mask_add_epi8(
+                    hi,
+                    _mm512_test_epi8_mask(qh, bits[2 * h + 1]),
+                    hi,
+                    sixteen,
+                );
                 let x0 = _mm512_loadu_si512(x.add(128 * h) as *const __m512i);
                 let x1 = _mm512_loadu_si512(x.add(128 * h + 64) as *const __m512i);
                 let plo = _mm512_dpbusd_epi32(zero, lo, _mm512_shuffle_i64x2(x0, x1, 0x44));

@@ -33,7 +33,11 @@ const BB: usize = 210;
 fn code(blk: &[u8], i: usize) -> i32 {
     let (h, e) = (i / 128, i % 128);
     let ql = &blk[64 * h..];
-    let lo = if e < 64 { ql[e] & 0x0F } else { ql[e - 64] >> 4 };
+    let lo = if e < 64 {
+        ql[e] & 0x0F
+    } else {
+        ql[e - 64] >> 4
+    };
     let hi = (blk[128 + 32 * h + e % 32] >> (2 * (e / 32))) & 3;
     (lo | (hi << 4)) as i32
 }
@@ -56,7 +60,10 @@ fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
         // Codes of the block in element order, then 16 exact integer group sums.
         let mut q = [0i8; 256];
         for h in 0..2 {
-            let (ql, qh) = (&blk[64 * h..64 * h + 64], &blk[128 + 32 * h..128 + 32 * h + 32]);
+            let (ql, qh) = (
+                &blk[64 * h..64 * h + 64],
+                &blk[128 + 32 * h..128 + 32 * h + 32],
+            );
             let out = &mut q[128 * h..128 * h + 128];
             for l in 0..32 {
                 let hb = qh[l];
@@ -113,8 +120,16 @@ mod x86 {
         }
         c
     }
-    static SEL: [[u8; 16]; 8] =
-        [pair_sel(0), pair_sel(2), pair_sel(4), pair_sel(6), pair_sel(8), pair_sel(10), pair_sel(12), pair_sel(14)];
+    static SEL: [[u8; 16]; 8] = [
+        pair_sel(0),
+        pair_sel(2),
+        pair_sel(4),
+        pair_sel(6),
+        pair_sel(8),
+        pair_sel(10),
+        pair_sel(12),
+        pair_sel(14),
+    ];
 
     /// 32 codes (0..64) per register: four per half, `maddubs` against the activations (codes
     /// <= 63, |a| <= 127: no i16 saturation), `madd` with the i16 scales of the two 16-element
@@ -142,19 +157,30 @@ mod x86 {
                 let ql1 = _mm256_loadu_si256(b.add(64 * h + 32) as *const __m256i);
                 let qh = _mm256_loadu_si256(b.add(128 + 32 * h) as *const __m256i);
                 let q = [
-                    _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)),
-                    _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m30)),
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql0, m4),
+                        _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql1, m4),
+                        _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                        _mm256_and_si256(qh, m30),
+                    ),
                     _mm256_or_si256(
                         _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
                         _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30),
                     ),
                 ];
                 for (k, q) in q.iter().enumerate() {
-                    let x = _mm256_loadu_si256(ab.qs.as_ptr().add(128 * h + 32 * k) as *const __m256i);
+                    let x =
+                        _mm256_loadu_si256(ab.qs.as_ptr().add(128 * h + 32 * k) as *const __m256i);
                     let sel = _mm_loadu_si128(SEL[4 * h + k].as_ptr() as *const __m128i);
                     let s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, sel));
-                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(*q, x), s));
+                    sumi =
+                        _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(*q, x), s));
                 }
             }
             let sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(offset, 5));
@@ -193,7 +219,8 @@ mod x86 {
         // Codes 0..32 need qh << 4, 32..64 qh << 2; codes 64..96 qh >> 0, 96..128 qh >> 2.
         let shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
         let shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
-        let idx: [__m512i; 2] = std::array::from_fn(|k| _mm512_loadu_si512(PACKED[k].as_ptr() as *const __m512i));
+        let idx: [__m512i; 2] =
+            std::array::from_fn(|k| _mm512_loadu_si512(PACKED[k].as_ptr() as *const __m512i));
         let zero = _mm512_setzero_si512();
         let mut acc = _mm512_setzero_ps();
         let mut acc_off = _mm256_setzero_ps();
@@ -212,14 +239,24 @@ mod x86 {
             let mut sumi = _mm512_setzero_si512();
             for (h, ix) in idx.iter().enumerate() {
                 let ql = _mm512_loadu_si512(b.add(64 * h) as *const __m512i);
-                let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(128 + 32 * h) as *const __m256i));
+                let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                    b.add(128 + 32 * h) as *const __m256i
+                ));
                 // lo | (high bits & 0x30), fused: ternary logic A | (B & C) = 0xF8.
-                let lo = _mm512_ternarylogic_epi32(_mm512_and_si512(ql, m4), _mm512_sllv_epi16(qh, shl), m30, 0xF8);
+                let lo = _mm512_ternarylogic_epi32(
+                    _mm512_and_si512(ql, m4),
+                    _mm512_sllv_epi16(qh, shl),
+                    m30,
+                    0xF8,
+                );
                 let qlh = _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4);
                 let hi = _mm512_ternarylogic_epi32(qlh, _mm512_srlv_epi16(qh, shr), m30, 0xF8);
                 let x0 = _mm512_loadu_si512(x.add(128 * h) as *const __m512i);
                 let x1 = _mm512_loadu_si512(x.add(128 * h + 64) as *const __m512i);
-                let p = _mm512_packs_epi32(_mm512_dpbusd_epi32(zero, lo, x0), _mm512_dpbusd_epi32(zero, hi, x1));
+                let p = _mm512_packs_epi32(
+                    _mm512_dpbusd_epi32(zero, lo, x0),
+                    _mm512_dpbusd_epi32(zero, hi, x1),
+                );
                 sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_permutexvar_epi16(*ix, sc));
             }
             acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);

@@ -36,7 +36,11 @@ fn dequant(b: &[u8], out: &mut [f32]) {
 fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
     let mut sum = 0.0f32;
     for (blk, ab) in w.chunks_exact(BB).zip(a.q8_32) {
-        let sumi: i32 = blk[2..].iter().zip(&ab.qs).map(|(&q, &x)| (q as i8) as i32 * x as i32).sum();
+        let sumi: i32 = blk[2..]
+            .iter()
+            .zip(&ab.qs)
+            .map(|(&q, &x)| (q as i8) as i32 * x as i32)
+            .sum();
         sum += sumi as f32 * (f16_le(blk) * ab.d);
     }
     sum
@@ -119,7 +123,16 @@ mod x86 {
         }
         o
     }
-    static PAIR: [[i32; 16]; 8] = [pair(0), pair(1), pair(2), pair(3), pair(4), pair(5), pair(6), pair(7)];
+    static PAIR: [[i32; 16]; 8] = [
+        pair(0),
+        pair(1),
+        pair(2),
+        pair(3),
+        pair(4),
+        pair(5),
+        pair(6),
+        pair(7),
+    ];
 
     /// Integer dot of blocks `b0` and `b0 + BB` with `a0`, `a0 + 1`: 8 i32 lanes per block.
     #[inline(always)]
@@ -157,12 +170,16 @@ mod x86 {
             let a0 = a.add(i);
             prefetch(b0, pf, 16 * BB);
             // Each gathered i32 starts at a block: its low 16 bits are the f16 `d`.
-            let dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32::<1>(w_offs, b0 as *const _)));
+            let dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32::<1>(
+                w_offs,
+                b0 as *const _,
+            )));
             let da = _mm512_i32gather_ps::<1>(a_offs, a0 as *const _);
             let dv = _mm512_mul_ps(dw, da);
             for (k, pair) in PAIR.iter().enumerate() {
                 let p = pair_dot(b0.add(2 * k * BB), a0.add(2 * k));
-                let d = _mm512_permutexvar_ps(_mm512_loadu_si512(pair.as_ptr() as *const __m512i), dv);
+                let d =
+                    _mm512_permutexvar_ps(_mm512_loadu_si512(pair.as_ptr() as *const __m512i), dv);
                 acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc);
             }
             i += 16;

@@ -6,12 +6,22 @@ use crate::dtype::DType;
 /// Encode `x` (whole blocks) as `dtype`, appending to `out`. Supports F32, F16, BF16, Q8_0, Q4_K.
 pub fn quantize(dtype: DType, x: &[f32], out: &mut Vec<u8>) -> Result<(), super::KernelError> {
     match dtype {
-        DType::F32 => x.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
-        DType::F16 => x.iter().for_each(|v| out.extend_from_slice(&half::f16::from_f32(*v).to_bits().to_le_bytes())),
-        DType::BF16 => x.iter().for_each(|v| out.extend_from_slice(&half::bf16::from_f32(*v).to_bits().to_le_bytes())),
+        DType::F32 => x
+            .iter()
+            .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+        DType::F16 => x
+            .iter()
+            .for_each(|v| out.extend_from_slice(&half::f16::from_f32(*v).to_bits().to_le_bytes())),
+        DType::BF16 => x
+            .iter()
+            .for_each(|v| out.extend_from_slice(&half::bf16::from_f32(*v).to_bits().to_le_bytes())),
         DType::Q8_0 => {
             if !x.len().is_multiple_of(32) {
-                return Err(super::KernelError::NotWholeBlocks { dtype, elems: x.len(), block: 32 });
+                return Err(super::KernelError::NotWholeBlocks {
+                    dtype,
+                    elems: x.len(),
+                    block: 32,
+                });
             }
             for b in x.chunks_exact(32) {
                 // As ggml's reference quantizer: d = max|x|/127, q = round(x/d), d stored as f16.
@@ -24,9 +34,14 @@ pub fn quantize(dtype: DType, x: &[f32], out: &mut Vec<u8>) -> Result<(), super:
         }
         DType::Q4_K => {
             if x.len() % 256 != 0 {
-                return Err(super::KernelError::NotWholeBlocks { dtype, elems: x.len(), block: 256 });
+                return Err(super::KernelError::NotWholeBlocks {
+                    dtype,
+                    elems: x.len(),
+                    block: 256,
+                });
             }
-            x.chunks_exact(256).for_each(|b| quantize_q4_k_block(b, out));
+            x.chunks_exact(256)
+                .for_each(|b| quantize_q4_k_block(b, out));
         }
         other => return Err(super::KernelError::Unsupported(other)),
     }
@@ -53,8 +68,16 @@ fn quantize_q4_k_block(x: &[f32], out: &mut Vec<u8>) {
     let mut sc = [0u8; 8];
     let mut mn = [0u8; 8];
     for j in 0..8 {
-        sc[j] = if df > 0.0 { (scale[j] / df).round().clamp(0.0, 63.0) as u8 } else { 0 };
-        mn[j] = if dminf > 0.0 { (minv[j] / dminf).round().clamp(0.0, 63.0) as u8 } else { 0 };
+        sc[j] = if df > 0.0 {
+            (scale[j] / df).round().clamp(0.0, 63.0) as u8
+        } else {
+            0
+        };
+        mn[j] = if dminf > 0.0 {
+            (minv[j] / dminf).round().clamp(0.0, 63.0) as u8
+        } else {
+            0
+        };
     }
     out.extend_from_slice(&d.to_bits().to_le_bytes());
     out.extend_from_slice(&dmin.to_bits().to_le_bytes());
@@ -93,7 +116,9 @@ mod tests {
         let mut s = 12345u64;
         let x: Vec<f32> = (0..1024)
             .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2
             })
             .collect();
@@ -103,9 +128,18 @@ mod tests {
         let mut y = vec![0f32; x.len()];
         crate::kernels::dequantize(DType::Q4_K, &enc, &mut y).unwrap();
         let rms = (x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32).sqrt();
-        let err = (x.iter().zip(&y).map(|(a, b)| (a - b) * (a - b)).sum::<f32>() / x.len() as f32).sqrt();
+        let err = (x
+            .iter()
+            .zip(&y)
+            .map(|(a, b)| (a - b) * (a - b))
+            .sum::<f32>()
+            / x.len() as f32)
+            .sqrt();
         assert!(err < 0.1 * rms, "rms error {err} vs rms {rms}");
-        let worst = x.iter().zip(&y).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        let worst = x
+            .iter()
+            .zip(&y)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
         assert!(worst < 0.2 / 15.0 * 1.5, "worst {worst}");
     }
 }

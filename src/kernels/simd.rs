@@ -56,7 +56,10 @@ pub fn prefetch_distance() -> usize {
     if d != usize::MAX {
         return d;
     }
-    let d = std::env::var("SLUICE_PREFETCH").ok().and_then(|s| s.parse().ok()).unwrap_or(DEFAULT_PREFETCH);
+    let d = std::env::var("SLUICE_PREFETCH")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(DEFAULT_PREFETCH);
     PREFETCH.store(d, Ordering::Relaxed);
     d
 }

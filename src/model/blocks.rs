@@ -98,12 +98,23 @@ pub struct Rope {
 /// (f32 arithmetic; YaRN per `_compute_yarn_parameters`), and the cos/sin scale.
 pub fn rope_inv_freq(dim: usize, theta: f64, scaling: RopeScaling) -> (Vec<f32>, f32) {
     let half = dim / 2;
-    let pos_freqs: Vec<f32> = (0..half).map(|i| (theta as f32).powf((2 * i) as f32 / dim as f32)).collect();
+    let pos_freqs: Vec<f32> = (0..half)
+        .map(|i| (theta as f32).powf((2 * i) as f32 / dim as f32))
+        .collect();
     match scaling {
         RopeScaling::None => (pos_freqs.iter().map(|p| 1.0 / p).collect(), 1.0),
         RopeScaling::Linear(f) => (pos_freqs.iter().map(|p| 1.0 / p / f as f32).collect(), 1.0),
-        RopeScaling::Yarn { factor, orig_ctx, beta_fast, beta_slow, attention_factor } => {
-            let corr = |rot: f64| (dim as f64 * (orig_ctx / (rot * 2.0 * std::f64::consts::PI)).ln()) / (2.0 * theta.ln());
+        RopeScaling::Yarn {
+            factor,
+            orig_ctx,
+            beta_fast,
+            beta_slow,
+            attention_factor,
+        } => {
+            let corr = |rot: f64| {
+                (dim as f64 * (orig_ctx / (rot * 2.0 * std::f64::consts::PI)).ln())
+                    / (2.0 * theta.ln())
+            };
             let low = corr(beta_fast).floor().max(0.0);
             let mut high = corr(beta_slow).ceil().min(dim as f64 - 1.0);
             if low == high {
@@ -113,7 +124,8 @@ pub fn rope_inv_freq(dim: usize, theta: f64, scaling: RopeScaling) -> (Vec<f32>,
                 .iter()
                 .enumerate()
                 .map(|(i, p)| {
-                    let ramp = ((i as f32 - low as f32) / (high as f32 - low as f32)).clamp(0.0, 1.0);
+                    let ramp =
+                        ((i as f32 - low as f32) / (high as f32 - low as f32)).clamp(0.0, 1.0);
                     let extra = 1.0 - ramp; // extrapolation weight
                     let (fe, fi) = (1.0 / p, 1.0 / (factor as f32 * p));
                     fi * (1.0 - extra) + fe * extra
@@ -126,7 +138,13 @@ pub fn rope_inv_freq(dim: usize, theta: f64, scaling: RopeScaling) -> (Vec<f32>,
 
 impl Rope {
     /// Tables for `dim` rotating dimensions: angle = pos * inv_freq in f32, as HF computes it.
-    pub fn new(dim: usize, ctx: usize, theta: f64, scaling: RopeScaling, layout: RopeLayout) -> Rope {
+    pub fn new(
+        dim: usize,
+        ctx: usize,
+        theta: f64,
+        scaling: RopeScaling,
+        layout: RopeLayout,
+    ) -> Rope {
         let half = dim / 2;
         let (inv_freq, mscale) = rope_inv_freq(dim, theta, scaling);
         let mut cos = Vec::with_capacity(ctx * half);
@@ -138,7 +156,12 @@ impl Rope {
                 sin.push(a.sin() * mscale);
             }
         }
-        Rope { layout, half, cos, sin }
+        Rope {
+            layout,
+            half,
+            cos,
+            sin,
+        }
     }
 
     pub fn ctx(&self) -> usize {
@@ -197,7 +220,15 @@ mod tests {
         let b = Rope::new(d, 4, 10000.0, RopeScaling::None, RopeLayout::HalfSplit);
         let x: Vec<f32> = (0..d).map(|i| i as f32 * 0.3 - 1.0).collect();
         let mut xi = x.clone();
-        let mut xh: Vec<f32> = (0..d).map(|i| if i < d / 2 { x[2 * i] } else { x[2 * (i - d / 2) + 1] }).collect();
+        let mut xh: Vec<f32> = (0..d)
+            .map(|i| {
+                if i < d / 2 {
+                    x[2 * i]
+                } else {
+                    x[2 * (i - d / 2) + 1]
+                }
+            })
+            .collect();
         a.apply(&mut xi, 3);
         b.apply(&mut xh, 3);
         for i in 0..d / 2 {

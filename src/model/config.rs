@@ -50,7 +50,13 @@ pub enum RopeScaling {
     Linear(f64),
     /// YaRN (as transformers' `_compute_yarn_parameters`): frequencies blended between
     /// interpolation and extrapolation; cos/sin scaled by `attention_factor`.
-    Yarn { factor: f64, orig_ctx: f64, beta_fast: f64, beta_slow: f64, attention_factor: f64 },
+    Yarn {
+        factor: f64,
+        orig_ctx: f64,
+        beta_fast: f64,
+        beta_slow: f64,
+        attention_factor: f64,
+    },
 }
 
 /// Where the q/k RMSNorm applies, if the family has one.
@@ -70,7 +76,13 @@ pub enum AttnKind {
     Gqa,
     /// Multi-head latent attention: the cache holds `kv_lora` latent + `rope` key values per
     /// token; decode runs in latent space (up-projections folded into q and the output).
-    Mla { q_lora: Option<usize>, kv_lora: usize, nope: usize, rope: usize, v_dim: usize },
+    Mla {
+        q_lora: Option<usize>,
+        kv_lora: usize,
+        nope: usize,
+        rope: usize,
+        v_dim: usize,
+    },
 }
 
 /// How router logits become expert choices and weights.
@@ -159,7 +171,12 @@ impl ModelConfig {
             get(k)
                 .and_then(MetaValue::as_u64)
                 .map(|v| v as usize)
-                .ok_or_else(|| ModelError::Config(format!("GGUF metadata {} is missing or not an integer", key(k))))
+                .ok_or_else(|| {
+                    ModelError::Config(format!(
+                        "GGUF metadata {} is missing or not an integer",
+                        key(k)
+                    ))
+                })
         };
         let opt_u = |k: &str| get(k).and_then(MetaValue::as_u64).map(|v| v as usize);
         let opt_f = |k: &str| get(k).and_then(MetaValue::as_f64);
@@ -189,7 +206,12 @@ impl ModelConfig {
                 .tensor("token_embd.weight")
                 .and_then(|t| t.shape.first().copied())
                 .map(|v| v as usize)
-                .ok_or_else(|| ModelError::Config("cannot tell the vocabulary size: no vocab_size and no token_embd.weight".into()))?,
+                .ok_or_else(|| {
+                    ModelError::Config(
+                        "cannot tell the vocabulary size: no vocab_size and no token_embd.weight"
+                            .into(),
+                    )
+                })?,
         };
         let expert_ffn = match opt_u("expert_feed_forward_length") {
             Some(v) => v,
@@ -197,7 +219,9 @@ impl ModelConfig {
         };
         let n_mtp_layers = opt_u("nextn_predict_layers").unwrap_or(0);
         let n_layers = req_u("block_count")?.saturating_sub(n_mtp_layers);
-        let scaling = get("rope.scaling.type").and_then(MetaValue::as_str).unwrap_or("none");
+        let scaling = get("rope.scaling.type")
+            .and_then(MetaValue::as_str)
+            .unwrap_or("none");
         let factor = opt_f("rope.scaling.factor").unwrap_or(1.0);
         let rope_scaling = match scaling {
             "none" => RopeScaling::None,
@@ -210,7 +234,12 @@ impl ModelConfig {
                 // llama.cpp keeps mscale == mscale_all_dim for DeepSeek: cos/sin unscaled.
                 attention_factor: 1.0,
             },
-            other => return Err(ModelError::Config(format!("{}: rope scaling {other:?} is not supported for {arch}", key("rope.scaling.type")))),
+            other => {
+                return Err(ModelError::Config(format!(
+                    "{}: rope scaling {other:?} is not supported for {arch}",
+                    key("rope.scaling.type")
+                )))
+            }
         };
         let mut attn = AttnKind::Gqa;
         let mut rotary_dim = opt_u("rope.dimension_count").unwrap_or(head_dim);
@@ -221,16 +250,26 @@ impl ModelConfig {
             let qk = opt_u("attention.key_length_mla").unwrap_or(head_dim);
             let v_dim = opt_u("attention.value_length_mla").unwrap_or(v_head_dim);
             let q_lora = opt_u("attention.q_lora_rank").filter(|r| *r > 0);
-            attn = AttnKind::Mla { q_lora, kv_lora, nope: qk.saturating_sub(rope), rope, v_dim };
+            attn = AttnKind::Mla {
+                q_lora,
+                kv_lora,
+                nope: qk.saturating_sub(rope),
+                rope,
+                v_dim,
+            };
             (head_dim, v_head_dim, n_kv_heads, rotary_dim) = (qk, v_dim, n_heads, rope);
             attn_scale = 1.0 / (qk as f64).sqrt();
             if let RopeScaling::Yarn { factor, .. } = rope_scaling {
                 // yarn_log_multiplier = 0.1 * mscale_all_dim
-                let m = yarn_mscale(factor, opt_f("rope.scaling.yarn_log_multiplier").unwrap_or(0.1) / 0.1);
+                let m = yarn_mscale(
+                    factor,
+                    opt_f("rope.scaling.yarn_log_multiplier").unwrap_or(0.1) / 0.1,
+                );
                 attn_scale *= m * m;
             }
         }
-        let sigmoid = matches!(family, Family::DeepseekV3 | Family::Glm4Moe) && opt_u("expert_gating_func").unwrap_or(2) == 2;
+        let sigmoid = matches!(family, Family::DeepseekV3 | Family::Glm4Moe)
+            && opt_u("expert_gating_func").unwrap_or(2) == 2;
         let default_norm = !matches!(family, Family::Olmoe);
         let cfg = ModelConfig {
             family,
@@ -260,7 +299,9 @@ impl ModelConfig {
                 sigmoid,
                 n_group: opt_u("expert_group_count").unwrap_or(1).max(1),
                 topk_group: opt_u("expert_group_used_count").unwrap_or(1).max(1),
-                norm_topk_prob: get("expert_weights_norm").and_then(MetaValue::as_bool).unwrap_or(default_norm),
+                norm_topk_prob: get("expert_weights_norm")
+                    .and_then(MetaValue::as_bool)
+                    .unwrap_or(default_norm),
                 scale: opt_f("expert_weights_scale").unwrap_or(1.0) as f32,
             },
             shared_ffn: opt_u("expert_shared_count").unwrap_or(0) * expert_ffn,
@@ -270,8 +311,13 @@ impl ModelConfig {
             train_ctx: opt_u("context_length").unwrap_or(4096),
             tie_embeddings: files.tensor("output.weight").is_none(),
             // A V3.2 GGUF carries indexer tensors; without its top-k key assume DeepSeek's 2048.
-            dense_attn_limit: opt_u("attention.indexer.top_k")
-                .or_else(|| files.tensors().iter().any(|t| t.name.contains("indexer")).then_some(2048)),
+            dense_attn_limit: opt_u("attention.indexer.top_k").or_else(|| {
+                files
+                    .tensors()
+                    .iter()
+                    .any(|t| t.name.contains("indexer"))
+                    .then_some(2048)
+            }),
         };
         cfg.validate()?;
         Ok(cfg)
@@ -283,7 +329,9 @@ impl ModelConfig {
             .and_then(|a| a.get(0))
             .and_then(Value::as_str)
             .or_else(|| cfg.get("model_type").and_then(Value::as_str))
-            .ok_or_else(|| ModelError::Config("config.json: no architectures or model_type".into()))?;
+            .ok_or_else(|| {
+                ModelError::Config("config.json: no architectures or model_type".into())
+            })?;
         let family = match arch {
             "Qwen3MoeForCausalLM" | "qwen3_moe" => Family::Qwen3Moe,
             "MixtralForCausalLM" | "mixtral" => Family::Mixtral,
@@ -302,7 +350,9 @@ impl ModelConfig {
             cfg.get(k)
                 .and_then(Value::as_u64)
                 .map(|v| v as usize)
-                .ok_or_else(|| ModelError::Config(format!("config.json: {k} is missing or not an integer")))
+                .ok_or_else(|| {
+                    ModelError::Config(format!("config.json: {k} is missing or not an integer"))
+                })
         };
         let opt_u = |k: &str| cfg.get(k).and_then(Value::as_u64).map(|v| v as usize);
         let opt_f = |k: &str| cfg.get(k).and_then(Value::as_f64);
@@ -310,10 +360,18 @@ impl ModelConfig {
         let n_heads = req_u("num_attention_heads")?;
         let max_pos = opt_u("max_position_embeddings").unwrap_or(4096);
         // transformers 5 moved rope settings into `rope_parameters`; older configs have them top-level.
-        let rope = cfg.get("rope_parameters").or_else(|| cfg.get("rope_scaling")).filter(|v| v.is_object());
+        let rope = cfg
+            .get("rope_parameters")
+            .or_else(|| cfg.get("rope_scaling"))
+            .filter(|v| v.is_object());
         let rget = |k: &str| rope.and_then(|r| r.get(k)).and_then(Value::as_f64);
-        let rope_theta = rget("rope_theta").or_else(|| opt_f("rope_theta")).unwrap_or(10000.0);
-        let rope_type = rope.and_then(|r| r.get("rope_type").or_else(|| r.get("type"))).and_then(Value::as_str).unwrap_or("default");
+        let rope_theta = rget("rope_theta")
+            .or_else(|| opt_f("rope_theta"))
+            .unwrap_or(10000.0);
+        let rope_type = rope
+            .and_then(|r| r.get("rope_type").or_else(|| r.get("type")))
+            .and_then(Value::as_str)
+            .unwrap_or("default");
         let factor = rget("factor").unwrap_or(1.0);
         let rope_scaling = match rope_type {
             "default" => RopeScaling::None,
@@ -325,14 +383,31 @@ impl ModelConfig {
                     Some(o) => (o, max_pos as f64 / o),
                     None => (max_pos as f64, factor),
                 };
-                let attention_factor = match (rget("attention_factor"), rget("mscale"), rget("mscale_all_dim")) {
+                let attention_factor = match (
+                    rget("attention_factor"),
+                    rget("mscale"),
+                    rget("mscale_all_dim"),
+                ) {
                     (Some(a), _, _) => a,
-                    (None, Some(m), Some(ma)) if m != 0.0 && ma != 0.0 => yarn_mscale(f, m) / yarn_mscale(f, ma),
+                    (None, Some(m), Some(ma)) if m != 0.0 && ma != 0.0 => {
+                        yarn_mscale(f, m) / yarn_mscale(f, ma)
+                    }
                     _ => yarn_mscale(f, 1.0),
                 };
-                RopeScaling::Yarn { factor: f, orig_ctx: orig, beta_fast: rget("beta_fast").unwrap_or(32.0), beta_slow: rget("beta_slow").unwrap_or(1.0), attention_factor }
+                RopeScaling::Yarn {
+                    factor: f,
+                    orig_ctx: orig,
+                    beta_fast: rget("beta_fast").unwrap_or(32.0),
+                    beta_slow: rget("beta_slow").unwrap_or(1.0),
+                    attention_factor,
+                }
             }
-            other => return Err(ModelError::Config(format!("config.json: rope type {other:?} is not supported for {}", family.name()))),
+            other => {
+                return Err(ModelError::Config(format!(
+                    "config.json: rope type {other:?} is not supported for {}",
+                    family.name()
+                )))
+            }
         };
         // transformers 5 writes `num_local_experts` for some families; others `num_experts`
         // or DeepSeek's `n_routed_experts`.
@@ -346,7 +421,11 @@ impl ModelConfig {
         };
         if family == Family::Qwen3Moe {
             let step = opt_u("decoder_sparse_step").unwrap_or(1);
-            let dense_layers = cfg.get("mlp_only_layers").and_then(Value::as_array).map(|a| a.len()).unwrap_or(0);
+            let dense_layers = cfg
+                .get("mlp_only_layers")
+                .and_then(Value::as_array)
+                .map(|a| a.len())
+                .unwrap_or(0);
             if step != 1 || dense_layers != 0 {
                 return Err(ModelError::Config("config.json: Qwen3-MoE with dense layers (decoder_sparse_step != 1 or mlp_only_layers) is not supported".into()));
             }
@@ -354,15 +433,29 @@ impl ModelConfig {
         let mut head_dim = opt_u("head_dim").unwrap_or(hidden / n_heads.max(1));
         let mut v_head_dim = head_dim;
         let mut n_kv_heads = opt_u("num_key_value_heads").unwrap_or(n_heads);
-        let partial = rget("partial_rotary_factor").or_else(|| opt_f("partial_rotary_factor")).unwrap_or(1.0);
+        let partial = rget("partial_rotary_factor")
+            .or_else(|| opt_f("partial_rotary_factor"))
+            .unwrap_or(1.0);
         let mut rotary_dim = (head_dim as f64 * partial) as usize;
         let mut attn = AttnKind::Gqa;
         let mut attn_scale = 1.0 / (head_dim as f64).sqrt();
         let mut layout = RopeLayout::HalfSplit;
         if family == Family::DeepseekV3 {
-            let (nope, rope_d, v_dim, kv_lora) = (req_u("qk_nope_head_dim")?, req_u("qk_rope_head_dim")?, req_u("v_head_dim")?, req_u("kv_lora_rank")?);
-            attn = AttnKind::Mla { q_lora: opt_u("q_lora_rank"), kv_lora, nope, rope: rope_d, v_dim };
-            (head_dim, v_head_dim, n_kv_heads, rotary_dim) = (nope + rope_d, v_dim, n_heads, rope_d);
+            let (nope, rope_d, v_dim, kv_lora) = (
+                req_u("qk_nope_head_dim")?,
+                req_u("qk_rope_head_dim")?,
+                req_u("v_head_dim")?,
+                req_u("kv_lora_rank")?,
+            );
+            attn = AttnKind::Mla {
+                q_lora: opt_u("q_lora_rank"),
+                kv_lora,
+                nope,
+                rope: rope_d,
+                v_dim,
+            };
+            (head_dim, v_head_dim, n_kv_heads, rotary_dim) =
+                (nope + rope_d, v_dim, n_heads, rope_d);
             attn_scale = 1.0 / (head_dim as f64).sqrt();
             if rope_type != "default" {
                 let ma = rget("mscale_all_dim").unwrap_or(0.0);
@@ -371,12 +464,21 @@ impl ModelConfig {
                     attn_scale *= m * m;
                 }
             }
-            if cfg.get("rope_interleave").and_then(Value::as_bool).unwrap_or(true) {
+            if cfg
+                .get("rope_interleave")
+                .and_then(Value::as_bool)
+                .unwrap_or(true)
+            {
                 layout = RopeLayout::Interleaved;
             }
-            let scoring = cfg.get("scoring_func").and_then(Value::as_str).unwrap_or("sigmoid");
+            let scoring = cfg
+                .get("scoring_func")
+                .and_then(Value::as_str)
+                .unwrap_or("sigmoid");
             if scoring != "sigmoid" {
-                return Err(ModelError::Config(format!("config.json: scoring_func {scoring:?} is not supported (sigmoid only)")));
+                return Err(ModelError::Config(format!(
+                    "config.json: scoring_func {scoring:?} is not supported (sigmoid only)"
+                )));
             }
         }
         let sigmoid = matches!(family, Family::DeepseekV3 | Family::Glm4Moe);
@@ -391,7 +493,11 @@ impl ModelConfig {
             head_dim,
             v_head_dim,
             attn,
-            attn_bias: family == Family::Glm4Moe && cfg.get("attention_bias").and_then(Value::as_bool).unwrap_or(false),
+            attn_bias: family == Family::Glm4Moe
+                && cfg
+                    .get("attention_bias")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
             rms_eps: opt_f("rms_norm_eps").unwrap_or(1e-6) as f32,
             rope_theta,
             rope_layout: layout,
@@ -400,7 +506,14 @@ impl ModelConfig {
             attn_scale: attn_scale as f32,
             qk_norm: match family {
                 Family::Qwen3Moe => QkNorm::PerHead,
-                Family::Glm4Moe if cfg.get("use_qk_norm").and_then(Value::as_bool).unwrap_or(false) => QkNorm::PerHead,
+                Family::Glm4Moe
+                    if cfg
+                        .get("use_qk_norm")
+                        .and_then(Value::as_bool)
+                        .unwrap_or(false) =>
+                {
+                    QkNorm::PerHead
+                }
                 Family::Olmoe => QkNorm::Whole,
                 _ => QkNorm::None,
             },
@@ -409,21 +522,47 @@ impl ModelConfig {
             expert_ffn,
             routing: Routing {
                 sigmoid,
-                n_group: if sigmoid { opt_u("n_group").unwrap_or(1).max(1) } else { 1 },
-                topk_group: if sigmoid { opt_u("topk_group").unwrap_or(1).max(1) } else { 1 },
+                n_group: if sigmoid {
+                    opt_u("n_group").unwrap_or(1).max(1)
+                } else {
+                    1
+                },
+                topk_group: if sigmoid {
+                    opt_u("topk_group").unwrap_or(1).max(1)
+                } else {
+                    1
+                },
                 norm_topk_prob: match family {
                     Family::Mixtral => true,
-                    _ => cfg.get("norm_topk_prob").and_then(Value::as_bool).unwrap_or(false),
+                    _ => cfg
+                        .get("norm_topk_prob")
+                        .and_then(Value::as_bool)
+                        .unwrap_or(false),
                 },
-                scale: if sigmoid { opt_f("routed_scaling_factor").unwrap_or(1.0) as f32 } else { 1.0 },
+                scale: if sigmoid {
+                    opt_f("routed_scaling_factor").unwrap_or(1.0) as f32
+                } else {
+                    1.0
+                },
             },
             shared_ffn: n_shared * expert_ffn,
-            n_dense_layers: if sigmoid { opt_u("first_k_dense_replace").unwrap_or(0) } else { 0 },
+            n_dense_layers: if sigmoid {
+                opt_u("first_k_dense_replace").unwrap_or(0)
+            } else {
+                0
+            },
             dense_ffn: opt_u("intermediate_size").unwrap_or(0),
             n_mtp_layers: opt_u("num_nextn_predict_layers").unwrap_or(0),
             train_ctx: max_pos,
-            tie_embeddings: cfg.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
-            dense_attn_limit: if family == Family::DeepseekV3 { opt_u("index_topk") } else { None },
+            tie_embeddings: cfg
+                .get("tie_word_embeddings")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            dense_attn_limit: if family == Family::DeepseekV3 {
+                opt_u("index_topk")
+            } else {
+                None
+            },
         };
         c.validate()?;
         Ok(c)
@@ -431,27 +570,53 @@ impl ModelConfig {
 
     fn validate(&self) -> Result<(), ModelError> {
         let bad = |m: String| Err(ModelError::Config(m));
-        if self.hidden == 0 || self.n_layers == 0 || self.n_heads == 0 || self.head_dim == 0 || self.vocab == 0 {
-            return bad(format!("degenerate dimensions: hidden {}, layers {}, heads {}, head_dim {}, vocab {}", self.hidden, self.n_layers, self.n_heads, self.head_dim, self.vocab));
+        if self.hidden == 0
+            || self.n_layers == 0
+            || self.n_heads == 0
+            || self.head_dim == 0
+            || self.vocab == 0
+        {
+            return bad(format!(
+                "degenerate dimensions: hidden {}, layers {}, heads {}, head_dim {}, vocab {}",
+                self.hidden, self.n_layers, self.n_heads, self.head_dim, self.vocab
+            ));
         }
         if self.n_kv_heads == 0 || !self.n_heads.is_multiple_of(self.n_kv_heads) {
-            return bad(format!("{} attention heads is not a multiple of {} key/value heads", self.n_heads, self.n_kv_heads));
+            return bad(format!(
+                "{} attention heads is not a multiple of {} key/value heads",
+                self.n_heads, self.n_kv_heads
+            ));
         }
         if !self.rotary_dim.is_multiple_of(2) || self.rotary_dim > self.head_dim {
-            return bad(format!("rotary dimension {} must be even and at most head_dim {}", self.rotary_dim, self.head_dim));
+            return bad(format!(
+                "rotary dimension {} must be even and at most head_dim {}",
+                self.rotary_dim, self.head_dim
+            ));
         }
         if self.n_experts == 0 || self.n_experts_used == 0 || self.n_experts_used > self.n_experts {
-            return bad(format!("{} experts used per token out of {}", self.n_experts_used, self.n_experts));
+            return bad(format!(
+                "{} experts used per token out of {}",
+                self.n_experts_used, self.n_experts
+            ));
         }
         if self.expert_ffn == 0 {
             return bad("expert intermediate size is 0".into());
         }
         let r = &self.routing;
-        if !self.n_experts.is_multiple_of(r.n_group) || r.topk_group > r.n_group || r.topk_group * (self.n_experts / r.n_group) < self.n_experts_used {
-            return bad(format!("expert groups: {} experts in {} groups, {} groups kept, {} experts used", self.n_experts, r.n_group, r.topk_group, self.n_experts_used));
+        if !self.n_experts.is_multiple_of(r.n_group)
+            || r.topk_group > r.n_group
+            || r.topk_group * (self.n_experts / r.n_group) < self.n_experts_used
+        {
+            return bad(format!(
+                "expert groups: {} experts in {} groups, {} groups kept, {} experts used",
+                self.n_experts, r.n_group, r.topk_group, self.n_experts_used
+            ));
         }
         if self.n_dense_layers > self.n_layers || (self.n_dense_layers > 0 && self.dense_ffn == 0) {
-            return bad(format!("{} dense layers of width {} in a {}-layer model", self.n_dense_layers, self.dense_ffn, self.n_layers));
+            return bad(format!(
+                "{} dense layers of width {} in a {}-layer model",
+                self.n_dense_layers, self.dense_ffn, self.n_layers
+            ));
         }
         Ok(())
     }

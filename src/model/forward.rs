@@ -20,38 +20,38 @@ pub struct State {
     logit_rows: usize,
     /// Tokens already in the KV cache.
     pub pos: usize,
-    pub(crate) x: Vec<f32>,        // (batch, hidden) residual stream
-    pub(crate) xn: Vec<f32>,       // (batch, hidden) normed input of a sub-block
-    q: Vec<f32>,        // (batch, q_dim)
-    qa: Vec<f32>,       // (batch, q_lora) MLA q latent
-    k: Vec<f32>,        // (batch, max(kv_dim, kv_lora + rope))
-    v: Vec<f32>,        // (batch, kv_dim)
-    att: Vec<f32>,      // (batch, att_dim) attention output before o_proj
-    scores: Vec<f32>,   // (n_heads, ctx)
-    lat: Vec<f32>,      // (2, kv_lora) MLA: q folded into latent space, latent context
-    proj: Vec<f32>,     // (batch, hidden) sub-block output
+    pub(crate) x: Vec<f32>,    // (batch, hidden) residual stream
+    pub(crate) xn: Vec<f32>,   // (batch, hidden) normed input of a sub-block
+    q: Vec<f32>,               // (batch, q_dim)
+    qa: Vec<f32>,              // (batch, q_lora) MLA q latent
+    k: Vec<f32>,               // (batch, max(kv_dim, kv_lora + rope))
+    v: Vec<f32>,               // (batch, kv_dim)
+    att: Vec<f32>,             // (batch, att_dim) attention output before o_proj
+    scores: Vec<f32>,          // (n_heads, ctx)
+    lat: Vec<f32>,             // (2, kv_lora) MLA: q folded into latent space, latent context
+    proj: Vec<f32>,            // (batch, hidden) sub-block output
     pub(crate) hfin: Vec<f32>, // (batch, hidden) final-normed hidden states of the last chunk
     /// Added to cache positions to get rotary positions (1 for the MTP head's slots).
     pub(crate) rope_offset: usize,
     pub(super) kcache: Vec<f32>, // (layers, ctx, k_dim) GQA keys, or MLA latent + rope key; pub(super) for kv_io.rs
     pub(super) vcache: Vec<f32>, // (layers, ctx, v_dim) GQA values (empty for MLA)
-    router: Vec<f32>,   // (batch, n_experts) router scores
-    choice: Vec<f32>,   // (n_experts) selection scores of one token
-    groups_score: Vec<f32>, // (n_group)
-    groups_kept: Vec<usize>, // (topk_group)
-    sel: Vec<usize>,    // (batch, k) chosen experts
-    selw: Vec<f32>,     // (batch, k) their routing weights
+    router: Vec<f32>,            // (batch, n_experts) router scores
+    choice: Vec<f32>,            // (n_experts) selection scores of one token
+    groups_score: Vec<f32>,      // (n_group)
+    groups_kept: Vec<usize>,     // (topk_group)
+    sel: Vec<usize>,             // (batch, k) chosen experts
+    selw: Vec<f32>,              // (batch, k) their routing weights
     groups: Vec<Vec<(u32, u32)>>, // per expert: (token, slot) pairs, capacity batch
-    gathered: Vec<f32>, // (batch, hidden) inputs of one expert's tokens
-    gate: Vec<f32>,     // (batch, widest ffn)
-    up: Vec<f32>,       // (batch, widest ffn)
-    down: Vec<f32>,     // (batch, hidden)
-    slot_out: Vec<f32>, // (batch, k, hidden) each token's expert outputs, unweighted
+    gathered: Vec<f32>,          // (batch, hidden) inputs of one expert's tokens
+    gate: Vec<f32>,              // (batch, widest ffn)
+    up: Vec<f32>,                // (batch, widest ffn)
+    down: Vec<f32>,              // (batch, hidden)
+    slot_out: Vec<f32>,          // (batch, k, hidden) each token's expert outputs, unweighted
     pub(crate) acts: Acts,
     logits: Vec<f32>,   // (logit_rows, vocab)
     needed: Vec<usize>, // (n_experts) experts one MoE layer needs, ascending
     // Multi-token prediction (empty unless the model has an MTP layer).
-    pub(crate) mtp_cat: Vec<f32>,    // (batch, 2*hidden) [enorm(embed); hnorm(h)]
+    pub(crate) mtp_cat: Vec<f32>, // (batch, 2*hidden) [enorm(embed); hnorm(h)]
     pub(crate) mtp_hidden: Vec<f32>, // (batch, hidden) main hidden states paired with tokens
     pub(crate) mtp_logits: Vec<f32>, // (logit_rows, vocab)
     /// MTP slots in the MTP layer's cache (slot s pairs hidden of position s with token s+1).
@@ -79,16 +79,29 @@ impl State {
     /// `batch`: most tokens per forward chunk (prefill speed vs memory); `logit_rows`: most
     /// positions whose logits one chunk returns (1 for generation).
     pub fn new(cfg: &ModelConfig, ctx: usize, batch: usize, logit_rows: usize) -> State {
-        let (h, qd, kvd, e, k) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.n_experts, cfg.n_experts_used);
+        let (h, qd, kvd, e, k) = (
+            cfg.hidden,
+            cfg.q_dim(),
+            cfg.kv_dim(),
+            cfg.n_experts,
+            cfg.n_experts_used,
+        );
         let (kc, vc) = cfg.cache_dims();
         let (q_lora, kv_lora) = match cfg.attn {
-            AttnKind::Mla { q_lora, kv_lora, .. } => (q_lora.unwrap_or(0), kv_lora),
+            AttnKind::Mla {
+                q_lora, kv_lora, ..
+            } => (q_lora.unwrap_or(0), kv_lora),
             AttnKind::Gqa => (0, 0),
         };
         let ffn = cfg.expert_ffn.max(cfg.dense_ffn).max(cfg.shared_ffn);
         let batch = batch.max(1);
         let logit_rows = logit_rows.clamp(1, batch);
-        let widest = (2 * h).max(qd).max(ffn).max(cfg.att_dim()).max(q_lora).max(kv_lora);
+        let widest = (2 * h)
+            .max(qd)
+            .max(ffn)
+            .max(cfg.att_dim())
+            .max(q_lora)
+            .max(kv_lora);
         State {
             batch,
             ctx,
@@ -123,9 +136,23 @@ impl State {
             acts: Acts::with_capacity(batch, widest),
             logits: vec![0.0; logit_rows * cfg.vocab],
             needed: Vec::with_capacity(e),
-            mtp_cat: vec![0.0; if cfg.n_mtp_layers > 0 { batch * 2 * h } else { 0 }],
+            mtp_cat: vec![
+                0.0;
+                if cfg.n_mtp_layers > 0 {
+                    batch * 2 * h
+                } else {
+                    0
+                }
+            ],
             mtp_hidden: vec![0.0; if cfg.n_mtp_layers > 0 { batch * h } else { 0 }],
-            mtp_logits: vec![0.0; if cfg.n_mtp_layers > 0 { logit_rows * cfg.vocab } else { 0 }],
+            mtp_logits: vec![
+                0.0;
+                if cfg.n_mtp_layers > 0 {
+                    logit_rows * cfg.vocab
+                } else {
+                    0
+                }
+            ],
             mtp_pos: 0,
             expert_cache: None,
             experts_run: 0,
@@ -165,7 +192,13 @@ impl State {
 }
 
 /// y = M x for a per-head matrix.
-fn head_matvec(m: &HeadMat<'_>, x: &[f32], y: &mut [f32], acts: &mut Acts, isa: Isa) -> Result<(), ModelError> {
+fn head_matvec(
+    m: &HeadMat<'_>,
+    x: &[f32],
+    y: &mut [f32],
+    acts: &mut Acts,
+    isa: Isa,
+) -> Result<(), ModelError> {
     match m {
         HeadMat::View(w) => {
             acts.load(x, 1, w.cols);
@@ -184,33 +217,57 @@ impl<'a> Model<'a> {
     /// Run `tokens` (at most `st.batch()`) at positions `st.pos..`, append them to the KV cache,
     /// and leave the logits of tokens `logits_from..` in the returned slice
     /// ((tokens.len() - logits_from) x vocab, at most `st.logit_rows()` rows).
-    pub fn forward_chunk<'s>(&self, st: &'s mut State, tokens: &[u32], logits_from: usize) -> Result<&'s [f32], ModelError> {
+    pub fn forward_chunk<'s>(
+        &self,
+        st: &'s mut State,
+        tokens: &[u32],
+        logits_from: usize,
+    ) -> Result<&'s [f32], ModelError> {
         // Run on a pool thread: nested parallel loops then use the workers' own deques instead
         // of the pool's injector queue, which allocates as jobs pass through it.
         let t0 = std::time::Instant::now();
-        let r = self.pool.install(|| self.forward_inner(st, tokens, logits_from));
+        let r = self
+            .pool
+            .install(|| self.forward_inner(st, tokens, logits_from));
         st.prof.total += t0.elapsed().as_secs_f64();
         r?;
         let n_logits = tokens.len().saturating_sub(logits_from);
         Ok(&st.logits[..n_logits * self.cfg.vocab])
     }
 
-    fn forward_inner(&self, st: &mut State, tokens: &[u32], logits_from: usize) -> Result<(), ModelError> {
+    fn forward_inner(
+        &self,
+        st: &mut State,
+        tokens: &[u32],
+        logits_from: usize,
+    ) -> Result<(), ModelError> {
         let cfg = &self.cfg;
         let n = tokens.len();
         if n == 0 || n > st.batch {
-            return Err(ModelError::Input(format!("forward_chunk got {n} tokens (batch holds 1..={})", st.batch)));
+            return Err(ModelError::Input(format!(
+                "forward_chunk got {n} tokens (batch holds 1..={})",
+                st.batch
+            )));
         }
         if st.pos + n > st.ctx {
-            return Err(ModelError::ContextFull { needed: st.pos + n, ctx: st.ctx });
+            return Err(ModelError::ContextFull {
+                needed: st.pos + n,
+                ctx: st.ctx,
+            });
         }
         let n_logits = n.saturating_sub(logits_from);
         if n_logits > st.logit_rows {
-            return Err(ModelError::Input(format!("{n_logits} logit rows requested, state holds {}", st.logit_rows)));
+            return Err(ModelError::Input(format!(
+                "{n_logits} logit rows requested, state holds {}",
+                st.logit_rows
+            )));
         }
         for &t in tokens {
             if t as usize >= cfg.vocab {
-                return Err(ModelError::Input(format!("token id {t} is out of range (vocabulary has {} tokens)", cfg.vocab)));
+                return Err(ModelError::Input(format!(
+                    "token id {t} is out of range (vocabulary has {} tokens)",
+                    cfg.vocab
+                )));
             }
         }
         let h = cfg.hidden;
@@ -232,12 +289,23 @@ impl<'a> Model<'a> {
         // Final norm of every row (kept for the MTP head) and lm_head for the requested rows.
         let v = cfg.vocab;
         for i in 0..n {
-            rmsnorm(&mut st.hfin[i * h..(i + 1) * h], &st.x[i * h..(i + 1) * h], &w.output_norm, cfg.rms_eps);
+            rmsnorm(
+                &mut st.hfin[i * h..(i + 1) * h],
+                &st.x[i * h..(i + 1) * h],
+                &w.output_norm,
+                cfg.rms_eps,
+            );
         }
         if n_logits > 0 {
             let t = std::time::Instant::now();
             st.acts.load(&st.hfin[logits_from * h..n * h], n_logits, h);
-            kernels::matmul(&w.output, &mut st.acts, &mut st.logits[..n_logits * v], Some(&self.pool), self.isa)?;
+            kernels::matmul(
+                &w.output,
+                &mut st.acts,
+                &mut st.logits[..n_logits * v],
+                Some(&self.pool),
+                self.isa,
+            )?;
             st.prof.lm_head += t.elapsed().as_secs_f64();
         }
         Ok(())
@@ -245,11 +313,22 @@ impl<'a> Model<'a> {
 
     /// One decoder layer over rows 0..n of `st.x` (in place), at positions `st.pos..`, with
     /// its keys and values in cache layer `l`.
-    pub(crate) fn layer_forward(&self, st: &mut State, l: usize, lw: &Layer<'_>, n: usize) -> Result<(), ModelError> {
+    pub(crate) fn layer_forward(
+        &self,
+        st: &mut State,
+        l: usize,
+        lw: &Layer<'_>,
+        n: usize,
+    ) -> Result<(), ModelError> {
         let cfg = &self.cfg;
         let h = cfg.hidden;
         for i in 0..n {
-            rmsnorm(&mut st.xn[i * h..(i + 1) * h], &st.x[i * h..(i + 1) * h], &lw.attn_norm, cfg.rms_eps);
+            rmsnorm(
+                &mut st.xn[i * h..(i + 1) * h],
+                &st.x[i * h..(i + 1) * h],
+                &lw.attn_norm,
+                cfg.rms_eps,
+            );
         }
         let t = std::time::Instant::now();
         match &lw.attn {
@@ -261,7 +340,12 @@ impl<'a> Model<'a> {
             *x += p;
         }
         for i in 0..n {
-            rmsnorm(&mut st.xn[i * h..(i + 1) * h], &st.x[i * h..(i + 1) * h], &lw.ffn_norm, cfg.rms_eps);
+            rmsnorm(
+                &mut st.xn[i * h..(i + 1) * h],
+                &st.x[i * h..(i + 1) * h],
+                &lw.ffn_norm,
+                cfg.rms_eps,
+            );
         }
         let t = std::time::Instant::now();
         match &lw.ffn {
@@ -302,8 +386,10 @@ impl<'a> Model<'a> {
             }
             match (cfg.qk_norm, &a.q_norm, &a.k_norm) {
                 (QkNorm::PerHead, Some(qn), Some(kn)) => {
-                    q.chunks_exact_mut(hd).for_each(|x| rmsnorm_inplace(x, qn, cfg.rms_eps));
-                    k.chunks_exact_mut(hd).for_each(|x| rmsnorm_inplace(x, kn, cfg.rms_eps));
+                    q.chunks_exact_mut(hd)
+                        .for_each(|x| rmsnorm_inplace(x, qn, cfg.rms_eps));
+                    k.chunks_exact_mut(hd)
+                        .for_each(|x| rmsnorm_inplace(x, kn, cfg.rms_eps));
                 }
                 (QkNorm::Whole, Some(qn), Some(kn)) => {
                     rmsnorm_inplace(q, qn, cfg.rms_eps);
@@ -313,8 +399,10 @@ impl<'a> Model<'a> {
             }
             let p = st.pos + i;
             let rp = p + st.rope_offset;
-            q.chunks_exact_mut(hd).for_each(|x| self.rope.apply(&mut x[..rd], rp));
-            k.chunks_exact_mut(hd).for_each(|x| self.rope.apply(&mut x[..rd], rp));
+            q.chunks_exact_mut(hd)
+                .for_each(|x| self.rope.apply(&mut x[..rd], rp));
+            k.chunks_exact_mut(hd)
+                .for_each(|x| self.rope.apply(&mut x[..rd], rp));
             let base = (l * st.ctx + p) * kvd;
             st.kcache[base..base + kvd].copy_from_slice(k);
             st.vcache[base..base + kvd].copy_from_slice(v);
@@ -338,13 +426,23 @@ impl<'a> Model<'a> {
                 softmax(sc);
                 o.fill(0.0);
                 for (j, s) in sc.iter().enumerate() {
-                    axpy(o, *s, &layer_v[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd]);
+                    axpy(
+                        o,
+                        *s,
+                        &layer_v[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd],
+                    );
                 }
             };
             if len * qd > 1 << 14 {
-                out.par_chunks_mut(hd).zip(st.scores.par_chunks_mut(ctx)).enumerate().for_each(head);
+                out.par_chunks_mut(hd)
+                    .zip(st.scores.par_chunks_mut(ctx))
+                    .enumerate()
+                    .for_each(head);
             } else {
-                out.chunks_mut(hd).zip(st.scores.chunks_mut(ctx)).enumerate().for_each(head);
+                out.chunks_mut(hd)
+                    .zip(st.scores.chunks_mut(ctx))
+                    .enumerate()
+                    .for_each(head);
             }
         }
         st.acts.load(&st.att[..n * qd], n, qd);
@@ -356,7 +454,14 @@ impl<'a> Model<'a> {
     /// the cached latent, never against expanded per-head keys and values.
     fn attn_mla(&self, st: &mut State, l: usize, n: usize, a: &Mla<'_>) -> Result<(), ModelError> {
         let cfg = &self.cfg;
-        let AttnKind::Mla { q_lora, kv_lora, nope, rope, v_dim } = cfg.attn else {
+        let AttnKind::Mla {
+            q_lora,
+            kv_lora,
+            nope,
+            rope,
+            v_dim,
+        } = cfg.attn
+        else {
             return Err(ModelError::Config("MLA weights in a GQA model".into()));
         };
         let (h, nh, qk) = (cfg.hidden, cfg.n_heads, cfg.head_dim);
@@ -367,7 +472,9 @@ impl<'a> Model<'a> {
         kernels::matmul(&a.kv_a, &mut st.acts, &mut st.k[..n * kc], pool, isa)?;
         if let (Some(qa), Some(qn), Some(r)) = (&a.q_a, &a.q_a_norm, q_lora) {
             kernels::matmul(qa, &mut st.acts, &mut st.qa[..n * r], pool, isa)?;
-            st.qa[..n * r].chunks_exact_mut(r).for_each(|x| rmsnorm_inplace(x, qn, cfg.rms_eps));
+            st.qa[..n * r]
+                .chunks_exact_mut(r)
+                .for_each(|x| rmsnorm_inplace(x, qn, cfg.rms_eps));
             st.acts.load(&st.qa[..n * r], n, r);
         }
         kernels::matmul(&a.q_b, &mut st.acts, &mut st.q[..n * nh * qk], pool, isa)?;
@@ -379,7 +486,10 @@ impl<'a> Model<'a> {
             let base = (l * st.ctx + p) * kc;
             st.kcache[base..base + kc].copy_from_slice(kv);
             for hh in 0..nh {
-                self.rope.apply(&mut st.q[i * nh * qk + hh * qk + nope..i * nh * qk + (hh + 1) * qk], p + st.rope_offset);
+                self.rope.apply(
+                    &mut st.q[i * nh * qk + hh * qk + nope..i * nh * qk + (hh + 1) * qk],
+                    p + st.rope_offset,
+                );
             }
         }
         let ctx = st.ctx;
@@ -393,14 +503,16 @@ impl<'a> Model<'a> {
                 let layer = &st.kcache[l * ctx * kc..];
                 for (j, s) in sc.iter_mut().enumerate() {
                     let c = &layer[j * kc..(j + 1) * kc];
-                    *s = (dot(q_lat, &c[..kv_lora]) + dot(&q[nope..], &c[kv_lora..])) * cfg.attn_scale;
+                    *s = (dot(q_lat, &c[..kv_lora]) + dot(&q[nope..], &c[kv_lora..]))
+                        * cfg.attn_scale;
                 }
                 softmax(sc);
                 c_lat.fill(0.0);
                 for (j, s) in sc.iter().enumerate() {
                     axpy(c_lat, *s, &layer[j * kc..j * kc + kv_lora]);
                 }
-                let out = &mut st.att[i * nh * v_dim + hh * v_dim..i * nh * v_dim + (hh + 1) * v_dim];
+                let out =
+                    &mut st.att[i * nh * v_dim + hh * v_dim..i * nh * v_dim + (hh + 1) * v_dim];
                 head_matvec(&a.v_b[hh], c_lat, out, &mut st.acts, isa)?;
             }
         }
@@ -426,14 +538,26 @@ impl<'a> Model<'a> {
 
     /// One expert for all the tokens routed to it: gather their inputs, SwiGLU, and leave
     /// each token's output in its top-k slot.
-    fn run_expert(&self, st: &mut State, ex: usize, gate: &WeightView<'_>, up: &WeightView<'_>, down: &WeightView<'_>) -> Result<(), ModelError> {
-        let (h, k, f) = (self.cfg.hidden, self.cfg.n_experts_used, self.cfg.expert_ffn);
+    fn run_expert(
+        &self,
+        st: &mut State,
+        ex: usize,
+        gate: &WeightView<'_>,
+        up: &WeightView<'_>,
+        down: &WeightView<'_>,
+    ) -> Result<(), ModelError> {
+        let (h, k, f) = (
+            self.cfg.hidden,
+            self.cfg.n_experts_used,
+            self.cfg.expert_ffn,
+        );
         let (pool, isa) = (Some(&self.pool), self.isa);
         let toks = &st.groups[ex];
         let cnt = toks.len();
         st.experts_run += 1;
         for (j, &(t, _)) in toks.iter().enumerate() {
-            st.gathered[j * h..(j + 1) * h].copy_from_slice(&st.xn[t as usize * h..(t as usize + 1) * h]);
+            st.gathered[j * h..(j + 1) * h]
+                .copy_from_slice(&st.xn[t as usize * h..(t as usize + 1) * h]);
         }
         st.acts.load(&st.gathered[..cnt * h], cnt, h);
         kernels::matmul(gate, &mut st.acts, &mut st.gate[..cnt * f], pool, isa)?;
@@ -453,7 +577,13 @@ impl<'a> Model<'a> {
     /// The needed experts through the streaming cache, in waves of at most the layer's
     /// evictable slots: all misses of a wave are read at once and each expert is computed as
     /// soon as its bytes land (hits first).
-    fn moe_streamed(&self, st: &mut State, l: usize, m: &Moe<'_>, cache: &mut ExpertCache) -> Result<(), ModelError> {
+    fn moe_streamed(
+        &self,
+        st: &mut State,
+        l: usize,
+        m: &Moe<'_>,
+        cache: &mut ExpertCache,
+    ) -> Result<(), ModelError> {
         let cap = cache.slots(l).max(1);
         let mut i = 0;
         while i < st.needed.len() {
@@ -472,7 +602,13 @@ impl<'a> Model<'a> {
                 while let Some((ex, b)) = cache.next_ready()? {
                     let xw = &m.experts[ex];
                     let v = |w: &WeightView<'_>, bytes| WeightView { bytes, ..*w };
-                    self.run_expert(st, ex, &v(&xw.gate, b.gate), &v(&xw.up, b.up), &v(&xw.down, b.down))?;
+                    self.run_expert(
+                        st,
+                        ex,
+                        &v(&xw.gate, b.gate),
+                        &v(&xw.up, b.up),
+                        &v(&xw.down, b.down),
+                    )?;
                 }
                 Ok(())
             })();
@@ -492,7 +628,9 @@ impl<'a> Model<'a> {
         let (e, k) = (cfg.n_experts, cfg.n_experts_used);
         let scores = &mut st.router[i * e..(i + 1) * e];
         if r.sigmoid {
-            scores.iter_mut().for_each(|s| *s = 1.0 / (1.0 + (-*s).exp()));
+            scores
+                .iter_mut()
+                .for_each(|s| *s = 1.0 / (1.0 + (-*s).exp()));
         } else {
             softmax(scores);
         }
@@ -564,7 +702,11 @@ impl<'a> Model<'a> {
 
         // Take the cache out of the state while experts run (put back on every path).
         let mut cache = st.expert_cache.take();
-        let streamed = if l < cfg.n_layers { cache.as_mut() } else { None };
+        let streamed = if l < cfg.n_layers {
+            cache.as_mut()
+        } else {
+            None
+        };
         let run = match streamed {
             None => (0..st.needed.len()).try_for_each(|i| {
                 let ex = st.needed[i];
@@ -581,7 +723,11 @@ impl<'a> Model<'a> {
             out.fill(0.0);
             for slot in 0..k {
                 let wv = st.selw[i * k + slot];
-                axpy(out, wv, &st.slot_out[(i * k + slot) * h..(i * k + slot + 1) * h]);
+                axpy(
+                    out,
+                    wv,
+                    &st.slot_out[(i * k + slot) * h..(i * k + slot + 1) * h],
+                );
             }
         }
         if let Some(sh) = &m.shared {

@@ -16,26 +16,48 @@ impl State {
     /// Layers in the KV cache (every layer that caches, including any extra prediction
     /// layers), given the row widths.
     pub fn kv_layers(&self, dims: CacheDims) -> usize {
-        self.kcache.len().checked_div(self.ctx() * dims.0).unwrap_or(0)
+        self.kcache
+            .len()
+            .checked_div(self.ctx() * dims.0)
+            .unwrap_or(0)
     }
 
     /// The cached keys (`n * dims.0` floats) and values (`n * dims.1`) of positions `0..n` of
     /// cache layer `layer`.
-    pub fn kv_rows(&self, layer: usize, dims: CacheDims, n: usize) -> Result<(&[f32], &[f32]), ModelError> {
+    pub fn kv_rows(
+        &self,
+        layer: usize,
+        dims: CacheDims,
+        n: usize,
+    ) -> Result<(&[f32], &[f32]), ModelError> {
         let (k, v) = self.kv_ranges(layer, dims, n)?;
         Ok((&self.kcache[k], &self.vcache[v]))
     }
 
     /// Writable keys and values of positions `0..n` of `layer`; set `pos` afterwards.
-    pub fn kv_rows_mut(&mut self, layer: usize, dims: CacheDims, n: usize) -> Result<(&mut [f32], &mut [f32]), ModelError> {
+    pub fn kv_rows_mut(
+        &mut self,
+        layer: usize,
+        dims: CacheDims,
+        n: usize,
+    ) -> Result<(&mut [f32], &mut [f32]), ModelError> {
         let (k, v) = self.kv_ranges(layer, dims, n)?;
         Ok((&mut self.kcache[k], &mut self.vcache[v]))
     }
 
-    fn kv_ranges(&self, layer: usize, (kd, vd): CacheDims, n: usize) -> Result<(std::ops::Range<usize>, std::ops::Range<usize>), ModelError> {
+    fn kv_ranges(
+        &self,
+        layer: usize,
+        (kd, vd): CacheDims,
+        n: usize,
+    ) -> Result<(std::ops::Range<usize>, std::ops::Range<usize>), ModelError> {
         let layers = self.kv_layers((kd, vd));
         let ctx = self.ctx();
-        let fits = layer < layers && n <= ctx && kd > 0 && self.kcache.len() == layers * ctx * kd && self.vcache.len() == layers * ctx * vd;
+        let fits = layer < layers
+            && n <= ctx
+            && kd > 0
+            && self.kcache.len() == layers * ctx * kd
+            && self.vcache.len() == layers * ctx * vd;
         if !fits {
             return Err(ModelError::Input(format!(
                 "KV rows 0..{n} of layer {layer} with row widths ({kd}, {vd}) do not match the cache ({} + {} floats, {ctx} positions)",

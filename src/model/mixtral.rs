@@ -8,10 +8,22 @@ use super::names::{Role, HF_MLP_MOE};
 /// Mixtral's own names (`block_sparse_moe`, w1 = gate, w3 = up, w2 = down) first, then the
 /// `mlp` names transformers 5 may write.
 pub const HF_MOE: &[(Role, &str)] = &[
-    (Role::Router, "model.layers.{l}.block_sparse_moe.gate.weight"),
-    (Role::ExpGate, "model.layers.{l}.block_sparse_moe.experts.{e}.w1.weight"),
-    (Role::ExpUp, "model.layers.{l}.block_sparse_moe.experts.{e}.w3.weight"),
-    (Role::ExpDown, "model.layers.{l}.block_sparse_moe.experts.{e}.w2.weight"),
+    (
+        Role::Router,
+        "model.layers.{l}.block_sparse_moe.gate.weight",
+    ),
+    (
+        Role::ExpGate,
+        "model.layers.{l}.block_sparse_moe.experts.{e}.w1.weight",
+    ),
+    (
+        Role::ExpUp,
+        "model.layers.{l}.block_sparse_moe.experts.{e}.w3.weight",
+    ),
+    (
+        Role::ExpDown,
+        "model.layers.{l}.block_sparse_moe.experts.{e}.w2.weight",
+    ),
     HF_MLP_MOE[0],
     HF_MLP_MOE[1],
     HF_MLP_MOE[2],

@@ -14,11 +14,11 @@ mod forward;
 pub mod glm4moe;
 mod kv_io;
 pub mod mixtral;
+mod mtp;
 pub mod names;
 pub mod olmoe;
 pub mod qwen3moe;
 mod streaming;
-mod mtp;
 pub mod weights;
 
 pub use config::{Family, ModelConfig};
@@ -70,7 +70,10 @@ pub struct LoadOptions {
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { threads: 0, ctx: 4096 }
+        LoadOptions {
+            threads: 0,
+            ctx: 4096,
+        }
     }
 }
 
@@ -78,18 +81,43 @@ impl<'a> Model<'a> {
     pub fn load(files: &'a ModelFiles, opts: &LoadOptions) -> Result<Model<'a>, ModelError> {
         let mut cfg = ModelConfig::from_files(files)?;
         let weights = Weights::load(files, &mut cfg)?;
-        let rope = blocks::Rope::new(cfg.rotary_dim, opts.ctx.max(1) + 1, cfg.rope_theta, cfg.rope_scaling, cfg.rope_layout);
-        let threads = if opts.threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { opts.threads };
+        let rope = blocks::Rope::new(
+            cfg.rotary_dim,
+            opts.ctx.max(1) + 1,
+            cfg.rope_theta,
+            cfg.rope_scaling,
+            cfg.rope_layout,
+        );
+        let threads = if opts.threads == 0 {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        } else {
+            opts.threads
+        };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("sluice-compute-{i}"))
             .build()
-            .map_err(|e| ModelError::Config(format!("cannot start {threads} compute threads: {e}")))?;
-        Ok(Model { cfg, weights, rope, pool, isa: Isa::detect() })
+            .map_err(|e| {
+                ModelError::Config(format!("cannot start {threads} compute threads: {e}"))
+            })?;
+        Ok(Model {
+            cfg,
+            weights,
+            rope,
+            pool,
+            isa: Isa::detect(),
+        })
     }
 
     /// A state sized for this model: `ctx` positions, prefill chunks of `batch` tokens.
-    pub fn new_state(&self, ctx: usize, batch: usize, logit_rows: usize) -> Result<State, ModelError> {
+    pub fn new_state(
+        &self,
+        ctx: usize,
+        batch: usize,
+        logit_rows: usize,
+    ) -> Result<State, ModelError> {
         if let Some(limit) = self.cfg.dense_attn_limit {
             if ctx > limit {
                 return Err(ModelError::Unsupported(format!(
@@ -98,7 +126,10 @@ impl<'a> Model<'a> {
             }
         }
         if ctx + 1 > self.rope.ctx() {
-            return Err(ModelError::Input(format!("context {ctx} exceeds the {} positions the model was loaded for", self.rope.ctx())));
+            return Err(ModelError::Input(format!(
+                "context {ctx} exceeds the {} positions the model was loaded for",
+                self.rope.ctx()
+            )));
         }
         Ok(State::new(&self.cfg, ctx, batch, logit_rows))
     }
@@ -109,7 +140,10 @@ impl<'a> Model<'a> {
             return Err(ModelError::Input("no tokens to feed".into()));
         }
         if st.pos + tokens.len() > st.ctx() {
-            return Err(ModelError::ContextFull { needed: st.pos + tokens.len(), ctx: st.ctx() });
+            return Err(ModelError::ContextFull {
+                needed: st.pos + tokens.len(),
+                ctx: st.ctx(),
+            });
         }
         let b = st.batch();
         let chunks = tokens.len().div_ceil(b);
@@ -121,9 +155,17 @@ impl<'a> Model<'a> {
     }
 
     /// Teacher-forced logits of every position of `tokens`, appended to `out` (T x vocab).
-    pub fn logits_all(&self, st: &mut State, tokens: &[u32], out: &mut Vec<f32>) -> Result<(), ModelError> {
+    pub fn logits_all(
+        &self,
+        st: &mut State,
+        tokens: &[u32],
+        out: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
         if st.pos + tokens.len() > st.ctx() {
-            return Err(ModelError::ContextFull { needed: st.pos + tokens.len(), ctx: st.ctx() });
+            return Err(ModelError::ContextFull {
+                needed: st.pos + tokens.len(),
+                ctx: st.ctx(),
+            });
         }
         let step = st.logit_rows().min(st.batch());
         for chunk in tokens.chunks(step) {

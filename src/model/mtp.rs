@@ -20,7 +20,10 @@ impl<'a> Model<'a> {
     /// input rows `dst0..`.
     pub fn mtp_take_hidden(&self, st: &mut State, row0: usize, n: usize, dst0: usize) {
         let h = self.cfg.hidden;
-        let (src, dst) = (&st.hfin[row0 * h..(row0 + n) * h], &mut st.mtp_hidden[dst0 * h..(dst0 + n) * h]);
+        let (src, dst) = (
+            &st.hfin[row0 * h..(row0 + n) * h],
+            &mut st.mtp_hidden[dst0 * h..(dst0 + n) * h],
+        );
         dst.copy_from_slice(src);
     }
 
@@ -28,27 +31,46 @@ impl<'a> Model<'a> {
     /// chained draft feeds back in), copied into MTP input row `dst`.
     pub fn mtp_chain_hidden(&self, st: &mut State, last_row: usize, dst: usize) {
         let h = self.cfg.hidden;
-        let (x, hid) = (&st.x[last_row * h..(last_row + 1) * h], &mut st.mtp_hidden[dst * h..(dst + 1) * h]);
+        let (x, hid) = (
+            &st.x[last_row * h..(last_row + 1) * h],
+            &mut st.mtp_hidden[dst * h..(dst + 1) * h],
+        );
         hid.copy_from_slice(x);
     }
 
     /// Run the MTP head over `tokens.len()` slots starting at `st.mtp_pos`; slot j pairs
     /// `tokens[j]` with MTP input row j (see `mtp_take_hidden`). Returns the logits of slots
     /// `logits_from..` (at most `st.logit_rows()` rows).
-    pub fn mtp_forward<'s>(&self, st: &'s mut State, tokens: &[u32], logits_from: usize) -> Result<&'s [f32], ModelError> {
-        let m = self.weights.mtp.as_ref().ok_or_else(|| ModelError::Input("this model has no MTP layer".into()))?;
+    pub fn mtp_forward<'s>(
+        &self,
+        st: &'s mut State,
+        tokens: &[u32],
+        logits_from: usize,
+    ) -> Result<&'s [f32], ModelError> {
+        let m = self
+            .weights
+            .mtp
+            .as_ref()
+            .ok_or_else(|| ModelError::Input("this model has no MTP layer".into()))?;
         let (h, v) = (self.cfg.hidden, self.cfg.vocab);
         let n = tokens.len();
         let n_logits = n.saturating_sub(logits_from);
         if n == 0 || n > st.batch() || n_logits > st.logit_rows() {
-            return Err(ModelError::Input(format!("mtp_forward: {n} slots, {n_logits} logit rows")));
+            return Err(ModelError::Input(format!(
+                "mtp_forward: {n} slots, {n_logits} logit rows"
+            )));
         }
         if st.mtp_pos + n + 1 > st.ctx() {
-            return Err(ModelError::ContextFull { needed: st.mtp_pos + n + 1, ctx: st.ctx() });
+            return Err(ModelError::ContextFull {
+                needed: st.mtp_pos + n + 1,
+                ctx: st.ctx(),
+            });
         }
         for &t in tokens {
             if t as usize >= v {
-                return Err(ModelError::Input(format!("token id {t} is out of range (vocabulary has {v} tokens)")));
+                return Err(ModelError::Input(format!(
+                    "token id {t} is out of range (vocabulary has {v} tokens)"
+                )));
             }
         }
         let saved = st.pos;
@@ -59,21 +81,48 @@ impl<'a> Model<'a> {
                 let row = &m.embed.bytes[t as usize * er..(t as usize + 1) * er];
                 kernels::dequantize(m.embed.dtype, row, &mut st.xn[j * h..(j + 1) * h])?;
                 let cat = &mut st.mtp_cat[j * 2 * h..(j + 1) * 2 * h];
-                rmsnorm(&mut cat[..h], &st.xn[j * h..(j + 1) * h], &m.enorm, self.cfg.rms_eps);
-                rmsnorm(&mut cat[h..], &st.mtp_hidden[j * h..(j + 1) * h], &m.hnorm, self.cfg.rms_eps);
+                rmsnorm(
+                    &mut cat[..h],
+                    &st.xn[j * h..(j + 1) * h],
+                    &m.enorm,
+                    self.cfg.rms_eps,
+                );
+                rmsnorm(
+                    &mut cat[h..],
+                    &st.mtp_hidden[j * h..(j + 1) * h],
+                    &m.hnorm,
+                    self.cfg.rms_eps,
+                );
             }
             st.acts.load(&st.mtp_cat[..n * 2 * h], n, 2 * h);
-            kernels::matmul(&m.eh_proj, &mut st.acts, &mut st.x[..n * h], Some(&self.pool), self.isa)?;
+            kernels::matmul(
+                &m.eh_proj,
+                &mut st.acts,
+                &mut st.x[..n * h],
+                Some(&self.pool),
+                self.isa,
+            )?;
             st.pos = st.mtp_pos;
             st.rope_offset = 1;
             self.layer_forward(st, self.cfg.n_layers, &m.layer, n)?;
             for i in logits_from..n {
                 let r = i - logits_from;
-                rmsnorm(&mut st.xn[r * h..(r + 1) * h], &st.x[i * h..(i + 1) * h], &m.head_norm, self.cfg.rms_eps);
+                rmsnorm(
+                    &mut st.xn[r * h..(r + 1) * h],
+                    &st.x[i * h..(i + 1) * h],
+                    &m.head_norm,
+                    self.cfg.rms_eps,
+                );
             }
             if n_logits > 0 {
                 st.acts.load(&st.xn[..n_logits * h], n_logits, h);
-                kernels::matmul(&m.head, &mut st.acts, &mut st.mtp_logits[..n_logits * v], Some(&self.pool), self.isa)?;
+                kernels::matmul(
+                    &m.head,
+                    &mut st.acts,
+                    &mut st.mtp_logits[..n_logits * v],
+                    Some(&self.pool),
+                    self.isa,
+                )?;
             }
             Ok(())
         });

@@ -82,7 +82,10 @@ pub fn gguf_names(role: Role) -> &'static [&'static str] {
         Role::KVB => &["blk.{l}.attn_kv_b.weight"],
         Role::KB => &["blk.{l}.attn_k_b.weight"],
         Role::VB => &["blk.{l}.attn_v_b.weight"],
-        Role::FfnNorm => &["blk.{l}.ffn_norm.weight", "blk.{l}.post_attention_norm.weight"],
+        Role::FfnNorm => &[
+            "blk.{l}.ffn_norm.weight",
+            "blk.{l}.post_attention_norm.weight",
+        ],
         Role::Router => &["blk.{l}.ffn_gate_inp.weight"],
         Role::ScoreBias => &["blk.{l}.exp_probs_b.bias", "blk.{l}.exp_probs_b"],
         Role::ExpGate => &["blk.{l}.ffn_gate_exps.weight"],
@@ -149,14 +152,25 @@ pub fn hf_common_names(role: Role) -> &'static [&'static str] {
 /// Mixtral as transformers 5 writes it). `{e}` is the expert index.
 pub const HF_MLP_MOE: &[(Role, &str)] = &[
     (Role::Router, "model.layers.{l}.mlp.gate.weight"),
-    (Role::ExpGate, "model.layers.{l}.mlp.experts.{e}.gate_proj.weight"),
-    (Role::ExpUp, "model.layers.{l}.mlp.experts.{e}.up_proj.weight"),
-    (Role::ExpDown, "model.layers.{l}.mlp.experts.{e}.down_proj.weight"),
+    (
+        Role::ExpGate,
+        "model.layers.{l}.mlp.experts.{e}.gate_proj.weight",
+    ),
+    (
+        Role::ExpUp,
+        "model.layers.{l}.mlp.experts.{e}.up_proj.weight",
+    ),
+    (
+        Role::ExpDown,
+        "model.layers.{l}.mlp.experts.{e}.down_proj.weight",
+    ),
     (Role::ExpGateUp, "model.layers.{l}.mlp.experts.gate_up_proj"),
     (Role::ExpDown, "model.layers.{l}.mlp.experts.down_proj"),
 ];
 
 /// Fill `{l}` and `{e}` in a name pattern.
 pub fn fill(pattern: &str, layer: usize, expert: usize) -> String {
-    pattern.replace("{l}", &layer.to_string()).replace("{e}", &expert.to_string())
+    pattern
+        .replace("{l}", &layer.to_string())
+        .replace("{e}", &expert.to_string())
 }

@@ -14,24 +14,45 @@ impl<'a> Model<'a> {
         self.weights
             .layers
             .iter()
-            .map(|l| l.moe().map(|m| m.experts.iter().map(|e| ExpertLoc { parts: e.ranges }).collect()).unwrap_or_default())
+            .map(|l| {
+                l.moe()
+                    .map(|m| {
+                        m.experts
+                            .iter()
+                            .map(|e| ExpertLoc { parts: e.ranges })
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            })
             .collect()
     }
 
     /// Bytes of routed experts in the files, and of everything else (the resident part).
     pub fn routed_and_resident_bytes(&self, files: &ModelFiles) -> (u64, u64) {
-        let routed: u64 = self.expert_locs().iter().flatten().map(|l| l.parts.iter().map(|p| p.len).sum::<u64>()).sum();
+        let routed: u64 = self
+            .expert_locs()
+            .iter()
+            .flatten()
+            .map(|l| l.parts.iter().map(|p| p.len).sum::<u64>())
+            .sum();
         let total: u64 = files.tensors().iter().map(|t| t.range.len).sum();
         (routed, total.saturating_sub(routed))
     }
 
     /// The expert store of this model (addressing only; no memory is taken).
     pub fn expert_store(&self, files: &ModelFiles) -> Result<ExpertStore, ModelError> {
-        Ok(ExpertStore::new(files.paths().to_vec(), self.expert_locs())?)
+        Ok(ExpertStore::new(
+            files.paths().to_vec(),
+            self.expert_locs(),
+        )?)
     }
 
     /// Build a streaming cache over this model's files.
-    pub fn expert_cache(&self, files: &ModelFiles, cfg: CacheConfig) -> Result<ExpertCache, ModelError> {
+    pub fn expert_cache(
+        &self,
+        files: &ModelFiles,
+        cfg: CacheConfig,
+    ) -> Result<ExpertCache, ModelError> {
         Ok(ExpertCache::new(self.expert_store(files)?, cfg)?)
     }
 }

@@ -33,13 +33,13 @@ pub struct Mlp<'a> {
 
 /// Grouped-query attention.
 pub struct Gqa<'a> {
-    pub wq: WeightView<'a>, // (n_heads*head_dim, hidden)
-    pub wk: WeightView<'a>, // (n_kv_heads*head_dim, hidden)
-    pub wv: WeightView<'a>, // (n_kv_heads*head_dim, hidden)
-    pub wo: WeightView<'a>, // (hidden, n_heads*head_dim)
-    pub bq: Option<Vec<f32>>, // (n_heads*head_dim)
-    pub bk: Option<Vec<f32>>, // (n_kv_heads*head_dim)
-    pub bv: Option<Vec<f32>>, // (n_kv_heads*head_dim)
+    pub wq: WeightView<'a>,       // (n_heads*head_dim, hidden)
+    pub wk: WeightView<'a>,       // (n_kv_heads*head_dim, hidden)
+    pub wv: WeightView<'a>,       // (n_kv_heads*head_dim, hidden)
+    pub wo: WeightView<'a>,       // (hidden, n_heads*head_dim)
+    pub bq: Option<Vec<f32>>,     // (n_heads*head_dim)
+    pub bk: Option<Vec<f32>>,     // (n_kv_heads*head_dim)
+    pub bv: Option<Vec<f32>>,     // (n_kv_heads*head_dim)
     pub q_norm: Option<Vec<f32>>, // (head_dim) per-head, or (n_heads*head_dim) whole
     pub k_norm: Option<Vec<f32>>, // (head_dim) per-head, or (n_kv_heads*head_dim) whole
 }
@@ -48,7 +48,11 @@ pub struct Gqa<'a> {
 /// it transposed relative to what the kernels need.
 pub enum HeadMat<'a> {
     View(WeightView<'a>),
-    Owned { rows: usize, cols: usize, data: Vec<f32> },
+    Owned {
+        rows: usize,
+        cols: usize,
+        data: Vec<f32>,
+    },
 }
 
 /// Multi-head latent attention (DeepSeek-V3).
@@ -70,10 +74,10 @@ pub enum Attention<'a> {
 
 /// A routed MoE block.
 pub struct Moe<'a> {
-    pub router: WeightView<'a>,      // (n_experts, hidden)
+    pub router: WeightView<'a>,       // (n_experts, hidden)
     pub score_bias: Option<Vec<f32>>, // (n_experts) selection-only bias of sigmoid routers
-    pub experts: Vec<Expert<'a>>,    // n_experts
-    pub shared: Option<Mlp<'a>>,     // (shared_ffn)
+    pub experts: Vec<Expert<'a>>,     // n_experts
+    pub shared: Option<Mlp<'a>>,      // (shared_ffn)
 }
 
 pub enum Ffn<'a> {
@@ -110,13 +114,13 @@ pub struct Weights<'a> {
 /// A multi-token-prediction module: x = eh_proj([enorm(embed(t_{i+1})); hnorm(h_i)]) -> one
 /// decoder layer -> head_norm -> head, predicting t_{i+2}.
 pub struct MtpWeights<'a> {
-    pub enorm: Vec<f32>,          // (hidden)
-    pub hnorm: Vec<f32>,          // (hidden)
-    pub eh_proj: WeightView<'a>,  // (hidden, 2*hidden)
+    pub enorm: Vec<f32>,         // (hidden)
+    pub hnorm: Vec<f32>,         // (hidden)
+    pub eh_proj: WeightView<'a>, // (hidden, 2*hidden)
     pub layer: Layer<'a>,
-    pub head_norm: Vec<f32>,      // (hidden)
-    pub head: WeightView<'a>,     // (vocab, hidden); the main lm_head when not stored
-    pub embed: WeightView<'a>,    // (vocab, hidden); the main embedding when not stored
+    pub head_norm: Vec<f32>,   // (hidden)
+    pub head: WeightView<'a>,  // (vocab, hidden); the main lm_head when not stored
+    pub embed: WeightView<'a>, // (vocab, hidden); the main embedding when not stored
 }
 
 /// A matrix view and where its bytes are.
@@ -147,7 +151,9 @@ impl<'a> Binder<'a, '_> {
 
     /// The tensor for a non-expert role, if present.
     fn find(&self, role: Role, layer: usize) -> Option<&'a TensorInfo> {
-        self.patterns(role).iter().find_map(|p| self.files.tensor(&names::fill(p, layer, 0)))
+        self.patterns(role)
+            .iter()
+            .find_map(|p| self.files.tensor(&names::fill(p, layer, 0)))
     }
 
     fn require(&self, role: Role, layer: usize) -> Result<&'a TensorInfo, ModelError> {
@@ -157,7 +163,12 @@ impl<'a> Binder<'a, '_> {
         })
     }
 
-    fn view(&self, t: &'a TensorInfo, rows: usize, cols: usize) -> Result<WeightView<'a>, ModelError> {
+    fn view(
+        &self,
+        t: &'a TensorInfo,
+        rows: usize,
+        cols: usize,
+    ) -> Result<WeightView<'a>, ModelError> {
         check_shape(t, &[rows, cols])?;
         let bytes = self.files.bytes(t)?;
         view_of(t, bytes, rows, cols)
@@ -165,12 +176,23 @@ impl<'a> Binder<'a, '_> {
 
     fn vector(&self, t: &TensorInfo, n: usize) -> Result<Vec<f32>, ModelError> {
         if t.n_elems() != n as u64 {
-            return Err(ModelError::Shape(format!("{}: has {} elements ({:?}), config implies {n}", t.name, t.n_elems(), t.shape)));
+            return Err(ModelError::Shape(format!(
+                "{}: has {} elements ({:?}), config implies {n}",
+                t.name,
+                t.n_elems(),
+                t.shape
+            )));
         }
         Ok(self.files.dequantize(t)?)
     }
 
-    fn mat(&self, role: Role, layer: usize, rows: usize, cols: usize) -> Result<WeightView<'a>, ModelError> {
+    fn mat(
+        &self,
+        role: Role,
+        layer: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<WeightView<'a>, ModelError> {
         let t = self.require(role, layer)?;
         self.view(t, rows, cols)
     }
@@ -180,13 +202,24 @@ impl<'a> Binder<'a, '_> {
         self.vector(t, n)
     }
 
-    fn opt_vector(&self, role: Role, layer: usize, n: usize) -> Result<Option<Vec<f32>>, ModelError> {
-        self.find(role, layer).map(|t| self.vector(t, n)).transpose()
+    fn opt_vector(
+        &self,
+        role: Role,
+        layer: usize,
+        n: usize,
+    ) -> Result<Option<Vec<f32>>, ModelError> {
+        self.find(role, layer)
+            .map(|t| self.vector(t, n))
+            .transpose()
     }
 
     fn mlp(&self, roles: [Role; 3], layer: usize, ffn: usize) -> Result<Mlp<'a>, ModelError> {
         let h = self.cfg.hidden;
-        Ok(Mlp { gate: self.mat(roles[0], layer, ffn, h)?, up: self.mat(roles[1], layer, ffn, h)?, down: self.mat(roles[2], layer, h, ffn)? })
+        Ok(Mlp {
+            gate: self.mat(roles[0], layer, ffn, h)?,
+            up: self.mat(roles[1], layer, ffn, h)?,
+            down: self.mat(roles[2], layer, h, ffn)?,
+        })
     }
 
     fn router(&self, layer: usize) -> Result<WeightView<'a>, ModelError> {
@@ -199,26 +232,48 @@ impl<'a> Binder<'a, '_> {
             .iter()
             .filter(|(r, _)| *r == Role::Router)
             .find_map(|(_, p)| self.files.tensor(&names::fill(p, layer, 0)))
-            .ok_or_else(|| ModelError::MissingTensor(format!("router of layer {layer} ({})", self.hf_moe[0].1.replace("{l}", &layer.to_string()))))?;
+            .ok_or_else(|| {
+                ModelError::MissingTensor(format!(
+                    "router of layer {layer} ({})",
+                    self.hf_moe[0].1.replace("{l}", &layer.to_string())
+                ))
+            })?;
         self.view(t, e, h)
     }
 
-    fn located(&self, t: &'a TensorInfo, rows: usize, cols: usize) -> Result<Located<'a>, ModelError> {
-        Ok(Located { view: self.view(t, rows, cols)?, range: t.range })
+    fn located(
+        &self,
+        t: &'a TensorInfo,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Located<'a>, ModelError> {
+        Ok(Located {
+            view: self.view(t, rows, cols)?,
+            range: t.range,
+        })
     }
 
     /// Per-slice views of a 3-D [n, rows, cols] tensor (experts, or MLA heads).
-    fn split_3d(&self, t: &'a TensorInfo, n: usize, rows: usize, cols: usize) -> Result<Vec<Located<'a>>, ModelError> {
+    fn split_3d(
+        &self,
+        t: &'a TensorInfo,
+        n: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Vec<Located<'a>>, ModelError> {
         check_shape(t, &[n, rows, cols])?;
         let all = self.files.bytes(t)?;
         let mut out = Vec::with_capacity(n);
         for e in 0..n {
             let r = self.files.expert_range(t, e)?;
             let start = (r.offset - t.range.offset) as usize;
-            let bytes = all
-                .get(start..start + r.len as usize)
-                .ok_or_else(|| ModelError::Shape(format!("{}: slice {e} lies outside the tensor", t.name)))?;
-            out.push(Located { view: view_of(t, bytes, rows, cols)?, range: r });
+            let bytes = all.get(start..start + r.len as usize).ok_or_else(|| {
+                ModelError::Shape(format!("{}: slice {e} lies outside the tensor", t.name))
+            })?;
+            out.push(Located {
+                view: view_of(t, bytes, rows, cols)?,
+                range: r,
+            });
         }
         Ok(out)
     }
@@ -229,16 +284,23 @@ impl<'a> Binder<'a, '_> {
             let get = |role| self.require(role, layer);
             let down = self.split_3d(get(Role::ExpDown)?, n, h, f)?;
             let (gate, up) = match self.find(Role::ExpGate, layer) {
-                Some(g) => (self.split_3d(g, n, f, h)?, self.split_3d(get(Role::ExpUp)?, n, f, h)?),
+                Some(g) => (
+                    self.split_3d(g, n, f, h)?,
+                    self.split_3d(get(Role::ExpUp)?, n, f, h)?,
+                ),
                 None => split_gate_up(self.split_3d(get(Role::ExpGateUp)?, n, 2 * f, h)?, f)?,
             };
             return Ok(zip_experts(gate, up, down));
         }
         // HF: per-expert tensors, or fused 3-D tensors.
         let pattern = |role: Role, fused: bool| {
-            self.hf_moe.iter().filter(move |(r, p)| *r == role && p.contains("{e}") != fused).map(|(_, p)| *p)
+            self.hf_moe
+                .iter()
+                .filter(move |(r, p)| *r == role && p.contains("{e}") != fused)
+                .map(|(_, p)| *p)
         };
-        let per_expert = pattern(Role::ExpGate, false).find(|p| self.files.tensor(&names::fill(p, layer, 0)).is_some());
+        let per_expert = pattern(Role::ExpGate, false)
+            .find(|p| self.files.tensor(&names::fill(p, layer, 0)).is_some());
         if let Some(gate_p) = per_expert {
             let prefix_len = gate_p.find("{e}").unwrap_or(0);
             // The up/down patterns that share the gate pattern's prefix (same naming scheme).
@@ -252,10 +314,21 @@ impl<'a> Binder<'a, '_> {
             for e in 0..n {
                 let get = |p: &str| {
                     let name = names::fill(p, layer, e);
-                    self.files.tensor(&name).ok_or(ModelError::MissingTensor(name))
+                    self.files
+                        .tensor(&name)
+                        .ok_or(ModelError::MissingTensor(name))
                 };
-                let (g, u, d) = (self.located(get(gate_p)?, f, h)?, self.located(get(up_p)?, f, h)?, self.located(get(down_p)?, h, f)?);
-                out.push(Expert { gate: g.view, up: u.view, down: d.view, ranges: [g.range, u.range, d.range] });
+                let (g, u, d) = (
+                    self.located(get(gate_p)?, f, h)?,
+                    self.located(get(up_p)?, f, h)?,
+                    self.located(get(down_p)?, h, f)?,
+                );
+                out.push(Expert {
+                    gate: g.view,
+                    up: u.view,
+                    down: d.view,
+                    ranges: [g.range, u.range, d.range],
+                });
             }
             return Ok(out);
         }
@@ -274,10 +347,23 @@ impl<'a> Binder<'a, '_> {
         let (h, qd, kvd, hd) = (c.hidden, c.q_dim(), c.kv_dim(), c.head_dim);
         let (q_norm, k_norm) = match c.qk_norm {
             QkNorm::None => (None, None),
-            QkNorm::PerHead => (Some(self.norm(Role::QNorm, l, hd)?), Some(self.norm(Role::KNorm, l, hd)?)),
-            QkNorm::Whole => (Some(self.norm(Role::QNorm, l, qd)?), Some(self.norm(Role::KNorm, l, kvd)?)),
+            QkNorm::PerHead => (
+                Some(self.norm(Role::QNorm, l, hd)?),
+                Some(self.norm(Role::KNorm, l, hd)?),
+            ),
+            QkNorm::Whole => (
+                Some(self.norm(Role::QNorm, l, qd)?),
+                Some(self.norm(Role::KNorm, l, kvd)?),
+            ),
         };
-        let bias = |role| if c.attn_bias { self.norm(role, l, if role == Role::BiasQ { qd } else { kvd }).map(Some) } else { Ok(None) };
+        let bias = |role| {
+            if c.attn_bias {
+                self.norm(role, l, if role == Role::BiasQ { qd } else { kvd })
+                    .map(Some)
+            } else {
+                Ok(None)
+            }
+        };
         Ok(Gqa {
             wq: self.mat(Role::Wq, l, qd, h)?,
             wk: self.mat(Role::Wk, l, kvd, h)?,
@@ -293,18 +379,37 @@ impl<'a> Binder<'a, '_> {
 
     fn mla(&self, l: usize) -> Result<Mla<'a>, ModelError> {
         let c = self.cfg;
-        let AttnKind::Mla { q_lora, kv_lora, nope, rope, v_dim } = c.attn else {
-            return Err(ModelError::Config("MLA weights requested for a GQA model".into()));
+        let AttnKind::Mla {
+            q_lora,
+            kv_lora,
+            nope,
+            rope,
+            v_dim,
+        } = c.attn
+        else {
+            return Err(ModelError::Config(
+                "MLA weights requested for a GQA model".into(),
+            ));
         };
         let (h, nh) = (c.hidden, c.n_heads);
         let (q_a, q_a_norm, q_b) = match q_lora {
-            Some(r) => (Some(self.mat(Role::QA, l, r, h)?), Some(self.norm(Role::QANorm, l, r)?), self.mat(Role::QB, l, nh * (nope + rope), r)?),
+            Some(r) => (
+                Some(self.mat(Role::QA, l, r, h)?),
+                Some(self.norm(Role::QANorm, l, r)?),
+                self.mat(Role::QB, l, nh * (nope + rope), r)?,
+            ),
             None => (None, None, self.mat(Role::Wq, l, nh * (nope + rope), h)?),
         };
         let (k_b, v_b) = match (self.find(Role::KB, l), self.find(Role::VB, l)) {
             (Some(kb), Some(vb)) => (
-                self.split_3d(kb, nh, kv_lora, nope)?.into_iter().map(|x| HeadMat::View(x.view)).collect(),
-                self.split_3d(vb, nh, v_dim, kv_lora)?.into_iter().map(|x| HeadMat::View(x.view)).collect(),
+                self.split_3d(kb, nh, kv_lora, nope)?
+                    .into_iter()
+                    .map(|x| HeadMat::View(x.view))
+                    .collect(),
+                self.split_3d(vb, nh, v_dim, kv_lora)?
+                    .into_iter()
+                    .map(|x| HeadMat::View(x.view))
+                    .collect(),
             ),
             _ => {
                 // kv_b: (n_heads*(nope+v), kv_lora); per head `nope` k rows then `v_dim` v rows.
@@ -323,9 +428,18 @@ impl<'a> Binder<'a, '_> {
                             data[j * nope + i] = all[(r0 + i) * kv_lora + j];
                         }
                     }
-                    k_b.push(HeadMat::Owned { rows: kv_lora, cols: nope, data });
+                    k_b.push(HeadMat::Owned {
+                        rows: kv_lora,
+                        cols: nope,
+                        data,
+                    });
                     let vb = &w.bytes[(r0 + nope) * rb..(r0 + nope + v_dim) * rb];
-                    v_b.push(HeadMat::View(WeightView { dtype: w.dtype, bytes: vb, rows: v_dim, cols: kv_lora }));
+                    v_b.push(HeadMat::View(WeightView {
+                        dtype: w.dtype,
+                        bytes: vb,
+                        rows: v_dim,
+                        cols: kv_lora,
+                    }));
                 }
                 (k_b, v_b)
             }
@@ -344,30 +458,75 @@ impl<'a> Binder<'a, '_> {
 
     fn moe(&self, l: usize) -> Result<Moe<'a>, ModelError> {
         let c = self.cfg;
-        let score_bias = if c.routing.sigmoid { self.opt_vector(Role::ScoreBias, l, c.n_experts)? } else { None };
-        let shared = if c.shared_ffn > 0 { Some(self.mlp([Role::ShGate, Role::ShUp, Role::ShDown], l, c.shared_ffn)?) } else { None };
-        Ok(Moe { router: self.router(l)?, score_bias, experts: self.experts(l)?, shared })
+        let score_bias = if c.routing.sigmoid {
+            self.opt_vector(Role::ScoreBias, l, c.n_experts)?
+        } else {
+            None
+        };
+        let shared = if c.shared_ffn > 0 {
+            Some(self.mlp([Role::ShGate, Role::ShUp, Role::ShDown], l, c.shared_ffn)?)
+        } else {
+            None
+        };
+        Ok(Moe {
+            router: self.router(l)?,
+            score_bias,
+            experts: self.experts(l)?,
+            shared,
+        })
     }
 }
 
-fn zip_experts<'a>(gate: Vec<Located<'a>>, up: Vec<Located<'a>>, down: Vec<Located<'a>>) -> Vec<Expert<'a>> {
+fn zip_experts<'a>(
+    gate: Vec<Located<'a>>,
+    up: Vec<Located<'a>>,
+    down: Vec<Located<'a>>,
+) -> Vec<Expert<'a>> {
     gate.into_iter()
         .zip(up)
         .zip(down)
-        .map(|((g, u), d)| Expert { gate: g.view, up: u.view, down: d.view, ranges: [g.range, u.range, d.range] })
+        .map(|((g, u), d)| Expert {
+            gate: g.view,
+            up: u.view,
+            down: d.view,
+            ranges: [g.range, u.range, d.range],
+        })
         .collect()
 }
 
 /// Split fused [2*ffn, hidden] gate+up matrices into gate (first ffn rows) and up (the rest).
-fn split_gate_up<'a>(fused: Vec<Located<'a>>, ffn: usize) -> Result<(Vec<Located<'a>>, Vec<Located<'a>>), ModelError> {
+fn split_gate_up<'a>(
+    fused: Vec<Located<'a>>,
+    ffn: usize,
+) -> Result<(Vec<Located<'a>>, Vec<Located<'a>>), ModelError> {
     let mut gates = Vec::with_capacity(fused.len());
     let mut ups = Vec::with_capacity(fused.len());
     for Located { view: w, range } in fused {
         let half = ffn * w.row_bytes();
         let (g, u) = w.bytes.split_at(half);
         let h = half as u64;
-        gates.push(Located { view: WeightView { dtype: w.dtype, bytes: g, rows: ffn, cols: w.cols }, range: ByteRange { len: h, ..range } });
-        ups.push(Located { view: WeightView { dtype: w.dtype, bytes: u, rows: ffn, cols: w.cols }, range: ByteRange { offset: range.offset + h, len: range.len - h, ..range } });
+        gates.push(Located {
+            view: WeightView {
+                dtype: w.dtype,
+                bytes: g,
+                rows: ffn,
+                cols: w.cols,
+            },
+            range: ByteRange { len: h, ..range },
+        });
+        ups.push(Located {
+            view: WeightView {
+                dtype: w.dtype,
+                bytes: u,
+                rows: ffn,
+                cols: w.cols,
+            },
+            range: ByteRange {
+                offset: range.offset + h,
+                len: range.len - h,
+                ..range
+            },
+        });
     }
     Ok((gates, ups))
 }
@@ -377,16 +536,33 @@ fn check_shape(t: &TensorInfo, want: &[usize]) -> Result<(), ModelError> {
     if ok {
         Ok(())
     } else {
-        Err(ModelError::Shape(format!("{}: shape {:?} in the file, config implies {:?}", t.name, t.shape, want)))
+        Err(ModelError::Shape(format!(
+            "{}: shape {:?} in the file, config implies {:?}",
+            t.name, t.shape, want
+        )))
     }
 }
 
-fn view_of<'a>(t: &TensorInfo, bytes: &'a [u8], rows: usize, cols: usize) -> Result<WeightView<'a>, ModelError> {
+fn view_of<'a>(
+    t: &TensorInfo,
+    bytes: &'a [u8],
+    rows: usize,
+    cols: usize,
+) -> Result<WeightView<'a>, ModelError> {
     if t.dtype == DType::F8E4M3 {
-        return Err(ModelError::Unsupported(format!("{}: FP8 matrices are dequantize-only in this build", t.name)));
+        return Err(ModelError::Unsupported(format!(
+            "{}: FP8 matrices are dequantize-only in this build",
+            t.name
+        )));
     }
-    kernels::kernels_for(t.dtype).map_err(|_| ModelError::Unsupported(format!("{}: tensor type {} has no kernels in sluice", t.name, t.dtype)))?;
-    WeightView::new(t.dtype, bytes, rows, cols).map_err(|e| ModelError::Shape(format!("{}: {e}", t.name)))
+    kernels::kernels_for(t.dtype).map_err(|_| {
+        ModelError::Unsupported(format!(
+            "{}: tensor type {} has no kernels in sluice",
+            t.name, t.dtype
+        ))
+    })?;
+    WeightView::new(t.dtype, bytes, rows, cols)
+        .map_err(|e| ModelError::Shape(format!("{}: {e}", t.name)))
 }
 
 impl<'a> Weights<'a> {
@@ -414,7 +590,11 @@ impl<'a> Weights<'a> {
         let output = match (b.find(Role::Output, 0), cfg.tie_embeddings) {
             (_, true) => token_embd,
             (Some(t), false) => b.view(t, v, h)?,
-            (None, false) => return Err(ModelError::MissingTensor("lm_head / output.weight (embeddings are not tied)".into())),
+            (None, false) => {
+                return Err(ModelError::MissingTensor(
+                    "lm_head / output.weight (embeddings are not tied)".into(),
+                ))
+            }
         };
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for l in 0..cfg.n_layers {
@@ -425,9 +605,18 @@ impl<'a> Weights<'a> {
             let ffn = if cfg.is_moe_layer(l) {
                 Ffn::Moe(b.moe(l)?)
             } else {
-                Ffn::Dense(b.mlp([Role::DenseGate, Role::DenseUp, Role::DenseDown], l, cfg.dense_ffn)?)
+                Ffn::Dense(b.mlp(
+                    [Role::DenseGate, Role::DenseUp, Role::DenseDown],
+                    l,
+                    cfg.dense_ffn,
+                )?)
             };
-            layers.push(Layer { attn_norm: b.norm(Role::AttnNorm, l, h)?, attn, ffn_norm: b.norm(Role::FfnNorm, l, h)?, ffn });
+            layers.push(Layer {
+                attn_norm: b.norm(Role::AttnNorm, l, h)?,
+                attn,
+                ffn_norm: b.norm(Role::FfnNorm, l, h)?,
+                ffn,
+            });
         }
         let mtp = if cfg.n_mtp_layers > 0 && b.find(Role::MtpEh, cfg.n_layers).is_some() {
             let l = cfg.n_layers;
@@ -435,7 +624,12 @@ impl<'a> Weights<'a> {
                 AttnKind::Gqa => Attention::Gqa(b.gqa(l)?),
                 AttnKind::Mla { .. } => Attention::Mla(b.mla(l)?),
             };
-            let layer = Layer { attn_norm: b.norm(Role::AttnNorm, l, h)?, attn, ffn_norm: b.norm(Role::FfnNorm, l, h)?, ffn: Ffn::Moe(b.moe(l)?) };
+            let layer = Layer {
+                attn_norm: b.norm(Role::AttnNorm, l, h)?,
+                attn,
+                ffn_norm: b.norm(Role::FfnNorm, l, h)?,
+                ffn: Ffn::Moe(b.moe(l)?),
+            };
             Some(MtpWeights {
                 enorm: b.norm(Role::MtpEnorm, l, h)?,
                 hnorm: b.norm(Role::MtpHnorm, l, h)?,
@@ -454,6 +648,12 @@ impl<'a> Weights<'a> {
         } else {
             None
         };
-        Ok(Weights { token_embd, output_norm: b.norm(Role::OutputNorm, 0, h)?, output, layers, mtp })
+        Ok(Weights {
+            token_embd,
+            output_norm: b.norm(Role::OutputNorm, 0, h)?,
+            output,
+            layers,
+            mtp,
+        })
     }
 }

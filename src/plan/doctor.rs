@@ -119,11 +119,18 @@ pub fn expert_sizes(m: &ModelFiles) -> ExpertSizes {
             None => m.expert_range(t, 0).ok().map(|r| r.len),
         })
         .max();
-    ExpertSizes { slice_bytes: slice, per_layer_bytes: summarize(m).one_expert_bytes_per_layer }
+    ExpertSizes {
+        slice_bytes: slice,
+        per_layer_bytes: summarize(m).one_expert_bytes_per_layer,
+    }
 }
 
 fn ok(name: &str, detail: String) -> Check {
-    Check { name: name.into(), status: "ok".into(), detail }
+    Check {
+        name: name.into(),
+        status: "ok".into(),
+        detail,
+    }
 }
 
 /// Header and range checks (no tensor data read). `Err` on the first failure.
@@ -131,10 +138,25 @@ pub fn check_model(m: &ModelFiles) -> Result<ModelReport, FormatError> {
     let paths = m.paths();
     let mut files = Vec::with_capacity(paths.len());
     for p in paths {
-        let len = std::fs::metadata(p).map_err(|e| FormatError::Io { path: p.clone(), op: "stat", err: e })?.len();
-        files.push(FileReport { path: p.display().to_string(), bytes: len, tensors: 0 });
+        let len = std::fs::metadata(p)
+            .map_err(|e| FormatError::Io {
+                path: p.clone(),
+                op: "stat",
+                err: e,
+            })?
+            .len();
+        files.push(FileReport {
+            path: p.display().to_string(),
+            bytes: len,
+            tensors: 0,
+        });
     }
-    let path_of = |t: &TensorInfo| paths.get(t.range.file).cloned().unwrap_or_else(|| m.dir().to_path_buf());
+    let path_of = |t: &TensorInfo| {
+        paths
+            .get(t.range.file)
+            .cloned()
+            .unwrap_or_else(|| m.dir().to_path_buf())
+    };
     let fail = |t: &TensorInfo, msg: String| FormatError::tensor(&path_of(t), &t.name, msg);
     let mut checks = Vec::new();
     let s = summarize(m);
@@ -151,7 +173,11 @@ pub fn check_model(m: &ModelFiles) -> Result<ModelReport, FormatError> {
             FileKind::Safetensors => format!(
                 "safetensors, {} tensors, config.json {}",
                 m.tensors().len(),
-                if m.config().is_some() { "present" } else { "absent" }
+                if m.config().is_some() {
+                    "present"
+                } else {
+                    "absent"
+                }
             ),
         },
     ));
@@ -159,23 +185,42 @@ pub fn check_model(m: &ModelFiles) -> Result<ModelReport, FormatError> {
     // Ranges, against the size on disk.
     for t in m.tensors() {
         let Some(f) = files.get_mut(t.range.file) else {
-            return Err(fail(t, format!("names file index {} of {}", t.range.file, paths.len())));
+            return Err(fail(
+                t,
+                format!("names file index {} of {}", t.range.file, paths.len()),
+            ));
         };
         f.tensors += 1;
         let end = t.range.offset.checked_add(t.range.len);
         if end.is_none_or(|e| e > f.bytes) {
             return Err(fail(
                 t,
-                format!("bytes [{}, +{}) lie past the end of the file ({} bytes)", t.range.offset, t.range.len, f.bytes),
+                format!(
+                    "bytes [{}, +{}) lie past the end of the file ({} bytes)",
+                    t.range.offset, t.range.len, f.bytes
+                ),
             ));
         }
         if let Some(d) = m.data_offset(t.range.file) {
             if t.range.offset < d {
-                return Err(fail(t, format!("starts at byte {} inside the header (data starts at {d})", t.range.offset)));
+                return Err(fail(
+                    t,
+                    format!(
+                        "starts at byte {} inside the header (data starts at {d})",
+                        t.range.offset
+                    ),
+                ));
             }
         }
     }
-    checks.push(ok("ranges", format!("{} tensors inside their {} file(s)", m.tensors().len(), files.len())));
+    checks.push(ok(
+        "ranges",
+        format!(
+            "{} tensors inside their {} file(s)",
+            m.tensors().len(),
+            files.len()
+        ),
+    ));
 
     // Overlaps, file by file in offset order (empty tensors overlap nothing).
     let mut by_file: BTreeMap<usize, Vec<&TensorInfo>> = BTreeMap::new();
@@ -211,38 +256,70 @@ pub fn check_model(m: &ModelFiles) -> Result<ModelReport, FormatError> {
         if want != Some(t.range.len) {
             return Err(fail(
                 t,
-                format!("{} bytes, but {} elements of {} take {:?}", t.range.len, t.n_elems(), t.dtype, want),
+                format!(
+                    "{} bytes, but {} elements of {} take {:?}",
+                    t.range.len,
+                    t.n_elems(),
+                    t.dtype,
+                    want
+                ),
             ));
         }
     }
-    checks.push(ok("sizes", format!("{} tensors of known type have the bytes their shape needs", m.tensors().len() - unknown.len())));
+    checks.push(ok(
+        "sizes",
+        format!(
+            "{} tensors of known type have the bytes their shape needs",
+            m.tensors().len() - unknown.len()
+        ),
+    ));
 
     if let (Some(a), FileKind::Gguf) = (m.alignment(), m.kind()) {
         for t in m.tensors() {
-            let rel = t.range.offset.saturating_sub(m.data_offset(t.range.file).unwrap_or(0));
+            let rel = t
+                .range
+                .offset
+                .saturating_sub(m.data_offset(t.range.file).unwrap_or(0));
             if a > 0 && rel % a != 0 {
-                return Err(fail(t, format!("data offset {rel} is not a multiple of the alignment {a}")));
+                return Err(fail(
+                    t,
+                    format!("data offset {rel} is not a multiple of the alignment {a}"),
+                ));
             }
         }
-        checks.push(ok("alignment", format!("every tensor offset is a multiple of {a}")));
+        checks.push(ok(
+            "alignment",
+            format!("every tensor offset is a multiple of {a}"),
+        ));
     }
 
     // Routed experts.
     let mut fused = 0;
     let mut counts = BTreeMap::new();
     for t in m.tensors() {
-        if routed_expert_tensor(&t.name).is_some_and(|r| r.expert.is_none()) && !matches!(t.dtype, DType::Unknown(_)) {
+        if routed_expert_tensor(&t.name).is_some_and(|r| r.expert.is_none())
+            && !matches!(t.dtype, DType::Unknown(_))
+        {
             m.expert_range(t, 0)?;
             fused += 1;
-            *counts.entry(t.shape.first().copied().unwrap_or(0)).or_insert(0usize) += 1;
+            *counts
+                .entry(t.shape.first().copied().unwrap_or(0))
+                .or_insert(0usize) += 1;
         }
     }
     let sizes = expert_sizes(m);
     if s.routed_expert_bytes == 0 {
-        checks.push(ok("experts", "no routed-expert tensors (a dense model)".into()));
+        checks.push(ok(
+            "experts",
+            "no routed-expert tensors (a dense model)".into(),
+        ));
     } else {
         let per = s.experts_per_layer;
-        let odd: Vec<u64> = counts.keys().copied().filter(|&n| per.is_some_and(|p| p != n)).collect();
+        let odd: Vec<u64> = counts
+            .keys()
+            .copied()
+            .filter(|&n| per.is_some_and(|p| p != n))
+            .collect();
         let detail = format!(
             "{} routed tensors ({fused} fused ones split into whole experts); one expert: {} bytes per tensor, {} bytes per layer",
             m.tensors().iter().filter(|t| routed_expert_tensor(&t.name).is_some()).count(),
@@ -255,7 +332,10 @@ pub fn check_model(m: &ModelFiles) -> Result<ModelReport, FormatError> {
             checks.push(Check {
                 name: "experts".into(),
                 status: "warn".into(),
-                detail: format!("{detail}; tensors hold {odd:?} experts but the metadata says {}", per.unwrap_or(0)),
+                detail: format!(
+                    "{detail}; tensors hold {odd:?} experts but the metadata says {}",
+                    per.unwrap_or(0)
+                ),
             });
         }
     }
@@ -273,7 +353,10 @@ pub fn check_model(m: &ModelFiles) -> Result<ModelReport, FormatError> {
         });
     }
     Ok(ModelReport {
-        path: paths.first().map_or_else(|| m.dir().display().to_string(), |p| p.display().to_string()),
+        path: paths.first().map_or_else(
+            || m.dir().display().to_string(),
+            |p| p.display().to_string(),
+        ),
         format: m.kind().name().to_string(),
         gguf_version: m.gguf_version(),
         files,
@@ -298,9 +381,13 @@ pub fn fnv1a64(mut h: u64, bytes: &[u8]) -> u64 {
 
 /// NaN/inf count of whole little-endian elements of `dtype` in `bytes` (0 for non-float types).
 pub fn non_finite(dtype: DType, bytes: &[u8]) -> u64 {
-    let c = |n: usize, bad: &dyn Fn(&[u8]) -> bool| bytes.chunks_exact(n).filter(|e| bad(e)).count() as u64;
+    let c = |n: usize, bad: &dyn Fn(&[u8]) -> bool| {
+        bytes.chunks_exact(n).filter(|e| bad(e)).count() as u64
+    };
     match dtype {
-        DType::F32 => c(4, &|e| u32::from_le_bytes([e[0], e[1], e[2], e[3]]) & 0x7F80_0000 == 0x7F80_0000),
+        DType::F32 => c(4, &|e| {
+            u32::from_le_bytes([e[0], e[1], e[2], e[3]]) & 0x7F80_0000 == 0x7F80_0000
+        }),
         DType::F16 => c(2, &|e| u16::from_le_bytes([e[0], e[1]]) & 0x7C00 == 0x7C00),
         DType::BF16 => c(2, &|e| u16::from_le_bytes([e[0], e[1]]) & 0x7F80 == 0x7F80),
         DType::F64 => c(8, &|e| {
@@ -336,12 +423,21 @@ pub fn deep_check(m: &ModelFiles, threads: usize) -> Result<DeepReport, FormatEr
     let paths = m.paths();
     let files: Vec<File> = paths
         .iter()
-        .map(|p| File::open(p).map_err(|e| FormatError::Io { path: p.clone(), op: "open", err: e }))
+        .map(|p| {
+            File::open(p).map_err(|e| FormatError::Io {
+                path: p.clone(),
+                op: "open",
+                err: e,
+            })
+        })
         .collect::<Result<_, _>>()?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads.max(1))
         .build()
-        .map_err(|e| FormatError::Malformed { path: m.dir().to_path_buf(), msg: format!("cannot start {threads} threads: {e}") })?;
+        .map_err(|e| FormatError::Malformed {
+            path: m.dir().to_path_buf(),
+            msg: format!("cannot start {threads} threads: {e}"),
+        })?;
     let results: Vec<Result<(u64, u64), String>> = pool.install(|| {
         m.tensors()
             .par_iter()
@@ -356,16 +452,26 @@ pub fn deep_check(m: &ModelFiles, threads: usize) -> Result<DeepReport, FormatEr
     let mut per_file: Vec<(usize, u64, u64)> = vec![(0, 0, FNV_OFFSET); paths.len()];
     let mut order: Vec<usize> = (0..m.tensors().len()).collect();
     for (t, r) in m.tensors().iter().zip(&results) {
-        let path = paths.get(t.range.file).map_or_else(String::new, |p| p.display().to_string());
+        let path = paths
+            .get(t.range.file)
+            .map_or_else(String::new, |p| p.display().to_string());
         let (sum, nf) = match r {
             Ok((h, nf)) => (Some(*h), *nf),
             Err(msg) => {
-                bad.push(BadTensor { name: t.name.clone(), path: path.clone(), reason: msg.clone() });
+                bad.push(BadTensor {
+                    name: t.name.clone(),
+                    path: path.clone(),
+                    reason: msg.clone(),
+                });
                 (None, 0)
             }
         };
         if nf > 0 {
-            bad.push(BadTensor { name: t.name.clone(), path, reason: format!("{nf} values are NaN or infinite") });
+            bad.push(BadTensor {
+                name: t.name.clone(),
+                path,
+                reason: format!("{nf} values are NaN or infinite"),
+            });
         }
         tensors.push(TensorSum {
             name: t.name.clone(),
@@ -378,7 +484,9 @@ pub fn deep_check(m: &ModelFiles, threads: usize) -> Result<DeepReport, FormatEr
     // File checksums in file (offset) order.
     order.sort_by_key(|&i| m.tensors().get(i).map(|t| (t.range.file, t.range.offset)));
     for i in order {
-        let (Some(t), Some(Ok((h, _)))) = (m.tensors().get(i), results.get(i)) else { continue };
+        let (Some(t), Some(Ok((h, _)))) = (m.tensors().get(i), results.get(i)) else {
+            continue;
+        };
         if let Some(f) = per_file.get_mut(t.range.file) {
             f.0 += 1;
             f.1 += t.range.len;
@@ -391,7 +499,12 @@ pub fn deep_check(m: &ModelFiles, threads: usize) -> Result<DeepReport, FormatEr
         files: paths
             .iter()
             .zip(per_file)
-            .map(|(p, (n, b, h))| FileSum { path: p.display().to_string(), tensors: n, bytes: b, fnv1a64: format!("{h:016x}") })
+            .map(|(p, (n, b, h))| FileSum {
+                path: p.display().to_string(),
+                tensors: n,
+                bytes: b,
+                fnv1a64: format!("{h:016x}"),
+            })
             .collect(),
         tensors,
         bad,
@@ -411,14 +524,23 @@ mod tests {
         assert_eq!(fnv1a64(FNV_OFFSET, b""), 0xcbf29ce484222325);
         assert_eq!(fnv1a64(FNV_OFFSET, b"a"), 0xaf63dc4c8601ec8c);
         assert_eq!(fnv1a64(FNV_OFFSET, b"foobar"), 0x85944171f73967e8);
-        assert_eq!(fnv1a64(fnv1a64(FNV_OFFSET, b"foo"), b"bar"), 0x85944171f73967e8);
+        assert_eq!(
+            fnv1a64(fnv1a64(FNV_OFFSET, b"foo"), b"bar"),
+            0x85944171f73967e8
+        );
     }
 
     #[test]
     fn non_finite_counts() {
-        let f32s: Vec<u8> = [1.0f32, f32::NAN, f32::INFINITY, -0.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let f32s: Vec<u8> = [1.0f32, f32::NAN, f32::INFINITY, -0.0]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
         assert_eq!(non_finite(DType::F32, &f32s), 2);
-        let f16s: Vec<u8> = [0x3C00u16, 0x7C00, 0xFE00].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let f16s: Vec<u8> = [0x3C00u16, 0x7C00, 0xFE00]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
         assert_eq!(non_finite(DType::F16, &f16s), 2);
         assert_eq!(non_finite(DType::Q8_0, &f32s), 0);
     }

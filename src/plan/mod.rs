@@ -83,7 +83,10 @@ impl MachineProfile {
     /// The profile of the machine and of the storage under `path_hint` (a model file or
     /// directory; `None`: the cache directory): the cached one when it fits, else probed now
     /// and cached. A model's expert read size is probed too. See the module doc.
-    pub fn load_or_probe(path_hint: Option<&Path>, refresh: bool) -> Result<MachineProfile, ProbeError> {
+    pub fn load_or_probe(
+        path_hint: Option<&Path>,
+        refresh: bool,
+    ) -> Result<MachineProfile, ProbeError> {
         let o = ProbeOptions::for_path(path_hint)?;
         Ok(load_or_probe_with(&o, refresh, &|_| {})?.profile)
     }
@@ -93,7 +96,11 @@ impl MachineProfile {
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
     #[error("{}: cannot {op}: {err}", path.display())]
-    Io { path: PathBuf, op: &'static str, err: std::io::Error },
+    Io {
+        path: PathBuf,
+        op: &'static str,
+        err: std::io::Error,
+    },
     #[error("{}: {msg}", path.display())]
     Read { path: PathBuf, msg: String },
     #[error("{0}")]
@@ -104,7 +111,11 @@ pub enum ProbeError {
 
 impl ProbeError {
     pub(crate) fn io(path: &Path, op: &'static str, err: std::io::Error) -> ProbeError {
-        ProbeError::Io { path: path.to_path_buf(), op, err }
+        ProbeError::Io {
+            path: path.to_path_buf(),
+            op,
+            err,
+        }
     }
 }
 
@@ -127,13 +138,23 @@ impl ProbeOptions {
     /// Probe the cache directory's storage at 1 MiB.
     pub fn for_cache_dir() -> ProbeOptions {
         let c = crate::default_model::cache_dir();
-        ProbeOptions { storage_dir: c.clone(), cache_dir: c, model_file: None, block_sizes: vec![1 << 20], quick: false }
+        ProbeOptions {
+            storage_dir: c.clone(),
+            cache_dir: c,
+            model_file: None,
+            block_sizes: vec![1 << 20],
+            quick: false,
+        }
     }
 
     /// Probe the storage under `m` at its expert read sizes and 1 MiB.
     pub fn for_model(m: &ModelFiles) -> ProbeOptions {
         let sizes = doctor::expert_sizes(m);
-        let largest = m.paths().iter().max_by_key(|p| std::fs::metadata(p).map(|md| md.len()).unwrap_or(0)).cloned();
+        let largest = m
+            .paths()
+            .iter()
+            .max_by_key(|p| std::fs::metadata(p).map(|md| md.len()).unwrap_or(0))
+            .cloned();
         let mut block_sizes = vec![1 << 20];
         block_sizes.extend(sizes.slice_bytes);
         if sizes.per_layer_bytes > 0 {
@@ -150,19 +171,37 @@ impl ProbeOptions {
 
     /// A model path (opened to learn its expert size), a directory, or nothing (the cache dir).
     pub fn for_path(path_hint: Option<&Path>) -> Result<ProbeOptions, ProbeError> {
-        let Some(p) = path_hint else { return Ok(Self::for_cache_dir()) };
+        let Some(p) = path_hint else {
+            return Ok(Self::for_cache_dir());
+        };
         if let Ok(m) = ModelFiles::open(p) {
             return Ok(Self::for_model(&m));
         }
-        let dir = if p.is_dir() { p.to_path_buf() } else { p.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf) };
+        let dir = if p.is_dir() {
+            p.to_path_buf()
+        } else {
+            p.parent()
+                .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+        };
         if !dir.is_dir() {
-            return Err(ProbeError::Other(format!("{}: not a model or a directory", p.display())));
+            return Err(ProbeError::Other(format!(
+                "{}: not a model or a directory",
+                p.display()
+            )));
         }
-        Ok(ProbeOptions { storage_dir: dir, ..Self::for_cache_dir() })
+        Ok(ProbeOptions {
+            storage_dir: dir,
+            ..Self::for_cache_dir()
+        })
     }
 
     fn sizes(&self) -> Vec<u64> {
-        let mut v: Vec<u64> = self.block_sizes.iter().chain(std::iter::once(&(1u64 << 20))).map(|&b| b.max(1).div_ceil(probe_disk::ALIGN) * probe_disk::ALIGN).collect();
+        let mut v: Vec<u64> = self
+            .block_sizes
+            .iter()
+            .chain(std::iter::once(&(1u64 << 20)))
+            .map(|&b| b.max(1).div_ceil(probe_disk::ALIGN) * probe_disk::ALIGN)
+            .collect();
         v.sort_unstable();
         v.dedup();
         v
@@ -205,14 +244,20 @@ pub(crate) fn sig6(x: f64) -> f64 {
 }
 
 fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xCBF2_9CE4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01B3))
+    bytes.iter().fold(0xCBF2_9CE4_8422_2325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01B3)
+    })
 }
 
 /// The cache key: the filesystem device of `dir`, and a hash of the CPU model and core count.
 pub fn profile_key(dir: &Path, cpu: &CpuInfo) -> Result<String, ProbeError> {
     let md = std::fs::metadata(dir).map_err(|e| ProbeError::io(dir, "stat", e))?;
     let (maj, min) = probe_disk::dev_major_minor(md.dev());
-    let id = format!("{}|{}", cpu.model.as_deref().unwrap_or("?"), cpu.logical_cores);
+    let id = format!(
+        "{}|{}",
+        cpu.model.as_deref().unwrap_or("?"),
+        cpu.logical_cores
+    );
     Ok(format!("{maj}-{min}-{:08x}", fnv1a(id.as_bytes()) as u32))
 }
 
@@ -234,7 +279,8 @@ pub fn write_profile(path: &Path, p: &MachineProfile) -> Result<(), ProbeError> 
         std::fs::create_dir_all(d).map_err(|e| ProbeError::io(d, "create directory", e))?;
     }
     let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
-    let text = serde_json::to_vec_pretty(p).map_err(|e| ProbeError::Other(format!("serialising the profile: {e}")))?;
+    let text = serde_json::to_vec_pretty(p)
+        .map_err(|e| ProbeError::Other(format!("serialising the profile: {e}")))?;
     std::fs::write(&tmp, text).map_err(|e| ProbeError::io(&tmp, "write", e))?;
     std::fs::rename(&tmp, path).map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
@@ -261,7 +307,11 @@ pub fn probe(o: &ProbeOptions, log: &dyn Fn(&str)) -> Result<MachineProfile, Pro
     let key = profile_key(&o.storage_dir, &cpu)?;
     let l = probe_mem::limits();
     let sweep = probe_mem::SweepOptions::auto(&cpu, l.available_bytes, o.quick);
-    log(&format!("memory read sweep over {} MiB with {} threads", sweep.buffer_bytes >> 20, sweep.threads));
+    log(&format!(
+        "memory read sweep over {} MiB with {} threads",
+        sweep.buffer_bytes >> 20,
+        sweep.threads
+    ));
     let read_gbps = probe_mem::read_bandwidth(&sweep).ok().map(sig6);
     let memory = MemoryInfo {
         total_bytes: l.total_bytes,
@@ -281,7 +331,9 @@ pub fn probe(o: &ProbeOptions, log: &dyn Fn(&str)) -> Result<MachineProfile, Pro
         version: PROFILE_VERSION,
         sluice_version: env!("CARGO_PKG_VERSION").to_string(),
         key,
-        probed_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        probed_unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
         probe_seconds: sig6(t.elapsed().as_secs_f64()),
         quick: o.quick,
         cpu,
@@ -292,8 +344,13 @@ pub fn probe(o: &ProbeOptions, log: &dyn Fn(&str)) -> Result<MachineProfile, Pro
 }
 
 /// `load_or_probe` with explicit options and a progress log.
-pub fn load_or_probe_with(o: &ProbeOptions, refresh: bool, log: &dyn Fn(&str)) -> Result<Loaded, ProbeError> {
-    std::fs::create_dir_all(&o.cache_dir).map_err(|e| ProbeError::io(&o.cache_dir, "create directory", e))?;
+pub fn load_or_probe_with(
+    o: &ProbeOptions,
+    refresh: bool,
+    log: &dyn Fn(&str),
+) -> Result<Loaded, ProbeError> {
+    std::fs::create_dir_all(&o.cache_dir)
+        .map_err(|e| ProbeError::io(&o.cache_dir, "create directory", e))?;
     let cpu = probe_cpu::probe();
     let key = profile_key(&o.storage_dir, &cpu)?;
     let path = profile_path(&o.cache_dir, &key);
@@ -302,31 +359,54 @@ pub fn load_or_probe_with(o: &ProbeOptions, refresh: bool, log: &dyn Fn(&str)) -
     let (mut profile, origin) = match cached {
         Some(mut p) => {
             let measured = p.storage.note.is_none() || !p.storage.series.is_empty();
-            let missing: Vec<u64> = o.sizes().into_iter().filter(|&b| p.storage.direct(b).is_none()).collect();
+            let missing: Vec<u64> = o
+                .sizes()
+                .into_iter()
+                .filter(|&b| p.storage.direct(b).is_none())
+                .collect();
             if !p.storage.o_direct && measured {
                 // O_DIRECT was refused there: nothing more to learn by probing again.
                 (p, Origin::Cached)
             } else if missing.is_empty() {
                 (p, Origin::Cached)
             } else {
-                log(&format!("the cached profile lacks {} read size(s); probing them", missing.len()));
+                log(&format!(
+                    "the cached profile lacks {} read size(s); probing them",
+                    missing.len()
+                ));
                 let s = probe_disk::probe(&disk_options(o, &cpu, missing), log)?;
                 let mut series = std::mem::take(&mut p.storage.series);
-                series.retain(|old| !s.series.iter().any(|n| n.mode == old.mode && n.block_bytes == old.block_bytes));
+                series.retain(|old| {
+                    !s.series
+                        .iter()
+                        .any(|n| n.mode == old.mode && n.block_bytes == old.block_bytes)
+                });
                 series.extend(s.series.iter().cloned());
                 series.sort_by_key(|s| (s.block_bytes, s.mode == ReadMode::Buffered));
                 let earlier = p.storage.data.take();
                 p.storage = StorageInfo { series, ..s };
                 if earlier.is_some() && earlier != p.storage.data {
                     let now = p.storage.data.take().unwrap_or_default();
-                    p.storage.data = Some(format!("{now}; sizes probed earlier: {}", earlier.unwrap_or_default()));
+                    p.storage.data = Some(format!(
+                        "{now}; sizes probed earlier: {}",
+                        earlier.unwrap_or_default()
+                    ));
                 }
                 (p, Origin::Extended)
             }
         }
         None => (probe(o, log)?, Origin::Probed),
     };
-    let save_error = if origin == Origin::Cached { None } else { write_profile(&path, &profile).err().map(|e| e.to_string()) };
+    let save_error = if origin == Origin::Cached {
+        None
+    } else {
+        write_profile(&path, &profile).err().map(|e| e.to_string())
+    };
     profile.refresh_volatile();
-    Ok(Loaded { profile, path, origin, save_error })
+    Ok(Loaded {
+        profile,
+        path,
+        origin,
+        save_error,
+    })
 }

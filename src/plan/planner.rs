@@ -62,7 +62,11 @@ pub struct ModelSummary {
 
 impl ModelSummary {
     /// The summary of a loaded model, with `kv_bytes` for the state it will run with.
-    pub fn of(model: &crate::model::Model<'_>, files: &crate::format::ModelFiles, kv_bytes: u64) -> Result<ModelSummary, crate::model::ModelError> {
+    pub fn of(
+        model: &crate::model::Model<'_>,
+        files: &crate::format::ModelFiles,
+        kv_bytes: u64,
+    ) -> Result<ModelSummary, crate::model::ModelError> {
         let (routed, resident) = model.routed_and_resident_bytes(files);
         let store = model.expert_store(files)?;
         Ok(ModelSummary {
@@ -77,7 +81,14 @@ impl ModelSummary {
             embedding_bytes: if model.cfg.tie_embeddings {
                 0
             } else {
-                files.tensors().iter().filter(|t| t.name == "token_embd.weight" || t.name.ends_with("embed_tokens.weight")).map(|t| t.range.len).sum()
+                files
+                    .tensors()
+                    .iter()
+                    .filter(|t| {
+                        t.name == "token_embd.weight" || t.name.ends_with("embed_tokens.weight")
+                    })
+                    .map(|t| t.range.len)
+                    .sum()
             },
         })
     }
@@ -114,7 +125,9 @@ impl ExpertMode {
             "auto" => Ok(ExpertMode::Auto),
             "resident" => Ok(ExpertMode::Resident),
             "stream" => Ok(ExpertMode::Stream),
-            other => Err(PlanError::Flag(format!("--experts {other:?}: expected auto, resident or stream"))),
+            other => Err(PlanError::Flag(format!(
+                "--experts {other:?}: expected auto, resident or stream"
+            ))),
         }
     }
 }
@@ -141,7 +154,17 @@ pub struct PlanRequest {
 
 impl Default for PlanRequest {
     fn default() -> PlanRequest {
-        PlanRequest { ram: None, available: None, mode: ExpertMode::Auto, cap: None, io: None, io_threads: None, autopin: None, pin_bytes: None, mtp: 0 }
+        PlanRequest {
+            ram: None,
+            available: None,
+            mode: ExpertMode::Auto,
+            cap: None,
+            io: None,
+            io_threads: None,
+            autopin: None,
+            pin_bytes: None,
+            mtp: 0,
+        }
     }
 }
 
@@ -192,7 +215,10 @@ impl Plan {
 
     /// The `[plan] what: value (reason)` lines.
     pub fn lines(&self) -> Vec<String> {
-        self.decisions.iter().map(|d| format!("[plan] {}: {} ({})", d.what, d.value, d.reason)).collect()
+        self.decisions
+            .iter()
+            .map(|d| format!("[plan] {}: {} ({})", d.what, d.value, d.reason))
+            .collect()
     }
 }
 
@@ -241,21 +267,40 @@ fn token_secs(m: &ModelSummary, hit: f64, disk: f64, mem: f64) -> (f64, f64) {
 }
 
 fn d(what: &str, value: impl Into<String>, reason: impl Into<String>) -> Decision {
-    Decision { what: what.into(), value: value.into(), reason: reason.into() }
+    Decision {
+        what: what.into(),
+        value: value.into(),
+        reason: reason.into(),
+    }
 }
 
 /// Decide. `profile` = None: no measured machine (defaults, no prediction; a decision says so).
-pub fn plan(m: &ModelSummary, profile: Option<&MachineProfile>, req: &PlanRequest) -> Result<Plan, PlanError> {
+pub fn plan(
+    m: &ModelSummary,
+    profile: Option<&MachineProfile>,
+    req: &PlanRequest,
+) -> Result<Plan, PlanError> {
     let mut ds = Vec::new();
     let available = req.available.or(profile.map(|p| p.memory.available_bytes));
     let (budget, why) = match (req.ram, available) {
         (Some(r), _) => (r, "--ram".to_string()),
         (None, Some(a)) => (a / 100 * 85, format!("85% of MemAvailable {}", human(a))),
-        (None, None) => (m.total_bytes(), "MemAvailable unknown: assumed the whole model fits".to_string()),
+        (None, None) => (
+            m.total_bytes(),
+            "MemAvailable unknown: assumed the whole model fits".to_string(),
+        ),
     };
     ds.push(d("budget", human(budget), why));
-    ds.push(d("resident", human(m.resident_bytes), "dense weights, embeddings, norms, shared experts: always in RAM"));
-    ds.push(d("kv cache", human(m.kv_bytes), "-c context x layers x KV width, f32"));
+    ds.push(d(
+        "resident",
+        human(m.resident_bytes),
+        "dense weights, embeddings, norms, shared experts: always in RAM",
+    ));
+    ds.push(d(
+        "kv cache",
+        human(m.kv_bytes),
+        "-c context x layers x KV width, f32",
+    ));
     if m.resident_bytes + m.kv_bytes > budget {
         return Err(PlanError::Impossible(format!(
             "budget {} cannot hold the resident part: weights {} + KV cache {} = {} (lower -c or raise --ram)",
@@ -276,12 +321,27 @@ pub fn plan(m: &ModelSummary, profile: Option<&MachineProfile>, req: &PlanReques
         (ExpertMode::Resident, _) => "--experts resident".to_string(),
         (ExpertMode::Stream, _) => "--experts stream".to_string(),
         (ExpertMode::Auto, true) if req.cap.is_some() => "--cap given".to_string(),
-        (ExpertMode::Auto, true) => format!("model + KV {} exceed the budget {}", human(m.total_bytes()), human(budget)),
-        (ExpertMode::Auto, false) => format!("model + KV {} fit the budget {}", human(m.total_bytes()), human(budget)),
+        (ExpertMode::Auto, true) => format!(
+            "model + KV {} exceed the budget {}",
+            human(m.total_bytes()),
+            human(budget)
+        ),
+        (ExpertMode::Auto, false) => format!(
+            "model + KV {} fit the budget {}",
+            human(m.total_bytes()),
+            human(budget)
+        ),
     };
     ds.push(d(
         "experts",
-        if stream { format!("streamed, {} routed", human(m.routed_bytes)) } else { format!("resident, {} routed read through the mapped files", human(m.routed_bytes)) },
+        if stream {
+            format!("streamed, {} routed", human(m.routed_bytes))
+        } else {
+            format!(
+                "resident, {} routed read through the mapped files",
+                human(m.routed_bytes)
+            )
+        },
         mode_why,
     ));
 
@@ -300,9 +360,20 @@ pub fn plan(m: &ModelSummary, profile: Option<&MachineProfile>, req: &PlanReques
         let by_budget = ((left / slot) as usize).saturating_sub(pinned) / m.moe_layers;
         let (s, why) = match req.cap {
             Some(c) => (c, "--cap".to_string()),
-            None => (by_budget, format!("{} left for experts after resident + KV, {} a slot", human(left), human(slot))),
+            None => (
+                by_budget,
+                format!(
+                    "{} left for experts after resident + KV, {} a slot",
+                    human(left),
+                    human(slot)
+                ),
+            ),
         };
-        slots = if req.cap.is_none() && pinned > 0 { s.max(1) } else { s };
+        slots = if req.cap.is_none() && pinned > 0 {
+            s.max(1)
+        } else {
+            s
+        };
         if slots == 0 {
             return Err(PlanError::Impossible(format!(
                 "budget {} leaves {} for experts, less than one {} slot per MoE layer x {} layers = {} (raise --ram)",
@@ -319,11 +390,30 @@ pub fn plan(m: &ModelSummary, profile: Option<&MachineProfile>, req: &PlanReques
             Some(0) => "--autopin, but no usage statistics yet".to_string(),
             Some(_) => match req.pin_bytes {
                 Some(_) => "--autopin, --pin-gb".to_string(),
-                None => "--autopin: half the expert budget, the LRU keeping >= 1 slot a layer".to_string(),
+                None => "--autopin: half the expert budget, the LRU keeping >= 1 slot a layer"
+                    .to_string(),
             },
         };
-        ds.push(d("expert cache", format!("{} = {} evictable slots/layer x {} layers + {} pinned", human(cache_bytes), slots, m.moe_layers, pinned), why));
-        ds.push(d("pin/lru split", format!("{} pinned / {} evictable", human(pinned as u64 * slot), human(slots as u64 * moe * slot)), pin_why));
+        ds.push(d(
+            "expert cache",
+            format!(
+                "{} = {} evictable slots/layer x {} layers + {} pinned",
+                human(cache_bytes),
+                slots,
+                m.moe_layers,
+                pinned
+            ),
+            why,
+        ));
+        ds.push(d(
+            "pin/lru split",
+            format!(
+                "{} pinned / {} evictable",
+                human(pinned as u64 * slot),
+                human(slots as u64 * moe * slot)
+            ),
+            pin_why,
+        ));
         cached_per_layer = slots as f64 + pinned as f64 / moe as f64;
     } else if m.moe_layers > 0 {
         // Mapped experts: the page cache keeps what the budget leaves.
@@ -336,26 +426,57 @@ pub fn plan(m: &ModelSummary, profile: Option<&MachineProfile>, req: &PlanReques
     let direct_ok = profile.map(|p| p.storage.o_direct);
     let (io, io_why) = match (req.io, direct_ok) {
         (Some(i), _) => (i, "--io".to_string()),
-        (None, Some(true)) | (None, None) if stream => (IoMode::Direct, if direct_ok.is_some() { "O_DIRECT works here: no page-cache double copy".to_string() } else { "default (no profile); falls back to buffered where O_DIRECT is refused".to_string() }),
-        (None, Some(false)) if stream => (IoMode::Buffered, "O_DIRECT refused on this filesystem (doctor)".to_string()),
-        (None, _) => (IoMode::Direct, "unused: experts are not streamed".to_string()),
+        (None, Some(true)) | (None, None) if stream => (
+            IoMode::Direct,
+            if direct_ok.is_some() {
+                "O_DIRECT works here: no page-cache double copy".to_string()
+            } else {
+                "default (no profile); falls back to buffered where O_DIRECT is refused".to_string()
+            },
+        ),
+        (None, Some(false)) if stream => (
+            IoMode::Buffered,
+            "O_DIRECT refused on this filesystem (doctor)".to_string(),
+        ),
+        (None, _) => (
+            IoMode::Direct,
+            "unused: experts are not streamed".to_string(),
+        ),
     };
     let ceiling = profile.and_then(|p| p.disk_ceiling(m.slot_bytes));
     let (threads, threads_why) = match (req.io_threads, ceiling) {
         (Some(0), _) => return Err(PlanError::Flag("--io-threads must be at least 1".into())),
         (Some(t), _) => (t, "--io-threads".to_string()),
-        (None, Some((b, p))) => (p.threads.clamp(1, 64), format!("O_DIRECT {} reads peaked at {:.2} GB/s with {} threads", human(b), p.gbps, p.threads)),
+        (None, Some((b, p))) => (
+            p.threads.clamp(1, 64),
+            format!(
+                "O_DIRECT {} reads peaked at {:.2} GB/s with {} threads",
+                human(b),
+                p.gbps,
+                p.threads
+            ),
+        ),
         (None, None) => (4, "default (no measured disk figures)".to_string()),
     };
     if stream {
-        ds.push(d("io", format!("{} x{threads} readers", io.name()), format!("{io_why}; {threads_why}")));
+        ds.push(d(
+            "io",
+            format!("{} x{threads} readers", io.name()),
+            format!("{io_why}; {threads_why}"),
+        ));
     }
     ds.push(d("prefetch", "off", "not implemented in sluice yet"));
 
     // Prediction.
-    let hit = if m.moe_layers == 0 || (!stream && fits) { (1.0, 1.0) } else { expected_hit(cached_per_layer, m.experts_per_layer) };
+    let hit = if m.moe_layers == 0 || (!stream && fits) {
+        (1.0, 1.0)
+    } else {
+        expected_hit(cached_per_layer, m.experts_per_layer)
+    };
     let disk = ceiling.map(|(_, p)| p.gbps).filter(|g| *g > 0.0);
-    let mem = profile.and_then(|p| p.memory.read_gbps).filter(|g| *g > 0.0);
+    let mem = profile
+        .and_then(|p| p.memory.read_gbps)
+        .filter(|g| *g > 0.0);
     let mut disk_bound = false;
     let predicted = match (disk, mem) {
         (Some(dk), Some(mm)) => {
@@ -369,7 +490,14 @@ pub fn plan(m: &ModelSummary, profile: Option<&MachineProfile>, req: &PlanReques
 
     // MTP.
     let (mtp_value, mtp_why) = if m.mtp_layers == 0 {
-        ("off".to_string(), if req.mtp > 0 { "--mtp asked, but the model has no MTP head".to_string() } else { "the model has no MTP head".to_string() })
+        (
+            "off".to_string(),
+            if req.mtp > 0 {
+                "--mtp asked, but the model has no MTP head".to_string()
+            } else {
+                "the model has no MTP head".to_string()
+            },
+        )
     } else if req.mtp > 0 {
         let why = if disk_bound {
             "--mtp; warning: decode is disk-bound, and the MTP head's drafts widen the per-token expert union, so it will likely slow decode"
@@ -380,7 +508,10 @@ pub fn plan(m: &ModelSummary, profile: Option<&MachineProfile>, req: &PlanReques
     } else if disk_bound {
         ("off".to_string(), "disk-bound: the MTP head's drafts widen the per-token expert union (more misses per step)".to_string())
     } else {
-        ("off".to_string(), "not asked (--mtp K turns it on; pays when experts are resident)".to_string())
+        (
+            "off".to_string(),
+            "not asked (--mtp K turns it on; pays when experts are resident)".to_string(),
+        )
     };
     ds.push(d("mtp", mtp_value, mtp_why));
     if req.mtp > 0 && m.mtp_layers == 0 {
@@ -395,7 +526,11 @@ pub fn plan(m: &ModelSummary, profile: Option<&MachineProfile>, req: &PlanReques
         100.0 * hit.0,
         100.0 * hit.1
     );
-    ds.push(d("expected hit", format!("{:.0}%..{:.0}%", 100.0 * hit.0, 100.0 * hit.1), hit_why));
+    ds.push(d(
+        "expected hit",
+        format!("{:.0}%..{:.0}%", 100.0 * hit.0, 100.0 * hit.1),
+        hit_why,
+    ));
     match (predicted, disk, mem) {
         (Some((lo, hi)), Some(dk), Some(mm)) => ds.push(d(
             "predicted decode",
@@ -418,7 +553,11 @@ pub fn plan(m: &ModelSummary, profile: Option<&MachineProfile>, req: &PlanReques
         )),
     }
 
-    let expert_cache_bytes = if stream { (slots as u64 * m.moe_layers as u64 + pinned as u64) * m.slot_bytes } else { 0 };
+    let expert_cache_bytes = if stream {
+        (slots as u64 * m.moe_layers as u64 + pinned as u64) * m.slot_bytes
+    } else {
+        0
+    };
     Ok(Plan {
         model: m.clone(),
         budget_bytes: budget,
@@ -445,7 +584,8 @@ pub fn cached_profile(files: &crate::format::ModelFiles) -> Option<MachineProfil
     let o = super::ProbeOptions::for_model(files);
     let cpu = super::probe_cpu::probe();
     let key = super::profile_key(&o.storage_dir, &cpu).ok()?;
-    let mut p = super::read_profile(&super::profile_path(&o.cache_dir, &key)).filter(|p| p.key == key && p.cpu == cpu)?;
+    let mut p = super::read_profile(&super::profile_path(&o.cache_dir, &key))
+        .filter(|p| p.key == key && p.cpu == cpu)?;
     p.refresh_volatile();
     Some(p)
 }

@@ -33,7 +33,9 @@ pub fn probe() -> CpuInfo {
     let (avx2, avx512, vnni) = simd();
     CpuInfo {
         model: crate::bench::kernels::cpu_model(),
-        logical_cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        logical_cores: std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
         physical_cores: physical_from_cpuinfo(&info).or_else(physical_from_sysfs),
         avx2,
         avx512,
@@ -72,7 +74,9 @@ pub fn physical_from_cpuinfo(text: &str) -> Option<usize> {
             flush(&mut pkg, &mut core);
             continue;
         }
-        let Some((k, v)) = line.split_once(':') else { continue };
+        let Some((k, v)) = line.split_once(':') else {
+            continue;
+        };
         match k.trim() {
             "physical id" => pkg = Some(v.trim().to_string()),
             "core id" => core = Some(v.trim().to_string()),
@@ -88,11 +92,18 @@ fn physical_from_sysfs() -> Option<usize> {
     for e in std::fs::read_dir("/sys/devices/system/cpu").ok()?.flatten() {
         let name = e.file_name();
         let name = name.to_string_lossy();
-        if !name.starts_with("cpu") || !name[3..].bytes().all(|b| b.is_ascii_digit()) || name.len() == 3 {
+        if !name.starts_with("cpu")
+            || !name[3..].bytes().all(|b| b.is_ascii_digit())
+            || name.len() == 3
+        {
             continue;
         }
         let t = e.path().join("topology");
-        let read = |f: &str| std::fs::read_to_string(t.join(f)).ok().map(|s| s.trim().to_string());
+        let read = |f: &str| {
+            std::fs::read_to_string(t.join(f))
+                .ok()
+                .map(|s| s.trim().to_string())
+        };
         if let (Some(p), Some(c)) = (read("physical_package_id"), read("core_id")) {
             cores.insert((p, c));
         }
@@ -117,9 +128,13 @@ fn last_level_cache() -> Option<u64> {
     let mut best: Option<(u32, u64)> = None;
     for e in dir.flatten() {
         let p = e.path();
-        let level = std::fs::read_to_string(p.join("level")).ok().and_then(|s| s.trim().parse::<u32>().ok());
+        let level = std::fs::read_to_string(p.join("level"))
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok());
         let kind = std::fs::read_to_string(p.join("type")).unwrap_or_default();
-        let size = std::fs::read_to_string(p.join("size")).ok().and_then(|s| parse_cache_size(&s));
+        let size = std::fs::read_to_string(p.join("size"))
+            .ok()
+            .and_then(|s| parse_cache_size(&s));
         if let (Some(l), Some(sz)) = (level, size) {
             if kind.trim() != "Instruction" && best.is_none_or(|(bl, _)| l > bl) {
                 best = Some((l, sz));

@@ -106,13 +106,19 @@ pub struct StorageInfo {
 impl StorageInfo {
     /// The O_DIRECT series measured at exactly `block_bytes`.
     pub fn direct(&self, block_bytes: u64) -> Option<&ReadSeries> {
-        self.series.iter().find(|s| s.mode == ReadMode::Direct && s.block_bytes == block_bytes)
+        self.series
+            .iter()
+            .find(|s| s.mode == ReadMode::Direct && s.block_bytes == block_bytes)
     }
 
     /// The O_DIRECT series whose block size is nearest `block_bytes` (by ratio): what a
     /// planner uses for a read size that was not probed.
     pub fn nearest_direct(&self, block_bytes: u64) -> Option<&ReadSeries> {
-        let dist = |s: &ReadSeries| ((s.block_bytes.max(1) as f64) / (block_bytes.max(1) as f64)).ln().abs();
+        let dist = |s: &ReadSeries| {
+            ((s.block_bytes.max(1) as f64) / (block_bytes.max(1) as f64))
+                .ln()
+                .abs()
+        };
         self.series
             .iter()
             .filter(|s| s.mode == ReadMode::Direct)
@@ -169,7 +175,10 @@ fn unescape(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
             out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
             i += 4;
         } else {
@@ -203,7 +212,9 @@ pub fn parse_mountinfo(text: &str) -> Vec<Mount> {
 pub fn mount_of<'a>(mounts: &'a [Mount], path: &Path) -> Option<&'a Mount> {
     let mut best: Option<&Mount> = None;
     for m in mounts {
-        if path.starts_with(&m.mount_point) && best.is_none_or(|b| m.mount_point.len() >= b.mount_point.len()) {
+        if path.starts_with(&m.mount_point)
+            && best.is_none_or(|b| m.mount_point.len() >= b.mount_point.len())
+        {
             best = Some(m);
         }
     }
@@ -212,21 +223,32 @@ pub fn mount_of<'a>(mounts: &'a [Mount], path: &Path) -> Option<&'a Mount> {
 
 /// Linux's `dev_t` split into major and minor.
 pub fn dev_major_minor(dev: u64) -> (u64, u64) {
-    (((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff), (dev & 0xff) | ((dev >> 12) & !0xff))
+    (
+        ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff),
+        (dev & 0xff) | ((dev >> 12) & !0xff),
+    )
 }
 
 /// The block device for `maj:min`: (its sysfs directory, the queue directory). A partition's
 /// queue is its parent disk's.
 fn block_device(dev: &str) -> Option<(PathBuf, PathBuf)> {
     let d = std::fs::canonicalize(Path::new("/sys/dev/block").join(dev)).ok()?;
-    let q = if d.join("partition").exists() { d.parent()?.join("queue") } else { d.join("queue") };
+    let q = if d.join("partition").exists() {
+        d.parent()?.join("queue")
+    } else {
+        d.join("queue")
+    };
     Some((d, q))
 }
 
 /// Sectors read so far by a block device, in bytes (field 3 of its `stat` file).
 fn device_read_bytes(stat: &Path) -> Option<u64> {
     let s = std::fs::read_to_string(stat).ok()?;
-    s.split_whitespace().nth(2)?.parse::<u64>().ok()?.checked_mul(512)
+    s.split_whitespace()
+        .nth(2)?
+        .parse::<u64>()
+        .ok()?
+        .checked_mul(512)
 }
 
 /// Filesystem facts about `dir` (no reads or writes).
@@ -235,13 +257,17 @@ pub fn describe(dir: &Path) -> Result<StorageInfo, ProbeError> {
     let md = std::fs::metadata(&canon).map_err(|e| ProbeError::io(dir, "stat", e))?;
     let (maj, min) = dev_major_minor(md.dev());
     let mut dev = format!("{maj}:{min}");
-    let mounts = parse_mountinfo(&std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default());
+    let mounts =
+        parse_mountinfo(&std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default());
     let m = mount_of(&mounts, &canon);
     // Some filesystems (btrfs subvolumes, overlay) report an anonymous st_dev; their source
     // device, when it is a block device, has the queue.
     let mut blk = block_device(&dev);
     if blk.is_none() {
-        if let Some(src) = m.map(|m| m.source.as_str()).filter(|s| s.starts_with("/dev/")) {
+        if let Some(src) = m
+            .map(|m| m.source.as_str())
+            .filter(|s| s.starts_with("/dev/"))
+        {
             if let Ok(smd) = std::fs::metadata(src) {
                 let (a, b) = dev_major_minor(smd.rdev());
                 let d = format!("{a}:{b}");
@@ -262,7 +288,10 @@ pub fn describe(dir: &Path) -> Result<StorageInfo, ProbeError> {
         mount_point: m.map(|m| m.mount_point.clone()),
         source: m.map(|m| m.source.clone()),
         dev,
-        block_device: blk.as_ref().and_then(|(d, _)| d.file_name()).map(|n| n.to_string_lossy().into_owned()),
+        block_device: blk
+            .as_ref()
+            .and_then(|(d, _)| d.file_name())
+            .map(|n| n.to_string_lossy().into_owned()),
         read_ahead_kb,
         free_bytes: sys::free_bytes(&canon).ok(),
         o_direct: false,
@@ -283,7 +312,8 @@ struct Aligned {
 impl Aligned {
     fn new(len: usize) -> Result<Aligned, String> {
         let mut raw = Vec::new();
-        raw.try_reserve_exact(len + ALIGN as usize).map_err(|_| format!("cannot allocate {len} bytes"))?;
+        raw.try_reserve_exact(len + ALIGN as usize)
+            .map_err(|_| format!("cannot allocate {len} bytes"))?;
         raw.resize(len + ALIGN as usize, 0);
         let start = raw.as_ptr().align_offset(ALIGN as usize);
         if start + len > raw.len() {
@@ -322,15 +352,24 @@ impl Drop for ProbeFile {
 }
 
 fn open_direct(p: &Path) -> std::io::Result<File> {
-    OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(p)
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(p)
 }
 
 /// Remove probe files that runs no longer alive left in `dir`.
 fn remove_stale(dir: &Path) {
-    let Ok(rd) = std::fs::read_dir(dir) else { return };
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
     for e in rd.flatten() {
         let name = e.file_name();
-        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(PROBE_PREFIX)).and_then(|n| n.strip_suffix(".tmp")) else {
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(PROBE_PREFIX))
+            .and_then(|n| n.strip_suffix(".tmp"))
+        else {
             continue;
         };
         if pid.parse::<u32>().is_ok_and(|p| !sys::process_alive(p)) {
@@ -344,7 +383,10 @@ fn remove_stale(dir: &Path) {
 fn write_probe_file(dir: &Path, bytes: u64) -> Result<(ProbeFile, bool), ProbeError> {
     let path = dir.join(format!("{PROBE_PREFIX}{}.tmp", std::process::id()));
     let _ = std::fs::remove_file(&path);
-    let guard = ProbeFile { _signal: RemoveOnSignal::new(&path).map_err(|e| ProbeError::io(&path, "register", e))?, path };
+    let guard = ProbeFile {
+        _signal: RemoveOnSignal::new(&path).map_err(|e| ProbeError::io(&path, "register", e))?,
+        path,
+    };
     let path = guard.path.clone();
     let create = |direct: bool| {
         let mut o = OpenOptions::new();
@@ -356,9 +398,10 @@ fn write_probe_file(dir: &Path, bytes: u64) -> Result<(ProbeFile, bool), ProbeEr
     };
     let (mut f, direct) = match create(true) {
         Ok(f) => (f, true),
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-            (create(false).map_err(|e| ProbeError::io(&path, "create", e))?, false)
-        }
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (
+            create(false).map_err(|e| ProbeError::io(&path, "create", e))?,
+            false,
+        ),
         Err(e) => return Err(ProbeError::io(&path, "create", e)),
     };
     const CHUNK: usize = 8 << 20;
@@ -370,18 +413,27 @@ fn write_probe_file(dir: &Path, bytes: u64) -> Result<(ProbeFile, bool), ProbeEr
         for w in buf.as_mut().chunks_exact_mut(8) {
             w.copy_from_slice(&rng.next().to_le_bytes());
         }
-        f.write_all(&buf.as_mut()[..n]).map_err(|e| ProbeError::io(&path, "write", e))?;
+        f.write_all(&buf.as_mut()[..n])
+            .map_err(|e| ProbeError::io(&path, "write", e))?;
         left -= n as u64;
     }
     f.sync_all().map_err(|e| ProbeError::io(&path, "sync", e))?;
     if !direct {
-        sys::advise(&f, Advice::DontNeed).map_err(|e| ProbeError::io(&path, "drop from the page cache", e))?;
+        sys::advise(&f, Advice::DontNeed)
+            .map_err(|e| ProbeError::io(&path, "drop from the page cache", e))?;
     }
     Ok((guard, direct))
 }
 
 /// `threads` readers doing random reads of `block` bytes from `f` (of `len` bytes) for `dur`.
-fn measure(f: &File, len: u64, block: u64, threads: usize, dur: Duration, stat: Option<&Path>) -> Result<ReadPoint, String> {
+fn measure(
+    f: &File,
+    len: u64,
+    block: u64,
+    threads: usize,
+    dur: Duration,
+    stat: Option<&Path>,
+) -> Result<ReadPoint, String> {
     let positions = (len.saturating_sub(block)) / ALIGN + 1;
     if block > len {
         return Err(format!("{block}-byte reads do not fit in {len} bytes"));
@@ -405,7 +457,8 @@ fn measure(f: &File, len: u64, block: u64, threads: usize, dur: Duration, stat: 
                     let mut reads = 0u64;
                     loop {
                         let off = (rng.next() % positions) * ALIGN;
-                        f.read_exact_at(buf.as_mut(), off).map_err(|e| format!("read {block} bytes at {off}: {e}"))?;
+                        f.read_exact_at(buf.as_mut(), off)
+                            .map_err(|e| format!("read {block} bytes at {off}: {e}"))?;
                         reads += 1;
                         let now = Instant::now();
                         if now >= deadline {
@@ -416,7 +469,13 @@ fn measure(f: &File, len: u64, block: u64, threads: usize, dur: Duration, stat: 
             })
             .collect();
         barrier.wait();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("a reader thread panicked".into()))).collect()
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a reader thread panicked".into()))
+            })
+            .collect()
     });
     let after = stat.and_then(device_read_bytes);
     let start = *start_cell.get().ok_or("no reader started")?;
@@ -474,24 +533,48 @@ pub fn probe(o: &DiskProbeOptions, log: &dyn Fn(&str)) -> Result<StorageInfo, Pr
             return Ok(info);
         }
         remove_stale(&o.dir);
-        log(&format!("writing a {} MiB probe file in {}", want >> 20, info.dir));
+        log(&format!(
+            "writing a {} MiB probe file in {}",
+            want >> 20,
+            info.dir
+        ));
         let (g, wrote_direct) = write_probe_file(&o.dir, want)?;
         let p = g.path.clone();
         _guard = Some(g);
         // Written without O_DIRECT means O_DIRECT is refused here: no direct reads either.
-        let f = if wrote_direct { open_direct(&p).ok() } else { None };
-        (f, want, format!("probe file, {} MiB, removed after", want >> 20), p)
+        let f = if wrote_direct {
+            open_direct(&p).ok()
+        } else {
+            None
+        };
+        (
+            f,
+            want,
+            format!("probe file, {} MiB, removed after", want >> 20),
+            p,
+        )
     };
     info.o_direct = direct.is_some();
     info.data = Some(label);
     info.data_bytes = len;
-    let stat = info.block_device.as_ref().and_then(|_| block_device(&info.dev)).map(|(d, _)| d.join("stat"));
-    let mut sizes: Vec<u64> = o.block_sizes.iter().map(|&b| b.max(1).div_ceil(ALIGN) * ALIGN).collect();
+    let stat = info
+        .block_device
+        .as_ref()
+        .and_then(|_| block_device(&info.dev))
+        .map(|(d, _)| d.join("stat"));
+    let mut sizes: Vec<u64> = o
+        .block_sizes
+        .iter()
+        .map(|&b| b.max(1).div_ceil(ALIGN) * ALIGN)
+        .collect();
     sizes.sort_unstable();
     sizes.dedup();
     let mut skipped = Vec::new();
     let point = |f: &File, block: u64, t: usize| {
-        measure(f, len, block, t, o.point, stat.as_deref()).map_err(|m| ProbeError::Read { path: path.clone(), msg: m })
+        measure(f, len, block, t, o.point, stat.as_deref()).map_err(|m| ProbeError::Read {
+            path: path.clone(),
+            msg: m,
+        })
     };
     for &block in &sizes {
         if block * 2 > len {
@@ -500,7 +583,12 @@ pub fn probe(o: &DiskProbeOptions, log: &dyn Fn(&str)) -> Result<StorageInfo, Pr
         }
         if let Some(f) = &direct {
             log(&format!("O_DIRECT random reads of {} KiB", block >> 10));
-            let mut s = ReadSeries { mode: ReadMode::Direct, block_bytes: block, advice: None, points: Vec::new() };
+            let mut s = ReadSeries {
+                mode: ReadMode::Direct,
+                block_bytes: block,
+                advice: None,
+                points: Vec::new(),
+            };
             for &t in &o.threads {
                 s.points.push(point(f, block, t)?);
             }
@@ -512,25 +600,38 @@ pub fn probe(o: &DiskProbeOptions, log: &dyn Fn(&str)) -> Result<StorageInfo, Pr
             let mut s = ReadSeries {
                 mode: ReadMode::Buffered,
                 block_bytes: block,
-                advice: Some(format!("{} after {} of the file", Advice::Normal.name(), Advice::DontNeed.name())),
+                advice: Some(format!(
+                    "{} after {} of the file",
+                    Advice::Normal.name(),
+                    Advice::DontNeed.name()
+                )),
                 points: Vec::new(),
             };
             for &t in &o.threads {
-                sys::advise(&f, Advice::DontNeed).map_err(|e| ProbeError::io(&path, "drop from the page cache", e))?;
+                sys::advise(&f, Advice::DontNeed)
+                    .map_err(|e| ProbeError::io(&path, "drop from the page cache", e))?;
                 sys::advise(&f, Advice::Normal).map_err(|e| ProbeError::io(&path, "advise", e))?;
                 s.points.push(point(&f, block, t)?);
             }
-            sys::advise(&f, Advice::DontNeed).map_err(|e| ProbeError::io(&path, "drop from the page cache", e))?;
+            sys::advise(&f, Advice::DontNeed)
+                .map_err(|e| ProbeError::io(&path, "drop from the page cache", e))?;
             info.series.push(s);
         }
     }
     let mut notes = Vec::new();
     if direct.is_none() {
-        notes.push(format!("O_DIRECT is refused on this filesystem ({}): no ceiling measured", info.fs_type.as_deref().unwrap_or("?")));
+        notes.push(format!(
+            "O_DIRECT is refused on this filesystem ({}): no ceiling measured",
+            info.fs_type.as_deref().unwrap_or("?")
+        ));
     }
     if !skipped.is_empty() {
         let list: Vec<String> = skipped.iter().map(|b| format!("{} KiB", b >> 10)).collect();
-        notes.push(format!("{} not measured: larger than half the {} MiB of data", list.join(", "), len >> 20));
+        notes.push(format!(
+            "{} not measured: larger than half the {} MiB of data",
+            list.join(", "),
+            len >> 20
+        ));
     }
     if !notes.is_empty() {
         info.note = Some(notes.join("; "));
@@ -559,8 +660,14 @@ mod tests {
         assert_eq!(m.len(), 3);
         assert_eq!(m[2].mount_point, "/mnt/my disk");
         assert_eq!(m[2].fs_type, "xfs");
-        assert_eq!(mount_of(&m, Path::new("/mnt/my disk/models")).map(|m| m.dev.as_str()), Some("0:40"));
-        assert_eq!(mount_of(&m, Path::new("/root")).map(|m| m.source.as_str()), Some("/dev/vda"));
+        assert_eq!(
+            mount_of(&m, Path::new("/mnt/my disk/models")).map(|m| m.dev.as_str()),
+            Some("0:40")
+        );
+        assert_eq!(
+            mount_of(&m, Path::new("/root")).map(|m| m.source.as_str()),
+            Some("/dev/vda")
+        );
     }
 
     #[test]

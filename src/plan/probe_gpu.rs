@@ -189,14 +189,25 @@ fn devices(d: &Driver, info: &mut GpuInfo) -> Result<(), String> {
         let mut name = [0 as c_char; 256];
         // SAFETY: the buffer holds `name.len()` bytes and the driver writes a NUL-terminated
         // string of at most that length.
-        d.check("cuDeviceGetName", unsafe { (d.device_get_name)(name.as_mut_ptr(), name.len() as c_int, dev) })?;
+        d.check("cuDeviceGetName", unsafe {
+            (d.device_get_name)(name.as_mut_ptr(), name.len() as c_int, dev)
+        })?;
         let mut mem: usize = 0;
         // SAFETY: `mem` is a valid out-pointer.
-        d.check("cuDeviceTotalMem", unsafe { (d.device_total_mem)(&mut mem, dev) })?;
+        d.check("cuDeviceTotalMem", unsafe {
+            (d.device_total_mem)(&mut mem, dev)
+        })?;
         name[name.len() - 1] = 0;
         // SAFETY: the buffer is NUL-terminated (its last byte forced to 0 above).
-        let name = unsafe { CStr::from_ptr(name.as_ptr()) }.to_string_lossy().trim().to_string();
-        info.devices.push(GpuDevice { index: i as usize, name, vram_bytes: mem as u64 });
+        let name = unsafe { CStr::from_ptr(name.as_ptr()) }
+            .to_string_lossy()
+            .trim()
+            .to_string();
+        info.devices.push(GpuDevice {
+            index: i as usize,
+            name,
+            vram_bytes: mem as u64,
+        });
     }
     if n == 0 {
         info.note = Some("the driver reports no CUDA device".into());
@@ -230,17 +241,26 @@ impl Drop for CopySetup<'_> {
 }
 
 /// Time `copies` copies of `bytes` from `src` into the device buffer, GB/s.
-fn time_copies(s: &CopySetup<'_>, src: *const c_void, bytes: usize, copies: usize) -> Result<f64, String> {
+fn time_copies(
+    s: &CopySetup<'_>,
+    src: *const c_void,
+    bytes: usize,
+    copies: usize,
+) -> Result<f64, String> {
     let d = s.d;
     // SAFETY: `src` points to at least `bytes` readable bytes (the caller's buffer) and the
     // device buffer holds `bytes`; the current context owns both.
-    d.check("cuMemcpyHtoD", unsafe { (d.memcpy_htod)(s.device, src, bytes) })?;
+    d.check("cuMemcpyHtoD", unsafe {
+        (d.memcpy_htod)(s.device, src, bytes)
+    })?;
     // SAFETY: no arguments; waits for the context's work.
     d.check("cuCtxSynchronize", unsafe { (d.ctx_synchronize)() })?;
     let t = Instant::now();
     for _ in 0..copies {
         // SAFETY: as above.
-        d.check("cuMemcpyHtoD", unsafe { (d.memcpy_htod)(s.device, src, bytes) })?;
+        d.check("cuMemcpyHtoD", unsafe {
+            (d.memcpy_htod)(s.device, src, bytes)
+        })?;
     }
     // SAFETY: as above.
     d.check("cuCtxSynchronize", unsafe { (d.ctx_synchronize)() })?;
@@ -251,20 +271,37 @@ fn time_copies(s: &CopySetup<'_>, src: *const c_void, bytes: usize, copies: usiz
 fn copy_rate(d: &Driver, index: usize, bytes: usize, copies: usize) -> Result<CopyRate, String> {
     let mut dev: CuDevice = 0;
     // SAFETY: valid out-pointer; `index` is below the device count.
-    d.check("cuDeviceGet", unsafe { (d.device_get)(&mut dev, index as c_int) })?;
+    d.check("cuDeviceGet", unsafe {
+        (d.device_get)(&mut dev, index as c_int)
+    })?;
     let mut ctx: CuContext = std::ptr::null_mut();
     // SAFETY: valid out-pointer; balanced by the release in `CopySetup::drop`.
-    d.check("cuDevicePrimaryCtxRetain", unsafe { (d.primary_ctx_retain)(&mut ctx, dev) })?;
-    let mut s = CopySetup { d, dev, host: std::ptr::null_mut(), device: 0 };
+    d.check("cuDevicePrimaryCtxRetain", unsafe {
+        (d.primary_ctx_retain)(&mut ctx, dev)
+    })?;
+    let mut s = CopySetup {
+        d,
+        dev,
+        host: std::ptr::null_mut(),
+        device: 0,
+    };
     // SAFETY: `ctx` is the primary context just retained.
     d.check("cuCtxSetCurrent", unsafe { (d.ctx_set_current)(ctx) })?;
     // SAFETY: valid out-pointers; the buffers are freed in `CopySetup::drop`.
-    d.check("cuMemAllocHost", unsafe { (d.mem_alloc_host)(&mut s.host, bytes) })?;
+    d.check("cuMemAllocHost", unsafe {
+        (d.mem_alloc_host)(&mut s.host, bytes)
+    })?;
     d.check("cuMemAlloc", unsafe { (d.mem_alloc)(&mut s.device, bytes) })?;
     // SAFETY: `s.host` is a fresh allocation of `bytes` bytes that nothing else references.
     unsafe { std::ptr::write_bytes(s.host as *mut u8, 0x5a, bytes) };
     let pinned = time_copies(&s, s.host, bytes, copies)?;
     let pageable = vec![0x5au8; bytes];
     let pageable_gbps = time_copies(&s, pageable.as_ptr() as *const c_void, bytes, copies).ok();
-    Ok(CopyRate { device: index, bytes: bytes as u64, copies, pinned_gbps: pinned, pageable_gbps })
+    Ok(CopyRate {
+        device: index,
+        bytes: bytes as u64,
+        copies,
+        pinned_gbps: pinned,
+        pageable_gbps,
+    })
 }

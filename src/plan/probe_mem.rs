@@ -38,7 +38,8 @@ pub struct MemoryInfo {
 impl MemoryInfo {
     /// The RAM this process can fill: MemTotal capped by the cgroup limit.
     pub fn usable_bytes(&self) -> u64 {
-        self.cgroup_limit_bytes.map_or(self.total_bytes, |c| c.min(self.total_bytes))
+        self.cgroup_limit_bytes
+            .map_or(self.total_bytes, |c| c.min(self.total_bytes))
     }
 }
 
@@ -107,7 +108,9 @@ fn cgroup_limit() -> Option<(Option<u64>, String)> {
     let mut best: Option<(u64, String)> = None;
     for line in own.lines() {
         let mut parts = line.splitn(3, ':');
-        let (Some(id), Some(ctrls), Some(path)) = (parts.next(), parts.next(), parts.next()) else { continue };
+        let (Some(id), Some(ctrls), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
         let (mount, file) = if id == "0" && ctrls.is_empty() {
             match &v2 {
                 Some(m) => (m, "memory.max"),
@@ -166,7 +169,14 @@ impl SweepOptions {
     /// All cores, a buffer of 8x the last-level cache (at least 512 MiB, at most 2 GiB and a
     /// quarter of available memory), 5 timed repetitions. `quick`: 128 MiB, 3 repetitions.
     pub fn auto(cpu: &super::CpuInfo, available: u64, quick: bool) -> SweepOptions {
-        let want: u64 = if quick { 128 << 20 } else { cpu.llc_bytes.unwrap_or(0).saturating_mul(8).clamp(512 << 20, 2 << 30) };
+        let want: u64 = if quick {
+            128 << 20
+        } else {
+            cpu.llc_bytes
+                .unwrap_or(0)
+                .saturating_mul(8)
+                .clamp(512 << 20, 2 << 30)
+        };
         SweepOptions {
             threads: cpu.logical_cores.max(1),
             buffer_bytes: want.min(available / 4).max(16 << 20),
@@ -177,9 +187,11 @@ impl SweepOptions {
 
 /// Read bandwidth in GB/s: one warm-up sweep, then the median of `reps` timed sweeps.
 pub fn read_bandwidth(o: &SweepOptions) -> Result<f64, String> {
-    let n = usize::try_from(o.buffer_bytes).map_err(|_| "buffer too large for this machine".to_string())?;
+    let n = usize::try_from(o.buffer_bytes)
+        .map_err(|_| "buffer too large for this machine".to_string())?;
     let mut buf = Vec::new();
-    buf.try_reserve_exact(n).map_err(|_| format!("cannot allocate {} MiB for the sweep", n >> 20))?;
+    buf.try_reserve_exact(n)
+        .map_err(|_| format!("cannot allocate {} MiB for the sweep", n >> 20))?;
     buf.resize(n, 1u8);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(o.threads.max(1))
@@ -197,7 +209,9 @@ pub fn read_bandwidth(o: &SweepOptions) -> Result<f64, String> {
     }
     std::hint::black_box(sink);
     v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len() / 2).copied().ok_or_else(|| "the sweep took no measurable time".to_string())
+    v.get(v.len() / 2)
+        .copied()
+        .ok_or_else(|| "the sweep took no measurable time".to_string())
 }
 
 #[cfg(test)]
@@ -207,7 +221,10 @@ mod tests {
     #[test]
     fn meminfo_fields() {
         let t = "MemTotal:       24683584 kB\nMemFree:        16068680 kB\nMemAvailable:   23741212 kB\n";
-        assert_eq!(parse_meminfo(t), (Some(24683584 * 1024), Some(23741212 * 1024)));
+        assert_eq!(
+            parse_meminfo(t),
+            (Some(24683584 * 1024), Some(23741212 * 1024))
+        );
         assert_eq!(parse_meminfo("junk"), (None, None));
     }
 

@@ -16,7 +16,8 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::Mutex;
 
 fn c_path(p: &Path) -> io::Result<CString> {
-    CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path holds a NUL byte"))
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path holds a NUL byte"))
 }
 
 /// Bytes an unprivileged user may still write on the filesystem holding `p`.
@@ -39,13 +40,20 @@ pub fn free_bytes(p: &Path) -> io::Result<u64> {
 /// RLIMIT_MEMLOCK's soft limit in bytes; `None` when unlimited.
 #[allow(clippy::unnecessary_cast)]
 pub fn memlock_limit() -> io::Result<Option<u64>> {
-    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: `r` is a valid, writable rlimit for the duration of the call.
     let rc = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(if r.rlim_cur == libc::RLIM_INFINITY { None } else { Some(r.rlim_cur as u64) })
+    Ok(if r.rlim_cur == libc::RLIM_INFINITY {
+        None
+    } else {
+        Some(r.rlim_cur as u64)
+    })
 }
 
 /// What `advise` tells the kernel about a file's pages.
@@ -137,7 +145,15 @@ impl RemoveOnSignal {
 
 impl Drop for RemoveOnSignal {
     fn drop(&mut self) {
-        if DOOMED.compare_exchange(self.path, std::ptr::null_mut(), Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+        if DOOMED
+            .compare_exchange(
+                self.path,
+                std::ptr::null_mut(),
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            )
+            .is_ok()
+        {
             // SAFETY: we took our pointer back out of DOOMED, so the handler can no longer see
             // it; it came from `CString::into_raw` in `new`.
             drop(unsafe { CString::from_raw(self.path) });

@@ -9,7 +9,7 @@
 //! Does not own: HTTP, generation, tool-call parsing (tools.rs).
 //! Invariant: errors on this route use Anthropic's error shape.
 
-use super::engine::{Finished, FinishReason};
+use super::engine::{FinishReason, Finished};
 use super::error::{ApiError, Dialect};
 use super::http::{Conn, Request};
 use super::openai::{collect, gone, text_content, wait_start};
@@ -24,14 +24,20 @@ fn prompt(sh: &Shared, o: &Obj) -> Result<(Vec<u32>, bool), ApiError> {
     match o.get("system").filter(|v| !v.is_null()) {
         None => {}
         Some(s) => {
-            let text = text_content(Some(s), "system").map_err(|e| ApiError::param("system", e.message))?;
+            let text = text_content(Some(s), "system")
+                .map_err(|e| ApiError::param("system", e.message))?;
             msgs.push(json!({ "role": "system", "content": text }));
         }
     }
     let messages = match params::req(o, "messages")? {
         Value::Array(a) if !a.is_empty() => a,
         Value::Array(_) => return Err(ApiError::param("messages", "`messages` is empty")),
-        v => return Err(ApiError::param("messages", format!("`messages` must be an array, got {}", kind(v)))),
+        v => {
+            return Err(ApiError::param(
+                "messages",
+                format!("`messages` must be an array, got {}", kind(v)),
+            ))
+        }
     };
     for (i, m) in messages.iter().enumerate() {
         convert_message(i, m, &mut msgs)?;
@@ -54,7 +60,12 @@ fn prompt(sh: &Shared, o: &Obj) -> Result<(Vec<u32>, bool), ApiError> {
         match t.get("type").and_then(Value::as_str) {
             Some("enabled") => extra.insert("enable_thinking".into(), json!(true)),
             Some("disabled") => extra.insert("enable_thinking".into(), json!(false)),
-            _ => return Err(ApiError::param("thinking", "`thinking.type` must be \"enabled\" or \"disabled\"")),
+            _ => {
+                return Err(ApiError::param(
+                    "thinking",
+                    "`thinking.type` must be \"enabled\" or \"disabled\"",
+                ))
+            }
         };
     }
     Ok((chat_tokens(sh, &msgs, &extra)?, tools_on))
@@ -63,14 +74,27 @@ fn prompt(sh: &Shared, o: &Obj) -> Result<(Vec<u32>, bool), ApiError> {
 /// Anthropic tools (`name`, `description`, `input_schema`) in the OpenAI shape chat templates
 /// are written for.
 fn tools(o: &Obj) -> Result<Vec<Value>, ApiError> {
-    let Some(t) = o.get("tools").filter(|v| !v.is_null()) else { return Ok(Vec::new()) };
+    let Some(t) = o.get("tools").filter(|v| !v.is_null()) else {
+        return Ok(Vec::new());
+    };
     let Value::Array(list) = t else {
-        return Err(ApiError::param("tools", format!("`tools` must be an array, got {}", kind(t))));
+        return Err(ApiError::param(
+            "tools",
+            format!("`tools` must be an array, got {}", kind(t)),
+        ));
     };
     let mut out = Vec::with_capacity(list.len());
     for (i, tool) in list.iter().enumerate() {
-        let (Some(name), Some(schema)) = (tool.get("name").and_then(Value::as_str), tool.get("input_schema")) else {
-            return Err(ApiError::param("tools", format!("`tools[{i}]` needs `name` and `input_schema` (server tools are not supported)")));
+        let (Some(name), Some(schema)) = (
+            tool.get("name").and_then(Value::as_str),
+            tool.get("input_schema"),
+        ) else {
+            return Err(ApiError::param(
+                "tools",
+                format!(
+                    "`tools[{i}]` needs `name` and `input_schema` (server tools are not supported)"
+                ),
+            ));
         };
         let mut f = json!({ "name": name, "parameters": schema });
         if let Some(d) = tool.get("description").and_then(Value::as_str) {
@@ -87,8 +111,21 @@ fn convert_message(i: usize, m: &Value, out: &mut Vec<Value>) -> Result<(), ApiE
     let at = |what: &str| format!("messages[{i}]{what}");
     let role = match m.get("role") {
         Some(Value::String(r)) if r == "user" || r == "assistant" => r.as_str(),
-        Some(v) => return Err(ApiError::param("messages", format!("`{}` must be \"user\" or \"assistant\", got {v}", at(".role")))),
-        None => return Err(ApiError::param("messages", format!("`{}` is missing", at(".role")))),
+        Some(v) => {
+            return Err(ApiError::param(
+                "messages",
+                format!(
+                    "`{}` must be \"user\" or \"assistant\", got {v}",
+                    at(".role")
+                ),
+            ))
+        }
+        None => {
+            return Err(ApiError::param(
+                "messages",
+                format!("`{}` is missing", at(".role")),
+            ))
+        }
     };
     let blocks = match m.get("content") {
         Some(Value::String(s)) => {
@@ -96,8 +133,22 @@ fn convert_message(i: usize, m: &Value, out: &mut Vec<Value>) -> Result<(), ApiE
             return Ok(());
         }
         Some(Value::Array(b)) => b,
-        Some(v) => return Err(ApiError::param("messages", format!("`{}` must be a string or a list of blocks, got {}", at(".content"), kind(v)))),
-        None => return Err(ApiError::param("messages", format!("`{}` is missing", at(".content")))),
+        Some(v) => {
+            return Err(ApiError::param(
+                "messages",
+                format!(
+                    "`{}` must be a string or a list of blocks, got {}",
+                    at(".content"),
+                    kind(v)
+                ),
+            ))
+        }
+        None => {
+            return Err(ApiError::param(
+                "messages",
+                format!("`{}` is missing", at(".content")),
+            ))
+        }
     };
     let mut text = String::new();
     let mut reasoning = String::new();
@@ -107,18 +158,32 @@ fn convert_message(i: usize, m: &Value, out: &mut Vec<Value>) -> Result<(), ApiE
         match b.get("type").and_then(Value::as_str) {
             Some("text") => match b.get("text").and_then(Value::as_str) {
                 Some(t) => text.push_str(t),
-                None => return Err(ApiError::param("messages", format!("`{here}.text` must be a string"))),
+                None => {
+                    return Err(ApiError::param(
+                        "messages",
+                        format!("`{here}.text` must be a string"),
+                    ))
+                }
             },
             Some("tool_use") if role == "assistant" => {
-                let (Some(id), Some(name)) = (b.get("id").and_then(Value::as_str), b.get("name").and_then(Value::as_str)) else {
-                    return Err(ApiError::param("messages", format!("`{here}` (tool_use) needs `id` and `name`")));
+                let (Some(id), Some(name)) = (
+                    b.get("id").and_then(Value::as_str),
+                    b.get("name").and_then(Value::as_str),
+                ) else {
+                    return Err(ApiError::param(
+                        "messages",
+                        format!("`{here}` (tool_use) needs `id` and `name`"),
+                    ));
                 };
                 let input = b.get("input").cloned().unwrap_or_else(|| json!({}));
                 calls.push(json!({ "id": id, "type": "function", "function": { "name": name, "arguments": input } }));
             }
             Some("tool_result") if role == "user" => {
                 let Some(id) = b.get("tool_use_id").and_then(Value::as_str) else {
-                    return Err(ApiError::param("messages", format!("`{here}` (tool_result) needs `tool_use_id`")));
+                    return Err(ApiError::param(
+                        "messages",
+                        format!("`{here}` (tool_result) needs `tool_use_id`"),
+                    ));
                 };
                 let content = text_content(b.get("content"), &format!("{here}.content"))?;
                 out.push(json!({ "role": "tool", "content": content, "tool_call_id": id }));
@@ -129,8 +194,18 @@ fn convert_message(i: usize, m: &Value, out: &mut Vec<Value>) -> Result<(), ApiE
                 }
             }
             Some("redacted_thinking") if role == "assistant" => {}
-            Some(t) => return Err(ApiError::param("messages", format!("`{here}` is a {t:?} block: not supported in a {role} message here"))),
-            None => return Err(ApiError::param("messages", format!("`{here}` has no `type`"))),
+            Some(t) => {
+                return Err(ApiError::param(
+                    "messages",
+                    format!("`{here}` is a {t:?} block: not supported in a {role} message here"),
+                ))
+            }
+            None => {
+                return Err(ApiError::param(
+                    "messages",
+                    format!("`{here}` has no `type`"),
+                ))
+            }
         }
     }
     if role == "user" && text.is_empty() && out.last().is_some_and(|m| m["role"] == "tool") {
@@ -169,15 +244,31 @@ fn tool_use_block(c: &ToolCall) -> Value {
 }
 
 /// `POST /v1/messages`.
-pub fn messages(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Result<Handled, ApiError> {
+pub fn messages(
+    sh: &Shared,
+    req: &Request,
+    conn: &mut Conn,
+    keep: bool,
+) -> Result<Handled, ApiError> {
     let o = params::parse_object(&req.body)?;
     check_model(sh, &o)?;
     let max_tokens = match params::opt_u64(&o, "max_tokens")? {
         Some(m) => m,
-        None => return Err(ApiError::param("max_tokens", "missing required field `max_tokens`")),
+        None => {
+            return Err(ApiError::param(
+                "max_tokens",
+                "missing required field `max_tokens`",
+            ))
+        }
     };
     let (tokens, tools_on) = prompt(sh, &o)?;
-    let g = GenRequest { tokens, max_tokens: Some(max_tokens), sampling: params::sampling(&o, &sh.cfg.sampling)?, stop: params::stop_list(&o, "stop_sequences")?, ignore_eos: params::opt_bool(&o, "ignore_eos")?.unwrap_or(false) };
+    let g = GenRequest {
+        tokens,
+        max_tokens: Some(max_tokens),
+        sampling: params::sampling(&o, &sh.cfg.sampling)?,
+        stop: params::stop_list(&o, "stop_sequences")?,
+        ignore_eos: params::opt_bool(&o, "ignore_eos")?.unwrap_or(false),
+    };
     let stream = params::opt_bool(&o, "stream")?.unwrap_or(false);
     let p = submit(sh, g)?;
     let (reused, prefilled) = match wait_start(&p, conn) {
@@ -192,7 +283,11 @@ pub fn messages(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Resu
             Ok(x) => x,
             Err(h) => return h,
         };
-        let (text, calls) = if tools_on { parse_tool_calls(&text, &mut || tool_id()).unwrap_or((text, Vec::new())) } else { (text, Vec::new()) };
+        let (text, calls) = if tools_on {
+            parse_tool_calls(&text, &mut || tool_id()).unwrap_or((text, Vec::new()))
+        } else {
+            (text, Vec::new())
+        };
         let mut content = Vec::new();
         if !text.is_empty() || calls.is_empty() {
             content.push(json!({ "type": "text", "text": text }));
@@ -223,7 +318,11 @@ pub fn messages(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Resu
         }
     });
     let ok = event(conn, "message_start", &start)
-        && event(conn, "content_block_start", &json!({ "type": "content_block_start", "index": 0, "content_block": { "type": "text", "text": "" } }))
+        && event(
+            conn,
+            "content_block_start",
+            &json!({ "type": "content_block_start", "index": 0, "content_block": { "type": "text", "text": "" } }),
+        )
         && event(conn, "ping", &json!({ "type": "ping" }));
     if !ok {
         return Ok(gone(&p));
@@ -246,7 +345,11 @@ pub fn messages(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Resu
                     let e = ApiError::new(503, "the server is shutting down; generation cancelled");
                     let _ = event(conn, "error", &e.to_json(Dialect::Anthropic));
                     let _ = conn.end_chunks();
-                    return Ok(Handled { status: 200, close: true, note: note(&fin) });
+                    return Ok(Handled {
+                        status: 200,
+                        close: true,
+                        note: note(&fin),
+                    });
                 }
                 let (mut reason, seq) = stop_reason(&fin.reason);
                 let mut calls = Vec::new();
@@ -257,18 +360,31 @@ pub fn messages(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Resu
                     }
                     calls = c;
                 }
-                let mut ok = event(conn, "content_block_stop", &json!({ "type": "content_block_stop", "index": 0 }));
+                let mut ok = event(
+                    conn,
+                    "content_block_stop",
+                    &json!({ "type": "content_block_stop", "index": 0 }),
+                );
                 for (i, c) in calls.iter().enumerate() {
                     let idx = i + 1;
-                    let block = json!({ "type": "tool_use", "id": c.id, "name": c.name, "input": {} });
+                    let block =
+                        json!({ "type": "tool_use", "id": c.id, "name": c.name, "input": {} });
                     ok = ok
-                        && event(conn, "content_block_start", &json!({ "type": "content_block_start", "index": idx, "content_block": block }))
+                        && event(
+                            conn,
+                            "content_block_start",
+                            &json!({ "type": "content_block_start", "index": idx, "content_block": block }),
+                        )
                         && event(
                             conn,
                             "content_block_delta",
                             &json!({ "type": "content_block_delta", "index": idx, "delta": { "type": "input_json_delta", "partial_json": c.arguments_text() } }),
                         )
-                        && event(conn, "content_block_stop", &json!({ "type": "content_block_stop", "index": idx }));
+                        && event(
+                            conn,
+                            "content_block_stop",
+                            &json!({ "type": "content_block_stop", "index": idx }),
+                        );
                 }
                 if !calls.is_empty() {
                     reason = "tool_use";
@@ -278,14 +394,24 @@ pub fn messages(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Resu
                     "delta": { "stop_reason": reason, "stop_sequence": seq },
                     "usage": usage(&fin),
                 });
-                ok = ok && event(conn, "message_delta", &delta) && event(conn, "message_stop", &json!({ "type": "message_stop" }));
+                ok = ok
+                    && event(conn, "message_delta", &delta)
+                    && event(conn, "message_stop", &json!({ "type": "message_stop" }));
                 let ok = ok && conn.end_chunks().is_ok();
-                return Ok(Handled { status: 200, close: !ok, note: note(&fin) });
+                return Ok(Handled {
+                    status: 200,
+                    close: !ok,
+                    note: note(&fin),
+                });
             }
             Step::Failed(e) => {
                 let _ = event(conn, "error", &e.to_json(Dialect::Anthropic));
                 let _ = conn.end_chunks();
-                return Ok(Handled { status: 200, close: true, note: format!(" error mid-stream: {}", e.message) });
+                return Ok(Handled {
+                    status: 200,
+                    close: true,
+                    note: format!(" error mid-stream: {}", e.message),
+                });
             }
             Step::Gone => return Ok(gone(&p)),
             Step::Started { .. } => {}
@@ -294,14 +420,25 @@ pub fn messages(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Resu
 }
 
 /// `POST /v1/messages/count_tokens`: the prompt's length after the chat template.
-pub fn count_tokens(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Result<Handled, ApiError> {
+pub fn count_tokens(
+    sh: &Shared,
+    req: &Request,
+    conn: &mut Conn,
+    keep: bool,
+) -> Result<Handled, ApiError> {
     let o = params::parse_object(&req.body)?;
     check_model(sh, &o)?;
     let (tokens, _) = prompt(sh, &o)?;
-    Ok(super::send_json(conn, 200, &json!({ "input_tokens": tokens.len() }), keep))
+    Ok(super::send_json(
+        conn,
+        200,
+        &json!({ "input_tokens": tokens.len() }),
+        keep,
+    ))
 }
 
 /// One named server-sent event. False if the client is gone.
 fn event(conn: &mut Conn, name: &str, data: &Value) -> bool {
-    conn.chunk(format!("event: {name}\ndata: {data}\n\n").as_bytes()).is_ok()
+    conn.chunk(format!("event: {name}\ndata: {data}\n\n").as_bytes())
+        .is_ok()
 }

@@ -39,7 +39,10 @@ pub struct Job {
 #[derive(Debug)]
 pub enum Event {
     /// The job left the queue; prompt reuse is decided.
-    Started { reused: usize, prefilled: usize },
+    Started {
+        reused: usize,
+        prefilled: usize,
+    },
     /// Generated text (stop sequences already removed).
     Text(String),
     Done(Finished),
@@ -84,7 +87,15 @@ struct QueueInner {
 
 impl Queue {
     pub fn new(max: usize) -> Queue {
-        Queue { inner: Mutex::new(QueueInner { jobs: VecDeque::new(), closed: false, busy: false }), cv: Condvar::new(), max }
+        Queue {
+            inner: Mutex::new(QueueInner {
+                jobs: VecDeque::new(),
+                closed: false,
+                busy: false,
+            }),
+            cv: Condvar::new(),
+            max,
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, QueueInner> {
@@ -107,7 +118,13 @@ impl Queue {
             return Err(ApiError::new(503, "the server is shutting down"));
         }
         if q.jobs.len() >= self.max {
-            return Err(ApiError::new(429, format!("{} requests are already waiting (--max-queue); retry later", q.jobs.len())));
+            return Err(ApiError::new(
+                429,
+                format!(
+                    "{} requests are already waiting (--max-queue); retry later",
+                    q.jobs.len()
+                ),
+            ));
         }
         q.jobs.push_back(job);
         self.cv.notify_all();
@@ -119,7 +136,10 @@ impl Queue {
         let mut q = self.lock();
         q.closed = true;
         for job in q.jobs.drain(..) {
-            let _ = job.events.send(Event::Failed(ApiError::new(503, "the server is shutting down")));
+            let _ = job.events.send(Event::Failed(ApiError::new(
+                503,
+                "the server is shutting down",
+            )));
         }
         self.cv.notify_all();
     }
@@ -158,10 +178,23 @@ pub struct Engine {
 
 impl Engine {
     /// `st`: a fresh state of `model` (its expert cache, if any, already set up).
-    pub fn new(model: Model<'static>, tok: Tokenizer, mut st: State, store: Option<KvStore>, metrics: Arc<Metrics>) -> Engine {
+    pub fn new(
+        model: Model<'static>,
+        tok: Tokenizer,
+        mut st: State,
+        store: Option<KvStore>,
+        metrics: Arc<Metrics>,
+    ) -> Engine {
         st.reset();
         metrics.set_expert_stats(st.expert_stats());
-        Engine { model, tok, st, cached: Vec::new(), store, metrics }
+        Engine {
+            model,
+            tok,
+            st,
+            cached: Vec::new(),
+            store,
+            metrics,
+        }
     }
 
     /// Serve jobs until the queue is closed and empty. `abort`: cancel the running job.
@@ -170,7 +203,10 @@ impl Engine {
         while let Some(job) = queue.pop() {
             if job.cancel.load(Ordering::Relaxed) || abort.load(Ordering::Relaxed) {
                 self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
-                let _ = job.events.send(Event::Failed(ApiError::new(499, "cancelled before it started")));
+                let _ = job.events.send(Event::Failed(ApiError::new(
+                    499,
+                    "cancelled before it started",
+                )));
                 continue;
             }
             self.metrics.in_flight.store(1, Ordering::Relaxed);
@@ -204,7 +240,9 @@ impl Engine {
         match store.save(&self.cached, &self.st) {
             Ok(Some(bytes)) => {
                 self.metrics.kv_saves.fetch_add(1, Ordering::Relaxed);
-                self.metrics.kv_bytes_written.fetch_add(bytes, Ordering::Relaxed);
+                self.metrics
+                    .kv_bytes_written
+                    .fetch_add(bytes, Ordering::Relaxed);
             }
             Ok(None) => {}
             Err(e) => eprintln!("[serve] warning: cannot save the KV session: {e}"),
@@ -245,7 +283,9 @@ impl Engine {
                             self.cached.extend_from_slice(&ids[..c]);
                             common = c;
                             self.metrics.kv_loads.fetch_add(1, Ordering::Relaxed);
-                            self.metrics.kv_bytes_read.fetch_add(bytes, Ordering::Relaxed);
+                            self.metrics
+                                .kv_bytes_read
+                                .fetch_add(bytes, Ordering::Relaxed);
                         }
                         Err(e) => {
                             eprintln!("[serve] warning: cannot restore a KV session: {e}");
@@ -270,7 +310,14 @@ impl Engine {
             prefill_secs: 0.0,
             decode_secs: 0.0,
         };
-        if job.events.send(Event::Started { reused: common, prefilled }).is_err() {
+        if job
+            .events
+            .send(Event::Started {
+                reused: common,
+                prefilled,
+            })
+            .is_err()
+        {
             return Ok(fin);
         }
 
@@ -291,18 +338,30 @@ impl Engine {
             }
             let last = i + 1 == chunks;
             let from = if last { chunk.len() - 1 } else { chunk.len() };
-            let logits = self.model.forward_chunk(&mut self.st, chunk, from).map_err(model_error)?;
+            let logits = self
+                .model
+                .forward_chunk(&mut self.st, chunk, from)
+                .map_err(model_error)?;
             if last {
                 next = sampler.sample(logits, &history);
             }
             self.cached.extend_from_slice(chunk);
         }
         fin.prefill_secs = t0.elapsed().as_secs_f64();
-        self.metrics.prompt_tokens.fetch_add(n as u64, Ordering::Relaxed);
-        self.metrics.reused_tokens.fetch_add(common as u64, Ordering::Relaxed);
-        self.metrics.prefilled_tokens.fetch_add(prefilled as u64, Ordering::Relaxed);
-        self.metrics.prefill_us.fetch_add((fin.prefill_secs * 1e6) as u64, Ordering::Relaxed);
-        self.metrics.set_speeds(Some(prefilled as f64 / fin.prefill_secs.max(1e-9)), None);
+        self.metrics
+            .prompt_tokens
+            .fetch_add(n as u64, Ordering::Relaxed);
+        self.metrics
+            .reused_tokens
+            .fetch_add(common as u64, Ordering::Relaxed);
+        self.metrics
+            .prefilled_tokens
+            .fetch_add(prefilled as u64, Ordering::Relaxed);
+        self.metrics
+            .prefill_us
+            .fetch_add((fin.prefill_secs * 1e6) as u64, Ordering::Relaxed);
+        self.metrics
+            .set_speeds(Some(prefilled as f64 / fin.prefill_secs.max(1e-9)), None);
 
         // Decode.
         let t1 = Instant::now();
@@ -321,7 +380,10 @@ impl Engine {
             }
             generated += 1;
             history.push(next);
-            if let Some(piece) = dec.push(&self.tok, next).map_err(|e| ApiError::new(500, format!("decoding token {next}: {e}")))? {
+            if let Some(piece) = dec
+                .push(&self.tok, next)
+                .map_err(|e| ApiError::new(500, format!("decoding token {next}: {e}")))?
+            {
                 let (emit, hit) = stops.push(&piece);
                 if !emit.is_empty() && job.events.send(Event::Text(emit)).is_err() {
                     break FinishReason::Cancelled;
@@ -336,7 +398,10 @@ impl Engine {
             if generated >= job.max_tokens || self.st.pos >= ctx {
                 break FinishReason::Length;
             }
-            let logits = self.model.forward_chunk(&mut self.st, &[next], 0).map_err(model_error)?;
+            let logits = self
+                .model
+                .forward_chunk(&mut self.st, &[next], 0)
+                .map_err(model_error)?;
             let sampled = sampler.sample(logits, &history);
             self.cached.push(next);
             experts += self.st.experts_run as u64;
@@ -345,7 +410,10 @@ impl Engine {
             next = sampled;
         };
         if matches!(reason, FinishReason::Eos | FinishReason::Length) {
-            let tail = dec.flush(&self.tok).map_err(|e| ApiError::new(500, format!("decoding: {e}")))?.unwrap_or_default();
+            let tail = dec
+                .flush(&self.tok)
+                .map_err(|e| ApiError::new(500, format!("decoding: {e}")))?
+                .unwrap_or_default();
             let (mut emit, hit) = stops.push(&tail);
             if hit.is_none() {
                 emit.push_str(&stops.finish());
@@ -364,10 +432,12 @@ impl Engine {
         fin.completion_tokens = generated;
         let m = &self.metrics;
         m.generations.fetch_add(1, Ordering::Relaxed);
-        m.generated_tokens.fetch_add(generated as u64, Ordering::Relaxed);
+        m.generated_tokens
+            .fetch_add(generated as u64, Ordering::Relaxed);
         m.decode_steps.fetch_add(steps, Ordering::Relaxed);
         m.experts_computed.fetch_add(experts, Ordering::Relaxed);
-        m.decode_us.fetch_add((fin.decode_secs * 1e6) as u64, Ordering::Relaxed);
+        m.decode_us
+            .fetch_add((fin.decode_secs * 1e6) as u64, Ordering::Relaxed);
         if steps > 0 {
             m.set_speeds(None, Some(steps as f64 / fin.decode_secs.max(1e-9)));
         }
@@ -407,7 +477,11 @@ pub struct StopScanner {
 
 impl StopScanner {
     pub fn new(stops: &[String]) -> StopScanner {
-        StopScanner { stops: stops.to_vec(), text: String::new(), emitted: 0 }
+        StopScanner {
+            stops: stops.to_vec(),
+            text: String::new(),
+            emitted: 0,
+        }
     }
 
     /// Add text; returns what may be sent now and the stop sequence found, if one was (the
@@ -440,7 +514,11 @@ impl StopScanner {
         let mut keep = 0;
         for s in &self.stops {
             for k in (1..s.len()).rev() {
-                if k <= len - self.emitted && self.text.is_char_boundary(len - k) && s.is_char_boundary(k) && self.text.ends_with(&s[..k]) {
+                if k <= len - self.emitted
+                    && self.text.is_char_boundary(len - k)
+                    && s.is_char_boundary(k)
+                    && self.text.ends_with(&s[..k])
+                {
                     keep = keep.max(k);
                     break;
                 }
@@ -480,8 +558,14 @@ mod tests {
 
     #[test]
     fn stop_sequence_split_across_pieces_is_cut() {
-        assert_eq!(run(&["END"], &["abc E", "N", "D tail"]), ("abc ".to_string(), Some("END".to_string())));
-        assert_eq!(run(&["\n\n", "xyz"], &["one\n", "two", "\n", "\nthree"]), ("one\ntwo".to_string(), Some("\n\n".to_string())));
+        assert_eq!(
+            run(&["END"], &["abc E", "N", "D tail"]),
+            ("abc ".to_string(), Some("END".to_string()))
+        );
+        assert_eq!(
+            run(&["\n\n", "xyz"], &["one\n", "two", "\n", "\nthree"]),
+            ("one\ntwo".to_string(), Some("\n\n".to_string()))
+        );
     }
 
     #[test]
@@ -493,6 +577,9 @@ mod tests {
 
     #[test]
     fn earliest_stop_wins() {
-        assert_eq!(run(&["c", "ab"], &["xabc"]), ("x".to_string(), Some("ab".to_string())));
+        assert_eq!(
+            run(&["c", "ab"], &["xabc"]),
+            ("x".to_string(), Some("ab".to_string()))
+        );
     }
 }

@@ -28,12 +28,22 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(status: u16, message: impl Into<String>) -> ApiError {
-        ApiError { status, message: message.into(), param: None, code: None }
+        ApiError {
+            status,
+            message: message.into(),
+            param: None,
+            code: None,
+        }
     }
 
     /// 400 about one field.
     pub fn param(param: &str, message: impl Into<String>) -> ApiError {
-        ApiError { status: 400, message: message.into(), param: Some(param.to_string()), code: None }
+        ApiError {
+            status: 400,
+            message: message.into(),
+            param: Some(param.to_string()),
+            code: None,
+        }
     }
 
     pub fn with_code(mut self, code: &'static str) -> ApiError {
@@ -93,7 +103,10 @@ pub enum ServeError {
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error("--kv-dir {}: {msg}", path.display())]
-    KvDir { path: std::path::PathBuf, msg: String },
+    KvDir {
+        path: std::path::PathBuf,
+        msg: String,
+    },
     #[error("cannot install the signal handler: {0}")]
     Signal(std::io::Error),
     #[error(transparent)]

@@ -40,7 +40,10 @@ pub struct Request {
 impl Request {
     /// Value of a header (name case-insensitive).
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
 }
 
@@ -53,7 +56,6 @@ pub enum ReadError {
     /// A request that cannot be served; answer with this status and message, then close.
     Bad { status: u16, message: String },
 }
-
 
 /// One client connection.
 pub struct Conn {
@@ -68,12 +70,20 @@ impl Conn {
         stream.set_read_timeout(Some(POLL))?;
         stream.set_write_timeout(Some(Duration::from_secs(30)))?;
         stream.set_nodelay(true)?;
-        Ok(Conn { stream, buf: Vec::with_capacity(8192), path: String::new() })
+        Ok(Conn {
+            stream,
+            buf: Vec::with_capacity(8192),
+            path: String::new(),
+        })
     }
 
     /// Read the next request. `max_body`: largest body accepted (413 above it);
     /// `stopping`: when set while idle, give up with `Closed`.
-    pub fn read_request(&mut self, max_body: usize, stopping: &AtomicBool) -> Result<Request, ReadError> {
+    pub fn read_request(
+        &mut self,
+        max_body: usize,
+        stopping: &AtomicBool,
+    ) -> Result<Request, ReadError> {
         let start = Instant::now();
         self.path.clear();
         // The head.
@@ -90,60 +100,117 @@ impl Conn {
                         let mut headers: Vec<(String, String)> = req
                             .headers
                             .iter()
-                            .map(|h| (h.name.to_string(), String::from_utf8_lossy(h.value).trim().to_string()))
+                            .map(|h| {
+                                (
+                                    h.name.to_string(),
+                                    String::from_utf8_lossy(h.value).trim().to_string(),
+                                )
+                            })
                             .collect();
                         headers.push((":version".into(), version.to_string()));
                         break (n, method, path, headers);
                     }
                     Ok(httparse::Status::Partial) => {}
                     Err(httparse::Error::TooManyHeaders) => {
-                        return Err(ReadError::Bad { status: 431, message: format!("more than {MAX_HEADERS} request headers") })
+                        return Err(ReadError::Bad {
+                            status: 431,
+                            message: format!("more than {MAX_HEADERS} request headers"),
+                        })
                     }
-                    Err(e) => return Err(ReadError::Bad { status: 400, message: format!("malformed HTTP request: {e}") }),
+                    Err(e) => {
+                        return Err(ReadError::Bad {
+                            status: 400,
+                            message: format!("malformed HTTP request: {e}"),
+                        })
+                    }
                 }
                 if self.buf.len() > MAX_HEAD {
-                    return Err(ReadError::Bad { status: 431, message: format!("request head over {MAX_HEAD} bytes") });
+                    return Err(ReadError::Bad {
+                        status: 431,
+                        message: format!("request head over {MAX_HEAD} bytes"),
+                    });
                 }
             }
             let limit = if self.buf.is_empty() { IDLE } else { ARRIVAL };
             match self.fill(self.buf.is_empty(), start, limit, stopping) {
                 Ok(true) => {}
                 Ok(false) if self.buf.is_empty() => return Err(ReadError::Closed),
-                Ok(false) => return Err(ReadError::Bad { status: 400, message: "connection closed inside the request head".into() }),
+                Ok(false) => {
+                    return Err(ReadError::Bad {
+                        status: 400,
+                        message: "connection closed inside the request head".into(),
+                    })
+                }
                 Err(e) => return Err(e),
             }
         };
         self.path.clone_from(&path);
-        let mut req = Request { method, path, headers, body: Vec::new(), keep_alive: true };
+        let mut req = Request {
+            method,
+            path,
+            headers,
+            body: Vec::new(),
+            keep_alive: true,
+        };
         let http10 = req.header(":version") == Some("0");
-        let conn = req.header("connection").map(|v| v.to_ascii_lowercase()).unwrap_or_default();
-        req.keep_alive = if http10 { conn.contains("keep-alive") } else { !conn.contains("close") };
+        let conn = req
+            .header("connection")
+            .map(|v| v.to_ascii_lowercase())
+            .unwrap_or_default();
+        req.keep_alive = if http10 {
+            conn.contains("keep-alive")
+        } else {
+            !conn.contains("close")
+        };
         self.buf.drain(..head_len);
 
-        if req.header("transfer-encoding").is_some_and(|v| !v.eq_ignore_ascii_case("identity")) {
-            return Err(ReadError::Bad { status: 411, message: "chunked request bodies are not accepted: send Content-Length".into() });
+        if req
+            .header("transfer-encoding")
+            .is_some_and(|v| !v.eq_ignore_ascii_case("identity"))
+        {
+            return Err(ReadError::Bad {
+                status: 411,
+                message: "chunked request bodies are not accepted: send Content-Length".into(),
+            });
         }
         let len = match req.header("content-length") {
             None => 0,
-            Some(v) => v.parse::<usize>().map_err(|_| ReadError::Bad { status: 400, message: format!("bad Content-Length {v:?}") })?,
+            Some(v) => v.parse::<usize>().map_err(|_| ReadError::Bad {
+                status: 400,
+                message: format!("bad Content-Length {v:?}"),
+            })?,
         };
         if len > max_body {
             // Read and drop the body first: a client still sending would otherwise see the
             // connection reset instead of the answer.
-            let waits = req.header("expect").is_some_and(|v| v.eq_ignore_ascii_case("100-continue"));
+            let waits = req
+                .header("expect")
+                .is_some_and(|v| v.eq_ignore_ascii_case("100-continue"));
             if len <= DRAIN_LIMIT && !waits {
                 self.drain(len, stopping);
             }
             return Err(ReadError::Bad { status: 413, message: format!("request body of {len} bytes is over the limit of {max_body} bytes (--max-body)") });
         }
-        if len > 0 && req.header("expect").is_some_and(|v| v.eq_ignore_ascii_case("100-continue")) {
+        if len > 0
+            && req
+                .header("expect")
+                .is_some_and(|v| v.eq_ignore_ascii_case("100-continue"))
+        {
             let _ = self.stream.write_all(b"HTTP/1.1 100 Continue\r\n\r\n");
         }
         let body_start = Instant::now();
         while self.buf.len() < len {
             match self.fill(false, body_start, ARRIVAL, stopping) {
                 Ok(true) => {}
-                Ok(false) => return Err(ReadError::Bad { status: 400, message: format!("connection closed after {} of {len} body bytes", self.buf.len()) }),
+                Ok(false) => {
+                    return Err(ReadError::Bad {
+                        status: 400,
+                        message: format!(
+                            "connection closed after {} of {len} body bytes",
+                            self.buf.len()
+                        ),
+                    })
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -167,7 +234,13 @@ impl Conn {
 
     /// Read more bytes into the buffer. Ok(false): end of stream (or stop requested while
     /// `idle_stop`). Times out after `limit` from `since`.
-    fn fill(&mut self, idle_stop: bool, since: Instant, limit: Duration, stopping: &AtomicBool) -> Result<bool, ReadError> {
+    fn fill(
+        &mut self,
+        idle_stop: bool,
+        since: Instant,
+        limit: Duration,
+        stopping: &AtomicBool,
+    ) -> Result<bool, ReadError> {
         let mut chunk = [0u8; 16 * 1024];
         loop {
             if idle_stop && stopping.load(Ordering::Relaxed) {
@@ -179,12 +252,20 @@ impl Conn {
                     self.buf.extend_from_slice(&chunk[..n]);
                     return Ok(true);
                 }
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                    ) =>
+                {
                     if since.elapsed() > limit {
                         return if self.buf.is_empty() {
                             Ok(false)
                         } else {
-                            Err(ReadError::Bad { status: 408, message: "request took too long to arrive".into() })
+                            Err(ReadError::Bad {
+                                status: 408,
+                                message: "request took too long to arrive".into(),
+                            })
                         };
                     }
                 }
@@ -194,7 +275,13 @@ impl Conn {
     }
 
     /// Write a whole response.
-    pub fn respond(&mut self, status: u16, content_type: &str, body: &[u8], keep_alive: bool) -> std::io::Result<()> {
+    pub fn respond(
+        &mut self,
+        status: u16,
+        content_type: &str,
+        body: &[u8],
+        keep_alive: bool,
+    ) -> std::io::Result<()> {
         let mut head = format!(
             "HTTP/1.1 {status} {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n",
             reason(status),

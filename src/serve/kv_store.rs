@@ -27,7 +27,11 @@ const HEAD: u64 = 8 + 4 + 8 + 4 + 4 + 4 + 4;
 #[derive(Debug, thiserror::Error)]
 pub enum KvStoreError {
     #[error("{}: {op}: {err}", path.display())]
-    Io { path: PathBuf, op: &'static str, err: std::io::Error },
+    Io {
+        path: PathBuf,
+        op: &'static str,
+        err: std::io::Error,
+    },
     #[error("{}: {msg}", path.display())]
     Bad { path: PathBuf, msg: String },
 }
@@ -95,10 +99,28 @@ pub fn fingerprint(files: &ModelFiles, cfg: &ModelConfig) -> u64 {
 
 impl KvStore {
     /// Open (creating) `dir` and index the sessions in it that belong to this model.
-    pub fn open(dir: &Path, fingerprint: u64, layers: usize, dims: (usize, usize), max_sessions: usize) -> Result<KvStore, KvStoreError> {
-        let io = |op, err| KvStoreError::Io { path: dir.to_path_buf(), op, err };
+    pub fn open(
+        dir: &Path,
+        fingerprint: u64,
+        layers: usize,
+        dims: (usize, usize),
+        max_sessions: usize,
+    ) -> Result<KvStore, KvStoreError> {
+        let io = |op, err| KvStoreError::Io {
+            path: dir.to_path_buf(),
+            op,
+            err,
+        };
         std::fs::create_dir_all(dir).map_err(|e| io("create directory", e))?;
-        let mut store = KvStore { dir: dir.to_path_buf(), fingerprint, layers, dims, max_sessions: max_sessions.max(1), sessions: Vec::new(), clock: 0 };
+        let mut store = KvStore {
+            dir: dir.to_path_buf(),
+            fingerprint,
+            layers,
+            dims,
+            max_sessions: max_sessions.max(1),
+            sessions: Vec::new(),
+            clock: 0,
+        };
         let mut found: Vec<(std::time::SystemTime, PathBuf)> = Vec::new();
         for entry in std::fs::read_dir(dir).map_err(|e| io("list", e))? {
             let Ok(entry) = entry else { continue };
@@ -106,7 +128,10 @@ impl KvStore {
             let name = entry.file_name();
             let name = name.to_string_lossy();
             if name.starts_with("session-") && name.ends_with(".slkv") {
-                let mtime = entry.metadata().and_then(|m| m.modified()).unwrap_or(std::time::UNIX_EPOCH);
+                let mtime = entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .unwrap_or(std::time::UNIX_EPOCH);
                 found.push((mtime, path));
             }
         }
@@ -115,7 +140,11 @@ impl KvStore {
             match store.read_index(&path) {
                 Ok(Some(tokens)) => {
                     store.clock += 1;
-                    store.sessions.push(Session { path, tokens, used: store.clock });
+                    store.sessions.push(Session {
+                        path,
+                        tokens,
+                        used: store.clock,
+                    });
                 }
                 Ok(None) => {} // another model's session: leave it alone
                 Err(e) => eprintln!("[serve] warning: skipping KV session: {e}"),
@@ -134,26 +163,49 @@ impl KvStore {
 
     /// Header and tokens of a session file; None if it is another model's.
     fn read_index(&self, path: &Path) -> Result<Option<Vec<u32>>, KvStoreError> {
-        let f = File::open(path).map_err(|err| KvStoreError::Io { path: path.into(), op: "open", err })?;
-        let size = f.metadata().map_err(|err| KvStoreError::Io { path: path.into(), op: "stat", err })?.len();
+        let f = File::open(path).map_err(|err| KvStoreError::Io {
+            path: path.into(),
+            op: "open",
+            err,
+        })?;
+        let size = f
+            .metadata()
+            .map_err(|err| KvStoreError::Io {
+                path: path.into(),
+                op: "stat",
+                err,
+            })?
+            .len();
         let mut r = BufReader::new(f);
-        let bad = |msg: String| KvStoreError::Bad { path: path.into(), msg };
+        let bad = |msg: String| KvStoreError::Bad {
+            path: path.into(),
+            msg,
+        };
         let mut head = [0u8; HEAD as usize];
-        r.read_exact(&mut head).map_err(|_| bad("shorter than a session header".into()))?;
+        r.read_exact(&mut head)
+            .map_err(|_| bad("shorter than a session header".into()))?;
         if &head[..8] != MAGIC {
             return Err(bad("not a sluice KV session (bad magic)".into()));
         }
-        let u32_at = |o: usize| u32::from_le_bytes([head[o], head[o + 1], head[o + 2], head[o + 3]]);
+        let u32_at =
+            |o: usize| u32::from_le_bytes([head[o], head[o + 1], head[o + 2], head[o + 3]]);
         let version = u32_at(8);
         if version != VERSION {
-            return Err(bad(format!("session format version {version}, this build reads {VERSION}")));
+            return Err(bad(format!(
+                "session format version {version}, this build reads {VERSION}"
+            )));
         }
         let mut fp = [0u8; 8];
         fp.copy_from_slice(&head[12..20]);
         if u64::from_le_bytes(fp) != self.fingerprint {
             return Ok(None);
         }
-        let (layers, kd, vd, n) = (u32_at(20) as usize, u32_at(24) as usize, u32_at(28) as usize, u32_at(32) as u64);
+        let (layers, kd, vd, n) = (
+            u32_at(20) as usize,
+            u32_at(24) as usize,
+            u32_at(28) as usize,
+            u32_at(32) as u64,
+        );
         if layers != self.layers || (kd, vd) != self.dims {
             return Err(bad(format!(
                 "{layers} cache layers of widths ({kd}, {vd}), the model has {} of {:?}",
@@ -166,11 +218,21 @@ impl KvStore {
             .and_then(|x| x.checked_mul(4))
             .and_then(|x| x.checked_add(HEAD + n * 4));
         if want != Some(size) {
-            return Err(bad(format!("{size} bytes, not the size of a session of {n} tokens")));
+            return Err(bad(format!(
+                "{size} bytes, not the size of a session of {n} tokens"
+            )));
         }
         let mut raw = vec![0u8; n as usize * 4];
-        r.read_exact(&mut raw).map_err(|err| KvStoreError::Io { path: path.into(), op: "read", err })?;
-        Ok(Some(raw.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()))
+        r.read_exact(&mut raw).map_err(|err| KvStoreError::Io {
+            path: path.into(),
+            op: "read",
+            err,
+        })?;
+        Ok(Some(
+            raw.chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+        ))
     }
 
     /// The stored session sharing the longest token prefix with `tokens`: (index, length).
@@ -187,14 +249,21 @@ impl KvStore {
     /// the bytes read.
     pub fn load(&mut self, idx: usize, n: usize, st: &mut State) -> Result<u64, KvStoreError> {
         let Some(s) = self.sessions.get_mut(idx) else {
-            return Err(KvStoreError::Bad { path: self.dir.clone(), msg: format!("no session {idx}") });
+            return Err(KvStoreError::Bad {
+                path: self.dir.clone(),
+                msg: format!("no session {idx}"),
+            });
         };
         self.clock += 1;
         s.used = self.clock;
         let path = s.path.clone();
         let total = s.tokens.len() as u64;
         let n = n.min(s.tokens.len());
-        let io = |op, err| KvStoreError::Io { path: path.clone(), op, err };
+        let io = |op, err| KvStoreError::Io {
+            path: path.clone(),
+            op,
+            err,
+        };
         let mut f = File::open(&path).map_err(|e| io("open", e))?;
         let (kd, vd) = self.dims;
         let layer_bytes = total * ((kd + vd) * 4) as u64;
@@ -204,7 +273,10 @@ impl KvStore {
         for layer in 0..self.layers {
             let (k, v) = st
                 .kv_rows_mut(layer, self.dims, n)
-                .map_err(|e| KvStoreError::Bad { path: path.clone(), msg: e.to_string() })?;
+                .map_err(|e| KvStoreError::Bad {
+                    path: path.clone(),
+                    msg: e.to_string(),
+                })?;
             let k_at = base + layer as u64 * layer_bytes;
             for (dst, at) in [(k, k_at), (v, k_at + total * (kd * 4) as u64)] {
                 buf.resize(dst.len() * 4, 0);
@@ -235,8 +307,14 @@ impl KvStore {
             h.add(&t.to_le_bytes());
         }
         let path = self.dir.join(format!("session-{:016x}.slkv", h.0));
-        let tmp = self.dir.join(format!(".session-{:016x}.{}.tmp", h.0, std::process::id()));
-        let io = |op, err| KvStoreError::Io { path: tmp.clone(), op, err };
+        let tmp = self
+            .dir
+            .join(format!(".session-{:016x}.{}.tmp", h.0, std::process::id()));
+        let io = |op, err| KvStoreError::Io {
+            path: tmp.clone(),
+            op,
+            err,
+        };
         let f = File::create(&tmp).map_err(|e| io("create", e))?;
         let mut w = BufWriter::with_capacity(1 << 20, f);
         let n = tokens.len();
@@ -256,7 +334,12 @@ impl KvStore {
         write(&mut w, &head)?;
         let mut buf = Vec::with_capacity(n * kd.max(vd) * 4);
         for layer in 0..self.layers {
-            let (k, v) = st.kv_rows(layer, self.dims, n).map_err(|e| KvStoreError::Bad { path: tmp.clone(), msg: e.to_string() })?;
+            let (k, v) = st
+                .kv_rows(layer, self.dims, n)
+                .map_err(|e| KvStoreError::Bad {
+                    path: tmp.clone(),
+                    msg: e.to_string(),
+                })?;
             for rows in [k, v] {
                 buf.clear();
                 for x in rows {
@@ -268,7 +351,11 @@ impl KvStore {
         let f = w.into_inner().map_err(|e| io("write", e.into_error()))?;
         f.sync_all().map_err(|e| io("sync", e))?;
         drop(f);
-        std::fs::rename(&tmp, &path).map_err(|err| KvStoreError::Io { path: path.clone(), op: "rename into place", err })?;
+        std::fs::rename(&tmp, &path).map_err(|err| KvStoreError::Io {
+            path: path.clone(),
+            op: "rename into place",
+            err,
+        })?;
         if let Ok(d) = File::open(&self.dir) {
             let _ = d.sync_all();
         }
@@ -284,9 +371,16 @@ impl KvStore {
         });
         self.sessions.retain(|s| s.path != path);
         self.clock += 1;
-        self.sessions.push(Session { path, tokens: tokens.to_vec(), used: self.clock });
+        self.sessions.push(Session {
+            path,
+            tokens: tokens.to_vec(),
+            used: self.clock,
+        });
         while self.sessions.len() > self.max_sessions {
-            let Some((oldest, _)) = self.sessions.iter().enumerate().min_by_key(|(_, s)| s.used) else { break };
+            let Some((oldest, _)) = self.sessions.iter().enumerate().min_by_key(|(_, s)| s.used)
+            else {
+                break;
+            };
             let s = self.sessions.remove(oldest);
             let _ = std::fs::remove_file(&s.path);
         }
@@ -323,12 +417,17 @@ mod tests {
         let good = session_bytes(fp, layers, kvd, &[1, 2, 3], 2 * 2 * 3 * 4);
         std::fs::write(dir.join("session-a.slkv"), &good).unwrap();
         std::fs::write(dir.join("session-b.slkv"), &good[..good.len() - 1]).unwrap(); // truncated
-        std::fs::write(dir.join("session-c.slkv"), session_bytes(99, layers, kvd, &[1], 16)).unwrap(); // other model
+        std::fs::write(
+            dir.join("session-c.slkv"),
+            session_bytes(99, layers, kvd, &[1], 16),
+        )
+        .unwrap(); // other model
         std::fs::write(dir.join("session-d.slkv"), b"SLUICEKV\x01").unwrap();
         let mut huge = session_bytes(fp, u32::MAX, u32::MAX, &[], 0);
         huge[32..36].copy_from_slice(&u32::MAX.to_le_bytes());
         std::fs::write(dir.join("session-e.slkv"), huge).unwrap(); // sizes that overflow
-        let store = KvStore::open(&dir, fp, layers as usize, (kvd as usize, kvd as usize), 8).unwrap();
+        let store =
+            KvStore::open(&dir, fp, layers as usize, (kvd as usize, kvd as usize), 8).unwrap();
         assert_eq!(store.len(), 1);
         assert_eq!(store.best_match(&[1, 2, 9]), Some((0, 2)));
         assert_eq!(store.best_match(&[5]), None);

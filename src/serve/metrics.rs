@@ -62,49 +62,193 @@ impl Metrics {
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let model = escape(model_id);
         let counter = |s: &mut String, name: &str, help: &str, v: f64| {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{model=\"{model}\"}} {v}");
+            let _ = writeln!(
+                s,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{model=\"{model}\"}} {v}"
+            );
         };
-        counter(&mut s, "sluice_prompt_tokens_total", "Prompt tokens of served generations.", ld(&self.prompt_tokens) as f64);
-        counter(&mut s, "sluice_prompt_tokens_reused_total", "Prompt tokens taken from the KV cache (prefix reuse).", ld(&self.reused_tokens) as f64);
-        counter(&mut s, "sluice_prompt_tokens_prefilled_total", "Prompt tokens run through the model.", ld(&self.prefilled_tokens) as f64);
-        counter(&mut s, "sluice_generated_tokens_total", "Tokens generated.", ld(&self.generated_tokens) as f64);
-        counter(&mut s, "sluice_experts_computed_total", "Routed expert evaluations during decode, summed over layers.", ld(&self.experts_computed) as f64);
-        counter(&mut s, "sluice_prefill_seconds_total", "Time spent in prefill.", ld(&self.prefill_us) as f64 / 1e6);
-        counter(&mut s, "sluice_decode_seconds_total", "Time spent decoding.", ld(&self.decode_us) as f64 / 1e6);
-        counter(&mut s, "sluice_decode_steps_total", "Single-token forward passes.", ld(&self.decode_steps) as f64);
-        counter(&mut s, "sluice_generations_total", "Generations run.", ld(&self.generations) as f64);
-        counter(&mut s, "sluice_generations_cancelled_total", "Generations cancelled by a client disconnect or shutdown.", ld(&self.cancelled) as f64);
-        counter(&mut s, "sluice_kv_sessions_saved_total", "KV sessions written to --kv-dir.", ld(&self.kv_saves) as f64);
-        counter(&mut s, "sluice_kv_sessions_loaded_total", "KV sessions restored from --kv-dir.", ld(&self.kv_loads) as f64);
-        counter(&mut s, "sluice_kv_bytes_written_total", "Bytes of KV sessions written to --kv-dir.", ld(&self.kv_bytes_written) as f64);
-        counter(&mut s, "sluice_kv_bytes_read_total", "Bytes of KV sessions read from --kv-dir.", ld(&self.kv_bytes_read) as f64);
+        counter(
+            &mut s,
+            "sluice_prompt_tokens_total",
+            "Prompt tokens of served generations.",
+            ld(&self.prompt_tokens) as f64,
+        );
+        counter(
+            &mut s,
+            "sluice_prompt_tokens_reused_total",
+            "Prompt tokens taken from the KV cache (prefix reuse).",
+            ld(&self.reused_tokens) as f64,
+        );
+        counter(
+            &mut s,
+            "sluice_prompt_tokens_prefilled_total",
+            "Prompt tokens run through the model.",
+            ld(&self.prefilled_tokens) as f64,
+        );
+        counter(
+            &mut s,
+            "sluice_generated_tokens_total",
+            "Tokens generated.",
+            ld(&self.generated_tokens) as f64,
+        );
+        counter(
+            &mut s,
+            "sluice_experts_computed_total",
+            "Routed expert evaluations during decode, summed over layers.",
+            ld(&self.experts_computed) as f64,
+        );
+        counter(
+            &mut s,
+            "sluice_prefill_seconds_total",
+            "Time spent in prefill.",
+            ld(&self.prefill_us) as f64 / 1e6,
+        );
+        counter(
+            &mut s,
+            "sluice_decode_seconds_total",
+            "Time spent decoding.",
+            ld(&self.decode_us) as f64 / 1e6,
+        );
+        counter(
+            &mut s,
+            "sluice_decode_steps_total",
+            "Single-token forward passes.",
+            ld(&self.decode_steps) as f64,
+        );
+        counter(
+            &mut s,
+            "sluice_generations_total",
+            "Generations run.",
+            ld(&self.generations) as f64,
+        );
+        counter(
+            &mut s,
+            "sluice_generations_cancelled_total",
+            "Generations cancelled by a client disconnect or shutdown.",
+            ld(&self.cancelled) as f64,
+        );
+        counter(
+            &mut s,
+            "sluice_kv_sessions_saved_total",
+            "KV sessions written to --kv-dir.",
+            ld(&self.kv_saves) as f64,
+        );
+        counter(
+            &mut s,
+            "sluice_kv_sessions_loaded_total",
+            "KV sessions restored from --kv-dir.",
+            ld(&self.kv_loads) as f64,
+        );
+        counter(
+            &mut s,
+            "sluice_kv_bytes_written_total",
+            "Bytes of KV sessions written to --kv-dir.",
+            ld(&self.kv_bytes_written) as f64,
+        );
+        counter(
+            &mut s,
+            "sluice_kv_bytes_read_total",
+            "Bytes of KV sessions read from --kv-dir.",
+            ld(&self.kv_bytes_read) as f64,
+        );
 
         let gauge = |s: &mut String, name: &str, help: &str, v: f64| {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{model=\"{model}\"}} {v}");
+            let _ = writeln!(
+                s,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{model=\"{model}\"}} {v}"
+            );
         };
-        gauge(&mut s, "sluice_queue_length", "Requests waiting for the generator.", queue_len as f64);
-        gauge(&mut s, "sluice_requests_in_flight", "Generations running now (0 or 1).", ld(&self.in_flight) as f64);
+        gauge(
+            &mut s,
+            "sluice_queue_length",
+            "Requests waiting for the generator.",
+            queue_len as f64,
+        );
+        gauge(
+            &mut s,
+            "sluice_requests_in_flight",
+            "Generations running now (0 or 1).",
+            ld(&self.in_flight) as f64,
+        );
         let decode_s = ld(&self.decode_us) as f64 / 1e6;
-        let avg = if decode_s > 0.0 { ld(&self.decode_steps) as f64 / decode_s } else { 0.0 };
-        gauge(&mut s, "sluice_decode_tokens_per_second", "Decode speed over all generations.", avg);
-        gauge(&mut s, "sluice_last_decode_tokens_per_second", "Decode speed of the last generation.", f64::from_bits(ld(&self.last_decode_tps)));
-        gauge(&mut s, "sluice_last_prefill_tokens_per_second", "Prefill speed of the last generation that prefilled.", f64::from_bits(ld(&self.last_prefill_tps)));
+        let avg = if decode_s > 0.0 {
+            ld(&self.decode_steps) as f64 / decode_s
+        } else {
+            0.0
+        };
+        gauge(
+            &mut s,
+            "sluice_decode_tokens_per_second",
+            "Decode speed over all generations.",
+            avg,
+        );
+        gauge(
+            &mut s,
+            "sluice_last_decode_tokens_per_second",
+            "Decode speed of the last generation.",
+            f64::from_bits(ld(&self.last_decode_tps)),
+        );
+        gauge(
+            &mut s,
+            "sluice_last_prefill_tokens_per_second",
+            "Prefill speed of the last generation that prefilled.",
+            f64::from_bits(ld(&self.last_prefill_tps)),
+        );
 
         let experts = *self.experts.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(e) = experts {
-            counter(&mut s, "sluice_expert_hits_pinned_total", "Expert requests served by the pinned tier.", e.hits_pin as f64);
-            counter(&mut s, "sluice_expert_hits_lru_total", "Expert requests served by the evictable tier.", e.hits_lru as f64);
-            counter(&mut s, "sluice_expert_misses_total", "Expert requests that had to be read from disk.", e.misses as f64);
-            counter(&mut s, "sluice_expert_bytes_read_total", "Bytes of experts read from disk.", e.bytes_read as f64);
-            counter(&mut s, "sluice_expert_read_seconds_total", "Wall time with an expert read outstanding.", e.read_secs);
-            counter(&mut s, "sluice_expert_wait_seconds_total", "Time compute waited for experts.", e.wait_secs);
-            gauge(&mut s, "sluice_expert_hit_rate", "Share of expert requests found in memory, since start.", e.hit_rate());
+            counter(
+                &mut s,
+                "sluice_expert_hits_pinned_total",
+                "Expert requests served by the pinned tier.",
+                e.hits_pin as f64,
+            );
+            counter(
+                &mut s,
+                "sluice_expert_hits_lru_total",
+                "Expert requests served by the evictable tier.",
+                e.hits_lru as f64,
+            );
+            counter(
+                &mut s,
+                "sluice_expert_misses_total",
+                "Expert requests that had to be read from disk.",
+                e.misses as f64,
+            );
+            counter(
+                &mut s,
+                "sluice_expert_bytes_read_total",
+                "Bytes of experts read from disk.",
+                e.bytes_read as f64,
+            );
+            counter(
+                &mut s,
+                "sluice_expert_read_seconds_total",
+                "Wall time with an expert read outstanding.",
+                e.read_secs,
+            );
+            counter(
+                &mut s,
+                "sluice_expert_wait_seconds_total",
+                "Time compute waited for experts.",
+                e.wait_secs,
+            );
+            gauge(
+                &mut s,
+                "sluice_expert_hit_rate",
+                "Share of expert requests found in memory, since start.",
+                e.hit_rate(),
+            );
         }
 
         let _ = writeln!(s, "# HELP sluice_requests_total HTTP requests by route and status.\n# TYPE sluice_requests_total counter");
         let m = self.requests.lock().unwrap_or_else(|p| p.into_inner());
         for ((route, status), n) in m.iter() {
-            let _ = writeln!(s, "sluice_requests_total{{route=\"{}\",status=\"{status}\"}} {n}", escape(route));
+            let _ = writeln!(
+                s,
+                "sluice_requests_total{{route=\"{}\",status=\"{status}\"}} {n}",
+                escape(route)
+            );
         }
         s
     }
@@ -112,7 +256,9 @@ impl Metrics {
 
 /// Label value escaping (backslash, quote, newline).
 fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 #[cfg(test)]
@@ -125,13 +271,32 @@ mod tests {
         m.generated_tokens.fetch_add(7, Ordering::Relaxed);
         m.count_request("/v1/chat/completions", 200);
         let t = m.render(3, "x\"y");
-        assert!(t.contains("sluice_generated_tokens_total{model=\"x\\\"y\"} 7"), "{t}");
+        assert!(
+            t.contains("sluice_generated_tokens_total{model=\"x\\\"y\"} 7"),
+            "{t}"
+        );
         assert!(t.contains("sluice_queue_length{model=\"x\\\"y\"} 3"));
-        assert!(t.contains("sluice_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 1"));
-        assert!(!t.contains("expert_hit"), "no cache figures without a streaming cache");
-        m.set_expert_stats(Some(crate::experts::CacheStats { hits_lru: 3, misses: 1, bytes_read: 4096, ..Default::default() }));
+        assert!(
+            t.contains("sluice_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 1")
+        );
+        assert!(
+            !t.contains("expert_hit"),
+            "no cache figures without a streaming cache"
+        );
+        m.set_expert_stats(Some(crate::experts::CacheStats {
+            hits_lru: 3,
+            misses: 1,
+            bytes_read: 4096,
+            ..Default::default()
+        }));
         let t = m.render(0, "m");
-        assert!(t.contains("sluice_expert_hit_rate{model=\"m\"} 0.75"), "{t}");
-        assert!(t.contains("sluice_expert_bytes_read_total{model=\"m\"} 4096"), "{t}");
+        assert!(
+            t.contains("sluice_expert_hit_rate{model=\"m\"} 0.75"),
+            "{t}"
+        );
+        assert!(
+            t.contains("sluice_expert_bytes_read_total{model=\"m\"} 4096"),
+            "{t}"
+        );
     }
 }

@@ -83,9 +83,18 @@ pub(crate) struct Shared {
 /// Serve `model` (loaded from `files`, with `st` a fresh state of it, its expert placement set
 /// up) until SIGINT or SIGTERM; then stop accepting, let the running generation finish (up to
 /// the grace time), answer queued requests 503, and return the state.
-pub fn run(files: &'static ModelFiles, model: Model<'static>, st: State, cfg: ServeConfig) -> Result<State, ServeError> {
+pub fn run(
+    files: &'static ModelFiles,
+    model: Model<'static>,
+    st: State,
+    cfg: ServeConfig,
+) -> Result<State, ServeError> {
     if st.ctx() != cfg.ctx {
-        return Err(ServeError::Model(crate::model::ModelError::Input(format!("state holds {} positions, --ctx-size is {}", st.ctx(), cfg.ctx))));
+        return Err(ServeError::Model(crate::model::ModelError::Input(format!(
+            "state holds {} positions, --ctx-size is {}",
+            st.ctx(),
+            cfg.ctx
+        ))));
     }
     let tok = load_tokenizer(files)?;
     let metrics = Arc::new(Metrics::default());
@@ -96,23 +105,35 @@ pub fn run(files: &'static ModelFiles, model: Model<'static>, st: State, cfg: Se
             let dims = model.cfg.cache_dims();
             // Every layer that caches (the state may hold more than `n_layers`).
             let layers = model.new_state(1, 1, 1)?.kv_layers(dims);
-            let s = kv_store::KvStore::open(dir, fp, layers, dims, cfg.kv_max_sessions)
-                .map_err(|e| ServeError::KvDir { path: dir.clone(), msg: e.to_string() })?;
-            eprintln!("[serve] --kv-dir {}: {} saved session(s) of this model", dir.display(), s.len());
+            let s = kv_store::KvStore::open(dir, fp, layers, dims, cfg.kv_max_sessions).map_err(
+                |e| ServeError::KvDir {
+                    path: dir.clone(),
+                    msg: e.to_string(),
+                },
+            )?;
+            eprintln!(
+                "[serve] --kv-dir {}: {} saved session(s) of this model",
+                dir.display(),
+                s.len()
+            );
             Some(s)
         }
     };
     let engine = Engine::new(model, tok.clone(), st, store, metrics.clone());
 
     let addr = format!("{}:{}", cfg.host, cfg.port);
-    let listener = TcpListener::bind(&addr).map_err(|err| ServeError::Bind { addr: addr.clone(), err })?;
+    let listener = TcpListener::bind(&addr).map_err(|err| ServeError::Bind {
+        addr: addr.clone(),
+        err,
+    })?;
     listener.set_nonblocking(true)?;
     let local = listener.local_addr()?;
 
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         // A second signal while stopping ends the process at once.
-        signal_hook::flag::register_conditional_default(sig, stop.clone()).map_err(ServeError::Signal)?;
+        signal_hook::flag::register_conditional_default(sig, stop.clone())
+            .map_err(ServeError::Signal)?;
         signal_hook::flag::register(sig, stop.clone()).map_err(ServeError::Signal)?;
     }
 
@@ -120,7 +141,10 @@ pub fn run(files: &'static ModelFiles, model: Model<'static>, st: State, cfg: Se
     if template.is_none() {
         eprintln!("[serve] warning: the model has no chat template; /v1/chat/completions and /v1/messages will answer 400");
     }
-    let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
     let shared = Arc::new(Shared {
         queue: Queue::new(cfg.max_queue),
         cfg,
@@ -134,9 +158,14 @@ pub fn run(files: &'static ModelFiles, model: Model<'static>, st: State, cfg: Se
     let worker = {
         let sh = shared.clone();
         let abort = abort.clone();
-        std::thread::Builder::new().name("sluice-generator".into()).spawn(move || engine.run(&sh.queue, &abort))?
+        std::thread::Builder::new()
+            .name("sluice-generator".into())
+            .spawn(move || engine.run(&sh.queue, &abort))?
     };
-    eprintln!("[serve] model {:?} (context {}) listening on http://{local}", shared.cfg.model_id, shared.cfg.ctx);
+    eprintln!(
+        "[serve] model {:?} (context {}) listening on http://{local}",
+        shared.cfg.model_id, shared.cfg.ctx
+    );
 
     let connections = Arc::new(AtomicUsize::new(0));
     while !stop.load(Ordering::Relaxed) {
@@ -148,20 +177,29 @@ pub fn run(files: &'static ModelFiles, model: Model<'static>, st: State, cfg: Se
                     n.fetch_sub(1, Ordering::SeqCst);
                     if let Ok(mut c) = Conn::new(stream) {
                         let e = ApiError::new(503, "too many open connections (--max-connections)");
-                        let _ = c.respond(503, "application/json", e.to_json(Dialect::OpenAi).to_string().as_bytes(), false);
+                        let _ = c.respond(
+                            503,
+                            "application/json",
+                            e.to_json(Dialect::OpenAi).to_string().as_bytes(),
+                            false,
+                        );
                     }
                     continue;
                 }
-                let spawned = std::thread::Builder::new().name("sluice-conn".into()).spawn(move || {
-                    handle_connection(&sh, stream);
-                    n.fetch_sub(1, Ordering::SeqCst);
-                });
+                let spawned = std::thread::Builder::new()
+                    .name("sluice-conn".into())
+                    .spawn(move || {
+                        handle_connection(&sh, stream);
+                        n.fetch_sub(1, Ordering::SeqCst);
+                    });
                 if let Err(e) = spawned {
                     connections.fetch_sub(1, Ordering::SeqCst);
                     eprintln!("[serve] cannot start a connection thread: {e}");
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
             Err(e) => {
                 eprintln!("[serve] accept failed: {e}");
                 std::thread::sleep(Duration::from_millis(100));
@@ -171,7 +209,10 @@ pub fn run(files: &'static ModelFiles, model: Model<'static>, st: State, cfg: Se
 
     // Shutdown: stop accepting, refuse what is queued, let the running job finish or cancel it.
     drop(listener);
-    eprintln!("[serve] stopping: no new connections; finishing the running generation (up to {:?})", shared.cfg.shutdown_grace);
+    eprintln!(
+        "[serve] stopping: no new connections; finishing the running generation (up to {:?})",
+        shared.cfg.shutdown_grace
+    );
     shared.stopping.store(true, Ordering::SeqCst);
     shared.queue.close();
     let t = Instant::now();
@@ -179,7 +220,9 @@ pub fn run(files: &'static ModelFiles, model: Model<'static>, st: State, cfg: Se
         std::thread::sleep(Duration::from_millis(20));
     }
     abort.store(true, Ordering::SeqCst);
-    let st = worker.join().map_err(|_| ServeError::Io(std::io::Error::other("the generator thread panicked")))?;
+    let st = worker
+        .join()
+        .map_err(|_| ServeError::Io(std::io::Error::other("the generator thread panicked")))?;
     // Give connection threads a moment to write their last bytes.
     let t = Instant::now();
     while connections.load(Ordering::SeqCst) > 0 && t.elapsed() < Duration::from_secs(2) {
@@ -198,16 +241,31 @@ pub(crate) struct Handled {
 }
 
 fn handle_connection(sh: &Shared, stream: std::net::TcpStream) {
-    let Ok(mut conn) = Conn::new(stream) else { return };
+    let Ok(mut conn) = Conn::new(stream) else {
+        return;
+    };
     loop {
         let req = match conn.read_request(sh.cfg.max_body, &sh.stopping) {
             Ok(r) => r,
             Err(ReadError::Closed) => return,
             Err(ReadError::Bad { status, message }) => {
-                let path = if conn.path.is_empty() { "-".to_string() } else { conn.path.clone() };
-                let dialect = if path.starts_with("/v1/messages") { Dialect::Anthropic } else { Dialect::OpenAi };
+                let path = if conn.path.is_empty() {
+                    "-".to_string()
+                } else {
+                    conn.path.clone()
+                };
+                let dialect = if path.starts_with("/v1/messages") {
+                    Dialect::Anthropic
+                } else {
+                    Dialect::OpenAi
+                };
                 let e = ApiError::new(status, message);
-                let _ = conn.respond(status, "application/json", e.to_json(dialect).to_string().as_bytes(), false);
+                let _ = conn.respond(
+                    status,
+                    "application/json",
+                    e.to_json(dialect).to_string().as_bytes(),
+                    false,
+                );
                 sh.metrics.count_request(route_label(&path), status);
                 eprintln!("[serve] {path} {status} {}", e.message);
                 return;
@@ -218,7 +276,14 @@ fn handle_connection(sh: &Shared, stream: std::net::TcpStream) {
         let h = route(sh, &req, &mut conn, keep);
         sh.metrics.count_request(route_label(&req.path), h.status);
         if req.path != "/health" && req.path != "/metrics" {
-            eprintln!("[serve] {} {} {} {:.2}s{}", req.method, req.path, h.status, t.elapsed().as_secs_f64(), h.note);
+            eprintln!(
+                "[serve] {} {} {} {:.2}s{}",
+                req.method,
+                req.path,
+                h.status,
+                t.elapsed().as_secs_f64(),
+                h.note
+            );
         }
         if h.close || !keep {
             return;
@@ -242,16 +307,24 @@ fn route_label(path: &str) -> &'static str {
 }
 
 fn route(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Handled {
-    let dialect = if req.path.starts_with("/v1/messages") { Dialect::Anthropic } else { Dialect::OpenAi };
+    let dialect = if req.path.starts_with("/v1/messages") {
+        Dialect::Anthropic
+    } else {
+        Dialect::OpenAi
+    };
     let method = req.method.as_str();
     let want = |m: &str| -> Result<(), ApiError> {
         if method == m {
             Ok(())
         } else {
-            Err(ApiError::new(405, format!("{} takes {m}, not {method}", req.path)))
+            Err(ApiError::new(
+                405,
+                format!("{} takes {m}, not {method}", req.path),
+            ))
         }
     };
-    let res: Result<Handled, ApiError> = (|| match req.path.as_str() {
+    let res: Result<Handled, ApiError> = (|| {
+        match req.path.as_str() {
         "/health" => {
             want("GET")?;
             let body = json!({"status": "ok", "model": sh.cfg.model_id, "queue": sh.queue.len(), "busy": sh.queue.busy()});
@@ -299,6 +372,7 @@ fn route(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Handled {
             anthropic::count_tokens(sh, req, conn, keep)
         }
         other => Err(ApiError::new(404, format!("no route {other} (this server has /v1/chat/completions, /v1/completions, /v1/models, /v1/messages, /health, /metrics)"))),
+    }
     })();
     match res {
         Ok(h) => h,
@@ -323,7 +397,10 @@ fn model_entry(sh: &Shared) -> Value {
 pub(crate) fn unknown_model(sh: &Shared, asked: &str) -> ApiError {
     ApiError {
         status: 404,
-        message: format!("the model `{asked}` does not exist here; this server serves `{}`", sh.cfg.model_id),
+        message: format!(
+            "the model `{asked}` does not exist here; this server serves `{}`",
+            sh.cfg.model_id
+        ),
         param: Some("model".into()),
         code: Some("model_not_found"),
     }
@@ -339,8 +416,13 @@ pub(crate) fn check_model(sh: &Shared, o: &params::Obj) -> Result<(), ApiError> 
 }
 
 fn authorize(sh: &Shared, req: &Request, dialect: Dialect) -> Result<(), ApiError> {
-    let Some(key) = &sh.cfg.api_key else { return Ok(()) };
-    let bearer = req.header("authorization").and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")));
+    let Some(key) = &sh.cfg.api_key else {
+        return Ok(());
+    };
+    let bearer = req.header("authorization").and_then(|v| {
+        v.strip_prefix("Bearer ")
+            .or_else(|| v.strip_prefix("bearer "))
+    });
     let x_api = req.header("x-api-key");
     let given = match dialect {
         Dialect::OpenAi => bearer.or(x_api),
@@ -370,8 +452,19 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
 }
 
 pub(crate) fn send_json(conn: &mut Conn, status: u16, body: &Value, keep: bool) -> Handled {
-    let ok = conn.respond(status, "application/json", body.to_string().as_bytes(), keep).is_ok();
-    Handled { status, close: !ok, note: String::new() }
+    let ok = conn
+        .respond(
+            status,
+            "application/json",
+            body.to_string().as_bytes(),
+            keep,
+        )
+        .is_ok();
+    Handled {
+        status,
+        close: !ok,
+        note: String::new(),
+    }
 }
 
 pub(crate) fn send_error(conn: &mut Conn, e: &ApiError, dialect: Dialect, keep: bool) -> Handled {
@@ -385,8 +478,12 @@ pub(crate) fn send_error(conn: &mut Conn, e: &ApiError, dialect: Dialect, keep: 
 pub(crate) fn new_id(prefix: &str) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
-    let mut x = t ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (std::process::id() as u64).rotate_left(32);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let mut x =
+        t ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (std::process::id() as u64).rotate_left(32);
     x ^= x >> 31;
     x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
     x ^= x >> 29;
@@ -394,19 +491,37 @@ pub(crate) fn new_id(prefix: &str) -> String {
 }
 
 pub(crate) fn unix_now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// Render the chat template over template-ready messages and tokenize the result.
-pub(crate) fn chat_tokens(sh: &Shared, messages: &[Value], extra: &serde_json::Map<String, Value>) -> Result<Vec<u32>, ApiError> {
-    let template = sh
-        .template
-        .as_deref()
-        .ok_or_else(|| ApiError::new(400, "this model has no chat template: use /v1/completions with a raw prompt"))?;
+pub(crate) fn chat_tokens(
+    sh: &Shared,
+    messages: &[Value],
+    extra: &serde_json::Map<String, Value>,
+) -> Result<Vec<u32>, ApiError> {
+    let template = sh.template.as_deref().ok_or_else(|| {
+        ApiError::new(
+            400,
+            "this model has no chat template: use /v1/completions with a raw prompt",
+        )
+    })?;
     let extra = Value::Object(extra.clone());
-    let text = render_chat_json(template, messages, true, sh.tok.bos_token().unwrap_or(""), sh.tok.eos_token().unwrap_or(""), Some(&extra))
-        .map_err(|e| ApiError::param("messages", e.to_string()))?;
-    sh.tok.encode(&text, false).map_err(|e| ApiError::new(400, format!("cannot tokenize the prompt: {e}")))
+    let text = render_chat_json(
+        template,
+        messages,
+        true,
+        sh.tok.bos_token().unwrap_or(""),
+        sh.tok.eos_token().unwrap_or(""),
+        Some(&extra),
+    )
+    .map_err(|e| ApiError::param("messages", e.to_string()))?;
+    sh.tok
+        .encode(&text, false)
+        .map_err(|e| ApiError::new(400, format!("cannot tokenize the prompt: {e}")))
 }
 
 /// What a generation endpoint asks of the generator.
@@ -427,7 +542,10 @@ pub(crate) struct Pending {
 
 /// What the connection gets next.
 pub(crate) enum Step {
-    Started { reused: usize, prefilled: usize },
+    Started {
+        reused: usize,
+        prefilled: usize,
+    },
     Text(String),
     Done(Finished),
     Failed(ApiError),
@@ -440,7 +558,9 @@ impl Pending {
     pub fn next(&self, conn: &Conn) -> Step {
         loop {
             match self.rx.recv_timeout(Duration::from_millis(20)) {
-                Ok(Event::Started { reused, prefilled }) => return Step::Started { reused, prefilled },
+                Ok(Event::Started { reused, prefilled }) => {
+                    return Step::Started { reused, prefilled }
+                }
                 Ok(Event::Text(t)) => return Step::Text(t),
                 Ok(Event::Done(f)) => return Step::Done(f),
                 Ok(Event::Failed(e)) => return Step::Failed(e),
@@ -450,7 +570,9 @@ impl Pending {
                         return Step::Gone;
                     }
                 }
-                Err(RecvTimeoutError::Disconnected) => return Step::Failed(ApiError::new(500, "the generator stopped")),
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Step::Failed(ApiError::new(500, "the generator stopped"))
+                }
             }
         }
     }
@@ -471,21 +593,41 @@ impl Drop for Pending {
 pub(crate) fn submit(sh: &Shared, g: GenRequest) -> Result<Pending, ApiError> {
     let n = g.tokens.len();
     if n == 0 {
-        return Err(ApiError::param("prompt", "the prompt is empty after tokenization"));
+        return Err(ApiError::param(
+            "prompt",
+            "the prompt is empty after tokenization",
+        ));
     }
     if n >= sh.cfg.ctx {
         return Err(engine::context_error(n, sh.cfg.ctx));
     }
     let room = sh.cfg.ctx - n;
     let max_tokens = match g.max_tokens {
-        Some(0) => return Err(ApiError::param("max_tokens", "`max_tokens` must be at least 1")),
+        Some(0) => {
+            return Err(ApiError::param(
+                "max_tokens",
+                "`max_tokens` must be at least 1",
+            ))
+        }
         Some(m) => (m.min(usize::MAX as u64) as usize).min(room),
         None => room,
     };
     let (tx, rx) = mpsc::channel();
     let cancel = Arc::new(AtomicBool::new(false));
-    sh.queue.push(Job { tokens: g.tokens, max_tokens, sampling: g.sampling, stop: g.stop, ignore_eos: g.ignore_eos, cancel: cancel.clone(), events: tx })?;
-    Ok(Pending { rx, cancel, prompt_tokens: n })
+    sh.queue.push(Job {
+        tokens: g.tokens,
+        max_tokens,
+        sampling: g.sampling,
+        stop: g.stop,
+        ignore_eos: g.ignore_eos,
+        cancel: cancel.clone(),
+        events: tx,
+    })?;
+    Ok(Pending {
+        rx,
+        cancel,
+        prompt_tokens: n,
+    })
 }
 
 /// Note for the log line.

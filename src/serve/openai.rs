@@ -9,12 +9,15 @@
 //! Invariant: fields this server cannot honour (`n` > 1, penalties, `logprobs`, ...) are
 //! refused with a 400 naming them, never ignored.
 
-use super::engine::{Finished, FinishReason};
+use super::engine::{FinishReason, Finished};
 use super::error::{ApiError, Dialect};
 use super::http::{Conn, Request};
 use super::params::{self, kind, Obj};
 use super::tools::{parse_tool_calls, ToolCall, ToolSplitter};
-use super::{chat_tokens, check_model, new_id, note, submit, unix_now, GenRequest, Handled, Pending, Shared, Step};
+use super::{
+    chat_tokens, check_model, new_id, note, submit, unix_now, GenRequest, Handled, Pending, Shared,
+    Step,
+};
 use serde_json::{json, Map, Value};
 
 /// Fields refused unless they hold their neutral value.
@@ -36,7 +39,12 @@ fn refuse_common(o: &Obj) -> Result<(), ApiError> {
     match o.get("logit_bias") {
         None | Some(Value::Null) => {}
         Some(Value::Object(m)) if m.is_empty() => {}
-        Some(_) => return Err(ApiError::param("logit_bias", "`logit_bias` is not supported by this server")),
+        Some(_) => {
+            return Err(ApiError::param(
+                "logit_bias",
+                "`logit_bias` is not supported by this server",
+            ))
+        }
     }
     Ok(())
 }
@@ -66,13 +74,21 @@ pub fn chat(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Result<H
     refuse_common(&o)?;
     if let Some(rf) = o.get("response_format").filter(|v| !v.is_null()) {
         if rf.get("type").and_then(Value::as_str) != Some("text") {
-            return Err(ApiError::param("response_format", "only `{\"type\": \"text\"}` is supported by this server"));
+            return Err(ApiError::param(
+                "response_format",
+                "only `{\"type\": \"text\"}` is supported by this server",
+            ));
         }
     }
     let messages = match params::req(&o, "messages")? {
         Value::Array(a) if !a.is_empty() => a,
         Value::Array(_) => return Err(ApiError::param("messages", "`messages` is empty")),
-        v => return Err(ApiError::param("messages", format!("`messages` must be an array, got {}", kind(v)))),
+        v => {
+            return Err(ApiError::param(
+                "messages",
+                format!("`messages` must be an array, got {}", kind(v)),
+            ))
+        }
     };
     let mut msgs = Vec::with_capacity(messages.len());
     for (i, m) in messages.iter().enumerate() {
@@ -83,7 +99,12 @@ pub fn chat(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Result<H
     if let Some(k) = o.get("chat_template_kwargs").filter(|v| !v.is_null()) {
         match k {
             Value::Object(m) => extra.extend(m.clone()),
-            v => return Err(ApiError::param("chat_template_kwargs", format!("`chat_template_kwargs` must be an object, got {}", kind(v)))),
+            v => {
+                return Err(ApiError::param(
+                    "chat_template_kwargs",
+                    format!("`chat_template_kwargs` must be an object, got {}", kind(v)),
+                ))
+            }
         }
     }
     let tools_on = match o.get("tool_choice").filter(|v| !v.is_null()) {
@@ -104,12 +125,23 @@ pub fn chat(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Result<H
         Some(m) => Some(m),
         None => params::opt_u64(&o, "max_tokens")?,
     };
-    let g = GenRequest { tokens, max_tokens, sampling: params::sampling(&o, &sh.cfg.sampling)?, stop: params::stop_list(&o, "stop")?, ignore_eos: params::opt_bool(&o, "ignore_eos")?.unwrap_or(false) };
+    let g = GenRequest {
+        tokens,
+        max_tokens,
+        sampling: params::sampling(&o, &sh.cfg.sampling)?,
+        stop: params::stop_list(&o, "stop")?,
+        ignore_eos: params::opt_bool(&o, "ignore_eos")?.unwrap_or(false),
+    };
     let stream = params::opt_bool(&o, "stream")?.unwrap_or(false);
     let include_usage = match o.get("stream_options").filter(|v| !v.is_null()) {
         None => false,
         Some(Value::Object(so)) => params::opt_bool(so, "include_usage")?.unwrap_or(false),
-        Some(v) => return Err(ApiError::param("stream_options", format!("`stream_options` must be an object, got {}", kind(v)))),
+        Some(v) => {
+            return Err(ApiError::param(
+                "stream_options",
+                format!("`stream_options` must be an object, got {}", kind(v)),
+            ))
+        }
     };
     let p = submit(sh, g)?;
     if let Err(h) = wait_start(&p, conn) {
@@ -134,7 +166,13 @@ pub fn chat(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Result<H
             if content.is_empty() {
                 message["content"] = Value::Null;
             }
-            message["tool_calls"] = Value::Array(calls.iter().enumerate().map(|(i, c)| tool_call_json(i, c, false)).collect());
+            message["tool_calls"] = Value::Array(
+                calls
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| tool_call_json(i, c, false))
+                    .collect(),
+            );
             reason = "tool_calls";
         }
         let body = json!({
@@ -157,7 +195,10 @@ pub fn chat(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Result<H
             "choices": [{ "index": 0, "delta": delta, "logprobs": null, "finish_reason": reason }],
         })
     };
-    if !sse(conn, &chunk(json!({"role": "assistant", "content": ""}), None)) {
+    if !sse(
+        conn,
+        &chunk(json!({"role": "assistant", "content": ""}), None),
+    ) {
         return Ok(gone(&p));
     }
     let mut split = tools_on.then(ToolSplitter::default);
@@ -178,7 +219,11 @@ pub fn chat(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Result<H
                     let _ = sse(conn, &e.to_json(Dialect::OpenAi));
                     let _ = conn.chunk(b"data: [DONE]\n\n");
                     let _ = conn.end_chunks();
-                    return Ok(Handled { status: 200, close: true, note: note(&fin) });
+                    return Ok(Handled {
+                        status: 200,
+                        close: true,
+                        note: note(&fin),
+                    });
                 }
                 let mut reason = finish_reason(&fin.reason);
                 if let Some(s) = split.take() {
@@ -187,7 +232,11 @@ pub fn chat(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Result<H
                         return Ok(gone(&p));
                     }
                     if !calls.is_empty() {
-                        let tc: Vec<Value> = calls.iter().enumerate().map(|(i, c)| tool_call_json(i, c, true)).collect();
+                        let tc: Vec<Value> = calls
+                            .iter()
+                            .enumerate()
+                            .map(|(i, c)| tool_call_json(i, c, true))
+                            .collect();
                         if !sse(conn, &chunk(json!({ "tool_calls": tc }), None)) {
                             return Ok(gone(&p));
                         }
@@ -200,7 +249,11 @@ pub fn chat(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Result<H
                     ok = sse(conn, &u);
                 }
                 let ok = ok && conn.chunk(b"data: [DONE]\n\n").is_ok() && conn.end_chunks().is_ok();
-                return Ok(Handled { status: 200, close: !ok, note: note(&fin) });
+                return Ok(Handled {
+                    status: 200,
+                    close: !ok,
+                    note: note(&fin),
+                });
             }
             Step::Failed(e) => return Ok(stream_error(conn, &e)),
             Step::Gone => return Ok(gone(&p)),
@@ -220,12 +273,20 @@ fn tool_call_json(i: usize, c: &ToolCall, delta: bool) -> Value {
 
 /// `tools`, checked: a list of `{"type": "function", "function": {"name": ...}}`.
 fn openai_tools(o: &Obj) -> Result<Vec<Value>, ApiError> {
-    let Some(t) = o.get("tools").filter(|v| !v.is_null()) else { return Ok(Vec::new()) };
+    let Some(t) = o.get("tools").filter(|v| !v.is_null()) else {
+        return Ok(Vec::new());
+    };
     let Value::Array(list) = t else {
-        return Err(ApiError::param("tools", format!("`tools` must be an array, got {}", kind(t))));
+        return Err(ApiError::param(
+            "tools",
+            format!("`tools` must be an array, got {}", kind(t)),
+        ));
     };
     for (i, tool) in list.iter().enumerate() {
-        let name = tool.get("function").and_then(|f| f.get("name")).and_then(Value::as_str);
+        let name = tool
+            .get("function")
+            .and_then(|f| f.get("name"))
+            .and_then(Value::as_str);
         if tool.get("type").and_then(Value::as_str) != Some("function") || name.is_none() {
             return Err(ApiError::param("tools", format!("`tools[{i}]` must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}")));
         }
@@ -238,17 +299,38 @@ fn openai_tools(o: &Obj) -> Result<Vec<Value>, ApiError> {
 fn template_message(i: usize, m: &Value) -> Result<Value, ApiError> {
     let at = |what: &str| format!("messages[{i}]{what}");
     let Value::Object(mo) = m else {
-        return Err(ApiError::param("messages", format!("`{}` must be an object, got {}", at(""), kind(m))));
+        return Err(ApiError::param(
+            "messages",
+            format!("`{}` must be an object, got {}", at(""), kind(m)),
+        ));
     };
     let role = match mo.get("role") {
         Some(Value::String(r)) => r.as_str(),
-        Some(v) => return Err(ApiError::param("messages", format!("`{}` must be a string, got {}", at(".role"), kind(v)))),
-        None => return Err(ApiError::param("messages", format!("`{}` is missing", at(".role")))),
+        Some(v) => {
+            return Err(ApiError::param(
+                "messages",
+                format!("`{}` must be a string, got {}", at(".role"), kind(v)),
+            ))
+        }
+        None => {
+            return Err(ApiError::param(
+                "messages",
+                format!("`{}` is missing", at(".role")),
+            ))
+        }
     };
     let role = match role {
         "developer" => "system",
         "system" | "user" | "assistant" | "tool" => role,
-        other => return Err(ApiError::param("messages", format!("`{}` is {other:?}: expected system, developer, user, assistant or tool", at(".role")))),
+        other => {
+            return Err(ApiError::param(
+                "messages",
+                format!(
+                    "`{}` is {other:?}: expected system, developer, user, assistant or tool",
+                    at(".role")
+                ),
+            ))
+        }
     };
     let content = text_content(mo.get("content"), &at(".content"))?;
     let mut out = Map::new();
@@ -268,21 +350,30 @@ fn template_message(i: usize, m: &Value) -> Result<Value, ApiError> {
     if role == "assistant" {
         if let Some(tc) = mo.get("tool_calls").filter(|v| !v.is_null()) {
             let Value::Array(list) = tc else {
-                return Err(ApiError::param("messages", format!("`{}` must be an array", at(".tool_calls"))));
+                return Err(ApiError::param(
+                    "messages",
+                    format!("`{}` must be an array", at(".tool_calls")),
+                ));
             };
             let mut calls = Vec::with_capacity(list.len());
             for (j, c) in list.iter().enumerate() {
                 let f = c.get("function");
                 let name = f.and_then(|f| f.get("name")).and_then(Value::as_str);
                 let Some(name) = name else {
-                    return Err(ApiError::param("messages", format!("`{}` needs function.name", at(&format!(".tool_calls[{j}]")))));
+                    return Err(ApiError::param(
+                        "messages",
+                        format!("`{}` needs function.name", at(&format!(".tool_calls[{j}]"))),
+                    ));
                 };
                 let args = match f.and_then(|f| f.get("arguments")) {
-                    Some(Value::String(s)) => serde_json::from_str::<Value>(s).unwrap_or_else(|_| json!(s)),
+                    Some(Value::String(s)) => {
+                        serde_json::from_str::<Value>(s).unwrap_or_else(|_| json!(s))
+                    }
                     Some(v) => v.clone(),
                     None => json!({}),
                 };
-                let mut call = json!({ "type": "function", "function": { "name": name, "arguments": args } });
+                let mut call =
+                    json!({ "type": "function", "function": { "name": name, "arguments": args } });
                 if let Some(id) = c.get("id") {
                     call["id"] = id.clone();
                 }
@@ -302,53 +393,122 @@ pub(crate) fn text_content(c: Option<&Value>, at: &str) -> Result<String, ApiErr
         Some(Value::Array(parts)) => {
             let mut s = String::new();
             for (j, p) in parts.iter().enumerate() {
-                match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+                match (
+                    p.get("type").and_then(Value::as_str),
+                    p.get("text").and_then(Value::as_str),
+                ) {
                     (Some("text"), Some(t)) => s.push_str(t),
-                    (Some(t), _) => return Err(ApiError::param("messages", format!("`{at}[{j}]` is a {t:?} part: only text parts are supported"))),
-                    _ => return Err(ApiError::param("messages", format!("`{at}[{j}]` must be {{\"type\": \"text\", \"text\": ...}}"))),
+                    (Some(t), _) => {
+                        return Err(ApiError::param(
+                            "messages",
+                            format!("`{at}[{j}]` is a {t:?} part: only text parts are supported"),
+                        ))
+                    }
+                    _ => {
+                        return Err(ApiError::param(
+                            "messages",
+                            format!("`{at}[{j}]` must be {{\"type\": \"text\", \"text\": ...}}"),
+                        ))
+                    }
                 }
             }
             Ok(s)
         }
-        Some(v) => Err(ApiError::param("messages", format!("`{at}` must be a string or a list of parts, got {}", kind(v)))),
+        Some(v) => Err(ApiError::param(
+            "messages",
+            format!(
+                "`{at}` must be a string or a list of parts, got {}",
+                kind(v)
+            ),
+        )),
     }
 }
 
 /// `POST /v1/completions`: a raw prompt, no template.
-pub fn completions(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Result<Handled, ApiError> {
+pub fn completions(
+    sh: &Shared,
+    req: &Request,
+    conn: &mut Conn,
+    keep: bool,
+) -> Result<Handled, ApiError> {
     let o = params::parse_object(&req.body)?;
     check_model(sh, &o)?;
     refuse_common(&o)?;
-    if o.get("suffix").is_some_and(|v| !v.is_null() && v.as_str() != Some("")) {
-        return Err(ApiError::param("suffix", "`suffix` (fill-in-the-middle) is not supported by this server"));
+    if o.get("suffix")
+        .is_some_and(|v| !v.is_null() && v.as_str() != Some(""))
+    {
+        return Err(ApiError::param(
+            "suffix",
+            "`suffix` (fill-in-the-middle) is not supported by this server",
+        ));
     }
     let vocab = sh.tok.vocab_size();
     let ids = |a: &[Value]| -> Result<Vec<u32>, ApiError> {
         a.iter()
             .map(|x| match x.as_u64() {
                 Some(t) if (t as usize) < vocab => Ok(t as u32),
-                _ => Err(ApiError::param("prompt", format!("`prompt` token {x} is not an id below the vocabulary size {vocab}"))),
+                _ => Err(ApiError::param(
+                    "prompt",
+                    format!("`prompt` token {x} is not an id below the vocabulary size {vocab}"),
+                )),
             })
             .collect()
     };
-    let encode = |s: &str| sh.tok.encode(s, true).map_err(|e| ApiError::param("prompt", format!("cannot tokenize `prompt`: {e}")));
+    let encode = |s: &str| {
+        sh.tok
+            .encode(s, true)
+            .map_err(|e| ApiError::param("prompt", format!("cannot tokenize `prompt`: {e}")))
+    };
     let tokens = match params::req(&o, "prompt")? {
         Value::String(s) => encode(s)?,
-        Value::Array(a) if a.is_empty() => return Err(ApiError::param("prompt", "`prompt` is empty")),
+        Value::Array(a) if a.is_empty() => {
+            return Err(ApiError::param("prompt", "`prompt` is empty"))
+        }
         Value::Array(a) if a.iter().all(Value::is_number) => ids(a)?,
         Value::Array(a) if a.len() == 1 => match &a[0] {
             Value::String(s) => encode(s)?,
             Value::Array(inner) => ids(inner)?,
-            v => return Err(ApiError::param("prompt", format!("`prompt[0]` must be a string or a list of token ids, got {}", kind(v)))),
+            v => {
+                return Err(ApiError::param(
+                    "prompt",
+                    format!(
+                        "`prompt[0]` must be a string or a list of token ids, got {}",
+                        kind(v)
+                    ),
+                ))
+            }
         },
-        Value::Array(_) => return Err(ApiError::param("prompt", "several prompts in one request are not supported; send one")),
-        v => return Err(ApiError::param("prompt", format!("`prompt` must be a string or a list of token ids, got {}", kind(v)))),
+        Value::Array(_) => {
+            return Err(ApiError::param(
+                "prompt",
+                "several prompts in one request are not supported; send one",
+            ))
+        }
+        v => {
+            return Err(ApiError::param(
+                "prompt",
+                format!(
+                    "`prompt` must be a string or a list of token ids, got {}",
+                    kind(v)
+                ),
+            ))
+        }
     };
     // OpenAI's default for this endpoint.
     let max_tokens = Some(params::opt_u64(&o, "max_tokens")?.unwrap_or(16));
-    let g = GenRequest { tokens, max_tokens, sampling: params::sampling(&o, &sh.cfg.sampling)?, stop: params::stop_list(&o, "stop")?, ignore_eos: params::opt_bool(&o, "ignore_eos")?.unwrap_or(false) };
+    let g = GenRequest {
+        tokens,
+        max_tokens,
+        sampling: params::sampling(&o, &sh.cfg.sampling)?,
+        stop: params::stop_list(&o, "stop")?,
+        ignore_eos: params::opt_bool(&o, "ignore_eos")?.unwrap_or(false),
+    };
     let stream = params::opt_bool(&o, "stream")?.unwrap_or(false);
-    let include_usage = o.get("stream_options").and_then(|s| s.get("include_usage")).and_then(Value::as_bool).unwrap_or(false);
+    let include_usage = o
+        .get("stream_options")
+        .and_then(|s| s.get("include_usage"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
     let p = submit(sh, g)?;
     if let Err(h) = wait_start(&p, conn) {
         return h;
@@ -384,7 +544,10 @@ pub fn completions(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> R
                 }
             }
             Step::Done(fin) if fin.reason == FinishReason::Cancelled => {
-                return Ok(stream_error(conn, &ApiError::new(503, "the server is shutting down; generation cancelled")));
+                return Ok(stream_error(
+                    conn,
+                    &ApiError::new(503, "the server is shutting down; generation cancelled"),
+                ));
             }
             Step::Done(fin) => {
                 let mut ok = sse(conn, &chunk("", Some(finish_reason(&fin.reason))));
@@ -393,7 +556,11 @@ pub fn completions(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> R
                     ok = sse(conn, &u);
                 }
                 let ok = ok && conn.chunk(b"data: [DONE]\n\n").is_ok() && conn.end_chunks().is_ok();
-                return Ok(Handled { status: 200, close: !ok, note: note(&fin) });
+                return Ok(Handled {
+                    status: 200,
+                    close: !ok,
+                    note: note(&fin),
+                });
             }
             Step::Failed(e) => return Ok(stream_error(conn, &e)),
             Step::Gone => return Ok(gone(&p)),
@@ -404,7 +571,10 @@ pub fn completions(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> R
 
 /// Wait until the job leaves the queue. Err: the handler's result (an error to send, or the
 /// client is gone).
-pub(crate) fn wait_start(p: &Pending, conn: &Conn) -> Result<(usize, usize), Result<Handled, ApiError>> {
+pub(crate) fn wait_start(
+    p: &Pending,
+    conn: &Conn,
+) -> Result<(usize, usize), Result<Handled, ApiError>> {
     loop {
         match p.next(conn) {
             Step::Started { reused, prefilled } => return Ok((reused, prefilled)),
@@ -416,13 +586,19 @@ pub(crate) fn wait_start(p: &Pending, conn: &Conn) -> Result<(usize, usize), Res
 }
 
 /// Gather a whole reply. Err: the handler's result.
-pub(crate) fn collect(p: &Pending, conn: &Conn) -> Result<(String, Finished), Result<Handled, ApiError>> {
+pub(crate) fn collect(
+    p: &Pending,
+    conn: &Conn,
+) -> Result<(String, Finished), Result<Handled, ApiError>> {
     let mut text = String::new();
     loop {
         match p.next(conn) {
             Step::Text(t) => text.push_str(&t),
             Step::Done(f) if f.reason == FinishReason::Cancelled => {
-                return Err(Err(ApiError::new(503, "the server is shutting down; generation cancelled")))
+                return Err(Err(ApiError::new(
+                    503,
+                    "the server is shutting down; generation cancelled",
+                )))
             }
             Step::Done(f) => return Ok((text, f)),
             Step::Failed(e) => return Err(Err(e)),
@@ -435,7 +611,14 @@ pub(crate) fn collect(p: &Pending, conn: &Conn) -> Result<(String, Finished), Re
 /// The client went away: cancel and close.
 pub(crate) fn gone(p: &Pending) -> Handled {
     p.cancel();
-    Handled { status: 499, close: true, note: format!(" client disconnected, generation cancelled (prompt {})", p.prompt_tokens) }
+    Handled {
+        status: 499,
+        close: true,
+        note: format!(
+            " client disconnected, generation cancelled (prompt {})",
+            p.prompt_tokens
+        ),
+    }
 }
 
 /// One `data:` event. False if the client is gone.
@@ -448,5 +631,9 @@ fn stream_error(conn: &mut Conn, e: &ApiError) -> Handled {
     let _ = sse(conn, &e.to_json(Dialect::OpenAi));
     let _ = conn.chunk(b"data: [DONE]\n\n");
     let _ = conn.end_chunks();
-    Handled { status: 200, close: true, note: format!(" error mid-stream: {}", e.message) }
+    Handled {
+        status: 200,
+        close: true,
+        note: format!(" error mid-stream: {}", e.message),
+    }
 }

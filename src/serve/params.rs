@@ -14,12 +14,21 @@ pub type Obj = Map<String, Value>;
 /// The body as a JSON object.
 pub fn parse_object(body: &[u8]) -> Result<Obj, ApiError> {
     if body.is_empty() {
-        return Err(ApiError::new(400, "request body is empty: expected a JSON object"));
+        return Err(ApiError::new(
+            400,
+            "request body is empty: expected a JSON object",
+        ));
     }
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(o)) => Ok(o),
-        Ok(other) => Err(ApiError::new(400, format!("request body must be a JSON object, got {}", kind(&other)))),
-        Err(e) => Err(ApiError::new(400, format!("malformed JSON in request body: {e}"))),
+        Ok(other) => Err(ApiError::new(
+            400,
+            format!("request body must be a JSON object, got {}", kind(&other)),
+        )),
+        Err(e) => Err(ApiError::new(
+            400,
+            format!("malformed JSON in request body: {e}"),
+        )),
     }
 }
 
@@ -41,50 +50,78 @@ fn present<'a>(o: &'a Obj, name: &str) -> Option<&'a Value> {
 }
 
 pub fn opt_f64(o: &Obj, name: &str, lo: f64, hi: f64) -> Result<Option<f64>, ApiError> {
-    let Some(v) = present(o, name) else { return Ok(None) };
+    let Some(v) = present(o, name) else {
+        return Ok(None);
+    };
     match v.as_f64() {
         Some(x) if x.is_finite() && (lo..=hi).contains(&x) => Ok(Some(x)),
-        Some(x) => Err(ApiError::param(name, format!("`{name}` must be between {lo} and {hi}, got {x}"))),
-        None => Err(ApiError::param(name, format!("`{name}` must be a number, got {}", kind(v)))),
+        Some(x) => Err(ApiError::param(
+            name,
+            format!("`{name}` must be between {lo} and {hi}, got {x}"),
+        )),
+        None => Err(ApiError::param(
+            name,
+            format!("`{name}` must be a number, got {}", kind(v)),
+        )),
     }
 }
 
 pub fn opt_u64(o: &Obj, name: &str) -> Result<Option<u64>, ApiError> {
-    let Some(v) = present(o, name) else { return Ok(None) };
+    let Some(v) = present(o, name) else {
+        return Ok(None);
+    };
     match v.as_u64() {
         Some(x) => Ok(Some(x)),
-        None => Err(ApiError::param(name, format!("`{name}` must be a non-negative integer, got {v}"))),
+        None => Err(ApiError::param(
+            name,
+            format!("`{name}` must be a non-negative integer, got {v}"),
+        )),
     }
 }
 
 /// A seed: any integer (negative ones are taken as their two's-complement bits).
 pub fn opt_seed(o: &Obj, name: &str) -> Result<Option<u64>, ApiError> {
-    let Some(v) = present(o, name) else { return Ok(None) };
+    let Some(v) = present(o, name) else {
+        return Ok(None);
+    };
     if let Some(x) = v.as_u64() {
         return Ok(Some(x));
     }
     match v.as_i64() {
         Some(x) => Ok(Some(x as u64)),
-        None => Err(ApiError::param(name, format!("`{name}` must be an integer, got {v}"))),
+        None => Err(ApiError::param(
+            name,
+            format!("`{name}` must be an integer, got {v}"),
+        )),
     }
 }
 
 pub fn opt_bool(o: &Obj, name: &str) -> Result<Option<bool>, ApiError> {
-    let Some(v) = present(o, name) else { return Ok(None) };
-    v.as_bool().map(Some).ok_or_else(|| ApiError::param(name, format!("`{name}` must be a boolean, got {}", kind(v))))
+    let Some(v) = present(o, name) else {
+        return Ok(None);
+    };
+    v.as_bool().map(Some).ok_or_else(|| {
+        ApiError::param(name, format!("`{name}` must be a boolean, got {}", kind(v)))
+    })
 }
 
 pub fn opt_str<'a>(o: &'a Obj, name: &str) -> Result<Option<&'a str>, ApiError> {
-    let Some(v) = present(o, name) else { return Ok(None) };
-    v.as_str().map(Some).ok_or_else(|| ApiError::param(name, format!("`{name}` must be a string, got {}", kind(v))))
+    let Some(v) = present(o, name) else {
+        return Ok(None);
+    };
+    v.as_str()
+        .map(Some)
+        .ok_or_else(|| ApiError::param(name, format!("`{name}` must be a string, got {}", kind(v))))
 }
 
 pub fn req_str<'a>(o: &'a Obj, name: &str) -> Result<&'a str, ApiError> {
-    opt_str(o, name)?.ok_or_else(|| ApiError::param(name, format!("missing required field `{name}`")))
+    opt_str(o, name)?
+        .ok_or_else(|| ApiError::param(name, format!("missing required field `{name}`")))
 }
 
 pub fn req<'a>(o: &'a Obj, name: &str) -> Result<&'a Value, ApiError> {
-    present(o, name).ok_or_else(|| ApiError::param(name, format!("missing required field `{name}`")))
+    present(o, name)
+        .ok_or_else(|| ApiError::param(name, format!("missing required field `{name}`")))
 }
 
 /// `stop`: a string or a list of strings (empty strings are refused: they would stop at once).
@@ -97,18 +134,40 @@ pub fn stop_list(o: &Obj, name: &str) -> Result<Vec<String>, ApiError> {
             for (i, x) in a.iter().enumerate() {
                 match x.as_str() {
                     Some(s) => out.push(s.to_string()),
-                    None => return Err(ApiError::param(name, format!("`{name}[{i}]` must be a string, got {}", kind(x)))),
+                    None => {
+                        return Err(ApiError::param(
+                            name,
+                            format!("`{name}[{i}]` must be a string, got {}", kind(x)),
+                        ))
+                    }
                 }
             }
             out
         }
-        Some(v) => return Err(ApiError::param(name, format!("`{name}` must be a string or a list of strings, got {}", kind(v)))),
+        Some(v) => {
+            return Err(ApiError::param(
+                name,
+                format!(
+                    "`{name}` must be a string or a list of strings, got {}",
+                    kind(v)
+                ),
+            ))
+        }
     };
     if list.len() > 16 {
-        return Err(ApiError::param(name, format!("`{name}` holds {} sequences; at most 16 are accepted", list.len())));
+        return Err(ApiError::param(
+            name,
+            format!(
+                "`{name}` holds {} sequences; at most 16 are accepted",
+                list.len()
+            ),
+        ));
     }
     if list.iter().any(|s| s.is_empty()) {
-        return Err(ApiError::param(name, format!("`{name}` holds an empty string")));
+        return Err(ApiError::param(
+            name,
+            format!("`{name}` holds an empty string"),
+        ));
     }
     Ok(list)
 }
@@ -123,7 +182,12 @@ pub fn sampling(o: &Obj, defaults: &SamplingParams) -> Result<SamplingParams, Ap
     if let Some(t) = present(o, "top_p") {
         match t.as_f64() {
             Some(x) if x > 0.0 && x <= 1.0 => p.top_p = x as f32,
-            _ => return Err(ApiError::param("top_p", format!("`top_p` must be a number in (0, 1], got {t}"))),
+            _ => {
+                return Err(ApiError::param(
+                    "top_p",
+                    format!("`top_p` must be a number in (0, 1], got {t}"),
+                ))
+            }
         }
     }
     if let Some(k) = present(o, "top_k") {
@@ -131,7 +195,12 @@ pub fn sampling(o: &Obj, defaults: &SamplingParams) -> Result<SamplingParams, Ap
         match k.as_i64() {
             Some(-1) | Some(0) => p.top_k = 0,
             Some(x) if x > 0 => p.top_k = x as usize,
-            _ => return Err(ApiError::param("top_k", format!("`top_k` must be a positive integer (or 0/-1 for off), got {k}"))),
+            _ => {
+                return Err(ApiError::param(
+                    "top_k",
+                    format!("`top_k` must be a positive integer (or 0/-1 for off), got {k}"),
+                ))
+            }
         }
     }
     if let Some(m) = opt_f64(o, "min_p", 0.0, 1.0)? {
@@ -156,7 +225,10 @@ pub fn refuse_unsupported(o: &Obj, fields: &[(&str, Value)]) -> Result<(), ApiEr
                 _ => v == neutral,
             };
             if !same {
-                return Err(ApiError::param(name, format!("`{name}` = {v} is not supported by this server")));
+                return Err(ApiError::param(
+                    name,
+                    format!("`{name}` = {v} is not supported by this server"),
+                ));
             }
         }
     }
@@ -178,13 +250,22 @@ mod tests {
         let e = stop_list(&obj(r#"{"stop":[1]}"#), "stop").unwrap_err();
         assert!(e.message.contains("stop[0]"), "{}", e.message);
         assert!(parse_object(b"{").is_err());
-        assert!(parse_object(b"[]").unwrap_err().message.contains("an array"));
+        assert!(parse_object(b"[]")
+            .unwrap_err()
+            .message
+            .contains("an array"));
     }
 
     #[test]
     fn stop_string_or_list() {
-        assert_eq!(stop_list(&obj(r#"{"stop":"x"}"#), "stop").unwrap(), vec!["x"]);
-        assert_eq!(stop_list(&obj(r#"{"stop":["a","b"]}"#), "stop").unwrap(), vec!["a", "b"]);
+        assert_eq!(
+            stop_list(&obj(r#"{"stop":"x"}"#), "stop").unwrap(),
+            vec!["x"]
+        );
+        assert_eq!(
+            stop_list(&obj(r#"{"stop":["a","b"]}"#), "stop").unwrap(),
+            vec!["a", "b"]
+        );
         assert!(stop_list(&obj(r#"{}"#), "stop").unwrap().is_empty());
     }
 

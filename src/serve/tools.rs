@@ -29,7 +29,10 @@ impl ToolCall {
 
 /// Split `text` into content and tool calls. None when it holds no `<tool_call>` block or a
 /// block is not a JSON object with a string `name`.
-pub fn parse_tool_calls(text: &str, new_id: &mut dyn FnMut() -> String) -> Option<(String, Vec<ToolCall>)> {
+pub fn parse_tool_calls(
+    text: &str,
+    new_id: &mut dyn FnMut() -> String,
+) -> Option<(String, Vec<ToolCall>)> {
     let first = text.find(OPEN)?;
     let mut content = text[..first].to_string();
     let mut calls = Vec::new();
@@ -51,7 +54,11 @@ pub fn parse_tool_calls(text: &str, new_id: &mut dyn FnMut() -> String) -> Optio
             Some(Value::String(s)) => serde_json::from_str(s).unwrap_or(Value::String(s.clone())),
             Some(a) => a.clone(),
         };
-        calls.push(ToolCall { id: new_id(), name, arguments });
+        calls.push(ToolCall {
+            id: new_id(),
+            name,
+            arguments,
+        });
         rest = after;
     }
     if !rest.trim().is_empty() {
@@ -84,7 +91,11 @@ impl ToolSplitter {
         // Keep a tail that could be the start of `<tool_call>`.
         let keep = (1..OPEN.len())
             .rev()
-            .find(|&k| k <= self.pending.len() && self.pending.is_char_boundary(self.pending.len() - k) && self.pending.ends_with(&OPEN[..k]))
+            .find(|&k| {
+                k <= self.pending.len()
+                    && self.pending.is_char_boundary(self.pending.len() - k)
+                    && self.pending.ends_with(&OPEN[..k])
+            })
             .unwrap_or(0);
         let cut = self.pending.len() - keep;
         let out = self.pending[..cut].to_string();
@@ -143,7 +154,12 @@ mod tests {
     fn splitter_streams_content_and_holds_calls() {
         let mut s = ToolSplitter::default();
         let mut out = String::new();
-        for p in ["Sure", " <", "tool_call>\n{\"name\":", " \"f\", \"arguments\": \"{\\\"x\\\": 1}\"}\n</tool_call>"] {
+        for p in [
+            "Sure",
+            " <",
+            "tool_call>\n{\"name\":",
+            " \"f\", \"arguments\": \"{\\\"x\\\": 1}\"}\n</tool_call>",
+        ] {
             out += &s.push(p);
         }
         assert_eq!(out, "Sure ");

@@ -90,11 +90,21 @@ impl PieceTable {
     }
 
     /// Append the bytes of `ids` to `out`. An id outside the table is an error.
-    pub fn decode_into(&self, ids: &[u32], skip_special: bool, out: &mut Vec<u8>) -> Result<(), TokenizerError> {
+    pub fn decode_into(
+        &self,
+        ids: &[u32],
+        skip_special: bool,
+        out: &mut Vec<u8>,
+    ) -> Result<(), TokenizerError> {
         for &id in ids {
             let i = id as usize;
-            let (Some(&r), Some(&a), Some(&b)) = (self.render.get(i), self.offs.get(i), self.offs.get(i + 1)) else {
-                return Err(TokenizerError::TokenId { id, vocab: self.len() });
+            let (Some(&r), Some(&a), Some(&b)) =
+                (self.render.get(i), self.offs.get(i), self.offs.get(i + 1))
+            else {
+                return Err(TokenizerError::TokenId {
+                    id,
+                    vocab: self.len(),
+                });
             };
             let show = match r {
                 Render::Always => true,
@@ -128,21 +138,32 @@ pub(crate) struct GgufVocab {
 type Get<'g, 'm> = &'g dyn Fn(&str) -> Option<&'m MetaValue>;
 
 fn meta_err(key: &str, msg: impl Into<String>) -> TokenizerError {
-    TokenizerError::Meta { key: key.to_string(), msg: msg.into() }
+    TokenizerError::Meta {
+        key: key.to_string(),
+        msg: msg.into(),
+    }
 }
 
 fn array<'m>(get: Get<'_, 'm>, key: &str) -> Result<Option<&'m [MetaValue]>, TokenizerError> {
     match get(key) {
         None => Ok(None),
-        Some(v) => v.as_array().map(Some).ok_or_else(|| meta_err(key, "is not an array")),
+        Some(v) => v
+            .as_array()
+            .map(Some)
+            .ok_or_else(|| meta_err(key, "is not an array")),
     }
 }
 
 fn string_list<'m>(get: Get<'_, 'm>, key: &str) -> Result<Option<Vec<&'m str>>, TokenizerError> {
-    let Some(a) = array(get, key)? else { return Ok(None) };
+    let Some(a) = array(get, key)? else {
+        return Ok(None);
+    };
     a.iter()
         .enumerate()
-        .map(|(i, v)| v.as_str().ok_or_else(|| meta_err(key, format!("element {i} is not a string"))))
+        .map(|(i, v)| {
+            v.as_str()
+                .ok_or_else(|| meta_err(key, format!("element {i} is not a string")))
+        })
         .collect::<Result<Vec<_>, _>>()
         .map(Some)
 }
@@ -153,9 +174,14 @@ fn opt_id(get: Get<'_, '_>, key: &str, n: usize) -> Result<Option<u32>, Tokenize
     if v.as_i64().is_some_and(|x| x < 0) {
         return Ok(None);
     }
-    let id = v.as_u64().ok_or_else(|| meta_err(key, "is not an integer"))?;
+    let id = v
+        .as_u64()
+        .ok_or_else(|| meta_err(key, "is not an integer"))?;
     if id >= n as u64 {
-        return Err(meta_err(key, format!("token id {id} is outside the vocabulary of {n} tokens")));
+        return Err(meta_err(
+            key,
+            format!("token id {id} is outside the vocabulary of {n} tokens"),
+        ));
     }
     Ok(Some(id as u32))
 }
@@ -163,7 +189,10 @@ fn opt_id(get: Get<'_, '_>, key: &str, n: usize) -> Result<Option<u32>, Tokenize
 fn opt_bool(get: Get<'_, '_>, key: &str) -> Result<Option<bool>, TokenizerError> {
     match get(key) {
         None => Ok(None),
-        Some(v) => v.as_bool().map(Some).ok_or_else(|| meta_err(key, "is not a boolean")),
+        Some(v) => v
+            .as_bool()
+            .map(Some)
+            .ok_or_else(|| meta_err(key, "is not a boolean")),
     }
 }
 
@@ -171,7 +200,9 @@ fn opt_bool(get: Get<'_, '_>, key: &str) -> Result<Option<bool>, TokenizerError>
 /// the others to U+0100.. in byte order.
 fn byte_to_char_table() -> [char; 256] {
     let mut table = ['\0'; 256];
-    let printable = |b: u32| (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+    let printable = |b: u32| {
+        (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
+    };
     let mut next = 256u32;
     for b in 0..256u32 {
         let c = if printable(b) {
@@ -210,8 +241,11 @@ pub(crate) fn from_meta(get: Get<'_, '_>) -> Result<GgufVocab, TokenizerError> {
     const MERGES: &str = "tokenizer.ggml.merges";
     const PRE: &str = "tokenizer.ggml.pre";
 
-    let model = get(MODEL).ok_or_else(|| meta_err(MODEL, "missing (the file has no embedded vocabulary)"))?;
-    let model = model.as_str().ok_or_else(|| meta_err(MODEL, "is not a string"))?;
+    let model = get(MODEL)
+        .ok_or_else(|| meta_err(MODEL, "missing (the file has no embedded vocabulary)"))?;
+    let model = model
+        .as_str()
+        .ok_or_else(|| meta_err(MODEL, "is not a string"))?;
     let kind = match model {
         "gpt2" => Kind::ByteLevelBpe,
         "llama" => Kind::SentencePiece,
@@ -230,11 +264,17 @@ pub(crate) fn from_meta(get: Get<'_, '_>) -> Result<GgufVocab, TokenizerError> {
         None => vec![tt::NORMAL; n],
         Some(a) => {
             if a.len() != n {
-                return Err(meta_err(TYPES, format!("has {} entries for {n} tokens", a.len())));
+                return Err(meta_err(
+                    TYPES,
+                    format!("has {} entries for {n} tokens", a.len()),
+                ));
             }
             a.iter()
                 .enumerate()
-                .map(|(i, v)| v.as_i64().ok_or_else(|| meta_err(TYPES, format!("element {i} is not an integer"))))
+                .map(|(i, v)| {
+                    v.as_i64()
+                        .ok_or_else(|| meta_err(TYPES, format!("element {i} is not an integer")))
+                })
                 .collect::<Result<_, _>>()?
         }
     };
@@ -265,7 +305,15 @@ pub(crate) fn from_meta(get: Get<'_, '_>) -> Result<GgufVocab, TokenizerError> {
         Kind::ByteLevelBpe => {
             let llama3 = matches!(
                 pre_name,
-                "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2" | "tekken"
+                "llama3"
+                    | "llama-v3"
+                    | "llama-bpe"
+                    | "falcon3"
+                    | "falcon-h1"
+                    | "pixtral"
+                    | "midm-2.0"
+                    | "lfm2"
+                    | "tekken"
             );
             (llama3, false)
         }
@@ -278,10 +326,16 @@ pub(crate) fn from_meta(get: Get<'_, '_>) -> Result<GgufVocab, TokenizerError> {
         add_space_prefix = b;
     }
     if add_bos && bos.is_none() {
-        return Err(meta_err("tokenizer.ggml.add_bos_token", "is true but there is no bos_token_id"));
+        return Err(meta_err(
+            "tokenizer.ggml.add_bos_token",
+            "is true but there is no bos_token_id",
+        ));
     }
     if add_eos && eos.is_none() {
-        return Err(meta_err("tokenizer.ggml.add_eos_token", "is true but there is no eos_token_id"));
+        return Err(meta_err(
+            "tokenizer.ggml.add_eos_token",
+            "is true but there is no eos_token_id",
+        ));
     }
 
     // Vocabulary map: a later duplicate wins, as in llama.cpp's `token_to_id`.
@@ -295,14 +349,21 @@ pub(crate) fn from_meta(get: Get<'_, '_>) -> Result<GgufVocab, TokenizerError> {
             let pre = pretok::lookup(pre_name).ok_or_else(|| {
                 TokenizerError::Unsupported(format!("pre-tokenizer `{pre_name}` ({PRE})"))
             })?;
-            let merges = string_list(get, MERGES)?.ok_or_else(|| meta_err(MERGES, "missing (a gpt2 vocabulary needs merges)"))?;
+            let merges = string_list(get, MERGES)?
+                .ok_or_else(|| meta_err(MERGES, "missing (a gpt2 vocabulary needs merges)"))?;
             let mut pairs = Vec::with_capacity(merges.len());
             for (i, m) in merges.iter().enumerate() {
                 // The separator is the first space after the first byte (a piece may be " ").
                 let first = m.chars().next().map_or(0, char::len_utf8);
-                let cut = m[first..].find(' ').map(|p| p + first).filter(|_| first > 0);
+                let cut = m[first..]
+                    .find(' ')
+                    .map(|p| p + first)
+                    .filter(|_| first > 0);
                 let Some(cut) = cut else {
-                    return Err(meta_err(MERGES, format!("element {i} `{m}` is not two pieces separated by a space")));
+                    return Err(meta_err(
+                        MERGES,
+                        format!("element {i} `{m}` is not two pieces separated by a space"),
+                    ));
                 };
                 let (a, b) = (&m[..cut], &m[cut + 1..]);
                 let joined = format!("{a}{b}");
@@ -318,8 +379,14 @@ pub(crate) fn from_meta(get: Get<'_, '_>) -> Result<GgufVocab, TokenizerError> {
                 .map_err(|e| TokenizerError::Build(format!("GGUF gpt2 vocabulary: {e}")))?;
             let mut steps: Vec<PreTokenizerWrapper> = Vec::with_capacity(pre.regexes.len() + 1);
             for r in pre.regexes {
-                let split = Split::new(SplitPattern::Regex((*r).to_string()), SplitDelimiterBehavior::Isolated, false)
-                    .map_err(|e| TokenizerError::Build(format!("pre-tokenizer `{pre_name}` regex {r}: {e}")))?;
+                let split = Split::new(
+                    SplitPattern::Regex((*r).to_string()),
+                    SplitDelimiterBehavior::Isolated,
+                    false,
+                )
+                .map_err(|e| {
+                    TokenizerError::Build(format!("pre-tokenizer `{pre_name}` regex {r}: {e}"))
+                })?;
                 steps.push(split.into());
             }
             steps.push(ByteLevel::new(false, false, false).into());
@@ -336,28 +403,39 @@ pub(crate) fn from_meta(get: Get<'_, '_>) -> Result<GgufVocab, TokenizerError> {
                 None => vec![0.0; n],
                 Some(a) => {
                     if a.len() != n {
-                        return Err(meta_err(SCORES, format!("has {} entries for {n} tokens", a.len())));
+                        return Err(meta_err(
+                            SCORES,
+                            format!("has {} entries for {n} tokens", a.len()),
+                        ));
                     }
                     a.iter()
                         .enumerate()
                         .map(|(i, v)| {
-                            v.as_f64().map(|x| x as f32).ok_or_else(|| meta_err(SCORES, format!("element {i} is not a number")))
+                            v.as_f64().map(|x| x as f32).ok_or_else(|| {
+                                meta_err(SCORES, format!("element {i} is not a number"))
+                            })
                         })
                         .collect::<Result<_, _>>()?
                 }
             };
             let pairs = spm_merges(&tokens, &vocab, &scores);
             let byte_fallback = vocab.contains_key("<0x00>");
-            let mut b = BPE::builder().vocab_and_merges(vocab, pairs).byte_fallback(byte_fallback).fuse_unk(true);
+            let mut b = BPE::builder()
+                .vocab_and_merges(vocab, pairs)
+                .byte_fallback(byte_fallback)
+                .fuse_unk(true);
             if let Some(u) = unk.and_then(|u| tokens.get(u as usize)) {
                 b = b.unk_token((*u).to_string());
             }
-            let bpe = b.build().map_err(|e| TokenizerError::Build(format!("GGUF llama vocabulary: {e}")))?;
+            let bpe = b
+                .build()
+                .map_err(|e| TokenizerError::Build(format!("GGUF llama vocabulary: {e}")))?;
             let mut steps: Vec<NormalizerWrapper> = Vec::with_capacity(2);
             if add_space_prefix {
                 steps.push(Prepend::new(SPM_SPACE.to_string()).into());
             }
-            let replace = Replace::new(" ", SPM_SPACE).map_err(|e| TokenizerError::Build(format!("normalizer: {e}")))?;
+            let replace = Replace::new(" ", SPM_SPACE)
+                .map_err(|e| TokenizerError::Build(format!("normalizer: {e}")))?;
             steps.push(replace.into());
             let mut hf = tokenizers::Tokenizer::new(bpe);
             hf.with_normalizer(Some(NormSequence::new(steps)))
@@ -380,8 +458,10 @@ pub(crate) fn from_meta(get: Get<'_, '_>) -> Result<GgufVocab, TokenizerError> {
             user.push(AddedToken::from(t, false).normalized(false));
         }
     }
-    hf.add_special_tokens(special).map_err(|e| TokenizerError::Build(format!("special tokens: {e}")))?;
-    hf.add_tokens(user).map_err(|e| TokenizerError::Build(format!("user-defined tokens: {e}")))?;
+    hf.add_special_tokens(special)
+        .map_err(|e| TokenizerError::Build(format!("special tokens: {e}")))?;
+    hf.add_tokens(user)
+        .map_err(|e| TokenizerError::Build(format!("user-defined tokens: {e}")))?;
 
     let table = piece_table(kind, &tokens, &types);
 
@@ -396,7 +476,11 @@ pub(crate) fn from_meta(get: Get<'_, '_>) -> Result<GgufVocab, TokenizerError> {
 
     let chat_template = match get("tokenizer.chat_template") {
         None => None,
-        Some(v) => Some(v.as_str().ok_or_else(|| meta_err("tokenizer.chat_template", "is not a string"))?.to_string()),
+        Some(v) => Some(
+            v.as_str()
+                .ok_or_else(|| meta_err("tokenizer.chat_template", "is not a string"))?
+                .to_string(),
+        ),
     };
 
     Ok(GgufVocab {
@@ -473,7 +557,9 @@ fn piece_table(kind: Kind, tokens: &[&str], types: &[i64]) -> PieceTable {
             // Normal (and undefined) pieces.
             _ => {
                 match kind {
-                    Kind::SentencePiece => bytes.extend_from_slice(t.replace(SPM_SPACE, " ").as_bytes()),
+                    Kind::SentencePiece => {
+                        bytes.extend_from_slice(t.replace(SPM_SPACE, " ").as_bytes())
+                    }
                     Kind::ByteLevelBpe => {
                         for c in t.chars() {
                             match c2b.get(&c) {
@@ -492,7 +578,11 @@ fn piece_table(kind: Kind, tokens: &[&str], types: &[i64]) -> PieceTable {
         render.push(r);
         offs.push(bytes.len());
     }
-    PieceTable { bytes, offs, render }
+    PieceTable {
+        bytes,
+        offs,
+        render,
+    }
 }
 
 #[cfg(test)]

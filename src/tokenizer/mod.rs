@@ -51,7 +51,10 @@ pub enum TokenizerError {
 /// How ids become text.
 enum Detok {
     /// GGUF vocabularies: a table of each id's bytes (llama.cpp's rendering).
-    Table { table: PieceTable, strip_leading_space: bool },
+    Table {
+        table: PieceTable,
+        strip_leading_space: bool,
+    },
     /// `tokenizer.json`: the file's decoder; `stream` is the same decoder without the step that
     /// drops a leading space at the start of a text (None: the file has no such step).
     Hf { stream: Option<DecoderWrapper> },
@@ -104,17 +107,25 @@ fn read_json(path: &Path) -> Result<Option<Value>, TokenizerError> {
     if !path.is_file() {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(path).map_err(|err| TokenizerError::Io { path: path.to_path_buf(), err })?;
+    let text = std::fs::read_to_string(path).map_err(|err| TokenizerError::Io {
+        path: path.to_path_buf(),
+        err,
+    })?;
     serde_json::from_str(&text)
         .map(Some)
-        .map_err(|e| TokenizerError::File { path: path.to_path_buf(), msg: format!("invalid JSON: {e}") })
+        .map_err(|e| TokenizerError::File {
+            path: path.to_path_buf(),
+            msg: format!("invalid JSON: {e}"),
+        })
 }
 
 /// The decoder of a `tokenizer.json` with its "drop the leading space" step turned off, for
 /// decoding pieces in the middle of a text. None when nothing needed turning off.
 fn stream_decoder(hf: &tokenizers::Tokenizer) -> Option<DecoderWrapper> {
     fn strip_off(v: &mut Value) -> bool {
-        let Some(o) = v.as_object_mut() else { return false };
+        let Some(o) = v.as_object_mut() else {
+            return false;
+        };
         match o.get("type").and_then(Value::as_str) {
             Some("Sequence") => {
                 let mut changed = false;
@@ -136,7 +147,10 @@ fn stream_decoder(hf: &tokenizers::Tokenizer) -> Option<DecoderWrapper> {
             }
             Some("Metaspace") => {
                 let mut changed = false;
-                if o.get("prepend_scheme").and_then(Value::as_str).is_some_and(|s| s != "never") {
+                if o.get("prepend_scheme")
+                    .and_then(Value::as_str)
+                    .is_some_and(|s| s != "never")
+                {
                     o.insert("prepend_scheme".into(), Value::from("never"));
                     changed = true;
                 }
@@ -168,8 +182,10 @@ impl Tokenizer {
                 err: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
             });
         }
-        let hf = tokenizers::Tokenizer::from_file(path)
-            .map_err(|e| TokenizerError::File { path: path.to_path_buf(), msg: format!("not a tokenizer.json: {e}") })?;
+        let hf = tokenizers::Tokenizer::from_file(path).map_err(|e| TokenizerError::File {
+            path: path.to_path_buf(),
+            msg: format!("not a tokenizer.json: {e}"),
+        })?;
         let dir = path.parent().unwrap_or(Path::new("."));
         let cfg_path = dir.join("tokenizer_config.json");
         let cfg = read_json(&cfg_path)?.unwrap_or(Value::Null);
@@ -181,18 +197,33 @@ impl Tokenizer {
         // What the file's post-processor adds, unless the config says otherwise (transformers
         // rebuilds the post-processor from `add_bos_token`/`add_eos_token` for Llama-like
         // tokenizers). sluice always encodes without the post-processor and adds these itself.
-        let probe = hf
-            .encode_fast("", true)
-            .map_err(|e| TokenizerError::File { path: path.to_path_buf(), msg: format!("encoding a probe: {e}") })?;
+        let probe = hf.encode_fast("", true).map_err(|e| TokenizerError::File {
+            path: path.to_path_buf(),
+            msg: format!("encoding a probe: {e}"),
+        })?;
         let probe = probe.get_ids();
         let pp_bos = bos_id.is_some() && probe.first().copied() == bos_id;
-        let pp_eos = eos_id.is_some() && probe.last().copied() == eos_id && !(pp_bos && probe.len() == 1);
-        let add_bos = cfg.get("add_bos_token").and_then(Value::as_bool).unwrap_or(pp_bos) && bos_id.is_some();
-        let add_eos = cfg.get("add_eos_token").and_then(Value::as_bool).unwrap_or(pp_eos) && eos_id.is_some();
+        let pp_eos =
+            eos_id.is_some() && probe.last().copied() == eos_id && !(pp_bos && probe.len() == 1);
+        let add_bos = cfg
+            .get("add_bos_token")
+            .and_then(Value::as_bool)
+            .unwrap_or(pp_bos)
+            && bos_id.is_some();
+        let add_eos = cfg
+            .get("add_eos_token")
+            .and_then(Value::as_bool)
+            .unwrap_or(pp_eos)
+            && eos_id.is_some();
 
         let jinja = dir.join("chat_template.jinja");
         let chat_template = if jinja.is_file() {
-            Some(std::fs::read_to_string(&jinja).map_err(|err| TokenizerError::Io { path: jinja.clone(), err })?)
+            Some(
+                std::fs::read_to_string(&jinja).map_err(|err| TokenizerError::Io {
+                    path: jinja.clone(),
+                    err,
+                })?,
+            )
         } else {
             match cfg.get("chat_template") {
                 None | Some(Value::Null) => None,
@@ -200,7 +231,8 @@ impl Tokenizer {
                 // A list of named templates: the one called "default", else the first.
                 Some(Value::Array(list)) => {
                     let named = |n: &str| {
-                        list.iter().find(|t| t.get("name").and_then(Value::as_str) == Some(n))
+                        list.iter()
+                            .find(|t| t.get("name").and_then(Value::as_str) == Some(n))
                     };
                     named("default")
                         .or(list.first())
@@ -209,7 +241,10 @@ impl Tokenizer {
                         .map(str::to_string)
                 }
                 Some(_) => {
-                    return Err(TokenizerError::File { path: cfg_path, msg: "`chat_template` is not a string or a list".into() })
+                    return Err(TokenizerError::File {
+                        path: cfg_path,
+                        msg: "`chat_template` is not a string or a list".into(),
+                    })
                 }
             }
         };
@@ -222,7 +257,9 @@ impl Tokenizer {
         };
         match gen.as_ref().and_then(|g| g.get("eos_token_id")) {
             Some(Value::Number(n)) => eos_ids.extend(n.as_u64().map(|x| x as u32)),
-            Some(Value::Array(a)) => eos_ids.extend(a.iter().filter_map(Value::as_u64).map(|x| x as u32)),
+            Some(Value::Array(a)) => {
+                eos_ids.extend(a.iter().filter_map(Value::as_u64).map(|x| x as u32))
+            }
             _ => {}
         }
         let vocab_size = hf.get_vocab_size(true);
@@ -251,7 +288,9 @@ impl Tokenizer {
 
     /// A vocabulary embedded in GGUF metadata (`tokenizer.ggml.*`, `tokenizer.chat_template`),
     /// read through `get` (e.g. `|k| files.meta(k)`).
-    pub fn from_gguf_meta<'m>(get: &dyn Fn(&str) -> Option<&'m MetaValue>) -> Result<Tokenizer, TokenizerError> {
+    pub fn from_gguf_meta<'m>(
+        get: &dyn Fn(&str) -> Option<&'m MetaValue>,
+    ) -> Result<Tokenizer, TokenizerError> {
         let v = gguf_vocab::from_meta(get)?;
         let text = |id: Option<u32>| id.and_then(|i| v.token_texts.get(i as usize)).cloned();
         let bos_token = text(v.bos);
@@ -261,7 +300,10 @@ impl Tokenizer {
                 vocab_size: v.table.len(),
                 hf: v.hf,
                 literal: OnceLock::new(),
-                detok: Detok::Table { table: v.table, strip_leading_space: v.strip_leading_space },
+                detok: Detok::Table {
+                    table: v.table,
+                    strip_leading_space: v.strip_leading_space,
+                },
                 bos_id: v.bos,
                 eos_id: v.eos,
                 eos_ids: v.eog,
@@ -274,9 +316,16 @@ impl Tokenizer {
         })
     }
 
-    fn encode_with(&self, hf: &tokenizers::Tokenizer, text: &str, add_special: bool) -> Result<Vec<u32>, TokenizerError> {
+    fn encode_with(
+        &self,
+        hf: &tokenizers::Tokenizer,
+        text: &str,
+        add_special: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
         let inner = &*self.inner;
-        let enc = hf.encode_fast(text, false).map_err(|e| TokenizerError::Encode(e.to_string()))?;
+        let enc = hf
+            .encode_fast(text, false)
+            .map_err(|e| TokenizerError::Encode(e.to_string()))?;
         let ids = enc.get_ids();
         let mut out = Vec::with_capacity(ids.len() + 2);
         if add_special && inner.add_bos {
@@ -298,7 +347,11 @@ impl Tokenizer {
 
     /// Encode `text` with control tokens written in it kept as plain text (user-defined tokens
     /// still match, as in llama.cpp with `parse_special = false`). For untrusted text.
-    pub fn encode_literal(&self, text: &str, add_special: bool) -> Result<Vec<u32>, TokenizerError> {
+    pub fn encode_literal(
+        &self,
+        text: &str,
+        add_special: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
         let lit = self.inner.literal.get_or_init(|| {
             let mut t = self.inner.hf.clone();
             t.set_encode_special_tokens(true);
@@ -309,7 +362,10 @@ impl Tokenizer {
 
     fn check_ids(&self, ids: &[u32]) -> Result<(), TokenizerError> {
         match ids.iter().find(|&&id| id as usize >= self.inner.vocab_size) {
-            Some(&id) => Err(TokenizerError::TokenId { id, vocab: self.inner.vocab_size }),
+            Some(&id) => Err(TokenizerError::TokenId {
+                id,
+                vocab: self.inner.vocab_size,
+            }),
             None => Ok(()),
         }
     }
@@ -318,13 +374,24 @@ impl Tokenizer {
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizerError> {
         self.check_ids(ids)?;
         match &self.inner.detok {
-            Detok::Table { table, strip_leading_space } => {
+            Detok::Table {
+                table,
+                strip_leading_space,
+            } => {
                 let mut bytes = Vec::new();
                 table.decode_into(ids, skip_special, &mut bytes)?;
-                let s = if *strip_leading_space && bytes.first() == Some(&b' ') { &bytes[1..] } else { &bytes[..] };
+                let s = if *strip_leading_space && bytes.first() == Some(&b' ') {
+                    &bytes[1..]
+                } else {
+                    &bytes[..]
+                };
                 Ok(String::from_utf8_lossy(s).into_owned())
             }
-            Detok::Hf { .. } => self.inner.hf.decode(ids, skip_special).map_err(|e| TokenizerError::Decode(e.to_string())),
+            Detok::Hf { .. } => self
+                .inner
+                .hf
+                .decode(ids, skip_special)
+                .map_err(|e| TokenizerError::Decode(e.to_string())),
         }
     }
 
@@ -346,7 +413,8 @@ impl Tokenizer {
                     .filter_map(|&id| hf.id_to_token(id))
                     .filter(|t| !skip_special || !added.is_special_token(t))
                     .collect();
-                dec.decode(tokens).map_err(|e| TokenizerError::Decode(e.to_string()))
+                dec.decode(tokens)
+                    .map_err(|e| TokenizerError::Decode(e.to_string()))
             }
         }
     }
@@ -424,18 +492,29 @@ impl Default for StreamDecoder {
 impl StreamDecoder {
     /// A decoder that leaves out control tokens.
     pub fn new() -> StreamDecoder {
-        StreamDecoder { ids: Vec::with_capacity(64), prefix: 0, read: 0, skip_special: true }
+        StreamDecoder {
+            ids: Vec::with_capacity(64),
+            prefix: 0,
+            read: 0,
+            skip_special: true,
+        }
     }
 
     /// A decoder that renders control tokens too (`--special`).
     pub fn with_special() -> StreamDecoder {
-        StreamDecoder { skip_special: false, ..StreamDecoder::new() }
+        StreamDecoder {
+            skip_special: false,
+            ..StreamDecoder::new()
+        }
     }
 
     /// Add one id; returns newly completed text, if any.
     pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<Option<String>, TokenizerError> {
         if id as usize >= tok.vocab_size() {
-            return Err(TokenizerError::TokenId { id, vocab: tok.vocab_size() });
+            return Err(TokenizerError::TokenId {
+                id,
+                vocab: tok.vocab_size(),
+            });
         }
         self.ids.push(id);
         let prev = tok.decode_piece(&self.ids[self.prefix..self.read], self.skip_special)?;
@@ -473,7 +552,10 @@ impl StreamDecoder {
         let full = tok.decode_piece(&self.ids[self.prefix..], self.skip_special)?;
         self.prefix = self.read;
         self.read = self.ids.len();
-        Ok(full.strip_prefix(prev.as_str()).filter(|s| !s.is_empty()).map(str::to_string))
+        Ok(full
+            .strip_prefix(prev.as_str())
+            .filter(|s| !s.is_empty())
+            .map(str::to_string))
     }
 
     /// Forget everything (a new text).

@@ -24,17 +24,13 @@ pub(crate) struct PreTok {
 
 // The GPT-2 split, as the `ByteLevel` pre-tokenizer of `tokenizers` writes it.
 const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
-const LLAMA3: &str =
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const QWEN2: &str =
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN35: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const GPT4O: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const TEKKEN: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const BAILING: &str =
-    r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+";
-const SEED_CODER: &str =
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+";
+const BAILING: &str = r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+";
+const SEED_CODER: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+";
 // The letter class of DeepSeek LLM's `tokenizer.json`. Six code points are written as escapes:
 // they have canonical singleton decompositions (U+1F7D, U+1FBE, U+1FD3, U+1FDB, OHM SIGN, KELVIN
 // SIGN), so any NFC-normalizing editor would silently turn them into other letters.
@@ -46,7 +42,13 @@ const DEEPSEEK_LLM: &[&str] = &[
     r"[一-龥ࠀ-一가-퟿]+",
     r"\p{N}+",
 ];
-const DEEPSEEK_CODER: &[&str] = &[r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}"];
+const DEEPSEEK_CODER: &[&str] = &[
+    r"[\r\n]",
+    r"\s?\p{L}+",
+    r"\s?\p{P}+",
+    r"[一-龥ࠀ-一가-퟿]+",
+    r"\p{N}",
+];
 const DEEPSEEK_V3: &[&str] = &[
     r"\p{N}{1,3}",
     r"[一-龥぀-ゟ゠-ヿ]+",
@@ -57,7 +59,10 @@ const FALCON: &[&str] = &[
     r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)",
     r"[0-9][0-9][0-9]",
 ];
-const STARCODER: &[&str] = &[r"\p{N}", r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"];
+const STARCODER: &[&str] = &[
+    r"\p{N}",
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)",
+];
 /// llama.cpp's fallback for a BPE vocabulary whose `tokenizer.ggml.pre` is `default` or absent.
 const DEFAULT: &[&str] = &[
     r"[\p{P}\$\+<=>\^~\|]+",
@@ -67,7 +72,11 @@ const DEFAULT: &[&str] = &[
 ];
 
 const fn p(regexes: &'static [&'static str]) -> PreTok {
-    PreTok { regexes, ignore_merges: false, nfc: false }
+    PreTok {
+        regexes,
+        ignore_merges: false,
+        nfc: false,
+    }
 }
 
 /// The pre-tokenizer for a `tokenizer.ggml.pre` value (None: a name sluice does not know).
@@ -75,26 +84,36 @@ const fn p(regexes: &'static [&'static str]) -> PreTok {
 pub(crate) fn lookup(name: &str) -> Option<PreTok> {
     let t = match name {
         "" | "default" => p(DEFAULT),
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2" => {
-            PreTok { ignore_merges: true, ..p(&[LLAMA3]) }
-        }
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
+        | "lfm2" => PreTok {
+            ignore_merges: true,
+            ..p(&[LLAMA3])
+        },
         "dbrx" | "smaug-bpe" | "chatglm-bpe" => p(&[LLAMA3]),
-        "glm4" | "glm5" => PreTok { ignore_merges: true, ..p(&[LLAMA3]) },
-        "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "stablelm2" | "hunyuan" | "megrez" | "solar-open"
-        | "grok-2" => PreTok { nfc: matches!(name, "qwen2" | "deepseek-r1-qwen"), ..p(&[QWEN2]) },
+        "glm4" | "glm5" => PreTok {
+            ignore_merges: true,
+            ..p(&[LLAMA3])
+        },
+        "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "stablelm2" | "hunyuan" | "megrez"
+        | "solar-open" | "grok-2" => PreTok {
+            nfc: matches!(name, "qwen2" | "deepseek-r1-qwen"),
+            ..p(&[QWEN2])
+        },
         "qwen35" => p(&[QWEN35]),
         "deepseek-llm" => p(DEEPSEEK_LLM),
         "deepseek-coder" => p(DEEPSEEK_CODER),
         "deepseek-v3" | "hunyuan-dense" | "joyai-llm" | "hy_v4" => p(DEEPSEEK_V3),
         "falcon" => p(FALCON),
-        "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone" | "minerva-7b" | "mellum2" => {
-            p(STARCODER)
-        }
-        "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de" | "a.x-4.0" | "mellum"
-        | "modern-bert" | "jina-v1-en" | "jina-v2-code" | "roberta-bpe" | "mpt" | "olmo" | "jais" | "trillion"
-        | "granite-docling" | "exaone4" => p(&[GPT2]),
+        "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone" | "minerva-7b"
+        | "mellum2" => p(STARCODER),
+        "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de"
+        | "a.x-4.0" | "mellum" | "modern-bert" | "jina-v1-en" | "jina-v2-code" | "roberta-bpe"
+        | "mpt" | "olmo" | "jais" | "trillion" | "granite-docling" | "exaone4" => p(&[GPT2]),
         "gpt-4o" | "llama4" | "kanana2" | "talkie" | "minimax-m2" => p(&[GPT4O]),
-        "tekken" => PreTok { ignore_merges: true, ..p(&[TEKKEN]) },
+        "tekken" => PreTok {
+            ignore_merges: true,
+            ..p(&[TEKKEN])
+        },
         "bailingmoe" | "bailingmoe2" | "llada-moe" => p(&[BAILING]),
         "seed-coder" => p(&[SEED_CODER]),
         _ => return None,
@@ -110,12 +129,30 @@ mod tests {
 
     #[test]
     fn every_regex_compiles() {
-        for name in ["default", "llama-bpe", "qwen2", "qwen35", "deepseek-llm", "deepseek-coder", "deepseek-v3",
-            "falcon", "starcoder", "gpt-2", "gpt-4o", "tekken", "bailingmoe", "seed-coder", "glm4"]
-        {
+        for name in [
+            "default",
+            "llama-bpe",
+            "qwen2",
+            "qwen35",
+            "deepseek-llm",
+            "deepseek-coder",
+            "deepseek-v3",
+            "falcon",
+            "starcoder",
+            "gpt-2",
+            "gpt-4o",
+            "tekken",
+            "bailingmoe",
+            "seed-coder",
+            "glm4",
+        ] {
             let t = lookup(name).unwrap();
             for r in t.regexes {
-                let split = Split::new(SplitPattern::Regex(r.to_string()), SplitDelimiterBehavior::Isolated, false);
+                let split = Split::new(
+                    SplitPattern::Regex(r.to_string()),
+                    SplitDelimiterBehavior::Isolated,
+                    false,
+                );
                 assert!(split.is_ok(), "{name}: {r}");
             }
         }
@@ -130,23 +167,42 @@ mod tests {
     fn splits_match_python_tokenizers() {
         use tokenizers::pre_tokenizers::sequence::Sequence;
         use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer/pretok_splits.json");
-        let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/tokenizer/pretok_splits.json");
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         let mut checked = 0;
         for (name, cases) in doc["pre"].as_object().unwrap() {
             let t = lookup(name).unwrap_or_else(|| panic!("{name} is not in the table"));
             let steps = t
                 .regexes
                 .iter()
-                .map(|r| Split::new(SplitPattern::Regex(r.to_string()), SplitDelimiterBehavior::Isolated, false).unwrap().into())
+                .map(|r| {
+                    Split::new(
+                        SplitPattern::Regex(r.to_string()),
+                        SplitDelimiterBehavior::Isolated,
+                        false,
+                    )
+                    .unwrap()
+                    .into()
+                })
                 .collect();
             let seq = Sequence::new(steps);
             for c in cases.as_array().unwrap() {
                 let text = c["text"].as_str().unwrap();
                 let mut pts = PreTokenizedString::from(text);
                 seq.pre_tokenize(&mut pts).unwrap();
-                let got: Vec<&str> = pts.get_splits(OffsetReferential::Original, OffsetType::Char).into_iter().map(|s| s.0).collect();
-                let want: Vec<&str> = c["splits"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+                let got: Vec<&str> = pts
+                    .get_splits(OffsetReferential::Original, OffsetType::Char)
+                    .into_iter()
+                    .map(|s| s.0)
+                    .collect();
+                let want: Vec<&str> = c["splits"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_str().unwrap())
+                    .collect();
                 assert_eq!(got, want, "{name}: {text:?}");
                 checked += 1;
             }

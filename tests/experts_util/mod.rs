@@ -95,25 +95,53 @@ pub const F1_LEN: usize = 1024 * 1024 + 77;
 
 pub fn layout(dir: &Path) -> Layout {
     let paths = vec![dir.join("model-0.bin"), dir.join("model-1.bin")];
-    let data = vec![random_file(&paths[0], F0_LEN, 11), random_file(&paths[1], F1_LEN, 22)];
+    let data = vec![
+        random_file(&paths[0], F0_LEN, 11),
+        random_file(&paths[1], F1_LEN, 22),
+    ];
     let (f0, f1) = (F0_LEN as u64, F1_LEN as u64);
     let mut l0 = Vec::new();
     // Like GGUF: gate, up, down in three "tensors" of file 0, per-expert stride unaligned.
-    let (g_base, u_base, d_base, stride, part) = (1000u64, 400_000u64, 800_001u64, 70_013u64, 70_013u64);
+    let (g_base, u_base, d_base, stride, part) =
+        (1000u64, 400_000u64, 800_001u64, 70_013u64, 70_013u64);
     for e in 0..5 {
-        l0.push(ExpertLoc { parts: [r(0, g_base + e * stride, part), r(0, u_base + e * stride, part), r(0, d_base + e * stride, part)] });
+        l0.push(ExpertLoc {
+            parts: [
+                r(0, g_base + e * stride, part),
+                r(0, u_base + e * stride, part),
+                r(0, d_base + e * stride, part),
+            ],
+        });
     }
     // Parts across both files; down ends exactly at the end of file 0.
-    l0.push(ExpertLoc { parts: [r(1, 0, 5000), r(1, 5000, 17), r(0, f0 - 300_007, 300_007)] });
+    l0.push(ExpertLoc {
+        parts: [r(1, 0, 5000), r(1, 5000, 17), r(0, f0 - 300_007, 300_007)],
+    });
     let mut l2 = Vec::new();
     // HF-like: w1, w2, w3 back to back (gate, down, up order in the file) in file 1.
     for e in 0..4u64 {
         let base = 20_011 + e * 3 * 33_333;
-        l2.push(ExpertLoc { parts: [r(1, base, 33_333), r(1, base + 2 * 33_333, 33_333), r(1, base + 33_333, 33_333)] });
+        l2.push(ExpertLoc {
+            parts: [
+                r(1, base, 33_333),
+                r(1, base + 2 * 33_333, 33_333),
+                r(1, base + 33_333, 33_333),
+            ],
+        });
     }
     // Ends exactly at the end of file 1, gate and up in file 0 out of order.
-    l2.push(ExpertLoc { parts: [r(0, 2_000_003, 123_457), r(0, 1_500_001, 4096), r(1, f1 - 65_537, 65_537)] });
-    Layout { paths, data, experts: vec![l0, Vec::new(), l2] }
+    l2.push(ExpertLoc {
+        parts: [
+            r(0, 2_000_003, 123_457),
+            r(0, 1_500_001, 4096),
+            r(1, f1 - 65_537, 65_537),
+        ],
+    });
+    Layout {
+        paths,
+        data,
+        experts: vec![l0, Vec::new(), l2],
+    }
 }
 
 impl Layout {

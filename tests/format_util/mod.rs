@@ -37,8 +37,11 @@ pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
 /// A fresh, empty scratch directory under cargo's per-target temp dir.
 pub fn scratch(tag: &str) -> PathBuf {
     static N: AtomicUsize = AtomicUsize::new(0);
-    let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("create scratch dir");
     d
@@ -49,5 +52,9 @@ pub fn as_u64(v: &serde_json::Value) -> u64 {
 }
 
 pub fn shape(v: &serde_json::Value) -> Vec<u64> {
-    v.as_array().expect("shape list").iter().map(as_u64).collect()
+    v.as_array()
+        .expect("shape list")
+        .iter()
+        .map(as_u64)
+        .collect()
 }

@@ -44,7 +44,8 @@ impl Server {
                 for line in BufReader::new(stderr).lines() {
                     let Ok(line) = line else { break };
                     if let Some(at) = line.find("listening on http://") {
-                        let _ = tx.send(line[at + "listening on http://".len()..].trim().to_string());
+                        let _ =
+                            tx.send(line[at + "listening on http://".len()..].trim().to_string());
                     }
                     let mut l = log.lock().unwrap();
                     l.push_str(&line);
@@ -65,7 +66,11 @@ impl Server {
             if let Ok((200, _)) = s.try_request("GET", "/health", None, &[]) {
                 break;
             }
-            assert!(t.elapsed() < Duration::from_secs(30), "no /health; stderr:\n{}", s.log.lock().unwrap());
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "no /health; stderr:\n{}",
+                s.log.lock().unwrap()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         s
@@ -75,11 +80,21 @@ impl Server {
         format!("http://{}", self.addr)
     }
 
-    fn try_request(&self, method: &str, path: &str, body: Option<&str>, headers: &[(&str, &str)]) -> std::io::Result<(u16, String)> {
+    fn try_request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+        headers: &[(&str, &str)],
+    ) -> std::io::Result<(u16, String)> {
         let mut s = TcpStream::connect(&self.addr)?;
         s.set_read_timeout(Some(Duration::from_secs(120)))?;
         let body = body.unwrap_or("");
-        let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: {}\r\n", self.addr, body.len());
+        let mut req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: {}\r\n",
+            self.addr,
+            body.len()
+        );
         for (k, v) in headers {
             req.push_str(&format!("{k}: {v}\r\n"));
         }
@@ -88,15 +103,32 @@ impl Server {
         s.write_all(req.as_bytes())?;
         let mut out = String::new();
         s.read_to_string(&mut out)?;
-        let status = out.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-        let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+        let status = out
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = out
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
         Ok((status, body))
     }
 
     /// POST JSON; (status, parsed body).
     pub fn post(&self, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
-        let (st, b) = self.try_request("POST", path, Some(&body.to_string()), &[("Content-Type", "application/json")]).expect("request");
-        (st, serde_json::from_str(&b).unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {b}")))
+        let (st, b) = self
+            .try_request(
+                "POST",
+                path,
+                Some(&body.to_string()),
+                &[("Content-Type", "application/json")],
+            )
+            .expect("request");
+        (
+            st,
+            serde_json::from_str(&b).unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {b}")),
+        )
     }
 
     pub fn get(&self, path: &str) -> (u16, String) {
@@ -106,7 +138,11 @@ impl Server {
     /// SIGTERM, then the exit code (the server must stop by itself).
     pub fn stop(mut self) -> i32 {
         let pid = self.child.id().to_string();
-        let ok = Command::new("kill").args(["-TERM", &pid]).status().map(|s| s.success()).unwrap_or(false);
+        let ok = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
         assert!(ok, "could not signal the server");
         let t = Instant::now();
         loop {
@@ -115,7 +151,10 @@ impl Server {
             }
             if t.elapsed() > Duration::from_secs(30) {
                 let _ = self.child.kill();
-                panic!("server did not stop within 30 s of SIGTERM; stderr:\n{}", self.log.lock().unwrap());
+                panic!(
+                    "server did not stop within 30 s of SIGTERM; stderr:\n{}",
+                    self.log.lock().unwrap()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
