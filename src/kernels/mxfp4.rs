@@ -97,8 +97,6 @@ mod simd {
         unsafe { dot_avx512_impl(w, a.q8_32) }
     }
 
-    /// Integer element types whose bytes may be loaded into vectors as they are.
-
     /// The 16 kvalues as a vector (a `pshufb` table).
     #[target_feature(enable = "avx2,fma,f16c")]
     fn kvalues() -> __m128i {

@@ -103,8 +103,6 @@ mod simd {
         unsafe { dot_avx512_impl(w, a.q8k) }
     }
 
-    /// Integer element types whose bytes may be loaded into vectors as they are.
-
     /// d and dmin of a block as f32.
     #[target_feature(enable = "avx2,fma,f16c")]
     fn d_dmin(b: &[u8]) -> (f32, f32) {

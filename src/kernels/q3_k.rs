@@ -131,8 +131,6 @@ mod simd {
         )))
     }
 
-    /// Integer element types whose bytes may be loaded into vectors as they are.
-
     /// The sixteen signed scales (minus 32) of block `b`, as bytes (what `unpack_scales`
     /// computes, in vector registers).
     #[target_feature(enable = "avx2,fma,f16c")]

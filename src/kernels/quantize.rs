@@ -5,6 +5,16 @@ use crate::dtype::DType;
 
 /// Encode `x` (whole blocks) as `dtype`, appending to `out`. Supports F32, F16, BF16, Q8_0, Q4_K.
 pub fn quantize(dtype: DType, x: &[f32], out: &mut Vec<u8>) -> Result<(), super::KernelError> {
+    let block = dtype
+        .block_elems()
+        .ok_or(super::KernelError::Unsupported(dtype))?;
+    if !x.len().is_multiple_of(block) {
+        return Err(super::KernelError::NotWholeBlocks {
+            dtype,
+            elems: x.len(),
+            block,
+        });
+    }
     match dtype {
         DType::F32 => x
             .iter()
@@ -16,13 +26,6 @@ pub fn quantize(dtype: DType, x: &[f32], out: &mut Vec<u8>) -> Result<(), super:
             .iter()
             .for_each(|v| out.extend_from_slice(&half::bf16::from_f32(*v).to_bits().to_le_bytes())),
         DType::Q8_0 => {
-            if !x.len().is_multiple_of(32) {
-                return Err(super::KernelError::NotWholeBlocks {
-                    dtype,
-                    elems: x.len(),
-                    block: 32,
-                });
-            }
             for b in x.chunks_exact(32) {
                 // As ggml's reference quantizer: d = max|x|/127, q = round(x/d), d stored as f16.
                 let amax = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
@@ -33,13 +36,6 @@ pub fn quantize(dtype: DType, x: &[f32], out: &mut Vec<u8>) -> Result<(), super:
             }
         }
         DType::Q4_K => {
-            if x.len() % 256 != 0 {
-                return Err(super::KernelError::NotWholeBlocks {
-                    dtype,
-                    elems: x.len(),
-                    block: 256,
-                });
-            }
             x.chunks_exact(256)
                 .for_each(|b| quantize_q4_k_block(b, out));
         }
