@@ -49,6 +49,8 @@ pub struct GenStats {
     pub mtp_accepted: usize,
     /// Expert-cache figures when the prefill ended (decode figures are the difference).
     pub experts_after_prefill: Option<crate::experts::CacheStats>,
+    /// GPU figures when the prefill ended (decode figures are the difference).
+    pub gpu_after_prefill: Option<crate::gpu::GpuStats>,
 }
 
 impl GenStats {
@@ -122,6 +124,7 @@ pub fn generate(
     let mut next = sampler.sample(model.feed(st, prompt)?, &history);
     stats.prefill_secs = t0.elapsed().as_secs_f64();
     stats.experts_after_prefill = st.expert_stats();
+    stats.gpu_after_prefill = st.gpu_stats();
 
     let t1 = Instant::now();
     let mut experts = 0usize;
@@ -284,6 +287,7 @@ pub fn generate_mtp_with(
     }
     stats.prefill_secs = t0.elapsed().as_secs_f64();
     stats.experts_after_prefill = st.expert_stats();
+    stats.gpu_after_prefill = st.gpu_stats();
 
     let t1 = Instant::now();
     let mut drafts = vec![0u32; k];

@@ -14,6 +14,7 @@ pub mod dtype;
 pub mod experts;
 pub mod format;
 pub mod generate;
+pub mod gpu;
 pub mod inspect;
 pub mod kernels;
 pub mod model;

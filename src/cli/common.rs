@@ -403,6 +403,9 @@ pub fn stats_json(st: &crate::model::State, g: &crate::generate::GenStats) -> se
         v["read_gb_s"] = (gb(s.bytes_read) / s.read_secs.max(1e-9)).into();
     }
     v["time_shares"] = time_shares(st).0;
+    if let Some(gj) = super::gpu::gpu_json(st, g.gpu_after_prefill) {
+        v["gpu"] = gj;
+    }
     if let Some(b) = peak_rss_bytes() {
         v["peak_rss_bytes"] = b.into();
     }

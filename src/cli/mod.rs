@@ -6,6 +6,7 @@ pub mod cache_sim;
 pub mod chat;
 pub mod common;
 pub mod doctor;
+pub mod gpu;
 pub mod inspect;
 pub mod logits;
 pub mod model_bench;

@@ -38,6 +38,8 @@ pub struct RunArgs {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub experts: ExpertArgs,
+    #[command(flatten)]
+    pub gpu: super::gpu::GpuArgs,
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -71,6 +73,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         args.mtp + 1,
     )?;
     let plan = setup_experts_mtp(&model, &files, &mut st, &args.experts, args.mtp)?;
+    super::gpu::setup_gpu(
+        &model,
+        &files,
+        &mut st,
+        &args.gpu,
+        Some(&args.experts),
+        args.mtp,
+        args.experts.prof || args.experts.stats_json.is_some(),
+    )?;
     let mut sampler = Sampler::new(args.sampling.params(), model.cfg.vocab);
     let stdout = std::io::stdout();
     let mut lock = stdout.lock();
@@ -114,7 +125,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     ) {
         eprintln!("{line}");
     }
-    if args.experts.prof {
+    if let Some(line) = super::gpu::gpu_summary(&st, stats.gpu_after_prefill) {
+        eprintln!("{line}");
+    }
+    if args.experts.prof && st.gpu_stats().is_none() {
         let (_, line, verdict) = time_shares(&st);
         eprintln!("{line}");
         eprintln!("{verdict}");

@@ -53,6 +53,8 @@ pub struct ServeArgs {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub experts: ExpertArgs,
+    #[command(flatten)]
+    pub gpu: super::gpu::GpuArgs,
 }
 
 pub fn run_cmd(args: ServeArgs) -> anyhow::Result<()> {
@@ -98,6 +100,15 @@ pub fn run_cmd(args: ServeArgs) -> anyhow::Result<()> {
     )?;
     let mut st = model.new_state(args.compute.ctx, args.compute.batch.max(1), 1)?;
     setup_experts(&model, files, &mut st, &args.experts)?;
+    if args.kv_dir.is_some() && args.gpu.gpu != "off" {
+        // Saved KV caches are read from and written to host memory; the GPU keeps its own.
+        if args.gpu.gpu == "on" {
+            anyhow::bail!("--kv-dir with --gpu on: saved KV caches work on the CPU path only; use --gpu off");
+        }
+        eprintln!("[plan] gpu: off (--kv-dir keeps KV caches in host memory)");
+    } else {
+        super::gpu::setup_gpu(&model, files, &mut st, &args.gpu, Some(&args.experts), 0, false)?;
+    }
     let cfg = ServeConfig {
         host: args.host,
         port: args.port,

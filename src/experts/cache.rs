@@ -642,6 +642,21 @@ impl ExpertCache {
         self.slab.locked()
     }
 
+    /// Counts selections served elsewhere (the GPU's VRAM pool) in the usage statistics, so
+    /// `--autopin` sees every selection, not only those that reached this cache.
+    pub fn record_usage(&self, layer: usize, experts: &[usize]) {
+        let mut st = self.lock();
+        for &e in experts {
+            st.usage.record(layer, e);
+        }
+    }
+
+    /// The slab's base and length: every slot's bytes lie inside (the GPU path registers it
+    /// once with the driver so copies read it directly).
+    pub fn slab_region(&self) -> (*const u8, usize) {
+        (self.slab.as_ptr().cast_const(), self.slab.len())
+    }
+
     pub fn store(&self) -> &ExpertStore {
         &self.store
     }

@@ -168,6 +168,21 @@ impl Rope {
         self.cos.len() / self.half.max(1)
     }
 
+    /// Rotating pairs per head.
+    pub fn half(&self) -> usize {
+        self.half
+    }
+
+    /// cos table, (ctx, half), scale included.
+    pub fn cos_table(&self) -> &[f32] {
+        &self.cos
+    }
+
+    /// sin table, (ctx, half), scale included.
+    pub fn sin_table(&self) -> &[f32] {
+        &self.sin
+    }
+
     /// Rotate the first `2*half` values of one head for position `pos` (the rest, if any, is
     /// the non-rotating part of a partial-rotary head).
     pub fn apply(&self, x: &mut [f32], pos: usize) {

@@ -35,21 +35,21 @@ pub struct State {
     pub(crate) rope_offset: usize,
     pub(super) kcache: Vec<f32>, // (layers, ctx, k_dim) GQA keys, or MLA latent + rope key; pub(super) for kv_io.rs
     pub(super) vcache: Vec<f32>, // (layers, ctx, v_dim) GQA values (empty for MLA)
-    router: Vec<f32>,            // (batch, n_experts) router scores
+    pub(crate) router: Vec<f32>, // (batch, n_experts) router scores
     choice: Vec<f32>,            // (n_experts) selection scores of one token
     groups_score: Vec<f32>,      // (n_group)
     groups_kept: Vec<usize>,     // (topk_group)
-    sel: Vec<usize>,             // (batch, k) chosen experts
-    selw: Vec<f32>,              // (batch, k) their routing weights
-    groups: Vec<Vec<(u32, u32)>>, // per expert: (token, slot) pairs, capacity batch
+    pub(crate) sel: Vec<usize>, // (batch, k) chosen experts
+    pub(crate) selw: Vec<f32>, // (batch, k) their routing weights
+    pub(crate) groups: Vec<Vec<(u32, u32)>>, // per expert: (token, slot) pairs, capacity batch
     gathered: Vec<f32>,          // (batch, hidden) inputs of one expert's tokens
     gate: Vec<f32>,              // (batch, widest ffn)
     up: Vec<f32>,                // (batch, widest ffn)
     down: Vec<f32>,              // (batch, hidden)
     slot_out: Vec<f32>,          // (batch, k, hidden) each token's expert outputs, unweighted
     pub(crate) acts: Acts,
-    logits: Vec<f32>,   // (logit_rows, vocab)
-    needed: Vec<usize>, // (n_experts) experts one MoE layer needs, ascending
+    pub(crate) logits: Vec<f32>, // (logit_rows, vocab)
+    pub(crate) needed: Vec<usize>, // (n_experts) experts one MoE layer needs, ascending
     // Multi-token prediction (empty unless the model has an MTP layer).
     pub(crate) mtp_cat: Vec<f32>, // (batch, 2*hidden) [enorm(embed); hnorm(h)]
     pub(crate) mtp_hidden: Vec<f32>, // (batch, hidden) main hidden states paired with tokens
@@ -62,6 +62,9 @@ pub struct State {
     pub experts_run: usize,
     /// Seconds spent per part of the forward pass since the state was made (`--prof`).
     pub prof: Prof,
+    /// The GPU forward (`--gpu`); when set, `forward_chunk` runs there.
+    #[cfg(feature = "cuda")]
+    pub(crate) gpu: Option<Box<crate::gpu::model::GpuState>>,
 }
 
 /// Where forward time goes (wall seconds, accumulated).
@@ -157,6 +160,8 @@ impl State {
             expert_cache: None,
             experts_run: 0,
             prof: Prof::default(),
+            #[cfg(feature = "cuda")]
+            gpu: None,
         }
     }
 
@@ -226,6 +231,17 @@ impl<'a> Model<'a> {
         // Run on a pool thread: nested parallel loops then use the workers' own deques instead
         // of the pool's injector queue, which allocates as jobs pass through it.
         let t0 = std::time::Instant::now();
+        #[cfg(feature = "cuda")]
+        if let Some(mut g) = st.gpu.take() {
+            let r = self
+                .check_chunk(st, tokens, logits_from)
+                .and_then(|()| g.forward(self, st, tokens, logits_from));
+            st.gpu = Some(g);
+            st.prof.total += t0.elapsed().as_secs_f64();
+            r?;
+            let n_logits = tokens.len().saturating_sub(logits_from);
+            return Ok(&st.logits[..n_logits * self.cfg.vocab]);
+        }
         let r = self
             .pool
             .install(|| self.forward_inner(st, tokens, logits_from));
@@ -241,6 +257,31 @@ impl<'a> Model<'a> {
         tokens: &[u32],
         logits_from: usize,
     ) -> Result<(), ModelError> {
+        self.check_chunk(st, tokens, logits_from)?;
+        let cfg = &self.cfg;
+        let n = tokens.len();
+        let n_logits = n.saturating_sub(logits_from);
+        let h = cfg.hidden;
+        let w = &self.weights;
+        st.experts_run = 0;
+
+        // Embeddings.
+        let er = w.token_embd.row_bytes();
+        for (i, &t) in tokens.iter().enumerate() {
+            let row = &w.token_embd.bytes[t as usize * er..(t as usize + 1) * er];
+            kernels::dequantize(w.token_embd.dtype, row, &mut st.x[i * h..(i + 1) * h])?;
+        }
+
+        for (l, lw) in w.layers.iter().enumerate() {
+            self.layer_forward(st, l, lw, n)?;
+        }
+        st.pos += n;
+        self.final_rows(st, n, logits_from, n_logits)
+    }
+
+    /// The contract of `forward_chunk`: 1..=batch tokens, room in the context, at most
+    /// `logit_rows` logit rows, token ids in the vocabulary.
+    fn check_chunk(&self, st: &State, tokens: &[u32], logits_from: usize) -> Result<(), ModelError> {
         let cfg = &self.cfg;
         let n = tokens.len();
         if n == 0 || n > st.batch {
@@ -270,22 +311,18 @@ impl<'a> Model<'a> {
                 )));
             }
         }
-        let h = cfg.hidden;
-        let w = &self.weights;
-        st.experts_run = 0;
+        Ok(())
+    }
 
-        // Embeddings.
-        let er = w.token_embd.row_bytes();
-        for (i, &t) in tokens.iter().enumerate() {
-            let row = &w.token_embd.bytes[t as usize * er..(t as usize + 1) * er];
-            kernels::dequantize(w.token_embd.dtype, row, &mut st.x[i * h..(i + 1) * h])?;
-        }
-
-        for (l, lw) in w.layers.iter().enumerate() {
-            self.layer_forward(st, l, lw, n)?;
-        }
-        st.pos += n;
-
+    fn final_rows(
+        &self,
+        st: &mut State,
+        n: usize,
+        logits_from: usize,
+        n_logits: usize,
+    ) -> Result<(), ModelError> {
+        let cfg = &self.cfg;
+        let (h, w) = (cfg.hidden, &self.weights);
         // Final norm of every row (kept for the MTP head) and lm_head for the requested rows.
         let v = cfg.vocab;
         for i in 0..n {
@@ -622,7 +659,7 @@ impl<'a> Model<'a> {
     /// by softmax or sigmoid; selection on score + `bias` (selection only, DeepSeek's
     /// `e_score_correction_bias`), limited to the best groups; weights from the unbiased scores,
     /// optionally renormalised, times the routed scale.
-    fn route(&self, st: &mut State, i: usize, bias: Option<&[f32]>) {
+    pub(crate) fn route(&self, st: &mut State, i: usize, bias: Option<&[f32]>) {
         let cfg = &self.cfg;
         let r = &cfg.routing;
         let (e, k) = (cfg.n_experts, cfg.n_experts_used);

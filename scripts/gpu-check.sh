@@ -1,0 +1,26 @@
+#!/bin/bash
+# The GPU machine's script (it has CUDA but no Rust toolchain): takes binaries built on the CPU
+# machine, runs the GPU tests and the staging benchmark, and prints a table last.
+#
+# On the CPU machine:
+#   cargo build --release --features cuda
+#   cargo test --release --features cuda --no-run --test gpu   # prints the test binary path
+#   mkdir -p .devrun && cp target/release/sluice .devrun/sluice && cp <that path> .devrun/gpu-tests
+#   strip .devrun/*
+# On the GPU machine, from the repository root:
+#   scripts/gpu-check.sh [.devrun] [OUTDIR]
+set -u
+BIN=${1:-.devrun}
+OUTDIR=${2:-${OUT:-/tmp/gpu-check}}
+mkdir -p "$OUTDIR"
+export SLUICE_ROOT=$PWD
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+echo "== GPU tests"
+timeout 400 "$BIN/gpu-tests" --test-threads=1 --nocapture > "$OUTDIR/tests.log" 2>&1
+echo "tests exit $?"
+grep -E "^test |test result|panicked" "$OUTDIR/tests.log"
+grep -E "worst|placements|KL" "$OUTDIR/tests.log" | head -40
+echo "== benchmark"
+M=/tmp/gpu-bench-model.gguf
+[ -f $M ] || "$BIN/sluice" synth $M --preset qwen3-30b-a3b --layers 8 --quant q4_k --skew 1.0 > "$OUTDIR/synth.log" 2>&1
+python3 scripts/gpu_bench.py "$BIN/sluice" $M "$OUTDIR/bench" "${@:3}" 2> "$OUTDIR/bench.err" | tee "$OUTDIR/table.md"

@@ -1,0 +1,551 @@
+//! The CUDA driver API, thinly: a context on device 0, the kernels module, two streams, device
+//! buffers, events and pinned host memory. Every call's result is checked and turned into a
+//! `GpuError` naming the call.
+//!
+//! Owns: every `unsafe` driver call of the crate. Does not own: what the buffers mean.
+//! Invariant: the context is made current on the calling thread by every public entry point
+//! that launches or copies (`Gpu::bind`), so callers may use any thread.
+
+use super::GpuError;
+use cudarc::driver::sys as cu;
+use std::ffi::c_void;
+
+/// The PTX of `kernels.cu` (see scripts/build-ptx.py), NUL-terminated for `cuModuleLoadData`.
+const PTX: &str = concat!(include_str!("kernels.ptx"), "\0");
+
+fn check(r: cu::CUresult, what: &str) -> Result<(), GpuError> {
+    if r == cu::CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    let mut s: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: cuGetErrorString writes a pointer to a static string (or leaves it null).
+    unsafe { cu::cuGetErrorString(r, &mut s) };
+    let msg = if s.is_null() {
+        format!("{r:?}")
+    } else {
+        // SAFETY: non-null results of cuGetErrorString are NUL-terminated static strings.
+        unsafe { std::ffi::CStr::from_ptr(s) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    Err(GpuError::Driver(format!("{what}: {msg}")))
+}
+
+/// A launch argument: the driver reads `size_of` the parameter from each pointer, so every
+/// argument is stored in a u64 slot (little-endian: 4-byte parameters read the low half).
+#[derive(Clone, Copy)]
+pub struct Arg(u64);
+
+impl From<u64> for Arg {
+    fn from(v: u64) -> Arg {
+        Arg(v)
+    }
+}
+impl From<i64> for Arg {
+    fn from(v: i64) -> Arg {
+        Arg(v as u64)
+    }
+}
+impl From<i32> for Arg {
+    fn from(v: i32) -> Arg {
+        Arg(v as u32 as u64)
+    }
+}
+impl From<f32> for Arg {
+    fn from(v: f32) -> Arg {
+        Arg(v.to_bits() as u64)
+    }
+}
+
+/// Device memory: one allocation, freed on drop.
+pub struct DevBuf {
+    pub ptr: u64,
+    pub bytes: usize,
+}
+
+impl DevBuf {
+    /// Address of byte `off`.
+    pub fn at(&self, off: usize) -> u64 {
+        self.ptr + off as u64
+    }
+    /// Address of f32 element `i`.
+    pub fn f(&self, i: usize) -> u64 {
+        self.ptr + 4 * i as u64
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            // SAFETY: `ptr` came from cuMemAlloc and is freed once; errors at teardown are moot.
+            unsafe { cu::cuMemFree_v2(self.ptr) };
+        }
+    }
+}
+
+/// Page-locked host memory from cuMemHostAlloc (portable, not write-combined), freed on drop.
+pub struct PinnedBuf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: plain memory owned by this value; access goes through &/&mut self.
+unsafe impl Send for PinnedBuf {}
+
+impl PinnedBuf {
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` is valid for `len` bytes for the life of self and uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: as above, shared borrow.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for PinnedBuf {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from cuMemHostAlloc and is freed once.
+        unsafe { cu::cuMemFreeHost(self.ptr.cast()) };
+    }
+}
+
+/// A CUDA event (timing enabled).
+pub struct Event(pub cu::CUevent);
+
+// SAFETY: CUDA events are usable from any thread with the context current.
+unsafe impl Send for Event {}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: created by cuEventCreate, destroyed once.
+        unsafe { cu::cuEventDestroy_v2(self.0) };
+    }
+}
+
+pub struct Gpu {
+    ctx: cu::CUcontext,
+    module: cu::CUmodule,
+    pub compute: cu::CUstream,
+    pub copy: cu::CUstream,
+    pub name: String,
+    pub total_mem: usize,
+    pub sm_count: i32,
+}
+
+// SAFETY: the handles are process-wide driver objects; every entry point binds the context.
+unsafe impl Send for Gpu {}
+// SAFETY: as above; shared use only reads the handles.
+unsafe impl Sync for Gpu {}
+
+impl Gpu {
+    /// Opens device 0: driver library, context, module (PTX JIT-compiled by the driver), tables,
+    /// and a compute and a copy stream.
+    pub fn open() -> Result<Gpu, GpuError> {
+        // SAFETY: probing for the shared library only loads it.
+        if !unsafe { cu::is_culib_present() } {
+            return Err(GpuError::NoDriver(
+                "no CUDA driver library (libcuda.so) on this machine".into(),
+            ));
+        }
+        // SAFETY: plain driver calls with valid out-pointers; each result is checked.
+        unsafe {
+            check(cu::cuInit(0), "cuInit")?;
+            let mut n = 0;
+            check(cu::cuDeviceGetCount(&mut n), "cuDeviceGetCount")?;
+            if n < 1 {
+                return Err(GpuError::NoDriver("the CUDA driver sees no GPU".into()));
+            }
+            let mut dev = 0;
+            check(cu::cuDeviceGet(&mut dev, 0), "cuDeviceGet")?;
+            let mut name = [0 as std::ffi::c_char; 256];
+            check(
+                cu::cuDeviceGetName(name.as_mut_ptr(), 255, dev),
+                "cuDeviceGetName",
+            )?;
+            let name = std::ffi::CStr::from_ptr(name.as_ptr())
+                .to_string_lossy()
+                .into_owned();
+            let mut total = 0usize;
+            check(cu::cuDeviceTotalMem_v2(&mut total, dev), "cuDeviceTotalMem")?;
+            let mut sm_count = 0;
+            check(
+                cu::cuDeviceGetAttribute(
+                    &mut sm_count,
+                    cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                    dev,
+                ),
+                "cuDeviceGetAttribute",
+            )?;
+            let mut ctx = std::ptr::null_mut();
+            check(
+                cu::cuDevicePrimaryCtxRetain(&mut ctx, dev),
+                "cuDevicePrimaryCtxRetain",
+            )?;
+            check(cu::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
+            let mut module = std::ptr::null_mut();
+            check(
+                cu::cuModuleLoadData(&mut module, PTX.as_ptr().cast()),
+                "cuModuleLoadData (JIT of kernels.ptx)",
+            )?;
+            let mut compute = std::ptr::null_mut();
+            let mut copy = std::ptr::null_mut();
+            let flags = cu::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+            check(cu::cuStreamCreate(&mut compute, flags), "cuStreamCreate")?;
+            check(cu::cuStreamCreate(&mut copy, flags), "cuStreamCreate")?;
+            let gpu = Gpu {
+                ctx,
+                module,
+                compute,
+                copy,
+                name,
+                total_mem: total,
+                sm_count,
+            };
+            gpu.fill_tables()?;
+            Ok(gpu)
+        }
+    }
+
+    /// Makes the context current on this thread.
+    pub fn bind(&self) -> Result<(), GpuError> {
+        // SAFETY: `ctx` is the retained primary context, alive as long as self.
+        check(unsafe { cu::cuCtxSetCurrent(self.ctx) }, "cuCtxSetCurrent")
+    }
+
+    fn fill_tables(&self) -> Result<(), GpuError> {
+        use crate::kernels::tables::{IQ2XXS_GRID, KSIGNS_IQ2XS, MXFP4_KVALUES};
+        let grid: Vec<u8> = IQ2XXS_GRID.iter().flat_map(|g| g.to_le_bytes()).collect();
+        let mx: Vec<u8> = MXFP4_KVALUES.iter().map(|&v| v as u8).collect();
+        for (name, bytes) in [
+            ("iq2xxs_grid", &grid[..]),
+            ("ksigns_iq2xs", &KSIGNS_IQ2XS[..]),
+            ("mxfp4_values", &mx[..]),
+        ] {
+            let cname = std::ffi::CString::new(name).map_err(|_| GpuError::Driver(name.into()))?;
+            let (mut ptr, mut size) = (0u64, 0usize);
+            // SAFETY: valid out-pointers; the module is loaded.
+            unsafe {
+                check(
+                    cu::cuModuleGetGlobal_v2(&mut ptr, &mut size, self.module, cname.as_ptr()),
+                    &format!("cuModuleGetGlobal({name})"),
+                )?;
+            }
+            if size != bytes.len() {
+                return Err(GpuError::Driver(format!(
+                    "table {name}: {size} bytes on the device, {} on the host",
+                    bytes.len()
+                )));
+            }
+            // SAFETY: `ptr` is the global's device address, valid for `size` bytes.
+            unsafe {
+                check(
+                    cu::cuMemcpyHtoD_v2(ptr, bytes.as_ptr().cast(), size),
+                    "cuMemcpyHtoD(table)",
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn function(&self, name: &str) -> Result<cu::CUfunction, GpuError> {
+        let cname = std::ffi::CString::new(name).map_err(|_| GpuError::Driver(name.into()))?;
+        let mut f = std::ptr::null_mut();
+        // SAFETY: valid out-pointer and NUL-terminated name; the module is loaded.
+        unsafe {
+            check(
+                cu::cuModuleGetFunction(&mut f, self.module, cname.as_ptr()),
+                &format!("kernel {name}"),
+            )?;
+        }
+        Ok(f)
+    }
+
+    /// Launches `f` on `stream` with `args` (each stored in a u64 slot, see `Arg`).
+    pub fn launch(
+        &self,
+        f: cu::CUfunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        shmem: u32,
+        stream: cu::CUstream,
+        args: &[Arg],
+    ) -> Result<(), GpuError> {
+        let mut slots = [0u64; 24];
+        let mut ptrs = [std::ptr::null_mut::<c_void>(); 24];
+        if args.len() > slots.len() {
+            return Err(GpuError::Driver("too many kernel arguments".into()));
+        }
+        for (i, a) in args.iter().enumerate() {
+            slots[i] = a.0;
+        }
+        for (p, s) in ptrs.iter_mut().zip(slots.iter_mut()) {
+            *p = (s as *mut u64).cast();
+        }
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Ok(());
+        }
+        // SAFETY: `f` is a kernel of the loaded module whose parameters match `args` (the
+        // wrappers in gpu/ops.rs pass them in the kernel's order and widths); the slots outlive
+        // the call, which copies the parameter values.
+        unsafe {
+            check(
+                cu::cuLaunchKernel(
+                    f,
+                    grid.0,
+                    grid.1,
+                    grid.2,
+                    block,
+                    1,
+                    1,
+                    shmem,
+                    stream,
+                    ptrs.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                ),
+                "cuLaunchKernel",
+            )
+        }
+    }
+
+    pub fn alloc(&self, bytes: usize) -> Result<DevBuf, GpuError> {
+        if bytes == 0 {
+            return Ok(DevBuf { ptr: 0, bytes: 0 });
+        }
+        let mut ptr = 0u64;
+        // SAFETY: valid out-pointer.
+        unsafe {
+            check(
+                cu::cuMemAlloc_v2(&mut ptr, bytes),
+                &format!("cuMemAlloc({:.2} GB)", bytes as f64 / 1e9),
+            )?;
+        }
+        Ok(DevBuf { ptr, bytes })
+    }
+
+    /// (free, total) device memory in bytes.
+    pub fn mem_info(&self) -> Result<(usize, usize), GpuError> {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: valid out-pointers.
+        unsafe { check(cu::cuMemGetInfo_v2(&mut free, &mut total), "cuMemGetInfo")? };
+        Ok((free, total))
+    }
+
+    pub fn alloc_pinned(&self, bytes: usize) -> Result<PinnedBuf, GpuError> {
+        let mut p = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; PORTABLE only (not write-combined: the host also reads it).
+        unsafe {
+            check(
+                cu::cuMemHostAlloc(&mut p, bytes.max(1), cu::CU_MEMHOSTALLOC_PORTABLE),
+                &format!("cuMemHostAlloc({:.2} GB)", bytes as f64 / 1e9),
+            )?;
+        }
+        Ok(PinnedBuf {
+            ptr: p.cast(),
+            len: bytes,
+        })
+    }
+
+    /// Page-locks and maps host memory the driver did not allocate.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay allocated until `unregister(ptr)`.
+    pub unsafe fn register(&self, ptr: *const u8, len: usize) -> Result<(), GpuError> {
+        // SAFETY: per the caller's contract; the driver only pins the range.
+        unsafe {
+            check(
+                cu::cuMemHostRegister_v2(ptr as *mut c_void, len, cu::CU_MEMHOSTREGISTER_PORTABLE),
+                "cuMemHostRegister",
+            )
+        }
+    }
+
+    /// Undoes `register(ptr, ..)`.
+    ///
+    /// # Safety
+    /// `ptr` must have been registered and no copy from it may still be in flight.
+    pub unsafe fn unregister(&self, ptr: *const u8) -> Result<(), GpuError> {
+        // SAFETY: per the caller's contract.
+        unsafe {
+            check(
+                cu::cuMemHostUnregister(ptr as *mut c_void),
+                "cuMemHostUnregister",
+            )
+        }
+    }
+
+    /// Synchronous host -> device copy (setup only).
+    pub fn upload(&self, dst: u64, src: &[u8]) -> Result<(), GpuError> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: `dst` is device memory of at least src.len() bytes (callers allocate it so).
+        unsafe {
+            check(
+                cu::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len()),
+                "cuMemcpyHtoD",
+            )
+        }
+    }
+
+    /// Asynchronous host -> device copy on `stream`.
+    ///
+    /// # Safety
+    /// `src..src+len` must stay valid and unmodified until the copy completes on `stream`, and
+    /// `dst` must be device memory of at least `len` bytes.
+    pub unsafe fn upload_async(
+        &self,
+        dst: u64,
+        src: *const u8,
+        len: usize,
+        stream: cu::CUstream,
+    ) -> Result<(), GpuError> {
+        if len == 0 {
+            return Ok(());
+        }
+        // SAFETY: per the caller's contract.
+        unsafe {
+            check(
+                cu::cuMemcpyHtoDAsync_v2(dst, src.cast(), len, stream),
+                "cuMemcpyHtoDAsync",
+            )
+        }
+    }
+
+    /// Asynchronous device -> host copy on `stream`.
+    ///
+    /// # Safety
+    /// `dst..dst+len` must stay valid and otherwise untouched until the copy completes.
+    pub unsafe fn download_async(
+        &self,
+        dst: *mut u8,
+        src: u64,
+        len: usize,
+        stream: cu::CUstream,
+    ) -> Result<(), GpuError> {
+        if len == 0 {
+            return Ok(());
+        }
+        // SAFETY: per the caller's contract.
+        unsafe {
+            check(
+                cu::cuMemcpyDtoHAsync_v2(dst.cast(), src, len, stream),
+                "cuMemcpyDtoHAsync",
+            )
+        }
+    }
+
+    /// Asynchronous device -> device copy on `stream` (both ranges inside live allocations).
+    pub fn copy_d2d(
+        &self,
+        dst: u64,
+        src: u64,
+        len: usize,
+        stream: cu::CUstream,
+    ) -> Result<(), GpuError> {
+        if len == 0 {
+            return Ok(());
+        }
+        // SAFETY: device addresses from this crate's allocations; the driver checks ranges.
+        unsafe {
+            check(
+                cu::cuMemcpyDtoDAsync_v2(dst, src, len, stream),
+                "cuMemcpyDtoDAsync",
+            )
+        }
+    }
+
+    pub fn sync(&self, stream: cu::CUstream) -> Result<(), GpuError> {
+        // SAFETY: a stream of this context.
+        check(unsafe { cu::cuStreamSynchronize(stream) }, "cuStreamSynchronize")
+    }
+
+    pub fn event(&self) -> Result<Event, GpuError> {
+        let mut e = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        unsafe {
+            check(
+                cu::cuEventCreate(&mut e, cu::CUevent_flags::CU_EVENT_DEFAULT as u32),
+                "cuEventCreate",
+            )?;
+        }
+        Ok(Event(e))
+    }
+
+    pub fn record(&self, e: &Event, stream: cu::CUstream) -> Result<(), GpuError> {
+        // SAFETY: an event and a stream of this context.
+        check(unsafe { cu::cuEventRecord(e.0, stream) }, "cuEventRecord")
+    }
+
+    /// Work queued on `stream` after this call waits for `e`.
+    pub fn wait(&self, stream: cu::CUstream, e: &Event) -> Result<(), GpuError> {
+        // SAFETY: an event and a stream of this context.
+        check(
+            unsafe { cu::cuStreamWaitEvent(stream, e.0, 0) },
+            "cuStreamWaitEvent",
+        )
+    }
+
+    /// Milliseconds between two completed events.
+    pub fn elapsed_ms(&self, a: &Event, b: &Event) -> Result<f32, GpuError> {
+        let mut ms = 0f32;
+        // SAFETY: both events recorded and completed (callers synchronize first).
+        check(
+            unsafe { cu::cuEventElapsedTime(&mut ms, a.0, b.0) },
+            "cuEventElapsedTime",
+        )?;
+        Ok(ms)
+    }
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        // SAFETY: handles created in `open`, destroyed once; errors at teardown are moot.
+        unsafe {
+            cu::cuCtxSetCurrent(self.ctx);
+            cu::cuStreamSynchronize(self.compute);
+            cu::cuStreamSynchronize(self.copy);
+            cu::cuStreamDestroy_v2(self.compute);
+            cu::cuStreamDestroy_v2(self.copy);
+            cu::cuModuleUnload(self.module);
+        }
+    }
+}
+
+/// Whether a CUDA driver library can be loaded (no device is touched).
+pub fn present() -> bool {
+    // SAFETY: probing only loads and unloads the shared library.
+    unsafe { cu::is_culib_present() }
+}
+
+/// Pinned host -> device copy ceiling: GB/s of one `bytes` copy from cuMemHostAlloc memory,
+/// the best of `reps` (after one warm-up copy).
+pub fn pinned_h2d_gbps(gpu: &Gpu, bytes: usize, reps: usize) -> Result<f64, GpuError> {
+    gpu.bind()?;
+    let mut host = gpu.alloc_pinned(bytes)?;
+    host.as_mut_slice()
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, b)| *b = i as u8);
+    let dev = gpu.alloc(bytes)?;
+    let (a, b) = (gpu.event()?, gpu.event()?);
+    let mut best = 0f64;
+    for _ in 0..reps.max(1) + 1 {
+        gpu.record(&a, gpu.copy)?;
+        // SAFETY: `host` lives until after the sync below; `dev` holds `bytes`.
+        unsafe { gpu.upload_async(dev.ptr, host.as_slice().as_ptr(), bytes, gpu.copy)? };
+        gpu.record(&b, gpu.copy)?;
+        gpu.sync(gpu.copy)?;
+        let ms = gpu.elapsed_ms(&a, &b)? as f64;
+        if ms > 0.0 {
+            best = best.max(bytes as f64 / (ms * 1e-3) / 1e9);
+        }
+    }
+    Ok(best)
+}

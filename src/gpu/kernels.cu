@@ -1,0 +1,514 @@
+// sluice CUDA kernels. Compiled to PTX (compute_90) by scripts/build-ptx.py; the PTX is committed
+// as src/gpu/kernels.ptx and embedded in the binary, so nothing compiles CUDA at run time and the
+// crate builds with no CUDA toolkit. The driver JIT-compiles the PTX once (and caches it).
+//
+// Conventions: activations are f32, row-major; weights stay in their file's quantized layout and
+// are dequantized 32 values at a time in registers. Every matrix product is "one warp per output
+// row": the warp's lanes take the row's 32-value chunks in turn, so a row is read once per tile of
+// up to NT tokens. Tables (IQ2_XXS grid and signs, MXFP4 values) are filled by the host at load.
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define INFINITY __int_as_float(0x7f800000)
+#define NT 4      // tokens per pass of a matrix-product warp
+#define WARPS 8   // warps (rows) per block of a matrix product
+
+__device__ u64 iq2xxs_grid[256];
+__device__ u8 ksigns_iq2xs[128];
+__device__ i8 mxfp4_values[16];
+
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ u16 ld16(const u8* p) { return (u16)(p[0] | (p[1] << 8)); }
+__device__ __forceinline__ u32 ld32(const u8* p) {
+    return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
+}
+
+// Each type: BE values and BB bytes per block; deq32 writes the `sub`-th 32 values of a block.
+// `valid` < 32 only for the float types' last chunk of a row whose length is not a multiple of 32.
+struct TF32 {
+    enum { BE = 32, BB = 128 };
+    static __device__ __forceinline__ void deq32(const u8* b, int, int valid, float* v) {
+        const float* p = (const float*)b;
+#pragma unroll
+        for (int i = 0; i < 32; i++) v[i] = i < valid ? p[i] : 0.f;
+    }
+};
+struct TF16 {
+    enum { BE = 32, BB = 64 };
+    static __device__ __forceinline__ void deq32(const u8* b, int, int valid, float* v) {
+        const u16* p = (const u16*)b;
+#pragma unroll
+        for (int i = 0; i < 32; i++) v[i] = i < valid ? h2f(p[i]) : 0.f;
+    }
+};
+struct TBF16 {
+    enum { BE = 32, BB = 64 };
+    static __device__ __forceinline__ void deq32(const u8* b, int, int valid, float* v) {
+        const u16* p = (const u16*)b;
+#pragma unroll
+        for (int i = 0; i < 32; i++) v[i] = i < valid ? __uint_as_float(((u32)p[i]) << 16) : 0.f;
+    }
+};
+struct TQ8_0 {
+    enum { BE = 32, BB = 34 };
+    static __device__ __forceinline__ void deq32(const u8* b, int, int, float* v) {
+        float d = h2f(ld16(b));
+#pragma unroll
+        for (int i = 0; i < 32; i++) v[i] = (float)(i8)b[2 + i] * d;
+    }
+};
+struct TQ4_0 {
+    enum { BE = 32, BB = 18 };
+    static __device__ __forceinline__ void deq32(const u8* b, int, int, float* v) {
+        float d = h2f(ld16(b));
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            u8 q = b[2 + i];
+            v[i] = d * (float)((int)(q & 15) - 8);
+            v[i + 16] = d * (float)((int)(q >> 4) - 8);
+        }
+    }
+};
+// Q4_K / Q5_K 6-bit scale and min of sub-block j.
+__device__ __forceinline__ void k_scale_min(const u8* s, int j, int& sc, int& m) {
+    if (j < 4) {
+        sc = s[j] & 63;
+        m = s[j + 4] & 63;
+    } else {
+        sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+struct TQ4_K {
+    enum { BE = 256, BB = 144 };
+    static __device__ __forceinline__ void deq32(const u8* b, int j, int, float* v) {
+        float d = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
+        int sc, m;
+        k_scale_min(b + 4, j, sc, m);
+        float dj = d * (float)sc, mj = dmin * (float)m;
+        const u8* q = b + 16 + 32 * (j / 2);
+        int shift = 4 * (j % 2);
+#pragma unroll
+        for (int l = 0; l < 32; l++) v[l] = dj * (float)((q[l] >> shift) & 15) - mj;
+    }
+};
+struct TQ5_K {
+    enum { BE = 256, BB = 176 };
+    static __device__ __forceinline__ void deq32(const u8* b, int j, int, float* v) {
+        float d = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
+        int sc, m;
+        k_scale_min(b + 4, j, sc, m);
+        float dj = d * (float)sc, mj = dmin * (float)m;
+        const u8* qh = b + 16;
+        const u8* q = b + 48 + 32 * (j / 2);
+        int shift = 4 * (j % 2);
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            int c = ((q[l] >> shift) & 15) | (((qh[l] >> j) & 1) << 4);
+            v[l] = dj * (float)c - mj;
+        }
+    }
+};
+struct TQ6_K {
+    enum { BE = 256, BB = 210 };
+    static __device__ __forceinline__ void deq32(const u8* b, int j, int, float* v) {
+        float d = h2f(ld16(b + 208));
+        int h = j / 4;          // which 128-value half
+        int e0 = (j % 4) * 32;  // first value within the half
+        const u8* ql = b + 64 * h;
+        const u8* qh = b + 128 + 32 * h;
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            int e = e0 + l;
+            int lo = e < 64 ? (ql[e] & 15) : (ql[e - 64] >> 4);
+            int hi = (qh[e % 32] >> (2 * (e / 32))) & 3;
+            float dg = d * (float)(i8)b[192 + (32 * j + l) / 16];
+            v[l] = dg * (float)((lo | (hi << 4)) - 32);
+        }
+    }
+};
+struct TQ2_K {
+    enum { BE = 256, BB = 84 };
+    static __device__ __forceinline__ void deq32(const u8* b, int j, int, float* v) {
+        float d = h2f(ld16(b + 80)), dmin = h2f(ld16(b + 82));
+        int h = j / 4, jj = j % 4;
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            int e = 32 * j + l;
+            float q = (float)((b[16 + 32 * h + l] >> (2 * jj)) & 3);
+            u8 s = b[e / 16];
+            v[l] = d * (float)(s & 15) * q - dmin * (float)(s >> 4);
+        }
+    }
+};
+struct TQ3_K {
+    enum { BE = 256, BB = 110 };
+    static __device__ __forceinline__ int scale(const u8* s, int idx) {
+        u32 lo0 = ld32(s), lo1 = ld32(s + 4), hi = ld32(s + 8);
+        const u32 LO = 0x0f0f0f0fu, HI = 0x03030303u;
+        u32 p;
+        switch (idx / 4) {
+            case 0: p = (lo0 & LO) | ((hi & HI) << 4); break;
+            case 1: p = (lo1 & LO) | (((hi >> 2) & HI) << 4); break;
+            case 2: p = ((lo0 >> 4) & LO) | (((hi >> 4) & HI) << 4); break;
+            default: p = ((lo1 >> 4) & LO) | (((hi >> 6) & HI) << 4); break;
+        }
+        return (int)((p >> (8 * (idx % 4))) & 0xff) - 32;
+    }
+    static __device__ __forceinline__ void deq32(const u8* b, int j, int, float* v) {
+        float d = h2f(ld16(b + 108));
+        int h = j / 4, jj = j % 4;
+        float d0 = d * (float)scale(b + 96, 2 * j);
+        float d1 = d * (float)scale(b + 96, 2 * j + 1);
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            int low = (b[32 + 32 * h + l] >> (2 * jj)) & 3;
+            int high = (b[l] >> (4 * h + jj)) & 1;
+            int q = high ? low : low - 4;
+            v[l] = (l < 16 ? d0 : d1) * (float)q;
+        }
+    }
+};
+struct TIQ2_XXS {
+    enum { BE = 256, BB = 66 };
+    static __device__ __forceinline__ void deq32(const u8* b, int g, int, float* v) {
+        float d = h2f(ld16(b));
+        u32 aux0 = ld32(b + 2 + 8 * g), aux1 = ld32(b + 6 + 8 * g);
+        float db = d * (0.5f + (float)(aux1 >> 28)) * 0.25f;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            u64 grid = iq2xxs_grid[(aux0 >> (8 * k)) & 0xff];
+            u32 signs = ksigns_iq2xs[(aux1 >> (7 * k)) & 0x7f];
+#pragma unroll
+            for (int c = 0; c < 8; c++) {
+                float gv = (float)((grid >> (8 * c)) & 0xff);
+                v[8 * k + c] = db * gv * (((signs >> c) & 1) ? -1.f : 1.f);
+            }
+        }
+    }
+};
+struct TMXFP4 {
+    enum { BE = 32, BB = 17 };
+    static __device__ __forceinline__ void deq32(const u8* b, int, int, float* v) {
+        u32 e = b[0];
+        u32 bits = e < 2 ? (0x00200000u << e) : ((e - 1) << 23);
+        float d = __uint_as_float(bits);
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            u8 q = b[1 + i];
+            v[i] = d * (float)mxfp4_values[q & 15];
+            v[i + 16] = d * (float)mxfp4_values[q >> 4];
+        }
+    }
+};
+
+__device__ __forceinline__ float warp_sum(float s) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    return s;
+}
+
+// acc[t] = <row, xs[t]> for t < nt (nt <= NT), summed over the warp (every lane gets the sum).
+template <class T>
+__device__ __forceinline__ void row_dot(const u8* row, int cols, const float* const* xs, int nt,
+                                        float* acc) {
+    const int lane = threadIdx.x & 31;
+    const int sub = T::BE / 32;
+    const int chunks = (cols + 31) / 32;
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.f;
+    for (int c = lane; c < chunks; c += 32) {
+        float v[32];
+        int valid = min(32, cols - 32 * c);
+        T::deq32(row + (size_t)(c / sub) * T::BB, c % sub, valid, v);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t < nt) {
+                const float* x = xs[t] + 32 * c;
+                float s = 0.f;
+                if (valid == 32) {
+#pragma unroll
+                    for (int i = 0; i < 32; i += 4) {
+                        float4 xv = *(const float4*)(x + i);
+                        s += v[i] * xv.x + v[i + 1] * xv.y + v[i + 2] * xv.z + v[i + 3] * xv.w;
+                    }
+                } else {
+                    for (int i = 0; i < valid; i++) s += v[i] * x[i];
+                }
+                acc[t] += s;
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = warp_sum(acc[t]);
+}
+
+// Y[t*ldy + r] = <W row r, X[t*ldx ..]> for t < n. Grid: ceil(rows / WARPS) blocks of 32*WARPS.
+template <class T>
+__device__ void mm(const u8* W, long long rb, int rows, int cols, const float* X, int ldx, int n,
+                   float* Y, int ldy) {
+    int r = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    const u8* row = W + (size_t)r * rb;
+    for (int t0 = 0; t0 < n; t0 += NT) {
+        const float* xs[NT];
+        int nt = min(NT, n - t0);
+#pragma unroll
+        for (int t = 0; t < NT; t++) xs[t] = X + (size_t)(t0 + min(t, nt - 1)) * ldx;
+        float acc[NT];
+        row_dot<T>(row, cols, xs, nt, acc);
+        if ((threadIdx.x & 31) == 0)
+            for (int t = 0; t < nt; t++) Y[(size_t)(t0 + t) * ldy + r] = acc[t];
+    }
+}
+
+// One routed expert's work: weights in the VRAM pool, its tokens' assignments a0..a0+cnt.
+struct Job {
+    u64 gate, up, down;
+    int a0, cnt;
+};
+
+__device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
+
+// Hb[a*f + r] = silu(gate_r . x) * (up_r . x) for each assignment a of the block's job.
+template <class T>
+__device__ void moe_gate_up(const Job* jobs, int f, int h, long long rb, const float* XN, int ldx,
+                            const int* tok, float* Hb) {
+    Job j = jobs[blockIdx.y];
+    int r = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    if (r >= f) return;
+    const u8* g = (const u8*)j.gate + (size_t)r * rb;
+    const u8* u = (const u8*)j.up + (size_t)r * rb;
+    for (int a0 = j.a0; a0 < j.a0 + j.cnt; a0 += NT) {
+        int nt = min(NT, j.a0 + j.cnt - a0);
+        const float* xs[NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) xs[t] = XN + (size_t)tok[a0 + min(t, nt - 1)] * ldx;
+        float ag[NT], au[NT];
+        row_dot<T>(g, h, xs, nt, ag);
+        row_dot<T>(u, h, xs, nt, au);
+        if ((threadIdx.x & 31) == 0)
+            for (int t = 0; t < nt; t++) Hb[(size_t)(a0 + t) * f + r] = silu(ag[t]) * au[t];
+    }
+}
+
+// SO[dst[a]*h + r] = down_r . Hb[a] for each assignment a of the block's job.
+template <class T>
+__device__ void moe_down(const Job* jobs, int h, int f, long long rb, const float* Hb,
+                         const int* dst, float* SO) {
+    Job j = jobs[blockIdx.y];
+    int r = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    if (r >= h) return;
+    const u8* w = (const u8*)j.down + (size_t)r * rb;
+    for (int a0 = j.a0; a0 < j.a0 + j.cnt; a0 += NT) {
+        int nt = min(NT, j.a0 + j.cnt - a0);
+        const float* xs[NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) xs[t] = Hb + (size_t)(a0 + min(t, nt - 1)) * f;
+        float acc[NT];
+        row_dot<T>(w, f, xs, nt, acc);
+        if ((threadIdx.x & 31) == 0)
+            for (int t = 0; t < nt; t++) SO[(size_t)dst[a0 + t] * h + r] = acc[t];
+    }
+}
+
+// X[i*h ..] = row tokens[i] of the embedding matrix. Grid: n blocks.
+template <class T>
+__device__ void embed(const u8* W, long long rb, int h, const int* tokens, float* X) {
+    const u8* row = W + (size_t)tokens[blockIdx.x] * rb;
+    const int sub = T::BE / 32;
+    for (int c = threadIdx.x; c < (h + 31) / 32; c += blockDim.x) {
+        float v[32];
+        int valid = min(32, h - 32 * c);
+        T::deq32(row + (size_t)(c / sub) * T::BB, c % sub, valid, v);
+        for (int i = 0; i < valid; i++) X[(size_t)blockIdx.x * h + 32 * c + i] = v[i];
+    }
+}
+
+#define TYPE_KERNELS(NAME, T)                                                                     \
+    extern "C" __global__ void mm_##NAME(const u8* W, long long rb, int rows, int cols,           \
+                                         const float* X, int ldx, int n, float* Y, int ldy) {     \
+        mm<T>(W, rb, rows, cols, X, ldx, n, Y, ldy);                                              \
+    }                                                                                             \
+    extern "C" __global__ void moe_gate_up_##NAME(const Job* jobs, int f, int h, long long rb,    \
+                                                  const float* XN, int ldx, const int* tok,       \
+                                                  float* Hb) {                                    \
+        moe_gate_up<T>(jobs, f, h, rb, XN, ldx, tok, Hb);                                         \
+    }                                                                                             \
+    extern "C" __global__ void moe_down_##NAME(const Job* jobs, int h, int f, long long rb,       \
+                                               const float* Hb, const int* dst, float* SO) {      \
+        moe_down<T>(jobs, h, f, rb, Hb, dst, SO);                                                 \
+    }                                                                                             \
+    extern "C" __global__ void embed_##NAME(const u8* W, long long rb, int h, const int* tokens, \
+                                            float* X) {                                           \
+        embed<T>(W, rb, h, tokens, X);                                                            \
+    }
+
+TYPE_KERNELS(f32, TF32)
+TYPE_KERNELS(f16, TF16)
+TYPE_KERNELS(bf16, TBF16)
+TYPE_KERNELS(q8_0, TQ8_0)
+TYPE_KERNELS(q4_0, TQ4_0)
+TYPE_KERNELS(q4_k, TQ4_K)
+TYPE_KERNELS(q5_k, TQ5_K)
+TYPE_KERNELS(q6_k, TQ6_K)
+TYPE_KERNELS(q2_k, TQ2_K)
+TYPE_KERNELS(q3_k, TQ3_K)
+TYPE_KERNELS(iq2_xxs, TIQ2_XXS)
+TYPE_KERNELS(mxfp4, TMXFP4)
+
+// ---- Small kernels -----------------------------------------------------------------------------
+
+__device__ __forceinline__ float block_sum(float s, float* red) {
+    s = warp_sum(s);
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = (blockDim.x + 31) >> 5;
+    __syncthreads();
+    if (lane == 0) red[w] = s;
+    __syncthreads();
+    float t = 0.f;
+    for (int i = 0; i < nw; i++) t += red[i];
+    return t;
+}
+__device__ __forceinline__ float block_max(float s, float* red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, o));
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = (blockDim.x + 31) >> 5;
+    __syncthreads();
+    if (lane == 0) red[w] = s;
+    __syncthreads();
+    float t = -INFINITY;
+    for (int i = 0; i < nw; i++) t = fmaxf(t, red[i]);
+    return t;
+}
+
+// Y[row*ldy + i] = X[row*ldx + i] / rms(X row) * w[i], i < dim. Grid: rows blocks. In place OK.
+extern "C" __global__ void rmsnorm(const float* X, int ldx, const float* w, int dim, float eps,
+                                   float* Y, int ldy) {
+    __shared__ float red[32];
+    const float* x = X + (size_t)blockIdx.x * ldx;
+    float* y = Y + (size_t)blockIdx.x * ldy;
+    float s = 0.f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) s += x[i] * x[i];
+    s = block_sum(s, red);
+    float inv = 1.f / sqrtf(s / (float)dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) y[i] = x[i] * inv * w[i];
+}
+
+// y[i] += x[i].
+extern "C" __global__ void add(float* y, const float* x, int len) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < len) y[i] += x[i];
+}
+
+// Y[t*dim + i] += b[i].
+extern "C" __global__ void add_bias(float* Y, const float* b, int dim, int len) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < len) Y[i] += b[i % dim];
+}
+
+// g[i] = silu(g[i]) * u[i].
+extern "C" __global__ void silu_mul(float* g, const float* u, int len) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < len) g[i] = silu(g[i]) * u[i];
+}
+
+// Rotate `half` pairs of each head: head hh of token t starts at X + t*ld + hh*hs + off.
+// Position of token t: pos0 + t (a row of the cos/sin tables). layout 0: half-split (NeoX),
+// 1: interleaved. Grid: (n tokens, heads); block: >= half threads.
+extern "C" __global__ void rope(float* X, int ld, int hs, int off, int half, int layout,
+                                const float* cosT, const float* sinT, int pos0) {
+    int t = blockIdx.x, hh = blockIdx.y;
+    float* x = X + (size_t)t * ld + (size_t)hh * hs + off;
+    const float* c = cosT + (size_t)(pos0 + t) * half;
+    const float* s = sinT + (size_t)(pos0 + t) * half;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        int ia = layout == 0 ? i : 2 * i;
+        int ib = layout == 0 ? i + half : 2 * i + 1;
+        float a = x[ia], b = x[ib];
+        x[ia] = a * c[i] - b * s[i];
+        x[ib] = b * c[i] + a * s[i];
+    }
+}
+
+// Causal attention of token t (position pos0 + t), head hh. Keys/values of position j for kv head
+// g live at K + j*ks + g*khs (dk values) and V + j*vs + g*vhs (dv values); kv head = hh / group.
+// Scores go to S (scratch, n*heads*ctx). O[t*ots + hh*ohs + d] = sum_j p_j v_j[d].
+// Grid: (heads, n); block 128.
+extern "C" __global__ void attention(const float* Q, int qts, int qhs, const float* K, int ks,
+                                     int khs, const float* V, int vs, int vhs, int dk, int dv,
+                                     int group, int pos0, float scale, float* S, int ctx,
+                                     float* O, int ots, int ohs) {
+    __shared__ float red[32];
+    extern __shared__ float qsh[];
+    int hh = blockIdx.x, t = blockIdx.y, heads = gridDim.x;
+    int len = pos0 + t + 1;
+    int g = hh / group;
+    const float* q = Q + (size_t)t * qts + (size_t)hh * qhs;
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) qsh[i] = q[i];
+    __syncthreads();
+    float* sc = S + ((size_t)t * heads + hh) * ctx;
+    float mx = -INFINITY;
+    for (int j = threadIdx.x; j < len; j += blockDim.x) {
+        const float* k = K + (size_t)j * ks + (size_t)g * khs;
+        float s = 0.f;
+        for (int i = 0; i < dk; i++) s += qsh[i] * k[i];
+        s *= scale;
+        sc[j] = s;
+        mx = fmaxf(mx, s);
+    }
+    mx = block_max(mx, red);
+    float sum = 0.f;
+    for (int j = threadIdx.x; j < len; j += blockDim.x) {
+        float e = expf(sc[j] - mx);
+        sc[j] = e;
+        sum += e;
+    }
+    sum = block_sum(sum, red);  // its barriers also make every sc[j] visible to the block
+    float inv = 1.f / sum;
+    float* o = O + (size_t)t * ots + (size_t)hh * ohs;
+    for (int d = threadIdx.x; d < dv; d += blockDim.x) {
+        float acc = 0.f;
+        for (int j = 0; j < len; j++) acc += sc[j] * V[(size_t)j * vs + (size_t)g * vhs + d];
+        o[d] = acc * inv;
+    }
+}
+
+// Per-head f32 matrices: Y[t*yts + hh*yhs + r] = sum_c M[(hh*rows + r)*cols + c] X[t*xts + hh*xhs + c].
+// Grid: (ceil(rows / WARPS), heads, n); block 32*WARPS.
+extern "C" __global__ void head_mv(const float* M, int rows, int cols, const float* X, int xts,
+                                   int xhs, float* Y, int yts, int yhs) {
+    int r = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    int hh = blockIdx.y, t = blockIdx.z, lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    const float* m = M + ((size_t)hh * rows + r) * cols;
+    const float* x = X + (size_t)t * xts + (size_t)hh * xhs;
+    float s = 0.f;
+    for (int c = lane; c < cols; c += 32) s += m[c] * x[c];
+    s = warp_sum(s);
+    if (lane == 0) Y[(size_t)t * yts + (size_t)hh * yhs + r] = s;
+}
+
+// Dst[r*ds + c] = Src[r*ss + c], c < cols. Grid: rows blocks.
+extern "C" __global__ void copy2d(const float* Src, int ss, float* Dst, int ds, int cols) {
+    for (int c = threadIdx.x; c < cols; c += blockDim.x)
+        Dst[(size_t)blockIdx.x * ds + c] = Src[(size_t)blockIdx.x * ss + c];
+}
+
+// out[t*h + i] = sum over slots s of w[t*k + s] * SO[(t*k + s)*h + i], in slot order.
+extern "C" __global__ void moe_combine(const float* SO, const float* w, int k, int h, int n,
+                                       float* out) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n * h) return;
+    int t = i / h, c = i % h;
+    float acc = 0.f;
+    for (int s = 0; s < k; s++) acc += w[t * k + s] * SO[((size_t)t * k + s) * h + c];
+    out[i] = acc;
+}

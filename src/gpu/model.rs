@@ -1,0 +1,1553 @@
+//! The forward pass on the GPU: the CPU forward's steps, in the same order, as kernel launches.
+//!
+//! Owns: `GpuState` (device copies of the dense weights, the KV cache, scratch sized once, the
+//! VRAM expert pool and the pinned host buffers for the small per-layer transfers) and the
+//! staging of routed experts from the RAM expert cache into the pool.
+//! Does not own: routing (the host runs the CPU model's `route` on the downloaded router
+//! logits, so the GPU computes the experts the CPU would choose) or the RAM cache/SSD reads.
+//! Invariants: after `attach`, a forward allocates nothing (host or device); each token's MoE
+//! output is summed in top-k slot order by one kernel, so it does not depend on which experts
+//! were resident or in what order their bytes arrived: tokens do not change with `--vram` or
+//! `--gpu-staging`. A RAM-cache slot is never handed back (`ExpertCache::end`) while a copy
+//! from it is in flight, and a VRAM slot is never overwritten while a kernel may read it.
+
+use super::driver::{pinned_h2d_gbps, Arg, DevBuf, Event, Gpu, PinnedBuf};
+use super::pool::VramPool;
+use super::{GpuError, GpuOptions, GpuStats, Staging};
+use crate::dtype::DType;
+use crate::kernels::WeightView;
+use crate::model::config::{AttnKind, QkNorm};
+use crate::model::weights::{Attention, Ffn, HeadMat, Mlp};
+use crate::model::{Model, ModelError, State};
+use cudarc::driver::sys::{CUfunction, CUstream};
+use std::borrow::Cow;
+use std::time::Instant;
+
+const WARPS: u32 = 8;
+const ALIGN: usize = 256;
+/// Bytes of one `Job` in kernels.cu (three u64 pointers, two i32).
+const JOB_BYTES: usize = 32;
+
+fn align(x: usize) -> usize {
+    x.div_ceil(ALIGN) * ALIGN
+}
+
+fn type_name(d: DType) -> Option<&'static str> {
+    Some(match d {
+        DType::F32 => "f32",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        DType::Q8_0 => "q8_0",
+        DType::Q4_0 => "q4_0",
+        DType::Q4_K => "q4_k",
+        DType::Q5_K => "q5_k",
+        DType::Q6_K => "q6_k",
+        DType::Q2_K => "q2_k",
+        DType::Q3_K => "q3_k",
+        DType::IQ2_XXS => "iq2_xxs",
+        DType::MXFP4 => "mxfp4",
+        _ => return None,
+    })
+}
+
+/// The four kernels of one weight type.
+#[derive(Clone, Copy)]
+struct TypeFns {
+    mm: CUfunction,
+    gate_up: CUfunction,
+    down: CUfunction,
+    embed: CUfunction,
+}
+
+/// A weight matrix in the device arena.
+#[derive(Clone, Copy)]
+struct Mat {
+    off: usize,
+    rows: usize,
+    cols: usize,
+    rb: usize,
+    f: TypeFns,
+}
+
+#[derive(Clone, Copy)]
+struct GMlp {
+    gate: Mat,
+    up: Mat,
+    down: Mat,
+}
+
+enum GAttn {
+    Gqa {
+        wq: Mat,
+        wk: Mat,
+        wv: Mat,
+        wo: Mat,
+        bias: [Option<usize>; 3],
+        q_norm: Option<usize>,
+        k_norm: Option<usize>,
+    },
+    Mla {
+        q_a: Option<(Mat, usize)>,
+        q_b: Mat,
+        kv_a: Mat,
+        kv_a_norm: usize,
+        k_b: usize,
+        v_b: usize,
+        wo: Mat,
+    },
+}
+
+/// A MoE layer's routed-expert geometry (all its experts share it).
+struct GMoe {
+    router: Mat,
+    shared: Option<GMlp>,
+    /// Index among MoE layers (the pool's layer numbering).
+    idx: usize,
+    gate_up: TypeFns,
+    down: TypeFns,
+    ffn: usize,
+    rb_gate: usize,
+    rb_down: usize,
+}
+
+enum GFfn {
+    Dense(GMlp),
+    Moe(GMoe),
+}
+
+struct GLayer {
+    attn_norm: usize,
+    ffn_norm: usize,
+    attn: GAttn,
+    ffn: GFfn,
+}
+
+struct Small {
+    rmsnorm: CUfunction,
+    add: CUfunction,
+    add_bias: CUfunction,
+    silu_mul: CUfunction,
+    rope: CUfunction,
+    attention: CUfunction,
+    head_mv: CUfunction,
+    copy2d: CUfunction,
+    combine: CUfunction,
+}
+
+/// Event pairs timing compute segments and expert copies, harvested at sync points.
+struct Timers {
+    events: Vec<Event>,
+    next: usize,
+    /// (start, end, is_copy)
+    pairs: Vec<(usize, usize, bool)>,
+}
+
+/// Scratch device buffers (f32 unless noted).
+struct Bufs {
+    x: DevBuf,
+    xn: DevBuf,
+    q: DevBuf,
+    qa: DevBuf,
+    k: DevBuf,
+    v: DevBuf,
+    att: DevBuf,
+    qcat: DevBuf,
+    clat: DevBuf,
+    proj: DevBuf,
+    gate: DevBuf,
+    up: DevBuf,
+    down: DevBuf,
+    router: DevBuf,
+    hb: DevBuf,
+    slot_out: DevBuf,
+    scores: DevBuf,
+    logits: DevBuf,
+    tokens: DevBuf, // i32
+    tok: DevBuf,    // i32
+    dst: DevBuf,    // i32
+    selw: DevBuf,
+    jobs: DevBuf, // Job
+    kcache: DevBuf,
+    vcache: DevBuf,
+    cos: DevBuf,
+    sin: DevBuf,
+}
+
+/// Pinned host buffers for the small transfers of every layer.
+struct Host {
+    router: PinnedBuf,
+    logits: PinnedBuf,
+    tokens: PinnedBuf,
+    tok: PinnedBuf,
+    dst: PinnedBuf,
+    selw: PinnedBuf,
+    jobs: PinnedBuf,
+}
+
+pub struct GpuState {
+    // Field order is drop order: buffers before the context they live in.
+    bufs: Bufs,
+    host: Host,
+    weights: DevBuf,
+    pool_mem: DevBuf,
+    timers: Timers,
+    layers: Vec<GLayer>,
+    embd: Mat,
+    output: Mat,
+    output_norm: usize,
+    small: Small,
+    pool: VramPool,
+    staging: Staging,
+    /// The RAM cache slab registered at attach (arena staging): (ptr, len).
+    registered: Option<(usize, usize)>,
+    /// Tokens of attention per launch (bounded so the score scratch stays small).
+    att_rows: usize,
+    stats: GpuStats,
+    pub h2d_ceiling_gbps: Option<f64>,
+    /// Per-layer scratch of the MoE step (capacity n_experts, never grown after attach).
+    misses: Vec<(usize, usize, usize)>,
+    hits: Vec<usize>,
+    /// Per pool slot: byte offsets of gate, up and down inside it (as staged).
+    slot_offs: Vec<[usize; 3]>,
+    wave: Vec<usize>,
+    gpu: Gpu,
+}
+
+// SAFETY: the driver handles inside (context, streams, functions, events) are usable from any
+// thread once the context is bound, which every entry point does; the pinned buffers are
+// plain memory owned by the state.
+unsafe impl Send for GpuState {}
+
+/// What `attach` set up, for the `[plan]` lines.
+pub struct GpuSummary {
+    pub device: String,
+    pub vram_total: usize,
+    pub weights_bytes: usize,
+    pub kv_bytes: usize,
+    pub scratch_bytes: usize,
+    pub pool_bytes: usize,
+    pub pool_slots_per_layer: usize,
+    pub pool_pinned: usize,
+    pub slot_bytes: u64,
+    pub all_experts_bytes: u64,
+    pub staging: Staging,
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn mkerr(e: GpuError) -> ModelError {
+    ModelError::Gpu(e.to_string())
+}
+
+/// Builds the device weight arena: every piece gets an offset now, bytes are uploaded once the
+/// single allocation exists.
+struct Builder<'a> {
+    gpu: &'a Gpu,
+    pieces: Vec<(usize, Cow<'a, [u8]>)>,
+    total: usize,
+    fns: Vec<(DType, TypeFns)>,
+}
+
+impl<'a> Builder<'a> {
+    fn put(&mut self, bytes: Cow<'a, [u8]>) -> usize {
+        let off = self.total;
+        self.total += align(bytes.len().max(1));
+        self.pieces.push((off, bytes));
+        off
+    }
+
+    fn vec(&mut self, v: &[f32]) -> usize {
+        self.put(Cow::Owned(f32_bytes(v)))
+    }
+
+    fn fns(&mut self, d: DType, what: &str) -> Result<TypeFns, GpuError> {
+        if let Some((_, f)) = self.fns.iter().find(|(t, _)| *t == d) {
+            return Ok(*f);
+        }
+        let n = type_name(d).ok_or_else(|| {
+            GpuError::Config(format!(
+                "{what}: tensor type {d:?} has no GPU kernel (GPU types: F32 F16 BF16 Q8_0 Q4_0 Q4_K Q5_K Q6_K Q2_K Q3_K IQ2_XXS MXFP4)"
+            ))
+        })?;
+        let f = TypeFns {
+            mm: self.gpu.function(&format!("mm_{n}"))?,
+            gate_up: self.gpu.function(&format!("moe_gate_up_{n}"))?,
+            down: self.gpu.function(&format!("moe_down_{n}"))?,
+            embed: self.gpu.function(&format!("embed_{n}"))?,
+        };
+        self.fns.push((d, f));
+        Ok(f)
+    }
+
+    fn mat(&mut self, v: &WeightView<'a>, what: &str) -> Result<Mat, GpuError> {
+        let f = self.fns(v.dtype, what)?;
+        let rb = v.bytes.len() / v.rows.max(1);
+        let off = self.put(Cow::Borrowed(v.bytes));
+        Ok(Mat {
+            off,
+            rows: v.rows,
+            cols: v.cols,
+            rb,
+            f,
+        })
+    }
+
+    fn mlp(&mut self, m: &Mlp<'a>, what: &str) -> Result<GMlp, GpuError> {
+        Ok(GMlp {
+            gate: self.mat(&m.gate, what)?,
+            up: self.mat(&m.up, what)?,
+            down: self.mat(&m.down, what)?,
+        })
+    }
+
+    /// Per-head matrices as f32 (heads x rows x cols), dequantized here once.
+    fn heads(&mut self, hs: &[HeadMat<'a>], what: &str) -> Result<usize, GpuError> {
+        let mut all = Vec::new();
+        for h in hs {
+            match h {
+                HeadMat::View(w) => {
+                    let mut out = vec![0f32; w.rows * w.cols];
+                    crate::kernels::dequantize(w.dtype, w.bytes, &mut out)
+                        .map_err(|e| GpuError::Config(format!("{what}: {e}")))?;
+                    all.extend_from_slice(&out);
+                }
+                HeadMat::Owned { data, .. } => all.extend_from_slice(data),
+            }
+        }
+        Ok(self.vec(&all))
+    }
+}
+
+fn dev_f32(gpu: &Gpu, n: usize) -> Result<DevBuf, GpuError> {
+    gpu.alloc(4 * n.max(1))
+}
+
+impl GpuState {
+    /// Uploads the model's dense weights, sizes every buffer for `st` (batch, context, logit
+    /// rows), carves the VRAM expert pool and registers the RAM cache's slab (arena staging).
+    /// `st` must carry the RAM expert cache the pool stages from.
+    pub fn attach(
+        model: &Model<'_>,
+        st: &State,
+        opts: &GpuOptions,
+    ) -> Result<(GpuState, GpuSummary), GpuError> {
+        let gpu = Gpu::open()?;
+        let cfg = &model.cfg;
+        let w = &model.weights;
+        let Some(cache) = st.expert_cache.as_ref() else {
+            return Err(GpuError::Config(
+                "the GPU path stages experts from the RAM expert cache, and none is attached"
+                    .into(),
+            ));
+        };
+        let mut b = Builder {
+            gpu: &gpu,
+            pieces: Vec::new(),
+            total: 0,
+            fns: Vec::new(),
+        };
+        let embd = b.mat(&w.token_embd, "token_embd")?;
+        let output = b.mat(&w.output, "output")?;
+        let output_norm = b.vec(&w.output_norm);
+        let mut layers = Vec::with_capacity(w.layers.len());
+        let mut moe_idx = 0;
+        let mut experts_per_layer = Vec::new();
+        let mut all_experts = 0u64;
+        for (l, lw) in w.layers.iter().enumerate() {
+            let what = format!("layer {l}");
+            let attn = match &lw.attn {
+                Attention::Gqa(a) => GAttn::Gqa {
+                    wq: b.mat(&a.wq, &what)?,
+                    wk: b.mat(&a.wk, &what)?,
+                    wv: b.mat(&a.wv, &what)?,
+                    wo: b.mat(&a.wo, &what)?,
+                    bias: [
+                        a.bq.as_deref().map(|v| b.vec(v)),
+                        a.bk.as_deref().map(|v| b.vec(v)),
+                        a.bv.as_deref().map(|v| b.vec(v)),
+                    ],
+                    q_norm: a.q_norm.as_deref().map(|v| b.vec(v)),
+                    k_norm: a.k_norm.as_deref().map(|v| b.vec(v)),
+                },
+                Attention::Mla(a) => GAttn::Mla {
+                    q_a: match (&a.q_a, &a.q_a_norm) {
+                        (Some(m), Some(n)) => Some((b.mat(m, &what)?, b.vec(n))),
+                        _ => None,
+                    },
+                    q_b: b.mat(&a.q_b, &what)?,
+                    kv_a: b.mat(&a.kv_a, &what)?,
+                    kv_a_norm: b.vec(&a.kv_a_norm),
+                    k_b: b.heads(&a.k_b, &what)?,
+                    v_b: b.heads(&a.v_b, &what)?,
+                    wo: b.mat(&a.wo, &what)?,
+                },
+            };
+            let ffn = match &lw.ffn {
+                Ffn::Dense(m) => GFfn::Dense(b.mlp(m, &what)?),
+                Ffn::Moe(m) => {
+                    let Some(x0) = m.experts.first() else {
+                        return Err(GpuError::Config(format!("{what}: MoE layer without experts")));
+                    };
+                    let (g, u, d) = (x0.gate.bytes.len(), x0.up.bytes.len(), x0.down.bytes.len());
+                    all_experts += (m.experts.len() * (g + u + d)) as u64;
+                    experts_per_layer.push(m.experts.len());
+                    let gm = GMoe {
+                        router: b.mat(&m.router, &what)?,
+                        shared: m.shared.as_ref().map(|s| b.mlp(s, &what)).transpose()?,
+                        idx: moe_idx,
+                        gate_up: b.fns(x0.gate.dtype, &what)?,
+                        down: b.fns(x0.down.dtype, &what)?,
+                        ffn: x0.gate.rows,
+                        rb_gate: g / x0.gate.rows.max(1),
+                        rb_down: d / x0.down.rows.max(1),
+                    };
+                    if x0.up.dtype != x0.gate.dtype {
+                        return Err(GpuError::Config(format!(
+                            "{what}: expert gate ({:?}) and up ({:?}) types differ; the GPU kernel takes one type for both",
+                            x0.gate.dtype, x0.up.dtype
+                        )));
+                    }
+                    moe_idx += 1;
+                    GFfn::Moe(gm)
+                }
+            };
+            layers.push(GLayer {
+                attn_norm: b.vec(&lw.attn_norm),
+                ffn_norm: b.vec(&lw.ffn_norm),
+                attn,
+                ffn,
+            });
+        }
+        let small = Small {
+            rmsnorm: gpu.function("rmsnorm")?,
+            add: gpu.function("add")?,
+            add_bias: gpu.function("add_bias")?,
+            silu_mul: gpu.function("silu_mul")?,
+            rope: gpu.function("rope")?,
+            attention: gpu.function("attention")?,
+            head_mv: gpu.function("head_mv")?,
+            copy2d: gpu.function("copy2d")?,
+            combine: gpu.function("moe_combine")?,
+        };
+        let weights = gpu.alloc(b.total)?;
+        for (off, bytes) in &b.pieces {
+            gpu.upload(weights.at(*off), bytes)?;
+        }
+        let weights_bytes = b.total;
+        drop(b);
+
+        // Scratch, sized once for the state's batch, context and logit rows.
+        let (bsz, ctx, rows) = (st.batch(), st.ctx(), st.logit_rows());
+        let (h, e, k) = (cfg.hidden, cfg.n_experts.max(1), cfg.n_experts_used.max(1));
+        let (kc, vc) = cfg.cache_dims();
+        let (q_lora, kv_lora, nh_qk) = match cfg.attn {
+            AttnKind::Mla {
+                q_lora, kv_lora, ..
+            } => (q_lora.unwrap_or(0), kv_lora, cfg.n_heads * cfg.head_dim),
+            AttnKind::Gqa => (0, 0, 0),
+        };
+        let ffn = cfg.dense_ffn.max(cfg.shared_ffn).max(1);
+        let att_rows = (bsz).min(((1usize << 26) / (cfg.n_heads * ctx).max(1)).max(1));
+        let n_layers = cfg.n_layers;
+        let before = gpu.mem_info()?.0;
+        let bufs = Bufs {
+            x: dev_f32(&gpu, bsz * h)?,
+            xn: dev_f32(&gpu, bsz * h)?,
+            q: dev_f32(&gpu, bsz * cfg.q_dim().max(nh_qk))?,
+            qa: dev_f32(&gpu, bsz * q_lora)?,
+            k: dev_f32(&gpu, bsz * cfg.kv_dim().max(kc))?,
+            v: dev_f32(&gpu, bsz * cfg.kv_dim())?,
+            att: dev_f32(&gpu, bsz * cfg.att_dim())?,
+            qcat: dev_f32(&gpu, bsz * cfg.n_heads * if kv_lora > 0 { kc } else { 0 })?,
+            clat: dev_f32(&gpu, bsz * cfg.n_heads * kv_lora)?,
+            proj: dev_f32(&gpu, bsz * h)?,
+            gate: dev_f32(&gpu, bsz * ffn)?,
+            up: dev_f32(&gpu, bsz * ffn)?,
+            down: dev_f32(&gpu, bsz * h)?,
+            router: dev_f32(&gpu, bsz * e)?,
+            hb: dev_f32(&gpu, bsz * k * cfg.expert_ffn.max(1))?,
+            slot_out: dev_f32(&gpu, bsz * k * h)?,
+            scores: dev_f32(&gpu, att_rows * cfg.n_heads * ctx)?,
+            logits: dev_f32(&gpu, rows * cfg.vocab)?,
+            tokens: gpu.alloc(4 * bsz)?,
+            tok: gpu.alloc(4 * bsz * k)?,
+            dst: gpu.alloc(4 * bsz * k)?,
+            selw: dev_f32(&gpu, bsz * k)?,
+            jobs: gpu.alloc(JOB_BYTES * e)?,
+            kcache: dev_f32(&gpu, n_layers * ctx * kc)?,
+            vcache: dev_f32(&gpu, n_layers * ctx * vc)?,
+            cos: gpu.alloc(4 * model.rope.cos_table().len().max(1))?,
+            sin: gpu.alloc(4 * model.rope.sin_table().len().max(1))?,
+        };
+        gpu.upload(bufs.cos.ptr, &f32_bytes(model.rope.cos_table()))?;
+        gpu.upload(bufs.sin.ptr, &f32_bytes(model.rope.sin_table()))?;
+        let after = gpu.mem_info()?.0;
+        let kv_bytes = bufs.kcache.bytes + bufs.vcache.bytes;
+        let scratch_bytes = before.saturating_sub(after).saturating_sub(kv_bytes);
+        let host = Host {
+            router: gpu.alloc_pinned(4 * bsz * e)?,
+            logits: gpu.alloc_pinned(4 * rows * cfg.vocab)?,
+            tokens: gpu.alloc_pinned(4 * bsz)?,
+            tok: gpu.alloc_pinned(4 * bsz * k)?,
+            dst: gpu.alloc_pinned(4 * bsz * k)?,
+            selw: gpu.alloc_pinned(4 * bsz * k)?,
+            jobs: gpu.alloc_pinned(JOB_BYTES * e)?,
+        };
+
+        // The VRAM expert pool: what was asked, else the free memory less a margin, never
+        // more than every expert.
+        // A VRAM slot takes a RAM cache slot's bytes in one copy: the span of the expert's
+        // three parts as the cache laid them out (parts aligned for O_DIRECT).
+        let moe_layers = experts_per_layer.len();
+        let slot_bytes = cache.slot_bytes().max(ALIGN as u64);
+        let (free, _) = gpu.mem_info()?;
+        let margin = 1u64 << 30;
+        let want = match opts.vram {
+            Some(v) => v,
+            None => (free as u64).saturating_sub(margin).min(
+                experts_per_layer
+                    .iter()
+                    .map(|&n| n as u64 * slot_bytes)
+                    .sum(),
+            ),
+        };
+        let per_layer = if moe_layers == 0 {
+            0
+        } else {
+            (want / slot_bytes) as usize / moe_layers
+        };
+        if moe_layers > 0 && per_layer == 0 {
+            return Err(GpuError::Config(format!(
+                "the VRAM expert pool of {:.2} GB holds {} slots of {:.1} MB, fewer than one per MoE layer ({moe_layers}): raise --vram",
+                want as f64 / 1e9,
+                want / slot_bytes,
+                slot_bytes as f64 / 1e6
+            )));
+        }
+        let max_e = experts_per_layer.iter().copied().max().unwrap_or(0);
+        let per_layer = per_layer.min(max_e);
+        let pool_bytes = per_layer * moe_layers * slot_bytes as usize;
+        if pool_bytes as u64 > free as u64 {
+            return Err(GpuError::Config(format!(
+                "--vram {:.2} GB: only {:.2} GB of VRAM is free after weights, KV cache and scratch",
+                pool_bytes as f64 / 1e9,
+                free as f64 / 1e9
+            )));
+        }
+        let pool_mem = gpu.alloc(pool_bytes)?;
+        let moe_of_layer: Vec<usize> = w
+            .layers
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.moe().is_some())
+            .map(|(i, _)| i)
+            .collect();
+        let pinned: Vec<(usize, usize)> = opts
+            .pinned
+            .iter()
+            .filter_map(|&(l, e)| moe_of_layer.iter().position(|&m| m == l).map(|i| (i, e)))
+            .collect();
+        let pool = VramPool::new(&experts_per_layer, per_layer, slot_bytes, &pinned);
+
+        // Arena staging: register the whole RAM cache slab once.
+        let mut registered = None;
+        if opts.staging == Staging::Arena {
+            let (p, len) = cache.slab_region();
+            if len > 0 {
+                // SAFETY: the slab lives as long as the cache, which outlives this state's use
+                // of it: `detach` (and Drop) unregister before the cache can go.
+                unsafe { gpu.register(p, len)? };
+                registered = Some((p as usize, len));
+            }
+        }
+        let n_events = 4 * (2 * max_e + 16);
+        let events = (0..n_events)
+            .map(|_| gpu.event())
+            .collect::<Result<Vec<_>, _>>()?;
+        let summary = GpuSummary {
+            device: gpu.name.clone(),
+            vram_total: gpu.total_mem,
+            weights_bytes,
+            kv_bytes,
+            scratch_bytes,
+            pool_bytes,
+            pool_slots_per_layer: per_layer,
+            pool_pinned: pool.n_pinned(),
+            slot_bytes,
+            all_experts_bytes: all_experts,
+            staging: opts.staging,
+        };
+        Ok((
+            GpuState {
+                bufs,
+                host,
+                weights,
+                pool_mem,
+                timers: Timers {
+                    events,
+                    next: 0,
+                    pairs: Vec::with_capacity(n_events / 2),
+                },
+                layers,
+                embd,
+                output,
+                output_norm,
+                small,
+                pool,
+                staging: opts.staging,
+                registered,
+                att_rows,
+                stats: GpuStats::default(),
+                h2d_ceiling_gbps: None,
+                misses: Vec::with_capacity(max_e),
+                hits: Vec::with_capacity(max_e),
+                slot_offs: vec![[0; 3]; per_layer * moe_layers],
+                wave: Vec::with_capacity(max_e),
+                gpu,
+            },
+            summary,
+        ))
+    }
+
+    pub fn stats(&self) -> GpuStats {
+        let mut s = self.stats;
+        s.vram_hits = self.pool.hits;
+        s.vram_misses = self.pool.misses;
+        s
+    }
+
+    /// Measures the pinned host -> device ceiling (a `bytes` copy from cuMemHostAlloc memory)
+    /// and keeps it for the run's summary.
+    pub fn measure_h2d_ceiling(&mut self, bytes: usize) -> Result<f64, GpuError> {
+        let g = pinned_h2d_gbps(&self.gpu, bytes, 5)?;
+        self.h2d_ceiling_gbps = Some(g);
+        Ok(g)
+    }
+
+    /// Unregisters the RAM cache slab (before the cache is dropped or replaced).
+    pub fn release_staging(&mut self) -> Result<(), GpuError> {
+        if let Some((p, _)) = self.registered.take() {
+            self.gpu.bind()?;
+            self.gpu.sync(self.gpu.copy)?;
+            // SAFETY: registered in `attach`; the copy stream is idle.
+            unsafe { self.gpu.unregister(p as *const u8)? };
+        }
+        Ok(())
+    }
+
+    fn wa(&self, off: usize) -> u64 {
+        self.weights.at(off)
+    }
+
+    fn launch(&self, f: CUfunction, grid: (u32, u32, u32), block: u32, shmem: u32, args: &[Arg]) -> Result<(), GpuError> {
+        self.gpu.launch(f, grid, block, shmem, self.gpu.compute, args)
+    }
+
+    /// y (n x rows, row stride ldy) = x (n x cols, row stride ldx) * m^T.
+    fn mm(&self, m: &Mat, x: u64, ldx: usize, n: usize, y: u64, ldy: usize) -> Result<(), GpuError> {
+        self.launch(
+            m.f.mm,
+            ((m.rows as u32).div_ceil(WARPS), 1, 1),
+            32 * WARPS,
+            0,
+            &[
+                self.wa(m.off).into(),
+                (m.rb as i64).into(),
+                (m.rows as i32).into(),
+                (m.cols as i32).into(),
+                x.into(),
+                (ldx as i32).into(),
+                (n as i32).into(),
+                y.into(),
+                (ldy as i32).into(),
+            ],
+        )
+    }
+
+    fn rmsnorm(&self, x: u64, ldx: usize, w: u64, dim: usize, rows: usize, eps: f32, y: u64, ldy: usize) -> Result<(), GpuError> {
+        self.launch(
+            self.small.rmsnorm,
+            (rows as u32, 1, 1),
+            256,
+            0,
+            &[x.into(), (ldx as i32).into(), w.into(), (dim as i32).into(), eps.into(), y.into(), (ldy as i32).into()],
+        )
+    }
+
+    fn add(&self, y: u64, x: u64, len: usize) -> Result<(), GpuError> {
+        self.launch(
+            self.small.add,
+            ((len as u32).div_ceil(256), 1, 1),
+            256,
+            0,
+            &[y.into(), x.into(), (len as i32).into()],
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rope(&self, model: &Model<'_>, x: u64, ld: usize, hs: usize, off: usize, heads: usize, n: usize, pos0: usize) -> Result<(), GpuError> {
+        let half = model.rope.half();
+        let layout = match model.cfg.rope_layout {
+            crate::model::config::RopeLayout::HalfSplit => 0,
+            crate::model::config::RopeLayout::Interleaved => 1,
+        };
+        self.launch(
+            self.small.rope,
+            (n as u32, heads as u32, 1),
+            (half as u32).clamp(32, 256).next_multiple_of(32),
+            0,
+            &[
+                x.into(),
+                (ld as i32).into(),
+                (hs as i32).into(),
+                (off as i32).into(),
+                (half as i32).into(),
+                (layout as i32).into(),
+                self.bufs.cos.ptr.into(),
+                self.bufs.sin.ptr.into(),
+                (pos0 as i32).into(),
+            ],
+        )
+    }
+
+    /// Attention of tokens 0..n (positions pos..), in chunks of `att_rows` tokens.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        q: (u64, usize, usize),
+        k: (u64, usize, usize),
+        v: (u64, usize, usize),
+        dk: usize,
+        dv: usize,
+        group: usize,
+        heads: usize,
+        n: usize,
+        pos: usize,
+        scale: f32,
+        ctx: usize,
+        o: (u64, usize, usize),
+    ) -> Result<(), GpuError> {
+        let mut c0 = 0;
+        while c0 < n {
+            let cn = self.att_rows.min(n - c0);
+            self.launch(
+                self.small.attention,
+                (heads as u32, cn as u32, 1),
+                128,
+                (4 * dk) as u32,
+                &[
+                    (q.0 + 4 * (c0 * q.1) as u64).into(),
+                    (q.1 as i32).into(),
+                    (q.2 as i32).into(),
+                    k.0.into(),
+                    (k.1 as i32).into(),
+                    (k.2 as i32).into(),
+                    v.0.into(),
+                    (v.1 as i32).into(),
+                    (v.2 as i32).into(),
+                    (dk as i32).into(),
+                    (dv as i32).into(),
+                    (group as i32).into(),
+                    ((pos + c0) as i32).into(),
+                    scale.into(),
+                    self.bufs.scores.ptr.into(),
+                    (ctx as i32).into(),
+                    (o.0 + 4 * (c0 * o.1) as u64).into(),
+                    (o.1 as i32).into(),
+                    (o.2 as i32).into(),
+                ],
+            )?;
+            c0 += cn;
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn head_mv(&self, m: u64, rows: usize, cols: usize, heads: usize, n: usize, x: (u64, usize, usize), y: (u64, usize, usize)) -> Result<(), GpuError> {
+        self.launch(
+            self.small.head_mv,
+            ((rows as u32).div_ceil(WARPS), heads as u32, n as u32),
+            32 * WARPS,
+            0,
+            &[
+                m.into(),
+                (rows as i32).into(),
+                (cols as i32).into(),
+                x.0.into(),
+                (x.1 as i32).into(),
+                (x.2 as i32).into(),
+                y.0.into(),
+                (y.1 as i32).into(),
+                (y.2 as i32).into(),
+            ],
+        )
+    }
+
+    fn timer_start(&mut self, stream: CUstream) -> Result<usize, GpuError> {
+        if self.timers.next + 2 > self.timers.events.len() {
+            self.gpu.sync(self.gpu.compute)?;
+            self.gpu.sync(self.gpu.copy)?;
+            self.harvest()?;
+        }
+        let i = self.timers.next;
+        self.timers.next += 2;
+        self.gpu.record(&self.timers.events[i], stream)?;
+        Ok(i)
+    }
+
+    fn timer_stop(&mut self, i: usize, stream: CUstream, copy: bool) -> Result<(), GpuError> {
+        self.gpu.record(&self.timers.events[i + 1], stream)?;
+        self.timers.pairs.push((i, i + 1, copy));
+        Ok(())
+    }
+
+    /// Adds up the timed segments (every recorded event must have completed).
+    fn harvest(&mut self) -> Result<(), GpuError> {
+        for &(a, b, copy) in &self.timers.pairs {
+            let ms = self
+                .gpu
+                .elapsed_ms(&self.timers.events[a], &self.timers.events[b])? as f64;
+            if copy {
+                self.stats.copy_secs += ms * 1e-3;
+            } else {
+                self.stats.kernel_secs += ms * 1e-3;
+            }
+        }
+        self.timers.pairs.clear();
+        self.timers.next = 0;
+        Ok(())
+    }
+
+    /// The GPU forward of `tokens` at positions `st.pos..`: the same contract as
+    /// `Model::forward_chunk` (checked by the caller); logits land in `st.logits`.
+    pub fn forward(
+        &mut self,
+        model: &Model<'_>,
+        st: &mut State,
+        tokens: &[u32],
+        logits_from: usize,
+    ) -> Result<(), ModelError> {
+        let t0 = Instant::now();
+        self.gpu.bind().map_err(mkerr)?;
+        let r = self.forward_inner(model, st, tokens, logits_from);
+        if r.is_err() {
+            // Leave both streams idle so the next call starts clean.
+            let _ = self.gpu.sync(self.gpu.copy);
+            let _ = self.gpu.sync(self.gpu.compute);
+            self.timers.pairs.clear();
+            self.timers.next = 0;
+        }
+        self.stats.forwards += 1;
+        self.stats.wall_secs += t0.elapsed().as_secs_f64();
+        r
+    }
+
+    fn forward_inner(
+        &mut self,
+        model: &Model<'_>,
+        st: &mut State,
+        tokens: &[u32],
+        logits_from: usize,
+    ) -> Result<(), ModelError> {
+        let cfg = &model.cfg;
+        let (n, h) = (tokens.len(), cfg.hidden);
+        let compute = self.gpu.compute;
+        let ti = self.timer_start(compute).map_err(mkerr)?;
+        {
+            let tb = self.host.tokens.as_mut_slice();
+            for (i, &t) in tokens.iter().enumerate() {
+                tb[4 * i..4 * i + 4].copy_from_slice(&(t as i32).to_le_bytes());
+            }
+        }
+        // SAFETY: the pinned token buffer is not written again before this forward's final
+        // sync; the device buffer holds `batch` tokens and n <= batch (checked by the caller).
+        unsafe {
+            self.gpu
+                .upload_async(self.bufs.tokens.ptr, self.host.tokens.as_slice().as_ptr(), 4 * n, compute)
+                .map_err(mkerr)?;
+        }
+        self.launch(
+            self.embd.f.embed,
+            (n as u32, 1, 1),
+            128,
+            0,
+            &[
+                self.wa(self.embd.off).into(),
+                (self.embd.rb as i64).into(),
+                (h as i32).into(),
+                self.bufs.tokens.ptr.into(),
+                self.bufs.x.ptr.into(),
+            ],
+        )
+        .map_err(mkerr)?;
+        self.timer_stop(ti, compute, false).map_err(mkerr)?;
+        st.experts_run = 0;
+        for l in 0..self.layers.len() {
+            self.layer(model, st, l, n).map_err(|e| match e {
+                LayerError::Gpu(e) => mkerr(e),
+                LayerError::Model(e) => e,
+            })?;
+        }
+        // Final norm and lm_head for the requested rows.
+        let n_logits = n.saturating_sub(logits_from);
+        let v = cfg.vocab;
+        let ti = self.timer_start(compute).map_err(mkerr)?;
+        if n_logits > 0 {
+            let x = self.bufs.x.f(logits_from * h);
+            self.rmsnorm(x, h, self.wa(self.output_norm), h, n_logits, cfg.rms_eps, self.bufs.xn.ptr, h)
+                .map_err(mkerr)?;
+            let out = self.output;
+            self.mm(&out, self.bufs.xn.ptr, h, n_logits, self.bufs.logits.ptr, v)
+                .map_err(mkerr)?;
+        }
+        self.timer_stop(ti, compute, false).map_err(mkerr)?;
+        if n_logits > 0 {
+            // SAFETY: the pinned logits buffer holds logit_rows x vocab >= n_logits x vocab and
+            // nothing else touches it until the sync below.
+            unsafe {
+                self.gpu
+                    .download_async(
+                        self.host.logits.as_mut_slice().as_mut_ptr(),
+                        self.bufs.logits.ptr,
+                        4 * n_logits * v,
+                        compute,
+                    )
+                    .map_err(mkerr)?;
+            }
+        }
+        self.gpu.sync(compute).map_err(mkerr)?;
+        self.harvest().map_err(mkerr)?;
+        if n_logits > 0 {
+            let src = &self.host.logits.as_slice()[..4 * n_logits * v];
+            for (o, b) in st.logits[..n_logits * v].iter_mut().zip(src.chunks_exact(4)) {
+                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+        st.pos += n;
+        Ok(())
+    }
+
+    fn layer(&mut self, model: &Model<'_>, st: &mut State, l: usize, n: usize) -> Result<(), LayerError> {
+        let cfg = &model.cfg;
+        let h = cfg.hidden;
+        let compute = self.gpu.compute;
+        let (x, xn, proj) = (self.bufs.x.ptr, self.bufs.xn.ptr, self.bufs.proj.ptr);
+        let ti = self.timer_start(compute)?;
+        let gl = &self.layers[l];
+        self.rmsnorm(x, h, self.wa(gl.attn_norm), h, n, cfg.rms_eps, xn, h)?;
+        self.attn(model, st, l, n)?;
+        self.add(x, proj, n * h)?;
+        let gl = &self.layers[l];
+        self.rmsnorm(x, h, self.wa(gl.ffn_norm), h, n, cfg.rms_eps, xn, h)?;
+        match &self.layers[l].ffn {
+            GFfn::Dense(m) => {
+                let m = GMlp { gate: m.gate, up: m.up, down: m.down };
+                self.mlp(&m, n)?;
+                self.add(x, self.bufs.down.ptr, n * h)?;
+                self.timer_stop(ti, compute, false)?;
+            }
+            GFfn::Moe(_) => {
+                self.moe(model, st, l, n, ti)?;
+                self.add(x, proj, n * h)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn attn(&mut self, model: &Model<'_>, st: &State, l: usize, n: usize) -> Result<(), GpuError> {
+        let cfg = &model.cfg;
+        let (h, nh, hd) = (cfg.hidden, cfg.n_heads, cfg.head_dim);
+        let (xn, q, k, v) = (self.bufs.xn.ptr, self.bufs.q.ptr, self.bufs.k.ptr, self.bufs.v.ptr);
+        let pos = st.pos;
+        let rpos = pos + st.rope_offset;
+        let ctx = st.ctx();
+        match &self.layers[l].attn {
+            GAttn::Gqa { wq, wk, wv, wo, bias, q_norm, k_norm } => {
+                let (qd, kvd, nkv) = (cfg.q_dim(), cfg.kv_dim(), cfg.n_kv_heads);
+                let (wq, wk, wv, wo, bias, q_norm, k_norm) = (*wq, *wk, *wv, *wo, *bias, *q_norm, *k_norm);
+                self.mm(&wq, xn, h, n, q, qd)?;
+                self.mm(&wk, xn, h, n, k, kvd)?;
+                self.mm(&wv, xn, h, n, v, kvd)?;
+                for (buf, b, dim) in [(q, bias[0], qd), (k, bias[1], kvd), (v, bias[2], kvd)] {
+                    if let Some(b) = b {
+                        let len = n * dim;
+                        self.launch(
+                            self.small.add_bias,
+                            ((len as u32).div_ceil(256), 1, 1),
+                            256,
+                            0,
+                            &[buf.into(), self.wa(b).into(), (dim as i32).into(), (len as i32).into()],
+                        )?;
+                    }
+                }
+                if let (Some(qn), Some(kn)) = (q_norm, k_norm) {
+                    match cfg.qk_norm {
+                        QkNorm::PerHead => {
+                            self.rmsnorm(q, hd, self.wa(qn), hd, n * nh, cfg.rms_eps, q, hd)?;
+                            self.rmsnorm(k, hd, self.wa(kn), hd, n * nkv, cfg.rms_eps, k, hd)?;
+                        }
+                        QkNorm::Whole => {
+                            self.rmsnorm(q, qd, self.wa(qn), qd, n, cfg.rms_eps, q, qd)?;
+                            self.rmsnorm(k, kvd, self.wa(kn), kvd, n, cfg.rms_eps, k, kvd)?;
+                        }
+                        _ => {}
+                    }
+                }
+                self.rope(model, q, qd, hd, 0, nh, n, rpos)?;
+                self.rope(model, k, kvd, hd, 0, nkv, n, rpos)?;
+                let base = (l * ctx + pos) * kvd;
+                self.gpu.copy_d2d(self.bufs.kcache.f(base), k, 4 * n * kvd, self.gpu.compute)?;
+                self.gpu.copy_d2d(self.bufs.vcache.f(base), v, 4 * n * kvd, self.gpu.compute)?;
+                let (kl, vl) = (self.bufs.kcache.f(l * ctx * kvd), self.bufs.vcache.f(l * ctx * kvd));
+                self.attention(
+                    (q, qd, hd),
+                    (kl, kvd, hd),
+                    (vl, kvd, hd),
+                    hd,
+                    hd,
+                    nh / nkv,
+                    nh,
+                    n,
+                    pos,
+                    cfg.attn_scale,
+                    ctx,
+                    (self.bufs.att.ptr, qd, hd),
+                )?;
+                self.mm(&wo, self.bufs.att.ptr, qd, n, self.bufs.proj.ptr, h)?;
+            }
+            GAttn::Mla { q_a, q_b, kv_a, kv_a_norm, k_b, v_b, wo } => {
+                let AttnKind::Mla { kv_lora, nope, rope, v_dim, .. } = cfg.attn else {
+                    return Err(GpuError::Config("MLA weights in a GQA model".into()));
+                };
+                let (q_a, q_b, kv_a, kv_a_norm, k_b, v_b, wo) = (*q_a, *q_b, *kv_a, *kv_a_norm, *k_b, *v_b, *wo);
+                let qk = hd;
+                let kc = kv_lora + rope;
+                self.mm(&kv_a, xn, h, n, k, kc)?;
+                match q_a {
+                    Some((qa, qn)) => {
+                        let r = qa.rows;
+                        self.mm(&qa, xn, h, n, self.bufs.qa.ptr, r)?;
+                        self.rmsnorm(self.bufs.qa.ptr, r, self.wa(qn), r, n, cfg.rms_eps, self.bufs.qa.ptr, r)?;
+                        self.mm(&q_b, self.bufs.qa.ptr, r, n, q, nh * qk)?;
+                    }
+                    None => self.mm(&q_b, xn, h, n, q, nh * qk)?,
+                }
+                self.rmsnorm(k, kc, self.wa(kv_a_norm), kv_lora, n, cfg.rms_eps, k, kc)?;
+                self.rope(model, k, kc, 0, kv_lora, 1, n, rpos)?;
+                let base = (l * ctx + pos) * kc;
+                self.gpu.copy_d2d(self.bufs.kcache.f(base), k, 4 * n * kc, self.gpu.compute)?;
+                self.rope(model, q, nh * qk, qk, nope, nh, n, rpos)?;
+                let qcat = self.bufs.qcat.ptr;
+                self.head_mv(self.wa(k_b), kv_lora, nope, nh, n, (q, nh * qk, qk), (qcat, nh * kc, kc))?;
+                self.launch(
+                    self.small.copy2d,
+                    ((n * nh) as u32, 1, 1),
+                    64,
+                    0,
+                    &[
+                        (q + 4 * nope as u64).into(),
+                        (qk as i32).into(),
+                        (qcat + 4 * kv_lora as u64).into(),
+                        (kc as i32).into(),
+                        (rope as i32).into(),
+                    ],
+                )?;
+                let layer = self.bufs.kcache.f(l * ctx * kc);
+                let clat = self.bufs.clat.ptr;
+                self.attention(
+                    (qcat, nh * kc, kc),
+                    (layer, kc, 0),
+                    (layer, kc, 0),
+                    kc,
+                    kv_lora,
+                    nh,
+                    nh,
+                    n,
+                    pos,
+                    cfg.attn_scale,
+                    ctx,
+                    (clat, nh * kv_lora, kv_lora),
+                )?;
+                let att = self.bufs.att.ptr;
+                self.head_mv(self.wa(v_b), v_dim, kv_lora, nh, n, (clat, nh * kv_lora, kv_lora), (att, nh * v_dim, v_dim))?;
+                self.mm(&wo, att, nh * v_dim, n, self.bufs.proj.ptr, h)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// SwiGLU of xn rows 0..n; result in `down`.
+    fn mlp(&mut self, m: &GMlp, n: usize) -> Result<(), GpuError> {
+        let f = m.gate.rows;
+        let (xn, g, u, d) = (self.bufs.xn.ptr, self.bufs.gate.ptr, self.bufs.up.ptr, self.bufs.down.ptr);
+        let h = m.gate.cols;
+        self.mm(&m.gate, xn, h, n, g, f)?;
+        self.mm(&m.up, xn, h, n, u, f)?;
+        let len = n * f;
+        self.launch(
+            self.small.silu_mul,
+            ((len as u32).div_ceil(256), 1, 1),
+            256,
+            0,
+            &[g.into(), u.into(), (len as i32).into()],
+        )?;
+        self.mm(&m.down, g, f, n, d, m.down.rows)
+    }
+
+    /// Launches the expert jobs `j0..j0+cnt` (already written to the pinned job buffer).
+    fn launch_jobs(&mut self, mo: &MoeGeo, j0: usize, cnt: usize, h: usize) -> Result<(), GpuError> {
+        if cnt == 0 {
+            return Ok(());
+        }
+        let compute = self.gpu.compute;
+        // SAFETY: the pinned job entries j0..j0+cnt were written for this launch and are not
+        // rewritten before the next MoE layer's router sync; the device table holds E jobs.
+        unsafe {
+            self.gpu.upload_async(
+                self.bufs.jobs.at(j0 * JOB_BYTES),
+                self.host.jobs.as_slice()[j0 * JOB_BYTES..].as_ptr(),
+                cnt * JOB_BYTES,
+                compute,
+            )?;
+        }
+        let ti = self.timer_start(compute)?;
+        let jobs = self.bufs.jobs.at(j0 * JOB_BYTES);
+        self.launch(
+            mo.gate_up.gate_up,
+            ((mo.ffn as u32).div_ceil(WARPS), cnt as u32, 1),
+            32 * WARPS,
+            0,
+            &[
+                jobs.into(),
+                (mo.ffn as i32).into(),
+                (h as i32).into(),
+                (mo.rb_gate as i64).into(),
+                self.bufs.xn.ptr.into(),
+                (h as i32).into(),
+                self.bufs.tok.ptr.into(),
+                self.bufs.hb.ptr.into(),
+            ],
+        )?;
+        self.launch(
+            mo.down.down,
+            ((h as u32).div_ceil(WARPS), cnt as u32, 1),
+            32 * WARPS,
+            0,
+            &[
+                jobs.into(),
+                (h as i32).into(),
+                (mo.ffn as i32).into(),
+                (mo.rb_down as i64).into(),
+                self.bufs.hb.ptr.into(),
+                self.bufs.dst.ptr.into(),
+                self.bufs.slot_out.ptr.into(),
+            ],
+        )?;
+        self.timer_stop(ti, compute, false)
+    }
+
+    fn write_job(&mut self, j: usize, slot: usize, a0: usize, cnt: usize) {
+        let base = self.pool_mem.at(slot * self.pool.slot_bytes() as usize);
+        let o = self.slot_offs[slot];
+        let mut e = [0u8; JOB_BYTES];
+        e[0..8].copy_from_slice(&(base + o[0] as u64).to_le_bytes());
+        e[8..16].copy_from_slice(&(base + o[1] as u64).to_le_bytes());
+        e[16..24].copy_from_slice(&(base + o[2] as u64).to_le_bytes());
+        e[24..28].copy_from_slice(&(a0 as i32).to_le_bytes());
+        e[28..32].copy_from_slice(&(cnt as i32).to_le_bytes());
+        self.host.jobs.as_mut_slice()[j * JOB_BYTES..(j + 1) * JOB_BYTES].copy_from_slice(&e);
+    }
+
+    /// Routed experts (+ shared) of xn rows 0..n; result in `proj`. `ti`: the open timer of the
+    /// layer's pre-MoE segment (closed before the router sync).
+    fn moe(&mut self, model: &Model<'_>, st: &mut State, l: usize, n: usize, ti: usize) -> Result<(), LayerError> {
+        let cfg = &model.cfg;
+        let (h, e, k) = (cfg.hidden, cfg.n_experts, cfg.n_experts_used);
+        let compute = self.gpu.compute;
+        let GFfn::Moe(gm) = &self.layers[l].ffn else {
+            return Ok(());
+        };
+        let mo = MoeGeo {
+            idx: gm.idx,
+            gate_up: gm.gate_up,
+            down: gm.down,
+            ffn: gm.ffn,
+            rb_gate: gm.rb_gate,
+            rb_down: gm.rb_down,
+        };
+        let router = gm.router;
+        let shared = gm.shared.as_ref().map(|s| GMlp { gate: s.gate, up: s.up, down: s.down });
+        self.mm(&router, self.bufs.xn.ptr, h, n, self.bufs.router.ptr, e)?;
+        self.timer_stop(ti, compute, false)?;
+        // SAFETY: the pinned router buffer holds batch x E floats, untouched until the sync.
+        unsafe {
+            self.gpu.download_async(
+                self.host.router.as_mut_slice().as_mut_ptr(),
+                self.bufs.router.ptr,
+                4 * n * e,
+                compute,
+            )?;
+        }
+        self.gpu.sync(compute)?;
+        self.harvest()?;
+
+        // Routing on the host, by the CPU model's own code.
+        {
+            let src = &self.host.router.as_slice()[..4 * n * e];
+            for (o, b) in st.router[..n * e].iter_mut().zip(src.chunks_exact(4)) {
+                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+        let bias = match &model.weights.layers[l].ffn {
+            Ffn::Moe(m) => m.score_bias.as_deref(),
+            Ffn::Dense(_) => None,
+        };
+        st.groups.iter_mut().for_each(Vec::clear);
+        for i in 0..n {
+            model.route(st, i, bias);
+            for slot in 0..k {
+                let ex = st.sel[i * k + slot];
+                st.groups[ex].push((i as u32, slot as u32));
+            }
+        }
+        st.needed.clear();
+        for ex in 0..e {
+            if !st.groups[ex].is_empty() {
+                st.needed.push(ex);
+            }
+        }
+        st.experts_run += st.needed.len();
+        // Assignments in needed order: expert ex owns a0[ex]..a0[ex]+cnt.
+        let mut cursor = 0;
+        {
+            let (tok, dst) = (self.host.tok.as_mut_slice(), self.host.dst.as_mut_slice());
+            for &ex in &st.needed {
+                for &(t, slot) in &st.groups[ex] {
+                    tok[4 * cursor..4 * cursor + 4].copy_from_slice(&(t as i32).to_le_bytes());
+                    let d = t as usize * k + slot as usize;
+                    dst[4 * cursor..4 * cursor + 4].copy_from_slice(&(d as i32).to_le_bytes());
+                    cursor += 1;
+                }
+            }
+            let sw = self.host.selw.as_mut_slice();
+            for (i, w) in st.selw[..n * k].iter().enumerate() {
+                sw[4 * i..4 * i + 4].copy_from_slice(&w.to_le_bytes());
+            }
+        }
+        // SAFETY: the pinned assignment buffers are not rewritten before the next router sync.
+        unsafe {
+            self.gpu.upload_async(self.bufs.tok.ptr, self.host.tok.as_slice().as_ptr(), 4 * cursor, compute)?;
+            self.gpu.upload_async(self.bufs.dst.ptr, self.host.dst.as_slice().as_ptr(), 4 * cursor, compute)?;
+            self.gpu.upload_async(self.bufs.selw.ptr, self.host.selw.as_slice().as_ptr(), 4 * n * k, compute)?;
+        }
+
+        // VRAM hits first: one launch for all of them.
+        self.pool.begin_step();
+        let mut j = 0;
+        let mut a0 = 0;
+        self.misses.clear();
+        self.hits.clear();
+        for i in 0..st.needed.len() {
+            let ex = st.needed[i];
+            let cnt = st.groups[ex].len();
+            match self.pool.lookup(mo.idx, ex) {
+                Some(slot) => {
+                    self.write_job(j, slot, a0, cnt);
+                    self.hits.push(ex);
+                    j += 1;
+                }
+                None => self.misses.push((ex, a0, cnt)),
+            }
+            a0 += cnt;
+        }
+        self.launch_jobs(&mo, 0, j, h)?;
+        if let Some(c) = &st.expert_cache {
+            c.record_usage(l, &self.hits);
+        }
+        let misses = std::mem::take(&mut self.misses);
+
+        // Misses: through the RAM cache, in waves that fit both its free slots and the pool's.
+        if !misses.is_empty() {
+            let Some(mut cache) = st.expert_cache.take() else {
+                return Err(LayerError::Gpu(GpuError::Config(
+                    "expert not in VRAM and no RAM expert cache attached".into(),
+                )));
+            };
+            let r = self.stage_misses(&mut cache, l, &mo, &misses, j, h);
+            st.expert_cache = Some(cache);
+            self.misses = misses;
+            r?;
+        } else {
+            self.misses = misses;
+        }
+
+        // Combine in slot order, then the shared experts.
+        let ti = self.timer_start(compute)?;
+        self.launch(
+            self.small.combine,
+            (((n * h) as u32).div_ceil(256), 1, 1),
+            256,
+            0,
+            &[
+                self.bufs.slot_out.ptr.into(),
+                self.bufs.selw.ptr.into(),
+                (k as i32).into(),
+                (h as i32).into(),
+                (n as i32).into(),
+                self.bufs.proj.ptr.into(),
+            ],
+        )?;
+        if let Some(sh) = shared {
+            self.mlp(&sh, n)?;
+            self.add(self.bufs.proj.ptr, self.bufs.down.ptr, n * h)?;
+        }
+        self.timer_stop(ti, compute, false)?;
+        Ok(())
+    }
+
+    fn stage_misses(
+        &mut self,
+        cache: &mut crate::experts::ExpertCache,
+        l: usize,
+        mo: &MoeGeo,
+        misses: &[(usize, usize, usize)],
+        mut j: usize,
+        h: usize,
+    ) -> Result<(), LayerError> {
+        let ram_cap = cache.slots(l).max(1);
+        let mut i = 0;
+        let mut wave = std::mem::take(&mut self.wave);
+        let r = (|| -> Result<(), LayerError> {
+        while i < misses.len() {
+            self.pool.begin_wave();
+            let vram_cap = self.pool.free_for_wave(mo.idx).max(1);
+            wave.clear();
+            let start = i;
+            let (mut ram_n, mut vram_n) = (0, 0);
+            while i < misses.len() {
+                let ex = misses[i].0;
+                let ram_pinned = cache.is_pinned(l, ex);
+                let vram_reserved = self.pool.reserved(mo.idx, ex);
+                if (!ram_pinned && ram_n == ram_cap) || (!vram_reserved && vram_n == vram_cap) {
+                    break;
+                }
+                ram_n += usize::from(!ram_pinned);
+                vram_n += usize::from(!vram_reserved);
+                wave.push(ex);
+                i += 1;
+            }
+            cache.begin(l, &wave)?;
+            let mut registered: Vec<usize> = Vec::new();
+            let r = self.stage_wave(cache, l, mo, &misses[start..i], &mut j, h, &mut registered);
+            // Copies from the RAM slots must land before the cache may reuse them.
+            let synced = self.gpu.sync(self.gpu.copy);
+            let t = Instant::now();
+            for p in registered {
+                // SAFETY: registered in stage_wave; the copy stream is idle (synced above).
+                let _ = unsafe { self.gpu.unregister(p as *const u8) };
+            }
+            self.stats.register_secs += t.elapsed().as_secs_f64();
+            cache.end();
+            r?;
+            synced?;
+        }
+        Ok(())
+        })();
+        self.wave = wave;
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn stage_wave(
+        &mut self,
+        cache: &crate::experts::ExpertCache,
+        l: usize,
+        mo: &MoeGeo,
+        wave: &[(usize, usize, usize)],
+        j: &mut usize,
+        h: usize,
+        registered: &mut Vec<usize>,
+    ) -> Result<(), LayerError> {
+        let (compute, copy) = (self.gpu.compute, self.gpu.copy);
+        while let Some((ex, bytes)) = cache.next_ready()? {
+            let Some(&(_, a0, cnt)) = wave.iter().find(|m| m.0 == ex) else {
+                return Err(LayerError::Gpu(GpuError::Config(format!(
+                    "the RAM cache returned expert {ex} of layer {l}, not in the wave"
+                ))));
+            };
+            let Some(a) = self.pool.assign(mo.idx, ex) else {
+                return Err(LayerError::Gpu(GpuError::Config(format!(
+                    "no free VRAM slot for expert {ex} of layer {l} (pool accounting)"
+                ))));
+            };
+            if a.reused_this_step {
+                // The slot's previous expert was computed earlier in this step: the copy
+                // must wait for that compute.
+                let ev = self.timer_start(compute)?;
+                self.timer_stop(ev, compute, false)?;
+                self.gpu.wait(copy, &self.timers.events[ev + 1])?;
+            }
+            // One copy per expert: the span of its three parts in the RAM slot.
+            let parts = [bytes.gate, bytes.up, bytes.down];
+            let lo = parts.iter().map(|p| p.as_ptr() as usize).min().unwrap_or(0);
+            let hi = parts
+                .iter()
+                .map(|p| p.as_ptr() as usize + p.len())
+                .max()
+                .unwrap_or(0);
+            if hi - lo > self.pool.slot_bytes() as usize {
+                self.pool.drop_expert(mo.idx, ex);
+                return Err(LayerError::Gpu(GpuError::Config(format!(
+                    "expert {ex} of layer {l} spans {} bytes, more than a pool slot",
+                    hi - lo
+                ))));
+            }
+            for (o, p) in self.slot_offs[a.slot].iter_mut().zip(&parts) {
+                *o = p.as_ptr() as usize - lo;
+            }
+            if self.staging == Staging::PerExpert {
+                let page = 4096;
+                let (lo, hi) = (lo / page * page, hi.div_ceil(page) * page);
+                let t = Instant::now();
+                // SAFETY: the range lies in the RAM cache slot of this wave's expert (slots are
+                // page-aligned and disjoint), which stays allocated and unwritten until
+                // `cache.end()`, after which stage_misses unregisters it.
+                unsafe { self.gpu.register(lo as *const u8, hi - lo)? };
+                self.stats.register_secs += t.elapsed().as_secs_f64();
+                registered.push(lo);
+            }
+            let base = a.slot * self.pool.slot_bytes() as usize;
+            let tc = self.timer_start(copy)?;
+            // SAFETY: the source span lies in this wave's RAM slot (valid until cache.end(),
+            // which comes after the copy stream is synced); the destination is the pool slot,
+            // at least as large (checked above).
+            let r = unsafe { self.gpu.upload_async(self.pool_mem.at(base), lo as *const u8, hi - lo, copy) };
+            if let Err(e) = r {
+                self.pool.drop_expert(mo.idx, ex);
+                return Err(e.into());
+            }
+            self.stats.bytes_h2d += (hi - lo) as u64;
+            self.timer_stop(tc, copy, true)?;
+            self.stats.experts_h2d += 1;
+            self.gpu.wait(compute, &self.timers.events[tc + 1])?;
+            self.write_job(*j, a.slot, a0, cnt);
+            self.launch_jobs(mo, *j, 1, h)?;
+            *j += 1;
+        }
+        Ok(())
+    }
+}
+
+/// A MoE layer's geometry, copied out of `GMoe` so `self` can be borrowed mutably.
+struct MoeGeo {
+    idx: usize,
+    gate_up: TypeFns,
+    down: TypeFns,
+    ffn: usize,
+    rb_gate: usize,
+    rb_down: usize,
+}
+
+enum LayerError {
+    Gpu(GpuError),
+    Model(ModelError),
+}
+
+impl From<GpuError> for LayerError {
+    fn from(e: GpuError) -> Self {
+        LayerError::Gpu(e)
+    }
+}
+
+impl From<crate::experts::ExpertError> for LayerError {
+    fn from(e: crate::experts::ExpertError) -> Self {
+        LayerError::Model(ModelError::from(e))
+    }
+}
+
+impl Drop for GpuState {
+    fn drop(&mut self) {
+        let _ = self.release_staging();
+    }
+}
+
+/// Single kernels run on their own, for the GPU tests (tests/gpu.rs) against references.
+pub mod check {
+    use super::*;
+
+    fn download_f32(gpu: &Gpu, src: &DevBuf, n: usize) -> Result<Vec<f32>, GpuError> {
+        let mut host = gpu.alloc_pinned(4 * n)?;
+        // SAFETY: `host` holds 4n bytes and lives until after the sync.
+        unsafe { gpu.download_async(host.as_mut_slice().as_mut_ptr(), src.ptr, 4 * n, gpu.compute)? };
+        gpu.sync(gpu.compute)?;
+        Ok(host
+            .as_slice()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect())
+    }
+
+    fn kernel(gpu: &Gpu, d: DType, kind: &str) -> Result<CUfunction, GpuError> {
+        let n = type_name(d).ok_or_else(|| GpuError::Config(format!("no GPU kernel for {d:?}")))?;
+        gpu.function(&format!("{kind}_{n}"))
+    }
+
+    /// y (n x rows) = x (n x cols) * W^T with the GPU matmul kernel of `d`.
+    pub fn matmul(d: DType, w: &[u8], rows: usize, cols: usize, x: &[f32], n: usize) -> Result<Vec<f32>, GpuError> {
+        let gpu = Gpu::open()?;
+        let f = kernel(&gpu, d, "mm")?;
+        let wd = gpu.alloc(w.len())?;
+        gpu.upload(wd.ptr, w)?;
+        let xd = gpu.alloc(4 * x.len())?;
+        gpu.upload(xd.ptr, &f32_bytes(x))?;
+        let yd = gpu.alloc(4 * n * rows)?;
+        gpu.launch(
+            f,
+            ((rows as u32).div_ceil(WARPS), 1, 1),
+            32 * WARPS,
+            0,
+            gpu.compute,
+            &[
+                wd.ptr.into(),
+                ((w.len() / rows) as i64).into(),
+                (rows as i32).into(),
+                (cols as i32).into(),
+                xd.ptr.into(),
+                (cols as i32).into(),
+                (n as i32).into(),
+                yd.ptr.into(),
+                (rows as i32).into(),
+            ],
+        )?;
+        download_f32(&gpu, &yd, n * rows)
+    }
+
+    /// Rows `ids` of W (rows x cols), dequantized by the GPU embedding kernel of `d`.
+    pub fn embed(d: DType, w: &[u8], rows: usize, cols: usize, ids: &[u32]) -> Result<Vec<f32>, GpuError> {
+        let gpu = Gpu::open()?;
+        let f = kernel(&gpu, d, "embed")?;
+        let wd = gpu.alloc(w.len())?;
+        gpu.upload(wd.ptr, w)?;
+        let idb: Vec<u8> = ids.iter().flat_map(|&i| (i as i32).to_le_bytes()).collect();
+        let id = gpu.alloc(idb.len())?;
+        gpu.upload(id.ptr, &idb)?;
+        let yd = gpu.alloc(4 * ids.len() * cols)?;
+        gpu.launch(
+            f,
+            (ids.len() as u32, 1, 1),
+            128,
+            0,
+            gpu.compute,
+            &[
+                wd.ptr.into(),
+                ((w.len() / rows) as i64).into(),
+                (cols as i32).into(),
+                id.ptr.into(),
+                yd.ptr.into(),
+            ],
+        )?;
+        download_f32(&gpu, &yd, ids.len() * cols)
+    }
+}

@@ -1,0 +1,254 @@
+//! Which routed expert sits in which slot of the VRAM expert pool: the bookkeeping only, no
+//! device calls (so it is tested on machines without a GPU).
+//!
+//! Owns: the per-layer slot maps, the pinned tier and the LRU order. Does not own: the device
+//! memory (gpu/model.rs allocates one buffer of `slots * slot_bytes`) or the copies.
+//! Invariants: a slot holds at most one expert and an expert at most one slot; a pinned
+//! expert's slot is never given to another expert; a slot used by the current step of its
+//! layer is never evicted in that step (`assign` says when one used by an earlier wave of the
+//! same step is reused, so the caller can order the copy after that wave's compute).
+
+/// Where `assign` put an expert.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Assigned {
+    /// Global slot index.
+    pub slot: usize,
+    /// The expert that was evicted from the slot, if any.
+    pub evicted: Option<usize>,
+    /// The evicted expert was computed earlier in this same step (an earlier wave): its compute
+    /// must finish before the slot is overwritten.
+    pub reused_this_step: bool,
+}
+
+struct Layer {
+    base: usize,
+    /// Per expert: its slot within the layer.
+    slot_of: Vec<Option<u32>>,
+    /// Per slot: the expert it holds.
+    owner: Vec<Option<usize>>,
+    /// Per slot: reserved for this expert (pinned tier), loaded on first use.
+    pinned_for: Vec<Option<usize>>,
+    /// Per slot: clock of the last use (LRU order).
+    last_use: Vec<u64>,
+    /// Per slot: step stamp of the last use; equal to the layer's current step = in use.
+    step_of: Vec<u64>,
+    /// Per slot: wave stamp of the last use (slots of the open wave are never evicted).
+    wave_of: Vec<u64>,
+}
+
+pub struct VramPool {
+    layers: Vec<Layer>,
+    slot_bytes: u64,
+    clock: u64,
+    step: u64,
+    wave: u64,
+    pub hits: u64,
+    pub misses: u64,
+}
+
+impl VramPool {
+    /// `slots_per_layer` slots for each of `experts_per_layer.len()` MoE layers; `pinned` lists
+    /// (layer, expert) pairs to reserve slots for, at most half of a layer's slots each (the
+    /// rest are ignored, most-wanted first, so the LRU tier keeps at least half).
+    pub fn new(
+        experts_per_layer: &[usize],
+        slots_per_layer: usize,
+        slot_bytes: u64,
+        pinned: &[(usize, usize)],
+    ) -> VramPool {
+        let mut layers: Vec<Layer> = experts_per_layer
+            .iter()
+            .enumerate()
+            .map(|(i, &e)| {
+                let s = slots_per_layer.min(e);
+                Layer {
+                    base: i * slots_per_layer,
+                    slot_of: vec![None; e],
+                    owner: vec![None; s],
+                    pinned_for: vec![None; s],
+                    last_use: vec![0; s],
+                    step_of: vec![0; s],
+                    wave_of: vec![0; s],
+                }
+            })
+            .collect();
+        for &(l, e) in pinned {
+            let Some(ly) = layers.get_mut(l) else {
+                continue;
+            };
+            let n_pinned = ly.pinned_for.iter().filter(|p| p.is_some()).count();
+            if e >= ly.slot_of.len()
+                || 2 * (n_pinned + 1) > ly.owner.len()
+                || ly.pinned_for.contains(&Some(e))
+            {
+                continue;
+            }
+            if let Some(i) = ly.pinned_for.iter().position(|p| p.is_none()) {
+                ly.pinned_for[i] = Some(e);
+            }
+        }
+        VramPool {
+            layers,
+            slot_bytes,
+            clock: 0,
+            step: 0,
+            wave: 0,
+            hits: 0,
+            misses: 0,
+        }
+    }
+
+    pub fn slot_bytes(&self) -> u64 {
+        self.slot_bytes
+    }
+
+    /// Slots of MoE layer `l`.
+    pub fn slots(&self, l: usize) -> usize {
+        self.layers.get(l).map_or(0, |ly| ly.owner.len())
+    }
+
+    /// Slots reserved for pinned experts, all layers.
+    pub fn n_pinned(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|ly| ly.pinned_for.iter().filter(|p| p.is_some()).count())
+            .sum()
+    }
+
+    /// Whether a pinned-tier slot of layer `l` is kept for expert `e`.
+    pub fn reserved(&self, l: usize, e: usize) -> bool {
+        self.layers
+            .get(l)
+            .is_some_and(|ly| ly.pinned_for.contains(&Some(e)))
+    }
+
+    /// A new step of a layer's MoE (one forward of one layer): earlier uses are done.
+    pub fn begin_step(&mut self) {
+        self.step += 1;
+        self.wave += 1;
+    }
+
+    /// A new wave within the step: the previous wave's slots may be reused (after its compute).
+    pub fn begin_wave(&mut self) {
+        self.wave += 1;
+    }
+
+    /// The slot holding expert `e` of layer `l`, marking it used now.
+    pub fn lookup(&mut self, l: usize, e: usize) -> Option<usize> {
+        let ly = self.layers.get_mut(l)?;
+        let s = (*ly.slot_of.get(e)?)? as usize;
+        self.clock += 1;
+        ly.last_use[s] = self.clock;
+        ly.step_of[s] = self.step;
+        ly.wave_of[s] = self.wave;
+        self.hits += 1;
+        Some(ly.base + s)
+    }
+
+    /// Slots a wave of misses in layer `l` may fill: slots not used by the open wave and not
+    /// reserved for another expert (pinned slots for experts in `misses` count).
+    pub fn free_for_wave(&self, l: usize) -> usize {
+        self.layers.get(l).map_or(0, |ly| {
+            (0..ly.owner.len())
+                .filter(|&s| ly.wave_of[s] != self.wave && ly.pinned_for[s].is_none())
+                .count()
+        })
+    }
+
+    /// A slot for expert `e` of layer `l` (not resident): its pinned slot, else a free slot,
+    /// else the least recently used slot not used by the open wave. `None` if every slot is
+    /// busy in this wave or reserved.
+    pub fn assign(&mut self, l: usize, e: usize) -> Option<Assigned> {
+        let (step, wave) = (self.step, self.wave);
+        let ly = self.layers.get_mut(l)?;
+        if ly.slot_of.get(e).copied().flatten().is_some() {
+            return None;
+        }
+        let pinned = ly.pinned_for.iter().position(|p| *p == Some(e));
+        let s = match pinned {
+            Some(s) => s,
+            None => (0..ly.owner.len())
+                .filter(|&s| ly.pinned_for[s].is_none() && ly.wave_of[s] != wave)
+                .min_by_key(|&s| (ly.owner[s].is_some(), ly.last_use[s]))?,
+        };
+        let evicted = ly.owner[s];
+        let reused_this_step = evicted.is_some() && ly.step_of[s] == step;
+        if let Some(old) = evicted {
+            ly.slot_of[old] = None;
+        }
+        ly.owner[s] = Some(e);
+        ly.slot_of[e] = Some(s as u32);
+        self.clock += 1;
+        ly.last_use[s] = self.clock;
+        ly.step_of[s] = step;
+        ly.wave_of[s] = wave;
+        self.misses += 1;
+        Some(Assigned {
+            slot: ly.base + s,
+            evicted,
+            reused_this_step,
+        })
+    }
+
+    /// Forget expert `e` of layer `l` (its copy failed): the slot holds garbage.
+    pub fn drop_expert(&mut self, l: usize, e: usize) {
+        if let Some(ly) = self.layers.get_mut(l) {
+            if let Some(Some(s)) = ly.slot_of.get(e).copied() {
+                ly.owner[s as usize] = None;
+                ly.slot_of[e] = None;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lru_evicts_oldest_and_never_the_open_wave() {
+        let mut p = VramPool::new(&[8], 2, 1024, &[]);
+        p.begin_step();
+        let a = p.assign(0, 1).unwrap();
+        let b = p.assign(0, 2).unwrap();
+        assert_ne!(a.slot, b.slot);
+        assert_eq!(a.evicted, None);
+        // Both slots belong to the open wave: no third expert fits in it.
+        assert!(p.assign(0, 3).is_none());
+        assert_eq!(p.free_for_wave(0), 0);
+        p.begin_wave();
+        // Next wave of the same step: the oldest (expert 1) goes, and the caller is told that
+        // its compute from this step must finish first.
+        let c = p.assign(0, 3).unwrap();
+        assert_eq!(c.slot, a.slot);
+        assert_eq!(c.evicted, Some(1));
+        assert!(c.reused_this_step);
+        assert_eq!(p.lookup(0, 1), None);
+        p.begin_step();
+        assert_eq!(p.lookup(0, 2), Some(b.slot));
+        let d = p.assign(0, 4).unwrap();
+        assert_eq!(d.slot, a.slot, "expert 3 is older than the just-used 2");
+        assert!(!d.reused_this_step);
+    }
+
+    #[test]
+    fn pinned_slots_are_kept_for_their_expert_and_at_most_half() {
+        let mut p = VramPool::new(&[16, 16], 4, 1024, &[(0, 5), (0, 6), (0, 7), (1, 9)]);
+        assert_eq!(p.n_pinned(), 3, "layer 0 keeps 2 of 4 slots for the LRU tier");
+        p.begin_step();
+        for e in 0..10 {
+            if e != 5 && e != 6 {
+                p.begin_wave();
+                let a = p.assign(0, e).unwrap();
+                assert!(a.evicted != Some(5) && a.evicted != Some(6));
+            }
+        }
+        p.begin_wave();
+        let s5 = p.assign(0, 5).unwrap();
+        assert_eq!(s5.evicted, None);
+        p.begin_step();
+        assert_eq!(p.lookup(0, 5), Some(s5.slot));
+        // Layer 1's slots are separate.
+        assert!(p.assign(1, 9).unwrap().slot >= 4);
+    }
+}

@@ -1,0 +1,341 @@
+//! The CUDA backend against references nobody here wrote, and its placement invariance.
+//!
+//! Built only with `--features cuda`; every test prints "skipped: ..." and passes when no CUDA
+//! device answers (CI has none). scripts/gpu-check.sh runs them on the GPU machine.
+//!
+//! - Kernels: each type's GPU matrix product on the `gguf`-package fixture blocks
+//!   (tests/fixtures/quant) against an f64 dot of the reference-dequantized weights. The GPU
+//!   multiplies f32 activations without quantizing them, so the only error is f32 rounding:
+//!   `|gpu - ref| <= 1e-5 * sum|w x| + 1e-6` (a few ulps per partial sum; the sums are at most
+//!   2048 long). The embedding kernel's dequantized rows must match the reference to 1e-6
+//!   relative (fused multiply-adds may round the last bit differently).
+//! - Models: GPU logits of every fixture family (f32 GGUF and safetensors) against
+//!   transformers' logits with the CPU tests' bound (max|Δ|/max|ref| <= 1e-4, same argmax);
+//!   the Q8_0 GGUFs against the CPU forward by KL and top-1 (the CPU quantizes activations to
+//!   8 bits, the GPU does not).
+//! - Placement: temp-0 tokens and logits bit-identical across VRAM pool sizes (one slot per
+//!   layer .. every expert), RAM cache sizes, and staging modes.
+
+#![cfg(feature = "cuda")]
+
+use serde_json::Value;
+use sluice::dtype::DType;
+use sluice::experts::CacheConfig;
+use sluice::format::ModelFiles;
+use sluice::gpu::model::{check, GpuState};
+use sluice::gpu::{GpuOptions, Staging};
+use sluice::model::{LoadOptions, Model, State};
+use std::path::{Path, PathBuf};
+
+const FAMILIES: &[&str] = &["qwen3_moe", "mixtral", "olmoe", "deepseek_v3", "glm4_moe"];
+
+/// The repository: `SLUICE_ROOT` when the tests run from a copy (the GPU machine), else the
+/// directory they were built in.
+fn root() -> PathBuf {
+    std::env::var_os("SLUICE_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
+fn gpu_or_skip(test: &str) -> bool {
+    if !sluice::gpu::driver::present() {
+        eprintln!("{test}: skipped: no CUDA driver on this machine");
+        return false;
+    }
+    match sluice::gpu::driver::Gpu::open() {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!("{test}: skipped: {e}");
+            false
+        }
+    }
+}
+
+fn read(p: &Path) -> Vec<u8> {
+    std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+fn lcg(seed: u64) -> impl FnMut() -> f32 {
+    let mut s = seed;
+    move || {
+        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+#[test]
+fn kernels_match_gguf_reference() {
+    if !gpu_or_skip("kernels_match_gguf_reference") {
+        return;
+    }
+    let types = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::IQ2_XXS,
+        DType::MXFP4,
+    ];
+    for t in types {
+        let q = root().join("tests/fixtures/quant");
+        let blocks = read(&q.join(format!("{}.blocks", t.name())));
+        let refw: Vec<f32> = read(&q.join(format!("{}.f32", t.name())))
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let mut shapes = vec![(8usize, 256usize)];
+        if !t.is_quantized() {
+            shapes.push((51, 40)); // rows whose length is not a multiple of 32
+        }
+        for (rows, cols) in shapes {
+            let nbytes = t.bytes_for((rows * cols) as u64).unwrap() as usize;
+            let w = &blocks[..nbytes];
+            let mut rnd = lcg(7);
+            let n = 5;
+            let x: Vec<f32> = (0..n * cols).map(|_| rnd()).collect();
+            let y = check::matmul(t, w, rows, cols, &x, n).unwrap();
+            let mut worst = 0f64;
+            for tk in 0..n {
+                for r in 0..rows {
+                    let (mut dot, mut mag) = (0f64, 0f64);
+                    for c in 0..cols {
+                        let p = refw[r * cols + c] as f64 * x[tk * cols + c] as f64;
+                        dot += p;
+                        mag += p.abs();
+                    }
+                    let err = (y[tk * rows + r] as f64 - dot).abs();
+                    let bound = 1e-5 * mag + 1e-6;
+                    assert!(
+                        err <= bound,
+                        "{} {rows}x{cols}: token {tk} row {r}: gpu {} vs {dot} (bound {bound:.2e})",
+                        t.name(),
+                        y[tk * rows + r]
+                    );
+                    worst = worst.max(err / mag.max(1e-30));
+                }
+            }
+            let ids = [3u32, 0, (rows - 1) as u32];
+            let e = check::embed(t, w, rows, cols, &ids).unwrap();
+            for (i, &id) in ids.iter().enumerate() {
+                for c in 0..cols {
+                    let (g, r) = (e[i * cols + c], refw[id as usize * cols + c]);
+                    assert!(
+                        (g - r).abs() <= 1e-6 * r.abs() + 1e-30,
+                        "{} embed row {id} col {c}: gpu {g} vs gguf {r}",
+                        t.name()
+                    );
+                }
+            }
+            eprintln!("{} {rows}x{cols}: worst |Δ|/Σ|wx| {worst:.1e}", t.name());
+        }
+    }
+}
+
+fn json(p: &Path) -> Value {
+    serde_json::from_str(&String::from_utf8(read(p)).unwrap()).unwrap()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn argmax(x: &[f32]) -> usize {
+    let mut b = 0;
+    for (i, v) in x.iter().enumerate() {
+        if *v > x[b] {
+            b = i;
+        }
+    }
+    b
+}
+
+/// A state with a RAM expert cache of `ram_slots` per layer, on the GPU when `gpu` is given.
+fn state(model: &Model<'_>, files: &ModelFiles, batch: usize, ram_slots: usize, gpu: Option<&GpuOptions>) -> (State, u64) {
+    let mut st = model.new_state(256, batch, batch).unwrap();
+    let mut slot = 0;
+    if let Some(opts) = gpu {
+        let mut cfg = CacheConfig::new(ram_slots);
+        cfg.io = sluice::experts::IoMode::Buffered;
+        st.attach_experts(model.expert_cache(files, cfg).unwrap());
+        let (g, sum) = GpuState::attach(model, &st, opts).unwrap();
+        slot = sum.slot_bytes * model.weights.layers.iter().filter(|l| l.moe().is_some()).count() as u64;
+        st.attach_gpu(g);
+    }
+    (st, slot)
+}
+
+fn opts(vram: Option<u64>, staging: Staging) -> GpuOptions {
+    GpuOptions {
+        vram,
+        staging,
+        pinned: Vec::new(),
+    }
+}
+
+fn load(path: &Path) -> (ModelFiles, LoadOptions) {
+    (
+        ModelFiles::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+        LoadOptions { threads: 2, ctx: 256 },
+    )
+}
+
+/// max|a-b|/max|b| per row and whether every row's argmax agrees.
+fn compare(ours: &[f32], refr: &[f32], v: usize) -> (f32, bool) {
+    let (mut worst, mut same) = (0f32, true);
+    for (a, b) in ours.chunks(v).zip(refr.chunks(v)) {
+        let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let err = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        worst = worst.max(err / scale);
+        same &= argmax(a) == argmax(b);
+    }
+    (worst, same)
+}
+
+#[test]
+fn gpu_logits_match_transformers() {
+    if !gpu_or_skip("gpu_logits_match_transformers") {
+        return;
+    }
+    let mut paths: Vec<(String, PathBuf, PathBuf)> = Vec::new();
+    for f in FAMILIES {
+        let d = root().join("tests/fixtures/models").join(f);
+        paths.push((format!("{f} gguf f32"), d.join("model-f32.gguf"), d.clone()));
+        paths.push((format!("{f} safetensors"), d.clone(), d.clone()));
+    }
+    let d32 = root().join("tests/fixtures/models/deepseek_v32");
+    paths.push(("deepseek_v32 safetensors".into(), d32.clone(), d32));
+    for (what, path, d) in paths {
+        let (files, lo) = load(&path);
+        let model = Model::load(&files, &lo).unwrap();
+        let cases = json(&d.join("cases.json"));
+        for case in cases["cases"].as_array().unwrap() {
+            let toks = ids(&case["ids"]);
+            let (_, refr) = sluice::npy::read_f32(&d.join(case["logits"].as_str().unwrap())).unwrap();
+            for batch in [1, 5] {
+                let e = model.cfg.n_experts;
+                let (mut st, _) = state(&model, &files, batch, e, Some(&opts(None, Staging::Arena)));
+                let mut out = Vec::new();
+                model.logits_all(&mut st, &toks, &mut out).unwrap();
+                let (err, same) = compare(&out, &refr, model.cfg.vocab);
+                eprintln!("{what} {} batch {batch}: gpu max|Δ|/max|ref| = {err:.2e}", case["name"]);
+                assert!(err <= 1e-4, "{what} {}: gpu max|Δ|/max|ref| = {err:.2e}", case["name"]);
+                assert!(same, "{what} {}: gpu argmax differs from transformers", case["name"]);
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_q8_0_close_to_cpu() {
+    if !gpu_or_skip("gpu_q8_0_close_to_cpu") {
+        return;
+    }
+    for f in FAMILIES {
+        let d = root().join("tests/fixtures/models").join(f);
+        let (files, lo) = load(&d.join("model-q8_0.gguf"));
+        let model = Model::load(&files, &lo).unwrap();
+        let cases = json(&d.join("cases.json"));
+        let (mut agree, mut total, mut worst_kl) = (0, 0, 0f64);
+        for case in cases["cases"].as_array().unwrap() {
+            let toks = ids(&case["ids"]);
+            let (mut cpu_st, _) = state(&model, &files, 8, 0, None);
+            let mut cpu = Vec::new();
+            model.logits_all(&mut cpu_st, &toks, &mut cpu).unwrap();
+            let (mut st, _) = state(&model, &files, 8, model.cfg.n_experts, Some(&opts(None, Staging::Arena)));
+            let mut gpu = Vec::new();
+            model.logits_all(&mut st, &toks, &mut gpu).unwrap();
+            let v = model.cfg.vocab;
+            for (a, b) in gpu.chunks(v).zip(cpu.chunks(v)) {
+                let lse = |x: &[f32]| {
+                    let m = x.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v)) as f64;
+                    m + x.iter().map(|v| (*v as f64 - m).exp()).sum::<f64>().ln()
+                };
+                let (la, lb) = (lse(a), lse(b));
+                let kl: f64 = a
+                    .iter()
+                    .zip(b)
+                    .map(|(x, y)| {
+                        let (lp, lq) = (*y as f64 - lb, *x as f64 - la);
+                        lp.exp() * (lp - lq)
+                    })
+                    .sum();
+                worst_kl = worst_kl.max(kl);
+                agree += usize::from(argmax(a) == argmax(b));
+                total += 1;
+            }
+        }
+        eprintln!("{f} q8_0 gpu vs cpu: worst KL {worst_kl:.2e}, top-1 {agree}/{total}");
+        assert!(worst_kl < 0.02, "{f} q8_0: KL {worst_kl}");
+        assert!(agree * 10 >= total * 9, "{f} q8_0: top-1 {agree}/{total}");
+    }
+}
+
+/// Greedy tokens and every step's logits.
+fn greedy(model: &Model<'_>, st: &mut State, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>) {
+    let mut logits = Vec::new();
+    let l = model.feed(st, prompt).unwrap();
+    logits.extend_from_slice(l);
+    let mut next = argmax(l) as u32;
+    let mut toks = vec![next];
+    while toks.len() < n {
+        let l = model.forward_chunk(st, &[next], 0).unwrap();
+        logits.extend_from_slice(l);
+        next = argmax(l) as u32;
+        toks.push(next);
+    }
+    (toks, logits)
+}
+
+#[test]
+fn gpu_tokens_identical_across_placement() {
+    if !gpu_or_skip("gpu_tokens_identical_across_placement") {
+        return;
+    }
+    let default = sluice::default_model::ensure().unwrap();
+    let mut models = vec![default];
+    for f in ["qwen3_moe", "deepseek_v3", "glm4_moe"] {
+        models.push(root().join("tests/fixtures/models").join(f).join("model-q8_0.gguf"));
+    }
+    for path in models {
+        let (files, lo) = load(&path);
+        let model = Model::load(&files, &lo).unwrap();
+        let e = model.cfg.n_experts;
+        let prompt: Vec<u32> = (0..11).map(|i| (i * 7 + 3) as u32 % model.cfg.vocab as u32).collect();
+        let (mut st, per_slot) = state(&model, &files, 4, e, Some(&opts(None, Staging::Arena)));
+        let (want_t, want_l) = greedy(&model, &mut st, &prompt, 20);
+        drop(st);
+        let per_slot = per_slot.max(1);
+        let mut runs = 0;
+        for slots in [1, 2, e] {
+            for staging in [Staging::Arena, Staging::PerExpert, Staging::Pageable] {
+                for ram in [1, e] {
+                    let o = opts(Some(per_slot * slots as u64), staging);
+                    let (mut st, _) = state(&model, &files, 4, ram, Some(&o));
+                    let (t, l) = greedy(&model, &mut st, &prompt, 20);
+                    let what = format!("{}: vram {slots} slots/layer, {staging}, ram {ram} slots/layer", path.display());
+                    assert_eq!(t, want_t, "{what}: tokens differ");
+                    assert!(
+                        l.iter().zip(&want_l).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{what}: logits not bit-identical"
+                    );
+                    let s = st.gpu_stats().unwrap();
+                    if slots == 1 {
+                        assert!(s.experts_h2d > 0, "{what}: nothing was staged");
+                    }
+                    runs += 1;
+                }
+            }
+        }
+        eprintln!("{}: {runs} placements, identical tokens and logits", path.display());
+    }
+}
