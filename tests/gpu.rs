@@ -58,7 +58,9 @@ fn read(p: &Path) -> Vec<u8> {
 fn lcg(seed: u64) -> impl FnMut() -> f32 {
     let mut s = seed;
     move || {
-        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 }
@@ -160,7 +162,13 @@ fn argmax(x: &[f32]) -> usize {
 }
 
 /// A state with a RAM expert cache of `ram_slots` per layer, on the GPU when `gpu` is given.
-fn state(model: &Model<'_>, files: &ModelFiles, batch: usize, ram_slots: usize, gpu: Option<&GpuOptions>) -> (State, u64) {
+fn state(
+    model: &Model<'_>,
+    files: &ModelFiles,
+    batch: usize,
+    ram_slots: usize,
+    gpu: Option<&GpuOptions>,
+) -> (State, u64) {
     let mut st = model.new_state(256, batch, batch).unwrap();
     let mut slot = 0;
     if let Some(opts) = gpu {
@@ -168,7 +176,13 @@ fn state(model: &Model<'_>, files: &ModelFiles, batch: usize, ram_slots: usize, 
         cfg.io = sluice::experts::IoMode::Buffered;
         st.attach_experts(model.expert_cache(files, cfg).unwrap());
         let (g, sum) = GpuState::attach(model, &st, opts).unwrap();
-        slot = sum.slot_bytes * model.weights.layers.iter().filter(|l| l.moe().is_some()).count() as u64;
+        slot = sum.slot_bytes
+            * model
+                .weights
+                .layers
+                .iter()
+                .filter(|l| l.moe().is_some())
+                .count() as u64;
         st.attach_gpu(g);
     }
     (st, slot)
@@ -185,7 +199,10 @@ fn opts(vram: Option<u64>, staging: Staging) -> GpuOptions {
 fn load(path: &Path) -> (ModelFiles, LoadOptions) {
     (
         ModelFiles::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
-        LoadOptions { threads: 2, ctx: 256 },
+        LoadOptions {
+            threads: 2,
+            ctx: 256,
+        },
     )
 }
 
@@ -220,16 +237,29 @@ fn gpu_logits_match_transformers() {
         let cases = json(&d.join("cases.json"));
         for case in cases["cases"].as_array().unwrap() {
             let toks = ids(&case["ids"]);
-            let (_, refr) = sluice::npy::read_f32(&d.join(case["logits"].as_str().unwrap())).unwrap();
+            let (_, refr) =
+                sluice::npy::read_f32(&d.join(case["logits"].as_str().unwrap())).unwrap();
             for batch in [1, 5] {
                 let e = model.cfg.n_experts;
-                let (mut st, _) = state(&model, &files, batch, e, Some(&opts(None, Staging::Arena)));
+                let (mut st, _) =
+                    state(&model, &files, batch, e, Some(&opts(None, Staging::Arena)));
                 let mut out = Vec::new();
                 model.logits_all(&mut st, &toks, &mut out).unwrap();
                 let (err, same) = compare(&out, &refr, model.cfg.vocab);
-                eprintln!("{what} {} batch {batch}: gpu max|Δ|/max|ref| = {err:.2e}", case["name"]);
-                assert!(err <= 1e-4, "{what} {}: gpu max|Δ|/max|ref| = {err:.2e}", case["name"]);
-                assert!(same, "{what} {}: gpu argmax differs from transformers", case["name"]);
+                eprintln!(
+                    "{what} {} batch {batch}: gpu max|Δ|/max|ref| = {err:.2e}",
+                    case["name"]
+                );
+                assert!(
+                    err <= 1e-4,
+                    "{what} {}: gpu max|Δ|/max|ref| = {err:.2e}",
+                    case["name"]
+                );
+                assert!(
+                    same,
+                    "{what} {}: gpu argmax differs from transformers",
+                    case["name"]
+                );
             }
         }
     }
@@ -251,7 +281,13 @@ fn gpu_q8_0_close_to_cpu() {
             let (mut cpu_st, _) = state(&model, &files, 8, 0, None);
             let mut cpu = Vec::new();
             model.logits_all(&mut cpu_st, &toks, &mut cpu).unwrap();
-            let (mut st, _) = state(&model, &files, 8, model.cfg.n_experts, Some(&opts(None, Staging::Arena)));
+            let (mut st, _) = state(
+                &model,
+                &files,
+                8,
+                model.cfg.n_experts,
+                Some(&opts(None, Staging::Arena)),
+            );
             let mut gpu = Vec::new();
             model.logits_all(&mut st, &toks, &mut gpu).unwrap();
             let v = model.cfg.vocab;
@@ -304,13 +340,20 @@ fn gpu_tokens_identical_across_placement() {
     let default = sluice::default_model::ensure().unwrap();
     let mut models = vec![default];
     for f in ["qwen3_moe", "deepseek_v3", "glm4_moe"] {
-        models.push(root().join("tests/fixtures/models").join(f).join("model-q8_0.gguf"));
+        models.push(
+            root()
+                .join("tests/fixtures/models")
+                .join(f)
+                .join("model-q8_0.gguf"),
+        );
     }
     for path in models {
         let (files, lo) = load(&path);
         let model = Model::load(&files, &lo).unwrap();
         let e = model.cfg.n_experts;
-        let prompt: Vec<u32> = (0..11).map(|i| (i * 7 + 3) as u32 % model.cfg.vocab as u32).collect();
+        let prompt: Vec<u32> = (0..11)
+            .map(|i| (i * 7 + 3) as u32 % model.cfg.vocab as u32)
+            .collect();
         let (mut st, per_slot) = state(&model, &files, 4, e, Some(&opts(None, Staging::Arena)));
         let (want_t, want_l) = greedy(&model, &mut st, &prompt, 20);
         drop(st);
@@ -322,10 +365,15 @@ fn gpu_tokens_identical_across_placement() {
                     let o = opts(Some(per_slot * slots as u64), staging);
                     let (mut st, _) = state(&model, &files, 4, ram, Some(&o));
                     let (t, l) = greedy(&model, &mut st, &prompt, 20);
-                    let what = format!("{}: vram {slots} slots/layer, {staging}, ram {ram} slots/layer", path.display());
+                    let what = format!(
+                        "{}: vram {slots} slots/layer, {staging}, ram {ram} slots/layer",
+                        path.display()
+                    );
                     assert_eq!(t, want_t, "{what}: tokens differ");
                     assert!(
-                        l.iter().zip(&want_l).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        l.iter()
+                            .zip(&want_l)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
                         "{what}: logits not bit-identical"
                     );
                     let s = st.gpu_stats().unwrap();
@@ -336,6 +384,32 @@ fn gpu_tokens_identical_across_placement() {
                 }
             }
         }
-        eprintln!("{}: {runs} placements, identical tokens and logits", path.display());
+        eprintln!(
+            "{}: {runs} placements, identical tokens and logits",
+            path.display()
+        );
     }
+}
+
+/// The committed PTX was made from the committed kernels.cu (scripts/build-ptx.py writes the
+/// source's SHA-256 on its first line). Runs everywhere: it needs no GPU.
+#[test]
+fn ptx_is_built_from_this_source() {
+    let src = root().join("src/gpu/kernels.cu");
+    let out = std::process::Command::new("sha256sum")
+        .arg(&src)
+        .output()
+        .expect("sha256sum");
+    let hash = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or("")
+        .to_string();
+    let ptx = String::from_utf8(read(&root().join("src/gpu/kernels.ptx"))).unwrap();
+    let first = ptx.lines().next().unwrap_or("");
+    assert_eq!(
+        first,
+        format!("// sluice kernels.cu sha256 {hash}"),
+        "src/gpu/kernels.ptx is stale: run scripts/build-ptx.py"
+    );
 }

@@ -57,8 +57,8 @@ pub fn setup_gpu(
         "off" => Want::Off,
         s => anyhow::bail!("--gpu {s:?}: expected auto, on or off"),
     };
-    let staging = crate::gpu::Staging::parse(&g.staging)
-        .map_err(|e| anyhow::anyhow!("--gpu-staging {e}"))?;
+    let staging =
+        crate::gpu::Staging::parse(&g.staging).map_err(|e| anyhow::anyhow!("--gpu-staging {e}"))?;
     let vram = g.vram.as_deref().map(parse_size).transpose()?;
     if want == Want::Off {
         eprintln!("[plan] gpu: off (--gpu off)");
@@ -78,7 +78,16 @@ pub fn setup_gpu(
         eprintln!("[plan] gpu: off (--mtp runs on the CPU path)");
         return Ok(false);
     }
-    attach(model, files, st, want, vram, staging, experts, measure_ceiling)
+    attach(
+        model,
+        files,
+        st,
+        want,
+        vram,
+        staging,
+        experts,
+        measure_ceiling,
+    )
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -232,7 +241,10 @@ pub fn gpu_summary(
 }
 
 /// The GPU figures as JSON (for `--stats-json`).
-pub fn gpu_json(st: &crate::model::State, before: Option<crate::gpu::GpuStats>) -> Option<serde_json::Value> {
+pub fn gpu_json(
+    st: &crate::model::State,
+    before: Option<crate::gpu::GpuStats>,
+) -> Option<serde_json::Value> {
     let s = st.gpu_stats()?;
     let s = before.map_or(s, |b| s.since(&b));
     Some(serde_json::json!({

@@ -103,11 +103,21 @@ pub fn run_cmd(args: ServeArgs) -> anyhow::Result<()> {
     if args.kv_dir.is_some() && args.gpu.gpu != "off" {
         // Saved KV caches are read from and written to host memory; the GPU keeps its own.
         if args.gpu.gpu == "on" {
-            anyhow::bail!("--kv-dir with --gpu on: saved KV caches work on the CPU path only; use --gpu off");
+            anyhow::bail!(
+                "--kv-dir with --gpu on: saved KV caches work on the CPU path only; use --gpu off"
+            );
         }
         eprintln!("[plan] gpu: off (--kv-dir keeps KV caches in host memory)");
     } else {
-        super::gpu::setup_gpu(&model, files, &mut st, &args.gpu, Some(&args.experts), 0, false)?;
+        super::gpu::setup_gpu(
+            &model,
+            files,
+            &mut st,
+            &args.gpu,
+            Some(&args.experts),
+            0,
+            false,
+        )?;
     }
     let cfg = ServeConfig {
         host: args.host,

@@ -129,11 +129,22 @@ impl Drop for Event {
     }
 }
 
+/// A kernel of the loaded module.
+#[derive(Clone, Copy)]
+pub struct Kernel(cu::CUfunction);
+
+/// The two streams: kernels run on `Compute`, expert copies on `Copy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stream {
+    Compute,
+    Copy,
+}
+
 pub struct Gpu {
     ctx: cu::CUcontext,
     module: cu::CUmodule,
-    pub compute: cu::CUstream,
-    pub copy: cu::CUstream,
+    compute: cu::CUstream,
+    copy: cu::CUstream,
     pub name: String,
     pub total_mem: usize,
     pub sm_count: i32,
@@ -213,6 +224,13 @@ impl Gpu {
         }
     }
 
+    fn raw(&self, s: Stream) -> cu::CUstream {
+        match s {
+            Stream::Compute => self.compute,
+            Stream::Copy => self.copy,
+        }
+    }
+
     /// Makes the context current on this thread.
     pub fn bind(&self) -> Result<(), GpuError> {
         // SAFETY: `ctx` is the retained primary context, alive as long as self.
@@ -254,7 +272,7 @@ impl Gpu {
         Ok(())
     }
 
-    pub fn function(&self, name: &str) -> Result<cu::CUfunction, GpuError> {
+    pub fn function(&self, name: &str) -> Result<Kernel, GpuError> {
         let cname = std::ffi::CString::new(name).map_err(|_| GpuError::Driver(name.into()))?;
         let mut f = std::ptr::null_mut();
         // SAFETY: valid out-pointer and NUL-terminated name; the module is loaded.
@@ -264,17 +282,17 @@ impl Gpu {
                 &format!("kernel {name}"),
             )?;
         }
-        Ok(f)
+        Ok(Kernel(f))
     }
 
     /// Launches `f` on `stream` with `args` (each stored in a u64 slot, see `Arg`).
     pub fn launch(
         &self,
-        f: cu::CUfunction,
+        f: Kernel,
         grid: (u32, u32, u32),
         block: u32,
         shmem: u32,
-        stream: cu::CUstream,
+        stream: Stream,
         args: &[Arg],
     ) -> Result<(), GpuError> {
         let mut slots = [0u64; 24];
@@ -297,7 +315,7 @@ impl Gpu {
         unsafe {
             check(
                 cu::cuLaunchKernel(
-                    f,
+                    f.0,
                     grid.0,
                     grid.1,
                     grid.2,
@@ -305,7 +323,7 @@ impl Gpu {
                     1,
                     1,
                     shmem,
-                    stream,
+                    self.raw(stream),
                     ptrs.as_mut_ptr(),
                     std::ptr::null_mut(),
                 ),
@@ -404,7 +422,7 @@ impl Gpu {
         dst: u64,
         src: *const u8,
         len: usize,
-        stream: cu::CUstream,
+        stream: Stream,
     ) -> Result<(), GpuError> {
         if len == 0 {
             return Ok(());
@@ -412,7 +430,7 @@ impl Gpu {
         // SAFETY: per the caller's contract.
         unsafe {
             check(
-                cu::cuMemcpyHtoDAsync_v2(dst, src.cast(), len, stream),
+                cu::cuMemcpyHtoDAsync_v2(dst, src.cast(), len, self.raw(stream)),
                 "cuMemcpyHtoDAsync",
             )
         }
@@ -427,7 +445,7 @@ impl Gpu {
         dst: *mut u8,
         src: u64,
         len: usize,
-        stream: cu::CUstream,
+        stream: Stream,
     ) -> Result<(), GpuError> {
         if len == 0 {
             return Ok(());
@@ -435,35 +453,32 @@ impl Gpu {
         // SAFETY: per the caller's contract.
         unsafe {
             check(
-                cu::cuMemcpyDtoHAsync_v2(dst.cast(), src, len, stream),
+                cu::cuMemcpyDtoHAsync_v2(dst.cast(), src, len, self.raw(stream)),
                 "cuMemcpyDtoHAsync",
             )
         }
     }
 
     /// Asynchronous device -> device copy on `stream` (both ranges inside live allocations).
-    pub fn copy_d2d(
-        &self,
-        dst: u64,
-        src: u64,
-        len: usize,
-        stream: cu::CUstream,
-    ) -> Result<(), GpuError> {
+    pub fn copy_d2d(&self, dst: u64, src: u64, len: usize, stream: Stream) -> Result<(), GpuError> {
         if len == 0 {
             return Ok(());
         }
         // SAFETY: device addresses from this crate's allocations; the driver checks ranges.
         unsafe {
             check(
-                cu::cuMemcpyDtoDAsync_v2(dst, src, len, stream),
+                cu::cuMemcpyDtoDAsync_v2(dst, src, len, self.raw(stream)),
                 "cuMemcpyDtoDAsync",
             )
         }
     }
 
-    pub fn sync(&self, stream: cu::CUstream) -> Result<(), GpuError> {
+    pub fn sync(&self, stream: Stream) -> Result<(), GpuError> {
         // SAFETY: a stream of this context.
-        check(unsafe { cu::cuStreamSynchronize(stream) }, "cuStreamSynchronize")
+        check(
+            unsafe { cu::cuStreamSynchronize(self.raw(stream)) },
+            "cuStreamSynchronize",
+        )
     }
 
     pub fn event(&self) -> Result<Event, GpuError> {
@@ -478,16 +493,19 @@ impl Gpu {
         Ok(Event(e))
     }
 
-    pub fn record(&self, e: &Event, stream: cu::CUstream) -> Result<(), GpuError> {
+    pub fn record(&self, e: &Event, stream: Stream) -> Result<(), GpuError> {
         // SAFETY: an event and a stream of this context.
-        check(unsafe { cu::cuEventRecord(e.0, stream) }, "cuEventRecord")
+        check(
+            unsafe { cu::cuEventRecord(e.0, self.raw(stream)) },
+            "cuEventRecord",
+        )
     }
 
     /// Work queued on `stream` after this call waits for `e`.
-    pub fn wait(&self, stream: cu::CUstream, e: &Event) -> Result<(), GpuError> {
+    pub fn wait(&self, stream: Stream, e: &Event) -> Result<(), GpuError> {
         // SAFETY: an event and a stream of this context.
         check(
-            unsafe { cu::cuStreamWaitEvent(stream, e.0, 0) },
+            unsafe { cu::cuStreamWaitEvent(self.raw(stream), e.0, 0) },
             "cuStreamWaitEvent",
         )
     }
@@ -537,11 +555,11 @@ pub fn pinned_h2d_gbps(gpu: &Gpu, bytes: usize, reps: usize) -> Result<f64, GpuE
     let (a, b) = (gpu.event()?, gpu.event()?);
     let mut best = 0f64;
     for _ in 0..reps.max(1) + 1 {
-        gpu.record(&a, gpu.copy)?;
+        gpu.record(&a, Stream::Copy)?;
         // SAFETY: `host` lives until after the sync below; `dev` holds `bytes`.
-        unsafe { gpu.upload_async(dev.ptr, host.as_slice().as_ptr(), bytes, gpu.copy)? };
-        gpu.record(&b, gpu.copy)?;
-        gpu.sync(gpu.copy)?;
+        unsafe { gpu.upload_async(dev.ptr, host.as_slice().as_ptr(), bytes, Stream::Copy)? };
+        gpu.record(&b, Stream::Copy)?;
+        gpu.sync(Stream::Copy)?;
         let ms = gpu.elapsed_ms(&a, &b)? as f64;
         if ms > 0.0 {
             best = best.max(bytes as f64 / (ms * 1e-3) / 1e9);

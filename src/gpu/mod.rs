@@ -51,9 +51,7 @@ impl Staging {
             "arena" => Ok(Staging::Arena),
             "per-expert" => Ok(Staging::PerExpert),
             "pageable" => Ok(Staging::Pageable),
-            _ => Err(format!(
-                "{s:?}: expected arena, per-expert or pageable"
-            )),
+            _ => Err(format!("{s:?}: expected arena, per-expert or pageable")),
         }
     }
     pub fn name(self) -> &'static str {

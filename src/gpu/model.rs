@@ -11,7 +11,7 @@
 //! `--gpu-staging`. A RAM-cache slot is never handed back (`ExpertCache::end`) while a copy
 //! from it is in flight, and a VRAM slot is never overwritten while a kernel may read it.
 
-use super::driver::{pinned_h2d_gbps, Arg, DevBuf, Event, Gpu, PinnedBuf};
+use super::driver::{pinned_h2d_gbps, Arg, DevBuf, Event, Gpu, Kernel, PinnedBuf, Stream};
 use super::pool::VramPool;
 use super::{GpuError, GpuOptions, GpuStats, Staging};
 use crate::dtype::DType;
@@ -19,7 +19,6 @@ use crate::kernels::WeightView;
 use crate::model::config::{AttnKind, QkNorm};
 use crate::model::weights::{Attention, Ffn, HeadMat, Mlp};
 use crate::model::{Model, ModelError, State};
-use cudarc::driver::sys::{CUfunction, CUstream};
 use std::borrow::Cow;
 use std::time::Instant;
 
@@ -53,10 +52,10 @@ fn type_name(d: DType) -> Option<&'static str> {
 /// The four kernels of one weight type.
 #[derive(Clone, Copy)]
 struct TypeFns {
-    mm: CUfunction,
-    gate_up: CUfunction,
-    down: CUfunction,
-    embed: CUfunction,
+    mm: Kernel,
+    gate_up: Kernel,
+    down: Kernel,
+    embed: Kernel,
 }
 
 /// A weight matrix in the device arena.
@@ -123,15 +122,15 @@ struct GLayer {
 }
 
 struct Small {
-    rmsnorm: CUfunction,
-    add: CUfunction,
-    add_bias: CUfunction,
-    silu_mul: CUfunction,
-    rope: CUfunction,
-    attention: CUfunction,
-    head_mv: CUfunction,
-    copy2d: CUfunction,
-    combine: CUfunction,
+    rmsnorm: Kernel,
+    add: Kernel,
+    add_bias: Kernel,
+    silu_mul: Kernel,
+    rope: Kernel,
+    attention: Kernel,
+    head_mv: Kernel,
+    copy2d: Kernel,
+    combine: Kernel,
 }
 
 /// Event pairs timing compute segments and expert copies, harvested at sync points.
@@ -388,7 +387,9 @@ impl GpuState {
                 Ffn::Dense(m) => GFfn::Dense(b.mlp(m, &what)?),
                 Ffn::Moe(m) => {
                     let Some(x0) = m.experts.first() else {
-                        return Err(GpuError::Config(format!("{what}: MoE layer without experts")));
+                        return Err(GpuError::Config(format!(
+                            "{what}: MoE layer without experts"
+                        )));
                     };
                     let (g, u, d) = (x0.gate.bytes.len(), x0.up.bytes.len(), x0.down.bytes.len());
                     all_experts += (m.experts.len() * (g + u + d)) as u64;
@@ -513,11 +514,9 @@ impl GpuState {
                     .sum(),
             ),
         };
-        let per_layer = if moe_layers == 0 {
-            0
-        } else {
-            (want / slot_bytes) as usize / moe_layers
-        };
+        let per_layer = ((want / slot_bytes) as usize)
+            .checked_div(moe_layers)
+            .unwrap_or(0);
         if moe_layers > 0 && per_layer == 0 {
             return Err(GpuError::Config(format!(
                 "the VRAM expert pool of {:.2} GB holds {} slots of {:.1} MB, fewer than one per MoE layer ({moe_layers}): raise --vram",
@@ -630,7 +629,7 @@ impl GpuState {
     pub fn release_staging(&mut self) -> Result<(), GpuError> {
         if let Some((p, _)) = self.registered.take() {
             self.gpu.bind()?;
-            self.gpu.sync(self.gpu.copy)?;
+            self.gpu.sync(Stream::Copy)?;
             // SAFETY: registered in `attach`; the copy stream is idle.
             unsafe { self.gpu.unregister(p as *const u8)? };
         }
@@ -641,12 +640,28 @@ impl GpuState {
         self.weights.at(off)
     }
 
-    fn launch(&self, f: CUfunction, grid: (u32, u32, u32), block: u32, shmem: u32, args: &[Arg]) -> Result<(), GpuError> {
-        self.gpu.launch(f, grid, block, shmem, self.gpu.compute, args)
+    fn launch(
+        &self,
+        f: Kernel,
+        grid: (u32, u32, u32),
+        block: u32,
+        shmem: u32,
+        args: &[Arg],
+    ) -> Result<(), GpuError> {
+        self.gpu
+            .launch(f, grid, block, shmem, Stream::Compute, args)
     }
 
     /// y (n x rows, row stride ldy) = x (n x cols, row stride ldx) * m^T.
-    fn mm(&self, m: &Mat, x: u64, ldx: usize, n: usize, y: u64, ldy: usize) -> Result<(), GpuError> {
+    fn mm(
+        &self,
+        m: &Mat,
+        x: u64,
+        ldx: usize,
+        n: usize,
+        y: u64,
+        ldy: usize,
+    ) -> Result<(), GpuError> {
         self.launch(
             m.f.mm,
             ((m.rows as u32).div_ceil(WARPS), 1, 1),
@@ -666,13 +681,32 @@ impl GpuState {
         )
     }
 
-    fn rmsnorm(&self, x: u64, ldx: usize, w: u64, dim: usize, rows: usize, eps: f32, y: u64, ldy: usize) -> Result<(), GpuError> {
+    #[allow(clippy::too_many_arguments)]
+    fn rmsnorm(
+        &self,
+        x: u64,
+        ldx: usize,
+        w: u64,
+        dim: usize,
+        rows: usize,
+        eps: f32,
+        y: u64,
+        ldy: usize,
+    ) -> Result<(), GpuError> {
         self.launch(
             self.small.rmsnorm,
             (rows as u32, 1, 1),
             256,
             0,
-            &[x.into(), (ldx as i32).into(), w.into(), (dim as i32).into(), eps.into(), y.into(), (ldy as i32).into()],
+            &[
+                x.into(),
+                (ldx as i32).into(),
+                w.into(),
+                (dim as i32).into(),
+                eps.into(),
+                y.into(),
+                (ldy as i32).into(),
+            ],
         )
     }
 
@@ -687,7 +721,17 @@ impl GpuState {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn rope(&self, model: &Model<'_>, x: u64, ld: usize, hs: usize, off: usize, heads: usize, n: usize, pos0: usize) -> Result<(), GpuError> {
+    fn rope(
+        &self,
+        model: &Model<'_>,
+        x: u64,
+        ld: usize,
+        hs: usize,
+        off: usize,
+        heads: usize,
+        n: usize,
+        pos0: usize,
+    ) -> Result<(), GpuError> {
         let half = model.rope.half();
         let layout = match model.cfg.rope_layout {
             crate::model::config::RopeLayout::HalfSplit => 0,
@@ -704,7 +748,7 @@ impl GpuState {
                 (hs as i32).into(),
                 (off as i32).into(),
                 (half as i32).into(),
-                (layout as i32).into(),
+                layout.into(),
                 self.bufs.cos.ptr.into(),
                 self.bufs.sin.ptr.into(),
                 (pos0 as i32).into(),
@@ -765,7 +809,16 @@ impl GpuState {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn head_mv(&self, m: u64, rows: usize, cols: usize, heads: usize, n: usize, x: (u64, usize, usize), y: (u64, usize, usize)) -> Result<(), GpuError> {
+    fn head_mv(
+        &self,
+        m: u64,
+        rows: usize,
+        cols: usize,
+        heads: usize,
+        n: usize,
+        x: (u64, usize, usize),
+        y: (u64, usize, usize),
+    ) -> Result<(), GpuError> {
         self.launch(
             self.small.head_mv,
             ((rows as u32).div_ceil(WARPS), heads as u32, n as u32),
@@ -785,10 +838,10 @@ impl GpuState {
         )
     }
 
-    fn timer_start(&mut self, stream: CUstream) -> Result<usize, GpuError> {
+    fn timer_start(&mut self, stream: Stream) -> Result<usize, GpuError> {
         if self.timers.next + 2 > self.timers.events.len() {
-            self.gpu.sync(self.gpu.compute)?;
-            self.gpu.sync(self.gpu.copy)?;
+            self.gpu.sync(Stream::Compute)?;
+            self.gpu.sync(Stream::Copy)?;
             self.harvest()?;
         }
         let i = self.timers.next;
@@ -797,7 +850,7 @@ impl GpuState {
         Ok(i)
     }
 
-    fn timer_stop(&mut self, i: usize, stream: CUstream, copy: bool) -> Result<(), GpuError> {
+    fn timer_stop(&mut self, i: usize, stream: Stream, copy: bool) -> Result<(), GpuError> {
         self.gpu.record(&self.timers.events[i + 1], stream)?;
         self.timers.pairs.push((i, i + 1, copy));
         Ok(())
@@ -808,7 +861,8 @@ impl GpuState {
         for &(a, b, copy) in &self.timers.pairs {
             let ms = self
                 .gpu
-                .elapsed_ms(&self.timers.events[a], &self.timers.events[b])? as f64;
+                .elapsed_ms(&self.timers.events[a], &self.timers.events[b])?
+                as f64;
             if copy {
                 self.stats.copy_secs += ms * 1e-3;
             } else {
@@ -834,8 +888,8 @@ impl GpuState {
         let r = self.forward_inner(model, st, tokens, logits_from);
         if r.is_err() {
             // Leave both streams idle so the next call starts clean.
-            let _ = self.gpu.sync(self.gpu.copy);
-            let _ = self.gpu.sync(self.gpu.compute);
+            let _ = self.gpu.sync(Stream::Copy);
+            let _ = self.gpu.sync(Stream::Compute);
             self.timers.pairs.clear();
             self.timers.next = 0;
         }
@@ -853,7 +907,7 @@ impl GpuState {
     ) -> Result<(), ModelError> {
         let cfg = &model.cfg;
         let (n, h) = (tokens.len(), cfg.hidden);
-        let compute = self.gpu.compute;
+        let compute = Stream::Compute;
         let ti = self.timer_start(compute).map_err(mkerr)?;
         {
             let tb = self.host.tokens.as_mut_slice();
@@ -865,7 +919,12 @@ impl GpuState {
         // sync; the device buffer holds `batch` tokens and n <= batch (checked by the caller).
         unsafe {
             self.gpu
-                .upload_async(self.bufs.tokens.ptr, self.host.tokens.as_slice().as_ptr(), 4 * n, compute)
+                .upload_async(
+                    self.bufs.tokens.ptr,
+                    self.host.tokens.as_slice().as_ptr(),
+                    4 * n,
+                    compute,
+                )
                 .map_err(mkerr)?;
         }
         self.launch(
@@ -896,8 +955,17 @@ impl GpuState {
         let ti = self.timer_start(compute).map_err(mkerr)?;
         if n_logits > 0 {
             let x = self.bufs.x.f(logits_from * h);
-            self.rmsnorm(x, h, self.wa(self.output_norm), h, n_logits, cfg.rms_eps, self.bufs.xn.ptr, h)
-                .map_err(mkerr)?;
+            self.rmsnorm(
+                x,
+                h,
+                self.wa(self.output_norm),
+                h,
+                n_logits,
+                cfg.rms_eps,
+                self.bufs.xn.ptr,
+                h,
+            )
+            .map_err(mkerr)?;
             let out = self.output;
             self.mm(&out, self.bufs.xn.ptr, h, n_logits, self.bufs.logits.ptr, v)
                 .map_err(mkerr)?;
@@ -921,7 +989,10 @@ impl GpuState {
         self.harvest().map_err(mkerr)?;
         if n_logits > 0 {
             let src = &self.host.logits.as_slice()[..4 * n_logits * v];
-            for (o, b) in st.logits[..n_logits * v].iter_mut().zip(src.chunks_exact(4)) {
+            for (o, b) in st.logits[..n_logits * v]
+                .iter_mut()
+                .zip(src.chunks_exact(4))
+            {
                 *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
             }
         }
@@ -929,10 +1000,16 @@ impl GpuState {
         Ok(())
     }
 
-    fn layer(&mut self, model: &Model<'_>, st: &mut State, l: usize, n: usize) -> Result<(), LayerError> {
+    fn layer(
+        &mut self,
+        model: &Model<'_>,
+        st: &mut State,
+        l: usize,
+        n: usize,
+    ) -> Result<(), LayerError> {
         let cfg = &model.cfg;
         let h = cfg.hidden;
-        let compute = self.gpu.compute;
+        let compute = Stream::Compute;
         let (x, xn, proj) = (self.bufs.x.ptr, self.bufs.xn.ptr, self.bufs.proj.ptr);
         let ti = self.timer_start(compute)?;
         let gl = &self.layers[l];
@@ -943,7 +1020,11 @@ impl GpuState {
         self.rmsnorm(x, h, self.wa(gl.ffn_norm), h, n, cfg.rms_eps, xn, h)?;
         match &self.layers[l].ffn {
             GFfn::Dense(m) => {
-                let m = GMlp { gate: m.gate, up: m.up, down: m.down };
+                let m = GMlp {
+                    gate: m.gate,
+                    up: m.up,
+                    down: m.down,
+                };
                 self.mlp(&m, n)?;
                 self.add(x, self.bufs.down.ptr, n * h)?;
                 self.timer_stop(ti, compute, false)?;
@@ -959,14 +1040,28 @@ impl GpuState {
     fn attn(&mut self, model: &Model<'_>, st: &State, l: usize, n: usize) -> Result<(), GpuError> {
         let cfg = &model.cfg;
         let (h, nh, hd) = (cfg.hidden, cfg.n_heads, cfg.head_dim);
-        let (xn, q, k, v) = (self.bufs.xn.ptr, self.bufs.q.ptr, self.bufs.k.ptr, self.bufs.v.ptr);
+        let (xn, q, k, v) = (
+            self.bufs.xn.ptr,
+            self.bufs.q.ptr,
+            self.bufs.k.ptr,
+            self.bufs.v.ptr,
+        );
         let pos = st.pos;
         let rpos = pos + st.rope_offset;
         let ctx = st.ctx();
         match &self.layers[l].attn {
-            GAttn::Gqa { wq, wk, wv, wo, bias, q_norm, k_norm } => {
+            GAttn::Gqa {
+                wq,
+                wk,
+                wv,
+                wo,
+                bias,
+                q_norm,
+                k_norm,
+            } => {
                 let (qd, kvd, nkv) = (cfg.q_dim(), cfg.kv_dim(), cfg.n_kv_heads);
-                let (wq, wk, wv, wo, bias, q_norm, k_norm) = (*wq, *wk, *wv, *wo, *bias, *q_norm, *k_norm);
+                let (wq, wk, wv, wo, bias, q_norm, k_norm) =
+                    (*wq, *wk, *wv, *wo, *bias, *q_norm, *k_norm);
                 self.mm(&wq, xn, h, n, q, qd)?;
                 self.mm(&wk, xn, h, n, k, kvd)?;
                 self.mm(&wv, xn, h, n, v, kvd)?;
@@ -978,7 +1073,12 @@ impl GpuState {
                             ((len as u32).div_ceil(256), 1, 1),
                             256,
                             0,
-                            &[buf.into(), self.wa(b).into(), (dim as i32).into(), (len as i32).into()],
+                            &[
+                                buf.into(),
+                                self.wa(b).into(),
+                                (dim as i32).into(),
+                                (len as i32).into(),
+                            ],
                         )?;
                     }
                 }
@@ -998,9 +1098,14 @@ impl GpuState {
                 self.rope(model, q, qd, hd, 0, nh, n, rpos)?;
                 self.rope(model, k, kvd, hd, 0, nkv, n, rpos)?;
                 let base = (l * ctx + pos) * kvd;
-                self.gpu.copy_d2d(self.bufs.kcache.f(base), k, 4 * n * kvd, self.gpu.compute)?;
-                self.gpu.copy_d2d(self.bufs.vcache.f(base), v, 4 * n * kvd, self.gpu.compute)?;
-                let (kl, vl) = (self.bufs.kcache.f(l * ctx * kvd), self.bufs.vcache.f(l * ctx * kvd));
+                self.gpu
+                    .copy_d2d(self.bufs.kcache.f(base), k, 4 * n * kvd, Stream::Compute)?;
+                self.gpu
+                    .copy_d2d(self.bufs.vcache.f(base), v, 4 * n * kvd, Stream::Compute)?;
+                let (kl, vl) = (
+                    self.bufs.kcache.f(l * ctx * kvd),
+                    self.bufs.vcache.f(l * ctx * kvd),
+                );
                 self.attention(
                     (q, qd, hd),
                     (kl, kvd, hd),
@@ -1017,11 +1122,27 @@ impl GpuState {
                 )?;
                 self.mm(&wo, self.bufs.att.ptr, qd, n, self.bufs.proj.ptr, h)?;
             }
-            GAttn::Mla { q_a, q_b, kv_a, kv_a_norm, k_b, v_b, wo } => {
-                let AttnKind::Mla { kv_lora, nope, rope, v_dim, .. } = cfg.attn else {
+            GAttn::Mla {
+                q_a,
+                q_b,
+                kv_a,
+                kv_a_norm,
+                k_b,
+                v_b,
+                wo,
+            } => {
+                let AttnKind::Mla {
+                    kv_lora,
+                    nope,
+                    rope,
+                    v_dim,
+                    ..
+                } = cfg.attn
+                else {
                     return Err(GpuError::Config("MLA weights in a GQA model".into()));
                 };
-                let (q_a, q_b, kv_a, kv_a_norm, k_b, v_b, wo) = (*q_a, *q_b, *kv_a, *kv_a_norm, *k_b, *v_b, *wo);
+                let (q_a, q_b, kv_a, kv_a_norm, k_b, v_b, wo) =
+                    (*q_a, *q_b, *kv_a, *kv_a_norm, *k_b, *v_b, *wo);
                 let qk = hd;
                 let kc = kv_lora + rope;
                 self.mm(&kv_a, xn, h, n, k, kc)?;
@@ -1029,7 +1150,16 @@ impl GpuState {
                     Some((qa, qn)) => {
                         let r = qa.rows;
                         self.mm(&qa, xn, h, n, self.bufs.qa.ptr, r)?;
-                        self.rmsnorm(self.bufs.qa.ptr, r, self.wa(qn), r, n, cfg.rms_eps, self.bufs.qa.ptr, r)?;
+                        self.rmsnorm(
+                            self.bufs.qa.ptr,
+                            r,
+                            self.wa(qn),
+                            r,
+                            n,
+                            cfg.rms_eps,
+                            self.bufs.qa.ptr,
+                            r,
+                        )?;
                         self.mm(&q_b, self.bufs.qa.ptr, r, n, q, nh * qk)?;
                     }
                     None => self.mm(&q_b, xn, h, n, q, nh * qk)?,
@@ -1037,10 +1167,19 @@ impl GpuState {
                 self.rmsnorm(k, kc, self.wa(kv_a_norm), kv_lora, n, cfg.rms_eps, k, kc)?;
                 self.rope(model, k, kc, 0, kv_lora, 1, n, rpos)?;
                 let base = (l * ctx + pos) * kc;
-                self.gpu.copy_d2d(self.bufs.kcache.f(base), k, 4 * n * kc, self.gpu.compute)?;
+                self.gpu
+                    .copy_d2d(self.bufs.kcache.f(base), k, 4 * n * kc, Stream::Compute)?;
                 self.rope(model, q, nh * qk, qk, nope, nh, n, rpos)?;
                 let qcat = self.bufs.qcat.ptr;
-                self.head_mv(self.wa(k_b), kv_lora, nope, nh, n, (q, nh * qk, qk), (qcat, nh * kc, kc))?;
+                self.head_mv(
+                    self.wa(k_b),
+                    kv_lora,
+                    nope,
+                    nh,
+                    n,
+                    (q, nh * qk, qk),
+                    (qcat, nh * kc, kc),
+                )?;
                 self.launch(
                     self.small.copy2d,
                     ((n * nh) as u32, 1, 1),
@@ -1071,7 +1210,15 @@ impl GpuState {
                     (clat, nh * kv_lora, kv_lora),
                 )?;
                 let att = self.bufs.att.ptr;
-                self.head_mv(self.wa(v_b), v_dim, kv_lora, nh, n, (clat, nh * kv_lora, kv_lora), (att, nh * v_dim, v_dim))?;
+                self.head_mv(
+                    self.wa(v_b),
+                    v_dim,
+                    kv_lora,
+                    nh,
+                    n,
+                    (clat, nh * kv_lora, kv_lora),
+                    (att, nh * v_dim, v_dim),
+                )?;
                 self.mm(&wo, att, nh * v_dim, n, self.bufs.proj.ptr, h)?;
             }
         }
@@ -1081,7 +1228,12 @@ impl GpuState {
     /// SwiGLU of xn rows 0..n; result in `down`.
     fn mlp(&mut self, m: &GMlp, n: usize) -> Result<(), GpuError> {
         let f = m.gate.rows;
-        let (xn, g, u, d) = (self.bufs.xn.ptr, self.bufs.gate.ptr, self.bufs.up.ptr, self.bufs.down.ptr);
+        let (xn, g, u, d) = (
+            self.bufs.xn.ptr,
+            self.bufs.gate.ptr,
+            self.bufs.up.ptr,
+            self.bufs.down.ptr,
+        );
         let h = m.gate.cols;
         self.mm(&m.gate, xn, h, n, g, f)?;
         self.mm(&m.up, xn, h, n, u, f)?;
@@ -1097,11 +1249,17 @@ impl GpuState {
     }
 
     /// Launches the expert jobs `j0..j0+cnt` (already written to the pinned job buffer).
-    fn launch_jobs(&mut self, mo: &MoeGeo, j0: usize, cnt: usize, h: usize) -> Result<(), GpuError> {
+    fn launch_jobs(
+        &mut self,
+        mo: &MoeGeo,
+        j0: usize,
+        cnt: usize,
+        h: usize,
+    ) -> Result<(), GpuError> {
         if cnt == 0 {
             return Ok(());
         }
-        let compute = self.gpu.compute;
+        let compute = Stream::Compute;
         // SAFETY: the pinned job entries j0..j0+cnt were written for this launch and are not
         // rewritten before the next MoE layer's router sync; the device table holds E jobs.
         unsafe {
@@ -1162,10 +1320,17 @@ impl GpuState {
 
     /// Routed experts (+ shared) of xn rows 0..n; result in `proj`. `ti`: the open timer of the
     /// layer's pre-MoE segment (closed before the router sync).
-    fn moe(&mut self, model: &Model<'_>, st: &mut State, l: usize, n: usize, ti: usize) -> Result<(), LayerError> {
+    fn moe(
+        &mut self,
+        model: &Model<'_>,
+        st: &mut State,
+        l: usize,
+        n: usize,
+        ti: usize,
+    ) -> Result<(), LayerError> {
         let cfg = &model.cfg;
         let (h, e, k) = (cfg.hidden, cfg.n_experts, cfg.n_experts_used);
-        let compute = self.gpu.compute;
+        let compute = Stream::Compute;
         let GFfn::Moe(gm) = &self.layers[l].ffn else {
             return Ok(());
         };
@@ -1178,7 +1343,11 @@ impl GpuState {
             rb_down: gm.rb_down,
         };
         let router = gm.router;
-        let shared = gm.shared.as_ref().map(|s| GMlp { gate: s.gate, up: s.up, down: s.down });
+        let shared = gm.shared.as_ref().map(|s| GMlp {
+            gate: s.gate,
+            up: s.up,
+            down: s.down,
+        });
         self.mm(&router, self.bufs.xn.ptr, h, n, self.bufs.router.ptr, e)?;
         self.timer_stop(ti, compute, false)?;
         // SAFETY: the pinned router buffer holds batch x E floats, untouched until the sync.
@@ -1238,9 +1407,24 @@ impl GpuState {
         }
         // SAFETY: the pinned assignment buffers are not rewritten before the next router sync.
         unsafe {
-            self.gpu.upload_async(self.bufs.tok.ptr, self.host.tok.as_slice().as_ptr(), 4 * cursor, compute)?;
-            self.gpu.upload_async(self.bufs.dst.ptr, self.host.dst.as_slice().as_ptr(), 4 * cursor, compute)?;
-            self.gpu.upload_async(self.bufs.selw.ptr, self.host.selw.as_slice().as_ptr(), 4 * n * k, compute)?;
+            self.gpu.upload_async(
+                self.bufs.tok.ptr,
+                self.host.tok.as_slice().as_ptr(),
+                4 * cursor,
+                compute,
+            )?;
+            self.gpu.upload_async(
+                self.bufs.dst.ptr,
+                self.host.dst.as_slice().as_ptr(),
+                4 * cursor,
+                compute,
+            )?;
+            self.gpu.upload_async(
+                self.bufs.selw.ptr,
+                self.host.selw.as_slice().as_ptr(),
+                4 * n * k,
+                compute,
+            )?;
         }
 
         // VRAM hits first: one launch for all of them.
@@ -1320,40 +1504,41 @@ impl GpuState {
         let mut i = 0;
         let mut wave = std::mem::take(&mut self.wave);
         let r = (|| -> Result<(), LayerError> {
-        while i < misses.len() {
-            self.pool.begin_wave();
-            let vram_cap = self.pool.free_for_wave(mo.idx).max(1);
-            wave.clear();
-            let start = i;
-            let (mut ram_n, mut vram_n) = (0, 0);
             while i < misses.len() {
-                let ex = misses[i].0;
-                let ram_pinned = cache.is_pinned(l, ex);
-                let vram_reserved = self.pool.reserved(mo.idx, ex);
-                if (!ram_pinned && ram_n == ram_cap) || (!vram_reserved && vram_n == vram_cap) {
-                    break;
+                self.pool.begin_wave();
+                let vram_cap = self.pool.free_for_wave(mo.idx).max(1);
+                wave.clear();
+                let start = i;
+                let (mut ram_n, mut vram_n) = (0, 0);
+                while i < misses.len() {
+                    let ex = misses[i].0;
+                    let ram_pinned = cache.is_pinned(l, ex);
+                    let vram_reserved = self.pool.reserved(mo.idx, ex);
+                    if (!ram_pinned && ram_n == ram_cap) || (!vram_reserved && vram_n == vram_cap) {
+                        break;
+                    }
+                    ram_n += usize::from(!ram_pinned);
+                    vram_n += usize::from(!vram_reserved);
+                    wave.push(ex);
+                    i += 1;
                 }
-                ram_n += usize::from(!ram_pinned);
-                vram_n += usize::from(!vram_reserved);
-                wave.push(ex);
-                i += 1;
+                cache.begin(l, &wave)?;
+                let mut registered: Vec<usize> = Vec::new();
+                let r =
+                    self.stage_wave(cache, l, mo, &misses[start..i], &mut j, h, &mut registered);
+                // Copies from the RAM slots must land before the cache may reuse them.
+                let synced = self.gpu.sync(Stream::Copy);
+                let t = Instant::now();
+                for p in registered {
+                    // SAFETY: registered in stage_wave; the copy stream is idle (synced above).
+                    let _ = unsafe { self.gpu.unregister(p as *const u8) };
+                }
+                self.stats.register_secs += t.elapsed().as_secs_f64();
+                cache.end();
+                r?;
+                synced?;
             }
-            cache.begin(l, &wave)?;
-            let mut registered: Vec<usize> = Vec::new();
-            let r = self.stage_wave(cache, l, mo, &misses[start..i], &mut j, h, &mut registered);
-            // Copies from the RAM slots must land before the cache may reuse them.
-            let synced = self.gpu.sync(self.gpu.copy);
-            let t = Instant::now();
-            for p in registered {
-                // SAFETY: registered in stage_wave; the copy stream is idle (synced above).
-                let _ = unsafe { self.gpu.unregister(p as *const u8) };
-            }
-            self.stats.register_secs += t.elapsed().as_secs_f64();
-            cache.end();
-            r?;
-            synced?;
-        }
-        Ok(())
+            Ok(())
         })();
         self.wave = wave;
         r
@@ -1370,7 +1555,7 @@ impl GpuState {
         h: usize,
         registered: &mut Vec<usize>,
     ) -> Result<(), LayerError> {
-        let (compute, copy) = (self.gpu.compute, self.gpu.copy);
+        let (compute, copy) = (Stream::Compute, Stream::Copy);
         while let Some((ex, bytes)) = cache.next_ready()? {
             let Some(&(_, a0, cnt)) = wave.iter().find(|m| m.0 == ex) else {
                 return Err(LayerError::Gpu(GpuError::Config(format!(
@@ -1423,7 +1608,10 @@ impl GpuState {
             // SAFETY: the source span lies in this wave's RAM slot (valid until cache.end(),
             // which comes after the copy stream is synced); the destination is the pool slot,
             // at least as large (checked above).
-            let r = unsafe { self.gpu.upload_async(self.pool_mem.at(base), lo as *const u8, hi - lo, copy) };
+            let r = unsafe {
+                self.gpu
+                    .upload_async(self.pool_mem.at(base), lo as *const u8, hi - lo, copy)
+            };
             if let Err(e) = r {
                 self.pool.drop_expert(mo.idx, ex);
                 return Err(e.into());
@@ -1480,8 +1668,15 @@ pub mod check {
     fn download_f32(gpu: &Gpu, src: &DevBuf, n: usize) -> Result<Vec<f32>, GpuError> {
         let mut host = gpu.alloc_pinned(4 * n)?;
         // SAFETY: `host` holds 4n bytes and lives until after the sync.
-        unsafe { gpu.download_async(host.as_mut_slice().as_mut_ptr(), src.ptr, 4 * n, gpu.compute)? };
-        gpu.sync(gpu.compute)?;
+        unsafe {
+            gpu.download_async(
+                host.as_mut_slice().as_mut_ptr(),
+                src.ptr,
+                4 * n,
+                Stream::Compute,
+            )?
+        };
+        gpu.sync(Stream::Compute)?;
         Ok(host
             .as_slice()
             .chunks_exact(4)
@@ -1489,13 +1684,20 @@ pub mod check {
             .collect())
     }
 
-    fn kernel(gpu: &Gpu, d: DType, kind: &str) -> Result<CUfunction, GpuError> {
+    fn kernel(gpu: &Gpu, d: DType, kind: &str) -> Result<Kernel, GpuError> {
         let n = type_name(d).ok_or_else(|| GpuError::Config(format!("no GPU kernel for {d:?}")))?;
         gpu.function(&format!("{kind}_{n}"))
     }
 
     /// y (n x rows) = x (n x cols) * W^T with the GPU matmul kernel of `d`.
-    pub fn matmul(d: DType, w: &[u8], rows: usize, cols: usize, x: &[f32], n: usize) -> Result<Vec<f32>, GpuError> {
+    pub fn matmul(
+        d: DType,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+        n: usize,
+    ) -> Result<Vec<f32>, GpuError> {
         let gpu = Gpu::open()?;
         let f = kernel(&gpu, d, "mm")?;
         let wd = gpu.alloc(w.len())?;
@@ -1508,7 +1710,7 @@ pub mod check {
             ((rows as u32).div_ceil(WARPS), 1, 1),
             32 * WARPS,
             0,
-            gpu.compute,
+            Stream::Compute,
             &[
                 wd.ptr.into(),
                 ((w.len() / rows) as i64).into(),
@@ -1525,7 +1727,13 @@ pub mod check {
     }
 
     /// Rows `ids` of W (rows x cols), dequantized by the GPU embedding kernel of `d`.
-    pub fn embed(d: DType, w: &[u8], rows: usize, cols: usize, ids: &[u32]) -> Result<Vec<f32>, GpuError> {
+    pub fn embed(
+        d: DType,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+        ids: &[u32],
+    ) -> Result<Vec<f32>, GpuError> {
         let gpu = Gpu::open()?;
         let f = kernel(&gpu, d, "embed")?;
         let wd = gpu.alloc(w.len())?;
@@ -1539,7 +1747,7 @@ pub mod check {
             (ids.len() as u32, 1, 1),
             128,
             0,
-            gpu.compute,
+            Stream::Compute,
             &[
                 wd.ptr.into(),
                 ((w.len() / rows) as i64).into(),

@@ -234,7 +234,11 @@ mod tests {
     #[test]
     fn pinned_slots_are_kept_for_their_expert_and_at_most_half() {
         let mut p = VramPool::new(&[16, 16], 4, 1024, &[(0, 5), (0, 6), (0, 7), (1, 9)]);
-        assert_eq!(p.n_pinned(), 3, "layer 0 keeps 2 of 4 slots for the LRU tier");
+        assert_eq!(
+            p.n_pinned(),
+            3,
+            "layer 0 keeps 2 of 4 slots for the LRU tier"
+        );
         p.begin_step();
         for e in 0..10 {
             if e != 5 && e != 6 {

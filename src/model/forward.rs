@@ -39,8 +39,8 @@ pub struct State {
     choice: Vec<f32>,            // (n_experts) selection scores of one token
     groups_score: Vec<f32>,      // (n_group)
     groups_kept: Vec<usize>,     // (topk_group)
-    pub(crate) sel: Vec<usize>, // (batch, k) chosen experts
-    pub(crate) selw: Vec<f32>, // (batch, k) their routing weights
+    pub(crate) sel: Vec<usize>,  // (batch, k) chosen experts
+    pub(crate) selw: Vec<f32>,   // (batch, k) their routing weights
     pub(crate) groups: Vec<Vec<(u32, u32)>>, // per expert: (token, slot) pairs, capacity batch
     gathered: Vec<f32>,          // (batch, hidden) inputs of one expert's tokens
     gate: Vec<f32>,              // (batch, widest ffn)
@@ -48,7 +48,7 @@ pub struct State {
     down: Vec<f32>,              // (batch, hidden)
     slot_out: Vec<f32>,          // (batch, k, hidden) each token's expert outputs, unweighted
     pub(crate) acts: Acts,
-    pub(crate) logits: Vec<f32>, // (logit_rows, vocab)
+    pub(crate) logits: Vec<f32>,   // (logit_rows, vocab)
     pub(crate) needed: Vec<usize>, // (n_experts) experts one MoE layer needs, ascending
     // Multi-token prediction (empty unless the model has an MTP layer).
     pub(crate) mtp_cat: Vec<f32>, // (batch, 2*hidden) [enorm(embed); hnorm(h)]
@@ -281,7 +281,12 @@ impl<'a> Model<'a> {
 
     /// The contract of `forward_chunk`: 1..=batch tokens, room in the context, at most
     /// `logit_rows` logit rows, token ids in the vocabulary.
-    fn check_chunk(&self, st: &State, tokens: &[u32], logits_from: usize) -> Result<(), ModelError> {
+    fn check_chunk(
+        &self,
+        st: &State,
+        tokens: &[u32],
+        logits_from: usize,
+    ) -> Result<(), ModelError> {
         let cfg = &self.cfg;
         let n = tokens.len();
         if n == 0 || n > st.batch {
