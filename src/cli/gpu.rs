@@ -51,6 +51,27 @@ pub fn setup_gpu(
     mtp: usize,
     measure_ceiling: bool,
 ) -> anyhow::Result<bool> {
+    setup_gpu_notes(model, files, st, g, experts, mtp, measure_ceiling, true)
+}
+
+/// `setup_gpu`; `notes`: print the `[plan] gpu: off (...)` line when the CPU is chosen
+/// (`logits` stays silent: its stderr is for errors).
+#[allow(clippy::too_many_arguments)]
+pub fn setup_gpu_notes(
+    model: &crate::model::Model<'_>,
+    files: &crate::format::ModelFiles,
+    st: &mut crate::model::State,
+    g: &GpuArgs,
+    experts: Option<&ExpertArgs>,
+    mtp: usize,
+    measure_ceiling: bool,
+    notes: bool,
+) -> anyhow::Result<bool> {
+    let off = |why: &str| {
+        if notes {
+            eprintln!("[plan] gpu: off ({why})");
+        }
+    };
     let want = match g.gpu.as_str() {
         "auto" => Want::Auto,
         "on" => Want::On,
@@ -61,21 +82,21 @@ pub fn setup_gpu(
         crate::gpu::Staging::parse(&g.staging).map_err(|e| anyhow::anyhow!("--gpu-staging {e}"))?;
     let vram = g.vram.as_deref().map(parse_size).transpose()?;
     if want == Want::Off {
-        eprintln!("[plan] gpu: off (--gpu off)");
+        off("--gpu off");
         return Ok(false);
     }
     if !crate::gpu::BUILT {
         if want == Want::On {
             anyhow::bail!("--gpu on: this sluice was built without the `cuda` feature (cargo build --release --features cuda)");
         }
-        eprintln!("[plan] gpu: off (this build has no `cuda` feature)");
+        off("this build has no `cuda` feature");
         return Ok(false);
     }
     if mtp > 0 {
         if want == Want::On {
             anyhow::bail!("--mtp with --gpu on: the MTP head runs only on the CPU path; use --gpu off or --mtp 0");
         }
-        eprintln!("[plan] gpu: off (--mtp runs on the CPU path)");
+        off("--mtp runs on the CPU path");
         return Ok(false);
     }
     attach(
@@ -87,6 +108,7 @@ pub fn setup_gpu(
         staging,
         experts,
         measure_ceiling,
+        &off,
     )
 }
 
@@ -101,6 +123,7 @@ fn attach(
     _: crate::gpu::Staging,
     _: Option<&ExpertArgs>,
     _: bool,
+    _: &dyn Fn(&str),
 ) -> anyhow::Result<bool> {
     Ok(false)
 }
@@ -116,6 +139,7 @@ fn attach(
     staging: crate::gpu::Staging,
     experts: Option<&ExpertArgs>,
     measure_ceiling: bool,
+    off: &dyn Fn(&str),
 ) -> anyhow::Result<bool> {
     use crate::gpu::model::GpuState;
     use crate::gpu::{GpuError, GpuOptions};
@@ -124,7 +148,7 @@ fn attach(
         if want == Want::On {
             anyhow::bail!("--gpu on: no CUDA driver library (libcuda.so) on this machine");
         }
-        eprintln!("[plan] gpu: off (no CUDA driver library on this machine)");
+        off("no CUDA driver library on this machine");
         return Ok(false);
     }
     let mut made_cache = false;
@@ -173,7 +197,7 @@ fn attach(
                 GpuError::NoDriver(m) => m,
                 other => other.to_string(),
             };
-            eprintln!("[plan] gpu: off ({why}); running on the CPU");
+            off(&format!("{why}; running on the CPU"));
             if made_cache {
                 st.detach_experts();
             }

@@ -35,7 +35,7 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
     )?;
     let batch = args.compute.batch.max(1);
     let mut st = model.new_state(ctx, batch, batch.min(64))?;
-    super::gpu::setup_gpu(&model, &files, &mut st, &args.gpu, None, 0, false)?;
+    super::gpu::setup_gpu_notes(&model, &files, &mut st, &args.gpu, None, 0, false, false)?;
     let mut out = Vec::with_capacity(args.tokens.len() * model.cfg.vocab);
     model.logits_all(&mut st, &args.tokens, &mut out)?;
     crate::npy::write_f32(&args.out, &[args.tokens.len(), model.cfg.vocab], &out)
