@@ -169,7 +169,9 @@ fn state(
     ram_slots: usize,
     gpu: Option<&GpuOptions>,
 ) -> (State, u64) {
-    let mut st = model.new_state(256, batch, batch).unwrap();
+    // DeepSeek-V3.2 runs dense attention only up to its index_topk.
+    let ctx = model.cfg.dense_attn_limit.map_or(256, |l| l.min(256));
+    let mut st = model.new_state(ctx, batch, batch).unwrap();
     let mut slot = 0;
     if let Some(opts) = gpu {
         let mut cfg = CacheConfig::new(ram_slots);
