@@ -26,6 +26,8 @@ pub struct ChatArgs {
     pub compute: ComputeArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub gpu: super::gpu::GpuArgs,
 }
 
 pub fn run(args: ChatArgs) -> anyhow::Result<()> {
@@ -49,6 +51,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         )
     })?;
     let mut st = model.new_state(args.compute.ctx, args.compute.batch, 1)?;
+    super::gpu::setup_gpu(&model, &files, &mut st, &args.gpu, None, 0, false)?;
     let mut sampler = Sampler::new(args.sampling.params(), model.cfg.vocab);
     let mut messages: Vec<ChatMessage> = Vec::new();
     if let Some(s) = &args.system {
