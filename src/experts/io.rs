@@ -1,8 +1,10 @@
 //! `ReadPool`: reader threads that fill caller-owned memory from the model's files.
 //!
 //! Owns the open files (O_DIRECT, buffered with `POSIX_FADV_RANDOM`, or a `MADV_RANDOM`
-//! mapping), the reader threads (created once), a job queue and a completion queue (both
-//! preallocated `VecDeque`s under one mutex: no allocation per read in steady state). Does not
+//! mapping), the reader threads (created once), two job queues (demand reads first, then
+//! speculative prefetch reads, which `promote` moves to the demand queue once they are needed)
+//! and a completion queue (preallocated `VecDeque`s under one mutex: no allocation per read in
+//! steady state). Does not
 //! decide what to read or where (the cache does) and does not own the destination memory.
 //! Invariant: every submitted job yields exactly one `Completion`; `Ok(n)` means at least the
 //! job's `need` bytes are in place, anything else is an error naming the file and offset; a
@@ -96,6 +98,8 @@ struct OpenFile {
 #[derive(Default)]
 struct Queues {
     jobs: VecDeque<ReadJob>,
+    /// Prefetch reads: taken only when `jobs` is empty.
+    low: VecDeque<ReadJob>,
     done: VecDeque<Completion>,
     /// Submitted jobs whose completion has not been taken by `wait`.
     outstanding: usize,
@@ -161,6 +165,7 @@ impl ReadPool {
         };
         let q = Queues {
             jobs: VecDeque::with_capacity(queue_capacity),
+            low: VecDeque::with_capacity(queue_capacity),
             done: VecDeque::with_capacity(queue_capacity),
             ..Queues::default()
         };
@@ -227,6 +232,23 @@ impl ReadPool {
     /// not read or written by anyone else, and kept alive until that job's completion has been
     /// returned by `wait` (or the pool dropped).
     pub unsafe fn submit(&self, jobs: &[ReadJob]) {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.enqueue(jobs, false) }
+    }
+
+    /// Queues speculative `jobs` behind every demand read: a reader takes one only when no
+    /// `submit`ted job waits. `promote` moves them forward once they are needed.
+    ///
+    /// # Safety
+    /// As `submit`.
+    pub unsafe fn submit_low(&self, jobs: &[ReadJob]) {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.enqueue(jobs, true) }
+    }
+
+    /// # Safety
+    /// As `submit`.
+    unsafe fn enqueue(&self, jobs: &[ReadJob], low: bool) {
         if jobs.is_empty() {
             return;
         }
@@ -236,13 +258,36 @@ impl ReadPool {
         }
         q.in_flight += jobs.len();
         q.outstanding += jobs.len();
-        q.jobs.extend(jobs.iter().copied());
+        if low {
+            q.low.extend(jobs.iter().copied());
+        } else {
+            q.jobs.extend(jobs.iter().copied());
+        }
         drop(q);
         if jobs.len() == 1 {
             self.shared.work.notify_one();
         } else {
             self.shared.work.notify_all();
         }
+    }
+
+    /// Moves the queued speculative jobs tagged `tag` behind the demand reads (jobs already
+    /// taken by a reader are unaffected). Returns how many moved.
+    pub fn promote(&self, tag: u64) -> usize {
+        let mut guard = self.shared.lock();
+        let q = &mut *guard;
+        let mut moved = 0;
+        let jobs = &mut q.jobs;
+        q.low.retain(|j| {
+            if j.tag == tag {
+                jobs.push_back(*j);
+                moved += 1;
+                false
+            } else {
+                true
+            }
+        });
+        moved
     }
 
     /// The next completion, blocking until one is there; `None` when no job is outstanding.
@@ -287,8 +332,9 @@ impl Drop for ReadPool {
             let mut q = self.shared.lock();
             q.shutdown = true;
             // Queued jobs are dropped unread; the ones being read finish before the join.
-            let dropped = q.jobs.len();
+            let dropped = q.jobs.len() + q.low.len();
             q.jobs.clear();
+            q.low.clear();
             q.in_flight -= dropped;
             q.outstanding -= dropped;
         }
@@ -376,7 +422,7 @@ fn reader(s: &Shared) {
                 if q.shutdown {
                     return;
                 }
-                if let Some(j) = q.jobs.pop_front() {
+                if let Some(j) = q.jobs.pop_front().or_else(|| q.low.pop_front()) {
                     break j;
                 }
                 q = s.work.wait(q).unwrap_or_else(|p| p.into_inner());

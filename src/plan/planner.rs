@@ -12,7 +12,8 @@
 //!   an evictable tier (`--cap` overrides the count).
 //! - reader threads: the thread count at which the probed O_DIRECT ceiling was reached
 //!   (`--io-threads` overrides); IO mode: direct where O_DIRECT works, else buffered (`--io`).
-//! - prefetch: off, because sluice does not implement it yet.
+//! - prefetch: on when experts stream and decode is predicted disk-bound, else off
+//!   (`--prefetch` / `--prefetch=off` override; see `prefetch_decision`).
 //! - MTP: off unless asked; when asked while decode is disk-bound it is kept (the flag wins) but
 //!   the line says it will likely slow decode: the head's draft tokens widen the per-token union
 //!   of experts that must be read.
@@ -150,6 +151,8 @@ pub struct PlanRequest {
     pub pin_bytes: Option<u64>,
     /// `--mtp K` (0 = off).
     pub mtp: usize,
+    /// `--prefetch` / `--prefetch=off`; `None`: the planner decides.
+    pub prefetch: Option<bool>,
 }
 
 impl Default for PlanRequest {
@@ -164,6 +167,7 @@ impl Default for PlanRequest {
             autopin: None,
             pin_bytes: None,
             mtp: 0,
+            prefetch: None,
         }
     }
 }
@@ -465,7 +469,6 @@ pub fn plan(
             format!("{io_why}; {threads_why}"),
         ));
     }
-    ds.push(d("prefetch", "off", "not implemented in sluice yet"));
 
     // Prediction.
     let hit = if m.moe_layers == 0 || (!stream && fits) {
@@ -487,6 +490,9 @@ pub fn plan(
         }
         _ => None,
     };
+
+    let (prefetch, prefetch_why) = prefetch_decision(stream, disk_bound, predicted.is_some(), req);
+    ds.push(d("prefetch", if prefetch { "on" } else { "off" }, prefetch_why));
 
     // MTP.
     let (mtp_value, mtp_why) = if m.mtp_layers == 0 {
@@ -567,7 +573,7 @@ pub fn plan(
         expert_cache_bytes,
         io: io.name().to_string(),
         io_threads: threads,
-        prefetch: false,
+        prefetch,
         mtp: req.mtp,
         hit_rate: hit,
         disk_gbps: disk,
@@ -576,6 +582,38 @@ pub fn plan(
         disk_bound,
         decisions: ds,
     })
+}
+
+/// Prefetch: predict the next layer's experts and read them early (forward.rs). It can only
+/// help while experts stream and decode waits on the disk; with everything in memory there is
+/// nothing to read early. The flag wins either way.
+fn prefetch_decision(
+    stream: bool,
+    disk_bound: bool,
+    profiled: bool,
+    req: &PlanRequest,
+) -> (bool, String) {
+    match (req.prefetch, stream) {
+        (Some(true), false) => (
+            false,
+            "--prefetch, but experts are not streamed: nothing to read early".to_string(),
+        ),
+        (Some(on), true) => (on, "--prefetch".to_string()),
+        (Some(false) | None, false) => (false, "experts are not streamed".to_string()),
+        (None, true) if disk_bound => (
+            true,
+            "streamed and disk-bound: next-layer reads overlap this layer's compute".to_string(),
+        ),
+        (None, true) if profiled => (
+            false,
+            "streamed but memory-bound: reads early would not shorten a token".to_string(),
+        ),
+        (None, true) => (
+            false,
+            "no machine profile to say decode is disk-bound (`--prefetch` turns it on)"
+                .to_string(),
+        ),
+    }
 }
 
 /// The cached machine profile for the storage under `files`, without probing; `None` if none
@@ -588,4 +626,25 @@ pub fn cached_profile(files: &crate::format::ModelFiles) -> Option<MachineProfil
         .filter(|p| p.key == key && p.cpu == cpu)?;
     p.refresh_volatile();
     Some(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefetch_follows_streaming_and_disk_bound_and_the_flag_wins() {
+        let req = |p| PlanRequest {
+            prefetch: p,
+            ..PlanRequest::default()
+        };
+        assert!(prefetch_decision(true, true, true, &req(None)).0);
+        assert!(!prefetch_decision(true, false, true, &req(None)).0);
+        assert!(!prefetch_decision(true, false, false, &req(None)).0);
+        assert!(!prefetch_decision(false, true, true, &req(None)).0);
+        assert!(prefetch_decision(true, false, false, &req(Some(true))).0);
+        assert!(!prefetch_decision(true, true, true, &req(Some(false))).0);
+        let (on, why) = prefetch_decision(false, false, true, &req(Some(true)));
+        assert!(!on && why.contains("not streamed"));
+    }
 }
