@@ -11,7 +11,9 @@
 //! Speculation, at any time: `prefetch(layer, experts)` starts low-priority reads of predicted
 //! experts into free evictable slots of `layer` (never a slot of the open wave, never one being
 //! read). A later `begin` naming such an expert takes its slot over — waiting for the reads
-//! already in flight, never reading it twice; a failed prefetch read only empties its slot.
+//! already in flight, never reading it twice; `begin` takes back the queued reads of the
+//! layer's prefetches it does not name; a failed prefetch read only empties its slot (the
+//! request that needs the expert reads it again and reports its own error).
 //! Invariant: a slot handed out by `next_ready` is neither evicted nor written until `end`, and
 //! `end` takes `&mut self`, so the borrow checker proves no `ExpertBytes` outlives its wave; a
 //! slot whose reads are in flight is never evicted or handed out (whoever started them).
@@ -218,8 +220,6 @@ struct State {
     owner: Vec<Owner>,
     /// Per global slot: filled by `prefetch` and not requested since.
     fresh: Vec<bool>,
-    /// Per global slot: the first error of a prefetch read, for a wave that takes it over.
-    pf_err: Vec<Option<ExpertError>>,
     /// Layer of each global slot (`u32::MAX` for pinned slots).
     slot_layer: Vec<u32>,
     /// `[layer][expert]`: clock of the last `prefetch` call that predicted it (0: none since
@@ -344,7 +344,6 @@ impl ExpertCache {
             failed: vec![false; n_slots],
             owner: vec![Owner::Wave; n_slots],
             fresh: vec![false; n_slots],
-            pf_err: (0..n_slots).map(|_| None).collect(),
             slot_layer: (0..n_slots)
                 .map(|g| {
                     if g < n_pinned {
@@ -536,6 +535,15 @@ impl ExpertCache {
                 }
                 Where::Slot(g) => {
                     let g = g as usize;
+                    if st.pending[g] > 0 && st.failed[g] {
+                        // A prefetch that failed (or was cut short) and is still draining: let
+                        // it empty the slot, then pass 2 reads the expert as a plain miss.
+                        self.abandon(st, layer, g);
+                        while st.pending[g] > 0 {
+                            self.book_next(st)?;
+                        }
+                        continue;
+                    }
                     if st.fresh[g] {
                         st.fresh[g] = false;
                         st.stats.misses += 1;
@@ -559,6 +567,15 @@ impl ExpertCache {
                     }
                 }
                 Where::Absent => {}
+            }
+        }
+        // Prefetches of this layer that this request does not name were mispredicted: their
+        // reads not started yet are taken back (a later wave of the same layer may read them
+        // again; results do not depend on it).
+        let base = self.layer_base[layer];
+        for g in base..base + cap {
+            if st.pending[g] > 0 && st.owner[g] == Owner::Prefetch {
+                self.abandon(st, layer, g);
             }
         }
         // Pass 2: misses take a victim slot each and queue their reads.
@@ -611,23 +628,50 @@ impl ExpertCache {
                     self.pool.promote((base + i) as u64);
                 }
             }
-            let t0 = Instant::now();
-            let c = self.pool.wait();
-            st.stats.wait_secs += t0.elapsed().as_secs_f64();
-            let Some(c) = c else {
-                return Err(ExpertError::Request(format!(
-                    "layer {layer}: every slot busy and no read outstanding"
-                )));
-            };
-            match book(st, &self.layer_base, c) {
-                Ok(Some(done)) => st.ready.push_back(done),
-                Ok(None) => {}
-                Err(err) => {
-                    if let Some(w) = st.wave.as_mut() {
-                        w.err.get_or_insert(err);
-                    }
+            self.book_next(st)?;
+        }
+    }
+
+    /// Inside `begin`: waits for one completion and books it (an expert of the open wave that
+    /// lands is queued for `next_ready`, and so is a read error of the wave).
+    fn book_next(&self, st: &mut State) -> Result<(), ExpertError> {
+        let t0 = Instant::now();
+        let c = self.pool.wait();
+        st.stats.wait_secs += t0.elapsed().as_secs_f64();
+        let Some(c) = c else {
+            return Err(ExpertError::Request(
+                "a slot waits for reads the pool does not have".into(),
+            ));
+        };
+        match book(st, &self.layer_base, c) {
+            Ok(Some(done)) => st.ready.push_back(done),
+            Ok(None) => {}
+            Err(err) => {
+                if let Some(w) = st.wave.as_mut() {
+                    w.err.get_or_insert(err);
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Gives up the prefetch in global slot `g` of `layer` (its reads pending): its queued
+    /// reads are taken back; the slot empties now if none is being read, else when the last
+    /// one lands (marked failed, so it is never handed out or kept).
+    fn abandon(&self, st: &mut State, layer: usize, g: usize) {
+        let n = self.pool.cancel(g as u64) as u32;
+        st.pending[g] = st.pending[g].saturating_sub(n);
+        if st.pending[g] == 0 {
+            let i = g - self.layer_base[layer];
+            let e = st.slots[layer][i].expert;
+            if e != EMPTY {
+                st.place[layer][e as usize] = Where::Absent;
+            }
+            st.slots[layer][i] = SlotMeta::default();
+            st.fresh[g] = false;
+            st.failed[g] = false;
+        } else if n > 0 {
+            st.failed[g] = true;
         }
     }
 
@@ -640,7 +684,6 @@ impl ExpertCache {
         let g = self.layer_base[layer] + i;
         st.fresh[g] = false;
         st.failed[g] = false;
-        st.pf_err[g] = None;
     }
 
     /// Queues (in `st.jobs`) the reads of expert `e` of `layer` into global slot `g` and sets
@@ -912,8 +955,8 @@ impl Drop for ExpertCache {
 /// layer's first global evictable slot). Returns the (expert, global slot) it finished if it
 /// was the last read of a slot of the open wave whose reads all succeeded; the read's error if
 /// it failed for the open wave. A slot with a failed read is emptied when its last read is in,
-/// so it is never handed out or kept; a prefetch's error is kept for a wave that took the slot
-/// over meanwhile, and otherwise dropped (a later request reads the expert again).
+/// so it is never handed out or kept; a prefetch's error is dropped (the request that needs
+/// the expert reads it again; `begin` never takes over a failed prefetch).
 fn book(
     st: &mut State,
     layer_base: &[usize],
@@ -933,9 +976,7 @@ fn book(
         st.failed[g] = true;
     }
     if st.owner[g] == Owner::Prefetch {
-        if let Some(e) = err.take() {
-            st.pf_err[g].get_or_insert(e);
-        }
+        err = None;
     }
     st.pending[g] = st.pending[g].saturating_sub(1);
     if st.pending[g] > 0 {
@@ -943,7 +984,6 @@ fn book(
     }
     let i = g - layer_base[layer];
     let e = st.slots[layer][i].expert as usize;
-    let stashed = st.pf_err[g].take();
     let for_wave = st.owner[g] == Owner::Wave;
     if for_wave {
         if let Some(w) = st.wave.as_mut() {
@@ -955,10 +995,7 @@ fn book(
         st.slots[layer][i] = SlotMeta::default();
         st.failed[g] = false;
         st.fresh[g] = false;
-        return match (for_wave, err.or(stashed)) {
-            (true, Some(e)) => Err(e),
-            _ => Ok(None),
-        };
+        return err.map_or(Ok(None), Err);
     }
     if for_wave {
         Ok(Some((e, g)))

@@ -6,7 +6,8 @@
 //! and a completion queue (preallocated `VecDeque`s under one mutex: no allocation per read in
 //! steady state). Does not
 //! decide what to read or where (the cache does) and does not own the destination memory.
-//! Invariant: every submitted job yields exactly one `Completion`; `Ok(n)` means at least the
+//! Invariant: every submitted job yields exactly one `Completion` unless `cancel` took it back
+//! before a reader did (and said so in its count); `Ok(n)` means at least the
 //! job's `need` bytes are in place, anything else is an error naming the file and offset; a
 //! destination is written only between its job's submission and its completion.
 
@@ -303,6 +304,28 @@ impl ReadPool {
             }
             q = self.shared.done.wait(q).unwrap_or_else(|p| p.into_inner());
         }
+    }
+
+    /// Takes back the queued speculative jobs tagged `tag` that no reader has started; they
+    /// will have no completion. Returns how many (jobs being read are unaffected).
+    pub fn cancel(&self, tag: u64) -> usize {
+        let mut q = self.shared.lock();
+        let before = q.low.len();
+        q.low.retain(|j| j.tag != tag);
+        let n = before - q.low.len();
+        q.in_flight -= n;
+        q.outstanding -= n;
+        if n > 0 && q.in_flight == 0 {
+            if let Some(t) = q.busy_since.take() {
+                q.busy += t.elapsed();
+            }
+        }
+        drop(q);
+        if n > 0 {
+            // A `wait` blocked on nothing outstanding must see it.
+            self.shared.done.notify_all();
+        }
+        n
     }
 
     /// Jobs submitted whose completion `wait` has not returned yet.
