@@ -37,9 +37,17 @@ fn wave(c: &mut ExpertCache, l: &Layout, layer: usize, experts: &[usize]) -> Vec
     c.begin(layer, experts).expect("begin");
     let mut got = Vec::new();
     while let Some((e, b)) = c.next_ready().expect("next_ready") {
-        assert_eq!(b.gate, l.expected(layer, e, 0), "layer {layer} expert {e} gate");
+        assert_eq!(
+            b.gate,
+            l.expected(layer, e, 0),
+            "layer {layer} expert {e} gate"
+        );
         assert_eq!(b.up, l.expected(layer, e, 1), "layer {layer} expert {e} up");
-        assert_eq!(b.down, l.expected(layer, e, 2), "layer {layer} expert {e} down");
+        assert_eq!(
+            b.down,
+            l.expected(layer, e, 2),
+            "layer {layer} expert {e} down"
+        );
         got.push(e);
     }
     c.end();
@@ -66,7 +74,11 @@ fn prefetch_then_begin_never_reads_twice() {
             // Immediately: with 4 KiB jobs some reads are usually still in flight.
             assert_eq!(wave(&mut c, &l, 0, &want), want);
             let s = c.stats();
-            assert_eq!(s.bytes_read, cold_bytes(&l, io, 0, &want), "{io} x{threads}");
+            assert_eq!(
+                s.bytes_read,
+                cold_bytes(&l, io, 0, &want),
+                "{io} x{threads}"
+            );
             assert_eq!((s.misses, s.prefetched, s.prefetch_used), (3, 3, 3));
             assert_eq!((s.predicted, s.predicted_used), (3, 3));
             assert_eq!(s.prefetch_recall(), 1.0);
@@ -157,17 +169,17 @@ fn failed_prefetch_drops_the_slot_and_the_request_reports_it() {
         .write(true)
         .open(&l.paths[1])
         .expect("open");
-    f1.set_len(experts_util::F1_LEN as u64 - 1000).expect("truncate");
-    c.prefetch(2, &[4]).expect("a prefetch never fails for a read");
+    f1.set_len(experts_util::F1_LEN as u64 - 1000)
+        .expect("truncate");
+    c.prefetch(2, &[4])
+        .expect("a prefetch never fails for a read");
     // Layer 0's wave runs fine meanwhile (expert 0 lies in file 0).
     assert_eq!(wave(&mut c, &l, 0, &[0]), [0]);
     c.begin(2, &[4]).expect("begin");
-    let err = loop {
-        match c.next_ready() {
-            Ok(Some(_)) => panic!("bytes of a short read handed out"),
-            Ok(None) => panic!("the failed read was not reported"),
-            Err(e) => break e.to_string(),
-        }
+    let err = match c.next_ready() {
+        Ok(Some(_)) => panic!("bytes of a short read handed out"),
+        Ok(None) => panic!("the failed read was not reported"),
+        Err(e) => e.to_string(),
     };
     c.end();
     assert!(err.contains("model-1.bin"), "error names the file: {err}");
@@ -213,7 +225,12 @@ fn run(
     gen: usize,
     batch: usize,
     cache: Option<CacheConfig>,
-) -> (Vec<f32>, Vec<u32>, Vec<f32>, Option<sluice::experts::CacheStats>) {
+) -> (
+    Vec<f32>,
+    Vec<u32>,
+    Vec<f32>,
+    Option<sluice::experts::CacheStats>,
+) {
     let mut st = model.new_state(128, batch, batch).unwrap();
     if let Some(c) = cache {
         st.attach_experts(model.expert_cache(files, c).unwrap());
@@ -298,7 +315,14 @@ fn cli_flag_same_text_and_stats_json() {
         let json = dir.join("stats.json");
         let _ = std::fs::remove_file(&json);
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["run", path.to_str().unwrap(), "-p", "Once upon a time", "-n", "16"])
+            .args([
+                "run",
+                path.to_str().unwrap(),
+                "-p",
+                "Once upon a time",
+                "-n",
+                "16",
+            ])
             .args(["--temp", "0", "--ignore-eos", "-t", "1", "-c", "64"])
             .args(["--experts", "stream", "--cap", "2", "--usage-freeze", flag])
             .args(["--stats-json", json.to_str().unwrap()])

@@ -57,7 +57,9 @@ fn prefetching_decode_step_allocates_nothing() {
         }
         let before = ALLOCS.load(Ordering::SeqCst);
         for t in 0..24 {
-            model.forward_chunk(&mut st, &[(20 + 7 * t) % 200], 0).unwrap();
+            model
+                .forward_chunk(&mut st, &[(20 + 7 * t) % 200], 0)
+                .unwrap();
         }
         let after = ALLOCS.load(Ordering::SeqCst);
         let s = st.expert_stats().unwrap();

@@ -964,7 +964,9 @@ fn book(
 ) -> Result<Option<(usize, usize)>, ExpertError> {
     let g = c.tag as usize;
     let Some(&layer) = st.slot_layer.get(g) else {
-        return Err(ExpertError::Request(format!("completion for unknown slot {g}")));
+        return Err(ExpertError::Request(format!(
+            "completion for unknown slot {g}"
+        )));
     };
     let layer = layer as usize;
     if layer >= layer_base.len() {

@@ -51,11 +51,11 @@ pub struct State {
     logits: Vec<f32>,   // (logit_rows, vocab)
     needed: Vec<usize>, // (n_experts) experts one MoE layer needs, ascending
     // Prefetch (`CacheConfig::prefetch`): the next layer's router applied early.
-    pf_router: Vec<f32>,    // (batch, n_experts) next layer's router scores
-    pf_sel: Vec<usize>,     // (k) one token's predicted experts
-    pf_selw: Vec<f32>,      // (k) their weights (unused)
-    pf_mark: Vec<bool>,     // (n_experts) predicted by some token of the chunk
-    pf_needed: Vec<usize>,  // (n_experts) the predicted union, ascending
+    pf_router: Vec<f32>,   // (batch, n_experts) next layer's router scores
+    pf_sel: Vec<usize>,    // (k) one token's predicted experts
+    pf_selw: Vec<f32>,     // (k) their weights (unused)
+    pf_mark: Vec<bool>,    // (n_experts) predicted by some token of the chunk
+    pf_needed: Vec<usize>, // (n_experts) the predicted union, ascending
     // Multi-token prediction (empty unless the model has an MTP layer).
     pub(crate) mtp_cat: Vec<f32>, // (batch, 2*hidden) [enorm(embed); hnorm(h)]
     pub(crate) mtp_hidden: Vec<f32>, // (batch, hidden) main hidden states paired with tokens
@@ -658,7 +658,11 @@ impl<'a> Model<'a> {
     /// start reading the predicted union. Touches only scratch (`st.xn`, `st.acts`, which the
     /// caller recomputes, and the `pf_*` buffers), so results do not depend on it.
     fn prefetch_next(&self, st: &mut State, next: usize, n: usize) -> Result<(), ModelError> {
-        if !st.expert_cache.as_ref().is_some_and(ExpertCache::prefetching) {
+        if !st
+            .expert_cache
+            .as_ref()
+            .is_some_and(ExpertCache::prefetching)
+        {
             return Ok(());
         }
         let Some(lw) = self.weights.layers.get(next) else {
@@ -704,8 +708,7 @@ impl<'a> Model<'a> {
             }
         }
         st.pf_needed.clear();
-        st.pf_needed
-            .extend((0..e).filter(|&ex| st.pf_mark[ex]));
+        st.pf_needed.extend((0..e).filter(|&ex| st.pf_mark[ex]));
         if let Some(c) = &st.expert_cache {
             c.prefetch(next, &st.pf_needed)?;
         }
@@ -777,8 +780,8 @@ impl<'a> Model<'a> {
 
 /// Per-token routing buffers (one token's worth; reused).
 struct Scratch<'b> {
-    choice: &'b mut [f32],      // (n_experts)
-    groups_score: &'b mut [f32], // (n_group)
+    choice: &'b mut [f32],        // (n_experts)
+    groups_score: &'b mut [f32],  // (n_group)
     groups_kept: &'b mut [usize], // (topk_group)
 }
 

@@ -493,7 +493,11 @@ pub fn plan(
     };
 
     let (prefetch, prefetch_why) = prefetch_decision(stream, disk_bound, req);
-    ds.push(d("prefetch", if prefetch { "on" } else { "off" }, prefetch_why));
+    ds.push(d(
+        "prefetch",
+        if prefetch { "on" } else { "off" },
+        prefetch_why,
+    ));
 
     // MTP.
     let (mtp_value, mtp_why) = if m.mtp_layers == 0 {
