@@ -101,7 +101,7 @@ fn fast_nvme_small_ram_streams_direct_with_many_readers() {
     assert_eq!(mtp, "off");
     assert!(why.contains("disk-bound"), "{why}");
     assert_eq!(decision(&p, "prefetch").0, "off");
-    assert!(decision(&p, "prefetch").1.contains("not implemented"));
+    assert!(decision(&p, "prefetch").1.contains("measured slower"));
     let (lo, hi) = p.predicted_tok_s.unwrap();
     assert!(lo > 0.0 && lo <= hi, "{lo} {hi}");
     // The cost model by hand at the uniform bound.

@@ -104,6 +104,11 @@ pub struct ExpertArgs {
     /// Write the run's figures as JSON to FILE.
     #[arg(long = "stats-json")]
     pub stats_json: Option<std::path::PathBuf>,
+    /// Predict each MoE layer's experts from the previous layer (its router applied after that
+    /// layer's attention) and start their reads early. `--prefetch` = on, `--prefetch=off`;
+    /// default: the planner's.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "on", value_name = "on|off")]
+    pub prefetch: Option<String>,
 }
 
 /// Where a model's usage statistics live: beside the model if that directory is writable,
@@ -238,6 +243,12 @@ pub fn plan_request(
         autopin,
         pin_bytes: a.pin_gb.map(|g| (g * 1e9) as u64),
         mtp,
+        prefetch: match a.prefetch.as_deref() {
+            None => None,
+            Some("on") => Some(true),
+            Some("off") => Some(false),
+            Some(other) => anyhow::bail!("--prefetch={other}: expected on or off"),
+        },
     })
 }
 
@@ -314,6 +325,7 @@ pub fn setup_experts_mtp(
     cfg.io_threads = plan.io_threads;
     cfg.policy = policy;
     cfg.trace = a.route_trace.clone();
+    cfg.prefetch = plan.prefetch;
     let cache = crate::experts::ExpertCache::new(store, cfg)?;
     eprintln!(
         "[plan] experts: streamed, {} slots/layer of {}, {} policy, slab {} (pinned + evictable), io {} x{}",
@@ -401,6 +413,12 @@ pub fn stats_json(st: &crate::model::State, g: &crate::generate::GenStats) -> se
         v["experts_read_per_token"] = (s.misses as f64 / steps).into();
         v["bytes_read"] = s.bytes_read.into();
         v["read_gb_s"] = (gb(s.bytes_read) / s.read_secs.max(1e-9)).into();
+        v["prefetch"] = st.experts().is_some_and(|c| c.prefetching()).into();
+        v["predicted"] = s.predicted.into();
+        v["prefetched"] = s.prefetched.into();
+        v["prefetch_used"] = s.prefetch_used.into();
+        v["prefetch_precision"] = s.prefetch_precision().into();
+        v["prefetch_recall"] = s.prefetch_recall().into();
     }
     v["time_shares"] = time_shares(st).0;
     if let Some(gj) = super::gpu::gpu_json(st, g.gpu_after_prefill) {
@@ -465,6 +483,18 @@ pub fn expert_summary(
     let rss = peak_rss_bytes()
         .map(|b| format!(" | peak RSS {}", human(b)))
         .unwrap_or_default();
+    let prefetch = if st.experts().is_some_and(|c| c.prefetching()) {
+        format!(
+            "\n[experts] prefetch: {} experts predicted, precision {:.1}% | {} reads started ({:.1}/token), recall {:.1}% of misses",
+            s.predicted,
+            100.0 * s.prefetch_precision(),
+            s.prefetched,
+            s.prefetched as f64 / decoded.max(1) as f64,
+            100.0 * s.prefetch_recall()
+        )
+    } else {
+        String::new()
+    };
     Some(format!(
         "[experts] decode {decoded} tokens in {secs:.2}s ({:.2} tok/s) | expert hit {:.1}% (pin {:.1}% + lru {:.1}%) | {:.1} experts read/token | {} read at {:.2} GB/s | wait {:.2}s{rss}",
         decoded as f64 / secs.max(1e-9),
@@ -475,5 +505,5 @@ pub fn expert_summary(
         human(s.bytes_read),
         gb(s.bytes_read) / s.read_secs.max(1e-9),
         s.wait_secs
-    ))
+    ) + &prefetch)
 }

@@ -99,6 +99,13 @@ pub fn setup_gpu_notes(
         off("--mtp runs on the CPU path");
         return Ok(false);
     }
+    if st.experts().is_some_and(|c| c.prefetching()) {
+        if want == Want::On {
+            anyhow::bail!("--prefetch with --gpu on: expert prefetch runs only on the CPU path; drop --prefetch or use --gpu off");
+        }
+        off("--prefetch runs on the CPU path");
+        return Ok(false);
+    }
     attach(
         model,
         files,

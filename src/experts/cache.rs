@@ -8,8 +8,15 @@
 //! Protocol, one wave at a time: `begin(layer, experts)` records the selections and issues the
 //! reads of every miss at once; `next_ready` hands out each expert as soon as its bytes are in
 //! memory (hits first); `end` releases the wave's slots for eviction.
+//! Speculation, at any time: `prefetch(layer, experts)` starts low-priority reads of predicted
+//! experts into free evictable slots of `layer` (never a slot of the open wave, never one being
+//! read). A later `begin` naming such an expert takes its slot over — waiting for the reads
+//! already in flight, never reading it twice; `begin` takes back the queued reads of the
+//! layer's prefetches it does not name; a failed prefetch read only empties its slot (the
+//! request that needs the expert reads it again and reports its own error).
 //! Invariant: a slot handed out by `next_ready` is neither evicted nor written until `end`, and
-//! `end` takes `&mut self`, so the borrow checker proves no `ExpertBytes` outlives its wave.
+//! `end` takes `&mut self`, so the borrow checker proves no `ExpertBytes` outlives its wave; a
+//! slot whose reads are in flight is never evicted or handed out (whoever started them).
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -71,6 +78,9 @@ pub struct CacheConfig {
     pub mlock: bool,
     /// Write every `begin` as a route-trace line to this file (`sluice cache-sim` replays it).
     pub trace: Option<PathBuf>,
+    /// The forward pass predicts the next layer's experts and calls `prefetch` (the cache itself
+    /// only reports this flag; `prefetch` works either way).
+    pub prefetch: bool,
 }
 
 impl CacheConfig {
@@ -85,6 +95,7 @@ impl CacheConfig {
             read_chunk: 1 << 20,
             mlock: true,
             trace: None,
+            prefetch: false,
         }
     }
 }
@@ -96,7 +107,8 @@ pub struct CacheStats {
     pub hits_pin: u64,
     /// Experts requested that were in the evictable tier.
     pub hits_lru: u64,
-    /// Experts requested that had to be read.
+    /// Experts requested that were not in memory before their layer asked for them (had to be
+    /// read; includes those whose read `prefetch` had started: see `prefetch_used`).
     pub misses: u64,
     /// Bytes read for misses (whole aligned windows in direct mode).
     pub bytes_read: u64,
@@ -109,6 +121,14 @@ pub struct CacheStats {
     /// Bytes and wall time of loading the pinned tier in `new`.
     pub pin_load_bytes: u64,
     pub pin_load_secs: f64,
+    /// Experts named by `prefetch` calls (the predictions, cached ones included).
+    pub predicted: u64,
+    /// Predicted experts that the next request for their layer named.
+    pub predicted_used: u64,
+    /// Experts whose reads `prefetch` started.
+    pub prefetched: u64,
+    /// Misses whose read `prefetch` had started (served early, or at least started early).
+    pub prefetch_used: u64,
 }
 
 impl CacheStats {
@@ -123,8 +143,22 @@ impl CacheStats {
             read_secs: (self.read_secs - before.read_secs).max(0.0),
             wait_secs: (self.wait_secs - before.wait_secs).max(0.0),
             tokens: self.tokens.saturating_sub(before.tokens),
+            predicted: self.predicted.saturating_sub(before.predicted),
+            predicted_used: self.predicted_used.saturating_sub(before.predicted_used),
+            prefetched: self.prefetched.saturating_sub(before.prefetched),
+            prefetch_used: self.prefetch_used.saturating_sub(before.prefetch_used),
             ..*self
         }
+    }
+
+    /// Share of predicted experts that were then requested (0 without predictions).
+    pub fn prefetch_precision(&self) -> f64 {
+        self.predicted_used as f64 / self.predicted.max(1) as f64
+    }
+
+    /// Share of misses whose read prefetch had started (0 without misses).
+    pub fn prefetch_recall(&self) -> f64 {
+        self.prefetch_used as f64 / self.misses.max(1) as f64
     }
 
     pub fn requests(&self) -> u64 {
@@ -160,8 +194,19 @@ enum Where {
 
 struct Wave {
     layer: usize,
-    /// Misses whose reads have not all completed.
+    /// Slots of this wave whose reads have not all completed.
     loading: usize,
+    /// A read error met while `begin` waited for a slot, for `next_ready` to report.
+    err: Option<ExpertError>,
+}
+
+/// Who waits for the reads of a slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Owner {
+    /// The open wave (counted in its `loading`).
+    Wave,
+    /// Nobody yet: a prefetch. The slot stays busy until its reads are in.
+    Prefetch,
 }
 
 struct State {
@@ -171,6 +216,19 @@ struct State {
     /// Reads outstanding per global slot, and whether one of them failed.
     pending: Vec<u32>,
     failed: Vec<bool>,
+    /// Per global slot: who waits for its reads.
+    owner: Vec<Owner>,
+    /// Per global slot: filled by `prefetch` and not requested since.
+    fresh: Vec<bool>,
+    /// Layer of each global slot (`u32::MAX` for pinned slots).
+    slot_layer: Vec<u32>,
+    /// `[layer][expert]`: clock of the last `prefetch` call that predicted it (0: none since
+    /// it was last requested). It counts for a request only while it is `pred_clock[layer]`.
+    predicted: Vec<Vec<u64>>,
+    /// Per layer: clock of its last `prefetch` call (its prediction in force).
+    pred_clock: Vec<u64>,
+    /// Slots a `prefetch` call holds busy while it chooses victims.
+    held: Vec<usize>,
     hot: Hotness,
     usage: UsageStats,
     clock: u64,
@@ -197,6 +255,7 @@ pub struct ExpertCache {
     pinned_per_layer: Vec<usize>,
     policy: Policy,
     read_chunk: u64,
+    prefetch: bool,
     notes: Vec<String>,
     state: Mutex<State>,
 }
@@ -262,7 +321,7 @@ impl ExpertCache {
             store.paths(),
             cfg.io,
             cfg.io_threads,
-            (max_cap * max_jobs).max(16),
+            (2 * max_cap * max_jobs).max(16),
         )?;
         let notes: Vec<String> = pool
             .note()
@@ -283,6 +342,20 @@ impl ExpertCache {
             slots: caps.iter().map(|&c| vec![SlotMeta::default(); c]).collect(),
             pending: vec![0; n_slots],
             failed: vec![false; n_slots],
+            owner: vec![Owner::Wave; n_slots],
+            fresh: vec![false; n_slots],
+            slot_layer: (0..n_slots)
+                .map(|g| {
+                    if g < n_pinned {
+                        u32::MAX
+                    } else {
+                        layer_base.partition_point(|&b| b <= g).saturating_sub(1) as u32
+                    }
+                })
+                .collect(),
+            predicted: experts_per_layer.iter().map(|&n| vec![0; n]).collect(),
+            pred_clock: vec![0; n_layers],
+            held: Vec::with_capacity(max_cap),
             hot: Hotness::new(&experts_per_layer, halve),
             usage: UsageStats::new(&experts_per_layer),
             clock: 0,
@@ -304,6 +377,7 @@ impl ExpertCache {
             pinned_per_layer,
             policy: cfg.policy,
             read_chunk: cfg.read_chunk,
+            prefetch: cfg.prefetch,
             notes,
             state: Mutex::new(state),
         };
@@ -390,7 +464,8 @@ impl ExpertCache {
 
     /// Starts a wave for `layer`: records the selections, hands out hits first and issues the
     /// reads of every miss at once. `experts` must be distinct and hold at most
-    /// `slots(layer)` experts outside the pinned tier.
+    /// `slots(layer)` experts outside the pinned tier. An expert whose prefetch read is still
+    /// in flight joins the wave as a miss already being read.
     pub fn begin(&self, layer: usize, experts: &[usize]) -> Result<(), ExpertError> {
         let mut guard = self.lock();
         let st = &mut *guard;
@@ -436,27 +511,71 @@ impl ExpertCache {
         if let Some(t) = &mut st.trace {
             t.record(st.stats.tokens, layer, experts)?;
         }
-        let mut wave = Wave { layer, loading: 0 };
+        // From here on the wave is open: completions of its slots are booked against it.
+        st.wave = Some(Wave {
+            layer,
+            loading: 0,
+            err: None,
+        });
         st.ready.clear();
-        // Pass 1: hits (and mark them busy so pass 2 cannot evict them).
+        // Pass 1: hits and prefetched experts (marked busy so pass 2 cannot evict them).
         for &e in experts {
             st.usage.record(layer, e);
             if matches!(self.policy, Policy::Hotness { .. }) {
                 st.hot.record(layer, e);
             }
+            if st.predicted[layer][e] != 0 && st.predicted[layer][e] == st.pred_clock[layer] {
+                st.stats.predicted_used += 1;
+            }
+            st.predicted[layer][e] = 0;
             match st.place[layer][e] {
                 Where::Pinned(i) => {
                     st.stats.hits_pin += 1;
                     st.ready.push_back((e, i as usize));
                 }
                 Where::Slot(g) => {
-                    st.stats.hits_lru += 1;
-                    let m = &mut st.slots[layer][g as usize - self.layer_base[layer]];
+                    let g = g as usize;
+                    if st.pending[g] > 0 && st.failed[g] {
+                        // A prefetch that failed (or was cut short) and is still draining: let
+                        // it empty the slot, then pass 2 reads the expert as a plain miss.
+                        self.abandon(st, layer, g);
+                        while st.pending[g] > 0 {
+                            self.book_next(st)?;
+                        }
+                        continue;
+                    }
+                    if st.fresh[g] {
+                        st.fresh[g] = false;
+                        st.stats.misses += 1;
+                        st.stats.prefetch_used += 1;
+                    } else {
+                        st.stats.hits_lru += 1;
+                    }
+                    let m = &mut st.slots[layer][g - self.layer_base[layer]];
                     m.busy = true;
                     m.last_use = clock;
-                    st.ready.push_back((e, g as usize));
+                    if st.pending[g] > 0 {
+                        // A prefetch still reading: this wave waits for it, ahead of other
+                        // speculation.
+                        st.owner[g] = Owner::Wave;
+                        if let Some(w) = st.wave.as_mut() {
+                            w.loading += 1;
+                        }
+                        self.pool.promote(g as u64);
+                    } else {
+                        st.ready.push_back((e, g));
+                    }
                 }
                 Where::Absent => {}
+            }
+        }
+        // Prefetches of this layer that this request does not name were mispredicted: their
+        // reads not started yet are taken back (a later wave of the same layer may read them
+        // again; results do not depend on it).
+        let base = self.layer_base[layer];
+        for g in base..base + cap {
+            if st.pending[g] > 0 && st.owner[g] == Owner::Prefetch {
+                self.abandon(st, layer, g);
             }
         }
         // Pass 2: misses take a victim slot each and queue their reads.
@@ -466,48 +585,202 @@ impl ExpertCache {
                 continue;
             }
             st.stats.misses += 1;
-            // Always Some: at most `cap` unpinned experts, so a non-busy slot remains.
-            let i =
-                policy::victim(self.policy, &st.slots[layer], &st.hot, layer).ok_or_else(|| {
-                    ExpertError::Request(format!("layer {layer}: no free slot for expert {e}"))
-                })?;
-            let old = st.slots[layer][i].expert;
-            if old != EMPTY {
-                st.place[layer][old as usize] = Where::Absent;
-            }
+            let i = self.victim_or_wait(st, layer)?;
+            let g = self.layer_base[layer] + i;
+            self.evict(st, layer, i);
             st.slots[layer][i] = SlotMeta {
                 expert: e as u32,
                 last_use: clock,
                 busy: true,
             };
-            let g = self.layer_base[layer] + i;
             st.place[layer][e] = Where::Slot(g as u32);
-            let before = st.jobs.len();
-            if let Some(plan) = self.store.plan(layer, e) {
-                push_jobs(
-                    &mut st.jobs,
-                    plan,
-                    self.slot_ptr(g),
-                    g,
-                    self.pool.mode(),
-                    self.read_chunk,
-                );
-            }
-            let n = st.jobs.len() - before;
-            st.pending[g] = n as u32;
-            st.failed[g] = false;
+            st.owner[g] = Owner::Wave;
+            let n = self.push_expert_jobs(st, layer, e, g);
             if n == 0 {
                 st.ready.push_back((e, g));
-            } else {
-                wave.loading += 1;
+            } else if let Some(w) = st.wave.as_mut() {
+                w.loading += 1;
             }
         }
         // SAFETY: every job writes inside the slot of a miss just marked busy in this wave;
         // those slots are not handed out before all their completions are taken, and the pool
         // is joined before the slab is unmapped.
         unsafe { self.pool.submit(&st.jobs) };
-        st.wave = Some(wave);
+        st.jobs.clear();
         Ok(())
+    }
+
+    /// A victim slot of `layer` for a miss of the open wave. When every slot that is not in
+    /// the wave is still being prefetched, submits the wave's queued reads, moves those
+    /// prefetches ahead and books completions until one slot frees (a wave holds at most the
+    /// layer's slots, so some slot outside it is being read and will complete).
+    fn victim_or_wait(&self, st: &mut State, layer: usize) -> Result<usize, ExpertError> {
+        loop {
+            if let Some(i) = policy::victim(self.policy, &st.slots[layer], &st.hot, layer) {
+                return Ok(i);
+            }
+            // SAFETY: as in `begin`: these jobs write only into slots of this wave's misses.
+            unsafe { self.pool.submit(&st.jobs) };
+            st.jobs.clear();
+            let base = self.layer_base[layer];
+            for i in 0..st.slots[layer].len() {
+                if st.pending[base + i] > 0 && st.owner[base + i] == Owner::Prefetch {
+                    self.pool.promote((base + i) as u64);
+                }
+            }
+            self.book_next(st)?;
+        }
+    }
+
+    /// Inside `begin`: waits for one completion and books it (an expert of the open wave that
+    /// lands is queued for `next_ready`, and so is a read error of the wave).
+    fn book_next(&self, st: &mut State) -> Result<(), ExpertError> {
+        let t0 = Instant::now();
+        let c = self.pool.wait();
+        st.stats.wait_secs += t0.elapsed().as_secs_f64();
+        let Some(c) = c else {
+            return Err(ExpertError::Request(
+                "a slot waits for reads the pool does not have".into(),
+            ));
+        };
+        match book(st, &self.layer_base, c) {
+            Ok(Some(done)) => st.ready.push_back(done),
+            Ok(None) => {}
+            Err(err) => {
+                if let Some(w) = st.wave.as_mut() {
+                    w.err.get_or_insert(err);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives up the prefetch in global slot `g` of `layer` (its reads pending): its queued
+    /// reads are taken back; the slot empties now if none is being read, else when the last
+    /// one lands (marked failed, so it is never handed out or kept).
+    fn abandon(&self, st: &mut State, layer: usize, g: usize) {
+        let n = self.pool.cancel(g as u64) as u32;
+        st.pending[g] = st.pending[g].saturating_sub(n);
+        if st.pending[g] == 0 {
+            let i = g - self.layer_base[layer];
+            let e = st.slots[layer][i].expert;
+            if e != EMPTY {
+                st.place[layer][e as usize] = Where::Absent;
+            }
+            st.slots[layer][i] = SlotMeta::default();
+            st.fresh[g] = false;
+            st.failed[g] = false;
+        } else if n > 0 {
+            st.failed[g] = true;
+        }
+    }
+
+    /// Empties evictable slot `i` of `layer` (not busy) for reuse.
+    fn evict(&self, st: &mut State, layer: usize, i: usize) {
+        let old = st.slots[layer][i].expert;
+        if old != EMPTY {
+            st.place[layer][old as usize] = Where::Absent;
+        }
+        let g = self.layer_base[layer] + i;
+        st.fresh[g] = false;
+        st.failed[g] = false;
+    }
+
+    /// Queues (in `st.jobs`) the reads of expert `e` of `layer` into global slot `g` and sets
+    /// its pending count; returns that count.
+    fn push_expert_jobs(&self, st: &mut State, layer: usize, e: usize, g: usize) -> usize {
+        let before = st.jobs.len();
+        if let Some(plan) = self.store.plan(layer, e) {
+            push_jobs(
+                &mut st.jobs,
+                plan,
+                self.slot_ptr(g),
+                g,
+                self.pool.mode(),
+                self.read_chunk,
+            );
+        }
+        let n = st.jobs.len() - before;
+        st.pending[g] = n as u32;
+        st.failed[g] = false;
+        n
+    }
+
+    /// Starts reading the predicted `experts` of `layer` (a later `begin` of that layer is
+    /// expected to name most of them): each one neither cached nor being read takes a free
+    /// evictable slot of the layer — never a slot of the open wave, one being read, or one
+    /// holding another predicted expert — and its reads queue behind every demand read. Stops
+    /// early when no slot is free. Selection counts and the trace are untouched. Works with or
+    /// without an open wave (of any layer). Returns how many experts it started reading.
+    pub fn prefetch(&self, layer: usize, experts: &[usize]) -> Result<usize, ExpertError> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        let Some(place) = st.place.get(layer) else {
+            return Err(ExpertError::Request(format!(
+                "prefetch: layer {layer} out of range ({} layers)",
+                st.place.len()
+            )));
+        };
+        if let Some(&e) = experts.iter().find(|&&e| e >= place.len()) {
+            return Err(ExpertError::Request(format!(
+                "prefetch: expert {e} out of range: layer {layer} has {}",
+                place.len()
+            )));
+        }
+        st.clock += 1;
+        let clock = st.clock;
+        st.pred_clock[layer] = clock;
+        // Pass 1: note the prediction; hold the cached predicted experts against eviction.
+        st.held.clear();
+        let base = self.layer_base.get(layer).copied().unwrap_or(0);
+        for &e in experts {
+            if st.predicted[layer][e] == clock {
+                continue;
+            }
+            st.predicted[layer][e] = clock;
+            st.stats.predicted += 1;
+            if let Where::Slot(g) = st.place[layer][e] {
+                let m = &mut st.slots[layer][g as usize - base];
+                if !m.busy {
+                    m.busy = true;
+                    st.held.push(g as usize);
+                }
+            }
+        }
+        // Pass 2: the absent ones take free slots.
+        st.jobs.clear();
+        let mut started = 0;
+        for &e in experts {
+            if st.place[layer][e] != Where::Absent {
+                continue;
+            }
+            let Some(i) = policy::victim(self.policy, &st.slots[layer], &st.hot, layer) else {
+                break;
+            };
+            let g = base + i;
+            self.evict(st, layer, i);
+            st.place[layer][e] = Where::Slot(g as u32);
+            st.owner[g] = Owner::Prefetch;
+            st.fresh[g] = true;
+            let n = self.push_expert_jobs(st, layer, e, g);
+            st.slots[layer][i] = SlotMeta {
+                expert: e as u32,
+                last_use: clock,
+                busy: n > 0,
+            };
+            st.stats.prefetched += 1;
+            started += 1;
+        }
+        // SAFETY: every job writes inside a slot just taken for a prefetch and marked busy: no
+        // one evicts it or hands it out before all its completions are booked, and the pool is
+        // joined before the slab is unmapped.
+        unsafe { self.pool.submit_low(&st.jobs) };
+        st.jobs.clear();
+        for k in 0..st.held.len() {
+            let g = st.held[k];
+            st.slots[layer][g - base].busy = false;
+        }
+        Ok(started)
     }
 
     /// The next expert of the open wave whose bytes are in memory: hits first, then misses in
@@ -516,9 +789,13 @@ impl ExpertCache {
     pub fn next_ready(&self) -> Result<Option<(usize, ExpertBytes<'_>)>, ExpertError> {
         let mut guard = self.lock();
         let st = &mut *guard;
-        let Some(layer) = st.wave.as_ref().map(|w| w.layer) else {
+        let Some(w) = st.wave.as_mut() else {
             return Err(ExpertError::Request("next_ready() without begin()".into()));
         };
+        let layer = w.layer;
+        if let Some(err) = w.err.take() {
+            return Err(err);
+        }
         if let Some((e, g)) = st.ready.pop_front() {
             return Ok(Some((e, self.bytes_of(layer, e, g))));
         }
@@ -531,7 +808,8 @@ impl ExpertCache {
                     "reads of the open wave vanished from the pool".into(),
                 ));
             };
-            match book(st, self.layer_base[layer], c) {
+            // Completions of prefetches (of any layer) are booked on the way.
+            match book(st, &self.layer_base, c) {
                 Ok(Some((e, g))) => return Ok(Some((e, self.bytes_of(layer, e, g)))),
                 Ok(None) => {}
                 Err(err) => return Err(err),
@@ -542,7 +820,7 @@ impl ExpertCache {
 
     /// Closes the wave: waits for any reads still in flight (after an error, or when the caller
     /// stopped early), then makes the wave's slots evictable again. Experts read but not handed
-    /// out stay cached. Without an open wave it does nothing.
+    /// out stay cached; prefetches still reading stay busy. Without an open wave it does nothing.
     pub fn end(&mut self) {
         let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
         let Some(layer) = st.wave.as_ref().map(|w| w.layer) else {
@@ -551,10 +829,11 @@ impl ExpertCache {
         while st.wave.as_ref().is_some_and(|w| w.loading > 0) {
             let Some(c) = self.pool.wait() else { break };
             // Errors were (or would have been) reported by next_ready; the slot is dropped.
-            let _ = book(st, self.layer_base[layer], c);
+            let _ = book(st, &self.layer_base, c);
         }
-        for m in st.slots[layer].iter_mut() {
-            m.busy = false;
+        let base = self.layer_base[layer];
+        for (i, m) in st.slots[layer].iter_mut().enumerate() {
+            m.busy = st.pending[base + i] > 0;
         }
         st.ready.clear();
         st.wave = None;
@@ -664,6 +943,11 @@ impl ExpertCache {
     pub fn policy(&self) -> Policy {
         self.policy
     }
+
+    /// Whether the forward pass should predict and `prefetch` (`CacheConfig::prefetch`).
+    pub fn prefetching(&self) -> bool {
+        self.prefetch
+    }
 }
 
 impl Drop for ExpertCache {
@@ -682,37 +966,60 @@ impl Drop for ExpertCache {
     }
 }
 
-/// Books one completion of the open wave (whose evictable slots start at global index `base`).
-/// Returns the (expert, global slot) it finished if it was the last read of a slot whose reads
-/// all succeeded; the read's error if it failed. A slot with a failed read is emptied when its
-/// last read is in, so it is never handed out or kept.
-fn book(st: &mut State, base: usize, c: Completion) -> Result<Option<(usize, usize)>, ExpertError> {
+/// Books one completion (of the open wave or of a prefetch, any layer; `layer_base`: each
+/// layer's first global evictable slot). Returns the (expert, global slot) it finished if it
+/// was the last read of a slot of the open wave whose reads all succeeded; the read's error if
+/// it failed for the open wave. A slot with a failed read is emptied when its last read is in,
+/// so it is never handed out or kept; a prefetch's error is dropped (the request that needs
+/// the expert reads it again; `begin` never takes over a failed prefetch).
+fn book(
+    st: &mut State,
+    layer_base: &[usize],
+    c: Completion,
+) -> Result<Option<(usize, usize)>, ExpertError> {
     let g = c.tag as usize;
-    let err = c.result.err();
+    let Some(&layer) = st.slot_layer.get(g) else {
+        return Err(ExpertError::Request(format!(
+            "completion for unknown slot {g}"
+        )));
+    };
+    let layer = layer as usize;
+    if layer >= layer_base.len() {
+        // A pinned slot: only `new` reads those, and it takes its own completions.
+        return c.result.map(|_| None);
+    }
+    let mut err = c.result.err();
     if err.is_some() {
         st.failed[g] = true;
     }
+    if st.owner[g] == Owner::Prefetch {
+        err = None;
+    }
     st.pending[g] = st.pending[g].saturating_sub(1);
-    let mut done = None;
-    if st.pending[g] == 0 {
-        let Some(w) = st.wave.as_mut() else {
-            return err.map_or(Ok(None), Err);
-        };
-        w.loading = w.loading.saturating_sub(1);
-        let layer = w.layer;
-        let i = g - base;
-        let e = st.slots[layer][i].expert as usize;
-        if st.failed[g] {
-            st.place[layer][e] = Where::Absent;
-            st.slots[layer][i] = SlotMeta::default();
-            st.failed[g] = false;
-        } else {
-            done = Some((e, g));
+    if st.pending[g] > 0 {
+        return err.map_or(Ok(None), Err);
+    }
+    let i = g - layer_base[layer];
+    let e = st.slots[layer][i].expert as usize;
+    let for_wave = st.owner[g] == Owner::Wave;
+    if for_wave {
+        if let Some(w) = st.wave.as_mut() {
+            w.loading = w.loading.saturating_sub(1);
         }
     }
-    match err {
-        Some(e) => Err(e),
-        None => Ok(done),
+    if st.failed[g] {
+        st.place[layer][e] = Where::Absent;
+        st.slots[layer][i] = SlotMeta::default();
+        st.failed[g] = false;
+        st.fresh[g] = false;
+        return err.map_or(Ok(None), Err);
+    }
+    if for_wave {
+        Ok(Some((e, g)))
+    } else {
+        // A prefetch landed: the slot becomes an ordinary cached expert.
+        st.slots[layer][i].busy = false;
+        Ok(None)
     }
 }
 

@@ -1,10 +1,13 @@
 //! `ReadPool`: reader threads that fill caller-owned memory from the model's files.
 //!
 //! Owns the open files (O_DIRECT, buffered with `POSIX_FADV_RANDOM`, or a `MADV_RANDOM`
-//! mapping), the reader threads (created once), a job queue and a completion queue (both
-//! preallocated `VecDeque`s under one mutex: no allocation per read in steady state). Does not
+//! mapping), the reader threads (created once), two job queues (demand reads first, then
+//! speculative prefetch reads, which `promote` moves to the demand queue once they are needed)
+//! and a completion queue (preallocated `VecDeque`s under one mutex: no allocation per read in
+//! steady state). Does not
 //! decide what to read or where (the cache does) and does not own the destination memory.
-//! Invariant: every submitted job yields exactly one `Completion`; `Ok(n)` means at least the
+//! Invariant: every submitted job yields exactly one `Completion` unless `cancel` took it back
+//! before a reader did (and said so in its count); `Ok(n)` means at least the
 //! job's `need` bytes are in place, anything else is an error naming the file and offset; a
 //! destination is written only between its job's submission and its completion.
 
@@ -96,6 +99,8 @@ struct OpenFile {
 #[derive(Default)]
 struct Queues {
     jobs: VecDeque<ReadJob>,
+    /// Prefetch reads: taken only when `jobs` is empty.
+    low: VecDeque<ReadJob>,
     done: VecDeque<Completion>,
     /// Submitted jobs whose completion has not been taken by `wait`.
     outstanding: usize,
@@ -161,6 +166,7 @@ impl ReadPool {
         };
         let q = Queues {
             jobs: VecDeque::with_capacity(queue_capacity),
+            low: VecDeque::with_capacity(queue_capacity),
             done: VecDeque::with_capacity(queue_capacity),
             ..Queues::default()
         };
@@ -227,6 +233,23 @@ impl ReadPool {
     /// not read or written by anyone else, and kept alive until that job's completion has been
     /// returned by `wait` (or the pool dropped).
     pub unsafe fn submit(&self, jobs: &[ReadJob]) {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.enqueue(jobs, false) }
+    }
+
+    /// Queues speculative `jobs` behind every demand read: a reader takes one only when no
+    /// `submit`ted job waits. `promote` moves them forward once they are needed.
+    ///
+    /// # Safety
+    /// As `submit`.
+    pub unsafe fn submit_low(&self, jobs: &[ReadJob]) {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.enqueue(jobs, true) }
+    }
+
+    /// # Safety
+    /// As `submit`.
+    unsafe fn enqueue(&self, jobs: &[ReadJob], low: bool) {
         if jobs.is_empty() {
             return;
         }
@@ -236,13 +259,36 @@ impl ReadPool {
         }
         q.in_flight += jobs.len();
         q.outstanding += jobs.len();
-        q.jobs.extend(jobs.iter().copied());
+        if low {
+            q.low.extend(jobs.iter().copied());
+        } else {
+            q.jobs.extend(jobs.iter().copied());
+        }
         drop(q);
         if jobs.len() == 1 {
             self.shared.work.notify_one();
         } else {
             self.shared.work.notify_all();
         }
+    }
+
+    /// Moves the queued speculative jobs tagged `tag` behind the demand reads (jobs already
+    /// taken by a reader are unaffected). Returns how many moved.
+    pub fn promote(&self, tag: u64) -> usize {
+        let mut guard = self.shared.lock();
+        let q = &mut *guard;
+        let mut moved = 0;
+        let jobs = &mut q.jobs;
+        q.low.retain(|j| {
+            if j.tag == tag {
+                jobs.push_back(*j);
+                moved += 1;
+                false
+            } else {
+                true
+            }
+        });
+        moved
     }
 
     /// The next completion, blocking until one is there; `None` when no job is outstanding.
@@ -258,6 +304,28 @@ impl ReadPool {
             }
             q = self.shared.done.wait(q).unwrap_or_else(|p| p.into_inner());
         }
+    }
+
+    /// Takes back the queued speculative jobs tagged `tag` that no reader has started; they
+    /// will have no completion. Returns how many (jobs being read are unaffected).
+    pub fn cancel(&self, tag: u64) -> usize {
+        let mut q = self.shared.lock();
+        let before = q.low.len();
+        q.low.retain(|j| j.tag != tag);
+        let n = before - q.low.len();
+        q.in_flight -= n;
+        q.outstanding -= n;
+        if n > 0 && q.in_flight == 0 {
+            if let Some(t) = q.busy_since.take() {
+                q.busy += t.elapsed();
+            }
+        }
+        drop(q);
+        if n > 0 {
+            // A `wait` blocked on nothing outstanding must see it.
+            self.shared.done.notify_all();
+        }
+        n
     }
 
     /// Jobs submitted whose completion `wait` has not returned yet.
@@ -287,8 +355,9 @@ impl Drop for ReadPool {
             let mut q = self.shared.lock();
             q.shutdown = true;
             // Queued jobs are dropped unread; the ones being read finish before the join.
-            let dropped = q.jobs.len();
+            let dropped = q.jobs.len() + q.low.len();
             q.jobs.clear();
+            q.low.clear();
             q.in_flight -= dropped;
             q.outstanding -= dropped;
         }
@@ -376,7 +445,7 @@ fn reader(s: &Shared) {
                 if q.shutdown {
                     return;
                 }
-                if let Some(j) = q.jobs.pop_front() {
+                if let Some(j) = q.jobs.pop_front().or_else(|| q.low.pop_front()) {
                     break j;
                 }
                 q = s.work.wait(q).unwrap_or_else(|p| p.into_inner());

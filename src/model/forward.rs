@@ -48,8 +48,14 @@ pub struct State {
     down: Vec<f32>,              // (batch, hidden)
     slot_out: Vec<f32>,          // (batch, k, hidden) each token's expert outputs, unweighted
     pub(crate) acts: Acts,
-    pub(crate) logits: Vec<f32>,   // (logit_rows, vocab)
+    pub(crate) logits: Vec<f32>, // (logit_rows, vocab)
     pub(crate) needed: Vec<usize>, // (n_experts) experts one MoE layer needs, ascending
+    // Prefetch (`CacheConfig::prefetch`): the next layer's router applied early.
+    pf_router: Vec<f32>,   // (batch, n_experts) next layer's router scores
+    pf_sel: Vec<usize>,    // (k) one token's predicted experts
+    pf_selw: Vec<f32>,     // (k) their weights (unused)
+    pf_mark: Vec<bool>,    // (n_experts) predicted by some token of the chunk
+    pf_needed: Vec<usize>, // (n_experts) the predicted union, ascending
     // Multi-token prediction (empty unless the model has an MTP layer).
     pub(crate) mtp_cat: Vec<f32>, // (batch, 2*hidden) [enorm(embed); hnorm(h)]
     pub(crate) mtp_hidden: Vec<f32>, // (batch, hidden) main hidden states paired with tokens
@@ -139,6 +145,11 @@ impl State {
             acts: Acts::with_capacity(batch, widest),
             logits: vec![0.0; logit_rows * cfg.vocab],
             needed: Vec::with_capacity(e),
+            pf_router: vec![0.0; batch * e],
+            pf_sel: vec![0; k],
+            pf_selw: vec![0.0; k],
+            pf_mark: vec![false; e],
+            pf_needed: Vec::with_capacity(e),
             mtp_cat: vec![
                 0.0;
                 if cfg.n_mtp_layers > 0 {
@@ -380,6 +391,11 @@ impl<'a> Model<'a> {
         st.prof.attention += t.elapsed().as_secs_f64();
         for (x, p) in st.x[..n * h].iter_mut().zip(&st.proj[..n * h]) {
             *x += p;
+        }
+        if l + 1 < cfg.n_layers {
+            let t = std::time::Instant::now();
+            self.prefetch_next(st, l + 1, n)?;
+            st.prof.experts += t.elapsed().as_secs_f64();
         }
         for i in 0..n {
             rmsnorm(
@@ -639,8 +655,9 @@ impl<'a> Model<'a> {
                 unpinned += usize::from(!pinned);
                 i += 1;
             }
-            cache.begin(l, &st.needed[start..i])?;
+            let begun = cache.begin(l, &st.needed[start..i]);
             let wave = (|| -> Result<(), ModelError> {
+                begun?;
                 while let Some((ex, b)) = cache.next_ready()? {
                     let xw = &m.experts[ex];
                     let v = |w: &WeightView<'_>, bytes| WeightView { bytes, ..*w };
@@ -660,63 +677,84 @@ impl<'a> Model<'a> {
         Ok(())
     }
 
-    /// Choose experts and their weights for token `i` from `st.router` (raw logits): scores
-    /// by softmax or sigmoid; selection on score + `bias` (selection only, DeepSeek's
-    /// `e_score_correction_bias`), limited to the best groups; weights from the unbiased scores,
-    /// optionally renormalised, times the routed scale.
+    /// Choose experts and their weights for token `i` from `st.router` (raw logits), into
+    /// `st.sel` and `st.selw` (see `route_token`).
     pub(crate) fn route(&self, st: &mut State, i: usize, bias: Option<&[f32]>) {
+        let (e, k) = (self.cfg.n_experts, self.cfg.n_experts_used);
+        route_token(
+            &self.cfg,
+            bias,
+            &mut st.router[i * e..(i + 1) * e],
+            &mut Scratch {
+                choice: &mut st.choice,
+                groups_score: &mut st.groups_score,
+                groups_kept: &mut st.groups_kept,
+            },
+            &mut st.sel[i * k..(i + 1) * k],
+            &mut st.selw[i * k..(i + 1) * k],
+        );
+    }
+
+    /// `--prefetch`: predict layer `next`'s experts for tokens 0..n by applying its router to
+    /// the residual stream as it is now (after this layer's attention, before its FFN) and
+    /// start reading the predicted union. Touches only scratch (`st.xn`, `st.acts`, which the
+    /// caller recomputes, and the `pf_*` buffers), so results do not depend on it.
+    fn prefetch_next(&self, st: &mut State, next: usize, n: usize) -> Result<(), ModelError> {
+        if !st
+            .expert_cache
+            .as_ref()
+            .is_some_and(ExpertCache::prefetching)
+        {
+            return Ok(());
+        }
+        let Some(lw) = self.weights.layers.get(next) else {
+            return Ok(());
+        };
+        let Ffn::Moe(m) = &lw.ffn else {
+            return Ok(());
+        };
         let cfg = &self.cfg;
-        let r = &cfg.routing;
-        let (e, k) = (cfg.n_experts, cfg.n_experts_used);
-        let scores = &mut st.router[i * e..(i + 1) * e];
-        if r.sigmoid {
-            scores
-                .iter_mut()
-                .for_each(|s| *s = 1.0 / (1.0 + (-*s).exp()));
-        } else {
-            softmax(scores);
+        let (h, e, k) = (cfg.hidden, cfg.n_experts, cfg.n_experts_used);
+        for i in 0..n {
+            rmsnorm(
+                &mut st.xn[i * h..(i + 1) * h],
+                &st.x[i * h..(i + 1) * h],
+                &lw.ffn_norm,
+                cfg.rms_eps,
+            );
         }
-        let choice = &mut st.choice;
-        choice.copy_from_slice(scores);
-        if let Some(b) = bias {
-            choice.iter_mut().zip(b).for_each(|(c, b)| *c += b);
-        }
-        if r.n_group > 1 {
-            // Group score = sum of its two best choice scores; keep the best `topk_group`
-            // groups and zero the rest (as transformers' masked_fill(0.0)).
-            let per = e / r.n_group;
-            for (g, gs) in st.groups_score.iter_mut().enumerate() {
-                let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
-                for &v in &choice[g * per..(g + 1) * per] {
-                    if v > a {
-                        b = a;
-                        a = v;
-                    } else if v > b {
-                        b = v;
-                    }
-                }
-                *gs = if per >= 2 { a + b } else { a };
-            }
-            top_k(&st.groups_score, &mut st.groups_kept);
-            for g in 0..r.n_group {
-                if !st.groups_kept.contains(&g) {
-                    choice[g * per..(g + 1) * per].fill(0.0);
-                }
+        st.acts.load(&st.xn[..n * h], n, h);
+        kernels::matmul(
+            &m.router,
+            &mut st.acts,
+            &mut st.pf_router[..n * e],
+            Some(&self.pool),
+            self.isa,
+        )?;
+        st.pf_mark.fill(false);
+        for i in 0..n {
+            route_token(
+                cfg,
+                m.score_bias.as_deref(),
+                &mut st.pf_router[i * e..(i + 1) * e],
+                &mut Scratch {
+                    choice: &mut st.choice,
+                    groups_score: &mut st.groups_score,
+                    groups_kept: &mut st.groups_kept,
+                },
+                &mut st.pf_sel[..k],
+                &mut st.pf_selw[..k],
+            );
+            for &ex in &st.pf_sel[..k] {
+                st.pf_mark[ex] = true;
             }
         }
-        let sel = &mut st.sel[i * k..(i + 1) * k];
-        top_k(choice, sel);
-        let selw = &mut st.selw[i * k..(i + 1) * k];
-        for (wv, &ex) in selw.iter_mut().zip(sel.iter()) {
-            *wv = scores[ex];
+        st.pf_needed.clear();
+        st.pf_needed.extend((0..e).filter(|&ex| st.pf_mark[ex]));
+        if let Some(c) = &st.expert_cache {
+            c.prefetch(next, &st.pf_needed)?;
         }
-        if r.norm_topk_prob {
-            let s: f32 = selw.iter().sum::<f32>() + if r.sigmoid { 1e-20 } else { 0.0 };
-            selw.iter_mut().for_each(|wv| *wv /= s);
-        }
-        if r.scale != 1.0 {
-            selw.iter_mut().for_each(|wv| *wv *= r.scale);
-        }
+        Ok(())
     }
 
     /// Routed experts (+ shared experts) for tokens 0..n of `st.xn`; result in `st.proj`.
@@ -779,5 +817,74 @@ impl<'a> Model<'a> {
             }
         }
         Ok(())
+    }
+}
+
+/// Per-token routing buffers (one token's worth; reused).
+struct Scratch<'b> {
+    choice: &'b mut [f32],        // (n_experts)
+    groups_score: &'b mut [f32],  // (n_group)
+    groups_kept: &'b mut [usize], // (topk_group)
+}
+
+/// One token's routing from its raw router logits `scores` (turned into scores in place):
+/// scores by softmax or sigmoid; selection on score + `bias` (selection only, DeepSeek's
+/// `e_score_correction_bias`), limited to the best groups; the chosen experts in `sel` and their
+/// weights in `selw`: the unbiased scores, optionally renormalised, times the routed scale.
+fn route_token(
+    cfg: &ModelConfig,
+    bias: Option<&[f32]>,
+    scores: &mut [f32],
+    sc: &mut Scratch<'_>,
+    sel: &mut [usize],
+    selw: &mut [f32],
+) {
+    let r = &cfg.routing;
+    let e = cfg.n_experts;
+    if r.sigmoid {
+        scores
+            .iter_mut()
+            .for_each(|s| *s = 1.0 / (1.0 + (-*s).exp()));
+    } else {
+        softmax(scores);
+    }
+    let choice = &mut *sc.choice;
+    choice.copy_from_slice(scores);
+    if let Some(b) = bias {
+        choice.iter_mut().zip(b).for_each(|(c, b)| *c += b);
+    }
+    if r.n_group > 1 {
+        // Group score = sum of its two best choice scores; keep the best `topk_group`
+        // groups and zero the rest (as transformers' masked_fill(0.0)).
+        let per = e / r.n_group;
+        for (g, gs) in sc.groups_score.iter_mut().enumerate() {
+            let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+            for &v in &choice[g * per..(g + 1) * per] {
+                if v > a {
+                    b = a;
+                    a = v;
+                } else if v > b {
+                    b = v;
+                }
+            }
+            *gs = if per >= 2 { a + b } else { a };
+        }
+        top_k(sc.groups_score, sc.groups_kept);
+        for g in 0..r.n_group {
+            if !sc.groups_kept.contains(&g) {
+                choice[g * per..(g + 1) * per].fill(0.0);
+            }
+        }
+    }
+    top_k(choice, sel);
+    for (wv, &ex) in selw.iter_mut().zip(sel.iter()) {
+        *wv = scores[ex];
+    }
+    if r.norm_topk_prob {
+        let s: f32 = selw.iter().sum::<f32>() + if r.sigmoid { 1e-20 } else { 0.0 };
+        selw.iter_mut().for_each(|wv| *wv /= s);
+    }
+    if r.scale != 1.0 {
+        selw.iter_mut().for_each(|wv| *wv *= r.scale);
     }
 }

@@ -12,7 +12,9 @@
 //!   an evictable tier (`--cap` overrides the count).
 //! - reader threads: the thread count at which the probed O_DIRECT ceiling was reached
 //!   (`--io-threads` overrides); IO mode: direct where O_DIRECT works, else buffered (`--io`).
-//! - prefetch: off, because sluice does not implement it yet.
+//! - prefetch: off by default: on the generated Qwen3-30B-shaped model the next layer's router
+//!   predicted only 52% of the experts, and decode was 14-16% slower with it (PERFORMANCE.md,
+//!   "Prefetch"); `--prefetch` turns it on where experts stream (see `prefetch_decision`).
 //! - MTP: off unless asked; when asked while decode is disk-bound it is kept (the flag wins) but
 //!   the line says it will likely slow decode: the head's draft tokens widen the per-token union
 //!   of experts that must be read.
@@ -150,6 +152,8 @@ pub struct PlanRequest {
     pub pin_bytes: Option<u64>,
     /// `--mtp K` (0 = off).
     pub mtp: usize,
+    /// `--prefetch` / `--prefetch=off`; `None`: the planner decides.
+    pub prefetch: Option<bool>,
 }
 
 impl Default for PlanRequest {
@@ -164,6 +168,7 @@ impl Default for PlanRequest {
             autopin: None,
             pin_bytes: None,
             mtp: 0,
+            prefetch: None,
         }
     }
 }
@@ -465,7 +470,6 @@ pub fn plan(
             format!("{io_why}; {threads_why}"),
         ));
     }
-    ds.push(d("prefetch", "off", "not implemented in sluice yet"));
 
     // Prediction.
     let hit = if m.moe_layers == 0 || (!stream && fits) {
@@ -487,6 +491,13 @@ pub fn plan(
         }
         _ => None,
     };
+
+    let (prefetch, prefetch_why) = prefetch_decision(stream, disk_bound, req);
+    ds.push(d(
+        "prefetch",
+        if prefetch { "on" } else { "off" },
+        prefetch_why,
+    ));
 
     // MTP.
     let (mtp_value, mtp_why) = if m.mtp_layers == 0 {
@@ -567,7 +578,7 @@ pub fn plan(
         expert_cache_bytes,
         io: io.name().to_string(),
         io_threads: threads,
-        prefetch: false,
+        prefetch,
         mtp: req.mtp,
         hit_rate: hit,
         disk_gbps: disk,
@@ -576,6 +587,30 @@ pub fn plan(
         disk_bound,
         decisions: ds,
     })
+}
+
+/// Prefetch: predict the next layer's experts and read them early (forward.rs). It can only
+/// help while experts stream and decode waits on the disk, and only if the prediction is good
+/// enough that the wasted reads and evictions cost less than the overlap gains. Measured on the
+/// generated Qwen3-30B-shaped model (docs/PERFORMANCE.md, "Prefetch"): precision 52%, decode
+/// 0.84-0.86x while disk-bound, so the default is off until a model where it wins is measured.
+/// The flag wins where experts stream.
+fn prefetch_decision(stream: bool, disk_bound: bool, req: &PlanRequest) -> (bool, String) {
+    match (req.prefetch, stream) {
+        (Some(true), false) => (
+            false,
+            "--prefetch, but experts are not streamed: nothing to read early".to_string(),
+        ),
+        (Some(on), true) => (on, "--prefetch".to_string()),
+        (Some(false) | None, false) => (false, "experts are not streamed".to_string()),
+        (None, true) => (
+            false,
+            format!(
+                "{}measured slower on the generated Qwen3-30B-shaped model (52% of predictions right, decode 0.84-0.86x; PERFORMANCE.md \"Prefetch\"): `--prefetch` to try it",
+                if disk_bound { "disk-bound, but " } else { "" }
+            ),
+        ),
+    }
 }
 
 /// The cached machine profile for the storage under `files`, without probing; `None` if none
@@ -588,4 +623,26 @@ pub fn cached_profile(files: &crate::format::ModelFiles) -> Option<MachineProfil
         .filter(|p| p.key == key && p.cpu == cpu)?;
     p.refresh_volatile();
     Some(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefetch_is_off_unless_asked_and_streamed() {
+        let req = |p| PlanRequest {
+            prefetch: p,
+            ..PlanRequest::default()
+        };
+        for disk_bound in [false, true] {
+            let (on, why) = prefetch_decision(true, disk_bound, &req(None));
+            assert!(!on && why.contains("measured slower"), "{why}");
+            assert!(prefetch_decision(true, disk_bound, &req(Some(true))).0);
+            assert!(!prefetch_decision(true, disk_bound, &req(Some(false))).0);
+        }
+        let (on, why) = prefetch_decision(false, true, &req(Some(true)));
+        assert!(!on && why.contains("not streamed"));
+        assert!(!prefetch_decision(false, false, &req(None)).0);
+    }
 }
