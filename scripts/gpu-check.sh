@@ -23,4 +23,10 @@ grep -E "worst|placements|KL" "$OUTDIR/tests.log" | head -40
 echo "== benchmark"
 M=/tmp/gpu-bench-model.gguf
 [ -f $M ] || "$BIN/sluice" synth $M --preset qwen3-30b-a3b --layers 8 --quant q4_k --skew 1.0 > "$OUTDIR/synth.log" 2>&1
+echo "== prefill and decode, GPU vs CPU (experts in RAM)"
+P=$(python3 -c "import sys; sys.path.insert(0, 'scripts'); import gpu_bench; print(gpu_bench.PROMPT * 2)")
+for g in on off; do
+  "$BIN/sluice" run $M -p "$P" -n 16 --temp 0 --gpu $g --experts stream > /dev/null 2> "$OUTDIR/pp-$g.err"
+  echo "--gpu $g: $(grep -h '^\[timing\]' "$OUTDIR/pp-$g.err")"
+done
 python3 scripts/gpu_bench.py "$BIN/sluice" $M "$OUTDIR/bench" "${@:3}" 2> "$OUTDIR/bench.err" | tee "$OUTDIR/table.md"
