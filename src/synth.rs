@@ -111,16 +111,17 @@ pub struct MoeSpec {
     pub dtype: DType,
     pub seed: u64,
     pub name: String,
-    /// Router skew S: expert popularity roughly Zipf-like with exponent S (0 = uniform).
-    /// How: every token embedding gets a constant +1 in dimension 0, so the normed hidden
-    /// state keeps a positive component there; each router row gets a weight in column 0 that
-    /// adds a logit bias of -S * ln(rank + 1) (rank = a seeded permutation per layer).
-    /// Sigmoid routers (DeepSeek-V3, GLM-4.5) use the same logit offset: the sigmoid is
-    /// monotone and their selection bias `exp_probs_b` is written as zeros, so experts are
-    /// chosen in logit order exactly as a softmax router would choose them (group-limited
-    /// selection then works on those scores); the offset also lowers the renormalised weight
-    /// of unpopular experts a little. The resulting popularity is measured, not promised: see
-    /// `sluice cache-sim` / usage stats.
+    /// Router skew S: expert popularity roughly Zipf-like with exponent S (0 = uniform); rank =
+    /// a seeded permutation of the experts per layer.
+    /// Softmax routers (Qwen3-MoE): every token embedding gets a constant +1 in dimension 0,
+    /// so the normed hidden state keeps a positive component there, and each router row a
+    /// weight in column 0 adding a logit bias of -S * ln(rank + 1) / 1.7 per unit of it.
+    /// Sigmoid routers (DeepSeek-V3, GLM-4.5) select on sigmoid(logit) + `exp_probs_b`, the
+    /// checkpoint's own selection bias, so the skew goes there, as a real load bias does:
+    /// `exp_probs_b = -SIGMOID_SKEW_SLOPE * S * ln(rank + 1)`, with router logits of sd ~1 so
+    /// that a score offset of slope x d is close to a logit offset of d near the top-k
+    /// threshold; routing weights are untouched. The resulting popularity is measured, not
+    /// promised (tests/synth_archs.rs; `--route-trace` + `sluice cache-sim`).
     pub skew: f32,
     /// The family and its own sizes.
     pub arch: SynthArch,
@@ -231,6 +232,20 @@ impl MoeSpec {
         }
         Ok(())
     }
+}
+
+/// Score-space size of one logit unit near a sigmoid router's top-k threshold (sigmoid slope
+/// s(1-s) at logits ~0.7..1.9, the threshold of top-4-of-16 .. top-8-of-256 for sd-1 logits).
+pub const SIGMOID_SKEW_SLOPE: f32 = 0.15;
+
+/// A seeded permutation of `n` (Fisher-Yates on a stream keyed by the seed, tensor and row).
+fn rank_perm(n: usize, seed: u64, row0: usize, name: &str) -> Vec<usize> {
+    let mut perm: Vec<usize> = (0..n).collect();
+    let mut prng = Rng(seed ^ 0xA5A5_0000 ^ (row0 as u64) ^ name.len() as u64 ^ fnv(name));
+    for i in (1..perm.len()).rev() {
+        perm.swap(i, (prng.next_u64() % (i as u64 + 1)) as usize);
+    }
+    perm
 }
 
 /// FNV-1a of a name (to key per-tensor streams).
@@ -400,20 +415,21 @@ pub fn write_random(
                 Init::Zeros => 0.0,
                 Init::Uniform(a) => rng.uniform(a),
             }));
-            if spec.skew > 0.0 && name == "token_embd.weight" {
+            let softmax = spec.arch == SynthArch::Qwen3Moe;
+            if spec.skew > 0.0 && softmax && name == "token_embd.weight" {
                 x.chunks_exact_mut(row as usize).for_each(|xr| xr[0] = 1.0);
             }
-            if spec.skew > 0.0 && name.ends_with("ffn_gate_inp.weight") {
-                // One seeded rank permutation per layer (Fisher-Yates on a layer-keyed stream).
-                let mut perm: Vec<usize> = (0..spec.experts).collect();
-                let mut prng =
-                    Rng(spec.seed ^ 0xA5A5_0000 ^ (row0 as u64) ^ name.len() as u64 ^ fnv(name));
-                for i in (1..perm.len()).rev() {
-                    perm.swap(i, (prng.next_u64() % (i as u64 + 1)) as usize);
-                }
+            if spec.skew > 0.0 && softmax && name.ends_with("ffn_gate_inp.weight") {
+                let perm = rank_perm(spec.experts, spec.seed, row0, name);
                 // x[0] of a normed hidden state is ~1.7 (1 against uniform(-1,1) entries).
                 for (e, xr) in x.chunks_exact_mut(row as usize).enumerate() {
                     xr[0] = -spec.skew * ((perm[(row0 + e) % spec.experts] + 1) as f32).ln() / 1.7;
+                }
+            }
+            if spec.skew > 0.0 && name.ends_with("exp_probs_b.bias") {
+                let perm = rank_perm(spec.experts, spec.seed, row0, name);
+                for (e, v) in x.iter_mut().enumerate() {
+                    *v = -SIGMOID_SKEW_SLOPE * spec.skew * ((perm[e % spec.experts] + 1) as f32).ln();
                 }
             }
             if name == "output.weight" {

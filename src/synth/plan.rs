@@ -16,7 +16,7 @@ use crate::format::MetaValue;
 pub(super) enum Init {
     /// All ones (RMSNorm weights).
     Ones,
-    /// All zeros (the sigmoid routers' selection bias, see `MoeSpec::skew`).
+    /// All zeros (the sigmoid routers' selection bias without `--skew`).
     Zeros,
     /// Uniform in [-a, a).
     Uniform(f32),
@@ -100,16 +100,19 @@ impl Plan<'_> {
         self.add(name, TensorClass::Vector, &[n], Init::Ones);
     }
 
-    /// Router, selection bias (sigmoid families), routed experts.
+    /// Router, selection bias (sigmoid families), routed experts. Softmax routers get logits
+    /// of sd ~4 (a peaked softmax); sigmoid routers sd ~1, so the scores are not saturated
+    /// and the selection bias (`--skew`) steers selection as it does in a real checkpoint.
     fn moe(&mut self, l: usize, bias: bool) {
         let s = self.spec;
         let (h, e, f) = (s.hidden, s.experts, s.expert_ffn);
         let b = |n: &str| format!("blk.{l}.{n}");
+        let router = if bias { fan(h) } else { 4.0 * fan(h) };
         self.add(
             b("ffn_gate_inp.weight"),
             TensorClass::Vector,
             &[e, h],
-            Init::Uniform(4.0 * fan(h)),
+            Init::Uniform(router),
         );
         if bias {
             self.add(
