@@ -279,7 +279,6 @@ impl Rng {
     }
 }
 
-
 /// Encode `x` (whole rows of `row` values) as `dtype`, splitting the rows over threads for
 /// the slow quantizers. Blocks are independent, so the bytes equal a one-thread encoding.
 fn quantize_rows(
@@ -429,7 +428,9 @@ pub fn write_random(
             if spec.skew > 0.0 && name.ends_with("exp_probs_b.bias") {
                 let perm = rank_perm(spec.experts, spec.seed, row0, name);
                 for (e, v) in x.iter_mut().enumerate() {
-                    *v = -SIGMOID_SKEW_SLOPE * spec.skew * ((perm[e % spec.experts] + 1) as f32).ln();
+                    *v = -SIGMOID_SKEW_SLOPE
+                        * spec.skew
+                        * ((perm[e % spec.experts] + 1) as f32).ln();
                 }
             }
             if name == "output.weight" {

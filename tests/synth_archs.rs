@@ -17,8 +17,14 @@ use std::process::Command;
 
 fn small(preset: &str) -> MoeSpec {
     let mut s = MoeSpec::preset(preset).unwrap();
-    (s.hidden, s.experts, s.experts_used, s.expert_ffn, s.vocab, s.skew) =
-        (256, 16, 4, 256, 0, 1.0);
+    (
+        s.hidden,
+        s.experts,
+        s.experts_used,
+        s.expert_ffn,
+        s.vocab,
+        s.skew,
+    ) = (256, 16, 4, 256, 0, 1.0);
     match &mut s.arch {
         SynthArch::Deepseek2 { mla, moe, .. } => {
             s.heads = 4;
@@ -27,7 +33,9 @@ fn small(preset: &str) -> MoeSpec {
             // The IQ2_XXS mix: experts IQ2_XXS, the rest Q4_K or (rows < 256) Q8_0.
             s.dtype = DType::IQ2_XXS;
         }
-        SynthArch::Glm4Moe { moe, rotary_dim, .. } => {
+        SynthArch::Glm4Moe {
+            moe, rotary_dim, ..
+        } => {
             (s.heads, s.kv_heads, s.head_dim, *rotary_dim) = (4, 2, 64, 32);
             moe.dense_ffn = 128;
         }
@@ -49,7 +57,10 @@ fn write(preset: &str) -> PathBuf {
 
 /// (arch, `{arch}.*` keys, tensor names with the layer index replaced by `N`) per the gguf
 /// package, after checking its tensor list equals sluice's.
-fn read_with_gguf(path: &Path, ours: Option<&ModelFiles>) -> (String, BTreeSet<String>, BTreeSet<String>) {
+fn read_with_gguf(
+    path: &Path,
+    ours: Option<&ModelFiles>,
+) -> (String, BTreeSet<String>, BTreeSet<String>) {
     let script = r#"
 import sys, re, gguf
 r = gguf.GGUFReader(sys.argv[1])
@@ -87,7 +98,13 @@ for t in r.tensors:
             let shape: Vec<String> = t.shape.iter().map(|d| d.to_string()).collect();
             assert_eq!(
                 *line,
-                format!("{} {} {} {}", t.name, t.dtype.name(), shape.join(","), t.range.offset)
+                format!(
+                    "{} {} {} {}",
+                    t.name,
+                    t.dtype.name(),
+                    shape.join(","),
+                    t.range.offset
+                )
             );
         }
     }
@@ -137,13 +154,19 @@ fn check(preset: &str, fixture: &str, omitted_keys: &[&str], omitted_tensors: &[
         );
     }
     for n in &names {
-        assert!(fnames.contains(n), "{preset}: synth writes {n}, llama.cpp's converter does not");
+        assert!(
+            fnames.contains(n),
+            "{preset}: synth writes {n}, llama.cpp's converter does not"
+        );
     }
 
     // sluice's loader: family, routing, dense/MoE split as the preset says.
     let model = sluice::model::Model::load(
         &files,
-        &sluice::model::LoadOptions { threads: 1, ctx: 64 },
+        &sluice::model::LoadOptions {
+            threads: 1,
+            ctx: 64,
+        },
     )
     .unwrap();
     let c = &model.cfg;
@@ -153,23 +176,43 @@ fn check(preset: &str, fixture: &str, omitted_keys: &[&str], omitted_tensors: &[
     assert_eq!((c.n_experts, c.n_experts_used, c.shared_ffn), (16, 4, 256));
     match arch.as_str() {
         "deepseek2" => {
-            assert_eq!((c.routing.n_group, c.routing.topk_group, c.routing.scale), (4, 2, 2.5));
-            assert!(matches!(c.rope_scaling, sluice::model::config::RopeScaling::Yarn { .. }));
+            assert_eq!(
+                (c.routing.n_group, c.routing.topk_group, c.routing.scale),
+                (4, 2, 2.5)
+            );
+            assert!(matches!(
+                c.rope_scaling,
+                sluice::model::config::RopeScaling::Yarn { .. }
+            ));
             assert!(matches!(
                 c.attn,
-                sluice::model::config::AttnKind::Mla { q_lora: Some(64), kv_lora: 64, nope: 32, rope: 32, v_dim: 32 }
+                sluice::model::config::AttnKind::Mla {
+                    q_lora: Some(64),
+                    kv_lora: 64,
+                    nope: 32,
+                    rope: 32,
+                    v_dim: 32
+                }
             ));
             let t = files.tensor("blk.1.ffn_down_exps.weight").unwrap();
             assert_eq!(t.dtype, DType::IQ2_XXS);
-            assert_eq!(files.tensor("blk.0.attn_q_a.weight").unwrap().dtype, DType::Q4_K);
-            assert_eq!(files.tensor("blk.0.attn_k_b.weight").unwrap().dtype, DType::Q8_0);
+            assert_eq!(
+                files.tensor("blk.0.attn_q_a.weight").unwrap().dtype,
+                DType::Q4_K
+            );
+            assert_eq!(
+                files.tensor("blk.0.attn_k_b.weight").unwrap().dtype,
+                DType::Q8_0
+            );
         }
         "glm4moe" => {
             assert_eq!(c.routing.scale, 1.0);
             assert!(c.attn_bias);
             assert_eq!((c.rotary_dim, c.head_dim), (32, 64));
             assert_eq!(
-                files.meta("glm4moe.rope.dimension_count").and_then(MetaValue::as_u64),
+                files
+                    .meta("glm4moe.rope.dimension_count")
+                    .and_then(MetaValue::as_u64),
                 Some(32)
             );
         }
@@ -181,11 +224,24 @@ fn check(preset: &str, fixture: &str, omitted_keys: &[&str], omitted_tensors: &[
     let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .arg("run")
         .arg(&path)
-        .args(["-p", "The quick brown fox", "-n", "4", "--temp", "0", "--ignore-eos", "-t", "1"])
+        .args([
+            "-p",
+            "The quick brown fox",
+            "-n",
+            "4",
+            "--temp",
+            "0",
+            "--ignore-eos",
+            "-t",
+            "1",
+        ])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{preset}: sluice run failed: {stderr}");
+    assert!(
+        out.status.success(),
+        "{preset}: sluice run failed: {stderr}"
+    );
     assert!(stderr.contains("generated 4 tok"), "{preset}: {stderr}");
 }
 
@@ -235,12 +291,31 @@ fn top4_share(preset: &str, skew: f32) -> f64 {
     let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .arg("run")
         .arg(&path)
-        .args(["-p", "The quick brown fox", "-n", "64", "--temp", "0", "--ignore-eos"])
-        .args(["-t", "1", "--experts", "stream", "--usage-freeze", "--route-trace"])
+        .args([
+            "-p",
+            "The quick brown fox",
+            "-n",
+            "64",
+            "--temp",
+            "0",
+            "--ignore-eos",
+        ])
+        .args([
+            "-t",
+            "1",
+            "--experts",
+            "stream",
+            "--usage-freeze",
+            "--route-trace",
+        ])
         .arg(&trace)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let mut count = [0usize; 16];
     let mut n = 0usize;
     for line in std::fs::read_to_string(&trace).unwrap().lines() {

@@ -67,7 +67,11 @@ y.tofile(sys.argv[2])
         .collect();
     assert_eq!(theirs.len(), ours.len());
     for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
-        assert_eq!(a.to_bits(), b.to_bits(), "element {i}: sluice {a} vs gguf {b}");
+        assert_eq!(
+            a.to_bits(),
+            b.to_bits(),
+            "element {i}: sluice {a} vs gguf {b}"
+        );
     }
 
     let rms = |v: &mut dyn Iterator<Item = f32>| {
@@ -95,5 +99,9 @@ fn iq2_xxs_edge_blocks() {
     let mut y = vec![1f32; 512];
     sluice::kernels::dequantize(DType::IQ2_XXS, &enc, &mut y).unwrap();
     assert!(y[..256].iter().all(|v| *v == 0.0));
-    assert!(y[256..].iter().all(|v| *v < 0.0 && (v + 0.5).abs() < 0.1), "{:?}", &y[256..264]);
+    assert!(
+        y[256..].iter().all(|v| *v < 0.0 && (v + 0.5).abs() < 0.1),
+        "{:?}",
+        &y[256..264]
+    );
 }

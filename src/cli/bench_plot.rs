@@ -37,17 +37,28 @@ const W: f64 = 760.0;
 const LEFT: f64 = 90.0;
 const RIGHT: f64 = 30.0;
 
-/// One panel: y from 0 to `ymax` over [top, bottom] pixels; points at the x positions.
+/// A panel's y axis: label, top value (axis from 0), factor from data to labels, line colour.
+struct YAxis<'a> {
+    label: &'a str,
+    max: f64,
+    unit_scale: f64,
+    colour: &'a str,
+}
+
+/// One panel over [top, bottom] pixels; points at the x positions.
 fn panel(
     svg: &mut String,
     (top, bottom): (f64, f64),
-    ylabel: &str,
-    ymax: f64,
-    unit_scale: f64,
+    axis: &YAxis,
     xs: &[f64],
     ys: &[Option<f64>],
-    colour: &str,
 ) {
+    let YAxis {
+        label: ylabel,
+        max: ymax,
+        unit_scale,
+        colour,
+    } = *axis;
     let y_of = |v: f64| bottom - (v / ymax) * (bottom - top);
     let _ = writeln!(
         svg,
@@ -88,7 +99,10 @@ fn panel(
         );
         return;
     }
-    let line: Vec<String> = pts.iter().map(|(x, y, _)| format!("{x:.1},{y:.1}")).collect();
+    let line: Vec<String> = pts
+        .iter()
+        .map(|(x, y, _)| format!("{x:.1},{y:.1}"))
+        .collect();
     let _ = writeln!(
         svg,
         r#"<polyline points="{}" fill="none" stroke="{colour}" stroke-width="2"/>"#,
@@ -120,7 +134,9 @@ pub fn sweep_svg(model: &str, flag: &str, points: &[SweepPoint]) -> String {
 <rect width="100%" height="100%" fill="white"/>
 <text x="{:.1}" y="26" font-size="15" text-anchor="middle">{}</text>"#,
         W / 2.0,
-        esc(&format!("sluice bench {model}: decode tok/s and expert hit rate vs --{flag}"))
+        esc(&format!(
+            "sluice bench {model}: decode tok/s and expert hit rate vs --{flag}"
+        ))
     );
     let tg_max = points.iter().map(|p| p.tg).fold(0.0, f64::max);
     let tg_max = if tg_max.is_finite() && tg_max > 0.0 {
@@ -132,27 +148,21 @@ pub fn sweep_svg(model: &str, flag: &str, points: &[SweepPoint]) -> String {
         .iter()
         .map(|p| p.tg.is_finite().then_some(p.tg))
         .collect();
-    panel(
-        &mut svg,
-        (50.0, 250.0),
-        "decode tok/s (median)",
-        tg_max,
-        1.0,
-        &xs,
-        &tg,
-        "#1f77b4",
-    );
+    let tg_axis = YAxis {
+        label: "decode tok/s (median)",
+        max: tg_max,
+        unit_scale: 1.0,
+        colour: "#1f77b4",
+    };
+    panel(&mut svg, (50.0, 250.0), &tg_axis, &xs, &tg);
     let hit: Vec<Option<f64>> = points.iter().map(|p| p.hit).collect();
-    panel(
-        &mut svg,
-        (290.0, 490.0),
-        "expert hit rate (%)",
-        1.0,
-        100.0,
-        &xs,
-        &hit,
-        "#d62728",
-    );
+    let hit_axis = YAxis {
+        label: "expert hit rate (%)",
+        max: 1.0,
+        unit_scale: 100.0,
+        colour: "#d62728",
+    };
+    panel(&mut svg, (290.0, 490.0), &hit_axis, &xs, &hit);
     for (x, p) in xs.iter().zip(points) {
         let _ = writeln!(
             svg,
@@ -209,6 +219,6 @@ mod tests {
             }],
         );
         assert!(svg.contains("a&amp;b&lt;c&gt;.gguf"));
-        assert!(svg.contains("no data"));
+        assert!(svg.contains("no hit rate"));
     }
 }

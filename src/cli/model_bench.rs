@@ -92,9 +92,9 @@ fn parse_timing(stderr: &str) -> Option<(usize, f64, usize, f64)> {
 
 /// `--sweep NAME=V1,V2,..` as (NAME, the flag as `sluice run` takes it, the values).
 fn parse_sweep(s: &str) -> anyhow::Result<(String, String, Vec<String>)> {
-    let (name, values) = s
-        .split_once('=')
-        .with_context(|| format!("bench: --sweep {s:?}: expected NAME=V1,V2,.. (e.g. ram=2G,4G)"))?;
+    let (name, values) = s.split_once('=').with_context(|| {
+        format!("bench: --sweep {s:?}: expected NAME=V1,V2,.. (e.g. ram=2G,4G)")
+    })?;
     let name = name.trim().trim_start_matches('-').to_string();
     if name.is_empty() || name.contains(char::is_whitespace) {
         bail!("bench: --sweep {s:?}: the flag name is empty or has spaces");
@@ -255,8 +255,8 @@ pub fn run(model: &Path, args: &BenchArgs) -> anyhow::Result<()> {
     let ratio =
         |f: fn(&Arm) -> &Vec<f64>| -> f64 { summary(f(&arms[1])).0 / summary(f(&arms[0])).0 };
     let is_ab = args.ab.is_some();
-    let ratios = (is_ab && same_within && same_across)
-        .then(|| (ratio(|a| &a.pp), ratio(|a| &a.tg)));
+    let ratios =
+        (is_ab && same_within && same_across).then(|| (ratio(|a| &a.pp), ratio(|a| &a.tg)));
     let model_name = model.display().to_string();
     let mut rows = Vec::new();
     for a in &arms {
@@ -312,13 +312,21 @@ pub fn run(model: &Path, args: &BenchArgs) -> anyhow::Result<()> {
         let sweep_name = sweep.as_ref().map(|(n, _, _)| n.as_str());
         println!(
             "model,arm,flags,test,reps,median,mean,sd,min,max,hit_rate{}",
-            if sweep_name.is_some() { ",sweep_flag,sweep_value" } else { "" }
+            if sweep_name.is_some() {
+                ",sweep_flag,sweep_value"
+            } else {
+                ""
+            }
         );
         for r in &rows {
             let extra = match sweep_name {
                 Some(n) => format!(
                     ",{n},{}",
-                    r["arm"].as_str().and_then(|a| a.split_once('=')).map(|x| x.1).unwrap_or("")
+                    r["arm"]
+                        .as_str()
+                        .and_then(|a| a.split_once('='))
+                        .map(|x| x.1)
+                        .unwrap_or("")
                 ),
                 None => String::new(),
             };

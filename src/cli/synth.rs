@@ -45,16 +45,13 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
         )
     })?;
     if args.layers > 0 {
-        spec.cut_layers(args.layers).map_err(|e| anyhow::anyhow!(e))?;
+        spec.cut_layers(args.layers)
+            .map_err(|e| anyhow::anyhow!(e))?;
     }
     spec.dtype = match DType::from_name(&args.quant) {
         Some(
-            t @ (DType::Q4_K
-            | DType::Q8_0
-            | DType::F16
-            | DType::BF16
-            | DType::F32
-            | DType::IQ2_XXS),
+            t
+            @ (DType::Q4_K | DType::Q8_0 | DType::F16 | DType::BF16 | DType::F32 | DType::IQ2_XXS),
         ) => t,
         _ => anyhow::bail!(
             "--quant {:?}: synth can write q4_k, q8_0, iq2_xxs, f16, bf16 or f32",

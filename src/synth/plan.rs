@@ -123,9 +123,24 @@ impl Plan<'_> {
             );
         }
         let x = TensorClass::RoutedExperts;
-        self.add(b("ffn_gate_exps.weight"), x, &[e, f, h], Init::Uniform(fan(h)));
-        self.add(b("ffn_up_exps.weight"), x, &[e, f, h], Init::Uniform(fan(h)));
-        self.add(b("ffn_down_exps.weight"), x, &[e, h, f], Init::Uniform(fan(f)));
+        self.add(
+            b("ffn_gate_exps.weight"),
+            x,
+            &[e, f, h],
+            Init::Uniform(fan(h)),
+        );
+        self.add(
+            b("ffn_up_exps.weight"),
+            x,
+            &[e, f, h],
+            Init::Uniform(fan(h)),
+        );
+        self.add(
+            b("ffn_down_exps.weight"),
+            x,
+            &[e, h, f],
+            Init::Uniform(fan(f)),
+        );
     }
 
     /// A gate/up/down MLP of width `f` under `prefix` (`ffn` or `ffn_*_shexp` naming).
@@ -187,11 +202,7 @@ pub(super) fn tensors(spec: &MoeSpec, vocab: usize) -> Vec<Planned> {
                     p.mlp(l, "_shexp", TensorClass::SharedExpert, sf);
                 }
             }
-            SynthArch::Glm4Moe {
-                moe,
-                qk_norm,
-                ..
-            } => {
+            SynthArch::Glm4Moe { moe, qk_norm, .. } => {
                 let kvd = spec.kv_heads * hd;
                 p.norm(b("attn_norm"), h);
                 p.mat(b("attn_q"), a, nh * hd, h);
@@ -270,7 +281,10 @@ pub(super) fn arch_meta(spec: &MoeSpec, vocab: usize) -> Vec<(String, MetaValue)
                     ("rope.scaling.yarn_beta_fast", f(y.beta_fast)),
                     ("rope.scaling.yarn_beta_slow", f(y.beta_slow)),
                     // The converter writes 0.1 * mscale_all_dim.
-                    ("rope.scaling.yarn_log_multiplier", f(0.1 * y.mscale_all_dim)),
+                    (
+                        "rope.scaling.yarn_log_multiplier",
+                        f(0.1 * y.mscale_all_dim),
+                    ),
                 ]);
             }
             sigmoid_moe_meta(&mut kv, spec, moe);
@@ -321,7 +335,10 @@ mod tests {
     #[test]
     fn iq2_xxs_mix_and_fallbacks() {
         use TensorClass::*;
-        assert_eq!(mix_type(DType::IQ2_XXS, RoutedExperts, 7168), DType::IQ2_XXS);
+        assert_eq!(
+            mix_type(DType::IQ2_XXS, RoutedExperts, 7168),
+            DType::IQ2_XXS
+        );
         assert_eq!(mix_type(DType::IQ2_XXS, Attention, 7168), DType::Q4_K);
         assert_eq!(mix_type(DType::IQ2_XXS, Attention, 128), DType::Q8_0);
         assert_eq!(mix_type(DType::Q4_K, Embedding, 4096), DType::Q4_K);

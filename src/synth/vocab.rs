@@ -118,4 +118,3 @@ pub(super) fn vocabulary(min_size: usize, path: &Path) -> Result<Vocab, FormatEr
 }
 
 pub(super) const CHAT_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
-
