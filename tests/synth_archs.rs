@@ -30,7 +30,7 @@ fn small(preset: &str) -> MoeSpec {
             s.heads = 4;
             (mla.q_lora, mla.kv_lora, mla.nope, mla.rope, mla.v_dim) = (64, 64, 32, 32, 32);
             (moe.dense_ffn, moe.n_group, moe.topk_group) = (128, 4, 2);
-            // The IQ2_XXS mix: experts IQ2_XXS, the rest Q4_K or (rows < 256) Q8_0.
+            // The IQ2_XXS mix: experts IQ2_XXS, the rest Q4_K or (rows < 256) Q4_0.
             s.dtype = DType::IQ2_XXS;
         }
         SynthArch::Glm4Moe {
@@ -202,7 +202,7 @@ fn check(preset: &str, fixture: &str, omitted_keys: &[&str], omitted_tensors: &[
             );
             assert_eq!(
                 files.tensor("blk.0.attn_k_b.weight").unwrap().dtype,
-                DType::Q8_0
+                DType::Q4_0
             );
         }
         "glm4moe" => {

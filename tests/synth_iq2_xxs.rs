@@ -1,6 +1,7 @@
 //! sluice's IQ2_XXS encoder (`kernels::quantize`, used by `sluice synth --quant iq2_xxs`)
 //! writes blocks that the `gguf` Python package (llama.cpp's reference) decodes to exactly what
-//! sluice's own dequantizer gives, and that fit Gaussian data within a measured bound.
+//! sluice's own dequantizer gives, and that fit Gaussian data within a measured bound. Its Q4_0
+//! encoder (the mix's fallback) writes the same bytes as the package's reference quantizer.
 //!
 //! The bound: IQ2_XXS spends ~2.06 bits per weight; each group of 8 takes one of 256 grid
 //! points with magnitudes {8, 25, 43} (and a forced sign when the signs' parity is odd), so a
@@ -104,4 +105,38 @@ fn iq2_xxs_edge_blocks() {
         "{:?}",
         &y[256..264]
     );
+}
+
+/// Q4_0 (the fallback of 256-block types in synth's mixes) is byte-identical to
+/// `gguf.quants.quantize`, which follows ggml's reference quantizer.
+#[test]
+fn q4_0_bytes_match_gguf_quantize() {
+    let x = gaussian(64 * 32, 11);
+    let mut enc = Vec::new();
+    sluice::kernels::quantize::quantize(DType::Q4_0, &x, &mut enc).unwrap();
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("q4_0");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (input, theirs) = (dir.join("x.f32"), dir.join("gguf.bin"));
+    let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+    std::fs::write(&input, bytes).unwrap();
+    let script = r#"
+import sys, numpy as np
+from gguf import GGMLQuantizationType
+from gguf.quants import quantize
+x = np.fromfile(sys.argv[1], dtype=np.float32).reshape(-1, 32)
+quantize(x, GGMLQuantizationType.Q4_0).tofile(sys.argv[2])
+"#;
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(&input)
+        .arg(&theirs)
+        .output()
+        .expect("python3 (run .ci/run to install the gguf package)");
+    assert!(
+        out.status.success(),
+        "gguf package failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(enc, std::fs::read(&theirs).unwrap());
 }

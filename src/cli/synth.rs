@@ -24,7 +24,8 @@ pub struct SynthArgs {
     /// Type of the matrices: q4_k | q8_0 | f16 | bf16 | f32, or iq2_xxs: a mix with routed
     /// experts IQ2_XXS and attention, dense FFN, shared experts, embedding and output Q4_K.
     /// Norms, routers and biases stay f32; a tensor whose rows the type's block does not
-    /// divide falls back to q8_0 (MLA's attn_k_b under q4_k/iq2_xxs). IQ2_XXS is slow to
+    /// divide falls back to q4_0 (GLM-4.5-Air's expert ffn_down of 1408, MLA's attn_k_b of
+    /// 128, under q4_k/iq2_xxs). IQ2_XXS is slow to
     /// write (an exhaustive grid search; see docs/FORMATS.md).
     #[arg(long, default_value = "q8_0")]
     pub quant: String,

@@ -5,7 +5,7 @@
 use crate::dtype::DType;
 
 /// Encode `x` (whole blocks) as `dtype`, appending to `out`. Supports F32, F16, BF16, Q8_0,
-/// Q4_K, IQ2_XXS.
+/// Q4_0, Q4_K, IQ2_XXS.
 pub fn quantize(dtype: DType, x: &[f32], out: &mut Vec<u8>) -> Result<(), super::KernelError> {
     let block = dtype
         .block_elems()
@@ -35,6 +35,20 @@ pub fn quantize(dtype: DType, x: &[f32], out: &mut Vec<u8>) -> Result<(), super:
                 let id = if d != 0.0 { 1.0 / d } else { 0.0 };
                 out.extend_from_slice(&half::f16::from_f32(d).to_bits().to_le_bytes());
                 out.extend(b.iter().map(|v| (v * id).round() as i8 as u8));
+            }
+        }
+        DType::Q4_0 => {
+            for b in x.chunks_exact(32) {
+                // As ggml's reference quantizer: d = (the value of largest magnitude) / -8,
+                // q = min(15, trunc(x / d + 8.5)); element i < 16 low nibble of byte i, 16 + i high.
+                let max = b
+                    .iter()
+                    .fold(0f32, |m, v| if v.abs() > m.abs() { *v } else { m });
+                let d = max / -8.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                out.extend_from_slice(&half::f16::from_f32(d).to_bits().to_le_bytes());
+                let q = |v: f32| ((v * id + 8.5) as u8).min(15);
+                out.extend((0..16).map(|i| q(b[i]) | (q(b[i + 16]) << 4)));
             }
         }
         DType::Q4_K => {

@@ -43,8 +43,9 @@ pub enum TensorClass {
 /// spirit of llama.cpp's IQ2_XXS files, which keep the small, always-read tensors at higher
 /// precision: routed experts IQ2_XXS; attention, dense FFN, shared experts, token embedding
 /// and output Q4_K (llama.cpp uses Q2_K/Q4_K/Q5_K there, which sluice has no quantizer for).
-/// A type whose block does not divide the tensor's row (MLA's `attn_k_b`, rows of 128) falls
-/// back to Q8_0, then F32 (llama.cpp falls back likewise).
+/// A 256-block type whose block does not divide the tensor's row (GLM-4.5-Air's expert
+/// `ffn_down` rows of 1408, MLA's `attn_k_b` rows of 128) falls back to Q4_0, the 4.5-bit type
+/// of 32-blocks sluice can write (llama.cpp falls back to IQ4_NL / Q5_0 there); then Q8_0, F32.
 pub fn mix_type(bulk: DType, class: TensorClass, row: u64) -> DType {
     let want = match (bulk, class) {
         (_, TensorClass::Vector) => DType::F32,
@@ -52,7 +53,12 @@ pub fn mix_type(bulk: DType, class: TensorClass, row: u64) -> DType {
         (DType::IQ2_XXS, _) => DType::Q4_K,
         (t, _) => t,
     };
-    [want, DType::Q8_0, DType::F32]
+    let small = if want.block_elems().unwrap_or(1) >= 256 {
+        DType::Q4_0
+    } else {
+        DType::Q8_0
+    };
+    [want, small, DType::Q8_0, DType::F32]
         .into_iter()
         .find(|t| {
             t.block_elems()
@@ -340,7 +346,9 @@ mod tests {
             DType::IQ2_XXS
         );
         assert_eq!(mix_type(DType::IQ2_XXS, Attention, 7168), DType::Q4_K);
-        assert_eq!(mix_type(DType::IQ2_XXS, Attention, 128), DType::Q8_0);
+        assert_eq!(mix_type(DType::IQ2_XXS, Attention, 128), DType::Q4_0);
+        assert_eq!(mix_type(DType::IQ2_XXS, RoutedExperts, 1408), DType::Q4_0);
+        assert_eq!(mix_type(DType::Q8_0, Attention, 128), DType::Q8_0);
         assert_eq!(mix_type(DType::Q4_K, Embedding, 4096), DType::Q4_K);
         assert_eq!(mix_type(DType::Q8_0, Vector, 4096), DType::F32);
         assert_eq!(mix_type(DType::Q8_0, Attention, 48), DType::F32);
