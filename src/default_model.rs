@@ -77,6 +77,7 @@ pub fn spec() -> MoeSpec {
         seed: 0x5EED_0000 + VERSION as u64,
         name: "sluice default tiny MoE (random weights)".into(),
         skew: 0.0,
+        arch: crate::synth::SynthArch::Qwen3Moe,
     }
 }
 

@@ -1,17 +1,98 @@
-//! Synthetic models: GGUFs with real shapes and seeded random weights, for the default model and
-//! for performance work (no real model can be downloaded here).
+//! Synthetic models: GGUFs with real models' shapes and seeded random weights, for the default
+//! model and for performance work (no real model can be downloaded here).
 //!
-//! Owns: `MoeSpec` (a model's shape), presets with real models' dimensions, and a streaming
-//! writer that never holds more than one tensor in memory.
-//! Does not own: the GGUF byte layout (`format::GgufWriter`), quantizers (`kernels::quantize`).
-//! Invariant: output is a pure function of the spec (seeded generator, fixed tensor order).
+//! Owns: `MoeSpec` (a model's shape, one of three families: Qwen3-MoE, DeepSeek-V3 as GGUF
+//! `deepseek2`, GLM-4.5 as `glm4moe`), presets with real models' dimensions, and a streaming
+//! writer that never holds more than one piece of one tensor in memory.
+//! Does not own: the GGUF byte layout (`format::GgufWriter`), quantizers (`kernels::quantize`),
+//! the families' tensor lists and metadata keys (`synth/plan.rs`), the vocabulary
+//! (`synth/vocab.rs`).
+//! Invariant: output is a pure function of the spec (seeded generator, fixed tensor order); a
+//! Qwen3-MoE spec writes the same bytes as the first synth writer did (the default model's
+//! cache key depends on it).
+
+mod plan;
+mod vocab;
+
+pub use plan::{mix_type, TensorClass};
+pub use vocab::byte_chars;
 
 use crate::dtype::DType;
 use crate::format::{FormatError, GgufWriter, MetaValue};
 use crate::kernels::quantize::quantize;
+use plan::Init;
 use std::path::Path;
+use vocab::{vocabulary, Vocab, CHAT_TEMPLATE};
 
-/// The shape of a Qwen3-MoE-style model.
+/// Multi-head latent attention sizes (DeepSeek-V3).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mla {
+    pub q_lora: usize,
+    pub kv_lora: usize,
+    /// Per-head q/k widths without and with rotary embedding.
+    pub nope: usize,
+    pub rope: usize,
+    pub v_dim: usize,
+}
+
+/// YaRN rope scaling as a config.json's `rope_scaling` gives it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Yarn {
+    pub factor: f32,
+    pub orig_ctx: usize,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    pub mscale_all_dim: f32,
+}
+
+/// The MoE block of the sigmoid-routed families (DeepSeek-V3, GLM-4.5): leading dense layers,
+/// shared experts, group-limited selection, a scale on the routed weights.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SigmoidMoe {
+    /// The first `dense_layers` layers have a dense FFN of width `dense_ffn`.
+    pub dense_layers: usize,
+    pub dense_ffn: usize,
+    pub shared_experts: usize,
+    pub n_group: usize,
+    pub topk_group: usize,
+    pub routed_scale: f32,
+}
+
+/// A synthetic model's family and its family-specific shape.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SynthArch {
+    /// Qwen3-MoE: GQA with per-head q/k norms, softmax routing, every layer MoE.
+    Qwen3Moe,
+    /// DeepSeek-V3 (GGUF `deepseek2`): MLA, sigmoid group-limited routing with a selection
+    /// bias, shared experts, leading dense layers. `heads` is the query heads; `kv_heads`
+    /// and `head_dim` are unused (MLA's sizes are in `mla`).
+    Deepseek2 {
+        mla: Mla,
+        moe: SigmoidMoe,
+        yarn: Option<Yarn>,
+    },
+    /// GLM-4.5 (GGUF `glm4moe`): GQA with q/k/v biases and partial rotary embedding, sigmoid
+    /// routing with a selection bias, shared experts, leading dense layers. The MTP (NextN)
+    /// layer is not written.
+    Glm4Moe {
+        moe: SigmoidMoe,
+        rotary_dim: usize,
+        qk_norm: bool,
+    },
+}
+
+impl SynthArch {
+    /// `general.architecture`.
+    pub fn gguf_name(&self) -> &'static str {
+        match self {
+            SynthArch::Qwen3Moe => "qwen3moe",
+            SynthArch::Deepseek2 { .. } => "deepseek2",
+            SynthArch::Glm4Moe { .. } => "glm4moe",
+        }
+    }
+}
+
+/// The shape of a synthetic MoE model.
 #[derive(Clone, Debug)]
 pub struct MoeSpec {
     pub hidden: usize,
@@ -26,16 +107,24 @@ pub struct MoeSpec {
     /// with unused tokens so embeddings and lm_head have the real model's size.
     pub vocab: usize,
     pub ctx: usize,
-    /// Type of the matrices (norms and router stay F32).
+    /// Type of the matrices, or the mix it names (`plan::mix_type`); norms and routers F32.
     pub dtype: DType,
     pub seed: u64,
     pub name: String,
-    /// Router skew S: expert popularity roughly Zipf-like with exponent S (0 = uniform).
-    /// How: every token embedding gets a constant +1 in dimension 0, so the normed hidden
-    /// state keeps a positive component there; each router row gets a weight in column 0 that
-    /// adds a logit bias of -S * ln(rank + 1) (rank = a seeded permutation per layer). The
-    /// resulting popularity is measured, not promised: see `sluice cache-sim` / usage stats.
+    /// Router skew S: expert popularity roughly Zipf-like with exponent S (0 = uniform); rank =
+    /// a seeded permutation of the experts per layer.
+    /// Softmax routers (Qwen3-MoE): every token embedding gets a constant +1 in dimension 0,
+    /// so the normed hidden state keeps a positive component there, and each router row a
+    /// weight in column 0 adding a logit bias of -S * ln(rank + 1) / 1.7 per unit of it.
+    /// Sigmoid routers (DeepSeek-V3, GLM-4.5) select on sigmoid(logit) + `exp_probs_b`, the
+    /// checkpoint's own selection bias, so the skew goes there, as a real load bias does:
+    /// `exp_probs_b = -SIGMOID_SKEW_SLOPE * S * ln(rank + 1)`, with router logits of sd ~1 so
+    /// that a score offset of slope x d is close to a logit offset of d near the top-k
+    /// threshold; routing weights are untouched. The resulting popularity is measured, not
+    /// promised (tests/synth_archs.rs; `--route-trace` + `sluice cache-sim`).
     pub skew: f32,
+    /// The family and its own sizes.
+    pub arch: SynthArch,
 }
 
 impl MoeSpec {
@@ -56,15 +145,107 @@ impl MoeSpec {
             seed: 1,
             name: format!("synthetic {name}"),
             skew: 0.0,
+            arch: SynthArch::Qwen3Moe,
         };
         Some(match name {
             "qwen3-30b-a3b" => base(2048, 48, 32, 4, 128, 128, 8, 768, 151936),
             "qwen3-235b-a22b" => base(4096, 94, 64, 4, 128, 128, 8, 1536, 151936),
+            // DeepSeek-V3's config.json (V3/R1/V3.1 share these shapes).
+            "deepseek-v3" => MoeSpec {
+                ctx: 163840,
+                arch: SynthArch::Deepseek2 {
+                    mla: Mla {
+                        q_lora: 1536,
+                        kv_lora: 512,
+                        nope: 128,
+                        rope: 64,
+                        v_dim: 128,
+                    },
+                    moe: SigmoidMoe {
+                        dense_layers: 3,
+                        dense_ffn: 18432,
+                        shared_experts: 1,
+                        n_group: 8,
+                        topk_group: 4,
+                        routed_scale: 2.5,
+                    },
+                    yarn: Some(Yarn {
+                        factor: 40.0,
+                        orig_ctx: 4096,
+                        beta_fast: 32.0,
+                        beta_slow: 1.0,
+                        mscale_all_dim: 1.0,
+                    }),
+                },
+                ..base(7168, 61, 128, 128, 192, 256, 8, 2048, 129280)
+            },
+            // GLM-4.5-Air's config.json (no q/k norm; its one MTP layer is not written).
+            "glm-4.5-air" => MoeSpec {
+                ctx: 131072,
+                arch: SynthArch::Glm4Moe {
+                    moe: SigmoidMoe {
+                        dense_layers: 1,
+                        dense_ffn: 10944,
+                        shared_experts: 1,
+                        n_group: 1,
+                        topk_group: 1,
+                        routed_scale: 1.0,
+                    },
+                    rotary_dim: 64,
+                    qk_norm: false,
+                },
+                ..base(4096, 46, 96, 8, 128, 128, 8, 1408, 151552)
+            },
             _ => return None,
         })
     }
 
-    pub const PRESETS: &'static [&'static str] = &["qwen3-30b-a3b", "qwen3-235b-a22b"];
+    pub const PRESETS: &'static [&'static str] = &[
+        "qwen3-30b-a3b",
+        "qwen3-235b-a22b",
+        "deepseek-v3",
+        "glm-4.5-air",
+    ];
+
+    /// Keep the first `n` layers (n >= 1), at least one of them MoE: the leading dense
+    /// layers become min(real, n - 1).
+    pub fn cut_layers(&mut self, n: usize) -> Result<(), String> {
+        if n == 0 {
+            return Err("--layers must be at least 1".into());
+        }
+        let n = n.min(self.layers);
+        if let SynthArch::Deepseek2 { mla, .. } = &self.arch {
+            // llama.cpp takes a deepseek2 GGUF of 26 or 27 layers for a "lite" model without
+            // q_lora_rank and would look for attn_q instead of attn_q_a/attn_q_b.
+            if (n == 26 || n == 27) && mla.q_lora > 0 {
+                return Err(format!(
+                    "--layers {n}: llama.cpp reads a 26- or 27-layer deepseek2 GGUF as DeepSeek-V2-Lite (no q_lora_rank); pick another depth"
+                ));
+            }
+        }
+        self.layers = n;
+        match &mut self.arch {
+            SynthArch::Qwen3Moe => {}
+            SynthArch::Deepseek2 { moe, .. } | SynthArch::Glm4Moe { moe, .. } => {
+                moe.dense_layers = moe.dense_layers.min(n - 1);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Score-space size of one logit unit near a sigmoid router's top-k threshold (sigmoid slope
+/// s(1-s) at logits ~0.7..1.9, the threshold of top-4-of-16 .. top-8-of-256 for sd-1 logits).
+pub const SIGMOID_SKEW_SLOPE: f32 = 0.15;
+
+/// A seeded permutation of `n` (Fisher-Yates on a stream keyed by the seed, tensor and row).
+fn rank_perm(n: usize, seed: u64, row0: usize, name: &str) -> Vec<usize> {
+    let mut perm: Vec<usize> = (0..n).collect();
+    let mut prng = Rng(seed ^ 0xA5A5_0000 ^ (row0 as u64) ^ name.len() as u64 ^ fnv(name));
+    for i in (1..perm.len()).rev() {
+        perm.swap(i, (prng.next_u64() % (i as u64 + 1)) as usize);
+    }
+    perm
 }
 
 /// FNV-1a of a name (to key per-tensor streams).
@@ -98,122 +279,54 @@ impl Rng {
     }
 }
 
-/// GPT-2's byte -> printable character map (byte-level BPE vocabularies spell bytes this way).
-pub fn byte_chars() -> Vec<char> {
-    let printable = |b: u32| {
-        (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
-    };
-    let mut extra = 0u32;
-    (0u32..256)
-        .map(|b| {
-            if printable(b) {
-                char::from_u32(b).unwrap_or('?')
-            } else {
-                extra += 1;
-                char::from_u32(255 + extra).unwrap_or('?')
-            }
-        })
-        .collect()
+/// Encode `x` (whole rows of `row` values) as `dtype`, splitting the rows over threads for
+/// the slow quantizers. Blocks are independent, so the bytes equal a one-thread encoding.
+fn quantize_rows(
+    dtype: DType,
+    x: &[f32],
+    row: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), crate::kernels::KernelError> {
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(16);
+    let slow = matches!(dtype, DType::IQ2_XXS | DType::Q4_K);
+    let rows = x.len() / row.max(1);
+    if !slow || threads < 2 || rows < 2 * threads {
+        return quantize(dtype, x, out);
+    }
+    let per = rows.div_ceil(threads) * row;
+    let parts: Vec<Result<Vec<u8>, _>> = std::thread::scope(|s| {
+        let handles: Vec<_> = x
+            .chunks(per)
+            .map(|c| {
+                s.spawn(move || {
+                    let mut o = Vec::new();
+                    quantize(dtype, c, &mut o).map(|_| o)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(crate::kernels::KernelError::Shape(
+                        "quantizer thread panicked".into(),
+                    ))
+                })
+            })
+            .collect()
+    });
+    for p in parts {
+        out.extend_from_slice(&p?);
+    }
+    Ok(())
 }
 
-/// A real (small) byte-level BPE: 988 tokens and 729 merges trained with the Python
-/// `tokenizers` package on an English corpus with Qwen2's pre-tokenizer, plus ChatML specials
-/// (assets/synth-vocab.json = tests/fixtures/tokenizer/bytelevel/tokenizer.json, made by
-/// scripts/make_tokenizer_fixtures.py).
-const VOCAB_JSON: &str = include_str!("../assets/synth-vocab.json");
-
-/// The embedded vocabulary, padded with `<|unused_N|>` tokens to `min_size`.
-struct Vocab {
-    tokens: Vec<String>,
-    merges: Vec<String>,
-    types: Vec<i32>,
-    eos: u32,
-    pad: u32,
-}
-
-fn vocabulary(min_size: usize, path: &Path) -> Result<Vocab, FormatError> {
-    let bad = |m: &str| FormatError::Writer {
-        path: path.to_path_buf(),
-        msg: format!("embedded vocabulary: {m}"),
-    };
-    let v: serde_json::Value = serde_json::from_str(VOCAB_JSON).map_err(|e| bad(&e.to_string()))?;
-    let map = v["model"]["vocab"]
-        .as_object()
-        .ok_or_else(|| bad("no model.vocab"))?;
-    let added = v["added_tokens"].as_array().cloned().unwrap_or_default();
-    let ids = map
-        .values()
-        .chain(added.iter().map(|a| &a["id"]))
-        .filter_map(|x| x.as_u64());
-    let n = ids
-        .max()
-        .map(|m| m as usize + 1)
-        .ok_or_else(|| bad("empty"))?;
-    let mut tokens = vec![String::new(); n];
-    let mut types = vec![1i32; n];
-    for (t, id) in map {
-        let id = id.as_u64().ok_or_else(|| bad("non-integer id"))? as usize;
-        tokens[id] = t.clone();
-    }
-    for a in &added {
-        let (Some(id), Some(c)) = (a["id"].as_u64(), a["content"].as_str()) else {
-            return Err(bad("bad added token"));
-        };
-        tokens[id as usize] = c.to_string();
-        types[id as usize] = if a["special"].as_bool().unwrap_or(true) {
-            3
-        } else {
-            4
-        };
-    }
-    let mut unused = 0;
-    for (t, ty) in tokens.iter_mut().zip(types.iter_mut()) {
-        if t.is_empty() {
-            *t = format!("<|unused_{unused}|>");
-            *ty = 5;
-            unused += 1;
-        }
-    }
-    while tokens.len() < min_size {
-        tokens.push(format!("<|unused_{unused}|>"));
-        types.push(5);
-        unused += 1;
-    }
-    let merges = v["model"]["merges"]
-        .as_array()
-        .ok_or_else(|| bad("no model.merges"))?
-        .iter()
-        .map(|m| match m {
-            serde_json::Value::String(s) => Some(s.clone()),
-            serde_json::Value::Array(p) => {
-                Some(format!("{} {}", p.first()?.as_str()?, p.get(1)?.as_str()?))
-            }
-            _ => None,
-        })
-        .collect::<Option<Vec<String>>>()
-        .ok_or_else(|| bad("bad merge"))?;
-    let id_of = |s: &str| {
-        tokens
-            .iter()
-            .position(|t| t == s)
-            .map(|i| i as u32)
-            .ok_or_else(|| bad(&format!("no {s}")))
-    };
-    let (eos, pad) = (id_of("<|im_end|>")?, id_of("<|endoftext|>")?);
-    Ok(Vocab {
-        tokens,
-        merges,
-        types,
-        eos,
-        pad,
-    })
-}
-
-const CHAT_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
-
-/// Write a Qwen3-MoE GGUF (llama.cpp names and keys) with seeded random weights. `progress`
-/// is called after each tensor with (bytes written, total bytes).
-pub fn write_random_qwen3moe(
+/// Write a synthetic GGUF of `spec` (llama.cpp names and keys for its family) with seeded
+/// random weights. `progress` is called after each tensor with (bytes written, total bytes).
+pub fn write_random(
     path: &Path,
     spec: &MoeSpec,
     progress: &mut dyn FnMut(u64, u64),
@@ -240,33 +353,12 @@ pub fn write_random_qwen3moe(
         .collect();
     let mut w = GgufWriter::new(path)?;
     let s = |v: &str| MetaValue::String(v.to_string());
-    let u = |v: usize| MetaValue::U32(v as u32);
-    let arch = "qwen3moe";
-    let meta: Vec<(String, MetaValue)> = vec![
-        ("general.architecture".into(), s(arch)),
+    let mut meta: Vec<(String, MetaValue)> = vec![
+        ("general.architecture".into(), s(spec.arch.gguf_name())),
         ("general.name".into(), s(&spec.name)),
-        (format!("{arch}.context_length"), u(spec.ctx)),
-        (format!("{arch}.embedding_length"), u(spec.hidden)),
-        (format!("{arch}.block_count"), u(spec.layers)),
-        (format!("{arch}.feed_forward_length"), u(spec.expert_ffn)),
-        (
-            format!("{arch}.expert_feed_forward_length"),
-            u(spec.expert_ffn),
-        ),
-        (format!("{arch}.attention.head_count"), u(spec.heads)),
-        (format!("{arch}.attention.head_count_kv"), u(spec.kv_heads)),
-        (format!("{arch}.attention.key_length"), u(spec.head_dim)),
-        (format!("{arch}.attention.value_length"), u(spec.head_dim)),
-        (
-            format!("{arch}.rope.freq_base"),
-            MetaValue::F32(1_000_000.0),
-        ),
-        (
-            format!("{arch}.attention.layer_norm_rms_epsilon"),
-            MetaValue::F32(1e-6),
-        ),
-        (format!("{arch}.expert_count"), u(spec.experts)),
-        (format!("{arch}.expert_used_count"), u(spec.experts_used)),
+    ];
+    meta.extend(plan::arch_meta(spec, vocab));
+    meta.extend([
         ("tokenizer.ggml.model".into(), s("gpt2")),
         ("tokenizer.ggml.pre".into(), s("qwen2")),
         (
@@ -291,98 +383,54 @@ pub fn write_random_qwen3moe(
             MetaValue::Bool(false),
         ),
         ("tokenizer.chat_template".into(), s(CHAT_TEMPLATE)),
-    ];
+    ]);
     for (k, v) in meta {
         w.add_meta(&k, v)?;
     }
 
-    // (name, type, shape outermost-first, init scale); scale 0 = a norm (all ones).
-    let (h, qd, kvd, f, e, dt) = (
-        spec.hidden,
-        spec.heads * spec.head_dim,
-        spec.kv_heads * spec.head_dim,
-        spec.expert_ffn,
-        spec.experts,
-        spec.dtype,
-    );
-    let fan = |n: usize| 1.7 / (n as f32).sqrt();
-    let (hu, qu, ku, fu, eu, vu) = (
-        h as u64,
-        qd as u64,
-        kvd as u64,
-        f as u64,
-        e as u64,
-        vocab as u64,
-    );
-    let mut plan: Vec<(String, DType, Vec<u64>, f32)> =
-        vec![("token_embd.weight".into(), dt, vec![vu, hu], 1.0)];
-    for l in 0..spec.layers {
-        let b = |n: &str| format!("blk.{l}.{n}.weight");
-        plan.push((b("attn_norm"), DType::F32, vec![hu], 0.0));
-        plan.push((b("attn_q"), dt, vec![qu, hu], fan(h)));
-        plan.push((b("attn_k"), dt, vec![ku, hu], fan(h)));
-        plan.push((b("attn_v"), dt, vec![ku, hu], fan(h)));
-        plan.push((b("attn_output"), dt, vec![hu, qu], fan(qd)));
-        plan.push((
-            b("attn_q_norm"),
-            DType::F32,
-            vec![spec.head_dim as u64],
-            0.0,
-        ));
-        plan.push((
-            b("attn_k_norm"),
-            DType::F32,
-            vec![spec.head_dim as u64],
-            0.0,
-        ));
-        plan.push((b("ffn_norm"), DType::F32, vec![hu], 0.0));
-        plan.push((b("ffn_gate_inp"), DType::F32, vec![eu, hu], 4.0 * fan(h)));
-        plan.push((b("ffn_gate_exps"), dt, vec![eu, fu, hu], fan(h)));
-        plan.push((b("ffn_up_exps"), dt, vec![eu, fu, hu], fan(h)));
-        plan.push((b("ffn_down_exps"), dt, vec![eu, hu, fu], fan(f)));
-    }
-    plan.push(("output_norm.weight".into(), DType::F32, vec![hu], 0.0));
-    plan.push(("output.weight".into(), dt, vec![vu, hu], fan(h)));
+    let plan = plan::tensors(spec, vocab);
     let mut total = 0u64;
-    for (name, dtype, shape, _) in &plan {
-        w.add_tensor_info(name, *dtype, shape)?;
-        total += dtype.bytes_for(shape.iter().product()).unwrap_or(0);
+    for t in &plan {
+        w.add_tensor_info(&t.name, t.dtype, &t.shape)?;
+        total += t.dtype.bytes_for(t.shape.iter().product()).unwrap_or(0);
     }
     let mut rng = Rng(spec.seed);
     let mut x = Vec::new();
     let mut buf = Vec::new();
     let mut done = 0u64;
-    for (name, dtype, shape, scale) in &plan {
-        let n: u64 = shape.iter().product();
+    for t in &plan {
+        let name = t.name.as_str();
+        let n: u64 = t.shape.iter().product();
         // Generate and encode in pieces of whole rows so huge tensors never sit in memory.
-        let row = *shape.last().unwrap_or(&1);
+        let row = *t.shape.last().unwrap_or(&1);
         let rows_per_piece = ((1u64 << 22) / row.max(1)).max(1);
         let mut left = n / row.max(1);
         let mut row0 = 0usize;
         while left > 0 {
             let r = left.min(rows_per_piece);
             x.clear();
-            x.extend((0..r * row).map(|_| {
-                if *scale == 0.0 {
-                    1.0
-                } else {
-                    rng.uniform(*scale)
-                }
+            x.extend((0..r * row).map(|_| match t.init {
+                Init::Ones => 1.0,
+                Init::Zeros => 0.0,
+                Init::Uniform(a) => rng.uniform(a),
             }));
-            if spec.skew > 0.0 && name == "token_embd.weight" {
+            let softmax = spec.arch == SynthArch::Qwen3Moe;
+            if spec.skew > 0.0 && softmax && name == "token_embd.weight" {
                 x.chunks_exact_mut(row as usize).for_each(|xr| xr[0] = 1.0);
             }
-            if spec.skew > 0.0 && name.ends_with("ffn_gate_inp.weight") {
-                // One seeded rank permutation per layer (Fisher-Yates on a layer-keyed stream).
-                let mut perm: Vec<usize> = (0..spec.experts).collect();
-                let mut prng =
-                    Rng(spec.seed ^ 0xA5A5_0000 ^ (row0 as u64) ^ name.len() as u64 ^ fnv(name));
-                for i in (1..perm.len()).rev() {
-                    perm.swap(i, (prng.next_u64() % (i as u64 + 1)) as usize);
-                }
+            if spec.skew > 0.0 && softmax && name.ends_with("ffn_gate_inp.weight") {
+                let perm = rank_perm(spec.experts, spec.seed, row0, name);
                 // x[0] of a normed hidden state is ~1.7 (1 against uniform(-1,1) entries).
                 for (e, xr) in x.chunks_exact_mut(row as usize).enumerate() {
                     xr[0] = -spec.skew * ((perm[(row0 + e) % spec.experts] + 1) as f32).ln() / 1.7;
+                }
+            }
+            if spec.skew > 0.0 && name.ends_with("exp_probs_b.bias") {
+                let perm = rank_perm(spec.experts, spec.seed, row0, name);
+                for (e, v) in x.iter_mut().enumerate() {
+                    *v = -SIGMOID_SKEW_SLOPE
+                        * spec.skew
+                        * ((perm[e % spec.experts] + 1) as f32).ln();
                 }
             }
             if name == "output.weight" {
@@ -396,9 +444,11 @@ pub fn write_random_qwen3moe(
             }
             row0 += r as usize;
             buf.clear();
-            quantize(*dtype, &x, &mut buf).map_err(|err| FormatError::Writer {
-                path: path.to_path_buf(),
-                msg: format!("{name}: {err}"),
+            quantize_rows(t.dtype, &x, row as usize, &mut buf).map_err(|err| {
+                FormatError::Writer {
+                    path: path.to_path_buf(),
+                    msg: format!("{name}: {err}"),
+                }
             })?;
             w.write_tensor_data(&buf)?;
             done += buf.len() as u64;
@@ -408,4 +458,13 @@ pub fn write_random_qwen3moe(
     }
     w.finish()?;
     Ok(())
+}
+
+/// The first writer's name, kept for callers that write the Qwen3-MoE default model.
+pub fn write_random_qwen3moe(
+    path: &Path,
+    spec: &MoeSpec,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<(), FormatError> {
+    write_random(path, spec, progress)
 }

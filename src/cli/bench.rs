@@ -32,6 +32,15 @@ pub struct BenchArgs {
     /// processes interleaved A B B A ...; the ratio B/A is refused if their text differs.
     #[arg(long, num_args = 2, value_names = ["FLAGS_A", "FLAGS_B"], allow_hyphen_values = true)]
     pub ab: Option<Vec<String>>,
+    /// Sweep one `sluice run` flag: `NAME=V1,V2,..` runs the bench once per value, passing
+    /// `--NAME V` (`-N V` for a one-letter NAME), each repetition a fresh process (values
+    /// interleaved, reversed every other repetition), and prints tok/s and hit rate per value.
+    /// E.g. `--sweep ram=2G,4G,8G`.
+    #[arg(long)]
+    pub sweep: Option<String>,
+    /// With --sweep: write an SVG of decode tok/s and expert hit rate against the values.
+    #[arg(long)]
+    pub plot: Option<std::path::PathBuf>,
     /// Extra flags for every `sluice run` (split on whitespace).
     #[arg(long = "run-flags", allow_hyphen_values = true)]
     pub run_flags: Option<String>,

@@ -2,6 +2,7 @@
 //! calls into the library. `main.rs` only dispatches.
 
 pub mod bench;
+pub mod bench_plot;
 pub mod cache_sim;
 pub mod chat;
 pub mod common;

@@ -6,11 +6,15 @@
 //! line, and the expert hit rate from its `--stats-json` file. With `--ab 'A' 'B'` the arms
 //! alternate A B B A A B ... (so drift in a noisy machine falls on both arms alike) with the
 //! same prompt, and the B/A ratio is refused when the arms' generated text differs: a ratio
-//! between runs that computed different things is not a speed-up.
+//! between runs that computed different things is not a speed-up. With `--sweep NAME=V1,V2,..`
+//! there is one arm per value (`--NAME V`), in order on even repetitions and reversed on odd
+//! ones; the arms may generate different text (a swept flag may change the computation), which
+//! is reported, not refused. `--plot` draws the sweep (`bench_plot.rs`).
 //!
 //! Owns: the process loop, parsing and statistics. Does not own: what a run does.
 
 use super::bench::BenchArgs;
+use super::bench_plot::{write_sweep_svg, SweepPoint};
 use crate::format::ModelFiles;
 use crate::generate::load_tokenizer;
 use anyhow::{bail, Context};
@@ -86,6 +90,27 @@ fn parse_timing(stderr: &str) -> Option<(usize, f64, usize, f64)> {
     ))
 }
 
+/// `--sweep NAME=V1,V2,..` as (NAME, the flag as `sluice run` takes it, the values).
+fn parse_sweep(s: &str) -> anyhow::Result<(String, String, Vec<String>)> {
+    let (name, values) = s.split_once('=').with_context(|| {
+        format!("bench: --sweep {s:?}: expected NAME=V1,V2,.. (e.g. ram=2G,4G)")
+    })?;
+    let name = name.trim().trim_start_matches('-').to_string();
+    if name.is_empty() || name.contains(char::is_whitespace) {
+        bail!("bench: --sweep {s:?}: the flag name is empty or has spaces");
+    }
+    let values: Vec<String> = values.split(',').map(|v| v.trim().to_string()).collect();
+    if values.iter().any(String::is_empty) {
+        bail!("bench: --sweep {s:?}: an empty value");
+    }
+    let flag = if name.chars().count() == 1 {
+        format!("-{name}")
+    } else {
+        format!("--{name}")
+    };
+    Ok((name, flag, values))
+}
+
 fn has_flag(flags: &[String], name: &str) -> bool {
     flags
         .iter()
@@ -100,6 +125,13 @@ pub fn run(model: &Path, args: &BenchArgs) -> anyhow::Result<()> {
     if args.json && args.csv {
         bail!("bench: give --json or --csv, not both");
     }
+    let sweep = args.sweep.as_deref().map(parse_sweep).transpose()?;
+    if sweep.is_some() && args.ab.is_some() {
+        bail!("bench: give --ab or --sweep, not both");
+    }
+    if args.plot.is_some() && sweep.is_none() {
+        bail!("bench: --plot draws a --sweep; give --sweep NAME=V1,V2,..");
+    }
     let files = ModelFiles::open(model)?;
     let prompt = make_prompt(&files, args.n_prompt)?;
     drop(files);
@@ -111,43 +143,41 @@ pub fn run(model: &Path, args: &BenchArgs) -> anyhow::Result<()> {
         .split_whitespace()
         .map(String::from)
         .collect();
-    let mut arms: Vec<Arm> = match &args.ab {
-        Some(v) if v.len() == 2 => v
+    let arm = |name: String, flags: Vec<String>| Arm {
+        name,
+        flags,
+        pp: vec![],
+        tg: vec![],
+        hit: vec![],
+        texts: vec![],
+        prompt_tokens: 0,
+        generated: 0,
+    };
+    let mut arms: Vec<Arm> = match (&args.ab, &sweep) {
+        (_, Some((name, flag, values))) => values
+            .iter()
+            .map(|v| {
+                if has_flag(&common, flag) {
+                    bail!("bench: --sweep {name}: {flag} is also in --run-flags");
+                }
+                Ok(arm(format!("{name}={v}"), vec![flag.clone(), v.clone()]))
+            })
+            .collect::<anyhow::Result<_>>()?,
+        (Some(v), None) if v.len() == 2 => v
             .iter()
             .zip(["A", "B"])
-            .map(|(f, n)| Arm {
-                name: n.into(),
-                flags: f.split_whitespace().map(String::from).collect(),
-                pp: vec![],
-                tg: vec![],
-                hit: vec![],
-                texts: vec![],
-                prompt_tokens: 0,
-                generated: 0,
-            })
+            .map(|(f, n)| arm(n.into(), f.split_whitespace().map(String::from).collect()))
             .collect(),
-        Some(_) => bail!("bench: --ab takes two flag sets"),
-        None => vec![Arm {
-            name: "run".into(),
-            flags: vec![],
-            pp: vec![],
-            tg: vec![],
-            hit: vec![],
-            texts: vec![],
-            prompt_tokens: 0,
-            generated: 0,
-        }],
+        (Some(_), None) => bail!("bench: --ab takes two flag sets"),
+        (None, None) => vec![arm("run".into(), vec![])],
     };
     let stats_path = std::env::temp_dir().join(format!("sluice-bench-{}.json", std::process::id()));
     for r in 0..reps {
-        let order: Vec<usize> = if arms.len() == 2 {
-            if r % 2 == 0 {
-                vec![0, 1]
-            } else {
-                vec![1, 0]
-            }
+        // A B, B A, ... (and for a sweep: in order, then reversed).
+        let order: Vec<usize> = if r % 2 == 0 {
+            (0..arms.len()).collect()
         } else {
-            vec![0]
+            (0..arms.len()).rev().collect()
         };
         for i in order {
             let arm = &mut arms[i];
@@ -219,11 +249,14 @@ pub fn run(model: &Path, args: &BenchArgs) -> anyhow::Result<()> {
     let same_within = arms
         .iter()
         .all(|a| a.texts.windows(2).all(|w| w[0] == w[1]));
-    let same_across = arms.len() < 2 || arms[0].texts.first() == arms[1].texts.first();
+    let same_across = arms
+        .windows(2)
+        .all(|w| w[0].texts.first() == w[1].texts.first());
     let ratio =
         |f: fn(&Arm) -> &Vec<f64>| -> f64 { summary(f(&arms[1])).0 / summary(f(&arms[0])).0 };
-    let ratios = (arms.len() == 2 && same_within && same_across)
-        .then(|| (ratio(|a| &a.pp), ratio(|a| &a.tg)));
+    let is_ab = args.ab.is_some();
+    let ratios =
+        (is_ab && same_within && same_across).then(|| (ratio(|a| &a.pp), ratio(|a| &a.tg)));
     let model_name = model.display().to_string();
     let mut rows = Vec::new();
     for a in &arms {
@@ -240,18 +273,65 @@ pub fn run(model: &Path, args: &BenchArgs) -> anyhow::Result<()> {
             rows.push(serde_json::json!({"model": model_name, "arm": a.name, "flags": a.flags.join(" "), "test": test, "reps": v.len(), "median": med, "mean": mean, "sd": sd, "min": min, "max": max, "samples": v, "hit_rate": hit}));
         }
     }
+    // The sweep table: one row per value.
+    let points: Vec<SweepPoint> = arms
+        .iter()
+        .map(|a| SweepPoint {
+            value: a.flags.get(1).cloned().unwrap_or_default(),
+            tg: summary(&a.tg).0,
+            hit: (!a.hit.is_empty()).then(|| summary(&a.hit).0),
+        })
+        .collect();
+    let sweep_rows: Vec<serde_json::Value> = arms
+        .iter()
+        .zip(&points)
+        .map(|(a, p)| {
+            serde_json::json!({"value": p.value, "tg_median": p.tg, "pp_median": summary(&a.pp).0, "hit_rate": p.hit})
+        })
+        .collect();
+    if let (Some(path), Some((name, _, _))) = (&args.plot, &sweep) {
+        let file = model
+            .file_name()
+            .map(|f| f.to_string_lossy().to_string())
+            .unwrap_or_else(|| model_name.clone());
+        write_sweep_svg(path, &file, name, &points)
+            .with_context(|| format!("bench: writing the plot {}", path.display()))?;
+    }
     if args.json {
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "results": rows,
             "text_identical": same_within && same_across,
             "ratio_b_over_a": ratios.map(|(p, t)| serde_json::json!({"pp": p, "tg": t})),
         });
+        if let Some((name, _, _)) = &sweep {
+            v["sweep"] = serde_json::json!({"flag": name, "rows": sweep_rows});
+        }
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else if args.csv {
-        println!("model,arm,flags,test,reps,median,mean,sd,min,max,hit_rate");
+        // A sweep adds its flag and value to every row (the tg rows are the sweep table).
+        let sweep_name = sweep.as_ref().map(|(n, _, _)| n.as_str());
+        println!(
+            "model,arm,flags,test,reps,median,mean,sd,min,max,hit_rate{}",
+            if sweep_name.is_some() {
+                ",sweep_flag,sweep_value"
+            } else {
+                ""
+            }
+        );
         for r in &rows {
+            let extra = match sweep_name {
+                Some(n) => format!(
+                    ",{n},{}",
+                    r["arm"]
+                        .as_str()
+                        .and_then(|a| a.split_once('='))
+                        .map(|x| x.1)
+                        .unwrap_or("")
+                ),
+                None => String::new(),
+            };
             println!(
-                "{},{},\"{}\",{},{},{:.4},{:.4},{:.4},{:.4},{:.4},{}",
+                "{},{},\"{}\",{},{},{:.4},{:.4},{:.4},{:.4},{:.4},{}{extra}",
                 r["model"].as_str().unwrap_or(""),
                 r["arm"].as_str().unwrap_or(""),
                 r["flags"].as_str().unwrap_or(""),
@@ -295,8 +375,30 @@ pub fn run(model: &Path, args: &BenchArgs) -> anyhow::Result<()> {
                 "B/A (medians): pp {p:.3}x, tg {t:.3}x; generated text identical across all runs"
             );
         }
+        if let Some((name, _, _)) = &sweep {
+            println!();
+            println!(
+                "| {:<12} | {:>13} | {:>13} | {:>7} |",
+                name, "tg t/s median", "pp t/s median", "hit"
+            );
+            for r in &sweep_rows {
+                println!(
+                    "| {:<12} | {:>13.2} | {:>13.2} | {:>7} |",
+                    r["value"].as_str().unwrap_or(""),
+                    r["tg_median"].as_f64().unwrap_or(f64::NAN),
+                    r["pp_median"].as_f64().unwrap_or(f64::NAN),
+                    r["hit_rate"]
+                        .as_f64()
+                        .map(|h| format!("{:.1}%", 100.0 * h))
+                        .unwrap_or_else(|| "-".into())
+                );
+            }
+            if !same_across {
+                println!("(the values generated different text: the swept flag changes what is computed)");
+            }
+        }
     }
-    if arms.len() == 2 && ratios.is_none() {
+    if is_ab && ratios.is_none() {
         bail!("bench --ab: the arms generated different text (or a run differed from its own arm), so no ratio is reported: a speed ratio between runs that computed different things is meaningless");
     }
     if !same_within {

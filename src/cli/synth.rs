@@ -1,8 +1,9 @@
-//! `sluice synth OUT --preset NAME [--layers N] [--quant TYPE] [--seed S]`: write a GGUF with a
-//! real model's shapes and seeded random weights, streaming (never the whole model in RAM).
+//! `sluice synth OUT --preset NAME [--layers N] [--quant TYPE] [--seed S] [--skew S]`: write a
+//! GGUF with a real model's shapes and seeded random weights, streaming (never the whole model
+//! in RAM), that llama.cpp's loader accepts for the preset's architecture.
 
 use crate::dtype::DType;
-use crate::synth::{write_random_qwen3moe, MoeSpec};
+use crate::synth::{write_random, MoeSpec};
 use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
@@ -11,13 +12,21 @@ use std::path::PathBuf;
 pub struct SynthArgs {
     /// Output .gguf path.
     pub out: PathBuf,
-    /// Shape preset: qwen3-30b-a3b | qwen3-235b-a22b.
+    /// Shape preset: qwen3-30b-a3b | qwen3-235b-a22b (GGUF qwen3moe) | deepseek-v3 (deepseek2:
+    /// MLA, 3 dense + 58 MoE layers of 256 experts) | glm-4.5-air (glm4moe: 1 dense + 45 MoE
+    /// layers of 128 experts; its MTP layer is not written).
     #[arg(long, default_value = "qwen3-30b-a3b")]
     pub preset: String,
-    /// Keep only the first N layers (0 = all).
+    /// Keep only the first N layers (0 = all); at least one stays MoE (leading dense layers
+    /// become min(real, N-1)).
     #[arg(long, default_value_t = 0)]
     pub layers: usize,
-    /// Type of the matrices: q4_k | q8_0 | f16 | bf16 | f32 (norms and routers stay f32).
+    /// Type of the matrices: q4_k | q8_0 | f16 | bf16 | f32, or iq2_xxs: a mix with routed
+    /// experts IQ2_XXS and attention, dense FFN, shared experts, embedding and output Q4_K.
+    /// Norms, routers and biases stay f32; a tensor whose rows the type's block does not
+    /// divide falls back to q4_0 (GLM-4.5-Air's expert ffn_down of 1408, MLA's attn_k_b of
+    /// 128, under q4_k/iq2_xxs). IQ2_XXS is slow to
+    /// write (an exhaustive grid search; see docs/FORMATS.md).
     #[arg(long, default_value = "q8_0")]
     pub quant: String,
     /// Seed of the weights.
@@ -37,12 +46,16 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
         )
     })?;
     if args.layers > 0 {
-        spec.layers = args.layers.min(spec.layers);
+        spec.cut_layers(args.layers)
+            .map_err(|e| anyhow::anyhow!(e))?;
     }
     spec.dtype = match DType::from_name(&args.quant) {
-        Some(t @ (DType::Q4_K | DType::Q8_0 | DType::F16 | DType::BF16 | DType::F32)) => t,
+        Some(
+            t
+            @ (DType::Q4_K | DType::Q8_0 | DType::F16 | DType::BF16 | DType::F32 | DType::IQ2_XXS),
+        ) => t,
         _ => anyhow::bail!(
-            "--quant {:?}: synth can write q4_k, q8_0, f16, bf16 or f32",
+            "--quant {:?}: synth can write q4_k, q8_0, iq2_xxs, f16, bf16 or f32",
             args.quant
         ),
     };
@@ -53,7 +66,7 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
     spec.skew = args.skew;
     let start = std::time::Instant::now();
     let mut last = 0u64;
-    write_random_qwen3moe(&args.out, &spec, &mut |done, total| {
+    write_random(&args.out, &spec, &mut |done, total| {
         let pct = done * 100 / total.max(1);
         if pct != last || done == total {
             last = pct;

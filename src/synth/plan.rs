@@ -1,0 +1,356 @@
+//! What a synthetic model contains: per family, its GGUF metadata (llama.cpp's keys) and its
+//! tensor list (llama.cpp's names and shapes), and the per-tensor-class quantization mix.
+//!
+//! Owns: the three families' layouts (`qwen3moe`, `deepseek2`, `glm4moe`) as data.
+//! Does not own: generating or writing the bytes (`synth.rs`).
+//! Invariant: every tensor llama.cpp's loader requires for the family is listed, with the shape
+//! it expects (checked against llama.cpp's `src/models/{deepseek2,glm4-moe}.cpp` loaders and
+//! against the committed converter fixtures in tests/fixtures/models/).
+
+use super::{MoeSpec, SynthArch};
+use crate::dtype::DType;
+use crate::format::MetaValue;
+
+/// How a tensor's values are drawn.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Init {
+    /// All ones (RMSNorm weights).
+    Ones,
+    /// All zeros (the sigmoid routers' selection bias without `--skew`).
+    Zeros,
+    /// Uniform in [-a, a).
+    Uniform(f32),
+}
+
+/// What a tensor is for, as far as choosing its type goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TensorClass {
+    Embedding,
+    Output,
+    /// Every attention matrix (GQA or MLA projections).
+    Attention,
+    /// The leading dense layers' FFN.
+    DenseFfn,
+    SharedExpert,
+    RoutedExperts,
+    /// Norms, routers, biases: always F32.
+    Vector,
+}
+
+/// The type a tensor of `class` gets when the matrices' type (`--quant`) is `bulk`.
+///
+/// `q4_k`, `q8_0`, `f16`, `bf16`, `f32`: every matrix in that type. `iq2_xxs` is a mix in the
+/// spirit of llama.cpp's IQ2_XXS files, which keep the small, always-read tensors at higher
+/// precision: routed experts IQ2_XXS; attention, dense FFN, shared experts, token embedding
+/// and output Q4_K (llama.cpp uses Q2_K/Q4_K/Q5_K there, which sluice has no quantizer for).
+/// A 256-block type whose block does not divide the tensor's row (GLM-4.5-Air's expert
+/// `ffn_down` rows of 1408, MLA's `attn_k_b` rows of 128) falls back to Q4_0, the 4.5-bit type
+/// of 32-blocks sluice can write (llama.cpp falls back to IQ4_NL / Q5_0 there); then Q8_0, F32.
+pub fn mix_type(bulk: DType, class: TensorClass, row: u64) -> DType {
+    let want = match (bulk, class) {
+        (_, TensorClass::Vector) => DType::F32,
+        (DType::IQ2_XXS, TensorClass::RoutedExperts) => DType::IQ2_XXS,
+        (DType::IQ2_XXS, _) => DType::Q4_K,
+        (t, _) => t,
+    };
+    let small = if want.block_elems().unwrap_or(1) >= 256 {
+        DType::Q4_0
+    } else {
+        DType::Q8_0
+    };
+    [want, small, DType::Q8_0, DType::F32]
+        .into_iter()
+        .find(|t| {
+            t.block_elems()
+                .is_some_and(|b| row.is_multiple_of(b as u64))
+        })
+        .unwrap_or(DType::F32)
+}
+
+/// One tensor of the plan: name, type, shape (outermost first), how to fill it.
+pub(super) struct Planned {
+    pub(super) name: String,
+    pub(super) dtype: DType,
+    pub(super) shape: Vec<u64>,
+    pub(super) init: Init,
+}
+
+/// Builds the tensor list, choosing each tensor's type from its class.
+struct Plan<'a> {
+    spec: &'a MoeSpec,
+    list: Vec<Planned>,
+}
+
+fn fan(n: usize) -> f32 {
+    1.7 / (n as f32).sqrt()
+}
+
+impl Plan<'_> {
+    fn add(&mut self, name: String, class: TensorClass, shape: &[usize], init: Init) {
+        let shape: Vec<u64> = shape.iter().map(|d| *d as u64).collect();
+        let row = *shape.last().unwrap_or(&1);
+        self.list.push(Planned {
+            name,
+            dtype: mix_type(self.spec.dtype, class, row),
+            shape,
+            init,
+        });
+    }
+
+    /// A matrix of `rows x cols` (GGUF order) initialised for fan-in `cols`.
+    fn mat(&mut self, name: String, class: TensorClass, rows: usize, cols: usize) {
+        self.add(name, class, &[rows, cols], Init::Uniform(fan(cols)));
+    }
+
+    fn norm(&mut self, name: String, n: usize) {
+        self.add(name, TensorClass::Vector, &[n], Init::Ones);
+    }
+
+    /// Router, selection bias (sigmoid families), routed experts. Softmax routers get logits
+    /// of sd ~4 (a peaked softmax); sigmoid routers sd ~1, so the scores are not saturated
+    /// and the selection bias (`--skew`) steers selection as it does in a real checkpoint.
+    fn moe(&mut self, l: usize, bias: bool) {
+        let s = self.spec;
+        let (h, e, f) = (s.hidden, s.experts, s.expert_ffn);
+        let b = |n: &str| format!("blk.{l}.{n}");
+        let router = if bias { fan(h) } else { 4.0 * fan(h) };
+        self.add(
+            b("ffn_gate_inp.weight"),
+            TensorClass::Vector,
+            &[e, h],
+            Init::Uniform(router),
+        );
+        if bias {
+            self.add(
+                b("exp_probs_b.bias"),
+                TensorClass::Vector,
+                &[e],
+                Init::Zeros,
+            );
+        }
+        let x = TensorClass::RoutedExperts;
+        self.add(
+            b("ffn_gate_exps.weight"),
+            x,
+            &[e, f, h],
+            Init::Uniform(fan(h)),
+        );
+        self.add(
+            b("ffn_up_exps.weight"),
+            x,
+            &[e, f, h],
+            Init::Uniform(fan(h)),
+        );
+        self.add(
+            b("ffn_down_exps.weight"),
+            x,
+            &[e, h, f],
+            Init::Uniform(fan(f)),
+        );
+    }
+
+    /// A gate/up/down MLP of width `f` under `prefix` (`ffn` or `ffn_*_shexp` naming).
+    fn mlp(&mut self, l: usize, suffix: &str, class: TensorClass, f: usize) {
+        let h = self.spec.hidden;
+        self.mat(format!("blk.{l}.ffn_gate{suffix}.weight"), class, f, h);
+        self.mat(format!("blk.{l}.ffn_up{suffix}.weight"), class, f, h);
+        self.mat(format!("blk.{l}.ffn_down{suffix}.weight"), class, h, f);
+    }
+}
+
+/// The tensor list of `spec`, in file order, with the vocabulary size `vocab`.
+pub(super) fn tensors(spec: &MoeSpec, vocab: usize) -> Vec<Planned> {
+    let mut p = Plan {
+        spec,
+        list: Vec::new(),
+    };
+    let (h, nh, hd) = (spec.hidden, spec.heads, spec.head_dim);
+    let a = TensorClass::Attention;
+    p.mat("token_embd.weight".into(), TensorClass::Embedding, vocab, h);
+    if let Some(last) = p.list.last_mut() {
+        last.init = Init::Uniform(1.0);
+    }
+    for l in 0..spec.layers {
+        let b = |n: &str| format!("blk.{l}.{n}.weight");
+        match &spec.arch {
+            // Qwen3-MoE keeps the order (and so the bytes) of the first synth writer.
+            SynthArch::Qwen3Moe => {
+                let kvd = spec.kv_heads * hd;
+                p.norm(b("attn_norm"), h);
+                p.mat(b("attn_q"), a, nh * hd, h);
+                p.mat(b("attn_k"), a, kvd, h);
+                p.mat(b("attn_v"), a, kvd, h);
+                p.mat(b("attn_output"), a, h, nh * hd);
+                p.norm(b("attn_q_norm"), hd);
+                p.norm(b("attn_k_norm"), hd);
+                p.norm(b("ffn_norm"), h);
+                p.moe(l, false);
+            }
+            SynthArch::Deepseek2 { mla, moe, .. } => {
+                p.norm(b("attn_norm"), h);
+                p.norm(b("attn_q_a_norm"), mla.q_lora);
+                p.norm(b("attn_kv_a_norm"), mla.kv_lora);
+                p.mat(b("attn_q_a"), a, mla.q_lora, h);
+                p.mat(b("attn_q_b"), a, nh * (mla.nope + mla.rope), mla.q_lora);
+                p.mat(b("attn_kv_a_mqa"), a, mla.kv_lora + mla.rope, h);
+                // kv_b split per head as llama.cpp's converter writes it: k_b transposed
+                // (ggml {nope, kv_lora, heads}), v_b (ggml {kv_lora, v_dim, heads}).
+                let kv = Init::Uniform(fan(mla.kv_lora));
+                p.add(b("attn_k_b"), a, &[nh, mla.kv_lora, mla.nope], kv);
+                p.add(b("attn_v_b"), a, &[nh, mla.v_dim, mla.kv_lora], kv);
+                p.mat(b("attn_output"), a, h, nh * mla.v_dim);
+                p.norm(b("ffn_norm"), h);
+                if l < moe.dense_layers {
+                    p.mlp(l, "", TensorClass::DenseFfn, moe.dense_ffn);
+                } else {
+                    p.moe(l, true);
+                    let sf = moe.shared_experts * spec.expert_ffn;
+                    p.mlp(l, "_shexp", TensorClass::SharedExpert, sf);
+                }
+            }
+            SynthArch::Glm4Moe { moe, qk_norm, .. } => {
+                let kvd = spec.kv_heads * hd;
+                p.norm(b("attn_norm"), h);
+                p.mat(b("attn_q"), a, nh * hd, h);
+                p.mat(b("attn_k"), a, kvd, h);
+                p.mat(b("attn_v"), a, kvd, h);
+                for (n, d) in [("attn_q", nh * hd), ("attn_k", kvd), ("attn_v", kvd)] {
+                    let name = format!("blk.{l}.{n}.bias");
+                    p.add(name, TensorClass::Vector, &[d], Init::Uniform(0.1));
+                }
+                p.mat(b("attn_output"), a, h, nh * hd);
+                if *qk_norm {
+                    p.norm(b("attn_q_norm"), hd);
+                    p.norm(b("attn_k_norm"), hd);
+                }
+                p.norm(b("post_attention_norm"), h);
+                if l < moe.dense_layers {
+                    p.mlp(l, "", TensorClass::DenseFfn, moe.dense_ffn);
+                } else {
+                    p.moe(l, true);
+                    let sf = moe.shared_experts * spec.expert_ffn;
+                    p.mlp(l, "_shexp", TensorClass::SharedExpert, sf);
+                }
+            }
+        }
+    }
+    p.norm("output_norm.weight".into(), h);
+    p.mat("output.weight".into(), TensorClass::Output, vocab, h);
+    p.list
+}
+
+/// The family's hyperparameter keys (llama.cpp's names, `{arch}.` prefixed).
+pub(super) fn arch_meta(spec: &MoeSpec, vocab: usize) -> Vec<(String, MetaValue)> {
+    let u = |v: usize| MetaValue::U32(v as u32);
+    let f = MetaValue::F32;
+    let mut kv: Vec<(&str, MetaValue)> = vec![
+        ("context_length", u(spec.ctx)),
+        ("embedding_length", u(spec.hidden)),
+        ("block_count", u(spec.layers)),
+    ];
+    match &spec.arch {
+        SynthArch::Qwen3Moe => kv.extend([
+            ("feed_forward_length", u(spec.expert_ffn)),
+            ("expert_feed_forward_length", u(spec.expert_ffn)),
+            ("attention.head_count", u(spec.heads)),
+            ("attention.head_count_kv", u(spec.kv_heads)),
+            ("attention.key_length", u(spec.head_dim)),
+            ("attention.value_length", u(spec.head_dim)),
+            ("rope.freq_base", f(1_000_000.0)),
+            ("attention.layer_norm_rms_epsilon", f(1e-6)),
+            ("expert_count", u(spec.experts)),
+            ("expert_used_count", u(spec.experts_used)),
+        ]),
+        SynthArch::Deepseek2 { mla, moe, yarn } => {
+            // MLA as llama.cpp's converter writes it: one latent "kv head" of kv_lora + rope
+            // keys and kv_lora values; the per-head sizes under the `_mla` keys.
+            kv.extend([
+                ("vocab_size", u(vocab)),
+                ("feed_forward_length", u(moe.dense_ffn)),
+                ("attention.head_count", u(spec.heads)),
+                ("attention.head_count_kv", u(1)),
+                ("attention.key_length", u(mla.kv_lora + mla.rope)),
+                ("attention.value_length", u(mla.kv_lora)),
+                ("attention.key_length_mla", u(mla.nope + mla.rope)),
+                ("attention.value_length_mla", u(mla.v_dim)),
+                ("attention.q_lora_rank", u(mla.q_lora)),
+                ("attention.kv_lora_rank", u(mla.kv_lora)),
+                ("rope.dimension_count", u(mla.rope)),
+                ("rope.freq_base", f(10_000.0)),
+                ("attention.layer_norm_rms_epsilon", f(1e-6)),
+            ]);
+            if let Some(y) = yarn {
+                kv.extend([
+                    ("rope.scaling.type", MetaValue::String("yarn".into())),
+                    ("rope.scaling.factor", f(y.factor)),
+                    ("rope.scaling.original_context_length", u(y.orig_ctx)),
+                    ("rope.scaling.yarn_beta_fast", f(y.beta_fast)),
+                    ("rope.scaling.yarn_beta_slow", f(y.beta_slow)),
+                    // The converter writes 0.1 * mscale_all_dim.
+                    (
+                        "rope.scaling.yarn_log_multiplier",
+                        f(0.1 * y.mscale_all_dim),
+                    ),
+                ]);
+            }
+            sigmoid_moe_meta(&mut kv, spec, moe);
+        }
+        SynthArch::Glm4Moe {
+            moe, rotary_dim, ..
+        } => {
+            kv.extend([
+                ("feed_forward_length", u(moe.dense_ffn)),
+                ("attention.head_count", u(spec.heads)),
+                ("attention.head_count_kv", u(spec.kv_heads)),
+                ("attention.key_length", u(spec.head_dim)),
+                ("attention.value_length", u(spec.head_dim)),
+                ("rope.dimension_count", u(*rotary_dim)),
+                ("rope.freq_base", f(1_000_000.0)),
+                ("attention.layer_norm_rms_epsilon", f(1e-5)),
+            ]);
+            sigmoid_moe_meta(&mut kv, spec, moe);
+        }
+    }
+    let arch = spec.arch.gguf_name();
+    kv.into_iter()
+        .map(|(k, v)| (format!("{arch}.{k}"), v))
+        .collect()
+}
+
+fn sigmoid_moe_meta(kv: &mut Vec<(&str, MetaValue)>, spec: &MoeSpec, moe: &super::SigmoidMoe) {
+    let u = |v: usize| MetaValue::U32(v as u32);
+    kv.extend([
+        ("expert_count", u(spec.experts)),
+        ("expert_used_count", u(spec.experts_used)),
+        ("expert_shared_count", u(moe.shared_experts)),
+        ("expert_feed_forward_length", u(spec.expert_ffn)),
+        ("leading_dense_block_count", u(moe.dense_layers)),
+        ("expert_weights_scale", MetaValue::F32(moe.routed_scale)),
+        ("expert_weights_norm", MetaValue::Bool(true)),
+        // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID.
+        ("expert_gating_func", u(2)),
+        ("expert_group_count", u(moe.n_group)),
+        ("expert_group_used_count", u(moe.topk_group)),
+    ]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iq2_xxs_mix_and_fallbacks() {
+        use TensorClass::*;
+        assert_eq!(
+            mix_type(DType::IQ2_XXS, RoutedExperts, 7168),
+            DType::IQ2_XXS
+        );
+        assert_eq!(mix_type(DType::IQ2_XXS, Attention, 7168), DType::Q4_K);
+        assert_eq!(mix_type(DType::IQ2_XXS, Attention, 128), DType::Q4_0);
+        assert_eq!(mix_type(DType::IQ2_XXS, RoutedExperts, 1408), DType::Q4_0);
+        assert_eq!(mix_type(DType::Q8_0, Attention, 128), DType::Q8_0);
+        assert_eq!(mix_type(DType::Q4_K, Embedding, 4096), DType::Q4_K);
+        assert_eq!(mix_type(DType::Q8_0, Vector, 4096), DType::F32);
+        assert_eq!(mix_type(DType::Q8_0, Attention, 48), DType::F32);
+    }
+}
