@@ -6,7 +6,9 @@
 //!   into the committed fixtures (tests/fixtures/models/{deepseek_v3,glm4_moe}/model-q8_0.gguf,
 //!   made by scripts/make_model_fixtures.py) is present, except what the preset says it omits;
 //! - sluice loads it with the right family, routing and dense/MoE split, and `sluice run`
-//!   generates tokens from it.
+//!   generates tokens from it;
+//! - llama.cpp itself (its `llama-simple`, built by scripts/build-llama-cpp.sh, which `.ci/run`
+//!   runs) loads each preset's file and generates tokens from it.
 
 use sluice::dtype::DType;
 use sluice::format::{MetaValue, ModelFiles};
@@ -345,5 +347,51 @@ fn skew_concentrates_routing_in_every_family() {
         let (flat, skewed) = (top4_share(preset, 0.0), top4_share(preset, 2.0));
         eprintln!("{preset}: top-4 share {flat:.3} without skew, {skewed:.3} with skew 2");
         assert!(skewed > flat + 0.1, "{preset}: {flat} -> {skewed}");
+    }
+}
+
+/// llama.cpp's own loader and graph accept the synthetic files of every preset: `llama-simple`
+/// loads each and generates. The binary comes from scripts/build-llama-cpp.sh; without it the
+/// test says so and passes, unless SLUICE_REQUIRE_LLAMA_CPP is set (`.ci/run` sets it).
+#[test]
+fn llama_cpp_loads_and_runs_every_preset() {
+    let bin =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("vendor-data/llama.cpp-build/bin/llama-simple");
+    if !bin.exists() {
+        assert!(
+            std::env::var_os("SLUICE_REQUIRE_LLAMA_CPP").is_none(),
+            "{} missing: run scripts/build-llama-cpp.sh",
+            bin.display()
+        );
+        eprintln!(
+            "skipped: {} missing (scripts/build-llama-cpp.sh builds it)",
+            bin.display()
+        );
+        return;
+    }
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("synth-llama-cpp");
+    std::fs::create_dir_all(&dir).unwrap();
+    for preset in ["qwen3-30b-a3b", "deepseek-v3", "glm-4.5-air"] {
+        let path = dir.join(format!("{preset}.gguf"));
+        sluice::synth::write_random(&path, &small(preset), &mut |_, _| {}).unwrap();
+        let out = Command::new(&bin)
+            .arg("-m")
+            .arg(&path)
+            .args(["-n", "4", "Hello world"])
+            .output()
+            .unwrap();
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success() && all.contains("decoded"),
+            "llama.cpp failed on the {preset} synth file ({}):\n{}",
+            out.status,
+            &all[all.len().saturating_sub(3000)..]
+        );
+        let line = all.lines().find(|l| l.contains("decoded")).unwrap_or("");
+        eprintln!("{preset}: llama.cpp {}", line.trim());
     }
 }

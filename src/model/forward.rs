@@ -48,7 +48,7 @@ pub struct State {
     down: Vec<f32>,              // (batch, hidden)
     slot_out: Vec<f32>,          // (batch, k, hidden) each token's expert outputs, unweighted
     pub(crate) acts: Acts,
-    pub(crate) logits: Vec<f32>, // (logit_rows, vocab)
+    pub(crate) logits: Vec<f32>,   // (logit_rows, vocab)
     pub(crate) needed: Vec<usize>, // (n_experts) experts one MoE layer needs, ascending
     // Prefetch (`CacheConfig::prefetch`): the next layer's router applied early.
     pf_router: Vec<f32>,   // (batch, n_experts) next layer's router scores
