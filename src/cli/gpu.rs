@@ -246,13 +246,20 @@ fn attach(
     Ok(true)
 }
 
+fn since(
+    st: &crate::model::State,
+    before: Option<crate::gpu::GpuStats>,
+) -> Option<crate::gpu::GpuStats> {
+    let s = st.gpu_stats()?;
+    Some(before.map_or(s, |b| s.since(&b)))
+}
+
 /// One line of GPU figures since `before` (the prefill's end), or None without a GPU.
 pub fn gpu_summary(
     st: &crate::model::State,
     before: Option<crate::gpu::GpuStats>,
 ) -> Option<String> {
-    let s = st.gpu_stats()?;
-    let s = before.map_or(s, |b| s.since(&b));
+    let s = since(st, before)?;
     let ceiling = st.gpu_h2d_ceiling();
     Some(format!(
         "gpu: wall {:.2}s, kernels {:.2}s, stall {:.1}% | vram hit {:.1}% | {} experts copied, {:.2} GB at {:.1} GB/s{} | register {:.3}s",
@@ -276,8 +283,7 @@ pub fn gpu_json(
     st: &crate::model::State,
     before: Option<crate::gpu::GpuStats>,
 ) -> Option<serde_json::Value> {
-    let s = st.gpu_stats()?;
-    let s = before.map_or(s, |b| s.since(&b));
+    let s = since(st, before)?;
     Some(serde_json::json!({
         "wall_s": s.wall_secs,
         "kernel_s": s.kernel_secs,

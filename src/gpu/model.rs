@@ -1373,20 +1373,7 @@ impl GpuState {
             Ffn::Moe(m) => m.score_bias.as_deref(),
             Ffn::Dense(_) => None,
         };
-        st.groups.iter_mut().for_each(Vec::clear);
-        for i in 0..n {
-            model.route(st, i, bias);
-            for slot in 0..k {
-                let ex = st.sel[i * k + slot];
-                st.groups[ex].push((i as u32, slot as u32));
-            }
-        }
-        st.needed.clear();
-        for ex in 0..e {
-            if !st.groups[ex].is_empty() {
-                st.needed.push(ex);
-            }
-        }
+        model.select_experts(st, n, bias);
         st.experts_run += st.needed.len();
         // Assignments in needed order: expert ex owns a0[ex]..a0[ex]+cnt.
         let mut cursor = 0;
@@ -1684,6 +1671,12 @@ pub mod check {
             .collect())
     }
 
+    fn upload_new(gpu: &Gpu, bytes: &[u8]) -> Result<DevBuf, GpuError> {
+        let b = gpu.alloc(bytes.len())?;
+        gpu.upload(b.ptr, bytes)?;
+        Ok(b)
+    }
+
     fn kernel(gpu: &Gpu, d: DType, kind: &str) -> Result<Kernel, GpuError> {
         let n = type_name(d).ok_or_else(|| GpuError::Config(format!("no GPU kernel for {d:?}")))?;
         gpu.function(&format!("{kind}_{n}"))
@@ -1700,10 +1693,8 @@ pub mod check {
     ) -> Result<Vec<f32>, GpuError> {
         let gpu = Gpu::open()?;
         let f = kernel(&gpu, d, "mm")?;
-        let wd = gpu.alloc(w.len())?;
-        gpu.upload(wd.ptr, w)?;
-        let xd = gpu.alloc(4 * x.len())?;
-        gpu.upload(xd.ptr, &f32_bytes(x))?;
+        let wd = upload_new(&gpu, w)?;
+        let xd = upload_new(&gpu, &f32_bytes(x))?;
         let yd = gpu.alloc(4 * n * rows)?;
         gpu.launch(
             f,
@@ -1736,11 +1727,9 @@ pub mod check {
     ) -> Result<Vec<f32>, GpuError> {
         let gpu = Gpu::open()?;
         let f = kernel(&gpu, d, "embed")?;
-        let wd = gpu.alloc(w.len())?;
-        gpu.upload(wd.ptr, w)?;
+        let wd = upload_new(&gpu, w)?;
         let idb: Vec<u8> = ids.iter().flat_map(|&i| (i as i32).to_le_bytes()).collect();
-        let id = gpu.alloc(idb.len())?;
-        gpu.upload(id.ptr, &idb)?;
+        let id = upload_new(&gpu, &idb)?;
         let yd = gpu.alloc(4 * ids.len() * cols)?;
         gpu.launch(
             f,

@@ -679,7 +679,7 @@ impl<'a> Model<'a> {
 
     /// Choose experts and their weights for token `i` from `st.router` (raw logits), into
     /// `st.sel` and `st.selw` (see `route_token`).
-    pub(crate) fn route(&self, st: &mut State, i: usize, bias: Option<&[f32]>) {
+    fn route(&self, st: &mut State, i: usize, bias: Option<&[f32]>) {
         let (e, k) = (self.cfg.n_experts, self.cfg.n_experts_used);
         route_token(
             &self.cfg,
@@ -757,17 +757,14 @@ impl<'a> Model<'a> {
         Ok(())
     }
 
-    /// Routed experts (+ shared experts) for tokens 0..n of `st.xn`; result in `st.proj`.
-    fn moe(&self, st: &mut State, l: usize, n: usize, m: &Moe<'_>) -> Result<(), ModelError> {
-        let cfg = &self.cfg;
-        let (h, e, k) = (cfg.hidden, cfg.n_experts, cfg.n_experts_used);
-        let (pool, isa) = (Some(&self.pool), self.isa);
-
-        st.acts.load(&st.xn[..n * h], n, h);
-        kernels::matmul(&m.router, &mut st.acts, &mut st.router[..n * e], pool, isa)?;
+    /// Route tokens 0..n from the router logits in `st.router`: `st.sel`/`st.selw` per token,
+    /// `st.groups` (per expert, its (token, slot) pairs) and `st.needed` (experts with tokens,
+    /// ascending). The GPU forward calls this too, so both choose experts by the same code.
+    pub(crate) fn select_experts(&self, st: &mut State, n: usize, bias: Option<&[f32]>) {
+        let (e, k) = (self.cfg.n_experts, self.cfg.n_experts_used);
         st.groups.iter_mut().for_each(Vec::clear);
         for i in 0..n {
-            self.route(st, i, m.score_bias.as_deref());
+            self.route(st, i, bias);
             for slot in 0..k {
                 let ex = st.sel[i * k + slot];
                 st.groups[ex].push((i as u32, slot as u32));
@@ -779,6 +776,17 @@ impl<'a> Model<'a> {
                 st.needed.push(ex);
             }
         }
+    }
+
+    /// Routed experts (+ shared experts) for tokens 0..n of `st.xn`; result in `st.proj`.
+    fn moe(&self, st: &mut State, l: usize, n: usize, m: &Moe<'_>) -> Result<(), ModelError> {
+        let cfg = &self.cfg;
+        let (h, e, k) = (cfg.hidden, cfg.n_experts, cfg.n_experts_used);
+        let (pool, isa) = (Some(&self.pool), self.isa);
+
+        st.acts.load(&st.xn[..n * h], n, h);
+        kernels::matmul(&m.router, &mut st.acts, &mut st.router[..n * e], pool, isa)?;
+        self.select_experts(st, n, m.score_bias.as_deref());
 
         // Take the cache out of the state while experts run (put back on every path).
         let mut cache = st.expert_cache.take();
