@@ -108,7 +108,7 @@ mod tests {
         let (shape, data) = super::read_f32(&p).unwrap();
         assert_eq!(shape, vec![2, 3]);
         assert_eq!(data[5], 6.5);
-        assert_eq!(std::fs::read(&p).unwrap().len() % 64, 24 % 64); // 64-byte header + 24 data bytes
+        assert_eq!(std::fs::read(&p).unwrap().len() % 64, 24); // 64-byte header + 24 data bytes
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
