@@ -1509,7 +1509,10 @@ impl GpuState {
                     wave.push(ex);
                     i += 1;
                 }
-                cache.begin(l, &wave)?;
+                if let Err(e) = cache.begin(l, &wave) {
+                    cache.end();
+                    return Err(e.into());
+                }
                 let mut registered: Vec<usize> = Vec::new();
                 let r =
                     self.stage_wave(cache, l, mo, &misses[start..i], &mut j, h, &mut registered);
