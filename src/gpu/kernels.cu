@@ -441,7 +441,8 @@ extern "C" __global__ void rope(float* X, int ld, int hs, int off, int half, int
 // Causal attention of token t (position pos0 + t), head hh. Keys/values of position j for kv head
 // g live at K + j*ks + g*khs (dk values) and V + j*vs + g*vhs (dv values); kv head = hh / group.
 // Scores go to S (scratch, n*heads*ctx). O[t*ots + hh*ohs + d] = sum_j p_j v_j[d].
-// Grid: (heads, n); block 128.
+// Scores: one warp per position, lanes over the key's values (coalesced); values: threads over
+// d, four positions in flight. Grid: (heads, n); block 128.
 extern "C" __global__ void attention(const float* Q, int qts, int qhs, const float* K, int ks,
                                      int khs, const float* V, int vs, int vhs, int dk, int dv,
                                      int group, int pos0, float scale, float* S, int ctx,
@@ -451,33 +452,42 @@ extern "C" __global__ void attention(const float* Q, int qts, int qhs, const flo
     int hh = blockIdx.x, t = blockIdx.y, heads = gridDim.x;
     int len = pos0 + t + 1;
     int g = hh / group;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     const float* q = Q + (size_t)t * qts + (size_t)hh * qhs;
     for (int i = threadIdx.x; i < dk; i += blockDim.x) qsh[i] = q[i];
     __syncthreads();
     float* sc = S + ((size_t)t * heads + hh) * ctx;
     float mx = -INFINITY;
-    for (int j = threadIdx.x; j < len; j += blockDim.x) {
+    for (int j = warp; j < len; j += nw) {
         const float* k = K + (size_t)j * ks + (size_t)g * khs;
         float s = 0.f;
-        for (int i = 0; i < dk; i++) s += qsh[i] * k[i];
-        s *= scale;
-        sc[j] = s;
+        for (int i = lane; i < dk; i += 32) s += qsh[i] * k[i];
+        s = warp_sum(s) * scale;
+        if (lane == 0) sc[j] = s;
         mx = fmaxf(mx, s);
     }
-    mx = block_max(mx, red);
+    mx = block_max(mx, red);  // its barriers also make every sc[j] visible to the block
     float sum = 0.f;
     for (int j = threadIdx.x; j < len; j += blockDim.x) {
         float e = expf(sc[j] - mx);
         sc[j] = e;
         sum += e;
     }
-    sum = block_sum(sum, red);  // its barriers also make every sc[j] visible to the block
+    sum = block_sum(sum, red);
     float inv = 1.f / sum;
     float* o = O + (size_t)t * ots + (size_t)hh * ohs;
+    const float* vb = V + (size_t)g * vhs;
     for (int d = threadIdx.x; d < dv; d += blockDim.x) {
-        float acc = 0.f;
-        for (int j = 0; j < len; j++) acc += sc[j] * V[(size_t)j * vs + (size_t)g * vhs + d];
-        o[d] = acc * inv;
+        float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+        int j = 0;
+        for (; j + 4 <= len; j += 4) {
+            a0 += sc[j] * vb[(size_t)j * vs + d];
+            a1 += sc[j + 1] * vb[(size_t)(j + 1) * vs + d];
+            a2 += sc[j + 2] * vb[(size_t)(j + 2) * vs + d];
+            a3 += sc[j + 3] * vb[(size_t)(j + 3) * vs + d];
+        }
+        for (; j < len; j++) a0 += sc[j] * vb[(size_t)j * vs + d];
+        o[d] = ((a0 + a1) + (a2 + a3)) * inv;
     }
 }
 
