@@ -296,3 +296,69 @@ fn hit_rate_bounds() {
     // Zipf(1): H(16) / H(128) = 3.3807 / 5.4331.
     assert!((s - 3.380_728_993 / 5.433_147_092).abs() < 1e-6, "{s}");
 }
+
+/// The GPU decision (what `--gpu auto` will do) follows the profile's GPU probe: none -> off
+/// with the probe's note; a card that holds the resident part -> on with a pool of the rest;
+/// a card too small for the resident part -> off with the numbers; --mtp -> off.
+#[test]
+fn gpu_decision_follows_the_probe() {
+    let m = model();
+    let with_gpu = |vram: u64| {
+        let mut p = profile(3.0, 4, 20.0, 64 * GB, true);
+        p.gpu = serde_json::from_value(json!({
+            "driver": "libcuda.so.1", "driver_version": "13.0",
+            "devices": [{"index": 0, "name": "Synthetic GPU", "vram_bytes": vram}],
+            "h2d": {"device": 0, "bytes": 268435456u64, "copies": 4, "pinned_gbps": 50.0, "pageable_gbps": 10.0},
+            "note": null
+        }))
+        .unwrap();
+        p
+    };
+    let none = {
+        let mut p = profile(3.0, 4, 20.0, 64 * GB, true);
+        p.gpu.note = Some("libcuda.so.1 not found (no NVIDIA driver)".into());
+        p
+    };
+    let pl = plan(&m, Some(&none), &req(32 * GB)).unwrap();
+    let (v, why) = decision(&pl, "gpu");
+    if !sluice::gpu::BUILT {
+        assert_eq!(v, "off");
+        assert!(why.contains("cuda"), "{why}");
+        return;
+    }
+    assert_eq!(v, "off");
+    assert!(why.contains("no NVIDIA driver"), "{why}");
+
+    let pl = plan(&m, Some(&with_gpu(80 * GB)), &req(32 * GB)).unwrap();
+    let (v, why) = decision(&pl, "gpu");
+    assert_eq!(v, "on, Synthetic GPU");
+    // Pool: every expert (14.5 GB routed) fits in 80 GB after 1.9 GB resident + 1 GiB.
+    assert!(
+        why.contains("100% of the experts") && why.contains("50.0 GB/s"),
+        "{why}"
+    );
+
+    let pl = plan(&m, Some(&with_gpu(8 * GB)), &req(32 * GB)).unwrap();
+    let (v, why) = decision(&pl, "gpu");
+    assert!(v.starts_with("on"), "{v}");
+    let share: f64 = why
+        .split("= ")
+        .nth(1)
+        .and_then(|s| s.split('%').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no share in {why}"));
+    assert!(
+        share > 20.0 && share < 60.0,
+        "8 GB card: pool share {share}% ({why})"
+    );
+
+    let pl = plan(&m, Some(&with_gpu(2 * GB)), &req(32 * GB)).unwrap();
+    let (v, why) = decision(&pl, "gpu");
+    assert_eq!(v, "off");
+    assert!(why.contains("cannot hold"), "{why}");
+
+    let mut r = req(32 * GB);
+    r.mtp = 1;
+    let pl = plan(&m, Some(&with_gpu(80 * GB)), &r).unwrap();
+    assert_eq!(decision(&pl, "gpu").0, "off");
+}

@@ -18,6 +18,10 @@
 //! - MTP: off unless asked; when asked while decode is disk-bound it is kept (the flag wins) but
 //!   the line says it will likely slow decode: the head's draft tokens widen the per-token union
 //!   of experts that must be read.
+//! - gpu: what `--gpu auto` will do at start (gpu/, feature `cuda`): on when the probe found a
+//!   CUDA device whose VRAM holds the resident weights and KV cache with 1 GiB to spare, the
+//!   rest being the VRAM expert pool (`--vram`); off without the feature, without a device, with
+//!   `--mtp`, or when the card is too small. The prediction below is the CPU's (not the GPU's).
 //! - predicted decode tok/s, a range from this cost model (per decoded token):
 //!   `missed = (1 - hit) x routed bytes/token`, `routed bytes/token = top-k x expert bytes x MoE
 //!   layers`, `time = missed / disk ceiling + active / memory read GB/s`, with `active` = resident
@@ -269,6 +273,75 @@ fn token_secs(m: &ModelSummary, hit: f64, disk: f64, mem: f64) -> (f64, f64) {
     let missed = (1.0 - hit) * routed;
     let active = m.active_bytes_per_token() as f64;
     (missed / (disk * 1e9), active / (mem * 1e9))
+}
+
+/// What `--gpu auto` will do at start, from the profile's GPU probe: the forward on the GPU
+/// with dense weights and the KV cache in VRAM and a VRAM expert pool of what is left (less
+/// 1 GiB), or the CPU, with the reason.
+fn gpu_decision(
+    m: &ModelSummary,
+    profile: Option<&MachineProfile>,
+    req: &PlanRequest,
+) -> (String, String) {
+    if !crate::gpu::BUILT {
+        return (
+            "off".into(),
+            "this build has no `cuda` feature (cargo build --release --features cuda)".into(),
+        );
+    }
+    if req.mtp > 0 {
+        return ("off".into(), "--mtp runs on the CPU path".into());
+    }
+    let Some(p) = profile else {
+        return (
+            "auto".into(),
+            "no machine profile: decided at start (--gpu on|off overrides)".into(),
+        );
+    };
+    let Some(dev) = p.gpu.devices.first() else {
+        let why = p
+            .gpu
+            .note
+            .clone()
+            .unwrap_or_else(|| "no CUDA device".into());
+        return (
+            "off".into(),
+            format!("{why} (--gpu on fails, --gpu off is the CPU)"),
+        );
+    };
+    let resident = m.resident_bytes + m.kv_bytes;
+    let pool = dev
+        .vram_bytes
+        .saturating_sub(resident)
+        .saturating_sub(1 << 30)
+        .min(m.routed_bytes);
+    let share = 100.0 * pool as f64 / (m.routed_bytes as f64).max(1.0);
+    let copy = p
+        .gpu
+        .h2d
+        .as_ref()
+        .map(|c| format!("; pinned host->device {:.1} GB/s", c.pinned_gbps))
+        .unwrap_or_default();
+    if resident + (1 << 30) > dev.vram_bytes {
+        return (
+            "off".into(),
+            format!(
+                "{}: {} of VRAM cannot hold the resident weights and KV cache ({}) (--gpu on fails)",
+                dev.name,
+                human(dev.vram_bytes),
+                human(resident)
+            ),
+        );
+    }
+    (
+        format!("on, {}", dev.name),
+        format!(
+            "{} of VRAM holds the resident weights and KV cache ({}); VRAM expert pool ~{} = {share:.0}% of the experts (--vram){copy}; --gpu off for the CPU",
+            human(dev.vram_bytes),
+            human(resident),
+            human(pool)
+        ),
+    )
 }
 
 fn d(what: &str, value: impl Into<String>, reason: impl Into<String>) -> Decision {
@@ -528,6 +601,8 @@ pub fn plan(
     if req.mtp > 0 && m.mtp_layers == 0 {
         return Err(PlanError::Flag("--mtp: the model has no MTP head".into()));
     }
+    let (gpu_value, gpu_why) = gpu_decision(m, profile, req);
+    ds.push(d("gpu", gpu_value, gpu_why));
 
     let routed_tok = m.routed_bytes_per_token();
     let hit_why = format!(
