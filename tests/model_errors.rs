@@ -153,3 +153,27 @@ fn token_out_of_range() {
     );
     assert!(!out.exists(), "no output file on failure");
 }
+
+/// GPU flags: a bad value, or `--gpu on` where no GPU can run (this machine has no CUDA
+/// device, or the build has no `cuda` feature), is one line and exit 1, never a silent CPU run.
+#[test]
+fn gpu_flags_fail_cleanly() {
+    std::env::set_var("SLUICE_CACHE_DIR", tmpdir("cache"));
+    let src = sluice::default_model::ensure().unwrap();
+    let out = tmpdir("gpu").join("l.npy");
+    let (m, o) = (src.to_str().unwrap(), out.to_str().unwrap());
+    let base = ["logits", m, "--tokens", "1,2", "--out", o];
+    let with = |extra: &[&'static str]| -> Vec<&str> {
+        base.iter().copied().chain(extra.iter().copied()).collect()
+    };
+    assert_clean_failure(&with(&["--gpu", "maybe"]), "--gpu \"maybe\"");
+    assert_clean_failure(
+        &with(&["--gpu", "on", "--gpu-staging", "zero-copy"]),
+        "--gpu-staging",
+    );
+    assert_clean_failure(&with(&["--gpu", "on", "--vram", "12Q"]), "12Q");
+    if !Path::new("/dev/nvidia0").exists() {
+        assert_clean_failure(&with(&["--gpu", "on"]), "--gpu on");
+    }
+    assert!(!out.exists(), "no output file on failure");
+}
