@@ -5,7 +5,7 @@
 //! compiled to the committed `kernels.ptx` by scripts/build-ptx.py), the VRAM pool bookkeeping
 //! (`pool.rs`, compiled without the feature too so it is tested everywhere) and the GPU forward
 //! (`model.rs`). Does not own: what is computed — routing runs on the host through the CPU
-//! model's own `route`, so expert choice is the CPU's, bit for bit.
+//! model's own `select_experts`, so expert choice is the CPU's, bit for bit.
 //!
 //! Memory (issue: residency costs are real): dense weights live in one device allocation, the
 //! expert pool in another (`--vram`), scratch in a handful sized once; expert bytes reach the

@@ -3,7 +3,7 @@
 //! Owns: `GpuState` (device copies of the dense weights, the KV cache, scratch sized once, the
 //! VRAM expert pool and the pinned host buffers for the small per-layer transfers) and the
 //! staging of routed experts from the RAM expert cache into the pool.
-//! Does not own: routing (the host runs the CPU model's `route` on the downloaded router
+//! Does not own: routing (the host runs the CPU model's `select_experts` on the downloaded router
 //! logits, so the GPU computes the experts the CPU would choose) or the RAM cache/SSD reads.
 //! Invariants: after `attach`, a forward allocates nothing (host or device); each token's MoE
 //! output is summed in top-k slot order by one kernel, so it does not depend on which experts
