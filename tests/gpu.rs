@@ -19,7 +19,6 @@
 #![cfg(feature = "cuda")]
 
 use serde_json::Value;
-use sluice::dtype::DType;
 use sluice::experts::CacheConfig;
 use sluice::format::ModelFiles;
 use sluice::gpu::model::{check, GpuState};
@@ -70,21 +69,7 @@ fn kernels_match_gguf_reference() {
     if !gpu_or_skip("kernels_match_gguf_reference") {
         return;
     }
-    let types = [
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::Q8_0,
-        DType::Q4_0,
-        DType::Q4_K,
-        DType::Q5_K,
-        DType::Q6_K,
-        DType::Q2_K,
-        DType::Q3_K,
-        DType::IQ2_XXS,
-        DType::MXFP4,
-    ];
-    for t in types {
+    for t in sluice::gpu::GPU_TYPES {
         let q = root().join("tests/fixtures/quant");
         let blocks = read(&q.join(format!("{}.blocks", t.name())));
         let refw: Vec<f32> = read(&q.join(format!("{}.f32", t.name())))

@@ -107,6 +107,20 @@ impl PinnedBuf {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// The buffer as f32 values (whole values only).
+    pub fn f32s(&self) -> &[f32] {
+        // SAFETY: cuMemHostAlloc memory is page-aligned, valid for `len` bytes, and every bit
+        // pattern is an f32.
+        unsafe { std::slice::from_raw_parts(self.ptr.cast::<f32>(), self.len / 4) }
+    }
+    pub fn f32s_mut(&mut self) -> &mut [f32] {
+        // SAFETY: as `f32s`, uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<f32>(), self.len / 4) }
+    }
+    pub fn i32s_mut(&mut self) -> &mut [i32] {
+        // SAFETY: as `f32s`: aligned, and every bit pattern is an i32; uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<i32>(), self.len / 4) }
+    }
 }
 
 impl Drop for PinnedBuf {

@@ -139,5 +139,14 @@ impl GpuStats {
     }
 }
 
+/// Weight types with GPU kernels (kernels.cu instantiates each as `mm_<name>` etc., the name
+/// being `DType::name` in lower case).
+pub const GPU_TYPES: [crate::dtype::DType; 12] = {
+    use crate::dtype::DType::*;
+    [
+        F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ2_XXS, MXFP4,
+    ]
+};
+
 /// Whether this build has the CUDA backend.
 pub const BUILT: bool = cfg!(feature = "cuda");

@@ -31,22 +31,11 @@ fn align(x: usize) -> usize {
     x.div_ceil(ALIGN) * ALIGN
 }
 
-fn type_name(d: DType) -> Option<&'static str> {
-    Some(match d {
-        DType::F32 => "f32",
-        DType::F16 => "f16",
-        DType::BF16 => "bf16",
-        DType::Q8_0 => "q8_0",
-        DType::Q4_0 => "q4_0",
-        DType::Q4_K => "q4_k",
-        DType::Q5_K => "q5_k",
-        DType::Q6_K => "q6_k",
-        DType::Q2_K => "q2_k",
-        DType::Q3_K => "q3_k",
-        DType::IQ2_XXS => "iq2_xxs",
-        DType::MXFP4 => "mxfp4",
-        _ => return None,
-    })
+/// The kernel-name suffix of `d`, if kernels.cu has kernels for it.
+fn type_name(d: DType) -> Option<String> {
+    super::GPU_TYPES
+        .contains(&d)
+        .then(|| d.name().to_ascii_lowercase())
 }
 
 /// The four kernels of one weight type.
@@ -96,10 +85,15 @@ enum GAttn {
     },
 }
 
-/// A MoE layer's routed-expert geometry (all its experts share it).
 struct GMoe {
     router: Mat,
     shared: Option<GMlp>,
+    geo: MoeGeo,
+}
+
+/// A MoE layer's routed-expert geometry (all its experts share it).
+#[derive(Clone, Copy)]
+struct MoeGeo {
     /// Index among MoE layers (the pool's layer numbering).
     idx: usize,
     gate_up: TypeFns,
@@ -236,10 +230,6 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-fn mkerr(e: GpuError) -> ModelError {
-    ModelError::Gpu(e.to_string())
-}
-
 /// Builds the device weight arena: every piece gets an offset now, bytes are uploaded once the
 /// single allocation exists.
 struct Builder<'a> {
@@ -266,8 +256,11 @@ impl<'a> Builder<'a> {
             return Ok(*f);
         }
         let n = type_name(d).ok_or_else(|| {
+            let known: Vec<String> = super::GPU_TYPES.iter().map(|t| t.name()).collect();
             GpuError::Config(format!(
-                "{what}: tensor type {d:?} has no GPU kernel (GPU types: F32 F16 BF16 Q8_0 Q4_0 Q4_K Q5_K Q6_K Q2_K Q3_K IQ2_XXS MXFP4)"
+                "{what}: tensor type {} has no GPU kernel (GPU types: {})",
+                d.name(),
+                known.join(" ")
             ))
         })?;
         let f = TypeFns {
@@ -397,12 +390,14 @@ impl GpuState {
                     let gm = GMoe {
                         router: b.mat(&m.router, &what)?,
                         shared: m.shared.as_ref().map(|s| b.mlp(s, &what)).transpose()?,
-                        idx: moe_idx,
-                        gate_up: b.fns(x0.gate.dtype, &what)?,
-                        down: b.fns(x0.down.dtype, &what)?,
-                        ffn: x0.gate.rows,
-                        rb_gate: g / x0.gate.rows.max(1),
-                        rb_down: d / x0.down.rows.max(1),
+                        geo: MoeGeo {
+                            idx: moe_idx,
+                            gate_up: b.fns(x0.gate.dtype, &what)?,
+                            down: b.fns(x0.down.dtype, &what)?,
+                            ffn: x0.gate.rows,
+                            rb_gate: g / x0.gate.rows.max(1),
+                            rb_down: d / x0.down.rows.max(1),
+                        },
                     };
                     if x0.up.dtype != x0.gate.dtype {
                         return Err(GpuError::Config(format!(
@@ -884,7 +879,7 @@ impl GpuState {
         logits_from: usize,
     ) -> Result<(), ModelError> {
         let t0 = Instant::now();
-        self.gpu.bind().map_err(mkerr)?;
+        self.gpu.bind()?;
         let r = self.forward_inner(model, st, tokens, logits_from);
         if r.is_err() {
             // Leave both streams idle so the next call starts clean.
@@ -908,24 +903,19 @@ impl GpuState {
         let cfg = &model.cfg;
         let (n, h) = (tokens.len(), cfg.hidden);
         let compute = Stream::Compute;
-        let ti = self.timer_start(compute).map_err(mkerr)?;
-        {
-            let tb = self.host.tokens.as_mut_slice();
-            for (i, &t) in tokens.iter().enumerate() {
-                tb[4 * i..4 * i + 4].copy_from_slice(&(t as i32).to_le_bytes());
-            }
+        let ti = self.timer_start(compute)?;
+        for (o, &t) in self.host.tokens.i32s_mut().iter_mut().zip(tokens) {
+            *o = t as i32;
         }
         // SAFETY: the pinned token buffer is not written again before this forward's final
         // sync; the device buffer holds `batch` tokens and n <= batch (checked by the caller).
         unsafe {
-            self.gpu
-                .upload_async(
-                    self.bufs.tokens.ptr,
-                    self.host.tokens.as_slice().as_ptr(),
-                    4 * n,
-                    compute,
-                )
-                .map_err(mkerr)?;
+            self.gpu.upload_async(
+                self.bufs.tokens.ptr,
+                self.host.tokens.as_slice().as_ptr(),
+                4 * n,
+                compute,
+            )?;
         }
         self.launch(
             self.embd.f.embed,
@@ -939,20 +929,16 @@ impl GpuState {
                 self.bufs.tokens.ptr.into(),
                 self.bufs.x.ptr.into(),
             ],
-        )
-        .map_err(mkerr)?;
-        self.timer_stop(ti, compute, false).map_err(mkerr)?;
+        )?;
+        self.timer_stop(ti, compute, false)?;
         st.experts_run = 0;
         for l in 0..self.layers.len() {
-            self.layer(model, st, l, n).map_err(|e| match e {
-                LayerError::Gpu(e) => mkerr(e),
-                LayerError::Model(e) => e,
-            })?;
+            self.layer(model, st, l, n)?;
         }
         // Final norm and lm_head for the requested rows.
         let n_logits = n.saturating_sub(logits_from);
         let v = cfg.vocab;
-        let ti = self.timer_start(compute).map_err(mkerr)?;
+        let ti = self.timer_start(compute)?;
         if n_logits > 0 {
             let x = self.bufs.x.f(logits_from * h);
             self.rmsnorm(
@@ -964,38 +950,26 @@ impl GpuState {
                 cfg.rms_eps,
                 self.bufs.xn.ptr,
                 h,
-            )
-            .map_err(mkerr)?;
+            )?;
             let out = self.output;
-            self.mm(&out, self.bufs.xn.ptr, h, n_logits, self.bufs.logits.ptr, v)
-                .map_err(mkerr)?;
+            self.mm(&out, self.bufs.xn.ptr, h, n_logits, self.bufs.logits.ptr, v)?;
         }
-        self.timer_stop(ti, compute, false).map_err(mkerr)?;
+        self.timer_stop(ti, compute, false)?;
         if n_logits > 0 {
             // SAFETY: the pinned logits buffer holds logit_rows x vocab >= n_logits x vocab and
             // nothing else touches it until the sync below.
             unsafe {
-                self.gpu
-                    .download_async(
-                        self.host.logits.as_mut_slice().as_mut_ptr(),
-                        self.bufs.logits.ptr,
-                        4 * n_logits * v,
-                        compute,
-                    )
-                    .map_err(mkerr)?;
+                self.gpu.download_async(
+                    self.host.logits.as_mut_slice().as_mut_ptr(),
+                    self.bufs.logits.ptr,
+                    4 * n_logits * v,
+                    compute,
+                )?;
             }
         }
-        self.gpu.sync(compute).map_err(mkerr)?;
-        self.harvest().map_err(mkerr)?;
-        if n_logits > 0 {
-            let src = &self.host.logits.as_slice()[..4 * n_logits * v];
-            for (o, b) in st.logits[..n_logits * v]
-                .iter_mut()
-                .zip(src.chunks_exact(4))
-            {
-                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            }
-        }
+        self.gpu.sync(compute)?;
+        self.harvest()?;
+        st.logits[..n_logits * v].copy_from_slice(&self.host.logits.f32s()[..n_logits * v]);
         st.pos += n;
         Ok(())
     }
@@ -1006,7 +980,7 @@ impl GpuState {
         st: &mut State,
         l: usize,
         n: usize,
-    ) -> Result<(), LayerError> {
+    ) -> Result<(), ModelError> {
         let cfg = &model.cfg;
         let h = cfg.hidden;
         let compute = Stream::Compute;
@@ -1020,11 +994,7 @@ impl GpuState {
         self.rmsnorm(x, h, self.wa(gl.ffn_norm), h, n, cfg.rms_eps, xn, h)?;
         match &self.layers[l].ffn {
             GFfn::Dense(m) => {
-                let m = GMlp {
-                    gate: m.gate,
-                    up: m.up,
-                    down: m.down,
-                };
+                let m = *m;
                 self.mlp(&m, n)?;
                 self.add(x, self.bufs.down.ptr, n * h)?;
                 self.timer_stop(ti, compute, false)?;
@@ -1327,27 +1297,14 @@ impl GpuState {
         l: usize,
         n: usize,
         ti: usize,
-    ) -> Result<(), LayerError> {
+    ) -> Result<(), ModelError> {
         let cfg = &model.cfg;
         let (h, e, k) = (cfg.hidden, cfg.n_experts, cfg.n_experts_used);
         let compute = Stream::Compute;
         let GFfn::Moe(gm) = &self.layers[l].ffn else {
             return Ok(());
         };
-        let mo = MoeGeo {
-            idx: gm.idx,
-            gate_up: gm.gate_up,
-            down: gm.down,
-            ffn: gm.ffn,
-            rb_gate: gm.rb_gate,
-            rb_down: gm.rb_down,
-        };
-        let router = gm.router;
-        let shared = gm.shared.as_ref().map(|s| GMlp {
-            gate: s.gate,
-            up: s.up,
-            down: s.down,
-        });
+        let (mo, router, shared) = (gm.geo, gm.router, gm.shared);
         self.mm(&router, self.bufs.xn.ptr, h, n, self.bufs.router.ptr, e)?;
         self.timer_stop(ti, compute, false)?;
         // SAFETY: the pinned router buffer holds batch x E floats, untouched until the sync.
@@ -1363,12 +1320,7 @@ impl GpuState {
         self.harvest()?;
 
         // Routing on the host, by the CPU model's own code.
-        {
-            let src = &self.host.router.as_slice()[..4 * n * e];
-            for (o, b) in st.router[..n * e].iter_mut().zip(src.chunks_exact(4)) {
-                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            }
-        }
+        st.router[..n * e].copy_from_slice(&self.host.router.f32s()[..n * e]);
         let bias = match &model.weights.layers[l].ffn {
             Ffn::Moe(m) => m.score_bias.as_deref(),
             Ffn::Dense(_) => None,
@@ -1378,20 +1330,16 @@ impl GpuState {
         // Assignments in needed order: expert ex owns a0[ex]..a0[ex]+cnt.
         let mut cursor = 0;
         {
-            let (tok, dst) = (self.host.tok.as_mut_slice(), self.host.dst.as_mut_slice());
+            let (tok, dst) = (self.host.tok.i32s_mut(), self.host.dst.i32s_mut());
             for &ex in &st.needed {
                 for &(t, slot) in &st.groups[ex] {
-                    tok[4 * cursor..4 * cursor + 4].copy_from_slice(&(t as i32).to_le_bytes());
-                    let d = t as usize * k + slot as usize;
-                    dst[4 * cursor..4 * cursor + 4].copy_from_slice(&(d as i32).to_le_bytes());
+                    tok[cursor] = t as i32;
+                    dst[cursor] = (t as usize * k + slot as usize) as i32;
                     cursor += 1;
                 }
             }
-            let sw = self.host.selw.as_mut_slice();
-            for (i, w) in st.selw[..n * k].iter().enumerate() {
-                sw[4 * i..4 * i + 4].copy_from_slice(&w.to_le_bytes());
-            }
         }
+        self.host.selw.f32s_mut()[..n * k].copy_from_slice(&st.selw[..n * k]);
         // SAFETY: the pinned assignment buffers are not rewritten before the next router sync.
         unsafe {
             self.gpu.upload_async(
@@ -1442,7 +1390,7 @@ impl GpuState {
         // Misses: through the RAM cache, in waves that fit both its free slots and the pool's.
         if !misses.is_empty() {
             let Some(mut cache) = st.expert_cache.take() else {
-                return Err(LayerError::Gpu(GpuError::Config(
+                return Err(ModelError::Gpu(GpuError::Config(
                     "expert not in VRAM and no RAM expert cache attached".into(),
                 )));
             };
@@ -1486,11 +1434,11 @@ impl GpuState {
         misses: &[(usize, usize, usize)],
         mut j: usize,
         h: usize,
-    ) -> Result<(), LayerError> {
+    ) -> Result<(), ModelError> {
         let ram_cap = cache.slots(l).max(1);
         let mut i = 0;
         let mut wave = std::mem::take(&mut self.wave);
-        let r = (|| -> Result<(), LayerError> {
+        let r = (|| -> Result<(), ModelError> {
             while i < misses.len() {
                 self.pool.begin_wave();
                 let vram_cap = self.pool.free_for_wave(mo.idx).max(1);
@@ -1544,16 +1492,16 @@ impl GpuState {
         j: &mut usize,
         h: usize,
         registered: &mut Vec<usize>,
-    ) -> Result<(), LayerError> {
+    ) -> Result<(), ModelError> {
         let (compute, copy) = (Stream::Compute, Stream::Copy);
         while let Some((ex, bytes)) = cache.next_ready()? {
             let Some(&(_, a0, cnt)) = wave.iter().find(|m| m.0 == ex) else {
-                return Err(LayerError::Gpu(GpuError::Config(format!(
+                return Err(ModelError::Gpu(GpuError::Config(format!(
                     "the RAM cache returned expert {ex} of layer {l}, not in the wave"
                 ))));
             };
             let Some(a) = self.pool.assign(mo.idx, ex) else {
-                return Err(LayerError::Gpu(GpuError::Config(format!(
+                return Err(ModelError::Gpu(GpuError::Config(format!(
                     "no free VRAM slot for expert {ex} of layer {l} (pool accounting)"
                 ))));
             };
@@ -1574,7 +1522,7 @@ impl GpuState {
                 .unwrap_or(0);
             if hi - lo > self.pool.slot_bytes() as usize {
                 self.pool.drop_expert(mo.idx, ex);
-                return Err(LayerError::Gpu(GpuError::Config(format!(
+                return Err(ModelError::Gpu(GpuError::Config(format!(
                     "expert {ex} of layer {l} spans {} bytes, more than a pool slot",
                     hi - lo
                 ))));
@@ -1618,33 +1566,6 @@ impl GpuState {
     }
 }
 
-/// A MoE layer's geometry, copied out of `GMoe` so `self` can be borrowed mutably.
-struct MoeGeo {
-    idx: usize,
-    gate_up: TypeFns,
-    down: TypeFns,
-    ffn: usize,
-    rb_gate: usize,
-    rb_down: usize,
-}
-
-enum LayerError {
-    Gpu(GpuError),
-    Model(ModelError),
-}
-
-impl From<GpuError> for LayerError {
-    fn from(e: GpuError) -> Self {
-        LayerError::Gpu(e)
-    }
-}
-
-impl From<crate::experts::ExpertError> for LayerError {
-    fn from(e: crate::experts::ExpertError) -> Self {
-        LayerError::Model(ModelError::from(e))
-    }
-}
-
 impl Drop for GpuState {
     fn drop(&mut self) {
         let _ = self.release_staging();
@@ -1667,11 +1588,7 @@ pub mod check {
             )?
         };
         gpu.sync(Stream::Compute)?;
-        Ok(host
-            .as_slice()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect())
+        Ok(host.f32s().to_vec())
     }
 
     fn upload_new(gpu: &Gpu, bytes: &[u8]) -> Result<DevBuf, GpuError> {

@@ -48,8 +48,8 @@ pub enum ModelError {
     Kernel(#[from] KernelError),
     #[error(transparent)]
     Experts(#[from] crate::experts::ExpertError),
-    #[error("GPU: {0}")]
-    Gpu(String),
+    #[error(transparent)]
+    Gpu(#[from] crate::gpu::GpuError),
 }
 
 /// A loaded model: config, weights bound to the mapped files, rotary tables and a thread pool.
