@@ -148,5 +148,8 @@ pub const GPU_TYPES: [crate::dtype::DType; 12] = {
     ]
 };
 
+/// VRAM left free by the default expert pool (`--vram` unset), for the driver and other users.
+pub const VRAM_MARGIN: u64 = 1 << 30;
+
 /// Whether this build has the CUDA backend.
 pub const BUILT: bool = cfg!(feature = "cuda");

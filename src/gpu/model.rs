@@ -499,7 +499,7 @@ impl GpuState {
         let moe_layers = experts_per_layer.len();
         let slot_bytes = cache.slot_bytes().max(ALIGN as u64);
         let (free, _) = gpu.mem_info()?;
-        let margin = 1u64 << 30;
+        let margin = super::VRAM_MARGIN;
         let want = match opts.vram {
             Some(v) => v,
             None => (free as u64).saturating_sub(margin).min(

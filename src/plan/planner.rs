@@ -313,7 +313,7 @@ fn gpu_decision(
     let pool = dev
         .vram_bytes
         .saturating_sub(resident)
-        .saturating_sub(1 << 30)
+        .saturating_sub(crate::gpu::VRAM_MARGIN)
         .min(m.routed_bytes);
     let share = 100.0 * pool as f64 / (m.routed_bytes as f64).max(1.0);
     let copy = p
@@ -322,7 +322,7 @@ fn gpu_decision(
         .as_ref()
         .map(|c| format!("; pinned host->device {:.1} GB/s", c.pinned_gbps))
         .unwrap_or_default();
-    if resident + (1 << 30) > dev.vram_bytes {
+    if resident + crate::gpu::VRAM_MARGIN > dev.vram_bytes {
         return (
             "off".into(),
             format!(
