@@ -36,7 +36,7 @@ V32_CONFIG = dict(
     qk_rope_head_dim=16, v_head_dim=32, qk_nope_head_dim=32, n_group=4, topk_group=2,
     num_experts_per_tok=2, first_k_dense_replace=1, norm_topk_prob=True,
     max_position_embeddings=512, rms_norm_eps=1e-6, initializer_range=0.05,
-    index_topk=4, index_head_dim=16, index_n_heads=2, hidden_act="silu",
+    index_topk=4, index_head_dim=16, index_n_heads=8, hidden_act="silu",
     rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                      "original_max_position_embeddings": 128, "beta_fast": 32.0, "beta_slow": 1.0,
                      "mscale": 1.0, "mscale_all_dim": 1.0},
@@ -49,7 +49,8 @@ VARIANTS = {
     "qwen3_moe_linear": {"base": "qwen3_moe", "seed": 2103, "set": {
         "rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}}},
     "deepseek_v32_sparse": {"base": None, "seed": 2104, "architecture": "DeepseekV32ForCausalLM",
-                            "config_class": "DeepseekV32Config", "config": V32_CONFIG},
+                            "config_class": "DeepseekV32Config", "config": V32_CONFIG,
+                            "min_index_margin": 1e-3, "attempts": 60},
 }
 
 
@@ -70,6 +71,57 @@ def build_config(v: dict, transformers, torch):
     config._experts_implementation = "eager"
     config.dtype = torch.float32
     return getattr(transformers, arch), config, embed_scale
+
+
+def index_margin(model, case_ids, torch) -> float:
+    """Smallest gap between the k-th and (k+1)-th lightning-indexer score over every query row that
+    has more than k candidates, over every case.
+
+    Catches the top-k call the indexer makes inside its own forward (torch.topk or Tensor.topk,
+    whichever transformers uses): a gap of 0 is a tie, and which tied position wins is torch's
+    nth_element order, which no other implementation is bound to reproduce. Rows where the (k+1)-th
+    candidate is masked (-inf) have no cut to check.
+    """
+    state = {"inside": 0, "min": float("inf"), "calls": 0}
+    real_topk, real_method = torch.topk, torch.Tensor.topk
+
+    def check(x, k, dim=-1):
+        if state["inside"] and x.shape[dim] > k:
+            vals = x.detach().float().sort(dim=dim, descending=True).values
+            kth, nxt = vals.narrow(dim, k - 1, 1), vals.narrow(dim, k, 1)
+            live = torch.isfinite(nxt) & (nxt > -1e30)
+            if bool(live.any()):
+                state["min"] = min(state["min"], float((kth - nxt)[live].min()))
+            state["calls"] += 1
+
+    def topk_fn(x, k, dim=-1, *a, **kw):
+        check(x, k, dim)
+        return real_topk(x, k, dim, *a, **kw)
+
+    def topk_method(self, k, dim=-1, *a, **kw):
+        check(self, k, dim)
+        return real_method(self, k, dim, *a, **kw)
+
+    def enter(*_):
+        state["inside"] += 1
+
+    def leave(*_):
+        state["inside"] -= 1
+
+    mods = [m for _, m in model.named_modules() if type(m).__name__.endswith("Indexer")]
+    hooks = [m.register_forward_pre_hook(enter) for m in mods] + [m.register_forward_hook(leave) for m in mods]
+    torch.topk, torch.Tensor.topk = topk_fn, topk_method
+    try:
+        with torch.no_grad():
+            for ids in case_ids:
+                model(torch.tensor([ids]))
+    finally:
+        torch.topk, torch.Tensor.topk = real_topk, real_method
+        for h in hooks:
+            h.remove()
+    if not mods or state["calls"] == 0:
+        raise SystemExit(f"index_margin: found {len(mods)} indexer modules and {state['calls']} top-k calls inside them")
+    return state["min"]
 
 
 def clip_share(model, config, case_ids, torch) -> float | None:
@@ -104,16 +156,22 @@ def make_variant(name: str, v: dict, out_root: Path) -> None:
     case_ids = [torch.randint(0, config.vocab_size, (t,), generator=gen_ids).tolist() for t in specs.SEQ_LENGTHS]
     prompt_ids = case_ids[1]
     attempts, chosen = [], None
-    for attempt in range(specs.SEED_ATTEMPTS):
+    min_index = v.get("min_index_margin")
+    for attempt in range(v.get("attempts", specs.SEED_ATTEMPTS)):
         seed = v["seed"] + 17 * attempt
         model, _ = make_model(model_cls, config, seed, torch, embed_scale)
         q = quality(model, config, case_ids, prompt_ids, torch)
+        if min_index:
+            # the greedy continuation's own indexer cuts are checked on the full sequence too
+            q["index_min_margin"] = index_margin(model, case_ids + [prompt_ids + q["greedy"]], torch)
         ok = (q["router_min_margin"] >= specs.MIN_ROUTER_MARGIN and q["case_min_margin"] >= specs.MIN_LOGIT_MARGIN
-              and q["greedy_min_margin"] >= specs.MIN_GREEDY_MARGIN)
+              and q["greedy_min_margin"] >= specs.MIN_GREEDY_MARGIN
+              and (not min_index or q["index_min_margin"] >= min_index))
         attempts.append({"seed": seed, "accepted": ok, **{k: x for k, x in q.items() if k != "greedy"}})
         print("seed attempt", attempts[-1], flush=True)
         score = min(q["router_min_margin"] / specs.MIN_ROUTER_MARGIN, q["case_min_margin"] / specs.MIN_LOGIT_MARGIN,
-                    q["greedy_min_margin"] / specs.MIN_GREEDY_MARGIN)
+                    q["greedy_min_margin"] / specs.MIN_GREEDY_MARGIN,
+                    q["index_min_margin"] / min_index if min_index else float("inf"))
         if chosen is None or score > chosen[0]:
             chosen = (score, seed)
         if ok:
