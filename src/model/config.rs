@@ -139,8 +139,20 @@ pub struct ModelConfig {
     pub train_ctx: usize,
     pub tie_embeddings: bool,
     /// DeepSeek-V3.2: sparse attention keeps the `index_topk` best tokens per query; up to that
-    /// many positions it is exactly dense attention, which is all sluice implements.
+    /// many positions it is exactly dense attention (all a backend without the indexer runs).
     pub dense_attn_limit: Option<usize>,
+    /// DeepSeek-V3.2's lightning indexer (DSA), which picks the attended tokens.
+    pub indexer: Option<IndexerDims>,
+}
+
+/// Shape of DeepSeek-V3.2's lightning indexer: `heads` query heads of `head_dim` (the first
+/// `rotary_dim` of them rotate, half-split) against one shared key per token; each query
+/// attends to its `topk` best-scoring positions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IndexerDims {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub topk: usize,
 }
 
 fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
@@ -185,13 +197,13 @@ impl ModelConfig {
         let family = match arch.as_str() {
             "qwen3moe" => Family::Qwen3Moe,
             "olmoe" => Family::Olmoe,
-            "deepseek2" => Family::DeepseekV3,
+            "deepseek2" | "deepseek32" => Family::DeepseekV3,
             "glm4moe" => Family::Glm4Moe,
             "llama" if n_experts > 0 => Family::Mixtral,
             "llama" => return Err(ModelError::Config("GGUF architecture llama without experts (dense models are not supported)".into())),
             other => {
                 return Err(ModelError::Config(format!(
-                    "unknown architecture {other:?} (supported: qwen3moe, llama with experts (Mixtral), olmoe, deepseek2, glm4moe)"
+                    "unknown architecture {other:?} (supported: qwen3moe, llama with experts (Mixtral), olmoe, deepseek2, deepseek32, glm4moe)"
                 )))
             }
         };
@@ -268,6 +280,40 @@ impl ModelConfig {
                 attn_scale *= m * m;
             }
         }
+        // DeepSeek-V3.2 (llama.cpp's `deepseek32`): the indexer's shape from its keys, or from
+        // its tensors' shapes, and its top-k (DeepSeek's 2048 when a file omits it).
+        let has_indexer = files.tensor("blk.0.indexer.attn_k.weight").is_some();
+        let indexer = if family == Family::DeepseekV3 && (arch == "deepseek32" || has_indexer) {
+            let dim_of = |name: &str, axis: usize| {
+                files
+                    .tensor(name)
+                    .and_then(|t| t.shape.get(axis).copied())
+                    .map(|v| v as usize)
+            };
+            let head_dim = opt_u("attention.indexer.key_length")
+                .or_else(|| dim_of("blk.0.indexer.attn_k.weight", 0))
+                .ok_or_else(|| {
+                    ModelError::Config(format!(
+                        "{} is missing and there is no blk.0.indexer.attn_k.weight",
+                        key("attention.indexer.key_length")
+                    ))
+                })?;
+            let heads = opt_u("attention.indexer.head_count")
+                .or_else(|| dim_of("blk.0.indexer.proj.weight", 0))
+                .ok_or_else(|| {
+                    ModelError::Config(format!(
+                        "{} is missing and there is no blk.0.indexer.proj.weight",
+                        key("attention.indexer.head_count")
+                    ))
+                })?;
+            Some(IndexerDims {
+                heads,
+                head_dim,
+                topk: opt_u("attention.indexer.top_k").unwrap_or(2048),
+            })
+        } else {
+            None
+        };
         let sigmoid = matches!(family, Family::DeepseekV3 | Family::Glm4Moe)
             && opt_u("expert_gating_func").unwrap_or(2) == 2;
         let default_norm = !matches!(family, Family::Olmoe);
@@ -310,14 +356,8 @@ impl ModelConfig {
             n_mtp_layers,
             train_ctx: opt_u("context_length").unwrap_or(4096),
             tie_embeddings: files.tensor("output.weight").is_none(),
-            // A V3.2 GGUF carries indexer tensors; without its top-k key assume DeepSeek's 2048.
-            dense_attn_limit: opt_u("attention.indexer.top_k").or_else(|| {
-                files
-                    .tensors()
-                    .iter()
-                    .any(|t| t.name.contains("indexer"))
-                    .then_some(2048)
-            }),
+            dense_attn_limit: indexer.map(|i| i.topk),
+            indexer,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -336,8 +376,7 @@ impl ModelConfig {
             "Qwen3MoeForCausalLM" | "qwen3_moe" => Family::Qwen3Moe,
             "MixtralForCausalLM" | "mixtral" => Family::Mixtral,
             "OlmoeForCausalLM" | "olmoe" => Family::Olmoe,
-            // V3.2 is V3 plus DSA's lightning indexer, which changes nothing while the context
-            // fits in `index_topk` (see `dense_attn_limit`).
+            // V3.2 is V3 plus DSA's lightning indexer (`indexer`).
             "DeepseekV3ForCausalLM" | "deepseek_v3" | "DeepseekV32ForCausalLM" | "deepseek_v32" => Family::DeepseekV3,
             "Glm4MoeForCausalLM" | "glm4_moe" => Family::Glm4Moe,
             other => {
@@ -483,6 +522,15 @@ impl ModelConfig {
         }
         let sigmoid = matches!(family, Family::DeepseekV3 | Family::Glm4Moe);
         let n_shared = opt_u("n_shared_experts").unwrap_or(0);
+        // DeepSeek-V3.2: defaults as transformers' DeepseekV32Config.
+        let indexer = match (family, opt_u("index_topk")) {
+            (Family::DeepseekV3, Some(topk)) => Some(IndexerDims {
+                heads: opt_u("index_n_heads").unwrap_or(64),
+                head_dim: opt_u("index_head_dim").unwrap_or(128),
+                topk,
+            }),
+            _ => None,
+        };
         let c = ModelConfig {
             family,
             vocab: req_u("vocab_size")?,
@@ -558,11 +606,8 @@ impl ModelConfig {
                 .get("tie_word_embeddings")
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
-            dense_attn_limit: if family == Family::DeepseekV3 {
-                opt_u("index_topk")
-            } else {
-                None
-            },
+            dense_attn_limit: indexer.map(|i| i.topk),
+            indexer,
         };
         c.validate()?;
         Ok(c)
@@ -618,6 +663,29 @@ impl ModelConfig {
                 self.n_dense_layers, self.dense_ffn, self.n_layers
             ));
         }
+        if let Some(ix) = self.indexer {
+            let has_q_lora = matches!(
+                self.attn,
+                AttnKind::Mla {
+                    q_lora: Some(_),
+                    ..
+                }
+            );
+            if ix.heads == 0 || ix.topk == 0 || ix.head_dim < self.rotary_dim || !has_q_lora {
+                return bad(format!(
+                    "sparse attention indexer: {} heads of {} dims (rotary {}), top-k {}{}",
+                    ix.heads,
+                    ix.head_dim,
+                    self.rotary_dim,
+                    ix.topk,
+                    if has_q_lora {
+                        ""
+                    } else {
+                        ", and no q_lora_rank (the indexer's query reads the q latent)"
+                    }
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -636,11 +704,14 @@ impl ModelConfig {
         self.n_heads * self.v_head_dim
     }
 
-    /// Floats per token per layer in the key cache and the value cache.
+    /// Floats per token per layer in the key cache and the value cache. MLA caches its latent
+    /// and rope key as the "key"; its "value" row is the V3.2 indexer's key (else nothing).
     pub fn cache_dims(&self) -> (usize, usize) {
         match self.attn {
             AttnKind::Gqa => (self.kv_dim(), self.n_kv_heads * self.v_head_dim),
-            AttnKind::Mla { kv_lora, rope, .. } => (kv_lora + rope, 0),
+            AttnKind::Mla { kv_lora, rope, .. } => {
+                (kv_lora + rope, self.indexer.map_or(0, |i| i.head_dim))
+            }
         }
     }
 

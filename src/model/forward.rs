@@ -34,7 +34,8 @@ pub struct State {
     /// Added to cache positions to get rotary positions (1 for the MTP head's slots).
     pub(crate) rope_offset: usize,
     pub(super) kcache: Vec<f32>, // (layers, ctx, k_dim) GQA keys, or MLA latent + rope key; pub(super) for kv_io.rs
-    pub(super) vcache: Vec<f32>, // (layers, ctx, v_dim) GQA values (empty for MLA)
+    pub(super) vcache: Vec<f32>, // (layers, ctx, v_dim) GQA values, or V3.2 indexer keys
+    pub(super) idx: super::deepseek2::IndexerScratch, // V3.2 indexer buffers (empty otherwise)
     pub(crate) router: Vec<f32>, // (batch, n_experts) router scores
     choice: Vec<f32>,            // (n_experts) selection scores of one token
     groups_score: Vec<f32>,      // (n_group)
@@ -130,6 +131,7 @@ impl State {
             rope_offset: 0,
             kcache: vec![0.0; (cfg.n_layers + cfg.n_mtp_layers) * ctx * kc],
             vcache: vec![0.0; (cfg.n_layers + cfg.n_mtp_layers) * ctx * vc],
+            idx: super::deepseek2::IndexerScratch::new(cfg, ctx, batch),
             router: vec![0.0; batch * e],
             choice: vec![0.0; e],
             groups_score: vec![0.0; cfg.routing.n_group],
@@ -528,6 +530,9 @@ impl<'a> Model<'a> {
         // q = q_b(norm(q_a x)) or q_proj(x); kv = kv_a x = [latent | rope key].
         st.acts.load(&st.xn[..n * h], n, h);
         kernels::matmul(&a.kv_a, &mut st.acts, &mut st.k[..n * kc], pool, isa)?;
+        if let Some(ix) = &a.indexer {
+            self.indexer_project_x(st, n, ix)?;
+        }
         if let (Some(qa), Some(qn), Some(r)) = (&a.q_a, &a.q_a_norm, q_lora) {
             kernels::matmul(qa, &mut st.acts, &mut st.qa[..n * r], pool, isa)?;
             st.qa[..n * r]
@@ -536,6 +541,9 @@ impl<'a> Model<'a> {
             st.acts.load(&st.qa[..n * r], n, r);
         }
         kernels::matmul(&a.q_b, &mut st.acts, &mut st.q[..n * nh * qk], pool, isa)?;
+        if let Some(ix) = &a.indexer {
+            self.indexer_project_q(st, l, n, ix)?;
+        }
         for i in 0..n {
             let p = st.pos + i;
             let kv = &mut st.k[i * kc..(i + 1) * kc];
@@ -553,20 +561,30 @@ impl<'a> Model<'a> {
         let ctx = st.ctx;
         for i in 0..n {
             let len = st.pos + i + 1;
+            // V3.2: past `index_topk` positions, attend only to those the indexer selects.
+            let sparse = match &a.indexer {
+                Some(_) => self.indexer_select(st, l, i, len),
+                None => false,
+            };
+            let sel = &st.idx.sel[..if sparse { st.idx.sel.len() } else { 0 }];
+            let m = if sparse { sel.len() } else { len };
             for hh in 0..nh {
                 let q = &st.q[i * nh * qk + hh * qk..i * nh * qk + (hh + 1) * qk];
                 let (q_lat, c_lat) = st.lat.split_at_mut(kv_lora);
                 head_matvec(&a.k_b[hh], &q[..nope], q_lat, &mut st.acts, isa)?;
-                let sc = &mut st.scores[hh * ctx..hh * ctx + len];
+                let sc = &mut st.scores[hh * ctx..hh * ctx + m];
                 let layer = &st.kcache[l * ctx * kc..];
-                for (j, s) in sc.iter_mut().enumerate() {
+                let pos = |jj: usize| if sparse { sel[jj] as usize } else { jj };
+                for (jj, s) in sc.iter_mut().enumerate() {
+                    let j = pos(jj);
                     let c = &layer[j * kc..(j + 1) * kc];
                     *s = (dot(q_lat, &c[..kv_lora]) + dot(&q[nope..], &c[kv_lora..]))
                         * cfg.attn_scale;
                 }
                 softmax(sc);
                 c_lat.fill(0.0);
-                for (j, s) in sc.iter().enumerate() {
+                for (jj, s) in sc.iter().enumerate() {
+                    let j = pos(jj);
                     axpy(c_lat, *s, &layer[j * kc..j * kc + kv_lora]);
                 }
                 let out =

@@ -120,13 +120,6 @@ impl<'a> Model<'a> {
         batch: usize,
         logit_rows: usize,
     ) -> Result<State, ModelError> {
-        if let Some(limit) = self.cfg.dense_attn_limit {
-            if ctx > limit {
-                return Err(ModelError::Unsupported(format!(
-                    "DeepSeek-V3.2 sparse attention beyond index_topk = {limit} tokens is not implemented (it equals dense attention up to that length): use -c {limit} or less"
-                )));
-            }
-        }
         if ctx + 1 > self.rope.ctx() {
             return Err(ModelError::Input(format!(
                 "context {ctx} exceeds the {} positions the model was loaded for",

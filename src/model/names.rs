@@ -30,6 +30,13 @@ pub enum Role {
     KVB,
     KB,
     VB,
+    /// DeepSeek-V3.2 lightning indexer: query up-projection (from the q latent), key
+    /// projection, the key's LayerNorm weight and bias, and the per-head weight projection.
+    IdxQB,
+    IdxK,
+    IdxKNorm,
+    IdxKNormBias,
+    IdxProj,
     FfnNorm,
     Router,
     /// Selection bias of sigmoid routers (DeepSeek's `e_score_correction_bias`).
@@ -82,6 +89,11 @@ pub fn gguf_names(role: Role) -> &'static [&'static str] {
         Role::KVB => &["blk.{l}.attn_kv_b.weight"],
         Role::KB => &["blk.{l}.attn_k_b.weight"],
         Role::VB => &["blk.{l}.attn_v_b.weight"],
+        Role::IdxQB => &["blk.{l}.indexer.attn_q_b.weight"],
+        Role::IdxK => &["blk.{l}.indexer.attn_k.weight"],
+        Role::IdxKNorm => &["blk.{l}.indexer.k_norm.weight"],
+        Role::IdxKNormBias => &["blk.{l}.indexer.k_norm.bias"],
+        Role::IdxProj => &["blk.{l}.indexer.proj.weight"],
         Role::FfnNorm => &[
             "blk.{l}.ffn_norm.weight",
             "blk.{l}.post_attention_norm.weight",
@@ -130,6 +142,11 @@ pub fn hf_common_names(role: Role) -> &'static [&'static str] {
         Role::KVA => &["model.layers.{l}.self_attn.kv_a_proj_with_mqa.weight"],
         Role::KVANorm => &["model.layers.{l}.self_attn.kv_a_layernorm.weight"],
         Role::KVB => &["model.layers.{l}.self_attn.kv_b_proj.weight"],
+        Role::IdxQB => &["model.layers.{l}.self_attn.indexer.wq_b.weight"],
+        Role::IdxK => &["model.layers.{l}.self_attn.indexer.wk.weight"],
+        Role::IdxKNorm => &["model.layers.{l}.self_attn.indexer.k_norm.weight"],
+        Role::IdxKNormBias => &["model.layers.{l}.self_attn.indexer.k_norm.bias"],
+        Role::IdxProj => &["model.layers.{l}.self_attn.indexer.weights_proj.weight"],
         Role::FfnNorm => &["model.layers.{l}.post_attention_layernorm.weight"],
         Role::ScoreBias => &["model.layers.{l}.mlp.gate.e_score_correction_bias"],
         Role::ShGate => &["model.layers.{l}.mlp.shared_experts.gate_proj.weight"],

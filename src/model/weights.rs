@@ -65,6 +65,18 @@ pub struct Mla<'a> {
     pub k_b: Vec<HeadMat<'a>>,       // n_heads x (kv_lora, nope): folds k's up-projection into q
     pub v_b: Vec<HeadMat<'a>>,       // n_heads x (v_dim, kv_lora)
     pub wo: WeightView<'a>,          // (hidden, n_heads*v_dim)
+    /// DeepSeek-V3.2's lightning indexer (absent: dense attention).
+    pub indexer: Option<Indexer<'a>>,
+}
+
+/// DeepSeek-V3.2's lightning indexer (DSA): scores every cached position for each query and
+/// keeps the best `index_topk` for attention.
+pub struct Indexer<'a> {
+    pub wq_b: WeightView<'a>,    // (idx_heads*idx_dim, q_lora) from the q latent
+    pub wk: WeightView<'a>,      // (idx_dim, hidden) one shared key per token
+    pub k_norm: Vec<f32>,        // (idx_dim) LayerNorm weight
+    pub k_norm_bias: Vec<f32>,   // (idx_dim) LayerNorm bias
+    pub weights: WeightView<'a>, // (idx_heads, hidden) per-head weights of the scores
 }
 
 pub enum Attention<'a> {
@@ -453,7 +465,27 @@ impl<'a> Binder<'a, '_> {
             k_b,
             v_b,
             wo: self.mat(Role::Wo, l, h, nh * v_dim)?,
+            indexer: self.indexer(l, q_lora)?,
         })
+    }
+
+    /// The V3.2 indexer of layer `l`: required in the main layers of a model that has one;
+    /// an MTP layer (l >= n_layers) without indexer tensors attends densely.
+    fn indexer(&self, l: usize, q_lora: Option<usize>) -> Result<Option<Indexer<'a>>, ModelError> {
+        let (Some(ix), Some(r)) = (self.cfg.indexer, q_lora) else {
+            return Ok(None);
+        };
+        if l >= self.cfg.n_layers && self.find(Role::IdxK, l).is_none() {
+            return Ok(None);
+        }
+        let (h, d) = (self.cfg.hidden, ix.head_dim);
+        Ok(Some(Indexer {
+            wq_b: self.mat(Role::IdxQB, l, ix.heads * d, r)?,
+            wk: self.mat(Role::IdxK, l, d, h)?,
+            k_norm: self.norm(Role::IdxKNorm, l, d)?,
+            k_norm_bias: self.norm(Role::IdxKNormBias, l, d)?,
+            weights: self.mat(Role::IdxProj, l, ix.heads, h)?,
+        }))
     }
 
     fn moe(&self, l: usize) -> Result<Moe<'a>, ModelError> {
