@@ -325,6 +325,12 @@ impl GpuState {
         st: &State,
         opts: &GpuOptions,
     ) -> Result<(GpuState, GpuSummary), GpuError> {
+        // No lightning indexer here: dense MLA equals V3.2's sparse attention only this far.
+        if let Some(limit) = model.cfg.dense_attn_limit.filter(|l| st.ctx() > *l) {
+            return Err(GpuError::Config(format!(
+                "DeepSeek-V3.2 sparse attention beyond index_topk = {limit} tokens runs on the CPU only (the GPU path has no lightning indexer): use -c {limit} or less with --gpu, or drop --gpu"
+            )));
+        }
         let gpu = Gpu::open()?;
         let cfg = &model.cfg;
         let w = &model.weights;
