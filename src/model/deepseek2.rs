@@ -197,3 +197,47 @@ impl<'a> Model<'a> {
         true
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::config::{RopeLayout, RopeScaling};
+
+    #[test]
+    fn half_split_rotation_ignores_the_tables_layout() {
+        // The indexer rotates half-split with MLA's (interleaved) tables: the same angles.
+        let yarn = RopeScaling::Yarn {
+            factor: 4.0,
+            orig_ctx: 128.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            attention_factor: 1.1,
+        };
+        let inter = Rope::new(16, 8, 10000.0, yarn, RopeLayout::Interleaved);
+        let half = Rope::new(16, 8, 10000.0, yarn, RopeLayout::HalfSplit);
+        let x: Vec<f32> = (0..24).map(|i| (i as f32 * 0.37).sin()).collect();
+        let (mut a, mut b) = (x.clone(), x.clone());
+        rope_half_split(&inter, &mut a, 5);
+        half.apply(&mut b, 5);
+        assert_eq!(a, b);
+        assert_eq!(a[16..], x[16..], "dims past the rotary part stay");
+    }
+
+    #[test]
+    fn layer_norm_has_biased_variance_and_bias() {
+        // nn.LayerNorm(4, eps=1e-6)'s formula with weight (1, 2, 3, 4), bias (0, 1, 0, -1) on
+        // (1, 2, 3, 4): mean 2.5, biased variance 1.25.
+        let mut x = [1.0f32, 2.0, 3.0, 4.0];
+        layer_norm(&mut x, &[1.0, 2.0, 3.0, 4.0], &[0.0, 1.0, 0.0, -1.0], 1e-6);
+        let inv = 1.0 / (1.25f64 + 1e-6).sqrt();
+        let want = [
+            -1.5 * inv,
+            2.0 * -0.5 * inv + 1.0,
+            3.0 * 0.5 * inv,
+            4.0 * 1.5 * inv - 1.0,
+        ];
+        for (a, b) in x.iter().zip(want) {
+            assert!((*a as f64 - b).abs() < 1e-6, "{x:?} vs {want:?}");
+        }
+    }
+}
