@@ -2,7 +2,8 @@
 //!
 //! Owns: read and write access to the cached rows of positions `0..n`, cache layer by cache
 //! layer. Row widths come from `ModelConfig::cache_dims()` (keys `k`, values `v`; MLA caches
-//! a latent as its "key" and no values, so `v` is 0). Does not own: the file format
+//! a latent as its "key" and, for DeepSeek-V3.2, the indexer's key as its "value", else no
+//! values, so `v` is 0). Does not own: the file format
 //! (serve/kv_store.rs), the forward pass (forward.rs).
 //! Invariant: rows written back with `kv_rows_mut` and then `pos` set to `n` leave the state
 //! exactly as it was when they were read, so a resumed generation is bit-identical.
