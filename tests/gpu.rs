@@ -400,3 +400,25 @@ fn ptx_is_built_from_this_source() {
         "src/gpu/kernels.ptx is stale: run scripts/build-ptx.py"
     );
 }
+
+/// The GPU path has no lightning indexer: a DeepSeek-V3.2 state longer than index_topk is
+/// refused at attach, before any device is opened (so this runs without a GPU too).
+#[test]
+fn gpu_refuses_v32_context_beyond_index_topk() {
+    let d = root().join("tests/fixtures/models/deepseek_v32_sparse");
+    let (files, lo) = load(&d);
+    let model = Model::load(&files, &lo).unwrap();
+    let limit = model
+        .cfg
+        .dense_attn_limit
+        .expect("V3.2 fixture has an indexer");
+    let st = model.new_state(limit + 1, 1, 1).unwrap();
+    let err = match GpuState::attach(&model, &st, &opts(None, Staging::Arena)) {
+        Ok(_) => panic!(
+            "attach accepted a V3.2 context of {} > index_topk {limit}",
+            limit + 1
+        ),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("index_topk") && !err.contains('\n'), "{err}");
+}
