@@ -173,9 +173,8 @@ fn hf_attention_features(
     if act != "silu" {
         return refuse(format!("hidden_act {act:?} is not supported (silu only)"));
     }
-    if matches!(family, Family::Qwen3Moe | Family::Olmoe | Family::Mixtral)
-        && flag("attention_bias")
-    {
+    // Qwen3-MoE and OLMoE would add q/k/v/o biases; Mixtral's model never reads the flag.
+    if matches!(family, Family::Qwen3Moe | Family::Olmoe) && flag("attention_bias") {
         return refuse(format!(
             "attention_bias true is not supported for {}",
             family.name()
@@ -451,9 +450,14 @@ impl ModelConfig {
             .or_else(|| cfg.get("rope_scaling"))
             .filter(|v| v.is_object());
         let rget = |k: &str| rope.and_then(|r| r.get(k)).and_then(Value::as_f64);
+        // transformers' default when the config has none: Mixtral's `default_theta` 1e6.
         let rope_theta = rget("rope_theta")
             .or_else(|| opt_f("rope_theta"))
-            .unwrap_or(10000.0);
+            .unwrap_or(if family == Family::Mixtral {
+                1e6
+            } else {
+                10000.0
+            });
         let rope_type = rope
             .and_then(|r| r.get("rope_type").or_else(|| r.get("type")))
             .and_then(Value::as_str)
