@@ -261,6 +261,17 @@ fn unimplemented_config_features_are_refused() {
     fails_with(&d, "decoder_sparse_step");
 }
 
+/// config.json dimensions that disagree with the safetensors file.
+#[test]
+fn safetensors_shape_mismatch() {
+    let d = config_variant("stshape", "qwen3_moe", |c| {
+        c["moe_intermediate_size"] = 48.into()
+    });
+    fails_with(&d, "shape mismatch");
+    let d = config_variant("stvocab", "mixtral", |c| c["vocab_size"] = 400.into());
+    fails_with(&d, "shape mismatch");
+}
+
 #[test]
 fn gguf_features_not_implemented_are_refused() {
     let p = tmpdir("clamp").join("m.gguf");

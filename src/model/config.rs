@@ -746,3 +746,59 @@ impl ModelConfig {
         l >= self.n_dense_layers
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The base Qwen3-MoE fixture's config with `edit` applied.
+    fn qwen3(edit: impl Fn(&mut Value)) -> Result<ModelConfig, ModelError> {
+        let p = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/models/qwen3_moe/config.json"
+        );
+        let mut v: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+        edit(&mut v);
+        ModelConfig::from_hf(&v)
+    }
+
+    #[test]
+    fn qwen3_sliding_window_follows_use_sliding_window() {
+        // As transformers 5.17's Qwen3MoeConfig: the window only counts when switched on,
+        // defaults to 4096, and max_window_layers does not narrow it to some layers.
+        let off = qwen3(|v| v["sliding_window"] = 64.into()).unwrap();
+        assert_eq!(off.sliding_window, None);
+        let on = qwen3(|v| {
+            v["use_sliding_window"] = true.into();
+            v["sliding_window"] = 64.into();
+            v["max_window_layers"] = 1.into();
+        })
+        .unwrap();
+        assert_eq!(on.sliding_window, Some(64));
+        let default = qwen3(|v| v["use_sliding_window"] = true.into()).unwrap();
+        assert_eq!(default.sliding_window, Some(4096));
+    }
+
+    #[test]
+    fn features_the_family_lacks_are_refused_by_name() {
+        let e = qwen3(|v| v["clip_qkv"] = 1.0.into())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("clip_qkv"), "{e}");
+        let e = qwen3(|v| v["rope_parameters"]["rope_type"] = "llama3".into())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rope_type \"llama3\""), "{e}");
+        let e = qwen3(|v| v["attention_bias"] = true.into())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("attention_bias"), "{e}");
+        // null means "off" for both.
+        let ok = qwen3(|v| {
+            v["clip_qkv"] = Value::Null;
+            v["sliding_window"] = Value::Null;
+        })
+        .unwrap();
+        assert_eq!((ok.sliding_window, ok.clip_qkv), (None, None));
+    }
+}
