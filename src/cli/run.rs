@@ -61,6 +61,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         anyhow::bail!("--mtp {}: draft 1 to 3 tokens per step (0 = off)", args.mtp);
     }
     // Checked before anything is printed: no prompt echo for a run that cannot start.
+    if let Some(t) = prompt.iter().find(|&&t| t as usize >= model.cfg.vocab) {
+        anyhow::bail!(
+            "the tokenizer gave token id {t}, out of range for the model's vocabulary of {} tokens",
+            model.cfg.vocab
+        );
+    }
     if prompt.len() > ctx {
         return Err(crate::model::ModelError::ContextFull {
             needed: prompt.len(),
