@@ -119,8 +119,12 @@ fn seeded_sampling_repeats() {
 #[test]
 fn prompt_longer_than_context_is_a_clean_error() {
     let long = "word ".repeat(200);
-    let (code, _, err) = sluice(&["run", "-p", &long, "-c", "32", "-n", "4"], None);
+    let (code, out, err) = sluice(&["run", "-p", &long, "-c", "32", "-n", "4"], None);
     assert_eq!(code, 1);
+    assert!(
+        out.is_empty(),
+        "no prompt echo for a run that cannot start: {out}"
+    );
     assert!(
         err.contains("context full") && !err.contains("panicked"),
         "{err}"
@@ -286,4 +290,43 @@ fn streaming_run_saves_usage_and_autopins_from_it() {
     // Placement never changes the text.
     assert_eq!(out, out_frozen);
     assert_eq!(out, out_pinned);
+}
+
+/// Generation that reaches the end of the context stops with a one-line note, not an error.
+#[test]
+fn generation_at_the_context_limit_stops_with_a_note() {
+    let (code, out, err) = sluice(
+        &[
+            "run",
+            "-p",
+            "Hi",
+            "-c",
+            "12",
+            "-n",
+            "64",
+            "--temp",
+            "0",
+            "--ignore-eos",
+        ],
+        None,
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("Hi"), "{out}");
+    let notes: Vec<_> = err
+        .lines()
+        .filter(|l| l.contains("stopped at the context limit"))
+        .collect();
+    assert_eq!(notes.len(), 1, "{err}");
+    assert!(notes[0].contains("12 tokens"), "{err}");
+    assert!(!err.contains("error"), "{err}");
+    // chat: the reply that fills the context ends the chat with the same note.
+    let (code, _, err) = sluice(
+        &["chat", "-c", "48", "-n", "200", "--temp", "0"],
+        Some("Hello\nMore\n"),
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("stopped at the context limit") || err.contains("no longer fits the context"),
+        "{err}"
+    );
 }

@@ -1,6 +1,8 @@
 //! Bad model input through the binary: unknown architecture, missing tensor, shape mismatch
-//! between config and file, token id >= vocab. Each must exit 1 with one line on stderr that
-//! says what is wrong, and never panic. The broken models are rewrites of the default model.
+//! between config and file, token id >= vocab, `-c` beyond the model's context length, config
+//! features sluice does not implement. Each must exit 1 with one line on stderr that says what
+//! is wrong, and never panic. The broken GGUF models are rewrites of the default model; the
+//! broken config.json models are copies of a fixture directory with one field changed.
 
 use sluice::format::{GgufWriter, MetaValue, ModelFiles};
 use std::path::{Path, PathBuf};
@@ -18,6 +20,16 @@ fn rewrite(
     meta: impl Fn(&str, &MetaValue) -> Option<MetaValue>,
     keep: impl Fn(&str) -> bool,
 ) {
+    rewrite_with(out, meta, keep, &[]);
+}
+
+/// `rewrite`, adding the metadata `extra`.
+fn rewrite_with(
+    out: &Path,
+    meta: impl Fn(&str, &MetaValue) -> Option<MetaValue>,
+    keep: impl Fn(&str) -> bool,
+    extra: &[(&str, MetaValue)],
+) {
     std::env::set_var("SLUICE_CACHE_DIR", tmpdir("cache"));
     let src = sluice::default_model::ensure().unwrap();
     let files = ModelFiles::open(&src).unwrap();
@@ -27,6 +39,9 @@ fn rewrite(
         if let Some(v) = meta(k, v) {
             w.add_meta(k, v).unwrap();
         }
+    }
+    for (k, v) in extra {
+        w.add_meta(k, v.clone()).unwrap();
     }
     let kept: Vec<_> = files.tensors().iter().filter(|t| keep(&t.name)).collect();
     for t in &kept {
@@ -176,4 +191,131 @@ fn gpu_flags_fail_cleanly() {
         assert_clean_failure(&with(&["--gpu", "on"]), "--gpu on");
     }
     assert!(!out.exists(), "no output file on failure");
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/models")
+        .join(name)
+}
+
+/// A copy of fixture `base` (config.json + model.safetensors) with `edit` applied to its config.
+fn config_variant(tag: &str, base: &str, edit: impl Fn(&mut serde_json::Value)) -> PathBuf {
+    let d = tmpdir(&format!("cfg-{tag}"));
+    let src = fixture(base);
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    edit(&mut cfg);
+    std::fs::write(d.join("config.json"), cfg.to_string()).unwrap();
+    std::fs::copy(src.join("model.safetensors"), d.join("model.safetensors")).unwrap();
+    d
+}
+
+fn logits_args(m: &Path) -> Vec<String> {
+    [
+        "logits",
+        m.to_str().unwrap(),
+        "--tokens",
+        "1,2",
+        "--out",
+        "/dev/null",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+fn fails_with(m: &Path, needle: &str) {
+    let a = logits_args(m);
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    assert_clean_failure(&a, needle);
+}
+
+#[test]
+fn unknown_hf_architecture() {
+    let d = config_variant("arch", "qwen3_moe", |c| {
+        c["architectures"] = serde_json::json!(["FrobnicatorForCausalLM"]);
+    });
+    fails_with(&d, "unknown architecture \"FrobnicatorForCausalLM\"");
+}
+
+/// Config features sluice does not implement fail by name, never run silently.
+#[test]
+fn unimplemented_config_features_are_refused() {
+    let d = config_variant("rope", "qwen3_moe", |c| {
+        c["rope_parameters"]["rope_type"] = "dynamic".into();
+        c["rope_parameters"]["factor"] = 2.0.into();
+    });
+    fails_with(&d, "rope_type \"dynamic\"");
+    let d = config_variant("clip", "qwen3_moe", |c| c["clip_qkv"] = 8.0.into());
+    fails_with(&d, "clip_qkv");
+    let d = config_variant("act", "mixtral", |c| c["hidden_act"] = "gelu".into());
+    fails_with(&d, "hidden_act \"gelu\"");
+    let d = config_variant("bias", "olmoe", |c| c["attention_bias"] = true.into());
+    fails_with(&d, "attention_bias");
+    let d = config_variant("swa", "mixtral", |c| c["sliding_window"] = 0.into());
+    fails_with(&d, "sliding_window 0");
+    let d = config_variant("sparse", "qwen3_moe", |c| {
+        c["decoder_sparse_step"] = 2.into()
+    });
+    fails_with(&d, "decoder_sparse_step");
+}
+
+/// config.json dimensions that disagree with the safetensors file.
+#[test]
+fn safetensors_shape_mismatch() {
+    let d = config_variant("stshape", "qwen3_moe", |c| {
+        c["moe_intermediate_size"] = 48.into()
+    });
+    fails_with(&d, "shape mismatch");
+    let d = config_variant("stvocab", "mixtral", |c| c["vocab_size"] = 400.into());
+    fails_with(&d, "shape mismatch");
+}
+
+#[test]
+fn gguf_features_not_implemented_are_refused() {
+    let p = tmpdir("clamp").join("m.gguf");
+    rewrite_with(
+        &p,
+        |_, v| Some(v.clone()),
+        |_| true,
+        &[("qwen3moe.attention.clamp_kqv", MetaValue::F32(8.0))],
+    );
+    fails_with(&p, "qwen3moe.attention.clamp_kqv");
+    let p = tmpdir("ropetype").join("m.gguf");
+    rewrite_with(
+        &p,
+        |_, v| Some(v.clone()),
+        |_| true,
+        &[(
+            "qwen3moe.rope.scaling.type",
+            MetaValue::String("longrope".into()),
+        )],
+    );
+    fails_with(&p, "qwen3moe.rope.scaling.type");
+    let p = tmpdir("swapat").join("m.gguf");
+    rewrite_with(
+        &p,
+        |_, v| Some(v.clone()),
+        |_| true,
+        &[(
+            "qwen3moe.attention.sliding_window_pattern",
+            MetaValue::U32(4),
+        )],
+    );
+    fails_with(&p, "sliding_window_pattern");
+}
+
+/// `-c` beyond the model's context length (512 in the fixture), and `logits` with more tokens.
+#[test]
+fn context_beyond_the_model_is_refused() {
+    let m = fixture("qwen3_moe");
+    let m = m.to_str().unwrap();
+    assert_clean_failure(&["run", m, "-c", "1000", "-n", "1"], "-c 1000 is more than");
+    let toks = vec!["5"; 600].join(",");
+    assert_clean_failure(
+        &["logits", m, "--tokens", &toks, "--out", "/dev/null"],
+        "600 tokens are more than",
+    );
+    assert_clean_failure(&["run", m, "-c", "0", "-n", "1"], "-c 0");
 }

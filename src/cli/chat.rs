@@ -5,7 +5,6 @@ use super::common::{ComputeArgs, SamplingArgs};
 use crate::chat::{render_chat, ChatMessage};
 use crate::format::ModelFiles;
 use crate::generate::{generate, load_tokenizer};
-use crate::model::{LoadOptions, Model};
 use crate::sample::Sampler;
 use anyhow::Context;
 use clap::Args;
@@ -36,13 +35,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         None => crate::default_model::ensure().context("preparing the default model")?,
     };
     let files = ModelFiles::open(&path)?;
-    let model = Model::load(
-        &files,
-        &LoadOptions {
-            threads: args.compute.threads,
-            ctx: args.compute.ctx,
-        },
-    )?;
+    let (model, ctx) = args.compute.load(&files, 0)?;
     let tok = load_tokenizer(&files)?;
     let template = tok.chat_template().map(str::to_string).ok_or_else(|| {
         anyhow::anyhow!(
@@ -50,7 +43,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
             path.display()
         )
     })?;
-    let mut st = model.new_state(args.compute.ctx, args.compute.batch, 1)?;
+    let mut st = model.new_state(ctx, args.compute.batch, 1)?;
     super::gpu::setup_gpu(&model, &files, &mut st, &args.gpu, None, 0, false)?;
     let mut sampler = Sampler::new(args.sampling.params(), model.cfg.vocab);
     let mut messages: Vec<ChatMessage> = Vec::new();
@@ -87,6 +80,10 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
             None,
         )?;
         let ids = tok.encode(&text, false)?;
+        if ids.len() > ctx {
+            eprintln!("[sluice] the conversation ({} tokens) no longer fits the context of {ctx} tokens (raise -c); chat ends", ids.len());
+            break;
+        }
         // Reuse the cached prefix; always feed at least one token to get fresh logits.
         let common = cached
             .iter()
@@ -114,6 +111,10 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
             },
         )?;
         println!();
+        let full = !stats.stopped_by_eos && stats.generated < args.n_predict && st.pos >= ctx;
+        if full {
+            eprintln!("{}", super::run::context_limit_note(ctx, stats.generated));
+        }
         eprintln!("{} | reused {common} cached tokens", stats.timing_line());
         cached.extend_from_slice(&ids[common..]);
         cached.extend_from_slice(&gen);
@@ -121,6 +122,9 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
             role: "assistant".into(),
             content: reply,
         });
+        if full {
+            break;
+        }
     }
     Ok(())
 }

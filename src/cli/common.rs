@@ -1,5 +1,7 @@
 //! Arguments shared by the commands that load a model and generate.
 
+use crate::format::ModelFiles;
+use crate::model::{LoadOptions, Model, ModelConfig};
 use crate::sample::SamplingParams;
 use clap::Args;
 
@@ -9,12 +11,56 @@ pub struct ComputeArgs {
     /// Compute threads (default: all cores).
     #[arg(short = 't', long = "threads", default_value_t = 0)]
     pub threads: usize,
-    /// Context length in tokens (KV cache size).
-    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
-    pub ctx: usize,
+    /// Context length in tokens (KV cache size). Default: the model's own context length, at
+    /// most 4096. More than the model's context length is refused.
+    #[arg(short = 'c', long = "ctx-size")]
+    pub ctx: Option<usize>,
     /// Prompt tokens per prefill batch.
     #[arg(short = 'b', long = "batch-size", default_value_t = 128)]
     pub batch: usize,
+}
+
+impl ComputeArgs {
+    /// The context length to run with, for a model whose hyperparameters are `cfg`: `-c`, else
+    /// the model's own context length capped at 4096 (and at DeepSeek-V3.2's dense limit), and
+    /// at least `need` tokens. `-c` or `need` beyond the model's context length is an error.
+    pub fn ctx_for(&self, cfg: &ModelConfig, need: usize) -> anyhow::Result<usize> {
+        let max = cfg.train_ctx;
+        let field = "the model's context length (max_position_embeddings / context_length)";
+        if let Some(c) = self.ctx {
+            if c == 0 {
+                anyhow::bail!("-c 0: the context must hold at least one token");
+            }
+            if c > max {
+                anyhow::bail!("-c {c} is more than {field}, {max}");
+            }
+        }
+        if need > max {
+            anyhow::bail!("{need} tokens are more than {field}, {max}");
+        }
+        let auto = max
+            .min(4096)
+            .min(cfg.dense_attn_limit.unwrap_or(usize::MAX));
+        Ok(self.ctx.unwrap_or(auto).max(need))
+    }
+
+    /// Read the model's hyperparameters, settle the context length (`ctx_for`) and load the
+    /// model with rotary tables for it.
+    pub fn load<'a>(
+        &self,
+        files: &'a ModelFiles,
+        need: usize,
+    ) -> anyhow::Result<(Model<'a>, usize)> {
+        let ctx = self.ctx_for(&ModelConfig::from_files(files)?, need)?;
+        let model = Model::load(
+            files,
+            &LoadOptions {
+                threads: self.threads,
+                ctx,
+            },
+        )?;
+        Ok((model, ctx))
+    }
 }
 
 /// Sampling options (llama.cpp spellings and defaults).

@@ -3,7 +3,6 @@
 
 use super::common::ComputeArgs;
 use crate::format::ModelFiles;
-use crate::model::{LoadOptions, Model};
 use anyhow::Context;
 use clap::Args;
 use std::path::PathBuf;
@@ -25,14 +24,7 @@ pub struct LogitsArgs {
 
 pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
     let files = ModelFiles::open(&args.model)?;
-    let ctx = args.compute.ctx.max(args.tokens.len());
-    let model = Model::load(
-        &files,
-        &LoadOptions {
-            threads: args.compute.threads,
-            ctx,
-        },
-    )?;
+    let (model, ctx) = args.compute.load(&files, args.tokens.len())?;
     let batch = args.compute.batch.max(1);
     let mut st = model.new_state(ctx, batch, batch.min(64))?;
     super::gpu::setup_gpu_notes(&model, &files, &mut st, &args.gpu, None, 0, false, false)?;

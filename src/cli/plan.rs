@@ -4,7 +4,6 @@
 
 use super::common::{mem_available, plan_request, ComputeArgs, ExpertArgs};
 use crate::format::ModelFiles;
-use crate::model::{LoadOptions, Model};
 use crate::plan::planner::{cached_profile, plan, ModelSummary};
 use crate::plan::{load_or_probe_with, ProbeOptions};
 use anyhow::Context;
@@ -33,14 +32,8 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         None => crate::default_model::ensure().context("preparing the default model")?,
     };
     let files = ModelFiles::open(&path)?;
-    let model = Model::load(
-        &files,
-        &LoadOptions {
-            threads: args.compute.threads,
-            ctx: args.compute.ctx,
-        },
-    )?;
-    let st = model.new_state(args.compute.ctx, 1, args.mtp + 1)?;
+    let (model, ctx) = args.compute.load(&files, 0)?;
+    let st = model.new_state(ctx, 1, args.mtp + 1)?;
     let summary = ModelSummary::of(&model, &files, st.kv_bytes() as u64)?;
     drop(st);
     let (profile, how) = match cached_profile(&files) {

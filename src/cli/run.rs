@@ -7,7 +7,6 @@ use super::common::{
 };
 use crate::format::ModelFiles;
 use crate::generate::{generate, generate_mtp, load_tokenizer};
-use crate::model::{LoadOptions, Model};
 use crate::sample::Sampler;
 use anyhow::Context;
 use clap::Args;
@@ -55,23 +54,27 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     };
     let files = ModelFiles::open(&path)?;
-    let model = Model::load(
-        &files,
-        &LoadOptions {
-            threads: args.compute.threads,
-            ctx: args.compute.ctx,
-        },
-    )?;
+    let (model, ctx) = args.compute.load(&files, 0)?;
     let tok = load_tokenizer(&files)?;
     let prompt = tok.encode(&args.prompt, true)?;
     if args.mtp > 3 {
         anyhow::bail!("--mtp {}: draft 1 to 3 tokens per step (0 = off)", args.mtp);
     }
-    let mut st = model.new_state(
-        args.compute.ctx,
-        args.compute.batch.max(args.mtp + 1),
-        args.mtp + 1,
-    )?;
+    // Checked before anything is printed: no prompt echo for a run that cannot start.
+    if let Some(t) = prompt.iter().find(|&&t| t as usize >= model.cfg.vocab) {
+        anyhow::bail!(
+            "the tokenizer gave token id {t}, out of range for the model's vocabulary of {} tokens",
+            model.cfg.vocab
+        );
+    }
+    if prompt.len() > ctx {
+        return Err(crate::model::ModelError::ContextFull {
+            needed: prompt.len(),
+            ctx,
+        }
+        .into());
+    }
+    let mut st = model.new_state(ctx, args.compute.batch.max(args.mtp + 1), args.mtp + 1)?;
     let plan = setup_experts_mtp(&model, &files, &mut st, &args.experts, args.mtp)?;
     super::gpu::setup_gpu(
         &model,
@@ -116,6 +119,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         )?
     };
     writeln!(lock)?;
+    if !stats.stopped_by_eos && stats.generated < args.n_predict && st.pos >= ctx {
+        eprintln!("{}", context_limit_note(ctx, stats.generated));
+    }
     eprintln!("{}", stats.timing_line());
     if let Some(line) = expert_summary(
         &st,
@@ -145,4 +151,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     save_usage(&files, &st, &args.experts)?;
     Ok(())
+}
+
+/// The note (not an error) when generation stops because the context is full.
+pub(super) fn context_limit_note(ctx: usize, generated: usize) -> String {
+    format!("[sluice] stopped at the context limit: {ctx} tokens (raise -c), after {generated} generated tokens")
 }

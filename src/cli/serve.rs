@@ -4,7 +4,6 @@
 
 use super::common::{save_usage, setup_experts, ComputeArgs, ExpertArgs, SamplingArgs};
 use crate::format::ModelFiles;
-use crate::model::{LoadOptions, Model};
 use crate::serve::{run, ServeConfig};
 use anyhow::Context;
 use clap::Args;
@@ -86,19 +85,13 @@ pub fn run_cmd(args: ServeArgs) -> anyhow::Result<()> {
     if args.experts.stats_json.is_some() {
         anyhow::bail!("--stats-json is for `sluice run`; the server's figures are at GET /metrics");
     }
-    if args.compute.ctx < 2 {
+    if args.compute.ctx.is_some_and(|c| c < 2) {
         anyhow::bail!("--ctx-size must be at least 2");
     }
     // The model borrows its files for as long as the server runs: leak them (see serve/mod.rs).
     let files: &'static ModelFiles = Box::leak(Box::new(ModelFiles::open(&path)?));
-    let model = Model::load(
-        files,
-        &LoadOptions {
-            threads: args.compute.threads,
-            ctx: args.compute.ctx,
-        },
-    )?;
-    let mut st = model.new_state(args.compute.ctx, args.compute.batch.max(1), 1)?;
+    let (model, ctx) = args.compute.load(files, 2)?;
+    let mut st = model.new_state(ctx, args.compute.batch.max(1), 1)?;
     setup_experts(&model, files, &mut st, &args.experts)?;
     if args.kv_dir.is_some() && args.gpu.gpu != "off" {
         // Saved KV caches are read from and written to host memory; the GPU keeps its own.
@@ -127,7 +120,7 @@ pub fn run_cmd(args: ServeArgs) -> anyhow::Result<()> {
             .or_else(|| std::env::var("SLUICE_API_KEY").ok())
             .filter(|k| !k.is_empty()),
         model_id,
-        ctx: args.compute.ctx,
+        ctx,
         sampling: args.sampling.params(),
         kv_dir: args.kv_dir,
         kv_max_sessions: args.kv_max_sessions,

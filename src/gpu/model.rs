@@ -331,8 +331,14 @@ impl GpuState {
                 "DeepSeek-V3.2 sparse attention beyond index_topk = {limit} tokens runs on the CPU only (the GPU path has no lightning indexer): use -c {limit} or less with --gpu, or drop --gpu"
             )));
         }
-        let gpu = Gpu::open()?;
         let cfg = &model.cfg;
+        if cfg.sliding_window.is_some() || cfg.clip_qkv.is_some() {
+            return Err(GpuError::Config(
+                "the GPU forward has no sliding-window attention or clip_qkv; run this model with --gpu off"
+                    .into(),
+            ));
+        }
+        let gpu = Gpu::open()?;
         let w = &model.weights;
         let Some(cache) = st.expert_cache.as_ref() else {
             return Err(GpuError::Config(

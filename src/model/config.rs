@@ -138,6 +138,12 @@ pub struct ModelConfig {
     /// Context length the model was trained for (the run's `-c` may differ).
     pub train_ctx: usize,
     pub tie_embeddings: bool,
+    /// Sliding-window attention in every layer: a query attends to the last `W` positions,
+    /// itself included (transformers' `kv_idx > q_idx - W`; llama.cpp's `p1 - p0 < n_swa`).
+    /// `None` = full causal attention. The KV cache still keeps the whole context.
+    pub sliding_window: Option<usize>,
+    /// OLMoE `clip_qkv`: q, k and v clamped to [-c, c] after the q/k norm, before RoPE.
+    pub clip_qkv: Option<f32>,
     /// DeepSeek-V3.2: sparse attention keeps the `index_topk` best tokens per query; up to that
     /// many positions it is exactly dense attention (all a backend without the indexer runs).
     pub dense_attn_limit: Option<usize>,
@@ -161,6 +167,61 @@ fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
     } else {
         0.1 * mscale * scale.ln() + 1.0
     }
+}
+
+/// Attention features of an HF config that change what is computed, read where the family's
+/// transformers model reads them; ones sluice does not implement are refused by name.
+/// Returns (sliding window, clip_qkv).
+fn hf_attention_features(
+    cfg: &Value,
+    family: Family,
+) -> Result<(Option<usize>, Option<f32>), ModelError> {
+    let refuse = |m: String| Err(ModelError::Config(format!("config.json: {m}")));
+    let flag = |k: &str| cfg.get(k).and_then(Value::as_bool).unwrap_or(false);
+    let act = cfg
+        .get("hidden_act")
+        .and_then(Value::as_str)
+        .unwrap_or("silu");
+    if act != "silu" {
+        return refuse(format!("hidden_act {act:?} is not supported (silu only)"));
+    }
+    // Qwen3-MoE and OLMoE would add q/k/v/o biases; Mixtral's model never reads the flag.
+    if matches!(family, Family::Qwen3Moe | Family::Olmoe) && flag("attention_bias") {
+        return refuse(format!(
+            "attention_bias true is not supported for {}",
+            family.name()
+        ));
+    }
+    let window = |k: &str| -> Result<Option<usize>, ModelError> {
+        match cfg.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(w) if w > 0 => Ok(Some(w as usize)),
+                _ => Err(ModelError::Config(format!(
+                    "config.json: {k} {v} is not a positive integer"
+                ))),
+            },
+        }
+    };
+    // transformers 5.17: Mixtral masks every layer with `sliding_window` when it is set;
+    // Qwen3-MoE does the same when `use_sliding_window` is true (its config then defaults the
+    // window to 4096) and ignores `max_window_layers`. Other families' models never read it.
+    let sliding = match family {
+        Family::Mixtral => window("sliding_window")?,
+        Family::Qwen3Moe if flag("use_sliding_window") => {
+            Some(window("sliding_window")?.unwrap_or(4096))
+        }
+        _ => None,
+    };
+    let clip = match cfg.get("clip_qkv") {
+        None | Some(Value::Null) => None,
+        Some(v) => match (family, v.as_f64()) {
+            (Family::Olmoe, Some(c)) if c > 0.0 => Some(c as f32),
+            (Family::Olmoe, _) => return refuse(format!("clip_qkv {v} is not a positive number")),
+            _ => return refuse(format!("clip_qkv is not supported for {}", family.name())),
+        },
+    };
+    Ok((sliding, clip))
 }
 
 impl ModelConfig {
@@ -237,7 +298,13 @@ impl ModelConfig {
         let factor = opt_f("rope.scaling.factor").unwrap_or(1.0);
         let rope_scaling = match scaling {
             "none" => RopeScaling::None,
-            "linear" => RopeScaling::Linear(factor),
+            "linear" => RopeScaling::Linear(opt_f("rope.scaling.factor").ok_or_else(|| {
+                ModelError::Config(format!(
+                    "{} is linear but {} is missing",
+                    key("rope.scaling.type"),
+                    key("rope.scaling.factor")
+                ))
+            })?),
             "yarn" => RopeScaling::Yarn {
                 factor,
                 orig_ctx: opt_f("rope.scaling.original_context_length").unwrap_or(4096.0),
@@ -316,6 +383,22 @@ impl ModelConfig {
         };
         let sigmoid = matches!(family, Family::DeepseekV3 | Family::Glm4Moe)
             && opt_u("expert_gating_func").unwrap_or(2) == 2;
+        // Attention features llama.cpp writes as keys: a window in every layer (a per-layer
+        // pattern is refused), and OLMo's q/k/v clamp.
+        if get("attention.sliding_window_pattern").is_some() {
+            return Err(ModelError::Config(format!(
+                "{}: per-layer sliding-window patterns are not supported",
+                key("attention.sliding_window_pattern")
+            )));
+        }
+        let sliding_window = opt_u("attention.sliding_window").filter(|w| *w > 0);
+        let clip_qkv = opt_f("attention.clamp_kqv").filter(|c| *c > 0.0);
+        if clip_qkv.is_some() && family != Family::Olmoe {
+            return Err(ModelError::Config(format!(
+                "{}: q/k/v clamping is only supported for olmoe",
+                key("attention.clamp_kqv")
+            )));
+        }
         let default_norm = !matches!(family, Family::Olmoe);
         let cfg = ModelConfig {
             family,
@@ -356,6 +439,8 @@ impl ModelConfig {
             n_mtp_layers,
             train_ctx: opt_u("context_length").unwrap_or(4096),
             tie_embeddings: files.tensor("output.weight").is_none(),
+            sliding_window,
+            clip_qkv: clip_qkv.map(|c| c as f32),
             dense_attn_limit: indexer.map(|i| i.topk),
             indexer,
         };
@@ -404,9 +489,14 @@ impl ModelConfig {
             .or_else(|| cfg.get("rope_scaling"))
             .filter(|v| v.is_object());
         let rget = |k: &str| rope.and_then(|r| r.get(k)).and_then(Value::as_f64);
+        // transformers' default when the config has none: Mixtral's `default_theta` 1e6.
         let rope_theta = rget("rope_theta")
             .or_else(|| opt_f("rope_theta"))
-            .unwrap_or(10000.0);
+            .unwrap_or(if family == Family::Mixtral {
+                1e6
+            } else {
+                10000.0
+            });
         let rope_type = rope
             .and_then(|r| r.get("rope_type").or_else(|| r.get("type")))
             .and_then(Value::as_str)
@@ -443,11 +533,12 @@ impl ModelConfig {
             }
             other => {
                 return Err(ModelError::Config(format!(
-                    "config.json: rope type {other:?} is not supported for {}",
+                    "config.json: rope_type {other:?} is not supported for {} (supported: default, linear, yarn)",
                     family.name()
                 )))
             }
         };
+        let (sliding_window, clip_qkv) = hf_attention_features(cfg, family)?;
         // transformers 5 writes `num_local_experts` for some families; others `num_experts`
         // or DeepSeek's `n_routed_experts`.
         let n_experts = ["num_experts", "num_local_experts", "n_routed_experts"]
@@ -606,6 +697,8 @@ impl ModelConfig {
                 .get("tie_word_embeddings")
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
+            sliding_window,
+            clip_qkv,
             dense_attn_limit: indexer.map(|i| i.topk),
             indexer,
         };
@@ -656,6 +749,10 @@ impl ModelConfig {
                 "expert groups: {} experts in {} groups, {} groups kept, {} experts used",
                 self.n_experts, r.n_group, r.topk_group, self.n_experts_used
             ));
+        }
+        if self.attn != AttnKind::Gqa && (self.sliding_window.is_some() || self.clip_qkv.is_some())
+        {
+            return bad("sliding-window attention and clip_qkv are only supported with grouped-query attention".into());
         }
         if self.n_dense_layers > self.n_layers || (self.n_dense_layers > 0 && self.dense_ffn == 0) {
             return bad(format!(
@@ -718,5 +815,61 @@ impl ModelConfig {
     /// Whether layer `l` routes to experts (else it has a dense FFN).
     pub fn is_moe_layer(&self, l: usize) -> bool {
         l >= self.n_dense_layers
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The base Qwen3-MoE fixture's config with `edit` applied.
+    fn qwen3(edit: impl Fn(&mut Value)) -> Result<ModelConfig, ModelError> {
+        let p = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/models/qwen3_moe/config.json"
+        );
+        let mut v: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+        edit(&mut v);
+        ModelConfig::from_hf(&v)
+    }
+
+    #[test]
+    fn qwen3_sliding_window_follows_use_sliding_window() {
+        // As transformers 5.17's Qwen3MoeConfig: the window only counts when switched on,
+        // defaults to 4096, and max_window_layers does not narrow it to some layers.
+        let off = qwen3(|v| v["sliding_window"] = 64.into()).unwrap();
+        assert_eq!(off.sliding_window, None);
+        let on = qwen3(|v| {
+            v["use_sliding_window"] = true.into();
+            v["sliding_window"] = 64.into();
+            v["max_window_layers"] = 1.into();
+        })
+        .unwrap();
+        assert_eq!(on.sliding_window, Some(64));
+        let default = qwen3(|v| v["use_sliding_window"] = true.into()).unwrap();
+        assert_eq!(default.sliding_window, Some(4096));
+    }
+
+    #[test]
+    fn features_the_family_lacks_are_refused_by_name() {
+        let e = qwen3(|v| v["clip_qkv"] = 1.0.into())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("clip_qkv"), "{e}");
+        let e = qwen3(|v| v["rope_parameters"]["rope_type"] = "llama3".into())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rope_type \"llama3\""), "{e}");
+        let e = qwen3(|v| v["attention_bias"] = true.into())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("attention_bias"), "{e}");
+        // null means "off" for both.
+        let ok = qwen3(|v| {
+            v["clip_qkv"] = Value::Null;
+            v["sliding_window"] = Value::Null;
+        })
+        .unwrap();
+        assert_eq!((ok.sliding_window, ok.clip_qkv), (None, None));
     }
 }

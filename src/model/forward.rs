@@ -457,6 +457,11 @@ impl<'a> Model<'a> {
                 }
                 _ => {}
             }
+            if let Some(c) = cfg.clip_qkv {
+                for x in [&mut *q, &mut *k, &mut *v] {
+                    x.iter_mut().for_each(|x| *x = x.clamp(-c, c));
+                }
+            }
             let p = st.pos + i;
             let rp = p + st.rope_offset;
             q.chunks_exact_mut(hd)
@@ -473,19 +478,21 @@ impl<'a> Model<'a> {
         let layer_k = &st.kcache[l * ctx * kvd..(l + 1) * ctx * kvd];
         let layer_v = &st.vcache[l * ctx * kvd..(l + 1) * ctx * kvd];
         for i in 0..n {
-            let len = st.pos + i + 1; // causal: positions 0..=pos+i
+            // Causal: positions first..=pos+i; a sliding window keeps the last W of them.
+            let len = st.pos + i + 1;
+            let first = cfg.sliding_window.map_or(0, |w| len.saturating_sub(w));
             let q = &st.q[i * qd..(i + 1) * qd];
             let out = &mut st.att[i * qd..(i + 1) * qd];
             let head = |(hh, (o, sc)): (usize, (&mut [f32], &mut [f32]))| {
                 let qh = &q[hh * hd..(hh + 1) * hd];
                 let kvh = hh / group;
-                let sc = &mut sc[..len];
-                for (j, s) in sc.iter_mut().enumerate() {
+                let sc = &mut sc[..len - first];
+                for (j, s) in (first..).zip(sc.iter_mut()) {
                     *s = dot(qh, &layer_k[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd]) * scale;
                 }
                 softmax(sc);
                 o.fill(0.0);
-                for (j, s) in sc.iter().enumerate() {
+                for (j, s) in (first..).zip(sc.iter()) {
                     axpy(
                         o,
                         *s,
