@@ -176,7 +176,8 @@ impl Coin {
 /// p and q are point masses, so a draft is accepted iff it equals the main model's arg-max and
 /// the output equals `generate`'s token for token.
 ///
-/// `st` must be fresh (position 0) with `batch` and `logit_rows` of at least `k + 1`.
+/// `st` must come from `Model::new_state_mtp`, with `batch` and `logit_rows` of at least
+/// `k + 1`; it is reset first.
 #[allow(clippy::too_many_arguments)]
 pub fn generate_mtp(
     model: &Model<'_>,
@@ -214,6 +215,12 @@ pub fn generate_mtp_with(
 ) -> Result<(Vec<u32>, GenStats), GenerateError> {
     if !model.has_mtp() {
         return Err(ModelError::Input("--mtp: this model has no MTP layer".into()).into());
+    }
+    if !st.has_mtp() {
+        return Err(ModelError::Input(
+            "--mtp: the state has no MTP layer cache (make it with new_state_mtp)".into(),
+        )
+        .into());
     }
     if k == 0 || st.batch() < k + 1 || st.logit_rows() < k + 1 {
         return Err(ModelError::Input(format!(

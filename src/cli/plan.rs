@@ -40,7 +40,11 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
             ctx: args.compute.ctx,
         },
     )?;
-    let st = model.new_state(args.compute.ctx, 1, args.mtp + 1)?;
+    let st = if args.mtp > 0 {
+        model.new_state_mtp(args.compute.ctx, 1, 1)?
+    } else {
+        model.new_state(args.compute.ctx, 1, 1)?
+    };
     let summary = ModelSummary::of(&model, &files, st.kv_bytes() as u64)?;
     drop(st);
     let (profile, how) = match cached_profile(&files) {

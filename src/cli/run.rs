@@ -67,11 +67,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     if args.mtp > 3 {
         anyhow::bail!("--mtp {}: draft 1 to 3 tokens per step (0 = off)", args.mtp);
     }
-    let mut st = model.new_state(
-        args.compute.ctx,
-        args.compute.batch.max(args.mtp + 1),
-        args.mtp + 1,
-    )?;
+    // The MTP layer's KV cache is allocated only with --mtp.
+    let (ctx, batch) = (args.compute.ctx, args.compute.batch.max(args.mtp + 1));
+    let mut st = if args.mtp > 0 {
+        model.new_state_mtp(ctx, batch, args.mtp + 1)?
+    } else {
+        model.new_state(ctx, batch, 1)?
+    };
     let plan = setup_experts_mtp(&model, &files, &mut st, &args.experts, args.mtp)?;
     super::gpu::setup_gpu(
         &model,
