@@ -78,6 +78,7 @@ pub fn spec() -> MoeSpec {
         name: "sluice default tiny MoE (random weights)".into(),
         skew: 0.0,
         arch: crate::synth::SynthArch::Qwen3Moe,
+        mtp_layers: 0,
     }
 }
 

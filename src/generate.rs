@@ -7,6 +7,7 @@
 use crate::format::{FileKind, ModelFiles};
 use crate::model::{Model, ModelError, State};
 use crate::sample::Sampler;
+use crate::speculative::{self as spec, Verdict};
 use crate::tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 use std::time::Instant;
 
@@ -158,41 +159,25 @@ pub fn generate(
     Ok((out, stats))
 }
 
-/// A small generator for speculative sampling's coin flips (independent of the sampler's).
+/// A small generator for speculative sampling's uniforms (independent of the sampler's).
 struct Coin(crate::synth::Rng);
 
 impl Coin {
     fn next(&mut self) -> f64 {
         self.0.next_f64()
     }
-
-    /// Draw from (id, weight) pairs (weights need not sum to one).
-    fn draw(&mut self, dist: &[(u32, f32)]) -> u32 {
-        let total: f64 = dist.iter().map(|&(_, p)| p as f64).sum();
-        let target = self.next() * total;
-        let mut acc = 0.0;
-        for &(id, p) in dist {
-            acc += p as f64;
-            if acc > target {
-                return id;
-            }
-        }
-        dist.last().map(|d| d.0).unwrap_or(0)
-    }
-}
-
-fn prob_of(dist: &[(u32, f32)], id: u32) -> f32 {
-    dist.iter().find(|d| d.0 == id).map(|d| d.1).unwrap_or(0.0)
 }
 
 /// Self-speculative generation with the model's MTP head: each step drafts up to `k` tokens
 /// with the MTP head, verifies them in one batched forward of the main model, and keeps the
-/// longest accepted prefix plus the main model's own next token. At temperature 0 a draft is
-/// accepted iff it equals the main model's arg-max, so the output equals `generate`'s token for
-/// token; above 0 the standard speculative-sampling rule (accept with min(1, p/q), else draw
-/// from max(0, p - q)) keeps the output distribution the main model's.
+/// longest accepted prefix plus the main model's own next token, by the speculative-sampling
+/// rule of `crate::speculative` (accept with min(1, p/q), else draw from norm(max(0, p − q)),
+/// bonus token from p), which keeps the output distribution the main model's. At temperature 0
+/// p and q are point masses, so a draft is accepted iff it equals the main model's arg-max and
+/// the output equals `generate`'s token for token.
 ///
-/// `st` must be fresh (position 0) with `batch` and `logit_rows` of at least `k + 1`.
+/// `st` must come from `Model::new_state_mtp`, with `batch` and `logit_rows` of at least
+/// `k + 1`; it is reset first.
 #[allow(clippy::too_many_arguments)]
 pub fn generate_mtp(
     model: &Model<'_>,
@@ -230,6 +215,12 @@ pub fn generate_mtp_with(
 ) -> Result<(Vec<u32>, GenStats), GenerateError> {
     if !model.has_mtp() {
         return Err(ModelError::Input("--mtp: this model has no MTP layer".into()).into());
+    }
+    if !st.has_mtp() {
+        return Err(ModelError::Input(
+            "--mtp: the state has no MTP layer cache (make it with new_state_mtp)".into(),
+        )
+        .into());
     }
     if k == 0 || st.batch() < k + 1 || st.logit_rows() < k + 1 {
         return Err(ModelError::Input(format!(
@@ -343,19 +334,27 @@ pub fn generate_mtp_with(
                 model.mtp_chain_hidden(st, 0, 0);
             }
             let lg = model.mtp_forward(st, &[prev], 0)?;
-            let d = if greedy {
-                sampler.sample(lg, &history)
-            } else {
-                let q = sampler.probs_after_filters(lg, &history);
-                qdists[j].clear();
-                qdists[j].extend_from_slice(q);
-                coin.draw(&qdists[j])
-            };
+            // q, the draft distribution, is the MTP head's logits through the very transforms
+            // that make p from the main logits (the same sampler: repetition penalty over the
+            // same history, top-k, top-p, min-p, temperature; at temperature 0 a point mass on
+            // the arg-max), because acceptance is highest when q is closest to p. The filters
+            // can leave q and p with different supports; the rule stays exact for any q (a
+            // draft outside p's support has p = 0 and is always rejected, a token only p allows
+            // is reached through the residual), so only the acceptance rate suffers.
+            let q = sampler.probs_after_filters(lg, &history);
+            let mut d = spec::draw(q, coin.next());
+            qdists[j].clear();
+            match oracle.and_then(|o| o.get(out.len() + j)) {
+                Some(&o) if greedy => {
+                    d = o;
+                    qdists[j].push((o, 1.0));
+                }
+                _ => {
+                    qdists[j].extend_from_slice(q);
+                    spec::sort_by_id(&mut qdists[j]);
+                }
+            }
             experts += st.experts_run;
-            let d = match oracle.and_then(|o| o.get(out.len() + j)) {
-                Some(&o) if greedy => o,
-                _ => d,
-            };
             drafts[j] = d;
             history.push(d);
             prev = d;
@@ -373,35 +372,22 @@ pub fn generate_mtp_with(
         let mut acc = 0;
         let mut fix = None;
         for j in 0..kk {
-            let row = &logits[j * v..(j + 1) * v];
-            if greedy {
-                let y = sampler.sample(row, &history);
-                if y == drafts[j] {
+            let p = sampler.probs_after_filters(&logits[j * v..(j + 1) * v], &history);
+            let (u_accept, u_residual) = (coin.next(), coin.next());
+            match spec::verify_draft(
+                p,
+                &qdists[j],
+                drafts[j],
+                u_accept,
+                u_residual,
+                &mut residual,
+            ) {
+                Verdict::Accept => {
                     acc += 1;
-                    history.push(y);
-                } else {
-                    fix = Some(y);
-                    break;
+                    history.push(drafts[j]);
                 }
-            } else {
-                let p = sampler.probs_after_filters(row, &history);
-                let d = drafts[j];
-                let (pd, qd) = (prob_of(p, d), prob_of(&qdists[j], d));
-                if qd > 0.0 && coin.next() < (pd / qd).min(1.0) as f64 {
-                    acc += 1;
-                    history.push(d);
-                } else {
-                    residual.clear();
-                    residual.extend(
-                        p.iter()
-                            .map(|&(id, pp)| (id, (pp - prob_of(&qdists[j], id)).max(0.0)))
-                            .filter(|x| x.1 > 0.0),
-                    );
-                    fix = Some(if residual.is_empty() {
-                        coin.draw(p)
-                    } else {
-                        coin.draw(&residual)
-                    });
+                Verdict::Reject(y) => {
+                    fix = Some(y);
                     break;
                 }
             }
@@ -409,7 +395,10 @@ pub fn generate_mtp_with(
         // All accepted: `history` already ends with the kk drafts the bonus token follows.
         let bonus = match fix {
             Some(y) => y,
-            None => sampler.sample(&logits[kk * v..(kk + 1) * v], &history),
+            None => {
+                let p = sampler.probs_after_filters(&logits[kk * v..(kk + 1) * v], &history);
+                spec::draw(p, coin.next())
+            }
         };
         history.truncate(hist_len);
         stats.mtp_accepted += acc;
@@ -422,6 +411,7 @@ pub fn generate_mtp_with(
         if acc > 0 {
             model.mtp_take_hidden(st, 0, acc, 0);
             model.mtp_forward(st, &drafts[..acc], acc)?;
+            experts += st.experts_run;
         }
         pending.copy_from_slice(&st.hfin[acc * h..(acc + 1) * h]);
         for _ in 0..=acc {

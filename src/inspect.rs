@@ -95,6 +95,14 @@ pub struct ModelSummary {
     pub one_expert_bytes_per_layer: u64,
     /// experts used per token x one expert's bytes, summed over the MoE layers.
     pub routed_bytes_per_token: u64,
+    /// KV-cache bytes per token of context over the main layers, as sluice allocates it
+    /// (`ModelConfig::kv_bytes_per_token`, f32): MLA caches the compressed latent and the rope
+    /// key per layer, GQA keys and values. `None` when sluice cannot read the model's config.
+    pub kv_bytes_per_token: Option<u64>,
+    /// Multi-token-prediction (NextN) layers in the checkpoint (not counted in `layers`).
+    pub mtp_layers: u64,
+    /// KV-cache bytes per token the MTP layer adds, allocated only with `--mtp K > 0`.
+    pub mtp_kv_bytes_per_token: Option<u64>,
 }
 
 /// A number from GGUF metadata or config.json (also looked up in config's `text_config`).
@@ -190,12 +198,26 @@ pub fn summarize(m: &ModelFiles) -> ModelSummary {
         }
     }
 
+    // GGUF's block_count counts the MTP (NextN) layers after the main ones; config.json's
+    // num_hidden_layers does not.
+    let mtp_layers = number(
+        m,
+        key("nextn_predict_layers").as_deref(),
+        &["num_nextn_predict_layers"],
+    )
+    .unwrap_or(0);
     let n_layers = number(
         m,
         key("block_count").as_deref(),
         &["num_hidden_layers", "n_layer", "num_layers"],
     )
+    .map(|n| match m.kind() {
+        FileKind::Gguf => n.saturating_sub(mtp_layers),
+        FileKind::Safetensors => n,
+    })
     .or(max_layer.map(|l| l + 1));
+    let cfg = crate::model::config::ModelConfig::from_files(m).ok();
+    let kv = |mtp: bool| cfg.as_ref().map(|c| c.kv_bytes_per_token(mtp) as u64);
     let counted: Vec<&LayerExperts> = layers
         .iter()
         .filter(|(l, _)| n_layers.is_none_or(|n| **l < n))
@@ -266,6 +288,12 @@ pub fn summarize(m: &ModelFiles) -> ModelSummary {
         routed_expert_bytes: routed,
         one_expert_bytes_per_layer: one,
         routed_bytes_per_token: per_token,
+        kv_bytes_per_token: kv(false),
+        mtp_layers,
+        mtp_kv_bytes_per_token: kv(true)
+            .zip(kv(false))
+            .map(|(a, b)| a - b)
+            .filter(|_| mtp_layers > 0),
     }
 }
 

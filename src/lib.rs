@@ -22,5 +22,6 @@ pub mod npy;
 pub mod plan;
 pub mod sample;
 pub mod serve;
+pub mod speculative;
 pub mod synth;
 pub mod tokenizer;

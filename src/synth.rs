@@ -72,8 +72,7 @@ pub enum SynthArch {
         yarn: Option<Yarn>,
     },
     /// GLM-4.5 (GGUF `glm4moe`): GQA with q/k/v biases and partial rotary embedding, sigmoid
-    /// routing with a selection bias, shared experts, leading dense layers. The MTP (NextN)
-    /// layer is not written.
+    /// routing with a selection bias, shared experts, leading dense layers.
     Glm4Moe {
         moe: SigmoidMoe,
         rotary_dim: usize,
@@ -125,6 +124,9 @@ pub struct MoeSpec {
     pub skew: f32,
     /// The family and its own sizes.
     pub arch: SynthArch,
+    /// MTP (NextN) layers written after the main ones (llama.cpp's `blk.N.nextn.*` with
+    /// N = `layers`, and `{arch}.nextn_predict_layers`); 0 = none.
+    pub mtp_layers: usize,
 }
 
 impl MoeSpec {
@@ -146,13 +148,15 @@ impl MoeSpec {
             name: format!("synthetic {name}"),
             skew: 0.0,
             arch: SynthArch::Qwen3Moe,
+            mtp_layers: 0,
         };
         Some(match name {
             "qwen3-30b-a3b" => base(2048, 48, 32, 4, 128, 128, 8, 768, 151936),
             "qwen3-235b-a22b" => base(4096, 94, 64, 4, 128, 128, 8, 1536, 151936),
-            // DeepSeek-V3's config.json (V3/R1/V3.1 share these shapes).
+            // DeepSeek-V3's config.json (V3/R1/V3.1 share these shapes), with its one MTP layer.
             "deepseek-v3" => MoeSpec {
                 ctx: 163840,
+                mtp_layers: 1,
                 arch: SynthArch::Deepseek2 {
                     mla: Mla {
                         q_lora: 1536,
@@ -179,9 +183,10 @@ impl MoeSpec {
                 },
                 ..base(7168, 61, 128, 128, 192, 256, 8, 2048, 129280)
             },
-            // GLM-4.5-Air's config.json (no q/k norm; its one MTP layer is not written).
+            // GLM-4.5-Air's config.json (no q/k norm), with its one MTP layer.
             "glm-4.5-air" => MoeSpec {
                 ctx: 131072,
+                mtp_layers: 1,
                 arch: SynthArch::Glm4Moe {
                     moe: SigmoidMoe {
                         dense_layers: 1,
@@ -208,7 +213,7 @@ impl MoeSpec {
     ];
 
     /// Keep the first `n` layers (n >= 1), at least one of them MoE: the leading dense
-    /// layers become min(real, n - 1).
+    /// layers become min(real, n - 1). The MTP layers (set `mtp_layers` first) stay.
     pub fn cut_layers(&mut self, n: usize) -> Result<(), String> {
         if n == 0 {
             return Err("--layers must be at least 1".into());
@@ -216,10 +221,13 @@ impl MoeSpec {
         let n = n.min(self.layers);
         if let SynthArch::Deepseek2 { mla, .. } = &self.arch {
             // llama.cpp takes a deepseek2 GGUF of 26 or 27 layers for a "lite" model without
-            // q_lora_rank and would look for attn_q instead of attn_q_a/attn_q_b.
-            if (n == 26 || n == 27) && mla.q_lora > 0 {
+            // q_lora_rank and would look for attn_q instead of attn_q_a/attn_q_b. Whether it
+            // counts the MTP layers there is not checked, so both counts are refused.
+            let blocks = n + self.mtp_layers;
+            if [n, blocks].iter().any(|b| *b == 26 || *b == 27) && mla.q_lora > 0 {
                 return Err(format!(
-                    "--layers {n}: llama.cpp reads a 26- or 27-layer deepseek2 GGUF as DeepSeek-V2-Lite (no q_lora_rank); pick another depth"
+                    "--layers {n}: llama.cpp reads a deepseek2 GGUF of 26 or 27 layers ({blocks} blocks with {} MTP) as DeepSeek-V2-Lite (no q_lora_rank); pick another depth",
+                    self.mtp_layers
                 ));
             }
         }
@@ -339,6 +347,12 @@ pub fn write_random(
         pad,
     } = vocabulary(spec.vocab, path)?;
     let vocab = tokens.len();
+    if spec.mtp_layers > 0 && spec.arch == SynthArch::Qwen3Moe {
+        return Err(FormatError::Writer {
+            path: path.to_path_buf(),
+            msg: "qwen3moe has no MTP (NextN) layers".into(),
+        });
+    }
     let bc = byte_chars();
     let printable: Vec<bool> = tokens
         .iter()

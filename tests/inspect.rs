@@ -149,3 +149,103 @@ fn cli_tensor_list_and_check() {
     assert_eq!(list[0]["name"], first["name"]);
     assert_eq!(list[0]["offset"], first["offset"]);
 }
+
+fn model_dir(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/models")
+        .join(name)
+}
+
+fn config(name: &str) -> Value {
+    let text = std::fs::read_to_string(model_dir(name).join("config.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// KV-cache bytes per token against config.json's own fields: MLA (DeepSeek-V3) caches the
+/// compressed latent and the rope key per layer, (kv_lora_rank + qk_rope_head_dim) f32s, not
+/// the full per-head K/V; GQA (GLM-4.5) keys and values of every kv head. The MTP layer adds
+/// one more layer's worth, only to a state made for `--mtp`; and the state's allocation is
+/// ctx x that figure (what `-c` and the planner use).
+#[test]
+fn kv_bytes_per_token_from_config_fields() {
+    let u = |c: &Value, k: &str| c[k].as_u64().unwrap();
+    let ds = config("deepseek_v3");
+    let ds_layer = (u(&ds, "kv_lora_rank") + u(&ds, "qk_rope_head_dim")) * 4;
+    let ds_full_kv = u(&ds, "num_attention_heads")
+        * (u(&ds, "qk_nope_head_dim") + u(&ds, "qk_rope_head_dim") + u(&ds, "v_head_dim"))
+        * 4;
+    assert!(ds_layer < ds_full_kv);
+    let glm = config("glm4_moe");
+    let glm_layer = 2 * u(&glm, "num_key_value_heads") * u(&glm, "head_dim") * 4;
+    for (name, file, c, per_layer) in [
+        ("deepseek_v3", None, &ds, ds_layer),
+        ("deepseek_v3", Some("model-f32.gguf"), &ds, ds_layer),
+        ("glm4_moe", None, &glm, glm_layer),
+        ("glm4_moe", Some("model-f32.gguf"), &glm, glm_layer),
+    ] {
+        let path = match file {
+            Some(f) => model_dir(name).join(f),
+            None => model_dir(name),
+        };
+        let files = ModelFiles::open(&path).unwrap();
+        let s = summarize(&files);
+        let layers = u(c, "num_hidden_layers");
+        assert_eq!(s.layers, Some(layers), "{name} {file:?}: main layers");
+        assert_eq!(
+            s.kv_bytes_per_token,
+            Some(layers * per_layer),
+            "{name} {file:?}"
+        );
+        // llama.cpp's converter drops DeepSeek's MTP layer, keeps GLM's.
+        let mtp = if file.is_some() && name == "deepseek_v3" {
+            0
+        } else {
+            u(c, "num_nextn_predict_layers")
+        };
+        assert_eq!(s.mtp_layers, mtp, "{name} {file:?}: MTP layers");
+        assert_eq!(
+            s.mtp_kv_bytes_per_token,
+            (mtp > 0).then_some(per_layer),
+            "{name} {file:?}"
+        );
+
+        let model = sluice::model::Model::load(
+            &files,
+            &sluice::model::LoadOptions {
+                threads: 1,
+                ctx: 64,
+            },
+        )
+        .unwrap();
+        let st = model.new_state(64, 4, 1).unwrap();
+        assert_eq!(st.kv_bytes() as u64, 64 * layers * per_layer, "{name}");
+        assert!(!st.has_mtp());
+        if mtp > 0 {
+            let st = model.new_state_mtp(64, 4, 2).unwrap();
+            assert_eq!(
+                st.kv_bytes() as u64,
+                64 * (layers + 1) * per_layer,
+                "{name}: with --mtp"
+            );
+        } else {
+            assert!(model.new_state_mtp(64, 4, 2).is_err());
+        }
+    }
+
+    // The CLI prints both, in text and JSON.
+    let p = model_dir("glm4_moe").join("model-f32.gguf");
+    let (code, out, err) = sluice(&["inspect", p.to_str().unwrap(), "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let layers = u(&glm, "num_hidden_layers");
+    assert_eq!(v["kv_bytes_per_token"], layers * glm_layer);
+    assert_eq!(v["mtp_layers"], 1);
+    assert_eq!(v["mtp_kv_bytes_per_token"], glm_layer);
+    let (code, out, err) = sluice(&["inspect", p.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(&format!("kv cache      {} B per token", layers * glm_layer)),
+        "{out}"
+    );
+    assert!(out.contains("mtp           1 layer(s)"), "{out}");
+}

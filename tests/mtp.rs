@@ -51,7 +51,7 @@ fn check_mtp_logits(family: &str, model_path: &Path) {
             .unwrap();
         let toks = ids(&case["ids"]);
         let t = toks.len();
-        let mut st = model.new_state(64, 32, 32).unwrap();
+        let mut st = model.new_state_mtp(64, 32, 32).unwrap();
         model.forward_chunk(&mut st, &toks, t).unwrap();
         model.mtp_take_hidden(&mut st, 0, t - 1, 0);
         let got = model.mtp_forward(&mut st, &toks[1..], 0).unwrap().to_vec();
@@ -125,7 +125,7 @@ fn speculative_decoding_emits_plain_greedy_tokens() {
         let mut accepted = 0;
         for k in 1..=3 {
             for batch in [k + 1, 8] {
-                let mut st = model.new_state(128, batch, k + 1).unwrap();
+                let mut st = model.new_state_mtp(128, batch, k + 1).unwrap();
                 let mut sampler = Sampler::new(SamplingParams::greedy(), model.cfg.vocab);
                 let (spec, stats) = generate_mtp(
                     &model,
@@ -172,7 +172,7 @@ fn speculative_sampling_is_seeded() {
     .unwrap();
     let tok = load_tokenizer(&files).unwrap();
     let run = || {
-        let mut st = model.new_state(128, 4, 3).unwrap();
+        let mut st = model.new_state_mtp(128, 4, 3).unwrap();
         let params = SamplingParams {
             temperature: 1.0,
             seed: 11,
@@ -240,7 +240,7 @@ fn accepted_and_rejected_drafts_keep_greedy_output() {
             }
         }
         for k in 1..=3 {
-            let mut st = model.new_state(128, 4, 4).unwrap();
+            let mut st = model.new_state_mtp(128, 4, 4).unwrap();
             let mut sampler = Sampler::new(SamplingParams::greedy(), model.cfg.vocab);
             let (spec, stats) = generate_mtp_with(
                 &model,
@@ -268,5 +268,63 @@ fn accepted_and_rejected_drafts_keep_greedy_output() {
                 stats.decode_steps
             );
         }
+    }
+}
+
+/// Above temperature 0 the draft and verify distributions go through the sampler's filters:
+/// with top-k 1 both are point masses on their arg-max, so speculative sampling must emit plain
+/// greedy's tokens whatever the coin flips (exactness of the rule itself is enumerated in
+/// src/speculative.rs).
+#[test]
+fn speculative_sampling_with_top_k_1_is_greedy() {
+    use sluice::generate::{generate, generate_mtp, load_tokenizer};
+    use sluice::sample::{Sampler, SamplingParams};
+    let files = ModelFiles::open(&dir("deepseek_v3")).unwrap();
+    let model = Model::load(
+        &files,
+        &LoadOptions {
+            threads: 2,
+            ctx: 128,
+        },
+    )
+    .unwrap();
+    let tok = load_tokenizer(&files).unwrap();
+    let prompt = [5u32, 17, 99, 4];
+    let mut st = model.new_state(128, 4, 4).unwrap();
+    let mut sampler = Sampler::new(SamplingParams::greedy(), model.cfg.vocab);
+    let (plain, _) = generate(
+        &model,
+        &mut st,
+        &tok,
+        &mut sampler,
+        &prompt,
+        20,
+        true,
+        &mut |_| true,
+    )
+    .unwrap();
+    for (k, seed) in [(1, 1u64), (2, 2), (3, 3)] {
+        let mut st = model.new_state_mtp(128, 4, 4).unwrap();
+        let params = SamplingParams {
+            temperature: 0.7,
+            top_k: 1,
+            seed,
+            ..SamplingParams::default()
+        };
+        let mut sampler = Sampler::new(params, model.cfg.vocab);
+        let (spec, stats) = generate_mtp(
+            &model,
+            &mut st,
+            &tok,
+            &mut sampler,
+            &prompt,
+            20,
+            true,
+            k,
+            &mut |_| true,
+        )
+        .unwrap();
+        assert_eq!(spec, plain, "--mtp {k} at top-k 1");
+        assert!(stats.mtp_drafted > 0);
     }
 }

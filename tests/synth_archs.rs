@@ -133,7 +133,28 @@ for t in r.tensors:
     (arch, keys, names)
 }
 
-fn check(preset: &str, fixture: &str, omitted_keys: &[&str], omitted_tensors: &[&str]) {
+/// The MTP layer's tensors as llama.cpp names them (`blk.N.nextn.*` beside a full decoder
+/// layer N = the main layer count). synth leaves out the two optional vocabulary-sized ones.
+const NEXTN: [&str; 4] = [
+    "blk.N.nextn.eh_proj.weight",
+    "blk.N.nextn.enorm.weight",
+    "blk.N.nextn.hnorm.weight",
+    "blk.N.nextn.shared_head_norm.weight",
+];
+const NEXTN_OPTIONAL: [&str; 2] = [
+    "blk.N.nextn.embed_tokens.weight",
+    "blk.N.nextn.shared_head_head.weight",
+];
+
+/// `extra_tensors`: names synth writes that the fixture's converter did not.
+fn check(
+    preset: &str,
+    fixture: &str,
+    omitted_keys: &[&str],
+    omitted_tensors: &[&str],
+    extra_keys: &[&str],
+    extra_tensors: &[&str],
+) {
     let path = write(preset);
     let files = ModelFiles::open(&path).unwrap();
     let (arch, keys, names) = read_with_gguf(&path, Some(&files));
@@ -157,10 +178,37 @@ fn check(preset: &str, fixture: &str, omitted_keys: &[&str], omitted_tensors: &[
     }
     for n in &names {
         assert!(
-            fnames.contains(n),
+            fnames.contains(n) || extra_tensors.contains(&n.as_str()),
             "{preset}: synth writes {n}, llama.cpp's converter does not"
         );
     }
+    for k in &keys {
+        assert!(
+            fkeys.contains(k) || extra_keys.contains(&k.as_str()),
+            "{preset}: synth writes {k}, llama.cpp's converter does not"
+        );
+    }
+    for n in NEXTN {
+        assert!(names.contains(n), "{preset}: no MTP tensor {n}");
+    }
+    // The MTP layer is block 2 of 3 (N = n_layer), and a full MoE layer.
+    assert_eq!(
+        files
+            .meta(&format!("{arch}.block_count"))
+            .and_then(MetaValue::as_u64),
+        Some(3)
+    );
+    assert_eq!(
+        files
+            .meta(&format!("{arch}.nextn_predict_layers"))
+            .and_then(MetaValue::as_u64),
+        Some(1)
+    );
+    assert_eq!(
+        files.tensor("blk.2.nextn.eh_proj.weight").unwrap().shape,
+        vec![256, 512]
+    );
+    assert!(files.tensor("blk.2.ffn_gate_exps.weight").is_some());
 
     // sluice's loader: family, routing, dense/MoE split as the preset says.
     let model = sluice::model::Model::load(
@@ -173,7 +221,8 @@ fn check(preset: &str, fixture: &str, omitted_keys: &[&str], omitted_tensors: &[
     .unwrap();
     let c = &model.cfg;
     assert_eq!(c.family.name(), arch);
-    assert_eq!((c.n_layers, c.n_dense_layers), (2, 1));
+    assert_eq!((c.n_layers, c.n_dense_layers, c.n_mtp_layers), (2, 1, 1));
+    assert!(model.has_mtp(), "{preset}: MTP layer not loaded");
     assert!(c.routing.sigmoid && c.routing.norm_topk_prob);
     assert_eq!((c.n_experts, c.n_experts_used, c.shared_ffn), (16, 4, 256));
     match arch.as_str() {
@@ -245,39 +294,58 @@ fn check(preset: &str, fixture: &str, omitted_keys: &[&str], omitted_tensors: &[
         "{preset}: sluice run failed: {stderr}"
     );
     assert!(stderr.contains("generated 4 tok"), "{preset}: {stderr}");
+
+    // `--mtp 2` drafts with the MTP layer and emits plain greedy's text.
+    let plain = String::from_utf8_lossy(&out.stdout).to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("run")
+        .arg(&path)
+        .args([
+            "-p",
+            "The quick brown fox",
+            "-n",
+            "4",
+            "--temp",
+            "0",
+            "--ignore-eos",
+            "-t",
+            "1",
+            "--mtp",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{preset}: sluice run --mtp 2 failed: {stderr}"
+    );
+    assert!(stderr.contains("mtp accepted"), "{preset}: {stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), plain, "{preset}");
 }
 
 #[test]
 fn deepseek_v3_synth_matches_llama_cpp_layout_and_runs() {
-    // The fixture's converter writes general.* keys beyond ours and an MTP layer (nextn_*),
-    // which synth omits; the MTP layer's tensors are named blk.N.nextn.* there.
+    // The vendored converter drops DeepSeek's MTP layer (the fixture has no nextn tensors nor
+    // `nextn_predict_layers`); synth writes it under the names llama.cpp's converter gives
+    // GLM's (and llama.cpp's deepseek2 loader reads), checked against the GLM fixture below.
     check(
         "deepseek-v3",
         "deepseek_v3",
-        &["deepseek2.nextn_predict_layers"],
         &[],
+        &[],
+        &["deepseek2.nextn_predict_layers"],
+        &NEXTN,
     );
 }
 
 #[test]
 fn glm_4_5_air_synth_matches_llama_cpp_layout_and_runs() {
-    // The fixture model has q/k norms (GLM-4.5) and an MTP layer; GLM-4.5-Air has neither
-    // q/k norms nor, in synth, the MTP layer.
-    check(
-        "glm-4.5-air",
-        "glm4_moe",
-        &["glm4moe.nextn_predict_layers"],
-        &[
-            "blk.N.attn_q_norm.weight",
-            "blk.N.attn_k_norm.weight",
-            "blk.N.nextn.eh_proj.weight",
-            "blk.N.nextn.embed_tokens.weight",
-            "blk.N.nextn.enorm.weight",
-            "blk.N.nextn.hnorm.weight",
-            "blk.N.nextn.shared_head_head.weight",
-            "blk.N.nextn.shared_head_norm.weight",
-        ],
-    );
+    // The fixture model has q/k norms (GLM-4.5), GLM-4.5-Air has none; both have the MTP
+    // layer, whose optional embed_tokens / shared_head_head synth leaves out.
+    let mut omitted = vec!["blk.N.attn_q_norm.weight", "blk.N.attn_k_norm.weight"];
+    omitted.extend(NEXTN_OPTIONAL);
+    check("glm-4.5-air", "glm4_moe", &[], &omitted, &[], &[]);
 }
 
 /// Share of decode-step selections that went to the four most selected experts (of 16), from a
@@ -393,5 +461,54 @@ fn llama_cpp_loads_and_runs_every_preset() {
         );
         let line = all.lines().find(|l| l.contains("decoded")).unwrap_or("");
         eprintln!("{preset}: llama.cpp {}", line.trim());
+    }
+}
+
+/// `--no-mtp` (`mtp_layers = 0`): no nextn tensors or key, `block_count` the main layers, and
+/// the main model's tensors are the same bytes as in the file with the MTP layer.
+#[test]
+fn no_mtp_writes_the_same_main_model_without_the_nextn_layer() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("synth-no-mtp");
+    std::fs::create_dir_all(&dir).unwrap();
+    for preset in ["deepseek-v3", "glm-4.5-air"] {
+        let with = dir.join(format!("{preset}-mtp.gguf"));
+        let without = dir.join(format!("{preset}-no-mtp.gguf"));
+        sluice::synth::write_random(&with, &small(preset), &mut |_, _| {}).unwrap();
+        let mut spec = small(preset);
+        spec.mtp_layers = 0;
+        sluice::synth::write_random(&without, &spec, &mut |_, _| {}).unwrap();
+        let (a, b) = (
+            ModelFiles::open(&with).unwrap(),
+            ModelFiles::open(&without).unwrap(),
+        );
+        let arch = spec.arch.gguf_name();
+        assert_eq!(
+            b.meta(&format!("{arch}.block_count"))
+                .and_then(MetaValue::as_u64),
+            Some(2)
+        );
+        assert!(b.meta(&format!("{arch}.nextn_predict_layers")).is_none());
+        assert!(b.tensors().iter().all(|t| !t.name.starts_with("blk.2.")));
+        let extra = a.tensors().len() - b.tensors().len();
+        let mtp = a.tensors().iter().filter(|t| t.name.starts_with("blk.2."));
+        assert_eq!(mtp.count(), extra);
+        for t in b.tensors() {
+            let ta = a.tensor(&t.name).unwrap();
+            assert_eq!(
+                a.bytes(ta).unwrap(),
+                b.bytes(t).unwrap(),
+                "{preset} {}",
+                t.name
+            );
+        }
+        let model = sluice::model::Model::load(
+            &b,
+            &sluice::model::LoadOptions {
+                threads: 1,
+                ctx: 64,
+            },
+        )
+        .unwrap();
+        assert!(!model.has_mtp());
     }
 }

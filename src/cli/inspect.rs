@@ -190,4 +190,19 @@ fn print_text(s: &ModelSummary) {
         "per token     {} of routed experts",
         human(s.routed_bytes_per_token)
     );
+    if let Some(kv) = s.kv_bytes_per_token {
+        println!(
+            "kv cache      {} per token of context (f32; -c N holds N x this)",
+            human(kv)
+        );
+    }
+    if s.mtp_layers > 0 {
+        let kv = s.mtp_kv_bytes_per_token.map_or(String::new(), |b| {
+            format!(", its KV cache {} per token", human(b))
+        });
+        println!(
+            "mtp           {} layer(s){kv} (allocated only with --mtp K)",
+            s.mtp_layers
+        );
+    }
 }

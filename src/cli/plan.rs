@@ -33,7 +33,11 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     };
     let files = ModelFiles::open(&path)?;
     let (model, ctx) = args.compute.load(&files, 0)?;
-    let st = model.new_state(ctx, 1, args.mtp + 1)?;
+    let st = if args.mtp > 0 {
+        model.new_state_mtp(ctx, 1, 1)?
+    } else {
+        model.new_state(ctx, 1, 1)?
+    };
     let summary = ModelSummary::of(&model, &files, st.kv_bytes() as u64)?;
     drop(st);
     let (profile, how) = match cached_profile(&files) {

@@ -74,7 +74,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         .into());
     }
-    let mut st = model.new_state(ctx, args.compute.batch.max(args.mtp + 1), args.mtp + 1)?;
+    // The MTP layer's KV cache is allocated only with --mtp.
+    let batch = args.compute.batch.max(args.mtp + 1);
+    let mut st = if args.mtp > 0 {
+        model.new_state_mtp(ctx, batch, args.mtp + 1)?
+    } else {
+        model.new_state(ctx, batch, 1)?
+    };
     let plan = setup_experts_mtp(&model, &files, &mut st, &args.experts, args.mtp)?;
     super::gpu::setup_gpu(
         &model,

@@ -1,6 +1,7 @@
-//! `sluice synth OUT --preset NAME [--layers N] [--quant TYPE] [--seed S] [--skew S]`: write a
-//! GGUF with a real model's shapes and seeded random weights, streaming (never the whole model
-//! in RAM), that llama.cpp's loader accepts for the preset's architecture.
+//! `sluice synth OUT --preset NAME [--layers N] [--quant TYPE] [--seed S] [--skew S]
+//! [--no-mtp]`: write a GGUF with a real model's shapes and seeded random weights, streaming
+//! (never the whole model in RAM), that llama.cpp's loader accepts for the preset's
+//! architecture.
 
 use crate::dtype::DType;
 use crate::synth::{write_random, MoeSpec};
@@ -14,7 +15,7 @@ pub struct SynthArgs {
     pub out: PathBuf,
     /// Shape preset: qwen3-30b-a3b | qwen3-235b-a22b (GGUF qwen3moe) | deepseek-v3 (deepseek2:
     /// MLA, 3 dense + 58 MoE layers of 256 experts) | glm-4.5-air (glm4moe: 1 dense + 45 MoE
-    /// layers of 128 experts; its MTP layer is not written).
+    /// layers of 128 experts). Both also get their one MTP (NextN) layer (see --no-mtp).
     #[arg(long, default_value = "qwen3-30b-a3b")]
     pub preset: String,
     /// Keep only the first N layers (0 = all); at least one stays MoE (leading dense layers
@@ -32,6 +33,10 @@ pub struct SynthArgs {
     /// Seed of the weights.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Leave out the MTP (NextN) layer the deepseek-v3 and glm-4.5-air presets write after
+    /// their main layers (`sluice run --mtp K` drafts with it).
+    #[arg(long = "no-mtp")]
+    pub no_mtp: bool,
     /// Router skew S: expert popularity roughly Zipf-like with exponent S (0 = uniform).
     #[arg(long, default_value_t = 0.0)]
     pub skew: f32,
@@ -45,6 +50,9 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
             MoeSpec::PRESETS.join(", ")
         )
     })?;
+    if args.no_mtp {
+        spec.mtp_layers = 0;
+    }
     if args.layers > 0 {
         spec.cut_layers(args.layers)
             .map_err(|e| anyhow::anyhow!(e))?;

@@ -812,6 +812,15 @@ impl ModelConfig {
         }
     }
 
+    /// KV-cache bytes per token (sluice's cache is f32): per layer, MLA keeps the compressed
+    /// latent and the rope key (`kv_lora + rope` floats, not full K/V), GQA keys and values.
+    /// `mtp`: with the one MTP layer `--mtp` runs (cached only then).
+    pub fn kv_bytes_per_token(&self, mtp: bool) -> usize {
+        let (k, v) = self.cache_dims();
+        let layers = self.n_layers + usize::from(mtp && self.n_mtp_layers > 0);
+        layers * (k + v) * std::mem::size_of::<f32>()
+    }
+
     /// Whether layer `l` routes to experts (else it has a dense FFN).
     pub fn is_moe_layer(&self, l: usize) -> bool {
         l >= self.n_dense_layers

@@ -88,7 +88,23 @@ pub struct Prof {
 impl State {
     /// `batch`: most tokens per forward chunk (prefill speed vs memory); `logit_rows`: most
     /// positions whose logits one chunk returns (1 for generation).
+    /// No MTP layer cache or buffers (see `with_mtp`).
     pub fn new(cfg: &ModelConfig, ctx: usize, batch: usize, logit_rows: usize) -> State {
+        State::with_mtp(cfg, ctx, batch, logit_rows, false)
+    }
+
+    /// `new`, plus, when `mtp` is set and the model has an MTP layer, that layer's KV cache
+    /// (one more cache layer) and the MTP head's buffers: what `--mtp K > 0` needs. sluice
+    /// runs only the first MTP layer, so that is the one cached.
+    pub fn with_mtp(
+        cfg: &ModelConfig,
+        ctx: usize,
+        batch: usize,
+        logit_rows: usize,
+        mtp: bool,
+    ) -> State {
+        let mtp = mtp && cfg.n_mtp_layers > 0;
+        let cache_layers = cfg.n_layers + usize::from(mtp);
         let (h, qd, kvd, e, k) = (
             cfg.hidden,
             cfg.q_dim(),
@@ -129,8 +145,8 @@ impl State {
             proj: vec![0.0; batch * h],
             hfin: vec![0.0; batch * h],
             rope_offset: 0,
-            kcache: vec![0.0; (cfg.n_layers + cfg.n_mtp_layers) * ctx * kc],
-            vcache: vec![0.0; (cfg.n_layers + cfg.n_mtp_layers) * ctx * vc],
+            kcache: vec![0.0; cache_layers * ctx * kc],
+            vcache: vec![0.0; cache_layers * ctx * vc],
             idx: super::deepseek2::IndexerScratch::new(cfg, ctx, batch),
             router: vec![0.0; batch * e],
             choice: vec![0.0; e],
@@ -152,23 +168,9 @@ impl State {
             pf_selw: vec![0.0; k],
             pf_mark: vec![false; e],
             pf_needed: Vec::with_capacity(e),
-            mtp_cat: vec![
-                0.0;
-                if cfg.n_mtp_layers > 0 {
-                    batch * 2 * h
-                } else {
-                    0
-                }
-            ],
-            mtp_hidden: vec![0.0; if cfg.n_mtp_layers > 0 { batch * h } else { 0 }],
-            mtp_logits: vec![
-                0.0;
-                if cfg.n_mtp_layers > 0 {
-                    logit_rows * cfg.vocab
-                } else {
-                    0
-                }
-            ],
+            mtp_cat: vec![0.0; if mtp { batch * 2 * h } else { 0 }],
+            mtp_hidden: vec![0.0; if mtp { batch * h } else { 0 }],
+            mtp_logits: vec![0.0; if mtp { logit_rows * cfg.vocab } else { 0 }],
             mtp_pos: 0,
             expert_cache: None,
             experts_run: 0,
@@ -190,7 +192,12 @@ impl State {
         self.logit_rows
     }
 
-    /// Bytes held by the KV cache.
+    /// Whether this state carries the MTP layer's cache and buffers (`with_mtp`).
+    pub fn has_mtp(&self) -> bool {
+        !self.mtp_hidden.is_empty()
+    }
+
+    /// Bytes held by the KV cache: `ctx` x `ModelConfig::kv_bytes_per_token(mtp)`.
     pub fn kv_bytes(&self) -> usize {
         (self.kcache.len() + self.vcache.len()) * 4
     }

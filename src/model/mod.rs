@@ -113,12 +113,38 @@ impl<'a> Model<'a> {
         })
     }
 
-    /// A state sized for this model: `ctx` positions, prefill chunks of `batch` tokens.
+    /// A state sized for this model: `ctx` positions, prefill chunks of `batch` tokens; no
+    /// MTP layer cache (see `new_state_mtp`).
     pub fn new_state(
         &self,
         ctx: usize,
         batch: usize,
         logit_rows: usize,
+    ) -> Result<State, ModelError> {
+        self.new_state_with(ctx, batch, logit_rows, false)
+    }
+
+    /// `new_state` plus the MTP layer's KV cache and buffers, for `--mtp K > 0`.
+    pub fn new_state_mtp(
+        &self,
+        ctx: usize,
+        batch: usize,
+        logit_rows: usize,
+    ) -> Result<State, ModelError> {
+        if !self.has_mtp() {
+            return Err(ModelError::Input(
+                "--mtp: this model has no MTP layer".into(),
+            ));
+        }
+        self.new_state_with(ctx, batch, logit_rows, true)
+    }
+
+    fn new_state_with(
+        &self,
+        ctx: usize,
+        batch: usize,
+        logit_rows: usize,
+        mtp: bool,
     ) -> Result<State, ModelError> {
         if ctx + 1 > self.rope.ctx() {
             return Err(ModelError::Input(format!(
@@ -126,7 +152,7 @@ impl<'a> Model<'a> {
                 self.rope.ctx()
             )));
         }
-        Ok(State::new(&self.cfg, ctx, batch, logit_rows))
+        Ok(State::with_mtp(&self.cfg, ctx, batch, logit_rows, mtp))
     }
 
     /// Feed `tokens` (prefill, in batches) and return the logits of the last one.

@@ -52,6 +52,11 @@ impl<'a> Model<'a> {
             .mtp
             .as_ref()
             .ok_or_else(|| ModelError::Input("this model has no MTP layer".into()))?;
+        if !st.has_mtp() {
+            return Err(ModelError::Input(
+                "mtp_forward: the state has no MTP layer cache (make it with new_state_mtp)".into(),
+            ));
+        }
         let (h, v) = (self.cfg.hidden, self.cfg.vocab);
         let n = tokens.len();
         let n_logits = n.saturating_sub(logits_from);

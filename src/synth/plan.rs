@@ -149,28 +149,13 @@ impl Plan<'_> {
         );
     }
 
-    /// A gate/up/down MLP of width `f` under `prefix` (`ffn` or `ffn_*_shexp` naming).
-    fn mlp(&mut self, l: usize, suffix: &str, class: TensorClass, f: usize) {
-        let h = self.spec.hidden;
-        self.mat(format!("blk.{l}.ffn_gate{suffix}.weight"), class, f, h);
-        self.mat(format!("blk.{l}.ffn_up{suffix}.weight"), class, f, h);
-        self.mat(format!("blk.{l}.ffn_down{suffix}.weight"), class, h, f);
-    }
-}
-
-/// The tensor list of `spec`, in file order, with the vocabulary size `vocab`.
-pub(super) fn tensors(spec: &MoeSpec, vocab: usize) -> Vec<Planned> {
-    let mut p = Plan {
-        spec,
-        list: Vec::new(),
-    };
-    let (h, nh, hd) = (spec.hidden, spec.heads, spec.head_dim);
-    let a = TensorClass::Attention;
-    p.mat("token_embd.weight".into(), TensorClass::Embedding, vocab, h);
-    if let Some(last) = p.list.last_mut() {
-        last.init = Init::Uniform(1.0);
-    }
-    for l in 0..spec.layers {
+    /// Decoder layer `l`'s tensors in the family's order (dense FFN for the leading dense
+    /// layers, MoE with shared experts after them).
+    fn layer(&mut self, l: usize) {
+        let spec = self.spec;
+        let p = self;
+        let (h, nh, hd) = (spec.hidden, spec.heads, spec.head_dim);
+        let a = TensorClass::Attention;
         let b = |n: &str| format!("blk.{l}.{n}.weight");
         match &spec.arch {
             // Qwen3-MoE keeps the order (and so the bytes) of the first synth writer.
@@ -234,8 +219,46 @@ pub(super) fn tensors(spec: &MoeSpec, vocab: usize) -> Vec<Planned> {
             }
         }
     }
+
+    /// A gate/up/down MLP of width `f` under `prefix` (`ffn` or `ffn_*_shexp` naming).
+    fn mlp(&mut self, l: usize, suffix: &str, class: TensorClass, f: usize) {
+        let h = self.spec.hidden;
+        self.mat(format!("blk.{l}.ffn_gate{suffix}.weight"), class, f, h);
+        self.mat(format!("blk.{l}.ffn_up{suffix}.weight"), class, f, h);
+        self.mat(format!("blk.{l}.ffn_down{suffix}.weight"), class, h, f);
+    }
+}
+
+/// The tensor list of `spec`, in file order, with the vocabulary size `vocab`.
+pub(super) fn tensors(spec: &MoeSpec, vocab: usize) -> Vec<Planned> {
+    let mut p = Plan {
+        spec,
+        list: Vec::new(),
+    };
+    let (h, a) = (spec.hidden, TensorClass::Attention);
+    p.mat("token_embd.weight".into(), TensorClass::Embedding, vocab, h);
+    if let Some(last) = p.list.last_mut() {
+        last.init = Init::Uniform(1.0);
+    }
+    for l in 0..spec.layers {
+        p.layer(l);
+    }
     p.norm("output_norm.weight".into(), h);
     p.mat("output.weight".into(), TensorClass::Output, vocab, h);
+    // The MTP (NextN) layers come last, so the main model's tensors (and their seeded bytes) are
+    // the same with and without them. Each is a full MoE decoder layer at index `layers + i`
+    // plus llama.cpp's `blk.N.nextn.*` extras; `nextn.embed_tokens` and
+    // `nextn.shared_head_head`, optional in llama.cpp's loader, are not written: the head then
+    // shares `token_embd` and `output` (as DeepSeek-V3's MTP module shares them with the main
+    // model), which spares two vocabulary-sized matrices.
+    for l in spec.layers..spec.layers + spec.mtp_layers {
+        p.layer(l);
+        // eh_proj is a projection read for every drafted token: typed like attention.
+        p.mat(format!("blk.{l}.nextn.eh_proj.weight"), a, h, 2 * h);
+        p.norm(format!("blk.{l}.nextn.enorm.weight"), h);
+        p.norm(format!("blk.{l}.nextn.hnorm.weight"), h);
+        p.norm(format!("blk.{l}.nextn.shared_head_norm.weight"), h);
+    }
     p.list
 }
 
@@ -246,8 +269,11 @@ pub(super) fn arch_meta(spec: &MoeSpec, vocab: usize) -> Vec<(String, MetaValue)
     let mut kv: Vec<(&str, MetaValue)> = vec![
         ("context_length", u(spec.ctx)),
         ("embedding_length", u(spec.hidden)),
-        ("block_count", u(spec.layers)),
+        ("block_count", u(spec.layers + spec.mtp_layers)),
     ];
+    if spec.mtp_layers > 0 {
+        kv.push(("nextn_predict_layers", u(spec.mtp_layers)));
+    }
     match &spec.arch {
         SynthArch::Qwen3Moe => kv.extend([
             ("feed_forward_length", u(spec.expert_ffn)),
