@@ -555,13 +555,17 @@ pub(crate) enum Step {
 
 impl Pending {
     /// Wait for the next event, watching the socket: a client that goes away cancels the job.
+    ///
+    /// The socket is looked at after every event as well as every 20 ms without one: a
+    /// non-streaming reply writes nothing until the end, so only this check sees its client
+    /// leave (a closed socket or a half-closed one, whose write side sent FIN), and looking
+    /// after each token keeps the cancellation within one token of the disconnect.
     pub fn next(&self, conn: &Conn) -> Step {
         loop {
-            match self.rx.recv_timeout(Duration::from_millis(20)) {
-                Ok(Event::Started { reused, prefilled }) => {
-                    return Step::Started { reused, prefilled }
-                }
-                Ok(Event::Text(t)) => return Step::Text(t),
+            let step = match self.rx.recv_timeout(Duration::from_millis(20)) {
+                Ok(Event::Started { reused, prefilled }) => Step::Started { reused, prefilled },
+                Ok(Event::Text(t)) => Step::Text(t),
+                // The reply is complete: deliver it even if the client is leaving.
                 Ok(Event::Done(f)) => return Step::Done(f),
                 Ok(Event::Failed(e)) => return Step::Failed(e),
                 Err(RecvTimeoutError::Timeout) => {
@@ -569,11 +573,17 @@ impl Pending {
                         self.cancel();
                         return Step::Gone;
                     }
+                    continue;
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     return Step::Failed(ApiError::new(500, "the generator stopped"))
                 }
+            };
+            if conn.peer_gone() {
+                self.cancel();
+                return Step::Gone;
             }
+            return step;
         }
     }
 
