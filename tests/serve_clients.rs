@@ -1,6 +1,7 @@
 //! `sluice serve` through the official `openai` and `anthropic` Python clients
 //! (tests/serve/test_clients.py): chat, completions, models, messages, streaming, a client
-//! disconnect mid-stream, every kind of bad input; then a clean exit on SIGTERM.
+//! disconnect mid-stream and mid-way through a whole-response request (a client timeout, a
+//! half-closed socket), every kind of bad input; then a clean exit on SIGTERM.
 //! Needs python3 with the `openai` and `anthropic` packages (.ci/run installs them): without
 //! them this test fails rather than passing silently.
 
@@ -9,7 +10,9 @@ mod serve_util;
 use serve_util::Server;
 use std::process::Command;
 
-const CTX: &str = "1024";
+/// Long enough that a whole-context generation outlasts a 1 s client timeout many times over
+/// (the disconnect checks).
+const CTX: &str = "16384";
 const MAX_BODY: &str = "262144";
 
 #[test]
@@ -56,4 +59,10 @@ fn official_clients_against_the_server() {
     let code = server.stop();
     assert_eq!(code, 0, "exit code after SIGTERM; log:\n{log}");
     assert!(!log.contains("panicked"), "{log}");
+    // The three disconnect checks (mid-stream, non-stream timeout, half-close) each cancelled
+    // their generation, as the server's own log says.
+    let gone = log
+        .matches("client disconnected, generation cancelled")
+        .count();
+    assert!(gone >= 3, "{gone} disconnects logged:\n{log}");
 }

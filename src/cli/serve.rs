@@ -28,6 +28,10 @@ pub struct ServeArgs {
     /// Model name clients ask for (default: the file name without .gguf).
     #[arg(long = "model-id")]
     pub model_id: Option<String>,
+    /// Use the Jinja chat template in FILE instead of the model's own (it also decides how tool
+    /// calls are parsed; see docs/SERVER.md).
+    #[arg(long = "chat-template")]
+    pub chat_template: Option<PathBuf>,
     /// Save KV sessions here and restore them (also across restarts).
     #[arg(long = "kv-dir")]
     pub kv_dir: Option<PathBuf>,
@@ -85,6 +89,17 @@ pub fn run_cmd(args: ServeArgs) -> anyhow::Result<()> {
     if args.experts.stats_json.is_some() {
         anyhow::bail!("--stats-json is for `sluice run`; the server's figures are at GET /metrics");
     }
+    let chat_template = match &args.chat_template {
+        None => None,
+        Some(p) => {
+            let t = std::fs::read_to_string(p)
+                .with_context(|| format!("--chat-template {}: cannot read it", p.display()))?;
+            if t.trim().is_empty() {
+                anyhow::bail!("--chat-template {}: the file is empty", p.display());
+            }
+            Some(t)
+        }
+    };
     if args.compute.ctx.is_some_and(|c| c < 2) {
         anyhow::bail!("--ctx-size must be at least 2");
     }
@@ -120,6 +135,7 @@ pub fn run_cmd(args: ServeArgs) -> anyhow::Result<()> {
             .or_else(|| std::env::var("SLUICE_API_KEY").ok())
             .filter(|k| !k.is_empty()),
         model_id,
+        chat_template,
         ctx,
         sampling: args.sampling.params(),
         kv_dir: args.kv_dir,

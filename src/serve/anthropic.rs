@@ -14,12 +14,12 @@ use super::error::{ApiError, Dialect};
 use super::http::{Conn, Request};
 use super::openai::{collect, gone, text_content, wait_start};
 use super::params::{self, kind, Obj};
-use super::tools::{parse_tool_calls, ToolCall, ToolSplitter};
+use super::tools::{split_reply, ToolCall, ToolSplitter};
 use super::{chat_tokens, check_model, new_id, note, submit, GenRequest, Handled, Shared, Step};
 use serde_json::{json, Map, Value};
 
-/// Template messages, template variables and whether tools are on, from a Messages request.
-fn prompt(sh: &Shared, o: &Obj) -> Result<(Vec<u32>, bool), ApiError> {
+/// The prompt's tokens and, when tools are on, the tools (in the OpenAI shape templates take).
+fn prompt(sh: &Shared, o: &Obj) -> Result<(Vec<u32>, Option<Vec<Value>>), ApiError> {
     let mut msgs: Vec<Value> = Vec::new();
     match o.get("system").filter(|v| !v.is_null()) {
         None => {}
@@ -54,7 +54,7 @@ fn prompt(sh: &Shared, o: &Obj) -> Result<(Vec<u32>, bool), ApiError> {
     let tools = tools(o)?;
     let tools_on = tools_on && !tools.is_empty();
     if tools_on {
-        extra.insert("tools".into(), Value::Array(tools));
+        extra.insert("tools".into(), Value::Array(tools.clone()));
     }
     if let Some(t) = o.get("thinking").filter(|v| !v.is_null()) {
         match t.get("type").and_then(Value::as_str) {
@@ -68,7 +68,7 @@ fn prompt(sh: &Shared, o: &Obj) -> Result<(Vec<u32>, bool), ApiError> {
             }
         };
     }
-    Ok((chat_tokens(sh, &msgs, &extra)?, tools_on))
+    Ok((chat_tokens(sh, &msgs, &extra)?, tools_on.then_some(tools)))
 }
 
 /// Anthropic tools (`name`, `description`, `input_schema`) in the OpenAI shape chat templates
@@ -243,6 +243,52 @@ fn tool_use_block(c: &ToolCall) -> Value {
     json!({ "type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments })
 }
 
+/// A whole reply's content blocks (a text block unless the reply is only calls, then one
+/// `tool_use` block per call), `stop_reason` (`tool_use` when it made calls) and
+/// `stop_sequence`.
+fn reply_shape(
+    text: String,
+    calls: &[ToolCall],
+    r: &FinishReason,
+) -> (Vec<Value>, &'static str, Value) {
+    let mut content = Vec::new();
+    if !text.is_empty() || calls.is_empty() {
+        content.push(json!({ "type": "text", "text": text }));
+    }
+    content.extend(calls.iter().map(tool_use_block));
+    let (reason, seq) = reply_stop(r, calls);
+    (content, reason, seq)
+}
+
+/// `stop_reason` and `stop_sequence` of a reply that made `calls`.
+fn reply_stop(r: &FinishReason, calls: &[ToolCall]) -> (&'static str, Value) {
+    if calls.is_empty() {
+        stop_reason(r)
+    } else {
+        ("tool_use", Value::Null)
+    }
+}
+
+/// The stream events of a reply's calls: for each, a `tool_use` block starting at index
+/// `first`, its input as one `input_json_delta`, its stop.
+fn tool_use_events(calls: &[ToolCall], first: usize) -> Vec<(&'static str, Value)> {
+    let mut out = Vec::with_capacity(3 * calls.len());
+    for (i, c) in calls.iter().enumerate() {
+        let idx = first + i;
+        let block = json!({ "type": "tool_use", "id": c.id, "name": c.name, "input": {} });
+        out.push((
+            "content_block_start",
+            json!({ "type": "content_block_start", "index": idx, "content_block": block }),
+        ));
+        out.push(("content_block_delta", json!({ "type": "content_block_delta", "index": idx, "delta": { "type": "input_json_delta", "partial_json": c.arguments_text() } })));
+        out.push((
+            "content_block_stop",
+            json!({ "type": "content_block_stop", "index": idx }),
+        ));
+    }
+    out
+}
+
 /// `POST /v1/messages`.
 pub fn messages(
     sh: &Shared,
@@ -261,13 +307,14 @@ pub fn messages(
             ))
         }
     };
-    let (tokens, tools_on) = prompt(sh, &o)?;
+    let (tokens, tools) = prompt(sh, &o)?;
     let g = GenRequest {
         tokens,
         max_tokens: Some(max_tokens),
         sampling: params::sampling(&o, &sh.cfg.sampling)?,
         stop: params::stop_list(&o, "stop_sequences")?,
         ignore_eos: params::opt_bool(&o, "ignore_eos")?.unwrap_or(false),
+        special: tools.is_some(),
     };
     let stream = params::opt_bool(&o, "stream")?.unwrap_or(false);
     let p = submit(sh, g)?;
@@ -283,20 +330,11 @@ pub fn messages(
             Ok(x) => x,
             Err(h) => return h,
         };
-        let (text, calls) = if tools_on {
-            parse_tool_calls(&text, &mut || tool_id()).unwrap_or((text, Vec::new()))
-        } else {
-            (text, Vec::new())
+        let (text, calls) = match &tools {
+            Some(t) => split_reply(sh.tool_format, text, t, &mut || tool_id()),
+            None => (text, Vec::new()),
         };
-        let mut content = Vec::new();
-        if !text.is_empty() || calls.is_empty() {
-            content.push(json!({ "type": "text", "text": text }));
-        }
-        content.extend(calls.iter().map(tool_use_block));
-        let (mut reason, seq) = stop_reason(&fin.reason);
-        if !calls.is_empty() {
-            reason = "tool_use";
-        }
+        let (content, reason, seq) = reply_shape(text, &calls, &fin.reason);
         let body = json!({
             "id": id, "type": "message", "role": "assistant", "model": model, "content": content,
             "stop_reason": reason, "stop_sequence": seq, "usage": usage(&fin),
@@ -328,7 +366,7 @@ pub fn messages(
         return Ok(gone(&p));
     }
     let text_delta = |t: &str| json!({ "type": "content_block_delta", "index": 0, "delta": { "type": "text_delta", "text": t } });
-    let mut split = tools_on.then(ToolSplitter::default);
+    let mut split = tools.map(|t| ToolSplitter::new(sh.tool_format, t));
     loop {
         match p.next(conn) {
             Step::Text(t) => {
@@ -351,7 +389,6 @@ pub fn messages(
                         note: note(&fin),
                     });
                 }
-                let (mut reason, seq) = stop_reason(&fin.reason);
                 let mut calls = Vec::new();
                 if let Some(s) = split.take() {
                     let (rest, c) = s.finish(&mut || tool_id());
@@ -365,30 +402,10 @@ pub fn messages(
                     "content_block_stop",
                     &json!({ "type": "content_block_stop", "index": 0 }),
                 );
-                for (i, c) in calls.iter().enumerate() {
-                    let idx = i + 1;
-                    let block =
-                        json!({ "type": "tool_use", "id": c.id, "name": c.name, "input": {} });
-                    ok = ok
-                        && event(
-                            conn,
-                            "content_block_start",
-                            &json!({ "type": "content_block_start", "index": idx, "content_block": block }),
-                        )
-                        && event(
-                            conn,
-                            "content_block_delta",
-                            &json!({ "type": "content_block_delta", "index": idx, "delta": { "type": "input_json_delta", "partial_json": c.arguments_text() } }),
-                        )
-                        && event(
-                            conn,
-                            "content_block_stop",
-                            &json!({ "type": "content_block_stop", "index": idx }),
-                        );
+                for (name, data) in tool_use_events(&calls, 1) {
+                    ok = ok && event(conn, name, &data);
                 }
-                if !calls.is_empty() {
-                    reason = "tool_use";
-                }
+                let (reason, seq) = reply_stop(&fin.reason, &calls);
                 let delta = json!({
                     "type": "message_delta",
                     "delta": { "stop_reason": reason, "stop_sequence": seq },
@@ -441,4 +458,72 @@ pub fn count_tokens(
 fn event(conn: &mut Conn, name: &str, data: &Value) -> bool {
     conn.chunk(format!("event: {name}\ndata: {data}\n\n").as_bytes())
         .is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(id: &str, name: &str, args: Value) -> ToolCall {
+        ToolCall {
+            id: id.into(),
+            name: name.into(),
+            arguments: args,
+        }
+    }
+
+    #[test]
+    fn whole_reply_blocks_and_stop_reason() {
+        let (content, reason, seq) = reply_shape("hi".into(), &[], &FinishReason::Eos);
+        assert_eq!(content, vec![json!({"type": "text", "text": "hi"})]);
+        assert_eq!((reason, seq), ("end_turn", Value::Null));
+        let (content, reason, seq) =
+            reply_shape(String::new(), &[], &FinishReason::Stop("##".into()));
+        assert_eq!(content, vec![json!({"type": "text", "text": ""})]);
+        assert_eq!((reason, seq), ("stop_sequence", json!("##")));
+
+        let calls = [
+            call("toolu_1", "get_weather", json!({"city": "Paris"})),
+            call("toolu_2", "now", json!({})),
+        ];
+        let (content, reason, seq) = reply_shape(String::new(), &calls, &FinishReason::Eos);
+        assert_eq!(
+            content,
+            vec![
+                json!({"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}),
+                json!({"type": "tool_use", "id": "toolu_2", "name": "now", "input": {}}),
+            ]
+        );
+        assert_eq!((reason, seq), ("tool_use", Value::Null));
+        let (content, reason, _) =
+            reply_shape("Let me look.".into(), &calls[..1], &FinishReason::Length);
+        assert_eq!(content[0], json!({"type": "text", "text": "Let me look."}));
+        assert_eq!(content[1]["type"], "tool_use");
+        assert_eq!(reason, "tool_use");
+    }
+
+    #[test]
+    fn stream_events_of_calls() {
+        let calls = [call("toolu_1", "f", json!({"x": [1, 2]}))];
+        let ev = tool_use_events(&calls, 1);
+        let names: Vec<&str> = ev.iter().map(|(n, _)| *n).collect();
+        assert_eq!(
+            names,
+            [
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop"
+            ]
+        );
+        assert_eq!(
+            ev[0].1,
+            json!({"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}})
+        );
+        assert_eq!(
+            ev[1].1,
+            json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "{\"x\":[1,2]}"}})
+        );
+        assert_eq!(ev[2].1, json!({"type": "content_block_stop", "index": 1}));
+        assert!(tool_use_events(&[], 1).is_empty());
+    }
 }

@@ -30,6 +30,8 @@ pub struct Job {
     pub stop: Vec<String>,
     /// Generate past end-of-generation tokens (vLLM's `ignore_eos`).
     pub ignore_eos: bool,
+    /// Render control tokens in the text (see `GenRequest::special`).
+    pub special: bool,
     /// Set by the connection when its client goes away.
     pub cancel: Arc<AtomicBool>,
     pub events: Sender<Event>,
@@ -365,7 +367,11 @@ impl Engine {
 
         // Decode.
         let t1 = Instant::now();
-        let mut dec = StreamDecoder::new();
+        let mut dec = if job.special {
+            StreamDecoder::with_special()
+        } else {
+            StreamDecoder::new()
+        };
         let mut stops = StopScanner::new(&job.stop);
         let mut steps = 0u64;
         let mut experts = 0u64;

@@ -107,6 +107,8 @@ pub enum ServeError {
         path: std::path::PathBuf,
         msg: String,
     },
+    #[error("--chat-template: {0}")]
+    ChatTemplate(String),
     #[error("cannot install the signal handler: {0}")]
     Signal(std::io::Error),
     #[error(transparent)]

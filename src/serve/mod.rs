@@ -55,6 +55,8 @@ pub struct ServeConfig {
     pub api_key: Option<String>,
     /// The model name clients must ask for (and `/v1/models` lists).
     pub model_id: String,
+    /// A chat template that replaces the model's own (`--chat-template`).
+    pub chat_template: Option<String>,
     /// Context length (the state passed to `run` must hold this many positions).
     pub ctx: usize,
     /// Sampling defaults for fields a request leaves out.
@@ -73,6 +75,8 @@ pub(crate) struct Shared {
     pub cfg: ServeConfig,
     pub tok: Tokenizer,
     pub template: Option<String>,
+    /// How this model writes tool calls (from its template, else its family).
+    pub tool_format: tools::ToolFormat,
     pub queue: Queue,
     pub metrics: Arc<Metrics>,
     pub stopping: AtomicBool,
@@ -119,6 +123,25 @@ pub fn run(
             Some(s)
         }
     };
+    let template = cfg
+        .chat_template
+        .clone()
+        .or_else(|| tok.chat_template().map(str::to_string));
+    if let Some(t) = &cfg.chat_template {
+        // A template given on the command line must render a plain conversation now, not fail
+        // every request later.
+        let hello = [json!({"role": "user", "content": "Hello"})];
+        render_chat_json(
+            t,
+            &hello,
+            true,
+            tok.bos_token().unwrap_or(""),
+            tok.eos_token().unwrap_or(""),
+            None,
+        )
+        .map_err(|e| ServeError::ChatTemplate(e.to_string()))?;
+    }
+    let tool_format = tools::ToolFormat::detect(template.as_deref(), model.cfg.family);
     let engine = Engine::new(model, tok.clone(), st, store, metrics.clone());
 
     let addr = format!("{}:{}", cfg.host, cfg.port);
@@ -137,7 +160,6 @@ pub fn run(
         signal_hook::flag::register(sig, stop.clone()).map_err(ServeError::Signal)?;
     }
 
-    let template = tok.chat_template().map(str::to_string);
     if template.is_none() {
         eprintln!("[serve] warning: the model has no chat template; /v1/chat/completions and /v1/messages will answer 400");
     }
@@ -150,6 +172,7 @@ pub fn run(
         cfg,
         tok,
         template,
+        tool_format,
         metrics,
         stopping: AtomicBool::new(false),
         started,
@@ -163,8 +186,10 @@ pub fn run(
             .spawn(move || engine.run(&sh.queue, &abort))?
     };
     eprintln!(
-        "[serve] model {:?} (context {}) listening on http://{local}",
-        shared.cfg.model_id, shared.cfg.ctx
+        "[serve] model {:?} (context {}, tool calls parsed as {}) listening on http://{local}",
+        shared.cfg.model_id,
+        shared.cfg.ctx,
+        shared.tool_format.name()
     );
 
     let connections = Arc::new(AtomicUsize::new(0));
@@ -531,6 +556,9 @@ pub(crate) struct GenRequest {
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
     pub ignore_eos: bool,
+    /// Render control tokens in the text (tool-call markers are control tokens in some
+    /// families' vocabularies, e.g. GLM-4.5's `<tool_call>`).
+    pub special: bool,
 }
 
 /// A submitted job, seen from its connection.
@@ -555,13 +583,17 @@ pub(crate) enum Step {
 
 impl Pending {
     /// Wait for the next event, watching the socket: a client that goes away cancels the job.
+    ///
+    /// The socket is looked at after every event as well as every 20 ms without one: a
+    /// non-streaming reply writes nothing until the end, so only this check sees its client
+    /// leave (a closed socket or a half-closed one, whose write side sent FIN), and looking
+    /// after each token keeps the cancellation within one token of the disconnect.
     pub fn next(&self, conn: &Conn) -> Step {
         loop {
-            match self.rx.recv_timeout(Duration::from_millis(20)) {
-                Ok(Event::Started { reused, prefilled }) => {
-                    return Step::Started { reused, prefilled }
-                }
-                Ok(Event::Text(t)) => return Step::Text(t),
+            let step = match self.rx.recv_timeout(Duration::from_millis(20)) {
+                Ok(Event::Started { reused, prefilled }) => Step::Started { reused, prefilled },
+                Ok(Event::Text(t)) => Step::Text(t),
+                // The reply is complete: deliver it even if the client is leaving.
                 Ok(Event::Done(f)) => return Step::Done(f),
                 Ok(Event::Failed(e)) => return Step::Failed(e),
                 Err(RecvTimeoutError::Timeout) => {
@@ -569,11 +601,17 @@ impl Pending {
                         self.cancel();
                         return Step::Gone;
                     }
+                    continue;
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     return Step::Failed(ApiError::new(500, "the generator stopped"))
                 }
+            };
+            if conn.peer_gone() {
+                self.cancel();
+                return Step::Gone;
             }
+            return step;
         }
     }
 
@@ -620,6 +658,7 @@ pub(crate) fn submit(sh: &Shared, g: GenRequest) -> Result<Pending, ApiError> {
         sampling: g.sampling,
         stop: g.stop,
         ignore_eos: g.ignore_eos,
+        special: g.special,
         cancel: cancel.clone(),
         events: tx,
     })?;

@@ -13,7 +13,7 @@ use super::engine::{FinishReason, Finished};
 use super::error::{ApiError, Dialect};
 use super::http::{Conn, Request};
 use super::params::{self, kind, Obj};
-use super::tools::{parse_tool_calls, ToolCall, ToolSplitter};
+use super::tools::{split_reply, ToolCall, ToolSplitter};
 use super::{
     chat_tokens, check_model, new_id, note, submit, unix_now, GenRequest, Handled, Pending, Shared,
     Step,
@@ -67,6 +67,44 @@ fn finish_reason(r: &FinishReason) -> &'static str {
     }
 }
 
+/// A chat reply's `finish_reason`: `tool_calls` when it made calls.
+fn chat_finish_reason(r: &FinishReason, calls: &[ToolCall]) -> &'static str {
+    if calls.is_empty() {
+        finish_reason(r)
+    } else {
+        "tool_calls"
+    }
+}
+
+/// The assistant `message` of a whole chat reply: the content (null when the reply is only
+/// calls) and `tool_calls` in OpenAI's shape.
+fn chat_message(content: String, calls: &[ToolCall]) -> Value {
+    let mut message = json!({ "role": "assistant", "content": content });
+    if !calls.is_empty() {
+        if content.is_empty() {
+            message["content"] = Value::Null;
+        }
+        message["tool_calls"] = Value::Array(
+            calls
+                .iter()
+                .enumerate()
+                .map(|(i, c)| tool_call_json(i, c, false))
+                .collect(),
+        );
+    }
+    message
+}
+
+/// The stream delta that carries a reply's calls (each with its `index`).
+fn tool_calls_delta(calls: &[ToolCall]) -> Value {
+    let tc: Vec<Value> = calls
+        .iter()
+        .enumerate()
+        .map(|(i, c)| tool_call_json(i, c, true))
+        .collect();
+    json!({ "tool_calls": tc })
+}
+
 /// `POST /v1/chat/completions`.
 pub fn chat(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Result<Handled, ApiError> {
     let o = params::parse_object(&req.body)?;
@@ -118,7 +156,7 @@ pub fn chat(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Result<H
     let tools = openai_tools(&o)?;
     let tools_on = tools_on && !tools.is_empty();
     if tools_on {
-        extra.insert("tools".into(), Value::Array(tools));
+        extra.insert("tools".into(), Value::Array(tools.clone()));
     }
     let tokens = chat_tokens(sh, &msgs, &extra)?;
     let max_tokens = match params::opt_u64(&o, "max_completion_tokens")? {
@@ -131,6 +169,7 @@ pub fn chat(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Result<H
         sampling: params::sampling(&o, &sh.cfg.sampling)?,
         stop: params::stop_list(&o, "stop")?,
         ignore_eos: params::opt_bool(&o, "ignore_eos")?.unwrap_or(false),
+        special: tools_on,
     };
     let stream = params::opt_bool(&o, "stream")?.unwrap_or(false);
     let include_usage = match o.get("stream_options").filter(|v| !v.is_null()) {
@@ -156,25 +195,12 @@ pub fn chat(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Result<H
             Err(h) => return h,
         };
         let (content, calls) = if tools_on {
-            parse_tool_calls(&text, &mut || new_id("call_")).unwrap_or((text, Vec::new()))
+            split_reply(sh.tool_format, text, &tools, &mut || new_id("call_"))
         } else {
             (text, Vec::new())
         };
-        let mut message = json!({ "role": "assistant", "content": content });
-        let mut reason = finish_reason(&fin.reason);
-        if !calls.is_empty() {
-            if content.is_empty() {
-                message["content"] = Value::Null;
-            }
-            message["tool_calls"] = Value::Array(
-                calls
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| tool_call_json(i, c, false))
-                    .collect(),
-            );
-            reason = "tool_calls";
-        }
+        let reason = chat_finish_reason(&fin.reason, &calls);
+        let message = chat_message(content, &calls);
         let body = json!({
             "id": id, "object": "chat.completion", "created": created, "model": model,
             "choices": [{ "index": 0, "message": message, "logprobs": null, "finish_reason": reason }],
@@ -201,7 +227,7 @@ pub fn chat(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Result<H
     ) {
         return Ok(gone(&p));
     }
-    let mut split = tools_on.then(ToolSplitter::default);
+    let mut split = tools_on.then(|| ToolSplitter::new(sh.tool_format, tools));
     loop {
         match p.next(conn) {
             Step::Text(t) => {
@@ -225,24 +251,18 @@ pub fn chat(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Result<H
                         note: note(&fin),
                     });
                 }
-                let mut reason = finish_reason(&fin.reason);
+                let mut calls = Vec::new();
                 if let Some(s) = split.take() {
-                    let (rest, calls) = s.finish(&mut || new_id("call_"));
+                    let (rest, c) = s.finish(&mut || new_id("call_"));
                     if !rest.is_empty() && !sse(conn, &chunk(json!({ "content": rest }), None)) {
                         return Ok(gone(&p));
                     }
-                    if !calls.is_empty() {
-                        let tc: Vec<Value> = calls
-                            .iter()
-                            .enumerate()
-                            .map(|(i, c)| tool_call_json(i, c, true))
-                            .collect();
-                        if !sse(conn, &chunk(json!({ "tool_calls": tc }), None)) {
-                            return Ok(gone(&p));
-                        }
-                        reason = "tool_calls";
+                    calls = c;
+                    if !calls.is_empty() && !sse(conn, &chunk(tool_calls_delta(&calls), None)) {
+                        return Ok(gone(&p));
                     }
                 }
+                let reason = chat_finish_reason(&fin.reason, &calls);
                 let mut ok = sse(conn, &chunk(json!({}), Some(reason)));
                 if include_usage && ok {
                     let u = json!({ "id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [], "usage": usage(&fin) });
@@ -502,6 +522,7 @@ pub fn completions(
         sampling: params::sampling(&o, &sh.cfg.sampling)?,
         stop: params::stop_list(&o, "stop")?,
         ignore_eos: params::opt_bool(&o, "ignore_eos")?.unwrap_or(false),
+        special: false,
     };
     let stream = params::opt_bool(&o, "stream")?.unwrap_or(false);
     let include_usage = o
@@ -635,5 +656,63 @@ fn stream_error(conn: &mut Conn, e: &ApiError) -> Handled {
         status: 200,
         close: true,
         note: format!(" error mid-stream: {}", e.message),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(id: &str, name: &str, args: Value) -> ToolCall {
+        ToolCall {
+            id: id.into(),
+            name: name.into(),
+            arguments: args,
+        }
+    }
+
+    #[test]
+    fn message_with_and_without_calls() {
+        let m = chat_message("hello".into(), &[]);
+        assert_eq!(m, json!({"role": "assistant", "content": "hello"}));
+        assert_eq!(chat_finish_reason(&FinishReason::Eos, &[]), "stop");
+        assert_eq!(chat_finish_reason(&FinishReason::Length, &[]), "length");
+
+        let calls = [
+            call("call_a", "get_weather", json!({"city": "Paris"})),
+            call("call_b", "now", json!({})),
+        ];
+        let m = chat_message(String::new(), &calls);
+        assert_eq!(
+            m,
+            json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}},
+                {"id": "call_b", "type": "function", "function": {"name": "now", "arguments": "{}"}},
+            ]})
+        );
+        // Text before the calls stays as content.
+        let m = chat_message("Checking.".into(), &calls[..1]);
+        assert_eq!(m["content"], "Checking.");
+        assert_eq!(m["tool_calls"].as_array().map(Vec::len), Some(1));
+        // A reply that made calls finishes with tool_calls, whatever ended the generation.
+        for r in [
+            FinishReason::Eos,
+            FinishReason::Length,
+            FinishReason::Stop("x".into()),
+        ] {
+            assert_eq!(chat_finish_reason(&r, &calls), "tool_calls");
+        }
+    }
+
+    #[test]
+    fn stream_delta_indexes_calls() {
+        let calls = [call("c1", "f", json!({"x": 1})), call("c2", "g", json!({}))];
+        assert_eq!(
+            tool_calls_delta(&calls),
+            json!({"tool_calls": [
+                {"index": 0, "id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"x\":1}"}},
+                {"index": 1, "id": "c2", "type": "function", "function": {"name": "g", "arguments": "{}"}},
+            ]})
+        );
     }
 }

@@ -12,6 +12,7 @@ import argparse
 import http.client
 import json
 import re
+import socket
 import sys
 import time
 import traceback
@@ -204,6 +205,73 @@ def disconnect_mid_stream_cancels():
     # The cancelled generation stopped long before its max_tokens.
     assert after - before - 4 < big / 2, (before, after)
     print(f"    (next request answered {waited:.2f}s after the disconnect; cancelled after {after - before - 4:.0f} tokens)")
+
+
+def generous_wait_for_idle(limit=30.0):
+    """Wait until nothing runs or waits (a cancelled generation has stopped)."""
+    t = time.time()
+    while time.time() - t < limit:
+        _, body = raw("GET", "/health", auth=False)
+        if not body["busy"] and body["queue"] == 0:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"server still busy {limit}s later")
+
+
+@check
+def disconnect_non_stream_cancels():
+    # A whole-response request writes nothing until the end: the server must notice the closed
+    # socket by itself. The client gives up after 1 s of a generation that would run for the
+    # whole context (~10x longer even on an idle machine).
+    big = ARGS.ctx - 64
+    before = metric("sluice_generated_tokens_total")
+    cancelled = metric("sluice_generations_cancelled_total")
+    impatient = openai.OpenAI(base_url=ARGS.base + "/v1", api_key=ARGS.key, max_retries=0, timeout=1.0)
+    t = time.time()
+    try:
+        impatient.chat.completions.create(model=ARGS.model, messages=chat_msgs("Go on forever."), max_tokens=big,
+                                          temperature=0, extra_body={"ignore_eos": True})
+        raise AssertionError("the request finished within the client's 1 s timeout: the test needs a longer generation")
+    except openai.APITimeoutError:
+        pass
+    gave_up = time.time() - t
+    r = oai().chat.completions.create(model=ARGS.model, messages=chat_msgs("Short."), max_tokens=4, temperature=0,
+                                      extra_body={"ignore_eos": True})
+    waited = time.time() - t - gave_up
+    assert r.usage.completion_tokens == 4
+    assert metric("sluice_generations_cancelled_total") == cancelled + 1
+    spent = metric("sluice_generated_tokens_total") - before - 4
+    assert spent < big / 2, (spent, big)
+    # Cancelled within a token or so of the client leaving, the next reply takes milliseconds;
+    # 3 s is generous, yet well under what finishing the abandoned generation would take.
+    assert waited < 3.0, waited
+    print(f"    (next request answered {waited:.2f}s after the client gave up; cancelled after {spent:.0f} of {big} tokens)")
+
+
+@check
+def half_close_non_stream_cancels():
+    # A client that sends its request and shuts its write side (FIN) is taken as gone too.
+    big = ARGS.ctx - 64
+    before = metric("sluice_generated_tokens_total")
+    cancelled = metric("sluice_generations_cancelled_total")
+    u = urllib.parse.urlparse(ARGS.base)
+    body = json.dumps({"model": ARGS.model, "messages": chat_msgs("Go on forever."), "max_tokens": big,
+                       "temperature": 0, "ignore_eos": True}).encode()
+    s = socket.create_connection((u.hostname, u.port), timeout=30)
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              + b"Authorization: Bearer " + ARGS.key.encode() + b"\r\n"
+              + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    time.sleep(0.3)
+    s.shutdown(socket.SHUT_WR)
+    t = time.time()
+    reply = s.recv(65536)  # the server closes without a reply: b""
+    s.close()
+    assert reply == b"", reply[:200]
+    generous_wait_for_idle(3.0)
+    print(f"    (generator idle {time.time() - t:.2f}s after the half-close)")
+    assert metric("sluice_generations_cancelled_total") == cancelled + 1
+    spent = metric("sluice_generated_tokens_total") - before
+    assert spent < big / 2, (spent, big)
 
 
 # --- Anthropic ----------------------------------------------------------------------------
