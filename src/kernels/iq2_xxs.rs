@@ -84,7 +84,8 @@ mod simd {
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::super::simd::x86::hsum256;
+    use super::super::simd::prefetch_distance;
+    use super::super::simd::x86::{f16_at, hsum256, ld512, prefetch};
     use super::super::tables::{IQ2XXS_GRID, KSIGNS_IQ2XS, KSIGNS_IQ2XS_PM1};
     use super::super::{ActRow, BlockQ8K, DotFn};
     use super::BLOCK_BYTES;
@@ -94,12 +95,12 @@ mod simd {
     pub(super) const AVX2: Option<DotFn> = Some(dot_avx2);
     pub(super) const AVX512: Option<DotFn> = Some(dot_avx512);
 
-    /// Bytes ahead of the current block to prefetch into L1 (weights stream from DRAM).
-    const PREFETCH: usize = 1024;
-
-    /// AVX-512 as `Isa::Avx512` guarantees, plus VBMI (Cascade Lake lacks it).
+    /// AVX-512 as `Isa::Avx512` guarantees, plus VBMI and BITALG (Ice Lake, Zen 4 and later;
+    /// Skylake-X and Cascade Lake lack them and take the AVX2 kernel).
     fn has_avx512() -> bool {
-        Isa::Avx512.supported() && is_x86_feature_detected!("avx512vbmi")
+        Isa::Avx512.supported()
+            && is_x86_feature_detected!("avx512vbmi")
+            && is_x86_feature_detected!("avx512bitalg")
     }
 
     fn dot_avx2(w: &[u8], a: &ActRow<'_>) -> f32 {
@@ -111,11 +112,11 @@ mod simd {
     }
 
     fn dot_avx512(w: &[u8], a: &ActRow<'_>) -> f32 {
-        // The kernel needs VBMI on top of what `Isa::Avx512` guarantees (Cascade Lake lacks it).
+        // The kernel needs VBMI and BITALG on top of what `Isa::Avx512` guarantees.
         if !has_avx512() {
             return dot_avx2(w, a);
         }
-        // SAFETY: the CPU has AVX-512 F/BW/VBMI/VNNI and AVX2/FMA/F16C (checked just above).
+        // SAFETY: the CPU has AVX-512 F/BW/VBMI/BITALG/VNNI and AVX2/FMA/F16C (checked above).
         unsafe { dot_avx512_impl(w, a.q8k) }
     }
 
@@ -131,8 +132,9 @@ mod simd {
     #[target_feature(enable = "avx2,fma,f16c")]
     fn dot_avx2_impl(w: &[u8], a: &[BlockQ8K]) -> f32 {
         let mut acc = _mm256_setzero_ps();
+        let pf = prefetch_distance();
         for (b, q8) in w.chunks_exact(BLOCK_BYTES).zip(a) {
-            _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(PREFETCH) as *const i8);
+            prefetch(b.as_ptr(), pf, BLOCK_BYTES);
             let mut isum = _mm256_setzero_si256();
             for (g, x) in q8.qs.chunks_exact(32).enumerate() {
                 let at = 2 + 8 * g;
@@ -159,48 +161,94 @@ mod simd {
     #[repr(C, align(64))]
     struct V64([u8; 64]);
 
+    /// The magnitudes of IQ2_XXS grid rows, 8, 25 and 43, as 2-bit codes 0, 1, 2.
+    const LEVELS: [u8; 3] = [0x08, 0x19, 0x2b];
+
+    /// Code of grid byte `v` (compile-time check that the grid holds only `LEVELS`).
+    const fn level_code(v: u8) -> u8 {
+        let mut c = 0;
+        while c < 3 {
+            if LEVELS[c] == v {
+                return c as u8;
+            }
+            c += 1;
+        }
+        panic!("IQ2XXS_GRID holds a byte outside LEVELS");
+    }
+
     /// The constant vectors of the AVX-512 kernel, built at compile time.
     struct Consts {
+        /// Grid row i as 2-bit codes: elements 0..4 in `code_lo[i]` (element c in bits 2c..2c+2),
+        /// elements 4..8 in `code_hi[i]`; 256 bytes each, as four vectors.
+        code_lo: [V64; 4],
+        code_hi: [V64; 4],
+        /// `KSIGNS_IQ2XS`, 128 bytes.
         ksigns: [V64; 2],
-        /// Per qword: bit offsets 32 + 7k of the four sign indices (k = i % 4).
+        /// Byte 8g+4+k <- bit offset 32 + 7k (sign index k of group g); bytes 8g+k unused.
         ctrl_sign: V64,
-        /// Byte 4g + k <- sign byte k of group g (qword g, byte k).
-        ctrl_compact: V64,
-        /// Dword k (k < 16) <- grid index k (block byte 8(k/4) + k%4), and k + 16; other bytes
-        /// are zeroed by the mask.
-        ctrl_index: [V64; 2],
-        /// Vector z: dword i <- low dword of qword 2z + i/8 (the scale of group 2z or 2z+1).
+        /// Vector z, qword q (grid row r = 8z + q, group g = r / 4, k = r % 4):
+        /// byte 0 <- low codes (M byte 8g+k), byte 1 <- high codes (H byte 8g+k, index 64 + ..),
+        /// byte 2 <- sign byte (M byte 8g+4+k).
+        ctrl_place: [V64; 4],
+        /// Byte j of every qword <- bit offset 2j: element j's code in bits 0..2.
+        ctrl_code: V64,
+        /// `LEVELS[i & 3]` for the 6-bit indices `vpermb` uses.
+        levels: V64,
+        /// Byte j of every qword <- bit 16 + j: element j's sign in the placed row.
+        ctrl_sbit: V64,
+        /// Vector z: every word of qword q <- the word at byte 8(2z + q/4) (scale of its group).
         ctrl_scale: [V64; 4],
     }
 
     const fn build_consts() -> Consts {
         let mut c = Consts {
+            code_lo: [const { V64([0; 64]) }; 4],
+            code_hi: [const { V64([0; 64]) }; 4],
             ksigns: [const { V64([0; 64]) }; 2],
             ctrl_sign: V64([0; 64]),
-            ctrl_compact: V64([0; 64]),
-            ctrl_index: [const { V64([0; 64]) }; 2],
+            ctrl_place: [const { V64([0; 64]) }; 4],
+            ctrl_code: V64([0; 64]),
+            levels: V64([0; 64]),
+            ctrl_sbit: V64([0; 64]),
             ctrl_scale: [const { V64([0; 64]) }; 4],
         };
         let mut i = 0;
-        while i < 128 {
-            c.ksigns[i / 64].0[i % 64] = KSIGNS_IQ2XS[i];
+        while i < 256 {
+            let row = IQ2XXS_GRID[i].to_le_bytes();
+            let (mut lo, mut hi) = (0u8, 0u8);
+            let mut e = 0;
+            while e < 4 {
+                lo |= level_code(row[e]) << (2 * e);
+                hi |= level_code(row[e + 4]) << (2 * e);
+                e += 1;
+            }
+            c.code_lo[i / 64].0[i % 64] = lo;
+            c.code_hi[i / 64].0[i % 64] = hi;
+            if i < 128 {
+                c.ksigns[i / 64].0[i % 64] = KSIGNS_IQ2XS[i];
+            }
             i += 1;
         }
         i = 0;
         while i < 64 {
-            c.ctrl_sign.0[i] = 32 + 7 * (i % 4) as u8;
-            c.ctrl_compact.0[i] = (8 * ((i / 4) % 8) + i % 4) as u8;
-            let k = i / 4;
-            c.ctrl_index[0].0[i] = (8 * (k / 4) + k % 4) as u8;
-            c.ctrl_index[1].0[i] = (8 * (k / 4 + 4) + k % 4) as u8;
+            let (q, j) = (i / 8, i % 8);
+            if j >= 4 {
+                c.ctrl_sign.0[i] = 32 + 7 * (j as u8 - 4);
+            }
+            c.ctrl_code.0[i] = 2 * j as u8;
+            c.levels.0[i] = if i % 4 < 3 { LEVELS[i % 4] } else { 0 };
+            c.ctrl_sbit.0[i] = 16 + j as u8;
             let mut z = 0;
             while z < 4 {
-                // Dword i/4 <- dword 2(2z + i/32) (low dword of qword 2z or 2z+1).
-                c.ctrl_scale[z].0[i] = if i % 4 == 0 {
-                    (2 * (2 * z + i / 32)) as u8
-                } else {
-                    0
+                let r = 8 * z + q;
+                let (g, k) = (r / 4, r % 4);
+                c.ctrl_place[z].0[i] = match j {
+                    0 => (8 * g + k) as u8,
+                    1 => (64 + 8 * g + k) as u8,
+                    2 => (8 * g + 4 + k) as u8,
+                    _ => 0,
                 };
+                c.ctrl_scale[z].0[i] = (8 * (2 * z + q / 4) + j % 2) as u8;
                 z += 1;
             }
             i += 1;
@@ -216,131 +264,72 @@ mod simd {
         unsafe { _mm512_loadu_si512(v.0.as_ptr() as *const __m512i) }
     }
 
-    /// AVX-512 (VBMI, VNNI): one block per iteration, as four 64-element vectors z (sub-blocks
-    /// 8z..8z+8, groups 2z and 2z+1).
+    /// Byte i <- `t[idx_i]` for a 256-byte table held in four vectors.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+    fn lookup256(t: &[__m512i; 4], idx: __m512i, high: __mmask64) -> __m512i {
+        let a = _mm512_permutex2var_epi8(t[0], idx, t[1]);
+        let b = _mm512_permutex2var_epi8(t[2], idx, t[3]);
+        _mm512_mask_blend_epi8(high, a, b)
+    }
+
+    /// AVX-512 (VBMI, BITALG): one block per iteration, without gathers or table loads: every
+    /// table lives in registers and is read with byte permutes.
     ///
-    /// The block's 64 bytes of groups are one vector, group g in qword g (aux0 low, aux1 high).
-    /// - Weights: the grid rows are gathered (`vpgatherdq`, 8 rows per vector) from
-    ///   `IQ2XXS_GRID` by the 32 index bytes, zero-extended to dwords by a masked byte permute.
-    /// - Signs: `multishift` cuts the four 7-bit sign indices of each group, a two-register
-    ///   byte permute looks them up in `KSIGNS_IQ2XS`; the 32 sign bytes, stored, are the four
-    ///   64-bit masks that negate activations.
-    /// - Scales: 2ls+1 is `(qword >> 59) | 1`, copied into both words of the low dword; a dword
-    ///   permute spreads it over its group.
-    /// - `maddubs` (magnitude x signed activation), then `vpdpwssd` by the scale words.
-    /// - Block scales d_w * d_a / 8 are computed 16 blocks at a time (two gathers) and picked
-    ///   per block with one permute.
-    ///
-    /// Measured on the development machine (Xeon, AVX-512): ~36 cycles per block with the
-    /// weights in L2, of which the four gathers are ~8-11. Looking the grid up through 2-bit
-    /// codes held in registers (byte permutes, no gathers) measured ~49: the two-register byte
-    /// permutes it needs take two cycles each on port 5, where most of this kernel runs.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+    /// The block's 64 bytes of groups are one vector `qv`, group g in qword g (aux0 low, aux1
+    /// high): bytes 8g..8g+4 are its four grid indices.
+    /// - Grid rows as 2-bit codes: two 256-entry byte lookups (`vpermi2b` x2 + blend each)
+    ///   turn the index bytes into the codes of elements 0..4 (`L`) and 4..8 (`H`).
+    /// - Signs: `multishift` cuts the four 7-bit sign indices of group g into bytes 8g+4..8g+8
+    ///   of `L` (merge-masked), and a merge-masked `vpermi2b` looks them up in `KSIGNS_IQ2XS`
+    ///   in place, giving `M` (codes low, sign bytes high in each qword).
+    /// - Per 64 elements (vector z, rows 8z..8z+8): one `vpermi2b` places row 8z+q's low codes,
+    ///   high codes and sign byte in bytes 0..3 of qword q; `multishift` moves element j's code
+    ///   to the bottom of byte j, `vpermb` maps it to 8/25/43; `vpshufbitqmb` turns the sign
+    ///   bits into a 64-bit mask that negates activations (`|q8| <= 127`, so never overflows).
+    /// - `maddubs` (magnitude x signed activation), then `vpdpwssd` by 2ls+1 of each group.
+    #[target_feature(
+        enable = "avx512f,avx512bw,avx512vbmi,avx512bitalg,avx512vnni,avx2,fma,f16c"
+    )]
     fn dot_avx512_impl(w: &[u8], a: &[BlockQ8K]) -> f32 {
         let c = &CONSTS;
+        let code_lo: [__m512i; 4] = std::array::from_fn(|i| ldc(&c.code_lo[i]));
+        let code_hi: [__m512i; 4] = std::array::from_fn(|i| ldc(&c.code_hi[i]));
         let (ks_lo, ks_hi) = (ldc(&c.ksigns[0]), ldc(&c.ksigns[1]));
-        let (ctrl_sign, ctrl_compact) = (ldc(&c.ctrl_sign), ldc(&c.ctrl_compact));
-        let (ctrl_i0, ctrl_i1) = (ldc(&c.ctrl_index[0]), ldc(&c.ctrl_index[1]));
+        let ctrl_sign = ldc(&c.ctrl_sign);
+        let ctrl_place: [__m512i; 4] = std::array::from_fn(|z| ldc(&c.ctrl_place[z]));
         let ctrl_scale: [__m512i; 4] = std::array::from_fn(|z| ldc(&c.ctrl_scale[z]));
+        let (ctrl_code, levels, ctrl_sbit) = (ldc(&c.ctrl_code), ldc(&c.levels), ldc(&c.ctrl_sbit));
         let one = _mm512_set1_epi64(1);
-        let lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        let off_w = _mm512_mullo_epi32(lane, _mm512_set1_epi32(BLOCK_BYTES as i32));
-        let off_a = _mm512_mullo_epi32(
-            lane,
-            _mm512_set1_epi32(std::mem::size_of::<BlockQ8K>() as i32),
-        );
-        /// The four 64-bit sign masks of a block, read back by `kmovq` from memory.
-        #[repr(C, align(32))]
-        struct Masks([u64; 4]);
-        let mut masks = Masks([0; 4]);
+        let zero = _mm512_setzero_si512();
+        const SIGN_BYTES: __mmask64 = 0xf0f0_f0f0_f0f0_f0f0;
+        let pf = prefetch_distance();
         let mut acc = _mm512_setzero_ps();
-        let nb = (w.len() / BLOCK_BYTES).min(a.len());
-        for c0 in (0..nb).step_by(16) {
-            let n = (nb - c0).min(16);
-            let live: u16 = if n == 16 { 0xffff } else { (1u16 << n) - 1 };
-            // SAFETY: lane j < n reads the first 4 bytes of weight block c0 + j (66 bytes) and
-            // the `d` of activation block c0 + j; masked-off lanes read nothing.
-            let (dw, da) = unsafe {
-                let wp = w.as_ptr().add(c0 * BLOCK_BYTES) as *const i32;
-                let ap = &a[c0].d as *const f32;
-                (
-                    _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), live, off_w, wp),
-                    _mm512_mask_i32gather_ps::<1>(_mm512_setzero_ps(), live, off_a, ap),
-                )
-            };
-            let dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dw));
-            let scales = _mm512_mul_ps(_mm512_mul_ps(dw, da), _mm512_set1_ps(0.125));
-            let mut pick = _mm512_setzero_si512();
-            let wb = w[c0 * BLOCK_BYTES..(c0 + n) * BLOCK_BYTES].chunks_exact(BLOCK_BYTES);
-            for (b, q8) in wb.zip(&a[c0..c0 + n]) {
-                _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().wrapping_add(PREFETCH) as *const i8);
-                // SAFETY: b[2..] is 64 bytes.
-                let qv = unsafe { _mm512_loadu_si512(b[2..].as_ptr() as *const __m512i) };
-                let sidx = _mm512_multishift_epi64_epi8(ctrl_sign, qv);
-                let sb = _mm512_permutex2var_epi8(ks_lo, sidx, ks_hi);
-                let sb = _mm512_permutexvar_epi8(ctrl_compact, sb);
-                // SAFETY: `masks` is 32 aligned bytes.
-                unsafe {
-                    _mm256_store_si256(
-                        masks.0.as_mut_ptr() as *mut __m256i,
-                        _mm512_castsi512_si256(sb),
-                    )
-                };
-                // 2ls + 1: bit 59 is the top sign-index bit, which or-ing 1 overwrites.
-                let s = _mm512_or_si512(_mm512_srli_epi64(qv, 59), one);
-                let s = _mm512_or_si512(s, _mm512_slli_epi64::<16>(s));
-                let ilo = _mm512_maskz_permutexvar_epi8(0x1111_1111_1111_1111, ctrl_i0, qv);
-                let ihi = _mm512_maskz_permutexvar_epi8(0x1111_1111_1111_1111, ctrl_i1, qv);
-                let idx = [
-                    _mm512_castsi512_si256(ilo),
-                    _mm512_extracti64x4_epi64::<1>(ilo),
-                    _mm512_castsi512_si256(ihi),
-                    _mm512_extracti64x4_epi64::<1>(ihi),
-                ];
-                let mut isum = _mm512_setzero_si512();
-                for z in 0..4 {
-                    // SAFETY: every index is a byte (< 256 rows of IQ2XXS_GRID).
-                    let g = unsafe {
-                        _mm512_i32gather_epi64::<8>(idx[z], IQ2XXS_GRID.as_ptr() as *const i64)
-                    };
-                    let m: u64;
-                    // SAFETY: reads masks.0[z] (in bounds), no other effect. Loading the mask
-                    // straight from memory keeps it off port 5 (the compiler would otherwise
-                    // extract it from the vector).
-                    unsafe {
-                        std::arch::asm!(
-                            "kmovq {k}, qword ptr [{p}]",
-                            k = lateout(kreg) m,
-                            p = in(reg) masks.0.as_ptr().add(z),
-                            options(readonly, nostack, preserves_flags)
-                        );
-                    }
-                    // SAFETY: q8.qs has 256 bytes; 64z + 64 <= 256.
-                    let x =
-                        unsafe { _mm512_loadu_si512(q8.qs.as_ptr().add(64 * z) as *const __m512i) };
-                    let x = _mm512_mask_sub_epi8(x, m, _mm512_setzero_si512(), x);
-                    let p = _mm512_maddubs_epi16(g, x);
-                    let sc = _mm512_permutexvar_epi32(ctrl_scale[z], s);
-                    if z == 0 {
-                        isum = _mm512_madd_epi16(p, sc);
-                    } else {
-                        // SAFETY: register-only AVX512-VNNI instruction (the CPU has it).
-                        // Written out because the compiler splits it into madd + add.
-                        unsafe {
-                            std::arch::asm!(
-                                "vpdpwssd {acc}, {p}, {s}",
-                                acc = inout(zmm_reg) isum,
-                                p = in(zmm_reg) p,
-                                s = in(zmm_reg) sc,
-                                options(pure, nomem, nostack, preserves_flags)
-                            );
-                        }
-                    }
-                }
-                let f = _mm512_permutexvar_ps(pick, scales);
-                pick = _mm512_add_epi32(pick, _mm512_set1_epi32(1));
-                acc = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(isum), acc);
+        for (b, q8) in w.chunks_exact(BLOCK_BYTES).zip(a) {
+            prefetch(b.as_ptr(), pf, BLOCK_BYTES);
+            let qv = ld512(&b[2..]);
+            let high = _mm512_movepi8_mask(qv);
+            let lo = lookup256(&code_lo, qv, high);
+            let hi = lookup256(&code_hi, qv, high);
+            let m = _mm512_mask_multishift_epi64_epi8(lo, SIGN_BYTES, ctrl_sign, qv);
+            let m = _mm512_mask2_permutex2var_epi8(ks_lo, m, SIGN_BYTES, ks_hi);
+            // 2ls + 1 in byte 8g: bit 59 is the top sign-index bit, which or-ing 1 overwrites.
+            let sc = _mm512_or_si512(_mm512_srli_epi64::<59>(qv), one);
+            let mut isum = zero;
+            for z in 0..4 {
+                let placed = _mm512_permutex2var_epi8(m, ctrl_place[z], hi);
+                let codes = _mm512_multishift_epi64_epi8(ctrl_code, placed);
+                let mag = _mm512_permutexvar_epi8(codes, levels);
+                let neg = _mm512_bitshuffle_epi64_mask(placed, ctrl_sbit);
+                let x = ld512(&q8.qs[64 * z..]);
+                let x = _mm512_mask_sub_epi8(x, neg, zero, x);
+                let p = _mm512_maddubs_epi16(mag, x);
+                let s = _mm512_permutexvar_epi8(ctrl_scale[z], sc);
+                isum = _mm512_dpwssd_epi32(isum, p, s);
             }
+            // SAFETY: `b` holds the block's f16 `d` in its first two bytes; F16C is enabled.
+            let f = q8.d * unsafe { f16_at(b.as_ptr()) } * 0.125;
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(f), _mm512_cvtepi32_ps(isum), acc);
         }
         _mm512_reduce_add_ps(acc)
     }
