@@ -8,6 +8,10 @@ make_model_fixtures.make_model) with a few config fields changed:
   mixtral_swa          Mixtral with sliding_window = 5 (cases are longer than the window)
   olmoe_clip           OLMoE with clip_qkv = 0.5 (clamps a good share of q/k/v entries)
   qwen3_moe_linear     Qwen3-MoE with linear RoPE scaling (factor 4, rope_theta 10000)
+  qwen3_moe_swa        Qwen3-MoE with use_sliding_window = true, sliding_window = 5 (transformers
+                       5.17 then masks every layer; max_window_layers is not read)
+  qwen3_moe_yarn       Qwen3-MoE with YaRN, factor 2 over original_max_position_embeddings 128
+                       (max_position_embeddings 512: the factor is not the ratio of the lengths)
   deepseek_v32_sparse  DeepSeek-V3.2 with index_topk = 4, so the lightning indexer really
                        chooses which cached tokens MLA attends to
 
@@ -48,6 +52,11 @@ VARIANTS = {
     "olmoe_clip": {"base": "olmoe", "seed": 2102, "set": {"clip_qkv": 0.5}},
     "qwen3_moe_linear": {"base": "qwen3_moe", "seed": 2103, "set": {
         "rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}}},
+    "qwen3_moe_swa": {"base": "qwen3_moe", "seed": 2105, "set": {
+        "use_sliding_window": True, "sliding_window": 5}},
+    "qwen3_moe_yarn": {"base": "qwen3_moe", "seed": 2106, "set": {
+        "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0,
+                            "original_max_position_embeddings": 128}}},
     "deepseek_v32_sparse": {"base": None, "seed": 2104, "architecture": "DeepseekV32ForCausalLM",
                             "config_class": "DeepseekV32Config", "config": V32_CONFIG,
                             "min_index_margin": 1e-3, "attempts": 60},

@@ -20,6 +20,22 @@ use std::path::{Path, PathBuf};
 
 const VARIANTS: &[&str] = &["mixtral_swa", "olmoe_clip", "qwen3_moe_linear"];
 
+/// Variants scripts/make_variant_fixtures.py defines whose fixtures are made on the device
+/// machine and may not be committed yet: checked like the others when their folder exists.
+const PENDING: &[&str] = &["qwen3_moe_swa", "qwen3_moe_yarn"];
+
+fn variants() -> Vec<&'static str> {
+    let mut v = VARIANTS.to_vec();
+    for p in PENDING {
+        if dir(p).join("cases.json").is_file() {
+            v.push(p);
+        } else {
+            eprintln!("{p}: no fixture yet (scripts/make_variant_fixtures.py OUT {p})");
+        }
+    }
+    v
+}
+
 fn dir(v: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/models")
@@ -120,7 +136,7 @@ fn check(variant: &str, model_path: &Path, what: &str) {
 
 #[test]
 fn safetensors_variants_match_transformers() {
-    for v in VARIANTS {
+    for v in variants() {
         check(v, &dir(v), "safetensors");
     }
 }
@@ -222,12 +238,18 @@ fn to_gguf(variant: &str, feature: bool) -> PathBuf {
     if let Some(c) = cfg["clip_qkv"].as_f64().filter(|_| feature) {
         meta.push((k("attention.clamp_kqv"), f(c)));
     }
-    if feature && rope["rope_type"].as_str() == Some("linear") {
-        meta.push((k("rope.scaling.type"), MetaValue::String("linear".into())));
-        meta.push((
-            k("rope.scaling.factor"),
-            f(rope["factor"].as_f64().unwrap()),
-        ));
+    match rope["rope_type"].as_str() {
+        Some(t @ ("linear" | "yarn")) if feature => {
+            meta.push((k("rope.scaling.type"), MetaValue::String(t.into())));
+            meta.push((
+                k("rope.scaling.factor"),
+                f(rope["factor"].as_f64().unwrap()),
+            ));
+            if let Some(o) = rope["original_max_position_embeddings"].as_u64() {
+                meta.push((k("rope.scaling.original_context_length"), u(o as u32)));
+            }
+        }
+        _ => {}
     }
     for (key, v) in meta {
         w.add_meta(&key, v).unwrap();
@@ -337,7 +359,7 @@ fn to_gguf(variant: &str, feature: bool) -> PathBuf {
 
 #[test]
 fn gguf_variants_match_transformers() {
-    for v in VARIANTS {
+    for v in variants() {
         check(v, &to_gguf(v, true), "gguf f32");
     }
 }
@@ -346,7 +368,7 @@ fn gguf_variants_match_transformers() {
 /// logits far from transformers' on the longest case.
 #[test]
 fn variants_without_their_feature_differ() {
-    for v in VARIANTS {
+    for v in variants() {
         let p = to_gguf(v, false);
         let files = ModelFiles::open(&p).unwrap();
         let model = Model::load(

@@ -310,8 +310,14 @@ impl ModelConfig {
                 orig_ctx: opt_f("rope.scaling.original_context_length").unwrap_or(4096.0),
                 beta_fast: opt_f("rope.scaling.yarn_beta_fast").unwrap_or(32.0),
                 beta_slow: opt_f("rope.scaling.yarn_beta_slow").unwrap_or(1.0),
-                // llama.cpp keeps mscale == mscale_all_dim for DeepSeek: cos/sin unscaled.
-                attention_factor: 1.0,
+                // ggml's YaRN scales cos/sin by attn_factor * (1 + 0.1 ln factor) (attn_factor
+                // 1 here; keys that change it are refused below), except for deepseek2, whose
+                // graph cancels it (mscale == mscale_all_dim).
+                attention_factor: if arch == "deepseek2" {
+                    1.0
+                } else {
+                    yarn_mscale(factor, 1.0)
+                },
             },
             other => {
                 return Err(ModelError::Config(format!(
@@ -320,6 +326,21 @@ impl ModelConfig {
                 )))
             }
         };
+        if matches!(rope_scaling, RopeScaling::Yarn { .. }) && arch != "deepseek2" {
+            // Keys that change llama.cpp's YaRN magnitude or mix: not implemented, refused.
+            for k in [
+                "rope.scaling.attn_factor",
+                "rope.scaling.yarn_attn_factor",
+                "rope.scaling.yarn_ext_factor",
+            ] {
+                if get(k).is_some() {
+                    return Err(ModelError::Config(format!(
+                        "{}: not supported with YaRN for {arch}",
+                        key(k)
+                    )));
+                }
+            }
+        }
         let mut attn = AttnKind::Gqa;
         let mut rotary_dim = opt_u("rope.dimension_count").unwrap_or(head_dim);
         let mut attn_scale = 1.0 / (head_dim as f64).sqrt();
@@ -506,12 +527,24 @@ impl ModelConfig {
             "default" => RopeScaling::None,
             "linear" => RopeScaling::Linear(factor),
             "yarn" => {
-                // As transformers: with original_max_position_embeddings the factor is the
-                // ratio of the context lengths; cos/sin scale by mscale ratios.
-                let (orig, f) = match rget("original_max_position_embeddings") {
-                    Some(o) => (o, max_pos as f64 / o),
-                    None => (max_pos as f64, factor),
-                };
+                // As transformers 5.17 (`standardize_rope_params`, `_compute_yarn_parameters`):
+                // the original context is the top-level `original_max_position_embeddings`, else
+                // the rope dict's, else max_position_embeddings; the factor is the dict's own
+                // (the ratio of the two lengths only when it has none); cos/sin scale by the
+                // mscale ratio.
+                let orig = opt_f("original_max_position_embeddings")
+                    .or_else(|| rget("original_max_position_embeddings"))
+                    .unwrap_or(max_pos as f64);
+                let f = rget("factor").unwrap_or(max_pos as f64 / orig);
+                if rope
+                    .and_then(|r| r.get("truncate"))
+                    .and_then(Value::as_bool)
+                    == Some(false)
+                {
+                    return Err(ModelError::Config(
+                        "config.json: yarn with truncate false is not supported".into(),
+                    ));
+                }
                 let attention_factor = match (
                     rget("attention_factor"),
                     rget("mscale"),
@@ -857,6 +890,36 @@ mod tests {
         assert_eq!(on.sliding_window, Some(64));
         let default = qwen3(|v| v["use_sliding_window"] = true.into()).unwrap();
         assert_eq!(default.sliding_window, Some(4096));
+    }
+
+    #[test]
+    fn yarn_factor_is_the_configs_own() {
+        // Qwen3's documented YaRN set-up: factor 4 over 32768, max_position_embeddings 40960.
+        // transformers 5.17 uses factor 4 (not 40960 / 32768) and mscale 0.1 ln 4 + 1.
+        let c = qwen3(|v| {
+            v["max_position_embeddings"] = 40960.into();
+            v["rope_parameters"] = serde_json::json!({"rope_type": "yarn", "rope_theta": 1e6,
+                "factor": 4.0, "original_max_position_embeddings": 32768});
+        })
+        .unwrap();
+        let RopeScaling::Yarn {
+            factor,
+            orig_ctx,
+            attention_factor,
+            ..
+        } = c.rope_scaling
+        else {
+            panic!("{:?}", c.rope_scaling)
+        };
+        assert_eq!((factor, orig_ctx), (4.0, 32768.0));
+        assert!((attention_factor - (0.1 * 4f64.ln() + 1.0)).abs() < 1e-12);
+        let e = qwen3(|v| {
+            v["rope_parameters"] = serde_json::json!({"rope_type": "yarn", "rope_theta": 1e6,
+                "factor": 4.0, "truncate": false});
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("truncate"), "{e}");
     }
 
     #[test]
