@@ -12,7 +12,7 @@ pub struct ComputeArgs {
     #[arg(short = 't', long = "threads", default_value_t = 0)]
     pub threads: usize,
     /// Context length in tokens (KV cache size). Default: the model's own context length, at
-    /// most 4096. More than the model's context length is refused.
+    /// most 4096. More than the model's context length runs with a warning (as llama.cpp).
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx: Option<usize>,
     /// Prompt tokens per prefill batch.
@@ -23,25 +23,23 @@ pub struct ComputeArgs {
 impl ComputeArgs {
     /// The context length to run with, for a model whose hyperparameters are `cfg`: `-c`, else
     /// the model's own context length capped at 4096 (and at DeepSeek-V3.2's dense limit), and
-    /// at least `need` tokens. `-c` or `need` beyond the model's context length is an error.
+    /// at least `need` tokens. A context beyond the model's own length runs, with a one-line
+    /// warning on stderr (llama.cpp does the same): positions past it were never trained.
     pub fn ctx_for(&self, cfg: &ModelConfig, need: usize) -> anyhow::Result<usize> {
         let max = cfg.train_ctx;
-        let field = "the model's context length (max_position_embeddings / context_length)";
-        if let Some(c) = self.ctx {
-            if c == 0 {
-                anyhow::bail!("-c 0: the context must hold at least one token");
-            }
-            if c > max {
-                anyhow::bail!("-c {c} is more than {field}, {max}");
-            }
-        }
-        if need > max {
-            anyhow::bail!("{need} tokens are more than {field}, {max}");
+        if self.ctx == Some(0) {
+            anyhow::bail!("-c 0: the context must hold at least one token");
         }
         let auto = max
             .min(4096)
             .min(cfg.dense_attn_limit.unwrap_or(usize::MAX));
-        Ok(self.ctx.unwrap_or(auto).max(need))
+        let ctx = self.ctx.unwrap_or(auto).max(need);
+        if ctx > max {
+            eprintln!(
+                "[sluice] warning: context {ctx} is more than the model's context length (max_position_embeddings / context_length), {max}: positions past it were not trained"
+            );
+        }
+        Ok(ctx)
     }
 
     /// Read the model's hyperparameters, settle the context length (`ctx_for`) and load the
