@@ -311,9 +311,9 @@ impl ModelConfig {
                 beta_fast: opt_f("rope.scaling.yarn_beta_fast").unwrap_or(32.0),
                 beta_slow: opt_f("rope.scaling.yarn_beta_slow").unwrap_or(1.0),
                 // ggml's YaRN scales cos/sin by attn_factor * (1 + 0.1 ln factor) (attn_factor
-                // 1 here; keys that change it are refused below), except for deepseek2, whose
-                // graph cancels it (mscale == mscale_all_dim).
-                attention_factor: if arch == "deepseek2" {
+                // 1 here; keys that change it are refused below), except for deepseek2 and
+                // deepseek32, whose graphs cancel it (mscale == mscale_all_dim).
+                attention_factor: if family == Family::DeepseekV3 {
                     1.0
                 } else {
                     yarn_mscale(factor, 1.0)
@@ -326,7 +326,7 @@ impl ModelConfig {
                 )))
             }
         };
-        if matches!(rope_scaling, RopeScaling::Yarn { .. }) && arch != "deepseek2" {
+        if matches!(rope_scaling, RopeScaling::Yarn { .. }) && family != Family::DeepseekV3 {
             // Keys that change llama.cpp's YaRN magnitude or mix: not implemented, refused.
             for k in [
                 "rope.scaling.attn_factor",
