@@ -66,7 +66,10 @@ fn kv_sessions_survive_a_restart_bit_identically() {
 
     // Server 2 starts with the same directory: the second turn reuses the saved prefix.
     let s2 = Server::start(&["-c", "512", "--kv-dir", kv]);
-    assert!(!stale.exists(), "stale temporary session file left in --kv-dir");
+    assert!(
+        !stale.exists(),
+        "stale temporary session file left in --kv-dir"
+    );
     let (resumed, u2) = chat(&s2, &second, 24);
     let (_, metrics) = s2.get("/metrics");
     assert_eq!(s2.stop(), 0);
