@@ -60,8 +60,16 @@ fn kv_sessions_survive_a_restart_bit_identically() {
         .unwrap()
         .push(json!({"role": "user", "content": "And then?"}));
 
+    // A write a crash cut short (a process that is gone) is cleared when the next one starts.
+    let stale = dir.join(".session-00000000000000ab.4294967000.tmp");
+    std::fs::write(&stale, b"SLUICEKV partial").unwrap();
+
     // Server 2 starts with the same directory: the second turn reuses the saved prefix.
     let s2 = Server::start(&["-c", "512", "--kv-dir", kv]);
+    assert!(
+        !stale.exists(),
+        "stale temporary session file left in --kv-dir"
+    );
     let (resumed, u2) = chat(&s2, &second, 24);
     let (_, metrics) = s2.get("/metrics");
     assert_eq!(s2.stop(), 0);

@@ -36,7 +36,7 @@ pub struct ServeArgs {
     #[arg(long = "kv-dir")]
     pub kv_dir: Option<PathBuf>,
     /// Most sessions kept in --kv-dir (oldest removed first).
-    #[arg(long = "kv-max-sessions", default_value_t = 8)]
+    #[arg(long = "kv-max-sessions", default_value_t = 8, requires = "kv_dir")]
     pub kv_max_sessions: usize,
     /// Largest request body in bytes.
     #[arg(long = "max-body", default_value_t = 16 << 20)]
@@ -100,6 +100,16 @@ pub fn run_cmd(args: ServeArgs) -> anyhow::Result<()> {
             Some(t)
         }
     };
+    for (flag, v) in [
+        ("--kv-max-sessions", args.kv_max_sessions),
+        ("--max-queue", args.max_queue),
+        ("--max-connections", args.max_connections),
+        ("--max-body", args.max_body),
+    ] {
+        if v == 0 {
+            anyhow::bail!("{flag} must be at least 1");
+        }
+    }
     if args.compute.ctx.is_some_and(|c| c < 2) {
         anyhow::bail!("--ctx-size must be at least 2");
     }
@@ -108,6 +118,14 @@ pub fn run_cmd(args: ServeArgs) -> anyhow::Result<()> {
     let (model, ctx) = args.compute.load(files, 2)?;
     let mut st = model.new_state(ctx, args.compute.batch.max(1), 1)?;
     setup_experts(&model, files, &mut st, &args.experts)?;
+    if let Some(p) = &args.experts.route_trace {
+        if st.experts().is_none() {
+            anyhow::bail!(
+                "--route-trace {}: routes are traced by the streamed expert cache; add --experts stream",
+                p.display()
+            );
+        }
+    }
     if args.kv_dir.is_some() && args.gpu.gpu != "off" {
         // Saved KV caches are read from and written to host memory; the GPU keeps its own.
         if args.gpu.gpu == "on" {
@@ -124,7 +142,7 @@ pub fn run_cmd(args: ServeArgs) -> anyhow::Result<()> {
             &args.gpu,
             Some(&args.experts),
             0,
-            false,
+            args.experts.prof,
         )?;
     }
     let cfg = ServeConfig {
@@ -141,11 +159,22 @@ pub fn run_cmd(args: ServeArgs) -> anyhow::Result<()> {
         kv_dir: args.kv_dir,
         kv_max_sessions: args.kv_max_sessions,
         max_body: args.max_body,
-        max_queue: args.max_queue.max(1),
-        max_connections: args.max_connections.max(1),
+        max_queue: args.max_queue,
+        max_connections: args.max_connections,
         shutdown_grace: Duration::from_secs_f64(args.shutdown_grace),
     };
     let st = run(files, model, st, cfg)?;
+    if args.experts.prof {
+        // Where the forward's time went over everything this server generated.
+        match super::gpu::gpu_summary(&st, None) {
+            Some(line) => eprintln!("{line}"),
+            None => {
+                let (_, line, verdict) = super::common::time_shares(&st);
+                eprintln!("{line}");
+                eprintln!("{verdict}");
+            }
+        }
+    }
     save_usage(files, &st, &args.experts)?;
     Ok(())
 }

@@ -127,6 +127,11 @@ impl KvStore {
             let path = entry.path();
             let name = entry.file_name();
             let name = name.to_string_lossy();
+            if stale_temp(&name) {
+                // A write that a crash cut short: never renamed into place, never read.
+                let _ = std::fs::remove_file(&path);
+                continue;
+            }
             if name.starts_with("session-") && name.ends_with(".slkv") {
                 let mtime = entry
                     .metadata()
@@ -310,55 +315,23 @@ impl KvStore {
         let tmp = self
             .dir
             .join(format!(".session-{:016x}.{}.tmp", h.0, std::process::id()));
-        let io = |op, err| KvStoreError::Io {
-            path: tmp.clone(),
-            op,
-            err,
-        };
-        let f = File::create(&tmp).map_err(|e| io("create", e))?;
-        let mut w = BufWriter::with_capacity(1 << 20, f);
         let n = tokens.len();
-        let (kd, vd) = self.dims;
-        let mut head = Vec::with_capacity(HEAD as usize + n * 4);
-        head.extend_from_slice(MAGIC);
-        head.extend_from_slice(&VERSION.to_le_bytes());
-        head.extend_from_slice(&self.fingerprint.to_le_bytes());
-        head.extend_from_slice(&(self.layers as u32).to_le_bytes());
-        head.extend_from_slice(&(kd as u32).to_le_bytes());
-        head.extend_from_slice(&(vd as u32).to_le_bytes());
-        head.extend_from_slice(&(n as u32).to_le_bytes());
-        for t in tokens {
-            head.extend_from_slice(&t.to_le_bytes());
+        if let Err(e) = self.write_file(&tmp, tokens, st) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
         }
-        let write = |w: &mut BufWriter<File>, b: &[u8]| w.write_all(b).map_err(|e| io("write", e));
-        write(&mut w, &head)?;
-        let mut buf = Vec::with_capacity(n * kd.max(vd) * 4);
-        for layer in 0..self.layers {
-            let (k, v) = st
-                .kv_rows(layer, self.dims, n)
-                .map_err(|e| KvStoreError::Bad {
-                    path: tmp.clone(),
-                    msg: e.to_string(),
-                })?;
-            for rows in [k, v] {
-                buf.clear();
-                for x in rows {
-                    buf.extend_from_slice(&x.to_le_bytes());
-                }
-                write(&mut w, &buf)?;
+        std::fs::rename(&tmp, &path).map_err(|err| {
+            let _ = std::fs::remove_file(&tmp);
+            KvStoreError::Io {
+                path: path.clone(),
+                op: "rename into place",
+                err,
             }
-        }
-        let f = w.into_inner().map_err(|e| io("write", e.into_error()))?;
-        f.sync_all().map_err(|e| io("sync", e))?;
-        drop(f);
-        std::fs::rename(&tmp, &path).map_err(|err| KvStoreError::Io {
-            path: path.clone(),
-            op: "rename into place",
-            err,
         })?;
         if let Ok(d) = File::open(&self.dir) {
             let _ = d.sync_all();
         }
+        let (kd, vd) = self.dims;
         let bytes = HEAD + n as u64 * 4 + (self.layers * n * (kd + vd) * 4) as u64;
 
         // Sessions this one extends are superseded.
@@ -386,6 +359,65 @@ impl KvStore {
         }
         Ok(Some(bytes))
     }
+
+    /// The whole session file at `tmp`, synced.
+    fn write_file(&self, tmp: &Path, tokens: &[u32], st: &State) -> Result<(), KvStoreError> {
+        let io = |op, err| KvStoreError::Io {
+            path: tmp.to_path_buf(),
+            op,
+            err,
+        };
+        let f = File::create(tmp).map_err(|e| io("create", e))?;
+        let mut w = BufWriter::with_capacity(1 << 20, f);
+        let n = tokens.len();
+        let (kd, vd) = self.dims;
+        let mut head = Vec::with_capacity(HEAD as usize + n * 4);
+        head.extend_from_slice(MAGIC);
+        head.extend_from_slice(&VERSION.to_le_bytes());
+        head.extend_from_slice(&self.fingerprint.to_le_bytes());
+        head.extend_from_slice(&(self.layers as u32).to_le_bytes());
+        head.extend_from_slice(&(kd as u32).to_le_bytes());
+        head.extend_from_slice(&(vd as u32).to_le_bytes());
+        head.extend_from_slice(&(n as u32).to_le_bytes());
+        for t in tokens {
+            head.extend_from_slice(&t.to_le_bytes());
+        }
+        let write = |w: &mut BufWriter<File>, b: &[u8]| w.write_all(b).map_err(|e| io("write", e));
+        write(&mut w, &head)?;
+        let mut buf = Vec::with_capacity(n * kd.max(vd) * 4);
+        for layer in 0..self.layers {
+            let (k, v) = st
+                .kv_rows(layer, self.dims, n)
+                .map_err(|e| KvStoreError::Bad {
+                    path: tmp.to_path_buf(),
+                    msg: e.to_string(),
+                })?;
+            for rows in [k, v] {
+                buf.clear();
+                for x in rows {
+                    buf.extend_from_slice(&x.to_le_bytes());
+                }
+                write(&mut w, &buf)?;
+            }
+        }
+        let f = w.into_inner().map_err(|e| io("write", e.into_error()))?;
+        f.sync_all().map_err(|e| io("sync", e))?;
+        Ok(())
+    }
+}
+
+/// `.session-<hash>.<pid>.tmp` of a process that is gone (a write cut short by a crash).
+fn stale_temp(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix(".session-") else {
+        return false;
+    };
+    let Some(rest) = rest.strip_suffix(".tmp") else {
+        return false;
+    };
+    let Some(pid) = rest.rsplit('.').next().and_then(|p| p.parse::<u32>().ok()) else {
+        return false;
+    };
+    pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists()
 }
 
 #[cfg(test)]
@@ -432,5 +464,17 @@ mod tests {
         assert_eq!(store.best_match(&[1, 2, 9]), Some((0, 2)));
         assert_eq!(store.best_match(&[5]), None);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn only_temporary_files_of_dead_processes_are_stale() {
+        assert!(!stale_temp(".session-00ab.1.tmp") || !Path::new("/proc/1").exists());
+        let me = std::process::id();
+        assert!(!stale_temp(&format!(".session-00ab.{me}.tmp")));
+        // Pids are below 2^22 on Linux: this one is never alive.
+        assert!(stale_temp(".session-00ab.4294967000.tmp"));
+        assert!(!stale_temp("session-00ab.slkv"));
+        assert!(!stale_temp(".session-00ab.x.tmp"));
+        assert!(!stale_temp("notes.tmp"));
     }
 }

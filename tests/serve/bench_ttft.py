@@ -3,9 +3,11 @@
 the first turn's KV cache reused (warm), from a fresh server (cold, full prefill), and from
 a restarted server with --kv-dir (restored from disk).
 
-    python3 tests/serve/bench_ttft.py --sluice target/release/sluice --model /tmp/x.gguf
+    python3 tests/serve/bench_ttft.py --sluice target/release/sluice --model /tmp/x.gguf \
+        [--repeat 3] [--server-args "--experts stream --cap 16"]
 
-Prints one line per case; docs/PERFORMANCE.md ("Server") records the figures.
+Each repetition runs the three cases on fresh servers; the summary gives min / median / max
+over the repetitions. docs/PERFORMANCE.md ("Server") records the figures.
 Standard library only (no openai package needed).
 """
 
@@ -21,7 +23,8 @@ import time
 
 
 def start(args, extra):
-    cmd = [args.sluice, "serve", args.model, "--port", "0", "-t", str(args.threads), "-c", str(args.ctx)] + extra
+    cmd = ([args.sluice, "serve", args.model, "--port", "0", "-t", str(args.threads), "-c", str(args.ctx)]
+           + args.server_args.split() + extra)
     p = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     for line in p.stderr:
         m = re.search(r"listening on http://(\S+)", line)
@@ -63,6 +66,37 @@ def stream_chat(host, port, messages, max_tokens):
     return ttft, text, usage
 
 
+def one_run(args, turn1):
+    """TTFT of turn 1, and of turn 2 warm, cold and restored: {case: (ttft, text, usage)}."""
+    kv = tempfile.mkdtemp(prefix="sluice-bench-kv-")
+    out = {}
+    try:
+        # Warm: turn 2 right after turn 1 on the same server (the KV cache holds turn 1).
+        p, host, port = start(args, ["--model-id", "bench"])
+        out["turn 1"] = stream_chat(host, port, turn1, args.reply)
+        turn2 = turn1 + [{"role": "assistant", "content": out["turn 1"][1]},
+                         {"role": "user", "content": "Now in one sentence."}]
+        out["turn 2 warm (KV reuse)"] = stream_chat(host, port, turn2, args.reply)
+        stop(p)
+
+        # Cold: turn 2 on a fresh server, everything prefilled.
+        p, host, port = start(args, ["--model-id", "bench"])
+        out["turn 2 cold (no reuse)"] = stream_chat(host, port, turn2, args.reply)
+        stop(p)
+
+        # Restored: turn 1 on a server with --kv-dir, restart, turn 2.
+        p, host, port = start(args, ["--model-id", "bench", "--kv-dir", kv])
+        stream_chat(host, port, turn1, args.reply)
+        stop(p)
+        out["kv_bytes"] = sum(os.path.getsize(os.path.join(kv, f)) for f in os.listdir(kv))
+        p, host, port = start(args, ["--model-id", "bench", "--kv-dir", kv])
+        out["turn 2 restored (--kv-dir)"] = stream_chat(host, port, turn2, args.reply)
+        stop(p)
+    finally:
+        shutil.rmtree(kv, ignore_errors=True)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sluice", default="target/release/sluice")
@@ -71,6 +105,8 @@ def main():
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--words", type=int, default=400, help="length of the first user message")
     ap.add_argument("--reply", type=int, default=32)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--server-args", default="", help="more `sluice serve` flags, one string")
     args = ap.parse_args()
 
     words = ("the river runs past the old mill and under the stone bridge where the children "
@@ -78,39 +114,22 @@ def main():
     long_text = " ".join(words[i % len(words)] for i in range(args.words))
     turn1 = [{"role": "system", "content": "You are a helpful assistant."},
              {"role": "user", "content": "Summarise this:\n" + long_text}]
-    kv = tempfile.mkdtemp(prefix="sluice-bench-kv-")
-    try:
-        # Warm: turn 2 right after turn 1 on the same server (the KV cache holds turn 1).
-        p, host, port = start(args, ["--model-id", "bench"])
-        t1, reply, u1 = stream_chat(host, port, turn1, args.reply)
-        turn2 = turn1 + [{"role": "assistant", "content": reply}, {"role": "user", "content": "Now in one sentence."}]
-        warm, text_warm, u_warm = stream_chat(host, port, turn2, args.reply)
-        stop(p)
+    runs = []
+    for i in range(args.repeat):
+        r = one_run(args, turn1)
+        texts = {r[k][1] for k in r if k.startswith("turn 2")}
+        assert len(texts) == 1, "replies differ between warm, cold and restored runs"
+        runs.append(r)
+        print(f"run {i + 1}: " + ", ".join(f"{k} {r[k][0]:.2f}s" for k in r if k.startswith("turn")), flush=True)
 
-        # Cold: turn 2 on a fresh server, everything prefilled.
-        p, host, port = start(args, ["--model-id", "bench"])
-        cold, text_cold, u_cold = stream_chat(host, port, turn2, args.reply)
-        stop(p)
-
-        # Restored: turn 1 on a server with --kv-dir, restart, turn 2.
-        p, host, port = start(args, ["--model-id", "bench", "--kv-dir", kv])
-        stream_chat(host, port, turn1, args.reply)
-        stop(p)
-        kv_bytes = sum(os.path.getsize(os.path.join(kv, f)) for f in os.listdir(kv))
-        p, host, port = start(args, ["--model-id", "bench", "--kv-dir", kv])
-        disk, text_disk, u_disk = stream_chat(host, port, turn2, args.reply)
-        stop(p)
-    finally:
-        shutil.rmtree(kv, ignore_errors=True)
-
-    assert text_warm == text_cold == text_disk, "replies differ between warm, cold and restored runs"
-    print(f"model {args.model}, threads {args.threads or 'all'}")
-    print(f"turn 1: prompt {u1['prompt_tokens']} tok, TTFT {t1:.3f}s")
-    for name, t, u in (("turn 2 cold (no reuse)", cold, u_cold), ("turn 2 warm (KV reuse)", warm, u_warm),
-                       ("turn 2 restored from --kv-dir", disk, u_disk)):
-        print(f"{name:32s} prompt {u['prompt_tokens']:5d} tok, reused {u['reused_tokens']:5d}, "
-              f"prefilled {u['prefilled_tokens']:5d}, TTFT {t:.3f}s")
-    print(f"turn-1 session file in --kv-dir: {kv_bytes / 1e6:.1f} MB")
+    print(f"model {args.model}, threads {args.threads or 'all'}, server args {args.server_args!r}, "
+          f"{args.repeat} runs (min / median / max)")
+    for name in ("turn 1", "turn 2 cold (no reuse)", "turn 2 warm (KV reuse)", "turn 2 restored (--kv-dir)"):
+        ts = sorted(r[name][0] for r in runs)
+        u = runs[0][name][2]
+        print(f"{name:28s} prompt {u['prompt_tokens']:5d} tok, reused {u['reused_tokens']:5d}, "
+              f"prefilled {u['prefilled_tokens']:5d}, TTFT {ts[0]:.2f} / {ts[len(ts) // 2]:.2f} / {ts[-1]:.2f} s")
+    print(f"turn-1 session file in --kv-dir: {runs[0]['kv_bytes'] / 1e6:.1f} MB")
 
 
 if __name__ == "__main__":

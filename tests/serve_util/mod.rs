@@ -24,12 +24,21 @@ pub fn cache_dir() -> PathBuf {
 impl Server {
     /// `sluice serve --port 0 ARGS...`; returns once /health answers.
     pub fn start(args: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .arg("serve")
+        Server::start_env(args, &[])
+    }
+
+    /// `start` with these environment variables set (SLUICE_API_KEY is cleared otherwise).
+    pub fn start_env(args: &[&str], envs: &[(&str, &str)]) -> Server {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        cmd.arg("serve")
             .args(["--port", "0", "-t", "2"])
             .args(args)
             .env("SLUICE_CACHE_DIR", cache_dir())
-            .env_remove("SLUICE_API_KEY")
+            .env_remove("SLUICE_API_KEY");
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -80,7 +89,7 @@ impl Server {
         format!("http://{}", self.addr)
     }
 
-    fn try_request(
+    pub fn try_request(
         &self,
         method: &str,
         path: &str,
