@@ -5,7 +5,8 @@
 //! File `session-<hash>.slkv`, little-endian:
 //! `b"SLUICEKV"`, u32 version (2), u64 model fingerprint, u32 cache layers, u32 key width,
 //! u32 value width, u32 n, n x u32 tokens, then for each layer n*key_width f32 keys followed
-//! by n*value_width f32 values (widths from `ModelConfig::cache_dims`; MLA has no values).
+//! by n*value_width f32 values (widths from `ModelConfig::cache_dims`; MLA has no values,
+//! except DeepSeek-V3.2, whose value row holds the lightning indexer's key).
 //! Files are written to a temporary name, synced, and renamed into place (atomic).
 //!
 //! Owns: the directory's session files, their index (tokens per file) and eviction (oldest
