@@ -316,6 +316,37 @@ fn context_beyond_the_model_warns() {
     assert_eq!(code, 0, "stderr: {err}");
     let warn: Vec<&str> = err.lines().filter(|l| l.contains("warning")).collect();
     assert_eq!(warn.len(), 1, "stderr: {err}");
-    assert!(warn[0].contains("context 1000 is more than") && warn[0].contains("512"), "{err}");
+    assert!(
+        warn[0].contains("context 1000 is more than") && warn[0].contains("512"),
+        "{err}"
+    );
     assert_clean_failure(&["run", m, "-c", "0", "-n", "1"], "-c 0");
+}
+
+/// `--route-trace` needs the streamed expert cache: with resident experts `run` refuses it
+/// (after its `[plan]` lines, which say why experts are resident) rather than writing nothing.
+#[test]
+fn route_trace_with_resident_experts_is_refused() {
+    let m = fixture("qwen3_moe");
+    let trace = std::env::temp_dir().join("sluice-never-written.trace");
+    let (code, err) = sluice(&[
+        "run",
+        m.to_str().unwrap(),
+        "-n",
+        "1",
+        "-p",
+        "hi",
+        "--experts",
+        "resident",
+        "--route-trace",
+        trace.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let last = err.trim_end().lines().last().unwrap_or("");
+    assert!(
+        last.contains("--route-trace") && last.contains("add --experts stream"),
+        "{err}"
+    );
+    assert!(!trace.exists());
 }

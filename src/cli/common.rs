@@ -350,6 +350,12 @@ pub fn setup_experts_mtp(
         eprintln!("{l}");
     }
     if !plan.stream {
+        if let Some(p) = &a.route_trace {
+            anyhow::bail!(
+                "--route-trace {}: routes are traced by the streamed expert cache; add --experts stream",
+                p.display()
+            );
+        }
         return Ok(plan);
     }
     let store = model.expert_store(files)?;

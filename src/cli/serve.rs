@@ -118,14 +118,6 @@ pub fn run_cmd(args: ServeArgs) -> anyhow::Result<()> {
     let (model, ctx) = args.compute.load(files, 2)?;
     let mut st = model.new_state(ctx, args.compute.batch.max(1), 1)?;
     setup_experts(&model, files, &mut st, &args.experts)?;
-    if let Some(p) = &args.experts.route_trace {
-        if st.experts().is_none() {
-            anyhow::bail!(
-                "--route-trace {}: routes are traced by the streamed expert cache; add --experts stream",
-                p.display()
-            );
-        }
-    }
     if args.kv_dir.is_some() && args.gpu.gpu != "off" {
         // Saved KV caches are read from and written to host memory; the GPU keeps its own.
         if args.gpu.gpu == "on" {

@@ -288,9 +288,7 @@ mod simd {
     ///   to the bottom of byte j, `vpermb` maps it to 8/25/43; `vpshufbitqmb` turns the sign
     ///   bits into a 64-bit mask that negates activations (`|q8| <= 127`, so never overflows).
     /// - `maddubs` (magnitude x signed activation), then `vpdpwssd` by 2ls+1 of each group.
-    #[target_feature(
-        enable = "avx512f,avx512bw,avx512vbmi,avx512bitalg,avx512vnni,avx2,fma,f16c"
-    )]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512bitalg,avx512vnni,avx2,fma,f16c")]
     fn dot_avx512_impl(w: &[u8], a: &[BlockQ8K]) -> f32 {
         let c = &CONSTS;
         let code_lo: [__m512i; 4] = std::array::from_fn(|i| ldc(&c.code_lo[i]));
