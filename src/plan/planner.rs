@@ -195,7 +195,11 @@ pub fn expert_union(e: usize, k: usize, n: usize) -> f64 {
 /// the K+1 tokens make a step much cheaper than K+1 tokens, and it pays above a moderate
 /// per-draft acceptance rate. The MTP head's own expert reads are resident (its layer is not
 /// streamed).
-/// Memory-bandwidth model like `token_secs`: compute is not counted.
+/// Memory-bandwidth model like `token_secs`: compute is not counted, so it assumes a forward
+/// of K+1 tokens reads each weight once. Where the batched matmul is compute-bound instead (the
+/// 2-core Q4_K box of docs/PERFORMANCE.md "MTP speculative decoding": a 2-token forward costs
+/// 1.97 one-token forwards) a verify costs about K+1 tokens and MTP loses even at full
+/// acceptance; the break-even stated here is then a lower bound.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MtpCost {
     pub drafts: usize,
