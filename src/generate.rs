@@ -48,6 +48,13 @@ pub struct GenStats {
     /// MTP speculative decoding: tokens drafted and accepted.
     pub mtp_drafted: usize,
     pub mtp_accepted: usize,
+    /// With MTP, `experts_per_token` split: the main model's forwards (verify batches, whose
+    /// expert union is wider than one token's) and the MTP head's (drafts and catch-up).
+    pub mtp_experts_main_per_token: f64,
+    pub mtp_experts_head_per_token: f64,
+    /// Routed experts a plain one-token decode step computes: top-k x MoE layers (a token's
+    /// top-k experts are distinct), the figure without `--mtp`.
+    pub experts_per_token_plain: f64,
     /// Expert-cache figures when the prefill ended (decode figures are the difference).
     pub experts_after_prefill: Option<crate::experts::CacheStats>,
     /// GPU figures when the prefill ended (decode figures are the difference).
@@ -68,15 +75,28 @@ impl GenStats {
         self.generated.saturating_sub(1) as f64 / self.decode_secs.max(1e-9)
     }
 
+    /// Accepted drafts over drafted ones (0 without MTP).
+    pub fn mtp_acceptance(&self) -> f64 {
+        self.mtp_accepted as f64 / self.mtp_drafted.max(1) as f64
+    }
+
+    /// Generated tokens per main-model decode forward (1 without MTP).
+    pub fn tokens_per_forward(&self) -> f64 {
+        self.generated.saturating_sub(1) as f64 / self.decode_steps.max(1) as f64
+    }
+
     /// One line for stderr, llama.cpp-like.
     pub fn timing_line(&self) -> String {
         let mtp = if self.mtp_drafted > 0 {
             format!(
-                " | mtp accepted {}/{} ({:.0}%), {:.2} tok/forward",
+                " (main {:.1} + MTP head {:.1}; without --mtp {:.1}) | mtp accepted {}/{} ({:.0}%), {:.2} tok/forward",
+                self.mtp_experts_main_per_token,
+                self.mtp_experts_head_per_token,
+                self.experts_per_token_plain,
                 self.mtp_accepted,
                 self.mtp_drafted,
-                100.0 * self.mtp_accepted as f64 / self.mtp_drafted as f64,
-                self.generated.saturating_sub(1) as f64 / self.decode_steps.max(1) as f64
+                100.0 * self.mtp_acceptance(),
+                self.tokens_per_forward()
             )
         } else {
             String::new()
@@ -156,7 +176,18 @@ pub fn generate(
     }
     stats.decode_secs = t1.elapsed().as_secs_f64();
     stats.experts_per_token = experts as f64 / stats.decode_steps.max(1) as f64;
+    stats.experts_per_token_plain = plain_experts_per_token(model);
     Ok((out, stats))
+}
+
+/// Routed experts one token's one-token forward computes: top-k per MoE layer.
+fn plain_experts_per_token(model: &Model<'_>) -> f64 {
+    let c = &model.cfg;
+    let moe = (0..c.n_layers).filter(|&l| c.is_moe_layer(l)).count();
+    if c.n_experts == 0 {
+        return 0.0;
+    }
+    (moe * c.n_experts_used.min(c.n_experts)) as f64
 }
 
 /// A small generator for speculative sampling's uniforms (independent of the sampler's).
@@ -284,7 +315,7 @@ pub fn generate_mtp_with(
     let mut drafts = vec![0u32; k];
     let mut qdists: Vec<Vec<(u32, f32)>> = vec![Vec::new(); k];
     let mut residual: Vec<(u32, f32)> = Vec::new();
-    let mut experts = 0usize;
+    let (mut experts, mut experts_head) = (0usize, 0usize);
     let mut emit = |id: u32,
                     out: &mut Vec<u32>,
                     history: &mut Vec<u32>,
@@ -354,7 +385,7 @@ pub fn generate_mtp_with(
                     spec::sort_by_id(&mut qdists[j]);
                 }
             }
-            experts += st.experts_run;
+            experts_head += st.experts_run;
             drafts[j] = d;
             history.push(d);
             prev = d;
@@ -411,7 +442,7 @@ pub fn generate_mtp_with(
         if acc > 0 {
             model.mtp_take_hidden(st, 0, acc, 0);
             model.mtp_forward(st, &drafts[..acc], acc)?;
-            experts += st.experts_run;
+            experts_head += st.experts_run;
         }
         pending.copy_from_slice(&st.hfin[acc * h..(acc + 1) * h]);
         for _ in 0..=acc {
@@ -428,6 +459,10 @@ pub fn generate_mtp_with(
         on_text(&text);
     }
     stats.decode_secs = t1.elapsed().as_secs_f64();
-    stats.experts_per_token = experts as f64 / stats.generated.saturating_sub(1).max(1) as f64;
+    let tokens = stats.generated.saturating_sub(1).max(1) as f64;
+    stats.mtp_experts_main_per_token = experts as f64 / tokens;
+    stats.mtp_experts_head_per_token = experts_head as f64 / tokens;
+    stats.experts_per_token = (experts + experts_head) as f64 / tokens;
+    stats.experts_per_token_plain = plain_experts_per_token(model);
     Ok((out, stats))
 }

@@ -328,3 +328,108 @@ fn speculative_sampling_with_top_k_1_is_greedy() {
         assert!(stats.mtp_drafted > 0);
     }
 }
+
+/// The end-of-run figures with `--mtp`: experts per token without MTP is top-k x MoE layers
+/// (what plain decode measures), with MTP it is the main model's forwards plus the head's, and
+/// the CLI prints both with the acceptance rate, on stderr and in `--stats-json`.
+#[test]
+fn summary_reports_acceptance_and_experts_with_and_without_mtp() {
+    use sluice::generate::{generate, generate_mtp, load_tokenizer};
+    use sluice::sample::{Sampler, SamplingParams};
+    let path = dir("glm4_moe").join("model-f32.gguf");
+    let files = ModelFiles::open(&path).unwrap();
+    let model = Model::load(
+        &files,
+        &LoadOptions {
+            threads: 2,
+            ctx: 128,
+        },
+    )
+    .unwrap();
+    let tok = load_tokenizer(&files).unwrap();
+    let cfg: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir("glm4_moe").join("config.json")).unwrap(),
+    )
+    .unwrap();
+    let u = |k: &str| cfg[k].as_u64().unwrap() as f64;
+    let plain_want =
+        u("num_experts_per_tok") * (u("num_hidden_layers") - u("first_k_dense_replace"));
+    let prompt = [5u32, 17, 99, 4];
+    let mut st = model.new_state(128, 4, 1).unwrap();
+    let mut sampler = Sampler::new(SamplingParams::greedy(), model.cfg.vocab);
+    let (_, plain) = generate(
+        &model,
+        &mut st,
+        &tok,
+        &mut sampler,
+        &prompt,
+        16,
+        true,
+        &mut |_| true,
+    )
+    .unwrap();
+    assert_eq!(plain.experts_per_token, plain_want);
+    assert_eq!(plain.experts_per_token_plain, plain_want);
+    let mut st = model.new_state_mtp(128, 4, 3).unwrap();
+    let mut sampler = Sampler::new(SamplingParams::greedy(), model.cfg.vocab);
+    let (_, s) = generate_mtp(
+        &model,
+        &mut st,
+        &tok,
+        &mut sampler,
+        &prompt,
+        16,
+        true,
+        2,
+        &mut |_| true,
+    )
+    .unwrap();
+    assert_eq!(s.experts_per_token_plain, plain_want);
+    assert!(
+        (s.experts_per_token - s.mtp_experts_main_per_token - s.mtp_experts_head_per_token).abs()
+            < 1e-9
+    );
+    // The verify batches are wider than one token, and the head adds its own.
+    assert!(s.mtp_experts_main_per_token > 0.0 && s.mtp_experts_head_per_token > 0.0);
+    let line = s.timing_line();
+    assert!(line.contains("without --mtp"), "{line}");
+    assert!(line.contains("mtp accepted"), "{line}");
+
+    let json = std::env::temp_dir().join(format!("sluice-mtp-stats-{}.json", std::process::id()));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("run")
+        .arg(&path)
+        .args([
+            "-p",
+            "The keeper",
+            "-n",
+            "12",
+            "--temp",
+            "0",
+            "--ignore-eos",
+            "-t",
+            "1",
+        ])
+        .args(["--mtp", "2", "--stats-json", json.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("without --mtp"), "{stderr}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    for k in [
+        "mtp_drafted",
+        "mtp_accepted",
+        "mtp_acceptance",
+        "tokens_per_forward",
+        "decode_forwards",
+        "experts_per_token_main",
+        "experts_per_token_mtp_head",
+    ] {
+        assert!(v[k].is_number(), "--stats-json lacks {k}: {v}");
+    }
+    assert_eq!(v["experts_per_token_without_mtp"], plain_want);
+    let acc = v["mtp_accepted"].as_f64().unwrap() / v["mtp_drafted"].as_f64().unwrap();
+    assert!((v["mtp_acceptance"].as_f64().unwrap() - acc).abs() < 1e-12);
+}

@@ -6,7 +6,8 @@
 use serde_json::json;
 use sluice::experts::IoMode;
 use sluice::plan::planner::{
-    expected_hit, plan, ExpertMode, ModelSummary, Plan, PlanError, PlanRequest,
+    expected_hit, expert_union, mtp_cost, plan, ExpertMode, ModelSummary, Plan, PlanError,
+    PlanRequest,
 };
 use sluice::plan::MachineProfile;
 
@@ -58,6 +59,8 @@ fn model() -> ModelSummary {
         slot_bytes: 2_359_296,
         mtp_layers: 1,
         embedding_bytes: 0,
+        mtp_layer_bytes: 0,
+        mtp_draft_bytes: 0,
     }
 }
 
@@ -361,4 +364,98 @@ fn gpu_decision_follows_the_probe() {
     r.mtp = 1;
     let pl = plan(&m, Some(&with_gpu(80 * GB)), &r).unwrap();
     assert_eq!(decision(&pl, "gpu").0, "off");
+}
+
+/// `--mtp K` as a widened expert union: the union of K+1 tokens' experts against the formula
+/// by hand; on a resident-experts plan a step costs less than K+1 plain tokens and pays above a
+/// stated acceptance rate; on a disk-bound streaming plan it never pays. DeepSeek-V3-shaped
+/// figures (58 MoE layers of 256 experts, top-8).
+#[test]
+fn mtp_widens_the_expert_union_and_pays_only_with_resident_experts() {
+    assert_eq!(expert_union(256, 8, 1), 8.0);
+    let want = 256.0 * (1.0 - (248.0f64 / 256.0).powi(3));
+    assert!((expert_union(256, 8, 3) - want).abs() < 1e-9);
+    assert!(expert_union(256, 8, 3) < 24.0 && expert_union(256, 8, 3) > 23.0);
+    assert!((expert_union(8, 8, 4) - 8.0).abs() < 1e-12, "capped at E");
+
+    let slot = 3 * 2048 * 7168 * 9 / 16; // one Q4_K expert (4.5 bits/weight)
+    let ds = ModelSummary {
+        resident_bytes: 17 * GB,
+        routed_bytes: 58 * 256 * slot,
+        kv_bytes: GB,
+        moe_layers: 58,
+        experts_per_layer: 256,
+        top_k: 8,
+        slot_bytes: slot,
+        mtp_layers: 1,
+        embedding_bytes: GB / 2,
+        mtp_layer_bytes: 256 * slot + GB / 4,
+        mtp_draft_bytes: 8 * slot + GB / 4 + GB / 2,
+    };
+    // Resident experts (hit 1): the resident reads are shared by the K+1 verified tokens.
+    for k in 1..=3 {
+        let c = mtp_cost(&ds, k, 1.0, 5.0, 50.0);
+        let u = expert_union(256, 8, k + 1);
+        assert_eq!(c.union_per_layer, u);
+        assert_eq!(c.experts_per_step, 58.0 * u + (8 * k) as f64);
+        assert_eq!(c.experts_per_plain_token, 8.0 * 58.0);
+        // Resident reads: all but the embedding table and the MTP layer.
+        let base = 17e9 - 0.5e9 - (256 * slot) as f64 - 0.25e9;
+        let plain = (base + 464.0 * slot as f64) / 50e9;
+        let draft = (8 * slot) as f64 + 0.75e9;
+        let step = (base + 58.0 * u * slot as f64 + k as f64 * draft) / 50e9;
+        assert!((c.step_cost - step / plain).abs() < 1e-9, "k {k}");
+        let a = c.break_even_acceptance.expect("pays with resident experts");
+        assert!(a > 0.0 && a < 1.0, "k {k}: {a}");
+        let tokens: f64 = (0..=k).map(|i| a.powi(i as i32)).sum();
+        assert!((tokens - c.step_cost).abs() < 1e-9);
+    }
+    // Streaming at a 10% hit rate from a 5 GB/s disk: disk-bound, a step costs nearly K+1
+    // plain tokens, so it pays only with near-perfect acceptance (or never).
+    for k in 1..=3 {
+        let res = mtp_cost(&ds, k, 1.0, 5.0, 50.0);
+        let c = mtp_cost(&ds, k, 0.1, 5.0, 50.0);
+        assert!(c.step_cost > 0.9 * (k + 1) as f64, "k {k}: {}", c.step_cost);
+        assert!(c.step_cost > res.step_cost);
+        let a = c.break_even_acceptance.unwrap_or(1.0);
+        assert!(
+            a > 0.85 && a > res.break_even_acceptance.unwrap(),
+            "k {k}: {a}"
+        );
+    }
+    // The plan carries it and says it in the mtp line.
+    let resident = plan(
+        &ds,
+        Some(&profile(5.0, 8, 50.0, 512 * GB, true)),
+        &PlanRequest {
+            mtp: 2,
+            ..req(400 * GB)
+        },
+    )
+    .unwrap();
+    assert!(!resident.stream);
+    let c = resident.mtp_cost.clone().unwrap();
+    assert_eq!(c.drafts, 2);
+    let (v, why) = decision(&resident, "mtp");
+    assert_eq!(v, "on, 2 drafts");
+    assert!(why.contains("pays above"), "{why}");
+    let streamed = plan(
+        &ds,
+        Some(&profile(5.0, 8, 50.0, 512 * GB, true)),
+        &PlanRequest {
+            mtp: 2,
+            ..req(64 * GB)
+        },
+    )
+    .unwrap();
+    assert!(streamed.stream && streamed.disk_bound);
+    let (_, why) = decision(&streamed, "mtp");
+    let a = streamed
+        .mtp_cost
+        .as_ref()
+        .unwrap()
+        .break_even_acceptance
+        .unwrap_or(1.0);
+    assert!(a > c.break_even_acceptance.unwrap(), "{why}");
+    assert!(why.contains("warning: decode is disk-bound"), "{why}");
 }

@@ -447,16 +447,33 @@ fn peak_rss_bytes() -> Option<u64> {
 
 /// The run's figures as JSON (`--stats-json`).
 pub fn stats_json(st: &crate::model::State, g: &crate::generate::GenStats) -> serde_json::Value {
+    // With MTP a decode forward emits several tokens: per-token figures divide by tokens.
+    let mtp = g.mtp_drafted > 0;
+    let decoded = if mtp {
+        g.generated.saturating_sub(1)
+    } else {
+        g.decode_steps
+    };
     let mut v = serde_json::json!({
         "tokens": g.generated,
         "prompt_tokens": g.prompt_tokens,
-        "decode_tok_s": g.decode_tps(),
+        "decode_tok_s": if mtp { g.gen_tps() } else { g.decode_tps() },
         "prefill_tok_s": g.prefill_tps(),
         "experts_per_token": g.experts_per_token,
+        "experts_per_token_without_mtp": g.experts_per_token_plain,
     });
+    if mtp {
+        v["mtp_drafted"] = g.mtp_drafted.into();
+        v["mtp_accepted"] = g.mtp_accepted.into();
+        v["mtp_acceptance"] = g.mtp_acceptance().into();
+        v["decode_forwards"] = g.decode_steps.into();
+        v["tokens_per_forward"] = g.tokens_per_forward().into();
+        v["experts_per_token_main"] = g.mtp_experts_main_per_token.into();
+        v["experts_per_token_mtp_head"] = g.mtp_experts_head_per_token.into();
+    }
     if let Some(s) = decode_stats(st, g.experts_after_prefill) {
         let req = s.requests().max(1) as f64;
-        let steps = g.decode_steps.max(1) as f64;
+        let steps = decoded.max(1) as f64;
         v["hit_rate"] = s.hit_rate().into();
         v["hit_pin"] = (s.hits_pin as f64 / req).into();
         v["hit_lru"] = (s.hits_lru as f64 / req).into();

@@ -129,12 +129,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         eprintln!("{}", context_limit_note(ctx, stats.generated));
     }
     eprintln!("{}", stats.timing_line());
-    if let Some(line) = expert_summary(
-        &st,
-        stats.experts_after_prefill,
-        stats.decode_steps,
-        stats.decode_secs,
-    ) {
+    // Tokens decoded (with --mtp several per forward).
+    let decoded = if args.mtp > 0 {
+        stats.generated.saturating_sub(1)
+    } else {
+        stats.decode_steps
+    };
+    if let Some(line) = expert_summary(&st, stats.experts_after_prefill, decoded, stats.decode_secs)
+    {
         eprintln!("{line}");
     }
     if let Some(line) = super::gpu::gpu_summary(&st, stats.gpu_after_prefill) {

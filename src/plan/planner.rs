@@ -17,7 +17,9 @@
 //!   "Prefetch"); `--prefetch` turns it on where experts stream (see `prefetch_decision`).
 //! - MTP: off unless asked; when asked while decode is disk-bound it is kept (the flag wins) but
 //!   the line says it will likely slow decode: the head's draft tokens widen the per-token union
-//!   of experts that must be read.
+//!   of experts that must be read. `MtpCost` puts figures on it: a step of K drafts reads the
+//!   union of K+1 tokens' experts, so it pays only when experts are resident, above a per-draft
+//!   acceptance rate the line states.
 //! - gpu: what `--gpu auto` will do at start (gpu/, feature `cuda`): on when the probe found a
 //!   CUDA device whose VRAM holds the resident weights and KV cache with 1 GiB to spare, the
 //!   rest being the VRAM expert pool (`--vram`); off without the feature, without a device, with
@@ -64,6 +66,13 @@ pub struct ModelSummary {
     /// a token reads one row of it, so the cost model leaves it out of the active bytes.
     #[serde(default)]
     pub embedding_bytes: u64,
+    /// Bytes of the MTP layer (all its tensors; resident, read only with `--mtp`).
+    #[serde(default)]
+    pub mtp_layer_bytes: u64,
+    /// Bytes one MTP draft reads: the MTP layer's tensors but its routed experts, top-k of
+    /// those, and the output head it predicts with.
+    #[serde(default)]
+    pub mtp_draft_bytes: u64,
 }
 
 impl ModelSummary {
@@ -75,6 +84,7 @@ impl ModelSummary {
     ) -> Result<ModelSummary, crate::model::ModelError> {
         let (routed, resident) = model.routed_and_resident_bytes(files);
         let store = model.expert_store(files)?;
+        let (mtp_layer_bytes, mtp_draft_bytes) = mtp_bytes(model, files);
         Ok(ModelSummary {
             resident_bytes: resident,
             routed_bytes: routed,
@@ -96,6 +106,8 @@ impl ModelSummary {
                     .map(|t| t.range.len)
                     .sum()
             },
+            mtp_layer_bytes,
+            mtp_draft_bytes,
         })
     }
 
@@ -104,15 +116,152 @@ impl ModelSummary {
         self.resident_bytes + self.routed_bytes + self.kv_bytes
     }
 
-    /// Bytes one decoded token reads from RAM: resident weights but the embedding table, plus
-    /// its routed experts.
+    /// Bytes one decoded token reads from RAM: resident weights but the embedding table and the
+    /// MTP layer, plus its routed experts.
     pub fn active_bytes_per_token(&self) -> u64 {
-        self.resident_bytes.saturating_sub(self.embedding_bytes) + self.routed_bytes_per_token()
+        self.resident_bytes
+            .saturating_sub(self.embedding_bytes + self.mtp_layer_bytes)
+            + self.routed_bytes_per_token()
     }
 
     /// Routed bytes one token reads when every selected expert is distinct.
     pub fn routed_bytes_per_token(&self) -> u64 {
         (self.top_k.min(self.experts_per_layer) * self.moe_layers) as u64 * self.slot_bytes
+    }
+}
+
+/// (MTP layer bytes, bytes one MTP draft reads) of a loaded model: the tensors of cache layer
+/// `n_layers` (GGUF `blk.N.`, HF `model.layers.N.`), its routed experts counted top-k of E for
+/// a draft, plus the head it predicts with (its own `shared_head.head`, else the output).
+fn mtp_bytes(model: &crate::model::Model<'_>, files: &crate::format::ModelFiles) -> (u64, u64) {
+    let c = &model.cfg;
+    if c.n_mtp_layers == 0 || !model.has_mtp() {
+        return (0, 0);
+    }
+    let n = c.n_layers as u64;
+    let (mut layer, mut draft, mut own_head) = (0u64, 0f64, 0u64);
+    for t in files.tensors() {
+        let mut parts = t.name.split('.');
+        let mut idx = None;
+        while let Some(p) = parts.next() {
+            if p == "blk" || p == "layers" {
+                idx = parts.next().and_then(|x| x.parse::<u64>().ok());
+                break;
+            }
+        }
+        if idx != Some(n) {
+            continue;
+        }
+        layer += t.range.len;
+        if crate::inspect::routed_expert_tensor(&t.name).is_some() {
+            draft += t.range.len as f64 * c.n_experts_used as f64 / c.n_experts.max(1) as f64;
+        } else if t.name.contains("shared_head_head") || t.name.contains("shared_head.head") {
+            own_head += t.range.len;
+        } else if !t.name.contains("embed_tokens") {
+            draft += t.range.len as f64;
+        }
+    }
+    let head = if own_head > 0 {
+        own_head
+    } else {
+        files
+            .tensors()
+            .iter()
+            .filter(|t| t.name == "output.weight" || t.name == "lm_head.weight")
+            .map(|t| t.range.len)
+            .sum()
+    };
+    (layer, draft as u64 + head)
+}
+
+/// Expected distinct experts one MoE layer reads in a forward of `n` tokens that each pick
+/// `k` of `e` experts, under uniform independent routing: `e (1 - (1 - k/e)^n)`. One token:
+/// `k`; it grows almost linearly in `n` while `n k` is small against `e`.
+pub fn expert_union(e: usize, k: usize, n: usize) -> f64 {
+    if e == 0 || n == 0 {
+        return 0.0;
+    }
+    let (e, k) = (e as f64, k.min(e) as f64);
+    e * (1.0 - (1.0 - k / e).powi(n as i32))
+}
+
+/// `--mtp K` in the cost model. A step runs K one-token drafts of the MTP head, then one
+/// verify forward of K+1 tokens of the main model, and emits 1 + (accepted drafts) tokens.
+/// The verify forward reads the resident weights once for all K+1 tokens but the *union* of
+/// their experts, `expert_union(E, k, K+1)` per MoE layer instead of k: that widened union is
+/// what a step costs. Where experts stream and decode is disk-bound, the missed share of the
+/// union comes from disk, so a step costs nearly K+1 plain tokens and MTP pays only with
+/// near-perfect acceptance, if ever; where experts are resident, the resident reads shared by
+/// the K+1 tokens make a step much cheaper than K+1 tokens, and it pays above a moderate
+/// per-draft acceptance rate. The MTP head's own expert reads are resident (its layer is not
+/// streamed).
+/// Memory-bandwidth model like `token_secs`: compute is not counted, so it assumes a forward
+/// of K+1 tokens reads each weight once. Where the batched matmul is compute-bound instead (the
+/// 2-core Q4_K box of docs/PERFORMANCE.md "MTP speculative decoding": a 2-token forward costs
+/// 1.97 one-token forwards) a verify costs about K+1 tokens and MTP loses even at full
+/// acceptance; the break-even stated here is then a lower bound.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MtpCost {
+    pub drafts: usize,
+    /// Expected routed experts per MoE layer the verify forward reads (plain decode: top-k).
+    pub union_per_layer: f64,
+    /// Routed experts read per step (verify union over the MoE layers + the head's top-k per
+    /// draft), and per plain token.
+    pub experts_per_step: f64,
+    pub experts_per_plain_token: f64,
+    /// Predicted seconds of a step over seconds of a plain token.
+    pub step_cost: f64,
+    /// Per-draft acceptance rate a at which 1 + a + ... + a^K tokens per step match plain
+    /// decode; `None`: never (the step costs K+1 plain tokens or more).
+    pub break_even_acceptance: Option<f64>,
+}
+
+pub fn mtp_cost(
+    m: &ModelSummary,
+    drafts: usize,
+    hit: f64,
+    disk_gbps: f64,
+    mem_gbps: f64,
+) -> MtpCost {
+    let (e, k, l) = (
+        m.experts_per_layer,
+        m.top_k.min(m.experts_per_layer),
+        m.moe_layers,
+    );
+    let u = expert_union(e, k, drafts + 1);
+    let slot = m.slot_bytes as f64;
+    let base = m
+        .resident_bytes
+        .saturating_sub(m.embedding_bytes + m.mtp_layer_bytes) as f64;
+    let (disk, mem) = (disk_gbps.max(1e-9) * 1e9, mem_gbps.max(1e-9) * 1e9);
+    let plain = (1.0 - hit) * (k * l) as f64 * slot / disk + (base + (k * l) as f64 * slot) / mem;
+    let step = (1.0 - hit) * u * l as f64 * slot / disk
+        + (base + u * l as f64 * slot + drafts as f64 * m.mtp_draft_bytes as f64) / mem;
+    let r = step / plain.max(1e-30);
+    let tokens = |a: f64| (0..=drafts).map(|i| a.powi(i as i32)).sum::<f64>();
+    let break_even = if r <= 1.0 {
+        Some(0.0)
+    } else if r >= (drafts + 1) as f64 {
+        None
+    } else {
+        let (mut lo, mut hi) = (0.0f64, 1.0f64);
+        for _ in 0..60 {
+            let mid = 0.5 * (lo + hi);
+            if tokens(mid) < r {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        Some(0.5 * (lo + hi))
+    };
+    MtpCost {
+        drafts,
+        union_per_layer: u,
+        experts_per_step: u * l as f64 + (drafts * k) as f64,
+        experts_per_plain_token: (k * l) as f64,
+        step_cost: r,
+        break_even_acceptance: break_even,
     }
 }
 
@@ -214,6 +363,10 @@ pub struct Plan {
     pub predicted_tok_s: Option<(f64, f64)>,
     /// Whether decode is predicted to wait on the disk more than on memory (uniform bound).
     pub disk_bound: bool,
+    /// `--mtp K` in the cost model at the uniform hit bound (K = 1 when not asked); None
+    /// without an MTP head or a bandwidth.
+    #[serde(default)]
+    pub mtp_cost: Option<MtpCost>,
     pub decisions: Vec<Decision>,
 }
 
@@ -572,7 +725,28 @@ pub fn plan(
         prefetch_why,
     ));
 
-    // MTP.
+    // MTP: its cost is the widened expert union of the verify forward (`MtpCost`).
+    let mtp_cost = match (disk, mem) {
+        // Resident experts never touch the disk: its bandwidth does not matter then.
+        (dk, Some(mm)) if m.mtp_layers > 0 && (dk.is_some() || hit.0 >= 1.0) => {
+            Some(mtp_cost(m, req.mtp.max(1), hit.0, dk.unwrap_or(1.0), mm))
+        }
+        _ => None,
+    };
+    let cost_why = |c: &MtpCost| {
+        format!(
+            "--mtp {}: a step reads {:.1} experts per MoE layer (the union of {} tokens) against {} per plain token and costs {:.2}x a plain token, so it {}",
+            c.drafts,
+            c.union_per_layer,
+            c.drafts + 1,
+            m.top_k,
+            c.step_cost,
+            match c.break_even_acceptance {
+                Some(a) => format!("pays above {:.0}% acceptance per draft", 100.0 * a),
+                None => "never pays (it costs K+1 plain tokens or more)".to_string(),
+            }
+        )
+    };
     let (mtp_value, mtp_why) = if m.mtp_layers == 0 {
         (
             "off".to_string(),
@@ -583,19 +757,23 @@ pub fn plan(
             },
         )
     } else if req.mtp > 0 {
-        let why = if disk_bound {
-            "--mtp; warning: decode is disk-bound, and the MTP head's drafts widen the per-token expert union, so it will likely slow decode"
+        let mut why = if disk_bound {
+            "--mtp; warning: decode is disk-bound, and the MTP head's drafts widen the per-token expert union, so it will likely slow decode".to_string()
         } else {
-            "--mtp"
+            "--mtp".to_string()
         };
-        (format!("on, {} drafts", req.mtp), why.to_string())
+        if let Some(c) = &mtp_cost {
+            why = format!("{why}; {}", cost_why(c));
+        }
+        (format!("on, {} drafts", req.mtp), why)
     } else if disk_bound {
         ("off".to_string(), "disk-bound: the MTP head's drafts widen the per-token expert union (more misses per step)".to_string())
     } else {
-        (
-            "off".to_string(),
-            "not asked (--mtp K turns it on; pays when experts are resident)".to_string(),
-        )
+        let mut why = "not asked (--mtp K turns it on; pays when experts are resident)".to_string();
+        if let Some(c) = &mtp_cost {
+            why = format!("{why}; {}", cost_why(c));
+        }
+        ("off".to_string(), why)
     };
     ds.push(d("mtp", mtp_value, mtp_why));
     if req.mtp > 0 && m.mtp_layers == 0 {
@@ -660,6 +838,7 @@ pub fn plan(
         mem_gbps: mem,
         predicted_tok_s: predicted,
         disk_bound,
+        mtp_cost,
         decisions: ds,
     })
 }
