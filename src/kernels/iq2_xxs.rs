@@ -135,21 +135,33 @@ mod simd {
         let pf = prefetch_distance();
         for (b, q8) in w.chunks_exact(BLOCK_BYTES).zip(a) {
             prefetch(b.as_ptr(), pf, BLOCK_BYTES);
-            let aux: [(u32, u32); 8] = std::array::from_fn(|g| super::group_words(b, g));
+            let mut aux = [(0u32, 0u32); 8];
+            for (g, v) in aux.iter_mut().enumerate() {
+                *v = super::group_words(b, g);
+            }
             // (2 ls + 1) in every i16 of qword g%4, for groups 0..4 and 4..8.
-            let sc = |g: usize| ((2 * (aux[g].1 >> 28) + 1) as i64) * 0x0001_0001_0001_0001;
-            let scales = [0, 4].map(|h| _mm256_set_epi64x(sc(h + 3), sc(h + 2), sc(h + 1), sc(h)));
+            let mut sc = [0i64; 8];
+            for (s, v) in sc.iter_mut().zip(&aux) {
+                *s = ((2 * (v.1 >> 28) + 1) as i64) * 0x0001_0001_0001_0001;
+            }
+            let scales = [
+                _mm256_set_epi64x(sc[3], sc[2], sc[1], sc[0]),
+                _mm256_set_epi64x(sc[7], sc[6], sc[5], sc[4]),
+            ];
             let mut isum = _mm256_setzero_si256();
             for k in 0..4 {
-                let grid = |g: usize| IQ2XXS_GRID[((aux[g].0 >> (8 * k)) & 0xff) as usize] as i64;
-                let sign =
-                    |g: usize| KSIGNS_IQ2XS_PM1[((aux[g].1 >> (7 * k)) & 0x7f) as usize] as i64;
+                let mut grid = [0i64; 8];
+                let mut sign = [0i64; 8];
+                for g in 0..8 {
+                    grid[g] = IQ2XXS_GRID[((aux[g].0 >> (8 * k)) & 0xff) as usize] as i64;
+                    sign[g] = KSIGNS_IQ2XS_PM1[((aux[g].1 >> (7 * k)) & 0x7f) as usize] as i64;
+                }
                 for (h, s) in scales.iter().enumerate() {
                     let g = 4 * h;
                     let x = ld256(&q8.qs[64 * k + 32 * h..]);
-                    let x = _mm256_sign_epi8(x, _mm256_set_epi64x(sign(g + 3), sign(g + 2), sign(g + 1), sign(g)));
-                    let wv = _mm256_set_epi64x(grid(g + 3), grid(g + 2), grid(g + 1), grid(g));
-                    let p = _mm256_maddubs_epi16(wv, x);
+                    let sv = _mm256_set_epi64x(sign[g + 3], sign[g + 2], sign[g + 1], sign[g]);
+                    let wv = _mm256_set_epi64x(grid[g + 3], grid[g + 2], grid[g + 1], grid[g]);
+                    let p = _mm256_maddubs_epi16(wv, _mm256_sign_epi8(x, sv));
                     isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, *s));
                 }
             }
@@ -271,12 +283,12 @@ mod simd {
         one: __m512i,
     }
 
-    /// The integer dot of one block, `(2ls_g + 1) * <±grid, q8>_g` summed per lane pair of
-    /// qword g. `qv`: the block's groups; `codes`: qword g holds the low codes of rows 0..4 in
-    /// bytes 0..4 and the high codes in bytes 4..8; `signs`: byte 8g+k is row k's sign byte.
+    /// The integer dot of one block per group, `<±grid, q8>_g` in the two dwords of qword g.
+    /// `codes`: qword g holds the low codes of rows 0..4 in bytes 0..4 and the high codes in
+    /// bytes 4..8; `signs`: byte 8g+k is row k's sign byte.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512bitalg,avx512vnni")]
-    fn block_isum(r: &Regs, qv: __m512i, codes: __m512i, signs: __m512i, x: &[i8; 256]) -> __m512i {
+    fn block_isum(r: &Regs, codes: __m512i, signs: __m512i, x: &[i8; 256]) -> __m512i {
         let zero = _mm512_setzero_si512();
         let mut isum = zero;
         for k in 0..4 {
@@ -287,11 +299,18 @@ mod simd {
             let xk = _mm512_mask_sub_epi8(xk, neg, zero, xk);
             isum = _mm512_dpbusd_epi32(isum, mag, xk);
         }
-        // 2ls + 1 in both dwords of qword g: bit 59 is the top sign-index bit, which or-ing 1
-        // overwrites.
+        isum
+    }
+
+    /// `d * da / 8 * (2 ls_g + 1)` in both lanes of qword g, for the block whose groups are
+    /// `qv` and whose `d * da / 8` is `f`. 2ls + 1: bit 59 is the top sign-index bit, which
+    /// or-ing 1 overwrites.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn group_scale(qv: __m512i, one: __m512i, f: f32) -> __m512 {
         let s = _mm512_srli_epi64::<59>(qv);
-        let scale = _mm512_ternarylogic_epi32::<0xfe>(s, _mm512_slli_epi64::<32>(s), r.one);
-        _mm512_mullo_epi32(isum, scale)
+        let s = _mm512_ternarylogic_epi32::<0xfe>(s, _mm512_slli_epi64::<32>(s), one);
+        _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(f))
     }
 
     /// Two blocks' groups, codes and sign bytes (block 1's sign bytes in the high dwords).
@@ -340,7 +359,7 @@ mod simd {
     ///   `vpermi2b` looks them up in `KSIGNS_IQ2XS`; per row, `vpshufbitqmb` turns the row's
     ///   sign byte into a 64-bit mask that negates activations (`|q8| <= 127`: no overflow).
     /// - `vpdpbusd` (magnitude x signed activation) sums the four rows; dwords 2g and 2g+1
-    ///   belong to group g, so one `vpmulld` by 2ls+1 (both dwords of qword g) scales them.
+    ///   belong to group g, so the f32 scale vector `d da (2ls+1) / 8` applies per qword.
     ///
     /// Measured on Zen 4 (docs/PERFORMANCE.md): the lookups were the dearest part per block,
     /// which is why two blocks share them; `vpshufbitqmb` and `vpmovb2m` occupy both the
@@ -377,12 +396,12 @@ mod simd {
                 prefetch(wp[i].as_ptr(), pf, 2 * BLOCK_BYTES);
                 let next = prepare_pair(&r, &wp[(i + 1).min(np - 1)]);
                 let (b0, b1) = wp[i].split_at(BLOCK_BYTES);
-                let ia = block_isum(&r, cur.qa, cur.codes_a, cur.signs, &a[2 * i].qs);
+                let ia = block_isum(&r, cur.codes_a, cur.signs, &a[2 * i].qs);
                 let sb = _mm512_srli_epi64::<32>(cur.signs);
-                let ib = block_isum(&r, cur.qb, cur.codes_b, sb, &a[2 * i + 1].qs);
-                let fa = _mm512_set1_ps(scale_of(b0, &a[2 * i]));
+                let ib = block_isum(&r, cur.codes_b, sb, &a[2 * i + 1].qs);
+                let fa = group_scale(cur.qa, r.one, scale_of(b0, &a[2 * i]));
+                let fb = group_scale(cur.qb, r.one, scale_of(b1, &a[2 * i + 1]));
                 acc = _mm512_fmadd_ps(fa, _mm512_cvtepi32_ps(ia), acc);
-                let fb = _mm512_set1_ps(scale_of(b1, &a[2 * i + 1]));
                 acc = _mm512_fmadd_ps(fb, _mm512_cvtepi32_ps(ib), acc);
                 cur = next;
             }
@@ -397,8 +416,8 @@ mod simd {
             let codes = _mm512_mask_blend_epi32(0xaaaa, lo, _mm512_slli_epi64::<32>(hi));
             let sidx = _mm512_multishift_epi64_epi8(r.ctrl_sign, qv);
             let signs = _mm512_permutex2var_epi8(r.ks_lo, sidx, r.ks_hi);
-            let i = block_isum(&r, qv, codes, signs, &q8.qs);
-            let f = _mm512_set1_ps(scale_of(b, q8));
+            let i = block_isum(&r, codes, signs, &q8.qs);
+            let f = group_scale(qv, r.one, scale_of(b, q8));
             acc = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(i), acc);
         }
         _mm512_reduce_add_ps(acc)
