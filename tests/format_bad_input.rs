@@ -327,17 +327,11 @@ fn safetensors_bad_index() {
     };
     let d = copy("bad-index-json");
     std::fs::write(d.join("model.safetensors.index.json"), "{\"weight_map\": ").unwrap();
-    expect_failure(
-        &d,
-        &[],
-        "model.safetensors.index.json",
-        &["not valid JSON"],
-    );
+    expect_failure(&d, &[], "model.safetensors.index.json", &["not valid JSON"]);
     // A shard named by a path, not a file beside the index, is refused (never followed).
     let d = copy("bad-index-path");
-    let text =
-        std::fs::read_to_string(fixture("format/hf-deepseek/model.safetensors.index.json"))
-            .unwrap();
+    let text = std::fs::read_to_string(fixture("format/hf-deepseek/model.safetensors.index.json"))
+        .unwrap();
     let text = text.replacen(
         "\"model-00002-of-00002.safetensors\"",
         "\"../model-00002-of-00002.safetensors\"",

@@ -364,9 +364,7 @@ mod simd {
     /// Measured on Zen 4 (docs/PERFORMANCE.md): the lookups were the dearest part per block,
     /// which is why two blocks share them; `vpshufbitqmb` and `vpmovb2m` occupy both the
     /// permute and the multiply pipe for a cycle each.
-    #[target_feature(
-        enable = "avx512f,avx512bw,avx512vbmi,avx512bitalg,avx512vnni,avx2,fma,f16c"
-    )]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512bitalg,avx512vnni,avx2,fma,f16c")]
     fn dot_avx512_impl(w: &[u8], a: &[BlockQ8K]) -> f32 {
         let c = &CONSTS;
         let r = Regs {
