@@ -201,6 +201,9 @@ mod simd {
         ksigns: [V64; 2],
         /// Bytes 8g+k and 8g+4+k (k < 4) <- bit offset 32 + 7k: sign index k of group g.
         ctrl_sign: V64,
+        /// Byte 8g+j <- bit offset 7j (j < 4) or 32 + 7(j-4): the sign indices of a qword
+        /// holding the aux1 words of two groups.
+        ctrl_sign2: V64,
         /// Row k: byte j of every qword <- bit offset of element j's code in the qword of codes
         /// (low codes of rows 0..4 in bytes 0..4, high codes in bytes 4..8).
         ctrl_code: [V64; 4],
@@ -216,6 +219,7 @@ mod simd {
             code_hi: [const { V64([0; 64]) }; 4],
             ksigns: [const { V64([0; 64]) }; 2],
             ctrl_sign: V64([0; 64]),
+            ctrl_sign2: V64([0; 64]),
             ctrl_code: [const { V64([0; 64]) }; 4],
             levels: V64([0; 64]),
             ctrl_sbit: [const { V64([0; 64]) }; 4],
@@ -241,6 +245,7 @@ mod simd {
         while i < 64 {
             let j = i % 8;
             c.ctrl_sign.0[i] = 32 + 7 * (j % 4) as u8;
+            c.ctrl_sign2.0[i] = (32 * (j / 4) + 7 * (j % 4)) as u8;
             c.levels.0[i] = if i % 4 < 3 { LEVELS[i % 4] } else { 0 };
             let mut k = 0;
             while k < 4 {
@@ -277,6 +282,7 @@ mod simd {
         ks_lo: __m512i,
         ks_hi: __m512i,
         ctrl_sign: __m512i,
+        ctrl_sign2: __m512i,
         ctrl_code: [__m512i; 4],
         ctrl_sbit: [__m512i; 4],
         levels: __m512i,
@@ -313,33 +319,43 @@ mod simd {
         _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(f))
     }
 
-    /// Two blocks' groups, codes and sign bytes (block 1's sign bytes in the high dwords).
+    /// What the rows of two blocks need, per block: `codes` and `signs` as `block_isum` takes
+    /// them, and 2ls+1 as i32 in both dwords of qword g.
     struct Pair {
-        qa: __m512i,
-        qb: __m512i,
-        codes_a: __m512i,
-        codes_b: __m512i,
-        signs: __m512i,
+        codes: [__m512i; 2],
+        signs: [__m512i; 2],
+        scales: [__m512i; 2],
     }
 
+    /// Reads two blocks and does their table lookups together. The 32-bit words of both are
+    /// regrouped with `shufps` so that one 128-bit lane holds, for groups 2l and 2l+1, block
+    /// 0's words then block 1's; `unpacklo/hi` of the lookup results then give each block's
+    /// vectors with group g in qword g again.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
     fn prepare_pair(r: &Regs, b: &[u8; 2 * BLOCK_BYTES]) -> Pair {
-        const ODD_DWORDS: __mmask16 = 0xaaaa;
-        const HIGH_HALVES: __mmask64 = 0xf0f0_f0f0_f0f0_f0f0;
         let (qa, qb) = (ld512(&b[2..]), ld512(&b[BLOCK_BYTES + 2..]));
-        let v = _mm512_mask_blend_epi32(ODD_DWORDS, qa, _mm512_slli_epi64::<32>(qb));
+        let (fa, fb) = (_mm512_castsi512_ps(qa), _mm512_castsi512_ps(qb));
+        // Lane l: aux0 (resp. aux1) of groups 2l, 2l+1 of block 0, then of block 1.
+        let v = _mm512_castps_si512(_mm512_shuffle_ps::<0b10_00_10_00>(fa, fb));
+        let sv = _mm512_castps_si512(_mm512_shuffle_ps::<0b11_01_11_01>(fa, fb));
         let high = _mm512_movepi8_mask(v);
         let lo = lookup256(&r.code_lo, v, high);
         let hi = lookup256(&r.code_hi, v, high);
-        let sidx = _mm512_multishift_epi64_epi8(r.ctrl_sign, qa);
-        let sidx = _mm512_mask_multishift_epi64_epi8(sidx, HIGH_HALVES, r.ctrl_sign, qb);
+        let signs = _mm512_permutex2var_epi8(
+            r.ks_lo,
+            _mm512_multishift_epi64_epi8(r.ctrl_sign2, sv),
+            r.ks_hi,
+        );
+        // 2ls + 1: bit 27 is the top sign-index bit, which or-ing 1 overwrites.
+        let sc = _mm512_or_si512(_mm512_srli_epi32::<27>(sv), r.one);
         Pair {
-            qa,
-            qb,
-            codes_a: _mm512_mask_blend_epi32(ODD_DWORDS, lo, _mm512_slli_epi64::<32>(hi)),
-            codes_b: _mm512_mask_blend_epi32(ODD_DWORDS, _mm512_srli_epi64::<32>(lo), hi),
-            signs: _mm512_permutex2var_epi8(r.ks_lo, sidx, r.ks_hi),
+            codes: [_mm512_unpacklo_epi32(lo, hi), _mm512_unpackhi_epi32(lo, hi)],
+            signs: [
+                _mm512_unpacklo_epi32(signs, signs),
+                _mm512_unpackhi_epi32(signs, signs),
+            ],
+            scales: [_mm512_unpacklo_epi32(sc, sc), _mm512_unpackhi_epi32(sc, sc)],
         }
     }
 
@@ -373,6 +389,7 @@ mod simd {
             ks_lo: ldc(&c.ksigns[0]),
             ks_hi: ldc(&c.ksigns[1]),
             ctrl_sign: ldc(&c.ctrl_sign),
+            ctrl_sign2: ldc(&c.ctrl_sign2),
             ctrl_code: std::array::from_fn(|k| ldc(&c.ctrl_code[k])),
             ctrl_sbit: std::array::from_fn(|k| ldc(&c.ctrl_sbit[k])),
             levels: ldc(&c.levels),
@@ -393,14 +410,15 @@ mod simd {
             for i in 0..np {
                 prefetch(wp[i].as_ptr(), pf, 2 * BLOCK_BYTES);
                 let next = prepare_pair(&r, &wp[(i + 1).min(np - 1)]);
-                let (b0, b1) = wp[i].split_at(BLOCK_BYTES);
-                let ia = block_isum(&r, cur.codes_a, cur.signs, &a[2 * i].qs);
-                let sb = _mm512_srli_epi64::<32>(cur.signs);
-                let ib = block_isum(&r, cur.codes_b, sb, &a[2 * i + 1].qs);
-                let fa = group_scale(cur.qa, r.one, scale_of(b0, &a[2 * i]));
-                let fb = group_scale(cur.qb, r.one, scale_of(b1, &a[2 * i + 1]));
-                acc = _mm512_fmadd_ps(fa, _mm512_cvtepi32_ps(ia), acc);
-                acc = _mm512_fmadd_ps(fb, _mm512_cvtepi32_ps(ib), acc);
+                for h in 0..2 {
+                    let (b, q8) = (&wp[i][h * BLOCK_BYTES..], &a[2 * i + h]);
+                    let isum = block_isum(&r, cur.codes[h], cur.signs[h], &q8.qs);
+                    let f = _mm512_mul_ps(
+                        _mm512_cvtepi32_ps(cur.scales[h]),
+                        _mm512_set1_ps(scale_of(b, q8)),
+                    );
+                    acc = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(isum), acc);
+                }
                 cur = next;
             }
         }
