@@ -365,10 +365,10 @@ mod simd {
     /// A block's 64 bytes of groups are one vector, group g in qword g (aux0 low, aux1 high),
     /// and each activation vector k is row k of the eight groups (`Q8KRows`), group g in qword
     /// g too, so nothing crosses qwords after the table lookups:
-    /// - Codes: the index dwords of two blocks share one vector (block 0 low, block 1 high
-    ///   dword of each qword); two 256-entry byte lookups (`vpermi2b` x2 + blend each) give the
-    ///   2-bit codes of elements 0..4 and 4..8 of every row of both blocks. Per block, one
-    ///   vector `codes` holds qword g's low codes in bytes 0..4 and high codes in bytes 4..8.
+    /// - Codes: the grid-index words of two blocks share one vector (`prepare_pair`); two
+    ///   256-entry byte lookups (`vpermt2b` x2 + blend each) give the 2-bit codes of elements
+    ///   0..4 and 4..8 of every row of both blocks. Per block, one vector `codes` holds qword
+    ///   g's low codes in bytes 0..4 and high codes in bytes 4..8.
     /// - Per row k: `multishift` moves element j's code to the bottom of byte j, `vpermb` maps
     ///   it to 8/25/43.
     /// - Signs: `multishift` cuts the 7-bit sign indices of both blocks into bytes, one
@@ -404,8 +404,8 @@ mod simd {
         let np = wp.len().min(a.len() / 2);
         if np > 0 {
             // Software-pipelined: the lookups of pair i + 1 are issued before the rows of pair
-            // i, so their latency hides behind independent work (the scheduler is too small
-            // to find it a whole pair ahead by itself).
+            // i, so their latency hides behind independent work (7.2 -> 6.8 ns per block in
+            // L2 on Zen 4; out-of-order execution alone did not find it a pair ahead).
             let mut cur = prepare_pair(&r, &wp[0]);
             for i in 0..np {
                 prefetch(wp[i].as_ptr(), pf, 2 * BLOCK_BYTES);
