@@ -191,12 +191,59 @@ fn gguf_missing_shard() {
     for n in ["split-00001-of-00003.gguf", "split-00003-of-00003.gguf"] {
         std::fs::copy(fixture(&format!("format/{n}")), d.join(n)).unwrap();
     }
+    // The whole path of the missing shard, not only its name.
+    let missing = d.join("split-00002-of-00003.gguf");
     expect_failure(
         &d.join("split-00001-of-00003.gguf"),
         &[],
-        "split-00002-of-00003.gguf",
+        &missing.display().to_string(),
         &["missing shard"],
     );
+}
+
+/// The three shards of the split fixture in a fresh directory, `edit` applied to shard `n`.
+fn split_with(tag: &str, n: usize, edit: impl FnOnce(&mut Vec<u8>)) -> (PathBuf, PathBuf) {
+    let d = scratch(tag);
+    for i in 1..=3 {
+        let name = format!("split-0000{i}-of-00003.gguf");
+        std::fs::copy(fixture(&format!("format/{name}")), d.join(name)).unwrap();
+    }
+    let edited = d.join(format!("split-0000{n}-of-00003.gguf"));
+    let mut b = std::fs::read(&edited).unwrap();
+    edit(&mut b);
+    std::fs::write(&edited, b).unwrap();
+    (d.join("split-00001-of-00003.gguf"), edited)
+}
+
+#[test]
+fn gguf_corrupt_middle_shard() {
+    let (first, bad) = split_with("bad-shard2", 2, |b| b[..4].copy_from_slice(b"GGML"));
+    expect_failure(
+        &first,
+        &[],
+        &bad.display().to_string(),
+        &["not a GGUF file", "magic"],
+    );
+}
+
+#[test]
+fn gguf_truncated_last_shard() {
+    // Shard 3 loses its tail: a tensor's range now ends past that shard's end.
+    let (first, bad) = split_with("bad-shard3", 3, |b| b.truncate(b.len() - 100));
+    expect_failure(&first, &[], &bad.display().to_string(), &["past the end"]);
+}
+
+#[test]
+fn gguf_counts_past_end() {
+    // Tensor count (offset 8) and metadata count (offset 16) far beyond what the file holds:
+    // refused before anything is allocated for them.
+    for (at, name) in [(8, "ntensors.gguf"), (16, "nkv.gguf")] {
+        let d = scratch("bad");
+        let mut g = tiny();
+        put_u64(&mut g, at, 1 << 60);
+        let p = write(&d, name, &g);
+        expect_failure(&p, &[], name, &["cannot fit"]);
+    }
 }
 
 fn fused() -> Vec<u8> {
@@ -256,11 +303,46 @@ fn safetensors_missing_shard() {
     ] {
         std::fs::copy(fixture(&format!("format/hf-deepseek/{n}")), d.join(n)).unwrap();
     }
+    let missing = d.join("model-00002-of-00002.safetensors");
     expect_failure(
         &d,
         &[],
-        "model-00002-of-00002.safetensors",
+        &missing.display().to_string(),
         &["missing shard", "index.json"],
+    );
+}
+
+#[test]
+fn safetensors_bad_index() {
+    let copy = |tag: &str| {
+        let d = scratch(tag);
+        for n in [
+            "config.json",
+            "model-00001-of-00002.safetensors",
+            "model-00002-of-00002.safetensors",
+        ] {
+            std::fs::copy(fixture(&format!("format/hf-deepseek/{n}")), d.join(n)).unwrap();
+        }
+        d
+    };
+    let d = copy("bad-index-json");
+    std::fs::write(d.join("model.safetensors.index.json"), "{\"weight_map\": ").unwrap();
+    expect_failure(&d, &[], "model.safetensors.index.json", &["not valid JSON"]);
+    // A shard named by a path, not a file beside the index, is refused (never followed).
+    let d = copy("bad-index-path");
+    let text = std::fs::read_to_string(fixture("format/hf-deepseek/model.safetensors.index.json"))
+        .unwrap();
+    let text = text.replacen(
+        "\"model-00002-of-00002.safetensors\"",
+        "\"../model-00002-of-00002.safetensors\"",
+        1,
+    );
+    std::fs::write(d.join("model.safetensors.index.json"), text).unwrap();
+    expect_failure(
+        &d,
+        &[],
+        "model.safetensors.index.json",
+        &["not a plain file name"],
     );
 }
 

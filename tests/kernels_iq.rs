@@ -112,10 +112,17 @@ fn activations(rng: &mut Rng, n: usize) -> Vec<f32> {
     x
 }
 
+/// Where element `i` of a 256-element block sits in a `Q8KRows` block, as src/kernels/act.rs
+/// documents it: element 32g + 8k + e (row k of 32-element group g) at 64k + 8g + e.
+fn q8k_rows_pos(i: usize) -> usize {
+    let (g, k, e) = (i / 32, (i / 8) % 4, i % 8);
+    64 * k + 8 * g + e
+}
+
 fn act_block(t: DType) -> usize {
     match kernels::kernels_for(t).expect("kernels").act {
         ActFormat::Q8_32 => 32,
-        ActFormat::Q8K => 256,
+        ActFormat::Q8K | ActFormat::Q8KRows => 256,
         ActFormat::F32 => 1,
     }
 }
@@ -149,6 +156,11 @@ fn dequantized_acts(row: &kernels::ActRow<'_>, fmt: ActFormat) -> Vec<f64> {
             .q8k
             .iter()
             .flat_map(|b| b.qs.iter().map(move |&q| b.d as f64 * q as f64))
+            .collect(),
+        ActFormat::Q8KRows => row
+            .q8k_rows
+            .iter()
+            .flat_map(|b| (0..256).map(move |i| b.d as f64 * b.qs[q8k_rows_pos(i)] as f64))
             .collect(),
         ActFormat::F32 => row.f32.iter().map(|&v| v as f64).collect(),
     }

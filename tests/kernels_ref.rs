@@ -111,7 +111,7 @@ fn act_block(fmt: ActFormat) -> Option<usize> {
     match fmt {
         ActFormat::F32 => None,
         ActFormat::Q8_32 => Some(32),
-        ActFormat::Q8K => Some(256),
+        ActFormat::Q8K | ActFormat::Q8KRows => Some(256),
     }
 }
 
@@ -129,6 +129,17 @@ fn seen_activations(acts: &Acts, row: usize, fmt: ActFormat) -> Vec<f64> {
             .q8k
             .iter()
             .flat_map(|b| b.qs.iter().map(move |&q| b.d as f64 * q as f64))
+            .collect(),
+        // Element 32g + 8k + e (row k of group g) sits at 64k + 8g + e (src/kernels/act.rs).
+        ActFormat::Q8KRows => r
+            .q8k_rows
+            .iter()
+            .flat_map(|b| {
+                (0..256).map(move |i| {
+                    let (g, k, e) = (i / 32, (i / 8) % 4, i % 8);
+                    b.d as f64 * b.qs[64 * k + 8 * g + e] as f64
+                })
+            })
             .collect(),
     }
 }

@@ -4,7 +4,11 @@
 //! - `F32`: plain f32 (float weight types).
 //! - `Q8_32`: blocks of 32 int8 with one f32 scale (Q8_0, Q4_0, MXFP4 weights).
 //! - `Q8K`: super-blocks of 256 int8 with one f32 scale and the sums of each 16-element group
-//!   (k-quants and i-quants; the group sums let the kernels apply per-group minimums cheaply).
+//!   (k-quants; the group sums let the kernels apply per-group minimums cheaply).
+//! - `Q8KRows`: `Q8K` with each block's `qs` reordered for types whose 32-element groups are
+//!   four 8-element grid rows (IQ2_XXS): position `64k + 8g + e` holds element `32g + 8k + e`
+//!   (row k of group g), so 64 consecutive bytes are row k of all eight groups and a SIMD
+//!   kernel's lanes keep one group each. Same `d` and `bsums` as `Q8K`.
 //!
 //! Quantization: for each block, d = max|x| / 127 and q = round(x / d) (ties away from zero),
 //! so |x - d*q| <= d/2. That is the whole error budget the dot tests allow for (see
@@ -39,6 +43,14 @@ pub enum ActFormat {
     F32,
     Q8_32,
     Q8K,
+    Q8KRows,
+}
+
+/// Position in a `Q8KRows` block of element `i` (< 256) of the `Q8K` block.
+#[inline]
+pub const fn q8k_rows_pos(i: usize) -> usize {
+    let (g, k, e) = (i / 32, (i / 8) % 4, i % 8);
+    64 * k + 8 * g + e
 }
 
 /// One activation row in every format that has been prepared (unprepared ones are empty).
@@ -46,6 +58,7 @@ pub struct ActRow<'a> {
     pub f32: &'a [f32],
     pub q8_32: &'a [BlockQ8_32],
     pub q8k: &'a [BlockQ8K],
+    pub q8k_rows: &'a [BlockQ8K],
 }
 
 /// A batch of activation rows (`rows` x `cols`), with lazily prepared quantized copies.
@@ -55,8 +68,10 @@ pub struct Acts {
     f32: Vec<f32>,
     q8_32: Vec<BlockQ8_32>,
     q8k: Vec<BlockQ8K>,
+    q8k_rows: Vec<BlockQ8K>,
     ready_q8_32: bool,
     ready_q8k: bool,
+    ready_q8k_rows: bool,
 }
 
 const ZERO32: BlockQ8_32 = BlockQ8_32 {
@@ -83,8 +98,10 @@ impl Acts {
             f32: Vec::new(),
             q8_32: Vec::new(),
             q8k: Vec::new(),
+            q8k_rows: Vec::new(),
             ready_q8_32: false,
             ready_q8k: false,
+            ready_q8k_rows: false,
         }
     }
 
@@ -94,6 +111,7 @@ impl Acts {
         a.f32.reserve(rows * cols);
         a.q8_32.reserve(rows * cols.div_ceil(32));
         a.q8k.reserve(rows * cols.div_ceil(QK));
+        a.q8k_rows.reserve(rows * cols.div_ceil(QK));
         a
     }
 
@@ -111,6 +129,7 @@ impl Acts {
         self.f32.extend_from_slice(x);
         self.ready_q8_32 = false;
         self.ready_q8k = false;
+        self.ready_q8k_rows = false;
     }
 
     pub fn rows(&self) -> usize {
@@ -126,6 +145,7 @@ impl Acts {
             ActFormat::F32 => true,
             ActFormat::Q8_32 => self.ready_q8_32 && self.cols.is_multiple_of(32),
             ActFormat::Q8K => self.ready_q8k && self.cols.is_multiple_of(QK),
+            ActFormat::Q8KRows => self.ready_q8k_rows && self.cols.is_multiple_of(QK),
         }
     }
 
@@ -158,6 +178,21 @@ impl Acts {
                 }
                 self.ready_q8k = true;
             }
+            ActFormat::Q8KRows => {
+                if self.ready_q8k_rows || !self.cols.is_multiple_of(QK) {
+                    return;
+                }
+                self.prepare(ActFormat::Q8K);
+                self.q8k_rows.clear();
+                self.q8k_rows.extend(self.q8k.iter().map(|b| {
+                    let mut r = *b;
+                    for (i, &q) in b.qs.iter().enumerate() {
+                        r.qs[q8k_rows_pos(i)] = q;
+                    }
+                    r
+                }));
+                self.ready_q8k_rows = true;
+            }
         }
     }
 
@@ -175,7 +210,17 @@ impl Acts {
         } else {
             &[][..]
         };
-        ActRow { f32, q8_32, q8k }
+        let q8k_rows = if self.ready_q8k_rows {
+            &self.q8k_rows[i * (c / QK)..(i + 1) * (c / QK)]
+        } else {
+            &[][..]
+        };
+        ActRow {
+            f32,
+            q8_32,
+            q8k,
+            q8k_rows,
+        }
     }
 }
 

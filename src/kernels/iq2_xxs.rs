@@ -1,4 +1,4 @@
-//! IQ2_XXS kernels: dequantize and dot against `Q8K` activations (scalar, AVX2, AVX-512).
+//! IQ2_XXS kernels: dequantize and dot against `Q8KRows` activations (scalar, AVX2, AVX-512).
 //!
 //! Block (66 bytes, 256 elements, ggml `block_iq2_xxs`): `d` (f16), then 8 groups of 32
 //! elements, each two little-endian u32: `aux0` holds four 8-bit grid indices (one per 8
@@ -8,7 +8,12 @@
 //!
 //! Dot: `(0.5 + ls) * 0.25 = (2 ls + 1) / 8`, so a block contributes
 //! `d * da / 8 * sum_g (2 ls_g + 1) * <±grid, a>_g`, an exact integer sum.
+//!
+//! Activations come as `Q8KRows` (row k of every group side by side, see `act.rs`): a 64-byte
+//! vector then holds one 8-element grid row per qword, qword g always from group g, so the
+//! SIMD kernels never move weights or scales across lanes.
 
+use super::act::q8k_rows_pos;
 use super::float::f16_at;
 use super::tables::{IQ2XXS_GRID, KSIGNS_IQ2XS};
 use super::{ActFormat, ActRow, TypeKernels};
@@ -18,7 +23,7 @@ const BLOCK_BYTES: usize = 66;
 
 pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
     dtype: DType::IQ2_XXS,
-    act: ActFormat::Q8K,
+    act: ActFormat::Q8KRows,
     dequant,
     dot_scalar,
     dot_avx2: simd::AVX2,
@@ -56,16 +61,17 @@ fn dequant(blocks: &[u8], out: &mut [f32]) {
 
 fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
     let mut sum = 0.0f32;
-    for (b, q8) in w.chunks_exact(BLOCK_BYTES).zip(a.q8k) {
+    for (b, q8) in w.chunks_exact(BLOCK_BYTES).zip(a.q8k_rows) {
         let mut isum = 0i32;
-        for (g, ag) in q8.qs.chunks_exact(32).enumerate() {
+        for g in 0..8 {
             let (aux0, aux1) = group_words(b, g);
             let mut gi = 0i32;
-            for (k, a8) in ag.chunks_exact(8).enumerate() {
+            for k in 0..4 {
                 let grid = IQ2XXS_GRID[((aux0 >> (8 * k)) & 0xff) as usize].to_le_bytes();
                 let signs = KSIGNS_IQ2XS[((aux1 >> (7 * k)) & 0x7f) as usize];
-                for c in 0..8 {
-                    let p = grid[c] as i32 * a8[c] as i32;
+                let at = q8k_rows_pos(32 * g + 8 * k);
+                for (c, &x) in q8.qs[at..at + 8].iter().enumerate() {
+                    let p = grid[c] as i32 * x as i32;
                     gi += if (signs >> c) & 1 == 0 { p } else { -p };
                 }
             }
@@ -85,7 +91,7 @@ mod simd {
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use super::super::simd::prefetch_distance;
-    use super::super::simd::x86::{f16_at, hsum256, ld512, prefetch};
+    use super::super::simd::x86::{f16_at, hsum256, ld256, ld512, prefetch};
     use super::super::tables::{IQ2XXS_GRID, KSIGNS_IQ2XS, KSIGNS_IQ2XS_PM1};
     use super::super::{ActRow, BlockQ8K, DotFn};
     use super::BLOCK_BYTES;
@@ -108,7 +114,7 @@ mod simd {
             return super::dot_scalar(w, a);
         }
         // SAFETY: the CPU has AVX2, FMA and F16C (checked just above).
-        unsafe { dot_avx2_impl(w, a.q8k) }
+        unsafe { dot_avx2_impl(w, a.q8k_rows) }
     }
 
     fn dot_avx512(w: &[u8], a: &ActRow<'_>) -> f32 {
@@ -117,41 +123,50 @@ mod simd {
             return dot_avx2(w, a);
         }
         // SAFETY: the CPU has AVX-512 F/BW/VBMI/BITALG/VNNI and AVX2/FMA/F16C (checked above).
-        unsafe { dot_avx512_impl(w, a.q8k) }
+        unsafe { dot_avx512_impl(w, a.q8k_rows) }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn f16_to_f32(b: &[u8]) -> f32 {
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
-            u16::from_le_bytes([b[0], b[1]]) as i32,
-        )))
-    }
-
-    /// AVX2: grid rows and sign bytes (as ±1) come from tables, one 32-element group per
-    /// 256-bit vector; `maddubs` multiplies grid magnitudes by sign-applied activations.
+    /// AVX2: grid rows and sign bytes (as ±1) come from tables. A 256-bit vector is row k of
+    /// four groups (`Q8KRows` order), so the group scales sit in fixed qwords; `maddubs`
+    /// multiplies grid magnitudes by sign-applied activations.
     #[target_feature(enable = "avx2,fma,f16c")]
     fn dot_avx2_impl(w: &[u8], a: &[BlockQ8K]) -> f32 {
         let mut acc = _mm256_setzero_ps();
         let pf = prefetch_distance();
         for (b, q8) in w.chunks_exact(BLOCK_BYTES).zip(a) {
             prefetch(b.as_ptr(), pf, BLOCK_BYTES);
-            let mut isum = _mm256_setzero_si256();
-            for (g, x) in q8.qs.chunks_exact(32).enumerate() {
-                let at = 2 + 8 * g;
-                let aux0 = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
-                let aux1 = u32::from_le_bytes([b[at + 4], b[at + 5], b[at + 6], b[at + 7]]);
-                let [g0, g1, g2, g3] =
-                    [0, 8, 16, 24].map(|s| IQ2XXS_GRID[((aux0 >> s) & 0xff) as usize] as i64);
-                let [s0, s1, s2, s3] =
-                    [0, 7, 14, 21].map(|s| KSIGNS_IQ2XS_PM1[((aux1 >> s) & 0x7f) as usize] as i64);
-                // SAFETY: `x` is 32 bytes.
-                let x = unsafe { _mm256_loadu_si256(x.as_ptr() as *const __m256i) };
-                let x = _mm256_sign_epi8(x, _mm256_set_epi64x(s3, s2, s1, s0));
-                let p = _mm256_maddubs_epi16(_mm256_set_epi64x(g3, g2, g1, g0), x);
-                let ls = (2 * (aux1 >> 28) + 1) as i16;
-                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, _mm256_set1_epi16(ls)));
+            let mut aux = [(0u32, 0u32); 8];
+            for (g, v) in aux.iter_mut().enumerate() {
+                *v = super::group_words(b, g);
             }
-            let f = q8.d * f16_to_f32(b) * 0.125;
+            // (2 ls + 1) in every i16 of qword g%4, for groups 0..4 and 4..8.
+            let mut sc = [0i64; 8];
+            for (s, v) in sc.iter_mut().zip(&aux) {
+                *s = ((2 * (v.1 >> 28) + 1) as i64) * 0x0001_0001_0001_0001;
+            }
+            let scales = [
+                _mm256_set_epi64x(sc[3], sc[2], sc[1], sc[0]),
+                _mm256_set_epi64x(sc[7], sc[6], sc[5], sc[4]),
+            ];
+            let mut isum = _mm256_setzero_si256();
+            for k in 0..4 {
+                let mut grid = [0i64; 8];
+                let mut sign = [0i64; 8];
+                for g in 0..8 {
+                    grid[g] = IQ2XXS_GRID[((aux[g].0 >> (8 * k)) & 0xff) as usize] as i64;
+                    sign[g] = KSIGNS_IQ2XS_PM1[((aux[g].1 >> (7 * k)) & 0x7f) as usize] as i64;
+                }
+                for (h, s) in scales.iter().enumerate() {
+                    let g = 4 * h;
+                    let x = ld256(&q8.qs[64 * k + 32 * h..]);
+                    let sv = _mm256_set_epi64x(sign[g + 3], sign[g + 2], sign[g + 1], sign[g]);
+                    let wv = _mm256_set_epi64x(grid[g + 3], grid[g + 2], grid[g + 1], grid[g]);
+                    let p = _mm256_maddubs_epi16(wv, _mm256_sign_epi8(x, sv));
+                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, *s));
+                }
+            }
+            // SAFETY: `b` holds the block's f16 `d` in its first two bytes; F16C is enabled.
+            let f = q8.d * unsafe { f16_at(b.as_ptr()) } * 0.125;
             acc = _mm256_fmadd_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(isum), acc);
         }
         hsum256(acc)
@@ -184,20 +199,18 @@ mod simd {
         code_hi: [V64; 4],
         /// `KSIGNS_IQ2XS`, 128 bytes.
         ksigns: [V64; 2],
-        /// Byte 8g+4+k <- bit offset 32 + 7k (sign index k of group g); bytes 8g+k unused.
+        /// Bytes 8g+k and 8g+4+k (k < 4) <- bit offset 32 + 7k: sign index k of group g.
         ctrl_sign: V64,
-        /// Vector z, qword q (grid row r = 8z + q, group g = r / 4, k = r % 4):
-        /// byte 0 <- low codes (M byte 8g+k), byte 1 <- high codes (H byte 8g+k, index 64 + ..),
-        /// byte 2 <- sign byte (M byte 8g+4+k).
-        ctrl_place: [V64; 4],
-        /// Byte j of every qword <- bit offset 2j: element j's code in bits 0..2.
-        ctrl_code: V64,
+        /// Byte 8g+j <- bit offset 7j (j < 4) or 32 + 7(j-4): the sign indices of a qword
+        /// holding the aux1 words of two groups.
+        ctrl_sign2: V64,
+        /// Row k: byte j of every qword <- bit offset of element j's code in the qword of codes
+        /// (low codes of rows 0..4 in bytes 0..4, high codes in bytes 4..8).
+        ctrl_code: [V64; 4],
         /// `LEVELS[i & 3]` for the 6-bit indices `vpermb` uses.
         levels: V64,
-        /// Byte j of every qword <- bit 16 + j: element j's sign in the placed row.
-        ctrl_sbit: V64,
-        /// Vector z: every word of qword q <- the word at byte 8(2z + q/4) (scale of its group).
-        ctrl_scale: [V64; 4],
+        /// Row k: byte j of every qword <- bit 8k + j, element j's sign in the sign bytes.
+        ctrl_sbit: [V64; 4],
     }
 
     const fn build_consts() -> Consts {
@@ -206,11 +219,10 @@ mod simd {
             code_hi: [const { V64([0; 64]) }; 4],
             ksigns: [const { V64([0; 64]) }; 2],
             ctrl_sign: V64([0; 64]),
-            ctrl_place: [const { V64([0; 64]) }; 4],
-            ctrl_code: V64([0; 64]),
+            ctrl_sign2: V64([0; 64]),
+            ctrl_code: [const { V64([0; 64]) }; 4],
             levels: V64([0; 64]),
-            ctrl_sbit: V64([0; 64]),
-            ctrl_scale: [const { V64([0; 64]) }; 4],
+            ctrl_sbit: [const { V64([0; 64]) }; 4],
         };
         let mut i = 0;
         while i < 256 {
@@ -231,25 +243,15 @@ mod simd {
         }
         i = 0;
         while i < 64 {
-            let (q, j) = (i / 8, i % 8);
-            if j >= 4 {
-                c.ctrl_sign.0[i] = 32 + 7 * (j as u8 - 4);
-            }
-            c.ctrl_code.0[i] = 2 * j as u8;
+            let j = i % 8;
+            c.ctrl_sign.0[i] = 32 + 7 * (j % 4) as u8;
+            c.ctrl_sign2.0[i] = (32 * (j / 4) + 7 * (j % 4)) as u8;
             c.levels.0[i] = if i % 4 < 3 { LEVELS[i % 4] } else { 0 };
-            c.ctrl_sbit.0[i] = 16 + j as u8;
-            let mut z = 0;
-            while z < 4 {
-                let r = 8 * z + q;
-                let (g, k) = (r / 4, r % 4);
-                c.ctrl_place[z].0[i] = match j {
-                    0 => (8 * g + k) as u8,
-                    1 => (64 + 8 * g + k) as u8,
-                    2 => (8 * g + 4 + k) as u8,
-                    _ => 0,
-                };
-                c.ctrl_scale[z].0[i] = (8 * (2 * z + q / 4) + j % 2) as u8;
-                z += 1;
+            let mut k = 0;
+            while k < 4 {
+                c.ctrl_code[k].0[i] = (8 * k + 2 * (j % 4) + 32 * (j / 4)) as u8;
+                c.ctrl_sbit[k].0[i] = (8 * k + j) as u8;
+                k += 1;
             }
             i += 1;
         }
@@ -264,7 +266,7 @@ mod simd {
         unsafe { _mm512_loadu_si512(v.0.as_ptr() as *const __m512i) }
     }
 
-    /// Byte i <- `t[idx_i]` for a 256-byte table held in four vectors.
+    /// Byte i <- `t[idx_i]` for a 256-byte table held in four vectors (`high`: idx_i >= 128).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
     fn lookup256(t: &[__m512i; 4], idx: __m512i, high: __mmask64) -> __m512i {
@@ -273,61 +275,166 @@ mod simd {
         _mm512_mask_blend_epi8(high, a, b)
     }
 
-    /// AVX-512 (VBMI, BITALG): one block per iteration, without gathers or table loads: every
-    /// table lives in registers and is read with byte permutes.
+    /// The constant vectors of the AVX-512 kernel, loaded into registers once per call.
+    struct Regs {
+        code_lo: [__m512i; 4],
+        code_hi: [__m512i; 4],
+        ks_lo: __m512i,
+        ks_hi: __m512i,
+        ctrl_sign: __m512i,
+        ctrl_sign2: __m512i,
+        ctrl_code: [__m512i; 4],
+        ctrl_sbit: [__m512i; 4],
+        levels: __m512i,
+        one: __m512i,
+    }
+
+    /// The integer dot of one block per group, `<±grid, q8>_g` in the two dwords of qword g.
+    /// `codes`: qword g holds the low codes of rows 0..4 in bytes 0..4 and the high codes in
+    /// bytes 4..8; `signs`: byte 8g+k is row k's sign byte.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512bitalg,avx512vnni")]
+    fn block_isum(r: &Regs, codes: __m512i, signs: __m512i, x: &[i8; 256]) -> __m512i {
+        let zero = _mm512_setzero_si512();
+        let mut isum = zero;
+        for k in 0..4 {
+            let c = _mm512_multishift_epi64_epi8(r.ctrl_code[k], codes);
+            let mag = _mm512_permutexvar_epi8(c, r.levels);
+            let neg = _mm512_bitshuffle_epi64_mask(signs, r.ctrl_sbit[k]);
+            let xk = ld512(&x[64 * k..]);
+            let xk = _mm512_mask_sub_epi8(xk, neg, zero, xk);
+            isum = _mm512_dpbusd_epi32(isum, mag, xk);
+        }
+        isum
+    }
+
+    /// `d * da / 8 * (2 ls_g + 1)` in both lanes of qword g, for the block whose groups are
+    /// `qv` and whose `d * da / 8` is `f`. 2ls + 1: bit 59 is the top sign-index bit, which
+    /// or-ing 1 overwrites.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn group_scale(qv: __m512i, one: __m512i, f: f32) -> __m512 {
+        let s = _mm512_srli_epi64::<59>(qv);
+        let s = _mm512_ternarylogic_epi32::<0xfe>(s, _mm512_slli_epi64::<32>(s), one);
+        _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(f))
+    }
+
+    /// What the rows of two blocks need, per block: `codes` and `signs` as `block_isum` takes
+    /// them, and 2ls+1 as i32 in both dwords of qword g.
+    struct Pair {
+        codes: [__m512i; 2],
+        signs: [__m512i; 2],
+        scales: [__m512i; 2],
+    }
+
+    /// Reads two blocks and does their table lookups together. The 32-bit words of both are
+    /// regrouped with `shufps` so that one 128-bit lane holds, for groups 2l and 2l+1, block
+    /// 0's words then block 1's; `unpacklo/hi` of the lookup results then give each block's
+    /// vectors with group g in qword g again.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+    fn prepare_pair(r: &Regs, b: &[u8; 2 * BLOCK_BYTES]) -> Pair {
+        let (qa, qb) = (ld512(&b[2..]), ld512(&b[BLOCK_BYTES + 2..]));
+        let (fa, fb) = (_mm512_castsi512_ps(qa), _mm512_castsi512_ps(qb));
+        // Lane l: aux0 (resp. aux1) of groups 2l, 2l+1 of block 0, then of block 1.
+        let v = _mm512_castps_si512(_mm512_shuffle_ps::<0b10_00_10_00>(fa, fb));
+        let sv = _mm512_castps_si512(_mm512_shuffle_ps::<0b11_01_11_01>(fa, fb));
+        let high = _mm512_movepi8_mask(v);
+        let lo = lookup256(&r.code_lo, v, high);
+        let hi = lookup256(&r.code_hi, v, high);
+        let signs = _mm512_permutex2var_epi8(
+            r.ks_lo,
+            _mm512_multishift_epi64_epi8(r.ctrl_sign2, sv),
+            r.ks_hi,
+        );
+        // 2ls + 1: bit 27 is the top sign-index bit, which or-ing 1 overwrites.
+        let sc = _mm512_or_si512(_mm512_srli_epi32::<27>(sv), r.one);
+        Pair {
+            codes: [_mm512_unpacklo_epi32(lo, hi), _mm512_unpackhi_epi32(lo, hi)],
+            signs: [
+                _mm512_unpacklo_epi32(signs, signs),
+                _mm512_unpackhi_epi32(signs, signs),
+            ],
+            scales: [_mm512_unpacklo_epi32(sc, sc), _mm512_unpackhi_epi32(sc, sc)],
+        }
+    }
+
+    /// AVX-512 (VBMI, BITALG, VNNI): two blocks per iteration, without gathers or table loads:
+    /// every table lives in registers and is read with byte permutes.
     ///
-    /// The block's 64 bytes of groups are one vector `qv`, group g in qword g (aux0 low, aux1
-    /// high): bytes 8g..8g+4 are its four grid indices.
-    /// - Grid rows as 2-bit codes: two 256-entry byte lookups (`vpermi2b` x2 + blend each)
-    ///   turn the index bytes into the codes of elements 0..4 (`L`) and 4..8 (`H`).
-    /// - Signs: `multishift` cuts the four 7-bit sign indices of group g into bytes 8g+4..8g+8
-    ///   of `L` (merge-masked), and a merge-masked `vpermi2b` looks them up in `KSIGNS_IQ2XS`
-    ///   in place, giving `M` (codes low, sign bytes high in each qword).
-    /// - Per 64 elements (vector z, rows 8z..8z+8): one `vpermi2b` places row 8z+q's low codes,
-    ///   high codes and sign byte in bytes 0..3 of qword q; `multishift` moves element j's code
-    ///   to the bottom of byte j, `vpermb` maps it to 8/25/43; `vpshufbitqmb` turns the sign
-    ///   bits into a 64-bit mask that negates activations (`|q8| <= 127`, so never overflows).
-    /// - `maddubs` (magnitude x signed activation), then `vpdpwssd` by 2ls+1 of each group.
+    /// A block's 64 bytes of groups are one vector, group g in qword g (aux0 low, aux1 high),
+    /// and each activation vector k is row k of the eight groups (`Q8KRows`), group g in qword
+    /// g too, so nothing crosses qwords after the table lookups:
+    /// - Codes: the grid-index words of two blocks share one vector (`prepare_pair`); two
+    ///   256-entry byte lookups (`vpermt2b` x2 + blend each) give the 2-bit codes of elements
+    ///   0..4 and 4..8 of every row of both blocks. Per block, one vector `codes` holds qword
+    ///   g's low codes in bytes 0..4 and high codes in bytes 4..8.
+    /// - Per row k: `multishift` moves element j's code to the bottom of byte j, `vpermb` maps
+    ///   it to 8/25/43.
+    /// - Signs: `multishift` cuts the 7-bit sign indices of both blocks into bytes, one
+    ///   `vpermi2b` looks them up in `KSIGNS_IQ2XS`; per row, `vpshufbitqmb` turns the row's
+    ///   sign byte into a 64-bit mask that negates activations (`|q8| <= 127`: no overflow).
+    /// - `vpdpbusd` (magnitude x signed activation) sums the four rows; dwords 2g and 2g+1
+    ///   belong to group g, so the f32 scale vector `d da (2ls+1) / 8` applies per qword.
+    ///
+    /// Measured on Zen 4 (docs/PERFORMANCE.md): the lookups were the dearest part per block,
+    /// which is why two blocks share them; `vpshufbitqmb` and `vpmovb2m` occupy both the
+    /// permute and the multiply pipe for a cycle each.
     #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512bitalg,avx512vnni,avx2,fma,f16c")]
     fn dot_avx512_impl(w: &[u8], a: &[BlockQ8K]) -> f32 {
         let c = &CONSTS;
-        let code_lo: [__m512i; 4] = std::array::from_fn(|i| ldc(&c.code_lo[i]));
-        let code_hi: [__m512i; 4] = std::array::from_fn(|i| ldc(&c.code_hi[i]));
-        let (ks_lo, ks_hi) = (ldc(&c.ksigns[0]), ldc(&c.ksigns[1]));
-        let ctrl_sign = ldc(&c.ctrl_sign);
-        let ctrl_place: [__m512i; 4] = std::array::from_fn(|z| ldc(&c.ctrl_place[z]));
-        let ctrl_scale: [__m512i; 4] = std::array::from_fn(|z| ldc(&c.ctrl_scale[z]));
-        let (ctrl_code, levels, ctrl_sbit) = (ldc(&c.ctrl_code), ldc(&c.levels), ldc(&c.ctrl_sbit));
-        let one = _mm512_set1_epi64(1);
-        let zero = _mm512_setzero_si512();
-        const SIGN_BYTES: __mmask64 = 0xf0f0_f0f0_f0f0_f0f0;
+        let r = Regs {
+            code_lo: std::array::from_fn(|i| ldc(&c.code_lo[i])),
+            code_hi: std::array::from_fn(|i| ldc(&c.code_hi[i])),
+            ks_lo: ldc(&c.ksigns[0]),
+            ks_hi: ldc(&c.ksigns[1]),
+            ctrl_sign: ldc(&c.ctrl_sign),
+            ctrl_sign2: ldc(&c.ctrl_sign2),
+            ctrl_code: std::array::from_fn(|k| ldc(&c.ctrl_code[k])),
+            ctrl_sbit: std::array::from_fn(|k| ldc(&c.ctrl_sbit[k])),
+            levels: ldc(&c.levels),
+            one: _mm512_set1_epi32(1),
+        };
         let pf = prefetch_distance();
         let mut acc = _mm512_setzero_ps();
-        for (b, q8) in w.chunks_exact(BLOCK_BYTES).zip(a) {
-            prefetch(b.as_ptr(), pf, BLOCK_BYTES);
+        // SAFETY (for `f16_at` below): each block holds its f16 `d` in its first two bytes;
+        // F16C is enabled.
+        let scale_of = |b: &[u8], q8: &BlockQ8K| q8.d * unsafe { f16_at(b.as_ptr()) } * 0.125;
+        let wp: &[[u8; 2 * BLOCK_BYTES]] = w.as_chunks::<{ 2 * BLOCK_BYTES }>().0;
+        let np = wp.len().min(a.len() / 2);
+        if np > 0 {
+            // Software-pipelined: the lookups of pair i + 1 are issued before the rows of pair
+            // i, so their latency hides behind independent work (7.2 -> 6.8 ns per block in
+            // L2 on Zen 4; out-of-order execution alone did not find it a pair ahead).
+            let mut cur = prepare_pair(&r, &wp[0]);
+            for i in 0..np {
+                prefetch(wp[i].as_ptr(), pf, 2 * BLOCK_BYTES);
+                let next = prepare_pair(&r, &wp[(i + 1).min(np - 1)]);
+                for h in 0..2 {
+                    let (b, q8) = (&wp[i][h * BLOCK_BYTES..], &a[2 * i + h]);
+                    let isum = block_isum(&r, cur.codes[h], cur.signs[h], &q8.qs);
+                    let f = _mm512_mul_ps(
+                        _mm512_cvtepi32_ps(cur.scales[h]),
+                        _mm512_set1_ps(scale_of(b, q8)),
+                    );
+                    acc = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(isum), acc);
+                }
+                cur = next;
+            }
+        }
+        let nb = (w.len() / BLOCK_BYTES).min(a.len());
+        if nb > 2 * np {
+            let (b, q8) = (&w[(nb - 1) * BLOCK_BYTES..nb * BLOCK_BYTES], &a[nb - 1]);
             let qv = ld512(&b[2..]);
             let high = _mm512_movepi8_mask(qv);
-            let lo = lookup256(&code_lo, qv, high);
-            let hi = lookup256(&code_hi, qv, high);
-            let m = _mm512_mask_multishift_epi64_epi8(lo, SIGN_BYTES, ctrl_sign, qv);
-            let m = _mm512_mask2_permutex2var_epi8(ks_lo, m, SIGN_BYTES, ks_hi);
-            // 2ls + 1 in byte 8g: bit 59 is the top sign-index bit, which or-ing 1 overwrites.
-            let sc = _mm512_or_si512(_mm512_srli_epi64::<59>(qv), one);
-            let mut isum = zero;
-            for z in 0..4 {
-                let placed = _mm512_permutex2var_epi8(m, ctrl_place[z], hi);
-                let codes = _mm512_multishift_epi64_epi8(ctrl_code, placed);
-                let mag = _mm512_permutexvar_epi8(codes, levels);
-                let neg = _mm512_bitshuffle_epi64_mask(placed, ctrl_sbit);
-                let x = ld512(&q8.qs[64 * z..]);
-                let x = _mm512_mask_sub_epi8(x, neg, zero, x);
-                let p = _mm512_maddubs_epi16(mag, x);
-                let s = _mm512_permutexvar_epi8(ctrl_scale[z], sc);
-                isum = _mm512_dpwssd_epi32(isum, p, s);
-            }
-            // SAFETY: `b` holds the block's f16 `d` in its first two bytes; F16C is enabled.
-            let f = q8.d * unsafe { f16_at(b.as_ptr()) } * 0.125;
-            acc = _mm512_fmadd_ps(_mm512_set1_ps(f), _mm512_cvtepi32_ps(isum), acc);
+            let lo = lookup256(&r.code_lo, qv, high);
+            let hi = lookup256(&r.code_hi, qv, high);
+            let codes = _mm512_mask_blend_epi32(0xaaaa, lo, _mm512_slli_epi64::<32>(hi));
+            let sidx = _mm512_multishift_epi64_epi8(r.ctrl_sign, qv);
+            let signs = _mm512_permutex2var_epi8(r.ks_lo, sidx, r.ks_hi);
+            let i = block_isum(&r, codes, signs, &q8.qs);
+            let f = group_scale(qv, r.one, scale_of(b, q8));
+            acc = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(i), acc);
         }
         _mm512_reduce_add_ps(acc)
     }
