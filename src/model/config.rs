@@ -360,10 +360,11 @@ impl ModelConfig {
             (head_dim, v_head_dim, n_kv_heads, rotary_dim) = (qk, v_dim, n_heads, rope);
             attn_scale = 1.0 / (qk as f64).sqrt();
             if let RopeScaling::Yarn { factor, .. } = rope_scaling {
-                // yarn_log_multiplier = 0.1 * mscale_all_dim
+                // yarn_log_multiplier = 0.1 * mscale_all_dim; a file without the key gets no
+                // scaling, as in llama.cpp (its default multiplier is 0).
                 let m = yarn_mscale(
                     factor,
-                    opt_f("rope.scaling.yarn_log_multiplier").unwrap_or(0.1) / 0.1,
+                    opt_f("rope.scaling.yarn_log_multiplier").unwrap_or(0.0) / 0.1,
                 );
                 attn_scale *= m * m;
             }
