@@ -422,3 +422,23 @@ fn gpu_refuses_v32_context_beyond_index_topk() {
     };
     assert!(err.contains("index_topk") && !err.contains('\n'), "{err}");
 }
+
+/// The GPU forward has no sliding window and no clip_qkv: attach refuses such models with one
+/// line naming both, before any device is opened (so this runs without a GPU too); `--gpu auto`
+/// then runs the CPU.
+#[test]
+fn gpu_refuses_sliding_window_and_clip_qkv() {
+    for v in ["mixtral_swa", "qwen3_moe_swa", "olmoe_clip"] {
+        let (files, lo) = load(&root().join("tests/fixtures/models").join(v));
+        let model = Model::load(&files, &lo).unwrap();
+        let st = model.new_state(16, 1, 1).unwrap();
+        let err = match GpuState::attach(&model, &st, &opts(None, Staging::Arena)) {
+            Ok(_) => panic!("{v}: attach accepted a model the GPU forward cannot run"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            err.contains("sliding-window") && err.contains("clip_qkv") && !err.contains('\n'),
+            "{v}: {err}"
+        );
+    }
+}
