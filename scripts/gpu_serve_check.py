@@ -26,7 +26,7 @@ def main():
     ap.add_argument("--words", type=int, default=400)
     ap.add_argument("--reply", type=int, default=32)
     a = ap.parse_args()
-    args = argparse.Namespace(sluice=a.sluice, model=a.model, threads=0, ctx=4096)
+    args = argparse.Namespace(sluice=a.sluice, model=a.model, threads=0, ctx=4096, server_args="")
     extra = ["--model-id", "bench", "--gpu", "on"] + (["--vram", a.vram] if a.vram else [])
 
     words = ("the river runs past the old mill and under the stone bridge where the children "
