@@ -8,7 +8,8 @@
 //! - `Q8KRows`: `Q8K` with each block's `qs` reordered for types whose 32-element groups are
 //!   four 8-element grid rows (IQ2_XXS): position `64k + 8g + e` holds element `32g + 8k + e`
 //!   (row k of group g), so 64 consecutive bytes are row k of all eight groups and a SIMD
-//!   kernel's lanes keep one group each. Same `d` and `bsums` as `Q8K`.
+//!   kernel's lanes keep one group each. Same `d` and `bsums` as `Q8K`. It is made from the
+//!   `Q8K` copy, so preparing `Q8KRows` prepares `Q8K` too and such kernels may read either.
 //!
 //! Quantization: for each block, d = max|x| / 127 and q = round(x / d) (ties away from zero),
 //! so |x - d*q| <= d/2. That is the whole error budget the dot tests allow for (see
