@@ -119,6 +119,9 @@ fn bad_options_fail_in_one_line() {
         (&["--mb", "0"][..], "--mb"),
         (&["--isa", "sse9"][..], "sse9"),
         (&["--prefetch", "far"][..], "far"),
+        (&["--json"][..], "--json is for a MODEL"),
+        (&["--csv"][..], "--csv is for a MODEL"),
+        (&["--sweep", "ram=1G"][..], "--sweep is for a MODEL"),
     ] {
         let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
             .args(["bench", "--kernels"])

@@ -85,6 +85,20 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if !args.kernels {
         bail!("bench: say what to benchmark (MODEL or --kernels)");
     }
+    // Flags of a MODEL benchmark mean nothing here: refused rather than ignored.
+    for (flag, given) in [
+        ("--json", args.json),
+        ("--csv", args.csv),
+        ("--ab", args.ab.is_some()),
+        ("--sweep", args.sweep.is_some()),
+        ("--plot", args.plot.is_some()),
+        ("--run-flags", args.run_flags.is_some()),
+        ("-r", args.repetitions.is_some()),
+    ] {
+        if given {
+            bail!("bench --kernels: {flag} is for a MODEL benchmark (the kernel table is text only; use --reps for repetitions)");
+        }
+    }
     let threads = match args.threads {
         Some(0) => bail!("bench: --threads must be at least 1"),
         Some(n) => n,
