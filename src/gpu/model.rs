@@ -450,6 +450,13 @@ impl GpuState {
         let (bsz, ctx, rows) = (st.batch(), st.ctx(), st.logit_rows());
         let (h, e, k) = (cfg.hidden, cfg.n_experts.max(1), cfg.n_experts_used.max(1));
         let (kc, vc) = cfg.cache_dims();
+        // MLA keeps only latent + rope key rows; its value row on the host holds V3.2's indexer
+        // key, which this backend does not run (attach refuses contexts that would need it).
+        let vc = if matches!(cfg.attn, AttnKind::Mla { .. }) {
+            0
+        } else {
+            vc
+        };
         let (q_lora, kv_lora, nh_qk) = match cfg.attn {
             AttnKind::Mla {
                 q_lora, kv_lora, ..
