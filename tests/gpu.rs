@@ -18,7 +18,9 @@
 
 #![cfg(feature = "cuda")]
 
-use serde_json::Value;
+mod model_util;
+
+use model_util::{argmax, compare, ids, json};
 use sluice::experts::CacheConfig;
 use sluice::format::ModelFiles;
 use sluice::gpu::model::{check, GpuState};
@@ -124,28 +126,6 @@ fn kernels_match_gguf_reference() {
     }
 }
 
-fn json(p: &Path) -> Value {
-    serde_json::from_str(&String::from_utf8(read(p)).unwrap()).unwrap()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn argmax(x: &[f32]) -> usize {
-    let mut b = 0;
-    for (i, v) in x.iter().enumerate() {
-        if *v > x[b] {
-            b = i;
-        }
-    }
-    b
-}
-
 /// A state with a RAM expert cache of `ram_slots` per layer, on the GPU when `gpu` is given.
 fn state(
     model: &Model<'_>,
@@ -191,18 +171,6 @@ fn load(path: &Path) -> (ModelFiles, LoadOptions) {
             ctx: 256,
         },
     )
-}
-
-/// max|a-b|/max|b| per row and whether every row's argmax agrees.
-fn compare(ours: &[f32], refr: &[f32], v: usize) -> (f32, bool) {
-    let (mut worst, mut same) = (0f32, true);
-    for (a, b) in ours.chunks(v).zip(refr.chunks(v)) {
-        let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
-        let err = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-        worst = worst.max(err / scale);
-        same &= argmax(a) == argmax(b);
-    }
-    (worst, same)
 }
 
 #[test]

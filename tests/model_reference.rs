@@ -10,33 +10,14 @@
 //! argmax, and the same greedy continuation; Q8_0 runs (quantized weights, tiny models with
 //! near-tied routers) are compared by KL divergence and top-1 agreement instead.
 
-use serde_json::Value;
+mod model_util;
+
+use model_util::{argmax, compare, dir, ids, json};
 use sluice::format::ModelFiles;
 use sluice::model::{LoadOptions, Model};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 const FAMILIES: &[&str] = &["qwen3_moe", "mixtral", "olmoe", "deepseek_v3", "glm4_moe"];
-
-fn dir(family: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/models")
-        .join(family)
-}
-
-fn json(p: &Path) -> Value {
-    serde_json::from_str(
-        &std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())),
-    )
-    .unwrap()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
 
 /// Teacher-forced logits of `tokens` through the model at `path`, with prefill batch `batch`.
 fn logits(path: &Path, tokens: &[u32], batch: usize) -> (Vec<f32>, usize) {
@@ -53,29 +34,6 @@ fn logits(path: &Path, tokens: &[u32], batch: usize) -> (Vec<f32>, usize) {
     let mut out = Vec::new();
     model.logits_all(&mut st, tokens, &mut out).unwrap();
     (out, model.cfg.vocab)
-}
-
-fn argmax(x: &[f32]) -> usize {
-    let mut b = 0;
-    for (i, v) in x.iter().enumerate() {
-        if *v > x[b] {
-            b = i;
-        }
-    }
-    b
-}
-
-/// max|a-b| / max|b| over each row, and whether every row's argmax agrees.
-fn compare(ours: &[f32], refr: &[f32], v: usize) -> (f32, bool) {
-    let mut worst = 0f32;
-    let mut same = true;
-    for (a, b) in ours.chunks(v).zip(refr.chunks(v)) {
-        let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
-        let err = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-        worst = worst.max(err / scale);
-        same &= argmax(a) == argmax(b);
-    }
-    (worst, same)
 }
 
 fn check_cases(family: &str, model_path: &Path, what: &str) {

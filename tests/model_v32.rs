@@ -8,56 +8,14 @@
 //! weights are also written as a llama.cpp `deepseek32` GGUF by the `gguf` package's own
 //! GGUFWriter, tensor names from its own name map, and must match the same references.
 
-use serde_json::Value;
+mod model_util;
+
+use model_util::{argmax, compare, dir, ids, json};
 use sluice::format::ModelFiles;
 use sluice::model::config::IndexerDims;
 use sluice::model::{LoadOptions, Model};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-
-fn dir(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/models")
-        .join(name)
-}
-
-fn json(p: &Path) -> Value {
-    serde_json::from_str(
-        &std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())),
-    )
-    .unwrap()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn argmax(x: &[f32]) -> usize {
-    let mut b = 0;
-    for (i, v) in x.iter().enumerate() {
-        if *v > x[b] {
-            b = i;
-        }
-    }
-    b
-}
-
-/// max|a-b| / max|b| over each row, and whether every row's argmax agrees.
-fn compare(ours: &[f32], refr: &[f32], v: usize) -> (f32, bool) {
-    let mut worst = 0f32;
-    let mut same = true;
-    for (a, b) in ours.chunks(v).zip(refr.chunks(v)) {
-        let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
-        let err = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-        worst = worst.max(err / scale);
-        same &= argmax(a) == argmax(b);
-    }
-    (worst, same)
-}
 
 fn load(path: &Path) -> ModelFiles {
     ModelFiles::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))

@@ -13,6 +13,9 @@
 //! writes them, by the crate's own GGUF writer) must give the same logits: the GGUF spellings
 //! of the features (`attention.sliding_window`, `attention.clamp_kqv`, `rope.scaling.*`).
 
+mod model_util;
+
+use model_util::{argmax, compare, dir, ids, json};
 use serde_json::Value;
 use sluice::format::{GgufWriter, MetaValue, ModelFiles};
 use sluice::model::{LoadOptions, Model};
@@ -36,46 +39,8 @@ fn variants() -> Vec<&'static str> {
     v
 }
 
-fn dir(v: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/models")
-        .join(v)
-}
-
 fn cases(v: &str) -> Value {
-    let p = dir(v).join("cases.json");
-    serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn argmax(x: &[f32]) -> usize {
-    let mut b = 0;
-    for (i, v) in x.iter().enumerate() {
-        if *v > x[b] {
-            b = i;
-        }
-    }
-    b
-}
-
-/// Worst max|a-b| / max|b| over the rows, and whether every row's argmax agrees.
-fn compare(ours: &[f32], refr: &[f32], v: usize) -> (f32, bool) {
-    let mut worst = 0f32;
-    let mut same = true;
-    for (a, b) in ours.chunks(v).zip(refr.chunks(v)) {
-        let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
-        let err = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-        worst = worst.max(err / scale);
-        same &= argmax(a) == argmax(b);
-    }
-    (worst, same)
+    json(&dir(v).join("cases.json"))
 }
 
 fn check(variant: &str, model_path: &Path, what: &str) {

@@ -2,24 +2,13 @@
 //! transformers' `MtpModel`, see tests/fixtures/models/README.md), and self-speculative decoding
 //! that emits exactly the tokens plain decoding emits.
 
+mod model_util;
+
+use model_util::{dir, ids};
 use serde_json::Value;
 use sluice::format::ModelFiles;
 use sluice::model::{LoadOptions, Model};
-use std::path::{Path, PathBuf};
-
-fn dir(f: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/models")
-        .join(f)
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
+use std::path::Path;
 
 fn check_mtp_logits(family: &str, model_path: &Path) {
     let d = dir(family);
