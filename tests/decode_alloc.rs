@@ -1,29 +1,9 @@
 //! The decode step allocates nothing: after a warm-up, a forward pass of one token through the
 //! default model makes no heap allocation (counted by a wrapping global allocator).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
+mod alloc_util;
 
-struct Counting;
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards every call to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::SeqCst);
-        System.alloc(l)
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        System.dealloc(p, l)
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::SeqCst);
-        System.realloc(p, l, n)
-    }
-}
-
-#[global_allocator]
-static A: Counting = Counting;
+use alloc_util::allocs;
 
 #[test]
 fn decode_step_allocates_nothing() {
@@ -56,11 +36,11 @@ fn decode_step_allocates_nothing() {
     for t in 0..3 {
         model.forward_chunk(&mut st, &[10 + t], 0).unwrap();
     }
-    let before = ALLOCS.load(Ordering::SeqCst);
+    let before = allocs();
     for t in 0..8 {
         model.forward_chunk(&mut st, &[20 + t], 0).unwrap();
     }
-    let after = ALLOCS.load(Ordering::SeqCst);
+    let after = allocs();
     assert_eq!(
         after - before,
         0,

@@ -2,34 +2,12 @@
 //! (begin / next_ready / end / tick_token, route trace on) in every IO mode make no heap
 //! allocation on any thread (counted by a wrapping global allocator; alone in its binary).
 
+mod alloc_util;
 mod experts_util;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
-
+use alloc_util::allocs;
 use experts_util::{layout, scratch, Rng};
 use sluice::experts::{CacheConfig, ExpertCache, ExpertStore, IoMode, Policy};
-
-struct Counting;
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards every call to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::SeqCst);
-        System.alloc(l)
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        System.dealloc(p, l)
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::SeqCst);
-        System.realloc(p, l, n)
-    }
-}
-
-#[global_allocator]
-static A: Counting = Counting;
 
 #[test]
 fn waves_allocate_nothing() {
@@ -82,9 +60,9 @@ fn waves_allocate_nothing() {
                 sum
             };
             run(&mut cache, 0..50);
-            let before = ALLOCS.load(Ordering::SeqCst);
+            let before = allocs();
             let sum = run(&mut cache, 50..400);
-            let after = ALLOCS.load(Ordering::SeqCst);
+            let after = allocs();
             let s = cache.stats();
             assert!(
                 sum > 0 && s.misses > 100 && s.hits_lru > 10 && s.hits_pin > 10,

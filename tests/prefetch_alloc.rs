@@ -2,31 +2,11 @@
 //! per layer and prefetch on, after a warm-up a forward pass of one token makes no heap
 //! allocation on any thread (counted by a wrapping global allocator; alone in its binary).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
+mod alloc_util;
+
+use alloc_util::allocs;
 
 use sluice::experts::{CacheConfig, IoMode};
-
-struct Counting;
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards every call to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::SeqCst);
-        System.alloc(l)
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        System.dealloc(p, l)
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::SeqCst);
-        System.realloc(p, l, n)
-    }
-}
-
-#[global_allocator]
-static A: Counting = Counting;
 
 #[test]
 fn prefetching_decode_step_allocates_nothing() {
@@ -55,13 +35,13 @@ fn prefetching_decode_step_allocates_nothing() {
         for t in 0..4 {
             model.forward_chunk(&mut st, &[10 + t], 0).unwrap();
         }
-        let before = ALLOCS.load(Ordering::SeqCst);
+        let before = allocs();
         for t in 0..24 {
             model
                 .forward_chunk(&mut st, &[(20 + 7 * t) % 200], 0)
                 .unwrap();
         }
-        let after = ALLOCS.load(Ordering::SeqCst);
+        let after = allocs();
         let s = st.expert_stats().unwrap();
         assert!(s.prefetched > 0, "{s:?}");
         assert_eq!(
