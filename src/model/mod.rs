@@ -14,17 +14,18 @@ mod cpu;
 pub mod deepseek2;
 mod forward;
 pub mod glm4moe;
-mod kv_io;
 pub mod mixtral;
 mod mtp;
 pub mod names;
 pub mod olmoe;
 pub mod qwen3moe;
+mod seq;
 mod state;
 mod streaming;
 pub mod weights;
 
 pub use config::{Family, ModelConfig};
+pub use seq::{CacheDims, Part, PartKind, Snapshot};
 pub use state::{Prof, State};
 pub use weights::Weights;
 

@@ -12,6 +12,10 @@ pub struct State {
     pub(super) batch: usize,
     pub(super) ctx: usize,
     pub(super) logit_rows: usize,
+    /// Layers in the KV cache (the MTP layer included when the state has one).
+    pub(super) cache_layers: usize,
+    /// Floats per position and cache layer: (keys, values) (`ModelConfig::cache_dims`).
+    pub(super) cache_dims: (usize, usize),
     /// Tokens already in the KV cache.
     pub pos: usize,
     pub(crate) x: Vec<f32>,      // (batch, hidden) residual stream
@@ -27,7 +31,7 @@ pub struct State {
     pub(crate) hfin: Vec<f32>,   // (batch, hidden) final-normed hidden states of the last chunk
     /// Added to cache positions to get rotary positions (1 for the MTP head's slots).
     pub(crate) rope_offset: usize,
-    pub(super) kcache: Vec<f32>, // (layers, ctx, k_dim) GQA keys, or MLA latent + rope key; pub(super) for kv_io.rs
+    pub(super) kcache: Vec<f32>, // (layers, ctx, k_dim) GQA keys, or MLA latent + rope key
     pub(super) vcache: Vec<f32>, // (layers, ctx, v_dim) GQA values, or V3.2 indexer keys
     pub(super) idx: super::deepseek2::IndexerScratch, // V3.2 indexer buffers (empty otherwise)
     pub(crate) router: Vec<f32>, // (batch, n_experts) router scores
@@ -126,6 +130,8 @@ impl State {
             batch,
             ctx,
             logit_rows,
+            cache_layers,
+            cache_dims: (kc, vc),
             pos: 0,
             x: vec![0.0; batch * h],
             xn: vec![0.0; batch * h],
@@ -194,18 +200,5 @@ impl State {
     /// Bytes held by the KV cache: `ctx` x `ModelConfig::kv_bytes_per_token(mtp)`.
     pub fn kv_bytes(&self) -> usize {
         (self.kcache.len() + self.vcache.len()) * 4
-    }
-
-    /// Forget the sequence (the buffers stay allocated).
-    pub fn reset(&mut self) {
-        self.pos = 0;
-        self.mtp_pos = 0;
-    }
-
-    /// Drop cached positions from `pos` on (prompt reuse keeps a prefix). The MTP head's
-    /// slots depend on the positions after them, so they go back to `pos - 1`.
-    pub fn truncate(&mut self, pos: usize) {
-        self.pos = self.pos.min(pos);
-        self.mtp_pos = self.mtp_pos.min(pos.saturating_sub(1));
     }
 }
