@@ -6,10 +6,14 @@
 //! `TILE_BYTES` so that, with many activation rows, activations are re-read per tile rather
 //! than per weight row.
 //!
-//! Invariant: every output element is one call of the same dot function on the same inputs,
-//! so results are bit-identical whatever the thread count, tiling or batch size.
+//! With several activation rows (prefill), types that have a four-row dot (`dot4_fn`) unpack
+//! each weight block once for four rows.
+//!
+//! Invariant: every output element has the bits of one call of the type's single-row dot on
+//! the same inputs (the four-row dots keep each row's float operations in the same order), so
+//! results are bit-identical whatever the thread count, tiling or batch size.
 
-use super::{check_len, dot_fn, kernels_for, Acts, Isa, KernelError};
+use super::{check_len, dot4_fn, dot_fn, kernels_for, Acts, Isa, KernelError};
 use crate::dtype::DType;
 use rayon::prelude::*;
 
@@ -89,6 +93,7 @@ pub fn matmul(
         )));
     }
     let dot = dot_fn(w.dtype, isa)?;
+    let dot4 = dot4_fn(w.dtype, isa);
     let acts = &*acts;
     let n_rows = w.rows;
     let rb = w.row_bytes();
@@ -101,7 +106,26 @@ pub fn matmul(
         let mut t0 = r0;
         while t0 < r1 {
             let t1 = (t0 + tile).min(r1);
-            for t in 0..t_rows {
+            let mut t = 0;
+            if let Some(dot4) = dot4 {
+                while t + 4 <= t_rows {
+                    let a = [
+                        acts.row(t),
+                        acts.row(t + 1),
+                        acts.row(t + 2),
+                        acts.row(t + 3),
+                    ];
+                    let mut o = [0.0f32; 4];
+                    for r in t0..t1 {
+                        dot4(&w.bytes[r * rb..(r + 1) * rb], &a, &mut o);
+                        for (k, &v) in o.iter().enumerate() {
+                            out((t + k) * n_rows + r, v);
+                        }
+                    }
+                    t += 4;
+                }
+            }
+            for t in t..t_rows {
                 let a = acts.row(t);
                 for r in t0..t1 {
                     out(t * n_rows + r, dot(&w.bytes[r * rb..(r + 1) * rb], &a));
