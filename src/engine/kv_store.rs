@@ -247,7 +247,7 @@ impl KvStore {
         self.sessions
             .iter()
             .enumerate()
-            .map(|(i, s)| (i, super::engine::lcp(&s.tokens, tokens)))
+            .map(|(i, s)| (i, super::decode::lcp(&s.tokens, tokens)))
             .filter(|&(_, c)| c > 0)
             .max_by_key(|&(i, c)| (c, self.sessions[i].used))
     }
