@@ -12,6 +12,7 @@ pub mod blocks;
 pub mod config;
 mod cpu;
 pub mod deepseek2;
+pub mod family;
 mod forward;
 pub mod glm4moe;
 pub mod mixtral;
