@@ -265,3 +265,7 @@ pub trait Backend {
     /// Where forward time went (the graph adds to it around each part).
     fn prof(&mut self) -> &mut Prof;
 }
+
+/// The trait stays object safe: a session may hold its backend as `Box<dyn Backend>`.
+#[allow(dead_code)]
+fn object_safe(_: &mut dyn Backend) {}

@@ -4,11 +4,13 @@
 //! Invariant: every field the forward pass uses is filled and checked here, so the forward pass
 //! never meets a missing or inconsistent hyperparameter.
 
+use super::family::{self, BiasRule, FamilySpec, GgufKeys, HfKeys};
 use super::ModelError;
 use crate::format::{MetaValue, ModelFiles};
 use serde_json::Value;
 
-/// Architecture families sluice runs.
+/// Architecture families sluice runs; what each one reads and names lives in its own file
+/// (`FamilySpec`, family.rs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
     Qwen3Moe,
@@ -19,18 +21,6 @@ pub enum Family {
     DeepseekV3,
     /// GLM-4.5/4.6/4.7 MoE (GGUF `glm4moe`).
     Glm4Moe,
-}
-
-impl Family {
-    pub fn name(self) -> &'static str {
-        match self {
-            Family::Qwen3Moe => "qwen3moe",
-            Family::Mixtral => "mixtral",
-            Family::Olmoe => "olmoe",
-            Family::DeepseekV3 => "deepseek2",
-            Family::Glm4Moe => "glm4moe",
-        }
-    }
 }
 
 /// How rotary embeddings pair up the dimensions of a head.
@@ -161,7 +151,7 @@ pub struct IndexerDims {
     pub topk: usize,
 }
 
-fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
+pub(super) fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
     if scale <= 1.0 {
         1.0
     } else {
@@ -173,11 +163,11 @@ fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
 /// transformers model reads them; ones sluice does not implement are refused by name.
 /// Returns (sliding window, clip_qkv).
 fn hf_attention_features(
-    cfg: &Value,
-    family: Family,
+    keys: &HfKeys<'_>,
+    spec: &FamilySpec,
 ) -> Result<(Option<usize>, Option<f32>), ModelError> {
+    let cfg = keys.cfg;
     let refuse = |m: String| Err(ModelError::Config(format!("config.json: {m}")));
-    let flag = |k: &str| cfg.get(k).and_then(Value::as_bool).unwrap_or(false);
     let act = cfg
         .get("hidden_act")
         .and_then(Value::as_str)
@@ -185,40 +175,19 @@ fn hf_attention_features(
     if act != "silu" {
         return refuse(format!("hidden_act {act:?} is not supported (silu only)"));
     }
-    // Qwen3-MoE and OLMoE would add q/k/v/o biases; Mixtral's model never reads the flag.
-    if matches!(family, Family::Qwen3Moe | Family::Olmoe) && flag("attention_bias") {
+    if spec.hf_attention_bias == BiasRule::Refused && keys.flag("attention_bias") {
         return refuse(format!(
             "attention_bias true is not supported for {}",
-            family.name()
+            spec.name
         ));
     }
-    let window = |k: &str| -> Result<Option<usize>, ModelError> {
-        match cfg.get(k) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => match v.as_u64() {
-                Some(w) if w > 0 => Ok(Some(w as usize)),
-                _ => Err(ModelError::Config(format!(
-                    "config.json: {k} {v} is not a positive integer"
-                ))),
-            },
-        }
-    };
-    // transformers 5.17: Mixtral masks every layer with `sliding_window` when it is set;
-    // Qwen3-MoE does the same when `use_sliding_window` is true (its config then defaults the
-    // window to 4096) and ignores `max_window_layers`. Other families' models never read it.
-    let sliding = match family {
-        Family::Mixtral => window("sliding_window")?,
-        Family::Qwen3Moe if flag("use_sliding_window") => {
-            Some(window("sliding_window")?.unwrap_or(4096))
-        }
-        _ => None,
-    };
+    let sliding = (spec.hf_sliding_window)(keys)?;
     let clip = match cfg.get("clip_qkv") {
         None | Some(Value::Null) => None,
-        Some(v) => match (family, v.as_f64()) {
-            (Family::Olmoe, Some(c)) if c > 0.0 => Some(c as f32),
-            (Family::Olmoe, _) => return refuse(format!("clip_qkv {v} is not a positive number")),
-            _ => return refuse(format!("clip_qkv is not supported for {}", family.name())),
+        Some(v) => match (spec.clip_qkv, v.as_f64()) {
+            (true, Some(c)) if c > 0.0 => Some(c as f32),
+            (true, _) => return refuse(format!("clip_qkv {v} is not a positive number")),
+            _ => return refuse(format!("clip_qkv is not supported for {}", spec.name)),
         },
     };
     Ok((sliding, clip))
@@ -255,24 +224,13 @@ impl ModelConfig {
         let opt_f = |k: &str| get(k).and_then(MetaValue::as_f64);
 
         let n_experts = opt_u("expert_count").unwrap_or(0);
-        let family = match arch.as_str() {
-            "qwen3moe" => Family::Qwen3Moe,
-            "olmoe" => Family::Olmoe,
-            "deepseek2" | "deepseek32" => Family::DeepseekV3,
-            "glm4moe" => Family::Glm4Moe,
-            "llama" if n_experts > 0 => Family::Mixtral,
-            "llama" => return Err(ModelError::Config("GGUF architecture llama without experts (dense models are not supported)".into())),
-            other => {
-                return Err(ModelError::Config(format!(
-                    "unknown architecture {other:?} (supported: qwen3moe, llama with experts (Mixtral), olmoe, deepseek2, deepseek32, glm4moe)"
-                )))
-            }
-        };
+        let spec = family::by_gguf_arch(&arch, n_experts)?;
+        let family = spec.family;
         let hidden = req_u("embedding_length")?;
         let n_heads = req_u("attention.head_count")?;
-        let mut n_kv_heads = opt_u("attention.head_count_kv").unwrap_or(n_heads);
-        let mut head_dim = opt_u("attention.key_length").unwrap_or(hidden / n_heads.max(1));
-        let mut v_head_dim = opt_u("attention.value_length").unwrap_or(head_dim);
+        let n_kv_heads = opt_u("attention.head_count_kv").unwrap_or(n_heads);
+        let head_dim = opt_u("attention.key_length").unwrap_or(hidden / n_heads.max(1));
+        let v_head_dim = opt_u("attention.value_length").unwrap_or(head_dim);
         let vocab = match opt_u("vocab_size") {
             Some(v) => v,
             None => files
@@ -313,7 +271,7 @@ impl ModelConfig {
                 // ggml's YaRN scales cos/sin by attn_factor * (1 + 0.1 ln factor) (attn_factor
                 // 1 here; keys that change it are refused below), except for deepseek2 and
                 // deepseek32, whose graphs cancel it (mscale == mscale_all_dim).
-                attention_factor: if family == Family::DeepseekV3 {
+                attention_factor: if spec.gguf_yarn_cancelled {
                     1.0
                 } else {
                     yarn_mscale(factor, 1.0)
@@ -326,7 +284,7 @@ impl ModelConfig {
                 )))
             }
         };
-        if matches!(rope_scaling, RopeScaling::Yarn { .. }) && family != Family::DeepseekV3 {
+        if matches!(rope_scaling, RopeScaling::Yarn { .. }) && !spec.gguf_yarn_cancelled {
             // Keys that change llama.cpp's YaRN magnitude or mix: not implemented, refused.
             for k in [
                 "rope.scaling.attn_factor",
@@ -341,70 +299,9 @@ impl ModelConfig {
                 }
             }
         }
-        let mut attn = AttnKind::Gqa;
-        let mut rotary_dim = opt_u("rope.dimension_count").unwrap_or(head_dim);
-        let mut attn_scale = 1.0 / (head_dim as f64).sqrt();
-        if family == Family::DeepseekV3 {
-            let kv_lora = req_u("attention.kv_lora_rank")?;
-            let rope = req_u("rope.dimension_count")?;
-            let qk = opt_u("attention.key_length_mla").unwrap_or(head_dim);
-            let v_dim = opt_u("attention.value_length_mla").unwrap_or(v_head_dim);
-            let q_lora = opt_u("attention.q_lora_rank").filter(|r| *r > 0);
-            attn = AttnKind::Mla {
-                q_lora,
-                kv_lora,
-                nope: qk.saturating_sub(rope),
-                rope,
-                v_dim,
-            };
-            (head_dim, v_head_dim, n_kv_heads, rotary_dim) = (qk, v_dim, n_heads, rope);
-            attn_scale = 1.0 / (qk as f64).sqrt();
-            if let RopeScaling::Yarn { factor, .. } = rope_scaling {
-                // yarn_log_multiplier = 0.1 * mscale_all_dim; a file without the key gets no
-                // scaling, as in llama.cpp (its default multiplier is 0).
-                let m = yarn_mscale(
-                    factor,
-                    opt_f("rope.scaling.yarn_log_multiplier").unwrap_or(0.0) / 0.1,
-                );
-                attn_scale *= m * m;
-            }
-        }
-        // DeepSeek-V3.2 (llama.cpp's `deepseek32`): the indexer's shape from its keys, or from
-        // its tensors' shapes, and its top-k (DeepSeek's 2048 when a file omits it).
-        let has_indexer = files.tensor("blk.0.indexer.attn_k.weight").is_some();
-        let indexer = if family == Family::DeepseekV3 && (arch == "deepseek32" || has_indexer) {
-            let dim_of = |name: &str, axis: usize| {
-                files
-                    .tensor(name)
-                    .and_then(|t| t.shape.get(axis).copied())
-                    .map(|v| v as usize)
-            };
-            let head_dim = opt_u("attention.indexer.key_length")
-                .or_else(|| dim_of("blk.0.indexer.attn_k.weight", 0))
-                .ok_or_else(|| {
-                    ModelError::Config(format!(
-                        "{} is missing and there is no blk.0.indexer.attn_k.weight",
-                        key("attention.indexer.key_length")
-                    ))
-                })?;
-            let heads = opt_u("attention.indexer.head_count")
-                .or_else(|| dim_of("blk.0.indexer.proj.weight", 0))
-                .ok_or_else(|| {
-                    ModelError::Config(format!(
-                        "{} is missing and there is no blk.0.indexer.proj.weight",
-                        key("attention.indexer.head_count")
-                    ))
-                })?;
-            Some(IndexerDims {
-                heads,
-                head_dim,
-                topk: opt_u("attention.indexer.top_k").unwrap_or(2048),
-            })
-        } else {
-            None
-        };
-        let sigmoid = matches!(family, Family::DeepseekV3 | Family::Glm4Moe)
-            && opt_u("expert_gating_func").unwrap_or(2) == 2;
+        let rotary_dim = opt_u("rope.dimension_count").unwrap_or(head_dim);
+        let attn_scale = 1.0 / (head_dim as f64).sqrt();
+        let sigmoid = spec.sigmoid_router && opt_u("expert_gating_func").unwrap_or(2) == 2;
         // Attention features llama.cpp writes as keys: a window in every layer (a per-layer
         // pattern is refused), and OLMo's q/k/v clamp.
         if get("attention.sliding_window_pattern").is_some() {
@@ -415,14 +312,14 @@ impl ModelConfig {
         }
         let sliding_window = opt_u("attention.sliding_window").filter(|w| *w > 0);
         let clip_qkv = opt_f("attention.clamp_kqv").filter(|c| *c > 0.0);
-        if clip_qkv.is_some() && family != Family::Olmoe {
+        if clip_qkv.is_some() && !spec.clip_qkv {
             return Err(ModelError::Config(format!(
                 "{}: q/k/v clamping is only supported for olmoe",
                 key("attention.clamp_kqv")
             )));
         }
-        let default_norm = !matches!(family, Family::Olmoe);
-        let cfg = ModelConfig {
+        let default_norm = spec.gguf_norm_topk;
+        let mut cfg = ModelConfig {
             family,
             vocab,
             hidden,
@@ -431,14 +328,11 @@ impl ModelConfig {
             n_kv_heads,
             head_dim,
             v_head_dim,
-            attn,
+            attn: AttnKind::Gqa,
             attn_bias: files.tensor("blk.0.attn_q.bias").is_some(),
             rms_eps: opt_f("attention.layer_norm_rms_epsilon").unwrap_or(1e-6) as f32,
             rope_theta: opt_f("rope.freq_base").unwrap_or(10000.0),
-            rope_layout: match family {
-                Family::Mixtral | Family::DeepseekV3 => RopeLayout::Interleaved,
-                Family::Qwen3Moe | Family::Olmoe | Family::Glm4Moe => RopeLayout::HalfSplit,
-            },
+            rope_layout: spec.gguf_rope_layout,
             rope_scaling,
             rotary_dim,
             attn_scale: attn_scale as f32,
@@ -463,9 +357,10 @@ impl ModelConfig {
             tie_embeddings: files.tensor("output.weight").is_none(),
             sliding_window,
             clip_qkv: clip_qkv.map(|c| c as f32),
-            dense_attn_limit: indexer.map(|i| i.topk),
-            indexer,
+            dense_attn_limit: None,
+            indexer: None,
         };
+        (spec.gguf_hparams)(&GgufKeys { files, arch: &arch }, &mut cfg)?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -479,19 +374,9 @@ impl ModelConfig {
             .ok_or_else(|| {
                 ModelError::Config("config.json: no architectures or model_type".into())
             })?;
-        let family = match arch {
-            "Qwen3MoeForCausalLM" | "qwen3_moe" => Family::Qwen3Moe,
-            "MixtralForCausalLM" | "mixtral" => Family::Mixtral,
-            "OlmoeForCausalLM" | "olmoe" => Family::Olmoe,
-            // V3.2 is V3 plus DSA's lightning indexer (`indexer`).
-            "DeepseekV3ForCausalLM" | "deepseek_v3" | "DeepseekV32ForCausalLM" | "deepseek_v32" => Family::DeepseekV3,
-            "Glm4MoeForCausalLM" | "glm4_moe" => Family::Glm4Moe,
-            other => {
-                return Err(ModelError::Config(format!(
-                    "config.json: unknown architecture {other:?} (supported: Qwen3MoeForCausalLM, MixtralForCausalLM, OlmoeForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM)"
-                )))
-            }
-        };
+        let spec = family::by_hf_arch(arch)?;
+        let family = spec.family;
+        let keys = HfKeys { cfg };
         let req_u = |k: &str| -> Result<usize, ModelError> {
             cfg.get(k)
                 .and_then(Value::as_u64)
@@ -514,11 +399,7 @@ impl ModelConfig {
         // transformers' default when the config has none: Mixtral's `default_theta` 1e6.
         let rope_theta = rget("rope_theta")
             .or_else(|| opt_f("rope_theta"))
-            .unwrap_or(if family == Family::Mixtral {
-                1e6
-            } else {
-                10000.0
-            });
+            .unwrap_or(spec.hf_default_rope_theta);
         let rope_type = rope
             .and_then(|r| r.get("rope_type").or_else(|| r.get("type")))
             .and_then(Value::as_str)
@@ -572,91 +453,24 @@ impl ModelConfig {
                 )))
             }
         };
-        let (sliding_window, clip_qkv) = hf_attention_features(cfg, family)?;
+        let (sliding_window, clip_qkv) = hf_attention_features(&keys, spec)?;
         // transformers 5 writes `num_local_experts` for some families; others `num_experts`
         // or DeepSeek's `n_routed_experts`.
         let n_experts = ["num_experts", "num_local_experts", "n_routed_experts"]
             .iter()
             .find_map(|k| opt_u(k))
             .ok_or_else(|| ModelError::Config("config.json: none of num_experts / num_local_experts / n_routed_experts is set".into()))?;
-        let expert_ffn = match family {
-            Family::Mixtral | Family::Olmoe => req_u("intermediate_size")?,
-            _ => req_u("moe_intermediate_size")?,
-        };
-        if family == Family::Qwen3Moe {
-            let step = opt_u("decoder_sparse_step").unwrap_or(1);
-            let dense_layers = cfg
-                .get("mlp_only_layers")
-                .and_then(Value::as_array)
-                .map(|a| a.len())
-                .unwrap_or(0);
-            if step != 1 || dense_layers != 0 {
-                return Err(ModelError::Config("config.json: Qwen3-MoE with dense layers (decoder_sparse_step != 1 or mlp_only_layers) is not supported".into()));
-            }
-        }
-        let mut head_dim = opt_u("head_dim").unwrap_or(hidden / n_heads.max(1));
-        let mut v_head_dim = head_dim;
-        let mut n_kv_heads = opt_u("num_key_value_heads").unwrap_or(n_heads);
+        let expert_ffn = req_u(spec.hf_expert_ffn_key)?;
+        let head_dim = opt_u("head_dim").unwrap_or(hidden / n_heads.max(1));
+        let n_kv_heads = opt_u("num_key_value_heads").unwrap_or(n_heads);
         let partial = rget("partial_rotary_factor")
             .or_else(|| opt_f("partial_rotary_factor"))
             .unwrap_or(1.0);
-        let mut rotary_dim = (head_dim as f64 * partial) as usize;
-        let mut attn = AttnKind::Gqa;
-        let mut attn_scale = 1.0 / (head_dim as f64).sqrt();
-        let mut layout = RopeLayout::HalfSplit;
-        if family == Family::DeepseekV3 {
-            let (nope, rope_d, v_dim, kv_lora) = (
-                req_u("qk_nope_head_dim")?,
-                req_u("qk_rope_head_dim")?,
-                req_u("v_head_dim")?,
-                req_u("kv_lora_rank")?,
-            );
-            attn = AttnKind::Mla {
-                q_lora: opt_u("q_lora_rank"),
-                kv_lora,
-                nope,
-                rope: rope_d,
-                v_dim,
-            };
-            (head_dim, v_head_dim, n_kv_heads, rotary_dim) =
-                (nope + rope_d, v_dim, n_heads, rope_d);
-            attn_scale = 1.0 / (head_dim as f64).sqrt();
-            if rope_type != "default" {
-                let ma = rget("mscale_all_dim").unwrap_or(0.0);
-                if ma != 0.0 {
-                    let m = yarn_mscale(factor, ma);
-                    attn_scale *= m * m;
-                }
-            }
-            if cfg
-                .get("rope_interleave")
-                .and_then(Value::as_bool)
-                .unwrap_or(true)
-            {
-                layout = RopeLayout::Interleaved;
-            }
-            let scoring = cfg
-                .get("scoring_func")
-                .and_then(Value::as_str)
-                .unwrap_or("sigmoid");
-            if scoring != "sigmoid" {
-                return Err(ModelError::Config(format!(
-                    "config.json: scoring_func {scoring:?} is not supported (sigmoid only)"
-                )));
-            }
-        }
-        let sigmoid = matches!(family, Family::DeepseekV3 | Family::Glm4Moe);
+        let rotary_dim = (head_dim as f64 * partial) as usize;
+        let attn_scale = 1.0 / (head_dim as f64).sqrt();
+        let sigmoid = spec.sigmoid_router;
         let n_shared = opt_u("n_shared_experts").unwrap_or(0);
-        // DeepSeek-V3.2: defaults as transformers' DeepseekV32Config.
-        let indexer = match (family, opt_u("index_topk")) {
-            (Family::DeepseekV3, Some(topk)) => Some(IndexerDims {
-                heads: opt_u("index_n_heads").unwrap_or(64),
-                head_dim: opt_u("index_head_dim").unwrap_or(128),
-                topk,
-            }),
-            _ => None,
-        };
-        let c = ModelConfig {
+        let mut c = ModelConfig {
             family,
             vocab: req_u("vocab_size")?,
             hidden,
@@ -664,32 +478,16 @@ impl ModelConfig {
             n_heads,
             n_kv_heads,
             head_dim,
-            v_head_dim,
-            attn,
-            attn_bias: family == Family::Glm4Moe
-                && cfg
-                    .get("attention_bias")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false),
+            v_head_dim: head_dim,
+            attn: AttnKind::Gqa,
+            attn_bias: spec.hf_attention_bias == BiasRule::Read && keys.flag("attention_bias"),
             rms_eps: opt_f("rms_norm_eps").unwrap_or(1e-6) as f32,
             rope_theta,
-            rope_layout: layout,
+            rope_layout: RopeLayout::HalfSplit,
             rope_scaling,
             rotary_dim,
             attn_scale: attn_scale as f32,
-            qk_norm: match family {
-                Family::Qwen3Moe => QkNorm::PerHead,
-                Family::Glm4Moe
-                    if cfg
-                        .get("use_qk_norm")
-                        .and_then(Value::as_bool)
-                        .unwrap_or(false) =>
-                {
-                    QkNorm::PerHead
-                }
-                Family::Olmoe => QkNorm::Whole,
-                _ => QkNorm::None,
-            },
+            qk_norm: (spec.hf_qk_norm)(&keys),
             n_experts,
             n_experts_used: req_u("num_experts_per_tok")?,
             expert_ffn,
@@ -705,13 +503,9 @@ impl ModelConfig {
                 } else {
                     1
                 },
-                norm_topk_prob: match family {
-                    Family::Mixtral => true,
-                    _ => cfg
-                        .get("norm_topk_prob")
-                        .and_then(Value::as_bool)
-                        .unwrap_or(false),
-                },
+                norm_topk_prob: spec
+                    .hf_norm_topk
+                    .unwrap_or_else(|| keys.flag("norm_topk_prob")),
                 scale: if sigmoid {
                     opt_f("routed_scaling_factor").unwrap_or(1.0) as f32
                 } else {
@@ -733,9 +527,10 @@ impl ModelConfig {
                 .unwrap_or(false),
             sliding_window,
             clip_qkv,
-            dense_attn_limit: indexer.map(|i| i.topk),
-            indexer,
+            dense_attn_limit: None,
+            indexer: None,
         };
+        (spec.hf_hparams)(&keys, &mut c)?;
         c.validate()?;
         Ok(c)
     }

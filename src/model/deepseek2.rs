@@ -9,13 +9,156 @@
 
 use super::backend::{At, Backend, Buf, Cache, Rows};
 use super::blocks::dot;
-use super::config::{AttnKind, ModelConfig, RopeLayout};
+use super::config::{
+    yarn_mscale, AttnKind, Family, IndexerDims, ModelConfig, RopeLayout, RopeScaling,
+};
+use super::family::{self, BiasRule, FamilySpec, GgufKeys, HfKeys};
 use super::names::{Role, HF_MLP_MOE};
 use super::weights::Mla;
 use super::{Model, ModelError, State};
 use rayon::prelude::*;
 
 pub const HF_MOE: &[(Role, &str)] = HF_MLP_MOE;
+
+pub static SPEC: FamilySpec = FamilySpec {
+    family: Family::DeepseekV3,
+    name: "deepseek2",
+    gguf_archs: &["deepseek2", "deepseek32"],
+    // V3.2 is V3 plus DSA's lightning indexer.
+    hf_archs: &[
+        "DeepseekV3ForCausalLM",
+        "deepseek_v3",
+        "DeepseekV32ForCausalLM",
+        "deepseek_v32",
+    ],
+    hf_moe: HF_MOE,
+    gguf_rope_layout: RopeLayout::Interleaved,
+    sigmoid_router: true,
+    gguf_norm_topk: true,
+    hf_norm_topk: None,
+    hf_expert_ffn_key: "moe_intermediate_size",
+    hf_default_rope_theta: 10000.0,
+    hf_attention_bias: BiasRule::Ignored,
+    clip_qkv: false,
+    gguf_yarn_cancelled: true,
+    hf_qk_norm: family::no_qk_norm,
+    hf_sliding_window: family::no_sliding_window,
+    gguf_hparams,
+    hf_hparams,
+};
+
+/// MLA's shape (llama.cpp's keys), its softmax scale with YaRN's mscale, and V3.2's indexer.
+fn gguf_hparams(k: &GgufKeys<'_>, c: &mut ModelConfig) -> Result<(), ModelError> {
+    let kv_lora = k.req_u("attention.kv_lora_rank")?;
+    let rope = k.req_u("rope.dimension_count")?;
+    let qk = k.opt_u("attention.key_length_mla").unwrap_or(c.head_dim);
+    let v_dim = k
+        .opt_u("attention.value_length_mla")
+        .unwrap_or(c.v_head_dim);
+    let q_lora = k.opt_u("attention.q_lora_rank").filter(|r| *r > 0);
+    c.attn = AttnKind::Mla {
+        q_lora,
+        kv_lora,
+        nope: qk.saturating_sub(rope),
+        rope,
+        v_dim,
+    };
+    (c.head_dim, c.v_head_dim, c.n_kv_heads, c.rotary_dim) = (qk, v_dim, c.n_heads, rope);
+    let mut attn_scale = 1.0 / (qk as f64).sqrt();
+    if let RopeScaling::Yarn { factor, .. } = c.rope_scaling {
+        // yarn_log_multiplier = 0.1 * mscale_all_dim; a file without the key gets no
+        // scaling, as in llama.cpp (its default multiplier is 0).
+        let m = yarn_mscale(
+            factor,
+            k.opt_f("rope.scaling.yarn_log_multiplier").unwrap_or(0.0) / 0.1,
+        );
+        attn_scale *= m * m;
+    }
+    c.attn_scale = attn_scale as f32;
+    // DeepSeek-V3.2 (llama.cpp's `deepseek32`): the indexer's shape from its keys, or from
+    // its tensors' shapes, and its top-k (DeepSeek's 2048 when a file omits it).
+    let has_indexer = k.files.tensor("blk.0.indexer.attn_k.weight").is_some();
+    if k.arch == "deepseek32" || has_indexer {
+        let head_dim = k
+            .opt_u("attention.indexer.key_length")
+            .or_else(|| k.dim_of("blk.0.indexer.attn_k.weight", 0))
+            .ok_or_else(|| {
+                ModelError::Config(format!(
+                    "{} is missing and there is no blk.0.indexer.attn_k.weight",
+                    k.key("attention.indexer.key_length")
+                ))
+            })?;
+        let heads = k
+            .opt_u("attention.indexer.head_count")
+            .or_else(|| k.dim_of("blk.0.indexer.proj.weight", 0))
+            .ok_or_else(|| {
+                ModelError::Config(format!(
+                    "{} is missing and there is no blk.0.indexer.proj.weight",
+                    k.key("attention.indexer.head_count")
+                ))
+            })?;
+        let ix = IndexerDims {
+            heads,
+            head_dim,
+            topk: k.opt_u("attention.indexer.top_k").unwrap_or(2048),
+        };
+        c.indexer = Some(ix);
+        c.dense_attn_limit = Some(ix.topk);
+    }
+    Ok(())
+}
+
+/// MLA's shape (transformers' DeepseekV3Config), mscale, rope pairing, the sigmoid-only
+/// scoring, and V3.2's indexer (defaults as DeepseekV32Config).
+fn hf_hparams(k: &HfKeys<'_>, c: &mut ModelConfig) -> Result<(), ModelError> {
+    let (nope, rope_d, v_dim, kv_lora) = (
+        k.req_u("qk_nope_head_dim")?,
+        k.req_u("qk_rope_head_dim")?,
+        k.req_u("v_head_dim")?,
+        k.req_u("kv_lora_rank")?,
+    );
+    c.attn = AttnKind::Mla {
+        q_lora: k.opt_u("q_lora_rank"),
+        kv_lora,
+        nope,
+        rope: rope_d,
+        v_dim,
+    };
+    (c.head_dim, c.v_head_dim, c.n_kv_heads, c.rotary_dim) =
+        (nope + rope_d, v_dim, c.n_heads, rope_d);
+    let mut attn_scale = 1.0 / (c.head_dim as f64).sqrt();
+    if k.rope_type() != "default" {
+        let ma = k.rget("mscale_all_dim").unwrap_or(0.0);
+        if ma != 0.0 {
+            let m = yarn_mscale(k.rget("factor").unwrap_or(1.0), ma);
+            attn_scale *= m * m;
+        }
+    }
+    c.attn_scale = attn_scale as f32;
+    if k.bool_or("rope_interleave", true) {
+        c.rope_layout = RopeLayout::Interleaved;
+    }
+    let scoring = k
+        .cfg
+        .get("scoring_func")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("sigmoid");
+    if scoring != "sigmoid" {
+        return Err(ModelError::Config(format!(
+            "config.json: scoring_func {scoring:?} is not supported (sigmoid only)"
+        )));
+    }
+    if let Some(topk) = k.opt_u("index_topk") {
+        let ix = IndexerDims {
+            heads: k.opt_u("index_n_heads").unwrap_or(64),
+            head_dim: k.opt_u("index_head_dim").unwrap_or(128),
+            topk,
+        };
+        c.indexer = Some(ix);
+        c.dense_attn_limit = Some(ix.topk);
+    }
+    Ok(())
+}
 
 // DeepSeek-V3.2 sparse attention (DSA), as transformers 5.17's `DeepseekV32Indexer`: per
 // layer, a lightning indexer scores every cached position t for query s,

@@ -1,9 +1,14 @@
-//! Models: shared blocks, one thin file per architecture family, and the forward pass.
+//! Models: the forward pass written once over backend operations, one file per architecture
+//! family, and the per-sequence state.
 //!
-//! Map: `config.rs` reads hyperparameters (GGUF or config.json) into `ModelConfig`;
-//! `names.rs` + the family files (`qwen3moe.rs`, `mixtral.rs`, `olmoe.rs`) say which tensor
-//! plays which role; `weights.rs` binds tensors to roles with shape checks; `blocks.rs` holds
-//! the primitives (RMSNorm, RoPE, softmax, top-k); `forward.rs` runs a batch of tokens.
+//! Map: `backend.rs` is the `Backend` trait (the operations and buffer names the forward is
+//! written in); `forward.rs` the graph (embed, decoder layer, GQA, MLP, final rows) and
+//! `forward_chunk`; `cpu.rs` the CPU backend; `state.rs` the buffers and KV cache; `seq.rs` the
+//! sequence state as parts (truncate, snapshot/restore); `family.rs` what a family answers
+//! (`FamilySpec`), each family file (`qwen3moe.rs`, `mixtral.rs`, `olmoe.rs`, `glm4moe.rs`,
+//! `deepseek2.rs`) its own; `config.rs` the shared reading of hyperparameters into
+//! `ModelConfig`; `names.rs` tensor roles; `weights.rs` binding with shape checks; `blocks.rs`
+//! the primitives (RMSNorm, RoPE, softmax, top-k).
 //! Does not own: sampling (`sample`), tokenization (`tokenizer`), reading experts from disk.
 //! Invariant: what is computed never depends on where weights live; placement is elsewhere.
 
@@ -12,6 +17,7 @@ pub mod blocks;
 pub mod config;
 mod cpu;
 pub mod deepseek2;
+pub mod family;
 mod forward;
 pub mod glm4moe;
 pub mod mixtral;

@@ -29,7 +29,9 @@ pub struct State {
     pub(super) lat: Vec<f32>,    // (2, kv_lora) MLA: q folded into latent space, latent context
     pub(super) proj: Vec<f32>,   // (batch, hidden) sub-block output
     pub(crate) hfin: Vec<f32>,   // (batch, hidden) final-normed hidden states of the last chunk
-    /// Added to cache positions to get rotary positions (1 for the MTP head's slots).
+    /// Always 0: the graph passes rotary positions explicitly (`backend::At`); kept only for
+    /// gpu/model.rs's own forward until it runs the graph.
+    #[cfg(feature = "cuda")]
     pub(crate) rope_offset: usize,
     pub(super) kcache: Vec<f32>, // (layers, ctx, k_dim) GQA keys, or MLA latent + rope key
     pub(super) vcache: Vec<f32>, // (layers, ctx, v_dim) GQA values, or V3.2 indexer keys
@@ -144,6 +146,7 @@ impl State {
             lat: vec![0.0; 2 * kv_lora],
             proj: vec![0.0; batch * h],
             hfin: vec![0.0; batch * h],
+            #[cfg(feature = "cuda")]
             rope_offset: 0,
             kcache: vec![0.0; cache_layers * ctx * kc],
             vcache: vec![0.0; cache_layers * ctx * vc],

@@ -6,9 +6,9 @@
 //! Invariant: after `Weights::load` succeeds every view has the shape the config implies and a
 //! type the kernels support, so the forward pass can not fail on a weight.
 
-use super::config::{AttnKind, Family, ModelConfig, QkNorm};
+use super::config::{AttnKind, ModelConfig, QkNorm};
 use super::names::{self, Role};
-use super::{deepseek2, glm4moe, mixtral, olmoe, qwen3moe, ModelError};
+use super::ModelError;
 use crate::dtype::DType;
 use crate::format::{ByteRange, FileKind, ModelFiles, TensorInfo};
 use crate::kernels::{self, WeightView};
@@ -599,13 +599,7 @@ fn view_of<'a>(
 
 impl<'a> Weights<'a> {
     pub fn load(files: &'a ModelFiles, cfg: &mut ModelConfig) -> Result<Weights<'a>, ModelError> {
-        let hf_moe = match cfg.family {
-            Family::Qwen3Moe => qwen3moe::HF_MOE,
-            Family::Mixtral => mixtral::HF_MOE,
-            Family::Olmoe => olmoe::HF_MOE,
-            Family::DeepseekV3 => deepseek2::HF_MOE,
-            Family::Glm4Moe => glm4moe::HF_MOE,
-        };
+        let hf_moe = cfg.family.spec().hf_moe;
         let (h, v) = (cfg.hidden, cfg.vocab);
         // GGUF does not say which q/k norm a family has; the weights' lengths do.
         if files.kind() == FileKind::Gguf && cfg.attn == AttnKind::Gqa {
