@@ -80,7 +80,19 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         if args.kernels {
             bail!("bench: give either MODEL or --kernels, not both");
         }
-        return super::model_bench::run(m, &args);
+        let mb = super::model_bench::ModelBench {
+            n_prompt: args.n_prompt,
+            n_gen: args.n_gen,
+            repetitions: args.repetitions,
+            json: args.json,
+            csv: args.csv,
+            ab: args.ab.clone(),
+            sweep: args.sweep.clone(),
+            plot: args.plot.clone(),
+            run_flags: args.run_flags.clone(),
+            threads: args.threads,
+        };
+        return super::model_bench::run(m, &mb);
     }
     if !args.kernels {
         bail!("bench: say what to benchmark (MODEL or --kernels)");

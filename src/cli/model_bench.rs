@@ -13,7 +13,6 @@
 //!
 //! Owns: the process loop, parsing and statistics. Does not own: what a run does.
 
-use super::bench::BenchArgs;
 use super::bench_plot::{write_sweep_svg, SweepPoint};
 use crate::engine::load_tokenizer;
 use crate::format::ModelFiles;
@@ -117,7 +116,22 @@ fn has_flag(flags: &[String], name: &str) -> bool {
         .any(|f| f == name || f.starts_with(&format!("{name}=")))
 }
 
-pub fn run(model: &Path, args: &BenchArgs) -> anyhow::Result<()> {
+/// What a MODEL benchmark is asked for (`sluice bench`'s flags, see cli/bench.rs).
+#[derive(Clone, Debug, Default)]
+pub struct ModelBench {
+    pub n_prompt: usize,
+    pub n_gen: usize,
+    pub repetitions: Option<usize>,
+    pub json: bool,
+    pub csv: bool,
+    pub ab: Option<Vec<String>>,
+    pub sweep: Option<String>,
+    pub plot: Option<std::path::PathBuf>,
+    pub run_flags: Option<String>,
+    pub threads: Option<usize>,
+}
+
+pub fn run(model: &Path, args: &ModelBench) -> anyhow::Result<()> {
     let reps = args.repetitions.unwrap_or(3);
     if reps == 0 {
         bail!("bench: -r must be at least 1");
