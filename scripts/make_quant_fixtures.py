@@ -122,6 +122,15 @@ def main():
         (OUT / f"{t.name}.blocks").write_bytes(raw.tobytes())
         (OUT / f"{t.name}.f32").write_bytes(ref.tobytes())
         manifest["types"].append(t.name)
+    # quant-a: what gguf's own quantizers write for one f32 input, for the types sluice's
+    # quantizer (src/kernels/quantize.rs) must reproduce byte for byte.
+    qin = _own_rng(T.F32).standard_normal(N_ELEMS).astype("<f4")
+    qin[:32] *= 0.0  # an all-zero block (d = 0)
+    qin[32:64] += 3.0  # a block of one sign (min > 0)
+    (OUT / "quantize_in.f32").write_bytes(qin.tobytes())
+    for t in (T.Q5_0, T.Q4_1, T.Q5_1):
+        q = gguf.quants.quantize(qin.reshape(1, -1), t)
+        (OUT / f"{t.name}.quantized").write_bytes(np.asarray(q, dtype=np.uint8).tobytes())
     (OUT / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n")
     print(f"wrote {len(TYPES)} types to {OUT}")
 

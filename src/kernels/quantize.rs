@@ -90,12 +90,13 @@ fn put_nibbles(q: &[u8; 32], qh: bool, out: &mut Vec<u8>) {
     out.extend((0..16).map(|i| (q[i] & 0x0F) | ((q[i + 16] & 0x0F) << 4)));
 }
 
-/// Q5_0 as ggml's (and gguf's) reference quantizer: d = (the value of largest magnitude) / -16,
-/// q = min(31, trunc(x / d + 16.5)), in f32.
+/// Q5_0 as gguf's reference quantizer: d = (the first value of largest magnitude) / -16,
+/// q = min(31, trunc(x / d + 16.5)), in f32. (Taking the first such value, as numpy's argmax,
+/// also gives gguf's sign of zero for an all-zero block.)
 fn quantize_q5_0_block(b: &[f32], out: &mut Vec<u8>) {
-    let max = b
+    let max = b[1..]
         .iter()
-        .fold(0f32, |m, v| if v.abs() > m.abs() { *v } else { m });
+        .fold(b[0], |m, v| if v.abs() > m.abs() { *v } else { m });
     let d = max / -16.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     put_f16(out, d);
@@ -109,6 +110,9 @@ fn quantize_min_block(b: &[f32], bits: u32, out: &mut Vec<u8>) {
     let top = ((1u32 << bits) - 1) as u8;
     let min = b.iter().fold(f32::INFINITY, |m, v| m.min(*v));
     let max = b.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
+    // Zeros count as +0 whatever their sign (as in gguf's numpy: an all-zero block gets +0).
+    let min = if min == 0.0 { 0.0 } else { min };
+    let max = if max == 0.0 { 0.0 } else { max };
     let d = (max - min) / top as f32;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     put_f16(out, d);
