@@ -66,6 +66,12 @@ pub struct QuantTypeCount {
     pub dtype: String,
     pub tensors: usize,
     pub bytes: u64,
+    /// Of `bytes`, those of tensors that stay resident (everything but routed experts).
+    pub resident_bytes: u64,
+    /// Of `bytes`, those of routed-expert tensors (streamed).
+    pub routed_bytes: u64,
+    /// Whether sluice has CPU kernels for this type (a model using it loads).
+    pub kernels: bool,
 }
 
 /// A model's summary, as `sluice inspect` prints it.
@@ -164,7 +170,8 @@ pub fn summarize(m: &ModelFiles) -> ModelSummary {
         }
     };
 
-    let mut types: BTreeMap<String, (usize, u64)> = BTreeMap::new();
+    // name -> (tensors, bytes, routed bytes, has kernels)
+    let mut types: BTreeMap<String, (usize, u64, u64, bool)> = BTreeMap::new();
     let mut layers: BTreeMap<u64, LayerExperts> = BTreeMap::new();
     let (mut total, mut routed) = (0u64, 0u64);
     let mut max_layer = None;
@@ -173,6 +180,10 @@ pub fn summarize(m: &ModelFiles) -> ModelSummary {
         let e = types.entry(m.dtype_name(t)).or_default();
         e.0 += 1;
         e.1 += t.range.len;
+        e.3 = crate::kernels::kernels_for(t.dtype).is_ok();
+        if routed_expert_tensor(&t.name).is_some() {
+            e.2 += t.range.len;
+        }
         total += t.range.len;
         if t.name.contains("_shexp") || t.name.contains(".shared_expert") {
             has_shexp = true;
@@ -251,11 +262,16 @@ pub fn summarize(m: &ModelFiles) -> ModelSummary {
 
     let mut quant_types: Vec<QuantTypeCount> = types
         .into_iter()
-        .map(|(dtype, (tensors, bytes))| QuantTypeCount {
-            dtype,
-            tensors,
-            bytes,
-        })
+        .map(
+            |(dtype, (tensors, bytes, routed, kernels))| QuantTypeCount {
+                dtype,
+                tensors,
+                bytes,
+                resident_bytes: bytes - routed,
+                routed_bytes: routed,
+                kernels,
+            },
+        )
         .collect();
     quant_types.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.dtype.cmp(&b.dtype)));
 

@@ -50,6 +50,21 @@ fn check(rel: &str, s: &ModelSummary) {
         assert_eq!(q.bytes, as_u64(&want["bytes"]), "{rel}: {} bytes", q.dtype);
     }
     assert!(s.quant_types.windows(2).all(|w| w[0].bytes >= w[1].bytes));
+    // The per-type split adds up to the reference's resident and routed totals.
+    for q in &s.quant_types {
+        assert_eq!(
+            q.resident_bytes + q.routed_bytes,
+            q.bytes,
+            "{rel}: {}",
+            q.dtype
+        );
+    }
+    let routed: u64 = s.quant_types.iter().map(|q| q.routed_bytes).sum();
+    assert_eq!(
+        routed,
+        as_u64(&e["routed_expert_bytes"]),
+        "{rel}: routed by type"
+    );
     assert_eq!(
         s.resident_bytes,
         as_u64(&e["resident_bytes"]),

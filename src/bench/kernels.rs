@@ -319,6 +319,11 @@ pub fn fill_valid_blocks(dtype: DType, buf: &mut [u8], seed: u64) {
         DType::Q3_K => &[108],
         DType::Q4_K | DType::Q5_K => &[0, 2],
         DType::Q6_K => &[208],
+        // quant-a types
+        DType::Q5_0 | DType::IQ4_NL | DType::IQ4_XS => &[0],
+        DType::Q4_1 | DType::Q5_1 => &[0, 2],
+        DType::TQ1_0 => &[52],
+        DType::TQ2_0 => &[64],
         _ => &[],
     };
     let Some((_, bb)) = dtype.block_geometry() else {

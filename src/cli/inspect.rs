@@ -146,6 +146,11 @@ fn human(b: u64) -> String {
     }
 }
 
+/// `human` without the exact byte count.
+fn short(b: u64) -> String {
+    human(b).split(" (").next().unwrap_or("").to_string()
+}
+
 fn opt(v: Option<u64>) -> String {
     v.map_or("?".to_string(), |v| v.to_string())
 }
@@ -173,10 +178,17 @@ fn print_text(s: &ModelSummary) {
     for (i, q) in s.quant_types.iter().enumerate() {
         let label = if i == 0 { "types" } else { "" };
         println!(
-            "{label:<13} {:<8} {:>5} tensors  {}",
+            "{label:<13} {:<8} {:>5} tensors  {}  resident {}  routed {}{}",
             q.dtype,
             q.tensors,
-            human(q.bytes)
+            human(q.bytes),
+            short(q.resident_bytes),
+            short(q.routed_bytes),
+            if q.kernels {
+                ""
+            } else {
+                "  (no kernels in sluice)"
+            }
         );
     }
     println!("total         {}", human(s.total_bytes));

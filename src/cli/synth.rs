@@ -22,8 +22,11 @@ pub struct SynthArgs {
     /// become min(real, N-1)).
     #[arg(long, default_value_t = 0)]
     pub layers: usize,
-    /// Type of the matrices: q4_k | q8_0 | f16 | bf16 | f32, or iq2_xxs: a mix with routed
-    /// experts IQ2_XXS and attention, dense FFN, shared experts, embedding and output Q4_K.
+    /// Type of the matrices: q4_k | q8_0 | q5_0 | q4_1 | q5_1 | iq4_nl | f16 | bf16 | f32, or
+    /// iq2_xxs: a mix with routed experts IQ2_XXS and attention, dense FFN, shared experts,
+    /// embedding and output Q4_K. The other types sluice reads (Q2_K, Q3_K, Q5_K, Q6_K, IQ4_XS,
+    /// TQ1_0, TQ2_0, MXFP4, ...) come only from llama.cpp's llama-quantize: write f16 here and
+    /// convert that.
     /// Norms, routers and biases stay f32; a tensor whose rows the type's block does not
     /// divide falls back to q4_0 (GLM-4.5-Air's expert ffn_down of 1408, MLA's attn_k_b of
     /// 128, under q4_k/iq2_xxs). IQ2_XXS is slow to
@@ -59,11 +62,20 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
     }
     spec.dtype = match DType::from_name(&args.quant) {
         Some(
-            t
-            @ (DType::Q4_K | DType::Q8_0 | DType::F16 | DType::BF16 | DType::F32 | DType::IQ2_XXS),
+            t @ (DType::Q4_K
+            | DType::Q8_0
+            | DType::F16
+            | DType::BF16
+            | DType::F32
+            | DType::IQ2_XXS
+            | DType::Q5_0
+            | DType::Q4_1
+            | DType::Q5_1
+            | DType::IQ4_NL),
         ) => t,
         _ => anyhow::bail!(
-            "--quant {:?}: synth can write q4_k, q8_0, iq2_xxs, f16, bf16 or f32",
+            "--quant {:?}: synth can write q4_k, q8_0, q5_0, q4_1, q5_1, iq4_nl, iq2_xxs, f16, \
+             bf16 or f32 (other types: write f16 and convert with llama.cpp's llama-quantize)",
             args.quant
         ),
     };

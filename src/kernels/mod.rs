@@ -37,6 +37,15 @@ mod q8_0;
 pub mod quantize;
 mod simd;
 pub(crate) mod tables;
+// quant-a types: Q4_1 Q5_0 Q5_1 IQ4_NL (shared loops in blocks32.rs), IQ4_XS, TQ1_0, TQ2_0.
+mod blocks32;
+mod iq4_nl;
+mod iq4_xs;
+mod q4_1;
+mod q5_0;
+mod q5_1;
+mod tq1_0;
+mod tq2_0;
 
 /// Super-block size of k-quants and i-quants.
 pub const QK: usize = crate::dtype::QK_K;
@@ -114,6 +123,14 @@ pub fn kernels_for(dtype: DType) -> Result<&'static TypeKernels, KernelError> {
         DType::Q6_K => q6_k::KERNELS.as_ref(),
         DType::IQ2_XXS => iq2_xxs::KERNELS.as_ref(),
         DType::MXFP4 => mxfp4::KERNELS.as_ref(),
+        // quant-a types
+        DType::Q4_1 => q4_1::KERNELS.as_ref(),
+        DType::Q5_0 => q5_0::KERNELS.as_ref(),
+        DType::Q5_1 => q5_1::KERNELS.as_ref(),
+        DType::IQ4_NL => iq4_nl::KERNELS.as_ref(),
+        DType::IQ4_XS => iq4_xs::KERNELS.as_ref(),
+        DType::TQ1_0 => tq1_0::KERNELS.as_ref(),
+        DType::TQ2_0 => tq2_0::KERNELS.as_ref(),
         _ => None,
     };
     k.ok_or(KernelError::Unsupported(dtype))
@@ -126,6 +143,8 @@ pub fn supported_types() -> Vec<DType> {
         F32, F16, BF16, Q8_0, Q4_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, MXFP4,
     ]
     .into_iter()
+    // quant-a types
+    .chain([Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0])
     .filter(|t| kernels_for(*t).is_ok())
     .collect()
 }

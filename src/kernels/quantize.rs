@@ -5,7 +5,7 @@
 use crate::dtype::DType;
 
 /// Encode `x` (whole blocks) as `dtype`, appending to `out`. Supports F32, F16, BF16, Q8_0,
-/// Q4_0, Q4_K, IQ2_XXS.
+/// Q4_0, Q4_K, IQ2_XXS, Q5_0, Q4_1, Q5_1, IQ4_NL.
 pub fn quantize(dtype: DType, x: &[f32], out: &mut Vec<u8>) -> Result<(), super::KernelError> {
     let block = dtype
         .block_elems()
@@ -60,9 +60,102 @@ pub fn quantize(dtype: DType, x: &[f32], out: &mut Vec<u8>) -> Result<(), super:
             x.chunks_exact(256)
                 .for_each(|b| quantize_iq2_xxs_block(t, b, out));
         }
+        // quant-a types
+        DType::Q5_0 => x.chunks_exact(32).for_each(|b| quantize_q5_0_block(b, out)),
+        DType::Q4_1 => x
+            .chunks_exact(32)
+            .for_each(|b| quantize_min_block(b, 4, out)),
+        DType::Q5_1 => x
+            .chunks_exact(32)
+            .for_each(|b| quantize_min_block(b, 5, out)),
+        DType::IQ4_NL => x
+            .chunks_exact(32)
+            .for_each(|b| quantize_iq4_nl_block(b, out)),
         other => return Err(super::KernelError::Unsupported(other)),
     }
     Ok(())
+}
+
+fn put_f16(out: &mut Vec<u8>, v: f32) {
+    out.extend_from_slice(&half::f16::from_f32(v).to_bits().to_le_bytes());
+}
+
+/// Codes `q` (< 32) as ggml's `qs[16]` nibbles (element i low nibble of byte i, 16 + i high)
+/// and, for 5-bit types, `qh` (bit i = bit 4 of element i).
+fn put_nibbles(q: &[u8; 32], qh: bool, out: &mut Vec<u8>) {
+    if qh {
+        let h = (0..32).fold(0u32, |h, i| h | (((q[i] >> 4) as u32 & 1) << i));
+        out.extend_from_slice(&h.to_le_bytes());
+    }
+    out.extend((0..16).map(|i| (q[i] & 0x0F) | ((q[i + 16] & 0x0F) << 4)));
+}
+
+/// Q5_0 as gguf's reference quantizer: d = (the first value of largest magnitude) / -16,
+/// q = min(31, trunc(x / d + 16.5)), in f32. (Taking the first such value, as numpy's argmax,
+/// also gives gguf's sign of zero for an all-zero block.)
+fn quantize_q5_0_block(b: &[f32], out: &mut Vec<u8>) {
+    let max = b[1..]
+        .iter()
+        .fold(b[0], |m, v| if v.abs() > m.abs() { *v } else { m });
+    let d = max / -16.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    put_f16(out, d);
+    let q: [u8; 32] = std::array::from_fn(|i| ((b[i] * id + 16.5) as u8).min(31));
+    put_nibbles(&q, true, out);
+}
+
+/// Q4_1 (`bits` 4) and Q5_1 (`bits` 5) as ggml's reference quantizer: m = min, d = (max - min)
+/// / (2^bits - 1), q = min(2^bits - 1, trunc((x - m) / d + 0.5)), in f32.
+fn quantize_min_block(b: &[f32], bits: u32, out: &mut Vec<u8>) {
+    let top = ((1u32 << bits) - 1) as u8;
+    let min = b.iter().fold(f32::INFINITY, |m, v| m.min(*v));
+    let max = b.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
+    // Zeros count as +0 whatever their sign (as in gguf's numpy: an all-zero block gets +0).
+    let min = if min == 0.0 { 0.0 } else { min };
+    let max = if max == 0.0 { 0.0 } else { max };
+    let d = (max - min) / top as f32;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    put_f16(out, d);
+    put_f16(out, min);
+    let q: [u8; 32] = std::array::from_fn(|i| (((b[i] - min) * id + 0.5) as u8).min(top));
+    put_nibbles(&q, bits == 5, out);
+}
+
+/// IQ4_NL: a scale from the value of largest magnitude (it maps to the codebook end of its
+/// sign), each element the nearest codebook entry, then d refit by least squares to those
+/// codes. Simpler than ggml's scale search; the output is valid IQ4_NL for any reader.
+fn quantize_iq4_nl_block(b: &[f32], out: &mut Vec<u8>) {
+    use super::iq4_nl::KVALUES;
+    let max = b
+        .iter()
+        .fold(0f32, |m, v| if v.abs() > m.abs() { *v } else { m });
+    let d0 = if max < 0.0 {
+        max / KVALUES[0] as f32
+    } else {
+        max / KVALUES[15] as f32
+    };
+    let nearest = |v: f32| -> u8 {
+        let mut best = 0usize;
+        for (k, &c) in KVALUES.iter().enumerate() {
+            if (v - c as f32).abs() < (v - KVALUES[best] as f32).abs() {
+                best = k;
+            }
+        }
+        best as u8
+    };
+    let id = if d0 != 0.0 { 1.0 / d0 } else { 0.0 };
+    let q: [u8; 32] = std::array::from_fn(|i| nearest(b[i] * id));
+    let (sxk, skk) = q.iter().zip(b).fold((0f32, 0f32), |(a, c), (&q, &x)| {
+        let k = KVALUES[q as usize] as f32;
+        (a + x * k, c + k * k)
+    });
+    let d = if skk > 0.0 && sxk != 0.0 {
+        sxk / skk
+    } else {
+        d0
+    };
+    put_f16(out, d);
+    put_nibbles(&q, false, out);
 }
 
 /// The IQ2_XXS grid as floats, each row's squared norm, and the row (if any) of each point of

@@ -183,7 +183,7 @@ impl<'a> Binder<'a, '_> {
     ) -> Result<WeightView<'a>, ModelError> {
         check_shape(t, &[rows, cols])?;
         let bytes = self.files.bytes(t)?;
-        view_of(t, bytes, rows, cols)
+        view_of(self.files, t, bytes, rows, cols)
     }
 
     fn vector(&self, t: &TensorInfo, n: usize) -> Result<Vec<f32>, ModelError> {
@@ -283,7 +283,7 @@ impl<'a> Binder<'a, '_> {
                 ModelError::Shape(format!("{}: slice {e} lies outside the tensor", t.name))
             })?;
             out.push(Located {
-                view: view_of(t, bytes, rows, cols)?,
+                view: view_of(self.files, t, bytes, rows, cols)?,
                 range: r,
             });
         }
@@ -575,7 +575,10 @@ fn check_shape(t: &TensorInfo, want: &[usize]) -> Result<(), ModelError> {
     }
 }
 
+/// A weight matrix view, refusing (at load, naming the file, the tensor and its ggml type id)
+/// a type sluice has no kernels for.
 fn view_of<'a>(
+    files: &ModelFiles,
     t: &TensorInfo,
     bytes: &'a [u8],
     rows: usize,
@@ -588,8 +591,18 @@ fn view_of<'a>(
         )));
     }
     kernels::kernels_for(t.dtype).map_err(|_| {
+        let file = files
+            .paths()
+            .get(t.range.file)
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| files.dir().display().to_string());
+        let id = t
+            .dtype
+            .ggml_id()
+            .map(|i| format!(" (ggml type id {i})"))
+            .unwrap_or_default();
         ModelError::Unsupported(format!(
-            "{}: tensor type {} has no kernels in sluice",
+            "{file}: tensor `{}` has type {}{id}, which sluice has no kernels for",
             t.name, t.dtype
         ))
     })?;

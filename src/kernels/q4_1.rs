@@ -1,0 +1,47 @@
+//! Q4_1: blocks of 32 elements, 20 bytes: `d` (f16), `m` (f16), `qs[16]` (element i < 16: low
+//! nibble of qs[i], element 16 + i: high nibble); value = d * nibble + m.
+//!
+//! Dots against `Q8_32` activations through the shared loops of `blocks32.rs`.
+
+use super::blocks32::{self, Block32};
+use super::{ActFormat, TypeKernels};
+use crate::dtype::DType;
+
+pub(super) struct Q4_1;
+
+impl Block32 for Q4_1 {
+    const BB: usize = 20;
+    const HAS_MIN: bool = true;
+
+    fn codes(b: &[u8]) -> [i8; 32] {
+        std::array::from_fn(|i| {
+            (if i < 16 {
+                b[4 + i] & 0x0F
+            } else {
+                b[4 + i - 16] >> 4
+            }) as i8
+        })
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn codes_avx2(b: *const u8) -> std::arch::x86_64::__m256i {
+        blocks32::nibbles(b.add(4))
+    }
+}
+
+pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
+    dtype: DType::Q4_1,
+    act: ActFormat::Q8_32,
+    dequant: blocks32::dequant::<Q4_1>,
+    dot_scalar: blocks32::dot_scalar::<Q4_1>,
+    #[cfg(target_arch = "x86_64")]
+    dot_avx2: Some(blocks32::x86::dot_avx2::<Q4_1>),
+    #[cfg(target_arch = "x86_64")]
+    dot_avx512: Some(blocks32::x86::dot_avx512::<Q4_1>),
+    #[cfg(not(target_arch = "x86_64"))]
+    dot_avx2: None,
+    #[cfg(not(target_arch = "x86_64"))]
+    dot_avx512: None,
+});

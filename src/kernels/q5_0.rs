@@ -1,0 +1,54 @@
+//! Q5_0: blocks of 32 elements, 22 bytes: `d` (f16), `qh` (u32, bit i = bit 4 of element i),
+//! `qs[16]` (element i < 16: low nibble of qs[i], element 16 + i: high nibble);
+//! value = d * ((nibble | qh_bit << 4) - 16).
+//!
+//! Dots against `Q8_32` activations through the shared loops of `blocks32.rs`.
+
+use super::blocks32::{self, Block32};
+use super::{ActFormat, TypeKernels};
+use crate::dtype::DType;
+
+pub(super) struct Q5_0;
+
+impl Block32 for Q5_0 {
+    const BB: usize = 22;
+    const HAS_MIN: bool = false;
+
+    fn codes(b: &[u8]) -> [i8; 32] {
+        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+        std::array::from_fn(|i| {
+            let nib = if i < 16 {
+                b[6 + i] & 0x0F
+            } else {
+                b[6 + i - 16] >> 4
+            };
+            (nib | ((((qh >> i) & 1) as u8) << 4)) as i8 - 16
+        })
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn codes_avx2(b: *const u8) -> std::arch::x86_64::__m256i {
+        use std::arch::x86_64::*;
+        let qh = std::ptr::read_unaligned(b.add(2) as *const u32);
+        let hi = _mm256_and_si256(blocks32::bits_to_bytes(qh), _mm256_set1_epi8(0x10));
+        let q = _mm256_or_si256(blocks32::nibbles(b.add(6)), hi);
+        _mm256_sub_epi8(q, _mm256_set1_epi8(16))
+    }
+}
+
+pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
+    dtype: DType::Q5_0,
+    act: ActFormat::Q8_32,
+    dequant: blocks32::dequant::<Q5_0>,
+    dot_scalar: blocks32::dot_scalar::<Q5_0>,
+    #[cfg(target_arch = "x86_64")]
+    dot_avx2: Some(blocks32::x86::dot_avx2::<Q5_0>),
+    #[cfg(target_arch = "x86_64")]
+    dot_avx512: Some(blocks32::x86::dot_avx512::<Q5_0>),
+    #[cfg(not(target_arch = "x86_64"))]
+    dot_avx2: None,
+    #[cfg(not(target_arch = "x86_64"))]
+    dot_avx512: None,
+});
