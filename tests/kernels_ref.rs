@@ -3,7 +3,9 @@
 //!
 //! Fixtures: `tests/fixtures/quant/<TYPE>.blocks` (random valid blocks, 2048 elements) and
 //! `<TYPE>.f32` (what `gguf.quants.dequantize` returns for them), made by
-//! `scripts/make_quant_fixtures.py`.
+//! `scripts/make_quant_fixtures.py`; for IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_S and IQ1_M,
+//! `tests/fixtures/iq_grid/` (at least 2048 elements, every grid row used) from
+//! `scripts/make_iq_grid_fixtures.py`.
 //!
 //! # The dot error bound
 //! A dot kernel computes `sum_i w_i * x_i` where `w` are the weights exactly as the reference
@@ -32,9 +34,16 @@ use sluice::kernels::{self, ActFormat, Acts, Isa, WeightView};
 use std::path::PathBuf;
 
 fn fixture(t: DType, ext: &str) -> Vec<u8> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/quant")
-        .join(format!("{}.{ext}", t.name()));
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let name = format!("{}.{ext}", t.name());
+    // The grid i-quants' fixtures (every grid row used) live in iq_grid/.
+    let p = [
+        dir.join("quant").join(&name),
+        dir.join("iq_grid").join(&name),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+    .unwrap_or_else(|| dir.join("quant").join(&name));
     std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 

@@ -324,6 +324,8 @@ pub fn fill_valid_blocks(dtype: DType, buf: &mut [u8], seed: u64) {
         DType::Q4_1 | DType::Q5_1 => &[0, 2],
         DType::TQ1_0 => &[52],
         DType::TQ2_0 => &[64],
+        // Grid i-quants (IQ1_M's d is spread over four nibbles: set below).
+        DType::IQ3_XXS | DType::IQ3_S | DType::IQ2_XS | DType::IQ2_S | DType::IQ1_S => &[0],
         _ => &[],
     };
     let Some((_, bb)) = dtype.block_geometry() else {
@@ -332,6 +334,14 @@ pub fn fill_valid_blocks(dtype: DType, buf: &mut [u8], seed: u64) {
     for blk in buf.chunks_exact_mut(bb) {
         for &off in scales {
             blk[off..off + 2].copy_from_slice(&r.scale_f16());
+        }
+        if dtype == DType::IQ1_M {
+            // f16 d in the top nibbles of the four scale words (bytes 49, 51, 53, 55).
+            let d = u16::from_le_bytes(r.scale_f16());
+            for w in 0..4 {
+                let at = 49 + 2 * w;
+                blk[at] = (blk[at] & 0x0f) | ((((d >> (4 * w)) & 0xf) as u8) << 4);
+            }
         }
         if dtype == DType::MXFP4 {
             // E8M0 shared exponent near 2^0.

@@ -30,7 +30,9 @@ pub struct SynthArgs {
     /// Norms, routers and biases stay f32; a tensor whose rows the type's block does not
     /// divide falls back to q4_0 (GLM-4.5-Air's expert ffn_down of 1408, MLA's attn_k_b of
     /// 128, under q4_k/iq2_xxs). IQ2_XXS is slow to
-    /// write (an exhaustive grid search; see docs/FORMATS.md).
+    /// write (an exhaustive grid search; see docs/FORMATS.md). The other i-quants sluice runs
+    /// (IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_S, IQ1_M) have no quantizer here: make them from an
+    /// f16 synth file with llama.cpp's `llama-quantize` (with an `llama-imatrix` matrix).
     #[arg(long, default_value = "q8_0")]
     pub quant: String,
     /// Seed of the weights.

@@ -91,8 +91,8 @@ mod simd {
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use super::super::simd::prefetch_distance;
-    use super::super::simd::x86::{f16_at, hsum256, ld512, prefetch};
-    use super::super::tables::{IQ2XXS_GRID, KSIGNS_IQ2XS, KSIGNS_IQ2XS_PM1};
+    use super::super::simd::x86::{f16_at, hsum256, ld256, ld512, prefetch};
+    use super::super::tables::{IQ2XXS_GRID, KSIGNS_IQ2XS};
     use super::super::{ActRow, BlockQ8K, DotFn};
     use super::BLOCK_BYTES;
     use crate::kernels::Isa;
@@ -126,31 +126,75 @@ mod simd {
         unsafe { dot_avx512_impl(w, a.q8k_rows) }
     }
 
-    /// AVX2 (natural `Q8K` order, which preparing `Q8KRows` provides too): per 32-element
-    /// group, grid rows and sign bytes (as ±1) come from tables; `maddubs` multiplies grid
-    /// magnitudes by sign-applied activations. A version reading `Q8KRows` (row k of four
-    /// groups per vector) measured slower on Zen 4: 25-37 vs 23-33 ns per block.
+    /// AVX2 (natural `Q8K` order, which preparing `Q8KRows` provides too). Per block, the
+    /// eight aux1 words are read as one vector (`shufps` of the block's two halves) and turned
+    /// into the groups' 32 sign bits (the 7-bit indices spread to bytes, the eighth bit their
+    /// parity, as `KSIGNS_IQ2XS` defines it) and their scales 2ls+1, with no table loads. Per
+    /// 32-element group: `vpermd` broadcasts the group's sign word and scale, the sign bits
+    /// become byte masks (`pshufb`, `and`, `cmpeq`) that negate activations (xor, subtract),
+    /// four grid rows come from the table, then `maddubs` and `madd`.
+    ///
+    /// The earlier version looked up the sign rows as ±1 bytes in `KSIGNS_IQ2XS_PM1` (four
+    /// table loads and inserts per group plus scalar index arithmetic): 21.4-21.7 vs 18.2-18.3
+    /// ns per block with the weights in L2 on Zen 4; gathering the grid rows with
+    /// `vpgatherdq` instead of four loads measured the same (docs/PERFORMANCE.md).
     #[target_feature(enable = "avx2,fma,f16c")]
     fn dot_avx2_impl(w: &[u8], a: &[BlockQ8K]) -> f32 {
         let mut acc = _mm256_setzero_ps();
         let pf = prefetch_distance();
+        let spread = _mm256_set_epi64x(
+            0x0303030303030303,
+            0x0202020202020202,
+            0x0101010101010101,
+            0,
+        );
+        let bitsel = _mm256_set1_epi64x(0x8040201008040201u64 as i64);
+        let m7f = _mm256_set1_epi32(0x7f);
+        let lsb = _mm256_set1_epi32(0x0101_0101);
+        let one = _mm256_set1_epi32(1);
+        // Dword of group g in the `shufps` result: lane 0 holds groups 0, 1, 4, 5, lane 1
+        // groups 2, 3, 6, 7.
+        const POS: [i32; 8] = [0, 1, 4, 5, 2, 3, 6, 7];
         for (b, q8) in w.chunks_exact(BLOCK_BYTES).zip(a) {
             prefetch(b.as_ptr(), pf, BLOCK_BYTES);
+            let v0 = _mm256_castsi256_ps(ld256(&b[2..34]));
+            let v1 = _mm256_castsi256_ps(ld256(&b[34..66]));
+            let a1 = _mm256_castps_si256(_mm256_shuffle_ps::<0b11_01_11_01>(v0, v1));
+            // Byte k of each word <- sign index k (bits 7k..7k+7), bit 7 <- its parity.
+            let s = _mm256_or_si256(
+                _mm256_or_si256(
+                    _mm256_and_si256(a1, m7f),
+                    _mm256_and_si256(_mm256_slli_epi32::<1>(a1), _mm256_slli_epi32::<8>(m7f)),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_slli_epi32::<2>(a1), _mm256_slli_epi32::<16>(m7f)),
+                    _mm256_and_si256(_mm256_slli_epi32::<3>(a1), _mm256_slli_epi32::<24>(m7f)),
+                ),
+            );
+            let p = _mm256_xor_si256(s, _mm256_srli_epi32::<4>(s));
+            let p = _mm256_xor_si256(p, _mm256_srli_epi32::<2>(p));
+            let p = _mm256_xor_si256(p, _mm256_srli_epi32::<1>(p));
+            let s = _mm256_or_si256(s, _mm256_slli_epi32::<7>(_mm256_and_si256(p, lsb)));
+            // 2ls + 1 in both i16 halves (bit 27, the top sign-index bit, is overwritten by 1).
+            let sc = _mm256_or_si256(_mm256_srli_epi32::<27>(a1), one);
+            let sc = _mm256_or_si256(sc, _mm256_slli_epi32::<16>(sc));
             let mut isum = _mm256_setzero_si256();
             for (g, x) in q8.qs.chunks_exact(32).enumerate() {
                 let at = 2 + 8 * g;
-                let aux0 = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
-                let aux1 = u32::from_le_bytes([b[at + 4], b[at + 5], b[at + 6], b[at + 7]]);
-                let [g0, g1, g2, g3] =
-                    [0, 8, 16, 24].map(|s| IQ2XXS_GRID[((aux0 >> s) & 0xff) as usize] as i64);
-                let [s0, s1, s2, s3] =
-                    [0, 7, 14, 21].map(|s| KSIGNS_IQ2XS_PM1[((aux1 >> s) & 0x7f) as usize] as i64);
-                // SAFETY: `x` is 32 bytes.
-                let x = unsafe { _mm256_loadu_si256(x.as_ptr() as *const __m256i) };
-                let x = _mm256_sign_epi8(x, _mm256_set_epi64x(s3, s2, s1, s0));
-                let p = _mm256_maddubs_epi16(_mm256_set_epi64x(g3, g2, g1, g0), x);
-                let ls = (2 * (aux1 >> 28) + 1) as i16;
-                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, _mm256_set1_epi16(ls)));
+                let sel = _mm256_set1_epi32(POS[g]);
+                let sg = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(s, sel), spread);
+                let neg = _mm256_cmpeq_epi8(_mm256_and_si256(sg, bitsel), bitsel);
+                let x = ld256(x);
+                let x = _mm256_sub_epi8(_mm256_xor_si256(x, neg), neg);
+                let grid = _mm256_set_epi64x(
+                    IQ2XXS_GRID[b[at + 3] as usize] as i64,
+                    IQ2XXS_GRID[b[at + 2] as usize] as i64,
+                    IQ2XXS_GRID[b[at + 1] as usize] as i64,
+                    IQ2XXS_GRID[b[at] as usize] as i64,
+                );
+                let p = _mm256_maddubs_epi16(grid, x);
+                let scg = _mm256_permutevar8x32_epi32(sc, sel);
+                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scg));
             }
             // SAFETY: `b` holds the block's f16 `d` in its first two bytes; F16C is enabled.
             let f = q8.d * unsafe { f16_at(b.as_ptr()) } * 0.125;

@@ -26,6 +26,15 @@ mod matmul;
 mod float;
 mod fp8;
 mod iq2_xxs;
+// Grid i-quants (IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_S, IQ1_M).
+mod iq1;
+mod iq2_s;
+mod iq2_xs;
+mod iq3_s;
+mod iq3_xxs;
+mod iq_grids;
+#[cfg(target_arch = "x86_64")]
+mod iq_x86;
 mod mxfp4;
 mod q2_k;
 mod q3_k;
@@ -122,6 +131,13 @@ pub fn kernels_for(dtype: DType) -> Result<&'static TypeKernels, KernelError> {
         DType::Q5_K => q5_k::KERNELS.as_ref(),
         DType::Q6_K => q6_k::KERNELS.as_ref(),
         DType::IQ2_XXS => iq2_xxs::KERNELS.as_ref(),
+        // Grid i-quants.
+        DType::IQ3_XXS => iq3_xxs::KERNELS.as_ref(),
+        DType::IQ3_S => iq3_s::KERNELS.as_ref(),
+        DType::IQ2_XS => iq2_xs::KERNELS.as_ref(),
+        DType::IQ2_S => iq2_s::KERNELS.as_ref(),
+        DType::IQ1_S => iq1::KERNELS_S.as_ref(),
+        DType::IQ1_M => iq1::KERNELS_M.as_ref(),
         DType::MXFP4 => mxfp4::KERNELS.as_ref(),
         // quant-a types
         DType::Q4_1 => q4_1::KERNELS.as_ref(),
@@ -141,6 +157,8 @@ pub fn supported_types() -> Vec<DType> {
     use DType::*;
     [
         F32, F16, BF16, Q8_0, Q4_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, MXFP4,
+        // Grid i-quants.
+        IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_S, IQ1_M,
     ]
     .into_iter()
     // quant-a types

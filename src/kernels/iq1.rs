@@ -1,0 +1,267 @@
+//! IQ1_S and IQ1_M kernels: dequantize and dot against `Q8K` activations (scalar, AVX2). Both
+//! read `IQ1S_GRID` (2048 rows of 8 values -1/0/+1) and shift every value by ±1/8 ("delta").
+//!
+//! IQ1_S block (50 bytes, ggml `block_iq1_s`): `d` (f16), `qs[32]` (low 8 bits of each 8-element
+//! row's grid index), `qh[8]` (u16 per 32-element group g: bits 3k..3k+3 are bits 8..11 of
+//! row 4g+k's index, bits 12..15 the scale s, bit 15 the delta sign).
+//! Value: `(d * (2s + 1)) * (grid + delta)`, delta = -1/8 if bit 15 else +1/8.
+//!
+//! IQ1_M block (56 bytes, ggml `block_iq1_m`): `qs[32]` (as IQ1_S), `qh[16]` (one nibble per row,
+//! low nibble first: bits 0..3 are bits 8..11 of the index, bit 3 the row's delta sign), then
+//! four u16 words: bits 3m..3m+3 of word w hold the scale of 16-element half-group 4w + m, and
+//! the top nibbles of words 0..3 (lowest first) form the f16 `d`.
+//! Value: `(d * (2s + 1)) * (grid + delta)`, the scale per 16 elements, the delta per row.
+//!
+//! Every step is exact in f32. Dot: `(2s + 1) * (grid ± 1/8) = (2s + 1) (8 grid ± 1) / 8`, so a
+//! block contributes `d * da / 8 * sum (2s + 1) * <8 grid ± 1, a>`, an exact integer sum.
+//! AVX-512 machines run the AVX2 kernels (the dispatcher falls back to them).
+
+use super::float::{f16_at, f16_to_f32};
+use super::iq_grids::IQ1S_GRID;
+use super::{ActFormat, ActRow, TypeKernels};
+use crate::dtype::DType;
+
+const S_BYTES: usize = 50;
+const M_BYTES: usize = 56;
+
+pub(super) const KERNELS_S: Option<TypeKernels> = Some(TypeKernels {
+    dtype: DType::IQ1_S,
+    act: ActFormat::Q8K,
+    dequant: dequant_s,
+    dot_scalar: dot_scalar_s,
+    dot_avx2: simd::AVX2_S,
+    dot_avx512: None,
+});
+
+pub(super) const KERNELS_M: Option<TypeKernels> = Some(TypeKernels {
+    dtype: DType::IQ1_M,
+    act: ActFormat::Q8K,
+    dequant: dequant_m,
+    dot_scalar: dot_scalar_m,
+    dot_avx2: simd::AVX2_M,
+    dot_avx512: None,
+});
+
+/// The `qh` word of IQ1_S group `g` (< 8).
+#[inline]
+fn s_qh(b: &[u8], g: usize) -> u32 {
+    u16::from_le_bytes([b[34 + 2 * g], b[35 + 2 * g]]) as u32
+}
+
+/// Grid row `i` (< 32) of an IQ1_S block as 8 signed values.
+#[inline]
+fn s_grid(b: &[u8], i: usize) -> [u8; 8] {
+    let hi = (s_qh(b, i / 4) >> (3 * (i % 4))) & 7;
+    IQ1S_GRID[b[2 + i] as usize | (hi as usize) << 8].to_le_bytes()
+}
+
+fn dequant_s(blocks: &[u8], out: &mut [f32]) {
+    for (b, y) in blocks.chunks_exact(S_BYTES).zip(out.chunks_exact_mut(256)) {
+        let d = f16_at(b, 0);
+        for (i, y8) in y.chunks_exact_mut(8).enumerate() {
+            let qh = s_qh(b, i / 4);
+            let dl = d * (2 * ((qh >> 12) & 7) + 1) as f32;
+            let delta = if qh & 0x8000 == 0 { 0.125f32 } else { -0.125 };
+            for (v, &g) in y8.iter_mut().zip(&s_grid(b, i)) {
+                *v = dl * (g as i8 as f32 + delta);
+            }
+        }
+    }
+}
+
+fn dot_scalar_s(w: &[u8], a: &ActRow<'_>) -> f32 {
+    let mut sum = 0.0f32;
+    for (b, q8) in w.chunks_exact(S_BYTES).zip(a.q8k) {
+        let mut isum = 0i32;
+        for g in 0..8 {
+            let qh = s_qh(b, g);
+            let delta = if qh & 0x8000 == 0 { 1 } else { -1 };
+            let mut gi = 0i32;
+            for k in 0..4 {
+                let i = 4 * g + k;
+                for (&gv, &x) in s_grid(b, i).iter().zip(&q8.qs[8 * i..8 * i + 8]) {
+                    gi += (8 * gv as i8 as i32 + delta) * x as i32;
+                }
+            }
+            isum += (2 * ((qh >> 12) & 7) as i32 + 1) * gi;
+        }
+        sum += q8.d * f16_at(b, 0) * 0.125 * isum as f32;
+    }
+    sum
+}
+
+/// The four scale words of an IQ1_M block.
+#[inline]
+fn m_words(b: &[u8]) -> [u16; 4] {
+    std::array::from_fn(|w| u16::from_le_bytes([b[48 + 2 * w], b[49 + 2 * w]]))
+}
+
+/// IQ1_M's f16 `d`, from the top nibbles of the scale words.
+#[inline]
+fn m_d(sc: &[u16; 4]) -> f32 {
+    f16_to_f32((sc[0] >> 12) | ((sc[1] >> 8) & 0xf0) | ((sc[2] >> 4) & 0xf00) | (sc[3] & 0xf000))
+}
+
+/// Scale (3 bits) of IQ1_M half-group `m` (< 16).
+#[inline]
+fn m_scale(sc: &[u16; 4], m: usize) -> u32 {
+    ((sc[m / 4] >> (3 * (m % 4))) & 7) as u32
+}
+
+/// Grid row `i` (< 32) of an IQ1_M block as 8 signed values, and its delta sign (+1/-1).
+#[inline]
+fn m_row(b: &[u8], i: usize) -> ([u8; 8], i32) {
+    let nib = (b[32 + i / 2] >> (4 * (i % 2))) & 0xf;
+    let grid = IQ1S_GRID[b[i] as usize | ((nib & 7) as usize) << 8].to_le_bytes();
+    (grid, if nib & 8 == 0 { 1 } else { -1 })
+}
+
+fn dequant_m(blocks: &[u8], out: &mut [f32]) {
+    for (b, y) in blocks.chunks_exact(M_BYTES).zip(out.chunks_exact_mut(256)) {
+        let sc = m_words(b);
+        let d = m_d(&sc);
+        for (i, y8) in y.chunks_exact_mut(8).enumerate() {
+            let dl = d * (2 * m_scale(&sc, i / 2) + 1) as f32;
+            let (grid, ds) = m_row(b, i);
+            let delta = if ds > 0 { 0.125f32 } else { -0.125 };
+            for (v, &g) in y8.iter_mut().zip(&grid) {
+                *v = dl * (g as i8 as f32 + delta);
+            }
+        }
+    }
+}
+
+fn dot_scalar_m(w: &[u8], a: &ActRow<'_>) -> f32 {
+    let mut sum = 0.0f32;
+    for (b, q8) in w.chunks_exact(M_BYTES).zip(a.q8k) {
+        let sc = m_words(b);
+        let mut isum = 0i32;
+        for h in 0..16 {
+            let mut hi = 0i32;
+            for i in 2 * h..2 * h + 2 {
+                let (grid, ds) = m_row(b, i);
+                for (&gv, &x) in grid.iter().zip(&q8.qs[8 * i..8 * i + 8]) {
+                    hi += (8 * gv as i8 as i32 + ds) * x as i32;
+                }
+            }
+            isum += (2 * m_scale(&sc, h) as i32 + 1) * hi;
+        }
+        sum += q8.d * m_d(&sc) * 0.125 * isum as f32;
+    }
+    sum
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+mod simd {
+    pub(super) const AVX2_S: Option<super::super::DotFn> = None;
+    pub(super) const AVX2_M: Option<super::super::DotFn> = None;
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use super::super::iq_grids::IQ1S_GRID;
+    use super::super::iq_x86::{mul_signed, rows8, scale_pair};
+    use super::super::simd::prefetch_distance;
+    use super::super::simd::x86::{f16_at, hsum256, prefetch};
+    use super::super::{ActRow, BlockQ8K, DotFn};
+    use super::{m_d, m_scale, m_words, s_qh, M_BYTES, S_BYTES};
+    use crate::kernels::Isa;
+    use std::arch::x86_64::*;
+
+    pub(super) const AVX2_S: Option<DotFn> = Some(dot_avx2_s);
+    pub(super) const AVX2_M: Option<DotFn> = Some(dot_avx2_m);
+
+    fn dot_avx2_s(w: &[u8], a: &ActRow<'_>) -> f32 {
+        if !Isa::Avx2.supported() {
+            return super::dot_scalar_s(w, a);
+        }
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above).
+        unsafe { dot_avx2_s_impl(w, a.q8k) }
+    }
+
+    fn dot_avx2_m(w: &[u8], a: &ActRow<'_>) -> f32 {
+        if !Isa::Avx2.supported() {
+            return super::dot_scalar_m(w, a);
+        }
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above).
+        unsafe { dot_avx2_m_impl(w, a.q8k) }
+    }
+
+    /// IQ1_S, per 32-element group: four grid rows (-1/0/+1) from the table; `sign` applies
+    /// them to the activations, `maddubs` by 8 sums pairs; the delta's part is `±sum a`, from
+    /// the activations' 16-element sums; `madd` with 2s+1.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn dot_avx2_s_impl(w: &[u8], a: &[BlockQ8K]) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        let pf = prefetch_distance();
+        let eight = _mm256_set1_epi8(8);
+        for (b, q8) in w.chunks_exact(S_BYTES).zip(a) {
+            prefetch(b.as_ptr(), pf, S_BYTES);
+            let mut isum = _mm256_setzero_si256();
+            let mut dsum = 0i32;
+            for (g, x) in q8.qs.chunks_exact(32).enumerate() {
+                let qh = s_qh(b, g) as usize;
+                let rows =
+                    std::array::from_fn(|k| b[2 + 4 * g + k] as usize | ((qh >> (3 * k)) & 7) << 8);
+                let grid = rows8(&IQ1S_GRID, rows);
+                // SAFETY: `x` is 32 bytes.
+                let x = unsafe { _mm256_loadu_si256(x.as_ptr() as *const __m256i) };
+                let p = _mm256_maddubs_epi16(eight, _mm256_sign_epi8(x, grid));
+                let s = (2 * ((qh >> 12) & 7) + 1) as i32;
+                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, _mm256_set1_epi16(s as i16)));
+                let xs = q8.bsums[2 * g] as i32 + q8.bsums[2 * g + 1] as i32;
+                dsum += if qh & 0x8000 == 0 { s * xs } else { -s * xs };
+            }
+            // SAFETY: `b` holds the block's f16 `d` in its first two bytes; F16C is enabled.
+            let f = q8.d * unsafe { f16_at(b.as_ptr()) } * 0.125;
+            let isum = _mm256_add_epi32(isum, _mm256_setr_epi32(dsum, 0, 0, 0, 0, 0, 0, 0));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(isum), acc);
+        }
+        hsum256(acc)
+    }
+
+    /// IQ1_M, per 32-element group: four grid rows from the table, made `8 grid ± 1` with the
+    /// rows' delta signs (bytes in -9..9), multiplied with `abs`/`sign`/`maddubs`; `madd` with
+    /// the two half-group scales (low lane / high lane).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn dot_avx2_m_impl(w: &[u8], a: &[BlockQ8K]) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        let pf = prefetch_distance();
+        let high5 = _mm256_set1_epi8(0xf8u8 as i8);
+        let one = _mm256_set1_epi8(1);
+        // Qword k: the delta bit of row k (bit 3 + 4k of the group's two qh bytes).
+        let dbit = _mm256_set_epi64x(
+            0x8000_8000_8000_8000u64 as i64,
+            0x0800_0800_0800_0800,
+            0x0080_0080_0080_0080,
+            0x0008_0008_0008_0008,
+        );
+        for (b, q8) in w.chunks_exact(M_BYTES).zip(a) {
+            prefetch(b.as_ptr(), pf, M_BYTES);
+            let sc = m_words(b);
+            let scales: [u8; 16] = std::array::from_fn(|m| (2 * m_scale(&sc, m) + 1) as u8);
+            // SAFETY: `scales` is 16 bytes.
+            let scales = unsafe { _mm_loadu_si128(scales.as_ptr() as *const __m128i) };
+            let scales = _mm256_broadcastsi128_si256(scales);
+            let mut isum = _mm256_setzero_si256();
+            for (g, x) in q8.qs.chunks_exact(32).enumerate() {
+                let qh = u16::from_le_bytes([b[32 + 2 * g], b[33 + 2 * g]]) as usize;
+                let rows =
+                    std::array::from_fn(|k| b[4 * g + k] as usize | ((qh >> (4 * k)) & 7) << 8);
+                let grid = rows8(&IQ1S_GRID, rows);
+                // 8 * grid per byte: shifting 16-bit lanes carries into the next byte's low
+                // three bits, which the mask clears.
+                let w8 = _mm256_and_si256(_mm256_slli_epi16(grid, 3), high5);
+                let dq = _mm256_and_si256(_mm256_set1_epi16(qh as i16), dbit);
+                let delta = _mm256_or_si256(_mm256_cmpeq_epi16(dq, dbit), one);
+                // SAFETY: `x` is 32 bytes.
+                let x = unsafe { _mm256_loadu_si256(x.as_ptr() as *const __m256i) };
+                let p = mul_signed(_mm256_add_epi8(w8, delta), x);
+                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scale_pair(scales, g)));
+            }
+            let f = q8.d * m_d(&sc) * 0.125;
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(isum), acc);
+        }
+        hsum256(acc)
+    }
+}

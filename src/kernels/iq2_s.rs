@@ -1,0 +1,142 @@
+//! IQ2_S kernels: dequantize and dot against `Q8K` activations (scalar, AVX2).
+//!
+//! Block (82 bytes, 256 elements, ggml `block_iq2_s`): `d` (f16), `qs[32]` (low 8 bits of the
+//! grid row of each 8-element row, `IQ2S_GRID`), `signs[32]` (byte i: the sign bits of row i,
+//! bit c set = element c negative), `qh[8]` (byte g: bits 2k..2k+2 are bits 8..10 of row 4g+k's
+//! grid index), `scales[8]` (as IQ2_XS: byte g, low nibble for elements 32g..32g+16, high
+//! nibble for the next 16).
+//! Value: `((d * (0.5 + s)) * 0.25) * grid * sign` (gguf's numpy order; every step is exact).
+//!
+//! Dot: `d * da / 8 * sum_h (2 s_h + 1) * <±grid, a>_h` over the 16 half-groups, as IQ2_XS.
+//! AVX-512 machines run the AVX2 kernel (the dispatcher falls back to it).
+
+use super::float::f16_at;
+use super::iq_grids::IQ2S_GRID;
+use super::{ActFormat, ActRow, TypeKernels};
+use crate::dtype::DType;
+
+const BLOCK_BYTES: usize = 82;
+
+pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
+    dtype: DType::IQ2_S,
+    act: ActFormat::Q8K,
+    dequant,
+    dot_scalar,
+    dot_avx2: simd::AVX2,
+    dot_avx512: None,
+});
+
+/// Grid row of 8-element row `i` (< 32) of block `b`.
+#[inline]
+fn grid_row(b: &[u8], i: usize) -> usize {
+    b[2 + i] as usize | (((b[66 + i / 4] >> (2 * (i % 4))) & 3) as usize) << 8
+}
+
+/// Scale nibble of half-group `h` (< 16).
+#[inline]
+fn scale(b: &[u8], h: usize) -> u32 {
+    ((b[74 + h / 2] >> (4 * (h % 2))) & 0xf) as u32
+}
+
+fn dequant(blocks: &[u8], out: &mut [f32]) {
+    for (b, y) in blocks
+        .chunks_exact(BLOCK_BYTES)
+        .zip(out.chunks_exact_mut(256))
+    {
+        let d = f16_at(b, 0);
+        for (i, y8) in y.chunks_exact_mut(8).enumerate() {
+            let db = d * (0.5 + scale(b, i / 2) as f32) * 0.25;
+            let grid = IQ2S_GRID[grid_row(b, i)].to_le_bytes();
+            let signs = b[34 + i];
+            for (c, v) in y8.iter_mut().enumerate() {
+                let sg = if (signs >> c) & 1 == 0 { 1.0f32 } else { -1.0 };
+                *v = db * grid[c] as f32 * sg;
+            }
+        }
+    }
+}
+
+fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
+    let mut sum = 0.0f32;
+    for (b, q8) in w.chunks_exact(BLOCK_BYTES).zip(a.q8k) {
+        let mut isum = 0i32;
+        for h in 0..16 {
+            let mut hi = 0i32;
+            for i in 2 * h..2 * h + 2 {
+                let grid = IQ2S_GRID[grid_row(b, i)].to_le_bytes();
+                let signs = b[34 + i];
+                for (c, &x) in q8.qs[8 * i..8 * i + 8].iter().enumerate() {
+                    let p = grid[c] as i32 * x as i32;
+                    hi += if (signs >> c) & 1 == 0 { p } else { -p };
+                }
+            }
+            isum += (2 * scale(b, h) as i32 + 1) * hi;
+        }
+        sum += q8.d * f16_at(b, 0) * 0.125 * isum as f32;
+    }
+    sum
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+mod simd {
+    pub(super) const AVX2: Option<super::super::DotFn> = None;
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use super::super::iq_grids::IQ2S_GRID;
+    use super::super::iq_x86::{rows8, scale_pair, signs_pm1};
+    use super::super::simd::prefetch_distance;
+    use super::super::simd::x86::{f16_at, hsum256, prefetch};
+    use super::super::{ActRow, BlockQ8K, DotFn};
+    use super::BLOCK_BYTES;
+    use crate::kernels::Isa;
+    use std::arch::x86_64::*;
+
+    pub(super) const AVX2: Option<DotFn> = Some(dot_avx2);
+
+    fn dot_avx2(w: &[u8], a: &ActRow<'_>) -> f32 {
+        if !Isa::Avx2.supported() {
+            return super::dot_scalar(w, a);
+        }
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above).
+        unsafe { dot_avx2_impl(w, a.q8k) }
+    }
+
+    /// Per 32-element group: four grid rows from the table, the group's 32 sign bits as ±1
+    /// bytes, `maddubs` of magnitudes with sign-applied activations, `madd` with the two
+    /// half-group scales (2s+1, low lane / high lane).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn dot_avx2_impl(w: &[u8], a: &[BlockQ8K]) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        let pf = prefetch_distance();
+        let mask = _mm_set1_epi8(0x0f);
+        for (b, q8) in w.chunks_exact(BLOCK_BYTES).zip(a) {
+            prefetch(b.as_ptr(), pf, BLOCK_BYTES);
+            let sc = u64::from_le_bytes(b[74..82].try_into().expect("8 bytes"));
+            let sc = _mm_cvtsi64_si128(sc as i64);
+            let sc = _mm_unpacklo_epi8(
+                _mm_and_si128(sc, mask),
+                _mm_and_si128(_mm_srli_epi16(sc, 4), mask),
+            );
+            let sc =
+                _mm256_broadcastsi128_si256(_mm_or_si128(_mm_add_epi8(sc, sc), _mm_set1_epi8(1)));
+            let mut isum = _mm256_setzero_si256();
+            for (g, x) in q8.qs.chunks_exact(32).enumerate() {
+                let qh = b[66 + g] as usize;
+                let rows =
+                    std::array::from_fn(|k| b[2 + 4 * g + k] as usize | ((qh >> (2 * k)) & 3) << 8);
+                let grid = rows8(&IQ2S_GRID, rows);
+                let bits = u32::from_le_bytes(b[34 + 4 * g..38 + 4 * g].try_into().expect("4"));
+                // SAFETY: `x` is 32 bytes.
+                let x = unsafe { _mm256_loadu_si256(x.as_ptr() as *const __m256i) };
+                let p = _mm256_maddubs_epi16(grid, _mm256_sign_epi8(x, signs_pm1(bits)));
+                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scale_pair(sc, g)));
+            }
+            // SAFETY: `b` holds the block's f16 `d` in its first two bytes; F16C is enabled.
+            let f = q8.d * unsafe { f16_at(b.as_ptr()) } * 0.125;
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(isum), acc);
+        }
+        hsum256(acc)
+    }
+}
