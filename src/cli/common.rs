@@ -49,14 +49,16 @@ impl ComputeArgs {
         files: &'a ModelFiles,
         need: usize,
     ) -> anyhow::Result<(Model<'a>, usize)> {
-        let ctx = self.ctx_for(&ModelConfig::from_files(files)?, need)?;
-        let model = Model::load(
-            files,
-            &LoadOptions {
-                threads: self.threads,
-                ctx,
-            },
-        )?;
+        let cfg = ModelConfig::from_files(files)?;
+        let ctx = self.ctx_for(&cfg, need)?;
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let (threads, warning) = super::limits::threads(self.threads, cpus);
+        if let Some(w) = warning {
+            eprintln!("{w}");
+        }
+        super::limits::ctx_and_batch(ctx, self.batch, &cfg, mem_available())
+            .map_err(anyhow::Error::msg)?;
+        let model = Model::load(files, &LoadOptions { threads, ctx })?;
         Ok((model, ctx))
     }
 }
@@ -141,6 +143,10 @@ pub struct ExpertArgs {
     /// Read usage statistics but never write them (for benchmarks).
     #[arg(long = "usage-freeze")]
     pub usage_freeze: bool,
+    /// Check every streamed expert read against a hash recorded per expert (computed once,
+    /// kept beside the usage statistics): a corrupt expert stops the run with an error.
+    #[arg(long = "verify-experts")]
+    pub verify_experts: bool,
     /// Print where decode time went (attention, expert wait, expert compute, lm_head, other)
     /// and a verdict (I/O-bound, compute-bound, balanced).
     #[arg(long)]
@@ -202,8 +208,14 @@ pub fn save_usage(
     let id = crate::experts::model_identity(files.paths())?;
     let path = usage_path(files, &id);
     let mut usage = cache.usage();
-    if let Ok(old) = crate::experts::UsageStats::load(&path, &id) {
-        usage.add(&old)?;
+    match crate::experts::UsageStats::load_matching(&path, &id, &usage.experts_per_layer()) {
+        crate::experts::Loaded::Stats(old) => usage.add(&old)?,
+        crate::experts::Loaded::SetAside(bad, why) => eprintln!(
+            "[sluice] warning: usage statistics {}: {why}; set aside as {} and started afresh",
+            path.display(),
+            bad.display()
+        ),
+        crate::experts::Loaded::Nothing(_) => {}
     }
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
@@ -335,9 +347,12 @@ pub fn setup_experts_mtp(
     if a.autopin {
         let id = crate::experts::model_identity(files.paths())?;
         let path = usage_path(files, &id);
-        match crate::experts::UsageStats::load(&path, &id) {
-            Ok(u) => usage = Some((u, path)),
-            Err(e) => eprintln!("[plan] autopin: no usage statistics yet ({e}); run once without --usage-freeze to collect them"),
+        let store = model.expert_store(files)?;
+        let shape: Vec<usize> = (0..store.n_layers()).map(|l| store.n_experts(l)).collect();
+        match crate::experts::UsageStats::load_matching(&path, &id, &shape) {
+            crate::experts::Loaded::Stats(u) => usage = Some((u, path)),
+            crate::experts::Loaded::SetAside(bad, why) => eprintln!("[plan] autopin: usage statistics {}: {why}; set aside as {}, so none yet", path.display(), bad.display()),
+            crate::experts::Loaded::Nothing(e) => eprintln!("[plan] autopin: no usage statistics yet ({e}); run once without --usage-freeze to collect them"),
         }
     }
     let avail = a
@@ -350,6 +365,11 @@ pub fn setup_experts_mtp(
         eprintln!("{l}");
     }
     if !plan.stream {
+        if a.verify_experts {
+            anyhow::bail!(
+                "--verify-experts checks experts as the streamed cache reads them; add --experts stream"
+            );
+        }
         if let Some(p) = &a.route_trace {
             anyhow::bail!(
                 "--route-trace {}: routes are traced by the streamed expert cache; add --experts stream",
@@ -376,7 +396,23 @@ pub fn setup_experts_mtp(
     cfg.policy = policy;
     cfg.trace = a.route_trace.clone();
     cfg.prefetch = plan.prefetch;
-    let cache = crate::experts::ExpertCache::new(store, cfg)?;
+    let mut cache = crate::experts::ExpertCache::new(store, cfg)?;
+    if a.verify_experts {
+        let id = crate::experts::model_identity(files.paths())?;
+        let path = usage_path(files, &id).with_extension("expert-hashes.json");
+        let (h, computed) =
+            crate::experts::ExpertHashes::load_or_compute(&path, &id, files, &model.expert_locs())?;
+        eprintln!(
+            "[plan] verify-experts: hashes {} {}",
+            if computed {
+                "computed and saved to"
+            } else {
+                "from"
+            },
+            path.display()
+        );
+        cache.set_verify(h);
+    }
     eprintln!(
         "[plan] experts: streamed, {} slots/layer of {}, {} policy, slab {} (pinned + evictable), io {} x{}",
         cache.slots(model.cfg.n_dense_layers),

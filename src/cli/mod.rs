@@ -9,6 +9,7 @@ pub mod common;
 pub mod doctor;
 pub mod gpu;
 pub mod inspect;
+pub mod limits;
 pub mod logits;
 pub mod model_bench;
 pub mod plan;
