@@ -98,7 +98,8 @@ fn gguf_alignment_that_does_not_match_the_layout_is_refused() {
 
 #[test]
 fn config_values_that_make_nan_are_refused() {
-    let cases: [(&str, &str, fn(&mut serde_json::Value)); 4] = [
+    type Edit = fn(&mut serde_json::Value);
+    let cases: [(&str, &str, Edit); 4] = [
         ("theta", "rope theta", |c| {
             c["rope_parameters"]["rope_theta"] = 0.0.into()
         }),

@@ -115,7 +115,7 @@ fn crasher_dir() -> PathBuf {
 /// Run `f` over mutations of `seeds` until the time budget is spent; a panic fails the test
 /// after saving the input.
 fn fuzz(target: &str, seeds: &[Vec<u8>], f: impl Fn(&[u8])) -> usize {
-    let mut r = Rng(seed() ^ target.len() as u64 * 0x9e37_79b9);
+    let mut r = Rng(seed() ^ (target.len() as u64 * 0x9e37_79b9));
     let t = Instant::now();
     let mut runs = 0;
     while t.elapsed() < budget() || runs < seeds.len() {
