@@ -479,16 +479,27 @@ fn check_layout(
     file_len: u64,
 ) -> Result<(), FormatError> {
     let mut expect = Some(0u64);
-    for t in tensors {
+    for (i, t) in tensors.iter().enumerate() {
         let rel = t.range.offset - data_offset;
         if let Some(e) = expect {
             if rel != e {
+                let (a, b) = (t.range.offset, t.range.offset + t.range.len);
+                let hit = tensors[..i].iter().find(|o| {
+                    let (c, d) = (o.range.offset, o.range.offset + o.range.len);
+                    a < d && c < b
+                });
                 return Err(FormatError::malformed(
                     path,
-                    format!(
-                        "tensor `{}` has data offset {rel}, expected {e} (tensors must follow one another, each padded to the alignment {alignment}: is general.alignment right?)",
-                        t.name
-                    ),
+                    match hit {
+                        Some(o) => format!(
+                            "tensor `{}` (data offset {rel}) overlaps tensor `{}`",
+                            t.name, o.name
+                        ),
+                        None => format!(
+                            "tensor `{}` has data offset {rel}, expected {e} (tensors must follow one another, each padded to the alignment {alignment}: is general.alignment right?)",
+                            t.name
+                        ),
+                    },
                 ));
             }
         }
