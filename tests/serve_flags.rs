@@ -155,9 +155,11 @@ fn queue_and_connection_limits() {
         assert!(t.elapsed() < Duration::from_secs(30), "B never queued: {h}");
         std::thread::sleep(Duration::from_millis(20));
     }
-    // C: a third connection, idle. D: a fourth, refused.
-    let c = TcpStream::connect(&s.addr).unwrap();
-    std::thread::sleep(Duration::from_millis(100));
+    // C: a third connection, inside a request (idle connections do not count). D: a fourth,
+    // refused.
+    let mut c = TcpStream::connect(&s.addr).unwrap();
+    c.write_all(b"POST /v1/completions HTTP/1.1\r\n").unwrap();
+    std::thread::sleep(Duration::from_millis(500));
     // (The server answers 503 as it accepts, before reading anything: D only listens.)
     let d = TcpStream::connect(&s.addr).unwrap();
     d.set_read_timeout(Some(Duration::from_secs(60))).unwrap();

@@ -101,6 +101,10 @@ pub struct ExpertArgs {
     /// Read usage statistics but never write them (for benchmarks).
     #[arg(long = "usage-freeze")]
     pub usage_freeze: bool,
+    /// Check every streamed expert read against a hash recorded per expert (computed once,
+    /// kept beside the usage statistics): a corrupt expert stops the run with an error.
+    #[arg(long = "verify-experts")]
+    pub verify_experts: bool,
     /// Predict each MoE layer's experts from the previous layer (its router applied after that
     /// layer's attention) and start their reads early. `--prefetch` = on, `--prefetch=off`;
     /// default: the planner's.
@@ -151,6 +155,7 @@ impl ExpertArgs {
             pin_bytes: self.pin_gb.map(|g| (g * 1e9) as u64),
             usage_freeze: self.usage_freeze,
             prefetch: self.prefetch.as_deref().map(parse_prefetch).transpose()?,
+            verify_experts: self.verify_experts,
         })
     }
 }

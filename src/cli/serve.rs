@@ -113,6 +113,9 @@ pub fn run_cmd(args: ServeArgs) -> anyhow::Result<()> {
             anyhow::bail!("{flag} must be at least 1");
         }
     }
+    if args.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        anyhow::bail!("--api-key \"\": an empty key would turn authentication off; leave the flag out to run without a key");
+    }
     if args.compute.ctx.is_some_and(|c| c < 2) {
         anyhow::bail!("--ctx-size must be at least 2");
     }

@@ -3,11 +3,13 @@
 //! memory by another) resumes without prefilling again.
 //!
 //! File `session-<hash>.slkv`, little-endian:
-//! `b"SLUICEKV"`, u32 version (2), u64 model fingerprint, u32 cache layers, u32 key width,
+//! `b"SLUICEKV"`, u32 version (3), u64 model fingerprint, u32 cache layers, u32 key width,
 //! u32 value width, u32 n, n x u32 tokens, then for each layer n*key_width f32 keys followed
 //! by n*value_width f32 values (widths from `ModelConfig::cache_dims`; MLA has no values,
-//! except DeepSeek-V3.2, whose value row holds the lightning indexer's key).
-//! Files are written to a temporary name, synced, and renamed into place (atomic).
+//! except DeepSeek-V3.2, whose value row holds the lightning indexer's key), then a u64
+//! checksum (`Sum64`) of every byte before it.
+//! Files are written to a temporary name, synced, and renamed into place (atomic). A file
+//! whose checksum does not match is refused with a warning and renamed `.bad`, never restored.
 //!
 //! Owns: the directory's session files, their index (tokens per file) and eviction (oldest
 //! first past `max_sessions`). Does not own: the state itself: it writes and reads the state's parts in
@@ -23,7 +25,9 @@ use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 8] = b"SLUICEKV";
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
+/// The checksum after the data.
+const TRAILER: u64 = 8;
 const HEAD: u64 = 8 + 4 + 8 + 4 + 4 + 4 + 4;
 
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +73,61 @@ impl Fnv {
             self.0 ^= b as u64;
             self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
         }
+    }
+}
+
+/// The checksum of a session file: 64-bit words (the tail zero-padded) folded by multiply and
+/// rotate, plus the length. Catches damaged floats; not a defence against a forger.
+struct Sum64 {
+    h: u64,
+    len: u64,
+    tail: Vec<u8>,
+}
+
+impl Sum64 {
+    fn new() -> Sum64 {
+        Sum64 {
+            h: 0x9e37_79b9_7f4a_7c15,
+            len: 0,
+            tail: Vec::with_capacity(8),
+        }
+    }
+
+    fn word(&mut self, w: u64) {
+        self.h = (self.h ^ w)
+            .wrapping_mul(0xff51_afd7_ed55_8ccd)
+            .rotate_left(29);
+    }
+
+    fn add(&mut self, mut bytes: &[u8]) {
+        self.len += bytes.len() as u64;
+        if !self.tail.is_empty() {
+            let take = (8 - self.tail.len()).min(bytes.len());
+            self.tail.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+            if self.tail.len() < 8 {
+                return;
+            }
+            let w = u64::from_le_bytes(self.tail[..8].try_into().unwrap_or([0; 8]));
+            self.word(w);
+            self.tail.clear();
+        }
+        let mut words = bytes.chunks_exact(8);
+        for c in &mut words {
+            self.word(u64::from_le_bytes(c.try_into().unwrap_or([0; 8])));
+        }
+        self.tail.extend_from_slice(words.remainder());
+    }
+
+    fn finish(mut self) -> u64 {
+        if !self.tail.is_empty() {
+            let mut w = [0u8; 8];
+            w[..self.tail.len()].copy_from_slice(&self.tail);
+            self.word(u64::from_le_bytes(w));
+        }
+        let len = self.len;
+        self.word(len);
+        self.h
     }
 }
 
@@ -223,7 +282,7 @@ impl KvStore {
             .checked_mul((kd + vd) as u64)
             .and_then(|x| x.checked_mul(n))
             .and_then(|x| x.checked_mul(4))
-            .and_then(|x| x.checked_add(HEAD + n * 4));
+            .and_then(|x| x.checked_add(HEAD + n * 4 + TRAILER));
         if want != Some(size) {
             return Err(bad(format!(
                 "{size} bytes, not the size of a session of {n} tokens"
@@ -272,6 +331,17 @@ impl KvStore {
             err,
         };
         let mut f = File::open(&path).map_err(|e| io("open", e))?;
+        if let Err(msg) = verify(&mut f) {
+            // Damaged: never restored, and out of the way of later matches.
+            self.sessions.remove(idx);
+            let mut bad = path.as_os_str().to_os_string();
+            bad.push(".bad");
+            let _ = std::fs::rename(&path, &bad);
+            return Err(KvStoreError::Bad {
+                path,
+                msg: format!("{msg}; renamed to .bad, not restored"),
+            });
+        }
         let (kd, vd) = self.dims;
         let base = HEAD + total * 4;
         let mut buf = Vec::new();
@@ -343,7 +413,7 @@ impl KvStore {
             let _ = d.sync_all();
         }
         let (kd, vd) = self.dims;
-        let bytes = HEAD + n as u64 * 4 + (self.layers * n * (kd + vd) * 4) as u64;
+        let bytes = HEAD + n as u64 * 4 + (self.layers * n * (kd + vd) * 4) as u64 + TRAILER;
 
         // Sessions this one extends are superseded.
         self.sessions.retain(|s| {
@@ -393,7 +463,11 @@ impl KvStore {
         for t in tokens {
             head.extend_from_slice(&t.to_le_bytes());
         }
-        let write = |w: &mut BufWriter<File>, b: &[u8]| w.write_all(b).map_err(|e| io("write", e));
+        let mut sum = Sum64::new();
+        let mut write = |w: &mut BufWriter<File>, b: &[u8]| {
+            sum.add(b);
+            w.write_all(b).map_err(|e| io("write", e))
+        };
         write(&mut w, &head)?;
         let mut buf = Vec::with_capacity(n * kd.max(vd) * 4);
         for part in st.parts().filter(|p| p.layer < self.layers) {
@@ -407,10 +481,41 @@ impl KvStore {
             }
             write(&mut w, &buf)?;
         }
+        w.write_all(&sum.finish().to_le_bytes())
+            .map_err(|e| io("write", e))?;
         let f = w.into_inner().map_err(|e| io("write", e.into_error()))?;
         f.sync_all().map_err(|e| io("sync", e))?;
         Ok(())
     }
+}
+
+/// Check the checksum of the whole session file `f` (reads it through; seeks back after).
+fn verify(f: &mut File) -> Result<(), String> {
+    let size = f
+        .seek(SeekFrom::End(0))
+        .map_err(|e| format!("cannot seek: {e}"))?;
+    f.seek(SeekFrom::Start(0))
+        .map_err(|e| format!("cannot seek: {e}"))?;
+    let Some(body) = size.checked_sub(TRAILER) else {
+        return Err("shorter than its checksum".into());
+    };
+    let mut sum = Sum64::new();
+    let mut left = body;
+    let mut buf = vec![0u8; 1 << 20];
+    while left > 0 {
+        let take = left.min(buf.len() as u64) as usize;
+        f.read_exact(&mut buf[..take])
+            .map_err(|e| format!("cannot read: {e}"))?;
+        sum.add(&buf[..take]);
+        left -= take as u64;
+    }
+    let mut want = [0u8; 8];
+    f.read_exact(&mut want)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    if sum.finish() != u64::from_le_bytes(want) {
+        return Err("checksum mismatch: the session file is damaged".into());
+    }
+    Ok(())
 }
 
 /// `.session-<hash>.<pid>.tmp` of a process that is gone (a write cut short by a crash).
@@ -444,7 +549,33 @@ mod tests {
             b.extend_from_slice(&t.to_le_bytes());
         }
         b.extend(std::iter::repeat_n(0u8, kv_floats * 4));
+        let mut sum = Sum64::new();
+        sum.add(&b);
+        b.extend_from_slice(&sum.finish().to_le_bytes());
         b
+    }
+
+    #[test]
+    fn checksum_catches_one_flipped_bit_and_splits_do_not_matter() {
+        let data: Vec<u8> = (0..1001u32).map(|i| (i * 7) as u8).collect();
+        let whole = {
+            let mut s = Sum64::new();
+            s.add(&data);
+            s.finish()
+        };
+        let split = {
+            let mut s = Sum64::new();
+            s.add(&data[..3]);
+            s.add(&data[3..500]);
+            s.add(&data[500..]);
+            s.finish()
+        };
+        assert_eq!(whole, split);
+        let mut bad = data.clone();
+        bad[700] ^= 1;
+        let mut s = Sum64::new();
+        s.add(&bad);
+        assert_ne!(s.finish(), whole);
     }
 
     #[test]

@@ -24,6 +24,7 @@
 
 pub mod decode;
 pub mod kv_store;
+pub mod limits;
 pub mod options;
 pub mod placement;
 
@@ -64,6 +65,9 @@ pub enum EngineError {
     },
     #[error("{what}: {err}")]
     Io { what: String, err: std::io::Error },
+    /// A size or value that cannot be run (one line naming the flag).
+    #[error("{0}")]
+    Input(String),
 }
 
 /// The tokenizer of a model: `tokenizer.json` beside a safetensors model (or a GGUF, if one
@@ -132,13 +136,16 @@ impl Engine {
         let cfg = ModelConfig::from_files(files)?;
         opts.check(&cfg)?;
         let ctx = opts.ctx_for(&cfg)?;
-        let model = Model::load(
-            files,
-            &LoadOptions {
-                threads: opts.threads,
-                ctx,
-            },
-        )?;
+        // Sizes from the command line, checked before anything is allocated with them.
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let (threads, warning) = limits::threads(opts.threads, cpus);
+        if let Some(w) = warning {
+            eprintln!("{w}");
+        }
+        let batch = opts.batch.max(1).max(opts.mtp + 1);
+        limits::ctx_and_batch(ctx, batch, &cfg, placement::mem_available())
+            .map_err(EngineError::Input)?;
+        let model = Model::load(files, &LoadOptions { threads, ctx })?;
         let tok = load_tokenizer(files)?;
         let k = opts.mtp;
         // The MTP layer's KV cache is allocated only with --mtp.

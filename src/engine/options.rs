@@ -90,6 +90,8 @@ pub struct ExpertOptions {
     pub usage_freeze: bool,
     /// `--prefetch` on/off (`None`: the planner's).
     pub prefetch: Option<bool>,
+    /// `--verify-experts`: check every streamed expert read against its recorded hash.
+    pub verify_experts: bool,
 }
 
 impl Default for ExpertOptions {
@@ -102,6 +104,7 @@ impl Default for ExpertOptions {
             io_threads: None,
             policy: Policy::Hotness { halve_every: 64 },
             route_trace: None,
+            verify_experts: false,
             autopin: false,
             pin_bytes: None,
             usage_freeze: false,
@@ -245,6 +248,12 @@ impl EngineOptions {
             return Err(refused(
                 "--kv-dir with --gpu on",
                 "saved KV caches work on the CPU path only; use --gpu off",
+            ));
+        }
+        if self.experts.verify_experts && self.experts.mode == ExpertMode::Resident {
+            return Err(refused(
+                "--verify-experts",
+                "experts are checked as the streamed cache reads them; add --experts stream",
             ));
         }
         if let Some(p) = &self.experts.route_trace {

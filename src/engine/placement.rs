@@ -8,7 +8,7 @@
 
 use super::options::{EngineOptions, ExpertOptions, GpuWant};
 use super::EngineError;
-use crate::experts::{CacheConfig, ExpertCache, UsageStats};
+use crate::experts::{CacheConfig, ExpertCache, Loaded, UsageStats};
 use crate::format::ModelFiles;
 use crate::model::{Model, State};
 use crate::plan::planner::{self, human, Plan, PlanRequest};
@@ -93,8 +93,14 @@ pub fn save_usage(files: &ModelFiles, st: &State, a: &ExpertOptions) -> Result<(
     let id = crate::experts::model_identity(files.paths())?;
     let path = usage_path(files, &id);
     let mut usage = cache.usage();
-    if let Ok(old) = UsageStats::load(&path, &id) {
-        usage.add(&old)?;
+    match UsageStats::load_matching(&path, &id, &usage.experts_per_layer()) {
+        Loaded::Stats(old) => usage.add(&old)?,
+        Loaded::SetAside(bad, why) => eprintln!(
+            "[sluice] warning: usage statistics {}: {why}; set aside as {} and started afresh",
+            path.display(),
+            bad.display()
+        ),
+        Loaded::Nothing(_) => {}
     }
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|e| EngineError::Io {
@@ -144,9 +150,12 @@ pub(crate) fn place_experts(
     if a.autopin {
         let id = crate::experts::model_identity(files.paths())?;
         let path = usage_path(files, &id);
-        match UsageStats::load(&path, &id) {
-            Ok(u) => usage = Some((u, path)),
-            Err(e) => say.line(&format!("[plan] autopin: no usage statistics yet ({e}); run once without --usage-freeze to collect them")),
+        let store = model.expert_store(files)?;
+        let shape: Vec<usize> = (0..store.n_layers()).map(|l| store.n_experts(l)).collect();
+        match UsageStats::load_matching(&path, &id, &shape) {
+            Loaded::Stats(u) => usage = Some((u, path)),
+            Loaded::SetAside(bad, why) => say.line(&format!("[plan] autopin: usage statistics {}: {why}; set aside as {}, so none yet", path.display(), bad.display())),
+            Loaded::Nothing(e) => say.line(&format!("[plan] autopin: no usage statistics yet ({e}); run once without --usage-freeze to collect them")),
         }
     }
     let avail = a
@@ -159,6 +168,14 @@ pub(crate) fn place_experts(
         say.line(&l);
     }
     if !plan.stream {
+        if a.verify_experts {
+            return Err(EngineError::Refused {
+                flag: "--verify-experts".into(),
+                reason:
+                    "experts are checked as the streamed cache reads them; add --experts stream"
+                        .into(),
+            });
+        }
         if let Some(p) = &a.route_trace {
             return Err(EngineError::Refused {
                 flag: format!("--route-trace {}", p.display()),
@@ -186,7 +203,23 @@ pub(crate) fn place_experts(
     cfg.policy = a.policy;
     cfg.trace = a.route_trace.clone();
     cfg.prefetch = plan.prefetch;
-    let cache = ExpertCache::new(store, cfg)?;
+    let mut cache = ExpertCache::new(store, cfg)?;
+    if a.verify_experts {
+        let id = crate::experts::model_identity(files.paths())?;
+        let path = usage_path(files, &id).with_extension("expert-hashes.json");
+        let (h, computed) =
+            crate::experts::ExpertHashes::load_or_compute(&path, &id, files, &model.expert_locs())?;
+        say.line(&format!(
+            "[plan] verify-experts: hashes {} {}",
+            if computed {
+                "computed and saved to"
+            } else {
+                "from"
+            },
+            path.display()
+        ));
+        cache.set_verify(h);
+    }
     say.line(&format!(
         "[plan] experts: streamed, {} slots/layer of {}, {} policy, slab {} (pinned + evictable), io {} x{}",
         cache.slots(model.cfg.n_dense_layers),

@@ -220,6 +220,9 @@ struct State {
     owner: Vec<Owner>,
     /// Per global slot: filled by `prefetch` and not requested since.
     fresh: Vec<bool>,
+    /// Per global slot: its bytes were checked against `ExpertCache::verify` since they were
+    /// read (reset whenever the slot is refilled).
+    checked: Vec<bool>,
     /// Layer of each global slot (`u32::MAX` for pinned slots).
     slot_layer: Vec<u32>,
     /// `[layer][expert]`: clock of the last `prefetch` call that predicted it (0: none since
@@ -257,6 +260,8 @@ pub struct ExpertCache {
     read_chunk: u64,
     prefetch: bool,
     notes: Vec<String>,
+    /// `--verify-experts`: every expert read is checked against these hashes.
+    verify: Option<super::ExpertHashes>,
     state: Mutex<State>,
 }
 
@@ -344,6 +349,7 @@ impl ExpertCache {
             failed: vec![false; n_slots],
             owner: vec![Owner::Wave; n_slots],
             fresh: vec![false; n_slots],
+            checked: vec![false; n_slots],
             slot_layer: (0..n_slots)
                 .map(|g| {
                     if g < n_pinned {
@@ -379,6 +385,7 @@ impl ExpertCache {
             read_chunk: cfg.read_chunk,
             prefetch: cfg.prefetch,
             notes,
+            verify: None,
             state: Mutex::new(state),
         };
         cache.load_pinned(&cfg.pinned)?;
@@ -703,7 +710,39 @@ impl ExpertCache {
         let n = st.jobs.len() - before;
         st.pending[g] = n as u32;
         st.failed[g] = false;
+        st.checked[g] = false;
         n
+    }
+
+    /// Check every expert read from now on against `hashes` (`--verify-experts`).
+    pub fn set_verify(&mut self, hashes: super::ExpertHashes) {
+        self.verify = Some(hashes);
+    }
+
+    /// Expert `e` of `layer` in global slot `g`, checked against the recorded hash once per
+    /// read when verifying. A mismatch drops the expert from the cache and is an error.
+    fn hand_out(
+        &self,
+        st: &mut State,
+        layer: usize,
+        e: usize,
+        g: usize,
+    ) -> Result<(usize, ExpertBytes<'_>), ExpertError> {
+        let b = self.bytes_of(layer, e, g);
+        if let Some(v) = &self.verify {
+            if !st.checked[g] {
+                if let Err(err) = v.check(layer, e, [b.gate, b.up, b.down]) {
+                    if let Some(p) = st.place.get_mut(layer).and_then(|p| p.get_mut(e)) {
+                        if !matches!(p, Where::Pinned(_)) {
+                            *p = Where::Absent;
+                        }
+                    }
+                    return Err(err);
+                }
+                st.checked[g] = true;
+            }
+        }
+        Ok((e, b))
     }
 
     /// Starts reading the predicted `experts` of `layer` (a later `begin` of that layer is
@@ -797,7 +836,7 @@ impl ExpertCache {
             return Err(err);
         }
         if let Some((e, g)) = st.ready.pop_front() {
-            return Ok(Some((e, self.bytes_of(layer, e, g))));
+            return self.hand_out(st, layer, e, g).map(Some);
         }
         while st.wave.as_ref().is_some_and(|w| w.loading > 0) {
             let t0 = Instant::now();
@@ -810,7 +849,7 @@ impl ExpertCache {
             };
             // Completions of prefetches (of any layer) are booked on the way.
             match book(st, &self.layer_base, c) {
-                Ok(Some((e, g))) => return Ok(Some((e, self.bytes_of(layer, e, g)))),
+                Ok(Some((e, g))) => return self.hand_out(st, layer, e, g).map(Some),
                 Ok(None) => {}
                 Err(err) => return Err(err),
             }

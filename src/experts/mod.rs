@@ -30,6 +30,7 @@ pub mod slab;
 pub mod store;
 pub mod trace;
 pub mod usage;
+pub mod verify;
 
 pub use cache::{CacheConfig, CacheStats, ExpertBytes, ExpertCache, Policy};
 pub use io::{lock_resident, IoMode, ReadJob, ReadPool};
@@ -37,7 +38,8 @@ pub use sim::{simulate, SimPolicy, SimResult};
 pub use slab::Slab;
 pub use store::{ExpertLoc, ExpertStore};
 pub use trace::{Trace, TraceLine, TraceWriter};
-pub use usage::{model_identity, UsageStats};
+pub use usage::{model_identity, Loaded, UsageStats};
+pub use verify::{expert_hash, ExpertHashes};
 
 use std::path::{Path, PathBuf};
 
@@ -101,6 +103,9 @@ pub enum ExpertError {
     /// A usage-statistics file that does not parse or belongs to another model.
     #[error("{}: {msg}", path.display())]
     Usage { path: PathBuf, msg: String },
+    /// `--verify-experts`: an expert's bytes as read differ from the hash recorded for it.
+    #[error("expert {expert} of layer {layer}: the bytes read do not match its recorded hash (--verify-experts): the model file changed or the disk returned bad data")]
+    Corrupt { layer: usize, expert: usize },
 }
 
 impl ExpertError {

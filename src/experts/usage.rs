@@ -5,6 +5,8 @@
 //! temporary file and renamed. Does not decide where the file lives or how many to pin.
 //! Invariant: a saved file is either the previous complete file or the new complete one (never
 //! half written), and `load` refuses a file made for another model or another format version.
+//! `load_matching` never blocks a run: a damaged file or one of the wrong shape is set aside
+//! as `.bad`, and temporary files of dead processes are removed.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -151,6 +153,87 @@ impl UsageStats {
             )));
         }
         Ok(UsageStats { counts: f.layers })
+    }
+}
+
+/// What `load_matching` found.
+#[derive(Debug)]
+pub enum Loaded {
+    /// Counts for this model, of its shape.
+    Stats(UsageStats),
+    /// No file, or one for another model or format version (the next save replaces it).
+    Nothing(String),
+    /// A file that is not a usage file, or whose counts do not fit this model's shape: it was
+    /// renamed to the path given, so it never blocks a later run. The text says why.
+    SetAside(PathBuf, String),
+}
+
+impl UsageStats {
+    /// `load` for a model whose layer `l` holds `shape[l]` experts, that never fails a run:
+    /// a damaged file or one of another shape is renamed `<path>.bad` (see `Loaded`). Stale
+    /// temporary files of processes that no longer run are removed first.
+    pub fn load_matching(path: &Path, model_id: &str, shape: &[usize]) -> Loaded {
+        remove_stale_temps(path);
+        if !path.exists() {
+            return Loaded::Nothing(format!("{}: no usage statistics yet", path.display()));
+        }
+        let why = match Self::load(path, model_id) {
+            Ok(u) if u.experts_per_layer() == shape => return Loaded::Stats(u),
+            Ok(u) => format!(
+                "counts for {} layers ({} experts) do not fit this model's {} layers ({} experts)",
+                u.counts.len(),
+                u.counts.iter().map(Vec::len).sum::<usize>(),
+                shape.len(),
+                shape.iter().sum::<usize>()
+            ),
+            Err(e @ ExpertError::Usage { .. }) if e.to_string().contains("not a usage file") => {
+                e.to_string()
+            }
+            Err(e) => return Loaded::Nothing(e.to_string()),
+        };
+        let mut bad = path.as_os_str().to_os_string();
+        bad.push(".bad");
+        let bad = PathBuf::from(bad);
+        match std::fs::rename(path, &bad) {
+            Ok(()) => Loaded::SetAside(bad, why),
+            Err(e) => Loaded::Nothing(format!(
+                "{why}; and it cannot be renamed to {}: {e}",
+                bad.display()
+            )),
+        }
+    }
+}
+
+/// Remove `<name>.tmp<PID>` files beside `path` left by processes that are gone (a run
+/// killed while saving). Files of live processes, including this one, are left alone.
+fn remove_stale_temps(path: &Path) {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return;
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let prefix = format!("{}.tmp", name.to_string_lossy());
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let n = e.file_name();
+        let n = n.to_string_lossy();
+        let Some(pid) = n.strip_prefix(&prefix) else {
+            continue;
+        };
+        if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let alive = pid == std::process::id().to_string()
+            || Path::new("/proc").join(pid).exists()
+            || !Path::new("/proc/self").exists();
+        if !alive {
+            let _ = std::fs::remove_file(e.path());
+        }
     }
 }
 

@@ -21,14 +21,14 @@ use crate::dtype::DType;
 use crate::kernels;
 
 /// The files of a GGUF model: paths, maps and parsed headers, shard by shard.
-type GgufShards = (Vec<PathBuf>, Vec<Mmap>, Vec<GgufFile>);
+type GgufShards = (Vec<PathBuf>, Vec<Mapped>, Vec<GgufFile>);
 
 /// An opened model. See the module docs of `format` for what it guarantees.
 pub struct ModelFiles {
     kind: FileKind,
     dir: PathBuf,
     paths: Vec<PathBuf>,
-    maps: Vec<Mmap>,
+    maps: Vec<Mapped>,
     tensors: Vec<TensorInfo>,
     by_name: HashMap<String, usize>,
     /// safetensors dtype names that have no `DType` (index into `tensors` -> name).
@@ -53,7 +53,7 @@ impl std::fmt::Debug for ModelFiles {
     }
 }
 
-fn map_file(path: &Path) -> Result<Mmap, FormatError> {
+fn map_file(path: &Path) -> Result<Mapped, FormatError> {
     let f = File::open(path).map_err(|e| FormatError::io(path, "open", e))?;
     let len = f
         .metadata()
@@ -63,9 +63,38 @@ fn map_file(path: &Path) -> Result<Mmap, FormatError> {
         return Err(FormatError::malformed(path, "truncated: the file is empty"));
     }
     // SAFETY: the map is read-only and lives as long as `ModelFiles`. Model files are treated as
-    // immutable while open; another process truncating or rewriting one underneath us is
-    // outside what sluice supports (the same contract as llama.cpp's mmap loader).
-    unsafe { Mmap::map(&f) }.map_err(|e| FormatError::io(path, "memory-map", e))
+    // immutable while open; another process truncating one underneath us makes reads of the
+    // lost pages fault, which fault.rs turns into a one-line error and exit 1.
+    let map = unsafe { Mmap::map(&f) }.map_err(|e| FormatError::io(path, "memory-map", e))?;
+    Ok(Mapped::new(map, path))
+}
+
+/// A map whose read faults are reported (fault.rs) until it is dropped.
+struct Mapped {
+    map: Mmap,
+    slot: Option<usize>,
+}
+
+impl Mapped {
+    fn new(map: Mmap, path: &Path) -> Mapped {
+        let slot = super::fault::register(map.as_ptr(), map.len(), path);
+        Mapped { map, slot }
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        if let Some(s) = self.slot {
+            super::fault::unregister(s);
+        }
+    }
+}
+
+impl std::ops::Deref for Mapped {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.map
+    }
 }
 
 fn read_json(path: &Path) -> Result<serde_json::Value, FormatError> {
@@ -356,7 +385,7 @@ impl ModelFiles {
         kind: FileKind,
         dir: &Path,
         paths: Vec<PathBuf>,
-        maps: Vec<Mmap>,
+        maps: Vec<Mapped>,
         tensors: Vec<TensorInfo>,
         meta: Vec<(String, MetaValue)>,
     ) -> ModelFiles {

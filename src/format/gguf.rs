@@ -460,7 +460,69 @@ fn tensor_ranges(
             },
         });
     }
+    check_layout(path, &out, data_offset, alignment, file_len)?;
     Ok(out)
+}
+
+/// The data section's layout as llama.cpp's reader demands it: in header order, each tensor
+/// starts where the previous one ends, padded to the alignment (`gguf_init_from_file`: "tensor
+/// has offset X, expected Y"). A wrong `general.alignment`, or tensors that overlap or leave
+/// gaps, would otherwise be read from the wrong bytes. A tensor of a type sluice does not know
+/// has no known length, so the tensor after it is not checked against it. When every length
+/// is known, the data must also end where the file ends (llama.cpp and gguf-py pad every
+/// tensor, the last included): a data section that starts at the wrong place fails this.
+fn check_layout(
+    path: &Path,
+    tensors: &[TensorInfo],
+    data_offset: u64,
+    alignment: u64,
+    file_len: u64,
+) -> Result<(), FormatError> {
+    let mut expect = Some(0u64);
+    for (i, t) in tensors.iter().enumerate() {
+        let rel = t.range.offset - data_offset;
+        if let Some(e) = expect {
+            if rel != e {
+                let (a, b) = (t.range.offset, t.range.offset + t.range.len);
+                let hit = tensors[..i].iter().find(|o| {
+                    let (c, d) = (o.range.offset, o.range.offset + o.range.len);
+                    a < d && c < b
+                });
+                return Err(FormatError::malformed(
+                    path,
+                    match hit {
+                        Some(o) => format!(
+                            "tensor `{}` (data offset {rel}) overlaps tensor `{}`",
+                            t.name, o.name
+                        ),
+                        None => format!(
+                            "tensor `{}` has data offset {rel}, expected {e} (tensors must follow one another, each padded to the alignment {alignment}: is general.alignment right?)",
+                            t.name
+                        ),
+                    },
+                ));
+            }
+        }
+        expect = match t.dtype {
+            DType::Unknown(_) => None,
+            _ => rel
+                .checked_add(t.range.len.div_ceil(alignment) * alignment)
+                .filter(|_| t.range.len.checked_add(alignment).is_some()),
+        };
+    }
+    if let (Some(end), Some(last)) = (expect, tensors.last()) {
+        let unpadded = last.range.offset + last.range.len;
+        let end = data_offset.saturating_add(end);
+        if file_len != end && file_len != unpadded {
+            return Err(FormatError::malformed(
+                path,
+                format!(
+                    "the tensor data ends at byte {end} but the file has {file_len} bytes (is general.alignment {alignment} right?)"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Split shard naming as llama.cpp writes it: `<prefix>-00001-of-00004.gguf`.

@@ -15,9 +15,11 @@
 //! - `gguf_writer.rs`: the streaming GGUF writer.
 //! - `safetensors.rs`: the safetensors header parser and the sharded index.
 //! - `files.rs`: `ModelFiles`, an opened model (file set, mmaps, tensor table, metadata).
+//! - `fault.rs`: a read fault (SIGBUS) in a mapped file becomes a one-line error, not a crash.
 //!
 //! Byte layouts are written down in docs/FORMATS.md.
 
+mod fault;
 mod files;
 mod gguf;
 mod gguf_writer;
@@ -83,11 +85,28 @@ pub enum FormatError {
     Writer { path: PathBuf, msg: String },
 }
 
+/// `s` with control characters (terminal escape codes from a hostile file's keys or names)
+/// written as escapes, so an error message prints as the one line it is.
+pub(crate) fn printable(s: &str) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_string();
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 impl FormatError {
     pub(crate) fn malformed(path: &Path, msg: impl Into<String>) -> FormatError {
         FormatError::Malformed {
             path: path.to_path_buf(),
-            msg: msg.into(),
+            msg: printable(&msg.into()),
         }
     }
 
@@ -102,8 +121,8 @@ impl FormatError {
     pub(crate) fn tensor(path: &Path, tensor: &str, msg: impl Into<String>) -> FormatError {
         FormatError::Tensor {
             path: path.to_path_buf(),
-            tensor: tensor.to_string(),
-            msg: msg.into(),
+            tensor: printable(tensor),
+            msg: printable(&msg.into()),
         }
     }
 
@@ -117,5 +136,19 @@ impl FormatError {
             | FormatError::Tensor { path, .. }
             | FormatError::Writer { path, .. } => path,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn control_characters_are_escaped_in_errors() {
+        let e = super::FormatError::malformed(
+            std::path::Path::new("m.gguf"),
+            "metadata key `a\x1b[2Jb\n` appears twice",
+        );
+        let s = e.to_string();
+        assert!(!s.contains('\x1b') && !s.contains('\n'), "{s}");
+        assert!(s.contains("\\u{1b}[2Jb\\n"), "{s}");
     }
 }

@@ -144,7 +144,33 @@ pub(crate) fn parse(path: &Path, buf: &[u8], file: usize) -> Result<Vec<SafeTens
             dtype_name,
         });
     }
-    out.sort_by_key(|t| t.info.range.offset);
+    out.sort_by_key(|t| (t.info.range.offset, t.info.range.len));
+    // As the safetensors library (`Metadata::validate`): sorted by offset, each tensor starts
+    // where the previous one ends and the last ends at the end of the file. Overlapping data,
+    // gaps, or a header length that is off (which shifts the data section) are refused.
+    let mut at = data_start;
+    for t in &out {
+        let r = t.info.range;
+        if r.offset != at {
+            return Err(bad(format!(
+                "tensor `{}`: data_offsets begin at {}, but the previous tensor ends at {} ({})",
+                t.info.name,
+                r.offset - data_start,
+                at - data_start,
+                if r.offset < at {
+                    "tensor data overlaps"
+                } else {
+                    "a gap in the data section"
+                }
+            )));
+        }
+        at = r.offset + r.len;
+    }
+    if at != file_len {
+        return Err(bad(format!(
+            "the tensors' data ends at byte {at} but the file has {file_len} bytes (is the header length {n} right?)"
+        )));
+    }
     Ok(out)
 }
 

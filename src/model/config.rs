@@ -195,10 +195,76 @@ fn hf_attention_features(
 
 impl ModelConfig {
     pub fn from_files(files: &ModelFiles) -> Result<ModelConfig, ModelError> {
-        match files.config() {
-            Some(cfg) => Self::from_hf(cfg),
-            None => Self::from_gguf(files),
+        let c = match files.config() {
+            Some(cfg) => Self::from_hf(cfg)?,
+            None => Self::from_gguf(files)?,
+        };
+        c.validate_sizes(files)?;
+        Ok(c)
+    }
+
+    /// Sizes checked against the tensor bytes the files really hold, before anything is sized
+    /// by them: every layer needs at least one tensor, and each weight matrix the dimensions
+    /// imply (at no less than one bit per element) must fit in the files. A corrupt count then
+    /// gives an error naming the field instead of a huge allocation.
+    fn validate_sizes(&self, files: &ModelFiles) -> Result<(), ModelError> {
+        let n_tensors = files.tensors().len();
+        let layers = self.n_layers.saturating_add(self.n_mtp_layers);
+        if layers > n_tensors {
+            return Err(ModelError::Config(format!(
+                "layer count {} (+{} MTP) is more than the {n_tensors} tensors in the file",
+                self.n_layers, self.n_mtp_layers
+            )));
         }
+        let bytes: u64 = files
+            .tensors()
+            .iter()
+            .fold(0u64, |a, t| a.saturating_add(t.range.len));
+        let bits = bytes.saturating_mul(8);
+        let (q_lora, kv_lora) = match self.attn {
+            AttnKind::Mla {
+                q_lora, kv_lora, ..
+            } => (q_lora.unwrap_or(0), kv_lora),
+            AttnKind::Gqa => (0, 0),
+        };
+        let checks: [(&str, &[usize]); 8] = [
+            ("vocabulary x hidden size", &[self.vocab, self.hidden]),
+            (
+                "heads x head dimension x hidden size",
+                &[self.n_heads, self.head_dim, self.hidden],
+            ),
+            (
+                "kv heads x head dimension x hidden size",
+                &[self.n_kv_heads, self.head_dim, self.hidden],
+            ),
+            (
+                "heads x value dimension x hidden size",
+                &[self.n_heads, self.v_head_dim, self.hidden],
+            ),
+            (
+                "experts x expert width x hidden size",
+                &[self.n_experts, self.expert_ffn, self.hidden],
+            ),
+            ("dense width x hidden size", &[self.dense_ffn, self.hidden]),
+            (
+                "shared-expert width x hidden size",
+                &[self.shared_ffn, self.hidden],
+            ),
+            (
+                "latent ranks x hidden size",
+                &[q_lora.max(kv_lora), self.hidden],
+            ),
+        ];
+        for (what, dims) in checks {
+            let n = dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d as u64));
+            if n.is_none_or(|n| n > bits) {
+                return Err(ModelError::Config(format!(
+                    "{what} ({}) is larger than the {bytes} bytes of tensors in the file could hold",
+                    dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(" x ")
+                )));
+            }
+        }
+        Ok(())
     }
 
     fn from_gguf(files: &ModelFiles) -> Result<ModelConfig, ModelError> {
@@ -537,6 +603,53 @@ impl ModelConfig {
 
     fn validate(&self) -> Result<(), ModelError> {
         let bad = |m: String| Err(ModelError::Config(m));
+        // Values the reference implementations would turn into NaN or infinities.
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            return bad(format!(
+                "rope theta (rope_theta / rope.freq_base) is {}; it must be a positive number",
+                self.rope_theta
+            ));
+        }
+        if !(self.rms_eps.is_finite() && self.rms_eps > 0.0) {
+            return bad(format!(
+                "RMS norm epsilon (rms_norm_eps / attention.layer_norm_rms_epsilon) is {}; it must be a positive number",
+                self.rms_eps
+            ));
+        }
+        let positive = |x: f64| x.is_finite() && x > 0.0;
+        match self.rope_scaling {
+            RopeScaling::None => {}
+            RopeScaling::Linear(f) if !positive(f) => {
+                return bad(format!(
+                    "rope scaling factor is {f}; it must be a positive number"
+                ))
+            }
+            RopeScaling::Linear(_) => {}
+            RopeScaling::Yarn {
+                factor,
+                orig_ctx,
+                beta_fast,
+                beta_slow,
+                attention_factor,
+            } => {
+                if !positive(factor)
+                    || !positive(orig_ctx)
+                    || !beta_fast.is_finite()
+                    || !beta_slow.is_finite()
+                    || !attention_factor.is_finite()
+                {
+                    return bad(format!(
+                        "YaRN rope scaling: factor {factor}, original context {orig_ctx}, beta_fast {beta_fast}, beta_slow {beta_slow}, attention factor {attention_factor}: factor and original context must be positive and all finite"
+                    ));
+                }
+            }
+        }
+        if !self.routing.scale.is_finite() {
+            return bad(format!(
+                "routed_scaling_factor is {}; it must be finite",
+                self.routing.scale
+            ));
+        }
         if self.hidden == 0
             || self.n_layers == 0
             || self.n_heads == 0

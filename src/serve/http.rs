@@ -10,7 +10,8 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Longest request head (request line + headers) accepted.
@@ -18,8 +19,18 @@ pub const MAX_HEAD: usize = 64 * 1024;
 const MAX_HEADERS: usize = 96;
 /// How long a connection may sit idle between requests.
 const IDLE: Duration = Duration::from_secs(120);
-/// How long a started request may take to arrive.
-const ARRIVAL: Duration = Duration::from_secs(60);
+/// How long an idle connection may stay while the server is crowded (more connections open
+/// than `--max-connections`): idle sockets must not keep active clients out.
+const IDLE_CROWDED: Duration = Duration::from_secs(1);
+/// How long a request head may take from its first byte to its end, however it trickles in.
+const HEAD_TIME: Duration = Duration::from_secs(10);
+/// A body may take this long plus its length at `BODY_RATE`.
+const BODY_TIME: Duration = Duration::from_secs(30);
+/// The slowest body accepted, in bytes per second (beyond `BODY_TIME`).
+const BODY_RATE: u64 = 64 << 10;
+/// Open connections (idle ones included) per `--max-connections`: beyond this many, new
+/// connections get 503 even though idle ones are being closed.
+pub const OPEN_PER_ACTIVE: usize = 4;
 /// Read timeout of the socket, so the reader can look at the shutdown flag.
 const POLL: Duration = Duration::from_millis(200);
 /// An oversized body up to this size is read and dropped before the 413 goes out.
@@ -57,12 +68,50 @@ pub enum ReadError {
     Bad { status: u16, message: String },
 }
 
+/// The server's connection counts. A connection is *active* from the first byte of a
+/// request until it waits for the next one; only active connections count against
+/// `--max-connections`. Idle ones are closed early while more than that many are open.
+#[derive(Debug, Default)]
+pub struct Slots {
+    pub max_active: usize,
+    pub active: AtomicUsize,
+    pub open: AtomicUsize,
+}
+
+impl Slots {
+    pub fn new(max_active: usize) -> Slots {
+        Slots {
+            max_active,
+            ..Slots::default()
+        }
+    }
+
+    /// Whether a new connection is refused: all active slots taken, or too many open.
+    pub fn full(&self) -> bool {
+        self.active.load(Ordering::SeqCst) >= self.max_active
+            || self.open.load(Ordering::SeqCst) >= self.max_active.saturating_mul(OPEN_PER_ACTIVE)
+    }
+
+    fn crowded(&self) -> bool {
+        self.open.load(Ordering::SeqCst) > self.max_active
+    }
+}
+
 /// One client connection.
 pub struct Conn {
     stream: TcpStream,
     buf: Vec<u8>,
     /// Path of the request being read (empty before its head is parsed), for error replies.
     pub path: String,
+    slots: Option<Arc<Slots>>,
+    /// Counted in `slots.active`.
+    busy: bool,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.set_busy(false);
+    }
 }
 
 impl Conn {
@@ -74,7 +123,38 @@ impl Conn {
             stream,
             buf: Vec::with_capacity(8192),
             path: String::new(),
+            slots: None,
+            busy: false,
         })
+    }
+
+    /// A connection counted in `slots` (see `Slots`).
+    pub fn counted(stream: TcpStream, slots: Arc<Slots>) -> std::io::Result<Conn> {
+        let mut c = Conn::new(stream)?;
+        c.slots = Some(slots);
+        Ok(c)
+    }
+
+    /// Mark the connection active or idle. Becoming active when every slot is taken fails.
+    fn set_busy(&mut self, busy: bool) -> bool {
+        if busy == self.busy {
+            return true;
+        }
+        let Some(slots) = &self.slots else {
+            self.busy = busy;
+            return true;
+        };
+        if busy {
+            let was = slots.active.fetch_add(1, Ordering::SeqCst);
+            if was >= slots.max_active {
+                slots.active.fetch_sub(1, Ordering::SeqCst);
+                return false;
+            }
+        } else {
+            slots.active.fetch_sub(1, Ordering::SeqCst);
+        }
+        self.busy = busy;
+        true
     }
 
     /// Read the next request. `max_body`: largest body accepted (413 above it);
@@ -84,14 +164,33 @@ impl Conn {
         max_body: usize,
         stopping: &AtomicBool,
     ) -> Result<Request, ReadError> {
-        let start = Instant::now();
         self.path.clear();
+        let idle_since = Instant::now();
+        // When the head's first byte came.
+        let mut head_start = None;
         // The head.
         let (head_len, method, path, headers) = loop {
-            if !self.buf.is_empty() {
+            if self.buf.is_empty() {
+                self.set_busy(false);
+            } else {
+                if head_start.is_none() {
+                    head_start = Some(Instant::now());
+                    if !self.set_busy(true) {
+                        return Err(ReadError::Bad {
+                            status: 503,
+                            message: "too many active connections (--max-connections)".into(),
+                        });
+                    }
+                }
                 let mut hs = [httparse::EMPTY_HEADER; MAX_HEADERS];
                 let mut req = httparse::Request::new(&mut hs);
                 match req.parse(&self.buf) {
+                    Ok(httparse::Status::Complete(n)) if n > MAX_HEAD => {
+                        return Err(ReadError::Bad {
+                            status: 431,
+                            message: format!("request head of {n} bytes is over {MAX_HEAD} bytes"),
+                        })
+                    }
                     Ok(httparse::Status::Complete(n)) => {
                         let method = req.method.unwrap_or("").to_string();
                         let target = req.path.unwrap_or("/");
@@ -131,8 +230,11 @@ impl Conn {
                     });
                 }
             }
-            let limit = if self.buf.is_empty() { IDLE } else { ARRIVAL };
-            match self.fill(self.buf.is_empty(), start, limit, stopping) {
+            let deadline = match head_start {
+                None => Deadline::Idle(idle_since),
+                Some(t) => Deadline::At(t + HEAD_TIME),
+            };
+            match self.fill(deadline, stopping) {
                 Ok(true) => {}
                 Ok(false) if self.buf.is_empty() => return Err(ReadError::Closed),
                 Ok(false) => {
@@ -173,13 +275,7 @@ impl Conn {
                 message: "chunked request bodies are not accepted: send Content-Length".into(),
             });
         }
-        let len = match req.header("content-length") {
-            None => 0,
-            Some(v) => v.parse::<usize>().map_err(|_| ReadError::Bad {
-                status: 400,
-                message: format!("bad Content-Length {v:?}"),
-            })?,
-        };
+        let len = content_length(&req.headers)?;
         if len > max_body {
             // Read and drop the body first: a client still sending would otherwise see the
             // connection reset instead of the answer.
@@ -198,9 +294,9 @@ impl Conn {
         {
             let _ = self.stream.write_all(b"HTTP/1.1 100 Continue\r\n\r\n");
         }
-        let body_start = Instant::now();
+        let body_deadline = Instant::now() + body_time(len);
         while self.buf.len() < len {
-            match self.fill(false, body_start, ARRIVAL, stopping) {
+            match self.fill(Deadline::At(body_deadline), stopping) {
                 Ok(true) => {}
                 Ok(false) => {
                     return Err(ReadError::Bad {
@@ -221,30 +317,42 @@ impl Conn {
     /// Read and discard `len` bytes of body (what is buffered counts).
     fn drain(&mut self, len: usize, stopping: &AtomicBool) {
         let mut left = len;
-        let start = Instant::now();
+        let deadline = Deadline::At(Instant::now() + body_time(len));
         loop {
             let take = left.min(self.buf.len());
             self.buf.drain(..take);
             left -= take;
-            if left == 0 || !matches!(self.fill(false, start, ARRIVAL, stopping), Ok(true)) {
+            if left == 0 || !matches!(self.fill(deadline, stopping), Ok(true)) {
                 return;
             }
         }
     }
 
-    /// Read more bytes into the buffer. Ok(false): end of stream (or stop requested while
-    /// `idle_stop`). Times out after `limit` from `since`.
-    fn fill(
-        &mut self,
-        idle_stop: bool,
-        since: Instant,
-        limit: Duration,
-        stopping: &AtomicBool,
-    ) -> Result<bool, ReadError> {
+    /// Read more bytes into the buffer. Ok(false): end of stream, or (idle) the server is
+    /// stopping or crowded or the idle time is over. A request past its deadline gets 408,
+    /// checked after every read, so a peer trickling bytes cannot keep it open.
+    fn fill(&mut self, deadline: Deadline, stopping: &AtomicBool) -> Result<bool, ReadError> {
         let mut chunk = [0u8; 16 * 1024];
         loop {
-            if idle_stop && stopping.load(Ordering::Relaxed) {
-                return Ok(false);
+            match deadline {
+                Deadline::Idle(since) => {
+                    let crowded = self.slots.as_ref().is_some_and(|s| s.crowded());
+                    let idle = since.elapsed();
+                    if stopping.load(Ordering::Relaxed)
+                        || idle > IDLE
+                        || (crowded && idle > IDLE_CROWDED)
+                    {
+                        return Ok(false);
+                    }
+                }
+                Deadline::At(t) => {
+                    if Instant::now() > t {
+                        return Err(ReadError::Bad {
+                            status: 408,
+                            message: "request took too long to arrive".into(),
+                        });
+                    }
+                }
             }
             match self.stream.read(&mut chunk) {
                 Ok(0) => return Ok(false),
@@ -256,19 +364,7 @@ impl Conn {
                     if matches!(
                         e.kind(),
                         ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
-                    ) =>
-                {
-                    if since.elapsed() > limit {
-                        return if self.buf.is_empty() {
-                            Ok(false)
-                        } else {
-                            Err(ReadError::Bad {
-                                status: 408,
-                                message: "request took too long to arrive".into(),
-                            })
-                        };
-                    }
-                }
+                    ) => {}
                 Err(_) => return Ok(false),
             }
         }
@@ -341,6 +437,49 @@ impl Conn {
         let _ = self.stream.set_nonblocking(false);
         gone
     }
+}
+
+/// How long `fill` may wait.
+#[derive(Clone, Copy)]
+enum Deadline {
+    /// Between requests, idle since then (see `IDLE`, `IDLE_CROWDED`).
+    Idle(Instant),
+    /// Inside a request: give up with 408 after this.
+    At(Instant),
+}
+
+/// Time allowed for a body of `len` bytes.
+fn body_time(len: usize) -> Duration {
+    BODY_TIME + Duration::from_secs(len as u64 / BODY_RATE)
+}
+
+/// The body length from the `Content-Length` headers: at most one value (repeats must agree),
+/// digits only (no sign, no list), so two parsers of the same bytes cannot disagree on where
+/// the body ends.
+fn content_length(headers: &[(String, String)]) -> Result<usize, ReadError> {
+    let bad = |message: String| ReadError::Bad {
+        status: 400,
+        message,
+    };
+    let mut len: Option<usize> = None;
+    for (_, v) in headers
+        .iter()
+        .filter(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+    {
+        if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) || v.len() > 19 {
+            return Err(bad(format!(
+                "bad Content-Length {v:?}: expected digits only"
+            )));
+        }
+        let n: usize = v
+            .parse()
+            .map_err(|_| bad(format!("bad Content-Length {v:?}")))?;
+        if len.is_some_and(|l| l != n) {
+            return Err(bad("two different Content-Length headers".to_string()));
+        }
+        len = Some(n);
+    }
+    Ok(len.unwrap_or(0))
 }
 
 pub fn reason(status: u16) -> &'static str {

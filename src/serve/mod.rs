@@ -22,6 +22,7 @@ mod error;
 mod http;
 /// Sessions on disk moved to the engine; kept here under their old path.
 pub use crate::engine::kv_store;
+mod limits;
 mod metrics;
 mod openai;
 mod params;
@@ -38,6 +39,7 @@ use http::{Conn, ReadError, Request};
 use metrics::Metrics;
 use serde_json::{json, Value};
 use std::net::TcpListener;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::Arc;
@@ -170,14 +172,15 @@ pub fn run(
         shared.tool_format.name()
     );
 
-    let connections = Arc::new(AtomicUsize::new(0));
+    // Only connections inside a request count against --max-connections (http::Slots).
+    let slots = Arc::new(http::Slots::new(shared.cfg.max_connections));
+    let connections = &slots.open;
     while !stop.load(Ordering::Relaxed) {
         match listener.accept() {
             Ok((stream, _)) => {
                 let sh = shared.clone();
-                let n = connections.clone();
-                if n.fetch_add(1, Ordering::SeqCst) >= sh.cfg.max_connections {
-                    n.fetch_sub(1, Ordering::SeqCst);
+                let n = slots.clone();
+                if n.full() {
                     if let Ok(mut c) = Conn::new(stream) {
                         let e = ApiError::new(503, "too many open connections (--max-connections)");
                         let _ = c.respond(
@@ -189,11 +192,12 @@ pub fn run(
                     }
                     continue;
                 }
+                n.open.fetch_add(1, Ordering::SeqCst);
                 let spawned = std::thread::Builder::new()
                     .name("sluice-conn".into())
                     .spawn(move || {
-                        handle_connection(&sh, stream);
-                        n.fetch_sub(1, Ordering::SeqCst);
+                        handle_connection(&sh, stream, n.clone());
+                        n.open.fetch_sub(1, Ordering::SeqCst);
                     });
                 if let Err(e) = spawned {
                     connections.fetch_sub(1, Ordering::SeqCst);
@@ -243,8 +247,8 @@ pub(crate) struct Handled {
     pub note: String,
 }
 
-fn handle_connection(sh: &Shared, stream: std::net::TcpStream) {
-    let Ok(mut conn) = Conn::new(stream) else {
+fn handle_connection(sh: &Shared, stream: std::net::TcpStream, slots: Arc<http::Slots>) {
+    let Ok(mut conn) = Conn::counted(stream, slots) else {
         return;
     };
     loop {
@@ -522,9 +526,7 @@ pub(crate) fn chat_tokens(
         Some(&extra),
     )
     .map_err(|e| ApiError::param("messages", e.to_string()))?;
-    sh.tok
-        .encode(&text, false)
-        .map_err(|e| ApiError::new(400, format!("cannot tokenize the prompt: {e}")))
+    limits::encode_prompt(&sh.tok, &text, false, sh.cfg.ctx, "messages")
 }
 
 /// What a generation endpoint asks of the generator.

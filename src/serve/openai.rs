@@ -474,11 +474,7 @@ pub fn completions(
             })
             .collect()
     };
-    let encode = |s: &str| {
-        sh.tok
-            .encode(s, true)
-            .map_err(|e| ApiError::param("prompt", format!("cannot tokenize `prompt`: {e}")))
-    };
+    let encode = |s: &str| super::limits::encode_prompt(&sh.tok, s, true, sh.cfg.ctx, "prompt");
     let tokens = match params::req(&o, "prompt")? {
         Value::String(s) => encode(s)?,
         Value::Array(a) if a.is_empty() => {
