@@ -7,6 +7,8 @@
           sequence, computed as transformers' MtpModel does).
   compare compare a sluice `logits` .npy with a reference .npy (max abs diff, argmax agreement).
   ppl     perplexity from sluice `logits` runs over the held-out windows train_tiny_moe.py used.
+  words   share of the words of sampled continuations (`sluice run`, temp 0.7) found in
+          /usr/share/dict/words (Debian's wamerican).
 """
 
 from __future__ import annotations
@@ -132,6 +134,34 @@ def cmd_ppl(a):
     print(json.dumps(res))
 
 
+PROMPTS = ["The", "Python is", "A module", "Debian", "To install a package,", "The function returns",
+           "In this chapter", "The following example", "When the interpreter", "The file system",
+           "Each thread", "The server"]
+
+
+def cmd_words(a):
+    """Share of generated words (runs of letters) found in a word list, over sampled continuations."""
+    import re
+    words = {w.strip().lower() for w in Path(a.dict).read_text(encoding="utf-8", errors="replace").split()}
+    found = total = 0
+    samples = []
+    for i, prompt in enumerate(PROMPTS):
+        for seed in range(a.seeds):
+            r = subprocess.run([a.sluice, "run", *([a.model] if a.model else []), "-p", prompt, "-n", str(a.n),
+                                "--temp", str(a.temp), "--seed", str(seed), "--gpu", "off"],
+                               check=True, capture_output=True, text=True)
+            gen = r.stdout[len(prompt):]
+            ws = re.findall(r"[A-Za-z]+", gen)
+            found += sum(w.lower() in words for w in ws)
+            total += len(ws)
+            samples.append({"prompt": prompt, "seed": seed, "text": r.stdout})
+    res = {"model": a.model or "(default)", "temp": a.temp, "tokens_per_sample": a.n, "samples": len(samples),
+           "words": total, "in_word_list": found, "share": found / max(total, 1), "word_list": a.dict}
+    print(json.dumps(res))
+    if a.samples_out:
+        Path(a.samples_out).write_text(json.dumps({**res, "samples": samples}, indent=1) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -149,8 +179,16 @@ def main():
     p.add_argument("--sluice", default="target/release/sluice")
     p.add_argument("--tmp", default="/tmp/sluice-ppl")
     p.add_argument("--windows", type=int, default=0)
+    p = sub.add_parser("words")
+    p.add_argument("--model", default="")
+    p.add_argument("--sluice", default="target/release/sluice")
+    p.add_argument("--dict", default="/usr/share/dict/words")
+    p.add_argument("--temp", type=float, default=0.7)
+    p.add_argument("--n", type=int, default=64)
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--samples-out")
     a = ap.parse_args()
-    {"logits": cmd_logits, "compare": cmd_compare, "ppl": cmd_ppl}[a.cmd](a)
+    {"logits": cmd_logits, "compare": cmd_compare, "ppl": cmd_ppl, "words": cmd_words}[a.cmd](a)
 
 
 if __name__ == "__main__":
