@@ -98,6 +98,32 @@ def cmd_logits(a):
     print("argmax", logits.argmax(-1).tolist())
 
 
+TOKENIZER_TEXTS = [
+    "Hello, world!",
+    "  leading spaces, trailing spaces   ",
+    "tabs\tand\t\tnew\nlines\n\n\nand  runs   of    spaces",
+    "It's late; they're tired, we've waited, I'm sure you'll agree.",
+    "Numbers 1234567 and 3.14159 and -17 and 1e-6",
+    "Français : l'été, à Montréal. Straße, Bäume. 中文 🚀",
+    "def route(scores, k):\n    return sorted(scores)[:k]\n",
+    "<｜User｜>apt-get install python3<｜Assistant｜></think>",
+]
+
+
+def cmd_tokcases(a):
+    """Add `tokenizer_cases` (the `tokenizers` package's ids, BOS added) to reference.json."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(a.tokenizer)
+    p = Path(a.reference)
+    ref = json.loads(p.read_text(encoding="utf-8"))
+    ref["tokenizer_cases"] = [{"text": t, "ids": tok.encode(t, add_special_tokens=True).ids,
+                               "decoded": tok.decode(tok.encode(t, add_special_tokens=True).ids,
+                                                     skip_special_tokens=False)}
+                              for t in TOKENIZER_TEXTS]
+    p.write_text(json.dumps(ref, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
 def cmd_compare(a):
     x, y = np.load(a.a), np.load(a.b)
     d = np.abs(x - y)
@@ -179,6 +205,9 @@ def main():
     p.add_argument("--sluice", default="target/release/sluice")
     p.add_argument("--tmp", default="/tmp/sluice-ppl")
     p.add_argument("--windows", type=int, default=0)
+    p = sub.add_parser("tokcases")
+    p.add_argument("--tokenizer", default=".tinydata/tokenizer.json")
+    p.add_argument("--reference", default="tests/fixtures/tiny_model/reference.json")
     p = sub.add_parser("words")
     p.add_argument("--model", default="")
     p.add_argument("--sluice", default="target/release/sluice")
@@ -188,7 +217,8 @@ def main():
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--samples-out")
     a = ap.parse_args()
-    {"logits": cmd_logits, "compare": cmd_compare, "ppl": cmd_ppl, "words": cmd_words}[a.cmd](a)
+    {"logits": cmd_logits, "compare": cmd_compare, "ppl": cmd_ppl, "words": cmd_words,
+     "tokcases": cmd_tokcases}[a.cmd](a)
 
 
 if __name__ == "__main__":

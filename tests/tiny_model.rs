@@ -100,6 +100,16 @@ fn embedded_tokenizer_matches_tokenizers() {
     let got = tok.encode(r["text"].as_str().unwrap(), true).unwrap();
     assert_eq!(got, ids(&r["ids"]));
     assert_eq!(tok.decode(&got, true).unwrap(), r["text"].as_str().unwrap());
+    for c in r["tokenizer_cases"].as_array().unwrap() {
+        let text = c["text"].as_str().unwrap();
+        let got = tok.encode(text, true).unwrap();
+        assert_eq!(got, ids(&c["ids"]), "{text:?}");
+        assert_eq!(
+            tok.decode(&got, false).unwrap(),
+            c["decoded"].as_str().unwrap(),
+            "{text:?}"
+        );
+    }
 }
 
 #[test]
