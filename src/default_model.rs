@@ -1,20 +1,41 @@
-//! The built-in default model: a small Qwen3-MoE-shaped GGUF with random (seeded) weights that
-//! sluice writes into the user's cache directory on first use, so `sluice run` works with no
-//! download. Its text is noise; it exists to exercise the whole path (GGUF reading, tokenizer,
-//! routing, experts, sampling) on any machine.
+//! The built-in models, written into the user's cache directory on first use so `sluice run`,
+//! `chat` and `serve` work with no download.
 //!
-//! Invariant: the file is a pure function of `VERSION` — same bytes on every machine.
+//! - `ensure()`: the default model, `assets/sluice-tiny-moe.gguf` embedded in the binary — a
+//!   6.6M-parameter DeepSeek-V3-style MoE (GGUF `deepseek2`: MLA, 16 routed experts of which 4
+//!   per token plus a shared one, one MTP layer) trained by the project on Python's and Debian's
+//!   documentation (scripts/train_tiny_moe.py; data, licenses and quality in docs/MODELS.md).
+//!   It writes English with real, skewed routing.
+//! - `ensure_random()`: a Qwen3-MoE-shaped GGUF with seeded random weights (`spec()`), for tests
+//!   and benchmarks that need its exact shapes; its text is noise.
+//!
+//! Invariant: each file is a pure function of its version constant — same bytes on every
+//! machine (the trained model's bytes are the embedded asset's).
 
 use crate::dtype::DType;
 use crate::format::FormatError;
 use crate::synth::{write_random_qwen3moe, MoeSpec};
 use std::path::PathBuf;
 
-/// Bump when the model's contents change, so stale caches are not reused.
+/// Bump when the random model's contents change, so stale caches are not reused.
 const VERSION: u32 = 3;
+
+/// Bump when the embedded trained model changes.
+const TINY_VERSION: u32 = 1;
+
+/// The trained model's GGUF, as committed under assets/.
+static TINY_GGUF: &[u8] = include_bytes!("../assets/sluice-tiny-moe.gguf");
+
+/// What the default model is, for the one-line note of `run` / `serve` with no MODEL.
+pub const DESCRIPTION: &str = "sluice-tiny-moe, a 6.6M-parameter DeepSeek-V3-style MoE (16 experts, MTP head) trained by the project on Python and Debian documentation";
 
 /// The default model's name as the server lists it (its file stem).
 pub fn model_id() -> String {
+    format!("sluice-tiny-moe-v{TINY_VERSION}")
+}
+
+/// The random test model's name (its file stem).
+pub fn random_model_id() -> String {
     format!("default-moe-v{VERSION}")
 }
 
@@ -32,25 +53,48 @@ pub fn cache_dir() -> PathBuf {
     }
 }
 
-/// Path of the default model, writing it first if it is not there.
+/// Path of the default (trained) model, writing it first if it is not there or not whole.
 pub fn ensure() -> Result<PathBuf, FormatError> {
+    let path = cache_dir().join(format!("{}.gguf", model_id()));
+    let whole = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.len() == TINY_GGUF.len() as u64)
+    };
+    write_cached(&path, whole, &mut |tmp| {
+        std::fs::write(tmp, TINY_GGUF).map_err(|e| FormatError::Io {
+            path: tmp.to_path_buf(),
+            op: "write",
+            err: e,
+        })
+    })
+}
+
+/// Path of the random Qwen3-MoE test model (`spec()`), writing it first if it is not there.
+pub fn ensure_random() -> Result<PathBuf, FormatError> {
+    let path = cache_dir().join(format!("{}.gguf", random_model_id()));
+    write_cached(&path, |p| p.is_file(), &mut |tmp| write(tmp))
+}
+
+/// Write `path` through a per-process temporary name and a rename (another process may be
+/// writing it too), unless `ready(path)` already holds.
+fn write_cached(
+    path: &std::path::Path,
+    ready: impl Fn(&std::path::Path) -> bool,
+    write: &mut dyn FnMut(&std::path::Path) -> Result<(), FormatError>,
+) -> Result<PathBuf, FormatError> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _guard = LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    let dir = cache_dir();
-    let path = dir.join(format!("{}.gguf", model_id()));
-    if path.is_file() {
+    let path = path.to_path_buf();
+    if ready(&path) {
         return Ok(path);
     }
+    let dir = path.parent().map(|d| d.to_path_buf()).unwrap_or_default();
     std::fs::create_dir_all(&dir).map_err(|e| FormatError::Io {
         path: dir.clone(),
         op: "create directory",
         err: e,
     })?;
-    // Another process may be writing it too: write under our own name, then rename into place.
-    let mine = dir.join(format!(
-        "default-moe-v{VERSION}.{}.gguf",
-        std::process::id()
-    ));
+    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("model");
+    let mine = dir.join(format!("{stem}.{}.gguf", std::process::id()));
     write(&mine)?;
     std::fs::rename(&mine, &path).map_err(|e| FormatError::Io {
         path: path.clone(),
@@ -60,7 +104,7 @@ pub fn ensure() -> Result<PathBuf, FormatError> {
     Ok(path)
 }
 
-/// The default model's shape: small enough to write in a moment, big enough to route.
+/// The random test model's shape: small enough to write in a moment, big enough to route.
 pub fn spec() -> MoeSpec {
     MoeSpec {
         hidden: 256,

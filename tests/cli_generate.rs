@@ -55,7 +55,7 @@ fn run_default_model_streams_text_and_times() {
             && timing[0].contains("decode")
     );
     assert!(
-        err.contains("built-in tiny random MoE model"),
+        err.contains("built-in sluice-tiny-moe"),
         "no note about the default model: {err}"
     );
     // Temperature 0 is deterministic run to run (and across thread counts and batch sizes).
@@ -173,7 +173,7 @@ fn logits_writes_npy_of_t_by_vocab() {
     assert_ne!(code, 0, "{err}");
     let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-generate-cache");
     std::env::set_var("SLUICE_CACHE_DIR", &cache);
-    let m = sluice::default_model::ensure().unwrap();
+    let m = sluice::default_model::ensure_random().unwrap();
     let (code, _, err) = sluice(
         &[
             "logits",
@@ -201,7 +201,7 @@ fn streaming_run_saves_usage_and_autopins_from_it() {
         Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-generate-cache"),
     );
     let m = dir.join("m.gguf");
-    std::fs::copy(sluice::default_model::ensure().unwrap(), &m).unwrap();
+    std::fs::copy(sluice::default_model::ensure_random().unwrap(), &m).unwrap();
     let ms = m.to_str().unwrap();
     let usage = dir.join(".m.gguf.sluice-usage.json");
     // --usage-freeze: nothing written.

@@ -292,7 +292,7 @@ fn gpu_tokens_identical_across_placement() {
     if !gpu_or_skip("gpu_tokens_identical_across_placement") {
         return;
     }
-    let default = sluice::default_model::ensure().unwrap();
+    let default = sluice::default_model::ensure_random().unwrap();
     let mut models = vec![default];
     for f in ["qwen3_moe", "deepseek_v3", "glm4_moe"] {
         models.push(

@@ -9,7 +9,7 @@ use sluice::model::{LoadOptions, Model};
 fn default_model() -> std::path::PathBuf {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("model-errors-cache");
     std::env::set_var("SLUICE_CACHE_DIR", &dir);
-    sluice::default_model::ensure().expect("write default model")
+    sluice::default_model::ensure_random().expect("write default model")
 }
 
 #[test]

@@ -31,7 +31,7 @@ fn rewrite_with(
     extra: &[(&str, MetaValue)],
 ) {
     std::env::set_var("SLUICE_CACHE_DIR", tmpdir("cache"));
-    let src = sluice::default_model::ensure().unwrap();
+    let src = sluice::default_model::ensure_random().unwrap();
     let files = ModelFiles::open(&src).unwrap();
     let mut w = GgufWriter::new(out).unwrap();
     for k in files.meta_keys() {
@@ -153,7 +153,7 @@ fn shape_mismatch() {
 #[test]
 fn token_out_of_range() {
     std::env::set_var("SLUICE_CACHE_DIR", tmpdir("cache"));
-    let src = sluice::default_model::ensure().unwrap();
+    let src = sluice::default_model::ensure_random().unwrap();
     let out = tmpdir("tok").join("l.npy");
     assert_clean_failure(
         &[
@@ -174,7 +174,7 @@ fn token_out_of_range() {
 #[test]
 fn gpu_flags_fail_cleanly() {
     std::env::set_var("SLUICE_CACHE_DIR", tmpdir("cache"));
-    let src = sluice::default_model::ensure().unwrap();
+    let src = sluice::default_model::ensure_random().unwrap();
     let out = tmpdir("gpu").join("l.npy");
     let (m, o) = (src.to_str().unwrap(), out.to_str().unwrap());
     let base = ["logits", m, "--tokens", "1,2", "--out", o];

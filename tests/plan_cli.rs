@@ -9,7 +9,7 @@ fn cache() -> PathBuf {
 
 fn model() -> PathBuf {
     std::env::set_var("SLUICE_CACHE_DIR", cache());
-    sluice::default_model::ensure().unwrap()
+    sluice::default_model::ensure_random().unwrap()
 }
 
 fn sluice(args: &[&str]) -> (i32, String, String) {

@@ -195,7 +195,7 @@ fn default_model() -> PathBuf {
         "SLUICE_CACHE_DIR",
         Path::new(env!("CARGO_TARGET_TMPDIR")).join("prefetch-cache"),
     );
-    sluice::default_model::ensure().unwrap()
+    sluice::default_model::ensure_random().unwrap()
 }
 
 fn deepseek() -> PathBuf {

@@ -14,7 +14,7 @@ fn prefetching_decode_step_allocates_nothing() {
         "SLUICE_CACHE_DIR",
         std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("prefetch-alloc"),
     );
-    let path = sluice::default_model::ensure().unwrap();
+    let path = sluice::default_model::ensure_random().unwrap();
     let files = sluice::format::ModelFiles::open(&path).unwrap();
     let model = sluice::model::Model::load(
         &files,

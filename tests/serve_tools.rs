@@ -17,6 +17,11 @@ fn tools_change_the_prompt_as_transformers_renders_them() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let fixtures = root.join("tests/fixtures/chat/expected.json");
     let script = root.join("tests/serve/test_tool_prompt.py");
+    // The random test model: its tokenizer adds no BOS, so a rendered prompt sent to
+    // /v1/completions counts the same tokens as the chat route (the trained default model's
+    // tokenizer adds BOS to a completion prompt, and the Qwen/GLM templates render none).
+    let model = sluice::default_model::ensure_random().unwrap();
+    let model = model.to_str().unwrap();
     for name in ["Qwen-Qwen3-0.6B.jinja", "GLM-4.6.jinja"] {
         let template = root.join("vendor-data/templates").join(name);
         assert!(
@@ -24,14 +29,20 @@ fn tools_change_the_prompt_as_transformers_renders_them() {
             "{} is missing: run scripts/fetch-test-data.sh",
             template.display()
         );
-        let server = Server::start(&["-c", "4096", "--chat-template", template.to_str().unwrap()]);
+        let server = Server::start(&[
+            model,
+            "-c",
+            "4096",
+            "--chat-template",
+            template.to_str().unwrap(),
+        ]);
         let out = Command::new("python3")
             .arg(&script)
             .args([
                 "--base",
                 &server.base(),
                 "--model",
-                &sluice::default_model::model_id(),
+                &sluice::default_model::random_model_id(),
             ])
             .args(["--template", name, "--fixtures", fixtures.to_str().unwrap()])
             .output()

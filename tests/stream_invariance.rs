@@ -15,7 +15,7 @@ fn model_path() -> PathBuf {
         "SLUICE_CACHE_DIR",
         Path::new(env!("CARGO_TARGET_TMPDIR")).join("stream-cache"),
     );
-    sluice::default_model::ensure().unwrap()
+    sluice::default_model::ensure_random().unwrap()
 }
 
 fn logits(

@@ -47,7 +47,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         None => {
             let p = crate::default_model::ensure().context("preparing the default model")?;
             eprintln!(
-                "[sluice] no model given: running the built-in tiny random MoE model at {} (its text is noise); pass a .gguf path to run a real model",
+                "[sluice] no model given: running the built-in {} ({}); pass a .gguf path to run a real model",
+                crate::default_model::DESCRIPTION,
                 p.display()
             );
             p

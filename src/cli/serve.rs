@@ -71,7 +71,11 @@ pub fn run_cmd(args: ServeArgs) -> anyhow::Result<()> {
         Some(p) => p.clone(),
         None => {
             let p = crate::default_model::ensure().context("preparing the default model")?;
-            eprintln!("[sluice] no model given: serving the built-in tiny random MoE model at {} (its text is noise)", p.display());
+            eprintln!(
+                "[sluice] no model given: serving the built-in {} ({})",
+                crate::default_model::DESCRIPTION,
+                p.display()
+            );
             p
         }
     };
