@@ -459,3 +459,39 @@ fn mtp_widens_the_expert_union_and_pays_only_with_resident_experts() {
     assert!(a > c.break_even_acceptance.unwrap(), "{why}");
     assert!(why.contains("warning: decode is disk-bound"), "{why}");
 }
+
+/// A run that reads experts faster than the profile's ceiling raises it (a probe taken on a
+/// busy machine), one that reads much slower says so and keeps it; profiles saved before the
+/// busy figure existed still load.
+#[test]
+fn run_reads_check_the_profile() {
+    let mut p = profile(1.0, 4, 50.0, 64 * GB, true);
+    assert_eq!(
+        p.storage.busy_at_probe, None,
+        "old profiles load without the field"
+    );
+    assert_eq!(
+        p.check_run_reads(2_359_296, 1 << 20, 0.001),
+        None,
+        "too little read"
+    );
+    assert_eq!(
+        p.check_run_reads(2_359_296, GB, 1.0),
+        None,
+        "1.0 GB/s: as profiled"
+    );
+    p.storage.busy_at_probe = Some(0.9);
+    let msg = p.check_run_reads(2_359_296, 2 * GB, 1.0).unwrap();
+    assert!(
+        msg.contains("2.00 GB/s") && msg.contains("90% busy") && msg.contains("raised"),
+        "{msg}"
+    );
+    assert_eq!(p.disk_ceiling(2_359_296).unwrap().1.gbps, 2.0);
+    assert!(p.storage.raised_by_run.is_some());
+    let msg = p.check_run_reads(2_359_296, GB / 2, 1.0).unwrap();
+    assert!(msg.contains("under half") && msg.contains("kept"), "{msg}");
+    assert_eq!(p.disk_ceiling(2_359_296).unwrap().1.gbps, 2.0);
+    // The raised profile round-trips through its JSON.
+    let back: MachineProfile = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
+    assert_eq!(back, p);
+}

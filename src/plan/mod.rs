@@ -38,6 +38,14 @@ pub use probe_mem::MemoryInfo;
 
 use crate::format::{FormatError, ModelFiles};
 
+/// A probe that found the machine busier than this (share of all cores' time) is taken again
+/// on a later start that finds it quieter than `QUIET`.
+pub const BUSY: f64 = 0.5;
+/// See `BUSY`.
+pub const QUIET: f64 = 0.25;
+/// A run whose expert reads came faster than the profile's ceiling times this raises it.
+pub const RAISE_ABOVE: f64 = 1.25;
+
 /// Bump when the schema or a method changes: older files are then probed again.
 pub const PROFILE_VERSION: u32 = 1;
 
@@ -67,6 +75,53 @@ impl MachineProfile {
     pub fn disk_ceiling(&self, block_bytes: u64) -> Option<(u64, &ReadPoint)> {
         let s = self.storage.nearest_direct(block_bytes)?;
         Some((s.block_bytes, s.best()?))
+    }
+
+    /// A run's own expert-read figures against the profile: `bytes` read in `secs` of wall
+    /// time with reads outstanding, in reads of about `block_bytes`. When the run read faster
+    /// than the profile's O_DIRECT ceiling x `RAISE_ABOVE` (a probe taken while the machine
+    /// was busy, or a disk that got faster), the ceiling's best point is raised to what the run
+    /// achieved and a line says so (the caller saves the profile); when it read at less than
+    /// half the ceiling, a line says so and nothing changes (the run may not have kept the
+    /// readers busy). `None`: nothing worth saying (too little read, or within the band).
+    pub fn check_run_reads(&mut self, block_bytes: u64, bytes: u64, secs: f64) -> Option<String> {
+        if bytes < 64 << 20 || secs <= 0.0 {
+            return None;
+        }
+        let run = bytes as f64 / secs / 1e9;
+        let busy = self.storage.busy_at_probe;
+        let series = self
+            .storage
+            .series
+            .iter_mut()
+            .filter(|s| s.mode == ReadMode::Direct)
+            .min_by_key(|s| s.block_bytes.abs_diff(block_bytes))?;
+        let best = series
+            .points
+            .iter_mut()
+            .max_by(|a, b| a.gbps.total_cmp(&b.gbps))?;
+        let ceiling = best.gbps;
+        if run > ceiling * RAISE_ABOVE {
+            let why = match busy {
+                Some(b) if b > BUSY => {
+                    format!(" (probed while the machine was {:.0}% busy)", 100.0 * b)
+                }
+                _ => String::new(),
+            };
+            best.gbps = sig6(run);
+            let note =
+                format!("raised from {ceiling:.2} to {run:.2} GB/s by a run's expert reads{why}");
+            self.storage.raised_by_run = Some(note);
+            Some(format!(
+                "disk: this run read experts at {run:.2} GB/s, faster than the profile's {ceiling:.2} GB/s{why}: profile raised (`sluice doctor --refresh` probes again)"
+            ))
+        } else if run < ceiling * 0.5 {
+            Some(format!(
+                "disk: this run read experts at {run:.2} GB/s, under half the profile's {ceiling:.2} GB/s (readers idle part of the time, or the disk is shared); profile kept"
+            ))
+        } else {
+            None
+        }
     }
 
     /// Re-read what changes while a machine runs (available memory, limits, free space).
@@ -364,9 +419,21 @@ pub fn load_or_probe_with(
                 .into_iter()
                 .filter(|&b| p.storage.direct(b).is_none())
                 .collect();
+            let busy_then = p.storage.busy_at_probe.filter(|&b| b > BUSY);
+            let quiet_now = busy_then
+                .and_then(|_| sys::cpu_busy(Duration::from_millis(300)))
+                .filter(|&b| b < QUIET);
             if !p.storage.o_direct && measured {
                 // O_DIRECT was refused there: nothing more to learn by probing again.
                 (p, Origin::Cached)
+            } else if let (Some(then), Some(now)) = (busy_then, quiet_now) {
+                log(&format!(
+                    "the cached disk figures were probed while the machine was {:.0}% busy; it is {:.0}% busy now: probing the disk again",
+                    100.0 * then,
+                    100.0 * now
+                ));
+                p.storage = probe_disk::probe(&disk_options(o, &cpu, o.sizes()), log)?;
+                (p, Origin::Extended)
             } else if missing.is_empty() {
                 (p, Origin::Cached)
             } else {

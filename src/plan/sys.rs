@@ -173,3 +173,26 @@ impl Drop for RemoveOnSignal {
 pub fn process_alive(pid: u32) -> bool {
     Path::new("/proc").join(pid.to_string()).exists()
 }
+
+/// Share of all cores' time spent busy (not idle, not waiting for IO) over `window`, from
+/// `/proc/stat`'s `cpu` line sampled at both ends; `None` where it cannot be read.
+pub fn cpu_busy(window: std::time::Duration) -> Option<f64> {
+    fn sample() -> Option<(u64, u64)> {
+        let text = std::fs::read_to_string("/proc/stat").ok()?;
+        let line = text.lines().find(|l| l.starts_with("cpu "))?;
+        let v: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        // user nice system idle iowait irq softirq steal ...
+        let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
+        let total: u64 = v.iter().take(8).sum();
+        Some((idle, total))
+    }
+    let (i0, t0) = sample()?;
+    std::thread::sleep(window);
+    let (i1, t1) = sample()?;
+    let dt = t1.saturating_sub(t0);
+    (dt > 0).then(|| 1.0 - i1.saturating_sub(i0) as f64 / dt as f64)
+}
