@@ -14,7 +14,7 @@
 //! `--gpu-staging`. A RAM-cache slot is never handed back (`ExpertCache::end`) while a copy
 //! from it is in flight, and a VRAM slot is never overwritten while a kernel may read it.
 
-use super::driver::{pinned_h2d_gbps, Arg, DevBuf, Event, Gpu, Kernel, PinnedBuf, Stream};
+use super::driver::{pinned_h2d_gbps, Arg, DevBuf, Event, Gpu, Graph, Kernel, PinnedBuf, Stream};
 use super::pool::VramPool;
 use super::{GpuError, GpuOptions, GpuStats, Staging};
 use crate::dtype::DType;
@@ -127,6 +127,8 @@ struct MoeGeo {
     rb_down: usize,
 }
 
+// One per layer, built once: the size difference costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 enum GFfn {
     Dense(GMlp),
     Moe(GMoe),
@@ -231,7 +233,9 @@ struct Host {
 }
 
 pub struct GpuState {
-    // Field order is drop order: buffers before the context they live in.
+    // Field order is drop order: the graph and buffers before the context they live in.
+    /// The decode step's CUDA graph, once captured (see `forward_graph`).
+    graph: Option<Graph>,
     bufs: Bufs,
     host: Host,
     weights: DevBuf,
@@ -270,6 +274,12 @@ pub struct GpuState {
     device_route: bool,
     /// The device's count of experts run, as last read.
     stat_last: i32,
+    /// Experts per token (n_experts_used).
+    k: usize,
+    /// Decode steps run as a CUDA graph (`SLUICE_GPU_GRAPH=0` turns it off, for A/B runs).
+    graphs: bool,
+    /// A forward is being recorded into the graph (timers are off: one pair times a replay).
+    capturing: bool,
     gpu: Gpu,
 }
 
@@ -721,6 +731,7 @@ impl GpuState {
         };
         Ok((
             GpuState {
+                graph: None,
                 bufs,
                 host,
                 weights,
@@ -755,6 +766,9 @@ impl GpuState {
                     && cfg.routing.topk_group <= 64
                     && e <= 1024,
                 stat_last: 0,
+                k,
+                graphs: std::env::var("SLUICE_GPU_GRAPH").map_or(true, |v| v != "0"),
+                capturing: false,
                 gpu,
             },
             summary,
@@ -840,7 +854,7 @@ impl GpuState {
         y: u64,
         ldy: usize,
     ) -> Result<(), GpuError> {
-        if let Some(q) = m.f.q.filter(|_| m.cols % 32 == 0) {
+        if let Some(q) = m.f.q.filter(|_| m.cols.is_multiple_of(32)) {
             self.quantize(x, ldx, n, m.cols)?;
             return self
                 .gpu
@@ -1094,6 +1108,9 @@ impl GpuState {
     }
 
     fn timer_start(&mut self, stream: Stream) -> Result<usize, GpuError> {
+        if self.capturing {
+            return Ok(usize::MAX);
+        }
         if self.timers.next + 2 > self.timers.events.len() {
             self.gpu.sync(Stream::Compute)?;
             self.gpu.sync(Stream::Copy)?;
@@ -1106,6 +1123,9 @@ impl GpuState {
     }
 
     fn timer_stop(&mut self, i: usize, stream: Stream, copy: bool) -> Result<(), GpuError> {
+        if i == usize::MAX {
+            return Ok(());
+        }
         self.gpu.record(&self.timers.events[i + 1], stream)?;
         self.timers.pairs.push((i, i + 1, copy));
         Ok(())
@@ -1140,7 +1160,17 @@ impl GpuState {
     ) -> Result<(), ModelError> {
         let t0 = Instant::now();
         self.gpu.bind()?;
-        let r = self.forward_inner(model, st, tokens, logits_from);
+        let graph = self.graphs
+            && tokens.len() == 1
+            && logits_from == 0
+            && self.device_route
+            && self.layer_ready.iter().all(|&r| r);
+        let r = if graph {
+            self.forward_graph(model, st, tokens)
+        } else {
+            self.forward_body(model, st, tokens, logits_from)
+                .and_then(|()| self.forward_finish(model, st, tokens.len(), logits_from))
+        };
         if r.is_err() {
             // Leave both streams idle so the next call starts clean.
             let _ = self.gpu.sync(Stream::Copy);
@@ -1153,7 +1183,43 @@ impl GpuState {
         r
     }
 
-    fn forward_inner(
+    /// A one-token decode step (every MoE layer device-routed, so nothing in it waits for the
+    /// host) as a CUDA graph: captured at the first such step, replayed after. Its inputs are
+    /// the pinned token and position, copied by the graph's first nodes; its outputs the pinned
+    /// logits and expert counter, so a replay is the captured forward at the current position.
+    fn forward_graph(
+        &mut self,
+        model: &Model<'_>,
+        st: &mut State,
+        tokens: &[u32],
+    ) -> Result<(), ModelError> {
+        let compute = Stream::Compute;
+        if self.graph.is_none() {
+            self.gpu.begin_capture(compute)?;
+            self.capturing = true;
+            let r = self.forward_body(model, st, tokens, 0);
+            self.capturing = false;
+            let g = self.gpu.end_capture(compute);
+            r?;
+            self.graph = Some(g?);
+        }
+        self.host.tokens.i32s_mut()[0] = tokens[0] as i32;
+        let p = self.host.pos.i32s_mut();
+        p[0] = st.pos as i32;
+        p[1] = (st.pos + st.rope_offset) as i32;
+        st.experts_run = 0;
+        let ti = self.timer_start(compute)?;
+        if let Some(g) = &self.graph {
+            self.gpu.launch_graph(g, compute)?;
+        }
+        self.timer_stop(ti, compute, false)?;
+        let moe_layers = self.layer_ready.len();
+        self.pool.count_hits((self.k * moe_layers) as u64);
+        self.forward_finish(model, st, 1, 0)
+    }
+
+    /// Every launch and copy of a forward, up to (not including) the wait for its logits.
+    fn forward_body(
         &mut self,
         model: &Model<'_>,
         st: &mut State,
@@ -1163,6 +1229,7 @@ impl GpuState {
         let cfg = &model.cfg;
         let (n, h) = (tokens.len(), cfg.hidden);
         let compute = Stream::Compute;
+        self.xq_src.set(None);
         let ti = self.timer_start(compute)?;
         for (o, &t) in self.host.tokens.i32s_mut().iter_mut().zip(tokens) {
             *o = t as i32;
@@ -1239,7 +1306,7 @@ impl GpuState {
                 )?;
             }
         }
-        // SAFETY: the pinned counter is read only after the sync below.
+        // SAFETY: the pinned counter is read only after the sync in forward_finish.
         unsafe {
             self.gpu.download_async(
                 self.host.stat.as_mut_slice().as_mut_ptr(),
@@ -1248,7 +1315,20 @@ impl GpuState {
                 compute,
             )?;
         }
-        self.gpu.sync(compute)?;
+        Ok(())
+    }
+
+    /// Waits for the forward's work, then takes its logits and counters.
+    fn forward_finish(
+        &mut self,
+        model: &Model<'_>,
+        st: &mut State,
+        n: usize,
+        logits_from: usize,
+    ) -> Result<(), ModelError> {
+        let n_logits = n.saturating_sub(logits_from);
+        let v = model.cfg.vocab;
+        self.gpu.sync(Stream::Compute)?;
         self.harvest()?;
         let runs = self.host.stat.i32s_mut()[0];
         st.experts_run += runs.wrapping_sub(self.stat_last) as u32 as usize;
@@ -1555,7 +1635,7 @@ impl GpuState {
         let compute = Stream::Compute;
         let ti = self.timer_start(compute)?;
         let q = match (mo.gate_up.q, mo.down.q) {
-            (Some(a), Some(b)) if h % 32 == 0 && mo.ffn % 32 == 0 => Some((a, b)),
+            (Some(a), Some(b)) if h.is_multiple_of(32) && mo.ffn.is_multiple_of(32) => Some((a, b)),
             _ => None,
         };
         if let Some((qg, qd)) = q {
@@ -1735,7 +1815,9 @@ impl GpuState {
                 ],
             )?;
             self.timer_stop(ti, compute, false)?;
-            self.pool.count_hits((n * k) as u64);
+            if !self.capturing {
+                self.pool.count_hits((n * k) as u64);
+            }
             let jobs = self.bufs.jobs.ptr;
             let nj = self.bufs.njobs.ptr;
             self.run_jobs(&mo, jobs, e.min(n * k), nj, n, (0, n * k), h)?;
@@ -1962,6 +2044,7 @@ impl GpuState {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn stage_misses(
         &mut self,
         cache: &mut crate::experts::ExpertCache,
