@@ -2,15 +2,17 @@
 //!
 //! Map (see docs/ARCHITECTURE.md): `format` reads model files into byte ranges; `kernels`
 //! computes on encoded tensors; `model` holds shared blocks and one file per architecture
-//! family; `tokenizer`, `chat` and `sample` turn text into tokens and back; `generate` runs
-//! the prefill/decode loop; `inspect` summarises a model; `cli` holds the subcommands that
-//! `main.rs` dispatches to.
+//! family; `tokenizer`, `chat` and `sample` turn text into tokens and back; `engine` owns a
+//! running model (placement, session) and the one prefill/decode loop (`generate` keeps its
+//! old entry points); `inspect` summarises a model; `cli` holds the subcommands, thin clients
+//! of the engine, that `main.rs` dispatches to.
 
 pub mod bench;
 pub mod chat;
 pub mod cli;
 pub mod default_model;
 pub mod dtype;
+pub mod engine;
 pub mod experts;
 pub mod format;
 pub mod generate;

@@ -6,7 +6,7 @@
 //! the main model's next distribution. Each emitted token is then distributed exactly as p.
 //!
 //! Owns: the rule and drawing from a given uniform. Does not own: the random numbers, the
-//! distributions (the sampler makes them) or the loop (`generate::generate_mtp`).
+//! distributions (the sampler makes them) or the loop (`engine::decode`).
 //! Invariant: every function is deterministic in its inputs, so tests can enumerate outcomes
 //! exactly instead of sampling them.
 //!

@@ -1,12 +1,11 @@
 //! `sluice chat [MODEL]`: interactive chat using the model's chat template. Each turn reuses
-//! the KV cache for the longest common token prefix with the previous turn.
+//! the session's cache for the longest common token prefix with the previous turn; with
+//! `--kv-dir` the conversation is saved after each turn and a later chat that starts the same
+//! way resumes from it.
 
-use super::common::{ComputeArgs, SamplingArgs};
+use super::common::{engine_options, ComputeArgs, ExpertArgs, SamplingArgs};
 use crate::chat::{render_chat, ChatMessage};
-use crate::format::ModelFiles;
-use crate::generate::{generate, load_tokenizer};
-use crate::sample::Sampler;
-use anyhow::Context;
+use crate::engine::{Engine, Event, GenParams};
 use clap::Args;
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -21,31 +20,57 @@ pub struct ChatArgs {
     /// Most tokens per reply.
     #[arg(short = 'n', long = "n-predict", default_value_t = 512)]
     pub n_predict: usize,
+    /// Self-speculative decoding with the model's MTP head: K drafts per step (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub mtp: usize,
+    /// Save the conversation's KV cache here after each turn, and resume from a saved one.
+    #[arg(long = "kv-dir")]
+    pub kv_dir: Option<PathBuf>,
+    /// Most sessions kept in --kv-dir (oldest removed first).
+    #[arg(long = "kv-max-sessions", default_value_t = 8, requires = "kv_dir")]
+    pub kv_max_sessions: usize,
     #[command(flatten)]
     pub compute: ComputeArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
+    pub experts: ExpertArgs,
+    #[command(flatten)]
     pub gpu: super::gpu::GpuArgs,
 }
 
 pub fn run(args: ChatArgs) -> anyhow::Result<()> {
-    let path = match &args.model {
-        Some(p) => p.clone(),
-        None => crate::default_model::ensure().context("preparing the default model")?,
-    };
-    let files = ModelFiles::open(&path)?;
-    let (model, ctx) = args.compute.load(&files, 0)?;
-    let tok = load_tokenizer(&files)?;
-    let template = tok.chat_template().map(str::to_string).ok_or_else(|| {
-        anyhow::anyhow!(
-            "{}: the model has no chat template; use `sluice run -p` for raw prompts",
-            path.display()
-        )
-    })?;
-    let mut st = model.new_state(ctx, args.compute.batch, 1)?;
-    super::gpu::setup_gpu(&model, &files, &mut st, &args.gpu, None, 0, false)?;
-    let mut sampler = Sampler::new(args.sampling.params(), model.cfg.vocab);
+    let path = super::common::model_or_default(&args.model)?;
+    let mut o = engine_options(
+        "chat",
+        &path,
+        &args.compute,
+        &args.sampling,
+        &args.experts,
+        &args.gpu,
+    )?;
+    o.mtp = args.mtp;
+    o.kv_dir = args.kv_dir.clone();
+    o.kv_max_sessions = args.kv_max_sessions.max(1);
+    let mut engine = Engine::open(o)?;
+    let ctx = engine.ctx;
+    let template = engine
+        .tok
+        .chat_template()
+        .map(str::to_string)
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "{}: the model has no chat template; use `sluice run -p` for raw prompts",
+                path.display()
+            )
+        })?;
+    if let (Some(dir), Some(n)) = (&args.kv_dir, engine.saved_sessions()) {
+        eprintln!(
+            "[sluice] --kv-dir {}: {n} saved session(s) of this model",
+            dir.display()
+        );
+    }
+    let mut sampler = engine.sampler();
     let mut messages: Vec<ChatMessage> = Vec::new();
     if let Some(s) = &args.system {
         messages.push(ChatMessage {
@@ -53,7 +78,6 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
             content: s.clone(),
         });
     }
-    let mut cached: Vec<u32> = Vec::new();
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
     eprintln!(
@@ -75,49 +99,45 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
             &template,
             &messages,
             true,
-            tok.bos_token().unwrap_or(""),
-            tok.eos_token().unwrap_or(""),
+            engine.tok.bos_token().unwrap_or(""),
+            engine.tok.eos_token().unwrap_or(""),
             None,
         )?;
-        let ids = tok.encode(&text, false)?;
+        let ids = engine.tok.encode(&text, false)?;
         if ids.len() > ctx {
             eprintln!("[sluice] the conversation ({} tokens) no longer fits the context of {ctx} tokens (raise -c); chat ends", ids.len());
             break;
         }
-        // Reuse the cached prefix; always feed at least one token to get fresh logits.
-        let common = cached
-            .iter()
-            .zip(&ids)
-            .take_while(|(a, b)| a == b)
-            .count()
-            .min(ids.len().saturating_sub(1))
-            .min(st.pos);
-        st.truncate(common);
-        cached.truncate(common);
         let mut reply = String::new();
-        let (gen, stats) = generate(
-            &model,
-            &mut st,
-            &tok,
-            &mut sampler,
-            &ids[common..],
-            args.n_predict,
-            false,
-            &mut |s| {
+        let params = GenParams::new(args.n_predict);
+        let res = engine.generate(&ids, &mut sampler, &params, &mut |e| {
+            if let Event::Text(s) = e {
                 reply.push_str(s);
                 print!("{s}");
                 let _ = std::io::stdout().flush();
-                true
-            },
-        )?;
+            }
+            true
+        })?;
         println!();
-        let full = !stats.stopped_by_eos && stats.generated < args.n_predict && st.pos >= ctx;
+        let stats = &res.generation.stats;
+        let full =
+            !stats.stopped_by_eos && stats.generated < args.n_predict && engine.state().pos >= ctx;
         if full {
             eprintln!("{}", super::run::context_limit_note(ctx, stats.generated));
         }
-        eprintln!("{} | reused {common} cached tokens", stats.timing_line());
-        cached.extend_from_slice(&ids[common..]);
-        cached.extend_from_slice(&gen);
+        let restored = if res.restored_bytes.is_some() {
+            " (restored from --kv-dir)"
+        } else {
+            ""
+        };
+        eprintln!(
+            "{} | reused {} cached tokens{restored}",
+            stats.timing_line(),
+            stats.reused
+        );
+        if let Err(e) = engine.save_session() {
+            eprintln!("[sluice] warning: cannot save the KV session: {e}");
+        }
         messages.push(ChatMessage {
             role: "assistant".into(),
             content: reply,
@@ -126,5 +146,6 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
             break;
         }
     }
+    engine.save_usage()?;
     Ok(())
 }

@@ -1,8 +1,9 @@
-//! Arguments shared by the commands that load a model and generate.
+//! Arguments shared by the commands that load a model and generate, their translation into
+//! `EngineOptions` (each flag parsed once, in `engine::options`), and the end-of-run figures.
 
-use crate::format::ModelFiles;
-use crate::model::{LoadOptions, Model, ModelConfig};
+use crate::engine::{EngineOptions, ExpertOptions};
 use crate::sample::SamplingParams;
+use anyhow::Context;
 use clap::Args;
 
 /// Model-loading and compute options (llama.cpp spellings).
@@ -18,47 +19,6 @@ pub struct ComputeArgs {
     /// Prompt tokens per prefill batch.
     #[arg(short = 'b', long = "batch-size", default_value_t = 128)]
     pub batch: usize,
-}
-
-impl ComputeArgs {
-    /// The context length to run with, for a model whose hyperparameters are `cfg`: `-c`, else
-    /// the model's own context length capped at 4096 (and at DeepSeek-V3.2's dense limit), and
-    /// at least `need` tokens. A context beyond the model's own length runs, with a one-line
-    /// warning on stderr (llama.cpp does the same): positions past it were never trained.
-    pub fn ctx_for(&self, cfg: &ModelConfig, need: usize) -> anyhow::Result<usize> {
-        let max = cfg.train_ctx;
-        if self.ctx == Some(0) {
-            anyhow::bail!("-c 0: the context must hold at least one token");
-        }
-        let auto = max
-            .min(4096)
-            .min(cfg.dense_attn_limit.unwrap_or(usize::MAX));
-        let ctx = self.ctx.unwrap_or(auto).max(need);
-        if ctx > max {
-            eprintln!(
-                "[sluice] warning: context {ctx} is more than the model's context length (max_position_embeddings / context_length), {max}: positions past it were not trained"
-            );
-        }
-        Ok(ctx)
-    }
-
-    /// Read the model's hyperparameters, settle the context length (`ctx_for`) and load the
-    /// model with rotary tables for it.
-    pub fn load<'a>(
-        &self,
-        files: &'a ModelFiles,
-        need: usize,
-    ) -> anyhow::Result<(Model<'a>, usize)> {
-        let ctx = self.ctx_for(&ModelConfig::from_files(files)?, need)?;
-        let model = Model::load(
-            files,
-            &LoadOptions {
-                threads: self.threads,
-                ctx,
-            },
-        )?;
-        Ok((model, ctx))
-    }
 }
 
 /// Sampling options (llama.cpp spellings and defaults).
@@ -141,13 +101,6 @@ pub struct ExpertArgs {
     /// Read usage statistics but never write them (for benchmarks).
     #[arg(long = "usage-freeze")]
     pub usage_freeze: bool,
-    /// Print where decode time went (attention, expert wait, expert compute, lm_head, other)
-    /// and a verdict (I/O-bound, compute-bound, balanced).
-    #[arg(long)]
-    pub prof: bool,
-    /// Write the run's figures as JSON to FILE.
-    #[arg(long = "stats-json")]
-    pub stats_json: Option<std::path::PathBuf>,
     /// Predict each MoE layer's experts from the previous layer (its router applied after that
     /// layer's attention) and start their reads early. `--prefetch` = on, `--prefetch=off`;
     /// default: the planner's.
@@ -155,95 +108,78 @@ pub struct ExpertArgs {
     pub prefetch: Option<String>,
 }
 
-/// Where a model's usage statistics live: beside the model if that directory is writable,
-/// else in the cache directory, named after the model identity.
-pub fn usage_path(files: &crate::format::ModelFiles, id: &str) -> std::path::PathBuf {
-    let name = files
-        .paths()
-        .first()
-        .and_then(|p| p.file_name())
-        .map(|n| n.to_string_lossy().to_string())
-        .unwrap_or_else(|| "model".into());
-    let beside = files.dir().join(format!(".{name}.sluice-usage.json"));
-    let writable = std::fs::metadata(files.dir())
-        .map(|m| !m.permissions().readonly())
-        .unwrap_or(false)
-        && std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(files.dir().join(".sluice-write-probe"))
-            .map(|_| true)
-            .unwrap_or(false);
-    let _ = std::fs::remove_file(files.dir().join(".sluice-write-probe"));
-    if writable {
-        beside
-    } else {
-        let short: String = id
-            .chars()
-            .filter(|c| c.is_ascii_alphanumeric())
-            .take(24)
-            .collect();
-        crate::default_model::cache_dir().join(format!("usage-{short}.json"))
+/// What `run` reports besides its text.
+#[derive(Args, Debug, Clone)]
+pub struct ReportArgs {
+    /// Print where decode time went (attention, expert wait, expert compute, lm_head, other)
+    /// and a verdict (I/O-bound, compute-bound, balanced).
+    #[arg(long)]
+    pub prof: bool,
+    /// Write the run's figures as JSON to FILE.
+    #[arg(long = "stats-json")]
+    pub stats_json: Option<std::path::PathBuf>,
+}
+
+impl ComputeArgs {
+    /// Copy the compute flags into `o`.
+    pub fn apply(&self, o: &mut EngineOptions) {
+        o.threads = self.threads;
+        o.ctx = self.ctx;
+        o.batch = self.batch;
     }
 }
 
-/// After a run: add this run's selections to the saved usage statistics (unless frozen).
-pub fn save_usage(
-    files: &crate::format::ModelFiles,
-    st: &crate::model::State,
-    a: &ExpertArgs,
-) -> anyhow::Result<()> {
-    let Some(cache) = st.experts() else {
-        return Ok(());
-    };
-    if a.usage_freeze {
-        return Ok(());
+impl ExpertArgs {
+    /// The placement flags, each parsed once (`engine::options` refuses bad values).
+    pub fn options(&self) -> anyhow::Result<ExpertOptions> {
+        use crate::engine::options::{parse_io, parse_prefetch, parse_size};
+        Ok(ExpertOptions {
+            mode: crate::plan::planner::ExpertMode::parse(&self.mode)?,
+            ram: self
+                .ram
+                .as_deref()
+                .map(parse_size)
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("--ram: {e}"))?,
+            cap: self.cap,
+            io: self.io.as_deref().map(parse_io).transpose()?,
+            io_threads: self.io_threads,
+            policy: crate::experts::Policy::parse(&self.policy, self.halve_every)
+                .map_err(|e| anyhow::anyhow!("--policy: {e}"))?,
+            route_trace: self.route_trace.clone(),
+            autopin: self.autopin,
+            pin_bytes: self.pin_gb.map(|g| (g * 1e9) as u64),
+            usage_freeze: self.usage_freeze,
+            prefetch: self.prefetch.as_deref().map(parse_prefetch).transpose()?,
+        })
     }
-    let id = crate::experts::model_identity(files.paths())?;
-    let path = usage_path(files, &id);
-    let mut usage = cache.usage();
-    if let Ok(old) = crate::experts::UsageStats::load(&path, &id) {
-        usage.add(&old)?;
-    }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    usage.save(&path, &id)?;
-    Ok(())
 }
 
-/// Parse sizes like `24G`, `512M`, `1.5GiB`, `1000000` (bytes).
-pub fn parse_size(s: &str) -> anyhow::Result<u64> {
-    let t = s.trim();
-    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let v: f64 = num.trim().parse().map_err(|_| {
-        anyhow::anyhow!("size {s:?}: expected a number with an optional K/M/G/T suffix")
-    })?;
-    let mul = match unit
-        .to_ascii_uppercase()
-        .trim_end_matches("IB")
-        .trim_end_matches('B')
-    {
-        "" => 1.0,
-        "K" => 1024.0,
-        "M" => 1024.0 * 1024.0,
-        "G" => 1024.0 * 1024.0 * 1024.0,
-        "T" => 1024.0f64.powi(4),
-        _ => anyhow::bail!("size {s:?}: unknown unit {unit:?}"),
-    };
-    if v.is_nan() || v < 0.0 {
-        anyhow::bail!("size {s:?} must be positive");
-    }
-    Ok((v * mul) as u64)
+/// The engine options of a command that loads `model`: compute, sampling, placement and GPU
+/// flags (the command sets the rest: MTP, `--kv-dir`, logit rows).
+pub fn engine_options(
+    command: &'static str,
+    model: &std::path::Path,
+    compute: &ComputeArgs,
+    sampling: &SamplingArgs,
+    experts: &ExpertArgs,
+    gpu: &super::gpu::GpuArgs,
+) -> anyhow::Result<EngineOptions> {
+    let mut o = EngineOptions::new(model);
+    o.command = command;
+    compute.apply(&mut o);
+    o.sampling = sampling.params();
+    o.experts = experts.options()?;
+    o.gpu = gpu.request()?;
+    Ok(o)
 }
 
-/// MemAvailable from /proc/meminfo, in bytes.
-pub fn mem_available() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+/// The model to open: `model`, else the built-in tiny model (written on first use).
+pub fn model_or_default(model: &Option<std::path::PathBuf>) -> anyhow::Result<std::path::PathBuf> {
+    match model {
+        Some(p) => Ok(p.clone()),
+        None => crate::default_model::ensure().context("preparing the default model"),
+    }
 }
 
 fn gb(b: u64) -> f64 {
@@ -251,166 +187,6 @@ fn gb(b: u64) -> f64 {
 }
 
 use crate::plan::planner::human;
-
-/// Decide where experts live, print one `[plan]` line per decision with its reason, and
-/// attach a streaming cache to `st` when streaming. Returns the plan (for predicted vs measured).
-pub fn setup_experts(
-    model: &crate::model::Model<'_>,
-    files: &crate::format::ModelFiles,
-    st: &mut crate::model::State,
-    a: &ExpertArgs,
-) -> anyhow::Result<crate::plan::planner::Plan> {
-    setup_experts_mtp(model, files, st, a, 0)
-}
-
-/// The planner's request from the flags (`autopin`: experts with usage statistics, if asked).
-pub fn plan_request(
-    a: &ExpertArgs,
-    mtp: usize,
-    autopin: Option<usize>,
-) -> anyhow::Result<crate::plan::planner::PlanRequest> {
-    use crate::plan::planner::{ExpertMode, PlanRequest};
-    let io = match &a.io {
-        Some(s) => Some(
-            s.parse::<crate::experts::IoMode>()
-                .map_err(|_| anyhow::anyhow!("--io {s:?}: expected direct, buffered or mmap"))?,
-        ),
-        None => None,
-    };
-    Ok(PlanRequest {
-        ram: a.ram.as_deref().map(parse_size).transpose()?,
-        available: mem_available(),
-        mode: ExpertMode::parse(&a.mode)?,
-        cap: a.cap,
-        io,
-        io_threads: a.io_threads,
-        autopin,
-        pin_bytes: a.pin_gb.map(|g| (g * 1e9) as u64),
-        mtp,
-        prefetch: match a.prefetch.as_deref() {
-            None => None,
-            Some("on") => Some(true),
-            Some("off") => Some(false),
-            Some(other) => anyhow::bail!("--prefetch={other}: expected on or off"),
-        },
-    })
-}
-
-/// The machine profile `run` uses: the cached one, never a fresh probe (a `[plan]` line says).
-pub fn run_profile(files: &crate::format::ModelFiles) -> Option<crate::plan::MachineProfile> {
-    match crate::plan::planner::cached_profile(files) {
-        Some(p) => {
-            eprintln!(
-                "[plan] machine: cached profile {} ({}probed {} s ago)",
-                p.key,
-                if p.quick { "quick, " } else { "" },
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs())
-                    .saturating_sub(p.probed_unix)
-            );
-            Some(p)
-        }
-        None => {
-            eprintln!("[plan] machine: no cached profile for this disk and CPU: default decisions, no prediction (`sluice doctor` or `sluice plan` measure it)");
-            None
-        }
-    }
-}
-
-/// `setup_experts` with `--mtp K` taken into account by the planner.
-pub fn setup_experts_mtp(
-    model: &crate::model::Model<'_>,
-    files: &crate::format::ModelFiles,
-    st: &mut crate::model::State,
-    a: &ExpertArgs,
-    mtp: usize,
-) -> anyhow::Result<crate::plan::planner::Plan> {
-    use crate::experts::{CacheConfig, Policy};
-    let summary = crate::plan::planner::ModelSummary::of(model, files, st.kv_bytes() as u64)?;
-    let policy =
-        Policy::parse(&a.policy, a.halve_every).map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
-    // Usage statistics first: how many experts could be pinned bounds the pinned tier.
-    let mut usage = None;
-    if a.autopin {
-        let id = crate::experts::model_identity(files.paths())?;
-        let path = usage_path(files, &id);
-        match crate::experts::UsageStats::load(&path, &id) {
-            Ok(u) => usage = Some((u, path)),
-            Err(e) => eprintln!("[plan] autopin: no usage statistics yet ({e}); run once without --usage-freeze to collect them"),
-        }
-    }
-    let avail = a
-        .autopin
-        .then(|| usage.as_ref().map_or(0, |(u, _)| u.top_n(usize::MAX).len()));
-    let profile = run_profile(files);
-    let req = plan_request(a, mtp, avail)?;
-    let plan = crate::plan::planner::plan(&summary, profile.as_ref(), &req)?;
-    for l in plan.lines() {
-        eprintln!("{l}");
-    }
-    if !plan.stream {
-        if let Some(p) = &a.route_trace {
-            anyhow::bail!(
-                "--route-trace {}: routes are traced by the streamed expert cache; add --experts stream",
-                p.display()
-            );
-        }
-        return Ok(plan);
-    }
-    let store = model.expert_store(files)?;
-    let mut pinned = Vec::new();
-    if let Some((u, path)) = &usage {
-        pinned = u.top_n(plan.pinned);
-        eprintln!(
-            "[plan] autopin: {} most-selected experts ({}) from {}",
-            pinned.len(),
-            human(pinned.len() as u64 * store.slot_bytes()),
-            path.display()
-        );
-    }
-    let mut cfg = CacheConfig::new(plan.slots_per_layer);
-    cfg.pinned = pinned;
-    cfg.io = plan.io_mode();
-    cfg.io_threads = plan.io_threads;
-    cfg.policy = policy;
-    cfg.trace = a.route_trace.clone();
-    cfg.prefetch = plan.prefetch;
-    let cache = crate::experts::ExpertCache::new(store, cfg)?;
-    eprintln!(
-        "[plan] experts: streamed, {} slots/layer of {}, {} policy, slab {} (pinned + evictable), io {} x{}",
-        cache.slots(model.cfg.n_dense_layers),
-        human(cache.slot_bytes()),
-        cache.policy().name(),
-        human(cache.slab_bytes()),
-        cache.io_mode().name(),
-        plan.io_threads
-    );
-    for n in cache.notes() {
-        eprintln!("[plan] note: {n}");
-    }
-    // Keep the resident (non-expert) weights in memory while experts stream past them.
-    // Every routed tensor begins with some expert's part (expert 0's slice of a 3-D tensor, a
-    // per-expert tensor, the gate half of a fused gate_up): those starts identify them.
-    let expert_starts: std::collections::HashSet<(usize, u64)> = model
-        .expert_locs()
-        .iter()
-        .flatten()
-        .flat_map(|l| l.parts.iter().map(|p| (p.file, p.offset)))
-        .collect();
-    let resident: Vec<&[u8]> = files
-        .tensors()
-        .iter()
-        .filter(|t| !expert_starts.contains(&(t.range.file, t.range.offset)))
-        .filter_map(|t| files.range_bytes(t.range).ok())
-        .collect();
-    match crate::experts::lock_resident(&resident) {
-        Ok(b) => eprintln!("[plan] resident weights locked in memory ({})", human(b)),
-        Err(e) => eprintln!("[plan] note: {e}"),
-    }
-    st.attach_experts(cache);
-    Ok(plan)
-}
 
 /// After a run: `[plan] predicted X–Y tok/s, measured Z tok/s`.
 pub fn predicted_vs_measured(plan: &crate::plan::planner::Plan, measured: f64) -> String {
@@ -446,7 +222,7 @@ fn peak_rss_bytes() -> Option<u64> {
 }
 
 /// The run's figures as JSON (`--stats-json`).
-pub fn stats_json(st: &crate::model::State, g: &crate::generate::GenStats) -> serde_json::Value {
+pub fn stats_json(st: &crate::model::State, g: &crate::engine::GenStats) -> serde_json::Value {
     // With MTP a decode forward emits several tokens: per-token figures divide by tokens.
     let mtp = g.mtp_drafted > 0;
     let decoded = if mtp {

@@ -1,8 +1,11 @@
 //! `sluice logits MODEL --tokens 1,5,42 --out FILE.npy`: teacher-forced float32 logits of
 //! shape [T, vocab] for every position, the format other implementations are compared in.
+//! Experts are placed like `run`'s (`--experts stream` etc.); placement never changes the
+//! logits. Quiet: stderr is for errors. Usage statistics are not saved (a teacher-forced
+//! sequence says nothing about which experts a generation needs).
 
-use super::common::ComputeArgs;
-use crate::format::ModelFiles;
+use super::common::{engine_options, ComputeArgs, ExpertArgs, SamplingArgs};
+use crate::engine::Engine;
 use anyhow::Context;
 use clap::Args;
 use std::path::PathBuf;
@@ -19,18 +22,38 @@ pub struct LogitsArgs {
     #[command(flatten)]
     pub compute: ComputeArgs,
     #[command(flatten)]
+    pub experts: ExpertArgs,
+    #[command(flatten)]
     pub gpu: super::gpu::GpuArgs,
 }
 
 pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
-    let files = ModelFiles::open(&args.model)?;
-    let (model, ctx) = args.compute.load(&files, args.tokens.len())?;
-    let batch = args.compute.batch.max(1);
-    let mut st = model.new_state(ctx, batch, batch.min(64))?;
-    super::gpu::setup_gpu_notes(&model, &files, &mut st, &args.gpu, None, 0, false, false)?;
-    let mut out = Vec::with_capacity(args.tokens.len() * model.cfg.vocab);
-    model.logits_all(&mut st, &args.tokens, &mut out)?;
-    crate::npy::write_f32(&args.out, &[args.tokens.len(), model.cfg.vocab], &out)
+    let sampling = SamplingArgs {
+        temp: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        repeat_penalty: 1.0,
+        repeat_last_n: 0,
+        seed: 0,
+    };
+    let mut o = engine_options(
+        "logits",
+        &args.model,
+        &args.compute,
+        &sampling,
+        &args.experts,
+        &args.gpu,
+    )?;
+    o.min_ctx = args.tokens.len();
+    o.batch = args.compute.batch.max(1);
+    o.logit_rows = o.batch.min(64);
+    o.quiet = true;
+    let mut engine = Engine::open(o)?;
+    let vocab = engine.model.cfg.vocab;
+    let mut out = Vec::with_capacity(args.tokens.len() * vocab);
+    engine.logits(&args.tokens, &mut out)?;
+    crate::npy::write_f32(&args.out, &[args.tokens.len(), vocab], &out)
         .with_context(|| format!("writing {}", args.out.display()))?;
     Ok(())
 }

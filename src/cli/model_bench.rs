@@ -15,8 +15,8 @@
 
 use super::bench::BenchArgs;
 use super::bench_plot::{write_sweep_svg, SweepPoint};
+use crate::engine::load_tokenizer;
 use crate::format::ModelFiles;
-use crate::generate::load_tokenizer;
 use anyhow::{bail, Context};
 use std::path::Path;
 use std::process::Command;

@@ -2,8 +2,11 @@
 //! line per decision with its reason, and the predicted decode speed. Uses the cached machine
 //! profile; without one it probes `--quick` (a second or two) and caches that.
 
-use super::common::{mem_available, plan_request, ComputeArgs, ExpertArgs};
+use super::common::{ComputeArgs, ExpertArgs};
+use crate::engine::placement::{mem_available, plan_request};
+use crate::engine::EngineOptions;
 use crate::format::ModelFiles;
+use crate::model::{LoadOptions, Model, ModelConfig};
 use crate::plan::planner::{cached_profile, plan, ModelSummary};
 use crate::plan::{load_or_probe_with, ProbeOptions};
 use anyhow::Context;
@@ -32,7 +35,20 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         None => crate::default_model::ensure().context("preparing the default model")?,
     };
     let files = ModelFiles::open(&path)?;
-    let (model, ctx) = args.compute.load(&files, 0)?;
+    let mut o = EngineOptions::new(&path);
+    args.compute.apply(&mut o);
+    o.mtp = args.mtp;
+    o.experts = args.experts.options()?;
+    let cfg = ModelConfig::from_files(&files)?;
+    o.check(&cfg)?;
+    let ctx = o.ctx_for(&cfg)?;
+    let model = Model::load(
+        &files,
+        &LoadOptions {
+            threads: o.threads,
+            ctx,
+        },
+    )?;
     let st = if args.mtp > 0 {
         model.new_state_mtp(ctx, 1, 1)?
     } else {
@@ -57,7 +73,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
             (l.profile, how)
         }
     };
-    let mut req = plan_request(&args.experts, args.mtp, None)?;
+    let mut req = plan_request(&o.experts, args.mtp, None);
     if args.experts.autopin {
         // The plan does not read usage statistics: assume every expert could be pinned.
         req.autopin = Some(usize::MAX);

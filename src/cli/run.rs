@@ -2,12 +2,10 @@
 //! line on stderr. With no MODEL, runs the small default model sluice writes itself.
 
 use super::common::{
-    expert_summary, predicted_vs_measured, save_usage, setup_experts_mtp, stats_json, time_shares,
-    ComputeArgs, ExpertArgs, SamplingArgs,
+    engine_options, expert_summary, predicted_vs_measured, stats_json, time_shares, ComputeArgs,
+    ExpertArgs, ReportArgs, SamplingArgs,
 };
-use crate::format::ModelFiles;
-use crate::generate::{generate, generate_mtp, load_tokenizer};
-use crate::sample::Sampler;
+use crate::engine::{Engine, Event, GenParams};
 use anyhow::Context;
 use clap::Args;
 use std::io::Write;
@@ -38,6 +36,8 @@ pub struct RunArgs {
     #[command(flatten)]
     pub experts: ExpertArgs,
     #[command(flatten)]
+    pub report: ReportArgs,
+    #[command(flatten)]
     pub gpu: super::gpu::GpuArgs,
 }
 
@@ -53,18 +53,27 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             p
         }
     };
-    let files = ModelFiles::open(&path)?;
-    let (model, ctx) = args.compute.load(&files, 0)?;
-    let tok = load_tokenizer(&files)?;
-    let prompt = tok.encode(&args.prompt, true)?;
-    if args.mtp > 3 {
-        anyhow::bail!("--mtp {}: draft 1 to 3 tokens per step (0 = off)", args.mtp);
-    }
+    let mut o = engine_options(
+        "run",
+        &path,
+        &args.compute,
+        &args.sampling,
+        &args.experts,
+        &args.gpu,
+    )?;
+    o.mtp = args.mtp;
+    o.measure_h2d = args.report.prof || args.report.stats_json.is_some();
+    let mut engine = Engine::open(o)?;
+    let prompt = engine.tok.encode(&args.prompt, true)?;
+    let ctx = engine.ctx;
     // Checked before anything is printed: no prompt echo for a run that cannot start.
-    if let Some(t) = prompt.iter().find(|&&t| t as usize >= model.cfg.vocab) {
+    if let Some(t) = prompt
+        .iter()
+        .find(|&&t| t as usize >= engine.model.cfg.vocab)
+    {
         anyhow::bail!(
             "the tokenizer gave token id {t}, out of range for the model's vocabulary of {} tokens",
-            model.cfg.vocab
+            engine.model.cfg.vocab
         );
     }
     if prompt.len() > ctx {
@@ -74,90 +83,51 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         .into());
     }
-    // The MTP layer's KV cache is allocated only with --mtp.
-    let batch = args.compute.batch.max(args.mtp + 1);
-    let mut st = if args.mtp > 0 {
-        model.new_state_mtp(ctx, batch, args.mtp + 1)?
-    } else {
-        model.new_state(ctx, batch, 1)?
-    };
-    let plan = setup_experts_mtp(&model, &files, &mut st, &args.experts, args.mtp)?;
-    super::gpu::setup_gpu(
-        &model,
-        &files,
-        &mut st,
-        &args.gpu,
-        Some(&args.experts),
-        args.mtp,
-        args.experts.prof || args.experts.stats_json.is_some(),
-    )?;
-    let mut sampler = Sampler::new(args.sampling.params(), model.cfg.vocab);
+    let mut sampler = engine.sampler();
     let stdout = std::io::stdout();
     let mut lock = stdout.lock();
     write!(lock, "{}", args.prompt)?;
-    let mut sink = |s: &str| {
-        let ok = write!(lock, "{s}").is_ok();
-        let _ = lock.flush();
-        ok
-    };
-    let (_, stats) = if args.mtp > 0 {
-        generate_mtp(
-            &model,
-            &mut st,
-            &tok,
-            &mut sampler,
-            &prompt,
-            args.n_predict,
-            args.ignore_eos,
-            args.mtp,
-            &mut sink,
-        )?
-    } else {
-        generate(
-            &model,
-            &mut st,
-            &tok,
-            &mut sampler,
-            &prompt,
-            args.n_predict,
-            args.ignore_eos,
-            &mut sink,
-        )?
-    };
+    let mut params = GenParams::new(args.n_predict);
+    params.ignore_eos = args.ignore_eos;
+    let out = engine.generate(&prompt, &mut sampler, &params, &mut |e| match e {
+        Event::Text(s) => {
+            let ok = write!(lock, "{s}").is_ok();
+            let _ = lock.flush();
+            ok
+        }
+        Event::Started { .. } => true,
+    })?;
+    let stats = out.generation.stats;
     writeln!(lock)?;
+    let st = engine.state();
     if !stats.stopped_by_eos && stats.generated < args.n_predict && st.pos >= ctx {
         eprintln!("{}", context_limit_note(ctx, stats.generated));
     }
     eprintln!("{}", stats.timing_line());
-    // Tokens decoded (with --mtp several per forward).
-    let decoded = if args.mtp > 0 {
-        stats.generated.saturating_sub(1)
-    } else {
-        stats.decode_steps
-    };
-    if let Some(line) = expert_summary(&st, stats.experts_after_prefill, decoded, stats.decode_secs)
-    {
+    if let Some(line) = expert_summary(
+        st,
+        stats.experts_after_prefill,
+        stats.decoded(),
+        stats.decode_secs,
+    ) {
         eprintln!("{line}");
     }
-    if let Some(line) = super::gpu::gpu_summary(&st, stats.gpu_after_prefill) {
+    if let Some(line) = super::gpu::gpu_summary(st, stats.gpu_after_prefill) {
         eprintln!("{line}");
     }
-    if args.experts.prof && st.gpu_stats().is_none() {
-        let (_, line, verdict) = time_shares(&st);
+    if args.report.prof && st.gpu_stats().is_none() {
+        let (_, line, verdict) = time_shares(st);
         eprintln!("{line}");
         eprintln!("{verdict}");
     }
-    eprintln!("{}", predicted_vs_measured(&plan, stats.gen_tps()));
-    if let Some(p) = &args.experts.stats_json {
+    eprintln!("{}", predicted_vs_measured(&engine.plan, stats.gen_tps()));
+    if let Some(p) = &args.report.stats_json {
         let tmp = p.with_extension("json.tmp");
-        std::fs::write(
-            &tmp,
-            serde_json::to_string_pretty(&stats_json(&st, &stats))?,
-        )
-        .with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::write(&tmp, serde_json::to_string_pretty(&stats_json(st, &stats))?)
+            .with_context(|| format!("writing {}", tmp.display()))?;
         std::fs::rename(&tmp, p).with_context(|| format!("writing {}", p.display()))?;
     }
-    save_usage(&files, &st, &args.experts)?;
+    engine.save_usage()?;
     Ok(())
 }
 

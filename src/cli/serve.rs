@@ -2,8 +2,8 @@
 //! OpenAI- and Anthropic-compatible HTTP server (see docs/SERVER.md). With no MODEL, serves the
 //! built-in tiny model.
 
-use super::common::{save_usage, setup_experts, ComputeArgs, ExpertArgs, SamplingArgs};
-use crate::format::ModelFiles;
+use super::common::{engine_options, ComputeArgs, ExpertArgs, SamplingArgs};
+use crate::engine::Engine;
 use crate::serve::{run, ServeConfig};
 use anyhow::Context;
 use clap::Args;
@@ -50,6 +50,12 @@ pub struct ServeArgs {
     /// On SIGINT/SIGTERM, seconds a running generation may go on before it is cancelled.
     #[arg(long = "shutdown-grace", default_value_t = 5.0)]
     pub shutdown_grace: f64,
+    /// Self-speculative decoding with the model's MTP head: K drafts per step (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub mtp: usize,
+    /// At shutdown, print where the forward's time went over everything served.
+    #[arg(long)]
+    pub prof: bool,
     #[command(flatten)]
     pub compute: ComputeArgs,
     #[command(flatten)]
@@ -86,9 +92,6 @@ pub fn run_cmd(args: ServeArgs) -> anyhow::Result<()> {
     if !(0.0..=3600.0).contains(&args.shutdown_grace) {
         anyhow::bail!("--shutdown-grace must be between 0 and 3600 seconds");
     }
-    if args.experts.stats_json.is_some() {
-        anyhow::bail!("--stats-json is for `sluice run`; the server's figures are at GET /metrics");
-    }
     let chat_template = match &args.chat_template {
         None => None,
         Some(p) => {
@@ -113,30 +116,21 @@ pub fn run_cmd(args: ServeArgs) -> anyhow::Result<()> {
     if args.compute.ctx.is_some_and(|c| c < 2) {
         anyhow::bail!("--ctx-size must be at least 2");
     }
-    // The model borrows its files for as long as the server runs: leak them (see serve/mod.rs).
-    let files: &'static ModelFiles = Box::leak(Box::new(ModelFiles::open(&path)?));
-    let (model, ctx) = args.compute.load(files, 2)?;
-    let mut st = model.new_state(ctx, args.compute.batch.max(1), 1)?;
-    setup_experts(&model, files, &mut st, &args.experts)?;
-    if args.kv_dir.is_some() && args.gpu.gpu != "off" {
-        // Saved KV caches are read from and written to host memory; the GPU keeps its own.
-        if args.gpu.gpu == "on" {
-            anyhow::bail!(
-                "--kv-dir with --gpu on: saved KV caches work on the CPU path only; use --gpu off"
-            );
-        }
-        eprintln!("[plan] gpu: off (--kv-dir keeps KV caches in host memory)");
-    } else {
-        super::gpu::setup_gpu(
-            &model,
-            files,
-            &mut st,
-            &args.gpu,
-            Some(&args.experts),
-            0,
-            args.experts.prof,
-        )?;
-    }
+    let mut o = engine_options(
+        "serve",
+        &path,
+        &args.compute,
+        &args.sampling,
+        &args.experts,
+        &args.gpu,
+    )?;
+    o.min_ctx = 2;
+    o.mtp = args.mtp;
+    o.kv_dir = args.kv_dir.clone();
+    o.kv_max_sessions = args.kv_max_sessions;
+    o.measure_h2d = args.prof;
+    let engine = Engine::open(o)?;
+    let ctx = engine.ctx;
     let cfg = ServeConfig {
         host: args.host,
         port: args.port,
@@ -148,25 +142,24 @@ pub fn run_cmd(args: ServeArgs) -> anyhow::Result<()> {
         chat_template,
         ctx,
         sampling: args.sampling.params(),
-        kv_dir: args.kv_dir,
-        kv_max_sessions: args.kv_max_sessions,
         max_body: args.max_body,
         max_queue: args.max_queue,
         max_connections: args.max_connections,
         shutdown_grace: Duration::from_secs_f64(args.shutdown_grace),
     };
-    let st = run(files, model, st, cfg)?;
-    if args.experts.prof {
+    let engine = run(engine, cfg)?;
+    let st = engine.state();
+    if args.prof {
         // Where the forward's time went over everything this server generated.
-        match super::gpu::gpu_summary(&st, None) {
+        match super::gpu::gpu_summary(st, None) {
             Some(line) => eprintln!("{line}"),
             None => {
-                let (_, line, verdict) = super::common::time_shares(&st);
+                let (_, line, verdict) = super::common::time_shares(st);
                 eprintln!("{line}");
                 eprintln!("{verdict}");
             }
         }
     }
-    save_usage(files, &st, &args.experts)?;
+    engine.save_usage()?;
     Ok(())
 }

@@ -186,10 +186,17 @@ impl Rope {
     /// Rotate the first `2*half` values of one head for position `pos` (the rest, if any, is
     /// the non-rotating part of a partial-rotary head).
     pub fn apply(&self, x: &mut [f32], pos: usize) {
+        self.apply_as(x, pos, self.layout);
+    }
+
+    /// `apply` in `layout` whatever the tables' own (V3.2's indexer rotates half-split with
+    /// MLA's interleaved model's tables: the same angles, another pairing).
+    #[inline]
+    pub fn apply_as(&self, x: &mut [f32], pos: usize, layout: RopeLayout) {
         let h = self.half;
         let c = &self.cos[pos * h..(pos + 1) * h];
         let s = &self.sin[pos * h..(pos + 1) * h];
-        match self.layout {
+        match layout {
             RopeLayout::HalfSplit => {
                 for i in 0..h {
                     let (a, b) = (x[i], x[i + h]);

@@ -7,12 +7,12 @@
 //! attention: a lightning indexer picks the `index_topk` positions each query attends to
 //! (below). Papers: <https://arxiv.org/abs/2412.19437>, DeepSeek-V3.2-Exp (DSA).
 
-use super::blocks::{dot, Rope};
-use super::config::ModelConfig;
+use super::backend::{At, Backend, Buf, Cache, Rows};
+use super::blocks::dot;
+use super::config::{AttnKind, ModelConfig, RopeLayout};
 use super::names::{Role, HF_MLP_MOE};
-use super::weights::Indexer;
+use super::weights::Mla;
 use super::{Model, ModelError, State};
-use crate::kernels;
 use rayon::prelude::*;
 
 pub const HF_MOE: &[(Role, &str)] = HF_MLP_MOE;
@@ -30,12 +30,12 @@ pub const HF_MOE: &[(Role, &str)] = HF_MLP_MOE;
 
 /// The indexer's per-chunk buffers, sized once (empty for models without an indexer).
 pub struct IndexerScratch {
-    q: Vec<f32>,       // (batch, idx_heads*idx_dim) rotated queries
-    k: Vec<f32>,       // (batch, idx_dim) keys before their norm and rotation
-    w: Vec<f32>,       // (batch, idx_heads) head weights, scaled by idx_heads^-0.5
-    score: Vec<f32>,   // (ctx) one query's index scores
-    order: Vec<u32>,   // (ctx) positions, partially ordered by score
-    pub sel: Vec<u32>, // (min(topk, ctx)) the selected positions, ascending
+    pub(super) q: Vec<f32>, // (batch, idx_heads*idx_dim) rotated queries
+    pub(super) k: Vec<f32>, // (batch, idx_dim) keys before their norm and rotation
+    pub(super) w: Vec<f32>, // (batch, idx_heads) head weights, scaled by idx_heads^-0.5
+    score: Vec<f32>,        // (ctx) one query's index scores
+    order: Vec<u32>,        // (ctx) positions, partially ordered by score
+    pub sel: Vec<u32>,      // (min(topk, ctx)) the selected positions, ascending
 }
 
 impl IndexerScratch {
@@ -61,21 +61,8 @@ impl IndexerScratch {
     }
 }
 
-/// Half-split (NeoX, HF `rotate_half`) rotation of the first `2 * rope.half()` values of `x`
-/// at `pos`, with the model's tables whatever their own layout.
-fn rope_half_split(rope: &Rope, x: &mut [f32], pos: usize) {
-    let h = rope.half();
-    let c = &rope.cos_table()[pos * h..(pos + 1) * h];
-    let s = &rope.sin_table()[pos * h..(pos + 1) * h];
-    for i in 0..h {
-        let (a, b) = (x[i], x[i + h]);
-        x[i] = a * c[i] - b * s[i];
-        x[i + h] = b * c[i] + a * s[i];
-    }
-}
-
 /// torch.nn.LayerNorm over `x` in place (biased variance, f64 sums).
-fn layer_norm(x: &mut [f32], w: &[f32], b: &[f32], eps: f64) {
+pub(super) fn layer_norm(x: &mut [f32], w: &[f32], b: &[f32], eps: f64) {
     let n = x.len() as f64;
     let mean = x.iter().map(|v| *v as f64).sum::<f64>() / n;
     let var = x.iter().map(|v| (*v as f64 - mean).powi(2)).sum::<f64>() / n;
@@ -89,56 +76,87 @@ fn layer_norm(x: &mut [f32], w: &[f32], b: &[f32], eps: f64) {
 const SCORE_CHUNK: usize = 256;
 
 impl<'a> Model<'a> {
-    /// The indexer's projections of the layer input (`st.acts` holds rows 0..n of `st.xn`):
-    /// raw keys and scaled head weights.
-    pub(super) fn indexer_project_x(
+    /// Multi-head latent attention of rows 0..n of `Xn` (with V3.2's indexer when the layer
+    /// has one); result (after o_proj) in `Proj`.
+    /// q = q_b(norm(q_a x)) or q_proj(x); kv = kv_a x = [latent | rope key]; the indexer's
+    /// keys are LayerNormed, rotated half-split and cached on side V of the layer.
+    pub(super) fn attn_mla<B: Backend + ?Sized>(
         &self,
-        st: &mut State,
-        n: usize,
-        ix: &Indexer<'_>,
-    ) -> Result<(), ModelError> {
-        let (pool, isa) = (Some(&self.pool), self.isa);
-        let (d, nh) = (ix.wk.rows, ix.weights.rows);
-        kernels::matmul(&ix.wk, &mut st.acts, &mut st.idx.k[..n * d], pool, isa)?;
-        kernels::matmul(
-            &ix.weights,
-            &mut st.acts,
-            &mut st.idx.w[..n * nh],
-            pool,
-            isa,
-        )?;
-        let scale = (nh as f32).powf(-0.5);
-        st.idx.w[..n * nh].iter_mut().for_each(|v| *v *= scale);
-        Ok(())
-    }
-
-    /// The indexer's queries from the q latent (`st.acts` holds it), rotated; and the keys of
-    /// rows 0..n normed, rotated and written to cache layer `l` at positions `st.pos..`.
-    pub(super) fn indexer_project_q(
-        &self,
-        st: &mut State,
+        b: &mut B,
         l: usize,
         n: usize,
-        ix: &Indexer<'_>,
+        at: At,
+        a: &Mla<'_>,
     ) -> Result<(), ModelError> {
-        let (pool, isa) = (Some(&self.pool), self.isa);
-        let d = ix.wk.rows;
-        let qd = ix.wq_b.rows;
-        kernels::matmul(&ix.wq_b, &mut st.acts, &mut st.idx.q[..n * qd], pool, isa)?;
-        let ctx = st.ctx();
-        for i in 0..n {
-            let p = st.pos + i;
-            let rp = p + st.rope_offset;
-            st.idx.q[i * qd..(i + 1) * qd]
-                .chunks_exact_mut(d)
-                .for_each(|x| rope_half_split(&self.rope, x, rp));
-            let k = &mut st.idx.k[i * d..(i + 1) * d];
-            layer_norm(k, &ix.k_norm, &ix.k_norm_bias, 1e-6);
-            rope_half_split(&self.rope, k, rp);
-            let base = (l * ctx + p) * d;
-            st.vcache[base..base + d].copy_from_slice(k);
+        let cfg = &self.cfg;
+        let AttnKind::Mla {
+            q_lora,
+            kv_lora,
+            nope,
+            rope,
+            v_dim,
+        } = cfg.attn
+        else {
+            return Err(ModelError::Config("MLA weights in a GQA model".into()));
+        };
+        let (h, nh, qk) = (cfg.hidden, cfg.n_heads, cfg.head_dim);
+        let kc = kv_lora + rope;
+        let (xn, k) = (Rows::of(Buf::Xn, h), Rows::of(Buf::K, kc));
+        match &a.indexer {
+            Some(ix) => b.matmul(
+                xn,
+                n,
+                &[
+                    (&a.kv_a, Buf::K),
+                    (&ix.wk, Buf::IdxK),
+                    (&ix.weights, Buf::IdxW),
+                ],
+            )?,
+            None => b.matmul(xn, n, &[(&a.kv_a, Buf::K)])?,
         }
-        Ok(())
+        if let Some(ix) = &a.indexer {
+            let nhi = ix.weights.rows;
+            b.scale(Rows::of(Buf::IdxW, nhi), n, (nhi as f32).powf(-0.5))?;
+        }
+        let mut q_in = xn;
+        if let (Some(qa), Some(qn), Some(r)) = (&a.q_a, &a.q_a_norm, q_lora) {
+            b.matmul(xn, n, &[(qa, Buf::Qa)])?;
+            q_in = Rows::of(Buf::Qa, r);
+            b.rmsnorm(q_in, q_in, n, r, qn, cfg.rms_eps)?;
+        }
+        match &a.indexer {
+            Some(ix) => b.matmul(q_in, n, &[(&a.q_b, Buf::Q), (&ix.wq_b, Buf::IdxQ)])?,
+            None => b.matmul(q_in, n, &[(&a.q_b, Buf::Q)])?,
+        }
+        if let Some(ix) = &a.indexer {
+            let (d, qd) = (ix.wk.rows, ix.wq_b.rows);
+            b.rope(
+                Rows::of(Buf::IdxQ, qd),
+                n,
+                d,
+                0,
+                at.rope,
+                RopeLayout::HalfSplit,
+            )?;
+            let ik = Rows::of(Buf::IdxK, d);
+            b.layer_norm(ik, n, &ix.k_norm, &ix.k_norm_bias, 1e-6)?;
+            b.rope(ik, n, d, 0, at.rope, RopeLayout::HalfSplit)?;
+            b.store_cache(l, Cache::V, ik, n, at.pos)?;
+        }
+        let lat = k.cols(0, kv_lora);
+        b.rmsnorm(lat, lat, n, kv_lora, &a.kv_a_norm, cfg.rms_eps)?;
+        b.rope(k, n, kc, kv_lora, at.rope, cfg.rope_layout)?;
+        b.store_cache(l, Cache::K, k, n, at.pos)?;
+        b.rope(
+            Rows::of(Buf::Q, nh * qk),
+            n,
+            qk,
+            nope,
+            at.rope,
+            cfg.rope_layout,
+        )?;
+        b.attend_mla(l, n, at.pos, a)?;
+        b.matmul(Rows::of(Buf::Att, nh * v_dim), n, &[(&a.wo, Buf::Proj)])
     }
 
     /// Choose the positions query row `i` (at position `len - 1`) attends to in layer `l`:
@@ -201,7 +219,8 @@ impl<'a> Model<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::config::{RopeLayout, RopeScaling};
+    use crate::model::blocks::Rope;
+    use crate::model::config::RopeScaling;
 
     #[test]
     fn half_split_rotation_ignores_the_tables_layout() {
@@ -217,7 +236,7 @@ mod tests {
         let half = Rope::new(16, 8, 10000.0, yarn, RopeLayout::HalfSplit);
         let x: Vec<f32> = (0..24).map(|i| (i as f32 * 0.37).sin()).collect();
         let (mut a, mut b) = (x.clone(), x.clone());
-        rope_half_split(&inter, &mut a, 5);
+        inter.apply_as(&mut a, 5, RopeLayout::HalfSplit);
         half.apply(&mut b, 5);
         assert_eq!(a, b);
         assert_eq!(a[16..], x[16..], "dims past the rotary part stay");

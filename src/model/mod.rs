@@ -7,22 +7,26 @@
 //! Does not own: sampling (`sample`), tokenization (`tokenizer`), reading experts from disk.
 //! Invariant: what is computed never depends on where weights live; placement is elsewhere.
 
+pub mod backend;
 pub mod blocks;
 pub mod config;
+mod cpu;
 pub mod deepseek2;
 mod forward;
 pub mod glm4moe;
-mod kv_io;
 pub mod mixtral;
 mod mtp;
 pub mod names;
 pub mod olmoe;
 pub mod qwen3moe;
+mod seq;
+mod state;
 mod streaming;
 pub mod weights;
 
 pub use config::{Family, ModelConfig};
-pub use forward::{Prof, State};
+pub use seq::{CacheDims, Part, PartKind, Snapshot};
+pub use state::{Prof, State};
 pub use weights::Weights;
 
 use crate::format::{FormatError, ModelFiles};

@@ -7,9 +7,9 @@
 //! Invariant: the MTP head only proposes tokens; what is emitted is always decided by the main
 //! model's logits (see `generate::generate_mtp`), so output never depends on it at temp 0.
 
-use super::blocks::rmsnorm;
+use super::backend::{At, Backend, Buf, Rows};
+use super::cpu::CpuBackend;
 use super::{Model, ModelError, State};
-use crate::kernels;
 
 impl<'a> Model<'a> {
     pub fn has_mtp(&self) -> bool {
@@ -20,22 +20,23 @@ impl<'a> Model<'a> {
     /// input rows `dst0..`.
     pub fn mtp_take_hidden(&self, st: &mut State, row0: usize, n: usize, dst0: usize) {
         let h = self.cfg.hidden;
-        let (src, dst) = (
-            &st.hfin[row0 * h..(row0 + n) * h],
-            &mut st.mtp_hidden[dst0 * h..(dst0 + n) * h],
+        let (dst, src) = (
+            Rows::of(Buf::MtpHidden, h).from_row(dst0),
+            Rows::of(Buf::Hfin, h).from_row(row0),
         );
-        dst.copy_from_slice(src);
+        // Two distinct buffers: `copy` cannot fail.
+        let _ = CpuBackend::new(self, st).copy(dst, src, n);
     }
 
     /// The MTP layer's output of the last row of the last `mtp_forward` (the hidden state a
     /// chained draft feeds back in), copied into MTP input row `dst`.
     pub fn mtp_chain_hidden(&self, st: &mut State, last_row: usize, dst: usize) {
         let h = self.cfg.hidden;
-        let (x, hid) = (
-            &st.x[last_row * h..(last_row + 1) * h],
-            &mut st.mtp_hidden[dst * h..(dst + 1) * h],
+        let (dst, src) = (
+            Rows::of(Buf::MtpHidden, h).from_row(dst),
+            Rows::of(Buf::X, h).from_row(last_row),
         );
-        hid.copy_from_slice(x);
+        let _ = CpuBackend::new(self, st).copy(dst, src, 1);
     }
 
     /// Run the MTP head over `tokens.len()` slots starting at `st.mtp_pos`; slot j pairs
@@ -57,7 +58,7 @@ impl<'a> Model<'a> {
                 "mtp_forward: the state has no MTP layer cache (make it with new_state_mtp)".into(),
             ));
         }
-        let (h, v) = (self.cfg.hidden, self.cfg.vocab);
+        let v = self.cfg.vocab;
         let n = tokens.len();
         let n_logits = n.saturating_sub(logits_from);
         if n == 0 || n > st.batch() || n_logits > st.logit_rows() {
@@ -78,63 +79,55 @@ impl<'a> Model<'a> {
                 )));
             }
         }
-        let saved = st.pos;
         st.experts_run = 0;
-        let result = self.pool.install(|| -> Result<(), ModelError> {
-            let er = m.embed.row_bytes();
-            for (j, &t) in tokens.iter().enumerate() {
-                let row = &m.embed.bytes[t as usize * er..(t as usize + 1) * er];
-                kernels::dequantize(m.embed.dtype, row, &mut st.xn[j * h..(j + 1) * h])?;
-                let cat = &mut st.mtp_cat[j * 2 * h..(j + 1) * 2 * h];
-                rmsnorm(
-                    &mut cat[..h],
-                    &st.xn[j * h..(j + 1) * h],
-                    &m.enorm,
-                    self.cfg.rms_eps,
-                );
-                rmsnorm(
-                    &mut cat[h..],
-                    &st.mtp_hidden[j * h..(j + 1) * h],
-                    &m.hnorm,
-                    self.cfg.rms_eps,
-                );
-            }
-            st.acts.load(&st.mtp_cat[..n * 2 * h], n, 2 * h);
-            kernels::matmul(
-                &m.eh_proj,
-                &mut st.acts,
-                &mut st.x[..n * h],
-                Some(&self.pool),
-                self.isa,
-            )?;
-            st.pos = st.mtp_pos;
-            st.rope_offset = 1;
-            self.layer_forward(st, self.cfg.n_layers, &m.layer, n)?;
-            for i in logits_from..n {
-                let r = i - logits_from;
-                rmsnorm(
-                    &mut st.xn[r * h..(r + 1) * h],
-                    &st.x[i * h..(i + 1) * h],
-                    &m.head_norm,
-                    self.cfg.rms_eps,
-                );
-            }
-            if n_logits > 0 {
-                st.acts.load(&st.xn[..n_logits * h], n_logits, h);
-                kernels::matmul(
-                    &m.head,
-                    &mut st.acts,
-                    &mut st.mtp_logits[..n_logits * v],
-                    Some(&self.pool),
-                    self.isa,
-                )?;
-            }
-            Ok(())
-        });
-        st.pos = saved;
-        st.rope_offset = 0;
-        result?;
+        let at = At {
+            pos: st.mtp_pos,
+            rope: st.mtp_pos + 1,
+        };
+        self.pool.install(|| {
+            self.mtp_graph(&mut CpuBackend::new(self, st), m, tokens, at, logits_from)
+        })?;
         st.mtp_pos += n;
         Ok(&st.mtp_logits[..n_logits * v])
+    }
+
+    /// The MTP head's graph: slot j pairs `tokens[j]` with `MtpHidden` row j; its layer is
+    /// cache layer `n_layers`; logits of slots `logits_from..` into `MtpLogits`.
+    fn mtp_graph<B: Backend + ?Sized>(
+        &self,
+        b: &mut B,
+        m: &super::weights::MtpWeights<'_>,
+        tokens: &[u32],
+        at: At,
+        logits_from: usize,
+    ) -> Result<(), ModelError> {
+        let (h, eps) = (self.cfg.hidden, self.cfg.rms_eps);
+        let n = tokens.len();
+        let n_logits = n.saturating_sub(logits_from);
+        let cat = Rows::of(Buf::MtpCat, 2 * h);
+        b.embed(&m.embed, tokens, Buf::Xn)?;
+        b.rmsnorm(cat.cols(0, h), Rows::of(Buf::Xn, h), n, h, &m.enorm, eps)?;
+        b.rmsnorm(
+            cat.cols(h, h),
+            Rows::of(Buf::MtpHidden, h),
+            n,
+            h,
+            &m.hnorm,
+            eps,
+        )?;
+        b.matmul(cat, n, &[(&m.eh_proj, Buf::X)])?;
+        self.layer_forward(b, self.cfg.n_layers, &m.layer, n, at)?;
+        b.rmsnorm(
+            Rows::of(Buf::Xn, h),
+            Rows::of(Buf::X, h).from_row(logits_from),
+            n_logits,
+            h,
+            &m.head_norm,
+            eps,
+        )?;
+        if n_logits > 0 {
+            b.matmul(Rows::of(Buf::Xn, h), n_logits, &[(&m.head, Buf::MtpLogits)])?;
+        }
+        Ok(())
     }
 }

@@ -1,25 +1,23 @@
-//! The generator: one thread that owns the model's `State`, takes jobs from a FIFO queue one at
-//! a time, reuses the longest common token prefix of the KV cache (in memory, else from a
-//! `--kv-dir` session), prefills the rest, and decodes token by token, sending text events.
+//! The generator: one thread that owns the engine (model, placement, session), takes jobs
+//! from a FIFO queue one at a time, runs each through the engine's decode loop (which reuses
+//! the longest common token prefix of the session, or restores one from `--kv-dir`), and
+//! sends text events back to the job's connection.
 //!
-//! Owns: the queue, the KV cache and the list of tokens it holds, stop sequences, cancellation.
-//! Does not own: HTTP, JSON, chat templates (the connection threads turn requests into token
-//! jobs), the disk format of sessions (kv_store.rs).
-//! Invariant: `cached` always lists exactly the tokens whose keys and values are in `st`
-//! (`cached.len() == st.pos`), so reusing a prefix is exact and, at temperature 0, a reply
-//! does not depend on what was cached before.
+//! Owns: the queue, job events, the server's generation metrics. Does not own: HTTP, JSON,
+//! chat templates (the connection threads turn requests into token jobs), the decode loop,
+//! prompt reuse, stop strings or sessions on disk (crate::engine).
+//! Invariant: a failed job leaves the engine's session empty and consistent, so the next job
+//! starts clean; at temperature 0 a reply does not depend on what was cached before.
 
 use super::error::ApiError;
-use super::kv_store::KvStore;
 use super::metrics::Metrics;
-use crate::model::{Model, ModelError, State};
+use crate::engine::{Engine, EngineError, GenParams, GenerateError};
+use crate::model::ModelError;
 use crate::sample::{Sampler, SamplingParams};
-use crate::tokenizer::{StreamDecoder, Tokenizer};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Instant;
 
 /// One generation request, already tokenized.
 pub struct Job {
@@ -51,17 +49,9 @@ pub enum Event {
     Failed(ApiError),
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum FinishReason {
-    /// An end-of-generation token.
-    Eos,
-    /// `max_tokens` reached or the context is full.
-    Length,
-    /// This stop sequence appeared.
-    Stop(String),
-    /// The client went away or the server is stopping.
-    Cancelled,
-}
+/// Why a job ended (`Length`: `max_tokens` reached or the context is full; `Cancelled`: the
+/// client went away or the server is stopping).
+pub type FinishReason = crate::engine::Finish;
 
 #[derive(Clone, Debug)]
 pub struct Finished {
@@ -167,41 +157,21 @@ impl Queue {
     }
 }
 
-/// The generator's state: the model and the one conversation it holds in its KV cache.
-pub struct Engine {
-    pub model: Model<'static>,
-    pub tok: Tokenizer,
-    st: State,
-    /// Tokens whose KV is in `st` (`cached.len() == st.pos`).
-    cached: Vec<u32>,
-    store: Option<KvStore>,
+/// The generator: the engine and the server's figures.
+pub struct Generator {
+    engine: Engine,
     metrics: Arc<Metrics>,
 }
 
-impl Engine {
-    /// `st`: a fresh state of `model` (its expert cache, if any, already set up).
-    pub fn new(
-        model: Model<'static>,
-        tok: Tokenizer,
-        mut st: State,
-        store: Option<KvStore>,
-        metrics: Arc<Metrics>,
-    ) -> Engine {
-        st.reset();
-        metrics.set_expert_stats(st.expert_stats());
-        Engine {
-            model,
-            tok,
-            st,
-            cached: Vec::new(),
-            store,
-            metrics,
-        }
+impl Generator {
+    pub fn new(engine: Engine, metrics: Arc<Metrics>) -> Generator {
+        metrics.set_expert_stats(engine.state().expert_stats());
+        Generator { engine, metrics }
     }
 
     /// Serve jobs until the queue is closed and empty. `abort`: cancel the running job.
-    /// Returns the state (for the caller's end-of-run figures).
-    pub fn run(mut self, queue: &Queue, abort: &AtomicBool) -> State {
+    /// Returns the engine (for the caller's end-of-run figures).
+    pub fn run(mut self, queue: &Queue, abort: &AtomicBool) -> Engine {
         while let Some(job) = queue.pop() {
             if job.cancel.load(Ordering::Relaxed) || abort.load(Ordering::Relaxed) {
                 self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
@@ -212,7 +182,7 @@ impl Engine {
                 continue;
             }
             self.metrics.in_flight.store(1, Ordering::Relaxed);
-            let outcome = self.run_job(&job, abort);
+            let outcome = self.generate(&job, abort);
             self.metrics.in_flight.store(0, Ordering::Relaxed);
             match outcome {
                 Ok(f) => {
@@ -226,20 +196,17 @@ impl Engine {
                 }
             }
             drop(job);
-            self.metrics.set_expert_stats(self.st.expert_stats());
+            self.metrics
+                .set_expert_stats(self.engine.state().expert_stats());
             self.save_session();
             queue.idle();
         }
-        self.st
+        self.engine
     }
 
-    /// Write the conversation in the KV cache to `--kv-dir`, if one is set.
+    /// Write the conversation in the session to `--kv-dir`, if one is set.
     fn save_session(&mut self) {
-        let Some(store) = &mut self.store else { return };
-        if self.cached.is_empty() {
-            return;
-        }
-        match store.save(&self.cached, &self.st) {
+        match self.engine.save_session() {
             Ok(Some(bytes)) => {
                 self.metrics.kv_saves.fetch_add(1, Ordering::Relaxed);
                 self.metrics
@@ -251,20 +218,9 @@ impl Engine {
         }
     }
 
-    fn run_job(&mut self, job: &Job, abort: &AtomicBool) -> Result<Finished, ApiError> {
-        let res = self.generate(job, abort);
-        if res.is_err() {
-            // Whatever happened, keep the cache consistent with its token list.
-            self.st.reset();
-            self.cached.clear();
-        }
-        res
-    }
-
     fn generate(&mut self, job: &Job, abort: &AtomicBool) -> Result<Finished, ApiError> {
-        let ids = &job.tokens;
-        let n = ids.len();
-        let ctx = self.st.ctx();
+        let n = job.tokens.len();
+        let ctx = self.engine.ctx;
         if n == 0 {
             return Err(ApiError::new(400, "the prompt is empty after tokenization"));
         }
@@ -272,180 +228,68 @@ impl Engine {
             return Err(context_error(n, ctx));
         }
         let cancelled = || job.cancel.load(Ordering::Relaxed) || abort.load(Ordering::Relaxed);
-
-        // Prompt reuse: the longest common prefix, always leaving one token to feed for logits.
-        let mut common = lcp(&self.cached, ids).min(n - 1);
-        if let Some(store) = &mut self.store {
-            if let Some((idx, c)) = store.best_match(ids) {
-                let c = c.min(n - 1);
-                if c > common {
-                    match store.load(idx, c, &mut self.st) {
-                        Ok(bytes) => {
-                            self.cached.clear();
-                            self.cached.extend_from_slice(&ids[..c]);
-                            common = c;
-                            self.metrics.kv_loads.fetch_add(1, Ordering::Relaxed);
-                            self.metrics
-                                .kv_bytes_read
-                                .fetch_add(bytes, Ordering::Relaxed);
-                        }
-                        Err(e) => {
-                            eprintln!("[serve] warning: cannot restore a KV session: {e}");
-                            // A failed load may have written part of the cache.
-                            self.st.reset();
-                            self.cached.clear();
-                            common = 0;
-                        }
+        let mut sampler = Sampler::new(job.sampling.clone(), self.engine.model.cfg.vocab);
+        let mut params = GenParams::new(job.max_tokens);
+        params.ignore_eos = job.ignore_eos;
+        params.stop = &job.stop;
+        params.special = job.special;
+        params.cancel = Some(&cancelled);
+        let out = self
+            .engine
+            .generate(&job.tokens, &mut sampler, &params, &mut |e| {
+                let ev = match e {
+                    crate::engine::Event::Started { reused, prefilled } => {
+                        Event::Started { reused, prefilled }
                     }
-                }
-            }
-        }
-        self.st.truncate(common);
-        self.cached.truncate(common);
-        let prefilled = n - common;
-        let mut fin = Finished {
-            reason: FinishReason::Cancelled,
-            prompt_tokens: n,
-            completion_tokens: 0,
-            reused: common,
-            prefilled,
-            prefill_secs: 0.0,
-            decode_secs: 0.0,
-        };
-        if job
-            .events
-            .send(Event::Started {
-                reused: common,
-                prefilled,
+                    crate::engine::Event::Text(t) => Event::Text(t.to_string()),
+                };
+                job.events.send(ev).is_ok()
             })
-            .is_err()
-        {
+            .map_err(engine_error)?;
+        let g = &out.generation;
+        let s = &g.stats;
+        if let Some(bytes) = out.restored_bytes {
+            self.metrics.kv_loads.fetch_add(1, Ordering::Relaxed);
+            self.metrics
+                .kv_bytes_read
+                .fetch_add(bytes, Ordering::Relaxed);
+        }
+        let fin = Finished {
+            reason: g.finish.clone(),
+            prompt_tokens: n,
+            completion_tokens: s.generated,
+            reused: s.reused,
+            prefilled: n - s.reused,
+            prefill_secs: s.prefill_secs,
+            decode_secs: s.decode_secs,
+        };
+        if !s.prefill_done {
+            // Cancelled before the prefill ended: no figures.
             return Ok(fin);
         }
-
-        let mut sampler = Sampler::new(job.sampling.clone(), self.model.cfg.vocab);
-        let mut history: Vec<u32> = Vec::with_capacity(n + job.max_tokens.min(ctx));
-        history.extend_from_slice(ids);
-
-        // Prefill in batches, looking for a cancel between them.
-        let t0 = Instant::now();
-        let rest = &ids[common..];
-        let b = self.st.batch();
-        let chunks = rest.len().div_ceil(b);
-        let mut next = 0u32;
-        for (i, chunk) in rest.chunks(b).enumerate() {
-            if cancelled() {
-                fin.prefill_secs = t0.elapsed().as_secs_f64();
-                return Ok(fin);
-            }
-            let last = i + 1 == chunks;
-            let from = if last { chunk.len() - 1 } else { chunk.len() };
-            let logits = self
-                .model
-                .forward_chunk(&mut self.st, chunk, from)
-                .map_err(model_error)?;
-            if last {
-                next = sampler.sample(logits, &history);
-            }
-            self.cached.extend_from_slice(chunk);
-        }
-        fin.prefill_secs = t0.elapsed().as_secs_f64();
-        self.metrics
-            .prompt_tokens
-            .fetch_add(n as u64, Ordering::Relaxed);
-        self.metrics
-            .reused_tokens
-            .fetch_add(common as u64, Ordering::Relaxed);
-        self.metrics
-            .prefilled_tokens
-            .fetch_add(prefilled as u64, Ordering::Relaxed);
-        self.metrics
-            .prefill_us
-            .fetch_add((fin.prefill_secs * 1e6) as u64, Ordering::Relaxed);
-        self.metrics
-            .set_speeds(Some(prefilled as f64 / fin.prefill_secs.max(1e-9)), None);
-
-        // Decode.
-        let t1 = Instant::now();
-        let mut dec = if job.special {
-            StreamDecoder::with_special()
-        } else {
-            StreamDecoder::new()
-        };
-        let mut stops = StopScanner::new(&job.stop);
-        let mut steps = 0u64;
-        let mut experts = 0u64;
-        let mut generated = 0usize;
-        let eos = self.tok.eos_ids().to_vec();
-        let reason = loop {
-            if job.max_tokens == 0 {
-                break FinishReason::Length;
-            }
-            if !job.ignore_eos && eos.contains(&next) {
-                break FinishReason::Eos;
-            }
-            generated += 1;
-            history.push(next);
-            if let Some(piece) = dec
-                .push(&self.tok, next)
-                .map_err(|e| ApiError::new(500, format!("decoding token {next}: {e}")))?
-            {
-                let (emit, hit) = stops.push(&piece);
-                if !emit.is_empty() && job.events.send(Event::Text(emit)).is_err() {
-                    break FinishReason::Cancelled;
-                }
-                if let Some(s) = hit {
-                    break FinishReason::Stop(s);
-                }
-            }
-            if cancelled() {
-                break FinishReason::Cancelled;
-            }
-            if generated >= job.max_tokens || self.st.pos >= ctx {
-                break FinishReason::Length;
-            }
-            let logits = self
-                .model
-                .forward_chunk(&mut self.st, &[next], 0)
-                .map_err(model_error)?;
-            let sampled = sampler.sample(logits, &history);
-            self.cached.push(next);
-            experts += self.st.experts_run as u64;
-            self.st.tick_token();
-            steps += 1;
-            next = sampled;
-        };
-        if matches!(reason, FinishReason::Eos | FinishReason::Length) {
-            let tail = dec
-                .flush(&self.tok)
-                .map_err(|e| ApiError::new(500, format!("decoding: {e}")))?
-                .unwrap_or_default();
-            let (mut emit, hit) = stops.push(&tail);
-            if hit.is_none() {
-                emit.push_str(&stops.finish());
-            }
-            if !emit.is_empty() {
-                let _ = job.events.send(Event::Text(emit));
-            }
-            fin.reason = match hit {
-                Some(s) => FinishReason::Stop(s),
-                None => reason,
-            };
-        } else {
-            fin.reason = reason;
-        }
-        fin.decode_secs = t1.elapsed().as_secs_f64();
-        fin.completion_tokens = generated;
         let m = &self.metrics;
+        m.prompt_tokens.fetch_add(n as u64, Ordering::Relaxed);
+        m.reused_tokens
+            .fetch_add(fin.reused as u64, Ordering::Relaxed);
+        m.prefilled_tokens
+            .fetch_add(fin.prefilled as u64, Ordering::Relaxed);
+        m.prefill_us
+            .fetch_add((fin.prefill_secs * 1e6) as u64, Ordering::Relaxed);
+        m.set_speeds(
+            Some(fin.prefilled as f64 / fin.prefill_secs.max(1e-9)),
+            None,
+        );
         m.generations.fetch_add(1, Ordering::Relaxed);
         m.generated_tokens
-            .fetch_add(generated as u64, Ordering::Relaxed);
-        m.decode_steps.fetch_add(steps, Ordering::Relaxed);
-        m.experts_computed.fetch_add(experts, Ordering::Relaxed);
+            .fetch_add(s.generated as u64, Ordering::Relaxed);
+        m.decode_steps
+            .fetch_add(s.decode_steps as u64, Ordering::Relaxed);
+        m.experts_computed
+            .fetch_add((s.experts_main + s.experts_head) as u64, Ordering::Relaxed);
         m.decode_us
             .fetch_add((fin.decode_secs * 1e6) as u64, Ordering::Relaxed);
-        if steps > 0 {
-            m.set_speeds(None, Some(steps as f64 / fin.decode_secs.max(1e-9)));
+        if s.decode_steps > 0 {
+            m.set_speeds(None, Some(s.decoded() as f64 / fin.decode_secs.max(1e-9)));
         }
         Ok(fin)
     }
@@ -460,132 +304,13 @@ pub fn context_error(n: usize, ctx: usize) -> ApiError {
     }
 }
 
-fn model_error(e: ModelError) -> ApiError {
+fn engine_error(e: EngineError) -> ApiError {
     match e {
-        ModelError::ContextFull { needed, ctx } => context_error(needed, ctx),
+        EngineError::Generate(GenerateError::Model(ModelError::ContextFull { needed, ctx }))
+        | EngineError::Model(ModelError::ContextFull { needed, ctx }) => context_error(needed, ctx),
+        EngineError::Generate(GenerateError::Tokenizer(t)) => {
+            ApiError::new(500, format!("decoding: {t}"))
+        }
         other => ApiError::new(500, format!("model error: {other}")),
-    }
-}
-
-/// Length of the longest common prefix.
-pub fn lcp(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
-
-/// Finds stop sequences in streamed text. Text that could still turn out to be the start of
-/// a stop sequence is held back until it cannot.
-pub struct StopScanner {
-    stops: Vec<String>,
-    text: String,
-    /// Bytes of `text` already handed out.
-    emitted: usize,
-}
-
-impl StopScanner {
-    pub fn new(stops: &[String]) -> StopScanner {
-        StopScanner {
-            stops: stops.to_vec(),
-            text: String::new(),
-            emitted: 0,
-        }
-    }
-
-    /// Add text; returns what may be sent now and the stop sequence found, if one was (the
-    /// text from it on is dropped).
-    pub fn push(&mut self, piece: &str) -> (String, Option<String>) {
-        self.text.push_str(piece);
-        if self.stops.is_empty() {
-            let out = self.text[self.emitted..].to_string();
-            self.emitted = self.text.len();
-            return (out, None);
-        }
-        let longest = self.stops.iter().map(String::len).max().unwrap_or(0);
-        let mut from = self.emitted.saturating_sub(longest);
-        while !self.text.is_char_boundary(from) {
-            from -= 1;
-        }
-        let hit = self
-            .stops
-            .iter()
-            .filter_map(|s| self.text[from..].find(s.as_str()).map(|p| (from + p, s)))
-            .min_by_key(|(p, _)| *p);
-        if let Some((pos, s)) = hit {
-            let pos = pos.max(self.emitted);
-            let out = self.text[self.emitted..pos].to_string();
-            self.emitted = self.text.len();
-            return (out, Some(s.clone()));
-        }
-        // Hold back the longest tail that is a proper prefix of some stop sequence.
-        let len = self.text.len();
-        let mut keep = 0;
-        for s in &self.stops {
-            for k in (1..s.len()).rev() {
-                if k <= len - self.emitted
-                    && self.text.is_char_boundary(len - k)
-                    && s.is_char_boundary(k)
-                    && self.text.ends_with(&s[..k])
-                {
-                    keep = keep.max(k);
-                    break;
-                }
-            }
-        }
-        let out = self.text[self.emitted..len - keep].to_string();
-        self.emitted = len - keep;
-        (out, None)
-    }
-
-    /// Everything held back (generation ended without a stop sequence).
-    pub fn finish(&mut self) -> String {
-        let out = self.text[self.emitted..].to_string();
-        self.emitted = self.text.len();
-        out
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn run(stops: &[&str], pieces: &[&str]) -> (String, Option<String>) {
-        let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
-        let mut sc = StopScanner::new(&stops);
-        let mut out = String::new();
-        for p in pieces {
-            let (e, hit) = sc.push(p);
-            out.push_str(&e);
-            if hit.is_some() {
-                return (out, hit);
-            }
-        }
-        out.push_str(&sc.finish());
-        (out, None)
-    }
-
-    #[test]
-    fn stop_sequence_split_across_pieces_is_cut() {
-        assert_eq!(
-            run(&["END"], &["abc E", "N", "D tail"]),
-            ("abc ".to_string(), Some("END".to_string()))
-        );
-        assert_eq!(
-            run(&["\n\n", "xyz"], &["one\n", "two", "\n", "\nthree"]),
-            ("one\ntwo".to_string(), Some("\n\n".to_string()))
-        );
-    }
-
-    #[test]
-    fn near_misses_are_released() {
-        assert_eq!(run(&["END"], &["E", "N", "d"]), ("ENd".to_string(), None));
-        assert_eq!(run(&["é!"], &["aé", "b"]), ("aéb".to_string(), None));
-        assert_eq!(run(&[], &["a", "b"]), ("ab".to_string(), None));
-    }
-
-    #[test]
-    fn earliest_stop_wins() {
-        assert_eq!(
-            run(&["c", "ab"], &["xabc"]),
-            ("x".to_string(), Some("ab".to_string()))
-        );
     }
 }

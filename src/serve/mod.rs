@@ -5,13 +5,14 @@
 //! Map: `http.rs` reads requests and writes responses on one socket; `openai.rs` and
 //! `anthropic.rs` turn requests into token jobs and events into each API's JSON and SSE;
 //! `params.rs` validates fields; `engine.rs` is the single generator thread with its queue,
-//! prompt reuse and cancellation; `kv_store.rs` keeps sessions on disk; `tools.rs` parses
-//! tool calls; `metrics.rs` counts; `error.rs` shapes errors.
+//! feeding jobs to `crate::engine::Engine` (the decode loop, prompt reuse, `--kv-dir`
+//! sessions, cancellation); `tools.rs` parses tool calls; `metrics.rs` counts; `error.rs`
+//! shapes errors.
 //!
 //! Threads: one accept loop, one thread per connection (parses, renders the chat template,
 //! tokenizes, then waits on its job's events while watching its socket), one generator.
-//! The model borrows its `ModelFiles` for the life of the process: the caller leaks them
-//! (`Box::leak`), which is what a server that runs until it is stopped wants anyway.
+//! The engine (model, placement, session) is opened by the caller and moved into the
+//! generator thread; it comes back when the server stops, for the end-of-run figures.
 //! Invariant: a connection's failure (bad input, a disconnect) ends that connection only; the
 //! generator and every other connection go on.
 
@@ -19,7 +20,8 @@ mod anthropic;
 mod engine;
 mod error;
 mod http;
-pub mod kv_store;
+/// Sessions on disk moved to the engine; kept here under their old path.
+pub use crate::engine::kv_store;
 mod metrics;
 mod openai;
 mod params;
@@ -28,18 +30,14 @@ mod tools;
 pub use error::{ApiError, ServeError};
 
 use crate::chat::render_chat_json;
-use crate::format::ModelFiles;
-use crate::generate::load_tokenizer;
-use crate::model::{Model, State};
 use crate::sample::SamplingParams;
 use crate::tokenizer::Tokenizer;
-use engine::{Engine, Event, Finished, Job, Queue};
+use engine::{Event, Finished, Generator, Job, Queue};
 use error::Dialect;
 use http::{Conn, ReadError, Request};
 use metrics::Metrics;
 use serde_json::{json, Value};
 use std::net::TcpListener;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::Arc;
@@ -57,12 +55,10 @@ pub struct ServeConfig {
     pub model_id: String,
     /// A chat template that replaces the model's own (`--chat-template`).
     pub chat_template: Option<String>,
-    /// Context length (the state passed to `run` must hold this many positions).
+    /// Context length (the engine passed to `run` must hold this many positions).
     pub ctx: usize,
     /// Sampling defaults for fields a request leaves out.
     pub sampling: SamplingParams,
-    pub kv_dir: Option<PathBuf>,
-    pub kv_max_sessions: usize,
     pub max_body: usize,
     pub max_queue: usize,
     pub max_connections: usize,
@@ -84,45 +80,27 @@ pub(crate) struct Shared {
     pub started: u64,
 }
 
-/// Serve `model` (loaded from `files`, with `st` a fresh state of it, its expert placement set
-/// up) until SIGINT or SIGTERM; then stop accepting, let the running generation finish (up to
-/// the grace time), answer queued requests 503, and return the state.
+/// Serve `engine` (opened with its placement and, for `--kv-dir`, its session store) until
+/// SIGINT or SIGTERM; then stop accepting, let the running generation finish (up to the grace
+/// time), answer queued requests 503, and return the engine.
 pub fn run(
-    files: &'static ModelFiles,
-    model: Model<'static>,
-    st: State,
+    engine: crate::engine::Engine,
     cfg: ServeConfig,
-) -> Result<State, ServeError> {
-    if st.ctx() != cfg.ctx {
+) -> Result<crate::engine::Engine, ServeError> {
+    if engine.ctx != cfg.ctx {
         return Err(ServeError::Model(crate::model::ModelError::Input(format!(
-            "state holds {} positions, --ctx-size is {}",
-            st.ctx(),
-            cfg.ctx
+            "the engine holds {} positions, --ctx-size is {}",
+            engine.ctx, cfg.ctx
         ))));
     }
-    let tok = load_tokenizer(files)?;
+    let tok = engine.tok.clone();
     let metrics = Arc::new(Metrics::default());
-    let store = match &cfg.kv_dir {
-        None => None,
-        Some(dir) => {
-            let fp = kv_store::fingerprint(files, &model.cfg);
-            let dims = model.cfg.cache_dims();
-            // Every layer that caches (the state may hold more than `n_layers`).
-            let layers = model.new_state(1, 1, 1)?.kv_layers(dims);
-            let s = kv_store::KvStore::open(dir, fp, layers, dims, cfg.kv_max_sessions).map_err(
-                |e| ServeError::KvDir {
-                    path: dir.clone(),
-                    msg: e.to_string(),
-                },
-            )?;
-            eprintln!(
-                "[serve] --kv-dir {}: {} saved session(s) of this model",
-                dir.display(),
-                s.len()
-            );
-            Some(s)
-        }
-    };
+    if let (Some(dir), Some(n)) = (&engine.opts.kv_dir, engine.saved_sessions()) {
+        eprintln!(
+            "[serve] --kv-dir {}: {n} saved session(s) of this model",
+            dir.display()
+        );
+    }
     let template = cfg
         .chat_template
         .clone()
@@ -141,8 +119,8 @@ pub fn run(
         )
         .map_err(|e| ServeError::ChatTemplate(e.to_string()))?;
     }
-    let tool_format = tools::ToolFormat::detect(template.as_deref(), model.cfg.family);
-    let engine = Engine::new(model, tok.clone(), st, store, metrics.clone());
+    let tool_format = tools::ToolFormat::detect(template.as_deref(), engine.model.cfg.family);
+    let generator = Generator::new(engine, metrics.clone());
 
     let addr = format!("{}:{}", cfg.host, cfg.port);
     let listener = TcpListener::bind(&addr).map_err(|err| ServeError::Bind {
@@ -183,7 +161,7 @@ pub fn run(
         let abort = abort.clone();
         std::thread::Builder::new()
             .name("sluice-generator".into())
-            .spawn(move || engine.run(&sh.queue, &abort))?
+            .spawn(move || generator.run(&sh.queue, &abort))?
     };
     eprintln!(
         "[serve] model {:?} (context {}, tool calls parsed as {}) listening on http://{local}",
@@ -245,7 +223,7 @@ pub fn run(
         std::thread::sleep(Duration::from_millis(20));
     }
     abort.store(true, Ordering::SeqCst);
-    let st = worker
+    let engine = worker
         .join()
         .map_err(|_| ServeError::Io(std::io::Error::other("the generator thread panicked")))?;
     // Give connection threads a moment to write their last bytes.
@@ -254,7 +232,7 @@ pub fn run(
         std::thread::sleep(Duration::from_millis(20));
     }
     eprintln!("[serve] stopped");
-    Ok(st)
+    Ok(engine)
 }
 
 /// What a handler did, for the log line.

@@ -10,7 +10,8 @@
 //! Files are written to a temporary name, synced, and renamed into place (atomic).
 //!
 //! Owns: the directory's session files, their index (tokens per file) and eviction (oldest
-//! first past `max_sessions`). Does not own: the KV cache itself (model/kv_io.rs).
+//! first past `max_sessions`). Does not own: the state itself: it writes and reads the state's parts in
+//! `State::parts` order (model/seq.rs), which for a KV-only state is the v2 layout above.
 //! Invariant: a session is restored only into a model with the same fingerprint (file shapes,
 //! metadata and a sample of every tensor's bytes) and layout, and only as a prefix of the
 //! tokens it was computed for, so restored rows equal freshly computed ones bit for bit.
@@ -246,7 +247,7 @@ impl KvStore {
         self.sessions
             .iter()
             .enumerate()
-            .map(|(i, s)| (i, super::engine::lcp(&s.tokens, tokens)))
+            .map(|(i, s)| (i, super::decode::lcp(&s.tokens, tokens)))
             .filter(|&(_, c)| c > 0)
             .max_by_key(|&(i, c)| (c, self.sessions[i].used))
     }
@@ -272,28 +273,37 @@ impl KvStore {
         };
         let mut f = File::open(&path).map_err(|e| io("open", e))?;
         let (kd, vd) = self.dims;
-        let layer_bytes = total * ((kd + vd) * 4) as u64;
         let base = HEAD + total * 4;
         let mut buf = Vec::new();
         st.pos = 0;
-        for layer in 0..self.layers {
-            let (k, v) = st
-                .kv_rows_mut(layer, self.dims, n)
-                .map_err(|e| KvStoreError::Bad {
-                    path: path.clone(),
-                    msg: e.to_string(),
-                })?;
-            let k_at = base + layer as u64 * layer_bytes;
-            for (dst, at) in [(k, k_at), (v, k_at + total * (kd * 4) as u64)] {
-                buf.resize(dst.len() * 4, 0);
-                f.seek(SeekFrom::Start(at)).map_err(|e| io("seek", e))?;
-                f.read_exact(&mut buf).map_err(|e| io("read", e))?;
-                for (x, c) in dst.iter_mut().zip(buf.chunks_exact(4)) {
-                    *x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                }
-            }
+        // The main layers' parts (an MTP layer's cache is not saved: its slots are re-made).
+        let parts: Vec<_> = st.parts().filter(|p| p.layer < self.layers).collect();
+        if parts.len() != 2 * self.layers || parts.iter().any(|p| !p.per_position) {
+            return Err(KvStoreError::Bad {
+                path: path.clone(),
+                msg: format!(
+                    "the state has {} parts, a version {VERSION} session holds {} positional ones",
+                    parts.len(),
+                    2 * self.layers
+                ),
+            });
         }
-        st.pos = n;
+        // Part i starts after the `total` rows of every part before it.
+        let mut at = base;
+        for part in parts {
+            let dst = st.part_rows_mut(part, n).map_err(|e| KvStoreError::Bad {
+                path: path.clone(),
+                msg: e.to_string(),
+            })?;
+            buf.resize(dst.len() * 4, 0);
+            f.seek(SeekFrom::Start(at)).map_err(|e| io("seek", e))?;
+            f.read_exact(&mut buf).map_err(|e| io("read", e))?;
+            for (x, c) in dst.iter_mut().zip(buf.chunks_exact(4)) {
+                *x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+            at += total * (part.width * 4) as u64;
+        }
+        st.set_pos(n);
         Ok(self.layers as u64 * n as u64 * ((kd + vd) * 4) as u64)
     }
 
@@ -386,20 +396,16 @@ impl KvStore {
         let write = |w: &mut BufWriter<File>, b: &[u8]| w.write_all(b).map_err(|e| io("write", e));
         write(&mut w, &head)?;
         let mut buf = Vec::with_capacity(n * kd.max(vd) * 4);
-        for layer in 0..self.layers {
-            let (k, v) = st
-                .kv_rows(layer, self.dims, n)
-                .map_err(|e| KvStoreError::Bad {
-                    path: tmp.to_path_buf(),
-                    msg: e.to_string(),
-                })?;
-            for rows in [k, v] {
-                buf.clear();
-                for x in rows {
-                    buf.extend_from_slice(&x.to_le_bytes());
-                }
-                write(&mut w, &buf)?;
+        for part in st.parts().filter(|p| p.layer < self.layers) {
+            let rows = st.part_rows(part, n).map_err(|e| KvStoreError::Bad {
+                path: tmp.to_path_buf(),
+                msg: e.to_string(),
+            })?;
+            buf.clear();
+            for x in rows {
+                buf.extend_from_slice(&x.to_le_bytes());
             }
+            write(&mut w, &buf)?;
         }
         let f = w.into_inner().map_err(|e| io("write", e.into_error()))?;
         f.sync_all().map_err(|e| io("sync", e))?;

@@ -1,0 +1,350 @@
+//! The engine: one object that owns a running model — its files, weights, tokenizer, the
+//! planner's placement (streamed expert cache, GPU forward) and the session (the per-sequence
+//! state and the tokens it holds) — and the one decode loop every command uses.
+//!
+//! Map: `options.rs` is the plain options struct, the flag parsers and the one place that
+//! refuses unsupported combinations; `placement.rs` runs the planner and attaches the expert
+//! cache and the GPU; `decode.rs` is the decode loop (prefill, plain or MTP decoding, stop
+//! conditions, streaming, cancellation); `kv_store.rs` keeps sessions on disk (`--kv-dir`).
+//! `run`, `chat`, `logits`, `serve` (and so `bench`, whose arms are `run` processes) are thin
+//! clients: they turn flags into `EngineOptions`, call `Engine::open`, then `generate` or
+//! `logits`, and print.
+//!
+//! Ownership: `Model<'a>` borrows the mapped `ModelFiles`. The engine leaks the files
+//! (`Box::leak`, so they live for the rest of the process) and holds `Model<'static>`. Every
+//! command opens one engine per process and runs it until the process ends, so the leak is the
+//! mapping the process would hold anyway; unmapping earlier would need a self-referential
+//! struct, which safe Rust cannot express without a crate built on `unsafe`. A caller that
+//! opens engines repeatedly in one process (tests) holds one mapping per open; the decode loop
+//! (`decode::decode`) also takes a borrowed model and state, for callers that own their files.
+//!
+//! Invariant: the session's token list is exactly what its state holds (`tokens.len() ==
+//! st.pos`), so reusing a prefix — kept from the last generation or restored from `--kv-dir`
+//! — is exact, and at temperature 0 a reply does not depend on what was cached before.
+
+pub mod decode;
+pub mod kv_store;
+pub mod options;
+pub mod placement;
+
+pub use decode::{lcp, Event, Finish, GenParams, GenStats, GenerateError, Generation, StopScanner};
+pub use options::{EngineOptions, ExpertOptions, GpuRequest, GpuWant};
+
+use crate::format::{FileKind, ModelFiles};
+use crate::model::{LoadOptions, Model, ModelConfig, ModelError, State};
+use crate::plan::planner::Plan;
+use crate::sample::Sampler;
+use crate::tokenizer::{Tokenizer, TokenizerError};
+use kv_store::KvStore;
+use placement::Say;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// A flag (or combination) that cannot be honoured: `{flag}: {reason}`.
+    #[error("{flag}: {reason}")]
+    Refused { flag: String, reason: String },
+    #[error(transparent)]
+    Format(#[from] crate::format::FormatError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Generate(#[from] GenerateError),
+    #[error(transparent)]
+    Plan(#[from] crate::plan::planner::PlanError),
+    #[error(transparent)]
+    Experts(#[from] crate::experts::ExpertError),
+    #[error(transparent)]
+    Gpu(#[from] crate::gpu::GpuError),
+    #[error("--kv-dir {}: {msg}", path.display())]
+    KvDir {
+        path: std::path::PathBuf,
+        msg: String,
+    },
+    #[error("{what}: {err}")]
+    Io { what: String, err: std::io::Error },
+}
+
+/// The tokenizer of a model: `tokenizer.json` beside a safetensors model (or a GGUF, if one
+/// is there), else the vocabulary embedded in the GGUF.
+pub fn load_tokenizer(files: &ModelFiles) -> Result<Tokenizer, TokenizerError> {
+    let json = files.dir().join("tokenizer.json");
+    if files.kind() == FileKind::Safetensors
+        || json.is_file() && files.meta("tokenizer.ggml.model").is_none()
+    {
+        return Tokenizer::from_file(&json);
+    }
+    Tokenizer::from_gguf_meta(&|k| files.meta(k))
+}
+
+/// One sequence: the model's per-sequence state (KV cache, MTP head, buffers) and the tokens
+/// it holds.
+pub struct Session {
+    pub st: State,
+    /// Tokens whose keys and values are in `st` (`tokens.len() == st.pos`).
+    tokens: Vec<u32>,
+}
+
+impl Session {
+    /// The tokens the session holds.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Forget the sequence (buffers stay allocated).
+    pub fn reset(&mut self) {
+        self.st.reset();
+        self.tokens.clear();
+    }
+}
+
+/// A generation's result at the engine level.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub generation: Generation,
+    /// Bytes read from `--kv-dir` to restore a session (None: nothing restored).
+    pub restored_bytes: Option<u64>,
+}
+
+/// A loaded, placed model with its session.
+pub struct Engine {
+    pub files: &'static ModelFiles,
+    pub model: Model<'static>,
+    pub tok: Tokenizer,
+    /// The planner's plan (for predicted vs measured).
+    pub plan: Plan,
+    /// Context length.
+    pub ctx: usize,
+    /// Whether the GPU runs the forward.
+    pub gpu: bool,
+    pub opts: EngineOptions,
+    pub session: Session,
+    store: Option<KvStore>,
+}
+
+impl Engine {
+    /// Open the model files, refuse what cannot be honoured (before binding weights), load
+    /// the model and tokenizer, run the planner and attach the expert cache and the GPU
+    /// (printing `[plan]` lines unless `opts.quiet`), and make the session.
+    pub fn open(opts: EngineOptions) -> Result<Engine, EngineError> {
+        let files: &'static ModelFiles = Box::leak(Box::new(ModelFiles::open(&opts.model)?));
+        let cfg = ModelConfig::from_files(files)?;
+        opts.check(&cfg)?;
+        let ctx = opts.ctx_for(&cfg)?;
+        let model = Model::load(
+            files,
+            &LoadOptions {
+                threads: opts.threads,
+                ctx,
+            },
+        )?;
+        let tok = load_tokenizer(files)?;
+        let k = opts.mtp;
+        // The MTP layer's KV cache is allocated only with --mtp.
+        let batch = opts.batch.max(1).max(k + 1);
+        let rows = opts.logit_rows.max(k + 1);
+        let mut st = if k > 0 {
+            model.new_state_mtp(ctx, batch, rows)?
+        } else {
+            model.new_state(ctx, batch, rows)?
+        };
+        let say = Say { quiet: opts.quiet };
+        let plan = placement::place_experts(&model, files, &mut st, &opts, &say)?;
+        let gpu = placement::place_gpu(&model, files, &mut st, &opts, &plan, &say)?;
+        let store = match &opts.kv_dir {
+            None => None,
+            Some(dir) => {
+                let mut fp = kv_store::fingerprint(files, &model.cfg);
+                if k > 0 {
+                    // Sessions of an MTP engine also hold the MTP layer's cache.
+                    fp = fp.rotate_left(17) ^ 0x6d74_7000;
+                }
+                let dims = model.cfg.cache_dims();
+                let layers = st.kv_layers(dims);
+                Some(
+                    KvStore::open(dir, fp, layers, dims, opts.kv_max_sessions).map_err(|e| {
+                        EngineError::KvDir {
+                            path: dir.clone(),
+                            msg: e.to_string(),
+                        }
+                    })?,
+                )
+            }
+        };
+        st.reset();
+        Ok(Engine {
+            files,
+            model,
+            tok,
+            plan,
+            ctx,
+            gpu,
+            opts,
+            session: Session {
+                st,
+                tokens: Vec::new(),
+            },
+            store,
+        })
+    }
+
+    /// The session's state (for figures).
+    pub fn state(&self) -> &State {
+        &self.session.st
+    }
+
+    /// Sessions saved in `--kv-dir` for this model (None without one).
+    pub fn saved_sessions(&self) -> Option<usize> {
+        self.store.as_ref().map(|s| s.len())
+    }
+
+    /// A sampler with the engine's default parameters.
+    pub fn sampler(&self) -> Sampler {
+        Sampler::new(self.opts.sampling.clone(), self.model.cfg.vocab)
+    }
+
+    /// Generate a reply to `prompt`, the whole token sequence (the session keeps the longest
+    /// prefix it shares with what it holds, or restores a longer one from `--kv-dir`, and
+    /// feeds the rest). `on_event` gets `Started` once reuse is decided, then the text.
+    /// `p.mtp` is set from the engine's options. On error the session is reset.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        sampler: &mut Sampler,
+        p: &GenParams<'_>,
+        on_event: &mut dyn FnMut(Event<'_>) -> bool,
+    ) -> Result<Outcome, EngineError> {
+        let res = self.generate_inner(prompt, sampler, p, on_event);
+        if res.is_err() {
+            // Whatever happened, keep the cache consistent with its token list.
+            self.session.reset();
+        }
+        res
+    }
+
+    fn generate_inner(
+        &mut self,
+        prompt: &[u32],
+        sampler: &mut Sampler,
+        p: &GenParams<'_>,
+        on_event: &mut dyn FnMut(Event<'_>) -> bool,
+    ) -> Result<Outcome, EngineError> {
+        let n = prompt.len();
+        if n == 0 {
+            return Err(GenerateError::EmptyPrompt.into());
+        }
+        let restored_bytes = self.sync(prompt);
+        let keep = self.session.tokens.len();
+        if !on_event(Event::Started {
+            reused: keep,
+            prefilled: n - keep,
+        }) {
+            let mut generation = Generation {
+                tokens: Vec::new(),
+                stats: GenStats::default(),
+                finish: Finish::Cancelled,
+            };
+            generation.stats.reused = keep;
+            return Ok(Outcome {
+                generation,
+                restored_bytes,
+            });
+        }
+        let params = GenParams {
+            mtp: self.opts.mtp,
+            ..*p
+        };
+        let s = &mut self.session;
+        let generation = decode::decode(
+            &self.model,
+            &self.tok,
+            &mut s.st,
+            &mut s.tokens,
+            &prompt[..keep],
+            &prompt[keep..],
+            sampler,
+            &params,
+            on_event,
+        )?;
+        Ok(Outcome {
+            generation,
+            restored_bytes,
+        })
+    }
+
+    /// Prefix sync: keep the longest common prefix of `prompt` with what the session holds
+    /// (always leaving one token to feed, for fresh logits), or restore a longer one from
+    /// `--kv-dir`. With MTP the main cache is cut back to the head's slots, so the first
+    /// prefill chunk re-levels them. Returns the bytes restored, if any.
+    fn sync(&mut self, prompt: &[u32]) -> Option<u64> {
+        let n = prompt.len();
+        let s = &mut self.session;
+        let mut common = lcp(&s.tokens, prompt).min(n - 1);
+        let mut restored = None;
+        if let Some(store) = &mut self.store {
+            if let Some((idx, c)) = store.best_match(prompt) {
+                let c = c.min(n - 1);
+                if c > common {
+                    match store.load(idx, c, &mut s.st) {
+                        Ok(bytes) => {
+                            s.tokens.clear();
+                            s.tokens.extend_from_slice(&prompt[..c]);
+                            // The MTP layer's rows were restored with the others: slots
+                            // 0..c-1 pair positions whose next token is known.
+                            s.st.mtp_pos = c.saturating_sub(1);
+                            common = c;
+                            restored = Some(bytes);
+                        }
+                        Err(e) => {
+                            eprintln!("[sluice] warning: cannot restore a KV session: {e}");
+                            // A failed load may have written part of the cache.
+                            s.st.reset();
+                            s.tokens.clear();
+                            common = 0;
+                        }
+                    }
+                }
+            }
+        }
+        s.st.truncate(common);
+        if self.opts.mtp > 0 {
+            s.st.pos = s.st.mtp_pos.min(s.st.pos);
+        }
+        s.tokens.truncate(s.st.pos);
+        restored
+    }
+
+    /// Write the session to `--kv-dir`, if one is set. Returns the bytes written (None:
+    /// nothing to write or unchanged).
+    pub fn save_session(&mut self) -> Result<Option<u64>, EngineError> {
+        let Some(store) = &mut self.store else {
+            return Ok(None);
+        };
+        let s = &self.session;
+        if s.tokens.is_empty() {
+            return Ok(None);
+        }
+        store
+            .save(&s.tokens, &s.st)
+            .map_err(|e| EngineError::KvDir {
+                path: self.opts.kv_dir.clone().unwrap_or_default(),
+                msg: e.to_string(),
+            })
+    }
+
+    /// Teacher-forced logits of every position of `tokens` (a fresh sequence), appended to
+    /// `out` (T x vocab).
+    pub fn logits(&mut self, tokens: &[u32], out: &mut Vec<f32>) -> Result<(), EngineError> {
+        self.session.reset();
+        let r = self.model.logits_all(&mut self.session.st, tokens, out);
+        // The session holds no token list for teacher-forced runs.
+        self.session.reset();
+        Ok(r?)
+    }
+
+    /// At the end: add this run's expert selections to the saved usage statistics.
+    pub fn save_usage(&self) -> Result<(), EngineError> {
+        placement::save_usage(self.files, &self.session.st, &self.opts.experts)
+    }
+}

@@ -1,0 +1,296 @@
+//! What an engine is asked for: a plain options struct (no clap), the parsers that turn flag
+//! text into typed values (each once), and the one place that refuses flag combinations.
+//!
+//! Owns: `EngineOptions` and its parts, `parse_size`, `parse_io`, `parse_prefetch`, and
+//! `EngineOptions::check`, the table of combinations no backend honours. Does not own: flag
+//! spelling (cli/), what the planner decides (plan/).
+//! Invariant: every refusal is one line naming the flag and the reason, and happens before
+//! any weight is bound (`Engine::open` calls `check` right after reading the config).
+
+use super::EngineError;
+use crate::experts::{IoMode, Policy};
+use crate::gpu::Staging;
+use crate::model::ModelConfig;
+use crate::plan::planner::ExpertMode;
+use crate::sample::SamplingParams;
+use std::path::PathBuf;
+
+/// Everything `Engine::open` needs, from any front end.
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    /// A .gguf file (first shard) or a safetensors directory.
+    pub model: PathBuf,
+    /// Compute threads (0 = all cores).
+    pub threads: usize,
+    /// Context length (`None`: the model's own, at most 4096).
+    pub ctx: Option<usize>,
+    /// The context must hold at least this many tokens (`logits`: the sequence).
+    pub min_ctx: usize,
+    /// Prompt tokens per prefill batch.
+    pub batch: usize,
+    /// Positions whose logits one forward returns (1 for generation; `logits` wants more).
+    pub logit_rows: usize,
+    /// Sampling defaults (a request may bring its own).
+    pub sampling: SamplingParams,
+    /// MTP drafts per step (0 = plain decoding).
+    pub mtp: usize,
+    pub experts: ExpertOptions,
+    pub gpu: GpuRequest,
+    /// Save sessions here and restore them (`--kv-dir`), at most `kv_max_sessions`.
+    pub kv_dir: Option<PathBuf>,
+    pub kv_max_sessions: usize,
+    /// Print no `[plan]` lines (`logits`: its stderr is for errors).
+    pub quiet: bool,
+    /// Time the pinned host-to-device copy ceiling when the GPU attaches (`--prof`).
+    pub measure_h2d: bool,
+    /// The command, for messages (`run`, `chat`, `serve`, `logits`).
+    pub command: &'static str,
+}
+
+impl EngineOptions {
+    /// Defaults for `model` (greedy sampling, planner's placement, GPU auto).
+    pub fn new(model: impl Into<PathBuf>) -> EngineOptions {
+        EngineOptions {
+            model: model.into(),
+            threads: 0,
+            ctx: None,
+            min_ctx: 0,
+            batch: 128,
+            logit_rows: 1,
+            sampling: SamplingParams::greedy(),
+            mtp: 0,
+            experts: ExpertOptions::default(),
+            gpu: GpuRequest::default(),
+            kv_dir: None,
+            kv_max_sessions: 8,
+            quiet: false,
+            measure_h2d: false,
+            command: "run",
+        }
+    }
+}
+
+/// Where routed experts live and how they are read.
+#[derive(Clone, Debug)]
+pub struct ExpertOptions {
+    pub mode: ExpertMode,
+    /// Memory budget in bytes (`None`: 85% of MemAvailable).
+    pub ram: Option<u64>,
+    /// Evictable slots per MoE layer.
+    pub cap: Option<usize>,
+    /// `--io`, parsed once here; the planner checks O_DIRECT and falls back.
+    pub io: Option<IoMode>,
+    pub io_threads: Option<usize>,
+    pub policy: Policy,
+    pub route_trace: Option<PathBuf>,
+    pub autopin: bool,
+    /// Bytes the pinned tier may take (`--pin-gb`).
+    pub pin_bytes: Option<u64>,
+    /// Read usage statistics but never write them.
+    pub usage_freeze: bool,
+    /// `--prefetch` on/off (`None`: the planner's).
+    pub prefetch: Option<bool>,
+}
+
+impl Default for ExpertOptions {
+    fn default() -> Self {
+        ExpertOptions {
+            mode: ExpertMode::Auto,
+            ram: None,
+            cap: None,
+            io: None,
+            io_threads: None,
+            policy: Policy::Hotness { halve_every: 64 },
+            route_trace: None,
+            autopin: false,
+            pin_bytes: None,
+            usage_freeze: false,
+            prefetch: None,
+        }
+    }
+}
+
+/// `--gpu auto|on|off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuWant {
+    Auto,
+    On,
+    Off,
+}
+
+/// What the GPU path is asked for.
+#[derive(Clone, Debug)]
+pub struct GpuRequest {
+    pub want: GpuWant,
+    /// VRAM expert pool bytes (`None`: what fits).
+    pub vram: Option<u64>,
+    pub staging: Staging,
+}
+
+impl Default for GpuRequest {
+    fn default() -> Self {
+        GpuRequest {
+            want: GpuWant::Auto,
+            vram: None,
+            staging: Staging::Arena,
+        }
+    }
+}
+
+impl GpuWant {
+    pub fn parse(s: &str) -> Result<GpuWant, EngineError> {
+        match s {
+            "auto" => Ok(GpuWant::Auto),
+            "on" => Ok(GpuWant::On),
+            "off" => Ok(GpuWant::Off),
+            s => Err(refused(&format!("--gpu {s:?}"), "expected auto, on or off")),
+        }
+    }
+}
+
+fn refused(flag: &str, reason: impl Into<String>) -> EngineError {
+    EngineError::Refused {
+        flag: flag.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// `--io direct|buffered|mmap`.
+pub fn parse_io(s: &str) -> Result<IoMode, EngineError> {
+    s.parse::<IoMode>()
+        .map_err(|_| refused(&format!("--io {s:?}"), "expected direct, buffered or mmap"))
+}
+
+/// `--prefetch[=on|off]`.
+pub fn parse_prefetch(s: &str) -> Result<bool, EngineError> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(EngineError::Refused {
+            flag: format!("--prefetch={other}"),
+            reason: "expected on or off".into(),
+        }),
+    }
+}
+
+/// Parse sizes like `24G`, `512M`, `1.5GiB`, `1000000` (bytes).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("size {s:?}: expected a number with an optional K/M/G/T suffix"))?;
+    let mul = match unit
+        .to_ascii_uppercase()
+        .trim_end_matches("IB")
+        .trim_end_matches('B')
+    {
+        "" => 1.0,
+        "K" => 1024.0,
+        "M" => 1024.0 * 1024.0,
+        "G" => 1024.0 * 1024.0 * 1024.0,
+        "T" => 1024.0f64.powi(4),
+        _ => return Err(format!("size {s:?}: unknown unit {unit:?}")),
+    };
+    if v.is_nan() || v < 0.0 {
+        return Err(format!("size {s:?} must be positive"));
+    }
+    Ok((v * mul) as u64)
+}
+
+impl EngineOptions {
+    /// The one place that refuses flag combinations no backend honours, before any weight is
+    /// bound. `cfg`: the model's hyperparameters (rules that depend on the model).
+    pub fn check(&self, cfg: &ModelConfig) -> Result<(), EngineError> {
+        let gpu_on = self.gpu.want == GpuWant::On;
+        if self.mtp > 3 {
+            return Err(refused(
+                &format!("--mtp {}", self.mtp),
+                "draft 1 to 3 tokens per step (0 = off)",
+            ));
+        }
+        if self.mtp > 0 && cfg.n_mtp_layers == 0 {
+            return Err(refused("--mtp", "this model has no MTP layer"));
+        }
+        if self.ctx == Some(0) {
+            return Err(refused("-c 0", "the context must hold at least one token"));
+        }
+        if self.batch == 0 {
+            return Err(refused(
+                "--batch-size 0",
+                "a prefill batch holds at least one token",
+            ));
+        }
+        if gpu_on && !crate::gpu::BUILT {
+            return Err(refused(
+                "--gpu on",
+                "this sluice was built without the `cuda` feature (cargo build --release --features cuda)",
+            ));
+        }
+        if gpu_on && self.mtp > 0 {
+            return Err(refused(
+                "--mtp with --gpu on",
+                "the MTP head runs only on the CPU path; use --gpu off or --mtp 0",
+            ));
+        }
+        if gpu_on && self.experts.prefetch == Some(true) {
+            return Err(refused(
+                "--prefetch with --gpu on",
+                "expert prefetch runs only on the CPU path; drop --prefetch or use --gpu off",
+            ));
+        }
+        if gpu_on && self.kv_dir.is_some() {
+            return Err(refused(
+                "--kv-dir with --gpu on",
+                "saved KV caches work on the CPU path only; use --gpu off",
+            ));
+        }
+        if let Some(p) = &self.experts.route_trace {
+            if self.experts.mode == ExpertMode::Resident {
+                return Err(refused(
+                    &format!("--route-trace {}", p.display()),
+                    "routes are traced by the streamed expert cache; add --experts stream",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Why the CPU runs although `--gpu auto` might have picked the GPU (None: nothing here
+    /// keeps it off). The same rules as `check`'s, as notes.
+    pub(crate) fn gpu_off_reason(&self) -> Option<&'static str> {
+        if self.mtp > 0 {
+            return Some("--mtp runs on the CPU path");
+        }
+        if self.experts.prefetch == Some(true) {
+            return Some("--prefetch runs on the CPU path");
+        }
+        if self.kv_dir.is_some() {
+            return Some("--kv-dir keeps KV caches in host memory");
+        }
+        None
+    }
+
+    /// The context length to run with for a model whose hyperparameters are `cfg`: `ctx`, else
+    /// the model's own context length capped at 4096 (and at DeepSeek-V3.2's dense limit), and
+    /// at least `min_ctx` tokens. A context beyond the model's own length runs, with a one-line
+    /// warning on stderr (llama.cpp does the same): positions past it were never trained.
+    pub fn ctx_for(&self, cfg: &ModelConfig) -> Result<usize, EngineError> {
+        let max = cfg.train_ctx;
+        if self.ctx == Some(0) {
+            return Err(refused("-c 0", "the context must hold at least one token"));
+        }
+        let auto = max
+            .min(4096)
+            .min(cfg.dense_attn_limit.unwrap_or(usize::MAX));
+        let ctx = self.ctx.unwrap_or(auto).max(self.min_ctx);
+        if ctx > max {
+            eprintln!(
+                "[sluice] warning: context {ctx} is more than the model's context length (max_position_embeddings / context_length), {max}: positions past it were not trained"
+            );
+        }
+        Ok(ctx)
+    }
+}

@@ -1,0 +1,395 @@
+//! Placement: the planner's decisions for a loaded model and their execution — the streamed
+//! expert cache (with autopin and usage statistics) and the GPU forward — attached to a state.
+//!
+//! Owns: the `[plan]` lines printed at start, the request handed to the planner, usage
+//! statistics' path and saving, the GPU attach (CPU fallback with `--gpu auto`). Does not own:
+//! the decisions themselves (plan/planner.rs), the cache (experts/), the GPU forward (gpu/).
+//! Invariant: placement never changes what is computed, only where and how fast.
+
+use super::options::{EngineOptions, ExpertOptions, GpuWant};
+use super::EngineError;
+use crate::experts::{CacheConfig, ExpertCache, UsageStats};
+use crate::format::ModelFiles;
+use crate::model::{Model, State};
+use crate::plan::planner::{self, human, Plan, PlanRequest};
+
+/// Prints a `[plan]` line unless the engine is quiet.
+pub(crate) struct Say {
+    pub quiet: bool,
+}
+
+impl Say {
+    pub fn line(&self, s: &str) {
+        if !self.quiet {
+            eprintln!("{s}");
+        }
+    }
+}
+
+/// MemAvailable from /proc/meminfo, in bytes.
+pub fn mem_available() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// The planner's request from the options (`autopin`: experts with usage statistics).
+pub fn plan_request(a: &ExpertOptions, mtp: usize, autopin: Option<usize>) -> PlanRequest {
+    PlanRequest {
+        ram: a.ram,
+        available: mem_available(),
+        mode: a.mode,
+        cap: a.cap,
+        io: a.io,
+        io_threads: a.io_threads,
+        autopin,
+        pin_bytes: a.pin_bytes,
+        mtp,
+        prefetch: a.prefetch,
+    }
+}
+
+/// Where a model's usage statistics live: beside the model if that directory is writable,
+/// else in the cache directory, named after the model identity.
+pub fn usage_path(files: &ModelFiles, id: &str) -> std::path::PathBuf {
+    let name = files
+        .paths()
+        .first()
+        .and_then(|p| p.file_name())
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_else(|| "model".into());
+    let beside = files.dir().join(format!(".{name}.sluice-usage.json"));
+    let writable = std::fs::metadata(files.dir())
+        .map(|m| !m.permissions().readonly())
+        .unwrap_or(false)
+        && std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(files.dir().join(".sluice-write-probe"))
+            .map(|_| true)
+            .unwrap_or(false);
+    let _ = std::fs::remove_file(files.dir().join(".sluice-write-probe"));
+    if writable {
+        beside
+    } else {
+        let short: String = id
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric())
+            .take(24)
+            .collect();
+        crate::default_model::cache_dir().join(format!("usage-{short}.json"))
+    }
+}
+
+/// After a run: add this run's selections to the saved usage statistics (unless frozen).
+pub fn save_usage(files: &ModelFiles, st: &State, a: &ExpertOptions) -> Result<(), EngineError> {
+    let Some(cache) = st.experts() else {
+        return Ok(());
+    };
+    if a.usage_freeze {
+        return Ok(());
+    }
+    let id = crate::experts::model_identity(files.paths())?;
+    let path = usage_path(files, &id);
+    let mut usage = cache.usage();
+    if let Ok(old) = UsageStats::load(&path, &id) {
+        usage.add(&old)?;
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| EngineError::Io {
+            what: format!("creating {}", dir.display()),
+            err: e,
+        })?;
+    }
+    usage.save(&path, &id)?;
+    Ok(())
+}
+
+/// The machine profile a run uses: the cached one, never a fresh probe (a `[plan]` line says).
+fn run_profile(files: &ModelFiles, say: &Say) -> Option<crate::plan::MachineProfile> {
+    match planner::cached_profile(files) {
+        Some(p) => {
+            say.line(&format!(
+                "[plan] machine: cached profile {} ({}probed {} s ago)",
+                p.key,
+                if p.quick { "quick, " } else { "" },
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs())
+                    .saturating_sub(p.probed_unix)
+            ));
+            Some(p)
+        }
+        None => {
+            say.line("[plan] machine: no cached profile for this disk and CPU: default decisions, no prediction (`sluice doctor` or `sluice plan` measure it)");
+            None
+        }
+    }
+}
+
+/// Decide where experts live, print one `[plan]` line per decision with its reason, and
+/// attach a streaming cache to `st` when streaming. Returns the plan.
+pub(crate) fn place_experts(
+    model: &Model<'_>,
+    files: &ModelFiles,
+    st: &mut State,
+    o: &EngineOptions,
+    say: &Say,
+) -> Result<Plan, EngineError> {
+    let a = &o.experts;
+    let summary = planner::ModelSummary::of(model, files, st.kv_bytes() as u64)?;
+    // Usage statistics first: how many experts could be pinned bounds the pinned tier.
+    let mut usage = None;
+    if a.autopin {
+        let id = crate::experts::model_identity(files.paths())?;
+        let path = usage_path(files, &id);
+        match UsageStats::load(&path, &id) {
+            Ok(u) => usage = Some((u, path)),
+            Err(e) => say.line(&format!("[plan] autopin: no usage statistics yet ({e}); run once without --usage-freeze to collect them")),
+        }
+    }
+    let avail = a
+        .autopin
+        .then(|| usage.as_ref().map_or(0, |(u, _)| u.top_n(usize::MAX).len()));
+    let profile = run_profile(files, say);
+    let req = plan_request(a, o.mtp, avail);
+    let plan = planner::plan(&summary, profile.as_ref(), &req)?;
+    for l in plan.lines() {
+        say.line(&l);
+    }
+    if !plan.stream {
+        if let Some(p) = &a.route_trace {
+            return Err(EngineError::Refused {
+                flag: format!("--route-trace {}", p.display()),
+                reason: "routes are traced by the streamed expert cache; add --experts stream"
+                    .into(),
+            });
+        }
+        return Ok(plan);
+    }
+    let store = model.expert_store(files)?;
+    let mut pinned = Vec::new();
+    if let Some((u, path)) = &usage {
+        pinned = u.top_n(plan.pinned);
+        say.line(&format!(
+            "[plan] autopin: {} most-selected experts ({}) from {}",
+            pinned.len(),
+            human(pinned.len() as u64 * store.slot_bytes()),
+            path.display()
+        ));
+    }
+    let mut cfg = CacheConfig::new(plan.slots_per_layer);
+    cfg.pinned = pinned;
+    cfg.io = plan.io_mode();
+    cfg.io_threads = plan.io_threads;
+    cfg.policy = a.policy;
+    cfg.trace = a.route_trace.clone();
+    cfg.prefetch = plan.prefetch;
+    let cache = ExpertCache::new(store, cfg)?;
+    say.line(&format!(
+        "[plan] experts: streamed, {} slots/layer of {}, {} policy, slab {} (pinned + evictable), io {} x{}",
+        cache.slots(model.cfg.n_dense_layers),
+        human(cache.slot_bytes()),
+        cache.policy().name(),
+        human(cache.slab_bytes()),
+        cache.io_mode().name(),
+        plan.io_threads
+    ));
+    for n in cache.notes() {
+        say.line(&format!("[plan] note: {n}"));
+    }
+    // Keep the resident (non-expert) weights in memory while experts stream past them.
+    // Every routed tensor begins with some expert's part (expert 0's slice of a 3-D tensor, a
+    // per-expert tensor, the gate half of a fused gate_up): those starts identify them.
+    let expert_starts: std::collections::HashSet<(usize, u64)> = model
+        .expert_locs()
+        .iter()
+        .flatten()
+        .flat_map(|l| l.parts.iter().map(|p| (p.file, p.offset)))
+        .collect();
+    let resident: Vec<&[u8]> = files
+        .tensors()
+        .iter()
+        .filter(|t| !expert_starts.contains(&(t.range.file, t.range.offset)))
+        .filter_map(|t| files.range_bytes(t.range).ok())
+        .collect();
+    match crate::experts::lock_resident(&resident) {
+        Ok(b) => say.line(&format!(
+            "[plan] resident weights locked in memory ({})",
+            human(b)
+        )),
+        Err(e) => say.line(&format!("[plan] note: {e}")),
+    }
+    st.attach_experts(cache);
+    Ok(plan)
+}
+
+/// Decides CPU or GPU for `st` and, for the GPU, attaches the GPU forward (after
+/// `place_experts`, whose RAM expert cache the VRAM pool stages from). Returns whether the
+/// GPU runs the forward. Combinations `--gpu on` cannot honour were refused by
+/// `EngineOptions::check`; with `--gpu auto` they print why the CPU runs.
+pub(crate) fn place_gpu(
+    model: &Model<'_>,
+    files: &ModelFiles,
+    st: &mut State,
+    o: &EngineOptions,
+    plan: &Plan,
+    say: &Say,
+) -> Result<bool, EngineError> {
+    let off = |why: &str| say.line(&format!("[plan] gpu: off ({why})"));
+    let want = o.gpu.want;
+    if want == GpuWant::Off {
+        off("--gpu off");
+        return Ok(false);
+    }
+    if !crate::gpu::BUILT {
+        off("this build has no `cuda` feature");
+        return Ok(false);
+    }
+    if let Some(why) = o.gpu_off_reason() {
+        off(why);
+        return Ok(false);
+    }
+    if st.experts().is_some_and(|c| c.prefetching()) {
+        // The planner turned prefetch on by default.
+        if want == GpuWant::On {
+            return Err(EngineError::Refused {
+                flag: "--gpu on".into(),
+                reason: "expert prefetch (the plan's default here) runs only on the CPU path; add --prefetch=off or use --gpu off".into(),
+            });
+        }
+        off("--prefetch runs on the CPU path");
+        return Ok(false);
+    }
+    attach(model, files, st, o, plan, &off)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn attach(
+    _: &Model<'_>,
+    _: &ModelFiles,
+    _: &mut State,
+    _: &EngineOptions,
+    _: &Plan,
+    _: &dyn Fn(&str),
+) -> Result<bool, EngineError> {
+    Ok(false)
+}
+
+#[cfg(feature = "cuda")]
+fn attach(
+    model: &Model<'_>,
+    files: &ModelFiles,
+    st: &mut State,
+    o: &EngineOptions,
+    plan: &Plan,
+    off: &dyn Fn(&str),
+) -> Result<bool, EngineError> {
+    use crate::gpu::model::GpuState;
+    use crate::gpu::{GpuError, GpuOptions};
+    let gb = |b: u64| b as f64 / 1e9;
+    let want = o.gpu.want;
+    let vram = o.gpu.vram;
+    let gpu_err = |reason: String| EngineError::Refused {
+        flag: "--gpu on".into(),
+        reason,
+    };
+    if !crate::gpu::driver::present() {
+        if want == GpuWant::On {
+            return Err(gpu_err(
+                "no CUDA driver library (libcuda.so) on this machine".into(),
+            ));
+        }
+        off("no CUDA driver library on this machine");
+        return Ok(false);
+    }
+    let mut made_cache = false;
+    // The VRAM pool stages from the RAM expert cache: when the plan reads experts through the
+    // mapped files, give the GPU a RAM cache holding every expert (the plan said they fit).
+    if st.experts().is_none() {
+        let store = model.expert_store(files)?;
+        let max_e = (0..store.n_layers())
+            .map(|l| store.n_experts(l))
+            .max()
+            .unwrap_or(0);
+        let mut cfg = CacheConfig::new(max_e.max(1));
+        // The plan's IO (the one `--io` parse, O_DIRECT checked there).
+        cfg.io = plan.io_mode();
+        let cache = ExpertCache::new(store, cfg)?;
+        if !o.quiet {
+            eprintln!(
+                "[plan] gpu: experts fit in RAM, so the VRAM pool stages from a RAM cache of every expert ({:.2} GB)",
+                gb(cache.slab_bytes())
+            );
+        }
+        st.attach_experts(cache);
+        made_cache = true;
+    }
+    let mut pinned = Vec::new();
+    if o.experts.autopin {
+        let id = crate::experts::model_identity(files.paths())?;
+        let path = usage_path(files, &id);
+        if let Ok(u) = UsageStats::load(&path, &id) {
+            pinned = u.top_n(usize::MAX);
+        }
+    }
+    let opts = GpuOptions {
+        vram,
+        staging: o.gpu.staging,
+        pinned,
+    };
+    let (mut gs, sum) = match GpuState::attach(model, st, &opts) {
+        Ok(x) => x,
+        Err(e) => {
+            if want == GpuWant::On {
+                return Err(gpu_err(e.to_string()));
+            }
+            let why = match e {
+                GpuError::NoDriver(m) => m,
+                other => other.to_string(),
+            };
+            off(&format!("{why}; running on the CPU"));
+            if made_cache {
+                st.detach_experts();
+            }
+            return Ok(false);
+        }
+    };
+    let say = Say { quiet: o.quiet };
+    say.line(&format!(
+        "[plan] gpu: on, {} ({:.1} GB): dense weights {:.2} GB, KV cache {:.2} GB, scratch {:.2} GB resident in VRAM",
+        sum.device,
+        gb(sum.vram_total as u64),
+        gb(sum.weights_bytes as u64),
+        gb(sum.kv_bytes as u64),
+        gb(sum.scratch_bytes as u64)
+    ));
+    say.line(&format!(
+        "[plan] gpu: VRAM expert pool {:.2} GB = {} slots/layer of {:.1} MB ({} pinned), {:.0}% of all experts ({:.2} GB){}",
+        gb(sum.pool_bytes as u64),
+        sum.pool_slots_per_layer,
+        sum.slot_bytes as f64 / 1e6,
+        sum.pool_pinned,
+        100.0 * sum.pool_bytes as f64 / (sum.all_experts_bytes as f64).max(1.0),
+        gb(sum.all_experts_bytes),
+        if vram.is_some() { " (--vram)" } else { " (free VRAM less 1 GiB)" }
+    ));
+    say.line(&format!(
+        "[plan] gpu: staging {} ({})",
+        sum.staging,
+        match sum.staging {
+            crate::gpu::Staging::Arena => "RAM expert cache registered once: copies read it directly",
+            crate::gpu::Staging::PerExpert => "each staged expert registered and unregistered around its copy (--gpu-staging, for A/B)",
+            crate::gpu::Staging::Pageable => "nothing registered: the driver bounces copies (--gpu-staging, for A/B)",
+        }
+    ));
+    if o.measure_h2d {
+        let c = gs.measure_h2d_ceiling(256 << 20)?;
+        say.line(&format!(
+            "[plan] gpu: pinned host->device ceiling {c:.1} GB/s (256 MiB copy, best of 5)"
+        ));
+    }
+    st.attach_gpu(gs);
+    Ok(true)
+}

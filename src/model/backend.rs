@@ -1,0 +1,267 @@
+//! The operations the forward pass is written in (`Backend`), and the buffers they name.
+//!
+//! Owns: the contract between the forward graph (`forward.rs`, `deepseek2.rs`, `mtp.rs`,
+//! which decide *what* is computed, in which order, on which weights) and a backend (which
+//! decides *where and how*: `cpu.rs` today, a CUDA backend next). The graph never reads or
+//! writes activations itself: it names buffers (`Buf`) and passes weights (`&WeightView`, norm
+//! vectors, the weight structs of `weights.rs`); the backend owns the memory behind the names,
+//! so a device backend keeps them in VRAM and needs no host round trip between operations.
+//! Does not own: the weights (the graph passes them; a device backend maps each view to the
+//! device copy it built at attach, e.g. by its byte address), sampling, the expert store.
+//! Invariant: for the CPU backend every operation is the arithmetic the forward always did
+//! (same loops, same summation order), so outputs are bit-identical to the reference tests'
+//! figures and no operation allocates once the state is built.
+//!
+//! # Shapes
+//! A buffer holds up to `batch` rows. `Rows` selects a strided window of them: row `i` of the
+//! window is `buf[(row0 + i) * stride + off ..][..width]`. Most operations act on rows `0..n`
+//! of the chunk (the tokens of one `forward_chunk`, at positions `pos..pos + n`).
+//!
+//! # How a backend implements each operation
+//! Element-wise operations (`add_bias`, `clamp`, `scale`, `add`, `swiglu`, `rope`, norms) must
+//! use the formulas of `blocks.rs` on each element in the same order to match the CPU bit for
+//! bit; a GPU backend may differ in the last bits (fused multiply-add, parallel sums): it is
+//! held to the reference tests' tolerance (1e-4 on logits, identical argmax), not to
+//! bit-equality with the CPU. What must be exact on every backend: which experts each token
+//! chooses given the router logits it computed (same `route_token` rules, ties to the lower
+//! index) and that a token's expert outputs are summed in its top-k slot order, so the result
+//! never depends on the order in which experts are computed or arrive from disk.
+
+use super::config::RopeLayout;
+use super::weights::{Mla, Moe};
+use super::{ModelError, Prof};
+use crate::kernels::WeightView;
+
+/// The activation buffers a backend owns, each `batch` rows wide at most.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Buf {
+    /// (batch, hidden) the residual stream.
+    X,
+    /// (batch, hidden) the normed input of a sub-block (and scratch for the MTP head).
+    Xn,
+    /// (batch, q_dim) queries (MLA: n_heads x (nope + rope)).
+    Q,
+    /// (batch, q_lora) MLA's q latent.
+    Qa,
+    /// (batch, max(kv_dim, kv_lora + rope)) keys (MLA: kv latent and the shared rope key).
+    K,
+    /// (batch, kv_dim) values.
+    V,
+    /// (batch, att_dim) attention output before the output projection.
+    Att,
+    /// (batch, hidden) a sub-block's output, added to `X` by the graph.
+    Proj,
+    /// (batch, hidden) final-normed hidden states of the last chunk (the MTP head reads them).
+    Hfin,
+    /// (batch, widest ffn) SwiGLU gate, then the activated product.
+    Gate,
+    /// (batch, widest ffn) SwiGLU up projection.
+    Up,
+    /// (logit_rows, vocab) logits of the main head.
+    Logits,
+    /// (batch, idx_heads * idx_dim) V3.2 indexer queries.
+    IdxQ,
+    /// (batch, idx_dim) V3.2 indexer keys.
+    IdxK,
+    /// (batch, idx_heads) V3.2 indexer head weights.
+    IdxW,
+    /// (batch, 2 * hidden) MTP input: [enorm(embed); hnorm(hidden)].
+    MtpCat,
+    /// (batch, hidden) main hidden states paired with the MTP head's tokens.
+    MtpHidden,
+    /// (logit_rows, vocab) logits of the MTP head.
+    MtpLogits,
+}
+
+/// A strided window of rows of one buffer (see the module doc).
+#[derive(Clone, Copy, Debug)]
+pub struct Rows {
+    pub buf: Buf,
+    pub row0: usize,
+    pub stride: usize,
+    pub off: usize,
+    pub width: usize,
+}
+
+impl Rows {
+    /// Rows of `width` packed one after the other, from row 0.
+    pub fn of(buf: Buf, width: usize) -> Rows {
+        Rows {
+            buf,
+            row0: 0,
+            stride: width,
+            off: 0,
+            width,
+        }
+    }
+
+    /// The same window starting `row0` rows further.
+    pub fn from_row(self, row0: usize) -> Rows {
+        Rows { row0, ..self }
+    }
+
+    /// The columns `off..off + width` of each row of a packed window.
+    pub fn cols(self, off: usize, width: usize) -> Rows {
+        Rows {
+            off: self.off + off,
+            width,
+            ..self
+        }
+    }
+}
+
+/// Which half of a cache layer a row goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cache {
+    /// GQA keys; MLA's latent + rope key.
+    K,
+    /// GQA values; V3.2's indexer keys.
+    V,
+}
+
+/// Grouped-query attention over the cache (`Backend::attend`).
+#[derive(Clone, Copy, Debug)]
+pub struct GqaShape {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Multiplies q.k before the softmax.
+    pub scale: f32,
+    /// Attend to the last `w` positions only.
+    pub window: Option<usize>,
+}
+
+/// Where the chunk sits in its sequence.
+#[derive(Clone, Copy, Debug)]
+pub struct At {
+    /// Cache position of row 0 (row i is at `pos + i`).
+    pub pos: usize,
+    /// Rotary position of row 0 (the MTP head's slots rotate one ahead of their cache slot).
+    pub rope: usize,
+}
+
+/// The operations of the forward pass. Every method acts on rows `0..n` unless it says
+/// otherwise and returns only errors: results stay in the backend's buffers until the graph
+/// asks for the logits (`forward_chunk` returns them).
+///
+/// The trait is object safe (a session may hold a `Box<dyn Backend>`) and coarse where a
+/// device backend needs it: `moe` is one call (route, group tokens per expert, run the
+/// experts, combine in slot order) so routing can stay on the device with no host sync per
+/// layer; `attend` / `attend_mla` include the whole softmax over the cache.
+pub trait Backend {
+    /// `dst` rows 0..tokens.len() = the dequantized rows `tokens` of `table` (hidden wide).
+    fn embed(&mut self, table: &WeightView<'_>, tokens: &[u32], dst: Buf)
+        -> Result<(), ModelError>;
+
+    /// For each `(w, dst)`: `dst` rows 0..n (packed, `w.rows` wide) = `src` rows x `w`^T.
+    /// `src` must be packed (`stride == width == w.cols`). Sharing one input across several
+    /// weights lets the CPU quantize the activations once.
+    fn matmul(
+        &mut self,
+        src: Rows,
+        n: usize,
+        outs: &[(&WeightView<'_>, Buf)],
+    ) -> Result<(), ModelError>;
+
+    /// RMSNorm (`blocks::rmsnorm`, f64 sum of squares) of each `part`-wide piece of each `src`
+    /// row, scaled by `w` (`part` long), into the same place of `dst` (in place when `dst` and
+    /// `src` name the same buffer: then they must be the same window). `part == width`: the
+    /// whole row; `part == head_dim`: per-head q/k norm.
+    fn rmsnorm(
+        &mut self,
+        dst: Rows,
+        src: Rows,
+        n: usize,
+        part: usize,
+        w: &[f32],
+        eps: f32,
+    ) -> Result<(), ModelError>;
+
+    /// torch LayerNorm (biased variance, f64 sums, as `deepseek2::layer_norm`) of each row,
+    /// in place.
+    fn layer_norm(
+        &mut self,
+        x: Rows,
+        n: usize,
+        w: &[f32],
+        b: &[f32],
+        eps: f64,
+    ) -> Result<(), ModelError>;
+
+    /// x[i][j] += b[j].
+    fn add_bias(&mut self, x: Rows, n: usize, b: &[f32]) -> Result<(), ModelError>;
+
+    /// x = clamp(x, -c, c) (OLMoE's clip_qkv).
+    fn clamp(&mut self, x: Rows, n: usize, c: f32) -> Result<(), ModelError>;
+
+    /// x *= s.
+    fn scale(&mut self, x: Rows, n: usize, s: f32) -> Result<(), ModelError>;
+
+    /// Rotary embedding: for row i at rotary position `pos + i`, each `head`-wide piece of the
+    /// row is rotated on its values `off..off + rotary_dim` (`blocks::Rope::apply_as`) in
+    /// `layout` (the model's own, or half-split for V3.2's indexer).
+    fn rope(
+        &mut self,
+        x: Rows,
+        n: usize,
+        head: usize,
+        off: usize,
+        pos: usize,
+        layout: RopeLayout,
+    ) -> Result<(), ModelError>;
+
+    /// Write `src` rows 0..n (each `src.width` wide: the cache's row width on that side) to
+    /// cache layer `layer`, positions `pos..pos + n`, on `side`.
+    fn store_cache(
+        &mut self,
+        layer: usize,
+        side: Cache,
+        src: Rows,
+        n: usize,
+        pos: usize,
+    ) -> Result<(), ModelError>;
+
+    /// Causal grouped-query attention: `Att` row i = softmax(q_i . K / scale) V over cache
+    /// layer `layer`'s positions `first..=pos + i` (`first` from the sliding window), per head,
+    /// heads sharing a kv head in groups of `heads / kv_heads`. Reads `Q`.
+    fn attend(&mut self, layer: usize, n: usize, pos: usize, s: GqaShape)
+        -> Result<(), ModelError>;
+
+    /// Multi-head latent attention in absorbed form (DeepSeek): per head, q's nope part is
+    /// folded into latent space by `a.k_b`, scored against the cached latent + rope key,
+    /// the softmax-weighted latent context is expanded by `a.v_b` into `Att`. With an indexer
+    /// (V3.2), past `index_topk` causal positions only the positions with the best index
+    /// scores (from `IdxQ`, `IdxW` and the indexer keys of cache side V) are attended, ties to
+    /// the lower position. Reads `Q`.
+    fn attend_mla(
+        &mut self,
+        layer: usize,
+        n: usize,
+        pos: usize,
+        a: &Mla<'_>,
+    ) -> Result<(), ModelError>;
+
+    /// `Gate` rows 0..n (`f` wide) = silu(Gate) * Up.
+    fn swiglu(&mut self, n: usize, f: usize) -> Result<(), ModelError>;
+
+    /// `dst` rows 0..n += `src` rows 0..n (both `width` wide, packed): the residual add.
+    fn add(&mut self, dst: Buf, src: Buf, n: usize, width: usize) -> Result<(), ModelError>;
+
+    /// Copy `src` rows 0..n into `dst` rows 0..n.
+    fn copy(&mut self, dst: Rows, src: Rows, n: usize) -> Result<(), ModelError>;
+
+    /// The routed block of layer `layer` (cache layer; the MTP layer's is `n_layers`) on `Xn`
+    /// rows 0..n into `Proj`: router logits, expert choice per token (`route_token`), each
+    /// chosen expert's SwiGLU on the tokens routed to it, each token's outputs summed in its
+    /// top-k slot order, plus the shared expert. Where the expert bytes come from (mapped
+    /// files, the streaming cache, VRAM) is the backend's business.
+    fn moe(&mut self, layer: usize, m: &Moe<'_>, n: usize) -> Result<(), ModelError>;
+
+    /// A hint, called after layer `next - 1`'s attention: start fetching the experts layer
+    /// `next` will probably need for rows 0..n of `X`. May clobber `Xn` (the graph recomputes
+    /// it); must not change any result. Backends without an expert cache do nothing.
+    fn prefetch(&mut self, next: usize, n: usize) -> Result<(), ModelError>;
+
+    /// Where forward time went (the graph adds to it around each part).
+    fn prof(&mut self) -> &mut Prof;
+}

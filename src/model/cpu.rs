@@ -1,0 +1,702 @@
+//! The CPU backend: `Backend`'s operations on the buffers of a `State`, with the kernels of
+//! `kernels/` on the model's thread pool, and the routed MoE block (routing, expert cache
+//! waves, prefetch).
+//!
+//! Owns: `CpuBackend` (a model and a state borrowed for one forward call), the MoE block's CPU
+//! code, `route_token`. Does not own: the graph (forward.rs), the buffers' sizes (state.rs).
+//! Invariant: every operation is the arithmetic the forward pass always did, loop for loop;
+//! the MoE output of each token is summed in its top-k slot order, so the result does not
+//! depend on the order in which experts are computed or arrive from disk.
+
+use super::backend::{Backend, Buf, Cache, GqaShape, Rows};
+use super::blocks::{axpy, dot, rmsnorm, rmsnorm_inplace, silu, softmax, top_k};
+use super::config::{AttnKind, ModelConfig, RopeLayout};
+use super::weights::{Ffn, HeadMat, Mla, Mlp, Moe};
+use super::{Model, ModelError, Prof, State};
+use crate::experts::ExpertCache;
+use crate::kernels::{self, Acts, Isa, WeightView};
+use rayon::prelude::*;
+
+/// y = M x for a per-head matrix.
+fn head_matvec(
+    m: &HeadMat<'_>,
+    x: &[f32],
+    y: &mut [f32],
+    acts: &mut Acts,
+    isa: Isa,
+) -> Result<(), ModelError> {
+    match m {
+        HeadMat::View(w) => {
+            acts.load(x, 1, w.cols);
+            kernels::matmul(w, acts, y, None, isa)?;
+        }
+        HeadMat::Owned { rows, cols, data } => {
+            for (r, o) in y.iter_mut().enumerate().take(*rows) {
+                *o = dot(&data[r * cols..(r + 1) * cols], x);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The CPU backend for one forward call: the model's kernels and thread pool on `st`'s
+/// buffers. Made per call (it borrows both), so it holds nothing between calls.
+pub(crate) struct CpuBackend<'m, 'a, 's> {
+    m: &'m Model<'a>,
+    st: &'s mut State,
+}
+
+/// The storage behind a buffer name.
+fn vec_of(st: &mut State, b: Buf) -> &mut Vec<f32> {
+    match b {
+        Buf::X => &mut st.x,
+        Buf::Xn => &mut st.xn,
+        Buf::Q => &mut st.q,
+        Buf::Qa => &mut st.qa,
+        Buf::K => &mut st.k,
+        Buf::V => &mut st.v,
+        Buf::Att => &mut st.att,
+        Buf::Proj => &mut st.proj,
+        Buf::Hfin => &mut st.hfin,
+        Buf::Gate => &mut st.gate,
+        Buf::Up => &mut st.up,
+        Buf::Logits => &mut st.logits,
+        Buf::IdxQ => &mut st.idx.q,
+        Buf::IdxK => &mut st.idx.k,
+        Buf::IdxW => &mut st.idx.w,
+        Buf::MtpCat => &mut st.mtp_cat,
+        Buf::MtpHidden => &mut st.mtp_hidden,
+        Buf::MtpLogits => &mut st.mtp_logits,
+    }
+}
+
+/// The element range of row `i` of `r`.
+#[inline]
+fn row(r: Rows, i: usize) -> std::ops::Range<usize> {
+    let s = (r.row0 + i) * r.stride + r.off;
+    s..s + r.width
+}
+
+impl<'m, 'a, 's> CpuBackend<'m, 'a, 's> {
+    pub(crate) fn new(m: &'m Model<'a>, st: &'s mut State) -> Self {
+        CpuBackend { m, st }
+    }
+
+    /// Run `f` on rows 0..n of `x`, each row mutable.
+    fn each_row(&mut self, x: Rows, n: usize, mut f: impl FnMut(usize, &mut [f32])) {
+        let v = vec_of(self.st, x.buf);
+        for i in 0..n {
+            f(i, &mut v[row(x, i)]);
+        }
+    }
+
+    /// Run `f` on row pairs (dst row i, src row i) of two different buffers. The source is
+    /// moved out for the call and back (no allocation: a moved-out `Vec` leaves an empty one).
+    fn each_pair(
+        &mut self,
+        dst: Rows,
+        src: Rows,
+        n: usize,
+        mut f: impl FnMut(&mut [f32], &[f32]),
+    ) -> Result<(), ModelError> {
+        if dst.buf == src.buf {
+            return Err(ModelError::Input(format!(
+                "backend: {:?} is both source and destination",
+                dst.buf
+            )));
+        }
+        let s = std::mem::take(vec_of(self.st, src.buf));
+        let d = vec_of(self.st, dst.buf);
+        for i in 0..n {
+            f(&mut d[row(dst, i)], &s[row(src, i)]);
+        }
+        *vec_of(self.st, src.buf) = s;
+        Ok(())
+    }
+}
+
+impl Backend for CpuBackend<'_, '_, '_> {
+    fn embed(
+        &mut self,
+        table: &WeightView<'_>,
+        tokens: &[u32],
+        dst: Buf,
+    ) -> Result<(), ModelError> {
+        let (er, h) = (table.row_bytes(), table.cols);
+        let d = vec_of(self.st, dst);
+        for (i, &t) in tokens.iter().enumerate() {
+            let src = &table.bytes[t as usize * er..(t as usize + 1) * er];
+            kernels::dequantize(table.dtype, src, &mut d[i * h..(i + 1) * h])?;
+        }
+        Ok(())
+    }
+
+    fn matmul(
+        &mut self,
+        src: Rows,
+        n: usize,
+        outs: &[(&WeightView<'_>, Buf)],
+    ) -> Result<(), ModelError> {
+        debug_assert!(src.stride == src.width && src.off == 0);
+        let (pool, isa) = (Some(&self.m.pool), self.m.isa);
+        let w = src.width;
+        let s = std::mem::take(vec_of(self.st, src.buf));
+        self.st
+            .acts
+            .load(&s[src.row0 * w..(src.row0 + n) * w], n, w);
+        *vec_of(self.st, src.buf) = s;
+        for (wv, dst) in outs {
+            let mut d = std::mem::take(vec_of(self.st, *dst));
+            let r = kernels::matmul(wv, &mut self.st.acts, &mut d[..n * wv.rows], pool, isa);
+            *vec_of(self.st, *dst) = d;
+            r?;
+        }
+        Ok(())
+    }
+
+    fn rmsnorm(
+        &mut self,
+        dst: Rows,
+        src: Rows,
+        n: usize,
+        part: usize,
+        w: &[f32],
+        eps: f32,
+    ) -> Result<(), ModelError> {
+        if dst.buf == src.buf {
+            self.each_row(dst, n, |_, x| {
+                x.chunks_exact_mut(part)
+                    .for_each(|p| rmsnorm_inplace(p, w, eps))
+            });
+            return Ok(());
+        }
+        self.each_pair(dst, src, n, |d, s| {
+            d.chunks_exact_mut(part)
+                .zip(s.chunks_exact(part))
+                .for_each(|(d, s)| rmsnorm(d, s, w, eps))
+        })
+    }
+
+    fn layer_norm(
+        &mut self,
+        x: Rows,
+        n: usize,
+        w: &[f32],
+        b: &[f32],
+        eps: f64,
+    ) -> Result<(), ModelError> {
+        self.each_row(x, n, |_, r| super::deepseek2::layer_norm(r, w, b, eps));
+        Ok(())
+    }
+
+    fn add_bias(&mut self, x: Rows, n: usize, b: &[f32]) -> Result<(), ModelError> {
+        self.each_row(x, n, |_, r| r.iter_mut().zip(b).for_each(|(x, b)| *x += b));
+        Ok(())
+    }
+
+    fn clamp(&mut self, x: Rows, n: usize, c: f32) -> Result<(), ModelError> {
+        self.each_row(x, n, |_, r| r.iter_mut().for_each(|x| *x = x.clamp(-c, c)));
+        Ok(())
+    }
+
+    fn scale(&mut self, x: Rows, n: usize, s: f32) -> Result<(), ModelError> {
+        self.each_row(x, n, |_, r| r.iter_mut().for_each(|v| *v *= s));
+        Ok(())
+    }
+
+    fn rope(
+        &mut self,
+        x: Rows,
+        n: usize,
+        head: usize,
+        off: usize,
+        pos: usize,
+        layout: RopeLayout,
+    ) -> Result<(), ModelError> {
+        let rope = &self.m.rope;
+        self.each_row(x, n, |i, r| {
+            r.chunks_exact_mut(head)
+                .for_each(|hd| rope.apply_as(&mut hd[off..], pos + i, layout))
+        });
+        Ok(())
+    }
+
+    fn store_cache(
+        &mut self,
+        layer: usize,
+        side: Cache,
+        src: Rows,
+        n: usize,
+        pos: usize,
+    ) -> Result<(), ModelError> {
+        let (ctx, w) = (self.st.ctx, src.width);
+        let s = std::mem::take(vec_of(self.st, src.buf));
+        let cache = match side {
+            Cache::K => &mut self.st.kcache,
+            Cache::V => &mut self.st.vcache,
+        };
+        for i in 0..n {
+            let base = (layer * ctx + pos + i) * w;
+            cache[base..base + w].copy_from_slice(&s[row(src, i)]);
+        }
+        *vec_of(self.st, src.buf) = s;
+        Ok(())
+    }
+
+    fn attend(&mut self, l: usize, n: usize, pos: usize, sh: GqaShape) -> Result<(), ModelError> {
+        let st = &mut *self.st;
+        let hd = sh.head_dim;
+        let (qd, kvd) = (sh.heads * hd, sh.kv_heads * hd);
+        let group = sh.heads / sh.kv_heads;
+        let scale = sh.scale;
+        let ctx = st.ctx;
+        let layer_k = &st.kcache[l * ctx * kvd..(l + 1) * ctx * kvd];
+        let layer_v = &st.vcache[l * ctx * kvd..(l + 1) * ctx * kvd];
+        for i in 0..n {
+            // Causal: positions first..=pos+i; a sliding window keeps the last W of them.
+            let len = pos + i + 1;
+            let first = sh.window.map_or(0, |w| len.saturating_sub(w));
+            let q = &st.q[i * qd..(i + 1) * qd];
+            let out = &mut st.att[i * qd..(i + 1) * qd];
+            let head = |(hh, (o, sc)): (usize, (&mut [f32], &mut [f32]))| {
+                let qh = &q[hh * hd..(hh + 1) * hd];
+                let kvh = hh / group;
+                let sc = &mut sc[..len - first];
+                for (j, s) in (first..).zip(sc.iter_mut()) {
+                    *s = dot(qh, &layer_k[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd]) * scale;
+                }
+                softmax(sc);
+                o.fill(0.0);
+                for (j, s) in (first..).zip(sc.iter()) {
+                    axpy(
+                        o,
+                        *s,
+                        &layer_v[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd],
+                    );
+                }
+            };
+            if len * qd > 1 << 14 {
+                out.par_chunks_mut(hd)
+                    .zip(st.scores.par_chunks_mut(ctx))
+                    .enumerate()
+                    .for_each(head);
+            } else {
+                out.chunks_mut(hd)
+                    .zip(st.scores.chunks_mut(ctx))
+                    .enumerate()
+                    .for_each(head);
+            }
+        }
+        Ok(())
+    }
+
+    fn attend_mla(
+        &mut self,
+        l: usize,
+        n: usize,
+        pos: usize,
+        a: &Mla<'_>,
+    ) -> Result<(), ModelError> {
+        let (m, st) = (self.m, &mut *self.st);
+        let cfg = &m.cfg;
+        let AttnKind::Mla {
+            kv_lora,
+            nope,
+            rope,
+            v_dim,
+            ..
+        } = cfg.attn
+        else {
+            return Err(ModelError::Config("MLA weights in a GQA model".into()));
+        };
+        let (nh, qk, isa) = (cfg.n_heads, cfg.head_dim, m.isa);
+        let kc = kv_lora + rope;
+        let ctx = st.ctx;
+        for i in 0..n {
+            let len = pos + i + 1;
+            // V3.2: past `index_topk` positions, attend only to those the indexer selects.
+            let sparse = match &a.indexer {
+                Some(_) => m.indexer_select(st, l, i, len),
+                None => false,
+            };
+            let sel = &st.idx.sel[..if sparse { st.idx.sel.len() } else { 0 }];
+            let cnt = if sparse { sel.len() } else { len };
+            for hh in 0..nh {
+                let q = &st.q[i * nh * qk + hh * qk..i * nh * qk + (hh + 1) * qk];
+                let (q_lat, c_lat) = st.lat.split_at_mut(kv_lora);
+                head_matvec(&a.k_b[hh], &q[..nope], q_lat, &mut st.acts, isa)?;
+                let sc = &mut st.scores[hh * ctx..hh * ctx + cnt];
+                let layer = &st.kcache[l * ctx * kc..];
+                let at = |jj: usize| if sparse { sel[jj] as usize } else { jj };
+                for (jj, s) in sc.iter_mut().enumerate() {
+                    let j = at(jj);
+                    let c = &layer[j * kc..(j + 1) * kc];
+                    *s = (dot(q_lat, &c[..kv_lora]) + dot(&q[nope..], &c[kv_lora..]))
+                        * cfg.attn_scale;
+                }
+                softmax(sc);
+                c_lat.fill(0.0);
+                for (jj, s) in sc.iter().enumerate() {
+                    let j = at(jj);
+                    axpy(c_lat, *s, &layer[j * kc..j * kc + kv_lora]);
+                }
+                let out =
+                    &mut st.att[i * nh * v_dim + hh * v_dim..i * nh * v_dim + (hh + 1) * v_dim];
+                head_matvec(&a.v_b[hh], c_lat, out, &mut st.acts, isa)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn swiglu(&mut self, n: usize, f: usize) -> Result<(), ModelError> {
+        let st = &mut *self.st;
+        for (g, u) in st.gate[..n * f].iter_mut().zip(&st.up[..n * f]) {
+            *g = silu(*g) * u;
+        }
+        Ok(())
+    }
+
+    fn add(&mut self, dst: Buf, src: Buf, n: usize, width: usize) -> Result<(), ModelError> {
+        let (d, s) = (Rows::of(dst, n * width), Rows::of(src, n * width));
+        self.each_pair(d, s, 1, |d, s| {
+            for (x, p) in d.iter_mut().zip(s) {
+                *x += p;
+            }
+        })
+    }
+
+    fn copy(&mut self, dst: Rows, src: Rows, n: usize) -> Result<(), ModelError> {
+        self.each_pair(dst, src, n, |d, s| d.copy_from_slice(s))
+    }
+
+    fn moe(&mut self, layer: usize, m: &Moe<'_>, n: usize) -> Result<(), ModelError> {
+        self.m.moe(self.st, layer, n, m)
+    }
+
+    fn prefetch(&mut self, next: usize, n: usize) -> Result<(), ModelError> {
+        self.m.prefetch_next(self.st, next, n)
+    }
+
+    fn prof(&mut self) -> &mut Prof {
+        &mut self.st.prof
+    }
+}
+
+impl<'a> Model<'a> {
+    /// SwiGLU MLP of tokens 0..n of `st.xn`; result in `st.down` (the shared expert).
+    fn shared_mlp(&self, st: &mut State, n: usize, m: &Mlp<'_>) -> Result<(), ModelError> {
+        let (h, f) = (self.cfg.hidden, m.gate.rows);
+        let (pool, isa) = (Some(&self.pool), self.isa);
+        st.acts.load(&st.xn[..n * h], n, h);
+        kernels::matmul(&m.gate, &mut st.acts, &mut st.gate[..n * f], pool, isa)?;
+        kernels::matmul(&m.up, &mut st.acts, &mut st.up[..n * f], pool, isa)?;
+        for (g, u) in st.gate[..n * f].iter_mut().zip(&st.up[..n * f]) {
+            *g = silu(*g) * u;
+        }
+        st.acts.load(&st.gate[..n * f], n, f);
+        kernels::matmul(&m.down, &mut st.acts, &mut st.down[..n * h], pool, isa)?;
+        Ok(())
+    }
+
+    /// One expert for all the tokens routed to it: gather their inputs, SwiGLU, and leave
+    /// each token's output in its top-k slot.
+    fn run_expert(
+        &self,
+        st: &mut State,
+        ex: usize,
+        gate: &WeightView<'_>,
+        up: &WeightView<'_>,
+        down: &WeightView<'_>,
+    ) -> Result<(), ModelError> {
+        let (h, k, f) = (
+            self.cfg.hidden,
+            self.cfg.n_experts_used,
+            self.cfg.expert_ffn,
+        );
+        let (pool, isa) = (Some(&self.pool), self.isa);
+        let toks = &st.groups[ex];
+        let cnt = toks.len();
+        st.experts_run += 1;
+        for (j, &(t, _)) in toks.iter().enumerate() {
+            st.gathered[j * h..(j + 1) * h]
+                .copy_from_slice(&st.xn[t as usize * h..(t as usize + 1) * h]);
+        }
+        st.acts.load(&st.gathered[..cnt * h], cnt, h);
+        kernels::matmul(gate, &mut st.acts, &mut st.gate[..cnt * f], pool, isa)?;
+        kernels::matmul(up, &mut st.acts, &mut st.up[..cnt * f], pool, isa)?;
+        for (g, u) in st.gate[..cnt * f].iter_mut().zip(&st.up[..cnt * f]) {
+            *g = silu(*g) * u;
+        }
+        st.acts.load(&st.gate[..cnt * f], cnt, f);
+        kernels::matmul(down, &mut st.acts, &mut st.down[..cnt * h], pool, isa)?;
+        for (j, &(t, slot)) in st.groups[ex].iter().enumerate() {
+            let dst = (t as usize * k + slot as usize) * h;
+            st.slot_out[dst..dst + h].copy_from_slice(&st.down[j * h..(j + 1) * h]);
+        }
+        Ok(())
+    }
+
+    /// The needed experts through the streaming cache, in waves of at most the layer's
+    /// evictable slots: all misses of a wave are read at once and each expert is computed as
+    /// soon as its bytes land (hits first).
+    fn moe_streamed(
+        &self,
+        st: &mut State,
+        l: usize,
+        m: &Moe<'_>,
+        cache: &mut ExpertCache,
+    ) -> Result<(), ModelError> {
+        let cap = cache.slots(l).max(1);
+        let mut i = 0;
+        while i < st.needed.len() {
+            let start = i;
+            let mut unpinned = 0;
+            while i < st.needed.len() {
+                let pinned = cache.is_pinned(l, st.needed[i]);
+                if !pinned && unpinned == cap {
+                    break;
+                }
+                unpinned += usize::from(!pinned);
+                i += 1;
+            }
+            let begun = cache.begin(l, &st.needed[start..i]);
+            let wave = (|| -> Result<(), ModelError> {
+                begun?;
+                while let Some((ex, b)) = cache.next_ready()? {
+                    let xw = &m.experts[ex];
+                    let v = |w: &WeightView<'_>, bytes| WeightView { bytes, ..*w };
+                    self.run_expert(
+                        st,
+                        ex,
+                        &v(&xw.gate, b.gate),
+                        &v(&xw.up, b.up),
+                        &v(&xw.down, b.down),
+                    )?;
+                }
+                Ok(())
+            })();
+            cache.end();
+            wave?;
+        }
+        Ok(())
+    }
+
+    /// Choose experts and their weights for token `i` from `st.router` (raw logits), into
+    /// `st.sel` and `st.selw` (see `route_token`).
+    fn route(&self, st: &mut State, i: usize, bias: Option<&[f32]>) {
+        let (e, k) = (self.cfg.n_experts, self.cfg.n_experts_used);
+        route_token(
+            &self.cfg,
+            bias,
+            &mut st.router[i * e..(i + 1) * e],
+            &mut Scratch {
+                choice: &mut st.choice,
+                groups_score: &mut st.groups_score,
+                groups_kept: &mut st.groups_kept,
+            },
+            &mut st.sel[i * k..(i + 1) * k],
+            &mut st.selw[i * k..(i + 1) * k],
+        );
+    }
+
+    /// `--prefetch`: predict layer `next`'s experts for tokens 0..n by applying its router to
+    /// the residual stream as it is now (after this layer's attention, before its FFN) and
+    /// start reading the predicted union. Touches only scratch (`st.xn`, `st.acts`, which the
+    /// caller recomputes, and the `pf_*` buffers), so results do not depend on it.
+    fn prefetch_next(&self, st: &mut State, next: usize, n: usize) -> Result<(), ModelError> {
+        if !st
+            .expert_cache
+            .as_ref()
+            .is_some_and(ExpertCache::prefetching)
+        {
+            return Ok(());
+        }
+        let Some(lw) = self.weights.layers.get(next) else {
+            return Ok(());
+        };
+        let Ffn::Moe(m) = &lw.ffn else {
+            return Ok(());
+        };
+        let cfg = &self.cfg;
+        let (h, e, k) = (cfg.hidden, cfg.n_experts, cfg.n_experts_used);
+        for i in 0..n {
+            rmsnorm(
+                &mut st.xn[i * h..(i + 1) * h],
+                &st.x[i * h..(i + 1) * h],
+                &lw.ffn_norm,
+                cfg.rms_eps,
+            );
+        }
+        st.acts.load(&st.xn[..n * h], n, h);
+        kernels::matmul(
+            &m.router,
+            &mut st.acts,
+            &mut st.pf_router[..n * e],
+            Some(&self.pool),
+            self.isa,
+        )?;
+        st.pf_mark.fill(false);
+        for i in 0..n {
+            route_token(
+                cfg,
+                m.score_bias.as_deref(),
+                &mut st.pf_router[i * e..(i + 1) * e],
+                &mut Scratch {
+                    choice: &mut st.choice,
+                    groups_score: &mut st.groups_score,
+                    groups_kept: &mut st.groups_kept,
+                },
+                &mut st.pf_sel[..k],
+                &mut st.pf_selw[..k],
+            );
+            for &ex in &st.pf_sel[..k] {
+                st.pf_mark[ex] = true;
+            }
+        }
+        st.pf_needed.clear();
+        st.pf_needed.extend((0..e).filter(|&ex| st.pf_mark[ex]));
+        if let Some(c) = &st.expert_cache {
+            c.prefetch(next, &st.pf_needed)?;
+        }
+        Ok(())
+    }
+
+    /// Route tokens 0..n from the router logits in `st.router`: `st.sel`/`st.selw` per token,
+    /// `st.groups` (per expert, its (token, slot) pairs) and `st.needed` (experts with tokens,
+    /// ascending). The GPU forward calls this too, so both choose experts by the same code.
+    pub(crate) fn select_experts(&self, st: &mut State, n: usize, bias: Option<&[f32]>) {
+        let (e, k) = (self.cfg.n_experts, self.cfg.n_experts_used);
+        st.groups.iter_mut().for_each(Vec::clear);
+        for i in 0..n {
+            self.route(st, i, bias);
+            for slot in 0..k {
+                let ex = st.sel[i * k + slot];
+                st.groups[ex].push((i as u32, slot as u32));
+            }
+        }
+        st.needed.clear();
+        for ex in 0..e {
+            if !st.groups[ex].is_empty() {
+                st.needed.push(ex);
+            }
+        }
+    }
+
+    /// Routed experts (+ shared experts) for tokens 0..n of `st.xn`; result in `st.proj`.
+    fn moe(&self, st: &mut State, l: usize, n: usize, m: &Moe<'_>) -> Result<(), ModelError> {
+        let cfg = &self.cfg;
+        let (h, e, k) = (cfg.hidden, cfg.n_experts, cfg.n_experts_used);
+        let (pool, isa) = (Some(&self.pool), self.isa);
+
+        st.acts.load(&st.xn[..n * h], n, h);
+        kernels::matmul(&m.router, &mut st.acts, &mut st.router[..n * e], pool, isa)?;
+        self.select_experts(st, n, m.score_bias.as_deref());
+
+        // Take the cache out of the state while experts run (put back on every path).
+        let mut cache = st.expert_cache.take();
+        let streamed = if l < cfg.n_layers {
+            cache.as_mut()
+        } else {
+            None
+        };
+        let run = match streamed {
+            None => (0..st.needed.len()).try_for_each(|i| {
+                let ex = st.needed[i];
+                let xw = &m.experts[ex];
+                self.run_expert(st, ex, &xw.gate, &xw.up, &xw.down)
+            }),
+            Some(c) => self.moe_streamed(st, l, m, c),
+        };
+        st.expert_cache = cache;
+        run?;
+
+        for i in 0..n {
+            let out = &mut st.proj[i * h..(i + 1) * h];
+            out.fill(0.0);
+            for slot in 0..k {
+                let wv = st.selw[i * k + slot];
+                axpy(
+                    out,
+                    wv,
+                    &st.slot_out[(i * k + slot) * h..(i * k + slot + 1) * h],
+                );
+            }
+        }
+        if let Some(sh) = &m.shared {
+            self.shared_mlp(st, n, sh)?;
+            for (o, d) in st.proj[..n * h].iter_mut().zip(&st.down[..n * h]) {
+                *o += d;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Per-token routing buffers (one token's worth; reused).
+struct Scratch<'b> {
+    choice: &'b mut [f32],        // (n_experts)
+    groups_score: &'b mut [f32],  // (n_group)
+    groups_kept: &'b mut [usize], // (topk_group)
+}
+
+/// One token's routing from its raw router logits `scores` (turned into scores in place):
+/// scores by softmax or sigmoid; selection on score + `bias` (selection only, DeepSeek's
+/// `e_score_correction_bias`), limited to the best groups; the chosen experts in `sel` and their
+/// weights in `selw`: the unbiased scores, optionally renormalised, times the routed scale.
+fn route_token(
+    cfg: &ModelConfig,
+    bias: Option<&[f32]>,
+    scores: &mut [f32],
+    sc: &mut Scratch<'_>,
+    sel: &mut [usize],
+    selw: &mut [f32],
+) {
+    let r = &cfg.routing;
+    let e = cfg.n_experts;
+    if r.sigmoid {
+        scores
+            .iter_mut()
+            .for_each(|s| *s = 1.0 / (1.0 + (-*s).exp()));
+    } else {
+        softmax(scores);
+    }
+    let choice = &mut *sc.choice;
+    choice.copy_from_slice(scores);
+    if let Some(b) = bias {
+        choice.iter_mut().zip(b).for_each(|(c, b)| *c += b);
+    }
+    if r.n_group > 1 {
+        // Group score = sum of its two best choice scores; keep the best `topk_group`
+        // groups and zero the rest (as transformers' masked_fill(0.0)).
+        let per = e / r.n_group;
+        for (g, gs) in sc.groups_score.iter_mut().enumerate() {
+            let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+            for &v in &choice[g * per..(g + 1) * per] {
+                if v > a {
+                    b = a;
+                    a = v;
+                } else if v > b {
+                    b = v;
+                }
+            }
+            *gs = if per >= 2 { a + b } else { a };
+        }
+        top_k(sc.groups_score, sc.groups_kept);
+        for g in 0..r.n_group {
+            if !sc.groups_kept.contains(&g) {
+                choice[g * per..(g + 1) * per].fill(0.0);
+            }
+        }
+    }
+    top_k(choice, sel);
+    for (wv, &ex) in selw.iter_mut().zip(sel.iter()) {
+        *wv = scores[ex];
+    }
+    if r.norm_topk_prob {
+        let s: f32 = selw.iter().sum::<f32>() + if r.sigmoid { 1e-20 } else { 0.0 };
+        selw.iter_mut().for_each(|wv| *wv /= s);
+    }
+    if r.scale != 1.0 {
+        selw.iter_mut().for_each(|wv| *wv *= r.scale);
+    }
+}

@@ -1,0 +1,204 @@
+//! Per-sequence state: the CPU backend's buffers, the KV cache, the sequence position.
+//!
+//! Owns: `State` (every buffer and the KV cache, sized once) and `Prof`.
+//! Invariant: after `State::new`, a forward call of at most `batch` tokens allocates nothing.
+
+use super::config::{AttnKind, ModelConfig};
+use crate::experts::ExpertCache;
+use crate::kernels::Acts;
+
+/// Buffers for one sequence: activations for up to `batch` tokens and the KV cache for `ctx`.
+pub struct State {
+    pub(super) batch: usize,
+    pub(super) ctx: usize,
+    pub(super) logit_rows: usize,
+    /// Layers in the KV cache (the MTP layer included when the state has one).
+    pub(super) cache_layers: usize,
+    /// Floats per position and cache layer: (keys, values) (`ModelConfig::cache_dims`).
+    pub(super) cache_dims: (usize, usize),
+    /// Tokens already in the KV cache.
+    pub pos: usize,
+    pub(crate) x: Vec<f32>,      // (batch, hidden) residual stream
+    pub(crate) xn: Vec<f32>,     // (batch, hidden) normed input of a sub-block
+    pub(super) q: Vec<f32>,      // (batch, q_dim)
+    pub(super) qa: Vec<f32>,     // (batch, q_lora) MLA q latent
+    pub(super) k: Vec<f32>,      // (batch, max(kv_dim, kv_lora + rope))
+    pub(super) v: Vec<f32>,      // (batch, kv_dim)
+    pub(super) att: Vec<f32>,    // (batch, att_dim) attention output before o_proj
+    pub(super) scores: Vec<f32>, // (n_heads, ctx)
+    pub(super) lat: Vec<f32>,    // (2, kv_lora) MLA: q folded into latent space, latent context
+    pub(super) proj: Vec<f32>,   // (batch, hidden) sub-block output
+    pub(crate) hfin: Vec<f32>,   // (batch, hidden) final-normed hidden states of the last chunk
+    /// Added to cache positions to get rotary positions (1 for the MTP head's slots).
+    pub(crate) rope_offset: usize,
+    pub(super) kcache: Vec<f32>, // (layers, ctx, k_dim) GQA keys, or MLA latent + rope key
+    pub(super) vcache: Vec<f32>, // (layers, ctx, v_dim) GQA values, or V3.2 indexer keys
+    pub(super) idx: super::deepseek2::IndexerScratch, // V3.2 indexer buffers (empty otherwise)
+    pub(crate) router: Vec<f32>, // (batch, n_experts) router scores
+    pub(super) choice: Vec<f32>, // (n_experts) selection scores of one token
+    pub(super) groups_score: Vec<f32>, // (n_group)
+    pub(super) groups_kept: Vec<usize>, // (topk_group)
+    pub(crate) sel: Vec<usize>,  // (batch, k) chosen experts
+    pub(crate) selw: Vec<f32>,   // (batch, k) their routing weights
+    pub(crate) groups: Vec<Vec<(u32, u32)>>, // per expert: (token, slot) pairs, capacity batch
+    pub(super) gathered: Vec<f32>, // (batch, hidden) inputs of one expert's tokens
+    pub(super) gate: Vec<f32>,   // (batch, widest ffn)
+    pub(super) up: Vec<f32>,     // (batch, widest ffn)
+    pub(super) down: Vec<f32>,   // (batch, hidden)
+    pub(super) slot_out: Vec<f32>, // (batch, k, hidden) each token's expert outputs, unweighted
+    pub(crate) acts: Acts,
+    pub(crate) logits: Vec<f32>,   // (logit_rows, vocab)
+    pub(crate) needed: Vec<usize>, // (n_experts) experts one MoE layer needs, ascending
+    // Prefetch (`CacheConfig::prefetch`): the next layer's router applied early.
+    pub(super) pf_router: Vec<f32>, // (batch, n_experts) next layer's router scores
+    pub(super) pf_sel: Vec<usize>,  // (k) one token's predicted experts
+    pub(super) pf_selw: Vec<f32>,   // (k) their weights (unused)
+    pub(super) pf_mark: Vec<bool>,  // (n_experts) predicted by some token of the chunk
+    pub(super) pf_needed: Vec<usize>, // (n_experts) the predicted union, ascending
+    // Multi-token prediction (empty unless the model has an MTP layer).
+    pub(crate) mtp_cat: Vec<f32>, // (batch, 2*hidden) [enorm(embed); hnorm(h)]
+    pub(crate) mtp_hidden: Vec<f32>, // (batch, hidden) main hidden states paired with tokens
+    pub(crate) mtp_logits: Vec<f32>, // (logit_rows, vocab)
+    /// MTP slots in the MTP layer's cache (slot s pairs hidden of position s with token s+1).
+    pub mtp_pos: usize,
+    /// Streaming expert cache; `None` = experts are read through the mapped files.
+    pub(crate) expert_cache: Option<ExpertCache>,
+    /// Experts computed in the last forward call, summed over layers (telemetry).
+    pub experts_run: usize,
+    /// Seconds spent per part of the forward pass since the state was made (`--prof`).
+    pub prof: Prof,
+    /// The GPU forward (`--gpu`); when set, `forward_chunk` runs there.
+    #[cfg(feature = "cuda")]
+    pub(crate) gpu: Option<Box<crate::gpu::model::GpuState>>,
+}
+
+/// Where forward time goes (wall seconds, accumulated).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Prof {
+    pub total: f64,
+    pub attention: f64,
+    /// Routed experts: waiting for bytes and computing (the cache's own wait figure splits it).
+    pub experts: f64,
+    pub dense_ffn: f64,
+    pub lm_head: f64,
+}
+
+impl State {
+    /// `batch`: most tokens per forward chunk (prefill speed vs memory); `logit_rows`: most
+    /// positions whose logits one chunk returns (1 for generation).
+    /// No MTP layer cache or buffers (see `with_mtp`).
+    pub fn new(cfg: &ModelConfig, ctx: usize, batch: usize, logit_rows: usize) -> State {
+        State::with_mtp(cfg, ctx, batch, logit_rows, false)
+    }
+
+    /// `new`, plus, when `mtp` is set and the model has an MTP layer, that layer's KV cache
+    /// (one more cache layer) and the MTP head's buffers: what `--mtp K > 0` needs. sluice
+    /// runs only the first MTP layer, so that is the one cached.
+    pub fn with_mtp(
+        cfg: &ModelConfig,
+        ctx: usize,
+        batch: usize,
+        logit_rows: usize,
+        mtp: bool,
+    ) -> State {
+        let mtp = mtp && cfg.n_mtp_layers > 0;
+        let cache_layers = cfg.n_layers + usize::from(mtp);
+        let (h, qd, kvd, e, k) = (
+            cfg.hidden,
+            cfg.q_dim(),
+            cfg.kv_dim(),
+            cfg.n_experts,
+            cfg.n_experts_used,
+        );
+        let (kc, vc) = cfg.cache_dims();
+        let (q_lora, kv_lora) = match cfg.attn {
+            AttnKind::Mla {
+                q_lora, kv_lora, ..
+            } => (q_lora.unwrap_or(0), kv_lora),
+            AttnKind::Gqa => (0, 0),
+        };
+        let ffn = cfg.expert_ffn.max(cfg.dense_ffn).max(cfg.shared_ffn);
+        let batch = batch.max(1);
+        let logit_rows = logit_rows.clamp(1, batch);
+        let widest = (2 * h)
+            .max(qd)
+            .max(ffn)
+            .max(cfg.att_dim())
+            .max(q_lora)
+            .max(kv_lora);
+        State {
+            batch,
+            ctx,
+            logit_rows,
+            cache_layers,
+            cache_dims: (kc, vc),
+            pos: 0,
+            x: vec![0.0; batch * h],
+            xn: vec![0.0; batch * h],
+            q: vec![0.0; batch * qd],
+            qa: vec![0.0; batch * q_lora],
+            k: vec![0.0; batch * kvd.max(kc)],
+            v: vec![0.0; batch * kvd],
+            att: vec![0.0; batch * cfg.att_dim()],
+            scores: vec![0.0; cfg.n_heads * ctx],
+            lat: vec![0.0; 2 * kv_lora],
+            proj: vec![0.0; batch * h],
+            hfin: vec![0.0; batch * h],
+            rope_offset: 0,
+            kcache: vec![0.0; cache_layers * ctx * kc],
+            vcache: vec![0.0; cache_layers * ctx * vc],
+            idx: super::deepseek2::IndexerScratch::new(cfg, ctx, batch),
+            router: vec![0.0; batch * e],
+            choice: vec![0.0; e],
+            groups_score: vec![0.0; cfg.routing.n_group],
+            groups_kept: vec![0; cfg.routing.topk_group],
+            sel: vec![0; batch * k],
+            selw: vec![0.0; batch * k],
+            groups: (0..e).map(|_| Vec::with_capacity(batch)).collect(),
+            gathered: vec![0.0; batch * h],
+            gate: vec![0.0; batch * ffn],
+            up: vec![0.0; batch * ffn],
+            down: vec![0.0; batch * h],
+            slot_out: vec![0.0; batch * k * h],
+            acts: Acts::with_capacity(batch, widest),
+            logits: vec![0.0; logit_rows * cfg.vocab],
+            needed: Vec::with_capacity(e),
+            pf_router: vec![0.0; batch * e],
+            pf_sel: vec![0; k],
+            pf_selw: vec![0.0; k],
+            pf_mark: vec![false; e],
+            pf_needed: Vec::with_capacity(e),
+            mtp_cat: vec![0.0; if mtp { batch * 2 * h } else { 0 }],
+            mtp_hidden: vec![0.0; if mtp { batch * h } else { 0 }],
+            mtp_logits: vec![0.0; if mtp { logit_rows * cfg.vocab } else { 0 }],
+            mtp_pos: 0,
+            expert_cache: None,
+            experts_run: 0,
+            prof: Prof::default(),
+            #[cfg(feature = "cuda")]
+            gpu: None,
+        }
+    }
+
+    pub fn ctx(&self) -> usize {
+        self.ctx
+    }
+
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+
+    pub fn logit_rows(&self) -> usize {
+        self.logit_rows
+    }
+
+    /// Whether this state carries the MTP layer's cache and buffers (`with_mtp`).
+    pub fn has_mtp(&self) -> bool {
+        !self.mtp_hidden.is_empty()
+    }
+
+    /// Bytes held by the KV cache: `ctx` x `ModelConfig::kv_bytes_per_token(mtp)`.
+    pub fn kv_bytes(&self) -> usize {
+        (self.kcache.len() + self.vcache.len()) * 4
+    }
+}
