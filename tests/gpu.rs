@@ -8,11 +8,13 @@
 //!   multiplies f32 activations without quantizing them, so the only error is f32 rounding:
 //!   `|gpu - ref| <= 1e-5 * sum|w x| + 1e-6` (a few ulps per partial sum; the sums are at most
 //!   2048 long). The embedding kernel's dequantized rows must match the reference to 1e-6
-//!   relative (fused multiply-adds may round the last bit differently).
+//!   relative (fused multiply-adds may round the last bit differently). The int8-activation
+//!   (dp4a) kernels of Q4_K, Q5_K, Q6_K, Q8_0 and Q4_0 against the same reference, within the
+//!   rounding of the activations to 8 bits (`sum |w| * d_x / 2`, d_x = max|x|/127 per 32).
 //! - Models: GPU logits of every fixture family (f32 GGUF and safetensors) against
 //!   transformers' logits with the CPU tests' bound (max|Δ|/max|ref| <= 1e-4, same argmax);
-//!   the Q8_0 GGUFs against the CPU forward by KL and top-1 (the CPU quantizes activations to
-//!   8 bits, the GPU does not).
+//!   the Q8_0 GGUFs against the CPU forward by KL and top-1 (both quantize activations to 8
+//!   bits per 32 values for quantized weights; routing runs on the device on the GPU).
 //! - Placement: temp-0 tokens and logits bit-identical across VRAM pool sizes (one slot per
 //!   layer .. every expert), RAM cache sizes, and staging modes.
 
@@ -108,6 +110,39 @@ fn kernels_match_gguf_reference() {
                     );
                     worst = worst.max(err / mag.max(1e-30));
                 }
+            }
+            // The int8-activation (dp4a) kernel: the activations are rounded to 8 bits per 32
+            // values (d = max|x|/127), so each product is off by at most |w| * d/2; the bound
+            // is that sum with a margin for the f32 sums: |gpu - ref| <= sum |w| d_x / 2 * 1.01.
+            if let Some(yq) = check::matmul_q8(t, w, rows, cols, &x, n).unwrap() {
+                let mut worst_q = 0f64;
+                for tk in 0..n {
+                    let xs = &x[tk * cols..(tk + 1) * cols];
+                    for r in 0..rows {
+                        let (mut dot, mut mag, mut bound) = (0f64, 0f64, 1e-6f64);
+                        for (c32, xb) in xs.chunks(32).enumerate() {
+                            let dx = xb.iter().fold(0f32, |m, v| m.max(v.abs())) as f64 / 127.0;
+                            for (i, xv) in xb.iter().enumerate() {
+                                let wv = refw[r * cols + 32 * c32 + i] as f64;
+                                dot += wv * *xv as f64;
+                                mag += (wv * *xv as f64).abs();
+                                bound += wv.abs() * dx * 0.505;
+                            }
+                        }
+                        let err = (yq[tk * rows + r] as f64 - dot).abs();
+                        assert!(
+                            err <= bound + 1e-5 * mag,
+                            "{} dp4a {rows}x{cols}: token {tk} row {r}: gpu {} vs {dot} (bound {bound:.2e})",
+                            t.name(),
+                            yq[tk * rows + r]
+                        );
+                        worst_q = worst_q.max(err / mag.max(1e-30));
+                    }
+                }
+                eprintln!(
+                    "{} {rows}x{cols} dp4a (8-bit activations): worst |Δ|/Σ|wx| {worst_q:.1e}",
+                    t.name()
+                );
             }
             let ids = [3u32, 0, (rows - 1) as u32];
             let e = check::embed(t, w, rows, cols, &ids).unwrap();

@@ -487,6 +487,54 @@ impl Gpu {
         }
     }
 
+    /// Starts recording `stream`'s work into a graph instead of running it (relaxed mode: other
+    /// threads' driver calls are unaffected).
+    pub fn begin_capture(&self, stream: Stream) -> Result<(), GpuError> {
+        // SAFETY: a stream of this context, not already capturing (callers pair this with
+        // `end_capture` on every path).
+        check(
+            unsafe {
+                cu::cuStreamBeginCapture_v2(
+                    self.raw(stream),
+                    cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+                )
+            },
+            "cuStreamBeginCapture",
+        )
+    }
+
+    /// Ends the capture begun on `stream` and instantiates the recorded graph.
+    pub fn end_capture(&self, stream: Stream) -> Result<Graph, GpuError> {
+        let mut graph = std::ptr::null_mut();
+        // SAFETY: `stream` is capturing (begin_capture); the out-pointer is valid.
+        check(
+            unsafe { cu::cuStreamEndCapture(self.raw(stream), &mut graph) },
+            "cuStreamEndCapture",
+        )?;
+        let mut exec = std::ptr::null_mut();
+        // SAFETY: `graph` was just made by the capture; the out-pointer is valid.
+        let r = check(
+            unsafe { cu::cuGraphInstantiateWithFlags(&mut exec, graph, 0) },
+            "cuGraphInstantiate",
+        );
+        if let Err(e) = r {
+            // SAFETY: the graph is ours and unused.
+            unsafe { cu::cuGraphDestroy(graph) };
+            return Err(e);
+        }
+        Ok(Graph { graph, exec })
+    }
+
+    /// Replays `g` on `stream`.
+    pub fn launch_graph(&self, g: &Graph, stream: Stream) -> Result<(), GpuError> {
+        // SAFETY: an instantiated graph of this context; what it reads and writes (device
+        // buffers, pinned host buffers) lives as long as the state that owns the graph.
+        check(
+            unsafe { cu::cuGraphLaunch(g.exec, self.raw(stream)) },
+            "cuGraphLaunch",
+        )
+    }
+
     pub fn sync(&self, stream: Stream) -> Result<(), GpuError> {
         // SAFETY: a stream of this context.
         check(
@@ -546,6 +594,25 @@ impl Drop for Gpu {
             cu::cuStreamDestroy_v2(self.compute);
             cu::cuStreamDestroy_v2(self.copy);
             cu::cuModuleUnload(self.module);
+        }
+    }
+}
+
+/// A captured and instantiated CUDA graph, destroyed on drop.
+pub struct Graph {
+    graph: cu::CUgraph,
+    exec: cu::CUgraphExec,
+}
+
+// SAFETY: graph handles are usable from any thread with the context current.
+unsafe impl Send for Graph {}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        // SAFETY: made by end_capture, destroyed once; errors at teardown are moot.
+        unsafe {
+            cu::cuGraphExecDestroy(self.exec);
+            cu::cuGraphDestroy(self.graph);
         }
     }
 }

@@ -280,8 +280,9 @@ __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
 
 // Hb[a*f + r] = silu(gate_r . x) * (up_r . x) for each assignment a of the block's job.
 template <class T>
-__device__ void moe_gate_up(const Job* jobs, int f, int h, long long rb, const float* XN, int ldx,
-                            const int* tok, float* Hb) {
+__device__ void moe_gate_up(const Job* jobs, const int* nj, int f, int h, long long rb,
+                            const float* XN, int ldx, const int* tok, float* Hb) {
+    if (nj && (int)blockIdx.y >= *nj) return;
     Job j = jobs[blockIdx.y];
     int r = blockIdx.x * WARPS + (threadIdx.x >> 5);
     if (r >= f) return;
@@ -302,8 +303,9 @@ __device__ void moe_gate_up(const Job* jobs, int f, int h, long long rb, const f
 
 // SO[dst[a]*h + r] = down_r . Hb[a] for each assignment a of the block's job.
 template <class T>
-__device__ void moe_down(const Job* jobs, int h, int f, long long rb, const float* Hb,
-                         const int* dst, float* SO) {
+__device__ void moe_down(const Job* jobs, const int* nj, int h, int f, long long rb,
+                         const float* Hb, const int* dst, float* SO) {
+    if (nj && (int)blockIdx.y >= *nj) return;
     Job j = jobs[blockIdx.y];
     int r = blockIdx.x * WARPS + (threadIdx.x >> 5);
     if (r >= h) return;
@@ -338,14 +340,15 @@ __device__ void embed(const u8* W, long long rb, int h, const int* tokens, float
                                          const float* X, int ldx, int n, float* Y, int ldy) {     \
         mm<T>(W, rb, rows, cols, X, ldx, n, Y, ldy);                                              \
     }                                                                                             \
-    extern "C" __global__ void moe_gate_up_##NAME(const Job* jobs, int f, int h, long long rb,    \
-                                                  const float* XN, int ldx, const int* tok,       \
-                                                  float* Hb) {                                    \
-        moe_gate_up<T>(jobs, f, h, rb, XN, ldx, tok, Hb);                                         \
+    extern "C" __global__ void moe_gate_up_##NAME(const Job* jobs, const int* nj, int f, int h,   \
+                                                  long long rb, const float* XN, int ldx,         \
+                                                  const int* tok, float* Hb) {                    \
+        moe_gate_up<T>(jobs, nj, f, h, rb, XN, ldx, tok, Hb);                                     \
     }                                                                                             \
-    extern "C" __global__ void moe_down_##NAME(const Job* jobs, int h, int f, long long rb,       \
-                                               const float* Hb, const int* dst, float* SO) {      \
-        moe_down<T>(jobs, h, f, rb, Hb, dst, SO);                                                 \
+    extern "C" __global__ void moe_down_##NAME(const Job* jobs, const int* nj, int h, int f,      \
+                                               long long rb, const float* Hb, const int* dst,     \
+                                               float* SO) {                                       \
+        moe_down<T>(jobs, nj, h, f, rb, Hb, dst, SO);                                             \
     }                                                                                             \
     extern "C" __global__ void embed_##NAME(const u8* W, long long rb, int h, const int* tokens, \
                                             float* X) {                                           \
@@ -421,11 +424,13 @@ extern "C" __global__ void silu_mul(float* g, const float* u, int len) {
 }
 
 // Rotate `half` pairs of each head: head hh of token t starts at X + t*ld + hh*hs + off.
-// Position of token t: pos0 + t (a row of the cos/sin tables). layout 0: half-split (NeoX),
+// Position of token t: *pp + padd + t (a row of the cos/sin tables; *pp lives on the device so a
+// captured graph replays at the current position). layout 0: half-split (NeoX),
 // 1: interleaved. Grid: (n tokens, heads); block: >= half threads.
 extern "C" __global__ void rope(float* X, int ld, int hs, int off, int half, int layout,
-                                const float* cosT, const float* sinT, int pos0) {
+                                const float* cosT, const float* sinT, const int* pp, int padd) {
     int t = blockIdx.x, hh = blockIdx.y;
+    int pos0 = *pp + padd;
     float* x = X + (size_t)t * ld + (size_t)hh * hs + off;
     const float* c = cosT + (size_t)(pos0 + t) * half;
     const float* s = sinT + (size_t)(pos0 + t) * half;
@@ -445,11 +450,12 @@ extern "C" __global__ void rope(float* X, int ld, int hs, int off, int half, int
 // d, four positions in flight. Grid: (heads, n); block 128.
 extern "C" __global__ void attention(const float* Q, int qts, int qhs, const float* K, int ks,
                                      int khs, const float* V, int vs, int vhs, int dk, int dv,
-                                     int group, int pos0, float scale, float* S, int ctx,
-                                     float* O, int ots, int ohs) {
+                                     int group, const int* pp, int padd, float scale, float* S,
+                                     int ctx, float* O, int ots, int ohs) {
     __shared__ float red[32];
     extern __shared__ float qsh[];
     int hh = blockIdx.x, t = blockIdx.y, heads = gridDim.x;
+    int pos0 = *pp + padd;
     int len = pos0 + t + 1;
     int g = hh / group;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
@@ -521,4 +527,577 @@ extern "C" __global__ void moe_combine(const float* SO, const float* w, int k, i
     float acc = 0.f;
     for (int s = 0; s < k; s++) acc += w[t * k + s] * SO[((size_t)t * k + s) * h + c];
     out[i] = acc;
+}
+
+// ---- Integer dot products against 8-bit activations (decode at memory speed) -------------------
+//
+// Activations are quantized per 32 values (XQ: int8, XD: one f32 scale per 32, d = amax/127), as
+// the CPU kernels do; a weight block is then dotted with __dp4a on its integer codes and the
+// per-32 scales are applied once per sub-block. Each lane takes one "item" (16 bytes of a
+// block's codes, read with one wide load) per step, so a warp reads a row's blocks contiguously.
+// Types without a Q* struct keep the f32-activation kernels above (F32/F16/BF16 on purpose:
+// those are the precision reference path).
+
+// X (rows x cols, row stride ldx) -> XQ (rows x cols int8, stride cols), XD (rows x cols/32).
+// One warp per 32 values; cols is a multiple of 32. Grid: ceil(rows*cols/32 / 8), block 256.
+extern "C" __global__ void quantize_q8(const float* X, int ldx, int cols, int rows, i8* XQ,
+                                       float* XD) {
+    int g = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    int per = cols >> 5;
+    if (g >= rows * per) return;
+    int r = g / per, c = g % per;
+    float v = X[(size_t)r * ldx + 32 * c + lane];
+    float a = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    float d = a / 127.f;
+    float id = d > 0.f ? 1.f / d : 0.f;
+    int q = (int)roundf(v * id);  // ties away from zero, as the CPU's quantizer
+    XQ[(size_t)r * cols + 32 * c + lane] = (i8)max(-127, min(127, q));
+    if (lane == 0) XD[(size_t)r * per + c] = d;
+}
+
+__device__ __forceinline__ int dp4(int a, int b, int c) { return __dp4a(a, b, c); }
+__device__ __forceinline__ int ld2x16(const u8* p) {  // 4 bytes from a 2-byte aligned address
+    const u16* q = (const u16*)p;
+    return (int)((u32)q[0] | ((u32)q[1] << 16));
+}
+#define ONES 0x01010101
+
+// Q4_K: item = 16 code bytes (16 values of sub-blocks j0 and j0+1). 8 items per block.
+struct QQ4_K {
+    enum { BE = 256, BB = 144, IPB = 8 };
+    static __device__ __forceinline__ void dot(const u8* row, int it, const i8* const* xq,
+                                               const float* const* xd, int nt, float* acc) {
+        int b = it >> 3, p = it & 7;
+        const u8* blk = row + (size_t)b * BB;
+        uint4 q = *(const uint4*)(blk + 16 + 16 * p);
+        u32 dd = *(const u32*)blk;
+        float d = h2f((u16)(dd & 0xffff)), dmin = h2f((u16)(dd >> 16));
+        int j0 = 2 * (p >> 1);
+        int sc0, m0, sc1, m1;
+        k_scale_min(blk + 4, j0, sc0, m0);
+        k_scale_min(blk + 4, j0 + 1, sc1, m1);
+        float d0 = d * (float)sc0, n0 = dmin * (float)m0, d1 = d * (float)sc1, n1 = dmin * (float)m1;
+        int lo0 = q.x & 0x0f0f0f0f, lo1 = q.y & 0x0f0f0f0f, lo2 = q.z & 0x0f0f0f0f, lo3 = q.w & 0x0f0f0f0f;
+        int hi0 = (q.x >> 4) & 0x0f0f0f0f, hi1 = (q.y >> 4) & 0x0f0f0f0f;
+        int hi2 = (q.z >> 4) & 0x0f0f0f0f, hi3 = (q.w >> 4) & 0x0f0f0f0f;
+        int off = 256 * b + 32 * j0 + 16 * (p & 1);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t < nt) {
+                int4 x0 = *(const int4*)(xq[t] + off);
+                int4 x1 = *(const int4*)(xq[t] + off + 32);
+                int s0 = dp4(lo3, x0.w, dp4(lo2, x0.z, dp4(lo1, x0.y, dp4(lo0, x0.x, 0))));
+                int s1 = dp4(hi3, x1.w, dp4(hi2, x1.z, dp4(hi1, x1.y, dp4(hi0, x1.x, 0))));
+                int u0 = dp4(ONES, x0.w, dp4(ONES, x0.z, dp4(ONES, x0.y, dp4(ONES, x0.x, 0))));
+                int u1 = dp4(ONES, x1.w, dp4(ONES, x1.z, dp4(ONES, x1.y, dp4(ONES, x1.x, 0))));
+                const float* dx = xd[t] + (off >> 5);
+                acc[t] += dx[0] * (d0 * (float)s0 - n0 * (float)u0) +
+                          dx[1] * (d1 * (float)s1 - n1 * (float)u1);
+            }
+        }
+    }
+};
+
+// Q5_K: as Q4_K plus the fifth bit of each value from qh (bit j of qh[l] for sub-block j).
+struct QQ5_K {
+    enum { BE = 256, BB = 176, IPB = 8 };
+    static __device__ __forceinline__ void dot(const u8* row, int it, const i8* const* xq,
+                                               const float* const* xd, int nt, float* acc) {
+        int b = it >> 3, p = it & 7;
+        const u8* blk = row + (size_t)b * BB;
+        uint4 q = *(const uint4*)(blk + 48 + 16 * p);
+        uint4 qh = *(const uint4*)(blk + 16 + 16 * (p & 1));
+        u32 dd = *(const u32*)blk;
+        float d = h2f((u16)(dd & 0xffff)), dmin = h2f((u16)(dd >> 16));
+        int j0 = 2 * (p >> 1);
+        int sc0, m0, sc1, m1;
+        k_scale_min(blk + 4, j0, sc0, m0);
+        k_scale_min(blk + 4, j0 + 1, sc1, m1);
+        float d0 = d * (float)sc0, n0 = dmin * (float)m0, d1 = d * (float)sc1, n1 = dmin * (float)m1;
+        u32 qw[4] = {q.x, q.y, q.z, q.w}, hw[4] = {qh.x, qh.y, qh.z, qh.w};
+        int lo[4], hi[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            lo[i] = (int)((qw[i] & 0x0f0f0f0fu) | (((hw[i] >> j0) & 0x01010101u) << 4));
+            hi[i] = (int)(((qw[i] >> 4) & 0x0f0f0f0fu) | (((hw[i] >> (j0 + 1)) & 0x01010101u) << 4));
+        }
+        int off = 256 * b + 32 * j0 + 16 * (p & 1);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t < nt) {
+                int4 x0 = *(const int4*)(xq[t] + off);
+                int4 x1 = *(const int4*)(xq[t] + off + 32);
+                int s0 = dp4(lo[3], x0.w, dp4(lo[2], x0.z, dp4(lo[1], x0.y, dp4(lo[0], x0.x, 0))));
+                int s1 = dp4(hi[3], x1.w, dp4(hi[2], x1.z, dp4(hi[1], x1.y, dp4(hi[0], x1.x, 0))));
+                int u0 = dp4(ONES, x0.w, dp4(ONES, x0.z, dp4(ONES, x0.y, dp4(ONES, x0.x, 0))));
+                int u1 = dp4(ONES, x1.w, dp4(ONES, x1.z, dp4(ONES, x1.y, dp4(ONES, x1.x, 0))));
+                const float* dx = xd[t] + (off >> 5);
+                acc[t] += dx[0] * (d0 * (float)s0 - n0 * (float)u0) +
+                          dx[1] * (d1 * (float)s1 - n1 * (float)u1);
+            }
+        }
+    }
+};
+
+// Q6_K: item = 16 values sharing one 8-bit scale (16 items per block).
+struct QQ6_K {
+    enum { BE = 256, BB = 210, IPB = 16 };
+    static __device__ __forceinline__ void dot(const u8* row, int it, const i8* const* xq,
+                                               const float* const* xd, int nt, float* acc) {
+        int b = it >> 4, i = it & 15;
+        const u8* blk = row + (size_t)b * BB;
+        int h = i >> 3, e0 = (16 * i) & 127;
+        const u8* ql = blk + 64 * h + (e0 & 63);
+        const u8* qh = blk + 128 + 32 * h + (e0 & 31);
+        int lsh = e0 < 64 ? 0 : 4, hsh = 2 * (e0 >> 5);
+        float d = h2f(*(const u16*)(blk + 208)) * (float)(i8)blk[192 + i];
+        int v[4];
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            u32 l = (u32)ld2x16(ql + 4 * w), hh = (u32)ld2x16(qh + 4 * w);
+            v[w] = (int)(((l >> lsh) & 0x0f0f0f0fu) | (((hh >> hsh) & 0x03030303u) << 4));
+        }
+        int off = 256 * b + 16 * i;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t < nt) {
+                int4 x = *(const int4*)(xq[t] + off);
+                int s = dp4(v[3], x.w, dp4(v[2], x.z, dp4(v[1], x.y, dp4(v[0], x.x, 0))));
+                int u = dp4(ONES, x.w, dp4(ONES, x.z, dp4(ONES, x.y, dp4(ONES, x.x, 0))));
+                acc[t] += xd[t][off >> 5] * d * (float)(s - 32 * u);
+            }
+        }
+    }
+};
+
+// Q8_0: item = half a block (16 values).
+struct QQ8_0 {
+    enum { BE = 32, BB = 34, IPB = 2 };
+    static __device__ __forceinline__ void dot(const u8* row, int it, const i8* const* xq,
+                                               const float* const* xd, int nt, float* acc) {
+        int b = it >> 1, hf = it & 1;
+        const u8* blk = row + (size_t)b * BB;
+        float d = h2f(*(const u16*)blk);
+        const u8* qs = blk + 2 + 16 * hf;
+        int w0 = ld2x16(qs), w1 = ld2x16(qs + 4), w2 = ld2x16(qs + 8), w3 = ld2x16(qs + 12);
+        int off = 32 * b + 16 * hf;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t < nt) {
+                int4 x = *(const int4*)(xq[t] + off);
+                int s = dp4(w3, x.w, dp4(w2, x.z, dp4(w1, x.y, dp4(w0, x.x, 0))));
+                acc[t] += xd[t][b] * d * (float)s;
+            }
+        }
+    }
+};
+
+// Q4_0: item = one block (values i and i+16 in byte i).
+struct QQ4_0 {
+    enum { BE = 32, BB = 18, IPB = 1 };
+    static __device__ __forceinline__ void dot(const u8* row, int it, const i8* const* xq,
+                                               const float* const* xd, int nt, float* acc) {
+        const u8* blk = row + (size_t)it * BB;
+        float d = h2f(*(const u16*)blk);
+        int w[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) w[i] = ld2x16(blk + 2 + 4 * i);
+        int off = 32 * it;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t < nt) {
+                int4 x0 = *(const int4*)(xq[t] + off);
+                int4 x1 = *(const int4*)(xq[t] + off + 16);
+                int s = 0, u = 0;
+                s = dp4(w[0] & 0x0f0f0f0f, x0.x, s);
+                s = dp4(w[1] & 0x0f0f0f0f, x0.y, s);
+                s = dp4(w[2] & 0x0f0f0f0f, x0.z, s);
+                s = dp4(w[3] & 0x0f0f0f0f, x0.w, s);
+                s = dp4((w[0] >> 4) & 0x0f0f0f0f, x1.x, s);
+                s = dp4((w[1] >> 4) & 0x0f0f0f0f, x1.y, s);
+                s = dp4((w[2] >> 4) & 0x0f0f0f0f, x1.z, s);
+                s = dp4((w[3] >> 4) & 0x0f0f0f0f, x1.w, s);
+                u = dp4(ONES, x0.w, dp4(ONES, x0.z, dp4(ONES, x0.y, dp4(ONES, x0.x, 0))));
+                u = dp4(ONES, x1.w, dp4(ONES, x1.z, dp4(ONES, x1.y, dp4(ONES, x1.x, u))));
+                acc[t] += xd[t][it] * d * (float)(s - 8 * u);
+            }
+        }
+    }
+};
+
+// acc[t] = <row, x_t> over quantized activations (xq/xd per token), summed over the warp.
+template <class T>
+__device__ __forceinline__ void row_dotq(const u8* row, int cols, const i8* const* xq,
+                                         const float* const* xd, int nt, float* acc) {
+    const int lane = threadIdx.x & 31;
+    const int items = (cols / T::BE) * T::IPB;
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.f;
+#pragma unroll 4
+    for (int it = lane; it < items; it += 32) T::dot(row, it, xq, xd, nt, acc);
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = warp_sum(acc[t]);
+}
+
+// Y[t*ldy + r] = <W row r, x_t>, x_t quantized (XQ row stride cols, XD row stride cols/32).
+template <class T>
+__device__ void mmq(const u8* W, long long rb, int rows, int cols, const i8* XQ, const float* XD,
+                    int n, float* Y, int ldy) {
+    int r = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    const u8* row = W + (size_t)r * rb;
+    for (int t0 = 0; t0 < n; t0 += NT) {
+        int nt = min(NT, n - t0);
+        const i8* xq[NT];
+        const float* xd[NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            size_t tt = t0 + min(t, nt - 1);
+            xq[t] = XQ + tt * cols;
+            xd[t] = XD + tt * (cols >> 5);
+        }
+        float acc[NT];
+        row_dotq<T>(row, cols, xq, xd, nt, acc);
+        if ((threadIdx.x & 31) == 0)
+            for (int t = 0; t < nt; t++) Y[(size_t)(t0 + t) * ldy + r] = acc[t];
+    }
+}
+
+// As moe_gate_up, against the quantized rows of XN (token tok[a] of assignment a).
+template <class T>
+__device__ void moe_gate_up_q(const Job* jobs, const int* nj, int f, int h, long long rb,
+                              const i8* XQ, const float* XD, const int* tok, float* Hb) {
+    if (nj && (int)blockIdx.y >= *nj) return;
+    Job j = jobs[blockIdx.y];
+    int r = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    if (r >= f) return;
+    const u8* g = (const u8*)j.gate + (size_t)r * rb;
+    const u8* u = (const u8*)j.up + (size_t)r * rb;
+    for (int a0 = j.a0; a0 < j.a0 + j.cnt; a0 += NT) {
+        int nt = min(NT, j.a0 + j.cnt - a0);
+        const i8* xq[NT];
+        const float* xd[NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            size_t tt = tok[a0 + min(t, nt - 1)];
+            xq[t] = XQ + tt * h;
+            xd[t] = XD + tt * (h >> 5);
+        }
+        float ag[NT], au[NT];
+        row_dotq<T>(g, h, xq, xd, nt, ag);
+        row_dotq<T>(u, h, xq, xd, nt, au);
+        if ((threadIdx.x & 31) == 0)
+            for (int t = 0; t < nt; t++) Hb[(size_t)(a0 + t) * f + r] = silu(ag[t]) * au[t];
+    }
+}
+
+// As moe_down, against the quantized rows of Hb (one per assignment).
+template <class T>
+__device__ void moe_down_q(const Job* jobs, const int* nj, int h, int f, long long rb,
+                           const i8* XQ, const float* XD, const int* dst, float* SO) {
+    if (nj && (int)blockIdx.y >= *nj) return;
+    Job j = jobs[blockIdx.y];
+    int r = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    if (r >= h) return;
+    const u8* w = (const u8*)j.down + (size_t)r * rb;
+    for (int a0 = j.a0; a0 < j.a0 + j.cnt; a0 += NT) {
+        int nt = min(NT, j.a0 + j.cnt - a0);
+        const i8* xq[NT];
+        const float* xd[NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            size_t tt = a0 + min(t, nt - 1);
+            xq[t] = XQ + tt * f;
+            xd[t] = XD + tt * (f >> 5);
+        }
+        float acc[NT];
+        row_dotq<T>(w, f, xq, xd, nt, acc);
+        if ((threadIdx.x & 31) == 0)
+            for (int t = 0; t < nt; t++) SO[(size_t)dst[a0 + t] * h + r] = acc[t];
+    }
+}
+
+#define QTYPE_KERNELS(NAME, T)                                                                    \
+    extern "C" __global__ void mmq_##NAME(const u8* W, long long rb, int rows, int cols,          \
+                                          const i8* XQ, const float* XD, int n, float* Y,         \
+                                          int ldy) {                                              \
+        mmq<T>(W, rb, rows, cols, XQ, XD, n, Y, ldy);                                             \
+    }                                                                                             \
+    extern "C" __global__ void moe_gate_up_q_##NAME(const Job* jobs, const int* nj, int f, int h, \
+                                                    long long rb, const i8* XQ, const float* XD,  \
+                                                    const int* tok, float* Hb) {                  \
+        moe_gate_up_q<T>(jobs, nj, f, h, rb, XQ, XD, tok, Hb);                                    \
+    }                                                                                             \
+    extern "C" __global__ void moe_down_q_##NAME(const Job* jobs, const int* nj, int h, int f,    \
+                                                 long long rb, const i8* XQ, const float* XD,     \
+                                                 const int* dst, float* SO) {                     \
+        moe_down_q<T>(jobs, nj, h, f, rb, XQ, XD, dst, SO);                                       \
+    }
+
+QTYPE_KERNELS(q4_k, QQ4_K)
+QTYPE_KERNELS(q5_k, QQ5_K)
+QTYPE_KERNELS(q6_k, QQ6_K)
+QTYPE_KERNELS(q8_0, QQ8_0)
+QTYPE_KERNELS(q4_0, QQ4_0)
+
+// ---- Routing on the device ---------------------------------------------------------------------
+//
+// route_token of model/forward.rs, one warp per token: scores by softmax or sigmoid (the softmax
+// sum in index order, as the CPU), selection on score + bias within the best groups, top-k with
+// the CPU's tie rule (the lower index wins), weights = unbiased scores, optionally renormalised
+// (summed in slot order), times the routed scale. Grid: n blocks of 32; shared 2*E floats.
+extern "C" __global__ void route(const float* logits, int E, int k, const float* bias,
+                                 int sigmoid, int n_group, int topk_group, int norm, float scale,
+                                 int* sel, float* selw) {
+    extern __shared__ float rsh[];
+    float* sc = rsh;
+    float* ch = rsh + E;
+    __shared__ float gsc[64];
+    __shared__ int gkeep[64];
+    __shared__ int chosen[64];
+    int t = blockIdx.x, lane = threadIdx.x;
+    const float* x = logits + (size_t)t * E;
+    if (sigmoid) {
+        for (int i = lane; i < E; i += 32) sc[i] = 1.f / (1.f + expf(-x[i]));
+    } else {
+        float m = -INFINITY;
+        for (int i = lane; i < E; i += 32) m = fmaxf(m, x[i]);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        for (int i = lane; i < E; i += 32) sc[i] = expf(x[i] - m);
+        __syncwarp();
+        float s = 0.f;
+        if (lane == 0)
+            for (int i = 0; i < E; i++) s += sc[i];
+        s = __shfl_sync(0xffffffffu, s, 0);
+        float inv = 1.f / s;
+        __syncwarp();
+        for (int i = lane; i < E; i += 32) sc[i] *= inv;
+    }
+    __syncwarp();
+    for (int i = lane; i < E; i += 32) ch[i] = sc[i] + (bias ? bias[i] : 0.f);
+    __syncwarp();
+    if (n_group > 1) {
+        int per = E / n_group;
+        if (lane < n_group) {
+            float a = -INFINITY, b = -INFINITY;
+            for (int i = lane * per; i < (lane + 1) * per; i++) {
+                float v = ch[i];
+                if (v > a) {
+                    b = a;
+                    a = v;
+                } else if (v > b) {
+                    b = v;
+                }
+            }
+            gsc[lane] = per >= 2 ? a + b : a;
+        }
+        __syncwarp();
+        if (lane == 0) {
+            for (int s = 0; s < topk_group; s++) {
+                int best = -1;
+                for (int g = 0; g < n_group; g++) {
+                    bool taken = false;
+                    for (int q = 0; q < s; q++) taken |= gkeep[q] == g;
+                    if (taken) continue;
+                    if (best < 0 || gsc[g] > gsc[best]) best = g;
+                }
+                gkeep[s] = best;
+            }
+        }
+        __syncwarp();
+        for (int i = lane; i < E; i += 32) {
+            int g = i / per;
+            bool kept = false;
+            for (int q = 0; q < topk_group; q++) kept |= gkeep[q] == g;
+            if (!kept) ch[i] = 0.f;
+        }
+        __syncwarp();
+    }
+    for (int s = 0; s < k; s++) {
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int i = lane; i < E; i += 32) {
+            bool taken = false;
+            for (int q = 0; q < s; q++) taken |= chosen[q] == i;
+            if (taken) continue;
+            float v = ch[i];
+            if (bi == 0x7fffffff || v > bv) {
+                bv = v;
+                bi = i;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            bool better = oi != 0x7fffffff &&
+                          (bi == 0x7fffffff || ov > bv || (ov == bv && oi < bi));
+            if (better) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        if (lane == 0) chosen[s] = bi;
+        __syncwarp();
+    }
+    if (lane == 0) {
+        float w[64];
+        float sum = 0.f;
+        for (int s = 0; s < k; s++) {
+            w[s] = sc[chosen[s]];
+            sum += w[s];
+        }
+        if (sigmoid) sum += 1e-20f;
+        for (int s = 0; s < k; s++) {
+            float v = w[s];
+            if (norm) v /= sum;
+            if (scale != 1.f) v *= scale;
+            sel[t * k + s] = chosen[s];
+            selw[t * k + s] = v;
+        }
+    }
+}
+
+// The job list of a MoE layer from the device's selection, in the host's order: experts in
+// ascending index with at least one assignment, each expert's assignments by token then slot.
+// etab: per expert its gate, up, down device pointers. One block of >= E threads (E <= 1024).
+extern "C" __global__ void build_jobs(const int* sel, int n, int k, int E, const u64* etab,
+                                      Job* jobs, int* tok, int* dst, int* njobs, int* stat) {
+    extern __shared__ int jsh[];
+    int* cnt = jsh;
+    int* a0 = jsh + E;
+    int* ji = jsh + 2 * E;
+    int ex = threadIdx.x;
+    if (ex < E) {
+        int c = 0;
+        for (int a = 0; a < n * k; a++) c += sel[a] == ex;
+        cnt[ex] = c;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int acc = 0, j = 0;
+        for (int i = 0; i < E; i++) {
+            a0[i] = acc;
+            ji[i] = j;
+            acc += cnt[i];
+            j += cnt[i] > 0;
+        }
+        *njobs = j;
+        if (stat) *stat += j;
+    }
+    __syncthreads();
+    if (ex < E && cnt[ex] > 0) {
+        int c = a0[ex];
+        for (int a = 0; a < n * k; a++) {
+            if (sel[a] == ex) {
+                tok[c] = a / k;
+                dst[c] = a;
+                c++;
+            }
+        }
+        Job jb;
+        jb.gate = etab[3 * ex];
+        jb.up = etab[3 * ex + 1];
+        jb.down = etab[3 * ex + 2];
+        jb.a0 = a0[ex];
+        jb.cnt = cnt[ex];
+        jobs[ji[ex]] = jb;
+    }
+}
+
+// Cache rows for tokens 0..n at position *pp: Dst[(*pp + t)*cols + c] = Src[t*ss + c].
+extern "C" __global__ void kv_store(const float* Src, int ss, float* Dst, int cols, const int* pp) {
+    float* d = Dst + (size_t)(*pp + blockIdx.x) * cols;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) d[c] = Src[(size_t)blockIdx.x * ss + c];
+}
+
+// ---- Flash-decoding: attention of few tokens split over position chunks ------------------------
+//
+// Block (head hh, token t, split s) takes positions [s*chunk, min(len, (s+1)*chunk)) and writes
+// its running max, sum of exponentials and unnormalised output to the partial buffers; the merge
+// kernel combines the splits. Same layout arguments as `attention`. Grid: (heads, n, splits),
+// block 128, shared (dk + chunk) floats.
+extern "C" __global__ void attention_split(const float* Q, int qts, int qhs, const float* K,
+                                           int ks, int khs, const float* V, int vs, int vhs,
+                                           int dk, int dv, int group, const int* pp, int padd,
+                                           float scale, int chunk, float* PM, float* PL,
+                                           float* PO) {
+    __shared__ float red[32];
+    extern __shared__ float ash[];
+    float* qsh = ash;
+    float* sc = ash + dk;
+    int hh = blockIdx.x, t = blockIdx.y, s = blockIdx.z, heads = gridDim.x, S = gridDim.z;
+    int len = *pp + padd + t + 1;
+    int j0 = s * chunk, j1 = min(len, j0 + chunk);
+    size_t part = ((size_t)t * heads + hh) * S + s;
+    float* po = PO + part * dv;
+    if (j0 >= j1) {
+        if (threadIdx.x == 0) {
+            PM[part] = -INFINITY;
+            PL[part] = 0.f;
+        }
+        return;
+    }
+    int g = hh / group;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    const float* q = Q + (size_t)t * qts + (size_t)hh * qhs;
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) qsh[i] = q[i];
+    __syncthreads();
+    float mx = -INFINITY;
+    for (int j = j0 + warp; j < j1; j += nw) {
+        const float* kk = K + (size_t)j * ks + (size_t)g * khs;
+        float v = 0.f;
+        for (int i = lane; i < dk; i += 32) v += qsh[i] * kk[i];
+        v = warp_sum(v) * scale;
+        if (lane == 0) sc[j - j0] = v;
+        mx = fmaxf(mx, v);
+    }
+    mx = block_max(mx, red);
+    float sum = 0.f;
+    for (int j = threadIdx.x; j < j1 - j0; j += blockDim.x) {
+        float e = expf(sc[j] - mx);
+        sc[j] = e;
+        sum += e;
+    }
+    sum = block_sum(sum, red);
+    const float* vb = V + (size_t)g * vhs;
+    for (int d = threadIdx.x; d < dv; d += blockDim.x) {
+        float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+        int j = j0;
+        for (; j + 4 <= j1; j += 4) {
+            a0 += sc[j - j0] * vb[(size_t)j * vs + d];
+            a1 += sc[j + 1 - j0] * vb[(size_t)(j + 1) * vs + d];
+            a2 += sc[j + 2 - j0] * vb[(size_t)(j + 2) * vs + d];
+            a3 += sc[j + 3 - j0] * vb[(size_t)(j + 3) * vs + d];
+        }
+        for (; j < j1; j++) a0 += sc[j - j0] * vb[(size_t)j * vs + d];
+        po[d] = (a0 + a1) + (a2 + a3);
+    }
+    if (threadIdx.x == 0) {
+        PM[part] = mx;
+        PL[part] = sum;
+    }
+}
+
+// O[t*ots + hh*ohs + d] from the splits of attention_split. Grid: (heads, n), block 128.
+extern "C" __global__ void attention_merge(const float* PM, const float* PL, const float* PO,
+                                           int S, int dv, float* O, int ots, int ohs) {
+    int hh = blockIdx.x, t = blockIdx.y, heads = gridDim.x;
+    size_t base = ((size_t)t * heads + hh) * S;
+    float m = -INFINITY;
+    for (int s = 0; s < S; s++) m = fmaxf(m, PM[base + s]);
+    float l = 0.f;
+    for (int s = 0; s < S; s++)
+        if (PL[base + s] > 0.f) l += PL[base + s] * expf(PM[base + s] - m);
+    float inv = 1.f / l;
+    float* o = O + (size_t)t * ots + (size_t)hh * ohs;
+    for (int d = threadIdx.x; d < dv; d += blockDim.x) {
+        float a = 0.f;
+        for (int s = 0; s < S; s++)
+            if (PL[base + s] > 0.f) a += PO[(base + s) * dv + d] * expf(PM[base + s] - m);
+        o[d] = a * inv;
+    }
 }

@@ -4,8 +4,9 @@
 //! Owns: the driver wrapper (`driver.rs`, every unsafe CUDA call), the kernels (`kernels.cu`,
 //! compiled to the committed `kernels.ptx` by scripts/build-ptx.py), the VRAM pool bookkeeping
 //! (`pool.rs`, compiled without the feature too so it is tested everywhere) and the GPU forward
-//! (`model.rs`). Does not own: what is computed — routing runs on the host through the CPU
-//! model's own `select_experts`, so expert choice is the CPU's, bit for bit.
+//! (`model.rs`). Does not own: what is computed — the forward is the CPU model's, step for
+//! step; routing runs on the device by the CPU's rule (`route_token`: same scores, bias,
+//! groups, top-k with the lower index winning ties), the same kernel for every placement.
 //!
 //! Memory (issue: residency costs are real): dense weights live in one device allocation, the
 //! expert pool in another (`--vram`), scratch in a handful sized once; expert bytes reach the

@@ -3,15 +3,18 @@
 //! Owns: `GpuState` (device copies of the dense weights, the KV cache, scratch sized once, the
 //! VRAM expert pool and the pinned host buffers for the small per-layer transfers) and the
 //! staging of routed experts from the RAM expert cache into the pool.
-//! Does not own: routing (the host runs the CPU model's `select_experts` on the downloaded router
-//! logits, so the GPU computes the experts the CPU would choose) or the RAM cache/SSD reads.
+//! Does not own: the RAM cache/SSD reads. Routing runs on the device (kernels.cu `route`, the
+//! CPU's `route_token` rule) for every placement; where the routing kernel cannot take a model
+//! (more than 64 experts per token, 32 groups or 1024 experts) the host routes with the CPU
+//! model's `select_experts`. Quantized weights of the `Q8_TYPES` are dotted with activations
+//! quantized to 8 bits per 32 values, as the CPU kernels do; float weights with f32 ones.
 //! Invariants: after `attach`, a forward allocates nothing (host or device); each token's MoE
 //! output is summed in top-k slot order by one kernel, so it does not depend on which experts
 //! were resident or in what order their bytes arrived: tokens do not change with `--vram` or
 //! `--gpu-staging`. A RAM-cache slot is never handed back (`ExpertCache::end`) while a copy
 //! from it is in flight, and a VRAM slot is never overwritten while a kernel may read it.
 
-use super::driver::{pinned_h2d_gbps, Arg, DevBuf, Event, Gpu, Kernel, PinnedBuf, Stream};
+use super::driver::{pinned_h2d_gbps, Arg, DevBuf, Event, Gpu, Graph, Kernel, PinnedBuf, Stream};
 use super::pool::VramPool;
 use super::{GpuError, GpuOptions, GpuStats, Staging};
 use crate::dtype::DType;
@@ -38,14 +41,33 @@ fn type_name(d: DType) -> Option<String> {
         .then(|| d.name().to_ascii_lowercase())
 }
 
-/// The four kernels of one weight type.
+/// The four kernels of one weight type, and its int8-activation kernels where it has them.
 #[derive(Clone, Copy)]
 struct TypeFns {
     mm: Kernel,
     gate_up: Kernel,
     down: Kernel,
     embed: Kernel,
+    q: Option<QFns>,
 }
+
+/// Kernels that dot a type's blocks with 8-bit activations (`__dp4a`), kernels.cu `mmq_*`.
+#[derive(Clone, Copy)]
+struct QFns {
+    mm: Kernel,
+    gate_up: Kernel,
+    down: Kernel,
+}
+
+/// Weight types with int8-activation (dp4a) kernels; the float types keep f32 activations
+/// (the precision reference path), and the rest the f32-activation kernels.
+pub const Q8_TYPES: [DType; 5] = [
+    DType::Q4_K,
+    DType::Q5_K,
+    DType::Q6_K,
+    DType::Q8_0,
+    DType::Q4_0,
+];
 
 /// A weight matrix in the device arena.
 #[derive(Clone, Copy)]
@@ -87,6 +109,8 @@ enum GAttn {
 
 struct GMoe {
     router: Mat,
+    /// Selection bias (DeepSeek's e_score_correction_bias), f32 in the arena.
+    bias: Option<usize>,
     shared: Option<GMlp>,
     geo: MoeGeo,
 }
@@ -103,6 +127,8 @@ struct MoeGeo {
     rb_down: usize,
 }
 
+// One per layer, built once: the size difference costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 enum GFfn {
     Dense(GMlp),
     Moe(GMoe),
@@ -125,6 +151,12 @@ struct Small {
     head_mv: Kernel,
     copy2d: Kernel,
     combine: Kernel,
+    quantize: Kernel,
+    route: Kernel,
+    build_jobs: Kernel,
+    kv_store: Kernel,
+    att_split: Kernel,
+    att_merge: Kernel,
 }
 
 /// Event pairs timing compute segments and expert copies, harvested at sync points.
@@ -164,6 +196,25 @@ struct Bufs {
     vcache: DevBuf,
     cos: DevBuf,
     sin: DevBuf,
+    /// 8-bit activations (i8) and their per-32 scales, for the dp4a kernels.
+    xq: DevBuf,
+    xd: DevBuf,
+    /// The same for the experts' hidden rows (hb), so xn's stay valid across expert launches.
+    hq: DevBuf,
+    hd: DevBuf,
+    /// [pos, rope pos] of the forward's first token (i32), read by rope/attention/kv_store.
+    pos: DevBuf,
+    /// The device's routing: expert per assignment (i32) and the job count (i32).
+    sel: DevBuf,
+    njobs: DevBuf,
+    /// Experts run since the last harvest (i32).
+    stat: DevBuf,
+    /// Per MoE layer and expert: gate, up, down pointers (u64), for device-built job lists.
+    etab: DevBuf,
+    /// Flash-decoding partials: max, sum (f32) and unnormalised outputs per split.
+    pm: DevBuf,
+    pl: DevBuf,
+    po: DevBuf,
 }
 
 /// Pinned host buffers for the small transfers of every layer.
@@ -175,10 +226,16 @@ struct Host {
     dst: PinnedBuf,
     selw: PinnedBuf,
     jobs: PinnedBuf,
+    pos: PinnedBuf,
+    sel: PinnedBuf,
+    stat: PinnedBuf,
+    etab: PinnedBuf,
 }
 
 pub struct GpuState {
-    // Field order is drop order: buffers before the context they live in.
+    // Field order is drop order: the graph and buffers before the context they live in.
+    /// The decode step's CUDA graph, once captured (see `forward_graph`).
+    graph: Option<Graph>,
     bufs: Bufs,
     host: Host,
     weights: DevBuf,
@@ -203,8 +260,31 @@ pub struct GpuState {
     /// Per pool slot: byte offsets of gate, up and down inside it (as staged).
     slot_offs: Vec<[usize; 3]>,
     wave: Vec<usize>,
+    /// The quantized-activation buffer holds (src, ld, rows, cols) of this input; cleared by
+    /// every other launch (`launch`), so consecutive products of one input quantize it once.
+    xq_src: std::cell::Cell<Option<(u64, usize, usize, usize)>>,
+    /// Per MoE layer: every expert is in the VRAM pool and the device table `etab` holds its
+    /// pointers, so the layer's jobs are built on the device (no host round trip).
+    layer_ready: Vec<bool>,
+    experts_per_layer: Vec<usize>,
+    /// Flash-decoding: splits and positions per split (forwards of at most `split_rows` tokens).
+    splits: usize,
+    chunk: usize,
+    /// Whether the routing kernel can take this model (k, groups, experts within its limits).
+    device_route: bool,
+    /// The device's count of experts run, as last read.
+    stat_last: i32,
+    /// Experts per token (n_experts_used).
+    k: usize,
+    /// Decode steps run as a CUDA graph (`SLUICE_GPU_GRAPH=0` turns it off, for A/B runs).
+    graphs: bool,
+    /// A forward is being recorded into the graph (timers are off: one pair times a replay).
+    capturing: bool,
     gpu: Gpu,
 }
+
+/// Tokens per forward up to which attention is split over position chunks (decode, drafts).
+const SPLIT_ROWS: usize = 8;
 
 // SAFETY: the driver handles inside (context, streams, functions, events) are usable from any
 // thread once the context is bound, which every entry point does; the pinned buffers are
@@ -268,6 +348,15 @@ impl<'a> Builder<'a> {
             gate_up: self.gpu.function(&format!("moe_gate_up_{n}"))?,
             down: self.gpu.function(&format!("moe_down_{n}"))?,
             embed: self.gpu.function(&format!("embed_{n}"))?,
+            q: if Q8_TYPES.contains(&d) {
+                Some(QFns {
+                    mm: self.gpu.function(&format!("mmq_{n}"))?,
+                    gate_up: self.gpu.function(&format!("moe_gate_up_q_{n}"))?,
+                    down: self.gpu.function(&format!("moe_down_q_{n}"))?,
+                })
+            } else {
+                None
+            },
         };
         self.fns.push((d, f));
         Ok(f)
@@ -401,6 +490,7 @@ impl GpuState {
                     experts_per_layer.push(m.experts.len());
                     let gm = GMoe {
                         router: b.mat(&m.router, &what)?,
+                        bias: m.score_bias.as_deref().map(|v| b.vec(v)),
                         shared: m.shared.as_ref().map(|s| b.mlp(s, &what)).transpose()?,
                         geo: MoeGeo {
                             idx: moe_idx,
@@ -438,6 +528,12 @@ impl GpuState {
             head_mv: gpu.function("head_mv")?,
             copy2d: gpu.function("copy2d")?,
             combine: gpu.function("moe_combine")?,
+            quantize: gpu.function("quantize_q8")?,
+            route: gpu.function("route")?,
+            build_jobs: gpu.function("build_jobs")?,
+            kv_store: gpu.function("kv_store")?,
+            att_split: gpu.function("attention_split")?,
+            att_merge: gpu.function("attention_merge")?,
         };
         let weights = gpu.alloc(b.total)?;
         for (off, bytes) in &b.pieces {
@@ -466,6 +562,27 @@ impl GpuState {
         let ffn = cfg.dense_ffn.max(cfg.shared_ffn).max(1);
         let att_rows = (bsz).min(((1usize << 26) / (cfg.n_heads * ctx).max(1)).max(1));
         let n_layers = cfg.n_layers;
+        // Widest input of any matrix product (quantized-activation scratch).
+        let max_cols = [
+            h,
+            cfg.q_dim().max(nh_qk),
+            cfg.att_dim(),
+            ffn,
+            q_lora,
+            cfg.n_heads * cfg.head_dim,
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(h)
+        .next_multiple_of(32);
+        let xq_len = bsz * max_cols;
+        let hq_len = bsz * k * cfg.expert_ffn.max(1).next_multiple_of(32);
+        // Flash-decoding: about 64 splits over the context, each at most 4096 positions of
+        // scores in shared memory.
+        let splits = ctx.div_ceil(64).clamp(1, 64);
+        let chunk = ctx.div_ceil(splits).min(8192);
+        let splits = ctx.div_ceil(chunk);
+        let moe_layers_n = experts_per_layer.len();
         let before = gpu.mem_info()?.0;
         let bufs = Bufs {
             x: dev_f32(&gpu, bsz * h)?,
@@ -495,7 +612,23 @@ impl GpuState {
             vcache: dev_f32(&gpu, n_layers * ctx * vc)?,
             cos: gpu.alloc(4 * model.rope.cos_table().len().max(1))?,
             sin: gpu.alloc(4 * model.rope.sin_table().len().max(1))?,
+            xq: gpu.alloc(xq_len)?,
+            xd: dev_f32(&gpu, xq_len / 32 + 1)?,
+            hq: gpu.alloc(hq_len)?,
+            hd: dev_f32(&gpu, hq_len / 32 + 1)?,
+            pos: gpu.alloc(8)?,
+            sel: gpu.alloc(4 * bsz * k)?,
+            njobs: gpu.alloc(4)?,
+            stat: gpu.alloc(4)?,
+            etab: gpu.alloc(24 * e * moe_layers_n.max(1))?,
+            pm: dev_f32(&gpu, SPLIT_ROWS * cfg.n_heads * splits)?,
+            pl: dev_f32(&gpu, SPLIT_ROWS * cfg.n_heads * splits)?,
+            po: dev_f32(
+                &gpu,
+                SPLIT_ROWS * cfg.n_heads * splits * cfg.att_dim().max(kv_lora),
+            )?,
         };
+        gpu.upload(bufs.stat.ptr, &[0u8; 4])?;
         gpu.upload(bufs.cos.ptr, &f32_bytes(model.rope.cos_table()))?;
         gpu.upload(bufs.sin.ptr, &f32_bytes(model.rope.sin_table()))?;
         let after = gpu.mem_info()?.0;
@@ -509,6 +642,10 @@ impl GpuState {
             dst: gpu.alloc_pinned(4 * bsz * k)?,
             selw: gpu.alloc_pinned(4 * bsz * k)?,
             jobs: gpu.alloc_pinned(JOB_BYTES * e)?,
+            pos: gpu.alloc_pinned(8)?,
+            sel: gpu.alloc_pinned(4 * bsz * k)?,
+            stat: gpu.alloc_pinned(4)?,
+            etab: gpu.alloc_pinned(24 * e * moe_layers_n.max(1))?,
         };
 
         // The VRAM expert pool: what was asked, else the free memory less a margin, never
@@ -594,6 +731,7 @@ impl GpuState {
         };
         Ok((
             GpuState {
+                graph: None,
                 bufs,
                 host,
                 weights,
@@ -618,6 +756,19 @@ impl GpuState {
                 hits: Vec::with_capacity(max_e),
                 slot_offs: vec![[0; 3]; per_layer * moe_layers],
                 wave: Vec::with_capacity(max_e),
+                xq_src: std::cell::Cell::new(None),
+                layer_ready: vec![false; moe_layers],
+                experts_per_layer,
+                splits,
+                chunk,
+                device_route: k <= 64
+                    && cfg.routing.n_group <= 32
+                    && cfg.routing.topk_group <= 64
+                    && e <= 1024,
+                stat_last: 0,
+                k,
+                graphs: std::env::var("SLUICE_GPU_GRAPH").map_or(true, |v| v != "0"),
+                capturing: false,
                 gpu,
             },
             summary,
@@ -662,8 +813,35 @@ impl GpuState {
         shmem: u32,
         args: &[Arg],
     ) -> Result<(), GpuError> {
+        self.xq_src.set(None);
         self.gpu
             .launch(f, grid, block, shmem, Stream::Compute, args)
+    }
+
+    /// Quantizes rows 0..n of x (row stride ldx, `cols` values) into `xq`/`xd`, unless they
+    /// already hold exactly that input (no launch in between).
+    fn quantize(&self, x: u64, ldx: usize, n: usize, cols: usize) -> Result<(), GpuError> {
+        let key = Some((x, ldx, n, cols));
+        if self.xq_src.get() == key {
+            return Ok(());
+        }
+        let groups = (n * cols / 32) as u32;
+        self.launch(
+            self.small.quantize,
+            (groups.div_ceil(8), 1, 1),
+            256,
+            0,
+            &[
+                x.into(),
+                (ldx as i32).into(),
+                (cols as i32).into(),
+                (n as i32).into(),
+                self.bufs.xq.ptr.into(),
+                self.bufs.xd.ptr.into(),
+            ],
+        )?;
+        self.xq_src.set(key);
+        Ok(())
     }
 
     /// y (n x rows, row stride ldy) = x (n x cols, row stride ldx) * m^T.
@@ -676,6 +854,36 @@ impl GpuState {
         y: u64,
         ldy: usize,
     ) -> Result<(), GpuError> {
+        if let Some(q) = m.f.q.filter(|_| m.cols.is_multiple_of(32)) {
+            self.quantize(x, ldx, n, m.cols)?;
+            return self
+                .gpu
+                .launch(
+                    q.mm,
+                    ((m.rows as u32).div_ceil(WARPS), 1, 1),
+                    32 * WARPS,
+                    0,
+                    Stream::Compute,
+                    &[
+                        self.wa(m.off).into(),
+                        (m.rb as i64).into(),
+                        (m.rows as i32).into(),
+                        (m.cols as i32).into(),
+                        self.bufs.xq.ptr.into(),
+                        self.bufs.xd.ptr.into(),
+                        (n as i32).into(),
+                        y.into(),
+                        (ldy as i32).into(),
+                    ],
+                )
+                .inspect(|_| {
+                    // An output over the quantized input makes its quantization stale.
+                    let (x_end, y_end) = (x + (4 * n * ldx) as u64, y + (4 * n * ldy) as u64);
+                    if y < x_end && x < y_end {
+                        self.xq_src.set(None);
+                    }
+                });
+        }
         self.launch(
             m.f.mm,
             ((m.rows as u32).div_ceil(WARPS), 1, 1),
@@ -744,7 +952,6 @@ impl GpuState {
         off: usize,
         heads: usize,
         n: usize,
-        pos0: usize,
     ) -> Result<(), GpuError> {
         let half = model.rope.half();
         let layout = match model.cfg.rope_layout {
@@ -765,7 +972,8 @@ impl GpuState {
                 layout.into(),
                 self.bufs.cos.ptr.into(),
                 self.bufs.sin.ptr.into(),
-                (pos0 as i32).into(),
+                (self.bufs.pos.ptr + 4).into(),
+                0i32.into(),
             ],
         )
     }
@@ -782,11 +990,57 @@ impl GpuState {
         group: usize,
         heads: usize,
         n: usize,
-        pos: usize,
         scale: f32,
         ctx: usize,
         o: (u64, usize, usize),
     ) -> Result<(), GpuError> {
+        if n <= SPLIT_ROWS {
+            // Flash-decoding: every split of the context in its own block, then a merge.
+            let (splits, chunk) = (self.splits, self.chunk);
+            self.launch(
+                self.small.att_split,
+                (heads as u32, n as u32, splits as u32),
+                128,
+                (4 * (dk + chunk)) as u32,
+                &[
+                    q.0.into(),
+                    (q.1 as i32).into(),
+                    (q.2 as i32).into(),
+                    k.0.into(),
+                    (k.1 as i32).into(),
+                    (k.2 as i32).into(),
+                    v.0.into(),
+                    (v.1 as i32).into(),
+                    (v.2 as i32).into(),
+                    (dk as i32).into(),
+                    (dv as i32).into(),
+                    (group as i32).into(),
+                    self.bufs.pos.ptr.into(),
+                    0i32.into(),
+                    scale.into(),
+                    (chunk as i32).into(),
+                    self.bufs.pm.ptr.into(),
+                    self.bufs.pl.ptr.into(),
+                    self.bufs.po.ptr.into(),
+                ],
+            )?;
+            return self.launch(
+                self.small.att_merge,
+                (heads as u32, n as u32, 1),
+                128,
+                0,
+                &[
+                    self.bufs.pm.ptr.into(),
+                    self.bufs.pl.ptr.into(),
+                    self.bufs.po.ptr.into(),
+                    (splits as i32).into(),
+                    (dv as i32).into(),
+                    o.0.into(),
+                    (o.1 as i32).into(),
+                    (o.2 as i32).into(),
+                ],
+            );
+        }
         let mut c0 = 0;
         while c0 < n {
             let cn = self.att_rows.min(n - c0);
@@ -808,7 +1062,8 @@ impl GpuState {
                     (dk as i32).into(),
                     (dv as i32).into(),
                     (group as i32).into(),
-                    ((pos + c0) as i32).into(),
+                    self.bufs.pos.ptr.into(),
+                    (c0 as i32).into(),
                     scale.into(),
                     self.bufs.scores.ptr.into(),
                     (ctx as i32).into(),
@@ -853,6 +1108,9 @@ impl GpuState {
     }
 
     fn timer_start(&mut self, stream: Stream) -> Result<usize, GpuError> {
+        if self.capturing {
+            return Ok(usize::MAX);
+        }
         if self.timers.next + 2 > self.timers.events.len() {
             self.gpu.sync(Stream::Compute)?;
             self.gpu.sync(Stream::Copy)?;
@@ -865,6 +1123,9 @@ impl GpuState {
     }
 
     fn timer_stop(&mut self, i: usize, stream: Stream, copy: bool) -> Result<(), GpuError> {
+        if i == usize::MAX {
+            return Ok(());
+        }
         self.gpu.record(&self.timers.events[i + 1], stream)?;
         self.timers.pairs.push((i, i + 1, copy));
         Ok(())
@@ -899,7 +1160,17 @@ impl GpuState {
     ) -> Result<(), ModelError> {
         let t0 = Instant::now();
         self.gpu.bind()?;
-        let r = self.forward_inner(model, st, tokens, logits_from);
+        let graph = self.graphs
+            && tokens.len() == 1
+            && logits_from == 0
+            && self.device_route
+            && self.layer_ready.iter().all(|&r| r);
+        let r = if graph {
+            self.forward_graph(model, st, tokens)
+        } else {
+            self.forward_body(model, st, tokens, logits_from)
+                .and_then(|()| self.forward_finish(model, st, tokens.len(), logits_from))
+        };
         if r.is_err() {
             // Leave both streams idle so the next call starts clean.
             let _ = self.gpu.sync(Stream::Copy);
@@ -912,7 +1183,43 @@ impl GpuState {
         r
     }
 
-    fn forward_inner(
+    /// A one-token decode step (every MoE layer device-routed, so nothing in it waits for the
+    /// host) as a CUDA graph: captured at the first such step, replayed after. Its inputs are
+    /// the pinned token and position, copied by the graph's first nodes; its outputs the pinned
+    /// logits and expert counter, so a replay is the captured forward at the current position.
+    fn forward_graph(
+        &mut self,
+        model: &Model<'_>,
+        st: &mut State,
+        tokens: &[u32],
+    ) -> Result<(), ModelError> {
+        let compute = Stream::Compute;
+        if self.graph.is_none() {
+            self.gpu.begin_capture(compute)?;
+            self.capturing = true;
+            let r = self.forward_body(model, st, tokens, 0);
+            self.capturing = false;
+            let g = self.gpu.end_capture(compute);
+            r?;
+            self.graph = Some(g?);
+        }
+        self.host.tokens.i32s_mut()[0] = tokens[0] as i32;
+        let p = self.host.pos.i32s_mut();
+        p[0] = st.pos as i32;
+        p[1] = (st.pos + st.rope_offset) as i32;
+        st.experts_run = 0;
+        let ti = self.timer_start(compute)?;
+        if let Some(g) = &self.graph {
+            self.gpu.launch_graph(g, compute)?;
+        }
+        self.timer_stop(ti, compute, false)?;
+        let moe_layers = self.layer_ready.len();
+        self.pool.count_hits((self.k * moe_layers) as u64);
+        self.forward_finish(model, st, 1, 0)
+    }
+
+    /// Every launch and copy of a forward, up to (not including) the wait for its logits.
+    fn forward_body(
         &mut self,
         model: &Model<'_>,
         st: &mut State,
@@ -922,9 +1229,22 @@ impl GpuState {
         let cfg = &model.cfg;
         let (n, h) = (tokens.len(), cfg.hidden);
         let compute = Stream::Compute;
+        self.xq_src.set(None);
         let ti = self.timer_start(compute)?;
         for (o, &t) in self.host.tokens.i32s_mut().iter_mut().zip(tokens) {
             *o = t as i32;
+        }
+        let p = self.host.pos.i32s_mut();
+        p[0] = st.pos as i32;
+        p[1] = (st.pos + st.rope_offset) as i32;
+        // SAFETY: the pinned position pair is not written again before this forward's sync.
+        unsafe {
+            self.gpu.upload_async(
+                self.bufs.pos.ptr,
+                self.host.pos.as_slice().as_ptr(),
+                8,
+                compute,
+            )?;
         }
         // SAFETY: the pinned token buffer is not written again before this forward's final
         // sync; the device buffer holds `batch` tokens and n <= batch (checked by the caller).
@@ -986,8 +1306,33 @@ impl GpuState {
                 )?;
             }
         }
-        self.gpu.sync(compute)?;
+        // SAFETY: the pinned counter is read only after the sync in forward_finish.
+        unsafe {
+            self.gpu.download_async(
+                self.host.stat.as_mut_slice().as_mut_ptr(),
+                self.bufs.stat.ptr,
+                4,
+                compute,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Waits for the forward's work, then takes its logits and counters.
+    fn forward_finish(
+        &mut self,
+        model: &Model<'_>,
+        st: &mut State,
+        n: usize,
+        logits_from: usize,
+    ) -> Result<(), ModelError> {
+        let n_logits = n.saturating_sub(logits_from);
+        let v = model.cfg.vocab;
+        self.gpu.sync(Stream::Compute)?;
         self.harvest()?;
+        let runs = self.host.stat.i32s_mut()[0];
+        st.experts_run += runs.wrapping_sub(self.stat_last) as u32 as usize;
+        self.stat_last = runs;
         st.logits[..n_logits * v].copy_from_slice(&self.host.logits.f32s()[..n_logits * v]);
         st.pos += n;
         Ok(())
@@ -1035,8 +1380,6 @@ impl GpuState {
             self.bufs.k.ptr,
             self.bufs.v.ptr,
         );
-        let pos = st.pos;
-        let rpos = pos + st.rope_offset;
         let ctx = st.ctx();
         match &self.layers[l].attn {
             GAttn::Gqa {
@@ -1084,17 +1427,14 @@ impl GpuState {
                         _ => {}
                     }
                 }
-                self.rope(model, q, qd, hd, 0, nh, n, rpos)?;
-                self.rope(model, k, kvd, hd, 0, nkv, n, rpos)?;
-                let base = (l * ctx + pos) * kvd;
-                self.gpu
-                    .copy_d2d(self.bufs.kcache.f(base), k, 4 * n * kvd, Stream::Compute)?;
-                self.gpu
-                    .copy_d2d(self.bufs.vcache.f(base), v, 4 * n * kvd, Stream::Compute)?;
+                self.rope(model, q, qd, hd, 0, nh, n)?;
+                self.rope(model, k, kvd, hd, 0, nkv, n)?;
                 let (kl, vl) = (
                     self.bufs.kcache.f(l * ctx * kvd),
                     self.bufs.vcache.f(l * ctx * kvd),
                 );
+                self.kv_store(k, kvd, kl, n)?;
+                self.kv_store(v, kvd, vl, n)?;
                 self.attention(
                     (q, qd, hd),
                     (kl, kvd, hd),
@@ -1104,7 +1444,6 @@ impl GpuState {
                     nh / nkv,
                     nh,
                     n,
-                    pos,
                     cfg.attn_scale,
                     ctx,
                     (self.bufs.att.ptr, qd, hd),
@@ -1154,11 +1493,9 @@ impl GpuState {
                     None => self.mm(&q_b, xn, h, n, q, nh * qk)?,
                 }
                 self.rmsnorm(k, kc, self.wa(kv_a_norm), kv_lora, n, cfg.rms_eps, k, kc)?;
-                self.rope(model, k, kc, 0, kv_lora, 1, n, rpos)?;
-                let base = (l * ctx + pos) * kc;
-                self.gpu
-                    .copy_d2d(self.bufs.kcache.f(base), k, 4 * n * kc, Stream::Compute)?;
-                self.rope(model, q, nh * qk, qk, nope, nh, n, rpos)?;
+                self.rope(model, k, kc, 0, kv_lora, 1, n)?;
+                self.kv_store(k, kc, self.bufs.kcache.f(l * ctx * kc), n)?;
+                self.rope(model, q, nh * qk, qk, nope, nh, n)?;
                 let qcat = self.bufs.qcat.ptr;
                 self.head_mv(
                     self.wa(k_b),
@@ -1193,7 +1530,6 @@ impl GpuState {
                     nh,
                     nh,
                     n,
-                    pos,
                     cfg.attn_scale,
                     ctx,
                     (clat, nh * kv_lora, kv_lora),
@@ -1212,6 +1548,24 @@ impl GpuState {
             }
         }
         Ok(())
+    }
+
+    /// Rows 0..n of src (row stride and width `cols`) into the layer's cache rows at the
+    /// forward's position (read on the device).
+    fn kv_store(&self, src: u64, cols: usize, layer: u64, n: usize) -> Result<(), GpuError> {
+        self.launch(
+            self.small.kv_store,
+            (n as u32, 1, 1),
+            128,
+            0,
+            &[
+                src.into(),
+                (cols as i32).into(),
+                layer.into(),
+                (cols as i32).into(),
+                self.bufs.pos.ptr.into(),
+            ],
+        )
     }
 
     /// SwiGLU of xn rows 0..n; result in `down`.
@@ -1243,12 +1597,13 @@ impl GpuState {
         mo: &MoeGeo,
         j0: usize,
         cnt: usize,
+        n: usize,
+        rows: (usize, usize),
         h: usize,
     ) -> Result<(), GpuError> {
         if cnt == 0 {
             return Ok(());
         }
-        let compute = Stream::Compute;
         // SAFETY: the pinned job entries j0..j0+cnt were written for this launch and are not
         // rewritten before the next MoE layer's router sync; the device table holds E jobs.
         unsafe {
@@ -1256,18 +1611,100 @@ impl GpuState {
                 self.bufs.jobs.at(j0 * JOB_BYTES),
                 self.host.jobs.as_slice()[j0 * JOB_BYTES..].as_ptr(),
                 cnt * JOB_BYTES,
-                compute,
+                Stream::Compute,
             )?;
         }
-        let ti = self.timer_start(compute)?;
         let jobs = self.bufs.jobs.at(j0 * JOB_BYTES);
+        self.run_jobs(mo, jobs, cnt, 0, n, rows, h)
+    }
+
+    /// The gate/up and down kernels over `grid_y` jobs at `jobs` (device); `nj`: a device job
+    /// count that bounds them (0: all `grid_y`). Tokens 0..n of xn; `rows`: the first and the
+    /// number of assignment rows the jobs write (quantized between the two products).
+    #[allow(clippy::too_many_arguments)]
+    fn run_jobs(
+        &mut self,
+        mo: &MoeGeo,
+        jobs: u64,
+        grid_y: usize,
+        nj: u64,
+        n: usize,
+        rows: (usize, usize),
+        h: usize,
+    ) -> Result<(), GpuError> {
+        let compute = Stream::Compute;
+        let ti = self.timer_start(compute)?;
+        let q = match (mo.gate_up.q, mo.down.q) {
+            (Some(a), Some(b)) if h.is_multiple_of(32) && mo.ffn.is_multiple_of(32) => Some((a, b)),
+            _ => None,
+        };
+        if let Some((qg, qd)) = q {
+            self.quantize(self.bufs.xn.ptr, h, n, h)?;
+            self.gpu.launch(
+                qg.gate_up,
+                ((mo.ffn as u32).div_ceil(WARPS), grid_y as u32, 1),
+                32 * WARPS,
+                0,
+                compute,
+                &[
+                    jobs.into(),
+                    nj.into(),
+                    (mo.ffn as i32).into(),
+                    (h as i32).into(),
+                    (mo.rb_gate as i64).into(),
+                    self.bufs.xq.ptr.into(),
+                    self.bufs.xd.ptr.into(),
+                    self.bufs.tok.ptr.into(),
+                    self.bufs.hb.ptr.into(),
+                ],
+            )?;
+            // The jobs' assignment rows of hb (a span that may include other jobs' rows:
+            // harmless, each is rewritten and requantized before its own down product).
+            let (r0, rn) = rows;
+            let f = mo.ffn;
+            self.gpu.launch(
+                self.small.quantize,
+                (((rn * f / 32) as u32).div_ceil(8), 1, 1),
+                256,
+                0,
+                compute,
+                &[
+                    self.bufs.hb.f(r0 * f).into(),
+                    (f as i32).into(),
+                    (f as i32).into(),
+                    (rn as i32).into(),
+                    self.bufs.hq.at(r0 * f).into(),
+                    self.bufs.hd.f(r0 * f / 32).into(),
+                ],
+            )?;
+            self.gpu.launch(
+                qd.down,
+                ((h as u32).div_ceil(WARPS), grid_y as u32, 1),
+                32 * WARPS,
+                0,
+                compute,
+                &[
+                    jobs.into(),
+                    nj.into(),
+                    (h as i32).into(),
+                    (mo.ffn as i32).into(),
+                    (mo.rb_down as i64).into(),
+                    self.bufs.hq.ptr.into(),
+                    self.bufs.hd.ptr.into(),
+                    self.bufs.dst.ptr.into(),
+                    self.bufs.slot_out.ptr.into(),
+                ],
+            )?;
+            return self.timer_stop(ti, compute, false);
+        }
         self.launch(
             mo.gate_up.gate_up,
-            ((mo.ffn as u32).div_ceil(WARPS), cnt as u32, 1),
+            ((mo.ffn as u32).div_ceil(WARPS), grid_y as u32, 1),
             32 * WARPS,
             0,
             &[
                 jobs.into(),
+                nj.into(),
                 (mo.ffn as i32).into(),
                 (h as i32).into(),
                 (mo.rb_gate as i64).into(),
@@ -1279,11 +1716,12 @@ impl GpuState {
         )?;
         self.launch(
             mo.down.down,
-            ((h as u32).div_ceil(WARPS), cnt as u32, 1),
+            ((h as u32).div_ceil(WARPS), grid_y as u32, 1),
             32 * WARPS,
             0,
             &[
                 jobs.into(),
+                nj.into(),
                 (h as i32).into(),
                 (mo.ffn as i32).into(),
                 (mo.rb_down as i64).into(),
@@ -1308,7 +1746,13 @@ impl GpuState {
     }
 
     /// Routed experts (+ shared) of xn rows 0..n; result in `proj`. `ti`: the open timer of the
-    /// layer's pre-MoE segment (closed before the router sync).
+    /// layer's pre-MoE segment (closed before any host round trip).
+    ///
+    /// Routing runs on the device (kernels.cu `route`, the CPU's `route_token`); when every
+    /// expert of the layer is in the VRAM pool the job list is built there too and nothing
+    /// waits for the host. Otherwise the selection is downloaded, hits run in one launch and
+    /// misses are staged from the RAM cache. Both paths order assignments the same way, and
+    /// every GPU placement routes with the same kernel, so tokens do not depend on placement.
     fn moe(
         &mut self,
         model: &Model<'_>,
@@ -1323,102 +1767,63 @@ impl GpuState {
         let GFfn::Moe(gm) = &self.layers[l].ffn else {
             return Ok(());
         };
-        let (mo, router, shared) = (gm.geo, gm.router, gm.shared);
+        let (mo, router, shared, bias) = (gm.geo, gm.router, gm.shared, gm.bias);
         self.mm(&router, self.bufs.xn.ptr, h, n, self.bufs.router.ptr, e)?;
-        self.timer_stop(ti, compute, false)?;
-        // SAFETY: the pinned router buffer holds batch x E floats, untouched until the sync.
-        unsafe {
-            self.gpu.download_async(
-                self.host.router.as_mut_slice().as_mut_ptr(),
-                self.bufs.router.ptr,
-                4 * n * e,
+        if self.device_route {
+            let r = &cfg.routing;
+            // Not through `launch`: routing leaves the quantized xn (the router's input, the
+            // experts' too) valid.
+            self.gpu.launch(
+                self.small.route,
+                (n as u32, 1, 1),
+                32,
+                (8 * e) as u32,
                 compute,
+                &[
+                    self.bufs.router.ptr.into(),
+                    (e as i32).into(),
+                    (k as i32).into(),
+                    bias.map_or(0, |b| self.wa(b)).into(),
+                    i32::from(r.sigmoid).into(),
+                    (r.n_group as i32).into(),
+                    (r.topk_group as i32).into(),
+                    i32::from(r.norm_topk_prob).into(),
+                    r.scale.into(),
+                    self.bufs.sel.ptr.into(),
+                    self.bufs.selw.ptr.into(),
+                ],
             )?;
         }
-        self.gpu.sync(compute)?;
-        self.harvest()?;
-
-        // Routing on the host, by the CPU model's own code.
-        st.router[..n * e].copy_from_slice(&self.host.router.f32s()[..n * e]);
-        let bias = match &model.weights.layers[l].ffn {
-            Ffn::Moe(m) => m.score_bias.as_deref(),
-            Ffn::Dense(_) => None,
-        };
-        model.select_experts(st, n, bias);
-        st.experts_run += st.needed.len();
-        // Assignments in needed order: expert ex owns a0[ex]..a0[ex]+cnt.
-        let mut cursor = 0;
-        {
-            let (tok, dst) = (self.host.tok.i32s_mut(), self.host.dst.i32s_mut());
-            for &ex in &st.needed {
-                for &(t, slot) in &st.groups[ex] {
-                    tok[cursor] = t as i32;
-                    dst[cursor] = (t as usize * k + slot as usize) as i32;
-                    cursor += 1;
-                }
+        if self.device_route && self.layer_ready[mo.idx] {
+            self.gpu.launch(
+                self.small.build_jobs,
+                (1, 1, 1),
+                (e as u32).next_multiple_of(32),
+                (12 * e) as u32,
+                compute,
+                &[
+                    self.bufs.sel.ptr.into(),
+                    (n as i32).into(),
+                    (k as i32).into(),
+                    (e as i32).into(),
+                    self.bufs.etab.at(mo.idx * e * 24).into(),
+                    self.bufs.jobs.ptr.into(),
+                    self.bufs.tok.ptr.into(),
+                    self.bufs.dst.ptr.into(),
+                    self.bufs.njobs.ptr.into(),
+                    self.bufs.stat.ptr.into(),
+                ],
+            )?;
+            self.timer_stop(ti, compute, false)?;
+            if !self.capturing {
+                self.pool.count_hits((n * k) as u64);
             }
-        }
-        self.host.selw.f32s_mut()[..n * k].copy_from_slice(&st.selw[..n * k]);
-        // SAFETY: the pinned assignment buffers are not rewritten before the next router sync.
-        unsafe {
-            self.gpu.upload_async(
-                self.bufs.tok.ptr,
-                self.host.tok.as_slice().as_ptr(),
-                4 * cursor,
-                compute,
-            )?;
-            self.gpu.upload_async(
-                self.bufs.dst.ptr,
-                self.host.dst.as_slice().as_ptr(),
-                4 * cursor,
-                compute,
-            )?;
-            self.gpu.upload_async(
-                self.bufs.selw.ptr,
-                self.host.selw.as_slice().as_ptr(),
-                4 * n * k,
-                compute,
-            )?;
-        }
-
-        // VRAM hits first: one launch for all of them.
-        self.pool.begin_step();
-        let mut j = 0;
-        let mut a0 = 0;
-        self.misses.clear();
-        self.hits.clear();
-        for i in 0..st.needed.len() {
-            let ex = st.needed[i];
-            let cnt = st.groups[ex].len();
-            match self.pool.lookup(mo.idx, ex) {
-                Some(slot) => {
-                    self.write_job(j, slot, a0, cnt);
-                    self.hits.push(ex);
-                    j += 1;
-                }
-                None => self.misses.push((ex, a0, cnt)),
-            }
-            a0 += cnt;
-        }
-        self.launch_jobs(&mo, 0, j, h)?;
-        if let Some(c) = &st.expert_cache {
-            c.record_usage(l, &self.hits);
-        }
-        let misses = std::mem::take(&mut self.misses);
-
-        // Misses: through the RAM cache, in waves that fit both its free slots and the pool's.
-        if !misses.is_empty() {
-            let Some(mut cache) = st.expert_cache.take() else {
-                return Err(ModelError::Gpu(GpuError::Config(
-                    "expert not in VRAM and no RAM expert cache attached".into(),
-                )));
-            };
-            let r = self.stage_misses(&mut cache, l, &mo, &misses, j, h);
-            st.expert_cache = Some(cache);
-            self.misses = misses;
-            r?;
+            let jobs = self.bufs.jobs.ptr;
+            let nj = self.bufs.njobs.ptr;
+            self.run_jobs(&mo, jobs, e.min(n * k), nj, n, (0, n * k), h)?;
         } else {
-            self.misses = misses;
+            self.timer_stop(ti, compute, false)?;
+            self.moe_host(model, st, l, n, &mo)?;
         }
 
         // Combine in slot order, then the shared experts.
@@ -1445,6 +1850,201 @@ impl GpuState {
         Ok(())
     }
 
+    /// The MoE step with a host round trip: the selection (device-routed, else routed here by
+    /// the CPU model's code) comes to the host, hits run in one launch, misses are staged.
+    fn moe_host(
+        &mut self,
+        model: &Model<'_>,
+        st: &mut State,
+        l: usize,
+        n: usize,
+        mo: &MoeGeo,
+    ) -> Result<(), ModelError> {
+        let (h, e, k) = (
+            model.cfg.hidden,
+            model.cfg.n_experts,
+            model.cfg.n_experts_used,
+        );
+        let compute = Stream::Compute;
+        let mo = *mo;
+        if self.device_route {
+            // SAFETY: the pinned selection buffer holds batch x k ints, untouched until the sync.
+            unsafe {
+                self.gpu.download_async(
+                    self.host.sel.as_mut_slice().as_mut_ptr(),
+                    self.bufs.sel.ptr,
+                    4 * n * k,
+                    compute,
+                )?;
+            }
+            self.gpu.sync(compute)?;
+            self.harvest()?;
+            st.groups.iter_mut().for_each(Vec::clear);
+            let sel = self.host.sel.i32s_mut();
+            for i in 0..n {
+                for slot in 0..k {
+                    let ex = sel[i * k + slot] as usize;
+                    if ex >= e {
+                        return Err(ModelError::Gpu(GpuError::Config(format!(
+                            "layer {l}: the device router chose expert {ex} of {e}"
+                        ))));
+                    }
+                    st.groups[ex].push((i as u32, slot as u32));
+                }
+            }
+            st.needed.clear();
+            for ex in 0..e {
+                if !st.groups[ex].is_empty() {
+                    st.needed.push(ex);
+                }
+            }
+        } else {
+            // SAFETY: the pinned router buffer holds batch x E floats, untouched until the sync.
+            unsafe {
+                self.gpu.download_async(
+                    self.host.router.as_mut_slice().as_mut_ptr(),
+                    self.bufs.router.ptr,
+                    4 * n * e,
+                    compute,
+                )?;
+            }
+            self.gpu.sync(compute)?;
+            self.harvest()?;
+            st.router[..n * e].copy_from_slice(&self.host.router.f32s()[..n * e]);
+            let bias = match &model.weights.layers[l].ffn {
+                Ffn::Moe(m) => m.score_bias.as_deref(),
+                Ffn::Dense(_) => None,
+            };
+            model.select_experts(st, n, bias);
+            self.host.selw.f32s_mut()[..n * k].copy_from_slice(&st.selw[..n * k]);
+        }
+        st.experts_run += st.needed.len();
+        // Assignments in needed order: expert ex owns a0[ex]..a0[ex]+cnt.
+        let mut cursor = 0;
+        {
+            let (tok, dst) = (self.host.tok.i32s_mut(), self.host.dst.i32s_mut());
+            for &ex in &st.needed {
+                for &(t, slot) in &st.groups[ex] {
+                    tok[cursor] = t as i32;
+                    dst[cursor] = (t as usize * k + slot as usize) as i32;
+                    cursor += 1;
+                }
+            }
+        }
+        // SAFETY: the pinned assignment buffers are not rewritten before the next router sync.
+        unsafe {
+            self.gpu.upload_async(
+                self.bufs.tok.ptr,
+                self.host.tok.as_slice().as_ptr(),
+                4 * cursor,
+                compute,
+            )?;
+            self.gpu.upload_async(
+                self.bufs.dst.ptr,
+                self.host.dst.as_slice().as_ptr(),
+                4 * cursor,
+                compute,
+            )?;
+            if !self.device_route {
+                self.gpu.upload_async(
+                    self.bufs.selw.ptr,
+                    self.host.selw.as_slice().as_ptr(),
+                    4 * n * k,
+                    compute,
+                )?;
+            }
+        }
+
+        // VRAM hits first: one launch for all of them.
+        self.pool.begin_step();
+        let mut j = 0;
+        let mut a0 = 0;
+        let (mut lo, mut hi) = (usize::MAX, 0);
+        self.misses.clear();
+        self.hits.clear();
+        for i in 0..st.needed.len() {
+            let ex = st.needed[i];
+            let cnt = st.groups[ex].len();
+            match self.pool.lookup(mo.idx, ex) {
+                Some(slot) => {
+                    self.write_job(j, slot, a0, cnt);
+                    self.hits.push(ex);
+                    (lo, hi) = (lo.min(a0), hi.max(a0 + cnt));
+                    j += 1;
+                }
+                None => self.misses.push((ex, a0, cnt)),
+            }
+            a0 += cnt;
+        }
+        self.launch_jobs(&mo, 0, j, n, (lo.min(hi), hi.saturating_sub(lo)), h)?;
+        if let Some(c) = &st.expert_cache {
+            c.record_usage(l, &self.hits);
+        }
+        // A pool with a slot for every expert of the layer takes them all now (as misses with
+        // no assignments), so the layer runs on device-built job lists from the next forward.
+        if self.device_route && !self.layer_ready[mo.idx] && self.pool.slots(mo.idx) >= e {
+            for ex in 0..e {
+                if st.groups[ex].is_empty() && !self.pool.holds(mo.idx, ex) {
+                    self.misses.push((ex, a0, 0));
+                }
+            }
+        }
+        let misses = std::mem::take(&mut self.misses);
+
+        // Misses: through the RAM cache, in waves that fit both its free slots and the pool's.
+        if !misses.is_empty() {
+            let Some(mut cache) = st.expert_cache.take() else {
+                return Err(ModelError::Gpu(GpuError::Config(
+                    "expert not in VRAM and no RAM expert cache attached".into(),
+                )));
+            };
+            let r = self.stage_misses(&mut cache, l, &mo, &misses, j, n, h);
+            st.expert_cache = Some(cache);
+            self.misses = misses;
+            r?;
+        } else {
+            self.misses = misses;
+        }
+        self.mark_ready(mo.idx, e)?;
+        Ok(())
+    }
+
+    /// Once every expert of MoE layer `idx` is in the pool (never evicted again: the pool has
+    /// a slot for each), writes the layer's pointer table to the device and marks it ready.
+    fn mark_ready(&mut self, idx: usize, e: usize) -> Result<(), GpuError> {
+        if self.layer_ready[idx] || !self.device_route || self.experts_per_layer[idx] != e {
+            return Ok(());
+        }
+        let Some(slots) = self.pool.all_resident(idx) else {
+            return Ok(());
+        };
+        let sb = self.pool.slot_bytes() as usize;
+        let base = idx * e * 24;
+        {
+            let tab = &mut self.host.etab.as_mut_slice()[base..base + e * 24];
+            for (ex, &slot) in slots.iter().enumerate() {
+                let at = self.pool_mem.at(slot * sb);
+                for (p, off) in self.slot_offs[slot].iter().enumerate() {
+                    let o = 24 * ex + 8 * p;
+                    tab[o..o + 8].copy_from_slice(&(at + *off as u64).to_le_bytes());
+                }
+            }
+        }
+        // SAFETY: this layer's section of the pinned table is written once, here, and never
+        // again (the layer stays ready), so it is stable while the copy is in flight.
+        unsafe {
+            self.gpu.upload_async(
+                self.bufs.etab.at(base),
+                self.host.etab.as_slice()[base..].as_ptr(),
+                e * 24,
+                Stream::Compute,
+            )?;
+        }
+        self.layer_ready[idx] = true;
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn stage_misses(
         &mut self,
         cache: &mut crate::experts::ExpertCache,
@@ -1452,6 +2052,7 @@ impl GpuState {
         mo: &MoeGeo,
         misses: &[(usize, usize, usize)],
         mut j: usize,
+        n: usize,
         h: usize,
     ) -> Result<(), ModelError> {
         let ram_cap = cache.slots(l).max(1);
@@ -1481,8 +2082,16 @@ impl GpuState {
                     return Err(e.into());
                 }
                 let mut registered: Vec<usize> = Vec::new();
-                let r =
-                    self.stage_wave(cache, l, mo, &misses[start..i], &mut j, h, &mut registered);
+                let r = self.stage_wave(
+                    cache,
+                    l,
+                    mo,
+                    &misses[start..i],
+                    &mut j,
+                    n,
+                    h,
+                    &mut registered,
+                );
                 // Copies from the RAM slots must land before the cache may reuse them.
                 let synced = self.gpu.sync(Stream::Copy);
                 let t = Instant::now();
@@ -1509,6 +2118,7 @@ impl GpuState {
         mo: &MoeGeo,
         wave: &[(usize, usize, usize)],
         j: &mut usize,
+        n: usize,
         h: usize,
         registered: &mut Vec<usize>,
     ) -> Result<(), ModelError> {
@@ -1578,7 +2188,7 @@ impl GpuState {
             self.stats.experts_h2d += 1;
             self.gpu.wait(compute, &self.timers.events[tc + 1])?;
             self.write_job(*j, a.slot, a0, cnt);
-            self.launch_jobs(mo, *j, 1, h)?;
+            self.launch_jobs(mo, *j, 1, n, (a0, cnt), h)?;
             *j += 1;
         }
         Ok(())
@@ -1654,6 +2264,63 @@ pub mod check {
             ],
         )?;
         download_f32(&gpu, &yd, n * rows)
+    }
+
+    /// y (n x rows) = x (n x cols) * W^T with the int8-activation kernel of `d` (x quantized
+    /// per 32 values on the device first); `None` if the type has none.
+    pub fn matmul_q8(
+        d: DType,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+        n: usize,
+    ) -> Result<Option<Vec<f32>>, GpuError> {
+        if !Q8_TYPES.contains(&d) {
+            return Ok(None);
+        }
+        let gpu = Gpu::open()?;
+        let f = kernel(&gpu, d, "mmq")?;
+        let quant = gpu.function("quantize_q8")?;
+        let wd = upload_new(&gpu, w)?;
+        let xd = upload_new(&gpu, &f32_bytes(x))?;
+        let xq = gpu.alloc(n * cols)?;
+        let xs = gpu.alloc(4 * n * cols / 32)?;
+        let yd = gpu.alloc(4 * n * rows)?;
+        gpu.launch(
+            quant,
+            (((n * cols / 32) as u32).div_ceil(8), 1, 1),
+            256,
+            0,
+            Stream::Compute,
+            &[
+                xd.ptr.into(),
+                (cols as i32).into(),
+                (cols as i32).into(),
+                (n as i32).into(),
+                xq.ptr.into(),
+                xs.ptr.into(),
+            ],
+        )?;
+        gpu.launch(
+            f,
+            ((rows as u32).div_ceil(WARPS), 1, 1),
+            32 * WARPS,
+            0,
+            Stream::Compute,
+            &[
+                wd.ptr.into(),
+                ((w.len() / rows) as i64).into(),
+                (rows as i32).into(),
+                (cols as i32).into(),
+                xq.ptr.into(),
+                xs.ptr.into(),
+                (n as i32).into(),
+                yd.ptr.into(),
+                (rows as i32).into(),
+            ],
+        )?;
+        download_f32(&gpu, &yd, n * rows).map(Some)
     }
 
     /// Rows `ids` of W (rows x cols), dequantized by the GPU embedding kernel of `d`.

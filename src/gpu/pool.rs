@@ -133,6 +133,31 @@ impl VramPool {
         self.wave += 1;
     }
 
+    /// The global slots of every expert of layer `l`, if all of them are resident (then, with
+    /// at least as many slots as experts, none is ever evicted again).
+    pub fn all_resident(&self, l: usize) -> Option<Vec<usize>> {
+        let ly = self.layers.get(l)?;
+        if ly.owner.len() < ly.slot_of.len() {
+            return None;
+        }
+        ly.slot_of
+            .iter()
+            .map(|s| s.map(|s| ly.base + s as usize))
+            .collect()
+    }
+
+    /// Whether expert `e` of layer `l` is in the pool (no use is recorded).
+    pub fn holds(&self, l: usize, e: usize) -> bool {
+        self.layers
+            .get(l)
+            .is_some_and(|ly| ly.slot_of.get(e).is_some_and(Option::is_some))
+    }
+
+    /// Counts `n` selections served from the pool without a lookup (device-built job lists).
+    pub fn count_hits(&mut self, n: u64) {
+        self.hits += n;
+    }
+
     /// The slot holding expert `e` of layer `l`, marking it used now.
     pub fn lookup(&mut self, l: usize, e: usize) -> Option<usize> {
         let ly = self.layers.get_mut(l)?;
@@ -203,6 +228,25 @@ impl VramPool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn all_resident_only_when_every_expert_has_a_slot() {
+        let mut p = VramPool::new(&[3], 3, 1, &[]);
+        assert_eq!(p.all_resident(0), None);
+        for e in 0..3 {
+            p.begin_step();
+            assert!(p.assign(0, e).is_some());
+        }
+        let slots = p.all_resident(0).unwrap();
+        assert_eq!(slots.len(), 3);
+        let mut sorted = slots.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted.len(), 3);
+        // Fewer slots than experts: never all resident.
+        let q = VramPool::new(&[4], 2, 1, &[]);
+        assert_eq!(q.all_resident(0), None);
+    }
+
     use super::*;
 
     #[test]
