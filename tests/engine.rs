@@ -24,7 +24,7 @@ fn cache() -> PathBuf {
 
 fn default_model() -> PathBuf {
     std::env::set_var("SLUICE_CACHE_DIR", cache());
-    sluice::default_model::ensure().unwrap()
+    sluice::default_model::ensure_random().unwrap()
 }
 
 fn fixture(family: &str) -> PathBuf {

@@ -63,12 +63,13 @@ fn jobs_equal_single_products_bit_for_bit() {
                 })
                 .collect();
             for p in [None, Some(&pool)] {
-                let mut acts: Vec<Acts> = views
+                let acts: Vec<Acts> = views
                     .iter()
                     .zip(&xs)
                     .map(|(w, x)| {
                         let mut a = Acts::new();
                         a.load(x, t_rows, w.cols);
+                        kernels::prepare_for(w.dtype, &mut a).unwrap();
                         a
                     })
                     .collect();
@@ -76,11 +77,19 @@ fn jobs_equal_single_products_bit_for_bit() {
                     .iter()
                     .map(|w| vec![f32::NAN; t_rows * w.rows])
                     .collect();
-                let mut jobs: Vec<MatJob<'_, '_>> = views
+                let mut jobs: Vec<Option<MatJob<'_, '_>>> = views
                     .iter()
-                    .zip(acts.iter_mut())
+                    .zip(acts.iter())
                     .zip(ys.iter_mut())
-                    .map(|((w, acts), y)| MatJob { w, acts, y })
+                    .map(|((w, acts), y)| {
+                        Some(MatJob {
+                            w,
+                            acts,
+                            row0: 0,
+                            rows: t_rows,
+                            y,
+                        })
+                    })
                     .collect();
                 kernels::matmul_jobs(&mut jobs, p, isa).unwrap();
                 for (j, (got, want)) in ys.iter().zip(&want).enumerate() {
@@ -104,12 +113,41 @@ fn jobs_refuse_bad_shapes_and_too_many() {
     quantize(DType::Q8_0, &values(64 * 32, 1), &mut b).unwrap();
     let w = WeightView::new(DType::Q8_0, &b, 64, 32).unwrap();
     let mut a = Acts::new();
-    a.load(&values(32, 2), 1, 32);
+    a.load(&values(64, 2), 2, 32);
     let mut y = vec![0.0; 63];
-    let mut jobs = [MatJob {
+    // Wrong output size; then activations not prepared; then rows past the activations.
+    let mut jobs = [Some(MatJob {
         w: &w,
-        acts: &mut a,
+        acts: &a,
+        row0: 0,
+        rows: 1,
         y: &mut y,
-    }];
+    })];
     assert!(kernels::matmul_jobs(&mut jobs, None, Isa::detect()).is_err());
+    let mut y = vec![0.0; 64];
+    let mut jobs = [Some(MatJob {
+        w: &w,
+        acts: &a,
+        row0: 1,
+        rows: 1,
+        y: &mut y,
+    })];
+    assert!(kernels::matmul_jobs(&mut jobs, None, Isa::detect()).is_err());
+    kernels::prepare_for(DType::Q8_0, &mut a).unwrap();
+    let mut jobs = [Some(MatJob {
+        w: &w,
+        acts: &a,
+        row0: 2,
+        rows: 1,
+        y: &mut y,
+    })];
+    assert!(kernels::matmul_jobs(&mut jobs, None, Isa::detect()).is_err());
+    let mut jobs = [Some(MatJob {
+        w: &w,
+        acts: &a,
+        row0: 1,
+        rows: 1,
+        y: &mut y,
+    })];
+    kernels::matmul_jobs(&mut jobs, None, Isa::detect()).unwrap();
 }

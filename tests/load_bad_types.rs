@@ -116,6 +116,12 @@ fn shape_not_whole_blocks_is_one_line() {
 
 #[test]
 fn shape_not_matching_config_is_one_line() {
+    // Shrinking a tensor's shape in the header leaves its bytes where they were: the reader's
+    // layout check (tensors packed one after another, as llama.cpp requires) names the first
+    // tensor whose data no longer starts where the shapes say, before any shape is bound.
     let p = patched("short-shape", "blk.0.attn_output.weight", None, Some(96));
-    refused(&p, &["blk.0.attn_output.weight", "[256, 96]", "[256, 128]"]);
+    refused(
+        &p,
+        &["short-shape.gguf", "data offset", "general.alignment"],
+    );
 }

@@ -100,13 +100,13 @@ fn setup(
 /// row. One activation row (decode) makes this the plain row loop.
 fn rows_range(
     w: &WeightView<'_>,
-    acts: &Acts,
+    (acts, a0, t_rows): (&Acts, usize, usize),
     (dot, dot4): (DotFn, Option<Dot4Fn>),
     r0: usize,
     r1: usize,
     out: &mut dyn FnMut(usize, f32),
 ) {
-    let (n_rows, t_rows) = (w.rows, acts.rows());
+    let n_rows = w.rows;
     let rb = w.row_bytes();
     let tile = (TILE_BYTES / rb.max(1)).max(1);
     let mut t0 = r0;
@@ -132,7 +132,7 @@ fn rows_range(
             }
         }
         for t in t..t_rows {
-            let a = acts.row(t);
+            let a = acts.row(a0 + t);
             for r in t0..t1 {
                 out(t * n_rows + r, dot(&w.bytes[r * rb..(r + 1) * rb], &a));
             }
@@ -156,7 +156,9 @@ pub fn matmul(
     let threads = pool.map(|p| p.current_num_threads()).unwrap_or(1);
     let total_bytes = w.bytes.len() * acts.rows().max(1);
     if threads <= 1 || total_bytes < 256 * 1024 || n_rows < 2 {
-        rows_range(w, acts, dots, 0, n_rows, &mut |i, v| y[i] = v);
+        rows_range(w, (acts, 0, acts.rows()), dots, 0, n_rows, &mut |i, v| {
+            y[i] = v
+        });
         return Ok(());
     }
     // Enough chunks to balance load across uneven cores, few enough to keep overhead low.
@@ -168,7 +170,7 @@ pub fn matmul(
             let yp = &yp;
             let r0 = c * chunk;
             let r1 = (r0 + chunk).min(n_rows);
-            rows_range(w, acts, dots, r0, r1, &mut |i, v| {
+            rows_range(w, (acts, 0, acts.rows()), dots, r0, r1, &mut |i, v| {
                 // SAFETY: i = t*n_rows + r < y.len() (checked in `setup`); weight row r
                 // belongs to exactly one chunk, so no two tasks write the same element.
                 unsafe { *yp.0.add(i) = v }
@@ -182,24 +184,34 @@ pub fn matmul(
     Ok(())
 }
 
-/// One product of [`matmul_jobs`]: `y` = `acts` x `w`^T.
+/// One product of [`matmul_jobs`]: `y` = rows `row0..row0 + rows` of `acts` x `w`^T.
 pub struct MatJob<'j, 'w> {
     pub w: &'j WeightView<'w>,
-    pub acts: &'j mut Acts,
+    /// Prepared in `w`'s activation format (`prepare_for`); jobs may share it.
+    pub acts: &'j Acts,
+    pub row0: usize,
+    pub rows: usize,
     pub y: &'j mut [f32],
 }
 
 /// Most products one [`matmul_jobs`] call runs.
 pub const MAX_JOBS: usize = 64;
 
+/// Prepare `acts` for weights of `dtype` (what `matmul` does itself; `matmul_jobs` needs it
+/// done first, since its jobs may share activations).
+pub fn prepare_for(dtype: crate::dtype::DType, acts: &mut Acts) -> Result<(), KernelError> {
+    acts.prepare(kernels_for(dtype)?.act);
+    Ok(())
+}
+
 /// Several independent products in one parallel region: the rows of every job are cut into
 /// chunks and all chunks go to the pool together, so there is one join for all of them instead
 /// of one per product (decode runs a layer's experts this way: small products, many threads).
-/// Each output element has the bits `matmul` gives it. Jobs may share no output; a job's
-/// activations are prepared here (several jobs may use equal activations in separate `Acts`).
+/// Each output element has the bits `matmul` gives it on the same activation row. Jobs may
+/// share activations but no output; `None` entries are skipped (callers fill fixed arrays).
 /// Allocates nothing.
 pub fn matmul_jobs(
-    jobs: &mut [MatJob<'_, '_>],
+    jobs: &mut [Option<MatJob<'_, '_>>],
     pool: Option<&rayon::ThreadPool>,
     isa: Isa,
 ) -> Result<(), KernelError> {
@@ -210,36 +222,79 @@ pub fn matmul_jobs(
         )));
     }
     let mut dots: [Option<(DotFn, Option<Dot4Fn>)>; MAX_JOBS] = [None; MAX_JOBS];
-    for (j, job) in jobs.iter_mut().enumerate() {
-        dots[j] = Some(setup(job.w, job.acts, job.y.len(), isa)?);
+    for (j, job) in jobs.iter().enumerate() {
+        let Some(job) = job else { continue };
+        let k = kernels_for(job.w.dtype)?;
+        check_len(
+            "weight matrix",
+            job.w.dtype,
+            job.w.rows * job.w.cols,
+            job.w.bytes.len(),
+        )?;
+        if job.acts.cols() != job.w.cols || job.row0 + job.rows > job.acts.rows() {
+            return Err(KernelError::Shape(format!(
+                "job {j}: activation rows {}..{} of {}x{} against a weight of {} columns",
+                job.row0,
+                job.row0 + job.rows,
+                job.acts.rows(),
+                job.acts.cols(),
+                job.w.cols
+            )));
+        }
+        if job.y.len() != job.rows * job.w.rows {
+            return Err(KernelError::Shape(format!(
+                "job {j}: output has {} elements, expected {}x{}",
+                job.y.len(),
+                job.rows,
+                job.w.rows
+            )));
+        }
+        if !job.acts.is_prepared(k.act) {
+            return Err(KernelError::Shape(format!(
+                "job {j}: activations not prepared as {:?}",
+                k.act
+            )));
+        }
+        dots[j] = Some((dot_fn(job.w.dtype, isa)?, dot4_fn(job.w.dtype, isa)));
     }
     let threads = pool.map(|p| p.current_num_threads()).unwrap_or(1);
     // Chunk sizes and the first chunk of each job (prefix sums), on the stack.
     let mut chunk = [0usize; MAX_JOBS];
     let mut first = [0usize; MAX_JOBS + 1];
-    let mut outs = [(SyncPtr(std::ptr::null_mut()), 0usize); MAX_JOBS];
+    let mut outs = [SyncPtr(std::ptr::null_mut()); MAX_JOBS];
     for (j, job) in jobs.iter_mut().enumerate() {
+        first[j + 1] = first[j];
+        let Some(job) = job else { continue };
         chunk[j] = (job.w.rows / (threads * 2)).clamp(8, 4096);
-        first[j + 1] = first[j] + job.w.rows.div_ceil(chunk[j]);
-        outs[j] = (SyncPtr(job.y.as_mut_ptr()), job.y.len());
+        first[j + 1] += job.w.rows.div_ceil(chunk[j]);
+        outs[j] = SyncPtr(job.y.as_mut_ptr());
     }
     let n = jobs.len();
     let total = first[n];
     let jobs = &*jobs;
     let (dots, chunk, first, outs) = (&dots, &chunk, &first, &outs);
     let one = |c: usize| {
-        let j = (0..n).rfind(|&j| first[j] <= c).unwrap_or(0);
-        let job = &jobs[j];
+        // The job whose chunks hold c: the last with first[j] <= c < first[j + 1].
+        let Some(j) = (0..n).find(|&j| c < first[j + 1]) else {
+            return;
+        };
+        let Some(job) = &jobs[j] else { return };
         let r0 = (c - first[j]) * chunk[j];
         let r1 = (r0 + chunk[j]).min(job.w.rows);
-        let (yp, len) = &outs[j];
+        let yp = &outs[j];
         if let Some(d) = dots[j] {
-            rows_range(job.w, job.acts, d, r0, r1, &mut |i, v| {
-                debug_assert!(i < *len);
-                // SAFETY: i = t*rows + r < len (checked in `setup`); weight row r of job j
-                // belongs to exactly one chunk and jobs share no output.
-                unsafe { *yp.0.add(i) = v }
-            });
+            rows_range(
+                job.w,
+                (job.acts, job.row0, job.rows),
+                d,
+                r0,
+                r1,
+                &mut |i, v| {
+                    // SAFETY: i = t*rows + r < y.len() (checked above); weight row r of job j
+                    // belongs to exactly one chunk and jobs share no output.
+                    unsafe { *yp.0.add(i) = v }
+                },
+            );
         }
     };
     match pool {

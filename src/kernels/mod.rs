@@ -62,7 +62,7 @@ pub const QK: usize = crate::dtype::QK_K;
 pub use act::{ActFormat, ActRow, Acts, BlockQ8K, BlockQ8_32};
 pub use fp8::dequantize_fp8_block_scaled;
 pub use isa::Isa;
-pub use matmul::{matmul, matmul_jobs, MatJob, WeightView, MAX_JOBS};
+pub use matmul::{matmul, matmul_jobs, prepare_for, MatJob, WeightView, MAX_JOBS};
 pub use simd::{prefetch_distance, read_sweep, set_prefetch_distance, DEFAULT_PREFETCH};
 
 use crate::dtype::DType;

@@ -436,6 +436,88 @@ impl<'a> Model<'a> {
         Ok(())
     }
 
+    /// Whether `moe_one_token` applies: one token (decode), its experts' products fit one
+    /// `matmul_jobs` call and its gate/up/down rows fit the state's buffers.
+    fn one_token_experts_fit(&self, st: &State, n: usize) -> bool {
+        n == 1 && 2 * st.needed.len() <= kernels::MAX_JOBS && st.needed.len() <= st.batch()
+    }
+
+    /// Decode's routed experts (resident): every chosen expert's gate and up products in one
+    /// parallel region, then every down product in another, instead of a join per product.
+    /// Same dot per output element and the same activation quantization as `run_expert`, so
+    /// results are bit-identical to it; each expert's output lands in its top-k slot.
+    fn moe_one_token(&self, st: &mut State, m: &Moe<'_>) -> Result<(), ModelError> {
+        let (h, k, f) = (
+            self.cfg.hidden,
+            self.cfg.n_experts_used,
+            self.cfg.expert_ffn,
+        );
+        let (pool, isa) = (Some(&self.pool), self.isa);
+        let cnt = st.needed.len();
+        st.experts_run += cnt;
+        let mut views: [Option<&WeightView<'_>>; kernels::MAX_JOBS] = [None; kernels::MAX_JOBS];
+        st.acts.load(&st.xn[..h], 1, h);
+        for (j, &ex) in st.needed.iter().enumerate() {
+            views[2 * j] = Some(&m.experts[ex].gate);
+            views[2 * j + 1] = Some(&m.experts[ex].up);
+            kernels::prepare_for(m.experts[ex].gate.dtype, &mut st.acts)?;
+            kernels::prepare_for(m.experts[ex].up.dtype, &mut st.acts)?;
+        }
+        {
+            let acts = &st.acts;
+            let mut gate = st.gate[..cnt * f].chunks_exact_mut(f);
+            let mut up = st.up[..cnt * f].chunks_exact_mut(f);
+            let mut jobs: [Option<kernels::MatJob<'_, '_>>; kernels::MAX_JOBS] =
+                std::array::from_fn(|_| None);
+            for j in 0..cnt {
+                for (slot, y) in [(2 * j, gate.next()), (2 * j + 1, up.next())] {
+                    if let (Some(w), Some(y)) = (views[slot], y) {
+                        jobs[slot] = Some(kernels::MatJob {
+                            w,
+                            acts,
+                            row0: 0,
+                            rows: 1,
+                            y,
+                        });
+                    }
+                }
+            }
+            kernels::matmul_jobs(&mut jobs[..2 * cnt], pool, isa)?;
+        }
+        for (g, u) in st.gate[..cnt * f].iter_mut().zip(&st.up[..cnt * f]) {
+            *g = silu(*g) * u;
+        }
+        st.acts.load(&st.gate[..cnt * f], cnt, f);
+        for &ex in &st.needed {
+            kernels::prepare_for(m.experts[ex].down.dtype, &mut st.acts)?;
+        }
+        {
+            let acts = &st.acts;
+            let mut down = st.down[..cnt * h].chunks_exact_mut(h);
+            let mut jobs: [Option<kernels::MatJob<'_, '_>>; kernels::MAX_JOBS] =
+                std::array::from_fn(|_| None);
+            for (j, &ex) in st.needed.iter().enumerate() {
+                if let Some(y) = down.next() {
+                    jobs[j] = Some(kernels::MatJob {
+                        w: &m.experts[ex].down,
+                        acts,
+                        row0: j,
+                        rows: 1,
+                        y,
+                    });
+                }
+            }
+            kernels::matmul_jobs(&mut jobs[..cnt], pool, isa)?;
+        }
+        for (j, &ex) in st.needed.iter().enumerate() {
+            for &(t, slot) in &st.groups[ex] {
+                let dst = (t as usize * k + slot as usize) * h;
+                st.slot_out[dst..dst + h].copy_from_slice(&st.down[j * h..(j + 1) * h]);
+            }
+        }
+        Ok(())
+    }
+
     /// The needed experts through the streaming cache, in waves of at most the layer's
     /// evictable slots: all misses of a wave are read at once and each expert is computed as
     /// soon as its bytes land (hits first).
@@ -600,6 +682,7 @@ impl<'a> Model<'a> {
             None
         };
         let run = match streamed {
+            None if self.one_token_experts_fit(st, n) => self.moe_one_token(st, m),
             None => (0..st.needed.len()).try_for_each(|i| {
                 let ex = st.needed[i];
                 let xw = &m.experts[ex];
