@@ -122,6 +122,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         eprintln!("{verdict}");
     }
     eprintln!("{}", predicted_vs_measured(&engine.plan, stats.gen_tps()));
+    if let Some(line) = engine.check_disk_profile() {
+        eprintln!("{line}");
+    }
     if let Some(p) = &args.report.stats_json {
         let tmp = p.with_extension("json.tmp");
         std::fs::write(&tmp, serde_json::to_string_pretty(&stats_json(st, &stats))?)

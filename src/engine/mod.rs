@@ -354,4 +354,11 @@ impl Engine {
     pub fn save_usage(&self) -> Result<(), EngineError> {
         placement::save_usage(self.files, &self.session.st, &self.opts.experts)
     }
+
+    /// After a streamed run: this run's expert reads against the cached machine profile's
+    /// disk ceiling (`MachineProfile::check_run_reads`); a ceiling the run beat is raised and
+    /// saved. The line to print, if any.
+    pub fn check_disk_profile(&self) -> Option<String> {
+        placement::check_disk_profile(self.files, &self.session.st)
+    }
 }

@@ -426,3 +426,26 @@ fn attach(
     st.attach_gpu(gs);
     Ok(true)
 }
+
+/// See `Engine::check_disk_profile`. Only O_DIRECT reads count (buffered ones may come from
+/// the page cache, which says nothing about the disk).
+pub fn check_disk_profile(files: &ModelFiles, st: &State) -> Option<String> {
+    let cache = st.experts()?;
+    if cache.io_mode() != crate::experts::IoMode::Direct {
+        return None;
+    }
+    let s = cache.stats();
+    let o = crate::plan::ProbeOptions::for_model(files);
+    let cpu = crate::plan::probe_cpu::probe();
+    let key = crate::plan::profile_key(&o.storage_dir, &cpu).ok()?;
+    let path = crate::plan::profile_path(&o.cache_dir, &key);
+    let mut p = crate::plan::read_profile(&path).filter(|p| p.key == key && p.cpu == cpu)?;
+    let before = p.storage.raised_by_run.clone();
+    let line = p.check_run_reads(cache.slot_bytes(), s.bytes_read, s.read_secs)?;
+    if p.storage.raised_by_run != before {
+        if let Err(e) = crate::plan::write_profile(&path, &p) {
+            return Some(format!("[plan] {line} (saving {}: {e})", path.display()));
+        }
+    }
+    Some(format!("[plan] {line}"))
+}
