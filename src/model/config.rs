@@ -421,7 +421,11 @@ impl ModelConfig {
                 key("attention.clamp_kqv")
             )));
         }
-        let default_norm = !matches!(family, Family::Olmoe);
+        // llama.cpp's graphs renormalise the top-k weights always for qwen3moe and Mixtral,
+        // never for olmoe, and for deepseek2/deepseek32/glm4moe only when
+        // `expert_weights_norm` says so: their loaders read a missing key as false (the
+        // converter omits it when the checkpoint's `norm_topk_prob` is false).
+        let default_norm = matches!(family, Family::Qwen3Moe | Family::Mixtral);
         let cfg = ModelConfig {
             family,
             vocab,
@@ -874,6 +878,62 @@ mod tests {
         let mut v: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
         edit(&mut v);
         ModelConfig::from_hf(&v)
+    }
+
+    /// A metadata-only GGUF of `arch` (enough keys for the config reader) plus `extra`.
+    fn gguf_config(arch: &str, extra: &[(&str, MetaValue)]) -> ModelConfig {
+        use crate::format::GgufWriter;
+        let dir = std::env::temp_dir().join(format!(
+            "sluice-config-test-{}-{arch}-{}",
+            std::process::id(),
+            extra.len()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("m.gguf");
+        let mut w = GgufWriter::new(&path).unwrap();
+        w.add_meta("general.architecture", MetaValue::String(arch.into()))
+            .unwrap();
+        let u = |x: u32| MetaValue::U32(x);
+        let mut keys: Vec<(&str, MetaValue)> = vec![
+            ("block_count", u(2)),
+            ("embedding_length", u(32)),
+            ("feed_forward_length", u(64)),
+            ("expert_feed_forward_length", u(32)),
+            ("attention.head_count", u(4)),
+            ("attention.head_count_kv", u(4)),
+            ("attention.key_length", u(48)),
+            ("attention.value_length", u(32)),
+            ("expert_count", u(8)),
+            ("expert_used_count", u(2)),
+            ("vocab_size", u(320)),
+            ("rope.dimension_count", u(16)),
+        ];
+        if arch == "deepseek2" {
+            keys.push(("attention.kv_lora_rank", u(32)));
+        }
+        keys.extend(extra.iter().cloned());
+        for (k, v) in keys {
+            w.add_meta(&format!("{arch}.{k}"), v).unwrap();
+        }
+        w.finish().unwrap();
+        let files = ModelFiles::open(&path).unwrap();
+        let c = ModelConfig::from_files(&files).unwrap();
+        std::fs::remove_dir_all(&dir).ok();
+        c
+    }
+
+    #[test]
+    fn gguf_expert_weights_norm_defaults_as_llama_cpp() {
+        // deepseek2 / glm4moe: llama.cpp reads a missing `expert_weights_norm` as false (its
+        // converter leaves the key out when norm_topk_prob is false).
+        for arch in ["deepseek2", "glm4moe"] {
+            assert!(!gguf_config(arch, &[]).routing.norm_topk_prob, "{arch}");
+            let on = gguf_config(arch, &[("expert_weights_norm", MetaValue::Bool(true))]);
+            assert!(on.routing.norm_topk_prob, "{arch}");
+        }
+        // qwen3moe always renormalises in llama.cpp's graph; olmoe never does.
+        assert!(gguf_config("qwen3moe", &[]).routing.norm_topk_prob);
+        assert!(!gguf_config("olmoe", &[]).routing.norm_topk_prob);
     }
 
     #[test]
