@@ -99,6 +99,14 @@ pub fn setup_gpu_notes(
         off("--mtp runs on the CPU path");
         return Ok(false);
     }
+    // gpt-oss (attention sinks, per-layer windows, biased clamped-SwiGLU experts): CPU only.
+    if model.cfg.family == crate::model::Family::GptOss {
+        if want == Want::On {
+            anyhow::bail!("--gpu on: gpt-oss runs on the CPU only (the GPU forward has no attention sinks, per-layer sliding windows or biased clamped-SwiGLU experts); use --gpu off");
+        }
+        off("gpt-oss runs on the CPU only");
+        return Ok(false);
+    }
     if st.experts().is_some_and(|c| c.prefetching()) {
         if want == Want::On {
             anyhow::bail!("--prefetch with --gpu on: expert prefetch runs only on the CPU path; drop --prefetch or use --gpu off");

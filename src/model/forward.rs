@@ -6,8 +6,9 @@
 //! depend on the order in which experts are computed (or, later, arrive from disk).
 
 use super::blocks::{axpy, dot, rmsnorm, rmsnorm_inplace, silu, softmax, top_k};
-use super::config::{AttnKind, ModelConfig, QkNorm};
-use super::weights::{Attention, Ffn, Gqa, HeadMat, Layer, Mla, Mlp, Moe};
+use super::config::{AttnKind, ExpertAct, ModelConfig, QkNorm};
+use super::gptoss;
+use super::weights::{Attention, ExpertBias, Ffn, Gqa, HeadMat, Layer, Mla, Mlp, Moe};
 use super::{Model, ModelError};
 use crate::experts::ExpertCache;
 use crate::kernels::{self, Acts, Isa, WeightView};
@@ -487,8 +488,9 @@ impl<'a> Model<'a> {
         for i in 0..n {
             // Causal: positions first..=pos+i; a sliding window keeps the last W of them.
             let len = st.pos + i + 1;
-            let first = cfg.sliding_window.map_or(0, |w| len.saturating_sub(w));
+            let first = cfg.window(l).map_or(0, |w| len.saturating_sub(w));
             let q = &st.q[i * qd..(i + 1) * qd];
+            let sinks = a.sinks.as_deref();
             let out = &mut st.att[i * qd..(i + 1) * qd];
             let head = |(hh, (o, sc)): (usize, (&mut [f32], &mut [f32]))| {
                 let qh = &q[hh * hd..(hh + 1) * hd];
@@ -497,7 +499,10 @@ impl<'a> Model<'a> {
                 for (j, s) in (first..).zip(sc.iter_mut()) {
                     *s = dot(qh, &layer_k[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd]) * scale;
                 }
-                softmax(sc);
+                match sinks {
+                    Some(sk) => gptoss::softmax_with_sink(sc, sk[hh]),
+                    None => softmax(sc),
+                }
                 o.fill(0.0);
                 for (j, s) in (first..).zip(sc.iter()) {
                     axpy(
@@ -521,6 +526,11 @@ impl<'a> Model<'a> {
         }
         st.acts.load(&st.att[..n * qd], n, qd);
         kernels::matmul(&a.wo, &mut st.acts, &mut st.proj[..n * h], pool, isa)?;
+        if let Some(bo) = &a.bo {
+            st.proj[..n * h]
+                .chunks_exact_mut(h)
+                .for_each(|x| x.iter_mut().zip(bo).for_each(|(x, b)| *x += b));
+        }
         Ok(())
     }
 
@@ -635,6 +645,7 @@ impl<'a> Model<'a> {
         gate: &WeightView<'_>,
         up: &WeightView<'_>,
         down: &WeightView<'_>,
+        bias: Option<&ExpertBias>,
     ) -> Result<(), ModelError> {
         let (h, k, f) = (
             self.cfg.hidden,
@@ -652,11 +663,34 @@ impl<'a> Model<'a> {
         st.acts.load(&st.gathered[..cnt * h], cnt, h);
         kernels::matmul(gate, &mut st.acts, &mut st.gate[..cnt * f], pool, isa)?;
         kernels::matmul(up, &mut st.acts, &mut st.up[..cnt * f], pool, isa)?;
-        for (g, u) in st.gate[..cnt * f].iter_mut().zip(&st.up[..cnt * f]) {
-            *g = silu(*g) * u;
+        if let Some(b) = bias {
+            let (bg, bu) = (&b.gate[ex * f..(ex + 1) * f], &b.up[ex * f..(ex + 1) * f]);
+            for (g, u) in st.gate[..cnt * f]
+                .chunks_exact_mut(f)
+                .zip(st.up[..cnt * f].chunks_exact_mut(f))
+            {
+                g.iter_mut().zip(bg).for_each(|(x, b)| *x += b);
+                u.iter_mut().zip(bu).for_each(|(x, b)| *x += b);
+            }
+        }
+        match self.cfg.expert_act {
+            ExpertAct::Silu => {
+                for (g, u) in st.gate[..cnt * f].iter_mut().zip(&st.up[..cnt * f]) {
+                    *g = silu(*g) * u;
+                }
+            }
+            ExpertAct::ClampedSwiglu { alpha, limit } => {
+                gptoss::clamped_swiglu(&mut st.gate[..cnt * f], &st.up[..cnt * f], alpha, limit)
+            }
         }
         st.acts.load(&st.gate[..cnt * f], cnt, f);
         kernels::matmul(down, &mut st.acts, &mut st.down[..cnt * h], pool, isa)?;
+        if let Some(b) = bias {
+            let bd = &b.down[ex * h..(ex + 1) * h];
+            st.down[..cnt * h]
+                .chunks_exact_mut(h)
+                .for_each(|d| d.iter_mut().zip(bd).for_each(|(x, b)| *x += b));
+        }
         for (j, &(t, slot)) in st.groups[ex].iter().enumerate() {
             let dst = (t as usize * k + slot as usize) * h;
             st.slot_out[dst..dst + h].copy_from_slice(&st.down[j * h..(j + 1) * h]);
@@ -699,6 +733,7 @@ impl<'a> Model<'a> {
                         &v(&xw.gate, b.gate),
                         &v(&xw.up, b.up),
                         &v(&xw.down, b.down),
+                        m.exp_bias.as_ref(),
                     )?;
                 }
                 Ok(())
@@ -763,6 +798,7 @@ impl<'a> Model<'a> {
             Some(&self.pool),
             self.isa,
         )?;
+        add_rows(&mut st.pf_router[..n * e], m.router_bias.as_deref());
         st.pf_mark.fill(false);
         for i in 0..n {
             route_token(
@@ -818,6 +854,7 @@ impl<'a> Model<'a> {
 
         st.acts.load(&st.xn[..n * h], n, h);
         kernels::matmul(&m.router, &mut st.acts, &mut st.router[..n * e], pool, isa)?;
+        add_rows(&mut st.router[..n * e], m.router_bias.as_deref());
         self.select_experts(st, n, m.score_bias.as_deref());
 
         // Take the cache out of the state while experts run (put back on every path).
@@ -831,7 +868,7 @@ impl<'a> Model<'a> {
             None => (0..st.needed.len()).try_for_each(|i| {
                 let ex = st.needed[i];
                 let xw = &m.experts[ex];
-                self.run_expert(st, ex, &xw.gate, &xw.up, &xw.down)
+                self.run_expert(st, ex, &xw.gate, &xw.up, &xw.down, m.exp_bias.as_ref())
             }),
             Some(c) => self.moe_streamed(st, l, m, c),
         };
@@ -857,6 +894,14 @@ impl<'a> Model<'a> {
             }
         }
         Ok(())
+    }
+}
+
+/// Add `bias` (one row's worth) to every row of `x`, if there is one.
+fn add_rows(x: &mut [f32], bias: Option<&[f32]>) {
+    if let Some(b) = bias {
+        x.chunks_exact_mut(b.len())
+            .for_each(|r| r.iter_mut().zip(b).for_each(|(x, b)| *x += b));
     }
 }
 

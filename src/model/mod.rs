@@ -12,6 +12,7 @@ pub mod config;
 pub mod deepseek2;
 mod forward;
 pub mod glm4moe;
+pub mod gptoss;
 mod kv_io;
 pub mod mixtral;
 mod mtp;
