@@ -189,6 +189,30 @@ pub struct IndexerDims {
     pub topk: usize,
 }
 
+/// 2026 families sluice recognises but does not run yet, by HF architecture / model_type or
+/// GGUF architecture, with what is missing: they are refused by name, not as unknown.
+fn not_yet_supported(arch: &str) -> Option<String> {
+    let hybrid = "its Gated DeltaNet linear-attention layers (recurrent and convolution state), gated full attention and shared-expert gate are not implemented";
+    let (name, missing) = match arch {
+        "Qwen3NextForCausalLM" | "qwen3_next" | "qwen3next" => ("Qwen3-Next", hybrid),
+        "Qwen3_5MoeForCausalLM"
+        | "Qwen3_5MoeForConditionalGeneration"
+        | "qwen3_5_moe"
+        | "qwen3_5_moe_text"
+        | "qwen35moe" => ("Qwen3.5-MoE", hybrid),
+        "DeepseekV4ForCausalLM" | "deepseek_v4" | "deepseek4" => (
+            "DeepSeek-V4",
+            "its compressed and sparse attention with their cache variants are not implemented",
+        ),
+        "GlmMoeDsaForCausalLM" | "glm_moe_dsa" | "glm-dsa" => (
+            "GLM-5 (glm_moe_dsa)",
+            "its DSA sparse attention is not implemented",
+        ),
+        _ => return None,
+    };
+    Some(format!("{arch}: {name} is not supported yet: {missing}"))
+}
+
 fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
     if scale <= 1.0 {
         1.0
@@ -289,6 +313,12 @@ impl ModelConfig {
             "deepseek2" | "deepseek32" => Family::DeepseekV3,
             "glm4moe" => Family::Glm4Moe,
             "gpt-oss" => Family::GptOss,
+            other if not_yet_supported(other).is_some() => {
+                return Err(ModelError::Config(format!(
+                    "GGUF architecture {}",
+                    not_yet_supported(other).unwrap_or_default()
+                )))
+            }
             "llama" if n_experts > 0 => Family::Mixtral,
             "llama" => return Err(ModelError::Config("GGUF architecture llama without experts (dense models are not supported)".into())),
             other => {
@@ -535,6 +565,12 @@ impl ModelConfig {
             "DeepseekV3ForCausalLM" | "deepseek_v3" | "DeepseekV32ForCausalLM" | "deepseek_v32" => Family::DeepseekV3,
             "Glm4MoeForCausalLM" | "glm4_moe" => Family::Glm4Moe,
             "GptOssForCausalLM" | "gpt_oss" => Family::GptOss,
+            other if not_yet_supported(other).is_some() => {
+                return Err(ModelError::Config(format!(
+                    "config.json: architecture {}",
+                    not_yet_supported(other).unwrap_or_default()
+                )))
+            }
             other => {
                 return Err(ModelError::Config(format!(
                     "config.json: unknown architecture {other:?} (supported: Qwen3MoeForCausalLM, MixtralForCausalLM, OlmoeForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM, GptOssForCausalLM)"
@@ -984,6 +1020,31 @@ mod tests {
         let c = ModelConfig::from_files(&files).unwrap();
         std::fs::remove_dir_all(&dir).ok();
         c
+    }
+
+    #[test]
+    fn next_families_are_refused_by_name() {
+        for (arch, name, missing) in [
+            ("Qwen3NextForCausalLM", "Qwen3-Next", "Gated DeltaNet"),
+            (
+                "Qwen3_5MoeForConditionalGeneration",
+                "Qwen3.5-MoE",
+                "Gated DeltaNet",
+            ),
+            (
+                "DeepseekV4ForCausalLM",
+                "DeepSeek-V4",
+                "compressed and sparse attention",
+            ),
+            ("GlmMoeDsaForCausalLM", "GLM-5", "DSA"),
+        ] {
+            let cfg = serde_json::json!({"architectures": [arch], "hidden_size": 64});
+            let e = ModelConfig::from_hf(&cfg).unwrap_err().to_string();
+            assert!(
+                e.contains(name) && e.contains(missing) && !e.contains("unknown"),
+                "{e}"
+            );
+        }
     }
 
     #[test]
