@@ -329,7 +329,8 @@ fn zero_activations_give_exact_zero() {
     }
 }
 
-/// `matmul` (threaded, several activation rows) equals the per-row dots bit for bit. Rows are
+/// `matmul` (threaded, several activation rows, four-row dots included) equals the per-row
+/// dots bit for bit. Rows are
 /// pairs of 256-element chunks of the fixture in varying order, so every output differs.
 #[test]
 fn matmul_matches_per_row_dots() {
@@ -350,7 +351,7 @@ fn matmul_matches_per_row_dots() {
         }
         let view = WeightView::new(t, &w, rows, cols).unwrap();
         let fmt = kernels::kernels_for(t).unwrap().act;
-        for t_rows in [1usize, 3] {
+        for t_rows in [1usize, 3, 4, 9] {
             let x: Vec<f32> = (0..t_rows).flat_map(|p| activations(cols, p, 99)).collect();
             for isa in Isa::available() {
                 for pool in [None, Some(&pool)] {

@@ -44,7 +44,7 @@ pub const QK: usize = crate::dtype::QK_K;
 pub use act::{ActFormat, ActRow, Acts, BlockQ8K, BlockQ8_32};
 pub use fp8::dequantize_fp8_block_scaled;
 pub use isa::Isa;
-pub use matmul::{matmul, WeightView};
+pub use matmul::{matmul, matmul_jobs, MatJob, WeightView, MAX_JOBS};
 pub use simd::{prefetch_distance, read_sweep, set_prefetch_distance, DEFAULT_PREFETCH};
 
 use crate::dtype::DType;
@@ -65,6 +65,16 @@ pub struct TypeKernels {
     pub dot_avx2: Option<DotFn>,
     /// Only called after the dispatcher has checked the CPU has AVX-512 F/BW/VL(+VNNI).
     pub dot_avx512: Option<DotFn>,
+}
+
+/// One encoded weight row dotted with four activation rows: `out[r] = dot(w, a[r])`.
+pub type Dot4Fn = fn(w: &[u8], a: &[ActRow<'_>; 4], out: &mut [f32; 4]);
+
+/// A type's four-row dots per ISA (prefill: the weight block is unpacked once for four rows).
+/// Each must give, per row, exactly the bits of the same ISA's single-row dot.
+pub struct Dot4Kernels {
+    pub avx2: Option<Dot4Fn>,
+    pub avx512: Option<Dot4Fn>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -166,6 +176,22 @@ pub fn dot_fn(dtype: DType, isa: Isa) -> Result<DotFn, KernelError> {
         Isa::Avx2 => k.dot_avx2.unwrap_or(k.dot_scalar),
         Isa::Scalar => k.dot_scalar,
     })
+}
+
+/// The four-row dot for `dtype` matching the single-row dot [`dot_fn`] picks at `isa`
+/// (bit-identical to it, row by row), if the type has one at that ISA.
+pub fn dot4_fn(dtype: DType, isa: Isa) -> Option<Dot4Fn> {
+    let k = kernels_for(dtype).ok()?;
+    let d4: &Dot4Kernels = match dtype {
+        DType::Q4_K => &q4_k::DOT4,
+        DType::Q6_K => &q6_k::DOT4,
+        _ => return None,
+    };
+    match isa.min(Isa::detect()) {
+        Isa::Avx512 if k.dot_avx512.is_some() => d4.avx512,
+        Isa::Avx512 | Isa::Avx2 if k.dot_avx2.is_some() => d4.avx2,
+        _ => None,
+    }
 }
 
 /// One dot product of an encoded weight row with activations, checked. For tests and tools;

@@ -25,6 +25,18 @@ pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
     dot_avx512: None,
 });
 
+/// The four-row dots (prefill): see `kernels::dot4_fn`.
+pub(super) const DOT4: super::Dot4Kernels = super::Dot4Kernels {
+    #[cfg(target_arch = "x86_64")]
+    avx2: Some(x86::dot4_avx2),
+    #[cfg(target_arch = "x86_64")]
+    avx512: Some(x86::dot4_avx512),
+    #[cfg(not(target_arch = "x86_64"))]
+    avx2: None,
+    #[cfg(not(target_arch = "x86_64"))]
+    avx512: None,
+};
+
 const BB: usize = 144;
 
 /// The eight 6-bit scales and eight 6-bit mins of a Q4_K/Q5_K `scales[12]` field.
@@ -108,6 +120,7 @@ pub(super) mod x86 {
     use super::super::simd::prefetch_distance;
     use super::super::simd::x86::{f16x2_at, hsum_ps128, hsum_ps256, hsum_ps512, prefetch};
     use super::{dot_scalar, scales_mins_u64, ActRow, BlockQ8K, BB};
+    type Rows4 = [*const BlockQ8K; 4];
     use crate::kernels::Isa;
     use std::arch::x86_64::*;
 
@@ -128,6 +141,55 @@ pub(super) mod x86 {
         let nb = a.q8k.len().min(w.len() / BB);
         // SAFETY: AVX-512 F/BW/VL/VNNI present (checked above); lengths as in `dot_avx2`.
         unsafe { avx512(w.as_ptr(), a.q8k.as_ptr(), nb) }
+    }
+
+    /// Four activation rows against one weight row, bit-identical to four `dot_avx2` calls.
+    pub(super) fn dot4_avx2(w: &[u8], a: &[ActRow<'_>; 4], out: &mut [f32; 4]) {
+        if !Isa::Avx2.supported() {
+            out.iter_mut()
+                .zip(a)
+                .for_each(|(o, a)| *o = dot_scalar(w, a));
+            return;
+        }
+        let nb = a
+            .iter()
+            .map(|a| a.q8k.len())
+            .min()
+            .unwrap_or(0)
+            .min(w.len() / BB);
+        let ap = [
+            a[0].q8k.as_ptr(),
+            a[1].q8k.as_ptr(),
+            a[2].q8k.as_ptr(),
+            a[3].q8k.as_ptr(),
+        ];
+        // SAFETY: AVX2/FMA/F16C present (checked above); `w` holds `nb` whole blocks and each
+        // activation row at least `nb` blocks.
+        unsafe { avx2_x4(w.as_ptr(), ap, nb, out) }
+    }
+
+    /// Four activation rows against one weight row, bit-identical to four `dot_avx512` calls.
+    pub(super) fn dot4_avx512(w: &[u8], a: &[ActRow<'_>; 4], out: &mut [f32; 4]) {
+        if !Isa::Avx512.supported() {
+            out.iter_mut()
+                .zip(a)
+                .for_each(|(o, a)| *o = dot_scalar(w, a));
+            return;
+        }
+        let nb = a
+            .iter()
+            .map(|a| a.q8k.len())
+            .min()
+            .unwrap_or(0)
+            .min(w.len() / BB);
+        let ap = [
+            a[0].q8k.as_ptr(),
+            a[1].q8k.as_ptr(),
+            a[2].q8k.as_ptr(),
+            a[3].q8k.as_ptr(),
+        ];
+        // SAFETY: AVX-512 F/BW/VL/VNNI present (checked above); lengths as in `dot4_avx2`.
+        unsafe { avx512_x4(w.as_ptr(), ap, nb, out) }
     }
 
     /// Scales (i16 lanes 0..8) and mins (lanes 8..16) of the block at `b`.
@@ -283,5 +345,132 @@ pub(super) mod x86 {
             acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(sumi), acc);
         }
         hsum_ps512(acc) - hsum_ps256(accm)
+    }
+
+    /// `avx2` for four activation rows: the weight block's nibbles and scales are unpacked once
+    /// and dotted with each row. Per row, the float operations are those of `avx2` in the same
+    /// order (integer sums are exact in any order), so each result has `avx2`'s bits.
+    ///
+    /// # Safety
+    /// AVX2+FMA+F16C; `w` valid for `nb` blocks, each `a[r]` for `nb` activation blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn avx2_x4(w: *const u8, a: Rows4, nb: usize, out: &mut [f32; 4]) {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut accm = [_mm_setzero_ps(); 4];
+        let pf = prefetch_distance();
+        for i in 0..nb {
+            let b = w.add(i * BB);
+            prefetch(b, pf, BB);
+            let dw = f16x2_at(b);
+            let sm = scales_mins16(b);
+            let sc = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
+            let qs = b.add(16);
+            let mut sumi = [_mm256_setzero_si256(); 4];
+            for j in 0..4 {
+                let q = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
+                let lo = _mm256_and_si256(q, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                let s0 = _mm256_shuffle_epi8(
+                    sc,
+                    _mm256_loadu_si256(BCAST[2 * j].as_ptr() as *const __m256i),
+                );
+                let s1 = _mm256_shuffle_epi8(
+                    sc,
+                    _mm256_loadu_si256(BCAST[2 * j + 1].as_ptr() as *const __m256i),
+                );
+                for r in 0..4 {
+                    let x = (*a[r].add(i)).qs.as_ptr();
+                    let x0 = _mm256_loadu_si256(x.add(64 * j) as *const __m256i);
+                    let x1 = _mm256_loadu_si256(x.add(64 * j + 32) as *const __m256i);
+                    let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), s0);
+                    let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), s1);
+                    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(p0, p1));
+                }
+            }
+            for r in 0..4 {
+                let ab = &*a[r].add(i);
+                let dd = _mm_mul_ps(dw, _mm_set1_ps(ab.d));
+                let d = _mm_cvtss_f32(dd);
+                let dmin = _mm_cvtss_f32(_mm_movehdup_ps(dd));
+                accm[r] = _mm_fmadd_ps(
+                    _mm_set1_ps(dmin),
+                    _mm_cvtepi32_ps(mins_dot(sm, ab)),
+                    accm[r],
+                );
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+            }
+        }
+        for r in 0..4 {
+            out[r] = hsum_ps256(acc[r]) - hsum_ps128(accm[r]);
+        }
+    }
+
+    /// `avx512` for four activation rows (see `avx2_x4`): same per-row float operations, so
+    /// each result has `avx512`'s bits.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL/VNNI + F16C; `w` valid for `nb` blocks, each `a[r]` for `nb` blocks.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn avx512_x4(w: *const u8, a: Rows4, nb: usize, out: &mut [f32; 4]) {
+        let m4 = _mm512_set1_epi8(0x0F);
+        let idx: [__m512i; 2] =
+            std::array::from_fn(|k| _mm512_loadu_si512(PACKED[k].as_ptr() as *const __m512i));
+        let min_dup = _mm256_loadu_si256(MIN_DUP.as_ptr() as *const __m256i);
+        let zero = _mm512_setzero_si512();
+        let mut acc = [_mm512_setzero_ps(); 4];
+        let mut accm = [_mm256_setzero_ps(); 4];
+        let pf = prefetch_distance();
+        for i in 0..nb {
+            let b = w.add(i * BB);
+            prefetch(b, pf, BB);
+            let dw = f16x2_at(b);
+            let sm = scales_mins16(b);
+            let mdup = _mm256_permutexvar_epi16(min_dup, sm);
+            let sc = _mm512_castsi256_si512(sm);
+            let qs = b.add(16);
+            let q0 = _mm512_loadu_si512(qs as *const __m512i);
+            let q1 = _mm512_loadu_si512(qs.add(64) as *const __m512i);
+            let nib = [
+                (
+                    _mm512_and_si512(q0, m4),
+                    _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4),
+                ),
+                (
+                    _mm512_and_si512(q1, m4),
+                    _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4),
+                ),
+            ];
+            let s = [
+                _mm512_permutexvar_epi16(idx[0], sc),
+                _mm512_permutexvar_epi16(idx[1], sc),
+            ];
+            for r in 0..4 {
+                let ab = &*a[r].add(i);
+                let dd = _mm_mul_ps(dw, _mm_set1_ps(ab.d));
+                let bs = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
+                let mins = _mm256_madd_epi16(bs, mdup);
+                accm[r] = _mm256_fmadd_ps(
+                    _mm256_broadcastss_ps(_mm_movehdup_ps(dd)),
+                    _mm256_cvtepi32_ps(mins),
+                    accm[r],
+                );
+                let x = ab.qs.as_ptr();
+                let mut sumi = _mm512_setzero_si512();
+                for h in 0..2 {
+                    let x0 = _mm512_loadu_si512(x.add(128 * h) as *const __m512i);
+                    let x1 = _mm512_loadu_si512(x.add(128 * h + 64) as *const __m512i);
+                    let (lo, hi) = nib[h];
+                    let plo = _mm512_dpbusd_epi32(zero, lo, _mm512_shuffle_i64x2(x0, x1, 0x44));
+                    let phi = _mm512_dpbusd_epi32(zero, hi, _mm512_shuffle_i64x2(x0, x1, 0xEE));
+                    sumi = _mm512_dpwssd_epi32(sumi, _mm512_packs_epi32(plo, phi), s[h]);
+                }
+                acc[r] =
+                    _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(sumi), acc[r]);
+            }
+        }
+        for r in 0..4 {
+            out[r] = hsum_ps512(acc[r]) - hsum_ps256(accm[r]);
+        }
     }
 }

@@ -26,6 +26,18 @@ pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
     dot_avx512: None,
 });
 
+/// The four-row dots (prefill): see `kernels::dot4_fn`.
+pub(super) const DOT4: super::Dot4Kernels = super::Dot4Kernels {
+    #[cfg(target_arch = "x86_64")]
+    avx2: Some(x86::dot4_avx2),
+    #[cfg(target_arch = "x86_64")]
+    avx512: Some(x86::dot4_avx512),
+    #[cfg(not(target_arch = "x86_64"))]
+    avx2: None,
+    #[cfg(not(target_arch = "x86_64"))]
+    avx512: None,
+};
+
 const BB: usize = 210;
 
 /// The 6-bit code (0..64) of element `i` (0..256) of a block.
@@ -88,6 +100,7 @@ mod x86 {
     use super::super::simd::prefetch_distance;
     use super::super::simd::x86::{f16_at, hsum_ps256, hsum_ps512, prefetch};
     use super::{dot_scalar, ActRow, BlockQ8K, BB};
+    type Rows4 = [*const BlockQ8K; 4];
     use crate::kernels::Isa;
     use std::arch::x86_64::*;
 
@@ -108,6 +121,55 @@ mod x86 {
         let nb = a.q8k.len().min(w.len() / BB);
         // SAFETY: AVX-512 F/BW/VL/VNNI present (checked above); lengths as in `dot_avx2`.
         unsafe { avx512(w.as_ptr(), a.q8k.as_ptr(), nb) }
+    }
+
+    /// Four activation rows against one weight row, bit-identical to four `dot_avx2` calls.
+    pub(super) fn dot4_avx2(w: &[u8], a: &[ActRow<'_>; 4], out: &mut [f32; 4]) {
+        if !Isa::Avx2.supported() {
+            out.iter_mut()
+                .zip(a)
+                .for_each(|(o, a)| *o = dot_scalar(w, a));
+            return;
+        }
+        let nb = a
+            .iter()
+            .map(|a| a.q8k.len())
+            .min()
+            .unwrap_or(0)
+            .min(w.len() / BB);
+        let ap = [
+            a[0].q8k.as_ptr(),
+            a[1].q8k.as_ptr(),
+            a[2].q8k.as_ptr(),
+            a[3].q8k.as_ptr(),
+        ];
+        // SAFETY: AVX2/FMA/F16C present (checked above); `w` holds `nb` whole blocks and each
+        // activation row at least `nb` blocks.
+        unsafe { avx2_x4(w.as_ptr(), ap, nb, out) }
+    }
+
+    /// Four activation rows against one weight row, bit-identical to four `dot_avx512` calls.
+    pub(super) fn dot4_avx512(w: &[u8], a: &[ActRow<'_>; 4], out: &mut [f32; 4]) {
+        if !Isa::Avx512.supported() {
+            out.iter_mut()
+                .zip(a)
+                .for_each(|(o, a)| *o = dot_scalar(w, a));
+            return;
+        }
+        let nb = a
+            .iter()
+            .map(|a| a.q8k.len())
+            .min()
+            .unwrap_or(0)
+            .min(w.len() / BB);
+        let ap = [
+            a[0].q8k.as_ptr(),
+            a[1].q8k.as_ptr(),
+            a[2].q8k.as_ptr(),
+            a[3].q8k.as_ptr(),
+        ];
+        // SAFETY: AVX-512 F/BW/VL/VNNI present (checked above); lengths as in `dot4_avx2`.
+        unsafe { avx512_x4(w.as_ptr(), ap, nb, out) }
     }
 
     /// `pshufb` control: bytes 0..8 pick scale `g`, bytes 8..16 scale `g + 1`.
@@ -262,5 +324,141 @@ mod x86 {
             acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
         }
         hsum_ps512(acc) - 32.0 * hsum_ps256(acc_off)
+    }
+
+    /// `avx2` for four activation rows: the 6-bit codes and scales of a weight block are
+    /// unpacked once and dotted with each row; per row the float operations are `avx2`'s, in
+    /// the same order (integer sums are exact in any order), so each result has its bits.
+    ///
+    /// # Safety
+    /// AVX2+FMA+F16C; `w` valid for `nb` blocks, each `a[r]` for `nb` activation blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn avx2_x4(w: *const u8, a: Rows4, nb: usize, out: &mut [f32; 4]) {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let m30 = _mm256_set1_epi8(0x30);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let pf = prefetch_distance();
+        for i in 0..nb {
+            let b = w.add(i * BB);
+            prefetch(b, pf, BB);
+            let dw = f16_at(b.add(208));
+            let sc8 = _mm_loadu_si128(b.add(192) as *const __m128i);
+            let sc16 = _mm256_cvtepi8_epi16(sc8);
+            let mut sumi = [_mm256_setzero_si256(); 4];
+            for h in 0..2 {
+                let ql0 = _mm256_loadu_si256(b.add(64 * h) as *const __m256i);
+                let ql1 = _mm256_loadu_si256(b.add(64 * h + 32) as *const __m256i);
+                let qh = _mm256_loadu_si256(b.add(128 + 32 * h) as *const __m256i);
+                let q = [
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql0, m4),
+                        _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql1, m4),
+                        _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                        _mm256_and_si256(qh, m30),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                        _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30),
+                    ),
+                ];
+                for (k, q) in q.iter().enumerate() {
+                    let sel = _mm_loadu_si128(SEL[4 * h + k].as_ptr() as *const __m128i);
+                    let s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, sel));
+                    for r in 0..4 {
+                        let x = _mm256_loadu_si256(
+                            (*a[r].add(i)).qs.as_ptr().add(128 * h + 32 * k) as *const __m256i,
+                        );
+                        sumi[r] = _mm256_add_epi32(
+                            sumi[r],
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(*q, x), s),
+                        );
+                    }
+                }
+            }
+            for r in 0..4 {
+                let ab = &*a[r].add(i);
+                let d = dw * ab.d;
+                let bs = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
+                let offset = _mm256_madd_epi16(bs, sc16);
+                let s = _mm256_sub_epi32(sumi[r], _mm256_slli_epi32(offset, 5));
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s), acc[r]);
+            }
+        }
+        for r in 0..4 {
+            out[r] = hsum_ps256(acc[r]);
+        }
+    }
+
+    /// `avx512` for four activation rows (see `avx2_x4`): same per-row float operations, so
+    /// each result has `avx512`'s bits.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL/VNNI + F16C; `w` valid for `nb` blocks, each `a[r]` for `nb` blocks.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn avx512_x4(w: *const u8, a: Rows4, nb: usize, out: &mut [f32; 4]) {
+        let m4 = _mm512_set1_epi8(0x0F);
+        let m30 = _mm512_set1_epi8(0x30);
+        let shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+        let shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+        let idx: [__m512i; 2] =
+            std::array::from_fn(|k| _mm512_loadu_si512(PACKED[k].as_ptr() as *const __m512i));
+        let zero = _mm512_setzero_si512();
+        let mut acc = [_mm512_setzero_ps(); 4];
+        let mut acc_off = [_mm256_setzero_ps(); 4];
+        let pf = prefetch_distance();
+        for i in 0..nb {
+            let b = w.add(i * BB);
+            prefetch(b, pf, BB);
+            let dw = f16_at(b.add(208));
+            let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
+            let sc = _mm512_castsi256_si512(sc16);
+            let mut codes = [(zero, zero); 2];
+            let mut s = [zero; 2];
+            for (h, ix) in idx.iter().enumerate() {
+                let ql = _mm512_loadu_si512(b.add(64 * h) as *const __m512i);
+                let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                    b.add(128 + 32 * h) as *const __m256i
+                ));
+                let lo = _mm512_ternarylogic_epi32(
+                    _mm512_and_si512(ql, m4),
+                    _mm512_sllv_epi16(qh, shl),
+                    m30,
+                    0xF8,
+                );
+                let qlh = _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4);
+                let hi = _mm512_ternarylogic_epi32(qlh, _mm512_srlv_epi16(qh, shr), m30, 0xF8);
+                codes[h] = (lo, hi);
+                s[h] = _mm512_permutexvar_epi16(*ix, sc);
+            }
+            for r in 0..4 {
+                let ab = &*a[r].add(i);
+                let d = dw * ab.d;
+                let bs = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
+                let off = _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, sc16));
+                acc_off[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), off, acc_off[r]);
+                let x = ab.qs.as_ptr();
+                let mut sumi = zero;
+                for h in 0..2 {
+                    let x0 = _mm512_loadu_si512(x.add(128 * h) as *const __m512i);
+                    let x1 = _mm512_loadu_si512(x.add(128 * h + 64) as *const __m512i);
+                    let (lo, hi) = codes[h];
+                    let p = _mm512_packs_epi32(
+                        _mm512_dpbusd_epi32(zero, lo, x0),
+                        _mm512_dpbusd_epi32(zero, hi, x1),
+                    );
+                    sumi = _mm512_dpwssd_epi32(sumi, p, s[h]);
+                }
+                acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc[r]);
+            }
+        }
+        for r in 0..4 {
+            out[r] = hsum_ps512(acc[r]) - 32.0 * hsum_ps256(acc_off[r]);
+        }
     }
 }

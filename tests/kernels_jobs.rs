@@ -1,0 +1,115 @@
+//! `matmul_jobs` (several products in one parallel region) gives every output element the
+//! bits `matmul` gives it, for every ISA, with and without a pool, across types and with
+//! one or several activation rows (the four-row dots included).
+
+use sluice::dtype::DType;
+use sluice::kernels::{self, quantize::quantize, Acts, Isa, MatJob, WeightView};
+
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+#[test]
+fn jobs_equal_single_products_bit_for_bit() {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(3)
+        .build()
+        .unwrap();
+    // (type, rows, cols) of five products, as a MoE layer's gate/up/down of two experts and a
+    // float one.
+    let shapes = [
+        (DType::Q4_K, 96usize, 512usize),
+        (DType::Q4_K, 96, 512),
+        (DType::Q8_0, 512, 96 * 4 / 3 * 3),
+        (DType::F32, 40, 64),
+        (DType::Q4_0, 200, 256),
+    ];
+    let mut enc = Vec::new();
+    for (j, &(t, rows, cols)) in shapes.iter().enumerate() {
+        let mut b = Vec::new();
+        quantize(t, &values(rows * cols, 7 + j as u64), &mut b).unwrap();
+        enc.push(b);
+    }
+    let views: Vec<WeightView<'_>> = shapes
+        .iter()
+        .zip(&enc)
+        .map(|(&(t, rows, cols), b)| WeightView::new(t, b, rows, cols).unwrap())
+        .collect();
+    for t_rows in [1usize, 5] {
+        let xs: Vec<Vec<f32>> = shapes
+            .iter()
+            .enumerate()
+            .map(|(j, &(_, _, cols))| values(t_rows * cols, 100 + j as u64))
+            .collect();
+        for isa in Isa::available() {
+            // Reference: one matmul per product.
+            let want: Vec<Vec<f32>> = views
+                .iter()
+                .zip(&xs)
+                .map(|(w, x)| {
+                    let mut a = Acts::new();
+                    a.load(x, t_rows, w.cols);
+                    let mut y = vec![f32::NAN; t_rows * w.rows];
+                    kernels::matmul(w, &mut a, &mut y, Some(&pool), isa).unwrap();
+                    y
+                })
+                .collect();
+            for p in [None, Some(&pool)] {
+                let mut acts: Vec<Acts> = views
+                    .iter()
+                    .zip(&xs)
+                    .map(|(w, x)| {
+                        let mut a = Acts::new();
+                        a.load(x, t_rows, w.cols);
+                        a
+                    })
+                    .collect();
+                let mut ys: Vec<Vec<f32>> = views
+                    .iter()
+                    .map(|w| vec![f32::NAN; t_rows * w.rows])
+                    .collect();
+                let mut jobs: Vec<MatJob<'_, '_>> = views
+                    .iter()
+                    .zip(acts.iter_mut())
+                    .zip(ys.iter_mut())
+                    .map(|((w, acts), y)| MatJob { w, acts, y })
+                    .collect();
+                kernels::matmul_jobs(&mut jobs, p, isa).unwrap();
+                for (j, (got, want)) in ys.iter().zip(&want).enumerate() {
+                    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                        assert_eq!(
+                            g.to_bits(),
+                            w.to_bits(),
+                            "job {j} ({:?}) {isa:?} rows {t_rows} element {i}: {g} vs {w}",
+                            shapes[j].0
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn jobs_refuse_bad_shapes_and_too_many() {
+    let mut b = Vec::new();
+    quantize(DType::Q8_0, &values(64 * 32, 1), &mut b).unwrap();
+    let w = WeightView::new(DType::Q8_0, &b, 64, 32).unwrap();
+    let mut a = Acts::new();
+    a.load(&values(32, 2), 1, 32);
+    let mut y = vec![0.0; 63];
+    let mut jobs = [MatJob {
+        w: &w,
+        acts: &mut a,
+        y: &mut y,
+    }];
+    assert!(kernels::matmul_jobs(&mut jobs, None, Isa::detect()).is_err());
+}
