@@ -19,6 +19,9 @@ pub enum Family {
     DeepseekV3,
     /// GLM-4.5/4.6/4.7 MoE (GGUF `glm4moe`).
     Glm4Moe,
+    /// OpenAI gpt-oss (GGUF `gpt-oss`, HF `GptOssForCausalLM`): attention sinks, alternating
+    /// sliding-window / full layers, biases everywhere, clamped SwiGLU experts (see gptoss.rs).
+    GptOss,
 }
 
 impl Family {
@@ -29,6 +32,7 @@ impl Family {
             Family::Olmoe => "olmoe",
             Family::DeepseekV3 => "deepseek2",
             Family::Glm4Moe => "glm4moe",
+            Family::GptOss => "gpt-oss",
         }
     }
 }
@@ -56,7 +60,20 @@ pub enum RopeScaling {
         beta_fast: f64,
         beta_slow: f64,
         attention_factor: f64,
+        /// Round the correction range to whole dimensions (transformers' `truncate`, default
+        /// true; gpt-oss sets false).
+        truncate: bool,
     },
+}
+
+/// The activation of the routed experts' gated FFN.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ExpertAct {
+    /// silu(gate) * up.
+    Silu,
+    /// gpt-oss: gate clamped above at `limit`, up clamped to [-limit, limit], then
+    /// (up + 1) * gate * sigmoid(alpha * gate).
+    ClampedSwiglu { alpha: f32, limit: f32 },
 }
 
 /// Where the q/k RMSNorm applies, if the family has one.
@@ -149,6 +166,17 @@ pub struct ModelConfig {
     pub dense_attn_limit: Option<usize>,
     /// DeepSeek-V3.2's lightning indexer (DSA), which picks the attended tokens.
     pub indexer: Option<IndexerDims>,
+    /// Which layers use `sliding_window` (`None`: every layer); gpt-oss alternates.
+    pub sliding_layers: Option<Vec<bool>>,
+    /// One learned logit per head that joins each softmax of attention scores and takes its
+    /// share of the probability mass (gpt-oss `sinks`).
+    pub attn_sinks: bool,
+    /// Bias on the attention output projection (gpt-oss).
+    pub o_bias: bool,
+    /// Routed experts' activation.
+    pub expert_act: ExpertAct,
+    /// Router logits and every expert projection carry a bias (gpt-oss).
+    pub expert_bias: bool,
 }
 
 /// Shape of DeepSeek-V3.2's lightning indexer: `heads` query heads of `head_dim` (the first
@@ -159,6 +187,30 @@ pub struct IndexerDims {
     pub heads: usize,
     pub head_dim: usize,
     pub topk: usize,
+}
+
+/// 2026 families sluice recognises but does not run yet, by HF architecture / model_type or
+/// GGUF architecture, with what is missing: they are refused by name, not as unknown.
+fn not_yet_supported(arch: &str) -> Option<String> {
+    let hybrid = "its Gated DeltaNet linear-attention layers (recurrent and convolution state), gated full attention and shared-expert gate are not implemented";
+    let (name, missing) = match arch {
+        "Qwen3NextForCausalLM" | "qwen3_next" | "qwen3next" => ("Qwen3-Next", hybrid),
+        "Qwen3_5MoeForCausalLM"
+        | "Qwen3_5MoeForConditionalGeneration"
+        | "qwen3_5_moe"
+        | "qwen3_5_moe_text"
+        | "qwen35moe" => ("Qwen3.5-MoE", hybrid),
+        "DeepseekV4ForCausalLM" | "deepseek_v4" | "deepseek4" => (
+            "DeepSeek-V4",
+            "its compressed and sparse attention with their cache variants are not implemented",
+        ),
+        "GlmMoeDsaForCausalLM" | "glm_moe_dsa" | "glm-dsa" => (
+            "GLM-5 (glm_moe_dsa)",
+            "its DSA sparse attention is not implemented",
+        ),
+        _ => return None,
+    };
+    Some(format!("{arch}: {name} is not supported yet: {missing}"))
 }
 
 fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
@@ -260,11 +312,18 @@ impl ModelConfig {
             "olmoe" => Family::Olmoe,
             "deepseek2" | "deepseek32" => Family::DeepseekV3,
             "glm4moe" => Family::Glm4Moe,
+            "gpt-oss" => Family::GptOss,
+            other if not_yet_supported(other).is_some() => {
+                return Err(ModelError::Config(format!(
+                    "GGUF architecture {}",
+                    not_yet_supported(other).unwrap_or_default()
+                )))
+            }
             "llama" if n_experts > 0 => Family::Mixtral,
             "llama" => return Err(ModelError::Config("GGUF architecture llama without experts (dense models are not supported)".into())),
             other => {
                 return Err(ModelError::Config(format!(
-                    "unknown architecture {other:?} (supported: qwen3moe, llama with experts (Mixtral), olmoe, deepseek2, deepseek32, glm4moe)"
+                    "unknown architecture {other:?} (supported: qwen3moe, llama with experts (Mixtral), olmoe, deepseek2, deepseek32, glm4moe, gpt-oss)"
                 )))
             }
         };
@@ -310,6 +369,9 @@ impl ModelConfig {
                 orig_ctx: opt_f("rope.scaling.original_context_length").unwrap_or(4096.0),
                 beta_fast: opt_f("rope.scaling.yarn_beta_fast").unwrap_or(32.0),
                 beta_slow: opt_f("rope.scaling.yarn_beta_slow").unwrap_or(1.0),
+                // gpt-oss's own YaRN does not round the correction range (its config says
+                // truncate false); GGUF has no key for it, so the family decides.
+                truncate: family != Family::GptOss,
                 // ggml's YaRN scales cos/sin by attn_factor * (1 + 0.1 ln factor) (attn_factor
                 // 1 here; keys that change it are refused below), except for deepseek2 and
                 // deepseek32, whose graphs cancel it (mscale == mscale_all_dim).
@@ -407,7 +469,7 @@ impl ModelConfig {
             && opt_u("expert_gating_func").unwrap_or(2) == 2;
         // Attention features llama.cpp writes as keys: a window in every layer (a per-layer
         // pattern is refused), and OLMo's q/k/v clamp.
-        if get("attention.sliding_window_pattern").is_some() {
+        if get("attention.sliding_window_pattern").is_some() && family != Family::GptOss {
             return Err(ModelError::Config(format!(
                 "{}: per-layer sliding-window patterns are not supported",
                 key("attention.sliding_window_pattern")
@@ -421,7 +483,11 @@ impl ModelConfig {
                 key("attention.clamp_kqv")
             )));
         }
-        let default_norm = !matches!(family, Family::Olmoe);
+        // llama.cpp's graphs renormalise the top-k weights always for qwen3moe and Mixtral,
+        // never for olmoe, and for deepseek2/deepseek32/glm4moe only when
+        // `expert_weights_norm` says so: their loaders read a missing key as false (the
+        // converter omits it when the checkpoint's `norm_topk_prob` is false).
+        let default_norm = matches!(family, Family::Qwen3Moe | Family::Mixtral);
         let cfg = ModelConfig {
             family,
             vocab,
@@ -437,7 +503,9 @@ impl ModelConfig {
             rope_theta: opt_f("rope.freq_base").unwrap_or(10000.0),
             rope_layout: match family {
                 Family::Mixtral | Family::DeepseekV3 => RopeLayout::Interleaved,
-                Family::Qwen3Moe | Family::Olmoe | Family::Glm4Moe => RopeLayout::HalfSplit,
+                Family::Qwen3Moe | Family::Olmoe | Family::Glm4Moe | Family::GptOss => {
+                    RopeLayout::HalfSplit
+                }
             },
             rope_scaling,
             rotary_dim,
@@ -465,6 +533,16 @@ impl ModelConfig {
             clip_qkv: clip_qkv.map(|c| c as f32),
             dense_attn_limit: indexer.map(|i| i.topk),
             indexer,
+            sliding_layers: None,
+            attn_sinks: false,
+            o_bias: false,
+            expert_act: ExpertAct::Silu,
+            expert_bias: false,
+        };
+        let cfg = if family == Family::GptOss {
+            super::gptoss::gguf_config(cfg, files)?
+        } else {
+            cfg
         };
         cfg.validate()?;
         Ok(cfg)
@@ -486,9 +564,16 @@ impl ModelConfig {
             // V3.2 is V3 plus DSA's lightning indexer (`indexer`).
             "DeepseekV3ForCausalLM" | "deepseek_v3" | "DeepseekV32ForCausalLM" | "deepseek_v32" => Family::DeepseekV3,
             "Glm4MoeForCausalLM" | "glm4_moe" => Family::Glm4Moe,
+            "GptOssForCausalLM" | "gpt_oss" => Family::GptOss,
+            other if not_yet_supported(other).is_some() => {
+                return Err(ModelError::Config(format!(
+                    "config.json: architecture {}",
+                    not_yet_supported(other).unwrap_or_default()
+                )))
+            }
             other => {
                 return Err(ModelError::Config(format!(
-                    "config.json: unknown architecture {other:?} (supported: Qwen3MoeForCausalLM, MixtralForCausalLM, OlmoeForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM)"
+                    "config.json: unknown architecture {other:?} (supported: Qwen3MoeForCausalLM, MixtralForCausalLM, OlmoeForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM, GptOssForCausalLM)"
                 )))
             }
         };
@@ -537,15 +622,10 @@ impl ModelConfig {
                     .or_else(|| rget("original_max_position_embeddings"))
                     .unwrap_or(max_pos as f64);
                 let f = rget("factor").unwrap_or(max_pos as f64 / orig);
-                if rope
+                let truncate = rope
                     .and_then(|r| r.get("truncate"))
                     .and_then(Value::as_bool)
-                    == Some(false)
-                {
-                    return Err(ModelError::Config(
-                        "config.json: yarn with truncate false is not supported".into(),
-                    ));
-                }
+                    .unwrap_or(true);
                 let attention_factor = match (
                     rget("attention_factor"),
                     rget("mscale"),
@@ -563,6 +643,7 @@ impl ModelConfig {
                     beta_fast: rget("beta_fast").unwrap_or(32.0),
                     beta_slow: rget("beta_slow").unwrap_or(1.0),
                     attention_factor,
+                    truncate,
                 }
             }
             other => {
@@ -580,7 +661,7 @@ impl ModelConfig {
             .find_map(|k| opt_u(k))
             .ok_or_else(|| ModelError::Config("config.json: none of num_experts / num_local_experts / n_routed_experts is set".into()))?;
         let expert_ffn = match family {
-            Family::Mixtral | Family::Olmoe => req_u("intermediate_size")?,
+            Family::Mixtral | Family::Olmoe | Family::GptOss => req_u("intermediate_size")?,
             _ => req_u("moe_intermediate_size")?,
         };
         if family == Family::Qwen3Moe {
@@ -706,7 +787,8 @@ impl ModelConfig {
                     1
                 },
                 norm_topk_prob: match family {
-                    Family::Mixtral => true,
+                    // gpt-oss: softmax over the chosen logits = renormalised softmax.
+                    Family::Mixtral | Family::GptOss => true,
                     _ => cfg
                         .get("norm_topk_prob")
                         .and_then(Value::as_bool)
@@ -724,7 +806,11 @@ impl ModelConfig {
             } else {
                 0
             },
-            dense_ffn: opt_u("intermediate_size").unwrap_or(0),
+            dense_ffn: if family == Family::GptOss {
+                0
+            } else {
+                opt_u("intermediate_size").unwrap_or(0)
+            },
             n_mtp_layers: opt_u("num_nextn_predict_layers").unwrap_or(0),
             train_ctx: max_pos,
             tie_embeddings: cfg
@@ -735,6 +821,16 @@ impl ModelConfig {
             clip_qkv,
             dense_attn_limit: indexer.map(|i| i.topk),
             indexer,
+            sliding_layers: None,
+            attn_sinks: false,
+            o_bias: false,
+            expert_act: ExpertAct::Silu,
+            expert_bias: false,
+        };
+        let c = if family == Family::GptOss {
+            super::gptoss::hf_config(c, cfg)?
+        } else {
+            c
         };
         c.validate()?;
         Ok(c)
@@ -855,6 +951,14 @@ impl ModelConfig {
         layers * (k + v) * std::mem::size_of::<f32>()
     }
 
+    /// The sliding window of layer `l`, if it has one.
+    pub fn window(&self, l: usize) -> Option<usize> {
+        match &self.sliding_layers {
+            Some(on) if !on.get(l).copied().unwrap_or(false) => None,
+            _ => self.sliding_window,
+        }
+    }
+
     /// Whether layer `l` routes to experts (else it has a dense FFN).
     pub fn is_moe_layer(&self, l: usize) -> bool {
         l >= self.n_dense_layers
@@ -874,6 +978,87 @@ mod tests {
         let mut v: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
         edit(&mut v);
         ModelConfig::from_hf(&v)
+    }
+
+    /// A metadata-only GGUF of `arch` (enough keys for the config reader) plus `extra`.
+    fn gguf_config(arch: &str, extra: &[(&str, MetaValue)]) -> ModelConfig {
+        use crate::format::GgufWriter;
+        let dir = std::env::temp_dir().join(format!(
+            "sluice-config-test-{}-{arch}-{}",
+            std::process::id(),
+            extra.len()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("m.gguf");
+        let mut w = GgufWriter::new(&path).unwrap();
+        w.add_meta("general.architecture", MetaValue::String(arch.into()))
+            .unwrap();
+        let u = |x: u32| MetaValue::U32(x);
+        let mut keys: Vec<(&str, MetaValue)> = vec![
+            ("block_count", u(2)),
+            ("embedding_length", u(32)),
+            ("feed_forward_length", u(64)),
+            ("expert_feed_forward_length", u(32)),
+            ("attention.head_count", u(4)),
+            ("attention.head_count_kv", u(4)),
+            ("attention.key_length", u(48)),
+            ("attention.value_length", u(32)),
+            ("expert_count", u(8)),
+            ("expert_used_count", u(2)),
+            ("vocab_size", u(320)),
+            ("rope.dimension_count", u(16)),
+        ];
+        if arch == "deepseek2" {
+            keys.push(("attention.kv_lora_rank", u(32)));
+        }
+        keys.extend(extra.iter().cloned());
+        for (k, v) in keys {
+            w.add_meta(&format!("{arch}.{k}"), v).unwrap();
+        }
+        w.finish().unwrap();
+        let files = ModelFiles::open(&path).unwrap();
+        let c = ModelConfig::from_files(&files).unwrap();
+        std::fs::remove_dir_all(&dir).ok();
+        c
+    }
+
+    #[test]
+    fn next_families_are_refused_by_name() {
+        for (arch, name, missing) in [
+            ("Qwen3NextForCausalLM", "Qwen3-Next", "Gated DeltaNet"),
+            (
+                "Qwen3_5MoeForConditionalGeneration",
+                "Qwen3.5-MoE",
+                "Gated DeltaNet",
+            ),
+            (
+                "DeepseekV4ForCausalLM",
+                "DeepSeek-V4",
+                "compressed and sparse attention",
+            ),
+            ("GlmMoeDsaForCausalLM", "GLM-5", "DSA"),
+        ] {
+            let cfg = serde_json::json!({"architectures": [arch], "hidden_size": 64});
+            let e = ModelConfig::from_hf(&cfg).unwrap_err().to_string();
+            assert!(
+                e.contains(name) && e.contains(missing) && !e.contains("unknown"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn gguf_expert_weights_norm_defaults_as_llama_cpp() {
+        // deepseek2 / glm4moe: llama.cpp reads a missing `expert_weights_norm` as false (its
+        // converter leaves the key out when norm_topk_prob is false).
+        for arch in ["deepseek2", "glm4moe"] {
+            assert!(!gguf_config(arch, &[]).routing.norm_topk_prob, "{arch}");
+            let on = gguf_config(arch, &[("expert_weights_norm", MetaValue::Bool(true))]);
+            assert!(on.routing.norm_topk_prob, "{arch}");
+        }
+        // qwen3moe always renormalises in llama.cpp's graph; olmoe never does.
+        assert!(gguf_config("qwen3moe", &[]).routing.norm_topk_prob);
+        assert!(!gguf_config("olmoe", &[]).routing.norm_topk_prob);
     }
 
     #[test]
@@ -914,13 +1099,22 @@ mod tests {
         };
         assert_eq!((factor, orig_ctx), (4.0, 32768.0));
         assert!((attention_factor - (0.1 * 4f64.ln() + 1.0)).abs() < 1e-12);
-        let e = qwen3(|v| {
+        let t = qwen3(|v| {
             v["rope_parameters"] = serde_json::json!({"rope_type": "yarn", "rope_theta": 1e6,
                 "factor": 4.0, "truncate": false});
         })
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("truncate"), "{e}");
+        .unwrap();
+        assert!(matches!(
+            t.rope_scaling,
+            RopeScaling::Yarn {
+                truncate: false,
+                ..
+            }
+        ));
+        assert!(matches!(
+            c.rope_scaling,
+            RopeScaling::Yarn { truncate: true, .. }
+        ));
     }
 
     #[test]

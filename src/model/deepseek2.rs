@@ -231,6 +231,7 @@ mod tests {
             beta_fast: 32.0,
             beta_slow: 1.0,
             attention_factor: 1.1,
+            truncate: true,
         };
         let inter = Rope::new(16, 8, 10000.0, yarn, RopeLayout::Interleaved);
         let half = Rope::new(16, 8, 10000.0, yarn, RopeLayout::HalfSplit);

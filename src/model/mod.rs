@@ -14,6 +14,7 @@ mod cpu;
 pub mod deepseek2;
 mod forward;
 pub mod glm4moe;
+pub mod gptoss;
 pub mod mixtral;
 mod mtp;
 pub mod names;
