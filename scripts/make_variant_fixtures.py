@@ -12,6 +12,8 @@ make_model_fixtures.make_model) with a few config fields changed:
                        5.17 then masks every layer; max_window_layers is not read)
   qwen3_moe_yarn       Qwen3-MoE with YaRN, factor 2 over original_max_position_embeddings 128
                        (max_position_embeddings 512: the factor is not the ratio of the lengths)
+  deepseek_v3_nonorm   DeepSeek-V3 with norm_topk_prob = false (sigmoid weights not renormalised;
+                       llama.cpp's converter then writes no deepseek2.expert_weights_norm key)
   deepseek_v32_sparse  DeepSeek-V3.2 with index_topk = 4, so the lightning indexer really
                        chooses which cached tokens MLA attends to
 
@@ -57,6 +59,7 @@ VARIANTS = {
     "qwen3_moe_yarn": {"base": "qwen3_moe", "seed": 2106, "set": {
         "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0,
                             "original_max_position_embeddings": 128}}},
+    "deepseek_v3_nonorm": {"base": "deepseek_v3", "seed": 2107, "set": {"norm_topk_prob": False}},
     "deepseek_v32_sparse": {"base": None, "seed": 2104, "architecture": "DeepseekV32ForCausalLM",
                             "config_class": "DeepseekV32Config", "config": V32_CONFIG,
                             "min_index_margin": 1e-3, "attempts": 60},

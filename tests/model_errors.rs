@@ -350,3 +350,43 @@ fn route_trace_with_resident_experts_is_refused() {
     );
     assert!(!trace.exists());
 }
+
+/// The 2026 families sluice does not run yet are refused by name (what is missing), not as an
+/// unknown architecture; gpt-oss's safetensors experts (MXFP4 blocks) likewise.
+#[test]
+fn next_families_refused_by_name() {
+    let d = tmpdir("qwen3next");
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/models/gpt_oss/model.safetensors"),
+        d.join("model.safetensors"),
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("config.json"),
+        r#"{"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "hidden_size": 64}"#,
+    )
+    .unwrap();
+    let args = [
+        "logits",
+        d.to_str().unwrap(),
+        "--tokens",
+        "1,2",
+        "--out",
+        "/dev/null",
+    ];
+    assert_clean_failure(&args, "Qwen3-Next is not supported yet");
+    assert_clean_failure(&args, "Gated DeltaNet");
+    let g = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/gpt_oss");
+    assert_clean_failure(
+        &[
+            "logits",
+            g.to_str().unwrap(),
+            "--tokens",
+            "1,2",
+            "--out",
+            "/dev/null",
+        ],
+        "gpt-oss experts from safetensors",
+    );
+}

@@ -10,7 +10,7 @@
 use super::EngineError;
 use crate::experts::{IoMode, Policy};
 use crate::gpu::Staging;
-use crate::model::ModelConfig;
+use crate::model::{Family, ModelConfig};
 use crate::plan::planner::ExpertMode;
 use crate::sample::SamplingParams;
 use std::path::PathBuf;
@@ -230,6 +230,12 @@ impl EngineOptions {
             return Err(refused(
                 "--gpu on",
                 "this sluice was built without the `cuda` feature (cargo build --release --features cuda)",
+            ));
+        }
+        if gpu_on && cfg.family == Family::GptOss {
+            return Err(refused(
+                "--gpu on",
+                "gpt-oss runs on the CPU only (the GPU forward has no attention sinks, per-layer sliding windows or biased clamped-SwiGLU experts); use --gpu off",
             ));
         }
         if gpu_on && self.mtp > 0 {

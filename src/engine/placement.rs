@@ -280,6 +280,10 @@ pub(crate) fn place_gpu(
         off("this build has no `cuda` feature");
         return Ok(false);
     }
+    if model.cfg.family == crate::model::Family::GptOss {
+        off("gpt-oss runs on the CPU only");
+        return Ok(false);
+    }
     if let Some(why) = o.gpu_off_reason() {
         off(why);
         return Ok(false);

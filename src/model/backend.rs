@@ -121,14 +121,17 @@ pub enum Cache {
 
 /// Grouped-query attention over the cache (`Backend::attend`).
 #[derive(Clone, Copy, Debug)]
-pub struct GqaShape {
+pub struct GqaShape<'s> {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
     /// Multiplies q.k before the softmax.
     pub scale: f32,
-    /// Attend to the last `w` positions only.
+    /// Attend to the last `w` positions only (this layer's window: gpt-oss alternates).
     pub window: Option<usize>,
+    /// One learned "sink" logit per head (gpt-oss): it joins the head's softmax, takes its
+    /// share of the probability mass and contributes no value (`gptoss::softmax_with_sink`).
+    pub sinks: Option<&'s [f32]>,
 }
 
 /// Where the chunk sits in its sequence.
@@ -223,9 +226,15 @@ pub trait Backend {
 
     /// Causal grouped-query attention: `Att` row i = softmax(q_i . K / scale) V over cache
     /// layer `layer`'s positions `first..=pos + i` (`first` from the sliding window), per head,
-    /// heads sharing a kv head in groups of `heads / kv_heads`. Reads `Q`.
-    fn attend(&mut self, layer: usize, n: usize, pos: usize, s: GqaShape)
-        -> Result<(), ModelError>;
+    /// heads sharing a kv head in groups of `heads / kv_heads`; with `s.sinks`, each head's
+    /// softmax includes its sink logit. Reads `Q`.
+    fn attend(
+        &mut self,
+        layer: usize,
+        n: usize,
+        pos: usize,
+        s: GqaShape<'_>,
+    ) -> Result<(), ModelError>;
 
     /// Multi-head latent attention in absorbed form (DeepSeek): per head, q's nope part is
     /// folded into latent space by `a.k_b`, scored against the cached latent + rope key,
@@ -254,7 +263,11 @@ pub trait Backend {
     /// rows 0..n into `Proj`: router logits, expert choice per token (`route_token`), each
     /// chosen expert's SwiGLU on the tokens routed to it, each token's outputs summed in its
     /// top-k slot order, plus the shared expert. Where the expert bytes come from (mapped
-    /// files, the streaming cache, VRAM) is the backend's business.
+    /// files, the streaming cache, VRAM) is the backend's business. `m` also carries what
+    /// gpt-oss adds, which a backend must apply or refuse: `router_bias` (added to the router
+    /// logits before routing, the prefetch prediction included), `exp_bias` (added to each
+    /// expert's gate, up and down outputs) and the model's `cfg.expert_act`
+    /// (`ExpertAct::ClampedSwiglu`: `gptoss::clamped_swiglu` instead of silu(gate) * up).
     fn moe(&mut self, layer: usize, m: &Moe<'_>, n: usize) -> Result<(), ModelError>;
 
     /// A hint, called after layer `next - 1`'s attention: start fetching the experts layer

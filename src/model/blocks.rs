@@ -110,13 +110,20 @@ pub fn rope_inv_freq(dim: usize, theta: f64, scaling: RopeScaling) -> (Vec<f32>,
             beta_fast,
             beta_slow,
             attention_factor,
+            truncate,
         } => {
             let corr = |rot: f64| {
                 (dim as f64 * (orig_ctx / (rot * 2.0 * std::f64::consts::PI)).ln())
                     / (2.0 * theta.ln())
             };
-            let low = corr(beta_fast).floor().max(0.0);
-            let mut high = corr(beta_slow).ceil().min(dim as f64 - 1.0);
+            let (low, high) = (corr(beta_fast), corr(beta_slow));
+            let (low, high) = if truncate {
+                (low.floor(), high.ceil())
+            } else {
+                (low, high)
+            };
+            let low = low.max(0.0);
+            let mut high = high.min(dim as f64 - 1.0);
             if low == high {
                 high += 0.001;
             }
@@ -124,8 +131,7 @@ pub fn rope_inv_freq(dim: usize, theta: f64, scaling: RopeScaling) -> (Vec<f32>,
                 .iter()
                 .enumerate()
                 .map(|(i, p)| {
-                    let ramp =
-                        ((i as f32 - low as f32) / (high as f32 - low as f32)).clamp(0.0, 1.0);
+                    let ramp = ((i as f32 - low as f32) / (high - low) as f32).clamp(0.0, 1.0);
                     let extra = 1.0 - ramp; // extrapolation weight
                     let (fe, fi) = (1.0 / p, 1.0 / (factor as f32 * p));
                     fi * (1.0 - extra) + fe * extra

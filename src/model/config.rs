@@ -21,6 +21,9 @@ pub enum Family {
     DeepseekV3,
     /// GLM-4.5/4.6/4.7 MoE (GGUF `glm4moe`).
     Glm4Moe,
+    /// OpenAI gpt-oss (GGUF `gpt-oss`, HF `GptOssForCausalLM`): attention sinks, alternating
+    /// sliding-window / full layers, biases everywhere, clamped SwiGLU experts (see gptoss.rs).
+    GptOss,
 }
 
 /// How rotary embeddings pair up the dimensions of a head.
@@ -46,7 +49,20 @@ pub enum RopeScaling {
         beta_fast: f64,
         beta_slow: f64,
         attention_factor: f64,
+        /// Round the correction range to whole dimensions (transformers' `truncate`, default
+        /// true; gpt-oss sets false).
+        truncate: bool,
     },
+}
+
+/// The activation of the routed experts' gated FFN.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ExpertAct {
+    /// silu(gate) * up.
+    Silu,
+    /// gpt-oss: gate clamped above at `limit`, up clamped to [-limit, limit], then
+    /// (up + 1) * gate * sigmoid(alpha * gate).
+    ClampedSwiglu { alpha: f32, limit: f32 },
 }
 
 /// Where the q/k RMSNorm applies, if the family has one.
@@ -139,6 +155,17 @@ pub struct ModelConfig {
     pub dense_attn_limit: Option<usize>,
     /// DeepSeek-V3.2's lightning indexer (DSA), which picks the attended tokens.
     pub indexer: Option<IndexerDims>,
+    /// Which layers use `sliding_window` (`None`: every layer); gpt-oss alternates.
+    pub sliding_layers: Option<Vec<bool>>,
+    /// One learned logit per head that joins each softmax of attention scores and takes its
+    /// share of the probability mass (gpt-oss `sinks`).
+    pub attn_sinks: bool,
+    /// Bias on the attention output projection (gpt-oss).
+    pub o_bias: bool,
+    /// Routed experts' activation.
+    pub expert_act: ExpertAct,
+    /// Router logits and every expert projection carry a bias (gpt-oss).
+    pub expert_bias: bool,
 }
 
 /// Shape of DeepSeek-V3.2's lightning indexer: `heads` query heads of `head_dim` (the first
@@ -334,6 +361,9 @@ impl ModelConfig {
                 orig_ctx: opt_f("rope.scaling.original_context_length").unwrap_or(4096.0),
                 beta_fast: opt_f("rope.scaling.yarn_beta_fast").unwrap_or(32.0),
                 beta_slow: opt_f("rope.scaling.yarn_beta_slow").unwrap_or(1.0),
+                // GGUF has no key for rounding the correction range: rounded, unless the
+                // family's hook says otherwise (gpt-oss).
+                truncate: true,
                 // ggml's YaRN scales cos/sin by attn_factor * (1 + 0.1 ln factor) (attn_factor
                 // 1 here; keys that change it are refused below), except for deepseek2 and
                 // deepseek32, whose graphs cancel it (mscale == mscale_all_dim).
@@ -370,7 +400,7 @@ impl ModelConfig {
         let sigmoid = spec.sigmoid_router && opt_u("expert_gating_func").unwrap_or(2) == 2;
         // Attention features llama.cpp writes as keys: a window in every layer (a per-layer
         // pattern is refused), and OLMo's q/k/v clamp.
-        if get("attention.sliding_window_pattern").is_some() {
+        if get("attention.sliding_window_pattern").is_some() && family != Family::GptOss {
             return Err(ModelError::Config(format!(
                 "{}: per-layer sliding-window patterns are not supported",
                 key("attention.sliding_window_pattern")
@@ -425,6 +455,11 @@ impl ModelConfig {
             clip_qkv: clip_qkv.map(|c| c as f32),
             dense_attn_limit: None,
             indexer: None,
+            sliding_layers: None,
+            attn_sinks: false,
+            o_bias: false,
+            expert_act: ExpertAct::Silu,
+            expert_bias: false,
         };
         (spec.gguf_hparams)(&GgufKeys { files, arch: &arch }, &mut cfg)?;
         cfg.validate()?;
@@ -484,15 +519,10 @@ impl ModelConfig {
                     .or_else(|| rget("original_max_position_embeddings"))
                     .unwrap_or(max_pos as f64);
                 let f = rget("factor").unwrap_or(max_pos as f64 / orig);
-                if rope
+                let truncate = rope
                     .and_then(|r| r.get("truncate"))
                     .and_then(Value::as_bool)
-                    == Some(false)
-                {
-                    return Err(ModelError::Config(
-                        "config.json: yarn with truncate false is not supported".into(),
-                    ));
-                }
+                    .unwrap_or(true);
                 let attention_factor = match (
                     rget("attention_factor"),
                     rget("mscale"),
@@ -510,6 +540,7 @@ impl ModelConfig {
                     beta_fast: rget("beta_fast").unwrap_or(32.0),
                     beta_slow: rget("beta_slow").unwrap_or(1.0),
                     attention_factor,
+                    truncate,
                 }
             }
             other => {
@@ -595,6 +626,11 @@ impl ModelConfig {
             clip_qkv,
             dense_attn_limit: None,
             indexer: None,
+            sliding_layers: None,
+            attn_sinks: false,
+            o_bias: false,
+            expert_act: ExpertAct::Silu,
+            expert_bias: false,
         };
         (spec.hf_hparams)(&keys, &mut c)?;
         c.validate()?;
@@ -631,6 +667,7 @@ impl ModelConfig {
                 beta_fast,
                 beta_slow,
                 attention_factor,
+                ..
             } => {
                 if !positive(factor)
                     || !positive(orig_ctx)
@@ -763,6 +800,14 @@ impl ModelConfig {
         layers * (k + v) * std::mem::size_of::<f32>()
     }
 
+    /// The sliding window of layer `l`, if it has one.
+    pub fn window(&self, l: usize) -> Option<usize> {
+        match &self.sliding_layers {
+            Some(on) if !on.get(l).copied().unwrap_or(false) => None,
+            _ => self.sliding_window,
+        }
+    }
+
     /// Whether layer `l` routes to experts (else it has a dense FFN).
     pub fn is_moe_layer(&self, l: usize) -> bool {
         l >= self.n_dense_layers
@@ -782,6 +827,88 @@ mod tests {
         let mut v: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
         edit(&mut v);
         ModelConfig::from_hf(&v)
+    }
+
+    /// A metadata-only GGUF of `arch` (enough keys for the config reader) plus `extra`.
+    fn gguf_config(arch: &str, extra: &[(&str, MetaValue)]) -> ModelConfig {
+        use crate::format::GgufWriter;
+        let dir = std::env::temp_dir().join(format!(
+            "sluice-config-test-{}-{arch}-{}",
+            std::process::id(),
+            extra.len()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("m.gguf");
+        let mut w = GgufWriter::new(&path).unwrap();
+        w.add_meta("general.architecture", MetaValue::String(arch.into()))
+            .unwrap();
+        let u = |x: u32| MetaValue::U32(x);
+        let mut keys: Vec<(&str, MetaValue)> = vec![
+            ("block_count", u(2)),
+            ("embedding_length", u(32)),
+            ("feed_forward_length", u(64)),
+            ("expert_feed_forward_length", u(32)),
+            ("attention.head_count", u(4)),
+            ("attention.head_count_kv", u(4)),
+            ("attention.key_length", u(48)),
+            ("attention.value_length", u(32)),
+            ("expert_count", u(8)),
+            ("expert_used_count", u(2)),
+            ("vocab_size", u(320)),
+            ("rope.dimension_count", u(16)),
+        ];
+        if arch == "deepseek2" {
+            keys.push(("attention.kv_lora_rank", u(32)));
+        }
+        keys.extend(extra.iter().cloned());
+        for (k, v) in keys {
+            w.add_meta(&format!("{arch}.{k}"), v).unwrap();
+        }
+        w.finish().unwrap();
+        let files = ModelFiles::open(&path).unwrap();
+        // The reader alone: the file holds no tensors for `validate_sizes`.
+        let c = ModelConfig::from_gguf(&files).unwrap();
+        std::fs::remove_dir_all(&dir).ok();
+        c
+    }
+
+    #[test]
+    fn next_families_are_refused_by_name() {
+        for (arch, name, missing) in [
+            ("Qwen3NextForCausalLM", "Qwen3-Next", "Gated DeltaNet"),
+            (
+                "Qwen3_5MoeForConditionalGeneration",
+                "Qwen3.5-MoE",
+                "Gated DeltaNet",
+            ),
+            (
+                "DeepseekV4ForCausalLM",
+                "DeepSeek-V4",
+                "compressed and sparse attention",
+            ),
+            ("GlmMoeDsaForCausalLM", "GLM-5", "DSA"),
+        ] {
+            let cfg = serde_json::json!({"architectures": [arch], "hidden_size": 64});
+            let e = ModelConfig::from_hf(&cfg).unwrap_err().to_string();
+            assert!(
+                e.contains(name) && e.contains(missing) && !e.contains("unknown"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn gguf_expert_weights_norm_defaults_as_llama_cpp() {
+        // deepseek2 / glm4moe: llama.cpp reads a missing `expert_weights_norm` as false (its
+        // converter leaves the key out when norm_topk_prob is false).
+        for arch in ["deepseek2", "glm4moe"] {
+            assert!(!gguf_config(arch, &[]).routing.norm_topk_prob, "{arch}");
+            let on = gguf_config(arch, &[("expert_weights_norm", MetaValue::Bool(true))]);
+            assert!(on.routing.norm_topk_prob, "{arch}");
+        }
+        // qwen3moe always renormalises in llama.cpp's graph; olmoe never does.
+        assert!(gguf_config("qwen3moe", &[]).routing.norm_topk_prob);
+        assert!(!gguf_config("olmoe", &[]).routing.norm_topk_prob);
     }
 
     #[test]
@@ -822,13 +949,22 @@ mod tests {
         };
         assert_eq!((factor, orig_ctx), (4.0, 32768.0));
         assert!((attention_factor - (0.1 * 4f64.ln() + 1.0)).abs() < 1e-12);
-        let e = qwen3(|v| {
+        let t = qwen3(|v| {
             v["rope_parameters"] = serde_json::json!({"rope_type": "yarn", "rope_theta": 1e6,
                 "factor": 4.0, "truncate": false});
         })
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("truncate"), "{e}");
+        .unwrap();
+        assert!(matches!(
+            t.rope_scaling,
+            RopeScaling::Yarn {
+                truncate: false,
+                ..
+            }
+        ));
+        assert!(matches!(
+            c.rope_scaling,
+            RopeScaling::Yarn { truncate: true, .. }
+        ));
     }
 
     #[test]

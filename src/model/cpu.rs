@@ -10,8 +10,9 @@
 
 use super::backend::{Backend, Buf, Cache, GqaShape, Rows};
 use super::blocks::{axpy, dot, rmsnorm, rmsnorm_inplace, silu, softmax, top_k};
-use super::config::{AttnKind, ModelConfig, RopeLayout};
-use super::weights::{Ffn, HeadMat, Mla, Mlp, Moe};
+use super::config::{AttnKind, ExpertAct, ModelConfig, RopeLayout};
+use super::gptoss;
+use super::weights::{ExpertBias, Ffn, HeadMat, Mla, Mlp, Moe};
 use super::{Model, ModelError, Prof, State};
 use crate::experts::ExpertCache;
 use crate::kernels::{self, Acts, Isa, WeightView};
@@ -243,7 +244,13 @@ impl Backend for CpuBackend<'_, '_, '_> {
         Ok(())
     }
 
-    fn attend(&mut self, l: usize, n: usize, pos: usize, sh: GqaShape) -> Result<(), ModelError> {
+    fn attend(
+        &mut self,
+        l: usize,
+        n: usize,
+        pos: usize,
+        sh: GqaShape<'_>,
+    ) -> Result<(), ModelError> {
         let st = &mut *self.st;
         let hd = sh.head_dim;
         let (qd, kvd) = (sh.heads * hd, sh.kv_heads * hd);
@@ -265,7 +272,10 @@ impl Backend for CpuBackend<'_, '_, '_> {
                 for (j, s) in (first..).zip(sc.iter_mut()) {
                     *s = dot(qh, &layer_k[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd]) * scale;
                 }
-                softmax(sc);
+                match sh.sinks {
+                    Some(sk) => gptoss::softmax_with_sink(sc, sk[hh]),
+                    None => softmax(sc),
+                }
                 o.fill(0.0);
                 for (j, s) in (first..).zip(sc.iter()) {
                     axpy(
@@ -407,6 +417,7 @@ impl<'a> Model<'a> {
         gate: &WeightView<'_>,
         up: &WeightView<'_>,
         down: &WeightView<'_>,
+        bias: Option<&ExpertBias>,
     ) -> Result<(), ModelError> {
         let (h, k, f) = (
             self.cfg.hidden,
@@ -424,11 +435,26 @@ impl<'a> Model<'a> {
         st.acts.load(&st.gathered[..cnt * h], cnt, h);
         kernels::matmul(gate, &mut st.acts, &mut st.gate[..cnt * f], pool, isa)?;
         kernels::matmul(up, &mut st.acts, &mut st.up[..cnt * f], pool, isa)?;
-        for (g, u) in st.gate[..cnt * f].iter_mut().zip(&st.up[..cnt * f]) {
-            *g = silu(*g) * u;
+        if let Some(b) = bias {
+            let (bg, bu) = (&b.gate[ex * f..(ex + 1) * f], &b.up[ex * f..(ex + 1) * f]);
+            add_rows(&mut st.gate[..cnt * f], Some(bg));
+            add_rows(&mut st.up[..cnt * f], Some(bu));
+        }
+        match self.cfg.expert_act {
+            ExpertAct::Silu => {
+                for (g, u) in st.gate[..cnt * f].iter_mut().zip(&st.up[..cnt * f]) {
+                    *g = silu(*g) * u;
+                }
+            }
+            ExpertAct::ClampedSwiglu { alpha, limit } => {
+                gptoss::clamped_swiglu(&mut st.gate[..cnt * f], &st.up[..cnt * f], alpha, limit)
+            }
         }
         st.acts.load(&st.gate[..cnt * f], cnt, f);
         kernels::matmul(down, &mut st.acts, &mut st.down[..cnt * h], pool, isa)?;
+        if let Some(b) = bias {
+            add_rows(&mut st.down[..cnt * h], Some(&b.down[ex * h..(ex + 1) * h]));
+        }
         for (j, &(t, slot)) in st.groups[ex].iter().enumerate() {
             let dst = (t as usize * k + slot as usize) * h;
             st.slot_out[dst..dst + h].copy_from_slice(&st.down[j * h..(j + 1) * h]);
@@ -444,8 +470,9 @@ impl<'a> Model<'a> {
 
     /// Decode's routed experts (resident): every chosen expert's gate and up products in one
     /// parallel region, then every down product in another, instead of a join per product.
-    /// Same dot per output element and the same activation quantization as `run_expert`, so
-    /// results are bit-identical to it; each expert's output lands in its top-k slot.
+    /// Same dot per output element, the same activation quantization, biases and activation
+    /// as `run_expert`, so results are bit-identical to it; each expert's output lands in its
+    /// top-k slot.
     fn moe_one_token(&self, st: &mut State, m: &Moe<'_>) -> Result<(), ModelError> {
         let (h, k, f) = (
             self.cfg.hidden,
@@ -484,8 +511,23 @@ impl<'a> Model<'a> {
             }
             kernels::matmul_jobs(&mut jobs[..2 * cnt], pool, isa)?;
         }
-        for (g, u) in st.gate[..cnt * f].iter_mut().zip(&st.up[..cnt * f]) {
-            *g = silu(*g) * u;
+        // gpt-oss's expert biases and activation, element for element as in `run_expert`.
+        if let Some(b) = m.exp_bias.as_ref() {
+            for (j, &ex) in st.needed.iter().enumerate() {
+                let (bg, bu) = (&b.gate[ex * f..(ex + 1) * f], &b.up[ex * f..(ex + 1) * f]);
+                add_rows(&mut st.gate[j * f..(j + 1) * f], Some(bg));
+                add_rows(&mut st.up[j * f..(j + 1) * f], Some(bu));
+            }
+        }
+        match self.cfg.expert_act {
+            ExpertAct::Silu => {
+                for (g, u) in st.gate[..cnt * f].iter_mut().zip(&st.up[..cnt * f]) {
+                    *g = silu(*g) * u;
+                }
+            }
+            ExpertAct::ClampedSwiglu { alpha, limit } => {
+                gptoss::clamped_swiglu(&mut st.gate[..cnt * f], &st.up[..cnt * f], alpha, limit)
+            }
         }
         st.acts.load(&st.gate[..cnt * f], cnt, f);
         for &ex in &st.needed {
@@ -508,6 +550,14 @@ impl<'a> Model<'a> {
                 }
             }
             kernels::matmul_jobs(&mut jobs[..cnt], pool, isa)?;
+        }
+        if let Some(b) = m.exp_bias.as_ref() {
+            for (j, &ex) in st.needed.iter().enumerate() {
+                add_rows(
+                    &mut st.down[j * h..(j + 1) * h],
+                    Some(&b.down[ex * h..(ex + 1) * h]),
+                );
+            }
         }
         for (j, &ex) in st.needed.iter().enumerate() {
             for &(t, slot) in &st.groups[ex] {
@@ -553,6 +603,7 @@ impl<'a> Model<'a> {
                         &v(&xw.gate, b.gate),
                         &v(&xw.up, b.up),
                         &v(&xw.down, b.down),
+                        m.exp_bias.as_ref(),
                     )?;
                 }
                 Ok(())
@@ -617,6 +668,7 @@ impl<'a> Model<'a> {
             Some(&self.pool),
             self.isa,
         )?;
+        add_rows(&mut st.pf_router[..n * e], m.router_bias.as_deref());
         st.pf_mark.fill(false);
         for i in 0..n {
             route_token(
@@ -672,6 +724,7 @@ impl<'a> Model<'a> {
 
         st.acts.load(&st.xn[..n * h], n, h);
         kernels::matmul(&m.router, &mut st.acts, &mut st.router[..n * e], pool, isa)?;
+        add_rows(&mut st.router[..n * e], m.router_bias.as_deref());
         self.select_experts(st, n, m.score_bias.as_deref());
 
         // Take the cache out of the state while experts run (put back on every path).
@@ -686,7 +739,7 @@ impl<'a> Model<'a> {
             None => (0..st.needed.len()).try_for_each(|i| {
                 let ex = st.needed[i];
                 let xw = &m.experts[ex];
-                self.run_expert(st, ex, &xw.gate, &xw.up, &xw.down)
+                self.run_expert(st, ex, &xw.gate, &xw.up, &xw.down, m.exp_bias.as_ref())
             }),
             Some(c) => self.moe_streamed(st, l, m, c),
         };
@@ -712,6 +765,14 @@ impl<'a> Model<'a> {
             }
         }
         Ok(())
+    }
+}
+
+/// Add `bias` (one row's worth) to every row of `x`, if there is one.
+fn add_rows(x: &mut [f32], bias: Option<&[f32]>) {
+    if let Some(b) = bias {
+        x.chunks_exact_mut(b.len())
+            .for_each(|r| r.iter_mut().zip(b).for_each(|(x, b)| *x += b));
     }
 }
 

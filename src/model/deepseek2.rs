@@ -34,7 +34,8 @@ pub static SPEC: FamilySpec = FamilySpec {
     hf_moe: HF_MOE,
     gguf_rope_layout: RopeLayout::Interleaved,
     sigmoid_router: true,
-    gguf_norm_topk: true,
+    // llama.cpp reads a missing expert_weights_norm as false.
+    gguf_norm_topk: false,
     hf_norm_topk: None,
     hf_expert_ffn_key: "moe_intermediate_size",
     hf_default_rope_theta: 10000.0,
@@ -374,6 +375,7 @@ mod tests {
             beta_fast: 32.0,
             beta_slow: 1.0,
             attention_factor: 1.1,
+            truncate: true,
         };
         let inter = Rope::new(16, 8, 10000.0, yarn, RopeLayout::Interleaved);
         let half = Rope::new(16, 8, 10000.0, yarn, RopeLayout::HalfSplit);

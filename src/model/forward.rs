@@ -246,10 +246,15 @@ impl<'a> Model<'a> {
                 kv_heads: cfg.n_kv_heads,
                 head_dim: hd,
                 scale: cfg.attn_scale,
-                window: cfg.sliding_window,
+                window: cfg.window(l),
+                sinks: a.sinks.as_deref(),
             },
         )?;
-        b.matmul(Rows::of(Buf::Att, qd), n, &[(&a.wo, Buf::Proj)])
+        b.matmul(Rows::of(Buf::Att, qd), n, &[(&a.wo, Buf::Proj)])?;
+        if let Some(bo) = &a.bo {
+            b.add_bias(Rows::of(Buf::Proj, h), n, bo)?;
+        }
+        Ok(())
     }
 
     /// SwiGLU MLP of rows 0..n of `Xn`; result in `out`.

@@ -17,7 +17,8 @@ pub static SPEC: FamilySpec = FamilySpec {
     hf_moe: HF_MOE,
     gguf_rope_layout: RopeLayout::HalfSplit,
     sigmoid_router: true,
-    gguf_norm_topk: true,
+    // llama.cpp reads a missing expert_weights_norm as false.
+    gguf_norm_topk: false,
     hf_norm_topk: None,
     hf_expert_ffn_key: "moe_intermediate_size",
     hf_default_rope_theta: 10000.0,

@@ -6,9 +6,9 @@
 //! Invariant: after `Weights::load` succeeds every view has the shape the config implies and a
 //! type the kernels support, so the forward pass can not fail on a weight.
 
-use super::config::{AttnKind, ModelConfig, QkNorm};
+use super::config::{AttnKind, Family, ModelConfig, QkNorm};
 use super::names::{self, Role};
-use super::ModelError;
+use super::{gptoss, ModelError};
 use crate::dtype::DType;
 use crate::format::{ByteRange, FileKind, ModelFiles, TensorInfo};
 use crate::kernels::{self, WeightView};
@@ -42,6 +42,8 @@ pub struct Gqa<'a> {
     pub bv: Option<Vec<f32>>,     // (n_kv_heads*head_dim)
     pub q_norm: Option<Vec<f32>>, // (head_dim) per-head, or (n_heads*head_dim) whole
     pub k_norm: Option<Vec<f32>>, // (head_dim) per-head, or (n_kv_heads*head_dim) whole
+    pub bo: Option<Vec<f32>>,     // (hidden) output-projection bias (gpt-oss)
+    pub sinks: Option<Vec<f32>>,  // (n_heads) attention sink logits (gpt-oss)
 }
 
 /// A per-head matrix: a view of the file, or an owned f32 copy when the checkpoint stores
@@ -86,10 +88,20 @@ pub enum Attention<'a> {
 
 /// A routed MoE block.
 pub struct Moe<'a> {
-    pub router: WeightView<'a>,       // (n_experts, hidden)
-    pub score_bias: Option<Vec<f32>>, // (n_experts) selection-only bias of sigmoid routers
-    pub experts: Vec<Expert<'a>>,     // n_experts
-    pub shared: Option<Mlp<'a>>,      // (shared_ffn)
+    pub router: WeightView<'a>,        // (n_experts, hidden)
+    pub score_bias: Option<Vec<f32>>,  // (n_experts) selection-only bias of sigmoid routers
+    pub experts: Vec<Expert<'a>>,      // n_experts
+    pub shared: Option<Mlp<'a>>,       // (shared_ffn)
+    pub router_bias: Option<Vec<f32>>, // (n_experts) added to the router logits (gpt-oss)
+    /// Biases of every expert projection (gpt-oss); resident, small.
+    pub exp_bias: Option<ExpertBias>,
+}
+
+/// Per-expert biases, expert-major: gate and up (n_experts, ffn), down (n_experts, hidden).
+pub struct ExpertBias {
+    pub gate: Vec<f32>,
+    pub up: Vec<f32>,
+    pub down: Vec<f32>,
 }
 
 pub enum Ffn<'a> {
@@ -304,6 +316,11 @@ impl<'a> Binder<'a, '_> {
             };
             return Ok(zip_experts(gate, up, down));
         }
+        if self.cfg.family == Family::GptOss {
+            return Err(ModelError::Unsupported(format!(
+                "gpt-oss experts from safetensors (layer {layer}: MXFP4 *_blocks/*_scales or transposed gate_up_proj) are not supported yet; convert the checkpoint to GGUF (llama.cpp's convert_hf_to_gguf.py) and load that"
+            )));
+        }
         // HF: per-expert tensors, or fused 3-D tensors.
         let pattern = |role: Role, fused: bool| {
             self.hf_moe
@@ -386,6 +403,53 @@ impl<'a> Binder<'a, '_> {
             bv: bias(Role::BiasV)?,
             q_norm,
             k_norm,
+            bo: if c.o_bias {
+                Some(self.named_vector(gptoss::O_BIAS, l, h)?)
+            } else {
+                None
+            },
+            sinks: if c.attn_sinks {
+                Some(self.named_vector(gptoss::SINKS, l, c.n_heads)?)
+            } else {
+                None
+            },
+        })
+    }
+
+    /// A vector named by a (GGUF, HF) pair of patterns.
+    fn named_vector(
+        &self,
+        pair: (&str, &str),
+        layer: usize,
+        n: usize,
+    ) -> Result<Vec<f32>, ModelError> {
+        let name = gptoss::name(self.files, pair, layer);
+        let t = self
+            .files
+            .tensor(&name)
+            .ok_or(ModelError::MissingTensor(name))?;
+        self.vector(t, n)
+    }
+
+    /// gpt-oss's expert biases (GGUF: gate/up/down tensors; HF: gate and up interleaved).
+    fn expert_bias(&self, l: usize) -> Result<ExpertBias, ModelError> {
+        let c = self.cfg;
+        let (e, f, h) = (c.n_experts, c.expert_ffn, c.hidden);
+        let down = self.named_vector(gptoss::DOWN_BIAS, l, e * h)?;
+        if self.is_gguf() {
+            let g = (gptoss::GATE_BIAS_GGUF, "");
+            let u = (gptoss::UP_BIAS_GGUF, "");
+            return Ok(ExpertBias {
+                gate: self.named_vector(g, l, e * f)?,
+                up: self.named_vector(u, l, e * f)?,
+                down,
+            });
+        }
+        let gu = self.named_vector(("", gptoss::GATE_UP_BIAS_HF), l, e * 2 * f)?;
+        Ok(ExpertBias {
+            gate: gu.iter().step_by(2).copied().collect(),
+            up: gu.iter().skip(1).step_by(2).copied().collect(),
+            down,
         })
     }
 
@@ -500,11 +564,21 @@ impl<'a> Binder<'a, '_> {
         } else {
             None
         };
+        let (router_bias, exp_bias) = if c.expert_bias {
+            (
+                Some(self.named_vector(gptoss::ROUTER_BIAS, l, c.n_experts)?),
+                Some(self.expert_bias(l)?),
+            )
+        } else {
+            (None, None)
+        };
         Ok(Moe {
             router: self.router(l)?,
             score_bias,
             experts: self.experts(l)?,
             shared,
+            router_bias,
+            exp_bias,
         })
     }
 }
