@@ -54,6 +54,13 @@ pub const fn q8k_rows_pos(i: usize) -> usize {
     64 * k + 8 * g + e
 }
 
+/// Four activation rows' `Q8K` blocks for a four-row dot: the block count that `w_blocks` and
+/// every row hold, and each row's first block.
+pub(super) fn q8k_rows4(w_blocks: usize, a: &[ActRow<'_>; 4]) -> (usize, [*const BlockQ8K; 4]) {
+    let nb = a.iter().map(|a| a.q8k.len()).fold(w_blocks, usize::min);
+    (nb, std::array::from_fn(|r| a[r].q8k.as_ptr()))
+}
+
 /// One activation row in every format that has been prepared (unprepared ones are empty).
 pub struct ActRow<'a> {
     pub f32: &'a [f32],

@@ -151,18 +151,7 @@ pub(super) mod x86 {
                 .for_each(|(o, a)| *o = dot_scalar(w, a));
             return;
         }
-        let nb = a
-            .iter()
-            .map(|a| a.q8k.len())
-            .min()
-            .unwrap_or(0)
-            .min(w.len() / BB);
-        let ap = [
-            a[0].q8k.as_ptr(),
-            a[1].q8k.as_ptr(),
-            a[2].q8k.as_ptr(),
-            a[3].q8k.as_ptr(),
-        ];
+        let (nb, ap) = super::super::act::q8k_rows4(w.len() / BB, a);
         // SAFETY: AVX2/FMA/F16C present (checked above); `w` holds `nb` whole blocks and each
         // activation row at least `nb` blocks.
         unsafe { avx2_x4(w.as_ptr(), ap, nb, out) }
@@ -176,18 +165,7 @@ pub(super) mod x86 {
                 .for_each(|(o, a)| *o = dot_scalar(w, a));
             return;
         }
-        let nb = a
-            .iter()
-            .map(|a| a.q8k.len())
-            .min()
-            .unwrap_or(0)
-            .min(w.len() / BB);
-        let ap = [
-            a[0].q8k.as_ptr(),
-            a[1].q8k.as_ptr(),
-            a[2].q8k.as_ptr(),
-            a[3].q8k.as_ptr(),
-        ];
+        let (nb, ap) = super::super::act::q8k_rows4(w.len() / BB, a);
         // SAFETY: AVX-512 F/BW/VL/VNNI present (checked above); lengths as in `dot4_avx2`.
         unsafe { avx512_x4(w.as_ptr(), ap, nb, out) }
     }
