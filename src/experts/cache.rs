@@ -24,41 +24,11 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
 use super::io::Completion;
-use super::policy::{self, Hotness, SlotMeta, EMPTY};
+use super::policy::{self, Hotness, Policy, SlotMeta, EMPTY};
 use super::store::ExpertPlan;
 use super::{
     ExpertError, ExpertStore, IoMode, ReadJob, ReadPool, Slab, TraceWriter, UsageStats, ALIGN,
 };
-
-/// Eviction policy of the evictable tier.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Policy {
-    /// Least recently used (one use-clock tick per request).
-    Lru,
-    /// Coldest first: +1 per selection, every count halved each `halve_every` tokens; ties go
-    /// to the least recently used.
-    Hotness { halve_every: u64 },
-}
-
-impl Policy {
-    /// `lru` or `hotness` (which then halves every `halve_every` tokens).
-    pub fn parse(name: &str, halve_every: u64) -> Result<Policy, String> {
-        match name {
-            "lru" => Ok(Policy::Lru),
-            "hotness" => Ok(Policy::Hotness { halve_every }),
-            _ => Err(format!(
-                "unknown cache policy `{name}` (expected lru or hotness)"
-            )),
-        }
-    }
-
-    pub fn name(&self) -> &'static str {
-        match self {
-            Policy::Lru => "lru",
-            Policy::Hotness { .. } => "hotness",
-        }
-    }
-}
 
 /// How the cache is built.
 #[derive(Clone, Debug)]

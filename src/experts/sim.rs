@@ -6,7 +6,7 @@
 //! Invariant: for LRU and hotness the hit/miss counts equal what `ExpertCache` with the same
 //! configuration reports for the requests the trace records.
 
-use super::cache::Policy;
+use super::policy::Policy;
 use super::policy::{self, Hotness, SlotMeta, EMPTY};
 use super::{ExpertError, Trace};
 
