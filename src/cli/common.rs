@@ -205,6 +205,18 @@ pub fn predicted_vs_measured(plan: &crate::plan::planner::Plan, measured: f64) -
     }
 }
 
+/// After a run: `[plan] memory: peak RSS X of the Y budget` (the planner counts the process
+/// itself against `--ram`, so the peak should stay under it).
+pub fn peak_vs_budget(plan: &crate::plan::planner::Plan) -> Option<String> {
+    let peak = peak_rss_bytes()?;
+    Some(format!(
+        "[plan] memory: peak RSS {} of the {} budget ({:.0}%)",
+        human(peak),
+        human(plan.budget_bytes),
+        100.0 * peak as f64 / plan.budget_bytes.max(1) as f64
+    ))
+}
+
 /// The cache's figures since `before` (the prefill's end), i.e. decode only.
 fn decode_stats(
     st: &crate::model::State,

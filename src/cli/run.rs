@@ -122,6 +122,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         eprintln!("{verdict}");
     }
     eprintln!("{}", predicted_vs_measured(&engine.plan, stats.gen_tps()));
+    if let Some(line) = super::common::peak_vs_budget(&engine.plan) {
+        eprintln!("{line}");
+    }
     if let Some(line) = engine.check_disk_profile() {
         eprintln!("{line}");
     }

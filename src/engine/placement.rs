@@ -144,7 +144,7 @@ pub(crate) fn place_experts(
     say: &Say,
 ) -> Result<Plan, EngineError> {
     let a = &o.experts;
-    let summary = planner::ModelSummary::of(model, files, st.kv_bytes() as u64)?;
+    let summary = planner::ModelSummary::of(model, files, st)?;
     // Usage statistics first: how many experts could be pinned bounds the pinned tier.
     let mut usage = None;
     if a.autopin {

@@ -183,6 +183,16 @@ pub struct IndexerScratch {
 }
 
 impl IndexerScratch {
+    /// Bytes of its buffers (the planner's memory budget).
+    pub fn bytes(&self) -> usize {
+        4 * (self.q.capacity()
+            + self.k.capacity()
+            + self.w.capacity()
+            + self.score.capacity()
+            + self.order.capacity()
+            + self.sel.capacity())
+    }
+
     pub fn new(cfg: &ModelConfig, ctx: usize, batch: usize) -> IndexerScratch {
         let Some(ix) = cfg.indexer else {
             return IndexerScratch {

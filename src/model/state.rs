@@ -204,4 +204,53 @@ impl State {
     pub fn kv_bytes(&self) -> usize {
         (self.kcache.len() + self.vcache.len()) * 4
     }
+
+    /// Bytes of every buffer but the KV cache (activations, router and expert scratch,
+    /// logits, the MTP head's): the planner counts them against `--ram` (a chunk of `batch`
+    /// tokens touches them all).
+    pub fn scratch_bytes(&self) -> usize {
+        let f32s = [
+            &self.x,
+            &self.xn,
+            &self.q,
+            &self.qa,
+            &self.k,
+            &self.v,
+            &self.att,
+            &self.scores,
+            &self.lat,
+            &self.proj,
+            &self.hfin,
+            &self.router,
+            &self.choice,
+            &self.groups_score,
+            &self.selw,
+            &self.gathered,
+            &self.gate,
+            &self.up,
+            &self.down,
+            &self.slot_out,
+            &self.logits,
+            &self.pf_router,
+            &self.pf_selw,
+            &self.mtp_cat,
+            &self.mtp_hidden,
+            &self.mtp_logits,
+        ]
+        .iter()
+        .map(|v| v.capacity() * 4)
+        .sum::<usize>();
+        let usizes = (self.groups_kept.capacity()
+            + self.sel.capacity()
+            + self.needed.capacity()
+            + self.pf_sel.capacity()
+            + self.pf_needed.capacity())
+            * std::mem::size_of::<usize>();
+        let groups = self
+            .groups
+            .iter()
+            .map(|g| g.capacity() * std::mem::size_of::<(u32, u32)>())
+            .sum::<usize>();
+        f32s + usizes + groups + self.pf_mark.capacity() + self.acts.bytes() + self.idx.bytes()
+    }
 }

@@ -52,6 +52,11 @@ pub struct ModelSummary {
     pub routed_bytes: u64,
     /// KV cache bytes for the requested context.
     pub kv_bytes: u64,
+    /// What the process holds besides weights, KV and experts: the binary, tokenizer and heap
+    /// when the plan is made (its resident set then) plus the activation buffers a chunk
+    /// touches (`State::scratch_bytes`). Counted against the budget like the KV cache.
+    #[serde(default)]
+    pub process_bytes: u64,
     /// Layers with routed experts.
     pub moe_layers: usize,
     /// Routed experts per MoE layer.
@@ -76,12 +81,16 @@ pub struct ModelSummary {
 }
 
 impl ModelSummary {
-    /// The summary of a loaded model, with `kv_bytes` for the state it will run with.
+    /// The summary of a loaded model, with the KV cache and buffers of the state `st` it will
+    /// run with and this process's resident set now.
     pub fn of(
         model: &crate::model::Model<'_>,
         files: &crate::format::ModelFiles,
-        kv_bytes: u64,
+        st: &crate::model::State,
     ) -> Result<ModelSummary, crate::model::ModelError> {
+        let kv_bytes = st.kv_bytes() as u64;
+        let process_bytes =
+            super::probe_mem::process_rss().unwrap_or(0) + st.scratch_bytes() as u64;
         let (routed, resident) = model.routed_and_resident_bytes(files);
         let store = model.expert_store(files)?;
         let (mtp_layer_bytes, mtp_draft_bytes) = mtp_bytes(model, files);
@@ -89,6 +98,7 @@ impl ModelSummary {
             resident_bytes: resident,
             routed_bytes: routed,
             kv_bytes,
+            process_bytes,
             moe_layers: store.moe_layers(),
             experts_per_layer: model.cfg.n_experts,
             top_k: model.cfg.n_experts_used,
@@ -111,9 +121,14 @@ impl ModelSummary {
         })
     }
 
-    /// Bytes of the whole model plus its KV cache.
+    /// Bytes of the whole model plus its KV cache and the process around it.
     pub fn total_bytes(&self) -> u64 {
-        self.resident_bytes + self.routed_bytes + self.kv_bytes
+        self.fixed_bytes() + self.routed_bytes
+    }
+
+    /// What the budget holds whatever the experts do: resident weights, KV cache, process.
+    pub fn fixed_bytes(&self) -> u64 {
+        self.resident_bytes + self.kv_bytes + self.process_bytes
     }
 
     /// Bytes one decoded token reads from RAM: resident weights but the embedding table and the
@@ -513,7 +528,7 @@ pub fn plan(
 ) -> Result<Plan, PlanError> {
     let mut ds = Vec::new();
     let budget = budget_decision(m, profile, req, &mut ds)?;
-    let left = budget - m.resident_bytes - m.kv_bytes;
+    let left = budget - m.fixed_bytes();
     let fits = m.total_bytes() <= budget;
     let stream = experts_decision(m, req, budget, fits, &mut ds);
     let cache = cache_decision(m, req, stream, budget, left, &mut ds)?;
@@ -620,13 +635,19 @@ fn budget_decision(
         human(m.kv_bytes),
         "-c context x layers x KV width, f32",
     ));
-    if m.resident_bytes + m.kv_bytes > budget {
+    ds.push(d(
+        "process",
+        human(m.process_bytes),
+        "binary, tokenizer and heap measured now, plus the activation buffers of a -b chunk",
+    ));
+    if m.fixed_bytes() > budget {
         return Err(PlanError::Impossible(format!(
-            "budget {} cannot hold the resident part: weights {} + KV cache {} = {} (lower -c or raise --ram)",
+            "budget {} cannot hold the resident part: weights {} + KV cache {} + process {} = {} (lower -c or raise --ram)",
             human(budget),
             human(m.resident_bytes),
             human(m.kv_bytes),
-            human(m.resident_bytes + m.kv_bytes)
+            human(m.process_bytes),
+            human(m.fixed_bytes())
         )));
     }
     Ok(budget)
@@ -650,7 +671,7 @@ fn experts_decision(
         (ExpertMode::Stream, _) => "--experts stream".to_string(),
         (ExpertMode::Auto, true) if req.cap.is_some() => "--cap given".to_string(),
         (ExpertMode::Auto, streamed) => format!(
-            "model + KV {} {} the budget {}",
+            "model + KV + process {} {} the budget {}",
             human(m.total_bytes()),
             if streamed { "exceed" } else { "fit" },
             human(budget)
