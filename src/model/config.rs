@@ -21,6 +21,9 @@ pub enum Family {
     DeepseekV3,
     /// GLM-4.5/4.6/4.7 MoE (GGUF `glm4moe`).
     Glm4Moe,
+    /// GLM-5 (GGUF `glm-dsa`, HF `GlmMoeDsaForCausalLM`): DeepSeek-V3.2's MLA and DSA with the
+    /// indexer rotated interleaved and shared across layers (see glmdsa.rs).
+    GlmDsa,
     /// OpenAI gpt-oss (GGUF `gpt-oss`, HF `GptOssForCausalLM`): attention sinks, alternating
     /// sliding-window / full layers, biases everywhere, clamped SwiGLU experts (see gptoss.rs).
     GptOss,
@@ -155,6 +158,9 @@ pub struct ModelConfig {
     pub dense_attn_limit: Option<usize>,
     /// DeepSeek-V3.2's lightning indexer (DSA), which picks the attended tokens.
     pub indexer: Option<IndexerDims>,
+    /// Per main layer, whether it runs its own indexer (true) or reuses the top-k of the
+    /// previous layer that did (GLM-5's `indexer_types` "shared"); empty: every layer runs it.
+    pub indexer_full: Vec<bool>,
     /// Which layers use `sliding_window` (`None`: every layer); gpt-oss alternates.
     pub sliding_layers: Option<Vec<bool>>,
     /// One learned logit per head that joins each softmax of attention scores and takes its
@@ -176,6 +182,8 @@ pub struct IndexerDims {
     pub heads: usize,
     pub head_dim: usize,
     pub topk: usize,
+    /// How the indexer's q and k rotate: half-split (DeepSeek-V3.2), interleaved (GLM-5).
+    pub rope: RopeLayout,
 }
 
 pub(super) fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
@@ -455,6 +463,7 @@ impl ModelConfig {
             clip_qkv: clip_qkv.map(|c| c as f32),
             dense_attn_limit: None,
             indexer: None,
+            indexer_full: Vec::new(),
             sliding_layers: None,
             attn_sinks: false,
             o_bias: false,
@@ -626,6 +635,7 @@ impl ModelConfig {
             clip_qkv,
             dense_attn_limit: None,
             indexer: None,
+            indexer_full: Vec::new(),
             sliding_layers: None,
             attn_sinks: false,
             o_bias: false,
@@ -886,7 +896,6 @@ mod tests {
                 "DeepSeek-V4",
                 "compressed and sparse attention",
             ),
-            ("GlmMoeDsaForCausalLM", "GLM-5", "DSA"),
         ] {
             let cfg = serde_json::json!({"architectures": [arch], "hidden_size": 64});
             let e = ModelConfig::from_hf(&cfg).unwrap_err().to_string();

@@ -325,8 +325,14 @@ impl Backend for CpuBackend<'_, '_, '_> {
         for i in 0..n {
             let len = pos + i + 1;
             // V3.2: past `index_topk` positions, attend only to those the indexer selects.
+            // GLM-5: a shared layer reuses the choice of the last layer that ran its indexer.
             let sparse = match &a.indexer {
-                Some(_) => m.indexer_select(st, l, i, len),
+                Some(_) => {
+                    let sparse = m.indexer_select(st, l, i, len);
+                    st.idx.keep(i, sparse);
+                    sparse
+                }
+                None if a.shares_indexer => st.idx.recall(i),
                 None => false,
             };
             let sel = &st.idx.sel[..if sparse { st.idx.sel.len() } else { 0 }];

@@ -78,6 +78,7 @@ pub static FAMILIES: &[&FamilySpec] = &[
     &super::deepseek2::SPEC,
     &super::glm4moe::SPEC,
     &super::gptoss::SPEC,
+    &super::glmdsa::SPEC,
 ];
 
 impl Family {
@@ -109,10 +110,6 @@ fn not_yet_supported(arch: &str) -> Option<String> {
         "DeepseekV4ForCausalLM" | "deepseek_v4" | "deepseek4" => (
             "DeepSeek-V4",
             "its compressed and sparse attention with their cache variants are not implemented",
-        ),
-        "GlmMoeDsaForCausalLM" | "glm_moe_dsa" | "glm-dsa" => (
-            "GLM-5 (glm_moe_dsa)",
-            "its DSA sparse attention is not implemented",
         ),
         _ => return None,
     };
@@ -306,6 +303,7 @@ mod tests {
             Family::DeepseekV3,
             Family::Glm4Moe,
             Family::GptOss,
+            Family::GlmDsa,
         ] {
             assert_eq!(FAMILIES.iter().filter(|s| s.family == f).count(), 1);
             assert_eq!(f.spec().family, f);

@@ -20,6 +20,7 @@ pub mod deepseek2;
 pub mod family;
 mod forward;
 pub mod glm4moe;
+pub mod glmdsa;
 pub mod gptoss;
 pub mod mixtral;
 mod mtp;

@@ -67,8 +67,11 @@ pub struct Mla<'a> {
     pub k_b: Vec<HeadMat<'a>>,       // n_heads x (kv_lora, nope): folds k's up-projection into q
     pub v_b: Vec<HeadMat<'a>>,       // n_heads x (v_dim, kv_lora)
     pub wo: WeightView<'a>,          // (hidden, n_heads*v_dim)
-    /// DeepSeek-V3.2's lightning indexer (absent: dense attention).
+    /// DeepSeek-V3.2's lightning indexer (absent: dense attention, unless `shares_indexer`).
     pub indexer: Option<Indexer<'a>>,
+    /// GLM-5's "shared" layers: no indexer of their own; each query attends to the positions
+    /// the previous layer with an indexer chose for it.
+    pub shares_indexer: bool,
 }
 
 /// DeepSeek-V3.2's lightning indexer (DSA): scores every cached position for each query and
@@ -530,15 +533,25 @@ impl<'a> Binder<'a, '_> {
             v_b,
             wo: self.mat(Role::Wo, l, h, nh * v_dim)?,
             indexer: self.indexer(l, q_lora)?,
+            shares_indexer: self.shares_indexer(l),
         })
     }
 
-    /// The V3.2 indexer of layer `l`: required in the main layers of a model that has one;
-    /// an MTP layer (l >= n_layers) without indexer tensors attends densely.
+    /// Whether main layer `l` reuses an earlier layer's indexer choice (GLM-5).
+    fn shares_indexer(&self, l: usize) -> bool {
+        l < self.cfg.n_layers && self.cfg.indexer_full.get(l) == Some(&false)
+    }
+
+    /// The V3.2 indexer of layer `l`: required in the main layers of a model that has one
+    /// (but GLM-5's shared layers); an MTP layer (l >= n_layers) without indexer tensors
+    /// attends densely.
     fn indexer(&self, l: usize, q_lora: Option<usize>) -> Result<Option<Indexer<'a>>, ModelError> {
         let (Some(ix), Some(r)) = (self.cfg.indexer, q_lora) else {
             return Ok(None);
         };
+        if self.shares_indexer(l) {
+            return Ok(None);
+        }
         if l >= self.cfg.n_layers && self.find(Role::IdxK, l).is_none() {
             return Ok(None);
         }
