@@ -20,22 +20,62 @@ use sluice::format::ModelFiles;
 use sluice::model::qwen3next::Mixer;
 use sluice::model::weights::Attention;
 use sluice::model::{LoadOptions, Model};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
 
 const OPTS: LoadOptions = LoadOptions {
     threads: 2,
     ctx: 128,
 };
 
-const FAMILIES: [(&str, &str); 2] = [("qwen3_next", "qwen3next"), ("qwen3_5_moe", "qwen35moe")];
+/// (fixture or file, family): the GGUF is checked against the safetensors fixture's logits.
+const FAMILIES: [(&str, &str); 3] = [
+    ("qwen3_next", "qwen3next"),
+    ("qwen3_next.gguf", "qwen3next"),
+    ("qwen3_5_moe", "qwen35moe"),
+];
+
+/// The fixture directory holding the reference logits of `name`.
+fn refdir(name: &str) -> PathBuf {
+    dir(name.trim_end_matches(".gguf"))
+}
 
 fn open(name: &str) -> ModelFiles {
-    let p = dir(name);
+    let p = if name == "qwen3_next.gguf" {
+        gguf()
+    } else {
+        dir(name)
+    };
     ModelFiles::open(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// The Qwen3-Next fixture as a `qwen3next` GGUF (llama.cpp's names and keys), written once per
+/// test binary by scripts/qwen3next_to_gguf.py.
+fn gguf() -> PathBuf {
+    static CELL: OnceLock<PathBuf> = OnceLock::new();
+    CELL.get_or_init(|| {
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("qwen3next.gguf");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/qwen3next_to_gguf.py");
+        let run = Command::new("python3")
+            .arg(script)
+            .arg(dir("qwen3_next"))
+            .arg(&out)
+            .output()
+            .expect("python3 with the gguf and numpy packages (.ci/run installs them)");
+        assert!(
+            run.status.success(),
+            "scripts/qwen3next_to_gguf.py failed:\n{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        out
+    })
+    .clone()
 }
 
 /// Worst relative error over every case and chunk size, asserting argmax agreement.
 fn check_cases(name: &str, model: &Model<'_>) -> f32 {
-    let d = dir(name);
+    let d = refdir(name);
     let mut worst = 0f32;
     for case in json(&d.join("cases.json"))["cases"].as_array().unwrap() {
         let toks = ids(&case["ids"]);
@@ -76,7 +116,7 @@ fn logits_match_transformers() {
 #[test]
 fn greedy_matches_transformers() {
     for (name, _) in FAMILIES {
-        let g = &json(&dir(name).join("cases.json"))["greedy"];
+        let g = &json(&refdir(name).join("cases.json"))["greedy"];
         let (prompt, want) = (ids(&g["prompt_ids"]), ids(&g["tokens"]));
         let files = open(name);
         let model = Model::load(&files, &OPTS).unwrap();
@@ -95,10 +135,15 @@ fn greedy_matches_transformers() {
 
 #[test]
 fn streamed_experts_are_bit_identical_to_resident() {
-    let name = "qwen3_next";
+    for name in ["qwen3_next", "qwen3_next.gguf"] {
+        streamed_matches_resident(name);
+    }
+}
+
+fn streamed_matches_resident(name: &str) {
     let files = open(name);
     let model = Model::load(&files, &OPTS).unwrap();
-    let case = &json(&dir(name).join("cases.json"))["cases"][2];
+    let case = &json(&refdir(name).join("cases.json"))["cases"][2];
     let toks = ids(&case["ids"]);
     let run = |batch: usize, cache: Option<CacheConfig>| {
         let mut st = model.new_state(128, batch, batch).unwrap();
@@ -114,7 +159,7 @@ fn streamed_experts_are_bit_identical_to_resident() {
         for slots in [1, 3] {
             let mut c = CacheConfig::new(slots);
             c.io = io;
-            assert_eq!(run(8, Some(c)), reference, "io {io:?} slots {slots}");
+            assert_eq!(run(8, Some(c)), reference, "{name} io {io:?} slots {slots}");
         }
     }
 }

@@ -493,15 +493,31 @@ impl Backend for CpuBackend<'_, '_, '_> {
                 );
             }
         } else {
-            let (Some(wz), Some(wa)) = (&d.in_z, &d.in_a) else {
+            let Some(wz) = &d.in_z else {
                 return Err(ModelError::Config(
-                    "Qwen3.5 DeltaNet without in_proj_z / in_proj_a".into(),
+                    "Gated DeltaNet without a z projection".into(),
                 ));
             };
             kernels::matmul(&d.in_qkv, &mut st.acts, &mut hs.mixed[..n * cd], pool, isa)?;
             kernels::matmul(wz, &mut st.acts, &mut hs.z[..n * vd], pool, isa)?;
-            kernels::matmul(&d.in_b, &mut st.acts, &mut hs.b[..n * nv], pool, isa)?;
-            kernels::matmul(wa, &mut st.acts, &mut hs.a[..n * nv], pool, isa)?;
+            match &d.in_a {
+                Some(wa) => {
+                    kernels::matmul(&d.in_b, &mut st.acts, &mut hs.b[..n * nv], pool, isa)?;
+                    kernels::matmul(wa, &mut st.acts, &mut hs.a[..n * nv], pool, isa)?;
+                }
+                None => {
+                    // Qwen3-Next GGUF: b and a still grouped per key head.
+                    kernels::matmul(&d.in_b, &mut st.acts, &mut hs.ba[..n * 2 * nv], pool, isa)?;
+                    for i in 0..n {
+                        qwen3next::ungroup_ba(
+                            hy,
+                            &hs.ba[i * 2 * nv..(i + 1) * 2 * nv],
+                            &mut hs.b[i * nv..(i + 1) * nv],
+                            &mut hs.a[i * nv..(i + 1) * nv],
+                        );
+                    }
+                }
+            }
         }
         for i in 0..n {
             let x = &mut hs.mixed[i * cd..(i + 1) * cd];

@@ -66,7 +66,7 @@ pub static SPEC: FamilySpec = FamilySpec {
     // The per-head q/k norms are the gated attention's own (bound with the mixer).
     hf_qk_norm: family::no_qk_norm,
     hf_sliding_window: family::no_sliding_window,
-    gguf_hparams: refuse_gguf,
+    gguf_hparams: gguf_next,
     hf_hparams: hf_next,
 };
 
@@ -111,6 +111,28 @@ pub mod hf {
     pub const Q_NORM: &str = "model.layers.{l}.self_attn.q_norm.weight";
     pub const K_NORM: &str = "model.layers.{l}.self_attn.k_norm.weight";
     pub const SHARED_GATE: &str = "model.layers.{l}.mlp.shared_expert_gate.weight";
+}
+
+/// llama.cpp's GGUF tensor names of a layer's mixer (`{l}` the layer): `attn_qkv` is
+/// [q; k; v] ungrouped, `attn_gate` is z, `ssm_ba` keeps HF's per-key-head grouping, `ssm_a`
+/// holds -exp(A_log), the norms hold 1 + w.
+pub mod gguf {
+    pub const QKV: &str = "blk.{l}.attn_qkv.weight";
+    pub const Z: &str = "blk.{l}.attn_gate.weight";
+    pub const BA: &str = "blk.{l}.ssm_ba.weight";
+    pub const CONV: &str = "blk.{l}.ssm_conv1d.weight";
+    pub const A: &str = "blk.{l}.ssm_a";
+    pub const DT_BIAS: &str = "blk.{l}.ssm_dt.bias";
+    pub const NORM: &str = "blk.{l}.ssm_norm.weight";
+    pub const OUT: &str = "blk.{l}.ssm_out.weight";
+    pub const Q: &str = "blk.{l}.attn_q.weight";
+    pub const K: &str = "blk.{l}.attn_k.weight";
+    pub const V: &str = "blk.{l}.attn_v.weight";
+    pub const O: &str = "blk.{l}.attn_output.weight";
+    pub const Q_NORM: &str = "blk.{l}.attn_q_norm.weight";
+    pub const K_NORM: &str = "blk.{l}.attn_k_norm.weight";
+    pub const SHARED_GATE: &str = "blk.{l}.ffn_gate_inp_shexp.weight";
+    pub const ROUTER: &str = "blk.{l}.ffn_gate_inp.weight";
 }
 
 /// The hybrid layer pattern and the Gated DeltaNet's shape.
@@ -181,6 +203,44 @@ fn refuse_gguf(k: &GgufKeys<'_>, _: &mut ModelConfig) -> Result<(), ModelError> 
         "GGUF architecture {}: {} GGUF files are not supported yet (load the safetensors checkpoint)",
         k.arch, k.arch
     ))
+}
+
+/// A `qwen3next` GGUF (llama.cpp's keys, see scripts/qwen3next_to_gguf.py): the layer pattern
+/// from `full_attention_interval`, the DeltaNet's shape from the `ssm.*` keys, dense layers
+/// where a layer has no router.
+fn gguf_next(k: &GgufKeys<'_>, c: &mut ModelConfig) -> Result<(), ModelError> {
+    let n = c.n_layers;
+    let every = k.req_u("full_attention_interval")?.max(1);
+    let v_heads = k.req_u("ssm.time_step_rank")?.max(1);
+    let inner = k.req_u("ssm.inner_size")?;
+    let hy = Hybrid {
+        linear: (0..n).map(|l| (l + 1) % every != 0).collect(),
+        dense: (0..n)
+            .map(|l| {
+                k.files
+                    .tensor(&gguf::ROUTER.replace("{l}", &l.to_string()))
+                    .is_none()
+            })
+            .collect(),
+        k_heads: k.req_u("ssm.group_count")?.max(1),
+        v_heads,
+        k_dim: k.req_u("ssm.state_size")?,
+        v_dim: inner / v_heads,
+        conv: k.req_u("ssm.conv_kernel")?.max(1),
+        fused: false,
+    };
+    if !hy.v_heads.is_multiple_of(hy.k_heads) || inner % v_heads != 0 {
+        return refuse(format!(
+            "{}: {} value heads ({inner} wide) over {} key heads do not divide",
+            k.key("ssm.time_step_rank"),
+            hy.v_heads,
+            hy.k_heads
+        ));
+    }
+    c.shared_ffn = k.req_u("expert_shared_feed_forward_length")?;
+    c.qk_norm = QkNorm::None;
+    c.hybrid = Some(Box::new(hy));
+    Ok(())
 }
 
 fn hf_next(k: &HfKeys<'_>, c: &mut ModelConfig) -> Result<(), ModelError> {
@@ -275,14 +335,14 @@ fn hf_common(k: &HfKeys<'_>, c: &mut ModelConfig, fused: bool) -> Result<(), Mod
 
 /// A Gated DeltaNet layer's weights.
 pub struct DeltaNet<'a> {
-    /// Qwen3-Next: (2 key_dim + 2 value_dim, hidden) grouped per key head as
-    /// [q (dk); k (dk); v (r dv); z (r dv)], r = v_heads / k_heads. Qwen3.5: (conv_dim, hidden)
-    /// = [q; k; v].
+    /// Qwen3-Next HF (`Hybrid::fused`): (2 key_dim + 2 value_dim, hidden) grouped per key head
+    /// as [q (dk); k (dk); v (r dv); z (r dv)], r = v_heads / k_heads. Otherwise (conv_dim,
+    /// hidden) = [q; k; v].
     pub in_qkv: WeightView<'a>,
-    /// Qwen3-Next: (2 v_heads, hidden) grouped per key head as [b (r); a (r)]. Qwen3.5: b
-    /// (v_heads, hidden).
+    /// Qwen3-Next: (2 v_heads, hidden) grouped per key head as [b (r); a (r)] (HF and GGUF).
+    /// Qwen3.5: b (v_heads, hidden).
     pub in_b: WeightView<'a>,
-    /// Qwen3.5 only: z (value_dim, hidden) and a (v_heads, hidden).
+    /// z (value_dim, hidden): Qwen3.5 and Qwen3-Next GGUF. a (v_heads, hidden): Qwen3.5.
     pub in_z: Option<WeightView<'a>>,
     pub in_a: Option<WeightView<'a>>,
     /// (conv_dim, K) the depthwise conv kernel.
@@ -345,7 +405,7 @@ pub struct HybridState {
     pub rec: Vec<f32>,
     /// (batch, 2 key_dim + 2 value_dim) Qwen3-Next's fused projection.
     pub proj: Vec<f32>,
-    /// (batch, 2 v_heads) Qwen3-Next's fused b/a projection.
+    /// (batch, 2 v_heads) Qwen3-Next's grouped b/a projection.
     pub ba: Vec<f32>,
     /// (batch, conv_dim) [q; k; v] before and after the conv.
     pub mixed: Vec<f32>,
@@ -383,7 +443,7 @@ impl HybridState {
                     0
                 }
             ],
-            ba: vec![0.0; if hy.fused { batch * 2 * hy.v_heads } else { 0 }],
+            ba: vec![0.0; batch * 2 * hy.v_heads],
             mixed: vec![0.0; batch * hy.conv_dim()],
             z: vec![0.0; batch * vd],
             b: vec![0.0; batch * hy.v_heads],
@@ -398,6 +458,16 @@ impl HybridState {
     /// Whether the sequence state has recurrent parts.
     pub fn is_recurrent(&self) -> bool {
         !self.rec.is_empty()
+    }
+}
+
+/// Qwen3-Next's per-key-head grouped [b (r); a (r)] of one token -> b, a.
+pub fn ungroup_ba(hy: &Hybrid, ba: &[f32], b: &mut [f32], a: &mut [f32]) {
+    let r = hy.v_heads / hy.k_heads;
+    for g in 0..hy.k_heads {
+        let s = &ba[g * 2 * r..(g + 1) * 2 * r];
+        b[g * r..(g + 1) * r].copy_from_slice(&s[..r]);
+        a[g * r..(g + 1) * r].copy_from_slice(&s[r..]);
     }
 }
 
@@ -421,10 +491,8 @@ pub fn ungroup(
         let v0 = 2 * kd + g * r * dv;
         mixed[v0..v0 + r * dv].copy_from_slice(&src[2 * dk..2 * dk + r * dv]);
         z[g * r * dv..(g + 1) * r * dv].copy_from_slice(&src[2 * dk + r * dv..]);
-        let s = &ba[g * 2 * r..(g + 1) * 2 * r];
-        b[g * r..(g + 1) * r].copy_from_slice(&s[..r]);
-        a[g * r..(g + 1) * r].copy_from_slice(&s[r..]);
     }
+    ungroup_ba(hy, ba, b, a);
 }
 
 /// The causal depthwise conv of one token, in place on `x` (conv_dim): out[c] =

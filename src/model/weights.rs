@@ -802,14 +802,21 @@ impl<'a> Binder<'a, '_> {
         self.vector(self.named(p, l)?, n)
     }
 
-    /// Layer `l`'s Gated DeltaNet or gated attention (HF names).
+    /// Layer `l`'s Gated DeltaNet or gated attention (HF or llama.cpp's GGUF names).
     fn hybrid_mixer(&self, l: usize) -> Result<Attention<'a>, ModelError> {
-        use qwen3next::hf;
+        use qwen3next::{gguf, hf};
         let c = self.cfg;
         let hy = c.hybrid.as_deref().ok_or_else(|| {
             ModelError::Config("hybrid mixer requested for a model without hybrid layers".into())
         })?;
-        let h = c.hidden;
+        let (h, g) = (c.hidden, self.is_gguf());
+        let pick = |gguf_name: &'static str, hf_name: &'static str| {
+            if g {
+                gguf_name
+            } else {
+                hf_name
+            }
+        };
         if l >= hy.linear.len() {
             return Err(ModelError::Unsupported(format!(
                 "layer {l}: MTP layers of {} are not supported",
@@ -818,26 +825,35 @@ impl<'a> Binder<'a, '_> {
         }
         if !hy.linear[l] {
             let (qd, kvd, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
+            // GGUF norms already hold 1 + w (llama.cpp's converter adds it).
+            let one = if g { 0.0 } else { 1.0 };
             let centred = |p: &str| -> Result<Vec<f32>, ModelError> {
                 Ok(self
                     .named_vec(p, l, hd)?
                     .into_iter()
-                    .map(|w| 1.0 + w)
+                    .map(|w| one + w)
                     .collect())
             };
             return Ok(Attention::Hybrid(qwen3next::Mixer::Gated(
                 qwen3next::GatedAttn {
-                    wq: self.named_mat(hf::Q, l, 2 * qd, h)?,
-                    wk: self.named_mat(hf::K, l, kvd, h)?,
-                    wv: self.named_mat(hf::V, l, kvd, h)?,
-                    wo: self.named_mat(hf::O, l, h, qd)?,
-                    q_norm: centred(hf::Q_NORM)?,
-                    k_norm: centred(hf::K_NORM)?,
+                    wq: self.named_mat(pick(gguf::Q, hf::Q), l, 2 * qd, h)?,
+                    wk: self.named_mat(pick(gguf::K, hf::K), l, kvd, h)?,
+                    wv: self.named_mat(pick(gguf::V, hf::V), l, kvd, h)?,
+                    wo: self.named_mat(pick(gguf::O, hf::O), l, h, qd)?,
+                    q_norm: centred(pick(gguf::Q_NORM, hf::Q_NORM))?,
+                    k_norm: centred(pick(gguf::K_NORM, hf::K_NORM))?,
                 },
             )));
         }
         let (kd, vd, nv) = (hy.key_dim(), hy.value_dim(), hy.v_heads);
-        let (in_qkv, in_b, in_z, in_a) = if hy.fused {
+        let (in_qkv, in_b, in_z, in_a) = if g {
+            (
+                self.named_mat(gguf::QKV, l, hy.conv_dim(), h)?,
+                self.named_mat(gguf::BA, l, 2 * nv, h)?,
+                Some(self.named_mat(gguf::Z, l, vd, h)?),
+                None,
+            )
+        } else if hy.fused {
             (
                 self.named_mat(hf::IN_QKVZ, l, 2 * kd + 2 * vd, h)?,
                 self.named_mat(hf::IN_BA, l, 2 * nv, h)?,
@@ -852,8 +868,20 @@ impl<'a> Binder<'a, '_> {
                 Some(self.named_mat(hf::IN_A, l, nv, h)?),
             )
         };
-        let conv_t = self.named(hf::CONV, l)?;
-        check_shape(conv_t, &[hy.conv_dim(), 1, hy.conv])?;
+        let conv_t = self.named(pick(gguf::CONV, hf::CONV), l)?;
+        if g {
+            check_shape(conv_t, &[hy.conv_dim(), hy.conv])?;
+        } else {
+            check_shape(conv_t, &[hy.conv_dim(), 1, hy.conv])?;
+        }
+        let a_neg = if g {
+            self.named_vec(gguf::A, l, nv)?
+        } else {
+            self.named_vec(hf::A_LOG, l, nv)?
+                .into_iter()
+                .map(|x| -x.exp())
+                .collect()
+        };
         Ok(Attention::Hybrid(qwen3next::Mixer::DeltaNet(
             qwen3next::DeltaNet {
                 in_qkv,
@@ -861,14 +889,10 @@ impl<'a> Binder<'a, '_> {
                 in_z,
                 in_a,
                 conv: self.files.dequantize(conv_t)?,
-                a_neg: self
-                    .named_vec(hf::A_LOG, l, nv)?
-                    .into_iter()
-                    .map(|x| -x.exp())
-                    .collect(),
-                dt_bias: self.named_vec(hf::DT_BIAS, l, nv)?,
-                norm: self.named_vec(hf::NORM, l, hy.v_dim)?,
-                out: self.named_mat(hf::OUT, l, h, vd)?,
+                a_neg,
+                dt_bias: self.named_vec(pick(gguf::DT_BIAS, hf::DT_BIAS), l, nv)?,
+                norm: self.named_vec(pick(gguf::NORM, hf::NORM), l, hy.v_dim)?,
+                out: self.named_mat(pick(gguf::OUT, hf::OUT), l, h, vd)?,
             },
         )))
     }
@@ -877,11 +901,12 @@ impl<'a> Binder<'a, '_> {
         if self.cfg.hybrid.is_none() {
             return Ok(None);
         }
-        Ok(Some(self.named_vec(
-            qwen3next::hf::SHARED_GATE,
-            l,
-            self.cfg.hidden,
-        )?))
+        let p = if self.is_gguf() {
+            qwen3next::gguf::SHARED_GATE
+        } else {
+            qwen3next::hf::SHARED_GATE
+        };
+        Ok(Some(self.named_vec(p, l, self.cfg.hidden)?))
     }
 
     /// transformers' zero-centred RMSNorms multiply by (1 + w): the 1 is added here, once.
