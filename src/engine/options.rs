@@ -238,6 +238,15 @@ impl EngineOptions {
                 "gpt-oss runs on the CPU only (the GPU forward has no attention sinks, per-layer sliding windows or biased clamped-SwiGLU experts); use --gpu off",
             ));
         }
+        if gpu_on && cfg.hybrid.is_some() {
+            return Err(refused("--gpu on", "Qwen3-Next / Qwen3.5 run on the CPU only (the GPU has no Gated DeltaNet or gated attention yet); use --gpu off"));
+        }
+        if cfg.hybrid.is_some() && self.kv_dir.is_some() {
+            return Err(refused(
+                "--kv-dir",
+                "session files do not hold a Qwen3-Next / Qwen3.5 recurrent state yet",
+            ));
+        }
         if gpu_on && self.mtp > 0 {
             return Err(refused(
                 "--mtp with --gpu on",

@@ -464,6 +464,11 @@ impl GpuState {
                     q_norm: a.q_norm.as_deref().map(|v| b.vec(v)),
                     k_norm: a.k_norm.as_deref().map(|v| b.vec(v)),
                 },
+                Attention::Hybrid(_) => {
+                    return Err(GpuError::Config(format!(
+                        "{what}: Qwen3-Next hybrid layers run on the CPU only"
+                    )))
+                }
                 Attention::Mla(a) => GAttn::Mla {
                     q_a: match (&a.q_a, &a.q_a_norm) {
                         (Some(m), Some(n)) => Some((b.mat(m, &what)?, b.vec(n))),

@@ -28,6 +28,7 @@
 //! never depends on the order in which experts are computed or arrive from disk.
 
 use super::config::RopeLayout;
+use super::qwen3next::{DeltaNet, GatedAttn};
 use super::weights::{Mla, Moe};
 use super::{ModelError, Prof};
 use crate::kernels::WeightView;
@@ -277,6 +278,40 @@ pub trait Backend {
 
     /// Where forward time went (the graph adds to it around each part).
     fn prof(&mut self) -> &mut Prof;
+
+    // Qwen3-Next / Qwen3.5 (qwen3next.rs). A backend without them refuses those families.
+
+    /// Gated full attention of rows 0..n of `Xn` into `Proj`: `a.wq` gives per head [q; gate],
+    /// q and k are RMS-normed per head (`a.q_norm`, `a.k_norm`), rotated (partial rotary) and
+    /// cached in cache layer `layer`, attention as `attend` (no window, no sinks), the result
+    /// multiplied by sigmoid(gate), then `a.wo`.
+    fn gated_attention(
+        &mut self,
+        layer: usize,
+        n: usize,
+        at: At,
+        a: &GatedAttn<'_>,
+    ) -> Result<(), ModelError> {
+        let _ = (layer, n, at, a);
+        Err(ModelError::Unsupported(
+            "Qwen3-Next gated attention is unsupported on this backend".into(),
+        ))
+    }
+
+    /// Gated DeltaNet of rows 0..n of `Xn` into `Proj` (see qwen3next.rs), token by token on
+    /// layer `layer`'s conv and recurrent state, which a chunk at position 0 first zeroes.
+    fn delta_net(
+        &mut self,
+        layer: usize,
+        n: usize,
+        at: At,
+        d: &DeltaNet<'_>,
+    ) -> Result<(), ModelError> {
+        let _ = (layer, n, at, d);
+        Err(ModelError::Unsupported(
+            "Qwen3-Next Gated DeltaNet is unsupported on this backend".into(),
+        ))
+    }
 }
 
 /// The trait stays object safe: a session may hold its backend as `Box<dyn Backend>`.

@@ -27,6 +27,11 @@ pub enum Family {
     /// OpenAI gpt-oss (GGUF `gpt-oss`, HF `GptOssForCausalLM`): attention sinks, alternating
     /// sliding-window / full layers, biases everywhere, clamped SwiGLU experts (see gptoss.rs).
     GptOss,
+    /// Qwen3-Next (GGUF `qwen3next`): hybrid Gated DeltaNet / gated full attention layers,
+    /// shared expert with a sigmoid gate (see qwen3next.rs).
+    Qwen3Next,
+    /// Qwen3.5-MoE (text): Qwen3-Next's hybrid with separate DeltaNet input projections.
+    Qwen35Moe,
 }
 
 /// How rotary embeddings pair up the dimensions of a head.
@@ -172,6 +177,8 @@ pub struct ModelConfig {
     pub expert_act: ExpertAct,
     /// Router logits and every expert projection carry a bias (gpt-oss).
     pub expert_bias: bool,
+    /// Qwen3-Next / Qwen3.5's hybrid layer pattern and Gated DeltaNet shape (qwen3next.rs).
+    pub hybrid: Option<Box<super::qwen3next::Hybrid>>,
 }
 
 /// Shape of DeepSeek-V3.2's lightning indexer: `heads` query heads of `head_dim` (the first
@@ -469,6 +476,7 @@ impl ModelConfig {
             o_bias: false,
             expert_act: ExpertAct::Silu,
             expert_bias: false,
+            hybrid: None,
         };
         (spec.gguf_hparams)(&GgufKeys { files, arch: &arch }, &mut cfg)?;
         cfg.validate()?;
@@ -641,6 +649,7 @@ impl ModelConfig {
             o_bias: false,
             expert_act: ExpertAct::Silu,
             expert_bias: false,
+            hybrid: None,
         };
         (spec.hf_hparams)(&keys, &mut c)?;
         c.validate()?;
@@ -820,7 +829,7 @@ impl ModelConfig {
 
     /// Whether layer `l` routes to experts (else it has a dense FFN).
     pub fn is_moe_layer(&self, l: usize) -> bool {
-        l >= self.n_dense_layers
+        l >= self.n_dense_layers && self.hybrid.as_ref().is_none_or(|h| !h.dense[l])
     }
 }
 
@@ -885,11 +894,10 @@ mod tests {
     #[test]
     fn next_families_are_refused_by_name() {
         for (arch, name, missing) in [
-            ("Qwen3NextForCausalLM", "Qwen3-Next", "Gated DeltaNet"),
             (
                 "Qwen3_5MoeForConditionalGeneration",
                 "Qwen3.5-MoE",
-                "Gated DeltaNet",
+                "only the text model",
             ),
             (
                 "DeepseekV4ForCausalLM",

@@ -79,6 +79,8 @@ pub static FAMILIES: &[&FamilySpec] = &[
     &super::glm4moe::SPEC,
     &super::gptoss::SPEC,
     &super::glmdsa::SPEC,
+    &super::qwen3next::SPEC,
+    &super::qwen3next::SPEC35,
 ];
 
 impl Family {
@@ -99,14 +101,11 @@ impl Family {
 /// 2026 families sluice recognises but does not run yet, by HF architecture / model_type or
 /// GGUF architecture, with what is missing: they are refused by name, not as unknown.
 fn not_yet_supported(arch: &str) -> Option<String> {
-    let hybrid = "its Gated DeltaNet linear-attention layers (recurrent and convolution state), gated full attention and shared-expert gate are not implemented";
     let (name, missing) = match arch {
-        "Qwen3NextForCausalLM" | "qwen3_next" | "qwen3next" => ("Qwen3-Next", hybrid),
-        "Qwen3_5MoeForCausalLM"
-        | "Qwen3_5MoeForConditionalGeneration"
-        | "qwen3_5_moe"
-        | "qwen3_5_moe_text"
-        | "qwen35moe" => ("Qwen3.5-MoE", hybrid),
+        "Qwen3_5MoeForConditionalGeneration" | "qwen3_5_moe" => (
+            "Qwen3.5-MoE (the multimodal checkpoint)",
+            "only the text model is supported (Qwen3_5MoeForCausalLM with its text config)",
+        ),
         "DeepseekV4ForCausalLM" | "deepseek_v4" | "deepseek4" => (
             "DeepSeek-V4",
             "its compressed and sparse attention with their cache variants are not implemented",
@@ -304,6 +303,8 @@ mod tests {
             Family::Glm4Moe,
             Family::GptOss,
             Family::GlmDsa,
+            Family::Qwen3Next,
+            Family::Qwen35Moe,
         ] {
             assert_eq!(FAMILIES.iter().filter(|s| s.family == f).count(), 1);
             assert_eq!(f.spec().family, f);
@@ -346,11 +347,12 @@ mod tests {
             Family::DeepseekV3
         );
         assert_eq!(by_gguf_arch("gpt-oss", 32).unwrap().family, Family::GptOss);
-        assert!(by_hf_arch("qwen3_next")
+        assert_eq!(by_hf_arch("qwen3_next").unwrap().family, Family::Qwen3Next);
+        assert!(by_hf_arch("Qwen3_5MoeForConditionalGeneration")
             .map(|s| s.name)
             .unwrap_err()
             .to_string()
-            .contains("Qwen3-Next is not supported yet"));
+            .contains("only the text model"));
         assert!(by_gguf_arch("deepseek4", 8)
             .map(|s| s.name)
             .unwrap_err()

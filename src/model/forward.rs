@@ -170,6 +170,7 @@ impl<'a> Model<'a> {
         match &lw.attn {
             Attention::Gqa(a) => self.attn_gqa(b, l, n, at, a)?,
             Attention::Mla(a) => self.attn_mla(b, l, n, at, a)?,
+            Attention::Hybrid(m) => m.run(b, l, n, at)?,
         }
         b.prof().attention += t.elapsed().as_secs_f64();
         b.add(Buf::X, Buf::Proj, n, h)?;

@@ -27,6 +27,7 @@ mod mtp;
 pub mod names;
 pub mod olmoe;
 pub mod qwen3moe;
+pub mod qwen3next;
 mod seq;
 mod state;
 mod streaming;

@@ -63,6 +63,8 @@ pub struct State {
     pub(crate) mtp_logits: Vec<f32>, // (logit_rows, vocab)
     /// MTP slots in the MTP layer's cache (slot s pairs hidden of position s with token s+1).
     pub mtp_pos: usize,
+    /// Qwen3-Next / Qwen3.5 recurrent state and scratch (empty otherwise).
+    pub(super) hybrid: super::qwen3next::HybridState,
     /// Streaming expert cache; `None` = experts are read through the mapped files.
     pub(crate) expert_cache: Option<ExpertCache>,
     /// Experts computed in the last forward call, summed over layers (telemetry).
@@ -151,6 +153,7 @@ impl State {
             kcache: vec![0.0; cache_layers * ctx * kc],
             vcache: vec![0.0; cache_layers * ctx * vc],
             idx: super::deepseek2::IndexerScratch::new(cfg, ctx, batch),
+            hybrid: super::qwen3next::HybridState::new(cfg, batch),
             router: vec![0.0; batch * e],
             choice: vec![0.0; e],
             groups_score: vec![0.0; cfg.routing.n_group],
