@@ -1301,6 +1301,7 @@ __device__ void gemm_tile(const u8* W0, const u8* W1, long long rb, int rows, in
                 float m1 = smn[m][wr + 8][c];
 #pragma unroll
                 for (int nt = 0; nt < GBN / 8; nt++) {
+                    if (8 * nt >= cnt - tile0) break;  // no token of the job left (warp-uniform)
                     const int col = 8 * nt + gid;
                     u32 b0 = *(const u32*)&sx[col][kc];
                     u32 b1 = *(const u32*)&sx[col][kc + 16];
