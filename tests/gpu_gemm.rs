@@ -13,10 +13,13 @@
 //!   together, `sum |w| max|x|_256 / 127`).
 //! - Grouped experts: one MoE layer's gate/up (SwiGLU) and down products for 100 tokens routed
 //!   to 4 of 8 experts, the grouped GEMM against the matvec expert kernels.
-//! - A quantized model (random Qwen3-MoE weights, Q4_K mix): prefill of 320 positions in
-//!   forwards of 128 tokens (the GEMM) against the CPU forward and against the GPU's own
-//!   forwards of 8 tokens (the matvec kernels): mean KL <= 1e-3, top-1 agreement >= 0.99.
-//! - `gemm_tflops_report` (ignored: run it with `--ignored`) prints the GEMM's TFLOP/s.
+//! - Quantized models, logits of 320 positions prefilled in forwards of 128 tokens (the GEMM)
+//!   against the CPU forward and against the GPU's forwards of 8 tokens (the matvec kernels):
+//!   mean KL <= 1e-3 and top-1 agreement >= 0.99 — the project's trained Q8_0 model on English
+//!   text, and a random Qwen3-MoE file in the Q4_K mix whose experts take the grouped GEMM
+//!   (against the CPU only the KL: see the test).
+//! - `gemm_tflops_report` and `prefill_report` (ignored: run them with `--ignored`) print the
+//!   GEMM's TFLOP/s and a model's warm prefill tok/s.
 
 #![cfg(feature = "cuda")]
 
@@ -287,6 +290,7 @@ fn moe_gemm_matches_matvec() {
     }
 }
 
+/// A random Qwen3-MoE file in the Q4_K mix, hidden and expert widths multiples of 128.
 fn model_file() -> PathBuf {
     let p = std::env::temp_dir().join(format!("sluice-gemm-q4k-{}.gguf", std::process::id()));
     let spec = sluice::synth::MoeSpec {
@@ -356,32 +360,54 @@ fn kl_top1(p: &[f32], q: &[f32], vocab: usize) -> (f64, usize, usize) {
     (kl / rows as f64, agree, rows)
 }
 
+/// Logits of every position of `toks`: CPU (`gpu: false`) or GPU, in forwards of `batch` tokens.
+fn all_logits(
+    model: &Model<'_>,
+    files: &ModelFiles,
+    toks: &[u32],
+    batch: usize,
+    gpu: bool,
+) -> Vec<f32> {
+    let mut st = state(model, files, batch, gpu);
+    let mut out = Vec::new();
+    model.logits_all(&mut st, toks, &mut out).unwrap();
+    out
+}
+
+const TEXT: &str = "The os module provides a portable way of using operating system dependent \
+functionality. If you just want to read or write a file see open(), if you want to manipulate \
+paths, see the os.path module, and if you want to read all the lines in all the files on the \
+command line see the fileinput module. For creating temporary files and directories see the \
+tempfile module, and for high-level file and directory handling see the shutil module. The \
+package manager installs, upgrades and removes packages, and keeps track of which files each \
+package owns, so that removing a package never leaves its files behind. ";
+
 #[test]
-fn gemm_prefill_close_to_cpu_on_a_quantized_model() {
-    if !gpu_or_skip("gemm_prefill_close_to_cpu_on_a_quantized_model") {
+fn gemm_prefill_close_to_cpu_on_quantized_models() {
+    if !gpu_or_skip("gemm_prefill_close_to_cpu_on_quantized_models") {
         return;
     }
-    let path = model_file();
-    let files = ModelFiles::open(&path).unwrap();
     let lo = LoadOptions {
         threads: 2,
         ctx: 512,
     };
+    // The project's trained model (Q8_0, hidden 256: its dense products take the GEMM; its
+    // 64-wide experts do not) on English text, where the next token is rarely a near tie.
+    let tiny = sluice::default_model::ensure().unwrap();
+    let files = ModelFiles::open(&tiny).unwrap();
     let model = Model::load(&files, &lo).unwrap();
+    let tok = sluice::engine::load_tokenizer(&files).unwrap();
+    let mut toks = tok.encode(&TEXT.repeat(4), false).unwrap();
+    toks.truncate(320);
+    assert!(toks.len() >= 256, "{} tokens", toks.len());
     let v = model.cfg.vocab;
-    let toks: Vec<u32> = (0..320u32).map(|i| (i * 37 + 11) % v as u32).collect();
-    let logits = |batch: usize, gpu: bool| {
-        let mut st = state(&model, &files, batch, gpu);
-        let mut out = Vec::new();
-        model.logits_all(&mut st, &toks, &mut out).unwrap();
-        out
-    };
-    let cpu = logits(128, false);
-    let gemm = logits(128, true);
-    let matvec = logits(8, true);
-    for (what, other) in [("cpu", &cpu), ("gpu matvec", &matvec)] {
-        let (kl, agree, rows) = kl_top1(other, &gemm, v);
-        eprintln!("q4_k model, gpu gemm vs {what}: mean KL {kl:.2e}, top-1 {agree}/{rows}");
+    let gemm = all_logits(&model, &files, &toks, 128, true);
+    for (what, other) in [
+        ("cpu", all_logits(&model, &files, &toks, 128, false)),
+        ("gpu matvec", all_logits(&model, &files, &toks, 8, true)),
+    ] {
+        let (kl, agree, rows) = kl_top1(&other, &gemm, v);
+        eprintln!("tiny q8_0 model, gpu gemm vs {what}: mean KL {kl:.2e}, top-1 {agree}/{rows}");
         assert!(rows >= 256, "{rows} positions");
         assert!(kl <= 1e-3, "{what}: mean KL {kl}");
         assert!(
@@ -391,7 +417,95 @@ fn gemm_prefill_close_to_cpu_on_a_quantized_model() {
     }
     drop(model);
     drop(files);
+
+    // Random Qwen3-MoE weights in the Q4_K mix (Q4_K and Q6_K): experts take the grouped GEMM.
+    // Against the GPU's matvec kernels (the same 8-bit codes) KL and top-1; against the CPU,
+    // which quantizes K-quant activations per 256 values where the GPU does per 32 (matvec
+    // and GEMM alike), the KL bound: random weights give near-flat logits, whose argmax the
+    // two roundings flip on near ties (the top-1 agreement is printed).
+    let path = model_file();
+    let files = ModelFiles::open(&path).unwrap();
+    let model = Model::load(&files, &lo).unwrap();
+    let v = model.cfg.vocab;
+    let toks: Vec<u32> = (0..320u32).map(|i| (i * 37 + 11) % v as u32).collect();
+    let gemm = all_logits(&model, &files, &toks, 128, true);
+    for (what, other, top1) in [
+        (
+            "gpu matvec",
+            all_logits(&model, &files, &toks, 8, true),
+            true,
+        ),
+        ("cpu", all_logits(&model, &files, &toks, 128, false), false),
+    ] {
+        let (kl, agree, rows) = kl_top1(&other, &gemm, v);
+        eprintln!("random q4_k model, gpu gemm vs {what}: mean KL {kl:.2e}, top-1 {agree}/{rows}");
+        assert!(rows >= 256, "{rows} positions");
+        assert!(kl <= 1e-3, "{what}: mean KL {kl}");
+        if top1 {
+            assert!(
+                agree as f64 >= 0.99 * rows as f64,
+                "{what}: top-1 {agree}/{rows}"
+            );
+        }
+    }
+    drop(model);
+    drop(files);
     let _ = std::fs::remove_file(&path);
+}
+
+/// Warm prefill tok/s of the model at `SLUICE_GEMM_MODEL` (every expert in VRAM, staged by a
+/// first untimed pass), 512 tokens in forwards of `SLUICE_GEMM_BATCH` (512), three timed
+/// passes; `SLUICE_GPU_GEMM=0` for the matvec kernels. Asserts nothing about speed.
+#[test]
+#[ignore]
+fn prefill_report() {
+    if !gpu_or_skip("prefill_report") {
+        return;
+    }
+    let Some(path) = std::env::var_os("SLUICE_GEMM_MODEL") else {
+        eprintln!("prefill_report: skipped: SLUICE_GEMM_MODEL not set");
+        return;
+    };
+    let batch: usize = std::env::var("SLUICE_GEMM_BATCH")
+        .ok()
+        .and_then(|b| b.parse().ok())
+        .unwrap_or(512);
+    let files = ModelFiles::open(Path::new(&path)).unwrap();
+    let lo = LoadOptions {
+        threads: 16,
+        ctx: 1024,
+    };
+    let model = Model::load(&files, &lo).unwrap();
+    let v = model.cfg.vocab as u32;
+    let toks: Vec<u32> = (0..512u32).map(|i| (i * 7919 + 13) % v).collect();
+    let mut st = model.new_state(1024, batch, 1).unwrap();
+    let mut cfg = CacheConfig::new(model.cfg.n_experts);
+    cfg.io = sluice::experts::IoMode::Buffered;
+    st.attach_experts(model.expert_cache(&files, cfg).unwrap());
+    let opts = GpuOptions {
+        vram: None,
+        staging: Staging::Arena,
+        pinned: Vec::new(),
+    };
+    let (g, _) = GpuState::attach(&model, &st, &opts).unwrap();
+    st.attach_gpu(g);
+    model.feed(&mut st, &toks).unwrap();
+    for rep in 0..3 {
+        st.pos = 0;
+        let before = st.gpu_stats().unwrap();
+        let t = std::time::Instant::now();
+        model.feed(&mut st, &toks).unwrap();
+        let secs = t.elapsed().as_secs_f64();
+        let s = st.gpu_stats().unwrap().since(&before);
+        eprintln!(
+            "prefill 512 tokens, batch {batch}, rep {rep}: {:.1} tok/s ({:.2} ms; gpu wall {:.2} ms, kernels {:.2} ms, experts copied {})",
+            512.0 / secs,
+            secs * 1e3,
+            s.wall_secs * 1e3,
+            s.kernel_secs * 1e3,
+            s.experts_h2d
+        );
+    }
 }
 
 /// Prints TFLOP/s of the GEMM (and the matvec kernel it replaces) on prefill-sized products;
