@@ -20,6 +20,8 @@ pub mod pool;
 #[cfg(feature = "cuda")]
 pub mod driver;
 #[cfg(feature = "cuda")]
+pub mod gemm;
+#[cfg(feature = "cuda")]
 pub mod model;
 
 use std::fmt;

@@ -15,6 +15,7 @@
 //! from it is in flight, and a VRAM slot is never overwritten while a kernel may read it.
 
 use super::driver::{pinned_h2d_gbps, Arg, DevBuf, Event, Gpu, Graph, Kernel, PinnedBuf, Stream};
+use super::gemm::{self, GemmFns};
 use super::pool::VramPool;
 use super::{GpuError, GpuOptions, GpuStats, Staging};
 use crate::dtype::DType;
@@ -57,6 +58,7 @@ struct QFns {
     mm: Kernel,
     gate_up: Kernel,
     down: Kernel,
+    gemm: GemmFns, // prefill GEMM (gemm.rs)
 }
 
 /// Weight types with int8-activation (dp4a) kernels; the float types keep f32 activations
@@ -353,6 +355,7 @@ impl<'a> Builder<'a> {
                     mm: self.gpu.function(&format!("mmq_{n}"))?,
                     gate_up: self.gpu.function(&format!("moe_gate_up_q_{n}"))?,
                     down: self.gpu.function(&format!("moe_down_q_{n}"))?,
+                    gemm: GemmFns::load(self.gpu, &n)?, // prefill GEMM (gemm.rs)
                 })
             } else {
                 None
@@ -861,9 +864,15 @@ impl GpuState {
     ) -> Result<(), GpuError> {
         if let Some(q) = m.f.q.filter(|_| m.cols.is_multiple_of(32)) {
             self.quantize(x, ldx, n, m.cols)?;
-            return self
-                .gpu
-                .launch(
+            // prefill GEMM (gemm.rs): many tokens multiply on the tensor cores.
+            let (xq, xd) = (self.bufs.xq.ptr, self.bufs.xd.ptr);
+            let r = if gemm::takes(n, m.cols) {
+                let w = self.wa(m.off);
+                gemm::mm(
+                    &self.gpu, &q.gemm, w, m.rb, m.rows, m.cols, xq, xd, n, y, ldy,
+                )
+            } else {
+                self.gpu.launch(
                     q.mm,
                     ((m.rows as u32).div_ceil(WARPS), 1, 1),
                     32 * WARPS,
@@ -881,13 +890,14 @@ impl GpuState {
                         (ldy as i32).into(),
                     ],
                 )
-                .inspect(|_| {
-                    // An output over the quantized input makes its quantization stale.
-                    let (x_end, y_end) = (x + (4 * n * ldx) as u64, y + (4 * n * ldy) as u64);
-                    if y < x_end && x < y_end {
-                        self.xq_src.set(None);
-                    }
-                });
+            };
+            return r.inspect(|_| {
+                // An output over the quantized input makes its quantization stale.
+                let (x_end, y_end) = (x + (4 * n * ldx) as u64, y + (4 * n * ldy) as u64);
+                if y < x_end && x < y_end {
+                    self.xq_src.set(None);
+                }
+            });
         }
         self.launch(
             m.f.mm,
@@ -1645,24 +1655,36 @@ impl GpuState {
         };
         if let Some((qg, qd)) = q {
             self.quantize(self.bufs.xn.ptr, h, n, h)?;
-            self.gpu.launch(
-                qg.gate_up,
-                ((mo.ffn as u32).div_ceil(WARPS), grid_y as u32, 1),
-                32 * WARPS,
-                0,
-                compute,
-                &[
-                    jobs.into(),
-                    nj.into(),
-                    (mo.ffn as i32).into(),
-                    (h as i32).into(),
-                    (mo.rb_gate as i64).into(),
-                    self.bufs.xq.ptr.into(),
-                    self.bufs.xd.ptr.into(),
-                    self.bufs.tok.ptr.into(),
-                    self.bufs.hb.ptr.into(),
-                ],
-            )?;
+            // prefill GEMM (gemm.rs): a job holds at most n tokens.
+            let g = gemm::takes(n, h) && gemm::takes(n, mo.ffn);
+            let b = &self.bufs;
+            if g {
+                let (xq, xd, tok, hb) = (b.xq.ptr, b.xd.ptr, b.tok.ptr, b.hb.ptr);
+                let (f, rb) = (mo.ffn, mo.rb_gate);
+                let gu = &qg.gemm;
+                gemm::moe_gate_up(
+                    &self.gpu, gu, jobs, nj, grid_y, n, f, h, rb, xq, xd, tok, hb,
+                )?;
+            } else {
+                self.gpu.launch(
+                    qg.gate_up,
+                    ((mo.ffn as u32).div_ceil(WARPS), grid_y as u32, 1),
+                    32 * WARPS,
+                    0,
+                    compute,
+                    &[
+                        jobs.into(),
+                        nj.into(),
+                        (mo.ffn as i32).into(),
+                        (h as i32).into(),
+                        (mo.rb_gate as i64).into(),
+                        self.bufs.xq.ptr.into(),
+                        self.bufs.xd.ptr.into(),
+                        self.bufs.tok.ptr.into(),
+                        self.bufs.hb.ptr.into(),
+                    ],
+                )?;
+            }
             // The jobs' assignment rows of hb (a span that may include other jobs' rows:
             // harmless, each is rewritten and requantized before its own down product).
             let (r0, rn) = rows;
@@ -1682,6 +1704,15 @@ impl GpuState {
                     self.bufs.hd.f(r0 * f / 32).into(),
                 ],
             )?;
+            if g {
+                let (hq, hd, dst, so) = (b.hq.ptr, b.hd.ptr, b.dst.ptr, b.slot_out.ptr);
+                let (f, rb) = (mo.ffn, mo.rb_down);
+                let dn = &qd.gemm;
+                gemm::moe_down(
+                    &self.gpu, dn, jobs, nj, grid_y, n, h, f, rb, hq, hd, dst, so,
+                )?;
+                return self.timer_stop(ti, compute, false);
+            }
             self.gpu.launch(
                 qd.down,
                 ((h as u32).div_ceil(WARPS), grid_y as u32, 1),
