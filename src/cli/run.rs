@@ -113,6 +113,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     ) {
         eprintln!("{line}");
     }
+    if let Some(line) = super::common::belady_bound(
+        st,
+        stats.experts_after_prefill,
+        stats.decoded(),
+        stats.decode_secs,
+    ) {
+        eprintln!("{line}");
+    }
     if let Some(line) = super::gpu::gpu_summary(st, stats.gpu_after_prefill) {
         eprintln!("{line}");
     }
