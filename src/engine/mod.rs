@@ -1,6 +1,7 @@
 //! The engine: one object that owns a running model — its files, weights, tokenizer, the
-//! planner's placement (streamed expert cache, GPU forward) and the session (the per-sequence
-//! state and the tokens it holds) — and the one decode loop every command uses.
+//! planner's placement (streamed expert cache, the device backend the forward runs on: the
+//! CUDA backend or none for the CPU) and the session (the per-sequence state and the tokens it
+//! holds) — and the one decode loop every command uses.
 //!
 //! Map: `options.rs` is the plain options struct, the flag parsers and the one place that
 //! refuses unsupported combinations; `placement.rs` runs the planner and attaches the expert

@@ -1,9 +1,10 @@
 //! Placement: the planner's decisions for a loaded model and their execution — the streamed
-//! expert cache (with autopin and usage statistics) and the GPU forward — attached to a state.
+//! expert cache (with autopin and usage statistics), attached to a state, and the CUDA backend,
+//! returned to the engine that holds it beside the state.
 //!
 //! Owns: the `[plan]` lines printed at start, the request handed to the planner, usage
 //! statistics' path and saving, the GPU attach (CPU fallback with `--gpu auto`). Does not own:
-//! the decisions themselves (plan/planner.rs), the cache (experts/), the GPU forward (gpu/).
+//! the decisions themselves (plan/planner.rs), the cache (experts/), the CUDA backend (gpu/).
 //! Invariant: placement never changes what is computed, only where and how fast.
 
 use super::options::{EngineOptions, ExpertOptions, GpuWant};

@@ -1,12 +1,14 @@
-//! The CUDA backend (cargo feature `cuda`): the whole forward pass on the GPU, with routed
+//! The CUDA backend (cargo feature `cuda`): the shared forward graph on the GPU, with routed
 //! experts computed from a VRAM expert pool that sits above the RAM expert cache and the SSD.
 //!
 //! Owns: the driver wrapper (`driver.rs`, every unsafe CUDA call), the kernels (`kernels.cu`,
 //! compiled to the committed `kernels.ptx` by scripts/build-ptx.py), the VRAM pool bookkeeping
-//! (`pool.rs`, compiled without the feature too so it is tested everywhere) and the GPU forward
-//! (`model.rs`). Does not own: what is computed — the forward is the CPU model's, step for
-//! step; routing runs on the device by the CPU's rule (`route_token`: same scores, bias,
-//! groups, top-k with the lower index winning ties), the same kernel for every placement.
+//! (`pool.rs`, compiled without the feature so it is tested everywhere), the device state
+//! (`model.rs`: weights, KV cache, scratch, kernel launchers, the MoE step, staging), the
+//! `Backend`/`Device` implementations (`backend.rs`) and the one list of what the device lacks
+//! (`refusal`). Does not own: what is computed — the forward graph is model/'s, the same one
+//! the CPU runs; routing runs on the device by the CPU's rule (`route_token`: same scores,
+//! bias, groups, top-k with the lower index winning ties), the same kernel for every placement.
 //!
 //! Memory (issue: residency costs are real): dense weights live in one device allocation, the
 //! expert pool in another (`--vram`), scratch in a handful sized once; expert bytes reach the

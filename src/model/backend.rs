@@ -2,12 +2,13 @@
 //!
 //! Owns: the contract between the forward graph (`forward.rs`, `deepseek2.rs`, `mtp.rs`,
 //! which decide *what* is computed, in which order, on which weights) and a backend (which
-//! decides *where and how*: `cpu.rs`, and `gpu::backend` through the `Device` trait below). The graph never reads or
-//! writes activations itself: it names buffers (`Buf`) and passes weights (`&WeightView`, norm
-//! vectors, the weight structs of `weights.rs`); the backend owns the memory behind the names,
-//! so a device backend keeps them in VRAM and needs no host round trip between operations.
+//! decides *where and how*: `cpu.rs`; `gpu::backend` through the `Device` trait below). The
+//! graph never reads or writes activations itself: it names buffers (`Buf`) and passes
+//! weights (`&WeightView`, norm vectors, the weight structs of `weights.rs`); the backend owns
+//! the memory behind the names, so a device backend keeps them in VRAM and needs no host
+//! round trip between operations.
 //! Does not own: the weights (the graph passes them; a device backend maps each view to the
-//! device copy it built at attach, e.g. by its byte address), sampling, the expert store.
+//! device copy it built at attach, by its host address), sampling, the expert store.
 //! Invariant: for the CPU backend every operation is the arithmetic the forward always did
 //! (same loops, same summation order), so outputs are bit-identical to the reference tests'
 //! figures and no operation allocates once the state is built.
