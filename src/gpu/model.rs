@@ -1197,8 +1197,8 @@ impl GpuState {
         )
     }
 
-    /// MLA in absorbed form for rows 0..n of `q` (rope applied) over cache layer `l` (latent
-    /// + rope key rows, stored): per head, q's nope part folded into latent space by `k_b`,
+    /// MLA in absorbed form for rows 0..n of `q` (rope applied) over cache layer `l` (rows of
+    /// latent and rope key, stored): per head, q's nope part folded into latent space by `k_b`,
     /// its rope part beside it, attention over the cache, the latent context expanded by `v_b`
     /// into `att`. `k_b`, `v_b`: arena offsets of the per-head f32 matrices.
     pub(super) fn attend_mla(
