@@ -128,6 +128,19 @@ pub fn refusal(cfg: &crate::model::ModelConfig, ctx: usize) -> Option<String> {
                 .into(),
         );
     }
+    // Families whose graph has run on the device against transformers (tests/gpu.rs). A new
+    // family's operations reach the GPU as the trait's default bodies until its port is
+    // validated there, so it is refused by name rather than run unchecked.
+    use crate::model::Family;
+    if !matches!(
+        cfg.family,
+        Family::Qwen3Moe | Family::Mixtral | Family::Olmoe | Family::DeepseekV3 | Family::Glm4Moe
+    ) {
+        return Some(format!(
+            "the {:?} family has not been validated on the GPU backend (tests/gpu.rs); use --gpu off",
+            cfg.family
+        ));
+    }
     None
 }
 
