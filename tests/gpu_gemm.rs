@@ -29,6 +29,7 @@ use sluice::gpu::gemm::check;
 use sluice::gpu::model::GpuState;
 use sluice::gpu::{GpuOptions, Staging};
 use sluice::kernels::{self, Acts, Isa, WeightView};
+use sluice::model::backend::Device;
 use sluice::model::{LoadOptions, Model, State};
 use std::path::{Path, PathBuf};
 
@@ -314,8 +315,15 @@ fn model_file() -> PathBuf {
     p
 }
 
-fn state(model: &Model<'_>, files: &ModelFiles, batch: usize, gpu: bool) -> State {
+/// A state and, with `gpu`, the GPU backend attached to it (the forward runs there).
+fn state(
+    model: &Model<'_>,
+    files: &ModelFiles,
+    batch: usize,
+    gpu: bool,
+) -> (State, Option<GpuState>) {
     let mut st = model.new_state(512, batch, batch).unwrap();
+    let mut dev = None;
     if gpu {
         let mut cfg = CacheConfig::new(model.cfg.n_experts);
         cfg.io = sluice::experts::IoMode::Buffered;
@@ -326,9 +334,9 @@ fn state(model: &Model<'_>, files: &ModelFiles, batch: usize, gpu: bool) -> Stat
             pinned: Vec::new(),
         };
         let (g, _) = GpuState::attach(model, &st, &opts).unwrap();
-        st.attach_gpu(g);
+        dev = Some(g);
     }
-    st
+    (st, dev)
 }
 
 /// (mean KL(p || q), top-1 agreement, positions) over rows of `vocab` logits.
@@ -367,9 +375,10 @@ fn all_logits(
     batch: usize,
     gpu: bool,
 ) -> Vec<f32> {
-    let mut st = state(model, files, batch, gpu);
+    let (mut st, mut dev) = state(model, files, batch, gpu);
     let mut out = Vec::new();
-    model.logits_all(&mut st, toks, &mut out).unwrap();
+    let d = dev.as_mut().map(|g| g as &mut dyn Device);
+    model.logits_all_on(d, &mut st, toks, &mut out).unwrap();
     out
 }
 
@@ -483,16 +492,15 @@ fn prefill_report() {
         staging: Staging::Arena,
         pinned: Vec::new(),
     };
-    let (g, _) = GpuState::attach(&model, &st, &opts).unwrap();
-    st.attach_gpu(g);
-    model.feed(&mut st, &toks).unwrap();
+    let (mut g, _) = GpuState::attach(&model, &st, &opts).unwrap();
+    model.feed_on(Some(&mut g), &mut st, &toks).unwrap();
     for rep in 0..3 {
         st.pos = 0;
-        let before = st.gpu_stats().unwrap();
+        let before = g.stats();
         let t = std::time::Instant::now();
-        model.feed(&mut st, &toks).unwrap();
+        model.feed_on(Some(&mut g), &mut st, &toks).unwrap();
         let secs = t.elapsed().as_secs_f64();
-        let s = st.gpu_stats().unwrap().since(&before);
+        let s = g.stats().since(&before);
         eprintln!(
             "prefill 512 tokens, batch {batch}, rep {rep}: {:.1} tok/s ({:.2} ms; gpu wall {:.2} ms, kernels {:.2} ms, experts copied {})",
             512.0 / secs,

@@ -239,7 +239,11 @@ fn peak_rss_bytes() -> Option<u64> {
 }
 
 /// The run's figures as JSON (`--stats-json`).
-pub fn stats_json(st: &crate::model::State, g: &crate::engine::GenStats) -> serde_json::Value {
+pub fn stats_json(
+    engine: &crate::engine::Engine,
+    g: &crate::engine::GenStats,
+) -> serde_json::Value {
+    let st = engine.state();
     // With MTP a decode forward emits several tokens: per-token figures divide by tokens.
     let mtp = g.mtp_drafted > 0;
     let decoded = if mtp {
@@ -281,7 +285,7 @@ pub fn stats_json(st: &crate::model::State, g: &crate::engine::GenStats) -> serd
         v["prefetch_recall"] = s.prefetch_recall().into();
     }
     v["time_shares"] = time_shares(st).0;
-    if let Some(gj) = super::gpu::gpu_json(st, g.gpu_after_prefill) {
+    if let Some(gj) = super::gpu::gpu_json(engine, g.gpu_after_prefill) {
         v["gpu"] = gj;
     }
     if let Some(b) = peak_rss_bytes() {

@@ -61,8 +61,9 @@ pub enum ModelError {
     Kernel(#[from] KernelError),
     #[error(transparent)]
     Experts(#[from] crate::experts::ExpertError),
-    #[error(transparent)]
-    Gpu(#[from] crate::gpu::GpuError),
+    /// A device backend's failure (its own error type converts into this, in its module).
+    #[error("{0}")]
+    Backend(String),
 }
 
 /// A loaded model: config, weights bound to the mapped files, rotary tables and a thread pool.
@@ -170,6 +171,16 @@ impl<'a> Model<'a> {
 
     /// Feed `tokens` (prefill, in batches) and return the logits of the last one.
     pub fn feed<'s>(&self, st: &'s mut State, tokens: &[u32]) -> Result<&'s [f32], ModelError> {
+        self.feed_on(None, st, tokens)
+    }
+
+    /// `feed` on a device backend (`None`: the CPU), see `forward_on`.
+    pub fn feed_on<'s>(
+        &self,
+        mut dev: Option<&mut dyn backend::Device>,
+        st: &'s mut State,
+        tokens: &[u32],
+    ) -> Result<&'s [f32], ModelError> {
         if tokens.is_empty() {
             return Err(ModelError::Input("no tokens to feed".into()));
         }
@@ -182,15 +193,31 @@ impl<'a> Model<'a> {
         let b = st.batch();
         let chunks = tokens.len().div_ceil(b);
         for c in 0..chunks - 1 {
-            self.forward_chunk(st, &tokens[c * b..(c + 1) * b], b)?;
+            self.forward_on(
+                backend::reborrow(&mut dev),
+                st,
+                &tokens[c * b..(c + 1) * b],
+                b,
+            )?;
         }
         let last = &tokens[(chunks - 1) * b..];
-        self.forward_chunk(st, last, last.len() - 1)
+        self.forward_on(dev, st, last, last.len() - 1)
     }
 
     /// Teacher-forced logits of every position of `tokens`, appended to `out` (T x vocab).
     pub fn logits_all(
         &self,
+        st: &mut State,
+        tokens: &[u32],
+        out: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        self.logits_all_on(None, st, tokens, out)
+    }
+
+    /// `logits_all` on a device backend (`None`: the CPU), see `forward_on`.
+    pub fn logits_all_on(
+        &self,
+        mut dev: Option<&mut dyn backend::Device>,
         st: &mut State,
         tokens: &[u32],
         out: &mut Vec<f32>,
@@ -203,7 +230,7 @@ impl<'a> Model<'a> {
         }
         let step = st.logit_rows().min(st.batch());
         for chunk in tokens.chunks(step) {
-            let l = self.forward_chunk(st, chunk, 0)?;
+            let l = self.forward_on(backend::reborrow(&mut dev), st, chunk, 0)?;
             out.extend_from_slice(l);
         }
         Ok(())

@@ -29,10 +29,6 @@ pub struct State {
     pub(super) lat: Vec<f32>,    // (2, kv_lora) MLA: q folded into latent space, latent context
     pub(super) proj: Vec<f32>,   // (batch, hidden) sub-block output
     pub(crate) hfin: Vec<f32>,   // (batch, hidden) final-normed hidden states of the last chunk
-    /// Always 0: the graph passes rotary positions explicitly (`backend::At`); kept only for
-    /// gpu/model.rs's own forward until it runs the graph.
-    #[cfg(feature = "cuda")]
-    pub(crate) rope_offset: usize,
     pub(super) kcache: Vec<f32>, // (layers, ctx, k_dim) GQA keys, or MLA latent + rope key
     pub(super) vcache: Vec<f32>, // (layers, ctx, v_dim) GQA values, or V3.2 indexer keys
     pub(super) idx: super::deepseek2::IndexerScratch, // V3.2 indexer buffers (empty otherwise)
@@ -71,9 +67,6 @@ pub struct State {
     pub experts_run: usize,
     /// Seconds spent per part of the forward pass since the state was made (`--prof`).
     pub prof: Prof,
-    /// The GPU forward (`--gpu`); when set, `forward_chunk` runs there.
-    #[cfg(feature = "cuda")]
-    pub(crate) gpu: Option<Box<crate::gpu::model::GpuState>>,
 }
 
 /// Where forward time goes (wall seconds, accumulated).
@@ -148,8 +141,6 @@ impl State {
             lat: vec![0.0; 2 * kv_lora],
             proj: vec![0.0; batch * h],
             hfin: vec![0.0; batch * h],
-            #[cfg(feature = "cuda")]
-            rope_offset: 0,
             kcache: vec![0.0; cache_layers * ctx * kc],
             vcache: vec![0.0; cache_layers * ctx * vc],
             idx: super::deepseek2::IndexerScratch::new(cfg, ctx, batch),
@@ -181,8 +172,6 @@ impl State {
             expert_cache: None,
             experts_run: 0,
             prof: Prof::default(),
-            #[cfg(feature = "cuda")]
-            gpu: None,
         }
     }
 
