@@ -353,13 +353,9 @@ pub(super) mod x86 {
             let mm = _mm256_permutevar8x32_epi32(sm, mins_idx);
             let nib = nibbles(b.add(16));
             let ab: [&BlockQ8K; 4] = std::array::from_fn(|r| &*a[r].add(i));
-            let v: [__m256i; 4] =
-                std::array::from_fn(|r| block_isum8(&nib, sc, ab[r].qs.as_ptr()));
+            let v: [__m256i; 4] = std::array::from_fn(|r| block_isum8(&nib, sc, ab[r].qs.as_ptr()));
             // Lane r: row r's isum (each 128-bit half holds half of it).
-            let h = _mm256_hadd_epi32(
-                _mm256_hadd_epi32(v[0], v[1]),
-                _mm256_hadd_epi32(v[2], v[3]),
-            );
+            let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
             let isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
             // msum: bsums pair-summed per sub-block (|.| <= 32 * 127), times the mins.
             let bs = |r: usize| _mm256_loadu_si256(ab[r].bsums.as_ptr() as *const __m256i);
@@ -369,7 +365,10 @@ pub(super) mod x86 {
             let msum = _mm_add_epi32(_mm256_castsi256_si128(hm), _mm256_extracti128_si256(hm, 1));
             let ad = _mm_setr_ps(ab[0].d, ab[1].d, ab[2].d, ab[3].d);
             let dw = f16x2_at(b);
-            let t1 = _mm_mul_ps(_mm_mul_ps(_mm_broadcastss_ps(dw), ad), _mm_cvtepi32_ps(isum));
+            let t1 = _mm_mul_ps(
+                _mm_mul_ps(_mm_broadcastss_ps(dw), ad),
+                _mm_cvtepi32_ps(isum),
+            );
             let t2 = _mm_mul_ps(
                 _mm_mul_ps(_mm_permute_ps(dw, 0x55), ad),
                 _mm_cvtepi32_ps(msum),

@@ -90,7 +90,10 @@ mod x86 {
                 .for_each(|(o, a)| *o = dot_scalar(w, a));
             return;
         }
-        let nb = a.iter().map(|a| a.q8_32.len()).fold(w.len() / BB, usize::min);
+        let nb = a
+            .iter()
+            .map(|a| a.q8_32.len())
+            .fold(w.len() / BB, usize::min);
         let ap = std::array::from_fn(|r| a[r].q8_32.as_ptr());
         // SAFETY: AVX2/FMA/F16C present (checked above); `w` holds `nb` whole blocks and each
         // activation row at least `nb` blocks.
