@@ -10,7 +10,7 @@
 //! in the same order, so they give the scalar dot's bits.
 
 use sluice::dtype::DType;
-use sluice::kernels::{self, Acts, Isa};
+use sluice::kernels::{self, Acts, Isa, MatJob, WeightView};
 
 /// splitmix64, so failures reproduce.
 struct Rng(u64);
@@ -161,6 +161,46 @@ fn q4_k_avx2_dot_has_the_scalar_bits() {
                 let a = kernels::dot(t, Isa::Avx2, wr, &acts, k);
                 let (s, a) = (s.unwrap(), a.unwrap());
                 assert_eq!(s.to_bits(), a.to_bits(), "row {r} act {k}: {s} vs {a}");
+            }
+        }
+    }
+}
+
+/// `matmul_jobs` over a window of activation rows that starts past row 0 and is long enough
+/// for the tile kernels (rows 3..8 of 9) gives each output the single-row dot of the row it
+/// names (the tile path once read rows from 0 whatever the window).
+#[test]
+fn jobs_with_an_offset_window_use_that_window() {
+    let mut rng = Rng(23);
+    for (t, isa) in tiled_types() {
+        let (be, _) = t.block_geometry().unwrap();
+        let cols = 2 * 256usize.max(be);
+        let rows = 16usize;
+        let w = blocks(t, rows * cols / be, &mut rng, false);
+        let view = WeightView::new(t, &w, rows, cols).unwrap();
+        let x: Vec<f32> = (0..9 * cols).map(|_| rng.normal()).collect();
+        let mut acts = Acts::new();
+        acts.load(&x, 9, cols);
+        kernels::prepare_for(t, &mut acts).unwrap();
+        let (row0, n) = (3usize, 5usize);
+        let mut y = vec![f32::NAN; n * rows];
+        let mut jobs = [Some(MatJob {
+            w: &view,
+            acts: &acts,
+            row0,
+            rows: n,
+            y: &mut y,
+        })];
+        kernels::matmul_jobs(&mut jobs, None, isa).unwrap();
+        for k in 0..n {
+            for r in 0..rows {
+                let want = kernels::dot(t, isa, view.row(r), &acts, row0 + k).unwrap();
+                let got = y[k * rows + r];
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "{t} {isa:?} window row {k} weight row {r}: {got} vs {want}"
+                );
             }
         }
     }

@@ -116,10 +116,10 @@ fn rows_range(
         if let Some(dot4) = dot4 {
             while t + 4 <= t_rows {
                 let a = [
-                    acts.row(t),
-                    acts.row(t + 1),
-                    acts.row(t + 2),
-                    acts.row(t + 3),
+                    acts.row(a0 + t),
+                    acts.row(a0 + t + 1),
+                    acts.row(a0 + t + 2),
+                    acts.row(a0 + t + 3),
                 ];
                 let mut o = [0.0f32; 4];
                 for r in t0..t1 {

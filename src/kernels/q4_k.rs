@@ -191,7 +191,11 @@ pub(super) mod x86 {
     }
 
     /// The eight nibble vectors of a block's `qs` (`nib[j]`: the 32 4-bit values of sub-block j).
-    #[inline(always)]
+    ///
+    /// # Safety
+    /// AVX2; `qs` valid for 128 bytes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
     unsafe fn nibbles(qs: *const u8) -> [__m256i; 8] {
         let m4 = _mm256_set1_epi8(0x0F);
         let mut nib = [_mm256_setzero_si256(); 8];
@@ -209,7 +213,11 @@ pub(super) mod x86 {
     /// scales: 9 multiplies per block and activation row instead of 16, which is what limits
     /// these kernels (measured: docs/PERFORMANCE.md, issue 16 section). `sc`: the eight scales
     /// as i16 in both 128-bit lanes.
-    #[inline(always)]
+    ///
+    /// # Safety
+    /// AVX2; `x` valid for 256 bytes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
     unsafe fn block_isum8(nib: &[__m256i; 8], sc: __m256i, x: *const i8) -> __m256i {
         let p = |j: usize| {
             _mm256_maddubs_epi16(nib[j], _mm256_loadu_si256(x.add(32 * j) as *const __m256i))
