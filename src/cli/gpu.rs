@@ -21,6 +21,11 @@ pub struct GpuArgs {
     /// its copy (the naive way, for A/B); `pageable` registers nothing.
     #[arg(long = "gpu-staging", default_value = "arena")]
     pub staging: String,
+    /// auto | off. `auto`: when the VRAM pool has a slot for every routed expert, copy them
+    /// all in at start (as llama.cpp's -ngl 99 loads its weights), so the first prompt does
+    /// not stage them inside its prefill; `off`: stage each expert when a token first needs it.
+    #[arg(long = "gpu-preload", default_value = "auto")]
+    pub preload: String,
 }
 
 impl Default for GpuArgs {
@@ -29,6 +34,7 @@ impl Default for GpuArgs {
             gpu: "auto".into(),
             vram: None,
             staging: "arena".into(),
+            preload: "auto".into(),
         }
     }
 }
@@ -46,6 +52,11 @@ impl GpuArgs {
                 .map_err(|e| anyhow::anyhow!("--vram: {e}"))?,
             staging: crate::gpu::Staging::parse(&self.staging)
                 .map_err(|e| anyhow::anyhow!("--gpu-staging {e}"))?,
+            preload: match self.preload.as_str() {
+                "auto" => true,
+                "off" => false,
+                s => anyhow::bail!("--gpu-preload {s:?}: expected auto or off"),
+            },
         })
     }
 }

@@ -128,6 +128,8 @@ pub struct GpuRequest {
     /// VRAM expert pool bytes (`None`: what fits).
     pub vram: Option<u64>,
     pub staging: Staging,
+    /// Copy every routed expert into the VRAM pool at start when it has a slot for each.
+    pub preload: bool,
 }
 
 impl Default for GpuRequest {
@@ -136,6 +138,7 @@ impl Default for GpuRequest {
             want: GpuWant::Auto,
             vram: None,
             staging: Staging::Arena,
+            preload: true,
         }
     }
 }

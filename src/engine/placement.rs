@@ -424,6 +424,19 @@ fn attach(
             crate::gpu::Staging::Pageable => "nothing registered: the driver bounces copies (--gpu-staging, for A/B)",
         }
     ));
+    if !o.gpu.preload {
+        say.line("[plan] gpu: preload off (--gpu-preload off): experts are staged when a token first needs them");
+    } else if sum.pool_bytes as u64 >= sum.all_experts_bytes {
+        let t = std::time::Instant::now();
+        let n = gs.preload_experts(model, st)?;
+        say.line(&format!(
+            "[plan] gpu: preloaded all {n} routed experts ({:.2} GB) into the VRAM pool in {:.2}s (it has a slot for each; --gpu-preload off stages them on first use)",
+            gb(sum.all_experts_bytes),
+            t.elapsed().as_secs_f64()
+        ));
+    } else {
+        say.line("[plan] gpu: no preload (the VRAM pool holds only part of the experts: they are staged as tokens need them)");
+    }
     if o.measure_h2d {
         let c = gs.measure_h2d_ceiling(256 << 20)?;
         say.line(&format!(

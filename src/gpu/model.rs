@@ -1804,6 +1804,50 @@ impl GpuState {
         Ok(())
     }
 
+    /// Copies every routed expert into the pool now, layer by layer through the RAM expert
+    /// cache (the staging path a forward's misses take, with no tokens assigned), and marks each
+    /// layer ready for device-built job lists. Only when the pool has a slot for every expert of
+    /// every MoE layer (else it copies nothing). Returns the experts copied.
+    pub fn preload_experts(
+        &mut self,
+        model: &Model<'_>,
+        st: &mut State,
+    ) -> Result<usize, ModelError> {
+        let (e, h) = (model.cfg.n_experts, model.cfg.hidden);
+        let layers: Vec<(usize, MoeGeo)> = self
+            .moes
+            .iter()
+            .enumerate()
+            .filter_map(|(l, gm)| gm.map(|gm| (l, gm.geo)))
+            .collect();
+        if !self.device_route || layers.iter().any(|(_, mo)| self.pool.slots(mo.idx) < e) {
+            return Ok(0);
+        }
+        self.gpu.bind()?;
+        let mut copied = 0;
+        for (l, mo) in layers {
+            let misses: Vec<(usize, usize, usize)> = (0..e)
+                .filter(|&ex| !self.pool.holds(mo.idx, ex))
+                .map(|ex| (ex, 0, 0))
+                .collect();
+            if !misses.is_empty() {
+                let Some(mut cache) = st.expert_cache.take() else {
+                    return Err(ModelError::from(GpuError::Config(
+                        "preloading experts needs the RAM expert cache attached".into(),
+                    )));
+                };
+                let r = self.stage_misses(&mut cache, l, &mo, &misses, 0, 1, h);
+                st.expert_cache = Some(cache);
+                r?;
+                copied += misses.len();
+            }
+            self.mark_ready(mo.idx, e)?;
+        }
+        self.gpu.sync(Stream::Compute)?;
+        self.harvest()?;
+        Ok(copied)
+    }
+
     /// Once every expert of MoE layer `idx` is in the pool (never evicted again: the pool has
     /// a slot for each), writes the layer's pointer table to the device and marks it ready.
     fn mark_ready(&mut self, idx: usize, e: usize) -> Result<(), GpuError> {
