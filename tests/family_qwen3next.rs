@@ -108,6 +108,9 @@ fn logits_match_transformers() {
         let files = open(name);
         let model = Model::load(&files, &OPTS).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(model.cfg.family.name(), family);
+        // Only the full-attention layers keep a KV cache (qwen3_next: 2 of 4; qwen3_5_moe: 1).
+        let hy = model.cfg.hybrid.as_deref().unwrap();
+        assert_eq!(model.cfg.kv_layers(), 4 - hy.n_linear());
         let err = check_cases(name, &model);
         assert!(err <= 1e-4, "{name}: max|Δ|/max|ref| = {err:.2e}");
     }

@@ -183,6 +183,11 @@ impl Hybrid {
         self.linear.iter().filter(|x| **x).count()
     }
 
+    /// The KV-cache slot of full-attention layer `l` (its index among the full layers).
+    pub fn kv_slot(&self, l: usize) -> Option<usize> {
+        (!*self.linear.get(l)?).then(|| self.linear[..l].iter().filter(|x| !**x).count())
+    }
+
     /// Index of linear layer `l` among the linear layers.
     pub fn linear_index(&self, l: usize) -> Option<usize> {
         (*self.linear.get(l)?).then(|| self.linear[..l].iter().filter(|x| **x).count())
