@@ -30,7 +30,12 @@
 //! state, the state after the last position fed. It cannot be cut back to an earlier position:
 //! `State::truncate` below the end restarts the sequence (the engine re-feeds from 0), a
 //! snapshot is taken only at the current position, and a chunk that starts at position 0
-//! starts from a zero state.
+//! starts from a zero state. Only the full-attention layers keep a KV cache, in compact slots
+//! (`Hybrid::kv_slot`, `ModelConfig::kv_layers`).
+//!
+//! Files: HF safetensors of both families; llama.cpp's `qwen3next` GGUF (names and keys as its
+//! converter writes them, see scripts/qwen3next_to_gguf.py). A `qwen35moe` GGUF is refused by
+//! name (llama.cpp reorders its value heads and writes MRoPE sections: not read yet).
 //!
 //! Owns: the two `FamilySpec`s and their config hooks (unsupported features refused by name),
 //! `Hybrid`, the mixer weights (`Mixer`), `HybridState`, the DeltaNet arithmetic
