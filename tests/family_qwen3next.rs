@@ -346,3 +346,35 @@ fn synth_preset_writes_a_loadable_qwen3next() {
         assert!(l.iter().all(|v| v.is_finite()), "step {t}");
     }
 }
+
+#[test]
+fn config_defaults_follow_transformers() {
+    // Without partial_rotary_factor the configs default to 0.25 (not the generic 1.0): the
+    // fixture's logits come out the same.
+    let mut c: serde_json::Value = json(&dir("qwen3_next").join("config.json"));
+    c["rope_parameters"]
+        .as_object_mut()
+        .unwrap()
+        .remove("partial_rotary_factor");
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR")).join("qwen3next-defaults");
+    std::fs::create_dir_all(&tmp).unwrap();
+    std::fs::copy(
+        dir("qwen3_next").join("model.safetensors"),
+        tmp.join("model.safetensors"),
+    )
+    .unwrap();
+    std::fs::write(tmp.join("config.json"), c.to_string()).unwrap();
+    let files = ModelFiles::open(&tmp).unwrap();
+    let model = Model::load(&files, &OPTS).unwrap();
+    assert_eq!(model.cfg.rotary_dim, 4);
+    let case = &json(&dir("qwen3_next").join("cases.json"))["cases"][2];
+    let (_, refr) =
+        sluice::npy::read_f32(&dir("qwen3_next").join(case["logits"].as_str().unwrap())).unwrap();
+    let mut st = model.new_state(128, 8, 8).unwrap();
+    let mut ours = Vec::new();
+    model
+        .logits_all(&mut st, &ids(&case["ids"]), &mut ours)
+        .unwrap();
+    let (err, same) = compare(&ours, &refr, model.cfg.vocab);
+    assert!(same && err <= 1e-4, "{err:.2e}");
+}
