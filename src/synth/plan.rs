@@ -240,7 +240,7 @@ impl Plan<'_> {
         let (a, v) = (TensorClass::Attention, TensorClass::Vector);
         let b = |n: &str| format!("blk.{l}.{n}.weight");
         self.norm(b("attn_norm"), h);
-        if (l + 1) % interval.max(1) == 0 {
+        if (l + 1).is_multiple_of(interval.max(1)) {
             let kvd = spec.kv_heads * hd;
             self.mat(b("attn_q"), a, 2 * nh * hd, h);
             self.mat(b("attn_k"), a, kvd, h);
