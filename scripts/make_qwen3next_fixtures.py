@@ -14,7 +14,8 @@ kernel 4; 4 query heads over 2 kv heads of 16 in full attention; 8 experts, top 
 transformers' own init under a fixed seed, then: the zero-centred RMSNorm weights (applied as 1 + w)
 drawn 0.1 N(0,1), the gated norm's 1 + 0.1 N(0,1), dt_bias 1 + 0.1 N(0,1), router weights x10,
 and a seed search for clear routing and argmax choices (router gap >= 2e-4 between the k-th and
-(k+1)-th softmax probability, case top-1/top-2 logit gap >= 5e-4, greedy step gap >= 2e-3).
+(k+1)-th router output: Qwen3-Next's router returns softmax probabilities, Qwen3.5's its logits,
+the same order; case top-1/top-2 logit gap >= 5e-4, greedy step gap >= 2e-3).
 Cases of 1, 7, 24 and 80 tokens (80 crosses transformers' 64-token chunk of the delta rule);
 16 greedy tokens from a fixed prompt, computed by full recompute each step and cross-checked with
 model.generate (the recurrent, cached path).
@@ -107,7 +108,7 @@ def quality(model, case_ids, prompt_ids, k, torch) -> dict:
     margins: list = []
 
     def hook(_mod, _inp, out):
-        probs = out[0].detach().float().reshape(-1, out[0].shape[-1])  # softmax probabilities
+        probs = out[0].detach().float().reshape(-1, out[0].shape[-1])  # probabilities (3.5: logits)
         top = probs.sort(-1, descending=True).values
         margins.append(float((top[:, k - 1] - top[:, k]).min()))
 

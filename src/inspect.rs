@@ -109,6 +109,9 @@ pub struct ModelSummary {
     pub mtp_layers: u64,
     /// KV-cache bytes per token the MTP layer adds, allocated only with `--mtp K > 0`.
     pub mtp_kv_bytes_per_token: Option<u64>,
+    /// Recurrent state bytes per sequence, whatever its length (Qwen3-Next's Gated DeltaNet
+    /// layers: conv inputs + delta-rule state, f32); `None` for models without one.
+    pub recurrent_state_bytes: Option<u64>,
 }
 
 /// A number from GGUF metadata or config.json (also looked up in config's `text_config`).
@@ -310,6 +313,10 @@ pub fn summarize(m: &ModelFiles) -> ModelSummary {
             .zip(kv(false))
             .map(|(a, b)| a - b)
             .filter(|_| mtp_layers > 0),
+        recurrent_state_bytes: cfg
+            .as_ref()
+            .and_then(|c| c.hybrid.as_ref())
+            .map(|h| h.state_bytes() as u64),
     }
 }
 

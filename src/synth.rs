@@ -78,6 +78,25 @@ pub enum SynthArch {
         rotary_dim: usize,
         qk_norm: bool,
     },
+    /// Qwen3-Next (GGUF `qwen3next`): layer l is gated full attention when (l + 1) %
+    /// `interval` == 0, else a Gated DeltaNet; every layer MoE with a sigmoid-gated shared
+    /// expert of `shared_ffn`; q/k norms, partial rotary `rotary_dim`.
+    Qwen3Next {
+        linear: LinearAttn,
+        shared_ffn: usize,
+        interval: usize,
+        rotary_dim: usize,
+    },
+}
+
+/// A Gated DeltaNet's shape (llama.cpp's `ssm.*` keys).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinearAttn {
+    pub k_heads: usize,
+    pub v_heads: usize,
+    pub k_dim: usize,
+    pub v_dim: usize,
+    pub conv: usize,
 }
 
 impl SynthArch {
@@ -87,6 +106,7 @@ impl SynthArch {
             SynthArch::Qwen3Moe => "qwen3moe",
             SynthArch::Deepseek2 { .. } => "deepseek2",
             SynthArch::Glm4Moe { .. } => "glm4moe",
+            SynthArch::Qwen3Next { .. } => "qwen3next",
         }
     }
 }
@@ -201,6 +221,23 @@ impl MoeSpec {
                 },
                 ..base(4096, 46, 96, 8, 128, 128, 8, 1408, 151552)
             },
+            // Qwen3-Next-80B-A3B's config.json (its MTP layer not written: llama.cpp's
+            // converter skips it too).
+            "qwen3-next-80b-a3b" => MoeSpec {
+                arch: SynthArch::Qwen3Next {
+                    linear: LinearAttn {
+                        k_heads: 16,
+                        v_heads: 32,
+                        k_dim: 128,
+                        v_dim: 128,
+                        conv: 4,
+                    },
+                    shared_ffn: 512,
+                    interval: 4,
+                    rotary_dim: 64,
+                },
+                ..base(2048, 48, 16, 2, 256, 512, 10, 512, 151936)
+            },
             _ => return None,
         })
     }
@@ -210,6 +247,7 @@ impl MoeSpec {
         "qwen3-235b-a22b",
         "deepseek-v3",
         "glm-4.5-air",
+        "qwen3-next-80b-a3b",
     ];
 
     /// Keep the first `n` layers (n >= 1), at least one of them MoE: the leading dense
@@ -233,7 +271,7 @@ impl MoeSpec {
         }
         self.layers = n;
         match &mut self.arch {
-            SynthArch::Qwen3Moe => {}
+            SynthArch::Qwen3Moe | SynthArch::Qwen3Next { .. } => {}
             SynthArch::Deepseek2 { moe, .. } | SynthArch::Glm4Moe { moe, .. } => {
                 moe.dense_layers = moe.dense_layers.min(n - 1);
             }
@@ -347,10 +385,11 @@ pub fn write_random(
         pad,
     } = vocabulary(spec.vocab, path)?;
     let vocab = tokens.len();
-    if spec.mtp_layers > 0 && spec.arch == SynthArch::Qwen3Moe {
+    if spec.mtp_layers > 0 && matches!(spec.arch, SynthArch::Qwen3Moe | SynthArch::Qwen3Next { .. })
+    {
         return Err(FormatError::Writer {
             path: path.to_path_buf(),
-            msg: "qwen3moe has no MTP (NextN) layers".into(),
+            msg: format!("{} has no MTP (NextN) layers", spec.arch.gguf_name()),
         });
     }
     let bc = byte_chars();
@@ -427,6 +466,7 @@ pub fn write_random(
                 Init::Ones => 1.0,
                 Init::Zeros => 0.0,
                 Init::Uniform(a) => rng.uniform(a),
+                Init::Const(c) => c,
             }));
             let softmax = spec.arch == SynthArch::Qwen3Moe;
             if spec.skew > 0.0 && softmax && name == "token_embd.weight" {

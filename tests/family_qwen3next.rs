@@ -108,6 +108,9 @@ fn logits_match_transformers() {
         let files = open(name);
         let model = Model::load(&files, &OPTS).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(model.cfg.family.name(), family);
+        // Only the full-attention layers keep a KV cache (qwen3_next: 2 of 4; qwen3_5_moe: 1).
+        let hy = model.cfg.hybrid.as_deref().unwrap();
+        assert_eq!(model.cfg.kv_layers(), 4 - hy.n_linear());
         let err = check_cases(name, &model);
         assert!(err <= 1e-4, "{name}: max|Δ|/max|ref| = {err:.2e}");
     }
@@ -307,4 +310,71 @@ fn unimplemented_config_features_are_refused_by_name() {
             .to_string();
         assert!(e.contains(want), "{key}: {e}");
     }
+}
+
+#[test]
+fn synth_preset_writes_a_loadable_qwen3next() {
+    use sluice::synth::{MoeSpec, SynthArch};
+    let mut s = MoeSpec::preset("qwen3-next-80b-a3b").unwrap();
+    (s.hidden, s.experts, s.experts_used, s.expert_ffn, s.vocab) = (128, 16, 4, 64, 0);
+    (s.heads, s.kv_heads, s.head_dim) = (4, 2, 32);
+    if let SynthArch::Qwen3Next {
+        linear,
+        shared_ffn,
+        rotary_dim,
+        ..
+    } = &mut s.arch
+    {
+        (linear.k_heads, linear.v_heads, linear.k_dim, linear.v_dim) = (2, 4, 16, 16);
+        (*shared_ffn, *rotary_dim) = (64, 8);
+    }
+    s.cut_layers(4).unwrap();
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("synth-qwen3next.gguf");
+    sluice::synth::write_random(&path, &s, &mut |_, _| {}).unwrap();
+    let files = ModelFiles::open(&path).unwrap();
+    let model = Model::load(&files, &OPTS).unwrap();
+    assert_eq!(model.cfg.family.name(), "qwen3next");
+    let hy = model.cfg.hybrid.as_deref().unwrap();
+    assert_eq!(hy.linear, vec![true, true, true, false]);
+    assert_eq!(model.cfg.kv_layers(), 1);
+    let mut st = model.new_state(128, 8, 1).unwrap();
+    let toks: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 200).collect();
+    let last = model.feed(&mut st, &toks).unwrap().to_vec();
+    assert!(last.iter().all(|v| v.is_finite()));
+    for t in 0..8 {
+        let l = model.forward_chunk(&mut st, &[t], 0).unwrap();
+        assert!(l.iter().all(|v| v.is_finite()), "step {t}");
+    }
+}
+
+#[test]
+fn config_defaults_follow_transformers() {
+    // Without partial_rotary_factor the configs default to 0.25 (not the generic 1.0): the
+    // fixture's logits come out the same.
+    let mut c: serde_json::Value = json(&dir("qwen3_next").join("config.json"));
+    c["rope_parameters"]
+        .as_object_mut()
+        .unwrap()
+        .remove("partial_rotary_factor");
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR")).join("qwen3next-defaults");
+    std::fs::create_dir_all(&tmp).unwrap();
+    std::fs::copy(
+        dir("qwen3_next").join("model.safetensors"),
+        tmp.join("model.safetensors"),
+    )
+    .unwrap();
+    std::fs::write(tmp.join("config.json"), c.to_string()).unwrap();
+    let files = ModelFiles::open(&tmp).unwrap();
+    let model = Model::load(&files, &OPTS).unwrap();
+    assert_eq!(model.cfg.rotary_dim, 4);
+    let case = &json(&dir("qwen3_next").join("cases.json"))["cases"][2];
+    let (_, refr) =
+        sluice::npy::read_f32(&dir("qwen3_next").join(case["logits"].as_str().unwrap())).unwrap();
+    let mut st = model.new_state(128, 8, 8).unwrap();
+    let mut ours = Vec::new();
+    model
+        .logits_all(&mut st, &ids(&case["ids"]), &mut ours)
+        .unwrap();
+    let (err, same) = compare(&ours, &refr, model.cfg.vocab);
+    assert!(same && err <= 1e-4, "{err:.2e}");
 }

@@ -364,7 +364,7 @@ fn next_families_refused_by_name() {
     .unwrap();
     std::fs::write(
         d.join("config.json"),
-        r#"{"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "hidden_size": 64}"#,
+        r#"{"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe", "hidden_size": 64}"#,
     )
     .unwrap();
     let args = [
@@ -375,8 +375,19 @@ fn next_families_refused_by_name() {
         "--out",
         "/dev/null",
     ];
-    assert_clean_failure(&args, "Qwen3-Next is not supported yet");
-    assert_clean_failure(&args, "Gated DeltaNet");
+    assert_clean_failure(
+        &args,
+        "Qwen3.5-MoE (the multimodal checkpoint) is not supported yet",
+    );
+    assert_clean_failure(&args, "only the text model");
+    // Qwen3-Next runs; a config feature it does not implement is refused by name.
+    let q = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen3_next");
+    std::fs::copy(q.join("model.safetensors"), d.join("model.safetensors")).unwrap();
+    let mut c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(q.join("config.json")).unwrap()).unwrap();
+    c["use_sliding_window"] = serde_json::json!(true);
+    std::fs::write(d.join("config.json"), c.to_string()).unwrap();
+    assert_clean_failure(&args, "use_sliding_window is not supported for qwen3next");
     let g = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/gpt_oss");
     assert_clean_failure(
         &[

@@ -41,7 +41,7 @@ fn small(preset: &str) -> MoeSpec {
             (s.heads, s.kv_heads, s.head_dim, *rotary_dim) = (4, 2, 64, 32);
             moe.dense_ffn = 128;
         }
-        SynthArch::Qwen3Moe => {
+        SynthArch::Qwen3Moe | SynthArch::Qwen3Next { .. } => {
             (s.heads, s.kv_heads, s.head_dim) = (4, 2, 64);
         }
     }

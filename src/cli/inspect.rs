@@ -208,6 +208,12 @@ fn print_text(s: &ModelSummary) {
             human(kv)
         );
     }
+    if let Some(b) = s.recurrent_state_bytes {
+        println!(
+            "state         {} per sequence (recurrent layers' conv + delta-rule state, f32)",
+            human(b)
+        );
+    }
     if s.mtp_layers > 0 {
         let kv = s.mtp_kv_bytes_per_token.map_or(String::new(), |b| {
             format!(", its KV cache {} per token", human(b))

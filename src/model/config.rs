@@ -815,8 +815,16 @@ impl ModelConfig {
     /// `mtp`: with the one MTP layer `--mtp` runs (cached only then).
     pub fn kv_bytes_per_token(&self, mtp: bool) -> usize {
         let (k, v) = self.cache_dims();
-        let layers = self.n_layers + usize::from(mtp && self.n_mtp_layers > 0);
+        let layers = self.kv_layers() + usize::from(mtp && self.n_mtp_layers > 0);
         layers * (k + v) * std::mem::size_of::<f32>()
+    }
+
+    /// Main layers that keep a KV cache: every layer, except in a hybrid model, whose linear
+    /// layers keep a recurrent state instead (`qwen3next::Hybrid::kv_slot`).
+    pub fn kv_layers(&self) -> usize {
+        self.hybrid
+            .as_ref()
+            .map_or(self.n_layers, |h| h.linear.len() - h.n_linear())
     }
 
     /// The sliding window of layer `l`, if it has one.

@@ -438,8 +438,16 @@ impl Backend for CpuBackend<'_, '_, '_> {
         self.rmsnorm(k, k, n, hd, &a.k_norm, cfg.rms_eps)?;
         self.rope(q, n, hd, 0, at.rope, cfg.rope_layout)?;
         self.rope(k, n, hd, 0, at.rope, cfg.rope_layout)?;
-        self.store_cache(l, Cache::K, k, n, at.pos)?;
-        self.store_cache(l, Cache::V, v, n, at.pos)?;
+        // Only the full-attention layers keep KV: their own compact slots.
+        let slot = cfg
+            .hybrid
+            .as_deref()
+            .and_then(|hy| hy.kv_slot(l))
+            .ok_or_else(|| {
+                ModelError::Config(format!("layer {l} is not a full-attention layer"))
+            })?;
+        self.store_cache(slot, Cache::K, k, n, at.pos)?;
+        self.store_cache(slot, Cache::V, v, n, at.pos)?;
         let shape = GqaShape {
             heads: cfg.n_heads,
             kv_heads: cfg.n_kv_heads,
@@ -448,7 +456,7 @@ impl Backend for CpuBackend<'_, '_, '_> {
             window: None,
             sinks: None,
         };
-        self.attend(l, n, at.pos, shape)?;
+        self.attend(slot, n, at.pos, shape)?;
         let st = &mut *self.st;
         for (o, g) in st.att[..n * qd].iter_mut().zip(&st.hybrid.gate[..n * qd]) {
             *o *= 1.0 / (1.0 + (-g).exp());

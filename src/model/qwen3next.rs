@@ -30,7 +30,12 @@
 //! state, the state after the last position fed. It cannot be cut back to an earlier position:
 //! `State::truncate` below the end restarts the sequence (the engine re-feeds from 0), a
 //! snapshot is taken only at the current position, and a chunk that starts at position 0
-//! starts from a zero state.
+//! starts from a zero state. Only the full-attention layers keep a KV cache, in compact slots
+//! (`Hybrid::kv_slot`, `ModelConfig::kv_layers`).
+//!
+//! Files: HF safetensors of both families; llama.cpp's `qwen3next` GGUF (names and keys as its
+//! converter writes them, see scripts/qwen3next_to_gguf.py). A `qwen35moe` GGUF is refused by
+//! name (llama.cpp reorders its value heads and writes MRoPE sections: not read yet).
 //!
 //! Owns: the two `FamilySpec`s and their config hooks (unsupported features refused by name),
 //! `Hybrid`, the mixer weights (`Mixer`), `HybridState`, the DeltaNet arithmetic
@@ -79,7 +84,8 @@ pub static SPEC35: FamilySpec = FamilySpec {
     gguf_rope_layout: RopeLayout::HalfSplit,
     sigmoid_router: false,
     gguf_norm_topk: true,
-    hf_norm_topk: None,
+    // Qwen3.5's router always renormalises the top-k (its config has no norm_topk_prob).
+    hf_norm_topk: Some(true),
     hf_expert_ffn_key: "moe_intermediate_size",
     hf_default_rope_theta: 10000.0,
     hf_attention_bias: BiasRule::Refused,
@@ -181,6 +187,11 @@ impl Hybrid {
 
     pub fn n_linear(&self) -> usize {
         self.linear.iter().filter(|x| **x).count()
+    }
+
+    /// The KV-cache slot of full-attention layer `l` (its index among the full layers).
+    pub fn kv_slot(&self, l: usize) -> Option<usize> {
+        (!*self.linear.get(l)?).then(|| self.linear[..l].iter().filter(|x| !**x).count())
     }
 
     /// Index of linear layer `l` among the linear layers.
@@ -323,6 +334,18 @@ fn hf_common(k: &HfKeys<'_>, c: &mut ModelConfig, fused: bool) -> Result<(), Mod
         c.dense_ffn = req("intermediate_size")?;
     }
     c.shared_ffn = req("shared_expert_intermediate_size")?;
+    // The configs' own defaults where the generic reading has others: head_dim 256 and
+    // partial_rotary_factor 0.25 (Qwen3NextConfig / Qwen3_5MoeTextConfig).
+    if k.opt_u("head_dim").is_none() {
+        c.head_dim = 256;
+        c.v_head_dim = 256;
+        c.attn_scale = 1.0 / 16.0;
+    }
+    let partial = k
+        .rget("partial_rotary_factor")
+        .or_else(|| k.opt_f("partial_rotary_factor"))
+        .unwrap_or(0.25);
+    c.rotary_dim = (c.head_dim as f64 * partial) as usize;
     c.qk_norm = QkNorm::None;
     if k.flag("use_sliding_window") {
         return refuse(format!(

@@ -99,7 +99,7 @@ impl State {
         mtp: bool,
     ) -> State {
         let mtp = mtp && cfg.n_mtp_layers > 0;
-        let cache_layers = cfg.n_layers + usize::from(mtp);
+        let cache_layers = cfg.kv_layers() + usize::from(mtp);
         let (h, qd, kvd, e, k) = (
             cfg.hidden,
             cfg.q_dim(),

@@ -101,7 +101,7 @@ pub struct Moe<'a> {
     /// Biases of every expert projection (gpt-oss); resident, small.
     pub exp_bias: Option<ExpertBias>,
     /// (hidden) the shared expert's output is scaled by sigmoid(this . x) (Qwen3-Next).
-    pub shared_gate: Option<Vec<f32>>,
+    pub shared_gate: Option<Box<[f32]>>,
 }
 
 /// Per-expert biases, expert-major: gate and up (n_experts, ffn), down (n_experts, hidden).
@@ -910,7 +910,7 @@ impl<'a> Binder<'a, '_> {
         )))
     }
 
-    fn shared_gate(&self, l: usize) -> Result<Option<Vec<f32>>, ModelError> {
+    fn shared_gate(&self, l: usize) -> Result<Option<Box<[f32]>>, ModelError> {
         if self.cfg.hybrid.is_none() {
             return Ok(None);
         }
@@ -919,7 +919,9 @@ impl<'a> Binder<'a, '_> {
         } else {
             qwen3next::hf::SHARED_GATE
         };
-        Ok(Some(self.named_vec(p, l, self.cfg.hidden)?))
+        Ok(Some(
+            self.named_vec(p, l, self.cfg.hidden)?.into_boxed_slice(),
+        ))
     }
 
     /// transformers' zero-centred RMSNorms multiply by (1 + w): the 1 is added here, once.

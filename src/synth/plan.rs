@@ -20,6 +20,8 @@ pub(super) enum Init {
     Zeros,
     /// Uniform in [-a, a).
     Uniform(f32),
+    /// Every value `c` (Qwen3-Next's `ssm_a` = -exp(A_log) must be negative).
+    Const(f32),
 }
 
 /// What a tensor is for, as far as choosing its type goes.
@@ -217,7 +219,57 @@ impl Plan<'_> {
                     p.mlp(l, "_shexp", TensorClass::SharedExpert, sf);
                 }
             }
+            SynthArch::Qwen3Next { .. } => p.qwen3next_layer(l),
         }
+    }
+
+    /// Qwen3-Next's layer `l` (llama.cpp's `qwen3next` names, as scripts/qwen3next_to_gguf.py
+    /// and its converter write them).
+    fn qwen3next_layer(&mut self, l: usize) {
+        let spec = self.spec;
+        let SynthArch::Qwen3Next {
+            linear: la,
+            shared_ffn,
+            interval,
+            ..
+        } = spec.arch
+        else {
+            return;
+        };
+        let (h, nh, hd) = (spec.hidden, spec.heads, spec.head_dim);
+        let (a, v) = (TensorClass::Attention, TensorClass::Vector);
+        let b = |n: &str| format!("blk.{l}.{n}.weight");
+        self.norm(b("attn_norm"), h);
+        if (l + 1).is_multiple_of(interval.max(1)) {
+            let kvd = spec.kv_heads * hd;
+            self.mat(b("attn_q"), a, 2 * nh * hd, h);
+            self.mat(b("attn_k"), a, kvd, h);
+            self.mat(b("attn_v"), a, kvd, h);
+            self.mat(b("attn_output"), a, h, nh * hd);
+            self.norm(b("attn_q_norm"), hd);
+            self.norm(b("attn_k_norm"), hd);
+        } else {
+            let (kd, vd) = (la.k_heads * la.k_dim, la.v_heads * la.v_dim);
+            self.mat(b("attn_qkv"), a, 2 * kd + vd, h);
+            self.mat(b("attn_gate"), a, vd, h);
+            self.mat(b("ssm_ba"), a, 2 * la.v_heads, h);
+            let conv = Init::Uniform(fan(la.conv));
+            self.add(b("ssm_conv1d"), v, &[2 * kd + vd, la.conv], conv);
+            self.add(
+                format!("blk.{l}.ssm_a"),
+                v,
+                &[la.v_heads],
+                Init::Const(-1.0),
+            );
+            let dt = Init::Uniform(0.5);
+            self.add(format!("blk.{l}.ssm_dt.bias"), v, &[la.v_heads], dt);
+            self.norm(b("ssm_norm"), la.v_dim);
+            self.mat(b("ssm_out"), a, h, vd);
+        }
+        self.norm(b("post_attention_norm"), h);
+        self.moe(l, false);
+        self.add(b("ffn_gate_inp_shexp"), v, &[1, h], Init::Uniform(fan(h)));
+        self.mlp(l, "_shexp", TensorClass::SharedExpert, shared_ffn);
     }
 
     /// A gate/up/down MLP of width `f` under `prefix` (`ffn` or `ffn_*_shexp` naming).
@@ -336,6 +388,32 @@ pub(super) fn arch_meta(spec: &MoeSpec, vocab: usize) -> Vec<(String, MetaValue)
             ]);
             sigmoid_moe_meta(&mut kv, spec, moe);
         }
+        SynthArch::Qwen3Next {
+            linear: la,
+            shared_ffn,
+            interval,
+            rotary_dim,
+        } => kv.extend([
+            ("feed_forward_length", u(spec.expert_ffn)),
+            ("expert_feed_forward_length", u(spec.expert_ffn)),
+            ("expert_shared_feed_forward_length", u(*shared_ffn)),
+            ("attention.head_count", u(spec.heads)),
+            ("attention.head_count_kv", u(spec.kv_heads)),
+            ("attention.key_length", u(spec.head_dim)),
+            ("attention.value_length", u(spec.head_dim)),
+            ("rope.dimension_count", u(*rotary_dim)),
+            ("rope.freq_base", f(10_000_000.0)),
+            ("attention.layer_norm_rms_epsilon", f(1e-6)),
+            ("expert_count", u(spec.experts)),
+            ("expert_used_count", u(spec.experts_used)),
+            ("expert_weights_norm", MetaValue::Bool(true)),
+            ("ssm.conv_kernel", u(la.conv)),
+            ("ssm.state_size", u(la.k_dim)),
+            ("ssm.group_count", u(la.k_heads)),
+            ("ssm.time_step_rank", u(la.v_heads)),
+            ("ssm.inner_size", u(la.v_heads * la.v_dim)),
+            ("full_attention_interval", u(*interval)),
+        ]),
     }
     let arch = spec.arch.gguf_name();
     kv.into_iter()
