@@ -24,6 +24,9 @@ pub enum Family {
     /// OpenAI gpt-oss (GGUF `gpt-oss`, HF `GptOssForCausalLM`): attention sinks, alternating
     /// sliding-window / full layers, biases everywhere, clamped SwiGLU experts (see gptoss.rs).
     GptOss,
+    /// DeepSeek-V4 (HF `deepseek_v4`): hyper-connection streams, compressed sparse / heavily
+    /// compressed attention, hash routing (see deepseek_v4.rs).
+    DeepseekV4,
 }
 
 /// How rotary embeddings pair up the dimensions of a head.
@@ -166,6 +169,8 @@ pub struct ModelConfig {
     pub expert_act: ExpertAct,
     /// Router logits and every expert projection carry a bias (gpt-oss).
     pub expert_bias: bool,
+    /// DeepSeek-V4's own hyperparameters (deepseek_v4.rs).
+    pub v4: Option<Box<super::deepseek_v4::V4Params>>,
 }
 
 /// Shape of DeepSeek-V3.2's lightning indexer: `heads` query heads of `head_dim` (the first
@@ -460,6 +465,7 @@ impl ModelConfig {
             o_bias: false,
             expert_act: ExpertAct::Silu,
             expert_bias: false,
+            v4: None,
         };
         (spec.gguf_hparams)(&GgufKeys { files, arch: &arch }, &mut cfg)?;
         cfg.validate()?;
@@ -631,6 +637,7 @@ impl ModelConfig {
             o_bias: false,
             expert_act: ExpertAct::Silu,
             expert_bias: false,
+            v4: None,
         };
         (spec.hf_hparams)(&keys, &mut c)?;
         c.validate()?;
@@ -783,6 +790,9 @@ impl ModelConfig {
     /// Floats per token per layer in the key cache and the value cache. MLA caches its latent
     /// and rope key as the "key"; its "value" row is the V3.2 indexer's key (else nothing).
     pub fn cache_dims(&self) -> (usize, usize) {
+        if let Some(v) = &self.v4 {
+            return (v.k_width(self.head_dim), v.v_width(self.head_dim));
+        }
         match self.attn {
             AttnKind::Gqa => (self.kv_dim(), self.n_kv_heads * self.v_head_dim),
             AttnKind::Mla { kv_lora, rope, .. } => {

@@ -78,6 +78,7 @@ pub static FAMILIES: &[&FamilySpec] = &[
     &super::deepseek2::SPEC,
     &super::glm4moe::SPEC,
     &super::gptoss::SPEC,
+    &super::deepseek_v4::SPEC,
 ];
 
 impl Family {
@@ -106,9 +107,9 @@ fn not_yet_supported(arch: &str) -> Option<String> {
         | "qwen3_5_moe"
         | "qwen3_5_moe_text"
         | "qwen35moe" => ("Qwen3.5-MoE", hybrid),
-        "DeepseekV4ForCausalLM" | "deepseek_v4" | "deepseek4" => (
+        "deepseek4" => (
             "DeepSeek-V4",
-            "its compressed and sparse attention with their cache variants are not implemented",
+            "it runs from its transformers checkpoint (config.json + safetensors) only; llama.cpp has no GGUF names for it",
         ),
         "GlmMoeDsaForCausalLM" | "glm_moe_dsa" | "glm-dsa" => (
             "GLM-5 (glm_moe_dsa)",
@@ -306,6 +307,7 @@ mod tests {
             Family::DeepseekV3,
             Family::Glm4Moe,
             Family::GptOss,
+            Family::DeepseekV4,
         ] {
             assert_eq!(FAMILIES.iter().filter(|s| s.family == f).count(), 1);
             assert_eq!(f.spec().family, f);
