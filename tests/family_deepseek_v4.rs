@@ -194,3 +194,38 @@ fn unsupported_features_are_refused_by_name() {
         assert!(!e.contains('\n'), "{name}: one line: {e}");
     }
 }
+
+#[test]
+fn streamed_experts_are_bit_identical_to_resident() {
+    use sluice::experts::{CacheConfig, IoMode};
+    let d = dir("deepseek_v4");
+    let files = open(&d);
+    let model = Model::load(&files, &OPTS).unwrap();
+    let case = &json(&d.join("cases.json"))["cases"][2];
+    let toks = ids(&case["ids"]);
+    let run = |batch: usize, cache: Option<CacheConfig>| {
+        let mut st = model.new_state(64, batch, batch).unwrap();
+        if let Some(c) = cache {
+            st.attach_experts(model.expert_cache(&files, c).unwrap());
+        }
+        let mut out = Vec::new();
+        model.logits_all(&mut st, &toks, &mut out).unwrap();
+        let read = st.expert_stats().map_or(0, |s| s.misses);
+        (out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>(), read)
+    };
+    let (reference, _) = run(8, None);
+    for io in [IoMode::Buffered, IoMode::Mmap] {
+        for slots in [1, 3, model.cfg.n_experts] {
+            for batch in [1, 8] {
+                let mut c = CacheConfig::new(slots);
+                c.io = io;
+                let (got, misses) = run(batch, Some(c));
+                assert!(
+                    misses > 0,
+                    "io {io:?} slots {slots}: the cache read nothing"
+                );
+                assert_eq!(got, reference, "io {io:?} slots {slots} batch {batch}");
+            }
+        }
+    }
+}

@@ -238,10 +238,10 @@ impl EngineOptions {
                 "gpt-oss runs on the CPU only (the GPU forward has no attention sinks, per-layer sliding windows or biased clamped-SwiGLU experts); use --gpu off",
             ));
         }
-        if cfg.family == Family::DeepseekV4 && (gpu_on || self.experts.mode == ExpertMode::Stream) {
+        if gpu_on && cfg.family == Family::DeepseekV4 {
             return Err(refused(
-                if gpu_on { "--gpu on" } else { "--experts stream" },
-                "DeepSeek-V4 runs on the CPU with resident experts only; use --gpu off --experts resident",
+                "--gpu on",
+                "DeepSeek-V4 runs on the CPU only (the GPU backend has no V4 operations yet); use --gpu off",
             ));
         }
         if gpu_on && self.mtp > 0 {

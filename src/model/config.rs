@@ -891,11 +891,6 @@ mod tests {
                 "Qwen3.5-MoE",
                 "Gated DeltaNet",
             ),
-            (
-                "DeepseekV4ForCausalLM",
-                "DeepSeek-V4",
-                "compressed and sparse attention",
-            ),
             ("GlmMoeDsaForCausalLM", "GLM-5", "DSA"),
         ] {
             let cfg = serde_json::json!({"architectures": [arch], "hidden_size": 64});

@@ -44,7 +44,7 @@ use super::family::{self, BiasRule, FamilySpec, GgufKeys, HfKeys};
 use super::gptoss::softmax_with_sink;
 use super::{Model, ModelError, State};
 use crate::dtype::DType;
-use crate::format::{ModelFiles, TensorInfo};
+use crate::format::{ByteRange, ModelFiles, TensorInfo};
 use crate::kernels::{self, Acts, Isa, WeightView};
 use serde_json::Value;
 
@@ -524,6 +524,8 @@ pub struct Experts<'a> {
     pub gate: Vec<WeightView<'a>>,
     pub up: Vec<WeightView<'a>>,
     pub down: Vec<WeightView<'a>>,
+    /// Where each expert's gate, up and down are in the files (what the streaming cache reads).
+    pub ranges: Vec<[ByteRange; 3]>,
 }
 
 pub struct MoeW<'a> {
@@ -693,12 +695,23 @@ impl<'a> Loader<'a, '_> {
             gate: Vec::with_capacity(e),
             up: Vec::with_capacity(e),
             down: Vec::with_capacity(e),
+            ranges: Vec::with_capacity(e),
         };
         for i in 0..e {
             let q = format!("{p}{}", names::EXPERT.replace("{e}", &i.to_string()));
-            x.gate.push(self.mat(&format!("{q}w1.weight"), f, h)?);
-            x.up.push(self.mat(&format!("{q}w3.weight"), f, h)?);
-            x.down.push(self.mat(&format!("{q}w2.weight"), h, f)?);
+            let n = [
+                format!("{q}w1.weight"),
+                format!("{q}w3.weight"),
+                format!("{q}w2.weight"),
+            ];
+            x.gate.push(self.mat(&n[0], f, h)?);
+            x.up.push(self.mat(&n[1], f, h)?);
+            x.down.push(self.mat(&n[2], h, f)?);
+            x.ranges.push([
+                self.t(&n[0])?.range,
+                self.t(&n[1])?.range,
+                self.t(&n[2])?.range,
+            ]);
         }
         Ok(x)
     }
@@ -820,6 +833,23 @@ pub fn load<'a>(
     ))
 }
 
+impl V4Weights<'_> {
+    /// Byte ranges of every routed expert, `[layer][expert]`.
+    pub fn expert_locs(&self) -> Vec<Vec<crate::experts::ExpertLoc>> {
+        self.layers
+            .iter()
+            .map(|l| {
+                l.moe
+                    .experts
+                    .ranges
+                    .iter()
+                    .map(|r| crate::experts::ExpertLoc { parts: *r })
+                    .collect()
+            })
+            .collect()
+    }
+}
+
 /// Per-sequence scratch of the V4 operations (empty for other families).
 #[derive(Default)]
 pub struct Scratch {
@@ -846,6 +876,7 @@ pub struct Scratch {
     scores: Vec<f32>,
     sel: Vec<u32>,
     selw: Vec<f32>,
+    needed: Vec<usize>,
     gathered: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
@@ -888,6 +919,7 @@ impl Scratch {
             scores: vec![0.0; batch * e],
             sel: vec![0; batch * k],
             selw: vec![0.0; batch * k],
+            needed: Vec::with_capacity(e),
             gathered: vec![0.0; batch * h],
             gate: vec![0.0; batch * f],
             up: vec![0.0; batch * f],
@@ -1433,11 +1465,57 @@ fn clamped_silu(gate: &mut [f32], up: &[f32], limit: f32) {
     }
 }
 
+fn v4_limit(m: &Model<'_>) -> f32 {
+    params(m).limit
+}
+
+/// Expert `ex` (`ws`: gate, up, down) on the rows of `xn` that chose it; each row's output
+/// into its slot of `s.out`.
+#[allow(clippy::too_many_arguments)]
+fn run_expert(
+    s: &mut Scratch,
+    xn: &[f32],
+    acts: &mut Acts,
+    ex: usize,
+    ws: &[WeightView<'_>; 3],
+    n: usize,
+    k: usize,
+    h: usize,
+    f: usize,
+    limit: f32,
+    pool: &rayon::ThreadPool,
+    isa: Isa,
+) -> Result<(), ModelError> {
+    let mut cnt = 0;
+    for i in 0..n {
+        if s.sel[i * k..(i + 1) * k].contains(&(ex as u32)) {
+            s.gathered[cnt * h..(cnt + 1) * h].copy_from_slice(&xn[i * h..(i + 1) * h]);
+            cnt += 1;
+        }
+    }
+    mm(&ws[0], &s.gathered, cnt, &mut s.gate, acts, pool, isa)?;
+    mm(&ws[1], &s.gathered, cnt, &mut s.up, acts, pool, isa)?;
+    clamped_silu(&mut s.gate[..cnt * f], &s.up[..cnt * f], limit);
+    mm(&ws[2], &s.gate, cnt, &mut s.down, acts, pool, isa)?;
+    let mut j = 0;
+    for i in 0..n {
+        if let Some(slot) = s.sel[i * k..(i + 1) * k]
+            .iter()
+            .position(|&x| x == ex as u32)
+        {
+            let d = (i * k + slot) * h;
+            s.out[d..d + h].copy_from_slice(&s.down[j * h..(j + 1) * h]);
+            j += 1;
+        }
+    }
+    Ok(())
+}
+
 /// V4's MoE block on rows 0..n of `Xn` into `Proj`.
 pub(crate) fn cpu_moe(
     m: &Model<'_>,
     st: &mut State,
-    _l: usize,
+    l: usize,
     w: &MoeW<'_>,
     tokens: &[u32],
     n: usize,
@@ -1486,57 +1564,85 @@ pub(crate) fn cpu_moe(
             s.selw[i * k + j] = sc[sel[j] as usize] / (sum + 1e-20) * v.routed_scale;
         }
     }
-    for ex in 0..e {
-        let mut cnt = 0;
-        for i in 0..n {
-            if s.sel[i * k..(i + 1) * k].contains(&(ex as u32)) {
-                s.gathered[cnt * h..(cnt + 1) * h].copy_from_slice(&st.xn[i * h..(i + 1) * h]);
-                cnt += 1;
-            }
+    // The experts any row chose, ascending; each computed once for its rows, from the mapped
+    // files or through the streaming cache (in waves of the layer's slots), in whatever order
+    // they arrive: outputs land in their slots, so the sum below does not depend on it.
+    s.needed.clear();
+    for x in 0..e {
+        if s.sel[..n * k].contains(&(x as u32)) {
+            s.needed.push(x);
         }
-        if cnt == 0 {
-            continue;
-        }
-        st.experts_run += 1;
-        let x = &w.experts;
-        mm(
-            &x.gate[ex],
-            &s.gathered,
-            cnt,
-            &mut s.gate,
-            &mut st.acts,
-            pool,
-            isa,
-        )?;
-        mm(
-            &x.up[ex],
-            &s.gathered,
-            cnt,
-            &mut s.up,
-            &mut st.acts,
-            pool,
-            isa,
-        )?;
-        clamped_silu(&mut s.gate[..cnt * f], &s.up[..cnt * f], v.limit);
-        mm(
-            &x.down[ex],
-            &s.gate,
-            cnt,
-            &mut s.down,
-            &mut st.acts,
-            pool,
-            isa,
-        )?;
-        let mut j = 0;
-        for i in 0..n {
-            if let Some(slot) = s.sel[i * k..(i + 1) * k]
-                .iter()
-                .position(|&x| x == ex as u32)
-            {
-                let d = (i * k + slot) * h;
-                s.out[d..d + h].copy_from_slice(&s.down[j * h..(j + 1) * h]);
-                j += 1;
+    }
+    let x = &w.experts;
+    if let Some(mut cache) = st.expert_cache.take() {
+        let r = (|| -> Result<(), ModelError> {
+            let cap = cache.slots(l).max(1);
+            let mut i = 0;
+            while i < s.needed.len() {
+                let start = i;
+                let mut unpinned = 0;
+                while i < s.needed.len() {
+                    let pinned = cache.is_pinned(l, s.needed[i]);
+                    if !pinned && unpinned == cap {
+                        break;
+                    }
+                    unpinned += usize::from(!pinned);
+                    i += 1;
+                }
+                let begun = cache.begin(l, &s.needed[start..i]);
+                let wave = (|| -> Result<(), ModelError> {
+                    begun?;
+                    while let Some((ex, b)) = cache.next_ready()? {
+                        let v = |w: &WeightView<'_>, bytes| WeightView { bytes, ..*w };
+                        let ws = [
+                            v(&x.gate[ex], b.gate),
+                            v(&x.up[ex], b.up),
+                            v(&x.down[ex], b.down),
+                        ];
+                        run_expert(
+                            s,
+                            &st.xn,
+                            &mut st.acts,
+                            ex,
+                            &ws,
+                            n,
+                            k,
+                            h,
+                            f,
+                            v4_limit(m),
+                            pool,
+                            isa,
+                        )?;
+                        st.experts_run += 1;
+                    }
+                    Ok(())
+                })();
+                cache.end();
+                wave?;
             }
+            Ok(())
+        })();
+        st.expert_cache = Some(cache);
+        r?;
+    } else {
+        for j in 0..s.needed.len() {
+            let ex = s.needed[j];
+            let ws = [x.gate[ex], x.up[ex], x.down[ex]];
+            run_expert(
+                s,
+                &st.xn,
+                &mut st.acts,
+                ex,
+                &ws,
+                n,
+                k,
+                h,
+                f,
+                v.limit,
+                pool,
+                isa,
+            )?;
+            st.experts_run += 1;
         }
     }
     // Shared expert, then each token's routed outputs in slot order.

@@ -109,7 +109,7 @@ fn not_yet_supported(arch: &str) -> Option<String> {
         | "qwen35moe" => ("Qwen3.5-MoE", hybrid),
         "deepseek4" => (
             "DeepSeek-V4",
-            "it runs from its transformers checkpoint (config.json + safetensors) only; llama.cpp has no GGUF names for it",
+            "sluice reads V4 from its transformers checkpoint (config.json + safetensors) only, not from GGUF yet",
         ),
         "GlmMoeDsaForCausalLM" | "glm_moe_dsa" | "glm-dsa" => (
             "GLM-5 (glm_moe_dsa)",
