@@ -177,6 +177,7 @@ fn unsupported_features_are_refused_by_name() {
             Box::new(|c| c["rope_parameters"]["compress"]["rope_type"] = j!("longrope")),
             "rope_parameters.compress.rope_type",
         ),
+        ("hc", Box::new(|c| c["hc_mult"] = j!(7)), "hc_mult"),
         (
             "shared",
             Box::new(|c| c["n_shared_experts"] = j!(2)),
@@ -227,5 +228,40 @@ fn streamed_experts_are_bit_identical_to_resident() {
                 assert_eq!(got, reference, "io {io:?} slots {slots} batch {batch}");
             }
         }
+    }
+}
+
+#[test]
+fn truncate_and_restore_resume_bit_identically() {
+    // The compressor's pools and open windows live in positional cache rows: cutting the
+    // sequence mid-window, or restoring a snapshot, and going on gives the same logits bit
+    // for bit as the uninterrupted run.
+    let d = dir("deepseek_v4");
+    let files = open(&d);
+    let model = Model::load(&files, &OPTS).unwrap();
+    let toks = ids(&json(&d.join("cases.json"))["cases"][2]["ids"]);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    let mut st = model.new_state(64, 4, 4).unwrap();
+    let mut all = Vec::new();
+    model.logits_all(&mut st, &toks, &mut all).unwrap();
+    let v = model.cfg.vocab;
+    for cut in [5, 9, 13, 16] {
+        // Truncate: run everything, cut back to `cut`, run the rest again.
+        let mut st = model.new_state(64, 4, 4).unwrap();
+        let mut out = Vec::new();
+        model.logits_all(&mut st, &toks, &mut out).unwrap();
+        let snap = st.snapshot(cut).unwrap();
+        assert_eq!(st.truncate(cut), cut);
+        let mut rest = Vec::new();
+        model.logits_all(&mut st, &toks[cut..], &mut rest).unwrap();
+        assert_eq!(bits(&rest), bits(&all[cut * v..]), "truncate at {cut}");
+        // Restore into a fresh state.
+        let mut st2 = model.new_state(64, 4, 4).unwrap();
+        st2.restore(&snap).unwrap();
+        let mut rest2 = Vec::new();
+        model
+            .logits_all(&mut st2, &toks[cut..], &mut rest2)
+            .unwrap();
+        assert_eq!(bits(&rest2), bits(&all[cut * v..]), "restore at {cut}");
     }
 }

@@ -413,6 +413,12 @@ fn read_params(cfg: &Value, c: &ModelConfig) -> Result<V4Params, ModelError> {
         compress_theta,
         compress_scaling,
     };
+    if p.hc > 6 {
+        return refuse(format!(
+            "config.json: hc_mult {}: at most 6 hyper-connection streams are supported",
+            p.hc
+        ));
+    }
     let heads = c.n_heads;
     if p.window == 0
         || p.q_lora == 0
@@ -1497,16 +1503,19 @@ fn run_expert(
     mm(&ws[1], &s.gathered, cnt, &mut s.up, acts, pool, isa)?;
     clamped_silu(&mut s.gate[..cnt * f], &s.up[..cnt * f], limit);
     mm(&ws[2], &s.gate, cnt, &mut s.down, acts, pool, isa)?;
+    // Every slot of a row that chose `ex` (a hash table may repeat an expert in a row: each
+    // slot then counts, as in transformers).
     let mut j = 0;
     for i in 0..n {
-        if let Some(slot) = s.sel[i * k..(i + 1) * k]
-            .iter()
-            .position(|&x| x == ex as u32)
-        {
-            let d = (i * k + slot) * h;
-            s.out[d..d + h].copy_from_slice(&s.down[j * h..(j + 1) * h]);
-            j += 1;
+        let mut hit = false;
+        for slot in 0..k {
+            if s.sel[i * k + slot] == ex as u32 {
+                let d = (i * k + slot) * h;
+                s.out[d..d + h].copy_from_slice(&s.down[j * h..(j + 1) * h]);
+                hit = true;
+            }
         }
+        j += usize::from(hit);
     }
     Ok(())
 }
