@@ -284,6 +284,10 @@ pub(crate) fn place_gpu(
         off("gpt-oss runs on the CPU only");
         return Ok(false);
     }
+    if model.cfg.family == crate::model::Family::DeepseekV4 {
+        off("DeepSeek-V4 runs on the CPU only");
+        return Ok(false);
+    }
     if let Some(why) = o.gpu_off_reason() {
         off(why);
         return Ok(false);
