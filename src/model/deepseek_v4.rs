@@ -5,9 +5,9 @@
 //! reference of tests/family_deepseek_v4.rs):
 //! - Residual as `hc_mult` streams (manifold-constrained hyper-connections): before each
 //!   sub-block a `HyperConnection` turns the (unweighted-RMS-normed) streams into `pre` (sigmoid
-//!   + eps: collapse weights), `post` (2 sigmoid: where the output goes) and `comb` (row softmax
-//!   + eps, then Sinkhorn column/row normalisation); after it, streams = post x out + comb^T x
-//!   streams. A `HyperHead` collapses the streams before the final norm.
+//!   plus eps: collapse weights), `post` (2 sigmoid: where the output goes) and `comb` (row
+//!   softmax plus eps, then Sinkhorn column/row normalisation); after it, streams = post x out
+//!   plus comb^T x streams. A `HyperHead` collapses the streams before the final norm.
 //! - Attention: shared-KV MQA (one `head_dim` KV head read as key and value), q through a
 //!   low-rank `q_a -> q_a_norm -> q_b` and a per-head unweighted RMSNorm, partial *interleaved*
 //!   RoPE on the trailing `qk_rope_head_dim` values of each head, one sink logit per head, the
@@ -327,7 +327,7 @@ fn read_params(cfg: &Value, c: &ModelConfig) -> Result<V4Params, ModelError> {
         },
     };
     let rope_dim = (hd as f64 * partial) as usize;
-    if rope_dim == 0 || rope_dim % 2 != 0 || rope_dim > hd {
+    if rope_dim == 0 || !rope_dim.is_multiple_of(2) || rope_dim > hd {
         return refuse(format!(
             "config.json: partial_rotary_factor {partial} gives {rope_dim} rotary dimensions of {hd}: must be even and within the head"
         ));
@@ -423,7 +423,7 @@ fn read_params(cfg: &Value, c: &ModelConfig) -> Result<V4Params, ModelError> {
     if p.window == 0
         || p.q_lora == 0
         || p.o_groups == 0
-        || heads % p.o_groups != 0
+        || !heads.is_multiple_of(p.o_groups)
         || p.hc == 0
         || p.hc_iters == 0
         || p.idx_heads == 0
@@ -1540,7 +1540,7 @@ pub(crate) fn cpu_moe(
     let (pool, isa) = (&m.pool, m.isa);
     let s = &mut st.v4;
     mm(&w.router, &st.xn, n, &mut s.scores, &mut st.acts, pool, isa)?;
-    for i in 0..n {
+    for (i, &tok) in tokens.iter().enumerate().take(n) {
         let sc = &mut s.scores[i * e..(i + 1) * e];
         match v.score {
             Score::SqrtSoftplus => sc.iter_mut().for_each(|x| {
@@ -1552,7 +1552,7 @@ pub(crate) fn cpu_moe(
         }
         let sel = &mut s.sel[i * k..(i + 1) * k];
         if let Some(t2e) = &w.tid2eid {
-            let t = tokens[i] as usize;
+            let t = tok as usize;
             sel.copy_from_slice(&t2e[t * k..(t + 1) * k]);
         } else {
             for j in 0..k {
