@@ -16,6 +16,9 @@ make_model_fixtures.make_model) with a few config fields changed:
                        llama.cpp's converter then writes no deepseek2.expert_weights_norm key)
   deepseek_v32_sparse  DeepSeek-V3.2 with index_topk = 4, so the lightning indexer really
                        chooses which cached tokens MLA attends to
+  glm_moe_dsa          GLM-5 (GlmMoeDsaForCausalLM): V3.2's MLA + DSA with the indexer rotated
+                       interleaved and indexer_types full/shared/full/shared (a shared layer
+                       reuses the previous full layer's top-k), index_topk = 4, one routing group
 
 Writes OUT/<variant>/ with config.json, model.safetensors, cases.json (token ids, logits file
 names, greedy continuation, seed search record) and logits_case*.npy. No tokenizer: tests feed
@@ -49,6 +52,12 @@ V32_CONFIG = dict(
     tie_word_embeddings=False, bos_token_id=0, eos_token_id=1,
 )
 
+GLM_DSA_CONFIG = dict(
+    V32_CONFIG, num_hidden_layers=4, n_group=1, topk_group=1,
+    indexer_types=["full", "shared", "full", "shared"],
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+)
+
 VARIANTS = {
     "mixtral_swa": {"base": "mixtral", "seed": 2101, "set": {"sliding_window": 5}},
     "olmoe_clip": {"base": "olmoe", "seed": 2102, "set": {"clip_qkv": 0.5}},
@@ -63,6 +72,10 @@ VARIANTS = {
     "deepseek_v32_sparse": {"base": None, "seed": 2104, "architecture": "DeepseekV32ForCausalLM",
                             "config_class": "DeepseekV32Config", "config": V32_CONFIG,
                             "min_index_margin": 1e-3, "attempts": 60},
+    "glm_moe_dsa": {"base": None, "seed": 2108, "architecture": "GlmMoeDsaForCausalLM",
+                    "config_class": "GlmMoeDsaConfig", "config": GLM_DSA_CONFIG,
+                    # four layers of top-k cuts: gaps of 5e-5 are still ~50x f32 rounding
+                    "min_index_margin": 5e-5, "attempts": 24},
 }
 
 

@@ -8,8 +8,8 @@ use std::path::Path;
 
 use experts_util::{r, random_file, scratch, zipf_weights, Rng};
 use sluice::experts::{
-    simulate, CacheConfig, ExpertCache, ExpertLoc, ExpertStore, IoMode, Policy, SimPolicy, Trace,
-    TraceWriter, UsageStats,
+    simulate, simulate_from, CacheConfig, ExpertCache, ExpertLoc, ExpertStore, IoMode, Policy,
+    SimPolicy, Trace, TraceWriter, UsageStats,
 };
 
 fn trace(text: &str) -> Trace {
@@ -211,9 +211,46 @@ fn simulator_matches_the_cache_on_its_own_trace() {
             (s.hits_pin, s.hits_lru, s.misses),
             "{policy:?}"
         );
+        // The cache's in-memory log (the run summary's Belady bound replays it) is the file.
+        assert_eq!(cache.route_log().expect("log fits"), t, "{policy:?}");
+        assert_eq!(s.waves as usize, t.lines.len());
+        let (slots, pins) = cache.shape();
+        assert_eq!(slots, 4);
+        let mut want_pins = pinned.clone();
+        want_pins.sort_unstable();
+        assert_eq!(pins, want_pins);
         // Usage counts of the run equal the trace's selections.
         let u = cache.usage();
         assert_eq!(u.total(), t.selections());
+    }
+}
+
+/// `simulate_from` counts only the lines from `from` on, after the earlier lines filled the
+/// cache: for LRU (whose choices do not look ahead) that is the whole replay's counts minus
+/// those of a replay of the earlier lines alone.
+#[test]
+fn simulate_from_counts_the_tail_of_one_replay() {
+    let t = zipf_trace(3, 32, 4, 400, 11);
+    for from in [0, 1, t.lines.len() / 3, t.lines.len()] {
+        let head = Trace {
+            experts_per_layer: t.experts_per_layer.clone(),
+            lines: t.lines[..from].to_vec(),
+        };
+        let all = simulate(&t, 6, &[(0, 1)], SimPolicy::Lru).unwrap();
+        let pre = simulate(&head, 6, &[(0, 1)], SimPolicy::Lru).unwrap();
+        let tail = simulate_from(&t, 6, &[(0, 1)], SimPolicy::Lru, from).unwrap();
+        assert_eq!(
+            (tail.hits_pin, tail.hits, tail.misses),
+            (
+                all.hits_pin - pre.hits_pin,
+                all.hits - pre.hits,
+                all.misses - pre.misses
+            ),
+            "from {from}"
+        );
+        let bel = simulate_from(&t, 6, &[(0, 1)], SimPolicy::Belady, from).unwrap();
+        assert_eq!(bel.requests(), tail.requests());
+        assert!(bel.misses <= tail.misses, "from {from}");
     }
 }
 

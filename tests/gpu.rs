@@ -27,6 +27,7 @@ use sluice::experts::CacheConfig;
 use sluice::format::ModelFiles;
 use sluice::gpu::model::{check, GpuState};
 use sluice::gpu::{GpuOptions, Staging};
+use sluice::model::backend::Device;
 use sluice::model::{LoadOptions, Model, State};
 use std::path::{Path, PathBuf};
 
@@ -161,6 +162,20 @@ fn kernels_match_gguf_reference() {
     }
 }
 
+/// A sequence state and, when it runs there, the CUDA backend beside it (declared first: it
+/// stages from, and registered, the state's RAM expert cache, so it is dropped first).
+struct Run {
+    g: Option<GpuState>,
+    st: State,
+}
+
+impl Run {
+    /// The device (None: the CPU) and the state, for `Model::*_on`.
+    fn parts(&mut self) -> (Option<&mut dyn Device>, &mut State) {
+        (self.g.as_mut().map(|g| g as &mut dyn Device), &mut self.st)
+    }
+}
+
 /// A state with a RAM expert cache of `ram_slots` per layer, on the GPU when `gpu` is given.
 fn state(
     model: &Model<'_>,
@@ -168,11 +183,12 @@ fn state(
     batch: usize,
     ram_slots: usize,
     gpu: Option<&GpuOptions>,
-) -> (State, u64) {
+) -> (Run, u64) {
     // DeepSeek-V3.2 runs dense attention only up to its index_topk.
     let ctx = model.cfg.dense_attn_limit.map_or(256, |l| l.min(256));
     let mut st = model.new_state(ctx, batch, batch).unwrap();
     let mut slot = 0;
+    let mut dev = None;
     if let Some(opts) = gpu {
         let mut cfg = CacheConfig::new(ram_slots);
         cfg.io = sluice::experts::IoMode::Buffered;
@@ -185,9 +201,9 @@ fn state(
                 .iter()
                 .filter(|l| l.moe().is_some())
                 .count() as u64;
-        st.attach_gpu(g);
+        dev = Some(g);
     }
-    (st, slot)
+    (Run { g: dev, st }, slot)
 }
 
 fn opts(vram: Option<u64>, staging: Staging) -> GpuOptions {
@@ -231,10 +247,10 @@ fn gpu_logits_match_transformers() {
                 sluice::npy::read_f32(&d.join(case["logits"].as_str().unwrap())).unwrap();
             for batch in [1, 5] {
                 let e = model.cfg.n_experts;
-                let (mut st, _) =
-                    state(&model, &files, batch, e, Some(&opts(None, Staging::Arena)));
+                let (mut r, _) = state(&model, &files, batch, e, Some(&opts(None, Staging::Arena)));
                 let mut out = Vec::new();
-                model.logits_all(&mut st, &toks, &mut out).unwrap();
+                let (d, st) = r.parts();
+                model.logits_all_on(d, st, &toks, &mut out).unwrap();
                 let (err, same) = compare(&out, &refr, model.cfg.vocab);
                 eprintln!(
                     "{what} {} batch {batch}: gpu max|Δ|/max|ref| = {err:.2e}",
@@ -268,10 +284,10 @@ fn gpu_q8_0_close_to_cpu() {
         let (mut agree, mut total, mut worst_kl) = (0, 0, 0f64);
         for case in cases["cases"].as_array().unwrap() {
             let toks = ids(&case["ids"]);
-            let (mut cpu_st, _) = state(&model, &files, 8, 0, None);
+            let (mut cpu_run, _) = state(&model, &files, 8, 0, None);
             let mut cpu = Vec::new();
-            model.logits_all(&mut cpu_st, &toks, &mut cpu).unwrap();
-            let (mut st, _) = state(
+            model.logits_all(&mut cpu_run.st, &toks, &mut cpu).unwrap();
+            let (mut r, _) = state(
                 &model,
                 &files,
                 8,
@@ -279,7 +295,8 @@ fn gpu_q8_0_close_to_cpu() {
                 Some(&opts(None, Staging::Arena)),
             );
             let mut gpu = Vec::new();
-            model.logits_all(&mut st, &toks, &mut gpu).unwrap();
+            let (d, st) = r.parts();
+            model.logits_all_on(d, st, &toks, &mut gpu).unwrap();
             let v = model.cfg.vocab;
             for (a, b) in gpu.chunks(v).zip(cpu.chunks(v)) {
                 let lse = |x: &[f32]| {
@@ -307,14 +324,16 @@ fn gpu_q8_0_close_to_cpu() {
 }
 
 /// Greedy tokens and every step's logits.
-fn greedy(model: &Model<'_>, st: &mut State, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>) {
+fn greedy(model: &Model<'_>, r: &mut Run, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>) {
     let mut logits = Vec::new();
-    let l = model.feed(st, prompt).unwrap();
+    let (d, st) = r.parts();
+    let l = model.feed_on(d, st, prompt).unwrap();
     logits.extend_from_slice(l);
     let mut next = argmax(l) as u32;
     let mut toks = vec![next];
     while toks.len() < n {
-        let l = model.forward_chunk(st, &[next], 0).unwrap();
+        let (d, st) = r.parts();
+        let l = model.forward_on(d, st, &[next], 0).unwrap();
         logits.extend_from_slice(l);
         next = argmax(l) as u32;
         toks.push(next);
@@ -344,17 +363,17 @@ fn gpu_tokens_identical_across_placement() {
         let prompt: Vec<u32> = (0..11)
             .map(|i| (i * 7 + 3) as u32 % model.cfg.vocab as u32)
             .collect();
-        let (mut st, per_slot) = state(&model, &files, 4, e, Some(&opts(None, Staging::Arena)));
-        let (want_t, want_l) = greedy(&model, &mut st, &prompt, 20);
-        drop(st);
+        let (mut r, per_slot) = state(&model, &files, 4, e, Some(&opts(None, Staging::Arena)));
+        let (want_t, want_l) = greedy(&model, &mut r, &prompt, 20);
+        drop(r);
         let per_slot = per_slot.max(1);
         let mut runs = 0;
         for slots in [1, 2, e] {
             for staging in [Staging::Arena, Staging::PerExpert, Staging::Pageable] {
                 for ram in [1, e] {
                     let o = opts(Some(per_slot * slots as u64), staging);
-                    let (mut st, _) = state(&model, &files, 4, ram, Some(&o));
-                    let (t, l) = greedy(&model, &mut st, &prompt, 20);
+                    let (mut r, _) = state(&model, &files, 4, ram, Some(&o));
+                    let (t, l) = greedy(&model, &mut r, &prompt, 20);
                     let what = format!(
                         "{}: vram {slots} slots/layer, {staging}, ram {ram} slots/layer",
                         path.display()
@@ -366,7 +385,7 @@ fn gpu_tokens_identical_across_placement() {
                             .all(|(a, b)| a.to_bits() == b.to_bits()),
                         "{what}: logits not bit-identical"
                     );
-                    let s = st.gpu_stats().unwrap();
+                    let s = r.g.as_ref().unwrap().stats();
                     if slots == 1 {
                         assert!(s.experts_h2d > 0, "{what}: nothing was staged");
                     }

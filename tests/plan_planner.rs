@@ -53,6 +53,7 @@ fn model() -> ModelSummary {
         resident_bytes: 1_500_000_000,
         routed_bytes: 48 * 128 * 2_359_296,
         kv_bytes: 400_000_000,
+        process_bytes: 0,
         moe_layers: 48,
         experts_per_layer: 128,
         top_k: 8,
@@ -96,7 +97,7 @@ fn fast_nvme_small_ram_streams_direct_with_many_readers() {
     // Budget 8 GB - 1.5 GB resident - 0.4 GB KV = 6.1 GB of 2.36 MB slots over 48 layers.
     assert_eq!(p.slots_per_layer, (6_100_000_000 / 2_359_296) / 48);
     assert!(p.expert_cache_bytes <= 8 * GB - m.resident_bytes - m.kv_bytes);
-    assert_eq!(p.io, "direct");
+    assert_eq!(p.io, IoMode::Direct);
     assert_eq!(p.io_threads, 16, "the thread count of the probed peak");
     assert!(decision(&p, "io").1.contains("16 threads"));
     assert!(p.disk_bound);
@@ -144,7 +145,7 @@ fn slow_disk_large_ram_takes_one_reader_and_caches_more() {
         &req(14 * GB),
     )
     .unwrap();
-    assert_eq!(no_direct.io, "buffered");
+    assert_eq!(no_direct.io, IoMode::Buffered);
     assert!(decision(&no_direct, "io").1.contains("O_DIRECT refused"));
     assert!(
         no_direct.predicted_tok_s.is_none(),
@@ -217,7 +218,7 @@ fn overrides_win_and_say_so() {
         ..req(32 * GB)
     };
     let p = plan(&m, Some(&profile(7.0, 16, 50.0, 64 * GB, true)), &r).unwrap();
-    assert!(p.stream && p.slots_per_layer == 3 && p.io == "buffered" && p.io_threads == 2);
+    assert!(p.stream && p.slots_per_layer == 3 && p.io == IoMode::Buffered && p.io_threads == 2);
     assert!(decision(&p, "experts").1.contains("--experts stream"));
     assert!(decision(&p, "expert cache").1.contains("--cap"));
     assert!(decision(&p, "io").1.contains("--io") && decision(&p, "io").1.contains("--io-threads"));
@@ -383,6 +384,7 @@ fn mtp_widens_the_expert_union_and_pays_only_with_resident_experts() {
         resident_bytes: 17 * GB,
         routed_bytes: 58 * 256 * slot,
         kv_bytes: GB,
+        process_bytes: 0,
         moe_layers: 58,
         experts_per_layer: 256,
         top_k: 8,

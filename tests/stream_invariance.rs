@@ -162,9 +162,9 @@ fn truncated_file_mid_run_is_an_error() {
 fn peak_rss_stays_within_budget() {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("stream-rss");
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("wide.gguf");
+    let path = dir.join("wide64.gguf");
     let mut spec = sluice::default_model::spec();
-    // ~100 MB of routed experts (4 layers x 32 experts x 3 x 512x512 Q8_0), ~5 MB resident.
+    // ~200 MB of routed experts (4 layers x 64 experts x 3 x 512x512 Q8_0), ~5 MB resident.
     (
         spec.hidden,
         spec.layers,
@@ -172,7 +172,7 @@ fn peak_rss_stays_within_budget() {
         spec.head_dim,
         spec.experts,
         spec.expert_ffn,
-    ) = (512, 4, 8, 64, 32, 512);
+    ) = (512, 4, 8, 64, 64, 512);
     if !path.exists() {
         sluice::synth::write_random_qwen3moe(&path, &spec, &mut |_, _| {}).unwrap();
     }
@@ -186,7 +186,9 @@ fn peak_rss_stays_within_budget() {
     )
     .unwrap();
     let (routed, resident) = model.routed_and_resident_bytes(&files);
-    let budget: u64 = 24 << 20;
+    // The budget holds the process too (binary, tokenizer, heap, activation buffers: the
+    // planner's `process` line), so the whole resident set stays under it.
+    let budget: u64 = 48 << 20;
     assert!(routed >= 4 * budget, "experts {routed} vs budget {budget}");
     drop(model);
     let json = dir.join("stats.json");
@@ -221,8 +223,9 @@ fn peak_rss_stays_within_budget() {
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let rss = v["peak_rss_bytes"].as_u64().unwrap();
-    // Overhead: the binary, thread stacks, allocator slack, tokenizer.
-    let overhead: u64 = 48 << 20;
+    // Slack for what is allocated after the plan is made: reader and pool thread stacks,
+    // allocator slack, the output text.
+    let overhead: u64 = 4 << 20;
     eprintln!("peak RSS {rss}, budget {budget}, resident weights {resident}, routed {routed}");
     assert!(
         rss <= budget + overhead,

@@ -205,6 +205,18 @@ pub fn predicted_vs_measured(plan: &crate::plan::planner::Plan, measured: f64) -
     }
 }
 
+/// After a run: `[plan] memory: peak RSS X of the Y budget` (the planner counts the process
+/// itself against `--ram`, so the peak should stay under it).
+pub fn peak_vs_budget(plan: &crate::plan::planner::Plan) -> Option<String> {
+    let peak = peak_rss_bytes()?;
+    Some(format!(
+        "[plan] memory: peak RSS {} of the {} budget ({:.0}%)",
+        human(peak),
+        human(plan.budget_bytes),
+        100.0 * peak as f64 / plan.budget_bytes.max(1) as f64
+    ))
+}
+
 /// The cache's figures since `before` (the prefill's end), i.e. decode only.
 fn decode_stats(
     st: &crate::model::State,
@@ -227,7 +239,11 @@ fn peak_rss_bytes() -> Option<u64> {
 }
 
 /// The run's figures as JSON (`--stats-json`).
-pub fn stats_json(st: &crate::model::State, g: &crate::engine::GenStats) -> serde_json::Value {
+pub fn stats_json(
+    engine: &crate::engine::Engine,
+    g: &crate::engine::GenStats,
+) -> serde_json::Value {
+    let st = engine.state();
     // With MTP a decode forward emits several tokens: per-token figures divide by tokens.
     let mtp = g.mtp_drafted > 0;
     let decoded = if mtp {
@@ -269,7 +285,7 @@ pub fn stats_json(st: &crate::model::State, g: &crate::engine::GenStats) -> serd
         v["prefetch_recall"] = s.prefetch_recall().into();
     }
     v["time_shares"] = time_shares(st).0;
-    if let Some(gj) = super::gpu::gpu_json(st, g.gpu_after_prefill) {
+    if let Some(gj) = super::gpu::gpu_json(engine, g.gpu_after_prefill) {
         v["gpu"] = gj;
     }
     if let Some(b) = peak_rss_bytes() {
@@ -320,6 +336,43 @@ pub fn time_shares(st: &crate::model::State) -> (serde_json::Value, String, Stri
 
 /// The end-of-run expert line: hit rates, experts read per token, bytes read and read speed.
 /// `before` (the figures when the prefill ended) is subtracted, so the line is decode only.
+/// After a streamed run: the decode speed this run's own routes allow with this cache size —
+/// Belady's optimal eviction replayed on the route log (`cache-sim`'s bound), its misses priced
+/// at the run's own read rate, plus the run's compute time — and how close the run came.
+pub fn belady_bound(
+    st: &crate::model::State,
+    before: Option<crate::experts::CacheStats>,
+    decoded: usize,
+    secs: f64,
+) -> Option<String> {
+    use crate::experts::{simulate_from, SimPolicy};
+    let cache = st.experts()?;
+    let s = decode_stats(st, before)?;
+    if decoded == 0 || s.misses == 0 || s.read_secs <= 0.0 {
+        return None;
+    }
+    let Some(trace) = cache.route_log() else {
+        return Some("[experts] bound: the run outgrew the in-memory route log; use --route-trace and `sluice cache-sim --policy belady`".into());
+    };
+    let (slots, pinned) = cache.shape();
+    let from = before.map_or(0, |b| b.waves as usize);
+    let bel = simulate_from(&trace, slots, &pinned, SimPolicy::Belady, from).ok()?;
+    // A miss costs what this run's misses cost on average (read wall time per miss).
+    let per_miss = s.read_secs / s.misses as f64;
+    let compute = (secs - s.wait_secs).max(0.0);
+    let bound = decoded as f64 / (compute + bel.misses as f64 * per_miss).max(1e-9);
+    let measured = decoded as f64 / secs.max(1e-9);
+    Some(format!(
+        "[experts] bound: Belady's eviction on this run's routes would hit {:.1}% (this run {:.1}%), {:.1} experts read/token: {bound:.2} tok/s at this run's read rate ({:.2} ms/expert) and compute ({:.2}s); measured {measured:.2} tok/s = {:.0}% of it",
+        100.0 * bel.hit_rate(),
+        100.0 * s.hit_rate(),
+        bel.misses as f64 / decoded as f64,
+        1e3 * per_miss,
+        compute,
+        100.0 * measured / bound
+    ))
+}
+
 pub fn expert_summary(
     st: &crate::model::State,
     before: Option<crate::experts::CacheStats>,

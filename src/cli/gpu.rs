@@ -51,20 +51,20 @@ impl GpuArgs {
 }
 
 fn since(
-    st: &crate::model::State,
+    engine: &crate::engine::Engine,
     before: Option<crate::gpu::GpuStats>,
 ) -> Option<crate::gpu::GpuStats> {
-    let s = st.gpu_stats()?;
+    let s = engine.gpu_stats()?;
     Some(before.map_or(s, |b| s.since(&b)))
 }
 
 /// One line of GPU figures since `before` (the prefill's end), or None without a GPU.
 pub fn gpu_summary(
-    st: &crate::model::State,
+    engine: &crate::engine::Engine,
     before: Option<crate::gpu::GpuStats>,
 ) -> Option<String> {
-    let s = since(st, before)?;
-    let ceiling = st.gpu_h2d_ceiling();
+    let s = since(engine, before)?;
+    let ceiling = engine.gpu_h2d_ceiling();
     Some(format!(
         "gpu: wall {:.2}s, kernels {:.2}s, stall {:.1}% | vram hit {:.1}% | {} experts copied, {:.2} GB at {:.1} GB/s{} | register {:.3}s",
         s.wall_secs,
@@ -84,10 +84,10 @@ pub fn gpu_summary(
 
 /// The GPU figures as JSON (for `--stats-json`).
 pub fn gpu_json(
-    st: &crate::model::State,
+    engine: &crate::engine::Engine,
     before: Option<crate::gpu::GpuStats>,
 ) -> Option<serde_json::Value> {
-    let s = since(st, before)?;
+    let s = since(engine, before)?;
     Some(serde_json::json!({
         "wall_s": s.wall_secs,
         "kernel_s": s.kernel_secs,
@@ -97,7 +97,7 @@ pub fn gpu_json(
         "bytes_h2d": s.bytes_h2d,
         "copy_s": s.copy_secs,
         "h2d_gb_s": s.h2d_gbps(),
-        "h2d_ceiling_gb_s": st.gpu_h2d_ceiling(),
+        "h2d_ceiling_gb_s": engine.gpu_h2d_ceiling(),
         "register_s": s.register_secs,
     }))
 }

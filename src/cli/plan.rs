@@ -54,7 +54,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     } else {
         model.new_state(ctx, 1, 1)?
     };
-    let summary = ModelSummary::of(&model, &files, st.kv_bytes() as u64)?;
+    let summary = ModelSummary::of(&model, &files, &st)?;
     drop(st);
     let (profile, how) = match cached_profile(&files) {
         Some(p) => {

@@ -113,22 +113,36 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     ) {
         eprintln!("{line}");
     }
-    if let Some(line) = super::gpu::gpu_summary(st, stats.gpu_after_prefill) {
+    if let Some(line) = super::common::belady_bound(
+        st,
+        stats.experts_after_prefill,
+        stats.decoded(),
+        stats.decode_secs,
+    ) {
         eprintln!("{line}");
     }
-    if args.report.prof && st.gpu_stats().is_none() {
+    if let Some(line) = super::gpu::gpu_summary(&engine, stats.gpu_after_prefill) {
+        eprintln!("{line}");
+    }
+    if args.report.prof && engine.gpu_stats().is_none() {
         let (_, line, verdict) = time_shares(st);
         eprintln!("{line}");
         eprintln!("{verdict}");
     }
     eprintln!("{}", predicted_vs_measured(&engine.plan, stats.gen_tps()));
+    if let Some(line) = super::common::peak_vs_budget(&engine.plan) {
+        eprintln!("{line}");
+    }
     if let Some(line) = engine.check_disk_profile() {
         eprintln!("{line}");
     }
     if let Some(p) = &args.report.stats_json {
         let tmp = p.with_extension("json.tmp");
-        std::fs::write(&tmp, serde_json::to_string_pretty(&stats_json(st, &stats))?)
-            .with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::write(
+            &tmp,
+            serde_json::to_string_pretty(&stats_json(&engine, &stats))?,
+        )
+        .with_context(|| format!("writing {}", tmp.display()))?;
         std::fs::rename(&tmp, p).with_context(|| format!("writing {}", p.display()))?;
     }
     engine.save_usage()?;

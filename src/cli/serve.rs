@@ -158,7 +158,7 @@ pub fn run_cmd(args: ServeArgs) -> anyhow::Result<()> {
     let st = engine.state();
     if args.prof {
         // Where the forward's time went over everything this server generated.
-        match super::gpu::gpu_summary(st, None) {
+        match super::gpu::gpu_summary(&engine, None) {
             Some(line) => eprintln!("{line}"),
             None => {
                 let (_, line, verdict) = super::common::time_shares(st);

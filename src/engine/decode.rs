@@ -10,6 +10,7 @@
 //! temperature 0 the tokens depend only on the prompt, and MTP drafting emits exactly the
 //! tokens plain decoding does (a draft is kept iff it equals the main model's arg-max).
 
+use crate::model::backend::{reborrow, Device};
 use crate::model::{Model, ModelError, State};
 use crate::sample::Sampler;
 use crate::speculative::{self as spec, Verdict};
@@ -281,10 +282,35 @@ pub fn decode(
     p: &GenParams<'_>,
     on_event: &mut dyn FnMut(Event<'_>) -> bool,
 ) -> Result<Generation, GenerateError> {
+    decode_on(
+        None, model, tok, st, held, context, input, sampler, p, on_event,
+    )
+}
+
+/// `decode` with the forward on `dev` (a device backend held beside `st`; `None`: the CPU).
+#[allow(clippy::too_many_arguments)]
+pub fn decode_on(
+    mut dev: Option<&mut dyn Device>,
+    model: &Model<'_>,
+    tok: &Tokenizer,
+    st: &mut State,
+    held: &mut Vec<u32>,
+    context: &[u32],
+    input: &[u32],
+    sampler: &mut Sampler,
+    p: &GenParams<'_>,
+    on_event: &mut dyn FnMut(Event<'_>) -> bool,
+) -> Result<Generation, GenerateError> {
     if input.is_empty() {
         return Err(GenerateError::EmptyPrompt);
     }
     let k = p.mtp;
+    if k > 0 && dev.is_some() {
+        // EngineOptions::check refuses --mtp with --gpu on; --gpu auto keeps the CPU for it.
+        return Err(
+            ModelError::Input("--mtp: the MTP head runs on the CPU backend only".into()).into(),
+        );
+    }
     if k > 0 {
         if !model.has_mtp() {
             return Err(ModelError::Input("--mtp: this model has no MTP layer".into()).into());
@@ -372,7 +398,8 @@ pub fn decode(
         }
         let e = (a + step).min(n);
         let last = e == n;
-        let logits = model.forward_chunk(st, &input[a..e], if last { e - a - 1 } else { e - a })?;
+        let from = if last { e - a - 1 } else { e - a };
+        let logits = model.forward_on(reborrow(&mut dev), st, &input[a..e], from)?;
         if last {
             next = sampler.sample(logits, &history);
         }
@@ -400,11 +427,12 @@ pub fn decode(
     stats.prefill_secs = t0.elapsed().as_secs_f64();
     stats.prefill_done = true;
     stats.experts_after_prefill = st.expert_stats();
-    stats.gpu_after_prefill = st.gpu_stats();
+    stats.gpu_after_prefill = dev.as_ref().map(|d| d.stats());
 
     let t1 = Instant::now();
     let finish = if k == 0 {
         plain_loop(
+            dev,
             model,
             st,
             held,
@@ -452,6 +480,7 @@ pub fn decode(
 /// Plain decoding: one token per forward.
 #[allow(clippy::too_many_arguments)]
 fn plain_loop(
+    mut dev: Option<&mut dyn Device>,
     model: &Model<'_>,
     st: &mut State,
     held: &mut Vec<u32>,
@@ -468,7 +497,7 @@ fn plain_loop(
         if st.pos >= st.ctx() {
             return Ok(Finish::Length);
         }
-        let logits = model.forward_chunk(st, &[next], 0)?;
+        let logits = model.forward_on(reborrow(&mut dev), st, &[next], 0)?;
         held.push(next);
         next = sampler.sample(logits, history);
         stats.experts_main += st.experts_run;

@@ -1,6 +1,7 @@
 //! The engine: one object that owns a running model — its files, weights, tokenizer, the
-//! planner's placement (streamed expert cache, GPU forward) and the session (the per-sequence
-//! state and the tokens it holds) — and the one decode loop every command uses.
+//! planner's placement (streamed expert cache, the device backend the forward runs on: the
+//! CUDA backend or none for the CPU) and the session (the per-sequence state and the tokens it
+//! holds) — and the one decode loop every command uses.
 //!
 //! Map: `options.rs` is the plain options struct, the flag parsers and the one place that
 //! refuses unsupported combinations; `placement.rs` runs the planner and attaches the expert
@@ -32,6 +33,7 @@ pub use decode::{lcp, Event, Finish, GenParams, GenStats, GenerateError, Generat
 pub use options::{EngineOptions, ExpertOptions, GpuRequest, GpuWant};
 
 use crate::format::{FileKind, ModelFiles};
+use crate::model::backend::Device;
 use crate::model::{LoadOptions, Model, ModelConfig, ModelError, State};
 use crate::plan::planner::Plan;
 use crate::sample::Sampler;
@@ -82,6 +84,14 @@ pub fn load_tokenizer(files: &ModelFiles) -> Result<Tokenizer, TokenizerError> {
     Tokenizer::from_gguf_meta(&|k| files.meta(k))
 }
 
+/// The engine's device backend for one call (the trait object's lifetime shortened to it).
+fn device(d: &mut Option<Box<dyn Device>>) -> Option<&mut dyn Device> {
+    match d {
+        Some(b) => Some(&mut **b),
+        None => None,
+    }
+}
+
 /// One sequence: the model's per-sequence state (KV cache, MTP head, buffers) and the tokens
 /// it holds.
 pub struct Session {
@@ -123,6 +133,10 @@ pub struct Engine {
     /// Whether the GPU runs the forward.
     pub gpu: bool,
     pub opts: EngineOptions,
+    /// The device backend running the forward (`--gpu`), beside the session's state; `None`:
+    /// the CPU backend over the state's own buffers. Declared before `session` so it is
+    /// dropped first: it stages from (and registered) the state's RAM expert cache.
+    device: Option<Box<dyn Device>>,
     pub session: Session,
     store: Option<KvStore>,
 }
@@ -158,7 +172,7 @@ impl Engine {
         };
         let say = Say { quiet: opts.quiet };
         let plan = placement::place_experts(&model, files, &mut st, &opts, &say)?;
-        let gpu = placement::place_gpu(&model, files, &mut st, &opts, &plan, &say)?;
+        let device = placement::place_gpu(&model, files, &mut st, &opts, &plan, &say)?;
         let store = match &opts.kv_dir {
             None => None,
             Some(dir) => {
@@ -186,8 +200,9 @@ impl Engine {
             tok,
             plan,
             ctx,
-            gpu,
+            gpu: device.is_some(),
             opts,
+            device,
             session: Session {
                 st,
                 tokens: Vec::new(),
@@ -199,6 +214,16 @@ impl Engine {
     /// The session's state (for figures).
     pub fn state(&self) -> &State {
         &self.session.st
+    }
+
+    /// The device's figures since attach (None: the CPU runs the forward).
+    pub fn gpu_stats(&self) -> Option<crate::gpu::GpuStats> {
+        self.device.as_ref().map(|d| d.stats())
+    }
+
+    /// The pinned host -> device GB/s measured at attach, if it was.
+    pub fn gpu_h2d_ceiling(&self) -> Option<f64> {
+        self.device.as_ref().and_then(|d| d.h2d_ceiling())
     }
 
     /// Sessions saved in `--kv-dir` for this model (None without one).
@@ -263,7 +288,8 @@ impl Engine {
             ..*p
         };
         let s = &mut self.session;
-        let generation = decode::decode(
+        let generation = decode::decode_on(
+            device(&mut self.device),
             &self.model,
             &self.tok,
             &mut s.st,
@@ -344,7 +370,9 @@ impl Engine {
     /// `out` (T x vocab).
     pub fn logits(&mut self, tokens: &[u32], out: &mut Vec<f32>) -> Result<(), EngineError> {
         self.session.reset();
-        let r = self.model.logits_all(&mut self.session.st, tokens, out);
+        let r =
+            self.model
+                .logits_all_on(device(&mut self.device), &mut self.session.st, tokens, out);
         // The session holds no token list for teacher-forced runs.
         self.session.reset();
         Ok(r?)

@@ -10,7 +10,7 @@
 use super::EngineError;
 use crate::experts::{IoMode, Policy};
 use crate::gpu::Staging;
-use crate::model::{Family, ModelConfig};
+use crate::model::ModelConfig;
 use crate::plan::planner::ExpertMode;
 use crate::sample::SamplingParams;
 use std::path::PathBuf;
@@ -226,22 +226,24 @@ impl EngineOptions {
                 "a prefill batch holds at least one token",
             ));
         }
+        if gpu_on {
+            // What the CUDA backend lacks, from the one list (`gpu::refusal`); the context is
+            // the one asked for (the default is capped at V3.2's dense limit).
+            let ctx = self.ctx.unwrap_or(0).max(self.min_ctx);
+            if let Some(why) = crate::gpu::refusal(cfg, ctx) {
+                return Err(refused("--gpu on", why));
+            }
+        }
         if gpu_on && !crate::gpu::BUILT {
             return Err(refused(
                 "--gpu on",
                 "this sluice was built without the `cuda` feature (cargo build --release --features cuda)",
             ));
         }
-        if gpu_on && cfg.family == Family::GptOss {
+        if cfg.hybrid.is_some() && self.kv_dir.is_some() {
             return Err(refused(
-                "--gpu on",
-                "gpt-oss runs on the CPU only (the GPU forward has no attention sinks, per-layer sliding windows or biased clamped-SwiGLU experts); use --gpu off",
-            ));
-        }
-        if gpu_on && cfg.family == Family::DeepseekV4 {
-            return Err(refused(
-                "--gpu on",
-                "DeepSeek-V4 runs on the CPU only (the GPU backend has no V4 operations yet); use --gpu off",
+                "--kv-dir",
+                "session files do not hold a Qwen3-Next / Qwen3.5 recurrent state yet",
             ));
         }
         if gpu_on && self.mtp > 0 {

@@ -1,15 +1,17 @@
 //! Placement: the planner's decisions for a loaded model and their execution — the streamed
-//! expert cache (with autopin and usage statistics) and the GPU forward — attached to a state.
+//! expert cache (with autopin and usage statistics), attached to a state, and the CUDA backend,
+//! returned to the engine that holds it beside the state.
 //!
 //! Owns: the `[plan]` lines printed at start, the request handed to the planner, usage
 //! statistics' path and saving, the GPU attach (CPU fallback with `--gpu auto`). Does not own:
-//! the decisions themselves (plan/planner.rs), the cache (experts/), the GPU forward (gpu/).
+//! the decisions themselves (plan/planner.rs), the cache (experts/), the CUDA backend (gpu/).
 //! Invariant: placement never changes what is computed, only where and how fast.
 
 use super::options::{EngineOptions, ExpertOptions, GpuWant};
 use super::EngineError;
 use crate::experts::{CacheConfig, ExpertCache, Loaded, UsageStats};
 use crate::format::ModelFiles;
+use crate::model::backend::Device;
 use crate::model::{Model, State};
 use crate::plan::planner::{self, human, Plan, PlanRequest};
 
@@ -144,7 +146,7 @@ pub(crate) fn place_experts(
     say: &Say,
 ) -> Result<Plan, EngineError> {
     let a = &o.experts;
-    let summary = planner::ModelSummary::of(model, files, st.kv_bytes() as u64)?;
+    let summary = planner::ModelSummary::of(model, files, st)?;
     // Usage statistics first: how many experts could be pinned bounds the pinned tier.
     let mut usage = None;
     if a.autopin {
@@ -258,10 +260,11 @@ pub(crate) fn place_experts(
     Ok(plan)
 }
 
-/// Decides CPU or GPU for `st` and, for the GPU, attaches the GPU forward (after
-/// `place_experts`, whose RAM expert cache the VRAM pool stages from). Returns whether the
-/// GPU runs the forward. Combinations `--gpu on` cannot honour were refused by
-/// `EngineOptions::check`; with `--gpu auto` they print why the CPU runs.
+/// Decides CPU or GPU for `st` and, for the GPU, attaches the CUDA backend (after
+/// `place_experts`, whose RAM expert cache the VRAM pool stages from). Returns the device
+/// backend the engine runs the forward on (None: the CPU). Combinations `--gpu on` cannot
+/// honour were refused by `EngineOptions::check`; with `--gpu auto` they print why the CPU
+/// runs.
 pub(crate) fn place_gpu(
     model: &Model<'_>,
     files: &ModelFiles,
@@ -269,28 +272,24 @@ pub(crate) fn place_gpu(
     o: &EngineOptions,
     plan: &Plan,
     say: &Say,
-) -> Result<bool, EngineError> {
+) -> Result<Option<Box<dyn Device>>, EngineError> {
     let off = |why: &str| say.line(&format!("[plan] gpu: off ({why})"));
     let want = o.gpu.want;
     if want == GpuWant::Off {
         off("--gpu off");
-        return Ok(false);
+        return Ok(None);
     }
     if !crate::gpu::BUILT {
         off("this build has no `cuda` feature");
-        return Ok(false);
+        return Ok(None);
     }
-    if model.cfg.family == crate::model::Family::GptOss {
-        off("gpt-oss runs on the CPU only");
-        return Ok(false);
-    }
-    if model.cfg.family == crate::model::Family::DeepseekV4 {
-        off("DeepSeek-V4 runs on the CPU only");
-        return Ok(false);
+    if let Some(why) = crate::gpu::refusal(&model.cfg, st.ctx()) {
+        off(&why);
+        return Ok(None);
     }
     if let Some(why) = o.gpu_off_reason() {
         off(why);
-        return Ok(false);
+        return Ok(None);
     }
     if st.experts().is_some_and(|c| c.prefetching()) {
         // The planner turned prefetch on by default.
@@ -301,7 +300,7 @@ pub(crate) fn place_gpu(
             });
         }
         off("--prefetch runs on the CPU path");
-        return Ok(false);
+        return Ok(None);
     }
     attach(model, files, st, o, plan, &off)
 }
@@ -314,8 +313,8 @@ fn attach(
     _: &EngineOptions,
     _: &Plan,
     _: &dyn Fn(&str),
-) -> Result<bool, EngineError> {
-    Ok(false)
+) -> Result<Option<Box<dyn Device>>, EngineError> {
+    Ok(None)
 }
 
 #[cfg(feature = "cuda")]
@@ -326,7 +325,7 @@ fn attach(
     o: &EngineOptions,
     plan: &Plan,
     off: &dyn Fn(&str),
-) -> Result<bool, EngineError> {
+) -> Result<Option<Box<dyn Device>>, EngineError> {
     use crate::gpu::model::GpuState;
     use crate::gpu::{GpuError, GpuOptions};
     let gb = |b: u64| b as f64 / 1e9;
@@ -343,7 +342,7 @@ fn attach(
             ));
         }
         off("no CUDA driver library on this machine");
-        return Ok(false);
+        return Ok(None);
     }
     let mut made_cache = false;
     // The VRAM pool stages from the RAM expert cache: when the plan reads experts through the
@@ -394,7 +393,7 @@ fn attach(
             if made_cache {
                 st.detach_experts();
             }
-            return Ok(false);
+            return Ok(None);
         }
     };
     let say = Say { quiet: o.quiet };
@@ -431,8 +430,7 @@ fn attach(
             "[plan] gpu: pinned host->device ceiling {c:.1} GB/s (256 MiB copy, best of 5)"
         ));
     }
-    st.attach_gpu(gs);
-    Ok(true)
+    Ok(Some(Box::new(gs)))
 }
 
 /// See `Engine::check_disk_profile`. Only O_DIRECT reads count (buffered ones may come from

@@ -24,41 +24,11 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
 use super::io::Completion;
-use super::policy::{self, Hotness, SlotMeta, EMPTY};
+use super::policy::{self, Hotness, Policy, SlotMeta, EMPTY};
 use super::store::ExpertPlan;
 use super::{
     ExpertError, ExpertStore, IoMode, ReadJob, ReadPool, Slab, TraceWriter, UsageStats, ALIGN,
 };
-
-/// Eviction policy of the evictable tier.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Policy {
-    /// Least recently used (one use-clock tick per request).
-    Lru,
-    /// Coldest first: +1 per selection, every count halved each `halve_every` tokens; ties go
-    /// to the least recently used.
-    Hotness { halve_every: u64 },
-}
-
-impl Policy {
-    /// `lru` or `hotness` (which then halves every `halve_every` tokens).
-    pub fn parse(name: &str, halve_every: u64) -> Result<Policy, String> {
-        match name {
-            "lru" => Ok(Policy::Lru),
-            "hotness" => Ok(Policy::Hotness { halve_every }),
-            _ => Err(format!(
-                "unknown cache policy `{name}` (expected lru or hotness)"
-            )),
-        }
-    }
-
-    pub fn name(&self) -> &'static str {
-        match self {
-            Policy::Lru => "lru",
-            Policy::Hotness { .. } => "hotness",
-        }
-    }
-}
 
 /// How the cache is built.
 #[derive(Clone, Debug)]
@@ -118,6 +88,8 @@ pub struct CacheStats {
     pub wait_secs: f64,
     /// `tick_token` calls.
     pub tokens: u64,
+    /// `begin` calls (one per MoE layer of a forward): lines of the route log.
+    pub waves: u64,
     /// Bytes and wall time of loading the pinned tier in `new`.
     pub pin_load_bytes: u64,
     pub pin_load_secs: f64,
@@ -147,6 +119,7 @@ impl CacheStats {
             predicted_used: self.predicted_used.saturating_sub(before.predicted_used),
             prefetched: self.prefetched.saturating_sub(before.prefetched),
             prefetch_used: self.prefetch_used.saturating_sub(before.prefetch_used),
+            waves: self.waves.saturating_sub(before.waves),
             ..*self
         }
     }
@@ -245,7 +218,17 @@ struct State {
     /// The pool's busy seconds spent loading the pinned tier (excluded from `read_secs`).
     pin_busy_secs: f64,
     trace: Option<TraceWriter>,
+    /// The run's requests in memory, for the bound `route_log` replays: per `begin`, its
+    /// token, layer, count and experts; capacity `ROUTE_LOG_WORDS`, reserved once (recording
+    /// stops, and `log_full` is set, rather than grow it).
+    log: Vec<u32>,
+    log_full: bool,
+    experts_per_layer: Vec<usize>,
 }
+
+/// Words of the in-memory route log (16 MiB of address space, touched only as it fills: about
+/// 3,000 tokens of a 48-layer top-8 model).
+const ROUTE_LOG_WORDS: usize = 1 << 22;
 
 pub struct ExpertCache {
     // Field order is drop order: the pool joins its readers before the slab is unmapped.
@@ -372,6 +355,9 @@ impl ExpertCache {
             stats: CacheStats::default(),
             pin_busy_secs: 0.0,
             trace,
+            log: Vec::with_capacity(ROUTE_LOG_WORDS),
+            log_full: false,
+            experts_per_layer: experts_per_layer.clone(),
         };
         let mut cache = ExpertCache {
             pool,
@@ -517,6 +503,14 @@ impl ExpertCache {
         }
         if let Some(t) = &mut st.trace {
             t.record(st.stats.tokens, layer, experts)?;
+        }
+        st.stats.waves += 1;
+        if !st.log_full && st.log.len() + 3 + experts.len() <= st.log.capacity() {
+            let token = st.stats.tokens as u32;
+            st.log.extend([token, layer as u32, experts.len() as u32]);
+            st.log.extend(experts.iter().map(|&e| e as u32));
+        } else {
+            st.log_full = true;
         }
         // From here on the wave is open: completions of its slots are booked against it.
         st.wave = Some(Wave {
@@ -896,6 +890,51 @@ impl ExpertCache {
     /// Selection counts of this run (one per expert per `begin`).
     pub fn usage(&self) -> UsageStats {
         self.lock().usage.clone()
+    }
+
+    /// This run's requests so far as a route trace (what `--route-trace` would have written),
+    /// for replaying against other policies; None when the in-memory log filled up.
+    pub fn route_log(&self) -> Option<super::Trace> {
+        let st = self.lock();
+        if st.log_full {
+            return None;
+        }
+        let (mut lines, mut i) = (Vec::new(), 0);
+        while i + 3 <= st.log.len() {
+            let n = st.log[i + 2] as usize;
+            lines.push(super::trace::TraceLine {
+                token: st.log[i] as u64,
+                layer: st.log[i + 1] as usize,
+                experts: st.log[i + 3..i + 3 + n]
+                    .iter()
+                    .map(|&e| e as usize)
+                    .collect(),
+            });
+            i += 3 + n;
+        }
+        Some(super::Trace {
+            experts_per_layer: st.experts_per_layer.clone(),
+            lines,
+        })
+    }
+
+    /// (evictable slots per layer, pinned (layer, expert) pairs): the shape a replay of
+    /// `route_log` needs to be this cache.
+    pub fn shape(&self) -> (usize, Vec<(usize, usize)>) {
+        let st = self.lock();
+        let slots = st.slots.iter().map(Vec::len).max().unwrap_or(0);
+        let pinned = st
+            .place
+            .iter()
+            .enumerate()
+            .flat_map(|(l, p)| {
+                p.iter()
+                    .enumerate()
+                    .filter(|(_, w)| matches!(w, Where::Pinned(_)))
+                    .map(move |(e, _)| (l, e))
+            })
+            .collect();
+        (slots, pinned)
     }
 
     /// Flushes the route trace, if one is being written.

@@ -25,7 +25,8 @@ use std::time::{Duration, Instant};
 use super::{ExpertError, Slab, ALIGN};
 
 /// How expert bytes are read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum IoMode {
     /// O_DIRECT `pread` of `ALIGN`-widened windows into aligned memory (no page cache).
     Direct,

@@ -32,9 +32,10 @@ pub mod trace;
 pub mod usage;
 pub mod verify;
 
-pub use cache::{CacheConfig, CacheStats, ExpertBytes, ExpertCache, Policy};
+pub use cache::{CacheConfig, CacheStats, ExpertBytes, ExpertCache};
 pub use io::{lock_resident, IoMode, ReadJob, ReadPool};
-pub use sim::{simulate, SimPolicy, SimResult};
+pub use policy::Policy;
+pub use sim::{simulate, simulate_from, SimPolicy, SimResult};
 pub use slab::Slab;
 pub use store::{ExpertLoc, ExpertStore};
 pub use trace::{Trace, TraceLine, TraceWriter};

@@ -1,12 +1,40 @@
 //! Eviction choices for the evictable tier, shared by `ExpertCache` and the trace simulator so
 //! `cache-sim` numbers are what the cache does, not an approximation of it.
 //!
-//! Owns: `SlotMeta` (what a slot holds, when it was last used, whether it is busy), decayed
-//! hotness counts, and `victim`. Invariant: a busy slot (handed out in the open wave, or being
+//! Owns: `Policy` (the choice, parsed from `--policy`), `SlotMeta` (what a slot holds, when
+//! it was last used, whether it is busy), decayed hotness counts, and `victim`. Invariant: a busy slot (handed out in the open wave, or being
 //! read) is never chosen; an empty slot is always chosen before an occupied one; ties fall to
 //! the least recently used, then to the lowest slot index (deterministic).
 
-use super::cache::Policy;
+/// Eviction policy of the evictable tier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// Least recently used (one use-clock tick per request).
+    Lru,
+    /// Coldest first: +1 per selection, every count halved each `halve_every` tokens; ties go
+    /// to the least recently used.
+    Hotness { halve_every: u64 },
+}
+
+impl Policy {
+    /// `lru` or `hotness` (which then halves every `halve_every` tokens).
+    pub fn parse(name: &str, halve_every: u64) -> Result<Policy, String> {
+        match name {
+            "lru" => Ok(Policy::Lru),
+            "hotness" => Ok(Policy::Hotness { halve_every }),
+            _ => Err(format!(
+                "unknown cache policy `{name}` (expected lru or hotness)"
+            )),
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Policy::Lru => "lru",
+            Policy::Hotness { .. } => "hotness",
+        }
+    }
+}
 
 /// `SlotMeta::expert` of a slot holding nothing.
 pub(crate) const EMPTY: u32 = u32::MAX;

@@ -6,7 +6,7 @@
 //! Invariant: for LRU and hotness the hit/miss counts equal what `ExpertCache` with the same
 //! configuration reports for the requests the trace records.
 
-use super::cache::Policy;
+use super::policy::Policy;
 use super::policy::{self, Hotness, SlotMeta, EMPTY};
 use super::{ExpertError, Trace};
 
@@ -60,6 +60,18 @@ pub fn simulate(
     slots_per_layer: usize,
     pinned: &[(usize, usize)],
     policy: SimPolicy,
+) -> Result<SimResult, ExpertError> {
+    simulate_from(trace, slots_per_layer, pinned, policy, 0)
+}
+
+/// `simulate`, counting hits and misses only from line `from` on (the lines before it still
+/// fill the cache: e.g. a prompt's requests before the decoded tokens').
+pub fn simulate_from(
+    trace: &Trace,
+    slots_per_layer: usize,
+    pinned: &[(usize, usize)],
+    policy: SimPolicy,
+    from: usize,
 ) -> Result<SimResult, ExpertError> {
     let epl = &trace.experts_per_layer;
     let n_layers = epl.len();
@@ -118,7 +130,12 @@ pub fn simulate(
     };
     let mut ticks = 0u64;
     let mut flat = 0usize;
+    // Counts of the lines before `from` are dropped at the end.
+    let mut before = r;
     for (clock, line) in trace.lines.iter().enumerate() {
+        if clock == from {
+            before = r;
+        }
         let clock = clock as u64 + 1;
         while ticks < line.token {
             hot.tick();
@@ -189,7 +206,15 @@ pub fn simulate(
         }
         flat += line.experts.len();
     }
-    Ok(r)
+    if from >= trace.lines.len() {
+        before = r;
+    }
+    Ok(SimResult {
+        hits_pin: r.hits_pin - before.hits_pin,
+        hits: r.hits - before.hits,
+        misses: r.misses - before.misses,
+        ..r
+    })
 }
 
 /// Belady's choice: an empty slot, else the one whose expert is needed farthest in the future

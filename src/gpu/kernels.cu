@@ -1101,3 +1101,277 @@ extern "C" __global__ void attention_merge(const float* PM, const float* PL, con
         o[d] = a * inv;
     }
 }
+
+// ==== prefill GEMM (tensor cores) ====
+//
+// Forwards of more than a few tokens (prefill) multiply on the tensor cores instead of one warp
+// per weight row: a block takes a tile of GBM weight rows x GBN tokens and walks the inner
+// dimension GBK values at a time. Each stage unpacks the weight tile's quantized blocks into
+// shared memory as int8 codes with their per-16 scales and per-32 mins (a type's own layout:
+// Q4_K/Q5_K codes 0..31 with d*sc and dmin*m, Q6_K codes q-32 with d*sc per 16, Q8_0 and Q4_0
+// signed codes with d), copies the tokens' 8-bit activations (quantize_q8's XQ/XD, the same
+// codes the matvec kernels and the CPU use), and multiplies with mma.sync m16n8k32 s8 -> s32
+// (m16n8k16 twice for Q6_K, whose scales change every 16 values). The exact integer sum of one
+// 32-value chunk is then scaled in f32: acc += (d_w * d_x) * S - m_w * (d_x * sum(x codes)),
+// the matvec kernels' formula, so the GEMM differs from them only by f32 summation order.
+// Every output element is summed over the chunks in index order, whatever tile it sits in, so
+// results do not depend on which other tokens share an expert's tile.
+//
+// Grid: x = ceil(rows / GBM), y = ceil(tokens / GBN) (for experts: the most tokens any job can
+// hold), z = jobs. Block: 128 threads (4 warps; warp w owns rows 16w..16w+15 of the tile and all
+// GBN tokens). cols must be a multiple of GBK (gemm.rs checks; other shapes take the matvec path).
+
+#define GBM 64
+#define GBN 64
+#define GBK 128
+#define GLD (GBK + 16)  // bytes per shared row: rows 16 bytes apart mod 128 spread the banks
+#define GTHREADS 128
+
+// unpack(blk, j, q, d, m): the 32 codes of chunk j of a block as 8 words of 4 int8, the scales
+// of its two 16-value halves, and its min coefficient (value = d * code - m).
+struct GQ4_K {
+    enum { BE = 256, BB = 144, HALF = 0 };
+    static __device__ __forceinline__ void unpack(const u8* b, int j, u32* q, float* d, float& m) {
+        float dd = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
+        int sc, mn;
+        k_scale_min(b + 4, j, sc, mn);
+        d[0] = d[1] = dd * (float)sc;
+        m = dmin * (float)mn;
+        const u32* qs = (const u32*)(b + 16 + 32 * (j >> 1));
+        int sh = 4 * (j & 1);
+#pragma unroll
+        for (int w = 0; w < 8; w++) q[w] = (qs[w] >> sh) & 0x0f0f0f0fu;
+    }
+};
+struct GQ5_K {
+    enum { BE = 256, BB = 176, HALF = 0 };
+    static __device__ __forceinline__ void unpack(const u8* b, int j, u32* q, float* d, float& m) {
+        float dd = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
+        int sc, mn;
+        k_scale_min(b + 4, j, sc, mn);
+        d[0] = d[1] = dd * (float)sc;
+        m = dmin * (float)mn;
+        const u32* qh = (const u32*)(b + 16);
+        const u32* qs = (const u32*)(b + 48 + 32 * (j >> 1));
+        int sh = 4 * (j & 1);
+#pragma unroll
+        for (int w = 0; w < 8; w++)
+            q[w] = ((qs[w] >> sh) & 0x0f0f0f0fu) | (((qh[w] >> j) & 0x01010101u) << 4);
+    }
+};
+struct GQ6_K {
+    enum { BE = 256, BB = 210, HALF = 1 };
+    static __device__ __forceinline__ void unpack(const u8* b, int j, u32* q, float* d, float& m) {
+        float dd = h2f(ld16(b + 208));
+        d[0] = dd * (float)(i8)b[192 + 2 * j];
+        d[1] = dd * (float)(i8)b[192 + 2 * j + 1];
+        m = 0.f;
+        int h = j >> 2, p = j & 3;  // 128-value half, 32-value quarter within it
+        const u8* ql = b + 64 * h + 32 * (p & 1);
+        const u8* qh = b + 128 + 32 * h;
+        int lsh = p >= 2 ? 4 : 0, hsh = 2 * p;
+#pragma unroll
+        for (int w = 0; w < 8; w++) {
+            u32 l = (u32)ld2x16(ql + 4 * w), hh = (u32)ld2x16(qh + 4 * w);
+            u32 c = ((l >> lsh) & 0x0f0f0f0fu) | (((hh >> hsh) & 0x03030303u) << 4);
+            q[w] = __vsub4(c, 0x20202020u);
+        }
+    }
+};
+struct GQ8_0 {
+    enum { BE = 32, BB = 34, HALF = 0 };
+    static __device__ __forceinline__ void unpack(const u8* b, int, u32* q, float* d, float& m) {
+        d[0] = d[1] = h2f(ld16(b));
+        m = 0.f;
+#pragma unroll
+        for (int w = 0; w < 8; w++) q[w] = (u32)ld2x16(b + 2 + 4 * w);
+    }
+};
+struct GQ4_0 {
+    enum { BE = 32, BB = 18, HALF = 0 };
+    static __device__ __forceinline__ void unpack(const u8* b, int, u32* q, float* d, float& m) {
+        d[0] = d[1] = h2f(ld16(b));
+        m = 0.f;
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            u32 v = (u32)ld2x16(b + 2 + 4 * w);
+            q[w] = __vsub4(v & 0x0f0f0f0fu, 0x08080808u);
+            q[w + 4] = __vsub4((v >> 4) & 0x0f0f0f0fu, 0x08080808u);
+        }
+    }
+};
+
+__device__ __forceinline__ void mma_k32(int* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%10,%10,%10};"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+}
+__device__ __forceinline__ void mma_k16(int* c, u32 a0, u32 a1, u32 b0) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%7,%7,%7,%7};"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b0), "r"(0));
+}
+
+// One tile of Y = W X^T for job j: W rows row0.., the job's tokens tile0.. of a0..a0+cnt. Token
+// slot a reads activation row xrow[a] (or a) and writes output row yrow[a] (or a) at stride ldy.
+// NM = 2 (gate and up, written as silu(gate) * up) or 1.
+template <class T, int NM>
+__device__ void gemm_tile(const u8* W0, const u8* W1, long long rb, int rows, int cols,
+                          const i8* XQ, const float* XD, int a0, int cnt, const int* xrow,
+                          const int* yrow, float* Y, int ldy) {
+    __shared__ __align__(16) u8 sw[NM][GBM][GLD];
+    __shared__ float ssc[NM][GBM][2 * GBK / 32];
+    __shared__ float smn[NM][GBM][GBK / 32];
+    __shared__ __align__(16) u8 sx[GBN][GLD];
+    __shared__ float sxd[GBN][GBK / 32];
+    __shared__ float sxu[GBN][GBK / 32];
+    const int row0 = blockIdx.x * GBM, tile0 = blockIdx.y * GBN;
+    if (tile0 >= cnt) return;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int gid = lane >> 2, t4 = lane & 3;
+    const int wr = 16 * warp + gid;  // this thread's first tile row (and wr + 8)
+    const int per = T::BE / 32;
+    float acc[NM][GBN / 8][4];
+#pragma unroll
+    for (int m = 0; m < NM; m++)
+#pragma unroll
+        for (int nt = 0; nt < GBN / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[m][nt][e] = 0.f;
+
+    for (int k0 = 0; k0 < cols; k0 += GBK) {
+        // Weights: NM x GBM rows x GBK/32 chunks, a chunk per thread per step.
+        for (int i = tid; i < NM * GBM * (GBK / 32); i += GTHREADS) {
+            int m = i / (GBM * (GBK / 32)), r = (i / (GBK / 32)) % GBM, c = i % (GBK / 32);
+            u32 q[8];
+            float d[2] = {0.f, 0.f}, mn = 0.f;
+            int row = row0 + r;
+            if (row < rows) {
+                int cg = k0 / 32 + c;
+                const u8* blk = (m ? W1 : W0) + (size_t)row * rb + (size_t)(cg / per) * T::BB;
+                T::unpack(blk, cg % per, q, d, mn);
+            } else {
+#pragma unroll
+                for (int w = 0; w < 8; w++) q[w] = 0;
+            }
+            uint4* dst = (uint4*)&sw[m][r][32 * c];
+            dst[0] = make_uint4(q[0], q[1], q[2], q[3]);
+            dst[1] = make_uint4(q[4], q[5], q[6], q[7]);
+            ssc[m][r][2 * c] = d[0];
+            ssc[m][r][2 * c + 1] = d[1];
+            smn[m][r][c] = mn;
+        }
+        // Activations: GBN tokens x GBK/32 chunks, with d_x and d_x * (sum of the codes).
+        for (int i = tid; i < GBN * (GBK / 32); i += GTHREADS) {
+            int t = i / (GBK / 32), c = i % (GBK / 32);
+            int4 v0 = make_int4(0, 0, 0, 0), v1 = v0;
+            float dx = 0.f;
+            if (tile0 + t < cnt) {
+                int a = a0 + tile0 + t;
+                size_t xr = xrow ? (size_t)xrow[a] : (size_t)a;
+                const int4* src = (const int4*)(XQ + xr * cols + k0 + 32 * c);
+                v0 = src[0];
+                v1 = src[1];
+                dx = XD[xr * (cols >> 5) + (k0 >> 5) + c];
+            }
+            int u = dp4(ONES, v0.x, dp4(ONES, v0.y, dp4(ONES, v0.z, dp4(ONES, v0.w, 0))));
+            u = dp4(ONES, v1.x, dp4(ONES, v1.y, dp4(ONES, v1.z, dp4(ONES, v1.w, u))));
+            int4* dst = (int4*)&sx[t][32 * c];
+            dst[0] = v0;
+            dst[1] = v1;
+            sxd[t][c] = dx;
+            sxu[t][c] = dx * (float)u;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int c = 0; c < GBK / 32; c++) {
+            const int kc = 32 * c + 4 * t4;
+#pragma unroll
+            for (int m = 0; m < NM; m++) {
+                u32 a0r = *(const u32*)&sw[m][wr][kc];
+                u32 a1r = *(const u32*)&sw[m][wr + 8][kc];
+                u32 a2r = *(const u32*)&sw[m][wr][kc + 16];
+                u32 a3r = *(const u32*)&sw[m][wr + 8][kc + 16];
+                float dl0 = ssc[m][wr][2 * c], dh0 = ssc[m][wr][2 * c + 1], m0 = smn[m][wr][c];
+                float dl1 = ssc[m][wr + 8][2 * c], dh1 = ssc[m][wr + 8][2 * c + 1];
+                float m1 = smn[m][wr + 8][c];
+#pragma unroll
+                for (int nt = 0; nt < GBN / 8; nt++) {
+                    if (8 * nt >= cnt - tile0) break;  // no token of the job left (warp-uniform)
+                    const int col = 8 * nt + gid;
+                    u32 b0 = *(const u32*)&sx[col][kc];
+                    u32 b1 = *(const u32*)&sx[col][kc + 16];
+                    const int tA = 8 * nt + 2 * t4;  // this thread's output tokens tA, tA + 1
+                    float xa = sxd[tA][c], xb = sxd[tA + 1][c];
+                    float* o = acc[m][nt];
+                    if (T::HALF) {
+                        int lo[4], hi[4];
+                        mma_k16(lo, a0r, a1r, b0);
+                        mma_k16(hi, a2r, a3r, b1);
+                        o[0] += xa * (dl0 * (float)lo[0] + dh0 * (float)hi[0]);
+                        o[1] += xb * (dl0 * (float)lo[1] + dh0 * (float)hi[1]);
+                        o[2] += xa * (dl1 * (float)lo[2] + dh1 * (float)hi[2]);
+                        o[3] += xb * (dl1 * (float)lo[3] + dh1 * (float)hi[3]);
+                    } else {
+                        int s[4];
+                        mma_k32(s, a0r, a1r, a2r, a3r, b0, b1);
+                        float ua = sxu[tA][c], ub = sxu[tA + 1][c];
+                        o[0] += (dl0 * xa) * (float)s[0] - m0 * ua;
+                        o[1] += (dl0 * xb) * (float)s[1] - m0 * ub;
+                        o[2] += (dl1 * xa) * (float)s[2] - m1 * ua;
+                        o[3] += (dl1 * xb) * (float)s[3] - m1 * ub;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int nt = 0; nt < GBN / 8; nt++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int t = 8 * nt + 2 * t4 + (e & 1);
+            int row = row0 + wr + 8 * (e >> 1);
+            if (tile0 + t >= cnt || row >= rows) continue;
+            int a = a0 + tile0 + t;
+            size_t yr = yrow ? (size_t)yrow[a] : (size_t)a;
+            float v = NM == 2 ? silu(acc[0][nt][e]) * acc[NM - 1][nt][e] : acc[0][nt][e];
+            Y[yr * ldy + row] = v;
+        }
+    }
+}
+
+// The three entry points take the matvec kernels' arguments (mmq_*, moe_gate_up_q_*,
+// moe_down_q_*), so a call site changes only its kernel and grid.
+#define GEMM_KERNELS(NAME, T)                                                                     \
+    extern "C" __global__ void __launch_bounds__(GTHREADS)                                        \
+        gemm_##NAME(const u8* W, long long rb, int rows, int cols, const i8* XQ, const float* XD,  \
+                    int n, float* Y, int ldy) {                                                   \
+        gemm_tile<T, 1>(W, W, rb, rows, cols, XQ, XD, 0, n, nullptr, nullptr, Y, ldy);            \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(GTHREADS)                                        \
+        moe_gemm_gate_up_##NAME(const Job* jobs, const int* nj, int f, int h, long long rb,        \
+                                const i8* XQ, const float* XD, const int* tok, float* Hb) {       \
+        if (nj && (int)blockIdx.z >= *nj) return;                                                 \
+        Job j = jobs[blockIdx.z];                                                                 \
+        gemm_tile<T, 2>((const u8*)j.gate, (const u8*)j.up, rb, f, h, XQ, XD, j.a0, j.cnt, tok,   \
+                        nullptr, Hb, f);                                                          \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(GTHREADS)                                        \
+        moe_gemm_down_##NAME(const Job* jobs, const int* nj, int h, int f, long long rb,           \
+                             const i8* XQ, const float* XD, const int* dst, float* SO) {          \
+        if (nj && (int)blockIdx.z >= *nj) return;                                                 \
+        Job j = jobs[blockIdx.z];                                                                 \
+        gemm_tile<T, 1>((const u8*)j.down, (const u8*)j.down, rb, h, f, XQ, XD, j.a0, j.cnt,      \
+                        nullptr, dst, SO, h);                                                     \
+    }
+
+GEMM_KERNELS(q4_k, GQ4_K)
+GEMM_KERNELS(q5_k, GQ5_K)
+GEMM_KERNELS(q6_k, GQ6_K)
+GEMM_KERNELS(q8_0, GQ8_0)
+GEMM_KERNELS(q4_0, GQ4_0)

@@ -1,12 +1,14 @@
-//! The CUDA backend (cargo feature `cuda`): the whole forward pass on the GPU, with routed
+//! The CUDA backend (cargo feature `cuda`): the shared forward graph on the GPU, with routed
 //! experts computed from a VRAM expert pool that sits above the RAM expert cache and the SSD.
 //!
 //! Owns: the driver wrapper (`driver.rs`, every unsafe CUDA call), the kernels (`kernels.cu`,
 //! compiled to the committed `kernels.ptx` by scripts/build-ptx.py), the VRAM pool bookkeeping
-//! (`pool.rs`, compiled without the feature too so it is tested everywhere) and the GPU forward
-//! (`model.rs`). Does not own: what is computed — the forward is the CPU model's, step for
-//! step; routing runs on the device by the CPU's rule (`route_token`: same scores, bias,
-//! groups, top-k with the lower index winning ties), the same kernel for every placement.
+//! (`pool.rs`, compiled without the feature so it is tested everywhere), the device state
+//! (`model.rs`: weights, KV cache, scratch, kernel launchers, the MoE step, staging), the
+//! `Backend`/`Device` implementations (`backend.rs`) and the one list of what the device lacks
+//! (`refusal`). Does not own: what is computed — the forward graph is model/'s, the same one
+//! the CPU runs; routing runs on the device by the CPU's rule (`route_token`: same scores,
+//! bias, groups, top-k with the lower index winning ties), the same kernel for every placement.
 //!
 //! Memory (issue: residency costs are real): dense weights live in one device allocation, the
 //! expert pool in another (`--vram`), scratch in a handful sized once; expert bytes reach the
@@ -18,7 +20,11 @@
 pub mod pool;
 
 #[cfg(feature = "cuda")]
+pub mod backend;
+#[cfg(feature = "cuda")]
 pub mod driver;
+#[cfg(feature = "cuda")]
+pub mod gemm;
 #[cfg(feature = "cuda")]
 pub mod model;
 
@@ -81,62 +87,13 @@ pub struct GpuOptions {
     pub pinned: Vec<(usize, usize)>,
 }
 
-/// GPU figures since the state was made (or `since` a snapshot).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct GpuStats {
-    /// Forward calls and their host wall seconds.
-    pub forwards: u64,
-    pub wall_secs: f64,
-    /// Seconds the compute stream spent in kernels (event-timed segments).
-    pub kernel_secs: f64,
-    /// Seconds the copy stream spent copying experts, and the bytes it copied.
-    pub copy_secs: f64,
-    pub bytes_h2d: u64,
-    pub experts_h2d: u64,
-    /// Host seconds spent registering/unregistering staged experts (per-expert staging).
-    pub register_secs: f64,
-    /// VRAM pool hits and misses (selections).
-    pub vram_hits: u64,
-    pub vram_misses: u64,
-}
+/// GPU figures since attach: the model's device figures (`model::backend::DeviceStats`).
+pub use crate::model::backend::DeviceStats as GpuStats;
 
-impl GpuStats {
-    pub fn since(&self, b: &GpuStats) -> GpuStats {
-        GpuStats {
-            forwards: self.forwards - b.forwards,
-            wall_secs: self.wall_secs - b.wall_secs,
-            kernel_secs: self.kernel_secs - b.kernel_secs,
-            copy_secs: self.copy_secs - b.copy_secs,
-            bytes_h2d: self.bytes_h2d - b.bytes_h2d,
-            experts_h2d: self.experts_h2d - b.experts_h2d,
-            register_secs: self.register_secs - b.register_secs,
-            vram_hits: self.vram_hits - b.vram_hits,
-            vram_misses: self.vram_misses - b.vram_misses,
-        }
-    }
-    /// Achieved host -> device GB/s while copying experts.
-    pub fn h2d_gbps(&self) -> f64 {
-        if self.copy_secs > 0.0 {
-            self.bytes_h2d as f64 / self.copy_secs / 1e9
-        } else {
-            0.0
-        }
-    }
-    pub fn vram_hit_rate(&self) -> f64 {
-        let r = self.vram_hits + self.vram_misses;
-        if r == 0 {
-            0.0
-        } else {
-            self.vram_hits as f64 / r as f64
-        }
-    }
-    /// Share of wall time the GPU was not running kernels.
-    pub fn stall_share(&self) -> f64 {
-        if self.wall_secs > 0.0 {
-            ((self.wall_secs - self.kernel_secs) / self.wall_secs).max(0.0)
-        } else {
-            0.0
-        }
+/// A GPU error reaches the forward graph's callers as `ModelError::Backend` (one line).
+impl From<GpuError> for crate::model::ModelError {
+    fn from(e: GpuError) -> Self {
+        crate::model::ModelError::Backend(e.to_string())
     }
 }
 
@@ -148,6 +105,46 @@ pub const GPU_TYPES: [crate::dtype::DType; 12] = {
         F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ2_XXS, MXFP4,
     ]
 };
+
+/// Why the CUDA backend cannot run a model with context `ctx`, in one line (None: it can).
+/// The one list of what the device lacks: `EngineOptions::check` refuses `--gpu on` with it
+/// before weights are bound, `--gpu auto` prints it and runs the CPU, and `GpuState::attach`
+/// checks it again. The forward graph is the CPU's; these are the operations it asks for that
+/// have no kernel here yet.
+pub fn refusal(cfg: &crate::model::ModelConfig, ctx: usize) -> Option<String> {
+    use crate::model::config::ExpertAct;
+    if let Some(limit) = cfg.dense_attn_limit.filter(|l| ctx > *l) {
+        return Some(format!(
+            "DeepSeek-V3.2 sparse attention beyond index_topk = {limit} tokens runs on the CPU only (the GPU backend has no lightning indexer): use -c {limit} or less with --gpu, or drop --gpu"
+        ));
+    }
+    if cfg.expert_act != ExpertAct::Silu || cfg.expert_bias {
+        return Some(
+            "gpt-oss runs on the CPU only (the GPU backend has no attention sinks, sliding-window attention or biased clamped-SwiGLU experts); use --gpu off"
+                .into(),
+        );
+    }
+    if cfg.sliding_window.is_some() || cfg.clip_qkv.is_some() {
+        return Some(
+            "the GPU backend has no sliding-window attention or clip_qkv kernel; run this model with --gpu off"
+                .into(),
+        );
+    }
+    // Families whose graph has run on the device against transformers (tests/gpu.rs). A new
+    // family's operations reach the GPU as the trait's default bodies until its port is
+    // validated there, so it is refused by name rather than run unchecked.
+    use crate::model::Family;
+    if !matches!(
+        cfg.family,
+        Family::Qwen3Moe | Family::Mixtral | Family::Olmoe | Family::DeepseekV3 | Family::Glm4Moe
+    ) {
+        return Some(format!(
+            "the {:?} family has not been validated on the GPU backend (tests/gpu.rs); use --gpu off",
+            cfg.family
+        ));
+    }
+    None
+}
 
 /// VRAM left free by the default expert pool (`--vram` unset), for the driver and other users.
 pub const VRAM_MARGIN: u64 = 1 << 30;

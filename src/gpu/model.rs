@@ -1,13 +1,17 @@
-//! The forward pass on the GPU: the CPU forward's steps, in the same order, as kernel launches.
+//! The GPU device: what a CUDA backend keeps across chunks and the coarse steps it runs.
 //!
-//! Owns: `GpuState` (device copies of the dense weights, the KV cache, scratch sized once, the
-//! VRAM expert pool and the pinned host buffers for the small per-layer transfers) and the
-//! staging of routed experts from the RAM expert cache into the pool.
-//! Does not own: the RAM cache/SSD reads. Routing runs on the device (kernels.cu `route`, the
-//! CPU's `route_token` rule) for every placement; where the routing kernel cannot take a model
-//! (more than 64 experts per token, 32 groups or 1024 experts) the host routes with the CPU
-//! model's `select_experts`. Quantized weights of the `Q8_TYPES` are dotted with activations
-//! quantized to 8 bits per 32 values, as the CPU kernels do; float weights with f32 ones.
+//! Owns: `GpuState` (device copies of the dense weights, mapped from their host addresses;
+//! the KV cache; scratch sized once; the VRAM expert pool; the pinned host buffers for the
+//! small per-layer transfers), the helpers that launch the kernels (`mm`, `rmsnorm`, `rope`,
+//! `attention`, ...), the MoE step (`moe`: routing, job lists, expert launches, combine) and
+//! the staging of routed experts from the RAM expert cache into the pool. `backend.rs` maps the
+//! forward graph's operations onto these and runs whole chunks (CUDA graph for decode).
+//! Does not own: what is computed (the graph, `model::forward`), the RAM cache/SSD reads.
+//! Routing runs on the device (kernels.cu `route`, the CPU's `route_token` rule) for every
+//! placement; where the routing kernel cannot take a model (more than 64 experts per token,
+//! 32 groups or 1024 experts) the host routes with the CPU model's `select_experts`. Quantized
+//! weights of the `Q8_TYPES` are dotted with activations quantized to 8 bits per 32 values, as
+//! the CPU kernels do; float weights with f32 ones.
 //! Invariants: after `attach`, a forward allocates nothing (host or device); each token's MoE
 //! output is summed in top-k slot order by one kernel, so it does not depend on which experts
 //! were resident or in what order their bytes arrived: tokens do not change with `--vram` or
@@ -15,14 +19,16 @@
 //! from it is in flight, and a VRAM slot is never overwritten while a kernel may read it.
 
 use super::driver::{pinned_h2d_gbps, Arg, DevBuf, Event, Gpu, Graph, Kernel, PinnedBuf, Stream};
+use super::gemm::{self, GemmFns};
 use super::pool::VramPool;
 use super::{GpuError, GpuOptions, GpuStats, Staging};
 use crate::dtype::DType;
 use crate::kernels::WeightView;
-use crate::model::config::{AttnKind, QkNorm};
+use crate::model::config::AttnKind;
 use crate::model::weights::{Attention, Ffn, HeadMat, Mlp};
 use crate::model::{Model, ModelError, State};
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::time::Instant;
 
 const WARPS: u32 = 8;
@@ -57,6 +63,7 @@ struct QFns {
     mm: Kernel,
     gate_up: Kernel,
     down: Kernel,
+    gemm: GemmFns, // prefill GEMM (gemm.rs)
 }
 
 /// Weight types with int8-activation (dp4a) kernels; the float types keep f32 activations
@@ -71,10 +78,10 @@ pub const Q8_TYPES: [DType; 5] = [
 
 /// A weight matrix in the device arena.
 #[derive(Clone, Copy)]
-struct Mat {
-    off: usize,
-    rows: usize,
-    cols: usize,
+pub(super) struct Mat {
+    pub(super) off: usize,
+    pub(super) rows: usize,
+    pub(super) cols: usize,
     rb: usize,
     f: TypeFns,
 }
@@ -86,27 +93,7 @@ struct GMlp {
     down: Mat,
 }
 
-enum GAttn {
-    Gqa {
-        wq: Mat,
-        wk: Mat,
-        wv: Mat,
-        wo: Mat,
-        bias: [Option<usize>; 3],
-        q_norm: Option<usize>,
-        k_norm: Option<usize>,
-    },
-    Mla {
-        q_a: Option<(Mat, usize)>,
-        q_b: Mat,
-        kv_a: Mat,
-        kv_a_norm: usize,
-        k_b: usize,
-        v_b: usize,
-        wo: Mat,
-    },
-}
-
+#[derive(Clone, Copy)]
 struct GMoe {
     router: Mat,
     /// Selection bias (DeepSeek's e_score_correction_bias), f32 in the arena.
@@ -127,29 +114,15 @@ struct MoeGeo {
     rb_down: usize,
 }
 
-// One per layer, built once: the size difference costs nothing worth a box.
-#[allow(clippy::large_enum_variant)]
-enum GFfn {
-    Dense(GMlp),
-    Moe(GMoe),
-}
-
-struct GLayer {
-    attn_norm: usize,
-    ffn_norm: usize,
-    attn: GAttn,
-    ffn: GFfn,
-}
-
-struct Small {
+pub(super) struct Small {
     rmsnorm: Kernel,
     add: Kernel,
-    add_bias: Kernel,
-    silu_mul: Kernel,
+    pub(super) add_bias: Kernel,
+    pub(super) silu_mul: Kernel,
     rope: Kernel,
     attention: Kernel,
     head_mv: Kernel,
-    copy2d: Kernel,
+    pub(super) copy2d: Kernel,
     combine: Kernel,
     quantize: Kernel,
     route: Kernel,
@@ -168,32 +141,34 @@ struct Timers {
 }
 
 /// Scratch device buffers (f32 unless noted).
-struct Bufs {
-    x: DevBuf,
-    xn: DevBuf,
-    q: DevBuf,
-    qa: DevBuf,
-    k: DevBuf,
-    v: DevBuf,
-    att: DevBuf,
+pub(super) struct Bufs {
+    pub(super) x: DevBuf,
+    pub(super) xn: DevBuf,
+    pub(super) q: DevBuf,
+    pub(super) qa: DevBuf,
+    pub(super) k: DevBuf,
+    pub(super) v: DevBuf,
+    pub(super) att: DevBuf,
     qcat: DevBuf,
     clat: DevBuf,
-    proj: DevBuf,
-    gate: DevBuf,
-    up: DevBuf,
+    pub(super) proj: DevBuf,
+    /// Final-normed hidden states of the chunk (`Buf::Hfin`).
+    pub(super) hfin: DevBuf,
+    pub(super) gate: DevBuf,
+    pub(super) up: DevBuf,
     down: DevBuf,
     router: DevBuf,
     hb: DevBuf,
     slot_out: DevBuf,
     scores: DevBuf,
-    logits: DevBuf,
-    tokens: DevBuf, // i32
-    tok: DevBuf,    // i32
-    dst: DevBuf,    // i32
+    pub(super) logits: DevBuf,
+    pub(super) tokens: DevBuf, // i32
+    tok: DevBuf,               // i32
+    dst: DevBuf,               // i32
     selw: DevBuf,
     jobs: DevBuf, // Job
-    kcache: DevBuf,
-    vcache: DevBuf,
+    pub(super) kcache: DevBuf,
+    pub(super) vcache: DevBuf,
     cos: DevBuf,
     sin: DevBuf,
     /// 8-bit activations (i8) and their per-32 scales, for the dp4a kernels.
@@ -203,12 +178,12 @@ struct Bufs {
     hq: DevBuf,
     hd: DevBuf,
     /// [pos, rope pos] of the forward's first token (i32), read by rope/attention/kv_store.
-    pos: DevBuf,
+    pub(super) pos: DevBuf,
     /// The device's routing: expert per assignment (i32) and the job count (i32).
     sel: DevBuf,
     njobs: DevBuf,
     /// Experts run since the last harvest (i32).
-    stat: DevBuf,
+    pub(super) stat: DevBuf,
     /// Per MoE layer and expert: gate, up, down pointers (u64), for device-built job lists.
     etab: DevBuf,
     /// Flash-decoding partials: max, sum (f32) and unnormalised outputs per split.
@@ -218,41 +193,44 @@ struct Bufs {
 }
 
 /// Pinned host buffers for the small transfers of every layer.
-struct Host {
+pub(super) struct Host {
     router: PinnedBuf,
-    logits: PinnedBuf,
-    tokens: PinnedBuf,
+    pub(super) logits: PinnedBuf,
+    pub(super) tokens: PinnedBuf,
     tok: PinnedBuf,
     dst: PinnedBuf,
     selw: PinnedBuf,
     jobs: PinnedBuf,
-    pos: PinnedBuf,
+    pub(super) pos: PinnedBuf,
     sel: PinnedBuf,
-    stat: PinnedBuf,
+    pub(super) stat: PinnedBuf,
     etab: PinnedBuf,
 }
 
 pub struct GpuState {
     // Field order is drop order: the graph and buffers before the context they live in.
-    /// The decode step's CUDA graph, once captured (see `forward_graph`).
-    graph: Option<Graph>,
-    bufs: Bufs,
-    host: Host,
+    /// The decode step's CUDA graph, once captured (see `backend.rs`).
+    pub(super) graph: Option<Graph>,
+    pub(super) bufs: Bufs,
+    pub(super) host: Host,
     weights: DevBuf,
     pool_mem: DevBuf,
     timers: Timers,
-    layers: Vec<GLayer>,
-    embd: Mat,
-    output: Mat,
-    output_norm: usize,
-    small: Small,
-    pool: VramPool,
+    /// Device copies of the graph's weights, by the host address and length of their bytes
+    /// (`WeightView::bytes`, f32 vectors, per-head matrix lists), built once at attach.
+    pub(super) mats: HashMap<(usize, usize), Mat>,
+    pub(super) vecs: HashMap<(usize, usize), usize>,
+    pub(super) head_mats: HashMap<(usize, usize), usize>,
+    /// Per layer: its routed block on the device (None: dense).
+    moes: Vec<Option<GMoe>>,
+    pub(super) small: Small,
+    pub(super) pool: VramPool,
     staging: Staging,
     /// The RAM cache slab registered at attach (arena staging): (ptr, len).
     registered: Option<(usize, usize)>,
     /// Tokens of attention per launch (bounded so the score scratch stays small).
     att_rows: usize,
-    stats: GpuStats,
+    pub(super) stats: GpuStats,
     pub h2d_ceiling_gbps: Option<f64>,
     /// Per-layer scratch of the MoE step (capacity n_experts, never grown after attach).
     misses: Vec<(usize, usize, usize)>,
@@ -262,29 +240,39 @@ pub struct GpuState {
     wave: Vec<usize>,
     /// The quantized-activation buffer holds (src, ld, rows, cols) of this input; cleared by
     /// every other launch (`launch`), so consecutive products of one input quantize it once.
-    xq_src: std::cell::Cell<Option<(u64, usize, usize, usize)>>,
+    pub(super) xq_src: std::cell::Cell<Option<(u64, usize, usize, usize)>>,
     /// Per MoE layer: every expert is in the VRAM pool and the device table `etab` holds its
     /// pointers, so the layer's jobs are built on the device (no host round trip).
-    layer_ready: Vec<bool>,
+    pub(super) layer_ready: Vec<bool>,
     experts_per_layer: Vec<usize>,
     /// Flash-decoding: splits and positions per split (forwards of at most `split_rows` tokens).
     splits: usize,
     chunk: usize,
     /// Whether the routing kernel can take this model (k, groups, experts within its limits).
-    device_route: bool,
+    pub(super) device_route: bool,
     /// The device's count of experts run, as last read.
-    stat_last: i32,
+    pub(super) stat_last: i32,
     /// Experts per token (n_experts_used).
-    k: usize,
+    pub(super) k: usize,
     /// Decode steps run as a CUDA graph (`SLUICE_GPU_GRAPH=0` turns it off, for A/B runs).
-    graphs: bool,
+    pub(super) graphs: bool,
     /// A forward is being recorded into the graph (timers are off: one pair times a replay).
-    capturing: bool,
-    gpu: Gpu,
+    pub(super) capturing: bool,
+    /// The open compute-stream timer of the running chunk (closed around host round trips).
+    pub(super) seg: usize,
+    /// Cache and rotary position of the running chunk's row 0 (what `bufs.pos` holds).
+    pub(super) at: (usize, usize),
+    /// Positions in the KV cache (the state's context).
+    pub(super) ctx: usize,
+    /// MLA model: the KV cache keeps latent + rope key rows only (no V side).
+    pub(super) mla: bool,
+    /// DeepSeek-V3.2: index_topk (the GPU attends densely, so it runs only this far).
+    pub(super) dense_limit: Option<usize>,
+    pub(super) gpu: Gpu,
 }
 
 /// Tokens per forward up to which attention is split over position chunks (decode, drafts).
-const SPLIT_ROWS: usize = 8;
+pub(super) const SPLIT_ROWS: usize = 8;
 
 // SAFETY: the driver handles inside (context, streams, functions, events) are usable from any
 // thread once the context is bound, which every entry point does; the pinned buffers are
@@ -312,11 +300,21 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
 
 /// Builds the device weight arena: every piece gets an offset now, bytes are uploaded once the
 /// single allocation exists.
+/// Each piece is keyed by the host address and length of what it copies, so a weight the
+/// graph passes again (tied embeddings) maps to one device copy.
 struct Builder<'a> {
     gpu: &'a Gpu,
     pieces: Vec<(usize, Cow<'a, [u8]>)>,
     total: usize,
     fns: Vec<(DType, TypeFns)>,
+    mats: HashMap<(usize, usize), Mat>,
+    vecs: HashMap<(usize, usize), usize>,
+    heads: HashMap<(usize, usize), usize>,
+}
+
+/// The map key of a host slice: its address and length.
+pub(super) fn key<T>(v: &[T]) -> (usize, usize) {
+    (v.as_ptr() as usize, v.len())
 }
 
 impl<'a> Builder<'a> {
@@ -328,7 +326,12 @@ impl<'a> Builder<'a> {
     }
 
     fn vec(&mut self, v: &[f32]) -> usize {
-        self.put(Cow::Owned(f32_bytes(v)))
+        if let Some(&o) = self.vecs.get(&key(v)) {
+            return o;
+        }
+        let o = self.put(Cow::Owned(f32_bytes(v)));
+        self.vecs.insert(key(v), o);
+        o
     }
 
     fn fns(&mut self, d: DType, what: &str) -> Result<TypeFns, GpuError> {
@@ -353,6 +356,7 @@ impl<'a> Builder<'a> {
                     mm: self.gpu.function(&format!("mmq_{n}"))?,
                     gate_up: self.gpu.function(&format!("moe_gate_up_q_{n}"))?,
                     down: self.gpu.function(&format!("moe_down_q_{n}"))?,
+                    gemm: GemmFns::load(self.gpu, &n)?, // prefill GEMM (gemm.rs)
                 })
             } else {
                 None
@@ -363,16 +367,21 @@ impl<'a> Builder<'a> {
     }
 
     fn mat(&mut self, v: &WeightView<'a>, what: &str) -> Result<Mat, GpuError> {
+        if let Some(m) = self.mats.get(&key(v.bytes)) {
+            return Ok(*m);
+        }
         let f = self.fns(v.dtype, what)?;
         let rb = v.bytes.len() / v.rows.max(1);
         let off = self.put(Cow::Borrowed(v.bytes));
-        Ok(Mat {
+        let m = Mat {
             off,
             rows: v.rows,
             cols: v.cols,
             rb,
             f,
-        })
+        };
+        self.mats.insert(key(v.bytes), m);
+        Ok(m)
     }
 
     fn mlp(&mut self, m: &Mlp<'a>, what: &str) -> Result<GMlp, GpuError> {
@@ -385,6 +394,9 @@ impl<'a> Builder<'a> {
 
     /// Per-head matrices as f32 (heads x rows x cols), dequantized here once.
     fn heads(&mut self, hs: &[HeadMat<'a>], what: &str) -> Result<usize, GpuError> {
+        if let Some(&o) = self.heads.get(&key(hs)) {
+            return Ok(o);
+        }
         let mut all = Vec::new();
         for h in hs {
             match h {
@@ -397,7 +409,9 @@ impl<'a> Builder<'a> {
                 HeadMat::Owned { data, .. } => all.extend_from_slice(data),
             }
         }
-        Ok(self.vec(&all))
+        let o = self.put(Cow::Owned(f32_bytes(&all)));
+        self.heads.insert(key(hs), o);
+        Ok(o)
     }
 }
 
@@ -414,19 +428,10 @@ impl GpuState {
         st: &State,
         opts: &GpuOptions,
     ) -> Result<(GpuState, GpuSummary), GpuError> {
-        // No lightning indexer here: dense MLA equals V3.2's sparse attention only this far.
-        if let Some(limit) = model.cfg.dense_attn_limit.filter(|l| st.ctx() > *l) {
-            return Err(GpuError::Config(format!(
-                "DeepSeek-V3.2 sparse attention beyond index_topk = {limit} tokens runs on the CPU only (the GPU path has no lightning indexer): use -c {limit} or less with --gpu, or drop --gpu"
-            )));
+        if let Some(why) = super::refusal(&model.cfg, st.ctx()) {
+            return Err(GpuError::Config(why));
         }
         let cfg = &model.cfg;
-        if cfg.sliding_window.is_some() || cfg.clip_qkv.is_some() {
-            return Err(GpuError::Config(
-                "the GPU forward has no sliding-window attention or clip_qkv; run this model with --gpu off"
-                    .into(),
-            ));
-        }
         let gpu = Gpu::open()?;
         let w = &model.weights;
         let Some(cache) = st.expert_cache.as_ref() else {
@@ -440,45 +445,59 @@ impl GpuState {
             pieces: Vec::new(),
             total: 0,
             fns: Vec::new(),
+            mats: HashMap::new(),
+            vecs: HashMap::new(),
+            heads: HashMap::new(),
         };
-        let embd = b.mat(&w.token_embd, "token_embd")?;
-        let output = b.mat(&w.output, "output")?;
-        let output_norm = b.vec(&w.output_norm);
-        let mut layers = Vec::with_capacity(w.layers.len());
+        // Every weight the graph passes (`model::forward`, `deepseek2`), once. V3.2's indexer
+        // is left out: within index_topk (all `refusal` lets through) its choice is every
+        // position, so the backend does not run it (see backend.rs).
+        b.mat(&w.token_embd, "token_embd")?;
+        b.mat(&w.output, "output")?;
+        b.vec(&w.output_norm);
+        let mut moes = Vec::with_capacity(w.layers.len());
         let mut moe_idx = 0;
         let mut experts_per_layer = Vec::new();
         let mut all_experts = 0u64;
         for (l, lw) in w.layers.iter().enumerate() {
             let what = format!("layer {l}");
-            let attn = match &lw.attn {
-                Attention::Gqa(a) => GAttn::Gqa {
-                    wq: b.mat(&a.wq, &what)?,
-                    wk: b.mat(&a.wk, &what)?,
-                    wv: b.mat(&a.wv, &what)?,
-                    wo: b.mat(&a.wo, &what)?,
-                    bias: [
-                        a.bq.as_deref().map(|v| b.vec(v)),
-                        a.bk.as_deref().map(|v| b.vec(v)),
-                        a.bv.as_deref().map(|v| b.vec(v)),
-                    ],
-                    q_norm: a.q_norm.as_deref().map(|v| b.vec(v)),
-                    k_norm: a.k_norm.as_deref().map(|v| b.vec(v)),
-                },
-                Attention::Mla(a) => GAttn::Mla {
-                    q_a: match (&a.q_a, &a.q_a_norm) {
-                        (Some(m), Some(n)) => Some((b.mat(m, &what)?, b.vec(n))),
-                        _ => None,
-                    },
-                    q_b: b.mat(&a.q_b, &what)?,
-                    kv_a: b.mat(&a.kv_a, &what)?,
-                    kv_a_norm: b.vec(&a.kv_a_norm),
-                    k_b: b.heads(&a.k_b, &what)?,
-                    v_b: b.heads(&a.v_b, &what)?,
-                    wo: b.mat(&a.wo, &what)?,
-                },
-            };
+            b.vec(&lw.attn_norm);
+            b.vec(&lw.ffn_norm);
+            match &lw.attn {
+                Attention::Gqa(a) => {
+                    for m in [&a.wq, &a.wk, &a.wv, &a.wo] {
+                        b.mat(m, &what)?;
+                    }
+                    for v in [&a.bq, &a.bk, &a.bv, &a.q_norm, &a.k_norm, &a.bo]
+                        .into_iter()
+                        .flatten()
+                    {
+                        b.vec(v);
+                    }
+                }
+                Attention::Hybrid(_) => {
+                    return Err(GpuError::Config(format!(
+                        "{what}: Qwen3-Next hybrid layers run on the CPU only"
+                    )))
+                }
+                Attention::Mla(a) => {
+                    if let (Some(m), Some(n)) = (&a.q_a, &a.q_a_norm) {
+                        b.mat(m, &what)?;
+                        b.vec(n);
+                    }
+                    for m in [&a.q_b, &a.kv_a, &a.wo] {
+                        b.mat(m, &what)?;
+                    }
+                    b.vec(&a.kv_a_norm);
+                    b.heads(&a.k_b, &what)?;
+                    b.heads(&a.v_b, &what)?;
+                }
+            }
             let ffn = match &lw.ffn {
-                Ffn::Dense(m) => GFfn::Dense(b.mlp(m, &what)?),
+                Ffn::Dense(m) => {
+                    b.mlp(m, &what)?;
+                    None
+                }
                 Ffn::Moe(m) => {
                     let Some(x0) = m.experts.first() else {
                         return Err(GpuError::Config(format!(
@@ -508,15 +527,10 @@ impl GpuState {
                         )));
                     }
                     moe_idx += 1;
-                    GFfn::Moe(gm)
+                    Some(gm)
                 }
             };
-            layers.push(GLayer {
-                attn_norm: b.vec(&lw.attn_norm),
-                ffn_norm: b.vec(&lw.ffn_norm),
-                attn,
-                ffn,
-            });
+            moes.push(ffn);
         }
         let small = Small {
             rmsnorm: gpu.function("rmsnorm")?,
@@ -540,7 +554,7 @@ impl GpuState {
             gpu.upload(weights.at(*off), bytes)?;
         }
         let weights_bytes = b.total;
-        drop(b);
+        let (mats, vecs, head_mats) = (b.mats, b.vecs, b.heads);
 
         // Scratch, sized once for the state's batch, context and logit rows.
         let (bsz, ctx, rows) = (st.batch(), st.ctx(), st.logit_rows());
@@ -595,6 +609,7 @@ impl GpuState {
             qcat: dev_f32(&gpu, bsz * cfg.n_heads * if kv_lora > 0 { kc } else { 0 })?,
             clat: dev_f32(&gpu, bsz * cfg.n_heads * kv_lora)?,
             proj: dev_f32(&gpu, bsz * h)?,
+            hfin: dev_f32(&gpu, bsz * h)?,
             gate: dev_f32(&gpu, bsz * ffn)?,
             up: dev_f32(&gpu, bsz * ffn)?,
             down: dev_f32(&gpu, bsz * h)?,
@@ -741,10 +756,10 @@ impl GpuState {
                     next: 0,
                     pairs: Vec::with_capacity(n_events / 2),
                 },
-                layers,
-                embd,
-                output,
-                output_norm,
+                mats,
+                vecs,
+                head_mats,
+                moes,
                 small,
                 pool,
                 staging: opts.staging,
@@ -769,6 +784,11 @@ impl GpuState {
                 k,
                 graphs: std::env::var("SLUICE_GPU_GRAPH").map_or(true, |v| v != "0"),
                 capturing: false,
+                seg: usize::MAX,
+                at: (0, 0),
+                ctx,
+                mla: matches!(cfg.attn, AttnKind::Mla { .. }),
+                dense_limit: cfg.dense_attn_limit,
                 gpu,
             },
             summary,
@@ -801,11 +821,11 @@ impl GpuState {
         Ok(())
     }
 
-    fn wa(&self, off: usize) -> u64 {
+    pub(super) fn wa(&self, off: usize) -> u64 {
         self.weights.at(off)
     }
 
-    fn launch(
+    pub(super) fn launch(
         &self,
         f: Kernel,
         grid: (u32, u32, u32),
@@ -845,7 +865,7 @@ impl GpuState {
     }
 
     /// y (n x rows, row stride ldy) = x (n x cols, row stride ldx) * m^T.
-    fn mm(
+    pub(super) fn mm(
         &self,
         m: &Mat,
         x: u64,
@@ -856,9 +876,15 @@ impl GpuState {
     ) -> Result<(), GpuError> {
         if let Some(q) = m.f.q.filter(|_| m.cols.is_multiple_of(32)) {
             self.quantize(x, ldx, n, m.cols)?;
-            return self
-                .gpu
-                .launch(
+            // prefill GEMM (gemm.rs): many tokens multiply on the tensor cores.
+            let (xq, xd) = (self.bufs.xq.ptr, self.bufs.xd.ptr);
+            let r = if gemm::takes(n, m.cols) {
+                let w = self.wa(m.off);
+                gemm::mm(
+                    &self.gpu, &q.gemm, w, m.rb, m.rows, m.cols, xq, xd, n, y, ldy,
+                )
+            } else {
+                self.gpu.launch(
                     q.mm,
                     ((m.rows as u32).div_ceil(WARPS), 1, 1),
                     32 * WARPS,
@@ -876,13 +902,14 @@ impl GpuState {
                         (ldy as i32).into(),
                     ],
                 )
-                .inspect(|_| {
-                    // An output over the quantized input makes its quantization stale.
-                    let (x_end, y_end) = (x + (4 * n * ldx) as u64, y + (4 * n * ldy) as u64);
-                    if y < x_end && x < y_end {
-                        self.xq_src.set(None);
-                    }
-                });
+            };
+            return r.inspect(|_| {
+                // An output over the quantized input makes its quantization stale.
+                let (x_end, y_end) = (x + (4 * n * ldx) as u64, y + (4 * n * ldy) as u64);
+                if y < x_end && x < y_end {
+                    self.xq_src.set(None);
+                }
+            });
         }
         self.launch(
             m.f.mm,
@@ -904,7 +931,7 @@ impl GpuState {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn rmsnorm(
+    pub(super) fn rmsnorm(
         &self,
         x: u64,
         ldx: usize,
@@ -932,7 +959,7 @@ impl GpuState {
         )
     }
 
-    fn add(&self, y: u64, x: u64, len: usize) -> Result<(), GpuError> {
+    pub(super) fn add(&self, y: u64, x: u64, len: usize) -> Result<(), GpuError> {
         self.launch(
             self.small.add,
             ((len as u32).div_ceil(256), 1, 1),
@@ -942,8 +969,10 @@ impl GpuState {
         )
     }
 
+    /// Rotates `heads` pieces (`hs` apart, from value `off`) of rows 0..n of x (row stride
+    /// `ld`), row i at rotary position (device rope position) + `padd` + i.
     #[allow(clippy::too_many_arguments)]
-    fn rope(
+    pub(super) fn rope(
         &self,
         model: &Model<'_>,
         x: u64,
@@ -952,9 +981,11 @@ impl GpuState {
         off: usize,
         heads: usize,
         n: usize,
+        layout: crate::model::config::RopeLayout,
+        padd: i32,
     ) -> Result<(), GpuError> {
         let half = model.rope.half();
-        let layout = match model.cfg.rope_layout {
+        let layout = match layout {
             crate::model::config::RopeLayout::HalfSplit => 0,
             crate::model::config::RopeLayout::Interleaved => 1,
         };
@@ -973,14 +1004,15 @@ impl GpuState {
                 self.bufs.cos.ptr.into(),
                 self.bufs.sin.ptr.into(),
                 (self.bufs.pos.ptr + 4).into(),
-                0i32.into(),
+                padd.into(),
             ],
         )
     }
 
-    /// Attention of tokens 0..n (positions pos..), in chunks of `att_rows` tokens.
+    /// Attention of tokens 0..n (row i at device position + `padd` + i), in chunks of
+    /// `att_rows` tokens.
     #[allow(clippy::too_many_arguments)]
-    fn attention(
+    pub(super) fn attention(
         &self,
         q: (u64, usize, usize),
         k: (u64, usize, usize),
@@ -991,9 +1023,10 @@ impl GpuState {
         heads: usize,
         n: usize,
         scale: f32,
-        ctx: usize,
+        padd: i32,
         o: (u64, usize, usize),
     ) -> Result<(), GpuError> {
+        let ctx = self.ctx;
         if n <= SPLIT_ROWS {
             // Flash-decoding: every split of the context in its own block, then a merge.
             let (splits, chunk) = (self.splits, self.chunk);
@@ -1016,7 +1049,7 @@ impl GpuState {
                     (dv as i32).into(),
                     (group as i32).into(),
                     self.bufs.pos.ptr.into(),
-                    0i32.into(),
+                    padd.into(),
                     scale.into(),
                     (chunk as i32).into(),
                     self.bufs.pm.ptr.into(),
@@ -1063,7 +1096,7 @@ impl GpuState {
                     (dv as i32).into(),
                     (group as i32).into(),
                     self.bufs.pos.ptr.into(),
-                    (c0 as i32).into(),
+                    (c0 as i32 + padd).into(),
                     scale.into(),
                     self.bufs.scores.ptr.into(),
                     (ctx as i32).into(),
@@ -1078,7 +1111,7 @@ impl GpuState {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn head_mv(
+    pub(super) fn head_mv(
         &self,
         m: u64,
         rows: usize,
@@ -1107,7 +1140,7 @@ impl GpuState {
         )
     }
 
-    fn timer_start(&mut self, stream: Stream) -> Result<usize, GpuError> {
+    pub(super) fn timer_start(&mut self, stream: Stream) -> Result<usize, GpuError> {
         if self.capturing {
             return Ok(usize::MAX);
         }
@@ -1122,7 +1155,12 @@ impl GpuState {
         Ok(i)
     }
 
-    fn timer_stop(&mut self, i: usize, stream: Stream, copy: bool) -> Result<(), GpuError> {
+    pub(super) fn timer_stop(
+        &mut self,
+        i: usize,
+        stream: Stream,
+        copy: bool,
+    ) -> Result<(), GpuError> {
         if i == usize::MAX {
             return Ok(());
         }
@@ -1132,7 +1170,7 @@ impl GpuState {
     }
 
     /// Adds up the timed segments (every recorded event must have completed).
-    fn harvest(&mut self) -> Result<(), GpuError> {
+    pub(super) fn harvest(&mut self) -> Result<(), GpuError> {
         for &(a, b, copy) in &self.timers.pairs {
             let ms = self
                 .gpu
@@ -1149,410 +1187,16 @@ impl GpuState {
         Ok(())
     }
 
-    /// The GPU forward of `tokens` at positions `st.pos..`: the same contract as
-    /// `Model::forward_chunk` (checked by the caller); logits land in `st.logits`.
-    pub fn forward(
-        &mut self,
-        model: &Model<'_>,
-        st: &mut State,
-        tokens: &[u32],
-        logits_from: usize,
-    ) -> Result<(), ModelError> {
-        let t0 = Instant::now();
-        self.gpu.bind()?;
-        let graph = self.graphs
-            && tokens.len() == 1
-            && logits_from == 0
-            && self.device_route
-            && self.layer_ready.iter().all(|&r| r);
-        let r = if graph {
-            self.forward_graph(model, st, tokens)
-        } else {
-            self.forward_body(model, st, tokens, logits_from)
-                .and_then(|()| self.forward_finish(model, st, tokens.len(), logits_from))
-        };
-        if r.is_err() {
-            // Leave both streams idle so the next call starts clean.
-            let _ = self.gpu.sync(Stream::Copy);
-            let _ = self.gpu.sync(Stream::Compute);
-            self.timers.pairs.clear();
-            self.timers.next = 0;
-        }
-        self.stats.forwards += 1;
-        self.stats.wall_secs += t0.elapsed().as_secs_f64();
-        r
-    }
-
-    /// A one-token decode step (every MoE layer device-routed, so nothing in it waits for the
-    /// host) as a CUDA graph: captured at the first such step, replayed after. Its inputs are
-    /// the pinned token and position, copied by the graph's first nodes; its outputs the pinned
-    /// logits and expert counter, so a replay is the captured forward at the current position.
-    fn forward_graph(
-        &mut self,
-        model: &Model<'_>,
-        st: &mut State,
-        tokens: &[u32],
-    ) -> Result<(), ModelError> {
-        let compute = Stream::Compute;
-        if self.graph.is_none() {
-            self.gpu.begin_capture(compute)?;
-            self.capturing = true;
-            let r = self.forward_body(model, st, tokens, 0);
-            self.capturing = false;
-            let g = self.gpu.end_capture(compute);
-            r?;
-            self.graph = Some(g?);
-        }
-        self.host.tokens.i32s_mut()[0] = tokens[0] as i32;
-        let p = self.host.pos.i32s_mut();
-        p[0] = st.pos as i32;
-        p[1] = (st.pos + st.rope_offset) as i32;
-        st.experts_run = 0;
-        let ti = self.timer_start(compute)?;
-        if let Some(g) = &self.graph {
-            self.gpu.launch_graph(g, compute)?;
-        }
-        self.timer_stop(ti, compute, false)?;
-        let moe_layers = self.layer_ready.len();
-        self.pool.count_hits((self.k * moe_layers) as u64);
-        self.forward_finish(model, st, 1, 0)
-    }
-
-    /// Every launch and copy of a forward, up to (not including) the wait for its logits.
-    fn forward_body(
-        &mut self,
-        model: &Model<'_>,
-        st: &mut State,
-        tokens: &[u32],
-        logits_from: usize,
-    ) -> Result<(), ModelError> {
-        let cfg = &model.cfg;
-        let (n, h) = (tokens.len(), cfg.hidden);
-        let compute = Stream::Compute;
-        self.xq_src.set(None);
-        let ti = self.timer_start(compute)?;
-        for (o, &t) in self.host.tokens.i32s_mut().iter_mut().zip(tokens) {
-            *o = t as i32;
-        }
-        let p = self.host.pos.i32s_mut();
-        p[0] = st.pos as i32;
-        p[1] = (st.pos + st.rope_offset) as i32;
-        // SAFETY: the pinned position pair is not written again before this forward's sync.
-        unsafe {
-            self.gpu.upload_async(
-                self.bufs.pos.ptr,
-                self.host.pos.as_slice().as_ptr(),
-                8,
-                compute,
-            )?;
-        }
-        // SAFETY: the pinned token buffer is not written again before this forward's final
-        // sync; the device buffer holds `batch` tokens and n <= batch (checked by the caller).
-        unsafe {
-            self.gpu.upload_async(
-                self.bufs.tokens.ptr,
-                self.host.tokens.as_slice().as_ptr(),
-                4 * n,
-                compute,
-            )?;
-        }
-        self.launch(
-            self.embd.f.embed,
-            (n as u32, 1, 1),
-            128,
-            0,
-            &[
-                self.wa(self.embd.off).into(),
-                (self.embd.rb as i64).into(),
-                (h as i32).into(),
-                self.bufs.tokens.ptr.into(),
-                self.bufs.x.ptr.into(),
-            ],
-        )?;
-        self.timer_stop(ti, compute, false)?;
-        st.experts_run = 0;
-        for l in 0..self.layers.len() {
-            self.layer(model, st, l, n)?;
-        }
-        // Final norm and lm_head for the requested rows.
-        let n_logits = n.saturating_sub(logits_from);
-        let v = cfg.vocab;
-        let ti = self.timer_start(compute)?;
-        if n_logits > 0 {
-            let x = self.bufs.x.f(logits_from * h);
-            self.rmsnorm(
-                x,
-                h,
-                self.wa(self.output_norm),
-                h,
-                n_logits,
-                cfg.rms_eps,
-                self.bufs.xn.ptr,
-                h,
-            )?;
-            let out = self.output;
-            self.mm(&out, self.bufs.xn.ptr, h, n_logits, self.bufs.logits.ptr, v)?;
-        }
-        self.timer_stop(ti, compute, false)?;
-        if n_logits > 0 {
-            // SAFETY: the pinned logits buffer holds logit_rows x vocab >= n_logits x vocab and
-            // nothing else touches it until the sync below.
-            unsafe {
-                self.gpu.download_async(
-                    self.host.logits.as_mut_slice().as_mut_ptr(),
-                    self.bufs.logits.ptr,
-                    4 * n_logits * v,
-                    compute,
-                )?;
-            }
-        }
-        // SAFETY: the pinned counter is read only after the sync in forward_finish.
-        unsafe {
-            self.gpu.download_async(
-                self.host.stat.as_mut_slice().as_mut_ptr(),
-                self.bufs.stat.ptr,
-                4,
-                compute,
-            )?;
-        }
-        Ok(())
-    }
-
-    /// Waits for the forward's work, then takes its logits and counters.
-    fn forward_finish(
-        &mut self,
-        model: &Model<'_>,
-        st: &mut State,
+    /// Rows 0..n of src (row stride `ss`, `cols` wide) into the layer's cache rows (`cols`
+    /// wide) at the chunk's position (read on the device).
+    pub(super) fn kv_store(
+        &self,
+        src: u64,
+        ss: usize,
+        cols: usize,
+        layer: u64,
         n: usize,
-        logits_from: usize,
-    ) -> Result<(), ModelError> {
-        let n_logits = n.saturating_sub(logits_from);
-        let v = model.cfg.vocab;
-        self.gpu.sync(Stream::Compute)?;
-        self.harvest()?;
-        let runs = self.host.stat.i32s_mut()[0];
-        st.experts_run += runs.wrapping_sub(self.stat_last) as u32 as usize;
-        self.stat_last = runs;
-        st.logits[..n_logits * v].copy_from_slice(&self.host.logits.f32s()[..n_logits * v]);
-        st.pos += n;
-        Ok(())
-    }
-
-    fn layer(
-        &mut self,
-        model: &Model<'_>,
-        st: &mut State,
-        l: usize,
-        n: usize,
-    ) -> Result<(), ModelError> {
-        let cfg = &model.cfg;
-        let h = cfg.hidden;
-        let compute = Stream::Compute;
-        let (x, xn, proj) = (self.bufs.x.ptr, self.bufs.xn.ptr, self.bufs.proj.ptr);
-        let ti = self.timer_start(compute)?;
-        let gl = &self.layers[l];
-        self.rmsnorm(x, h, self.wa(gl.attn_norm), h, n, cfg.rms_eps, xn, h)?;
-        self.attn(model, st, l, n)?;
-        self.add(x, proj, n * h)?;
-        let gl = &self.layers[l];
-        self.rmsnorm(x, h, self.wa(gl.ffn_norm), h, n, cfg.rms_eps, xn, h)?;
-        match &self.layers[l].ffn {
-            GFfn::Dense(m) => {
-                let m = *m;
-                self.mlp(&m, n)?;
-                self.add(x, self.bufs.down.ptr, n * h)?;
-                self.timer_stop(ti, compute, false)?;
-            }
-            GFfn::Moe(_) => {
-                self.moe(model, st, l, n, ti)?;
-                self.add(x, proj, n * h)?;
-            }
-        }
-        Ok(())
-    }
-
-    fn attn(&mut self, model: &Model<'_>, st: &State, l: usize, n: usize) -> Result<(), GpuError> {
-        let cfg = &model.cfg;
-        let (h, nh, hd) = (cfg.hidden, cfg.n_heads, cfg.head_dim);
-        let (xn, q, k, v) = (
-            self.bufs.xn.ptr,
-            self.bufs.q.ptr,
-            self.bufs.k.ptr,
-            self.bufs.v.ptr,
-        );
-        let ctx = st.ctx();
-        match &self.layers[l].attn {
-            GAttn::Gqa {
-                wq,
-                wk,
-                wv,
-                wo,
-                bias,
-                q_norm,
-                k_norm,
-            } => {
-                let (qd, kvd, nkv) = (cfg.q_dim(), cfg.kv_dim(), cfg.n_kv_heads);
-                let (wq, wk, wv, wo, bias, q_norm, k_norm) =
-                    (*wq, *wk, *wv, *wo, *bias, *q_norm, *k_norm);
-                self.mm(&wq, xn, h, n, q, qd)?;
-                self.mm(&wk, xn, h, n, k, kvd)?;
-                self.mm(&wv, xn, h, n, v, kvd)?;
-                for (buf, b, dim) in [(q, bias[0], qd), (k, bias[1], kvd), (v, bias[2], kvd)] {
-                    if let Some(b) = b {
-                        let len = n * dim;
-                        self.launch(
-                            self.small.add_bias,
-                            ((len as u32).div_ceil(256), 1, 1),
-                            256,
-                            0,
-                            &[
-                                buf.into(),
-                                self.wa(b).into(),
-                                (dim as i32).into(),
-                                (len as i32).into(),
-                            ],
-                        )?;
-                    }
-                }
-                if let (Some(qn), Some(kn)) = (q_norm, k_norm) {
-                    match cfg.qk_norm {
-                        QkNorm::PerHead => {
-                            self.rmsnorm(q, hd, self.wa(qn), hd, n * nh, cfg.rms_eps, q, hd)?;
-                            self.rmsnorm(k, hd, self.wa(kn), hd, n * nkv, cfg.rms_eps, k, hd)?;
-                        }
-                        QkNorm::Whole => {
-                            self.rmsnorm(q, qd, self.wa(qn), qd, n, cfg.rms_eps, q, qd)?;
-                            self.rmsnorm(k, kvd, self.wa(kn), kvd, n, cfg.rms_eps, k, kvd)?;
-                        }
-                        _ => {}
-                    }
-                }
-                self.rope(model, q, qd, hd, 0, nh, n)?;
-                self.rope(model, k, kvd, hd, 0, nkv, n)?;
-                let (kl, vl) = (
-                    self.bufs.kcache.f(l * ctx * kvd),
-                    self.bufs.vcache.f(l * ctx * kvd),
-                );
-                self.kv_store(k, kvd, kl, n)?;
-                self.kv_store(v, kvd, vl, n)?;
-                self.attention(
-                    (q, qd, hd),
-                    (kl, kvd, hd),
-                    (vl, kvd, hd),
-                    hd,
-                    hd,
-                    nh / nkv,
-                    nh,
-                    n,
-                    cfg.attn_scale,
-                    ctx,
-                    (self.bufs.att.ptr, qd, hd),
-                )?;
-                self.mm(&wo, self.bufs.att.ptr, qd, n, self.bufs.proj.ptr, h)?;
-            }
-            GAttn::Mla {
-                q_a,
-                q_b,
-                kv_a,
-                kv_a_norm,
-                k_b,
-                v_b,
-                wo,
-            } => {
-                let AttnKind::Mla {
-                    kv_lora,
-                    nope,
-                    rope,
-                    v_dim,
-                    ..
-                } = cfg.attn
-                else {
-                    return Err(GpuError::Config("MLA weights in a GQA model".into()));
-                };
-                let (q_a, q_b, kv_a, kv_a_norm, k_b, v_b, wo) =
-                    (*q_a, *q_b, *kv_a, *kv_a_norm, *k_b, *v_b, *wo);
-                let qk = hd;
-                let kc = kv_lora + rope;
-                self.mm(&kv_a, xn, h, n, k, kc)?;
-                match q_a {
-                    Some((qa, qn)) => {
-                        let r = qa.rows;
-                        self.mm(&qa, xn, h, n, self.bufs.qa.ptr, r)?;
-                        self.rmsnorm(
-                            self.bufs.qa.ptr,
-                            r,
-                            self.wa(qn),
-                            r,
-                            n,
-                            cfg.rms_eps,
-                            self.bufs.qa.ptr,
-                            r,
-                        )?;
-                        self.mm(&q_b, self.bufs.qa.ptr, r, n, q, nh * qk)?;
-                    }
-                    None => self.mm(&q_b, xn, h, n, q, nh * qk)?,
-                }
-                self.rmsnorm(k, kc, self.wa(kv_a_norm), kv_lora, n, cfg.rms_eps, k, kc)?;
-                self.rope(model, k, kc, 0, kv_lora, 1, n)?;
-                self.kv_store(k, kc, self.bufs.kcache.f(l * ctx * kc), n)?;
-                self.rope(model, q, nh * qk, qk, nope, nh, n)?;
-                let qcat = self.bufs.qcat.ptr;
-                self.head_mv(
-                    self.wa(k_b),
-                    kv_lora,
-                    nope,
-                    nh,
-                    n,
-                    (q, nh * qk, qk),
-                    (qcat, nh * kc, kc),
-                )?;
-                self.launch(
-                    self.small.copy2d,
-                    ((n * nh) as u32, 1, 1),
-                    64,
-                    0,
-                    &[
-                        (q + 4 * nope as u64).into(),
-                        (qk as i32).into(),
-                        (qcat + 4 * kv_lora as u64).into(),
-                        (kc as i32).into(),
-                        (rope as i32).into(),
-                    ],
-                )?;
-                let layer = self.bufs.kcache.f(l * ctx * kc);
-                let clat = self.bufs.clat.ptr;
-                self.attention(
-                    (qcat, nh * kc, kc),
-                    (layer, kc, 0),
-                    (layer, kc, 0),
-                    kc,
-                    kv_lora,
-                    nh,
-                    nh,
-                    n,
-                    cfg.attn_scale,
-                    ctx,
-                    (clat, nh * kv_lora, kv_lora),
-                )?;
-                let att = self.bufs.att.ptr;
-                self.head_mv(
-                    self.wa(v_b),
-                    v_dim,
-                    kv_lora,
-                    nh,
-                    n,
-                    (clat, nh * kv_lora, kv_lora),
-                    (att, nh * v_dim, v_dim),
-                )?;
-                self.mm(&wo, att, nh * v_dim, n, self.bufs.proj.ptr, h)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Rows 0..n of src (row stride and width `cols`) into the layer's cache rows at the
-    /// forward's position (read on the device).
-    fn kv_store(&self, src: u64, cols: usize, layer: u64, n: usize) -> Result<(), GpuError> {
+    ) -> Result<(), GpuError> {
         self.launch(
             self.small.kv_store,
             (n as u32, 1, 1),
@@ -1560,12 +1204,137 @@ impl GpuState {
             0,
             &[
                 src.into(),
-                (cols as i32).into(),
+                (ss as i32).into(),
                 layer.into(),
                 (cols as i32).into(),
                 self.bufs.pos.ptr.into(),
             ],
         )
+    }
+
+    /// MLA in absorbed form for rows 0..n of `q` (rope applied) over cache layer `l` (rows of
+    /// latent and rope key, stored): per head, q's nope part folded into latent space by `k_b`,
+    /// its rope part beside it, attention over the cache, the latent context expanded by `v_b`
+    /// into `att`. `k_b`, `v_b`: arena offsets of the per-head f32 matrices.
+    pub(super) fn attend_mla(
+        &self,
+        model: &Model<'_>,
+        l: usize,
+        n: usize,
+        (k_b, v_b): (usize, usize),
+        padd: i32,
+    ) -> Result<(), GpuError> {
+        let cfg = &model.cfg;
+        let AttnKind::Mla {
+            kv_lora,
+            nope,
+            rope,
+            v_dim,
+            ..
+        } = cfg.attn
+        else {
+            return Err(GpuError::Config("MLA weights in a GQA model".into()));
+        };
+        let (nh, qk) = (cfg.n_heads, cfg.head_dim);
+        let kc = kv_lora + rope;
+        let (q, qcat) = (self.bufs.q.ptr, self.bufs.qcat.ptr);
+        self.head_mv(
+            self.wa(k_b),
+            kv_lora,
+            nope,
+            nh,
+            n,
+            (q, nh * qk, qk),
+            (qcat, nh * kc, kc),
+        )?;
+        self.launch(
+            self.small.copy2d,
+            ((n * nh) as u32, 1, 1),
+            64,
+            0,
+            &[
+                (q + 4 * nope as u64).into(),
+                (qk as i32).into(),
+                (qcat + 4 * kv_lora as u64).into(),
+                (kc as i32).into(),
+                (rope as i32).into(),
+            ],
+        )?;
+        let layer = self.bufs.kcache.f(l * self.ctx * kc);
+        let clat = self.bufs.clat.ptr;
+        self.attention(
+            (qcat, nh * kc, kc),
+            (layer, kc, 0),
+            (layer, kc, 0),
+            kc,
+            kv_lora,
+            nh,
+            nh,
+            n,
+            cfg.attn_scale,
+            padd,
+            (clat, nh * kv_lora, kv_lora),
+        )?;
+        self.head_mv(
+            self.wa(v_b),
+            v_dim,
+            kv_lora,
+            nh,
+            n,
+            (clat, nh * kv_lora, kv_lora),
+            (self.bufs.att.ptr, nh * v_dim, v_dim),
+        )
+    }
+
+    /// Rows `tokens` of the embedding matrix `m` into rows 0..n of `dst` (packed, `m.cols`
+    /// wide). The token ids go through the pinned token buffer (a captured graph replays with
+    /// whatever it holds then).
+    pub(super) fn embed(&mut self, m: &Mat, tokens: &[u32], dst: u64) -> Result<(), GpuError> {
+        let n = tokens.len();
+        for (o, &t) in self.host.tokens.i32s_mut().iter_mut().zip(tokens) {
+            *o = t as i32;
+        }
+        // SAFETY: the pinned token buffer is not written again before this chunk's final sync;
+        // the device buffer holds `batch` tokens and n <= batch (checked by `forward_on`).
+        unsafe {
+            self.gpu.upload_async(
+                self.bufs.tokens.ptr,
+                self.host.tokens.as_slice().as_ptr(),
+                4 * n,
+                Stream::Compute,
+            )?;
+        }
+        self.launch(
+            m.f.embed,
+            (n as u32, 1, 1),
+            128,
+            0,
+            &[
+                self.wa(m.off).into(),
+                (m.rb as i64).into(),
+                (m.cols as i32).into(),
+                self.bufs.tokens.ptr.into(),
+                dst.into(),
+            ],
+        )
+    }
+
+    /// Forgets every recorded timer (after an error: the streams were synced).
+    pub(super) fn clear_timers(&mut self) {
+        self.timers.pairs.clear();
+        self.timers.next = 0;
+        self.seg = usize::MAX;
+    }
+
+    /// Opens the chunk's compute timer (closed around host round trips and at its end).
+    pub(super) fn seg_start(&mut self) -> Result<(), GpuError> {
+        self.seg = self.timer_start(Stream::Compute)?;
+        Ok(())
+    }
+
+    pub(super) fn seg_stop(&mut self) -> Result<(), GpuError> {
+        let i = std::mem::replace(&mut self.seg, usize::MAX);
+        self.timer_stop(i, Stream::Compute, false)
     }
 
     /// SwiGLU of xn rows 0..n; result in `down`.
@@ -1633,31 +1402,48 @@ impl GpuState {
         h: usize,
     ) -> Result<(), GpuError> {
         let compute = Stream::Compute;
-        let ti = self.timer_start(compute)?;
+        // Timed here only outside the chunk's open segment (hits and staged misses).
+        let ti = if self.seg == usize::MAX {
+            self.timer_start(compute)?
+        } else {
+            usize::MAX
+        };
         let q = match (mo.gate_up.q, mo.down.q) {
             (Some(a), Some(b)) if h.is_multiple_of(32) && mo.ffn.is_multiple_of(32) => Some((a, b)),
             _ => None,
         };
         if let Some((qg, qd)) = q {
             self.quantize(self.bufs.xn.ptr, h, n, h)?;
-            self.gpu.launch(
-                qg.gate_up,
-                ((mo.ffn as u32).div_ceil(WARPS), grid_y as u32, 1),
-                32 * WARPS,
-                0,
-                compute,
-                &[
-                    jobs.into(),
-                    nj.into(),
-                    (mo.ffn as i32).into(),
-                    (h as i32).into(),
-                    (mo.rb_gate as i64).into(),
-                    self.bufs.xq.ptr.into(),
-                    self.bufs.xd.ptr.into(),
-                    self.bufs.tok.ptr.into(),
-                    self.bufs.hb.ptr.into(),
-                ],
-            )?;
+            // prefill GEMM (gemm.rs): a job holds at most n tokens.
+            let g = gemm::takes(n, h) && gemm::takes(n, mo.ffn);
+            let b = &self.bufs;
+            if g {
+                let (xq, xd, tok, hb) = (b.xq.ptr, b.xd.ptr, b.tok.ptr, b.hb.ptr);
+                let (f, rb) = (mo.ffn, mo.rb_gate);
+                let gu = &qg.gemm;
+                gemm::moe_gate_up(
+                    &self.gpu, gu, jobs, nj, grid_y, n, f, h, rb, xq, xd, tok, hb,
+                )?;
+            } else {
+                self.gpu.launch(
+                    qg.gate_up,
+                    ((mo.ffn as u32).div_ceil(WARPS), grid_y as u32, 1),
+                    32 * WARPS,
+                    0,
+                    compute,
+                    &[
+                        jobs.into(),
+                        nj.into(),
+                        (mo.ffn as i32).into(),
+                        (h as i32).into(),
+                        (mo.rb_gate as i64).into(),
+                        self.bufs.xq.ptr.into(),
+                        self.bufs.xd.ptr.into(),
+                        self.bufs.tok.ptr.into(),
+                        self.bufs.hb.ptr.into(),
+                    ],
+                )?;
+            }
             // The jobs' assignment rows of hb (a span that may include other jobs' rows:
             // harmless, each is rewritten and requantized before its own down product).
             let (r0, rn) = rows;
@@ -1677,6 +1463,15 @@ impl GpuState {
                     self.bufs.hd.f(r0 * f / 32).into(),
                 ],
             )?;
+            if g {
+                let (hq, hd, dst, so) = (b.hq.ptr, b.hd.ptr, b.dst.ptr, b.slot_out.ptr);
+                let (f, rb) = (mo.ffn, mo.rb_down);
+                let dn = &qd.gemm;
+                gemm::moe_down(
+                    &self.gpu, dn, jobs, nj, grid_y, n, h, f, rb, hq, hd, dst, so,
+                )?;
+                return self.timer_stop(ti, compute, false);
+            }
             self.gpu.launch(
                 qd.down,
                 ((h as u32).div_ceil(WARPS), grid_y as u32, 1),
@@ -1753,19 +1548,20 @@ impl GpuState {
     /// waits for the host. Otherwise the selection is downloaded, hits run in one launch and
     /// misses are staged from the RAM cache. Both paths order assignments the same way, and
     /// every GPU placement routes with the same kernel, so tokens do not depend on placement.
-    fn moe(
+    pub(super) fn moe(
         &mut self,
         model: &Model<'_>,
         st: &mut State,
         l: usize,
         n: usize,
-        ti: usize,
     ) -> Result<(), ModelError> {
         let cfg = &model.cfg;
         let (h, e, k) = (cfg.hidden, cfg.n_experts, cfg.n_experts_used);
         let compute = Stream::Compute;
-        let GFfn::Moe(gm) = &self.layers[l].ffn else {
-            return Ok(());
+        let Some(gm) = self.moes.get(l).copied().flatten() else {
+            return Err(
+                GpuError::Config(format!("layer {l} has no routed block on the GPU")).into(),
+            );
         };
         let (mo, router, shared, bias) = (gm.geo, gm.router, gm.shared, gm.bias);
         self.mm(&router, self.bufs.xn.ptr, h, n, self.bufs.router.ptr, e)?;
@@ -1814,7 +1610,6 @@ impl GpuState {
                     self.bufs.stat.ptr.into(),
                 ],
             )?;
-            self.timer_stop(ti, compute, false)?;
             if !self.capturing {
                 self.pool.count_hits((n * k) as u64);
             }
@@ -1822,12 +1617,10 @@ impl GpuState {
             let nj = self.bufs.njobs.ptr;
             self.run_jobs(&mo, jobs, e.min(n * k), nj, n, (0, n * k), h)?;
         } else {
-            self.timer_stop(ti, compute, false)?;
             self.moe_host(model, st, l, n, &mo)?;
         }
 
         // Combine in slot order, then the shared experts.
-        let ti = self.timer_start(compute)?;
         self.launch(
             self.small.combine,
             (((n * h) as u32).div_ceil(256), 1, 1),
@@ -1846,7 +1639,6 @@ impl GpuState {
             self.mlp(&sh, n)?;
             self.add(self.bufs.proj.ptr, self.bufs.down.ptr, n * h)?;
         }
-        self.timer_stop(ti, compute, false)?;
         Ok(())
     }
 
@@ -1877,6 +1669,7 @@ impl GpuState {
                     compute,
                 )?;
             }
+            self.seg_stop()?;
             self.gpu.sync(compute)?;
             self.harvest()?;
             st.groups.iter_mut().for_each(Vec::clear);
@@ -1885,7 +1678,7 @@ impl GpuState {
                 for slot in 0..k {
                     let ex = sel[i * k + slot] as usize;
                     if ex >= e {
-                        return Err(ModelError::Gpu(GpuError::Config(format!(
+                        return Err(ModelError::from(GpuError::Config(format!(
                             "layer {l}: the device router chose expert {ex} of {e}"
                         ))));
                     }
@@ -1908,6 +1701,7 @@ impl GpuState {
                     compute,
                 )?;
             }
+            self.seg_stop()?;
             self.gpu.sync(compute)?;
             self.harvest()?;
             st.router[..n * e].copy_from_slice(&self.host.router.f32s()[..n * e]);
@@ -1994,7 +1788,7 @@ impl GpuState {
         // Misses: through the RAM cache, in waves that fit both its free slots and the pool's.
         if !misses.is_empty() {
             let Some(mut cache) = st.expert_cache.take() else {
-                return Err(ModelError::Gpu(GpuError::Config(
+                return Err(ModelError::from(GpuError::Config(
                     "expert not in VRAM and no RAM expert cache attached".into(),
                 )));
             };
@@ -2006,6 +1800,7 @@ impl GpuState {
             self.misses = misses;
         }
         self.mark_ready(mo.idx, e)?;
+        self.seg_start()?;
         Ok(())
     }
 
@@ -2125,12 +1920,12 @@ impl GpuState {
         let (compute, copy) = (Stream::Compute, Stream::Copy);
         while let Some((ex, bytes)) = cache.next_ready()? {
             let Some(&(_, a0, cnt)) = wave.iter().find(|m| m.0 == ex) else {
-                return Err(ModelError::Gpu(GpuError::Config(format!(
+                return Err(ModelError::from(GpuError::Config(format!(
                     "the RAM cache returned expert {ex} of layer {l}, not in the wave"
                 ))));
             };
             let Some(a) = self.pool.assign(mo.idx, ex) else {
-                return Err(ModelError::Gpu(GpuError::Config(format!(
+                return Err(ModelError::from(GpuError::Config(format!(
                     "no free VRAM slot for expert {ex} of layer {l} (pool accounting)"
                 ))));
             };
@@ -2151,7 +1946,7 @@ impl GpuState {
                 .unwrap_or(0);
             if hi - lo > self.pool.slot_bytes() as usize {
                 self.pool.drop_expert(mo.idx, ex);
-                return Err(ModelError::Gpu(GpuError::Config(format!(
+                return Err(ModelError::from(GpuError::Config(format!(
                     "expert {ex} of layer {l} spans {} bytes, more than a pool slot",
                     hi - lo
                 ))));

@@ -99,6 +99,13 @@ impl Default for Acts {
 }
 
 impl Acts {
+    /// Bytes of the buffers it holds (their capacity), for the planner's memory budget.
+    pub fn bytes(&self) -> usize {
+        self.f32.capacity() * std::mem::size_of::<f32>()
+            + self.q8_32.capacity() * std::mem::size_of::<BlockQ8_32>()
+            + (self.q8k.capacity() + self.q8k_rows.capacity()) * std::mem::size_of::<BlockQ8K>()
+    }
+
     pub fn new() -> Acts {
         Acts {
             rows: 0,

@@ -5,6 +5,9 @@
 //!
 //! Dots against `Q8K` activations: per super-block the exact integers
 //! sum_j sc_j * sum(q * a) and sum_j m_j * (bsum of sub-block j), scaled by d*d_a and dmin*d_a.
+//! The AVX2 dots (single- and four-row) compute those integers and then the scalar dot's float
+//! operations in its order, so they give its bits; the AVX-512 ones accumulate per lane and
+//! agree with it within f32 summation noise (their four-row dot has their bits).
 
 use super::float::f16_le;
 use super::{ActFormat, ActRow, BlockQ8K, TypeKernels};
@@ -118,7 +121,7 @@ fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
 #[cfg(target_arch = "x86_64")]
 pub(super) mod x86 {
     use super::super::simd::prefetch_distance;
-    use super::super::simd::x86::{f16x2_at, hsum_ps128, hsum_ps256, hsum_ps512, prefetch};
+    use super::super::simd::x86::{f16x2_at, hsum_ps256, hsum_ps512, prefetch};
     use super::{dot_scalar, scales_mins_u64, ActRow, BlockQ8K, BB};
     type Rows4 = [*const BlockQ8K; 4];
     use crate::kernels::Isa;
@@ -187,71 +190,67 @@ pub(super) mod x86 {
         _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), bs8)
     }
 
-    /// `pshufb` controls broadcasting i16 lane k of a 128-bit lane to all eight.
-    const fn bcast16(k: u8) -> [u8; 32] {
-        let mut c = [0u8; 32];
-        let mut i = 0;
-        while i < 32 {
-            c[i] = 2 * k + (i as u8 & 1);
-            i += 1;
+    /// The eight nibble vectors of a block's `qs` (`nib[j]`: the 32 4-bit values of sub-block j).
+    #[inline(always)]
+    unsafe fn nibbles(qs: *const u8) -> [__m256i; 8] {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let mut nib = [_mm256_setzero_si256(); 8];
+        for k in 0..4 {
+            let q = _mm256_loadu_si256(qs.add(32 * k) as *const __m256i);
+            nib[2 * k] = _mm256_and_si256(q, m4);
+            nib[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
         }
-        c
+        nib
     }
-    static BCAST: [[u8; 32]; 8] = [
-        bcast16(0),
-        bcast16(1),
-        bcast16(2),
-        bcast16(3),
-        bcast16(4),
-        bcast16(5),
-        bcast16(6),
-        bcast16(7),
-    ];
 
+    /// Eight i32 lanes that sum to the block's sum_j sc_j * sum(q_j * x_j). The byte products
+    /// are folded in i16 (`maddubs` pairs, then three levels of `hadd`: each lane ends as the
+    /// sum of 16 products, |.| <= 16 * 15 * 127 < 2^15) so that one `madd` applies all eight
+    /// scales: 9 multiplies per block and activation row instead of 16, which is what limits
+    /// these kernels (measured: docs/PERFORMANCE.md, issue 16 section). `sc`: the eight scales
+    /// as i16 in both 128-bit lanes.
+    #[inline(always)]
+    unsafe fn block_isum8(nib: &[__m256i; 8], sc: __m256i, x: *const i8) -> __m256i {
+        let p = |j: usize| {
+            _mm256_maddubs_epi16(nib[j], _mm256_loadu_si256(x.add(32 * j) as *const __m256i))
+        };
+        let f01 = _mm256_hadd_epi16(p(0), p(1));
+        let f23 = _mm256_hadd_epi16(p(2), p(3));
+        let f45 = _mm256_hadd_epi16(p(4), p(5));
+        let f67 = _mm256_hadd_epi16(p(6), p(7));
+        let f = _mm256_hadd_epi16(_mm256_hadd_epi16(f01, f23), _mm256_hadd_epi16(f45, f67));
+        _mm256_madd_epi16(f, sc)
+    }
+
+    /// Per block the exact integers isum and msum of `dot_scalar`, then its float operations
+    /// in its order ((d * d_a) * isum - (dmin * d_a) * msum, added to the sum; no FMA), so the
+    /// result has `dot_scalar`'s bits.
+    ///
     /// # Safety
     /// AVX2+FMA+F16C; `w` valid for `nb` blocks, `a` for `nb` activation blocks.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn avx2(w: *const u8, a: *const BlockQ8K, nb: usize) -> f32 {
-        let m4 = _mm256_set1_epi8(0x0F);
-        let mut acc = _mm256_setzero_ps();
-        let mut accm = _mm_setzero_ps();
+        let mut sum = 0.0f32;
         let pf = prefetch_distance();
         for i in 0..nb {
             let b = w.add(i * BB);
             prefetch(b, pf, BB);
             let ab = &*a.add(i);
-            // d and dmin (adjacent f16) times the activation scale, in lanes 0 and 1.
-            let dd = _mm_mul_ps(f16x2_at(b), _mm_set1_ps(ab.d));
-            let d = _mm_cvtss_f32(dd);
-            let dmin = _mm_cvtss_f32(_mm_movehdup_ps(dd));
             let sm = scales_mins16(b);
-            accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_dot(sm, ab)), accm);
             let sc = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
-            let qs = b.add(16);
-            let x = ab.qs.as_ptr();
-            let mut sumi = _mm256_setzero_si256();
-            for j in 0..4 {
-                let q = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
-                let lo = _mm256_and_si256(q, m4);
-                let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-                let x0 = _mm256_loadu_si256(x.add(64 * j) as *const __m256i);
-                let x1 = _mm256_loadu_si256(x.add(64 * j + 32) as *const __m256i);
-                let s0 = _mm256_shuffle_epi8(
-                    sc,
-                    _mm256_loadu_si256(BCAST[2 * j].as_ptr() as *const __m256i),
-                );
-                let s1 = _mm256_shuffle_epi8(
-                    sc,
-                    _mm256_loadu_si256(BCAST[2 * j + 1].as_ptr() as *const __m256i),
-                );
-                // nibble (<= 15) x a (|a| <= 127), pairs summed: no i16 saturation.
-                let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), s0);
-                let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), s1);
-                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
-            }
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+            let v = block_isum8(&nibbles(b.add(16)), sc, ab.qs.as_ptr());
+            let v4 = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+            // isum in lane 0, msum in lane 1.
+            let h = _mm_hadd_epi32(v4, mins_dot(sm, ab));
+            let h = _mm_hadd_epi32(h, h);
+            // (d * d_a, dmin * d_a) * (isum, msum).
+            let t = _mm_mul_ps(
+                _mm_mul_ps(f16x2_at(b), _mm_set1_ps(ab.d)),
+                _mm_cvtepi32_ps(h),
+            );
+            sum += _mm_cvtss_f32(t) - _mm_cvtss_f32(_mm_movehdup_ps(t));
         }
-        hsum_ps256(acc) - hsum_ps128(accm)
+        sum
     }
 
     /// `vpermw` indices for the packed sums of half `h` (see `avx512`): in 128-bit lanes 0 and 1
@@ -325,63 +324,50 @@ pub(super) mod x86 {
         hsum_ps512(acc) - hsum_ps256(accm)
     }
 
-    /// `avx2` for four activation rows: the weight block's nibbles and scales are unpacked once
-    /// and dotted with each row. Per row, the float operations are those of `avx2` in the same
-    /// order (integer sums are exact in any order), so each result has `avx2`'s bits.
+    /// `avx2` for four activation rows: the block's nibbles and scales are unpacked once, each
+    /// row's integers are `avx2`'s (summed across lanes by one `hadd` tree for the four rows),
+    /// and the float operations run on four lanes (one per row) in `avx2`'s order, so each
+    /// result has `avx2`'s (= `dot_scalar`'s) bits.
     ///
     /// # Safety
     /// AVX2+FMA+F16C; `w` valid for `nb` blocks, each `a[r]` for `nb` activation blocks.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn avx2_x4(w: *const u8, a: Rows4, nb: usize, out: &mut [f32; 4]) {
-        let m4 = _mm256_set1_epi8(0x0F);
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut accm = [_mm_setzero_ps(); 4];
+        let mut acc = _mm_setzero_ps();
         let pf = prefetch_distance();
+        // Mins m0..m3 twice, then m4..m7 twice (i16), against two rows' pair-summed bsums.
+        let mins_idx = _mm256_setr_epi32(4, 5, 4, 5, 6, 7, 6, 7);
         for i in 0..nb {
             let b = w.add(i * BB);
             prefetch(b, pf, BB);
-            let dw = f16x2_at(b);
             let sm = scales_mins16(b);
             let sc = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
-            let qs = b.add(16);
-            let mut sumi = [_mm256_setzero_si256(); 4];
-            for j in 0..4 {
-                let q = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
-                let lo = _mm256_and_si256(q, m4);
-                let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-                let s0 = _mm256_shuffle_epi8(
-                    sc,
-                    _mm256_loadu_si256(BCAST[2 * j].as_ptr() as *const __m256i),
-                );
-                let s1 = _mm256_shuffle_epi8(
-                    sc,
-                    _mm256_loadu_si256(BCAST[2 * j + 1].as_ptr() as *const __m256i),
-                );
-                for r in 0..4 {
-                    let x = (*a[r].add(i)).qs.as_ptr();
-                    let x0 = _mm256_loadu_si256(x.add(64 * j) as *const __m256i);
-                    let x1 = _mm256_loadu_si256(x.add(64 * j + 32) as *const __m256i);
-                    let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), s0);
-                    let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), s1);
-                    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(p0, p1));
-                }
-            }
-            for r in 0..4 {
-                let ab = &*a[r].add(i);
-                let dd = _mm_mul_ps(dw, _mm_set1_ps(ab.d));
-                let d = _mm_cvtss_f32(dd);
-                let dmin = _mm_cvtss_f32(_mm_movehdup_ps(dd));
-                accm[r] = _mm_fmadd_ps(
-                    _mm_set1_ps(dmin),
-                    _mm_cvtepi32_ps(mins_dot(sm, ab)),
-                    accm[r],
-                );
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
-            }
+            let mm = _mm256_permutevar8x32_epi32(sm, mins_idx);
+            let nib = nibbles(b.add(16));
+            let ab: [&BlockQ8K; 4] = std::array::from_fn(|r| &*a[r].add(i));
+            let v: [__m256i; 4] = std::array::from_fn(|r| block_isum8(&nib, sc, ab[r].qs.as_ptr()));
+            // Lane r: row r's isum (each 128-bit half holds half of it).
+            let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+            let isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+            // msum: bsums pair-summed per sub-block (|.| <= 32 * 127), times the mins.
+            let bs = |r: usize| _mm256_loadu_si256(ab[r].bsums.as_ptr() as *const __m256i);
+            let u01 = _mm256_madd_epi16(_mm256_hadd_epi16(bs(0), bs(1)), mm);
+            let u23 = _mm256_madd_epi16(_mm256_hadd_epi16(bs(2), bs(3)), mm);
+            let hm = _mm256_hadd_epi32(u01, u23);
+            let msum = _mm_add_epi32(_mm256_castsi256_si128(hm), _mm256_extracti128_si256(hm, 1));
+            let ad = _mm_setr_ps(ab[0].d, ab[1].d, ab[2].d, ab[3].d);
+            let dw = f16x2_at(b);
+            let t1 = _mm_mul_ps(
+                _mm_mul_ps(_mm_broadcastss_ps(dw), ad),
+                _mm_cvtepi32_ps(isum),
+            );
+            let t2 = _mm_mul_ps(
+                _mm_mul_ps(_mm_permute_ps(dw, 0x55), ad),
+                _mm_cvtepi32_ps(msum),
+            );
+            acc = _mm_add_ps(acc, _mm_sub_ps(t1, t2));
         }
-        for r in 0..4 {
-            out[r] = hsum_ps256(acc[r]) - hsum_ps128(accm[r]);
-        }
+        _mm_storeu_ps(out.as_mut_ptr(), acc);
     }
 
     /// `avx512` for four activation rows (see `avx2_x4`): same per-row float operations, so

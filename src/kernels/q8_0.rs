@@ -22,6 +22,15 @@ pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
     dot_avx512: None,
 });
 
+/// The four-row dots (prefill): see `kernels::dot4_fn`.
+pub(super) const DOT4: super::Dot4Kernels = super::Dot4Kernels {
+    #[cfg(target_arch = "x86_64")]
+    avx2: Some(x86::dot4_avx2),
+    #[cfg(not(target_arch = "x86_64"))]
+    avx2: None,
+    avx512: None,
+};
+
 const BB: usize = 34;
 
 fn dequant(b: &[u8], out: &mut [f32]) {
@@ -73,6 +82,24 @@ mod x86 {
         unsafe { avx512(w.as_ptr(), a.q8_32.as_ptr(), nb) }
     }
 
+    /// Four activation rows against one weight row, bit-identical to four `dot_avx2` calls.
+    pub(super) fn dot4_avx2(w: &[u8], a: &[ActRow<'_>; 4], out: &mut [f32; 4]) {
+        if !Isa::Avx2.supported() {
+            out.iter_mut()
+                .zip(a)
+                .for_each(|(o, a)| *o = dot_scalar(w, a));
+            return;
+        }
+        let nb = a
+            .iter()
+            .map(|a| a.q8_32.len())
+            .fold(w.len() / BB, usize::min);
+        let ap = std::array::from_fn(|r| a[r].q8_32.as_ptr());
+        // SAFETY: AVX2/FMA/F16C present (checked above); `w` holds `nb` whole blocks and each
+        // activation row at least `nb` blocks.
+        unsafe { avx2_x4(w.as_ptr(), ap, nb, out) }
+    }
+
     /// Integer dot of one block as 8 i32 lanes: sign trick (|w| * (a * sign w)) so `maddubs`
     /// (unsigned x signed) applies; |w| <= 128 and |a| <= 127 cannot saturate the i16 pairs.
     #[inline]
@@ -99,6 +126,37 @@ mod x86 {
             acc[i & 1] = _mm256_fmadd_ps(d, s, acc[i & 1]);
         }
         hsum_ps256(_mm256_add_ps(acc[0], acc[1]))
+    }
+
+    /// `avx2` for four activation rows: the weight block is loaded, its scale converted and
+    /// its absolute value taken once; per row the integer lanes and the float operations are
+    /// `avx2`'s in the same order (two alternating accumulators), so each result has its bits.
+    ///
+    /// # Safety
+    /// AVX2+FMA+F16C; `w` valid for `nb` blocks, each `a[r]` for `nb` activation blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn avx2_x4(w: *const u8, a: [*const BlockQ8_32; 4], nb: usize, out: &mut [f32; 4]) {
+        let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+        let pf = prefetch_distance();
+        let ones = _mm256_set1_epi16(1);
+        for i in 0..nb {
+            let b = w.add(i * BB);
+            prefetch(b, pf, BB);
+            let dw = f16_at(b);
+            let qw = _mm256_loadu_si256(b.add(2) as *const __m256i);
+            let aw = _mm256_sign_epi8(qw, qw);
+            for r in 0..4 {
+                let ab = &*a[r].add(i);
+                let d = _mm256_set1_ps(dw * ab.d);
+                let qa = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
+                let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(qa, qw));
+                let s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+                acc[r][i & 1] = _mm256_fmadd_ps(d, s, acc[r][i & 1]);
+            }
+        }
+        for r in 0..4 {
+            out[r] = hsum_ps256(_mm256_add_ps(acc[r][0], acc[r][1]));
+        }
     }
 
     /// Byte offsets of the scales of 16 consecutive blocks of `stride` bytes.

@@ -2,12 +2,13 @@
 //!
 //! Owns: the contract between the forward graph (`forward.rs`, `deepseek2.rs`, `mtp.rs`,
 //! which decide *what* is computed, in which order, on which weights) and a backend (which
-//! decides *where and how*: `cpu.rs` today, a CUDA backend next). The graph never reads or
-//! writes activations itself: it names buffers (`Buf`) and passes weights (`&WeightView`, norm
-//! vectors, the weight structs of `weights.rs`); the backend owns the memory behind the names,
-//! so a device backend keeps them in VRAM and needs no host round trip between operations.
+//! decides *where and how*: `cpu.rs`; `gpu::backend` through the `Device` trait below). The
+//! graph never reads or writes activations itself: it names buffers (`Buf`) and passes
+//! weights (`&WeightView`, norm vectors, the weight structs of `weights.rs`); the backend owns
+//! the memory behind the names, so a device backend keeps them in VRAM and needs no host
+//! round trip between operations.
 //! Does not own: the weights (the graph passes them; a device backend maps each view to the
-//! device copy it built at attach, e.g. by its byte address), sampling, the expert store.
+//! device copy it built at attach, by its host address), sampling, the expert store.
 //! Invariant: for the CPU backend every operation is the arithmetic the forward always did
 //! (same loops, same summation order), so outputs are bit-identical to the reference tests'
 //! figures and no operation allocates once the state is built.
@@ -29,8 +30,9 @@
 
 use super::config::RopeLayout;
 use super::deepseek_v4::{Attn as V4Attn, Hc, HcHead, MoeW as V4Moe, V4Weights};
+use super::qwen3next::{DeltaNet, GatedAttn};
 use super::weights::{Mla, Moe};
-use super::{ModelError, Prof};
+use super::{Model, ModelError, Prof, State};
 use crate::kernels::WeightView;
 
 /// The activation buffers a backend owns, each `batch` rows wide at most.
@@ -326,6 +328,40 @@ pub trait Backend {
     ) -> Result<(), ModelError> {
         Err(v4_unsupported("hash-routed MoE"))
     }
+
+    // Qwen3-Next / Qwen3.5 (qwen3next.rs). A backend without them refuses those families.
+
+    /// Gated full attention of rows 0..n of `Xn` into `Proj`: `a.wq` gives per head [q; gate],
+    /// q and k are RMS-normed per head (`a.q_norm`, `a.k_norm`), rotated (partial rotary) and
+    /// cached in cache layer `layer`, attention as `attend` (no window, no sinks), the result
+    /// multiplied by sigmoid(gate), then `a.wo`.
+    fn gated_attention(
+        &mut self,
+        layer: usize,
+        n: usize,
+        at: At,
+        a: &GatedAttn<'_>,
+    ) -> Result<(), ModelError> {
+        let _ = (layer, n, at, a);
+        Err(ModelError::Unsupported(
+            "Qwen3-Next gated attention is unsupported on this backend".into(),
+        ))
+    }
+
+    /// Gated DeltaNet of rows 0..n of `Xn` into `Proj` (see qwen3next.rs), token by token on
+    /// layer `layer`'s conv and recurrent state, which a chunk at position 0 first zeroes.
+    fn delta_net(
+        &mut self,
+        layer: usize,
+        n: usize,
+        at: At,
+        d: &DeltaNet<'_>,
+    ) -> Result<(), ModelError> {
+        let _ = (layer, n, at, d);
+        Err(ModelError::Unsupported(
+            "Qwen3-Next Gated DeltaNet is unsupported on this backend".into(),
+        ))
+    }
 }
 
 fn v4_unsupported(what: &str) -> ModelError {
@@ -334,4 +370,98 @@ fn v4_unsupported(what: &str) -> ModelError {
 
 /// The trait stays object safe: a session may hold its backend as `Box<dyn Backend>`.
 #[allow(dead_code)]
-fn object_safe(_: &mut dyn Backend) {}
+fn object_safe(_: &mut dyn Backend, _: &mut dyn Device) {}
+
+/// A backend that keeps its own memory across chunks (weights, KV cache, buffers): a device
+/// (`gpu::backend`). The engine holds one beside the `State` and runs each chunk through
+/// `Model::forward_on`; the device's `forward_chunk` runs the same graph
+/// (`Model::forward_tokens`) over a `Backend` of its own. `model/` defines this interface and
+/// never names an implementation.
+pub trait Device: Send {
+    /// One chunk, its contract already checked (`forward_on`): `tokens` at positions
+    /// `st.pos..`, the logits of rows `logits_from..` into `st.logits`, `st.pos` advanced and
+    /// `st.experts_run` set to the experts this chunk ran.
+    fn forward_chunk(
+        &mut self,
+        model: &Model<'_>,
+        st: &mut State,
+        tokens: &[u32],
+        logits_from: usize,
+    ) -> Result<(), ModelError>;
+
+    /// Figures since the device was attached.
+    fn stats(&self) -> DeviceStats;
+
+    /// The pinned host -> device GB/s measured at attach, if it was (`--prof`).
+    fn h2d_ceiling(&self) -> Option<f64> {
+        None
+    }
+}
+
+/// `dev` again for one call, leaving it usable after (a plain `as_deref_mut` would hold the
+/// borrow for the trait object's whole lifetime).
+pub fn reborrow<'a>(dev: &'a mut Option<&mut dyn Device>) -> Option<&'a mut dyn Device> {
+    match dev {
+        Some(d) => Some(&mut **d),
+        None => None,
+    }
+}
+
+/// A device's figures since attach (or `since` a snapshot).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DeviceStats {
+    /// Forward calls and their host wall seconds.
+    pub forwards: u64,
+    pub wall_secs: f64,
+    /// Seconds the compute stream spent in kernels (event-timed segments).
+    pub kernel_secs: f64,
+    /// Seconds the copy stream spent copying experts, and the bytes it copied.
+    pub copy_secs: f64,
+    pub bytes_h2d: u64,
+    pub experts_h2d: u64,
+    /// Host seconds spent registering/unregistering staged experts (per-expert staging).
+    pub register_secs: f64,
+    /// VRAM pool hits and misses (selections).
+    pub vram_hits: u64,
+    pub vram_misses: u64,
+}
+
+impl DeviceStats {
+    pub fn since(&self, b: &DeviceStats) -> DeviceStats {
+        DeviceStats {
+            forwards: self.forwards - b.forwards,
+            wall_secs: self.wall_secs - b.wall_secs,
+            kernel_secs: self.kernel_secs - b.kernel_secs,
+            copy_secs: self.copy_secs - b.copy_secs,
+            bytes_h2d: self.bytes_h2d - b.bytes_h2d,
+            experts_h2d: self.experts_h2d - b.experts_h2d,
+            register_secs: self.register_secs - b.register_secs,
+            vram_hits: self.vram_hits - b.vram_hits,
+            vram_misses: self.vram_misses - b.vram_misses,
+        }
+    }
+    /// Achieved host -> device GB/s while copying experts.
+    pub fn h2d_gbps(&self) -> f64 {
+        if self.copy_secs > 0.0 {
+            self.bytes_h2d as f64 / self.copy_secs / 1e9
+        } else {
+            0.0
+        }
+    }
+    pub fn vram_hit_rate(&self) -> f64 {
+        let r = self.vram_hits + self.vram_misses;
+        if r == 0 {
+            0.0
+        } else {
+            self.vram_hits as f64 / r as f64
+        }
+    }
+    /// Share of wall time the device was not running kernels.
+    pub fn stall_share(&self) -> f64 {
+        if self.wall_secs > 0.0 {
+            ((self.wall_secs - self.kernel_secs) / self.wall_secs).max(0.0)
+        } else {
+            0.0
+        }
+    }
+}

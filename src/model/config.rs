@@ -21,12 +21,20 @@ pub enum Family {
     DeepseekV3,
     /// GLM-4.5/4.6/4.7 MoE (GGUF `glm4moe`).
     Glm4Moe,
+    /// GLM-5 (GGUF `glm-dsa`, HF `GlmMoeDsaForCausalLM`): DeepSeek-V3.2's MLA and DSA with the
+    /// indexer rotated interleaved and shared across layers (see glmdsa.rs).
+    GlmDsa,
     /// OpenAI gpt-oss (GGUF `gpt-oss`, HF `GptOssForCausalLM`): attention sinks, alternating
     /// sliding-window / full layers, biases everywhere, clamped SwiGLU experts (see gptoss.rs).
     GptOss,
     /// DeepSeek-V4 (HF `deepseek_v4`): hyper-connection streams, compressed sparse / heavily
     /// compressed attention, hash routing (see deepseek_v4.rs).
     DeepseekV4,
+    /// Qwen3-Next (GGUF `qwen3next`): hybrid Gated DeltaNet / gated full attention layers,
+    /// shared expert with a sigmoid gate (see qwen3next.rs).
+    Qwen3Next,
+    /// Qwen3.5-MoE (text): Qwen3-Next's hybrid with separate DeltaNet input projections.
+    Qwen35Moe,
 }
 
 /// How rotary embeddings pair up the dimensions of a head.
@@ -158,6 +166,9 @@ pub struct ModelConfig {
     pub dense_attn_limit: Option<usize>,
     /// DeepSeek-V3.2's lightning indexer (DSA), which picks the attended tokens.
     pub indexer: Option<IndexerDims>,
+    /// Per main layer, whether it runs its own indexer (true) or reuses the top-k of the
+    /// previous layer that did (GLM-5's `indexer_types` "shared"); empty: every layer runs it.
+    pub indexer_full: Vec<bool>,
     /// Which layers use `sliding_window` (`None`: every layer); gpt-oss alternates.
     pub sliding_layers: Option<Vec<bool>>,
     /// One learned logit per head that joins each softmax of attention scores and takes its
@@ -171,6 +182,8 @@ pub struct ModelConfig {
     pub expert_bias: bool,
     /// DeepSeek-V4's own hyperparameters (deepseek_v4.rs).
     pub v4: Option<Box<super::deepseek_v4::V4Params>>,
+    /// Qwen3-Next / Qwen3.5's hybrid layer pattern and Gated DeltaNet shape (qwen3next.rs).
+    pub hybrid: Option<Box<super::qwen3next::Hybrid>>,
 }
 
 /// Shape of DeepSeek-V3.2's lightning indexer: `heads` query heads of `head_dim` (the first
@@ -181,6 +194,8 @@ pub struct IndexerDims {
     pub heads: usize,
     pub head_dim: usize,
     pub topk: usize,
+    /// How the indexer's q and k rotate: half-split (DeepSeek-V3.2), interleaved (GLM-5).
+    pub rope: RopeLayout,
 }
 
 pub(super) fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
@@ -460,12 +475,14 @@ impl ModelConfig {
             clip_qkv: clip_qkv.map(|c| c as f32),
             dense_attn_limit: None,
             indexer: None,
+            indexer_full: Vec::new(),
             sliding_layers: None,
             attn_sinks: false,
             o_bias: false,
             expert_act: ExpertAct::Silu,
             expert_bias: false,
             v4: None,
+            hybrid: None,
         };
         (spec.gguf_hparams)(&GgufKeys { files, arch: &arch }, &mut cfg)?;
         cfg.validate()?;
@@ -632,12 +649,14 @@ impl ModelConfig {
             clip_qkv,
             dense_attn_limit: None,
             indexer: None,
+            indexer_full: Vec::new(),
             sliding_layers: None,
             attn_sinks: false,
             o_bias: false,
             expert_act: ExpertAct::Silu,
             expert_bias: false,
             v4: None,
+            hybrid: None,
         };
         (spec.hf_hparams)(&keys, &mut c)?;
         c.validate()?;
@@ -820,7 +839,7 @@ impl ModelConfig {
 
     /// Whether layer `l` routes to experts (else it has a dense FFN).
     pub fn is_moe_layer(&self, l: usize) -> bool {
-        l >= self.n_dense_layers
+        l >= self.n_dense_layers && self.hybrid.as_ref().is_none_or(|h| !h.dense[l])
     }
 }
 
@@ -884,15 +903,11 @@ mod tests {
 
     #[test]
     fn next_families_are_refused_by_name() {
-        for (arch, name, missing) in [
-            ("Qwen3NextForCausalLM", "Qwen3-Next", "Gated DeltaNet"),
-            (
-                "Qwen3_5MoeForConditionalGeneration",
-                "Qwen3.5-MoE",
-                "Gated DeltaNet",
-            ),
-            ("GlmMoeDsaForCausalLM", "GLM-5", "DSA"),
-        ] {
+        for (arch, name, missing) in [(
+            "Qwen3_5MoeForConditionalGeneration",
+            "Qwen3.5-MoE",
+            "only the text model",
+        )] {
             let cfg = serde_json::json!({"architectures": [arch], "hidden_size": 64});
             let e = ModelConfig::from_hf(&cfg).unwrap_err().to_string();
             assert!(

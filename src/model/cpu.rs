@@ -8,10 +8,11 @@
 //! the MoE output of each token is summed in its top-k slot order, so the result does not
 //! depend on the order in which experts are computed or arrive from disk.
 
-use super::backend::{Backend, Buf, Cache, GqaShape, Rows};
+use super::backend::{At, Backend, Buf, Cache, GqaShape, Rows};
 use super::blocks::{axpy, dot, rmsnorm, rmsnorm_inplace, silu, softmax, top_k};
 use super::config::{AttnKind, ExpertAct, ModelConfig, RopeLayout};
 use super::gptoss;
+use super::qwen3next::{self, DeltaNet, GatedAttn};
 use super::weights::{ExpertBias, Ffn, HeadMat, Mla, Mlp, Moe};
 use super::{Model, ModelError, Prof, State};
 use crate::experts::ExpertCache;
@@ -325,8 +326,14 @@ impl Backend for CpuBackend<'_, '_, '_> {
         for i in 0..n {
             let len = pos + i + 1;
             // V3.2: past `index_topk` positions, attend only to those the indexer selects.
+            // GLM-5: a shared layer reuses the choice of the last layer that ran its indexer.
             let sparse = match &a.indexer {
-                Some(_) => m.indexer_select(st, l, i, len),
+                Some(_) => {
+                    let sparse = m.indexer_select(st, l, i, len);
+                    st.idx.keep(i, sparse);
+                    sparse
+                }
+                None if a.shares_indexer => st.idx.recall(i),
                 None => false,
             };
             let sel = &st.idx.sel[..if sparse { st.idx.sel.len() } else { 0 }];
@@ -428,6 +435,154 @@ impl Backend for CpuBackend<'_, '_, '_> {
         n: usize,
     ) -> Result<(), ModelError> {
         super::deepseek_v4::cpu_moe(self.m, self.st, layer, m, tokens, n)
+    }
+
+    // Qwen3-Next
+    fn gated_attention(
+        &mut self,
+        l: usize,
+        n: usize,
+        at: At,
+        a: &GatedAttn<'_>,
+    ) -> Result<(), ModelError> {
+        let cfg = &self.m.cfg;
+        let (h, qd, kvd, hd) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
+        let (pool, isa) = (Some(&self.m.pool), self.m.isa);
+        {
+            let st = &mut *self.st;
+            st.acts.load(&st.xn[..n * h], n, h);
+            kernels::matmul(
+                &a.wq,
+                &mut st.acts,
+                &mut st.hybrid.qg[..n * 2 * qd],
+                pool,
+                isa,
+            )?;
+            kernels::matmul(&a.wk, &mut st.acts, &mut st.k[..n * kvd], pool, isa)?;
+            kernels::matmul(&a.wv, &mut st.acts, &mut st.v[..n * kvd], pool, isa)?;
+            for i in 0..n {
+                for hh in 0..cfg.n_heads {
+                    let src = &st.hybrid.qg[i * 2 * qd + hh * 2 * hd..][..2 * hd];
+                    st.q[i * qd + hh * hd..][..hd].copy_from_slice(&src[..hd]);
+                    st.hybrid.gate[i * qd + hh * hd..][..hd].copy_from_slice(&src[hd..]);
+                }
+            }
+        }
+        let (q, k, v) = (
+            Rows::of(Buf::Q, qd),
+            Rows::of(Buf::K, kvd),
+            Rows::of(Buf::V, kvd),
+        );
+        self.rmsnorm(q, q, n, hd, &a.q_norm, cfg.rms_eps)?;
+        self.rmsnorm(k, k, n, hd, &a.k_norm, cfg.rms_eps)?;
+        self.rope(q, n, hd, 0, at.rope, cfg.rope_layout)?;
+        self.rope(k, n, hd, 0, at.rope, cfg.rope_layout)?;
+        self.store_cache(l, Cache::K, k, n, at.pos)?;
+        self.store_cache(l, Cache::V, v, n, at.pos)?;
+        let shape = GqaShape {
+            heads: cfg.n_heads,
+            kv_heads: cfg.n_kv_heads,
+            head_dim: hd,
+            scale: cfg.attn_scale,
+            window: None,
+            sinks: None,
+        };
+        self.attend(l, n, at.pos, shape)?;
+        let st = &mut *self.st;
+        for (o, g) in st.att[..n * qd].iter_mut().zip(&st.hybrid.gate[..n * qd]) {
+            *o *= 1.0 / (1.0 + (-g).exp());
+        }
+        self.matmul(Rows::of(Buf::Att, qd), n, &[(&a.wo, Buf::Proj)])
+    }
+
+    fn delta_net(
+        &mut self,
+        l: usize,
+        n: usize,
+        at: At,
+        d: &DeltaNet<'_>,
+    ) -> Result<(), ModelError> {
+        let cfg = &self.m.cfg;
+        let (Some(hy), h) = (cfg.hybrid.as_deref(), cfg.hidden) else {
+            return Err(ModelError::Config(
+                "Gated DeltaNet in a model without hybrid layers".into(),
+            ));
+        };
+        let li = hy.linear_index(l).ok_or_else(|| {
+            ModelError::Config(format!("layer {l} is not a linear-attention layer"))
+        })?;
+        let (pool, isa) = (Some(&self.m.pool), self.m.isa);
+        let (kd, vd, nv, cd) = (hy.key_dim(), hy.value_dim(), hy.v_heads, hy.conv_dim());
+        let st = &mut *self.st;
+        let hs = &mut st.hybrid;
+        let conv = &mut hs.conv[li * hy.conv_state()..(li + 1) * hy.conv_state()];
+        let rec = &mut hs.rec[li * hy.rec_state()..(li + 1) * hy.rec_state()];
+        if at.pos == 0 {
+            conv.fill(0.0);
+            rec.fill(0.0);
+        }
+        st.acts.load(&st.xn[..n * h], n, h);
+        if hy.fused {
+            let w = 2 * kd + 2 * vd;
+            kernels::matmul(&d.in_qkv, &mut st.acts, &mut hs.proj[..n * w], pool, isa)?;
+            kernels::matmul(&d.in_b, &mut st.acts, &mut hs.ba[..n * 2 * nv], pool, isa)?;
+            for i in 0..n {
+                qwen3next::ungroup(
+                    hy,
+                    &hs.proj[i * w..(i + 1) * w],
+                    &hs.ba[i * 2 * nv..(i + 1) * 2 * nv],
+                    &mut hs.mixed[i * cd..(i + 1) * cd],
+                    &mut hs.z[i * vd..(i + 1) * vd],
+                    &mut hs.b[i * nv..(i + 1) * nv],
+                    &mut hs.a[i * nv..(i + 1) * nv],
+                );
+            }
+        } else {
+            let Some(wz) = &d.in_z else {
+                return Err(ModelError::Config(
+                    "Gated DeltaNet without a z projection".into(),
+                ));
+            };
+            kernels::matmul(&d.in_qkv, &mut st.acts, &mut hs.mixed[..n * cd], pool, isa)?;
+            kernels::matmul(wz, &mut st.acts, &mut hs.z[..n * vd], pool, isa)?;
+            match &d.in_a {
+                Some(wa) => {
+                    kernels::matmul(&d.in_b, &mut st.acts, &mut hs.b[..n * nv], pool, isa)?;
+                    kernels::matmul(wa, &mut st.acts, &mut hs.a[..n * nv], pool, isa)?;
+                }
+                None => {
+                    // Qwen3-Next GGUF: b and a still grouped per key head.
+                    kernels::matmul(&d.in_b, &mut st.acts, &mut hs.ba[..n * 2 * nv], pool, isa)?;
+                    for i in 0..n {
+                        qwen3next::ungroup_ba(
+                            hy,
+                            &hs.ba[i * 2 * nv..(i + 1) * 2 * nv],
+                            &mut hs.b[i * nv..(i + 1) * nv],
+                            &mut hs.a[i * nv..(i + 1) * nv],
+                        );
+                    }
+                }
+            }
+        }
+        for i in 0..n {
+            let x = &mut hs.mixed[i * cd..(i + 1) * cd];
+            qwen3next::conv_step(x, conv, &d.conv, hy.conv);
+            let out = &mut hs.core[i * vd..(i + 1) * vd];
+            qwen3next::delta_step(
+                hy,
+                d,
+                x,
+                &hs.b[i * nv..(i + 1) * nv],
+                &hs.a[i * nv..(i + 1) * nv],
+                rec,
+                &mut hs.qk,
+                out,
+            );
+            qwen3next::gated_norm(out, &hs.z[i * vd..(i + 1) * vd], &d.norm, cfg.rms_eps);
+        }
+        st.acts.load(&hs.core[..n * vd], n, vd);
+        kernels::matmul(&d.out, &mut st.acts, &mut st.proj[..n * h], pool, isa)?;
+        Ok(())
     }
 }
 
@@ -799,6 +954,13 @@ impl<'a> Model<'a> {
         }
         if let Some(sh) = &m.shared {
             self.shared_mlp(st, n, sh)?;
+            if let Some(g) = &m.shared_gate {
+                // Qwen3-Next: the shared expert's output times sigmoid(g . x).
+                for i in 0..n {
+                    let s = 1.0 / (1.0 + (-dot(g, &st.xn[i * h..(i + 1) * h])).exp());
+                    st.down[i * h..(i + 1) * h].iter_mut().for_each(|d| *d *= s);
+                }
+            }
             for (o, d) in st.proj[..n * h].iter_mut().zip(&st.down[..n * h]) {
                 *o += d;
             }

@@ -49,7 +49,7 @@ pub static SPEC: FamilySpec = FamilySpec {
 };
 
 /// MLA's shape (llama.cpp's keys), its softmax scale with YaRN's mscale, and V3.2's indexer.
-fn gguf_hparams(k: &GgufKeys<'_>, c: &mut ModelConfig) -> Result<(), ModelError> {
+pub(super) fn gguf_hparams(k: &GgufKeys<'_>, c: &mut ModelConfig) -> Result<(), ModelError> {
     let kv_lora = k.req_u("attention.kv_lora_rank")?;
     let rope = k.req_u("rope.dimension_count")?;
     let qk = k.opt_u("attention.key_length_mla").unwrap_or(c.head_dim);
@@ -102,6 +102,7 @@ fn gguf_hparams(k: &GgufKeys<'_>, c: &mut ModelConfig) -> Result<(), ModelError>
             heads,
             head_dim,
             topk: k.opt_u("attention.indexer.top_k").unwrap_or(2048),
+            rope: RopeLayout::HalfSplit,
         };
         c.indexer = Some(ix);
         c.dense_attn_limit = Some(ix.topk);
@@ -111,7 +112,7 @@ fn gguf_hparams(k: &GgufKeys<'_>, c: &mut ModelConfig) -> Result<(), ModelError>
 
 /// MLA's shape (transformers' DeepseekV3Config), mscale, rope pairing, the sigmoid-only
 /// scoring, and V3.2's indexer (defaults as DeepseekV32Config).
-fn hf_hparams(k: &HfKeys<'_>, c: &mut ModelConfig) -> Result<(), ModelError> {
+pub(super) fn hf_hparams(k: &HfKeys<'_>, c: &mut ModelConfig) -> Result<(), ModelError> {
     let (nope, rope_d, v_dim, kv_lora) = (
         k.req_u("qk_nope_head_dim")?,
         k.req_u("qk_rope_head_dim")?,
@@ -154,6 +155,7 @@ fn hf_hparams(k: &HfKeys<'_>, c: &mut ModelConfig) -> Result<(), ModelError> {
             heads: k.opt_u("index_n_heads").unwrap_or(64),
             head_dim: k.opt_u("index_head_dim").unwrap_or(128),
             topk,
+            rope: RopeLayout::HalfSplit,
         };
         c.indexer = Some(ix);
         c.dense_attn_limit = Some(ix.topk);
@@ -180,9 +182,47 @@ pub struct IndexerScratch {
     score: Vec<f32>,        // (ctx) one query's index scores
     order: Vec<u32>,        // (ctx) positions, partially ordered by score
     pub sel: Vec<u32>,      // (min(topk, ctx)) the selected positions, ascending
+    /// GLM-5's shared layers: each row's selection (batch, min(topk, ctx)) and whether it was
+    /// sparse, kept by the last layer that ran its indexer (empty without shared layers).
+    kept: Vec<u32>,
+    kept_sparse: Vec<bool>,
 }
 
 impl IndexerScratch {
+    /// Bytes of its buffers (the planner's memory budget).
+    pub fn bytes(&self) -> usize {
+        4 * (self.q.capacity()
+            + self.k.capacity()
+            + self.w.capacity()
+            + self.score.capacity()
+            + self.order.capacity()
+            + self.sel.capacity()
+            + self.kept.capacity())
+            + self.kept_sparse.capacity()
+    }
+
+    /// Keep row `i`'s selection (in `sel` when `sparse`) for the shared layers that follow.
+    pub(super) fn keep(&mut self, i: usize, sparse: bool) {
+        if self.kept_sparse.is_empty() {
+            return;
+        }
+        let t = self.sel.len();
+        self.kept_sparse[i] = sparse;
+        if sparse {
+            self.kept[i * t..(i + 1) * t].copy_from_slice(&self.sel);
+        }
+    }
+
+    /// A shared layer's selection for row `i`: what the last full layer chose (into `sel`).
+    pub(super) fn recall(&mut self, i: usize) -> bool {
+        let sparse = self.kept_sparse.get(i).copied().unwrap_or(false);
+        if sparse {
+            let t = self.sel.len();
+            self.sel.copy_from_slice(&self.kept[i * t..(i + 1) * t]);
+        }
+        sparse
+    }
+
     pub fn new(cfg: &ModelConfig, ctx: usize, batch: usize) -> IndexerScratch {
         let Some(ix) = cfg.indexer else {
             return IndexerScratch {
@@ -192,15 +232,21 @@ impl IndexerScratch {
                 score: Vec::new(),
                 order: Vec::new(),
                 sel: Vec::new(),
+                kept: Vec::new(),
+                kept_sparse: Vec::new(),
             };
         };
+        let shared = cfg.indexer_full.iter().any(|full| !full);
+        let t = ix.topk.min(ctx);
         IndexerScratch {
             q: vec![0.0; batch * ix.heads * ix.head_dim],
             k: vec![0.0; batch * ix.head_dim],
             w: vec![0.0; batch * ix.heads],
             score: vec![0.0; ctx],
             order: vec![0; ctx],
-            sel: vec![0; ix.topk.min(ctx)],
+            sel: vec![0; t],
+            kept: vec![0; if shared { batch * t } else { 0 }],
+            kept_sparse: vec![false; if shared { batch } else { 0 }],
         }
     }
 }
@@ -274,17 +320,11 @@ impl<'a> Model<'a> {
         }
         if let Some(ix) = &a.indexer {
             let (d, qd) = (ix.wk.rows, ix.wq_b.rows);
-            b.rope(
-                Rows::of(Buf::IdxQ, qd),
-                n,
-                d,
-                0,
-                at.rope,
-                RopeLayout::HalfSplit,
-            )?;
+            let layout = cfg.indexer.map_or(RopeLayout::HalfSplit, |x| x.rope);
+            b.rope(Rows::of(Buf::IdxQ, qd), n, d, 0, at.rope, layout)?;
             let ik = Rows::of(Buf::IdxK, d);
             b.layer_norm(ik, n, &ix.k_norm, &ix.k_norm_bias, 1e-6)?;
-            b.rope(ik, n, d, 0, at.rope, RopeLayout::HalfSplit)?;
+            b.rope(ik, n, d, 0, at.rope, layout)?;
             b.store_cache(l, Cache::V, ik, n, at.pos)?;
         }
         let lat = k.cols(0, kv_lora);

@@ -79,6 +79,9 @@ pub static FAMILIES: &[&FamilySpec] = &[
     &super::glm4moe::SPEC,
     &super::gptoss::SPEC,
     &super::deepseek_v4::SPEC,
+    &super::glmdsa::SPEC,
+    &super::qwen3next::SPEC,
+    &super::qwen3next::SPEC35,
 ];
 
 impl Family {
@@ -99,21 +102,14 @@ impl Family {
 /// 2026 families sluice recognises but does not run yet, by HF architecture / model_type or
 /// GGUF architecture, with what is missing: they are refused by name, not as unknown.
 fn not_yet_supported(arch: &str) -> Option<String> {
-    let hybrid = "its Gated DeltaNet linear-attention layers (recurrent and convolution state), gated full attention and shared-expert gate are not implemented";
     let (name, missing) = match arch {
-        "Qwen3NextForCausalLM" | "qwen3_next" | "qwen3next" => ("Qwen3-Next", hybrid),
-        "Qwen3_5MoeForCausalLM"
-        | "Qwen3_5MoeForConditionalGeneration"
-        | "qwen3_5_moe"
-        | "qwen3_5_moe_text"
-        | "qwen35moe" => ("Qwen3.5-MoE", hybrid),
+        "Qwen3_5MoeForConditionalGeneration" | "qwen3_5_moe" => (
+            "Qwen3.5-MoE (the multimodal checkpoint)",
+            "only the text model is supported (Qwen3_5MoeForCausalLM with its text config)",
+        ),
         "deepseek4" => (
             "DeepSeek-V4",
             "sluice reads V4 from its transformers checkpoint (config.json + safetensors) only, not from GGUF yet",
-        ),
-        "GlmMoeDsaForCausalLM" | "glm_moe_dsa" | "glm-dsa" => (
-            "GLM-5 (glm_moe_dsa)",
-            "its DSA sparse attention is not implemented",
         ),
         _ => return None,
     };
@@ -308,6 +304,9 @@ mod tests {
             Family::Glm4Moe,
             Family::GptOss,
             Family::DeepseekV4,
+            Family::GlmDsa,
+            Family::Qwen3Next,
+            Family::Qwen35Moe,
         ] {
             assert_eq!(FAMILIES.iter().filter(|s| s.family == f).count(), 1);
             assert_eq!(f.spec().family, f);
@@ -350,11 +349,12 @@ mod tests {
             Family::DeepseekV3
         );
         assert_eq!(by_gguf_arch("gpt-oss", 32).unwrap().family, Family::GptOss);
-        assert!(by_hf_arch("qwen3_next")
+        assert_eq!(by_hf_arch("qwen3_next").unwrap().family, Family::Qwen3Next);
+        assert!(by_hf_arch("Qwen3_5MoeForConditionalGeneration")
             .map(|s| s.name)
             .unwrap_err()
             .to_string()
-            .contains("Qwen3-Next is not supported yet"));
+            .contains("only the text model"));
         assert!(by_gguf_arch("deepseek4", 8)
             .map(|s| s.name)
             .unwrap_err()

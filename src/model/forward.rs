@@ -2,14 +2,15 @@
 //! layer, top to bottom (embed -> layers -> final norm -> lm_head), in the style of llama.cpp's
 //! per-architecture graphs.
 //!
-//! Owns: `Model::forward_chunk` (the entry point, its contract check, the choice of backend)
+//! Owns: `Model::forward_chunk` / `forward_on` (the entry point, its contract check, the CPU
+//! backend or the caller's `Device`)
 //! and the shared blocks of the graph: a decoder layer, grouped-query attention, the SwiGLU
 //! MLP, the final rows. MLA lives in `deepseek2.rs`, the MTP head in `mtp.rs`.
 //! Does not own: arithmetic (the backend's), buffers (the backend's, `State` for the CPU).
 //! Invariant: the graph only names buffers and passes weights; it reads no activation, so a
 //! device backend runs it with no host sync between operations.
 
-use super::backend::{At, Backend, Buf, Cache, GqaShape, Rows};
+use super::backend::{At, Backend, Buf, Cache, Device, GqaShape, Rows};
 use super::config::QkNorm;
 use super::cpu::CpuBackend;
 use super::weights::{Attention, Ffn, Gqa, Layer, Mlp};
@@ -25,23 +26,30 @@ impl<'a> Model<'a> {
         tokens: &[u32],
         logits_from: usize,
     ) -> Result<&'s [f32], ModelError> {
-        // Run on a pool thread: nested parallel loops then use the workers' own deques instead
-        // of the pool's injector queue, which allocates as jobs pass through it.
+        self.forward_on(None, st, tokens, logits_from)
+    }
+
+    /// `forward_chunk` on `dev` (a device backend the caller holds beside the state), or on
+    /// the CPU backend over `st`'s own buffers when `dev` is `None`. The contract check, the
+    /// position and the returned logits are the same for both.
+    pub fn forward_on<'s>(
+        &self,
+        dev: Option<&mut dyn Device>,
+        st: &'s mut State,
+        tokens: &[u32],
+        logits_from: usize,
+    ) -> Result<&'s [f32], ModelError> {
         let t0 = std::time::Instant::now();
-        #[cfg(feature = "cuda")]
-        if let Some(mut g) = st.gpu.take() {
-            let r = self
+        let r = match dev {
+            Some(d) => self
                 .check_chunk(st, tokens, logits_from)
-                .and_then(|()| g.forward(self, st, tokens, logits_from));
-            st.gpu = Some(g);
-            st.prof.total += t0.elapsed().as_secs_f64();
-            r?;
-            let n_logits = tokens.len().saturating_sub(logits_from);
-            return Ok(&st.logits[..n_logits * self.cfg.vocab]);
-        }
-        let r = self
-            .pool
-            .install(|| self.forward_inner(st, tokens, logits_from));
+                .and_then(|()| d.forward_chunk(self, st, tokens, logits_from)),
+            // Run on a pool thread: nested parallel loops then use the workers' own deques
+            // instead of the pool's injector queue, which allocates as jobs pass through it.
+            None => self
+                .pool
+                .install(|| self.forward_inner(st, tokens, logits_from)),
+        };
         st.prof.total += t0.elapsed().as_secs_f64();
         r?;
         let n_logits = tokens.len().saturating_sub(logits_from);
@@ -173,6 +181,7 @@ impl<'a> Model<'a> {
         match &lw.attn {
             Attention::Gqa(a) => self.attn_gqa(b, l, n, at, a)?,
             Attention::Mla(a) => self.attn_mla(b, l, n, at, a)?,
+            Attention::Hybrid(m) => m.run(b, l, n, at)?,
         }
         b.prof().attention += t.elapsed().as_secs_f64();
         b.add(Buf::X, Buf::Proj, n, h)?;

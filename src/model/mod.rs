@@ -21,12 +21,14 @@ pub mod deepseek_v4;
 pub mod family;
 mod forward;
 pub mod glm4moe;
+pub mod glmdsa;
 pub mod gptoss;
 pub mod mixtral;
 mod mtp;
 pub mod names;
 pub mod olmoe;
 pub mod qwen3moe;
+pub mod qwen3next;
 mod seq;
 mod state;
 mod streaming;
@@ -60,8 +62,9 @@ pub enum ModelError {
     Kernel(#[from] KernelError),
     #[error(transparent)]
     Experts(#[from] crate::experts::ExpertError),
-    #[error(transparent)]
-    Gpu(#[from] crate::gpu::GpuError),
+    /// A device backend's failure (its own error type converts into this, in its module).
+    #[error("{0}")]
+    Backend(String),
 }
 
 /// A loaded model: config, weights bound to the mapped files, rotary tables and a thread pool.
@@ -169,6 +172,16 @@ impl<'a> Model<'a> {
 
     /// Feed `tokens` (prefill, in batches) and return the logits of the last one.
     pub fn feed<'s>(&self, st: &'s mut State, tokens: &[u32]) -> Result<&'s [f32], ModelError> {
+        self.feed_on(None, st, tokens)
+    }
+
+    /// `feed` on a device backend (`None`: the CPU), see `forward_on`.
+    pub fn feed_on<'s>(
+        &self,
+        mut dev: Option<&mut dyn backend::Device>,
+        st: &'s mut State,
+        tokens: &[u32],
+    ) -> Result<&'s [f32], ModelError> {
         if tokens.is_empty() {
             return Err(ModelError::Input("no tokens to feed".into()));
         }
@@ -181,15 +194,31 @@ impl<'a> Model<'a> {
         let b = st.batch();
         let chunks = tokens.len().div_ceil(b);
         for c in 0..chunks - 1 {
-            self.forward_chunk(st, &tokens[c * b..(c + 1) * b], b)?;
+            self.forward_on(
+                backend::reborrow(&mut dev),
+                st,
+                &tokens[c * b..(c + 1) * b],
+                b,
+            )?;
         }
         let last = &tokens[(chunks - 1) * b..];
-        self.forward_chunk(st, last, last.len() - 1)
+        self.forward_on(dev, st, last, last.len() - 1)
     }
 
     /// Teacher-forced logits of every position of `tokens`, appended to `out` (T x vocab).
     pub fn logits_all(
         &self,
+        st: &mut State,
+        tokens: &[u32],
+        out: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        self.logits_all_on(None, st, tokens, out)
+    }
+
+    /// `logits_all` on a device backend (`None`: the CPU), see `forward_on`.
+    pub fn logits_all_on(
+        &self,
+        mut dev: Option<&mut dyn backend::Device>,
         st: &mut State,
         tokens: &[u32],
         out: &mut Vec<f32>,
@@ -202,7 +231,7 @@ impl<'a> Model<'a> {
         }
         let step = st.logit_rows().min(st.batch());
         for chunk in tokens.chunks(step) {
-            let l = self.forward_chunk(st, chunk, 0)?;
+            let l = self.forward_on(backend::reborrow(&mut dev), st, chunk, 0)?;
             out.extend_from_slice(l);
         }
         Ok(())

@@ -149,9 +149,18 @@ pub fn hf_common_names(role: Role) -> &'static [&'static str] {
         Role::IdxProj => &["model.layers.{l}.self_attn.indexer.weights_proj.weight"],
         Role::FfnNorm => &["model.layers.{l}.post_attention_layernorm.weight"],
         Role::ScoreBias => &["model.layers.{l}.mlp.gate.e_score_correction_bias"],
-        Role::ShGate => &["model.layers.{l}.mlp.shared_experts.gate_proj.weight"],
-        Role::ShUp => &["model.layers.{l}.mlp.shared_experts.up_proj.weight"],
-        Role::ShDown => &["model.layers.{l}.mlp.shared_experts.down_proj.weight"],
+        Role::ShGate => &[
+            "model.layers.{l}.mlp.shared_experts.gate_proj.weight",
+            "model.layers.{l}.mlp.shared_expert.gate_proj.weight",
+        ],
+        Role::ShUp => &[
+            "model.layers.{l}.mlp.shared_experts.up_proj.weight",
+            "model.layers.{l}.mlp.shared_expert.up_proj.weight",
+        ],
+        Role::ShDown => &[
+            "model.layers.{l}.mlp.shared_experts.down_proj.weight",
+            "model.layers.{l}.mlp.shared_expert.down_proj.weight",
+        ],
         Role::DenseGate => &["model.layers.{l}.mlp.gate_proj.weight"],
         Role::DenseUp => &["model.layers.{l}.mlp.up_proj.weight"],
         Role::DenseDown => &["model.layers.{l}.mlp.down_proj.weight"],

@@ -28,6 +28,10 @@ pub enum PartKind {
     Keys,
     /// Cached values (GQA), or V3.2's indexer keys (MLA otherwise: 0 wide).
     Values,
+    /// A Gated DeltaNet layer's last conv inputs (a block, qwen3next.rs).
+    Conv,
+    /// A Gated DeltaNet layer's delta-rule state (a block).
+    Recurrent,
 }
 
 /// One part of a sequence's state.
@@ -73,40 +77,87 @@ impl State {
     /// layer its keys, then its values.
     pub fn parts(&self) -> impl Iterator<Item = Part> + '_ {
         let (kd, vd) = self.cache_dims;
-        (0..self.cache_layers).flat_map(move |layer| {
-            [(PartKind::Keys, kd), (PartKind::Values, vd)].map(|(kind, width)| Part {
-                layer,
-                kind,
-                width,
-                per_position: true,
+        let hy = &self.hybrid;
+        (0..self.cache_layers)
+            .flat_map(move |layer| {
+                [(PartKind::Keys, kd), (PartKind::Values, vd)].map(|(kind, width)| Part {
+                    layer,
+                    kind,
+                    width,
+                    per_position: true,
+                })
             })
-        })
+            .chain(hy.layers.iter().flat_map(move |&layer| {
+                [
+                    (PartKind::Conv, hy.conv_width),
+                    (PartKind::Recurrent, hy.rec_width),
+                ]
+                .map(|(kind, width)| Part {
+                    layer,
+                    kind,
+                    width,
+                    per_position: false,
+                })
+            }))
+    }
+
+    /// The block of a recurrent part (the state after the last position fed).
+    fn block_range(&self, part: Part) -> Result<std::ops::Range<usize>, ModelError> {
+        let hy = &self.hybrid;
+        let i = hy.layers.iter().position(|l| *l == part.layer);
+        let w = match part.kind {
+            PartKind::Conv => hy.conv_width,
+            _ => hy.rec_width,
+        };
+        match i {
+            Some(i) if part.width == w && !part.per_position => Ok(i * w..(i + 1) * w),
+            _ => Err(ModelError::Input(format!(
+                "state part {part:?} does not match the state's recurrent layers {:?}",
+                hy.layers
+            ))),
+        }
     }
 
     /// The floats of `part` for positions `0..n` (`n * width`).
     pub fn part_rows(&self, part: Part, n: usize) -> Result<&[f32], ModelError> {
+        match part.kind {
+            PartKind::Conv => return Ok(&self.hybrid.conv[self.block_range(part)?]),
+            PartKind::Recurrent => return Ok(&self.hybrid.rec[self.block_range(part)?]),
+            _ => {}
+        }
         let r = self.part_range(part, n)?;
         Ok(match part.kind {
-            PartKind::Keys => &self.kcache[r],
             PartKind::Values => &self.vcache[r],
+            _ => &self.kcache[r],
         })
     }
 
     /// Writable floats of `part` for positions `0..n`; call `set_pos(n)` when every part is
     /// written.
     pub fn part_rows_mut(&mut self, part: Part, n: usize) -> Result<&mut [f32], ModelError> {
+        match part.kind {
+            PartKind::Conv => {
+                let r = self.block_range(part)?;
+                return Ok(&mut self.hybrid.conv[r]);
+            }
+            PartKind::Recurrent => {
+                let r = self.block_range(part)?;
+                return Ok(&mut self.hybrid.rec[r]);
+            }
+            _ => {}
+        }
         let r = self.part_range(part, n)?;
         Ok(match part.kind {
-            PartKind::Keys => &mut self.kcache[r],
             PartKind::Values => &mut self.vcache[r],
+            _ => &mut self.kcache[r],
         })
     }
 
     fn part_range(&self, part: Part, n: usize) -> Result<std::ops::Range<usize>, ModelError> {
         let (kd, vd) = self.cache_dims;
         let want = match part.kind {
-            PartKind::Keys => kd,
             PartKind::Values => vd,
+            _ => kd,
         };
         if part.layer >= self.cache_layers || part.width != want || n > self.ctx {
             return Err(ModelError::Input(format!(
@@ -130,6 +181,11 @@ impl State {
     /// (a part that cannot be cut would make it 0: feed from the returned position). The MTP
     /// head's slots depend on the positions after them, so they go back to `pos - 1`.
     pub fn truncate(&mut self, pos: usize) -> usize {
+        if self.hybrid.is_recurrent() && pos < self.pos {
+            // A recurrent part holds only the state after the last position: restart.
+            self.reset();
+            return 0;
+        }
         self.pos = self.pos.min(pos);
         self.mtp_pos = self.mtp_pos.min(pos.saturating_sub(1));
         self.pos
@@ -143,6 +199,12 @@ impl State {
 
     /// A copy of positions `0..n` (at most `pos`) of every part.
     pub fn snapshot(&self, n: usize) -> Result<Snapshot, ModelError> {
+        if self.hybrid.is_recurrent() && n != self.pos {
+            return Err(ModelError::Input(format!(
+                "snapshot of {n} positions: a recurrent state is only held at its current position {}",
+                self.pos
+            )));
+        }
         if n > self.pos {
             return Err(ModelError::Input(format!(
                 "snapshot of {n} positions, the state holds {}",

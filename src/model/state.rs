@@ -29,10 +29,6 @@ pub struct State {
     pub(super) lat: Vec<f32>,    // (2, kv_lora) MLA: q folded into latent space, latent context
     pub(super) proj: Vec<f32>,   // (batch, hidden) sub-block output
     pub(crate) hfin: Vec<f32>,   // (batch, hidden) final-normed hidden states of the last chunk
-    /// Always 0: the graph passes rotary positions explicitly (`backend::At`); kept only for
-    /// gpu/model.rs's own forward until it runs the graph.
-    #[cfg(feature = "cuda")]
-    pub(crate) rope_offset: usize,
     pub(super) kcache: Vec<f32>, // (layers, ctx, k_dim) GQA keys, or MLA latent + rope key
     pub(super) vcache: Vec<f32>, // (layers, ctx, v_dim) GQA values, or V3.2 indexer keys
     pub(super) idx: super::deepseek2::IndexerScratch, // V3.2 indexer buffers (empty otherwise)
@@ -64,15 +60,14 @@ pub struct State {
     pub(crate) mtp_logits: Vec<f32>, // (logit_rows, vocab)
     /// MTP slots in the MTP layer's cache (slot s pairs hidden of position s with token s+1).
     pub mtp_pos: usize,
+    /// Qwen3-Next / Qwen3.5 recurrent state and scratch (empty otherwise).
+    pub(super) hybrid: super::qwen3next::HybridState,
     /// Streaming expert cache; `None` = experts are read through the mapped files.
     pub(crate) expert_cache: Option<ExpertCache>,
     /// Experts computed in the last forward call, summed over layers (telemetry).
     pub experts_run: usize,
     /// Seconds spent per part of the forward pass since the state was made (`--prof`).
     pub prof: Prof,
-    /// The GPU forward (`--gpu`); when set, `forward_chunk` runs there.
-    #[cfg(feature = "cuda")]
-    pub(crate) gpu: Option<Box<crate::gpu::model::GpuState>>,
 }
 
 /// Where forward time goes (wall seconds, accumulated).
@@ -147,12 +142,11 @@ impl State {
             lat: vec![0.0; 2 * kv_lora],
             proj: vec![0.0; batch * h],
             hfin: vec![0.0; batch * h],
-            #[cfg(feature = "cuda")]
-            rope_offset: 0,
             kcache: vec![0.0; cache_layers * ctx * kc],
             vcache: vec![0.0; cache_layers * ctx * vc],
             idx: super::deepseek2::IndexerScratch::new(cfg, ctx, batch),
             v4: super::deepseek_v4::Scratch::new(cfg, ctx, batch),
+            hybrid: super::qwen3next::HybridState::new(cfg, batch),
             router: vec![0.0; batch * e],
             choice: vec![0.0; e],
             groups_score: vec![0.0; cfg.routing.n_group],
@@ -180,8 +174,6 @@ impl State {
             expert_cache: None,
             experts_run: 0,
             prof: Prof::default(),
-            #[cfg(feature = "cuda")]
-            gpu: None,
         }
     }
 
@@ -205,5 +197,54 @@ impl State {
     /// Bytes held by the KV cache: `ctx` x `ModelConfig::kv_bytes_per_token(mtp)`.
     pub fn kv_bytes(&self) -> usize {
         (self.kcache.len() + self.vcache.len()) * 4
+    }
+
+    /// Bytes of every buffer but the KV cache (activations, router and expert scratch,
+    /// logits, the MTP head's): the planner counts them against `--ram` (a chunk of `batch`
+    /// tokens touches them all).
+    pub fn scratch_bytes(&self) -> usize {
+        let f32s = [
+            &self.x,
+            &self.xn,
+            &self.q,
+            &self.qa,
+            &self.k,
+            &self.v,
+            &self.att,
+            &self.scores,
+            &self.lat,
+            &self.proj,
+            &self.hfin,
+            &self.router,
+            &self.choice,
+            &self.groups_score,
+            &self.selw,
+            &self.gathered,
+            &self.gate,
+            &self.up,
+            &self.down,
+            &self.slot_out,
+            &self.logits,
+            &self.pf_router,
+            &self.pf_selw,
+            &self.mtp_cat,
+            &self.mtp_hidden,
+            &self.mtp_logits,
+        ]
+        .iter()
+        .map(|v| v.capacity() * 4)
+        .sum::<usize>();
+        let usizes = (self.groups_kept.capacity()
+            + self.sel.capacity()
+            + self.needed.capacity()
+            + self.pf_sel.capacity()
+            + self.pf_needed.capacity())
+            * std::mem::size_of::<usize>();
+        let groups = self
+            .groups
+            .iter()
+            .map(|g| g.capacity() * std::mem::size_of::<(u32, u32)>())
+            .sum::<usize>();
+        f32s + usizes + groups + self.pf_mark.capacity() + self.acts.bytes() + self.idx.bytes()
     }
 }

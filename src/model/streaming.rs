@@ -67,43 +67,10 @@ impl State {
     }
 
     /// Stop streaming; returns the cache (experts are read through the mapped files again).
+    /// A device that stages from the cache (and registered its memory) must be dropped first:
+    /// the engine holds it and does.
     pub fn detach_experts(&mut self) -> Option<ExpertCache> {
-        // The GPU forward stages from this cache (and registered its memory): it goes too.
-        #[cfg(feature = "cuda")]
-        {
-            self.gpu = None;
-        }
         self.expert_cache.take()
-    }
-
-    /// Run the forward on the GPU from now on (see `cli::gpu::setup_gpu`).
-    #[cfg(feature = "cuda")]
-    pub fn attach_gpu(&mut self, g: crate::gpu::model::GpuState) {
-        self.gpu = Some(Box::new(g));
-    }
-
-    /// GPU figures since the state was made, when the forward runs on the GPU.
-    pub fn gpu_stats(&self) -> Option<crate::gpu::GpuStats> {
-        #[cfg(feature = "cuda")]
-        {
-            self.gpu.as_ref().map(|g| g.stats())
-        }
-        #[cfg(not(feature = "cuda"))]
-        {
-            None
-        }
-    }
-
-    /// The pinned host -> device GB/s measured at attach (`--prof`, `--stats-json`).
-    pub fn gpu_h2d_ceiling(&self) -> Option<f64> {
-        #[cfg(feature = "cuda")]
-        {
-            self.gpu.as_ref().and_then(|g| g.h2d_ceiling_gbps)
-        }
-        #[cfg(not(feature = "cuda"))]
-        {
-            None
-        }
     }
 
     pub fn experts(&self) -> Option<&ExpertCache> {
@@ -119,13 +86,5 @@ impl State {
         if let Some(c) = &self.expert_cache {
             c.tick_token();
         }
-    }
-}
-
-/// The GPU state registered the RAM cache's memory with the driver: it must go first.
-#[cfg(feature = "cuda")]
-impl Drop for State {
-    fn drop(&mut self) {
-        self.gpu = None;
     }
 }

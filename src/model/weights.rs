@@ -8,7 +8,7 @@
 
 use super::config::{AttnKind, Family, ModelConfig, QkNorm};
 use super::names::{self, Role};
-use super::{gptoss, ModelError};
+use super::{gptoss, qwen3next, ModelError};
 use crate::dtype::DType;
 use crate::format::{ByteRange, FileKind, ModelFiles, TensorInfo};
 use crate::kernels::{self, WeightView};
@@ -67,8 +67,11 @@ pub struct Mla<'a> {
     pub k_b: Vec<HeadMat<'a>>,       // n_heads x (kv_lora, nope): folds k's up-projection into q
     pub v_b: Vec<HeadMat<'a>>,       // n_heads x (v_dim, kv_lora)
     pub wo: WeightView<'a>,          // (hidden, n_heads*v_dim)
-    /// DeepSeek-V3.2's lightning indexer (absent: dense attention).
+    /// DeepSeek-V3.2's lightning indexer (absent: dense attention, unless `shares_indexer`).
     pub indexer: Option<Indexer<'a>>,
+    /// GLM-5's "shared" layers: no indexer of their own; each query attends to the positions
+    /// the previous layer with an indexer chose for it.
+    pub shares_indexer: bool,
 }
 
 /// DeepSeek-V3.2's lightning indexer (DSA): scores every cached position for each query and
@@ -84,6 +87,8 @@ pub struct Indexer<'a> {
 pub enum Attention<'a> {
     Gqa(Gqa<'a>),
     Mla(Mla<'a>),
+    /// Qwen3-Next / Qwen3.5: a Gated DeltaNet or a gated full attention (qwen3next.rs).
+    Hybrid(qwen3next::Mixer<'a>),
 }
 
 /// A routed MoE block.
@@ -95,6 +100,8 @@ pub struct Moe<'a> {
     pub router_bias: Option<Vec<f32>>, // (n_experts) added to the router logits (gpt-oss)
     /// Biases of every expert projection (gpt-oss); resident, small.
     pub exp_bias: Option<ExpertBias>,
+    /// (hidden) the shared expert's output is scaled by sigmoid(this . x) (Qwen3-Next).
+    pub shared_gate: Option<Vec<f32>>,
 }
 
 /// Per-expert biases, expert-major: gate and up (n_experts, ffn), down (n_experts, hidden).
@@ -532,15 +539,25 @@ impl<'a> Binder<'a, '_> {
             v_b,
             wo: self.mat(Role::Wo, l, h, nh * v_dim)?,
             indexer: self.indexer(l, q_lora)?,
+            shares_indexer: self.shares_indexer(l),
         })
     }
 
-    /// The V3.2 indexer of layer `l`: required in the main layers of a model that has one;
-    /// an MTP layer (l >= n_layers) without indexer tensors attends densely.
+    /// Whether main layer `l` reuses an earlier layer's indexer choice (GLM-5).
+    fn shares_indexer(&self, l: usize) -> bool {
+        l < self.cfg.n_layers && self.cfg.indexer_full.get(l) == Some(&false)
+    }
+
+    /// The V3.2 indexer of layer `l`: required in the main layers of a model that has one
+    /// (but GLM-5's shared layers); an MTP layer (l >= n_layers) without indexer tensors
+    /// attends densely.
     fn indexer(&self, l: usize, q_lora: Option<usize>) -> Result<Option<Indexer<'a>>, ModelError> {
         let (Some(ix), Some(r)) = (self.cfg.indexer, q_lora) else {
             return Ok(None);
         };
+        if self.shares_indexer(l) {
+            return Ok(None);
+        }
         if l >= self.cfg.n_layers && self.find(Role::IdxK, l).is_none() {
             return Ok(None);
         }
@@ -581,6 +598,7 @@ impl<'a> Binder<'a, '_> {
             shared,
             router_bias,
             exp_bias,
+            shared_gate: self.shared_gate(l)?,
         })
     }
 }
@@ -725,6 +743,7 @@ impl<'a> Weights<'a> {
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for l in 0..cfg.n_layers {
             let attn = match cfg.attn {
+                _ if cfg.hybrid.is_some() => b.hybrid_mixer(l)?,
                 AttnKind::Gqa => Attention::Gqa(b.gqa(l)?),
                 AttnKind::Mla { .. } => Attention::Mla(b.mla(l)?),
             };
@@ -774,13 +793,159 @@ impl<'a> Weights<'a> {
         } else {
             None
         };
-        Ok(Weights {
+        let mut w = Weights {
             token_embd,
             output_norm: b.norm(Role::OutputNorm, 0, h)?,
             output,
             layers,
             mtp,
             v4: None,
-        })
+        };
+        b.center_hybrid_norms(&mut w);
+        Ok(w)
+    }
+}
+
+// Qwen3-Next / Qwen3.5 (qwen3next.rs): the mixers, the shared-expert gate, the (1 + w) norms.
+impl<'a> Binder<'a, '_> {
+    fn named(&self, pattern: &str, l: usize) -> Result<&'a TensorInfo, ModelError> {
+        let name = pattern.replace("{l}", &l.to_string());
+        self.files
+            .tensor(&name)
+            .ok_or(ModelError::MissingTensor(name))
+    }
+
+    fn named_mat(
+        &self,
+        p: &str,
+        l: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<WeightView<'a>, ModelError> {
+        self.view(self.named(p, l)?, rows, cols)
+    }
+
+    fn named_vec(&self, p: &str, l: usize, n: usize) -> Result<Vec<f32>, ModelError> {
+        self.vector(self.named(p, l)?, n)
+    }
+
+    /// Layer `l`'s Gated DeltaNet or gated attention (HF or llama.cpp's GGUF names).
+    fn hybrid_mixer(&self, l: usize) -> Result<Attention<'a>, ModelError> {
+        use qwen3next::{gguf, hf};
+        let c = self.cfg;
+        let hy = c.hybrid.as_deref().ok_or_else(|| {
+            ModelError::Config("hybrid mixer requested for a model without hybrid layers".into())
+        })?;
+        let (h, g) = (c.hidden, self.is_gguf());
+        let pick = |gguf_name: &'static str, hf_name: &'static str| {
+            if g {
+                gguf_name
+            } else {
+                hf_name
+            }
+        };
+        if l >= hy.linear.len() {
+            return Err(ModelError::Unsupported(format!(
+                "layer {l}: MTP layers of {} are not supported",
+                c.family.name()
+            )));
+        }
+        if !hy.linear[l] {
+            let (qd, kvd, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
+            // GGUF norms already hold 1 + w (llama.cpp's converter adds it).
+            let one = if g { 0.0 } else { 1.0 };
+            let centred = |p: &str| -> Result<Vec<f32>, ModelError> {
+                Ok(self
+                    .named_vec(p, l, hd)?
+                    .into_iter()
+                    .map(|w| one + w)
+                    .collect())
+            };
+            return Ok(Attention::Hybrid(qwen3next::Mixer::Gated(
+                qwen3next::GatedAttn {
+                    wq: self.named_mat(pick(gguf::Q, hf::Q), l, 2 * qd, h)?,
+                    wk: self.named_mat(pick(gguf::K, hf::K), l, kvd, h)?,
+                    wv: self.named_mat(pick(gguf::V, hf::V), l, kvd, h)?,
+                    wo: self.named_mat(pick(gguf::O, hf::O), l, h, qd)?,
+                    q_norm: centred(pick(gguf::Q_NORM, hf::Q_NORM))?,
+                    k_norm: centred(pick(gguf::K_NORM, hf::K_NORM))?,
+                },
+            )));
+        }
+        let (kd, vd, nv) = (hy.key_dim(), hy.value_dim(), hy.v_heads);
+        let (in_qkv, in_b, in_z, in_a) = if g {
+            (
+                self.named_mat(gguf::QKV, l, hy.conv_dim(), h)?,
+                self.named_mat(gguf::BA, l, 2 * nv, h)?,
+                Some(self.named_mat(gguf::Z, l, vd, h)?),
+                None,
+            )
+        } else if hy.fused {
+            (
+                self.named_mat(hf::IN_QKVZ, l, 2 * kd + 2 * vd, h)?,
+                self.named_mat(hf::IN_BA, l, 2 * nv, h)?,
+                None,
+                None,
+            )
+        } else {
+            (
+                self.named_mat(hf::IN_QKV, l, hy.conv_dim(), h)?,
+                self.named_mat(hf::IN_B, l, nv, h)?,
+                Some(self.named_mat(hf::IN_Z, l, vd, h)?),
+                Some(self.named_mat(hf::IN_A, l, nv, h)?),
+            )
+        };
+        let conv_t = self.named(pick(gguf::CONV, hf::CONV), l)?;
+        if g {
+            check_shape(conv_t, &[hy.conv_dim(), hy.conv])?;
+        } else {
+            check_shape(conv_t, &[hy.conv_dim(), 1, hy.conv])?;
+        }
+        let a_neg = if g {
+            self.named_vec(gguf::A, l, nv)?
+        } else {
+            self.named_vec(hf::A_LOG, l, nv)?
+                .into_iter()
+                .map(|x| -x.exp())
+                .collect()
+        };
+        Ok(Attention::Hybrid(qwen3next::Mixer::DeltaNet(
+            qwen3next::DeltaNet {
+                in_qkv,
+                in_b,
+                in_z,
+                in_a,
+                conv: self.files.dequantize(conv_t)?,
+                a_neg,
+                dt_bias: self.named_vec(pick(gguf::DT_BIAS, hf::DT_BIAS), l, nv)?,
+                norm: self.named_vec(pick(gguf::NORM, hf::NORM), l, hy.v_dim)?,
+                out: self.named_mat(pick(gguf::OUT, hf::OUT), l, h, vd)?,
+            },
+        )))
+    }
+
+    fn shared_gate(&self, l: usize) -> Result<Option<Vec<f32>>, ModelError> {
+        if self.cfg.hybrid.is_none() {
+            return Ok(None);
+        }
+        let p = if self.is_gguf() {
+            qwen3next::gguf::SHARED_GATE
+        } else {
+            qwen3next::hf::SHARED_GATE
+        };
+        Ok(Some(self.named_vec(p, l, self.cfg.hidden)?))
+    }
+
+    /// transformers' zero-centred RMSNorms multiply by (1 + w): the 1 is added here, once.
+    fn center_hybrid_norms(&self, w: &mut Weights<'_>) {
+        if self.cfg.hybrid.is_none() || self.is_gguf() {
+            return;
+        }
+        let add1 = |v: &mut Vec<f32>| v.iter_mut().for_each(|x| *x += 1.0);
+        add1(&mut w.output_norm);
+        for lw in &mut w.layers {
+            add1(&mut lw.attn_norm);
+            add1(&mut lw.ffn_norm);
+        }
     }
 }

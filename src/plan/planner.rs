@@ -52,6 +52,11 @@ pub struct ModelSummary {
     pub routed_bytes: u64,
     /// KV cache bytes for the requested context.
     pub kv_bytes: u64,
+    /// What the process holds besides weights, KV and experts: the binary, tokenizer and heap
+    /// when the plan is made (its resident set then) plus the activation buffers a chunk
+    /// touches (`State::scratch_bytes`). Counted against the budget like the KV cache.
+    #[serde(default)]
+    pub process_bytes: u64,
     /// Layers with routed experts.
     pub moe_layers: usize,
     /// Routed experts per MoE layer.
@@ -76,12 +81,16 @@ pub struct ModelSummary {
 }
 
 impl ModelSummary {
-    /// The summary of a loaded model, with `kv_bytes` for the state it will run with.
+    /// The summary of a loaded model, with the KV cache and buffers of the state `st` it will
+    /// run with and this process's resident set now.
     pub fn of(
         model: &crate::model::Model<'_>,
         files: &crate::format::ModelFiles,
-        kv_bytes: u64,
+        st: &crate::model::State,
     ) -> Result<ModelSummary, crate::model::ModelError> {
+        let kv_bytes = st.kv_bytes() as u64;
+        let process_bytes =
+            super::probe_mem::process_rss().unwrap_or(0) + st.scratch_bytes() as u64;
         let (routed, resident) = model.routed_and_resident_bytes(files);
         let store = model.expert_store(files)?;
         let (mtp_layer_bytes, mtp_draft_bytes) = mtp_bytes(model, files);
@@ -89,6 +98,7 @@ impl ModelSummary {
             resident_bytes: resident,
             routed_bytes: routed,
             kv_bytes,
+            process_bytes,
             moe_layers: store.moe_layers(),
             experts_per_layer: model.cfg.n_experts,
             top_k: model.cfg.n_experts_used,
@@ -111,9 +121,14 @@ impl ModelSummary {
         })
     }
 
-    /// Bytes of the whole model plus its KV cache.
+    /// Bytes of the whole model plus its KV cache and the process around it.
     pub fn total_bytes(&self) -> u64 {
-        self.resident_bytes + self.routed_bytes + self.kv_bytes
+        self.fixed_bytes() + self.routed_bytes
+    }
+
+    /// What the budget holds whatever the experts do: resident weights, KV cache, process.
+    pub fn fixed_bytes(&self) -> u64 {
+        self.resident_bytes + self.kv_bytes + self.process_bytes
     }
 
     /// Bytes one decoded token reads from RAM: resident weights but the embedding table and the
@@ -347,8 +362,7 @@ pub struct Plan {
     pub pinned: usize,
     /// Bytes of the expert cache (pinned + evictable slots).
     pub expert_cache_bytes: u64,
-    /// "direct" | "buffered" | "mmap".
-    pub io: String,
+    pub io: IoMode,
     pub io_threads: usize,
     pub prefetch: bool,
     /// MTP draft tokens (0 = off).
@@ -372,7 +386,7 @@ pub struct Plan {
 
 impl Plan {
     pub fn io_mode(&self) -> IoMode {
-        self.io.parse().unwrap_or(IoMode::Direct)
+        self.io
     }
 
     /// The `[plan] what: value (reason)` lines.
@@ -506,12 +520,101 @@ fn d(what: &str, value: impl Into<String>, reason: impl Into<String>) -> Decisio
 }
 
 /// Decide. `profile` = None: no measured machine (defaults, no prediction; a decision says so).
+/// Each step below adds its `Decision` lines in the order `run` prints them.
 pub fn plan(
     m: &ModelSummary,
     profile: Option<&MachineProfile>,
     req: &PlanRequest,
 ) -> Result<Plan, PlanError> {
     let mut ds = Vec::new();
+    let budget = budget_decision(m, profile, req, &mut ds)?;
+    let left = budget - m.fixed_bytes();
+    let fits = m.total_bytes() <= budget;
+    let stream = experts_decision(m, req, budget, fits, &mut ds);
+    let cache = cache_decision(m, req, stream, budget, left, &mut ds)?;
+    let (io, io_threads, ceiling) = io_decision(m, profile, req, stream, &mut ds)?;
+
+    // Prediction.
+    let hit = if m.moe_layers == 0 || (!stream && fits) {
+        (1.0, 1.0)
+    } else {
+        expected_hit(cache.per_layer, m.experts_per_layer)
+    };
+    let disk = ceiling.map(|(_, p)| p.gbps).filter(|g| *g > 0.0);
+    let mem = profile
+        .and_then(|p| p.memory.read_gbps)
+        .filter(|g| *g > 0.0);
+    let (predicted, disk_bound) = match (disk, mem) {
+        (Some(dk), Some(mm)) => {
+            let (dl, cl) = token_secs(m, hit.0, dk, mm);
+            let (dh, ch) = token_secs(m, hit.1, dk, mm);
+            (
+                Some((1.0 / (dl + cl).max(1e-12), 1.0 / (dh + ch).max(1e-12))),
+                dl > cl,
+            )
+        }
+        _ => (None, false),
+    };
+
+    let (prefetch, prefetch_why) = prefetch_decision(stream, disk_bound, req);
+    ds.push(d(
+        "prefetch",
+        if prefetch { "on" } else { "off" },
+        prefetch_why,
+    ));
+    // MTP: its cost is the widened expert union of the verify forward (`MtpCost`).
+    let mtp_cost = match (disk, mem) {
+        // Resident experts never touch the disk: its bandwidth does not matter then.
+        (dk, Some(mm)) if m.mtp_layers > 0 && (dk.is_some() || hit.0 >= 1.0) => {
+            Some(mtp_cost(m, req.mtp.max(1), hit.0, dk.unwrap_or(1.0), mm))
+        }
+        _ => None,
+    };
+    ds.push(mtp_decision(m, req, disk_bound, mtp_cost.as_ref()));
+    if req.mtp > 0 && m.mtp_layers == 0 {
+        return Err(PlanError::Flag("--mtp: the model has no MTP head".into()));
+    }
+    let (gpu_value, gpu_why) = gpu_decision(m, profile, req);
+    ds.push(d("gpu", gpu_value, gpu_why));
+    ds.push(hit_decision(m, cache.per_layer, hit));
+    ds.push(prediction_decision(
+        m, profile, predicted, disk, mem, disk_bound,
+    ));
+
+    let expert_cache_bytes = if stream {
+        (cache.slots as u64 * m.moe_layers as u64 + cache.pinned as u64) * m.slot_bytes
+    } else {
+        0
+    };
+    Ok(Plan {
+        model: m.clone(),
+        budget_bytes: budget,
+        stream,
+        slots_per_layer: cache.slots,
+        pinned: cache.pinned,
+        expert_cache_bytes,
+        io,
+        io_threads,
+        prefetch,
+        mtp: req.mtp,
+        hit_rate: hit,
+        disk_gbps: disk,
+        mem_gbps: mem,
+        predicted_tok_s: predicted,
+        disk_bound,
+        mtp_cost,
+        decisions: ds,
+    })
+}
+
+/// The memory budget (`--ram`, else 85% of MemAvailable) and what always takes from it; an
+/// error when the resident part and the KV cache alone do not fit.
+fn budget_decision(
+    m: &ModelSummary,
+    profile: Option<&MachineProfile>,
+    req: &PlanRequest,
+    ds: &mut Vec<Decision>,
+) -> Result<u64, PlanError> {
     let available = req.available.or(profile.map(|p| p.memory.available_bytes));
     let (budget, why) = match (req.ram, available) {
         (Some(r), _) => (r, "--ram".to_string()),
@@ -532,34 +635,45 @@ pub fn plan(
         human(m.kv_bytes),
         "-c context x layers x KV width, f32",
     ));
-    if m.resident_bytes + m.kv_bytes > budget {
+    ds.push(d(
+        "process",
+        human(m.process_bytes),
+        "binary, tokenizer and heap measured now, plus the activation buffers of a -b chunk",
+    ));
+    if m.fixed_bytes() > budget {
         return Err(PlanError::Impossible(format!(
-            "budget {} cannot hold the resident part: weights {} + KV cache {} = {} (lower -c or raise --ram)",
+            "budget {} cannot hold the resident part: weights {} + KV cache {} + process {} = {} (lower -c or raise --ram)",
             human(budget),
             human(m.resident_bytes),
             human(m.kv_bytes),
-            human(m.resident_bytes + m.kv_bytes)
+            human(m.process_bytes),
+            human(m.fixed_bytes())
         )));
     }
-    let left = budget - m.resident_bytes - m.kv_bytes;
-    let fits = m.total_bytes() <= budget;
+    Ok(budget)
+}
+
+/// Stream the routed experts through the cache, or read them through the mapped files.
+fn experts_decision(
+    m: &ModelSummary,
+    req: &PlanRequest,
+    budget: u64,
+    fits: bool,
+    ds: &mut Vec<Decision>,
+) -> bool {
     let stream = match req.mode {
         ExpertMode::Resident => false,
         ExpertMode::Stream => true,
         ExpertMode::Auto => req.cap.is_some() || !fits,
     };
-    let mode_why = match (req.mode, stream) {
+    let why = match (req.mode, stream) {
         (ExpertMode::Resident, _) => "--experts resident".to_string(),
         (ExpertMode::Stream, _) => "--experts stream".to_string(),
         (ExpertMode::Auto, true) if req.cap.is_some() => "--cap given".to_string(),
-        (ExpertMode::Auto, true) => format!(
-            "model + KV {} exceed the budget {}",
+        (ExpertMode::Auto, streamed) => format!(
+            "model + KV + process {} {} the budget {}",
             human(m.total_bytes()),
-            human(budget)
-        ),
-        (ExpertMode::Auto, false) => format!(
-            "model + KV {} fit the budget {}",
-            human(m.total_bytes()),
+            if streamed { "exceed" } else { "fit" },
             human(budget)
         ),
     };
@@ -573,87 +687,124 @@ pub fn plan(
                 human(m.routed_bytes)
             )
         },
-        mode_why,
+        why,
     ));
+    stream
+}
 
-    // The expert cache: pinned + evictable slots.
+/// The expert cache's shape: evictable slots per MoE layer, pinned experts, and how many
+/// experts per layer stay cached on average (the mapped files' page cache when not streaming).
+struct CacheLayout {
+    slots: usize,
+    pinned: usize,
+    per_layer: f64,
+}
+
+fn cache_decision(
+    m: &ModelSummary,
+    req: &PlanRequest,
+    stream: bool,
+    budget: u64,
+    left: u64,
+    ds: &mut Vec<Decision>,
+) -> Result<CacheLayout, PlanError> {
     let moe = m.moe_layers.max(1) as u64;
     let slot = m.slot_bytes.max(1);
-    let (mut slots, mut pinned) = (0usize, 0usize);
-    let cached_per_layer: f64;
-    if stream && m.moe_layers > 0 {
-        let floor = moe * slot;
-        if let Some(avail) = req.autopin {
-            let want = req.pin_bytes.unwrap_or(left / 2);
-            let pin_bytes = want.min(left.saturating_sub(floor));
-            pinned = ((pin_bytes / slot) as usize).min(avail);
-        }
-        let by_budget = ((left / slot) as usize).saturating_sub(pinned) / m.moe_layers;
-        let (s, why) = match req.cap {
-            Some(c) => (c, "--cap".to_string()),
-            None => (
-                by_budget,
-                format!(
-                    "{} left for experts after resident + KV, {} a slot",
-                    human(left),
-                    human(slot)
-                ),
-            ),
-        };
-        slots = if req.cap.is_none() && pinned > 0 {
-            s.max(1)
-        } else {
-            s
-        };
-        if slots == 0 {
-            return Err(PlanError::Impossible(format!(
-                "budget {} leaves {} for experts, less than one {} slot per MoE layer x {} layers = {} (raise --ram)",
-                human(budget),
-                human(left),
-                human(slot),
-                m.moe_layers,
-                human(floor)
-            )));
-        }
-        let cache_bytes = (slots as u64 * moe + pinned as u64) * slot;
-        let pin_why = match req.autopin {
-            None => "no --autopin".to_string(),
-            Some(0) => "--autopin, but no usage statistics yet".to_string(),
-            Some(_) => match req.pin_bytes {
-                Some(_) => "--autopin, --pin-gb".to_string(),
-                None => "--autopin: half the expert budget, the LRU keeping >= 1 slot a layer"
-                    .to_string(),
-            },
-        };
-        ds.push(d(
-            "expert cache",
-            format!(
-                "{} = {} evictable slots/layer x {} layers + {} pinned",
-                human(cache_bytes),
-                slots,
-                m.moe_layers,
-                pinned
-            ),
-            why,
-        ));
-        ds.push(d(
-            "pin/lru split",
-            format!(
-                "{} pinned / {} evictable",
-                human(pinned as u64 * slot),
-                human(slots as u64 * moe * slot)
-            ),
-            pin_why,
-        ));
-        cached_per_layer = slots as f64 + pinned as f64 / moe as f64;
-    } else if m.moe_layers > 0 {
+    if !stream || m.moe_layers == 0 {
         // Mapped experts: the page cache keeps what the budget leaves.
-        cached_per_layer = (left / slot) as f64 / moe as f64;
-    } else {
-        cached_per_layer = 0.0;
+        let per_layer = if m.moe_layers > 0 {
+            (left / slot) as f64 / moe as f64
+        } else {
+            0.0
+        };
+        return Ok(CacheLayout {
+            slots: 0,
+            pinned: 0,
+            per_layer,
+        });
     }
+    let floor = moe * slot;
+    let mut pinned = 0;
+    if let Some(avail) = req.autopin {
+        let want = req.pin_bytes.unwrap_or(left / 2);
+        let pin_bytes = want.min(left.saturating_sub(floor));
+        pinned = ((pin_bytes / slot) as usize).min(avail);
+    }
+    let by_budget = ((left / slot) as usize).saturating_sub(pinned) / m.moe_layers;
+    let (s, why) = match req.cap {
+        Some(c) => (c, "--cap".to_string()),
+        None => (
+            by_budget,
+            format!(
+                "{} left for experts after resident + KV, {} a slot",
+                human(left),
+                human(slot)
+            ),
+        ),
+    };
+    let slots = if req.cap.is_none() && pinned > 0 {
+        s.max(1)
+    } else {
+        s
+    };
+    if slots == 0 {
+        return Err(PlanError::Impossible(format!(
+            "budget {} leaves {} for experts, less than one {} slot per MoE layer x {} layers = {} (raise --ram)",
+            human(budget),
+            human(left),
+            human(slot),
+            m.moe_layers,
+            human(floor)
+        )));
+    }
+    let cache_bytes = (slots as u64 * moe + pinned as u64) * slot;
+    let pin_why = match req.autopin {
+        None => "no --autopin".to_string(),
+        Some(0) => "--autopin, but no usage statistics yet".to_string(),
+        Some(_) => match req.pin_bytes {
+            Some(_) => "--autopin, --pin-gb".to_string(),
+            None => {
+                "--autopin: half the expert budget, the LRU keeping >= 1 slot a layer".to_string()
+            }
+        },
+    };
+    ds.push(d(
+        "expert cache",
+        format!(
+            "{} = {} evictable slots/layer x {} layers + {} pinned",
+            human(cache_bytes),
+            slots,
+            m.moe_layers,
+            pinned
+        ),
+        why,
+    ));
+    ds.push(d(
+        "pin/lru split",
+        format!(
+            "{} pinned / {} evictable",
+            human(pinned as u64 * slot),
+            human(slots as u64 * moe * slot)
+        ),
+        pin_why,
+    ));
+    Ok(CacheLayout {
+        slots,
+        pinned,
+        per_layer: slots as f64 + pinned as f64 / moe as f64,
+    })
+}
 
-    // IO.
+/// How experts are read (`--io`, else O_DIRECT where the profile says it works) and by how many
+/// reader threads (`--io-threads`, else the disk probe's best point); also the disk ceiling the
+/// prediction uses.
+fn io_decision<'p>(
+    m: &ModelSummary,
+    profile: Option<&'p MachineProfile>,
+    req: &PlanRequest,
+    stream: bool,
+    ds: &mut Vec<Decision>,
+) -> Result<(IoMode, usize, Option<(u64, &'p super::ReadPoint)>), PlanError> {
     let direct_ok = profile.map(|p| p.storage.o_direct);
     let (io, io_why) = match (req.io, direct_ok) {
         (Some(i), _) => (i, "--io".to_string()),
@@ -696,43 +847,17 @@ pub fn plan(
             format!("{io_why}; {threads_why}"),
         ));
     }
+    Ok((io, threads, ceiling))
+}
 
-    // Prediction.
-    let hit = if m.moe_layers == 0 || (!stream && fits) {
-        (1.0, 1.0)
-    } else {
-        expected_hit(cached_per_layer, m.experts_per_layer)
-    };
-    let disk = ceiling.map(|(_, p)| p.gbps).filter(|g| *g > 0.0);
-    let mem = profile
-        .and_then(|p| p.memory.read_gbps)
-        .filter(|g| *g > 0.0);
-    let mut disk_bound = false;
-    let predicted = match (disk, mem) {
-        (Some(dk), Some(mm)) => {
-            let (dl, cl) = token_secs(m, hit.0, dk, mm);
-            let (dh, ch) = token_secs(m, hit.1, dk, mm);
-            disk_bound = dl > cl;
-            Some((1.0 / (dl + cl).max(1e-12), 1.0 / (dh + ch).max(1e-12)))
-        }
-        _ => None,
-    };
-
-    let (prefetch, prefetch_why) = prefetch_decision(stream, disk_bound, req);
-    ds.push(d(
-        "prefetch",
-        if prefetch { "on" } else { "off" },
-        prefetch_why,
-    ));
-
-    // MTP: its cost is the widened expert union of the verify forward (`MtpCost`).
-    let mtp_cost = match (disk, mem) {
-        // Resident experts never touch the disk: its bandwidth does not matter then.
-        (dk, Some(mm)) if m.mtp_layers > 0 && (dk.is_some() || hit.0 >= 1.0) => {
-            Some(mtp_cost(m, req.mtp.max(1), hit.0, dk.unwrap_or(1.0), mm))
-        }
-        _ => None,
-    };
+/// `--mtp`: on when asked (with a warning when decode is disk-bound), with the cost model's
+/// verdict beside it.
+fn mtp_decision(
+    m: &ModelSummary,
+    req: &PlanRequest,
+    disk_bound: bool,
+    cost: Option<&MtpCost>,
+) -> Decision {
     let cost_why = |c: &MtpCost| {
         format!(
             "--mtp {}: a step reads {:.1} experts per MoE layer (the union of {} tokens) against {} per plain token and costs {:.2}x a plain token, so it {}",
@@ -747,7 +872,11 @@ pub fn plan(
             }
         )
     };
-    let (mtp_value, mtp_why) = if m.mtp_layers == 0 {
+    let with_cost = |why: String| match cost {
+        Some(c) => format!("{why}; {}", cost_why(c)),
+        None => why,
+    };
+    let (value, why) = if m.mtp_layers == 0 {
         (
             "off".to_string(),
             if req.mtp > 0 {
@@ -757,90 +886,70 @@ pub fn plan(
             },
         )
     } else if req.mtp > 0 {
-        let mut why = if disk_bound {
+        let why = if disk_bound {
             "--mtp; warning: decode is disk-bound, and the MTP head's drafts widen the per-token expert union, so it will likely slow decode".to_string()
         } else {
             "--mtp".to_string()
         };
-        if let Some(c) = &mtp_cost {
-            why = format!("{why}; {}", cost_why(c));
-        }
-        (format!("on, {} drafts", req.mtp), why)
+        (format!("on, {} drafts", req.mtp), with_cost(why))
     } else if disk_bound {
         ("off".to_string(), "disk-bound: the MTP head's drafts widen the per-token expert union (more misses per step)".to_string())
     } else {
-        let mut why = "not asked (--mtp K turns it on; pays when experts are resident)".to_string();
-        if let Some(c) = &mtp_cost {
-            why = format!("{why}; {}", cost_why(c));
-        }
-        ("off".to_string(), why)
+        (
+            "off".to_string(),
+            with_cost(
+                "not asked (--mtp K turns it on; pays when experts are resident)".to_string(),
+            ),
+        )
     };
-    ds.push(d("mtp", mtp_value, mtp_why));
-    if req.mtp > 0 && m.mtp_layers == 0 {
-        return Err(PlanError::Flag("--mtp: the model has no MTP head".into()));
-    }
-    let (gpu_value, gpu_why) = gpu_decision(m, profile, req);
-    ds.push(d("gpu", gpu_value, gpu_why));
+    d("mtp", value, why)
+}
 
-    let routed_tok = m.routed_bytes_per_token();
-    let hit_why = format!(
-        "{:.1} cached of {} experts per layer: uniform routing {:.0}% (lower bound), Zipf(1) popularity with the top experts cached {:.0}% (upper)",
-        cached_per_layer.min(m.experts_per_layer as f64),
-        m.experts_per_layer,
-        100.0 * hit.0,
-        100.0 * hit.1
-    );
-    ds.push(d(
+fn hit_decision(m: &ModelSummary, per_layer: f64, hit: (f64, f64)) -> Decision {
+    d(
         "expected hit",
         format!("{:.0}%..{:.0}%", 100.0 * hit.0, 100.0 * hit.1),
-        hit_why,
-    ));
+        format!(
+            "{:.1} cached of {} experts per layer: uniform routing {:.0}% (lower bound), Zipf(1) popularity with the top experts cached {:.0}% (upper)",
+            per_layer.min(m.experts_per_layer as f64),
+            m.experts_per_layer,
+            100.0 * hit.0,
+            100.0 * hit.1
+        ),
+    )
+}
+
+fn prediction_decision(
+    m: &ModelSummary,
+    profile: Option<&MachineProfile>,
+    predicted: Option<(f64, f64)>,
+    disk: Option<f64>,
+    mem: Option<f64>,
+    disk_bound: bool,
+) -> Decision {
     match (predicted, disk, mem) {
-        (Some((lo, hi)), Some(dk), Some(mm)) => ds.push(d(
+        (Some((lo, hi)), Some(dk), Some(mm)) => d(
             "predicted decode",
             format!("{lo:.2}–{hi:.2} tok/s"),
             format!(
                 "(1 - hit) x {} routed/token from disk at {dk:.2} GB/s + {} active/token from RAM at {mm:.2} GB/s; {}",
-                human(routed_tok),
+                human(m.routed_bytes_per_token()),
                 human(m.active_bytes_per_token()),
                 if disk_bound { "disk-bound" } else { "memory-bound" }
             ),
-        )),
-        _ => ds.push(d(
+        ),
+        _ => d(
             "predicted decode",
             "unknown",
             match (disk, mem) {
-                (None, _) if profile.is_none() => "no machine profile (run `sluice doctor`)".to_string(),
+                (None, _) if profile.is_none() => {
+                    "no machine profile (run `sluice doctor`)".to_string()
+                }
                 (None, _) => "the profile has no O_DIRECT read figure".to_string(),
                 _ => "the profile has no memory read bandwidth".to_string(),
             },
-        )),
+        ),
     }
-
-    let expert_cache_bytes = if stream {
-        (slots as u64 * m.moe_layers as u64 + pinned as u64) * m.slot_bytes
-    } else {
-        0
-    };
-    Ok(Plan {
-        model: m.clone(),
-        budget_bytes: budget,
-        stream,
-        slots_per_layer: slots,
-        pinned,
-        expert_cache_bytes,
-        io: io.name().to_string(),
-        io_threads: threads,
-        prefetch,
-        mtp: req.mtp,
-        hit_rate: hit,
-        disk_gbps: disk,
-        mem_gbps: mem,
-        predicted_tok_s: predicted,
-        disk_bound,
-        mtp_cost,
-        decisions: ds,
-    })
 }
 
 /// Prefetch: predict the next layer's experts and read them early (forward.rs). It can only

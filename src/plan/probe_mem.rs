@@ -65,6 +65,15 @@ pub fn parse_meminfo(text: &str) -> (Option<u64>, Option<u64>) {
     (field("MemTotal"), field("MemAvailable"))
 }
 
+/// This process's resident set now (`/proc/self/statm`), bytes; None where it cannot be read.
+pub fn process_rss() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = text.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf only reads a system constant.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    pages.checked_mul(u64::try_from(page).ok().filter(|p| *p > 0)?)
+}
+
 pub fn limits() -> Limits {
     let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
     let (total, avail) = parse_meminfo(&text);

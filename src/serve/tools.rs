@@ -64,7 +64,7 @@ impl ToolFormat {
             ToolFormat::Hermes
         } else {
             match family {
-                Family::Glm4Moe => ToolFormat::Glm45,
+                Family::Glm4Moe | Family::GlmDsa => ToolFormat::Glm45,
                 Family::DeepseekV3 => ToolFormat::DeepSeek,
                 _ => ToolFormat::Hermes,
             }

@@ -1,0 +1,582 @@
+//! The CUDA backend: the forward graph's operations (`model::backend::Backend`) as kernel
+//! launches on `GpuState`'s buffers, and whole chunks (`model::backend::Device`), the decode
+//! step captured once as a CUDA graph and replayed.
+//!
+//! Owns: `GpuBackend` (one chunk's view: the device state, the model, the sequence state) and
+//! `impl Device for GpuState`. Weights arrive as the graph passes them (`&WeightView`, f32
+//! slices, per-head matrix lists) and are found in the maps `GpuState::attach` built from their
+//! host addresses (no allocation per call). Buffers are the device's (`Buf` -> `DevBuf`).
+//! Does not own: the graph (`model::forward`), the kernels and the MoE step (`model.rs`).
+//! Invariant: every position-dependent launch reads the chunk's position from the device
+//! (`bufs.pos`, written from pinned memory by the chunk's first copy) plus a constant offset,
+//! so a captured decode step replays correctly at any position. What the device has no
+//! kernel for is refused before weights are bound (`gpu::refusal`); an operation reached
+//! anyway returns an error, never a silent skip. The one exception is DeepSeek-V3.2's
+//! indexer, whose buffers (`IdxQ`, `IdxK`, `IdxW`, cache side V) are not kept: within
+//! index_topk (what `refusal` allows) its selection is every causal position, so attention
+//! does not read them.
+
+use super::driver::Stream;
+use super::model::{key, GpuState, Mat};
+use crate::kernels::WeightView;
+use crate::model::backend::{Backend, Buf, Cache, Device, DeviceStats, GqaShape, Rows};
+use crate::model::config::{ExpertAct, RopeLayout};
+use crate::model::weights::{Mla, Moe};
+use crate::model::{Model, ModelError, Prof, State};
+use std::time::Instant;
+
+/// One chunk's backend: the device, the model whose weights it holds, the sequence state (its
+/// expert cache, routing scratch, figures).
+struct GpuBackend<'s, 'm> {
+    g: &'s mut GpuState,
+    model: &'s Model<'m>,
+    st: &'s mut State,
+}
+
+fn unsupported(what: String) -> ModelError {
+    ModelError::Unsupported(format!("GPU backend: {what}"))
+}
+
+impl GpuBackend<'_, '_> {
+    /// The indexer's buffers, not kept on the device (see the module doc).
+    fn skipped(&self, b: Buf) -> bool {
+        self.g.mla && matches!(b, Buf::IdxQ | Buf::IdxK | Buf::IdxW)
+    }
+
+    fn ptr(&self, b: Buf) -> Result<u64, ModelError> {
+        let bufs = &self.g.bufs;
+        Ok(match b {
+            Buf::X => bufs.x.ptr,
+            Buf::Xn => bufs.xn.ptr,
+            Buf::Q => bufs.q.ptr,
+            Buf::Qa => bufs.qa.ptr,
+            Buf::K => bufs.k.ptr,
+            Buf::V => bufs.v.ptr,
+            Buf::Att => bufs.att.ptr,
+            Buf::Proj => bufs.proj.ptr,
+            Buf::Hfin => bufs.hfin.ptr,
+            Buf::Gate => bufs.gate.ptr,
+            Buf::Up => bufs.up.ptr,
+            Buf::Logits => bufs.logits.ptr,
+            other => {
+                return Err(unsupported(format!(
+                    "buffer {other:?} is not on the device"
+                )))
+            }
+        })
+    }
+
+    /// Device address of row 0 of a window.
+    fn at(&self, r: Rows) -> Result<u64, ModelError> {
+        Ok(self.ptr(r.buf)? + 4 * (r.row0 * r.stride + r.off) as u64)
+    }
+
+    fn mat(&self, w: &WeightView<'_>) -> Result<Mat, ModelError> {
+        self.g.mats.get(&key(w.bytes)).copied().ok_or_else(|| {
+            unsupported(format!(
+                "a {}x{} {} weight that was not uploaded at attach",
+                w.rows,
+                w.cols,
+                w.dtype.name()
+            ))
+        })
+    }
+
+    fn vec(&self, v: &[f32]) -> Result<u64, ModelError> {
+        let off = self.g.vecs.get(&key(v)).copied().ok_or_else(|| {
+            unsupported(format!("a {}-float vector not uploaded at attach", v.len()))
+        })?;
+        Ok(self.g.wa(off))
+    }
+
+    /// Offset of cache position `pos` from the chunk's (the device reads the chunk's).
+    fn padd(&self, pos: usize) -> i32 {
+        (pos as i64 - self.g.at.0 as i64) as i32
+    }
+
+    fn rope_padd(&self, pos: usize) -> i32 {
+        (pos as i64 - self.g.at.1 as i64) as i32
+    }
+
+    /// `f(x, dim, len)` over the rows of a window as packed `len`-long runs: one launch when
+    /// the window is packed, else one per row.
+    fn rowwise(
+        &self,
+        x: Rows,
+        n: usize,
+        mut f: impl FnMut(u64, usize) -> Result<(), ModelError>,
+    ) -> Result<(), ModelError> {
+        let base = self.at(x)?;
+        if x.stride == x.width {
+            return f(base, n * x.width);
+        }
+        for i in 0..n {
+            f(base + 4 * (i * x.stride) as u64, x.width)?;
+        }
+        Ok(())
+    }
+}
+
+impl Backend for GpuBackend<'_, '_> {
+    fn embed(
+        &mut self,
+        table: &WeightView<'_>,
+        tokens: &[u32],
+        dst: Buf,
+    ) -> Result<(), ModelError> {
+        let m = self.mat(table)?;
+        let dst = self.ptr(dst)?;
+        Ok(self.g.embed(&m, tokens, dst)?)
+    }
+
+    fn matmul(
+        &mut self,
+        src: Rows,
+        n: usize,
+        outs: &[(&WeightView<'_>, Buf)],
+    ) -> Result<(), ModelError> {
+        let x = self.at(src)?;
+        for (w, dst) in outs {
+            if self.skipped(*dst) {
+                continue;
+            }
+            let m = self.mat(w)?;
+            if m.cols != src.width {
+                return Err(ModelError::Shape(format!(
+                    "GPU matmul: {} inputs for a {}-column weight",
+                    src.width, m.cols
+                )));
+            }
+            let y = self.ptr(*dst)?;
+            self.g.mm(&m, x, src.stride, n, y, m.rows)?;
+        }
+        Ok(())
+    }
+
+    fn rmsnorm(
+        &mut self,
+        dst: Rows,
+        src: Rows,
+        n: usize,
+        part: usize,
+        w: &[f32],
+        eps: f32,
+    ) -> Result<(), ModelError> {
+        let (x, y, wp) = (self.at(src)?, self.at(dst)?, self.vec(w)?);
+        let g = &self.g;
+        if part == src.width {
+            return Ok(g.rmsnorm(x, src.stride, wp, part, n, eps, y, dst.stride)?);
+        }
+        if part == 0 || !src.width.is_multiple_of(part) {
+            return Err(ModelError::Shape(format!(
+                "GPU rmsnorm: {}-wide rows in {part}-wide parts",
+                src.width
+            )));
+        }
+        let per = src.width / part;
+        if src.stride == src.width && dst.stride == dst.width {
+            return Ok(g.rmsnorm(x, part, wp, part, n * per, eps, y, part)?);
+        }
+        for i in 0..n {
+            let (xi, yi) = (
+                x + 4 * (i * src.stride) as u64,
+                y + 4 * (i * dst.stride) as u64,
+            );
+            g.rmsnorm(xi, part, wp, part, per, eps, yi, part)?;
+        }
+        Ok(())
+    }
+
+    fn layer_norm(
+        &mut self,
+        x: Rows,
+        _n: usize,
+        _w: &[f32],
+        _b: &[f32],
+        _eps: f64,
+    ) -> Result<(), ModelError> {
+        if self.skipped(x.buf) {
+            return Ok(());
+        }
+        Err(unsupported("LayerNorm has no kernel".into()))
+    }
+
+    fn add_bias(&mut self, x: Rows, n: usize, b: &[f32]) -> Result<(), ModelError> {
+        let bp = self.vec(b)?;
+        let (f, dim) = (self.g.small.add_bias, x.width);
+        let g = &self.g;
+        self.rowwise(x, n, |p, len| {
+            Ok(g.launch(
+                f,
+                ((len as u32).div_ceil(256), 1, 1),
+                256,
+                0,
+                &[
+                    p.into(),
+                    bp.into(),
+                    (dim as i32).into(),
+                    (len as i32).into(),
+                ],
+            )?)
+        })
+    }
+
+    fn clamp(&mut self, _x: Rows, _n: usize, _c: f32) -> Result<(), ModelError> {
+        Err(unsupported("clip_qkv has no kernel".into()))
+    }
+
+    fn scale(&mut self, x: Rows, _n: usize, _s: f32) -> Result<(), ModelError> {
+        if self.skipped(x.buf) {
+            return Ok(());
+        }
+        Err(unsupported("scaling has no kernel".into()))
+    }
+
+    fn rope(
+        &mut self,
+        x: Rows,
+        n: usize,
+        head: usize,
+        off: usize,
+        pos: usize,
+        layout: RopeLayout,
+    ) -> Result<(), ModelError> {
+        if self.skipped(x.buf) {
+            return Ok(());
+        }
+        if head == 0 || !x.width.is_multiple_of(head) {
+            return Err(ModelError::Shape(format!(
+                "GPU rope: {}-wide rows in {head}-wide heads",
+                x.width
+            )));
+        }
+        let p = self.at(x)?;
+        let padd = self.rope_padd(pos);
+        Ok(self.g.rope(
+            self.model,
+            p,
+            x.stride,
+            head,
+            off,
+            x.width / head,
+            n,
+            layout,
+            padd,
+        )?)
+    }
+
+    fn store_cache(
+        &mut self,
+        layer: usize,
+        side: Cache,
+        src: Rows,
+        n: usize,
+        pos: usize,
+    ) -> Result<(), ModelError> {
+        if side == Cache::V && self.g.mla {
+            // V3.2's indexer keys (see the module doc); plain MLA has no V side.
+            return Ok(());
+        }
+        if pos != self.g.at.0 || layer >= self.model.cfg.n_layers {
+            return Err(unsupported(format!(
+                "cache write of layer {layer} at {pos} (the chunk is at {})",
+                self.g.at.0
+            )));
+        }
+        let (kc, vc) = self.model.cfg.cache_dims();
+        let (cols, cache) = match side {
+            Cache::K => (kc, &self.g.bufs.kcache),
+            Cache::V => (vc, &self.g.bufs.vcache),
+        };
+        if src.width != cols {
+            return Err(ModelError::Shape(format!(
+                "GPU cache rows are {cols} wide, got {}",
+                src.width
+            )));
+        }
+        let dst = cache.f(layer * self.g.ctx * cols);
+        let s = self.at(src)?;
+        Ok(self.g.kv_store(s, src.stride, cols, dst, n)?)
+    }
+
+    fn attend(
+        &mut self,
+        layer: usize,
+        n: usize,
+        pos: usize,
+        s: GqaShape<'_>,
+    ) -> Result<(), ModelError> {
+        if s.window.is_some() || s.sinks.is_some() {
+            return Err(unsupported(
+                "sliding-window or sink attention has no kernel".into(),
+            ));
+        }
+        let hd = s.head_dim;
+        let (qd, kvd) = (s.heads * hd, s.kv_heads * hd);
+        let g = &self.g;
+        let (kl, vl) = (
+            g.bufs.kcache.f(layer * g.ctx * kvd),
+            g.bufs.vcache.f(layer * g.ctx * kvd),
+        );
+        let padd = self.padd(pos);
+        Ok(g.attention(
+            (g.bufs.q.ptr, qd, hd),
+            (kl, kvd, hd),
+            (vl, kvd, hd),
+            hd,
+            hd,
+            s.heads / s.kv_heads.max(1),
+            s.heads,
+            n,
+            s.scale,
+            padd,
+            (g.bufs.att.ptr, qd, hd),
+        )?)
+    }
+
+    fn attend_mla(
+        &mut self,
+        layer: usize,
+        n: usize,
+        pos: usize,
+        a: &Mla<'_>,
+    ) -> Result<(), ModelError> {
+        if let Some(limit) = self.g.dense_limit.filter(|l| pos + n > *l) {
+            return Err(unsupported(format!(
+                "sparse attention past index_topk = {limit} (no lightning indexer)"
+            )));
+        }
+        let heads = |hs| {
+            self.g
+                .head_mats
+                .get(&hs)
+                .copied()
+                .ok_or_else(|| unsupported("MLA per-head matrices not uploaded".into()))
+        };
+        let kv = (heads(key(&a.k_b))?, heads(key(&a.v_b))?);
+        let padd = self.padd(pos);
+        Ok(self.g.attend_mla(self.model, layer, n, kv, padd)?)
+    }
+
+    fn swiglu(&mut self, n: usize, f: usize) -> Result<(), ModelError> {
+        let g = &self.g;
+        let len = n * f;
+        Ok(g.launch(
+            g.small.silu_mul,
+            ((len as u32).div_ceil(256), 1, 1),
+            256,
+            0,
+            &[
+                g.bufs.gate.ptr.into(),
+                g.bufs.up.ptr.into(),
+                (len as i32).into(),
+            ],
+        )?)
+    }
+
+    fn add(&mut self, dst: Buf, src: Buf, n: usize, width: usize) -> Result<(), ModelError> {
+        let (y, x) = (self.ptr(dst)?, self.ptr(src)?);
+        Ok(self.g.add(y, x, n * width)?)
+    }
+
+    fn copy(&mut self, dst: Rows, src: Rows, n: usize) -> Result<(), ModelError> {
+        if dst.width != src.width {
+            return Err(ModelError::Shape(format!(
+                "GPU copy of {}-wide rows into {}-wide rows",
+                src.width, dst.width
+            )));
+        }
+        let (s, d) = (self.at(src)?, self.at(dst)?);
+        let g = &self.g;
+        Ok(g.launch(
+            g.small.copy2d,
+            (n as u32, 1, 1),
+            256,
+            0,
+            &[
+                s.into(),
+                (src.stride as i32).into(),
+                d.into(),
+                (dst.stride as i32).into(),
+                (src.width as i32).into(),
+            ],
+        )?)
+    }
+
+    fn moe(&mut self, layer: usize, m: &Moe<'_>, n: usize) -> Result<(), ModelError> {
+        if m.router_bias.is_some()
+            || m.exp_bias.is_some()
+            || self.model.cfg.expert_act != ExpertAct::Silu
+        {
+            return Err(unsupported(
+                "biased or clamped-SwiGLU experts have no kernel".into(),
+            ));
+        }
+        self.g.moe(self.model, self.st, layer, n)
+    }
+
+    fn prefetch(&mut self, _next: usize, _n: usize) -> Result<(), ModelError> {
+        // A hint: the VRAM pool stages what a layer chose when it runs.
+        Ok(())
+    }
+
+    fn prof(&mut self) -> &mut Prof {
+        &mut self.st.prof
+    }
+}
+
+impl GpuState {
+    /// Every launch and copy of one chunk up to (not including) the wait for its logits: the
+    /// position upload, the graph, the logits and expert-count downloads.
+    fn record(
+        &mut self,
+        model: &Model<'_>,
+        st: &mut State,
+        tokens: &[u32],
+        logits_from: usize,
+    ) -> Result<(), ModelError> {
+        let compute = Stream::Compute;
+        let (n, v) = (tokens.len(), model.cfg.vocab);
+        let pos = st.pos;
+        self.xq_src.set(None);
+        self.seg_start()?;
+        let p = self.host.pos.i32s_mut();
+        p[0] = pos as i32;
+        p[1] = pos as i32;
+        // SAFETY: the pinned position pair is not written again before this chunk's sync (a
+        // graph replay rewrites it only after the previous chunk's sync).
+        unsafe {
+            self.gpu.upload_async(
+                self.bufs.pos.ptr,
+                self.host.pos.as_slice().as_ptr(),
+                8,
+                compute,
+            )?;
+        }
+        model.forward_tokens(
+            &mut GpuBackend { g: self, model, st },
+            tokens,
+            pos,
+            logits_from,
+        )?;
+        self.seg_stop()?;
+        let n_logits = n.saturating_sub(logits_from);
+        if n_logits > 0 {
+            // SAFETY: the pinned logits buffer holds logit_rows x vocab >= n_logits x vocab
+            // and nothing else touches it until the sync in `forward_chunk`.
+            unsafe {
+                self.gpu.download_async(
+                    self.host.logits.as_mut_slice().as_mut_ptr(),
+                    self.bufs.logits.ptr,
+                    4 * n_logits * v,
+                    compute,
+                )?;
+            }
+        }
+        // SAFETY: the pinned counter is read only after the sync in `forward_chunk`.
+        unsafe {
+            self.gpu.download_async(
+                self.host.stat.as_mut_slice().as_mut_ptr(),
+                self.bufs.stat.ptr,
+                4,
+                compute,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Replays the captured decode step at `st.pos` with `token`.
+    fn replay(&mut self, pos: usize, token: u32) -> Result<(), ModelError> {
+        let compute = Stream::Compute;
+        self.host.tokens.i32s_mut()[0] = token as i32;
+        let p = self.host.pos.i32s_mut();
+        p[0] = pos as i32;
+        p[1] = pos as i32;
+        let ti = self.timer_start(compute)?;
+        if let Some(g) = &self.graph {
+            self.gpu.launch_graph(g, compute)?;
+        }
+        self.timer_stop(ti, compute, false)?;
+        let moe_layers = self.layer_ready.len();
+        self.pool.count_hits((self.k * moe_layers) as u64);
+        Ok(())
+    }
+
+    fn chunk(
+        &mut self,
+        model: &Model<'_>,
+        st: &mut State,
+        tokens: &[u32],
+        logits_from: usize,
+    ) -> Result<(), ModelError> {
+        let compute = Stream::Compute;
+        let n = tokens.len();
+        let pos = st.pos;
+        self.at = (pos, pos);
+        st.experts_run = 0;
+        // A one-token decode step with every MoE layer device-routed waits for nothing on the
+        // host: it is captured as a CUDA graph once and replayed after. Its inputs are the
+        // pinned token and position, copied by its first nodes; its outputs the pinned logits
+        // and expert counter.
+        let graph = self.graphs
+            && n == 1
+            && logits_from == 0
+            && self.device_route
+            && self.layer_ready.iter().all(|&r| r);
+        if graph && self.graph.is_some() {
+            self.replay(pos, tokens[0])?;
+        } else if graph {
+            self.gpu.begin_capture(compute)?;
+            self.capturing = true;
+            let r = self.record(model, st, tokens, logits_from);
+            self.capturing = false;
+            let g = self.gpu.end_capture(compute);
+            r?;
+            self.graph = Some(g?);
+            self.replay(pos, tokens[0])?;
+        } else {
+            self.record(model, st, tokens, logits_from)?;
+        }
+        // Wait, then take the logits and counters.
+        let (n_logits, v) = (n.saturating_sub(logits_from), model.cfg.vocab);
+        self.gpu.sync(compute)?;
+        self.harvest()?;
+        let runs = self.host.stat.i32s_mut()[0];
+        st.experts_run += runs.wrapping_sub(self.stat_last) as u32 as usize;
+        self.stat_last = runs;
+        st.logits[..n_logits * v].copy_from_slice(&self.host.logits.f32s()[..n_logits * v]);
+        st.pos += n;
+        Ok(())
+    }
+}
+
+impl Device for GpuState {
+    fn forward_chunk(
+        &mut self,
+        model: &Model<'_>,
+        st: &mut State,
+        tokens: &[u32],
+        logits_from: usize,
+    ) -> Result<(), ModelError> {
+        let t0 = Instant::now();
+        self.gpu.bind()?;
+        let r = self.chunk(model, st, tokens, logits_from);
+        if r.is_err() {
+            // Leave both streams idle so the next call starts clean.
+            let _ = self.gpu.sync(Stream::Copy);
+            let _ = self.gpu.sync(Stream::Compute);
+            self.clear_timers();
+        }
+        self.stats.forwards += 1;
+        self.stats.wall_secs += t0.elapsed().as_secs_f64();
+        r
+    }
+
+    fn stats(&self) -> DeviceStats {
+        GpuState::stats(self)
+    }
+
+    fn h2d_ceiling(&self) -> Option<f64> {
+        self.h2d_ceiling_gbps
+    }
+}

@@ -1,0 +1,79 @@
+//! What the CUDA backend cannot run is refused in one place (`EngineOptions::check`, from the
+//! one list `gpu::refusal`) before any weight is bound or any device is opened: `--gpu on` on
+//! such a model exits 1 with one line naming the flag and the missing feature, in every build
+//! (with or without the `cuda` feature, with or without a GPU), so this runs everywhere.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/models")
+        .join(name)
+}
+
+/// `sluice logits MODEL --tokens 1,2 --out F --gpu on EXTRA..`: exit code and stderr.
+fn logits_gpu_on(model: &Path, extra: &[&str]) -> (Option<i32>, String, PathBuf) {
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "gpu-refusal-{}.npy",
+        model.file_name().unwrap().to_string_lossy()
+    ));
+    let _ = std::fs::remove_file(&out);
+    let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "logits",
+            model.to_str().unwrap(),
+            "--tokens",
+            "1,2",
+            "--gpu",
+            "on",
+        ])
+        .arg("--out")
+        .arg(&out)
+        .args(extra)
+        .output()
+        .unwrap();
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+        out,
+    )
+}
+
+#[test]
+fn gpu_on_refuses_what_the_device_cannot_run_with_one_line() {
+    let cases: [(&str, &[&str], &[&str]); 5] = [
+        ("mixtral_swa", &[], &["--gpu on", "sliding-window"]),
+        ("qwen3_moe_swa", &[], &["--gpu on", "sliding-window"]),
+        ("olmoe_clip", &[], &["--gpu on", "clip_qkv"]),
+        (
+            "gpt_oss",
+            &[],
+            &["--gpu on", "gpt-oss runs on the CPU only"],
+        ),
+        // index_topk of this fixture is 4: a context of 64 needs the lightning indexer.
+        (
+            "deepseek_v32_sparse",
+            &["-c", "64"],
+            &["--gpu on", "index_topk"],
+        ),
+    ];
+    for (name, extra, needles) in cases {
+        let (code, err, out) = logits_gpu_on(&fixture(name), extra);
+        assert_eq!(code, Some(1), "{name}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{name}: {err}");
+        assert!(!err.contains("panicked"), "{name}: {err}");
+        for n in needles {
+            assert!(err.contains(n), "{name}: {err:?} lacks {n:?}");
+        }
+        assert!(!out.exists(), "{name}: an output file was written");
+    }
+}
+
+/// Within index_topk the device runs DeepSeek-V3.2 (dense attention equals the indexer's
+/// choice there), so the refusal depends on the context asked for, not on the family.
+#[test]
+fn v32_within_index_topk_is_not_refused_for_the_gpu() {
+    let (_, err, _) = logits_gpu_on(&fixture("deepseek_v32_sparse"), &["-c", "4"]);
+    assert!(!err.contains("index_topk"), "{err}");
+}

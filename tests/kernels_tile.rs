@@ -1,0 +1,167 @@
+//! The prefill tile kernels (`kernels::dot4_fn`: one weight row against four activation rows)
+//! give, row by row, exactly the bits of the single-row dot that `kernels::dot_fn` picks at the
+//! same ISA, on random blocks and on blocks at the extremes of their integer ranges (largest
+//! codes and scales against activations quantized to +-127, where an i16 fold would overflow
+//! first). Every ISA this CPU can run is tried; at the scalar ISA `dot4_fn` gives no tile kernel
+//! and `matmul` uses the single-row dot (tests/kernels_ref.rs `matmul_matches_per_row_dots`
+//! covers that path and the threaded matmul).
+//!
+//! Also: the AVX2 Q4_K dots compute the scalar dot's per-block integers and float operations
+//! in the same order, so they give the scalar dot's bits.
+
+use sluice::dtype::DType;
+use sluice::kernels::{self, Acts, Isa};
+
+/// splitmix64, so failures reproduce.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn normal(&mut self) -> f32 {
+        let u = ((self.next() >> 11) as f64 / (1u64 << 53) as f64).max(1e-300);
+        let v = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
+        ((-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()) as f32
+    }
+    /// A finite f16 of magnitude about 2^-10 .. 2^-1, either sign, as little-endian bytes.
+    fn f16(&mut self) -> [u8; 2] {
+        let r = self.next();
+        let e = 5 + (r % 10) as u16;
+        let bits = ((r >> 8) as u16 & 1) << 15 | e << 10 | (r >> 16) as u16 & 0x3FF;
+        bits.to_le_bytes()
+    }
+}
+
+/// Byte offsets of the f16 scales inside one block of `t` (the rest may hold any bits).
+fn f16_offsets(t: DType) -> &'static [usize] {
+    match t {
+        DType::Q4_K | DType::Q5_K => &[0, 2],
+        DType::Q6_K => &[208],
+        DType::Q8_0 | DType::Q4_0 => &[0],
+        other => panic!("no block layout for {other} in this test; add it"),
+    }
+}
+
+/// `n` blocks of `t`: random bytes with finite f16 scales, or (`extreme`) every byte 0xFF
+/// (largest codes, scales and mins) with positive scales.
+fn blocks(t: DType, n: usize, rng: &mut Rng, extreme: bool) -> Vec<u8> {
+    let (_, bb) = t.block_geometry().unwrap();
+    let mut w = vec![0u8; n * bb];
+    for blk in w.chunks_exact_mut(bb) {
+        for b in blk.iter_mut() {
+            *b = if extreme { 0xFF } else { rng.next() as u8 };
+        }
+        for &o in f16_offsets(t) {
+            let mut h = rng.f16();
+            if extreme {
+                h[1] &= 0x7F;
+            }
+            blk[o..o + 2].copy_from_slice(&h);
+        }
+    }
+    w
+}
+
+/// Four activation rows of `cols`: normal, normal with outliers, all +1 (codes +127), and
+/// alternating +-1 (codes +-127).
+fn activations(cols: usize, rng: &mut Rng) -> Vec<f32> {
+    let mut x = Vec::with_capacity(4 * cols);
+    x.extend((0..cols).map(|_| rng.normal()));
+    x.extend((0..cols).map(|i| {
+        let v = rng.normal();
+        if i % 53 == 7 {
+            v * 80.0
+        } else {
+            v
+        }
+    }));
+    x.extend((0..cols).map(|_| 1.0f32));
+    x.extend((0..cols).map(|i| if i % 2 == 0 { 1.0 } else { -1.0 }));
+    x
+}
+
+/// Types with a tile kernel at some ISA of this machine.
+fn tiled_types() -> Vec<(DType, Isa)> {
+    let mut v = Vec::new();
+    for t in kernels::supported_types() {
+        for isa in Isa::available() {
+            if kernels::dot4_fn(t, isa).is_some() {
+                v.push((t, isa));
+            }
+        }
+    }
+    v
+}
+
+#[test]
+fn four_row_dots_equal_single_row_dots() {
+    let cases = tiled_types();
+    if Isa::hardware() >= Isa::Avx2 {
+        for t in [DType::Q4_K, DType::Q6_K, DType::Q8_0] {
+            assert!(
+                cases.iter().any(|(c, _)| *c == t),
+                "{t} has no tile kernel on this AVX2 machine"
+            );
+        }
+    }
+    let mut rng = Rng(16);
+    for (t, isa) in cases {
+        let (be, _) = t.block_geometry().unwrap();
+        let cols = 8 * 256usize.max(be);
+        let fmt = kernels::kernels_for(t).unwrap().act;
+        let dot = kernels::dot_fn(t, isa).unwrap();
+        let dot4 = kernels::dot4_fn(t, isa).unwrap();
+        for extreme in [false, true] {
+            let w = blocks(t, cols / be * 3, &mut rng, extreme);
+            let rb = w.len() / 3;
+            let mut acts = Acts::new();
+            acts.load(&activations(cols, &mut rng), 4, cols);
+            acts.prepare(fmt);
+            let rows = [acts.row(0), acts.row(1), acts.row(2), acts.row(3)];
+            for r in 0..3 {
+                let wr = &w[r * rb..(r + 1) * rb];
+                let mut got = [f32::NAN; 4];
+                dot4(wr, &rows, &mut got);
+                for (k, g) in got.iter().enumerate() {
+                    let want = dot(wr, &rows[k]);
+                    assert!(want.is_finite(), "{t} {isa:?}: non-finite reference");
+                    assert_eq!(
+                        g.to_bits(),
+                        want.to_bits(),
+                        "{t} {isa:?} extreme={extreme} weight row {r} act row {k}: {g} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn q4_k_avx2_dot_has_the_scalar_bits() {
+    if Isa::hardware() < Isa::Avx2 {
+        return;
+    }
+    let t = DType::Q4_K;
+    let mut rng = Rng(4);
+    let cols = 4096;
+    for extreme in [false, true] {
+        let w = blocks(t, cols / 256 * 5, &mut rng, extreme);
+        let rb = w.len() / 5;
+        let mut acts = Acts::new();
+        acts.load(&activations(cols, &mut rng), 4, cols);
+        acts.prepare(kernels::kernels_for(t).unwrap().act);
+        for r in 0..5 {
+            for k in 0..4 {
+                let wr = &w[r * rb..(r + 1) * rb];
+                let s = kernels::dot(t, Isa::Scalar, wr, &acts, k);
+                let a = kernels::dot(t, Isa::Avx2, wr, &acts, k);
+                let (s, a) = (s.unwrap(), a.unwrap());
+                assert_eq!(s.to_bits(), a.to_bits(), "row {r} act {k}: {s} vs {a}");
+            }
+        }
+    }
+}
