@@ -29,6 +29,7 @@
 //! never depends on the order in which experts are computed or arrive from disk.
 
 use super::config::RopeLayout;
+use super::deepseek_v4::{Attn as V4Attn, Hc, HcHead, MoeW as V4Moe, V4Weights};
 use super::qwen3next::{DeltaNet, GatedAttn};
 use super::weights::{Mla, Moe};
 use super::{Model, ModelError, Prof, State};
@@ -280,6 +281,54 @@ pub trait Backend {
     /// Where forward time went (the graph adds to it around each part).
     fn prof(&mut self) -> &mut Prof;
 
+    // DeepSeek V4 (deepseek_v4.rs has the formulas; a backend without them refuses V4).
+
+    /// V4: each of rows 0..n of `X` copied into every hyper-connection stream.
+    fn v4_hc_expand(&mut self, _n: usize) -> Result<(), ModelError> {
+        Err(v4_unsupported("hyper-connection streams"))
+    }
+
+    /// V4: one hyper-connection's mix of rows 0..n: the `pre`-collapsed streams into `Xn`;
+    /// `post` and `comb` kept for `v4_hc_post`.
+    fn v4_hc_pre(&mut self, _w: &Hc, _n: usize) -> Result<(), ModelError> {
+        Err(v4_unsupported("hyper-connections"))
+    }
+
+    /// V4: streams of rows 0..n = post x `Proj` + comb^T x streams.
+    fn v4_hc_post(&mut self, _n: usize) -> Result<(), ModelError> {
+        Err(v4_unsupported("hyper-connections"))
+    }
+
+    /// V4: the final collapse of the streams of rows 0..n into `X`.
+    fn v4_hc_head(&mut self, _w: &HcHead, _n: usize) -> Result<(), ModelError> {
+        Err(v4_unsupported("the hyper-connection head"))
+    }
+
+    /// V4 attention of rows 0..n of `Xn` (sliding window, CSA or HCA by the layer) into
+    /// `Proj`, its rows written to cache layer `layer` (the `deepseek_v4` module doc).
+    fn v4_attention(
+        &mut self,
+        _layer: usize,
+        _a: &V4Attn<'_>,
+        _w: &V4Weights<'_>,
+        _n: usize,
+        _at: At,
+    ) -> Result<(), ModelError> {
+        Err(v4_unsupported("compressed sparse attention"))
+    }
+
+    /// V4's MoE block of rows 0..n of `Xn` (hash or top-k routing; `tokens` are the rows'
+    /// ids) into `Proj`.
+    fn v4_moe(
+        &mut self,
+        _layer: usize,
+        _m: &V4Moe<'_>,
+        _tokens: &[u32],
+        _n: usize,
+    ) -> Result<(), ModelError> {
+        Err(v4_unsupported("hash-routed MoE"))
+    }
+
     // Qwen3-Next / Qwen3.5 (qwen3next.rs). A backend without them refuses those families.
 
     /// Gated full attention of rows 0..n of `Xn` into `Proj`: `a.wq` gives per head [q; gate],
@@ -313,6 +362,10 @@ pub trait Backend {
             "Qwen3-Next Gated DeltaNet is unsupported on this backend".into(),
         ))
     }
+}
+
+fn v4_unsupported(what: &str) -> ModelError {
+    ModelError::Unsupported(format!("DeepSeek-V4 {what} on this backend"))
 }
 
 /// The trait stays object safe: a session may hold its backend as `Box<dyn Backend>`.

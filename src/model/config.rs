@@ -27,6 +27,9 @@ pub enum Family {
     /// OpenAI gpt-oss (GGUF `gpt-oss`, HF `GptOssForCausalLM`): attention sinks, alternating
     /// sliding-window / full layers, biases everywhere, clamped SwiGLU experts (see gptoss.rs).
     GptOss,
+    /// DeepSeek-V4 (HF `deepseek_v4`): hyper-connection streams, compressed sparse / heavily
+    /// compressed attention, hash routing (see deepseek_v4.rs).
+    DeepseekV4,
     /// Qwen3-Next (GGUF `qwen3next`): hybrid Gated DeltaNet / gated full attention layers,
     /// shared expert with a sigmoid gate (see qwen3next.rs).
     Qwen3Next,
@@ -177,6 +180,8 @@ pub struct ModelConfig {
     pub expert_act: ExpertAct,
     /// Router logits and every expert projection carry a bias (gpt-oss).
     pub expert_bias: bool,
+    /// DeepSeek-V4's own hyperparameters (deepseek_v4.rs).
+    pub v4: Option<Box<super::deepseek_v4::V4Params>>,
     /// Qwen3-Next / Qwen3.5's hybrid layer pattern and Gated DeltaNet shape (qwen3next.rs).
     pub hybrid: Option<Box<super::qwen3next::Hybrid>>,
 }
@@ -476,6 +481,7 @@ impl ModelConfig {
             o_bias: false,
             expert_act: ExpertAct::Silu,
             expert_bias: false,
+            v4: None,
             hybrid: None,
         };
         (spec.gguf_hparams)(&GgufKeys { files, arch: &arch }, &mut cfg)?;
@@ -649,6 +655,7 @@ impl ModelConfig {
             o_bias: false,
             expert_act: ExpertAct::Silu,
             expert_bias: false,
+            v4: None,
             hybrid: None,
         };
         (spec.hf_hparams)(&keys, &mut c)?;
@@ -802,6 +809,9 @@ impl ModelConfig {
     /// Floats per token per layer in the key cache and the value cache. MLA caches its latent
     /// and rope key as the "key"; its "value" row is the V3.2 indexer's key (else nothing).
     pub fn cache_dims(&self) -> (usize, usize) {
+        if let Some(v) = &self.v4 {
+            return (v.k_width(self.head_dim), v.v_width(self.head_dim));
+        }
         match self.attn {
             AttnKind::Gqa => (self.kv_dim(), self.n_kv_heads * self.v_head_dim),
             AttnKind::Mla { kv_lora, rope, .. } => {
@@ -901,18 +911,11 @@ mod tests {
 
     #[test]
     fn next_families_are_refused_by_name() {
-        for (arch, name, missing) in [
-            (
-                "Qwen3_5MoeForConditionalGeneration",
-                "Qwen3.5-MoE",
-                "only the text model",
-            ),
-            (
-                "DeepseekV4ForCausalLM",
-                "DeepSeek-V4",
-                "compressed and sparse attention",
-            ),
-        ] {
+        for (arch, name, missing) in [(
+            "Qwen3_5MoeForConditionalGeneration",
+            "Qwen3.5-MoE",
+            "only the text model",
+        )] {
             let cfg = serde_json::json!({"architectures": [arch], "hidden_size": 64});
             let e = ModelConfig::from_hf(&cfg).unwrap_err().to_string();
             assert!(

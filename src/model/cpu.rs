@@ -398,6 +398,45 @@ impl Backend for CpuBackend<'_, '_, '_> {
         &mut self.st.prof
     }
 
+    // DeepSeek V4: the arithmetic is deepseek_v4.rs's `cpu_*`.
+
+    fn v4_hc_expand(&mut self, n: usize) -> Result<(), ModelError> {
+        super::deepseek_v4::cpu_hc_expand(self.m, self.st, n)
+    }
+
+    fn v4_hc_pre(&mut self, w: &super::deepseek_v4::Hc, n: usize) -> Result<(), ModelError> {
+        super::deepseek_v4::cpu_hc_pre(self.m, self.st, w, n)
+    }
+
+    fn v4_hc_post(&mut self, n: usize) -> Result<(), ModelError> {
+        super::deepseek_v4::cpu_hc_post(self.m, self.st, n)
+    }
+
+    fn v4_hc_head(&mut self, w: &super::deepseek_v4::HcHead, n: usize) -> Result<(), ModelError> {
+        super::deepseek_v4::cpu_hc_head(self.m, self.st, w, n)
+    }
+
+    fn v4_attention(
+        &mut self,
+        layer: usize,
+        a: &super::deepseek_v4::Attn<'_>,
+        w: &super::deepseek_v4::V4Weights<'_>,
+        n: usize,
+        at: super::backend::At,
+    ) -> Result<(), ModelError> {
+        super::deepseek_v4::cpu_attention(self.m, self.st, layer, a, w, n, at.pos)
+    }
+
+    fn v4_moe(
+        &mut self,
+        layer: usize,
+        m: &super::deepseek_v4::MoeW<'_>,
+        tokens: &[u32],
+        n: usize,
+    ) -> Result<(), ModelError> {
+        super::deepseek_v4::cpu_moe(self.m, self.st, layer, m, tokens, n)
+    }
+
     // Qwen3-Next
     fn gated_attention(
         &mut self,

@@ -78,6 +78,7 @@ pub static FAMILIES: &[&FamilySpec] = &[
     &super::deepseek2::SPEC,
     &super::glm4moe::SPEC,
     &super::gptoss::SPEC,
+    &super::deepseek_v4::SPEC,
     &super::glmdsa::SPEC,
     &super::qwen3next::SPEC,
     &super::qwen3next::SPEC35,
@@ -106,9 +107,9 @@ fn not_yet_supported(arch: &str) -> Option<String> {
             "Qwen3.5-MoE (the multimodal checkpoint)",
             "only the text model is supported (Qwen3_5MoeForCausalLM with its text config)",
         ),
-        "DeepseekV4ForCausalLM" | "deepseek_v4" | "deepseek4" => (
+        "deepseek4" => (
             "DeepSeek-V4",
-            "its compressed and sparse attention with their cache variants are not implemented",
+            "sluice reads V4 from its transformers checkpoint (config.json + safetensors) only, not from GGUF yet",
         ),
         _ => return None,
     };
@@ -302,6 +303,7 @@ mod tests {
             Family::DeepseekV3,
             Family::Glm4Moe,
             Family::GptOss,
+            Family::DeepseekV4,
             Family::GlmDsa,
             Family::Qwen3Next,
             Family::Qwen35Moe,

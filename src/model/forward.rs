@@ -80,6 +80,9 @@ impl<'a> Model<'a> {
         logits_from: usize,
     ) -> Result<(), ModelError> {
         let w = &self.weights;
+        if let Some(v4) = &w.v4 {
+            return self.forward_v4(b, v4, tokens, pos, logits_from);
+        }
         let n = tokens.len();
         b.embed(&w.token_embd, tokens, Buf::X)?;
         let at = At { pos, rope: pos };

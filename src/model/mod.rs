@@ -17,6 +17,7 @@ pub mod blocks;
 pub mod config;
 mod cpu;
 pub mod deepseek2;
+pub mod deepseek_v4;
 pub mod family;
 mod forward;
 pub mod glm4moe;

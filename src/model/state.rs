@@ -32,6 +32,7 @@ pub struct State {
     pub(super) kcache: Vec<f32>, // (layers, ctx, k_dim) GQA keys, or MLA latent + rope key
     pub(super) vcache: Vec<f32>, // (layers, ctx, v_dim) GQA values, or V3.2 indexer keys
     pub(super) idx: super::deepseek2::IndexerScratch, // V3.2 indexer buffers (empty otherwise)
+    pub(super) v4: super::deepseek_v4::Scratch, // DeepSeek-V4 buffers (empty otherwise)
     pub(crate) router: Vec<f32>, // (batch, n_experts) router scores
     pub(super) choice: Vec<f32>, // (n_experts) selection scores of one token
     pub(super) groups_score: Vec<f32>, // (n_group)
@@ -144,6 +145,7 @@ impl State {
             kcache: vec![0.0; cache_layers * ctx * kc],
             vcache: vec![0.0; cache_layers * ctx * vc],
             idx: super::deepseek2::IndexerScratch::new(cfg, ctx, batch),
+            v4: super::deepseek_v4::Scratch::new(cfg, ctx, batch),
             hybrid: super::qwen3next::HybridState::new(cfg, batch),
             router: vec![0.0; batch * e],
             choice: vec![0.0; e],

@@ -11,6 +11,9 @@ use crate::format::ModelFiles;
 impl<'a> Model<'a> {
     /// Byte ranges of every routed expert, `[layer][expert]` (dense layers: empty).
     pub fn expert_locs(&self) -> Vec<Vec<ExpertLoc>> {
+        if let Some(v4) = &self.weights.v4 {
+            return v4.expert_locs();
+        }
         self.weights
             .layers
             .iter()

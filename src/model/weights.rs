@@ -140,6 +140,8 @@ pub struct Weights<'a> {
     pub layers: Vec<Layer<'a>>,
     /// The first multi-token-prediction layer, when the file has one.
     pub mtp: Option<MtpWeights<'a>>,
+    /// DeepSeek-V4's layers (then `layers` is empty): deepseek_v4.rs.
+    pub v4: Option<super::deepseek_v4::V4Weights<'a>>,
 }
 
 /// A multi-token-prediction module: x = eh_proj([enorm(embed(t_{i+1})); hnorm(h_i)]) -> one
@@ -704,6 +706,17 @@ fn view_of<'a>(
 
 impl<'a> Weights<'a> {
     pub fn load(files: &'a ModelFiles, cfg: &mut ModelConfig) -> Result<Weights<'a>, ModelError> {
+        if cfg.v4.is_some() {
+            let (token_embd, output_norm, output, v4) = super::deepseek_v4::load(files, cfg)?;
+            return Ok(Weights {
+                token_embd,
+                output_norm,
+                output,
+                layers: Vec::new(),
+                mtp: None,
+                v4: Some(v4),
+            });
+        }
         let hf_moe = cfg.family.spec().hf_moe;
         let (h, v) = (cfg.hidden, cfg.vocab);
         // GGUF does not say which q/k norm a family has; the weights' lengths do.
@@ -786,6 +799,7 @@ impl<'a> Weights<'a> {
             output,
             layers,
             mtp,
+            v4: None,
         };
         b.center_hybrid_norms(&mut w);
         Ok(w)

@@ -1,0 +1,267 @@
+//! DeepSeek-V4 against transformers 5.25 (float32, eager), a reference nobody here wrote.
+//!
+//! Fixture: tests/fixtures/models/deepseek_v4, made by scripts/make_deepseek_v4_fixtures.py:
+//! 4 layers (sliding window 6; CSA with windows of 4 and an indexer keeping 2 entries; HCA with
+//! windows of 8; CSA), hash routing on layers 0-1 and sqrtsoftplus top-2 with a selection bias
+//! on 2-3, 4 hyper-connection streams, YaRN on the compressed layers' rope, the clamped SwiGLU
+//! (26% of values clamped), random sinks and position biases. The checkpoint is what
+//! transformers' `save_pretrained` writes (DeepSeek's own tensor names).
+//! Every case must match transformers' logits: max|Δ| / max|ref| <= 1e-4 with the same argmax
+//! at every position, for prefill chunks of 1 (every token a decode step), 3, 5 and 64 tokens
+//! (so windows close inside and across chunks); the 16 greedy tokens must be identical.
+//! Control tests show the fixture discriminates (without the sinks, the compressed entries or
+//! the hash table the logits move), and unsupported config features are refused by name.
+
+mod model_util;
+
+use model_util::{argmax, compare, dir, ids, json};
+use sluice::format::ModelFiles;
+use sluice::model::{LoadOptions, Model};
+use std::path::Path;
+
+const OPTS: LoadOptions = LoadOptions {
+    threads: 2,
+    ctx: 64,
+};
+
+fn open(p: &Path) -> ModelFiles {
+    ModelFiles::open(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// Worst relative error over every case, asserting argmax agreement, for each chunk size.
+fn check_cases(model: &Model<'_>, batches: &[usize]) -> f32 {
+    let d = dir("deepseek_v4");
+    let mut worst = 0f32;
+    for case in json(&d.join("cases.json"))["cases"].as_array().unwrap() {
+        let toks = ids(&case["ids"]);
+        let (shape, refr) =
+            sluice::npy::read_f32(&d.join(case["logits"].as_str().unwrap())).unwrap();
+        assert_eq!(shape, vec![toks.len(), model.cfg.vocab]);
+        for &batch in batches {
+            let mut st = model.new_state(64, batch, batch).unwrap();
+            let mut ours = Vec::new();
+            model.logits_all(&mut st, &toks, &mut ours).unwrap();
+            let (err, same) = compare(&ours, &refr, model.cfg.vocab);
+            eprintln!(
+                "deepseek_v4 {} batch {batch}: max|Δ|/max|ref| = {err:.2e}",
+                case["name"]
+            );
+            assert!(same, "{}: argmax differs (batch {batch})", case["name"]);
+            worst = worst.max(err);
+        }
+    }
+    worst
+}
+
+#[test]
+fn logits_match_transformers() {
+    let files = open(&dir("deepseek_v4"));
+    let model = Model::load(&files, &OPTS).unwrap();
+    assert_eq!(model.cfg.family.name(), "deepseek4");
+    let err = check_cases(&model, &[1, 3, 5, 64]);
+    assert!(err <= 1e-4, "max|Δ|/max|ref| = {err:.2e}");
+}
+
+#[test]
+fn greedy_matches_transformers() {
+    let g = json(&dir("deepseek_v4").join("greedy.json"));
+    let (prompt, want) = (ids(&g["prompt_ids"]), ids(&g["tokens"]));
+    let files = open(&dir("deepseek_v4"));
+    let model = Model::load(&files, &OPTS).unwrap();
+    for batch in [1, 7, 32] {
+        let mut st = model.new_state(64, batch, 1).unwrap();
+        let mut next = argmax(model.feed(&mut st, &prompt).unwrap()) as u32;
+        let mut got = vec![next];
+        while got.len() < want.len() {
+            next = argmax(model.forward_chunk(&mut st, &[next], 0).unwrap()) as u32;
+            got.push(next);
+        }
+        assert_eq!(got, want, "batch {batch}: greedy continuation");
+    }
+}
+
+/// Relative error on the longest case after `edit` changes the loaded model.
+fn err_with(edit: impl Fn(&mut Model<'_>)) -> f32 {
+    let d = dir("deepseek_v4");
+    let files = open(&d);
+    let mut model = Model::load(&files, &OPTS).unwrap();
+    edit(&mut model);
+    let case = &json(&d.join("cases.json"))["cases"][2];
+    let (_, refr) = sluice::npy::read_f32(&d.join(case["logits"].as_str().unwrap())).unwrap();
+    let mut st = model.new_state(64, 8, 8).unwrap();
+    let mut ours = Vec::new();
+    model
+        .logits_all(&mut st, &ids(&case["ids"]), &mut ours)
+        .unwrap();
+    compare(&ours, &refr, model.cfg.vocab).0
+}
+
+#[test]
+fn sinks_compression_and_hash_routing_each_matter() {
+    let no_sinks = err_with(|m| {
+        for l in &mut m.weights.v4.as_mut().unwrap().layers {
+            l.attn.sinks.fill(f32::NEG_INFINITY);
+        }
+    });
+    let no_compression = err_with(|m| {
+        for k in &mut m.cfg.v4.as_mut().unwrap().kinds {
+            *k = sluice::model::deepseek_v4::LayerKind::Sliding;
+        }
+        for l in &mut m.weights.v4.as_mut().unwrap().layers {
+            l.attn.comp = None;
+            l.attn.indexer = None;
+        }
+    });
+    let other_hash = err_with(|m| {
+        for l in &mut m.weights.v4.as_mut().unwrap().layers {
+            if let Some(t) = &mut l.moe.tid2eid {
+                t.rotate_left(2);
+            }
+        }
+    });
+    let no_topk = err_with(|m| m.cfg.v4.as_mut().unwrap().idx_topk = 64);
+    eprintln!(
+        "without sinks {no_sinks:.2e}, compression {no_compression:.2e}, hash table {other_hash:.2e}, indexer {no_topk:.2e}"
+    );
+    for (what, e) in [
+        ("sinks", no_sinks),
+        ("compressed entries", no_compression),
+        ("hash table", other_hash),
+        ("indexer top-k", no_topk),
+    ] {
+        assert!(
+            e > 1e-3,
+            "without the {what} the logits barely move ({e:.2e})"
+        );
+    }
+}
+
+/// A copy of the fixture with config.json edited by `f`.
+fn with_config(name: &str, f: impl Fn(&mut serde_json::Value)) -> std::path::PathBuf {
+    let src = dir("deepseek_v4");
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("dsv4-{name}"));
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::copy(src.join("model.safetensors"), out.join("model.safetensors")).unwrap();
+    let mut cfg = json(&src.join("config.json"));
+    f(&mut cfg);
+    std::fs::write(out.join("config.json"), cfg.to_string()).unwrap();
+    out
+}
+
+#[test]
+fn unsupported_features_are_refused_by_name() {
+    use serde_json::json as j;
+    let cases: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>, &str)> = vec![
+        (
+            "quant",
+            Box::new(|c| c["quantization_config"] = j!({"quant_method": "fp8"})),
+            "quantization_config",
+        ),
+        (
+            "score",
+            Box::new(|c| c["scoring_func"] = j!("noaux")),
+            "scoring_func",
+        ),
+        (
+            "layer",
+            Box::new(|c| c["layer_types"][1] = j!("full_attention")),
+            "layer_types[1]",
+        ),
+        (
+            "kvheads",
+            Box::new(|c| c["num_key_value_heads"] = j!(2)),
+            "num_key_value_heads",
+        ),
+        (
+            "rope",
+            Box::new(|c| c["rope_parameters"]["compress"]["rope_type"] = j!("longrope")),
+            "rope_parameters.compress.rope_type",
+        ),
+        ("hc", Box::new(|c| c["hc_mult"] = j!(7)), "hc_mult"),
+        (
+            "shared",
+            Box::new(|c| c["n_shared_experts"] = j!(2)),
+            "n_shared_experts",
+        ),
+    ];
+    for (name, f, key) in cases {
+        let d = with_config(name, f);
+        let files = open(&d);
+        let e = Model::load(&files, &OPTS)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(key), "{name}: {e}");
+        assert!(!e.contains('\n'), "{name}: one line: {e}");
+    }
+}
+
+#[test]
+fn streamed_experts_are_bit_identical_to_resident() {
+    use sluice::experts::{CacheConfig, IoMode};
+    let d = dir("deepseek_v4");
+    let files = open(&d);
+    let model = Model::load(&files, &OPTS).unwrap();
+    let case = &json(&d.join("cases.json"))["cases"][2];
+    let toks = ids(&case["ids"]);
+    let run = |batch: usize, cache: Option<CacheConfig>| {
+        let mut st = model.new_state(64, batch, batch).unwrap();
+        if let Some(c) = cache {
+            st.attach_experts(model.expert_cache(&files, c).unwrap());
+        }
+        let mut out = Vec::new();
+        model.logits_all(&mut st, &toks, &mut out).unwrap();
+        let read = st.expert_stats().map_or(0, |s| s.misses);
+        (out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>(), read)
+    };
+    let (reference, _) = run(8, None);
+    for io in [IoMode::Buffered, IoMode::Mmap] {
+        for slots in [1, 3, model.cfg.n_experts] {
+            for batch in [1, 8] {
+                let mut c = CacheConfig::new(slots);
+                c.io = io;
+                let (got, misses) = run(batch, Some(c));
+                assert!(
+                    misses > 0,
+                    "io {io:?} slots {slots}: the cache read nothing"
+                );
+                assert_eq!(got, reference, "io {io:?} slots {slots} batch {batch}");
+            }
+        }
+    }
+}
+
+#[test]
+fn truncate_and_restore_resume_bit_identically() {
+    // The compressor's pools and open windows live in positional cache rows: cutting the
+    // sequence mid-window, or restoring a snapshot, and going on gives the same logits bit
+    // for bit as the uninterrupted run.
+    let d = dir("deepseek_v4");
+    let files = open(&d);
+    let model = Model::load(&files, &OPTS).unwrap();
+    let toks = ids(&json(&d.join("cases.json"))["cases"][2]["ids"]);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    let mut st = model.new_state(64, 4, 4).unwrap();
+    let mut all = Vec::new();
+    model.logits_all(&mut st, &toks, &mut all).unwrap();
+    let v = model.cfg.vocab;
+    for cut in [5, 9, 13, 16] {
+        // Truncate: run everything, cut back to `cut`, run the rest again.
+        let mut st = model.new_state(64, 4, 4).unwrap();
+        let mut out = Vec::new();
+        model.logits_all(&mut st, &toks, &mut out).unwrap();
+        let snap = st.snapshot(cut).unwrap();
+        assert_eq!(st.truncate(cut), cut);
+        let mut rest = Vec::new();
+        model.logits_all(&mut st, &toks[cut..], &mut rest).unwrap();
+        assert_eq!(bits(&rest), bits(&all[cut * v..]), "truncate at {cut}");
+        // Restore into a fresh state.
+        let mut st2 = model.new_state(64, 4, 4).unwrap();
+        st2.restore(&snap).unwrap();
+        let mut rest2 = Vec::new();
+        model
+            .logits_all(&mut st2, &toks[cut..], &mut rest2)
+            .unwrap();
+        assert_eq!(bits(&rest2), bits(&all[cut * v..]), "restore at {cut}");
+    }
+}
