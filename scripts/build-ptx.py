@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Compile src/gpu/kernels.cu to PTX for compute_90 with NVRTC and write src/gpu/kernels.ptx.
+"""Compile src/gpu/kernels.cu (followed by every src/gpu/kernels_*.cu, in name order, as one
+translation unit: the later files may use kernels.cu's macros and types) to PTX for compute_90
+with NVRTC and write src/gpu/kernels.ptx.
 
 NVRTC needs no GPU: `pip install nvidia-cuda-nvrtc-cu12` brings libnvrtc. The PTX is committed
 (so the crate builds and runs with no CUDA toolkit: the driver JIT-compiles it at load) and its
@@ -10,7 +12,8 @@ usage: scripts/build-ptx.py [--check]
 import ctypes, glob, hashlib, os, sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SRC = os.path.join(ROOT, "src", "gpu", "kernels.cu")
+GPU = os.path.join(ROOT, "src", "gpu")
+SRCS = [os.path.join(GPU, "kernels.cu")] + sorted(glob.glob(os.path.join(GPU, "kernels_*.cu")))
 OUT = os.path.join(ROOT, "src", "gpu", "kernels.ptx")
 
 
@@ -34,7 +37,7 @@ def libnvrtc():
 
 
 def main():
-    src = open(SRC, "rb").read()
+    src = b"".join(open(p, "rb").read() for p in SRCS)
     digest = hashlib.sha256(src).hexdigest()
     nv = libnvrtc()
     prog = ctypes.c_void_p()

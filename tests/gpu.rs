@@ -404,12 +404,26 @@ fn gpu_tokens_identical_across_placement() {
 /// source's SHA-256 on its first line). Runs everywhere: it needs no GPU.
 #[test]
 fn ptx_is_built_from_this_source() {
-    let src = root().join("src/gpu/kernels.cu");
-    let out = std::process::Command::new("sha256sum")
-        .arg(&src)
+    // kernels.cu, then every kernels_*.cu in name order: one translation unit (build-ptx.py).
+    let gpu = root().join("src/gpu");
+    let mut srcs: Vec<_> = std::fs::read_dir(&gpu)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy().into_owned();
+            n.starts_with("kernels_") && n.ends_with(".cu")
+        })
+        .collect();
+    srcs.sort();
+    srcs.insert(0, gpu.join("kernels.cu"));
+    let cat = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("cat \"$@\" | sha256sum")
+        .arg("sh")
+        .args(&srcs)
         .output()
         .expect("sha256sum");
-    let hash = String::from_utf8_lossy(&out.stdout)
+    let hash = String::from_utf8_lossy(&cat.stdout)
         .split_whitespace()
         .next()
         .unwrap_or("")
