@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Write a Qwen3-Next safetensors checkpoint as a GGUF with the names and keys llama.cpp uses for
-architecture `qwen3next`.
+"""Write a Qwen3-Next or Qwen3.5-MoE (text) safetensors checkpoint as a GGUF with the names and
+keys llama.cpp uses for architecture `qwen3next` / `qwen35moe`.
 
 What llama.cpp does, read from ggml-org/llama.cpp conversion/qwen.py (`Qwen3NextModel`, at
 03173d5e78f8) and gguf-py 0.19.0 (constants.py: MODEL_ARCH.QWEN3NEXT's tensor list and names):
@@ -22,6 +22,16 @@ What llama.cpp does, read from ggml-org/llama.cpp conversion/qwen.py (`Qwen3Next
 llama.cpp's qwen3next has no dense-MLP layers; a layer in `mlp_only_layers` is written with
 the dense names other architectures use (ffn_gate / ffn_up / ffn_down), which sluice reads.
 The layer pattern must be expressible as full_attention_interval (refused otherwise).
+Qwen3.5-MoE (`Qwen3_5MoeTextModel` in llama-cpp-python 0.3.36's vendor/llama.cpp
+conversion/qwen.py, via `_LinearAttentionVReorderBase` and `_Qwen35MRopeMixin`; names from its
+gguf-py constants.py / tensor_mapping.py): the same keys plus `rope.dimension_sections`
+(mrope_section padded to 4, default [11, 11, 10, 0]) and `attention.recurrent_layers`; the
+separate projections keep their own names (`attn_qkv` from in_proj_qkv, `attn_gate` from
+in_proj_z, `ssm_beta` from in_proj_b, `ssm_alpha` from in_proj_a); where key and value heads
+differ, every value-head-indexed row, channel or column (v rows of attn_qkv, attn_gate,
+ssm_beta, ssm_alpha, ssm_a, ssm_dt.bias, the conv's v channels, ssm_out's columns) goes from
+HF's grouped order (value heads of key head 0 first) to the tiled order [G0 v0, G1 v0, ...,
+G0 v1, G1 v1, ...], so value head j reads key head j % key_heads.
 Reads safetensors with numpy only (no torch). The tokenizer is not written (tests feed ids).
 
 Usage: python3 scripts/qwen3next_to_gguf.py MODEL_DIR OUT.gguf
@@ -46,7 +56,8 @@ def main() -> None:
     src, out = Path(sys.argv[1]), Path(sys.argv[2])
     c = json.loads((src / "config.json").read_text())
     t = read_safetensors(src / "model.safetensors")
-    arch = gguf.MODEL_ARCH.QWEN3NEXT
+    qwen35 = c["architectures"][0].startswith("Qwen3_5")
+    arch = gguf.MODEL_ARCH.QWEN35MOE if qwen35 else gguf.MODEL_ARCH.QWEN3NEXT
     n_layers = c["num_hidden_layers"]
     names = gguf.get_tensor_name_map(arch, n_layers)
     types = c["layer_types"]
@@ -64,7 +75,8 @@ def main() -> None:
     w.add_block_count(n_layers)
     w.add_context_length(c["max_position_embeddings"])
     w.add_embedding_length(c["hidden_size"])
-    w.add_feed_forward_length(c["intermediate_size"])
+    if "intermediate_size" in c:
+        w.add_feed_forward_length(c["intermediate_size"])
     w.add_head_count(c["num_attention_heads"])
     w.add_head_count_kv(c["num_key_value_heads"])
     w.add_key_length(hd)
@@ -83,11 +95,26 @@ def main() -> None:
     w.add_ssm_inner_size(dv * nv)
     w.add_full_attention_interval(interval)
     w.add_rope_dimension_count(int(hd * rope.get("partial_rotary_factor", 0.25)))
+    if qwen35:
+        # gguf-py's add_recurrent_layers (newer than the installed package): the same key.
+        w.add_array(f"{gguf.MODEL_ARCH_NAMES[arch]}.attention.recurrent_layers",
+                    [x == "linear_attention" for x in types])
+        sections = list(rope.get("mrope_section") or [11, 11, 10])
+        w.add_rope_dimension_sections((sections + [0, 0, 0, 0])[:4])
+    r = nv // nk
+
+    def tiled(x: np.ndarray, width: int, axis: int = 0) -> np.ndarray:
+        """Value heads (each `width` wide along `axis`) from grouped to tiled order."""
+        if nk == nv:
+            return x
+        x = np.moveaxis(x, axis, 0)
+        y = x.reshape(nk, r, width, *x.shape[1:]).swapaxes(0, 1).reshape(x.shape)
+        return np.moveaxis(y, 0, axis)
 
     def put(hf: str, data: np.ndarray, suffix: str = ".weight", name: str | None = None):
         name = name or names.get_name(hf)
         if name is None:
-            raise SystemExit(f"gguf-py has no QWEN3NEXT name for {hf}")
+            raise SystemExit(f"gguf-py has no {arch.name} name for {hf}")
         w.add_tensor(name + suffix, np.ascontiguousarray(data, dtype=np.float32))
 
     put("model.embed_tokens", t["model.embed_tokens.weight"])
@@ -98,10 +125,24 @@ def main() -> None:
         p = f"model.layers.{l}"
         put(f"{p}.input_layernorm", t[f"{p}.input_layernorm.weight"] + 1)
         put(f"{p}.post_attention_layernorm", t[f"{p}.post_attention_layernorm.weight"] + 1)
-        if types[l] == "linear_attention":
+        if types[l] == "linear_attention" and qwen35:
+            a = f"{p}.linear_attn"
+            qkv = t[f"{a}.in_proj_qkv.weight"]
+            kd = nk * dk
+            qkv = np.concatenate([qkv[:2 * kd], tiled(qkv[2 * kd:], dv)])
+            put("", qkv, name=f"blk.{l}.attn_qkv")
+            put("", tiled(t[f"{a}.in_proj_z.weight"], dv), name=f"blk.{l}.attn_gate")
+            put("", tiled(t[f"{a}.in_proj_b.weight"], 1), name=f"blk.{l}.ssm_beta")
+            put("", tiled(t[f"{a}.in_proj_a.weight"], 1), name=f"blk.{l}.ssm_alpha")
+            conv = t[f"{a}.conv1d.weight"].squeeze(1)
+            put(f"{a}.conv1d", np.concatenate([conv[:2 * kd], tiled(conv[2 * kd:], dv)]))
+            put(f"{a}.A_log", tiled(-np.exp(t[f"{a}.A_log"]), 1), suffix="")
+            put(f"{a}.dt_proj", tiled(t[f"{a}.dt_bias"], 1), ".bias")
+            put(f"{a}.norm", t[f"{a}.norm.weight"])
+            put(f"{a}.out_proj", tiled(t[f"{a}.out_proj.weight"], dv, axis=1))
+        elif types[l] == "linear_attention":
             a = f"{p}.linear_attn"
             qkvz = t[f"{a}.in_proj_qkvz.weight"]  # (nk * (2dk + 2 r dv), hidden)
-            r = nv // nk
             g = qkvz.reshape(nk, 2 * dk + 2 * r * dv, -1)
             q, k = g[:, :dk], g[:, dk:2 * dk]
             v, z = g[:, 2 * dk:2 * dk + r * dv], g[:, 2 * dk + r * dv:]

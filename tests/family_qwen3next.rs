@@ -30,10 +30,11 @@ const OPTS: LoadOptions = LoadOptions {
 };
 
 /// (fixture or file, family): the GGUF is checked against the safetensors fixture's logits.
-const FAMILIES: [(&str, &str); 3] = [
+const FAMILIES: [(&str, &str); 4] = [
     ("qwen3_next", "qwen3next"),
     ("qwen3_next.gguf", "qwen3next"),
     ("qwen3_5_moe", "qwen35moe"),
+    ("qwen3_5_moe.gguf", "qwen35moe"),
 ];
 
 /// The fixture directory holding the reference logits of `name`.
@@ -42,24 +43,31 @@ fn refdir(name: &str) -> PathBuf {
 }
 
 fn open(name: &str) -> ModelFiles {
-    let p = if name == "qwen3_next.gguf" {
-        gguf()
-    } else {
-        dir(name)
+    let p = match name.strip_suffix(".gguf") {
+        Some(fixture) => gguf(fixture),
+        None => dir(name),
     };
     ModelFiles::open(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
-/// The Qwen3-Next fixture as a `qwen3next` GGUF (llama.cpp's names and keys), written once per
-/// test binary by scripts/qwen3next_to_gguf.py.
-fn gguf() -> PathBuf {
-    static CELL: OnceLock<PathBuf> = OnceLock::new();
-    CELL.get_or_init(|| {
-        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("qwen3next.gguf");
+/// Fixture `fixture` as a `qwen3next` / `qwen35moe` GGUF (llama.cpp's names, keys and, for
+/// Qwen3.5, its tiled value-head order), written once per test binary by
+/// scripts/qwen3next_to_gguf.py.
+fn gguf(fixture: &str) -> PathBuf {
+    static CELLS: [(&str, OnceLock<PathBuf>); 2] = [
+        ("qwen3_next", OnceLock::new()),
+        ("qwen3_5_moe", OnceLock::new()),
+    ];
+    let (_, cell) = CELLS
+        .iter()
+        .find(|(f, _)| *f == fixture)
+        .unwrap_or_else(|| panic!("no GGUF writer for {fixture}"));
+    cell.get_or_init(|| {
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{fixture}.gguf"));
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/qwen3next_to_gguf.py");
         let run = Command::new("python3")
             .arg(script)
-            .arg(dir("qwen3_next"))
+            .arg(dir(fixture))
             .arg(&out)
             .output()
             .expect("python3 with the gguf and numpy packages (.ci/run installs them)");
@@ -138,7 +146,7 @@ fn greedy_matches_transformers() {
 
 #[test]
 fn streamed_experts_are_bit_identical_to_resident() {
-    for name in ["qwen3_next", "qwen3_next.gguf"] {
+    for name in ["qwen3_next", "qwen3_next.gguf", "qwen3_5_moe.gguf"] {
         streamed_matches_resident(name);
     }
 }
@@ -212,7 +220,7 @@ fn snapshot_restores_the_recurrent_state_and_truncate_restarts() {
 
 /// Relative error on the longest case after `edit` changes the loaded model.
 fn err_with(name: &str, edit: impl Fn(&mut Model<'_>)) -> f32 {
-    let d = dir(name);
+    let d = refdir(name);
     let files = open(name);
     let mut model = Model::load(&files, &OPTS).unwrap();
     edit(&mut model);
@@ -269,6 +277,19 @@ fn shared_gate_conv_and_decay_each_matter() {
             "without the {what} the logits barely move ({e:.2e})"
         );
     }
+}
+
+/// The `qwen35moe` GGUF's tiled value-head order matters: read as HF's grouped order, the
+/// value heads meet the wrong key heads and the logits leave the reference.
+#[test]
+fn qwen35moe_gguf_value_heads_are_tiled() {
+    let grouped = err_with("qwen3_5_moe.gguf", |m| {
+        let hy = m.cfg.hybrid.as_mut().unwrap();
+        assert!(hy.v_tiled && hy.k_heads < hy.v_heads);
+        hy.v_tiled = false;
+    });
+    eprintln!("qwen35moe GGUF read in grouped order: {grouped:.2e}");
+    assert!(grouped > 1e-2, "grouped order stays at {grouped:.2e}");
 }
 
 #[test]

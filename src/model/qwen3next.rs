@@ -33,9 +33,11 @@
 //! starts from a zero state. Only the full-attention layers keep a KV cache, in compact slots
 //! (`Hybrid::kv_slot`, `ModelConfig::kv_layers`).
 //!
-//! Files: HF safetensors of both families; llama.cpp's `qwen3next` GGUF (names and keys as its
-//! converter writes them, see scripts/qwen3next_to_gguf.py). A `qwen35moe` GGUF is refused by
-//! name (llama.cpp reorders its value heads and writes MRoPE sections: not read yet).
+//! Files: HF safetensors of both families; llama.cpp's `qwen3next` and `qwen35moe` GGUF (names
+//! and keys as its converter writes them, see scripts/qwen3next_to_gguf.py). A `qwen35moe` GGUF
+//! holds the value heads in llama.cpp's tiled order (value head j reads key head
+//! j % key_heads, `Hybrid::v_tiled`) and MRoPE sections, which for text (the same position on
+//! every axis) are plain RoPE; its MTP layers are skipped as the safetensors path skips them.
 //!
 //! Owns: the two `FamilySpec`s and their config hooks (unsupported features refused by name),
 //! `Hybrid`, the mixer weights (`Mixer`), `HybridState`, the DeltaNet arithmetic
@@ -48,6 +50,7 @@ use super::backend::{At, Backend};
 use super::blocks::silu;
 use super::config::{Family, ModelConfig, QkNorm, RopeLayout};
 use super::family::{self, BiasRule, FamilySpec, GgufKeys, HfKeys};
+use crate::format::MetaValue;
 use super::names::HF_MLP_MOE;
 use super::ModelError;
 use crate::kernels::WeightView;
@@ -93,7 +96,7 @@ pub static SPEC35: FamilySpec = FamilySpec {
     gguf_yarn_cancelled: false,
     hf_qk_norm: family::no_qk_norm,
     hf_sliding_window: family::no_sliding_window,
-    gguf_hparams: refuse_gguf,
+    gguf_hparams: gguf_35,
     hf_hparams: hf_35,
 };
 
@@ -126,6 +129,9 @@ pub mod gguf {
     pub const QKV: &str = "blk.{l}.attn_qkv.weight";
     pub const Z: &str = "blk.{l}.attn_gate.weight";
     pub const BA: &str = "blk.{l}.ssm_ba.weight";
+    /// `qwen35moe`: b and a as separate projections (value heads tiled).
+    pub const BETA: &str = "blk.{l}.ssm_beta.weight";
+    pub const ALPHA: &str = "blk.{l}.ssm_alpha.weight";
     pub const CONV: &str = "blk.{l}.ssm_conv1d.weight";
     pub const A: &str = "blk.{l}.ssm_a";
     pub const DT_BIAS: &str = "blk.{l}.ssm_dt.bias";
@@ -159,6 +165,9 @@ pub struct Hybrid {
     /// Qwen3-Next's fused, per-key-head grouped `in_proj_qkvz` / `in_proj_ba` (else Qwen3.5's
     /// separate projections).
     pub fused: bool,
+    /// Value heads in llama.cpp's tiled order (a `qwen35moe` GGUF): value head j reads key head
+    /// j % k_heads; else HF's grouped order, key head j / (v_heads / k_heads).
+    pub v_tiled: bool,
 }
 
 impl Hybrid {
@@ -194,6 +203,15 @@ impl Hybrid {
         (!*self.linear.get(l)?).then(|| self.linear[..l].iter().filter(|x| !**x).count())
     }
 
+    /// The key head that value head `hv` reads.
+    pub fn key_head(&self, hv: usize) -> usize {
+        if self.v_tiled {
+            hv % self.k_heads
+        } else {
+            hv / (self.v_heads / self.k_heads)
+        }
+    }
+
     /// Index of linear layer `l` among the linear layers.
     pub fn linear_index(&self, l: usize) -> Option<usize> {
         (*self.linear.get(l)?).then(|| self.linear[..l].iter().filter(|x| **x).count())
@@ -209,23 +227,60 @@ fn refuse<T>(m: String) -> Result<T, ModelError> {
     Err(ModelError::Config(m))
 }
 
-fn refuse_gguf(k: &GgufKeys<'_>, _: &mut ModelConfig) -> Result<(), ModelError> {
-    refuse(format!(
-        "GGUF architecture {}: {} GGUF files are not supported yet (load the safetensors checkpoint)",
-        k.arch, k.arch
-    ))
+/// A `qwen3next` GGUF (llama.cpp's keys, see scripts/qwen3next_to_gguf.py): the layer pattern
+/// from `attention.recurrent_layers` when present, else `full_attention_interval`, the
+/// DeltaNet's shape from the `ssm.*` keys, dense layers where a layer has no router.
+fn gguf_next(k: &GgufKeys<'_>, c: &mut ModelConfig) -> Result<(), ModelError> {
+    gguf_common(k, c, false)
 }
 
-/// A `qwen3next` GGUF (llama.cpp's keys, see scripts/qwen3next_to_gguf.py): the layer pattern
-/// from `full_attention_interval`, the DeltaNet's shape from the `ssm.*` keys, dense layers
-/// where a layer has no router.
-fn gguf_next(k: &GgufKeys<'_>, c: &mut ModelConfig) -> Result<(), ModelError> {
+/// A `qwen35moe` GGUF: as `qwen3next`, with the value heads in tiled order. Its
+/// `rope.dimension_sections` (MRoPE) rotate text positions as plain RoPE; the MTP layers
+/// (`nextn_predict_layers`) are not run, as transformers does not run them.
+fn gguf_35(k: &GgufKeys<'_>, c: &mut ModelConfig) -> Result<(), ModelError> {
+    if let Some(MetaValue::Array(s)) = k.get("rope.dimension_sections") {
+        let pairs: u64 = s.iter().filter_map(MetaValue::as_u64).sum();
+        if pairs as usize * 2 != c.rotary_dim {
+            return refuse(format!(
+                "{}: sections of {pairs} rotary pairs do not cover rope.dimension_count {}",
+                k.key("rope.dimension_sections"),
+                c.rotary_dim
+            ));
+        }
+    }
+    c.n_mtp_layers = 0;
+    gguf_common(k, c, true)
+}
+
+fn gguf_common(k: &GgufKeys<'_>, c: &mut ModelConfig, v_tiled: bool) -> Result<(), ModelError> {
     let n = c.n_layers;
-    let every = k.req_u("full_attention_interval")?.max(1);
+    let linear: Vec<bool> = match k.get("attention.recurrent_layers") {
+        Some(MetaValue::Array(a)) => {
+            let flags: Vec<bool> = a
+                .iter()
+                .map(|v| match v {
+                    MetaValue::Bool(b) => Some(*b),
+                    v => v.as_u64().map(|x| x != 0),
+                })
+                .collect::<Option<_>>()
+                .filter(|f: &Vec<bool>| f.len() >= n)
+                .ok_or_else(|| {
+                    ModelError::Config(format!(
+                        "GGUF metadata {} must hold a flag for each of the {n} layers",
+                        k.key("attention.recurrent_layers")
+                    ))
+                })?;
+            flags[..n].to_vec()
+        }
+        _ => {
+            let every = k.req_u("full_attention_interval")?.max(1);
+            (0..n).map(|l| (l + 1) % every != 0).collect()
+        }
+    };
     let v_heads = k.req_u("ssm.time_step_rank")?.max(1);
     let inner = k.req_u("ssm.inner_size")?;
     let hy = Hybrid {
-        linear: (0..n).map(|l| (l + 1) % every != 0).collect(),
+        linear,
         dense: (0..n)
             .map(|l| {
                 k.files
@@ -239,6 +294,7 @@ fn gguf_next(k: &GgufKeys<'_>, c: &mut ModelConfig) -> Result<(), ModelError> {
         v_dim: inner / v_heads,
         conv: k.req_u("ssm.conv_kernel")?.max(1),
         fused: false,
+        v_tiled,
     };
     if !hy.v_heads.is_multiple_of(hy.k_heads) || inner % v_heads != 0 {
         return refuse(format!(
@@ -323,6 +379,7 @@ fn hf_common(k: &HfKeys<'_>, c: &mut ModelConfig, fused: bool) -> Result<(), Mod
         v_dim: req("linear_value_head_dim")?,
         conv: req("linear_conv_kernel_dim")?,
         fused,
+        v_tiled: false,
     };
     if !hy.v_heads.is_multiple_of(hy.k_heads) {
         return refuse(format!(
@@ -572,7 +629,6 @@ pub fn delta_step(
     out: &mut [f32],
 ) {
     let (dk, dv, kd) = (hy.k_dim, hy.v_dim, hy.key_dim());
-    let r = hy.v_heads / hy.k_heads;
     qk.copy_from_slice(&x[..2 * kd]);
     let scale = 1.0 / (dk as f32).sqrt();
     for h in qk.chunks_exact_mut(dk) {
@@ -582,7 +638,7 @@ pub fn delta_step(
     let (qn, kn) = qk.split_at(kd);
     let v = &x[2 * kd..];
     for hv in 0..hy.v_heads {
-        let kh = hv / r;
+        let kh = hy.key_head(hv);
         let (q, k) = (&qn[kh * dk..(kh + 1) * dk], &kn[kh * dk..(kh + 1) * dk]);
         let beta = 1.0 / (1.0 + (-b[hv]).exp());
         let decay = (d.a_neg[hv] * softplus(a[hv] + d.dt_bias[hv])).exp();

@@ -873,7 +873,14 @@ impl<'a> Binder<'a, '_> {
             )));
         }
         let (kd, vd, nv) = (hy.key_dim(), hy.value_dim(), hy.v_heads);
-        let (in_qkv, in_b, in_z, in_a) = if g {
+        let (in_qkv, in_b, in_z, in_a) = if g && hy.v_tiled {
+            (
+                self.named_mat(gguf::QKV, l, hy.conv_dim(), h)?,
+                self.named_mat(gguf::BETA, l, nv, h)?,
+                Some(self.named_mat(gguf::Z, l, vd, h)?),
+                Some(self.named_mat(gguf::ALPHA, l, nv, h)?),
+            )
+        } else if g {
             (
                 self.named_mat(gguf::QKV, l, hy.conv_dim(), h)?,
                 self.named_mat(gguf::BA, l, 2 * nv, h)?,
