@@ -81,11 +81,14 @@ pub enum SynthArch {
     /// Qwen3-Next (GGUF `qwen3next`): layer l is gated full attention when (l + 1) %
     /// `interval` == 0, else a Gated DeltaNet; every layer MoE with a sigmoid-gated shared
     /// expert of `shared_ffn`; q/k norms, partial rotary `rotary_dim`.
+    /// `qwen35`: Qwen3.5-MoE as GGUF `qwen35moe` (separate `ssm_beta` / `ssm_alpha`, value
+    /// heads in llama.cpp's tiled order, MRoPE sections, `attention.recurrent_layers`).
     Qwen3Next {
         linear: LinearAttn,
         shared_ffn: usize,
         interval: usize,
         rotary_dim: usize,
+        qwen35: bool,
     },
 }
 
@@ -106,7 +109,8 @@ impl SynthArch {
             SynthArch::Qwen3Moe => "qwen3moe",
             SynthArch::Deepseek2 { .. } => "deepseek2",
             SynthArch::Glm4Moe { .. } => "glm4moe",
-            SynthArch::Qwen3Next { .. } => "qwen3next",
+            SynthArch::Qwen3Next { qwen35: false, .. } => "qwen3next",
+            SynthArch::Qwen3Next { qwen35: true, .. } => "qwen35moe",
         }
     }
 }
@@ -235,8 +239,29 @@ impl MoeSpec {
                     shared_ffn: 512,
                     interval: 4,
                     rotary_dim: 64,
+                    qwen35: false,
                 },
                 ..base(2048, 48, 16, 2, 256, 512, 10, 512, 151936)
+            },
+            // Qwen3.5-397B-A17B's text config (60 layers, 3 DeltaNet : 1 gated attention, 512
+            // experts of 1024 with 10 used and a gated shared expert of 1024); its MTP layer
+            // not written.
+            "qwen3.5-397b-a17b" => MoeSpec {
+                ctx: 262144,
+                arch: SynthArch::Qwen3Next {
+                    linear: LinearAttn {
+                        k_heads: 16,
+                        v_heads: 64,
+                        k_dim: 128,
+                        v_dim: 128,
+                        conv: 4,
+                    },
+                    shared_ffn: 1024,
+                    interval: 4,
+                    rotary_dim: 64,
+                    qwen35: true,
+                },
+                ..base(4096, 60, 32, 2, 256, 512, 10, 1024, 248320)
             },
             _ => return None,
         })
@@ -248,6 +273,7 @@ impl MoeSpec {
         "deepseek-v3",
         "glm-4.5-air",
         "qwen3-next-80b-a3b",
+        "qwen3.5-397b-a17b",
     ];
 
     /// Keep the first `n` layers (n >= 1), at least one of them MoE: the leading dense

@@ -16,7 +16,7 @@ mod model_util;
 
 use model_util::{argmax, compare, dir, ids, json};
 use sluice::experts::{CacheConfig, IoMode};
-use sluice::format::ModelFiles;
+use sluice::format::{MetaValue, ModelFiles};
 use sluice::model::qwen3next::Mixer;
 use sluice::model::weights::Attention;
 use sluice::model::{LoadOptions, Model};
@@ -334,37 +334,47 @@ fn unimplemented_config_features_are_refused_by_name() {
 }
 
 #[test]
-fn synth_preset_writes_a_loadable_qwen3next() {
+fn synth_presets_write_loadable_qwen3next_and_qwen35moe() {
     use sluice::synth::{MoeSpec, SynthArch};
-    let mut s = MoeSpec::preset("qwen3-next-80b-a3b").unwrap();
-    (s.hidden, s.experts, s.experts_used, s.expert_ffn, s.vocab) = (128, 16, 4, 64, 0);
-    (s.heads, s.kv_heads, s.head_dim) = (4, 2, 32);
-    if let SynthArch::Qwen3Next {
-        linear,
-        shared_ffn,
-        rotary_dim,
-        ..
-    } = &mut s.arch
-    {
-        (linear.k_heads, linear.v_heads, linear.k_dim, linear.v_dim) = (2, 4, 16, 16);
-        (*shared_ffn, *rotary_dim) = (64, 8);
-    }
-    s.cut_layers(4).unwrap();
-    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("synth-qwen3next.gguf");
-    sluice::synth::write_random(&path, &s, &mut |_, _| {}).unwrap();
-    let files = ModelFiles::open(&path).unwrap();
-    let model = Model::load(&files, &OPTS).unwrap();
-    assert_eq!(model.cfg.family.name(), "qwen3next");
-    let hy = model.cfg.hybrid.as_deref().unwrap();
-    assert_eq!(hy.linear, vec![true, true, true, false]);
-    assert_eq!(model.cfg.kv_layers(), 1);
-    let mut st = model.new_state(128, 8, 1).unwrap();
-    let toks: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 200).collect();
-    let last = model.feed(&mut st, &toks).unwrap().to_vec();
-    assert!(last.iter().all(|v| v.is_finite()));
-    for t in 0..8 {
-        let l = model.forward_chunk(&mut st, &[t], 0).unwrap();
-        assert!(l.iter().all(|v| v.is_finite()), "step {t}");
+    for (preset, arch, tiled) in [
+        ("qwen3-next-80b-a3b", "qwen3next", false),
+        ("qwen3.5-397b-a17b", "qwen35moe", true),
+    ] {
+        let mut s = MoeSpec::preset(preset).unwrap();
+        (s.hidden, s.experts, s.experts_used, s.expert_ffn, s.vocab) = (128, 16, 4, 64, 0);
+        (s.heads, s.kv_heads, s.head_dim) = (4, 2, 32);
+        if let SynthArch::Qwen3Next {
+            linear,
+            shared_ffn,
+            rotary_dim,
+            ..
+        } = &mut s.arch
+        {
+            (linear.k_heads, linear.v_heads, linear.k_dim, linear.v_dim) = (2, 4, 16, 16);
+            (*shared_ffn, *rotary_dim) = (64, 8);
+        }
+        s.cut_layers(4).unwrap();
+        let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("synth-{preset}.gguf"));
+        sluice::synth::write_random(&path, &s, &mut |_, _| {}).unwrap();
+        let files = ModelFiles::open(&path).unwrap();
+        let got = files
+            .meta("general.architecture")
+            .and_then(MetaValue::as_str);
+        assert_eq!(got, Some(arch), "{preset}");
+        let model = Model::load(&files, &OPTS).unwrap();
+        assert_eq!(model.cfg.family.name(), arch, "{preset}");
+        let hy = model.cfg.hybrid.as_deref().unwrap();
+        assert_eq!(hy.linear, vec![true, true, true, false], "{preset}");
+        assert_eq!(hy.v_tiled, tiled, "{preset}");
+        assert_eq!(model.cfg.kv_layers(), 1);
+        let mut st = model.new_state(128, 8, 1).unwrap();
+        let toks: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 200).collect();
+        let last = model.feed(&mut st, &toks).unwrap().to_vec();
+        assert!(last.iter().all(|v| v.is_finite()));
+        for t in 0..8 {
+            let l = model.forward_chunk(&mut st, &[t], 0).unwrap();
+            assert!(l.iter().all(|v| v.is_finite()), "{preset} step {t}");
+        }
     }
 }
 

@@ -17,7 +17,8 @@ pub struct SynthArgs {
     /// MLA, 3 dense + 58 MoE layers of 256 experts) | glm-4.5-air (glm4moe: 1 dense + 45 MoE
     /// layers of 128 experts). Both also get their one MTP (NextN) layer (see --no-mtp).
     /// qwen3-next-80b-a3b (qwen3next: 36 Gated DeltaNet + 12 gated-attention layers, 512
-    /// experts, a gated shared expert; no MTP layer).
+    /// experts, a gated shared expert; no MTP layer) | qwen3.5-397b-a17b (qwen35moe: 45 DeltaNet
+    /// + 15 gated-attention layers, 512 experts of 1024, tiled value heads; no MTP layer).
     #[arg(long, default_value = "qwen3-30b-a3b")]
     pub preset: String,
     /// Keep only the first N layers (0 = all); at least one stays MoE (leading dense layers

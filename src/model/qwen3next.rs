@@ -50,9 +50,9 @@ use super::backend::{At, Backend};
 use super::blocks::silu;
 use super::config::{Family, ModelConfig, QkNorm, RopeLayout};
 use super::family::{self, BiasRule, FamilySpec, GgufKeys, HfKeys};
-use crate::format::MetaValue;
 use super::names::HF_MLP_MOE;
 use super::ModelError;
+use crate::format::MetaValue;
 use crate::kernels::WeightView;
 use serde_json::Value;
 

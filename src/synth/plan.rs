@@ -231,6 +231,7 @@ impl Plan<'_> {
             linear: la,
             shared_ffn,
             interval,
+            qwen35,
             ..
         } = spec.arch
         else {
@@ -252,7 +253,12 @@ impl Plan<'_> {
             let (kd, vd) = (la.k_heads * la.k_dim, la.v_heads * la.v_dim);
             self.mat(b("attn_qkv"), a, 2 * kd + vd, h);
             self.mat(b("attn_gate"), a, vd, h);
-            self.mat(b("ssm_ba"), a, 2 * la.v_heads, h);
+            if qwen35 {
+                self.mat(b("ssm_beta"), a, la.v_heads, h);
+                self.mat(b("ssm_alpha"), a, la.v_heads, h);
+            } else {
+                self.mat(b("ssm_ba"), a, 2 * la.v_heads, h);
+            }
             let conv = Init::Uniform(fan(la.conv));
             self.add(b("ssm_conv1d"), v, &[2 * kd + vd, la.conv], conv);
             self.add(
@@ -393,27 +399,49 @@ pub(super) fn arch_meta(spec: &MoeSpec, vocab: usize) -> Vec<(String, MetaValue)
             shared_ffn,
             interval,
             rotary_dim,
-        } => kv.extend([
-            ("feed_forward_length", u(spec.expert_ffn)),
-            ("expert_feed_forward_length", u(spec.expert_ffn)),
-            ("expert_shared_feed_forward_length", u(*shared_ffn)),
-            ("attention.head_count", u(spec.heads)),
-            ("attention.head_count_kv", u(spec.kv_heads)),
-            ("attention.key_length", u(spec.head_dim)),
-            ("attention.value_length", u(spec.head_dim)),
-            ("rope.dimension_count", u(*rotary_dim)),
-            ("rope.freq_base", f(10_000_000.0)),
-            ("attention.layer_norm_rms_epsilon", f(1e-6)),
-            ("expert_count", u(spec.experts)),
-            ("expert_used_count", u(spec.experts_used)),
-            ("expert_weights_norm", MetaValue::Bool(true)),
-            ("ssm.conv_kernel", u(la.conv)),
-            ("ssm.state_size", u(la.k_dim)),
-            ("ssm.group_count", u(la.k_heads)),
-            ("ssm.time_step_rank", u(la.v_heads)),
-            ("ssm.inner_size", u(la.v_heads * la.v_dim)),
-            ("full_attention_interval", u(*interval)),
-        ]),
+            qwen35,
+        } => {
+            if *qwen35 {
+                // MRoPE sections (Qwen3.5's [11, 11, 10] over 64 rotary dims, padded to 4):
+                // llama.cpp requires the key; for text they rotate as plain RoPE.
+                let pairs = rotary_dim / 2;
+                let a = pairs.div_ceil(3);
+                let sections = [a, a, pairs.saturating_sub(2 * a), 0];
+                kv.push((
+                    "rope.dimension_sections",
+                    MetaValue::Array(sections.iter().map(|v| u(*v)).collect()),
+                ));
+                kv.push((
+                    "attention.recurrent_layers",
+                    MetaValue::Array(
+                        (0..spec.layers)
+                            .map(|l| MetaValue::Bool(!(l + 1).is_multiple_of((*interval).max(1))))
+                            .collect(),
+                    ),
+                ));
+            }
+            kv.extend([
+                ("feed_forward_length", u(spec.expert_ffn)),
+                ("expert_feed_forward_length", u(spec.expert_ffn)),
+                ("expert_shared_feed_forward_length", u(*shared_ffn)),
+                ("attention.head_count", u(spec.heads)),
+                ("attention.head_count_kv", u(spec.kv_heads)),
+                ("attention.key_length", u(spec.head_dim)),
+                ("attention.value_length", u(spec.head_dim)),
+                ("rope.dimension_count", u(*rotary_dim)),
+                ("rope.freq_base", f(10_000_000.0)),
+                ("attention.layer_norm_rms_epsilon", f(1e-6)),
+                ("expert_count", u(spec.experts)),
+                ("expert_used_count", u(spec.experts_used)),
+                ("expert_weights_norm", MetaValue::Bool(true)),
+                ("ssm.conv_kernel", u(la.conv)),
+                ("ssm.state_size", u(la.k_dim)),
+                ("ssm.group_count", u(la.k_heads)),
+                ("ssm.time_step_rank", u(la.v_heads)),
+                ("ssm.inner_size", u(la.v_heads * la.v_dim)),
+                ("full_attention_interval", u(*interval)),
+            ]);
+        }
     }
     let arch = spec.arch.gguf_name();
     kv.into_iter()
