@@ -128,7 +128,7 @@ def main():
     qin[:32] *= 0.0  # an all-zero block (d = 0)
     qin[32:64] += 3.0  # a block of one sign (min > 0)
     (OUT / "quantize_in.f32").write_bytes(qin.tobytes())
-    for t in (T.Q5_0, T.Q4_1, T.Q5_1):
+    for t in (T.Q5_0, T.Q4_1, T.Q5_1, T.MXFP4):
         q = gguf.quants.quantize(qin.reshape(1, -1), t)
         (OUT / f"{t.name}.quantized").write_bytes(np.asarray(q, dtype=np.uint8).tobytes())
     (OUT / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n")

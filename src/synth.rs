@@ -90,6 +90,11 @@ pub enum SynthArch {
         rotary_dim: usize,
         qwen35: bool,
     },
+    /// OpenAI gpt-oss (GGUF `gpt-oss`): GQA with q/k/v/o biases and one learned sink logit per
+    /// head; even layers attend a sliding window of `window` tokens, odd layers everything;
+    /// a softmax router with a bias; experts with biases on every projection (clamped
+    /// SwiGLU); YaRN x32 over 4096 positions, theta 150000 (gpt-oss's config).
+    GptOss { window: usize },
 }
 
 /// A Gated DeltaNet's shape (llama.cpp's `ssm.*` keys).
@@ -111,6 +116,7 @@ impl SynthArch {
             SynthArch::Glm4Moe { .. } => "glm4moe",
             SynthArch::Qwen3Next { qwen35: false, .. } => "qwen3next",
             SynthArch::Qwen3Next { qwen35: true, .. } => "qwen35moe",
+            SynthArch::GptOss { .. } => "gpt-oss",
         }
     }
 }
@@ -263,6 +269,22 @@ impl MoeSpec {
                 },
                 ..base(4096, 60, 32, 2, 256, 512, 10, 1024, 248320)
             },
+            // gpt-oss-120b / -20b's config.json (36 / 24 layers of 128 / 32 experts, top-4,
+            // experts of 2880, 64 q / 8 kv heads x 64, window 128, o200k_harmony's 201088
+            // tokens). Rows of 2880 are not a multiple of 256: use `--quant mxfp4` (experts
+            // MXFP4 as OpenAI ships them, the rest Q8_0) or a 32-block type.
+            "gpt-oss-120b" => MoeSpec {
+                ctx: 131072,
+                dtype: DType::MXFP4,
+                arch: SynthArch::GptOss { window: 128 },
+                ..base(2880, 36, 64, 8, 64, 128, 4, 2880, 201088)
+            },
+            "gpt-oss-20b" => MoeSpec {
+                ctx: 131072,
+                dtype: DType::MXFP4,
+                arch: SynthArch::GptOss { window: 128 },
+                ..base(2880, 24, 64, 8, 64, 32, 4, 2880, 201088)
+            },
             _ => return None,
         })
     }
@@ -274,6 +296,8 @@ impl MoeSpec {
         "glm-4.5-air",
         "qwen3-next-80b-a3b",
         "qwen3.5-397b-a17b",
+        "gpt-oss-120b",
+        "gpt-oss-20b",
     ];
 
     /// Keep the first `n` layers (n >= 1), at least one of them MoE: the leading dense
@@ -297,7 +321,7 @@ impl MoeSpec {
         }
         self.layers = n;
         match &mut self.arch {
-            SynthArch::Qwen3Moe | SynthArch::Qwen3Next { .. } => {}
+            SynthArch::Qwen3Moe | SynthArch::Qwen3Next { .. } | SynthArch::GptOss { .. } => {}
             SynthArch::Deepseek2 { moe, .. } | SynthArch::Glm4Moe { moe, .. } => {
                 moe.dense_layers = moe.dense_layers.min(n - 1);
             }
@@ -411,7 +435,11 @@ pub fn write_random(
         pad,
     } = vocabulary(spec.vocab, path)?;
     let vocab = tokens.len();
-    if spec.mtp_layers > 0 && matches!(spec.arch, SynthArch::Qwen3Moe | SynthArch::Qwen3Next { .. })
+    if spec.mtp_layers > 0
+        && matches!(
+            spec.arch,
+            SynthArch::Qwen3Moe | SynthArch::Qwen3Next { .. } | SynthArch::GptOss { .. }
+        )
     {
         return Err(FormatError::Writer {
             path: path.to_path_buf(),
@@ -503,6 +531,16 @@ pub fn write_random(
                 // x[0] of a normed hidden state is ~1.7 (1 against uniform(-1,1) entries).
                 for (e, xr) in x.chunks_exact_mut(row as usize).enumerate() {
                     xr[0] = -spec.skew * ((perm[(row0 + e) % spec.experts] + 1) as f32).ln() / 1.7;
+                }
+            }
+            if spec.skew > 0.0
+                && matches!(spec.arch, SynthArch::GptOss { .. })
+                && name.ends_with("ffn_gate_inp.bias")
+            {
+                // gpt-oss's router has a bias: the skew is a logit offset there.
+                let perm = rank_perm(spec.experts, spec.seed, row0, name);
+                for (e, v) in x.iter_mut().enumerate() {
+                    *v = -spec.skew * ((perm[e % spec.experts] + 1) as f32).ln();
                 }
             }
             if spec.skew > 0.0 && name.ends_with("exp_probs_b.bias") {

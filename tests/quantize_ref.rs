@@ -1,5 +1,5 @@
 //! sluice's quantizers for the 32-element types (`src/kernels/quantize.rs`, used by
-//! `sluice synth --quant`) against the `gguf` Python package: for Q5_0, Q4_1 and Q5_1 the bytes
+//! `sluice synth --quant`) against the `gguf` Python package: for Q5_0, Q4_1, Q5_1 and MXFP4 the bytes
 //! must equal what `gguf.quants.quantize` writes for the same f32 input (llama.cpp's reference
 //! quantizers); IQ4_NL (no quantizer in gguf) must decode, through the dequantizer that is
 //! bit-identical to gguf's, close to its input. Fixtures from scripts/make_quant_fixtures.py.
@@ -25,7 +25,7 @@ fn input() -> Vec<f32> {
 #[test]
 fn quantizers_write_ggufs_bytes() {
     let x = input();
-    for t in [DType::Q5_0, DType::Q4_1, DType::Q5_1] {
+    for t in [DType::Q5_0, DType::Q4_1, DType::Q5_1, DType::MXFP4] {
         let want = fixture(&format!("{}.quantized", t.name()));
         let mut got = Vec::new();
         quantize(t, &x, &mut got).unwrap();

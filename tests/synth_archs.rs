@@ -8,7 +8,10 @@
 //! - sluice loads it with the right family, routing and dense/MoE split, and `sluice run`
 //!   generates tokens from it;
 //! - llama.cpp itself (its `llama-simple`, built by scripts/build-llama-cpp.sh, which `.ci/run`
-//!   runs) loads each preset's file and generates tokens from it.
+//!   runs) loads every preset's file (`MoeSpec::PRESETS`: also Qwen3-Next, Qwen3.5-MoE and
+//!   gpt-oss) and generates tokens from it;
+//! - the gpt-oss presets carry the keys and tensor names of a GGUF converted from the
+//!   transformers fixture, and their router bias takes `--skew`.
 
 use sluice::dtype::DType;
 use sluice::format::{MetaValue, ModelFiles};
@@ -41,11 +44,18 @@ fn small(preset: &str) -> MoeSpec {
             (s.heads, s.kv_heads, s.head_dim, *rotary_dim) = (4, 2, 64, 32);
             moe.dense_ffn = 128;
         }
-        SynthArch::Qwen3Moe | SynthArch::Qwen3Next { .. } => {
+        SynthArch::Qwen3Moe | SynthArch::Qwen3Next { .. } | SynthArch::GptOss { .. } => {
             (s.heads, s.kv_heads, s.head_dim) = (4, 2, 64);
         }
     }
-    s.cut_layers(2).unwrap();
+    // Qwen3-Next's fourth layer is its first full-attention one (llama.cpp aborts on a file
+    // with no KV layer at all).
+    let n = if matches!(s.arch, SynthArch::Qwen3Next { .. }) {
+        4
+    } else {
+        2
+    };
+    s.cut_layers(n).unwrap();
     s
 }
 
@@ -407,11 +417,11 @@ fn top4_share(preset: &str, skew: f32) -> f64 {
 /// `--skew` concentrates routing in every family: with S = 2 the four favourite experts (of 16,
 /// top-4 routing) take clearly more of 64 decode steps' selections than without skew. Measured
 /// (top-4 share without -> with S = 1, S = 2): qwen3moe 0.34 -> 0.40, 0.48; deepseek2 0.38 ->
-/// 0.53, 0.69; glm4moe 0.35 -> 0.51, 0.73 (Zipf(1)/(2) popularity would put 0.62/0.90 of the
+/// 0.53, 0.69; glm4moe 0.35 -> 0.51, 0.73; gpt-oss 0.37 -> 0.63 at S = 2 (Zipf(1)/(2) popularity would put 0.62/0.90 of the
 /// mass on the top four: the skew is real but under its nominal exponent).
 #[test]
 fn skew_concentrates_routing_in_every_family() {
-    for preset in ["qwen3-30b-a3b", "deepseek-v3", "glm-4.5-air"] {
+    for preset in ["qwen3-30b-a3b", "deepseek-v3", "glm-4.5-air", "gpt-oss-20b"] {
         let (flat, skewed) = (top4_share(preset, 0.0), top4_share(preset, 2.0));
         eprintln!("{preset}: top-4 share {flat:.3} without skew, {skewed:.3} with skew 2");
         assert!(skewed > flat + 0.1, "{preset}: {flat} -> {skewed}");
@@ -439,7 +449,7 @@ fn llama_cpp_loads_and_runs_every_preset() {
     }
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("synth-llama-cpp");
     std::fs::create_dir_all(&dir).unwrap();
-    for preset in ["qwen3-30b-a3b", "deepseek-v3", "glm-4.5-air"] {
+    for preset in MoeSpec::PRESETS {
         let path = dir.join(format!("{preset}.gguf"));
         sluice::synth::write_random(&path, &small(preset), &mut |_, _| {}).unwrap();
         let out = Command::new(&bin)
@@ -462,6 +472,88 @@ fn llama_cpp_loads_and_runs_every_preset() {
         let line = all.lines().find(|l| l.contains("decoded")).unwrap_or("");
         eprintln!("{preset}: llama.cpp {}", line.trim());
     }
+}
+
+/// The gpt-oss presets: the same `gpt-oss.*` keys and per-layer tensor names as a GGUF written
+/// from the transformers fixture (tests/fixtures/models/gpt_oss) with gguf-py's GPT_OSS name
+/// map (scripts/gptoss_to_gguf.py, which follows llama.cpp's converter), experts MXFP4 and
+/// the rest Q8_0 by default; sluice reads it as gpt-oss (alternating window, sinks, biases)
+/// and generates from it.
+#[test]
+fn gpt_oss_synth_matches_the_converters_layout_and_runs() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("synth-archs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let conv = dir.join("gpt_oss-converted.gguf");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/gpt_oss");
+    let out = Command::new("python3")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/gptoss_to_gguf.py"))
+        .arg(&fixture)
+        .arg(&conv)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "gptoss_to_gguf.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (farch, fkeys, fnames) = read_with_gguf(&conv, None);
+    let path = write("gpt-oss-20b");
+    let files = ModelFiles::open(&path).unwrap();
+    let (arch, keys, names) = read_with_gguf(&path, Some(&files));
+    assert_eq!((arch.as_str(), farch.as_str()), ("gpt-oss", "gpt-oss"));
+    // The converter copies the YaRN betas only when the config has them (the fixture does);
+    // gpt-oss's defaults are the same 32 / 1 that llama.cpp assumes without the keys.
+    let optional = [
+        "gpt-oss.rope.scaling.yarn_beta_fast",
+        "gpt-oss.rope.scaling.yarn_beta_slow",
+    ];
+    for k in &fkeys {
+        assert!(
+            keys.contains(k) || optional.contains(&k.as_str()),
+            "the converter writes {k}, synth does not"
+        );
+    }
+    for k in &keys {
+        assert!(
+            fkeys.contains(k),
+            "synth writes {k}, the converter does not"
+        );
+    }
+    assert_eq!(names, fnames);
+    for (name, want) in [
+        ("blk.0.ffn_gate_exps.weight", DType::MXFP4),
+        ("blk.0.ffn_down_exps.weight", DType::MXFP4),
+        ("blk.0.attn_q.weight", DType::Q8_0),
+        ("blk.0.attn_sinks.weight", DType::F32),
+        ("blk.0.ffn_up_exps.bias", DType::F32),
+    ] {
+        assert_eq!(files.tensor(name).unwrap().dtype, want, "{name}");
+    }
+    let model = sluice::model::Model::load(
+        &files,
+        &sluice::model::LoadOptions {
+            threads: 1,
+            ctx: 64,
+        },
+    )
+    .unwrap();
+    let c = &model.cfg;
+    assert_eq!(c.family.name(), "gpt-oss");
+    assert_eq!(c.sliding_window, Some(128));
+    assert_eq!(c.sliding_layers.as_deref(), Some(&[true, false][..]));
+    assert!(c.attn_sinks && c.expert_bias && c.attn_bias && c.o_bias);
+    assert_eq!((c.n_experts, c.n_experts_used), (16, 4));
+    drop(model);
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("run")
+        .arg(&path)
+        .args(["-p", "The quick brown fox", "-n", "4", "--temp", "0"])
+        .args(["--ignore-eos", "-t", "1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "sluice run failed: {stderr}");
+    assert!(stderr.contains("generated 4 tok"), "{stderr}");
 }
 
 /// `--no-mtp` (`mtp_layers = 0`): no nextn tensors or key, `block_count` the main layers, and

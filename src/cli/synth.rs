@@ -18,7 +18,9 @@ pub struct SynthArgs {
     /// layers of 128 experts). Both also get their one MTP (NextN) layer (see --no-mtp).
     /// qwen3-next-80b-a3b (qwen3next: 36 Gated DeltaNet + 12 gated-attention layers, 512
     /// experts, a gated shared expert; no MTP layer) | qwen3.5-397b-a17b (qwen35moe: 45 DeltaNet
-    /// + 15 gated-attention layers, 512 experts of 1024, tiled value heads; no MTP layer).
+    /// + 15 gated-attention layers, 512 experts of 1024, tiled value heads; no MTP layer) |
+    /// gpt-oss-120b, gpt-oss-20b (gpt-oss: 36 / 24 layers alternating window-128 and full
+    /// attention with sinks, 128 / 32 experts of 2880 top-4 with biases).
     #[arg(long, default_value = "qwen3-30b-a3b")]
     pub preset: String,
     /// Keep only the first N layers (0 = all); at least one stays MoE (leading dense layers
@@ -28,16 +30,17 @@ pub struct SynthArgs {
     /// Type of the matrices: q4_k | q8_0 | q5_0 | q4_1 | q5_1 | iq4_nl | f16 | bf16 | f32, or
     /// iq2_xxs: a mix with routed experts IQ2_XXS and attention, dense FFN, shared experts,
     /// embedding and output Q4_K. The other types sluice reads (Q2_K, Q3_K, Q5_K, Q6_K, IQ4_XS,
-    /// TQ1_0, TQ2_0, MXFP4, ...) come only from llama.cpp's llama-quantize: write f16 here and
-    /// convert that.
+    /// TQ1_0, TQ2_0, ...) come only from llama.cpp's llama-quantize: write f16 here and
+    /// convert that. mxfp4: routed experts MXFP4 (as OpenAI ships gpt-oss), the rest q8_0.
     /// Norms, routers and biases stay f32; a tensor whose rows the type's block does not
     /// divide falls back to q4_0 (GLM-4.5-Air's expert ffn_down of 1408, MLA's attn_k_b of
     /// 128, under q4_k/iq2_xxs). IQ2_XXS is slow to
     /// write (an exhaustive grid search; see docs/FORMATS.md). The other i-quants sluice runs
     /// (IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_S, IQ1_M) have no quantizer here: make them from an
     /// f16 synth file with llama.cpp's `llama-quantize` (with an `llama-imatrix` matrix).
-    #[arg(long, default_value = "q8_0")]
-    pub quant: String,
+    /// Default: the preset's own (mxfp4 for gpt-oss, q8_0 otherwise).
+    #[arg(long)]
+    pub quant: Option<String>,
     /// Seed of the weights.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -65,7 +68,10 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
         spec.cut_layers(args.layers)
             .map_err(|e| anyhow::anyhow!(e))?;
     }
-    spec.dtype = match DType::from_name(&args.quant) {
+    let quant = args
+        .quant
+        .unwrap_or_else(|| spec.dtype.name().to_lowercase());
+    spec.dtype = match DType::from_name(&quant) {
         Some(
             t @ (DType::Q4_K
             | DType::Q8_0
@@ -76,12 +82,13 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
             | DType::Q5_0
             | DType::Q4_1
             | DType::Q5_1
-            | DType::IQ4_NL),
+            | DType::IQ4_NL
+            | DType::MXFP4),
         ) => t,
         _ => anyhow::bail!(
-            "--quant {:?}: synth can write q4_k, q8_0, q5_0, q4_1, q5_1, iq4_nl, iq2_xxs, f16, \
-             bf16 or f32 (other types: write f16 and convert with llama.cpp's llama-quantize)",
-            args.quant
+            "--quant {:?}: synth can write q4_k, q8_0, q5_0, q4_1, q5_1, iq4_nl, iq2_xxs, mxfp4, \
+             f16, bf16 or f32 (other types: write f16 and convert with llama.cpp's llama-quantize)",
+            quant
         ),
     };
     spec.seed = args.seed;

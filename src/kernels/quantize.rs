@@ -5,7 +5,7 @@
 use crate::dtype::DType;
 
 /// Encode `x` (whole blocks) as `dtype`, appending to `out`. Supports F32, F16, BF16, Q8_0,
-/// Q4_0, Q4_K, IQ2_XXS, Q5_0, Q4_1, Q5_1, IQ4_NL.
+/// Q4_0, Q4_K, IQ2_XXS, Q5_0, Q4_1, Q5_1, IQ4_NL, MXFP4.
 pub fn quantize(dtype: DType, x: &[f32], out: &mut Vec<u8>) -> Result<(), super::KernelError> {
     let block = dtype
         .block_elems()
@@ -71,6 +71,9 @@ pub fn quantize(dtype: DType, x: &[f32], out: &mut Vec<u8>) -> Result<(), super:
         DType::IQ4_NL => x
             .chunks_exact(32)
             .for_each(|b| quantize_iq4_nl_block(b, out)),
+        DType::MXFP4 => x
+            .chunks_exact(32)
+            .for_each(|b| quantize_mxfp4_block(b, out)),
         other => return Err(super::KernelError::Unsupported(other)),
     }
     Ok(())
@@ -124,6 +127,36 @@ fn quantize_min_block(b: &[f32], bits: u32, out: &mut Vec<u8>) {
 /// IQ4_NL: a scale from the value of largest magnitude (it maps to the codebook end of its
 /// sign), each element the nearest codebook entry, then d refit by least squares to those
 /// codes. Simpler than ggml's scale search; the output is valid IQ4_NL for any reader.
+/// MXFP4 as gguf-py's reference (`quants.MXFP4.quantize_blocks`, ggml's `quantize_row_mxfp4_ref`):
+/// the E8M0 exponent `e = floor(log2(max|x|)) - 2 + 127` (0 for an all-zero block), the
+/// "half" scale `d = 2^(e - 128)`, and each value the first of the 16 doubled e2m1 codes
+/// `k` that minimises `|d * k - x|`; value i < 16 in the low nibble of byte i, 16 + i high.
+fn quantize_mxfp4_block(b: &[f32], out: &mut Vec<u8>) {
+    const K: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+    let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let e = if amax > 0.0 {
+        (amax.log2().floor() - 2.0 + 127.0).clamp(0.0, 255.0) as u8
+    } else {
+        0
+    };
+    let d = f32::from_bits(if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        (e as u32 - 1) << 23
+    });
+    let code = |v: f32| -> u8 {
+        let mut best = 0usize;
+        for (k, &c) in K.iter().enumerate() {
+            if (d * c as f32 - v).abs() < (d * K[best] as f32 - v).abs() {
+                best = k;
+            }
+        }
+        best as u8
+    };
+    out.push(e);
+    out.extend((0..16).map(|i| code(b[i]) | (code(b[i + 16]) << 4)));
+}
+
 fn quantize_iq4_nl_block(b: &[f32], out: &mut Vec<u8>) {
     use super::iq4_nl::KVALUES;
     let max = b

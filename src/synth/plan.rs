@@ -53,6 +53,9 @@ pub fn mix_type(bulk: DType, class: TensorClass, row: u64) -> DType {
         (_, TensorClass::Vector) => DType::F32,
         (DType::IQ2_XXS, TensorClass::RoutedExperts) => DType::IQ2_XXS,
         (DType::IQ2_XXS, _) => DType::Q4_K,
+        // As OpenAI ships gpt-oss (and ggml-org's GGUFs keep it): experts MXFP4, the rest 8-bit.
+        (DType::MXFP4, TensorClass::RoutedExperts) => DType::MXFP4,
+        (DType::MXFP4, _) => DType::Q8_0,
         (t, _) => t,
     };
     let small = if want.block_elems().unwrap_or(1) >= 256 {
@@ -109,13 +112,16 @@ impl Plan<'_> {
     }
 
     /// Router, selection bias (sigmoid families), routed experts. Softmax routers get logits
-    /// of sd ~4 (a peaked softmax); sigmoid routers sd ~1, so the scores are not saturated
+    /// of sd ~4 (a peaked softmax); sigmoid routers and gpt-oss's biased one sd ~1, so the scores are not saturated
     /// and the selection bias (`--skew`) steers selection as it does in a real checkpoint.
     fn moe(&mut self, l: usize, bias: bool) {
         let s = self.spec;
         let (h, e, f) = (s.hidden, s.experts, s.expert_ffn);
         let b = |n: &str| format!("blk.{l}.{n}");
-        let router = if bias { fan(h) } else { 4.0 * fan(h) };
+        // gpt-oss's router has its own bias, which `--skew` sets as a logit offset: logits of
+        // sd ~1 there too, so the offset steers selection as the sigmoid families' does.
+        let biased = bias || matches!(s.arch, SynthArch::GptOss { .. });
+        let router = if biased { fan(h) } else { 4.0 * fan(h) };
         self.add(
             b("ffn_gate_inp.weight"),
             TensorClass::Vector,
@@ -220,6 +226,7 @@ impl Plan<'_> {
                 }
             }
             SynthArch::Qwen3Next { .. } => p.qwen3next_layer(l),
+            SynthArch::GptOss { .. } => p.gptoss_layer(l),
         }
     }
 
@@ -276,6 +283,38 @@ impl Plan<'_> {
         self.moe(l, false);
         self.add(b("ffn_gate_inp_shexp"), v, &[1, h], Init::Uniform(fan(h)));
         self.mlp(l, "_shexp", TensorClass::SharedExpert, shared_ffn);
+    }
+
+    /// gpt-oss's layer `l` (llama.cpp's `gpt-oss` names, as its converter and
+    /// scripts/gptoss_to_gguf.py write them): biased attention with sinks, a biased router,
+    /// experts with a bias per projection.
+    fn gptoss_layer(&mut self, l: usize) {
+        let spec = self.spec;
+        let (h, nh, hd, kvd) = (
+            spec.hidden,
+            spec.heads,
+            spec.head_dim,
+            spec.kv_heads * spec.head_dim,
+        );
+        let (e, f) = (spec.experts, spec.expert_ffn);
+        let (a, v) = (TensorClass::Attention, TensorClass::Vector);
+        let w = |n: &str| format!("blk.{l}.{n}.weight");
+        let bias = |n: &str| format!("blk.{l}.{n}.bias");
+        let small = Init::Uniform(0.1);
+        self.norm(w("attn_norm"), h);
+        for (n, rows) in [("attn_q", nh * hd), ("attn_k", kvd), ("attn_v", kvd)] {
+            self.mat(w(n), a, rows, h);
+            self.add(bias(n), v, &[rows], small);
+        }
+        self.mat(w("attn_output"), a, h, nh * hd);
+        self.add(bias("attn_output"), v, &[h], small);
+        self.add(w("attn_sinks"), v, &[nh], Init::Uniform(1.0));
+        self.norm(w("post_attention_norm"), h);
+        self.moe(l, false);
+        self.add(bias("ffn_gate_inp"), v, &[e], Init::Zeros);
+        self.add(bias("ffn_gate_exps"), v, &[e, f], small);
+        self.add(bias("ffn_up_exps"), v, &[e, f], small);
+        self.add(bias("ffn_down_exps"), v, &[e, h], small);
     }
 
     /// A gate/up/down MLP of width `f` under `prefix` (`ffn` or `ffn_*_shexp` naming).
@@ -442,6 +481,22 @@ pub(super) fn arch_meta(spec: &MoeSpec, vocab: usize) -> Vec<(String, MetaValue)
                 ("full_attention_interval", u(*interval)),
             ]);
         }
+        SynthArch::GptOss { window } => kv.extend([
+            ("feed_forward_length", u(spec.expert_ffn)),
+            ("expert_feed_forward_length", u(spec.expert_ffn)),
+            ("attention.head_count", u(spec.heads)),
+            ("attention.head_count_kv", u(spec.kv_heads)),
+            ("attention.key_length", u(spec.head_dim)),
+            ("attention.value_length", u(spec.head_dim)),
+            ("rope.freq_base", f(150_000.0)),
+            ("attention.layer_norm_rms_epsilon", f(1e-5)),
+            ("expert_count", u(spec.experts)),
+            ("expert_used_count", u(spec.experts_used)),
+            ("rope.scaling.type", MetaValue::String("yarn".into())),
+            ("rope.scaling.factor", f(32.0)),
+            ("rope.scaling.original_context_length", u(4096)),
+            ("attention.sliding_window", u(*window)),
+        ]),
     }
     let arch = spec.arch.gguf_name();
     kv.into_iter()
