@@ -17,6 +17,12 @@
 //!   bits per 32 values for quantized weights; routing runs on the device on the GPU).
 //! - Placement: temp-0 tokens and logits bit-identical across VRAM pool sizes (one slot per
 //!   layer .. every expert), RAM cache sizes, and staging modes.
+//! - The forward's less common operations (gpu/ops.rs), each on a transformers fixture with the
+//!   same bound: sliding-window attention (mixtral_swa, qwen3_moe_swa), clip_qkv (olmoe_clip),
+//!   and gpt-oss (sinks, alternating window, q/k/v/o and router biases, biased clamped-SwiGLU
+//!   experts, YaRN) from the GGUFs scripts/gptoss_to_gguf.py writes (F32 and MXFP4 experts),
+//!   its 16 greedy tokens identical to transformers'. Batches 1 (every token a decode step, the
+//!   captured graph), 5 (split attention) and 16 (one-pass attention).
 
 #![cfg(feature = "cuda")]
 
@@ -32,6 +38,35 @@ use sluice::model::{LoadOptions, Model, State};
 use std::path::{Path, PathBuf};
 
 const FAMILIES: &[&str] = &["qwen3_moe", "mixtral", "olmoe", "deepseek_v3", "glm4_moe"];
+
+/// Fixture variants whose safetensors exercise one operation each (sliding window, clip_qkv).
+const VARIANTS: &[&str] = &["mixtral_swa", "qwen3_moe_swa", "olmoe_clip"];
+
+/// The gpt-oss fixture as a GGUF with `experts` (f32 or mxfp4) experts: from `SLUICE_GGUF_DIR`
+/// when set (the GPU machine has no gguf package: the files travel with the test binary), else
+/// written once by scripts/gptoss_to_gguf.py.
+fn gptoss_gguf(experts: &str) -> PathBuf {
+    let name = format!("gpt-oss-{experts}.gguf");
+    if let Some(d) = std::env::var_os("SLUICE_GGUF_DIR") {
+        return PathBuf::from(d).join(name);
+    }
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(&name);
+    if !out.exists() {
+        let run = std::process::Command::new("python3")
+            .arg(root().join("scripts/gptoss_to_gguf.py"))
+            .arg(root().join("tests/fixtures/models/gpt_oss"))
+            .arg(&out)
+            .args(["--experts", experts])
+            .output()
+            .expect("python3 with the gguf and numpy packages");
+        assert!(
+            run.status.success(),
+            "scripts/gptoss_to_gguf.py failed:\n{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+    }
+    out
+}
 
 /// The repository: `SLUICE_ROOT` when the tests run from a copy (the GPU machine), else the
 /// directory they were built in.
@@ -237,6 +272,18 @@ fn gpu_logits_match_transformers() {
     }
     let d32 = root().join("tests/fixtures/models/deepseek_v32");
     paths.push(("deepseek_v32 safetensors".into(), d32.clone(), d32));
+    for v in VARIANTS {
+        let d = root().join("tests/fixtures/models").join(v);
+        paths.push((format!("{v} safetensors"), d.clone(), d));
+    }
+    let oss = root().join("tests/fixtures/models/gpt_oss");
+    for e in ["f32", "mxfp4"] {
+        paths.push((
+            format!("gpt_oss gguf {e} experts"),
+            gptoss_gguf(e),
+            oss.clone(),
+        ));
+    }
     for (what, path, d) in paths {
         let (files, lo) = load(&path);
         let model = Model::load(&files, &lo).unwrap();
@@ -245,7 +292,7 @@ fn gpu_logits_match_transformers() {
             let toks = ids(&case["ids"]);
             let (_, refr) =
                 sluice::npy::read_f32(&d.join(case["logits"].as_str().unwrap())).unwrap();
-            for batch in [1, 5] {
+            for batch in [1, 5, 16] {
                 let e = model.cfg.n_experts;
                 let (mut r, _) = state(&model, &files, batch, e, Some(&opts(None, Staging::Arena)));
                 let mut out = Vec::new();
@@ -356,6 +403,8 @@ fn gpu_tokens_identical_across_placement() {
                 .join("model-q8_0.gguf"),
         );
     }
+    // gpt-oss: sinks, a window of 4 over 31 positions, biased clamped-SwiGLU MXFP4 experts.
+    models.push(gptoss_gguf("mxfp4"));
     for path in models {
         let (files, lo) = load(&path);
         let model = Model::load(&files, &lo).unwrap();
@@ -459,21 +508,41 @@ fn gpu_refuses_v32_context_beyond_index_topk() {
     assert!(err.contains("index_topk") && !err.contains('\n'), "{err}");
 }
 
-/// The GPU forward has no sliding window and no clip_qkv: attach refuses such models with one
-/// line naming both, before any device is opened (so this runs without a GPU too); `--gpu auto`
-/// then runs the CPU.
+/// gpt-oss's 16 greedy tokens on the GPU are transformers' (`greedy.json`: argmax of a full
+/// recompute per step), prompt prefilled in chunks of 5, then one decode step per token.
 #[test]
-fn gpu_refuses_sliding_window_and_clip_qkv() {
-    for v in ["mixtral_swa", "qwen3_moe_swa", "olmoe_clip"] {
+fn gpu_gptoss_greedy_matches_transformers() {
+    if !gpu_or_skip("gpu_gptoss_greedy_matches_transformers") {
+        return;
+    }
+    let g = json(&root().join("tests/fixtures/models/gpt_oss/greedy.json"));
+    let (prompt, want) = (ids(&g["prompt_ids"]), ids(&g["new_ids"]));
+    for e in ["f32", "mxfp4"] {
+        let path = gptoss_gguf(e);
+        let (files, lo) = load(&path);
+        let model = Model::load(&files, &lo).unwrap();
+        let ne = model.cfg.n_experts;
+        let (mut r, _) = state(&model, &files, 5, ne, Some(&opts(None, Staging::Arena)));
+        let (toks, _) = greedy(&model, &mut r, &prompt, want.len());
+        assert_eq!(toks, want, "gpt_oss {e} experts: GPU greedy tokens");
+        eprintln!("gpt_oss {e} experts: 16 greedy tokens identical to transformers");
+    }
+}
+
+/// Families not validated on the device are refused at attach with one line naming the family,
+/// before any device is opened (so this runs without a GPU too).
+#[test]
+fn gpu_refuses_unvalidated_families() {
+    for v in ["qwen3_next", "qwen3_5_moe", "deepseek_v4"] {
         let (files, lo) = load(&root().join("tests/fixtures/models").join(v));
         let model = Model::load(&files, &lo).unwrap();
         let st = model.new_state(16, 1, 1).unwrap();
         let err = match GpuState::attach(&model, &st, &opts(None, Staging::Arena)) {
-            Ok(_) => panic!("{v}: attach accepted a model the GPU forward cannot run"),
+            Ok(_) => panic!("{v}: attach accepted a family the GPU has not been validated on"),
             Err(e) => e.to_string(),
         };
         assert!(
-            err.contains("sliding-window") && err.contains("clip_qkv") && !err.contains('\n'),
+            err.contains("has not been validated on the GPU") && !err.contains('\n'),
             "{v}: {err}"
         );
     }

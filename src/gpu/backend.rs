@@ -20,7 +20,7 @@ use super::driver::Stream;
 use super::model::{key, GpuState, Mat};
 use crate::kernels::WeightView;
 use crate::model::backend::{Backend, Buf, Cache, Device, DeviceStats, GqaShape, Rows};
-use crate::model::config::{ExpertAct, RopeLayout};
+use crate::model::config::RopeLayout;
 use crate::model::weights::{Mla, Moe};
 use crate::model::{Model, ModelError, Prof, State};
 use std::time::Instant;
@@ -221,8 +221,9 @@ impl Backend for GpuBackend<'_, '_> {
         })
     }
 
-    fn clamp(&mut self, _x: Rows, _n: usize, _c: f32) -> Result<(), ModelError> {
-        Err(unsupported("clip_qkv has no kernel".into()))
+    fn clamp(&mut self, x: Rows, n: usize, c: f32) -> Result<(), ModelError> {
+        let g = &self.g;
+        self.rowwise(x, n, |p, len| Ok(g.clamp(p, len, c)?))
     }
 
     fn scale(&mut self, x: Rows, _n: usize, _s: f32) -> Result<(), ModelError> {
@@ -306,11 +307,6 @@ impl Backend for GpuBackend<'_, '_> {
         pos: usize,
         s: GqaShape<'_>,
     ) -> Result<(), ModelError> {
-        if s.window.is_some() || s.sinks.is_some() {
-            return Err(unsupported(
-                "sliding-window or sink attention has no kernel".into(),
-            ));
-        }
         let hd = s.head_dim;
         let (qd, kvd) = (s.heads * hd, s.kv_heads * hd);
         let g = &self.g;
@@ -319,6 +315,25 @@ impl Backend for GpuBackend<'_, '_> {
             g.bufs.vcache.f(layer * g.ctx * kvd),
         );
         let padd = self.padd(pos);
+        if s.window.is_some() || s.sinks.is_some() {
+            // ops.rs: the last `window` positions, each head's sink logit in its softmax.
+            let sinks = s.sinks.map(|v| self.vec(v)).transpose()?.unwrap_or(0);
+            return Ok(g.attention_ws(
+                (g.bufs.q.ptr, qd, hd),
+                (kl, kvd, hd),
+                (vl, kvd, hd),
+                hd,
+                hd,
+                s.heads / s.kv_heads.max(1),
+                s.heads,
+                n,
+                s.scale,
+                padd,
+                (g.bufs.att.ptr, qd, hd),
+                s.window.unwrap_or(0),
+                sinks,
+            )?);
+        }
         Ok(g.attention(
             (g.bufs.q.ptr, qd, hd),
             (kl, kvd, hd),
@@ -403,15 +418,9 @@ impl Backend for GpuBackend<'_, '_> {
         )?)
     }
 
-    fn moe(&mut self, layer: usize, m: &Moe<'_>, n: usize) -> Result<(), ModelError> {
-        if m.router_bias.is_some()
-            || m.exp_bias.is_some()
-            || self.model.cfg.expert_act != ExpertAct::Silu
-        {
-            return Err(unsupported(
-                "biased or clamped-SwiGLU experts have no kernel".into(),
-            ));
-        }
+    fn moe(&mut self, layer: usize, _m: &Moe<'_>, n: usize) -> Result<(), ModelError> {
+        // The router bias, expert biases and activation were taken from the same weights at
+        // attach (model.rs `GMoe`, ops.rs `ExpertAct`).
         self.g.moe(self.model, self.st, layer, n)
     }
 

@@ -24,7 +24,7 @@ use super::pool::VramPool;
 use super::{GpuError, GpuOptions, GpuStats, Staging};
 use crate::dtype::DType;
 use crate::kernels::WeightView;
-use crate::model::config::AttnKind;
+use crate::model::config::{AttnKind, ExpertAct};
 use crate::model::weights::{Attention, Ffn, HeadMat, Mlp};
 use crate::model::{Model, ModelError, State};
 use std::borrow::Cow;
@@ -100,6 +100,8 @@ struct GMoe {
     bias: Option<usize>,
     shared: Option<GMlp>,
     geo: MoeGeo,
+    /// The router's bias (gpt-oss), f32 in the arena.
+    router_bias: Option<usize>,
 }
 
 /// A MoE layer's routed-expert geometry (all its experts share it).
@@ -112,6 +114,8 @@ struct MoeGeo {
     ffn: usize,
     rb_gate: usize,
     rb_down: usize,
+    /// gpt-oss's expert biases and clamped SwiGLU (`ops.rs`); None: the fused silu kernels.
+    act: Option<super::ops::ExpertAct>,
 }
 
 pub(super) struct Small {
@@ -158,13 +162,15 @@ pub(super) struct Bufs {
     pub(super) up: DevBuf,
     down: DevBuf,
     router: DevBuf,
-    hb: DevBuf,
-    slot_out: DevBuf,
-    scores: DevBuf,
+    pub(super) hb: DevBuf,
+    /// The experts' raw up products (gpt-oss's path, `ops.rs`; one float otherwise).
+    pub(super) hu: DevBuf,
+    pub(super) slot_out: DevBuf,
+    pub(super) scores: DevBuf,
     pub(super) logits: DevBuf,
     pub(super) tokens: DevBuf, // i32
-    tok: DevBuf,               // i32
-    dst: DevBuf,               // i32
+    pub(super) tok: DevBuf,    // i32
+    pub(super) dst: DevBuf,    // i32
     selw: DevBuf,
     jobs: DevBuf, // Job
     pub(super) kcache: DevBuf,
@@ -180,16 +186,16 @@ pub(super) struct Bufs {
     /// [pos, rope pos] of the forward's first token (i32), read by rope/attention/kv_store.
     pub(super) pos: DevBuf,
     /// The device's routing: expert per assignment (i32) and the job count (i32).
-    sel: DevBuf,
+    pub(super) sel: DevBuf,
     njobs: DevBuf,
     /// Experts run since the last harvest (i32).
     pub(super) stat: DevBuf,
     /// Per MoE layer and expert: gate, up, down pointers (u64), for device-built job lists.
     etab: DevBuf,
     /// Flash-decoding partials: max, sum (f32) and unnormalised outputs per split.
-    pm: DevBuf,
-    pl: DevBuf,
-    po: DevBuf,
+    pub(super) pm: DevBuf,
+    pub(super) pl: DevBuf,
+    pub(super) po: DevBuf,
 }
 
 /// Pinned host buffers for the small transfers of every layer.
@@ -224,12 +230,14 @@ pub struct GpuState {
     /// Per layer: its routed block on the device (None: dense).
     moes: Vec<Option<GMoe>>,
     pub(super) small: Small,
+    /// kernels_ops.cu's kernels (`ops.rs`).
+    pub(super) ops: super::ops::Ops,
     pub(super) pool: VramPool,
     staging: Staging,
     /// The RAM cache slab registered at attach (arena staging): (ptr, len).
     registered: Option<(usize, usize)>,
     /// Tokens of attention per launch (bounded so the score scratch stays small).
-    att_rows: usize,
+    pub(super) att_rows: usize,
     pub(super) stats: GpuStats,
     pub h2d_ceiling_gbps: Option<f64>,
     /// Per-layer scratch of the MoE step (capacity n_experts, never grown after attach).
@@ -246,8 +254,8 @@ pub struct GpuState {
     pub(super) layer_ready: Vec<bool>,
     experts_per_layer: Vec<usize>,
     /// Flash-decoding: splits and positions per split (forwards of at most `split_rows` tokens).
-    splits: usize,
-    chunk: usize,
+    pub(super) splits: usize,
+    pub(super) chunk: usize,
     /// Whether the routing kernel can take this model (k, groups, experts within its limits).
     pub(super) device_route: bool,
     /// The device's count of experts run, as last read.
@@ -468,7 +476,7 @@ impl GpuState {
                     for m in [&a.wq, &a.wk, &a.wv, &a.wo] {
                         b.mat(m, &what)?;
                     }
-                    for v in [&a.bq, &a.bk, &a.bv, &a.q_norm, &a.k_norm, &a.bo]
+                    for v in [&a.bq, &a.bk, &a.bv, &a.q_norm, &a.k_norm, &a.bo, &a.sinks]
                         .into_iter()
                         .flatten()
                     {
@@ -507,8 +515,20 @@ impl GpuState {
                     let (g, u, d) = (x0.gate.bytes.len(), x0.up.bytes.len(), x0.down.bytes.len());
                     all_experts += (m.experts.len() * (g + u + d)) as u64;
                     experts_per_layer.push(m.experts.len());
+                    // gpt-oss: expert biases and the clamped SwiGLU (ops.rs).
+                    let act = if m.exp_bias.is_some() || cfg.expert_act != ExpertAct::Silu {
+                        let biases = m
+                            .exp_bias
+                            .as_ref()
+                            .map(|x| (b.vec(&x.gate), b.vec(&x.up), b.vec(&x.down)));
+                        let t = x0.gate.dtype;
+                        Some(super::ops::ExpertAct::new(&gpu, t, biases, cfg.expert_act)?)
+                    } else {
+                        None
+                    };
                     let gm = GMoe {
                         router: b.mat(&m.router, &what)?,
+                        router_bias: m.router_bias.as_deref().map(|v| b.vec(v)),
                         bias: m.score_bias.as_deref().map(|v| b.vec(v)),
                         shared: m.shared.as_ref().map(|s| b.mlp(s, &what)).transpose()?,
                         geo: MoeGeo {
@@ -518,6 +538,7 @@ impl GpuState {
                             ffn: x0.gate.rows,
                             rb_gate: g / x0.gate.rows.max(1),
                             rb_down: d / x0.down.rows.max(1),
+                            act,
                         },
                     };
                     if x0.up.dtype != x0.gate.dtype {
@@ -615,6 +636,14 @@ impl GpuState {
             down: dev_f32(&gpu, bsz * h)?,
             router: dev_f32(&gpu, bsz * e)?,
             hb: dev_f32(&gpu, bsz * k * cfg.expert_ffn.max(1))?,
+            hu: dev_f32(
+                &gpu,
+                if moes.iter().flatten().any(|m| m.geo.act.is_some()) {
+                    bsz * k * cfg.expert_ffn.max(1)
+                } else {
+                    1
+                },
+            )?,
             slot_out: dev_f32(&gpu, bsz * k * h)?,
             scores: dev_f32(&gpu, att_rows * cfg.n_heads * ctx)?,
             logits: dev_f32(&gpu, rows * cfg.vocab)?,
@@ -761,6 +790,7 @@ impl GpuState {
                 head_mats,
                 moes,
                 small,
+                ops: super::ops::Ops::load(&gpu)?,
                 pool,
                 staging: opts.staging,
                 registered,
@@ -1408,6 +1438,11 @@ impl GpuState {
         } else {
             usize::MAX
         };
+        if let Some(a) = &mo.act {
+            let shape = (mo.ffn, mo.rb_gate, mo.rb_down);
+            self.run_jobs_act(a, mo.down.down, shape, jobs, grid_y, nj, h)?;
+            return self.timer_stop(ti, compute, false);
+        }
         let q = match (mo.gate_up.q, mo.down.q) {
             (Some(a), Some(b)) if h.is_multiple_of(32) && mo.ffn.is_multiple_of(32) => Some((a, b)),
             _ => None,
@@ -1565,6 +1600,9 @@ impl GpuState {
         };
         let (mo, router, shared, bias) = (gm.geo, gm.router, gm.shared, gm.bias);
         self.mm(&router, self.bufs.xn.ptr, h, n, self.bufs.router.ptr, e)?;
+        if let Some(rb) = gm.router_bias {
+            self.router_bias(self.bufs.router.ptr, rb, e, n)?;
+        }
         if self.device_route {
             let r = &cfg.routing;
             // Not through `launch`: routing leaves the quantized xn (the router's input, the
@@ -1711,6 +1749,9 @@ impl GpuState {
             };
             model.select_experts(st, n, bias);
             self.host.selw.f32s_mut()[..n * k].copy_from_slice(&st.selw[..n * k]);
+            for (o, &ex) in self.host.sel.i32s_mut().iter_mut().zip(&st.sel[..n * k]) {
+                *o = ex as i32;
+            }
         }
         st.experts_run += st.needed.len();
         // Assignments in needed order: expert ex owns a0[ex]..a0[ex]+cnt.
@@ -1746,6 +1787,15 @@ impl GpuState {
                     4 * n * k,
                     compute,
                 )?;
+                if mo.act.is_some() {
+                    // gpt-oss's expert biases find each assignment's expert in `sel`.
+                    self.gpu.upload_async(
+                        self.bufs.sel.ptr,
+                        self.host.sel.as_slice().as_ptr(),
+                        4 * n * k,
+                        compute,
+                    )?;
+                }
             }
         }
 
