@@ -250,3 +250,207 @@ extern "C" __global__ void moe_down_bias(const Job* jobs, const int* nj, int h, 
     float b = bd[(size_t)e * h + c];
     for (int a = j.a0; a < j.a0 + j.cnt; a++) SO[(size_t)dst[a] * h + c] += b;
 }
+
+// ---- DeepSeek-V3.2 / GLM-5 lightning indexer (DSA) ---------------------------------------------
+
+// x *= s over len values.
+extern "C" __global__ void scale_rows(float* X, float s, int len) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < len) X[i] *= s;
+}
+
+__device__ __forceinline__ double block_sum_d(double s, double* red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = (blockDim.x + 31) >> 5;
+    __syncthreads();
+    if (lane == 0) red[warp] = s;
+    __syncthreads();
+    double t = 0.0;
+    for (int w = 0; w < nw; w++) t += red[w];
+    return t;
+}
+
+// torch LayerNorm of each row in place (biased variance, sums in f64, as deepseek2::layer_norm):
+// x = (float)((x - mean) / sqrt(var + eps)) * w + b. Grid: rows; block 256.
+extern "C" __global__ void layer_norm_rows(float* X, int ld, const float* w, const float* b,
+                                           int dim, double eps) {
+    __shared__ double red[32];
+    float* x = X + (size_t)blockIdx.x * ld;
+    double s = 0.0;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) s += (double)x[i];
+    double mean = block_sum_d(s, red) / dim;
+    double v = 0.0;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        double d = (double)x[i] - mean;
+        v += d * d;
+    }
+    double inv = 1.0 / sqrt(block_sum_d(v, red) / dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        x[i] = (float)(((double)x[i] - mean) * inv) * w[i] + b[i];
+}
+
+// Index scores of query row t (position *pp + padd + t) over its causal positions j < len:
+// SC[t*ctx + j] = sum_h relu(q[t,h] . k[j] * scale) * w[t,h], heads summed in order (as
+// Model::indexer_select). IQ: (rows, nh*d), IW: (rows, nh), KC: the layer's indexer keys (ctx, d).
+// One warp per position. Grid: (ceil(ctx / 8), rows); block 256.
+extern "C" __global__ void idx_scores(const float* IQ, const float* IW, const float* KC, int nh,
+                                      int d, float scale, const int* pp, int padd, float* SC,
+                                      int ctx) {
+    int t = blockIdx.y, lane = threadIdx.x & 31;
+    int j = blockIdx.x * 8 + (threadIdx.x >> 5);
+    int len = *pp + padd + t + 1;
+    if (j >= len) return;
+    const float* q = IQ + (size_t)t * nh * d;
+    const float* w = IW + (size_t)t * nh;
+    const float* k = KC + (size_t)j * d;
+    float acc = 0.f;
+    for (int h = 0; h < nh; h++) {
+        float s = 0.f;
+        for (int i = lane; i < d; i += 32) s += q[h * d + i] * k[i];
+        s = warp_sum(s);
+        acc += fmaxf(s * scale, 0.f) * w[h];
+    }
+    if (lane == 0) SC[(size_t)t * ctx + j] = acc;
+}
+
+// An order-preserving unsigned key of a float (a larger float, a larger key).
+__device__ __forceinline__ u32 fkey(float f) {
+    u32 u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Exclusive prefix sum of v over the block (blockDim a multiple of 32, at most 1024); *total gets
+// the block's sum. Uses ws[32].
+__device__ __forceinline__ int block_scan(int v, int* ws, int* total) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    __syncthreads();
+    if (lane == 31) ws[warp] = x;
+    __syncthreads();
+    int before = 0, all = 0;
+    for (int w = 0; w < nw; w++) {
+        if (w < warp) before += ws[w];
+        all += ws[w];
+    }
+    *total = all;
+    return before + x - v;
+}
+
+// The positions query row t attends to: all len causal positions when len <= topk, else the
+// topk best index scores (SC row t), ties to the lower position (Model::indexer_select's order);
+// written ascending to SEL[t*topk ..], their count to CNT[t]. A radix select finds the topk-th
+// largest key, then one ordered pass keeps the keys above it and the first equal ones.
+// Grid: rows; block 1024.
+extern "C" __global__ void idx_select(const float* SC, int ctx, int topk, const int* pp, int padd,
+                                      int* SEL, int* CNT) {
+    __shared__ int hist[256];
+    __shared__ int ws[32];
+    __shared__ u32 sh_prefix;
+    __shared__ int sh_rem;
+    int t = blockIdx.x;
+    int len = *pp + padd + t + 1;
+    int* sel = SEL + (size_t)t * topk;
+    if (len <= topk) {
+        for (int j = threadIdx.x; j < len; j += blockDim.x) sel[j] = j;
+        if (threadIdx.x == 0) CNT[t] = len;
+        return;
+    }
+    const float* sc = SC + (size_t)t * ctx;
+    u32 prefix = 0, mask = 0;
+    int rem = topk;  // how many of the keys matching prefix (under mask) are still to take
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        for (int j = threadIdx.x; j < len; j += blockDim.x) {
+            u32 kk = fkey(sc[j]);
+            if ((kk & mask) == prefix) atomicAdd(&hist[(kk >> shift) & 255], 1);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int acc = 0, dg = 255;
+            for (; dg > 0; dg--) {
+                if (acc + hist[dg] >= rem) break;
+                acc += hist[dg];
+            }
+            sh_prefix = prefix | ((u32)dg << shift);
+            sh_rem = rem - acc;
+        }
+        __syncthreads();
+        prefix = sh_prefix;
+        rem = sh_rem;
+        mask |= 255u << shift;
+        __syncthreads();
+    }
+    // prefix: the topk-th largest key; rem: how many keys equal to it are taken (lowest first).
+    int eq_seen = 0, out = 0;
+    for (int j0 = 0; j0 < len; j0 += blockDim.x) {
+        int j = j0 + threadIdx.x;
+        u32 kk = j < len ? fkey(sc[j]) : 0u;
+        int eq = j < len && kk == prefix;
+        int gt = j < len && kk > prefix;
+        int eq_tot, take_tot;
+        int eq_rank = eq_seen + block_scan(eq, ws, &eq_tot);
+        int take = gt || (eq && eq_rank < rem);
+        int at = out + block_scan(take, ws, &take_tot);
+        if (take) sel[at] = j;
+        eq_seen += eq_tot;
+        out += take_tot;
+    }
+    if (threadIdx.x == 0) CNT[t] = topk;
+}
+
+// `attention` (kernels.cu) over a list of positions per query row: row t attends to
+// SEL[t*lds + jj] for jj < CNT[t] (ascending). Grid: (heads, rows); block 128.
+extern "C" __global__ void attention_list(const float* Q, int qts, int qhs, const float* K, int ks,
+                                          int khs, const float* V, int vs, int vhs, int dk, int dv,
+                                          int group, const int* SEL, int lds, const int* CNT,
+                                          float scale, float* S, int ctx, float* O, int ots,
+                                          int ohs) {
+    __shared__ float red[32];
+    extern __shared__ float qsh[];
+    int hh = blockIdx.x, t = blockIdx.y, heads = gridDim.x;
+    int cnt = CNT[t];
+    const int* sel = SEL + (size_t)t * lds;
+    int g = hh / group;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    const float* q = Q + (size_t)t * qts + (size_t)hh * qhs;
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) qsh[i] = q[i];
+    __syncthreads();
+    float* sc = S + ((size_t)t * heads + hh) * ctx;
+    float mx = -INFINITY;
+    for (int jj = warp; jj < cnt; jj += nw) {
+        const float* k = K + (size_t)sel[jj] * ks + (size_t)g * khs;
+        float s = 0.f;
+        for (int i = lane; i < dk; i += 32) s += qsh[i] * k[i];
+        s = warp_sum(s) * scale;
+        if (lane == 0) sc[jj] = s;
+        mx = fmaxf(mx, s);
+    }
+    mx = block_max(mx, red);
+    float sum = 0.f;
+    for (int jj = threadIdx.x; jj < cnt; jj += blockDim.x) {
+        float e = expf(sc[jj] - mx);
+        sc[jj] = e;
+        sum += e;
+    }
+    sum = block_sum(sum, red);
+    float inv = 1.f / sum;
+    float* o = O + (size_t)t * ots + (size_t)hh * ohs;
+    const float* vb = V + (size_t)g * vhs;
+    for (int d = threadIdx.x; d < dv; d += blockDim.x) {
+        float a0 = 0.f, a1 = 0.f;
+        int jj = 0;
+        for (; jj + 2 <= cnt; jj += 2) {
+            a0 += sc[jj] * vb[(size_t)sel[jj] * vs + d];
+            a1 += sc[jj + 1] * vb[(size_t)sel[jj + 1] * vs + d];
+        }
+        for (; jj < cnt; jj++) a0 += sc[jj] * vb[(size_t)sel[jj] * vs + d];
+        o[d] = (a0 + a1) * inv;
+    }
+}

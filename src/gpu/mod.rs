@@ -113,17 +113,12 @@ pub const GPU_TYPES: [crate::dtype::DType; 12] = {
 /// before weights are bound, `--gpu auto` prints it and runs the CPU, and `GpuState::attach`
 /// checks it again. The forward graph is the CPU's; these are the operations it asks for that
 /// have no kernel here yet.
-pub fn refusal(cfg: &crate::model::ModelConfig, ctx: usize) -> Option<String> {
-    if let Some(limit) = cfg.dense_attn_limit.filter(|l| ctx > *l) {
-        return Some(format!(
-            "DeepSeek-V3.2 sparse attention beyond index_topk = {limit} tokens runs on the CPU only (the GPU backend has no lightning indexer): use -c {limit} or less with --gpu, or drop --gpu"
-        ));
-    }
+pub fn refusal(cfg: &crate::model::ModelConfig, _ctx: usize) -> Option<String> {
     // Families whose graph has run on the device against transformers (tests/gpu.rs). A new
     // family's operations reach the GPU as the trait's default bodies until its port is
     // validated there, so it is refused by name rather than run unchecked. Sliding windows,
-    // attention sinks, clip_qkv and gpt-oss's biased clamped-SwiGLU experts have kernels
-    // (`ops.rs`).
+    // attention sinks, clip_qkv, gpt-oss's biased clamped-SwiGLU experts and DSA's lightning
+    // indexer (V3.2, GLM-5) have kernels (`ops.rs`).
     use crate::model::Family;
     if !matches!(
         cfg.family,
@@ -133,6 +128,7 @@ pub fn refusal(cfg: &crate::model::ModelConfig, ctx: usize) -> Option<String> {
             | Family::DeepseekV3
             | Family::Glm4Moe
             | Family::GptOss
+            | Family::GlmDsa
     ) {
         return Some(format!(
             "the {:?} family has not been validated on the GPU backend (tests/gpu.rs); use --gpu off",

@@ -153,8 +153,8 @@ pub(super) struct Bufs {
     pub(super) k: DevBuf,
     pub(super) v: DevBuf,
     pub(super) att: DevBuf,
-    qcat: DevBuf,
-    clat: DevBuf,
+    pub(super) qcat: DevBuf,
+    pub(super) clat: DevBuf,
     pub(super) proj: DevBuf,
     /// Final-normed hidden states of the chunk (`Buf::Hfin`).
     pub(super) hfin: DevBuf,
@@ -274,8 +274,8 @@ pub struct GpuState {
     pub(super) ctx: usize,
     /// MLA model: the KV cache keeps latent + rope key rows only (no V side).
     pub(super) mla: bool,
-    /// DeepSeek-V3.2: index_topk (the GPU attends densely, so it runs only this far).
-    pub(super) dense_limit: Option<usize>,
+    /// DeepSeek-V3.2 / GLM-5: the lightning indexer's buffers (`ops.rs`).
+    pub(super) idx: Option<super::ops::IdxState>,
     pub(super) gpu: Gpu,
 }
 
@@ -457,9 +457,7 @@ impl GpuState {
             vecs: HashMap::new(),
             heads: HashMap::new(),
         };
-        // Every weight the graph passes (`model::forward`, `deepseek2`), once. V3.2's indexer
-        // is left out: within index_topk (all `refusal` lets through) its choice is every
-        // position, so the backend does not run it (see backend.rs).
+        // Every weight the graph passes (`model::forward`, `deepseek2`), once.
         b.mat(&w.token_embd, "token_embd")?;
         b.mat(&w.output, "output")?;
         b.vec(&w.output_norm);
@@ -499,6 +497,13 @@ impl GpuState {
                     b.vec(&a.kv_a_norm);
                     b.heads(&a.k_b, &what)?;
                     b.heads(&a.v_b, &what)?;
+                    if let Some(ix) = &a.indexer {
+                        for m in [&ix.wq_b, &ix.wk, &ix.weights] {
+                            b.mat(m, &what)?;
+                        }
+                        b.vec(&ix.k_norm);
+                        b.vec(&ix.k_norm_bias);
+                    }
                 }
             }
             let ffn = match &lw.ffn {
@@ -581,9 +586,9 @@ impl GpuState {
         let (bsz, ctx, rows) = (st.batch(), st.ctx(), st.logit_rows());
         let (h, e, k) = (cfg.hidden, cfg.n_experts.max(1), cfg.n_experts_used.max(1));
         let (kc, vc) = cfg.cache_dims();
-        // MLA keeps only latent + rope key rows; its value row on the host holds V3.2's indexer
-        // key, which this backend does not run (attach refuses contexts that would need it).
-        let vc = if matches!(cfg.attn, AttnKind::Mla { .. }) {
+        // MLA keeps only latent + rope key rows; its value row holds V3.2's indexer key, if
+        // the model has an indexer.
+        let vc = if matches!(cfg.attn, AttnKind::Mla { .. }) && cfg.indexer.is_none() {
             0
         } else {
             vc
@@ -818,7 +823,10 @@ impl GpuState {
                 at: (0, 0),
                 ctx,
                 mla: matches!(cfg.attn, AttnKind::Mla { .. }),
-                dense_limit: cfg.dense_attn_limit,
+                idx: cfg
+                    .indexer
+                    .map(|ix| super::ops::IdxState::new(&gpu, ix, bsz, ctx))
+                    .transpose()?,
                 gpu,
             },
             summary,

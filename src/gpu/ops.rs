@@ -12,7 +12,7 @@
 //! after the down product; expert outputs still land in their top-k slot, so the combine (and
 //! placement invariance) is the common one.
 
-use super::driver::{Gpu, Kernel, Stream};
+use super::driver::{Arg, DevBuf, Gpu, Kernel, Stream};
 use super::model::{GpuState, SPLIT_ROWS};
 use super::GpuError;
 use crate::dtype::DType;
@@ -25,6 +25,11 @@ pub(super) struct Ops {
     att_merge_sink: Kernel,
     act_bias: Kernel,
     down_bias: Kernel,
+    scale: Kernel,
+    layer_norm: Kernel,
+    idx_scores: Kernel,
+    idx_select: Kernel,
+    att_list: Kernel,
 }
 
 impl Ops {
@@ -36,6 +41,55 @@ impl Ops {
             att_merge_sink: gpu.function("attention_merge_sink")?,
             act_bias: gpu.function("moe_act_bias")?,
             down_bias: gpu.function("moe_down_bias")?,
+            scale: gpu.function("scale_rows")?,
+            layer_norm: gpu.function("layer_norm_rows")?,
+            idx_scores: gpu.function("idx_scores")?,
+            idx_select: gpu.function("idx_select")?,
+            att_list: gpu.function("attention_list")?,
+        })
+    }
+}
+
+/// DeepSeek-V3.2 / GLM-5's lightning indexer on the device: its per-chunk buffers and each
+/// row's selection (kept across layers, so GLM-5's shared layers reuse the last full layer's).
+pub(super) struct IdxState {
+    /// (batch, heads * dim) queries, (batch, dim) keys, (batch, heads) head weights.
+    q: DevBuf,
+    k: DevBuf,
+    w: DevBuf,
+    /// (rows, ctx) index scores of up to `rows` query rows per launch.
+    sc: DevBuf,
+    rows: usize,
+    /// (batch, topk) positions each row attends to, ascending, and their count (i32).
+    sel: DevBuf,
+    cnt: DevBuf,
+    /// index_topk capped at the context.
+    topk: usize,
+    heads: usize,
+    dim: usize,
+}
+
+impl IdxState {
+    pub(super) fn new(
+        gpu: &Gpu,
+        ix: crate::model::config::IndexerDims,
+        batch: usize,
+        ctx: usize,
+    ) -> Result<IdxState, GpuError> {
+        let f = |n: usize| gpu.alloc(4 * n.max(1));
+        let rows = batch.min(((1usize << 24) / ctx.max(1)).max(1));
+        let topk = ix.topk.min(ctx).max(1);
+        Ok(IdxState {
+            q: f(batch * ix.heads * ix.head_dim)?,
+            k: f(batch * ix.head_dim)?,
+            w: f(batch * ix.heads)?,
+            sc: f(rows * ctx)?,
+            rows,
+            sel: f(batch * topk)?,
+            cnt: f(batch)?,
+            topk,
+            heads: ix.heads,
+            dim: ix.head_dim,
         })
     }
 }
@@ -81,6 +135,207 @@ const T: u32 = 256;
 const WARPS: u32 = 8;
 
 impl GpuState {
+    /// The device address of an indexer buffer (None: not one, or no indexer).
+    pub(super) fn idx_buf(&self, b: crate::model::backend::Buf) -> Option<u64> {
+        use crate::model::backend::Buf;
+        let ix = self.idx.as_ref()?;
+        match b {
+            Buf::IdxQ => Some(ix.q.ptr),
+            Buf::IdxK => Some(ix.k.ptr),
+            Buf::IdxW => Some(ix.w.ptr),
+            _ => None,
+        }
+    }
+
+    /// x *= s over `len` values from `x`.
+    pub(super) fn scale(&self, x: u64, len: usize, s: f32) -> Result<(), GpuError> {
+        self.launch(
+            self.ops.scale,
+            ((len as u32).div_ceil(T), 1, 1),
+            T,
+            0,
+            &[x.into(), s.into(), (len as i32).into()],
+        )
+    }
+
+    /// torch LayerNorm of `rows` rows of `dim` values (row stride `ld`) in place; `w`, `b`
+    /// device addresses.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn layer_norm(
+        &self,
+        x: u64,
+        ld: usize,
+        w: u64,
+        b: u64,
+        dim: usize,
+        rows: usize,
+        eps: f64,
+    ) -> Result<(), GpuError> {
+        self.launch(
+            self.ops.layer_norm,
+            (rows as u32, 1, 1),
+            T,
+            0,
+            &[
+                x.into(),
+                (ld as i32).into(),
+                w.into(),
+                b.into(),
+                (dim as i32).into(),
+                Arg::from(eps.to_bits()),
+            ],
+        )
+    }
+
+    /// The indexer's choice for rows 0..n (row i at device position + `padd` + i) over cache
+    /// layer `l`'s indexer keys: scores, then each row's positions (`IdxState::sel`).
+    pub(super) fn index_select(&self, l: usize, n: usize, padd: i32) -> Result<(), GpuError> {
+        let Some(ix) = &self.idx else {
+            return Err(GpuError::Config(
+                "no lightning indexer on the device".into(),
+            ));
+        };
+        let (d, nh, ctx) = (ix.dim, ix.heads, self.ctx);
+        let keys = self.bufs.vcache.f(l * ctx * d);
+        let scale = (d as f32).powf(-0.5);
+        let mut c0 = 0;
+        while c0 < n {
+            let cn = ix.rows.min(n - c0);
+            self.launch(
+                self.ops.idx_scores,
+                ((ctx as u32).div_ceil(8), cn as u32, 1),
+                T,
+                0,
+                &[
+                    ix.q.f(c0 * nh * d).into(),
+                    ix.w.f(c0 * nh).into(),
+                    keys.into(),
+                    (nh as i32).into(),
+                    (d as i32).into(),
+                    scale.into(),
+                    self.bufs.pos.ptr.into(),
+                    (c0 as i32 + padd).into(),
+                    ix.sc.ptr.into(),
+                    (ctx as i32).into(),
+                ],
+            )?;
+            self.launch(
+                self.ops.idx_select,
+                (cn as u32, 1, 1),
+                1024,
+                0,
+                &[
+                    ix.sc.ptr.into(),
+                    (ctx as i32).into(),
+                    (ix.topk as i32).into(),
+                    self.bufs.pos.ptr.into(),
+                    (c0 as i32 + padd).into(),
+                    ix.sel.f(c0 * ix.topk).into(),
+                    ix.cnt.f(c0).into(),
+                ],
+            )?;
+            c0 += cn;
+        }
+        Ok(())
+    }
+
+    /// MLA in absorbed form (model.rs `attend_mla`) over the positions the indexer chose for
+    /// each row (`index_select`, this layer's or, for GLM-5's shared layers, the last one's).
+    pub(super) fn attend_mla_sparse(
+        &self,
+        model: &crate::model::Model<'_>,
+        l: usize,
+        n: usize,
+        (k_b, v_b): (usize, usize),
+    ) -> Result<(), GpuError> {
+        use crate::model::config::AttnKind;
+        let cfg = &model.cfg;
+        let AttnKind::Mla {
+            kv_lora,
+            nope,
+            rope,
+            v_dim,
+            ..
+        } = cfg.attn
+        else {
+            return Err(GpuError::Config("MLA weights in a GQA model".into()));
+        };
+        let Some(ix) = &self.idx else {
+            return Err(GpuError::Config(
+                "no lightning indexer on the device".into(),
+            ));
+        };
+        let (nh, qk) = (cfg.n_heads, cfg.head_dim);
+        let kc = kv_lora + rope;
+        let (q, qcat, clat) = (self.bufs.q.ptr, self.bufs.qcat.ptr, self.bufs.clat.ptr);
+        self.head_mv(
+            self.wa(k_b),
+            kv_lora,
+            nope,
+            nh,
+            n,
+            (q, nh * qk, qk),
+            (qcat, nh * kc, kc),
+        )?;
+        self.launch(
+            self.small.copy2d,
+            ((n * nh) as u32, 1, 1),
+            64,
+            0,
+            &[
+                (q + 4 * nope as u64).into(),
+                (qk as i32).into(),
+                (qcat + 4 * kv_lora as u64).into(),
+                (kc as i32).into(),
+                (rope as i32).into(),
+            ],
+        )?;
+        let layer = self.bufs.kcache.f(l * self.ctx * kc);
+        let mut c0 = 0;
+        while c0 < n {
+            let cn = self.att_rows.min(n - c0);
+            self.launch(
+                self.ops.att_list,
+                (nh as u32, cn as u32, 1),
+                128,
+                (4 * kc) as u32,
+                &[
+                    (qcat + 4 * (c0 * nh * kc) as u64).into(),
+                    ((nh * kc) as i32).into(),
+                    (kc as i32).into(),
+                    layer.into(),
+                    (kc as i32).into(),
+                    0i32.into(),
+                    layer.into(),
+                    (kc as i32).into(),
+                    0i32.into(),
+                    (kc as i32).into(),
+                    (kv_lora as i32).into(),
+                    (nh as i32).into(),
+                    ix.sel.f(c0 * ix.topk).into(),
+                    (ix.topk as i32).into(),
+                    ix.cnt.f(c0).into(),
+                    cfg.attn_scale.into(),
+                    self.bufs.scores.ptr.into(),
+                    (self.ctx as i32).into(),
+                    (clat + 4 * (c0 * nh * kv_lora) as u64).into(),
+                    ((nh * kv_lora) as i32).into(),
+                    (kv_lora as i32).into(),
+                ],
+            )?;
+            c0 += cn;
+        }
+        self.head_mv(
+            self.wa(v_b),
+            v_dim,
+            kv_lora,
+            nh,
+            n,
+            (clat, nh * kv_lora, kv_lora),
+            (self.bufs.att.ptr, nh * v_dim, v_dim),
+        )
+    }
+
     /// x = clamp(x, -c, c) over `len` values from `x`.
     pub(super) fn clamp(&self, x: u64, len: usize, c: f32) -> Result<(), GpuError> {
         self.launch(
