@@ -47,7 +47,7 @@ struct TQ5_0 {
         u32 qh = ld32(b + 2);
 #pragma unroll
         for (int i = 0; i < 32; i++)
-            v[i] = rmul(d, (float)((nib32(b + 6, i) | (((qh >> i) & 1) << 4)) - 16));
+            v[i] = rmul(d, (float)((int)(nib32(b + 6, i) | ((qh >> i) & 1) << 4) - 16));
     }
 };
 struct TQ5_1 {
