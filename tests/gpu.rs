@@ -121,7 +121,11 @@ fn kernels_match_gguf_reference() {
         return;
     }
     for t in sluice::gpu::GPU_TYPES {
-        let q = root().join("tests/fixtures/quant");
+        // The i-quants with grids have their blocks (every grid row used) in iq_grid/.
+        let mut q = root().join("tests/fixtures/quant");
+        if !q.join(format!("{}.blocks", t.name())).exists() {
+            q = root().join("tests/fixtures/iq_grid");
+        }
         let blocks = read(&q.join(format!("{}.blocks", t.name())));
         let refw: Vec<f32> = read(&q.join(format!("{}.f32", t.name())))
             .chunks_exact(4)

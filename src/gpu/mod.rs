@@ -101,10 +101,12 @@ impl From<GpuError> for crate::model::ModelError {
 
 /// Weight types with GPU kernels (kernels.cu instantiates each as `mm_<name>` etc., the name
 /// being `DType::name` in lower case).
-pub const GPU_TYPES: [crate::dtype::DType; 12] = {
+/// kernels_quants.cu holds the types from Q4_1 on.
+pub const GPU_TYPES: [crate::dtype::DType; 25] = {
     use crate::dtype::DType::*;
     [
-        F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ2_XXS, MXFP4,
+        F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ2_XXS, MXFP4, Q4_1, Q5_0, Q5_1,
+        IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_S, IQ1_M,
     ]
 };
 

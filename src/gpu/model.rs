@@ -68,12 +68,18 @@ struct QFns {
 
 /// Weight types with int8-activation (dp4a) kernels; the float types keep f32 activations
 /// (the precision reference path), and the rest the f32-activation kernels.
-pub const Q8_TYPES: [DType; 5] = [
+pub const Q8_TYPES: [DType; 10] = [
     DType::Q4_K,
     DType::Q5_K,
     DType::Q6_K,
     DType::Q8_0,
     DType::Q4_0,
+    // kernels_quants.cu
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::IQ4_NL,
+    DType::IQ4_XS,
 ];
 
 /// A weight matrix in the device arena.
