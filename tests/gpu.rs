@@ -499,6 +499,61 @@ fn ptx_is_built_from_this_source() {
     );
 }
 
+/// DSA past its index_topk at length: DeepSeek-V3.2 and GLM-5 (index_topk 4) over 1100 tokens,
+/// the GPU (prefill in chunks of 64, and every token a captured decode step) against the CPU
+/// forward (itself matched to transformers in tests/model_v32.rs, model_glmdsa.rs): the
+/// indexer's scores span many blocks and its select several passes of 1024 positions. Bound
+/// as the transformers comparisons (max|Δ|/max|ref| <= 1e-4, same argmax at every position);
+/// a near tie in the index scores could flip one selection, so the worst position is printed.
+#[test]
+fn gpu_dsa_long_context_matches_cpu() {
+    if !gpu_or_skip("gpu_dsa_long_context_matches_cpu") {
+        return;
+    }
+    let ctx = 1200;
+    for v in ["deepseek_v32_sparse", "glm_moe_dsa"] {
+        let d = root().join("tests/fixtures/models").join(v);
+        let files = ModelFiles::open(&d).unwrap();
+        let lo = LoadOptions { threads: 2, ctx };
+        let model = Model::load(&files, &lo).unwrap();
+        let vocab = model.cfg.vocab;
+        let mut r = lcg(7);
+        let toks: Vec<u32> = (0..1100)
+            .map(|_| ((r() * 0.5 + 0.5) * (vocab - 1) as f32) as u32)
+            .collect();
+        let mut cpu_st = model.new_state(ctx, 64, 64).unwrap();
+        let mut cpu = Vec::new();
+        model.logits_all(&mut cpu_st, &toks, &mut cpu).unwrap();
+        for batch in [64, 1] {
+            let mut st = model.new_state(ctx, batch, batch).unwrap();
+            let mut cfg = CacheConfig::new(model.cfg.n_experts);
+            cfg.io = sluice::experts::IoMode::Buffered;
+            st.attach_experts(model.expert_cache(&files, cfg).unwrap());
+            let (mut g, _) = GpuState::attach(&model, &st, &opts(None, Staging::Arena)).unwrap();
+            let mut gpu = Vec::new();
+            model
+                .logits_all_on(Some(&mut g as &mut dyn Device), &mut st, &toks, &mut gpu)
+                .unwrap();
+            let (mut worst, mut at, mut flips) = (0f32, 0, 0);
+            for (i, (a, b)) in gpu.chunks(vocab).zip(cpu.chunks(vocab)).enumerate() {
+                let (e, same) = compare(a, b, vocab);
+                if e > worst {
+                    (worst, at) = (e, i);
+                }
+                flips += usize::from(!same);
+            }
+            eprintln!(
+                "{v} {} tokens, batch {batch}: gpu vs cpu worst max|Δ|/max|ref| = {worst:.2e} at position {at}, {flips} argmax differences",
+                toks.len()
+            );
+            assert!(
+                worst <= 1e-4 && flips == 0,
+                "{v} batch {batch}: worst {worst:.2e} at {at}, {flips} argmax differences"
+            );
+        }
+    }
+}
+
 /// gpt-oss's 16 greedy tokens on the GPU are transformers' (`greedy.json`: argmax of a full
 /// recompute per step), prompt prefilled in chunks of 5, then one decode step per token.
 #[test]

@@ -20,9 +20,10 @@
 //!   are quantized, the others get random codes with the block scale set so each matrix keeps
 //!   the F16 file's RMS), run on the CPU (`--gpu off`) and on the GPU (`--gpu on`): teacher-forced
 //!   logits of 64 positions (prefilled in one forward: the GEMM for the dp4a types) by mean KL
-//!   and top-1, and 24 greedy tokens, identical up to the first step where the CPU's top-2
-//!   logit margin is below 0.05 (a near tie that 8-bit activation rounding may flip; past it
-//!   the sequences are not compared).
+//!   (<= 1e-3) and top-1 (a flip only where the CPU's top-2 logit margin is below 0.05: the
+//!   random codes make nearly flat logits, and the CPU rounds activations to 8 bits where the
+//!   GPU keeps f32 or rounds per 32), and 24 greedy tokens, identical up to the first step
+//!   where the CPU's margin is below 0.05 (past it the sequences are not compared).
 //! - `gpu_types_bandwidth_report` (ignored: `--ignored --nocapture`) prints each GPU type's
 //!   decode matvec GB/s (weight bytes per second, one token, a matrix far larger than L2)
 //!   beside the device's copy bandwidth measured in the same run.
@@ -587,12 +588,26 @@ fn gpu_runs_every_type_end_to_end_like_cpu() {
         let mut rg = Run::new(&model, &files, 64, true);
         let (d, st) = rg.parts();
         model.logits_all_on(d, st, &toks, &mut gpu).unwrap();
-        let (mut kl_sum, mut kl_max, mut agree) = (0f64, 0f64, 0usize);
-        for (c, g) in cpu.chunks(v).zip(gpu.chunks(v)) {
+        let (mut kl_sum, mut kl_max, mut agree, mut min_margin) = (0f64, 0f64, 0usize, f32::MAX);
+        for (i, (c, g)) in cpu.chunks(v).zip(gpu.chunks(v)).enumerate() {
             let k = kl(c, g);
             kl_sum += k;
             kl_max = kl_max.max(k);
-            agree += usize::from(argmax(c) == argmax(g));
+            if argmax(c) == argmax(g) {
+                agree += 1;
+                continue;
+            }
+            // A random-code model's logits are nearly flat: a top-1 flip is allowed only at a
+            // near tie of the CPU's (its 8-bit activation rounding decides those).
+            let m = margin(c);
+            min_margin = min_margin.min(m);
+            if m >= TIE {
+                bad.push(format!(
+                    "{t}: position {i}: gpu top-1 {} vs cpu {} where the cpu's margin is {m:.3} >= {TIE}",
+                    argmax(g),
+                    argmax(c)
+                ));
+            }
         }
         let pos = toks.len();
         let kl_mean = kl_sum / pos as f64;
@@ -617,15 +632,17 @@ fn gpu_runs_every_type_end_to_end_like_cpu() {
             }
             break;
         }
+        let flips = if agree < pos {
+            format!(" (flips at cpu top-2 margins >= {min_margin:.3})")
+        } else {
+            String::new()
+        };
         eprintln!(
-            "{t}: {pos} positions: mean KL {kl_mean:.2e} (max {kl_max:.2e}), top-1 {agree}/{pos}; greedy {same}/{} tokens identical, {verdict}",
+            "{t}: {pos} positions: mean KL {kl_mean:.2e} (max {kl_max:.2e}), top-1 {agree}/{pos}{flips}; greedy {same}/{} tokens identical, {verdict}",
             ct.len()
         );
         if kl_mean > 1e-3 {
             bad.push(format!("{t}: mean KL {kl_mean:e} > 1e-3"));
-        }
-        if agree * 100 < pos * 95 {
-            bad.push(format!("{t}: top-1 {agree}/{pos} < 95%"));
         }
     }
     let _ = std::fs::remove_dir_all(&dir);

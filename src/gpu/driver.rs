@@ -430,7 +430,10 @@ impl Gpu {
         }
     }
 
-    /// Synchronous host -> device copy (setup only).
+    /// Synchronous host -> device copy (setup only): complete when it returns. A pageable
+    /// cuMemcpyHtoD returns once the bytes are staged, before the DMA lands, and our streams
+    /// are non-blocking (they do not wait for it): without the context sync a kernel launched
+    /// next may read the old bytes (seen as zero outputs on the device, tests/gpu_types.rs).
     pub fn upload(&self, dst: u64, src: &[u8]) -> Result<(), GpuError> {
         if src.is_empty() {
             return Ok(());
@@ -440,7 +443,8 @@ impl Gpu {
             check(
                 cu::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len()),
                 "cuMemcpyHtoD",
-            )
+            )?;
+            check(cu::cuCtxSynchronize(), "cuCtxSynchronize")
         }
     }
 
