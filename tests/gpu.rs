@@ -17,6 +17,14 @@
 //!   bits per 32 values for quantized weights; routing runs on the device on the GPU).
 //! - Placement: temp-0 tokens and logits bit-identical across VRAM pool sizes (one slot per
 //!   layer .. every expert), RAM cache sizes, and staging modes.
+//! - The forward's less common operations (gpu/ops.rs), each on a transformers fixture with the
+//!   same bound: sliding-window attention (mixtral_swa, qwen3_moe_swa), clip_qkv (olmoe_clip),
+//!   DSA's lightning indexer past index_topk (deepseek_v32_sparse; glm_moe_dsa with its shared
+//!   indexer layers), LayerNorm and scaling,
+//!   and gpt-oss (sinks, alternating window, q/k/v/o and router biases, biased clamped-SwiGLU
+//!   experts, YaRN) from the GGUFs scripts/gptoss_to_gguf.py writes (F32 and MXFP4 experts),
+//!   its 16 greedy tokens identical to transformers'. Batches 1 (every token a decode step, the
+//!   captured graph), 5 (split attention) and 16 (one-pass attention).
 
 #![cfg(feature = "cuda")]
 
@@ -32,6 +40,44 @@ use sluice::model::{LoadOptions, Model, State};
 use std::path::{Path, PathBuf};
 
 const FAMILIES: &[&str] = &["qwen3_moe", "mixtral", "olmoe", "deepseek_v3", "glm4_moe"];
+
+/// Fixture variants whose safetensors exercise one operation each (sliding window, clip_qkv,
+/// DSA).
+/// DeepSeek-V3.2's and GLM-5's DSA fixtures have index_topk 4, so their longer cases attend
+/// sparsely through the device's lightning indexer (GLM-5's shared layers reuse its choice).
+const VARIANTS: &[&str] = &[
+    "mixtral_swa",
+    "qwen3_moe_swa",
+    "olmoe_clip",
+    "deepseek_v32_sparse",
+    "glm_moe_dsa",
+];
+
+/// The gpt-oss fixture as a GGUF with `experts` (f32 or mxfp4) experts: from `SLUICE_GGUF_DIR`
+/// when set (the GPU machine has no gguf package: the files travel with the test binary), else
+/// written once by scripts/gptoss_to_gguf.py.
+fn gptoss_gguf(experts: &str) -> PathBuf {
+    let name = format!("gpt-oss-{experts}.gguf");
+    if let Some(d) = std::env::var_os("SLUICE_GGUF_DIR") {
+        return PathBuf::from(d).join(name);
+    }
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(&name);
+    if !out.exists() {
+        let run = std::process::Command::new("python3")
+            .arg(root().join("scripts/gptoss_to_gguf.py"))
+            .arg(root().join("tests/fixtures/models/gpt_oss"))
+            .arg(&out)
+            .args(["--experts", experts])
+            .output()
+            .expect("python3 with the gguf and numpy packages");
+        assert!(
+            run.status.success(),
+            "scripts/gptoss_to_gguf.py failed:\n{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+    }
+    out
+}
 
 /// The repository: `SLUICE_ROOT` when the tests run from a copy (the GPU machine), else the
 /// directory they were built in.
@@ -75,7 +121,11 @@ fn kernels_match_gguf_reference() {
         return;
     }
     for t in sluice::gpu::GPU_TYPES {
-        let q = root().join("tests/fixtures/quant");
+        // The i-quants with grids have their blocks (every grid row used) in iq_grid/.
+        let mut q = root().join("tests/fixtures/quant");
+        if !q.join(format!("{}.blocks", t.name())).exists() {
+            q = root().join("tests/fixtures/iq_grid");
+        }
         let blocks = read(&q.join(format!("{}.blocks", t.name())));
         let refw: Vec<f32> = read(&q.join(format!("{}.f32", t.name())))
             .chunks_exact(4)
@@ -184,9 +234,7 @@ fn state(
     ram_slots: usize,
     gpu: Option<&GpuOptions>,
 ) -> (Run, u64) {
-    // DeepSeek-V3.2 runs dense attention only up to its index_topk.
-    let ctx = model.cfg.dense_attn_limit.map_or(256, |l| l.min(256));
-    let mut st = model.new_state(ctx, batch, batch).unwrap();
+    let mut st = model.new_state(256, batch, batch).unwrap();
     let mut slot = 0;
     let mut dev = None;
     if let Some(opts) = gpu {
@@ -237,6 +285,18 @@ fn gpu_logits_match_transformers() {
     }
     let d32 = root().join("tests/fixtures/models/deepseek_v32");
     paths.push(("deepseek_v32 safetensors".into(), d32.clone(), d32));
+    for v in VARIANTS {
+        let d = root().join("tests/fixtures/models").join(v);
+        paths.push((format!("{v} safetensors"), d.clone(), d));
+    }
+    let oss = root().join("tests/fixtures/models/gpt_oss");
+    for e in ["f32", "mxfp4"] {
+        paths.push((
+            format!("gpt_oss gguf {e} experts"),
+            gptoss_gguf(e),
+            oss.clone(),
+        ));
+    }
     for (what, path, d) in paths {
         let (files, lo) = load(&path);
         let model = Model::load(&files, &lo).unwrap();
@@ -245,7 +305,7 @@ fn gpu_logits_match_transformers() {
             let toks = ids(&case["ids"]);
             let (_, refr) =
                 sluice::npy::read_f32(&d.join(case["logits"].as_str().unwrap())).unwrap();
-            for batch in [1, 5] {
+            for batch in [1, 5, 16] {
                 let e = model.cfg.n_experts;
                 let (mut r, _) = state(&model, &files, batch, e, Some(&opts(None, Staging::Arena)));
                 let mut out = Vec::new();
@@ -356,6 +416,8 @@ fn gpu_tokens_identical_across_placement() {
                 .join("model-q8_0.gguf"),
         );
     }
+    // gpt-oss: sinks, a window of 4 over 31 positions, biased clamped-SwiGLU MXFP4 experts.
+    models.push(gptoss_gguf("mxfp4"));
     for path in models {
         let (files, lo) = load(&path);
         let model = Model::load(&files, &lo).unwrap();
@@ -437,43 +499,96 @@ fn ptx_is_built_from_this_source() {
     );
 }
 
-/// The GPU path has no lightning indexer: a DeepSeek-V3.2 state longer than index_topk is
-/// refused at attach, before any device is opened (so this runs without a GPU too).
+/// DSA past its index_topk at length: DeepSeek-V3.2 and GLM-5 (index_topk 4) over 1100 tokens,
+/// the GPU (prefill in chunks of 64, and every token a captured decode step) against the CPU
+/// forward (itself matched to transformers in tests/model_v32.rs, model_glmdsa.rs): the
+/// indexer's scores span many blocks and its select several passes of 1024 positions. Bound
+/// as the transformers comparisons (max|Δ|/max|ref| <= 1e-4, same argmax at every position);
+/// a near tie in the index scores could flip one selection, so the worst position is printed.
 #[test]
-fn gpu_refuses_v32_context_beyond_index_topk() {
-    let d = root().join("tests/fixtures/models/deepseek_v32_sparse");
-    let (files, lo) = load(&d);
-    let model = Model::load(&files, &lo).unwrap();
-    let limit = model
-        .cfg
-        .dense_attn_limit
-        .expect("V3.2 fixture has an indexer");
-    let st = model.new_state(limit + 1, 1, 1).unwrap();
-    let err = match GpuState::attach(&model, &st, &opts(None, Staging::Arena)) {
-        Ok(_) => panic!(
-            "attach accepted a V3.2 context of {} > index_topk {limit}",
-            limit + 1
-        ),
-        Err(e) => e.to_string(),
-    };
-    assert!(err.contains("index_topk") && !err.contains('\n'), "{err}");
+fn gpu_dsa_long_context_matches_cpu() {
+    if !gpu_or_skip("gpu_dsa_long_context_matches_cpu") {
+        return;
+    }
+    let ctx = 1200;
+    for v in ["deepseek_v32_sparse", "glm_moe_dsa"] {
+        let d = root().join("tests/fixtures/models").join(v);
+        let files = ModelFiles::open(&d).unwrap();
+        let lo = LoadOptions { threads: 2, ctx };
+        let model = Model::load(&files, &lo).unwrap();
+        let vocab = model.cfg.vocab;
+        let mut r = lcg(7);
+        let toks: Vec<u32> = (0..1100)
+            .map(|_| ((r() * 0.5 + 0.5) * (vocab - 1) as f32) as u32)
+            .collect();
+        let mut cpu_st = model.new_state(ctx, 64, 64).unwrap();
+        let mut cpu = Vec::new();
+        model.logits_all(&mut cpu_st, &toks, &mut cpu).unwrap();
+        for batch in [64, 1] {
+            let mut st = model.new_state(ctx, batch, batch).unwrap();
+            let mut cfg = CacheConfig::new(model.cfg.n_experts);
+            cfg.io = sluice::experts::IoMode::Buffered;
+            st.attach_experts(model.expert_cache(&files, cfg).unwrap());
+            let (mut g, _) = GpuState::attach(&model, &st, &opts(None, Staging::Arena)).unwrap();
+            let mut gpu = Vec::new();
+            model
+                .logits_all_on(Some(&mut g as &mut dyn Device), &mut st, &toks, &mut gpu)
+                .unwrap();
+            let (mut worst, mut at, mut flips) = (0f32, 0, 0);
+            for (i, (a, b)) in gpu.chunks(vocab).zip(cpu.chunks(vocab)).enumerate() {
+                let (e, same) = compare(a, b, vocab);
+                if e > worst {
+                    (worst, at) = (e, i);
+                }
+                flips += usize::from(!same);
+            }
+            eprintln!(
+                "{v} {} tokens, batch {batch}: gpu vs cpu worst max|Δ|/max|ref| = {worst:.2e} at position {at}, {flips} argmax differences",
+                toks.len()
+            );
+            assert!(
+                worst <= 1e-4 && flips == 0,
+                "{v} batch {batch}: worst {worst:.2e} at {at}, {flips} argmax differences"
+            );
+        }
+    }
 }
 
-/// The GPU forward has no sliding window and no clip_qkv: attach refuses such models with one
-/// line naming both, before any device is opened (so this runs without a GPU too); `--gpu auto`
-/// then runs the CPU.
+/// gpt-oss's 16 greedy tokens on the GPU are transformers' (`greedy.json`: argmax of a full
+/// recompute per step), prompt prefilled in chunks of 5, then one decode step per token.
 #[test]
-fn gpu_refuses_sliding_window_and_clip_qkv() {
-    for v in ["mixtral_swa", "qwen3_moe_swa", "olmoe_clip"] {
+fn gpu_gptoss_greedy_matches_transformers() {
+    if !gpu_or_skip("gpu_gptoss_greedy_matches_transformers") {
+        return;
+    }
+    let g = json(&root().join("tests/fixtures/models/gpt_oss/greedy.json"));
+    let (prompt, want) = (ids(&g["prompt_ids"]), ids(&g["new_ids"]));
+    for e in ["f32", "mxfp4"] {
+        let path = gptoss_gguf(e);
+        let (files, lo) = load(&path);
+        let model = Model::load(&files, &lo).unwrap();
+        let ne = model.cfg.n_experts;
+        let (mut r, _) = state(&model, &files, 5, ne, Some(&opts(None, Staging::Arena)));
+        let (toks, _) = greedy(&model, &mut r, &prompt, want.len());
+        assert_eq!(toks, want, "gpt_oss {e} experts: GPU greedy tokens");
+        eprintln!("gpt_oss {e} experts: 16 greedy tokens identical to transformers");
+    }
+}
+
+/// Families not validated on the device are refused at attach with one line naming the family,
+/// before any device is opened (so this runs without a GPU too).
+#[test]
+fn gpu_refuses_unvalidated_families() {
+    for v in ["qwen3_next", "qwen3_5_moe", "deepseek_v4"] {
         let (files, lo) = load(&root().join("tests/fixtures/models").join(v));
         let model = Model::load(&files, &lo).unwrap();
         let st = model.new_state(16, 1, 1).unwrap();
         let err = match GpuState::attach(&model, &st, &opts(None, Staging::Arena)) {
-            Ok(_) => panic!("{v}: attach accepted a model the GPU forward cannot run"),
+            Ok(_) => panic!("{v}: attach accepted a family the GPU has not been validated on"),
             Err(e) => e.to_string(),
         };
         assert!(
-            err.contains("sliding-window") && err.contains("clip_qkv") && !err.contains('\n'),
+            err.contains("has not been validated on the GPU") && !err.contains('\n'),
             "{v}: {err}"
         );
     }

@@ -11,16 +11,15 @@
 //! (`bufs.pos`, written from pinned memory by the chunk's first copy) plus a constant offset,
 //! so a captured decode step replays correctly at any position. What the device has no
 //! kernel for is refused before weights are bound (`gpu::refusal`); an operation reached
-//! anyway returns an error, never a silent skip. The one exception is DeepSeek-V3.2's
-//! indexer, whose buffers (`IdxQ`, `IdxK`, `IdxW`, cache side V) are not kept: within
-//! index_topk (what `refusal` allows) its selection is every causal position, so attention
-//! does not read them.
+//! anyway returns an error, never a silent skip. The one exception is an MLA model's
+//! indexer buffers when it has no indexer (`skipped`): DSA's lightning indexer (V3.2, GLM-5)
+//! runs on the device (`ops.rs`) and keeps its keys on cache side V.
 
 use super::driver::Stream;
 use super::model::{key, GpuState, Mat};
 use crate::kernels::WeightView;
 use crate::model::backend::{Backend, Buf, Cache, Device, DeviceStats, GqaShape, Rows};
-use crate::model::config::{ExpertAct, RopeLayout};
+use crate::model::config::RopeLayout;
 use crate::model::weights::{Mla, Moe};
 use crate::model::{Model, ModelError, Prof, State};
 use std::time::Instant;
@@ -38,9 +37,9 @@ fn unsupported(what: String) -> ModelError {
 }
 
 impl GpuBackend<'_, '_> {
-    /// The indexer's buffers, not kept on the device (see the module doc).
+    /// The indexer's buffers of an MLA model without an indexer (MTP heads), not kept.
     fn skipped(&self, b: Buf) -> bool {
-        self.g.mla && matches!(b, Buf::IdxQ | Buf::IdxK | Buf::IdxW)
+        self.g.mla && self.g.idx.is_none() && matches!(b, Buf::IdxQ | Buf::IdxK | Buf::IdxW)
     }
 
     fn ptr(&self, b: Buf) -> Result<u64, ModelError> {
@@ -58,11 +57,14 @@ impl GpuBackend<'_, '_> {
             Buf::Gate => bufs.gate.ptr,
             Buf::Up => bufs.up.ptr,
             Buf::Logits => bufs.logits.ptr,
-            other => {
-                return Err(unsupported(format!(
-                    "buffer {other:?} is not on the device"
-                )))
-            }
+            other => match self.g.idx_buf(other) {
+                Some(p) => p,
+                None => {
+                    return Err(unsupported(format!(
+                        "buffer {other:?} is not on the device"
+                    )))
+                }
+            },
         })
     }
 
@@ -190,15 +192,16 @@ impl Backend for GpuBackend<'_, '_> {
     fn layer_norm(
         &mut self,
         x: Rows,
-        _n: usize,
-        _w: &[f32],
-        _b: &[f32],
-        _eps: f64,
+        n: usize,
+        w: &[f32],
+        b: &[f32],
+        eps: f64,
     ) -> Result<(), ModelError> {
         if self.skipped(x.buf) {
             return Ok(());
         }
-        Err(unsupported("LayerNorm has no kernel".into()))
+        let (p, wp, bp) = (self.at(x)?, self.vec(w)?, self.vec(b)?);
+        Ok(self.g.layer_norm(p, x.stride, wp, bp, x.width, n, eps)?)
     }
 
     fn add_bias(&mut self, x: Rows, n: usize, b: &[f32]) -> Result<(), ModelError> {
@@ -221,15 +224,17 @@ impl Backend for GpuBackend<'_, '_> {
         })
     }
 
-    fn clamp(&mut self, _x: Rows, _n: usize, _c: f32) -> Result<(), ModelError> {
-        Err(unsupported("clip_qkv has no kernel".into()))
+    fn clamp(&mut self, x: Rows, n: usize, c: f32) -> Result<(), ModelError> {
+        let g = &self.g;
+        self.rowwise(x, n, |p, len| Ok(g.clamp(p, len, c)?))
     }
 
-    fn scale(&mut self, x: Rows, _n: usize, _s: f32) -> Result<(), ModelError> {
+    fn scale(&mut self, x: Rows, n: usize, s: f32) -> Result<(), ModelError> {
         if self.skipped(x.buf) {
             return Ok(());
         }
-        Err(unsupported("scaling has no kernel".into()))
+        let g = &self.g;
+        self.rowwise(x, n, |p, len| Ok(g.scale(p, len, s)?))
     }
 
     fn rope(
@@ -273,8 +278,8 @@ impl Backend for GpuBackend<'_, '_> {
         n: usize,
         pos: usize,
     ) -> Result<(), ModelError> {
-        if side == Cache::V && self.g.mla {
-            // V3.2's indexer keys (see the module doc); plain MLA has no V side.
+        if side == Cache::V && self.g.mla && self.g.idx.is_none() {
+            // Plain MLA has no V side (V3.2's indexer keys go there).
             return Ok(());
         }
         if pos != self.g.at.0 || layer >= self.model.cfg.n_layers {
@@ -306,11 +311,6 @@ impl Backend for GpuBackend<'_, '_> {
         pos: usize,
         s: GqaShape<'_>,
     ) -> Result<(), ModelError> {
-        if s.window.is_some() || s.sinks.is_some() {
-            return Err(unsupported(
-                "sliding-window or sink attention has no kernel".into(),
-            ));
-        }
         let hd = s.head_dim;
         let (qd, kvd) = (s.heads * hd, s.kv_heads * hd);
         let g = &self.g;
@@ -319,6 +319,25 @@ impl Backend for GpuBackend<'_, '_> {
             g.bufs.vcache.f(layer * g.ctx * kvd),
         );
         let padd = self.padd(pos);
+        if s.window.is_some() || s.sinks.is_some() {
+            // ops.rs: the last `window` positions, each head's sink logit in its softmax.
+            let sinks = s.sinks.map(|v| self.vec(v)).transpose()?.unwrap_or(0);
+            return Ok(g.attention_ws(
+                (g.bufs.q.ptr, qd, hd),
+                (kl, kvd, hd),
+                (vl, kvd, hd),
+                hd,
+                hd,
+                s.heads / s.kv_heads.max(1),
+                s.heads,
+                n,
+                s.scale,
+                padd,
+                (g.bufs.att.ptr, qd, hd),
+                s.window.unwrap_or(0),
+                sinks,
+            )?);
+        }
         Ok(g.attention(
             (g.bufs.q.ptr, qd, hd),
             (kl, kvd, hd),
@@ -341,11 +360,6 @@ impl Backend for GpuBackend<'_, '_> {
         pos: usize,
         a: &Mla<'_>,
     ) -> Result<(), ModelError> {
-        if let Some(limit) = self.g.dense_limit.filter(|l| pos + n > *l) {
-            return Err(unsupported(format!(
-                "sparse attention past index_topk = {limit} (no lightning indexer)"
-            )));
-        }
         let heads = |hs| {
             self.g
                 .head_mats
@@ -355,6 +369,16 @@ impl Backend for GpuBackend<'_, '_> {
         };
         let kv = (heads(key(&a.k_b))?, heads(key(&a.v_b))?);
         let padd = self.padd(pos);
+        if self.g.idx.is_some() && (a.indexer.is_some() || a.shares_indexer) {
+            // DSA (ops.rs): this layer's indexer chooses each row's positions (all of them
+            // within index_topk, decided on the device so a captured decode step replays at
+            // any position); GLM-5's shared layers reuse the last full layer's choice (layer 0
+            // is always full).
+            if a.indexer.is_some() {
+                self.g.index_select(layer, n, padd)?;
+            }
+            return Ok(self.g.attend_mla_sparse(self.model, layer, n, kv)?);
+        }
         Ok(self.g.attend_mla(self.model, layer, n, kv, padd)?)
     }
 
@@ -403,15 +427,9 @@ impl Backend for GpuBackend<'_, '_> {
         )?)
     }
 
-    fn moe(&mut self, layer: usize, m: &Moe<'_>, n: usize) -> Result<(), ModelError> {
-        if m.router_bias.is_some()
-            || m.exp_bias.is_some()
-            || self.model.cfg.expert_act != ExpertAct::Silu
-        {
-            return Err(unsupported(
-                "biased or clamped-SwiGLU experts have no kernel".into(),
-            ));
-        }
+    fn moe(&mut self, layer: usize, _m: &Moe<'_>, n: usize) -> Result<(), ModelError> {
+        // The router bias, expert biases and activation were taken from the same weights at
+        // attach (model.rs `GMoe`, ops.rs `ExpertAct`).
         self.g.moe(self.model, self.st, layer, n)
     }
 

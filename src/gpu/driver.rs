@@ -252,13 +252,31 @@ impl Gpu {
     }
 
     fn fill_tables(&self) -> Result<(), GpuError> {
+        use crate::kernels::iq4_nl::KVALUES;
+        use crate::kernels::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ3S_GRID, IQ3XXS_GRID};
         use crate::kernels::tables::{IQ2XXS_GRID, KSIGNS_IQ2XS, MXFP4_KVALUES};
-        let grid: Vec<u8> = IQ2XXS_GRID.iter().flat_map(|g| g.to_le_bytes()).collect();
+        fn le64(t: &[u64]) -> Vec<u8> {
+            t.iter().flat_map(|g| g.to_le_bytes()).collect()
+        }
+        fn le32(t: &[u32]) -> Vec<u8> {
+            t.iter().flat_map(|g| g.to_le_bytes()).collect()
+        }
+        let grid = le64(&IQ2XXS_GRID);
         let mx: Vec<u8> = MXFP4_KVALUES.iter().map(|&v| v as u8).collect();
+        let nl: Vec<u8> = KVALUES.iter().map(|&v| v as u8).collect();
+        // kernels_quants.cu's grids and codebook: the CPU kernels' own tables.
+        let (g2xs, g2s, g1s) = (le64(&IQ2XS_GRID), le64(&IQ2S_GRID), le64(&IQ1S_GRID));
+        let (g3xxs, g3s) = (le32(&IQ3XXS_GRID), le32(&IQ3S_GRID));
         for (name, bytes) in [
             ("iq2xxs_grid", &grid[..]),
             ("ksigns_iq2xs", &KSIGNS_IQ2XS[..]),
             ("mxfp4_values", &mx[..]),
+            ("iq2xs_grid", &g2xs[..]),
+            ("iq2s_grid", &g2s[..]),
+            ("iq3xxs_grid", &g3xxs[..]),
+            ("iq3s_grid", &g3s[..]),
+            ("iq1s_grid", &g1s[..]),
+            ("iq4nl_values", &nl[..]),
         ] {
             let cname = std::ffi::CString::new(name).map_err(|_| GpuError::Driver(name.into()))?;
             let (mut ptr, mut size) = (0u64, 0usize);
@@ -412,7 +430,10 @@ impl Gpu {
         }
     }
 
-    /// Synchronous host -> device copy (setup only).
+    /// Synchronous host -> device copy (setup only): complete when it returns. A pageable
+    /// cuMemcpyHtoD returns once the bytes are staged, before the DMA lands, and our streams
+    /// are non-blocking (they do not wait for it): without the context sync a kernel launched
+    /// next may read the old bytes (seen as zero outputs on the device, tests/gpu_types.rs).
     pub fn upload(&self, dst: u64, src: &[u8]) -> Result<(), GpuError> {
         if src.is_empty() {
             return Ok(());
@@ -422,7 +443,8 @@ impl Gpu {
             check(
                 cu::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len()),
                 "cuMemcpyHtoD",
-            )
+            )?;
+            check(cu::cuCtxSynchronize(), "cuCtxSynchronize")
         }
     }
 

@@ -27,6 +27,8 @@ pub mod driver;
 pub mod gemm;
 #[cfg(feature = "cuda")]
 pub mod model;
+#[cfg(feature = "cuda")]
+mod ops;
 
 use std::fmt;
 
@@ -99,10 +101,12 @@ impl From<GpuError> for crate::model::ModelError {
 
 /// Weight types with GPU kernels (kernels.cu instantiates each as `mm_<name>` etc., the name
 /// being `DType::name` in lower case).
-pub const GPU_TYPES: [crate::dtype::DType; 12] = {
+/// kernels_quants.cu holds the types from Q4_1 on.
+pub const GPU_TYPES: [crate::dtype::DType; 25] = {
     use crate::dtype::DType::*;
     [
-        F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ2_XXS, MXFP4,
+        F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ2_XXS, MXFP4, Q4_1, Q5_0, Q5_1,
+        IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_S, IQ1_M,
     ]
 };
 
@@ -111,32 +115,22 @@ pub const GPU_TYPES: [crate::dtype::DType; 12] = {
 /// before weights are bound, `--gpu auto` prints it and runs the CPU, and `GpuState::attach`
 /// checks it again. The forward graph is the CPU's; these are the operations it asks for that
 /// have no kernel here yet.
-pub fn refusal(cfg: &crate::model::ModelConfig, ctx: usize) -> Option<String> {
-    use crate::model::config::ExpertAct;
-    if let Some(limit) = cfg.dense_attn_limit.filter(|l| ctx > *l) {
-        return Some(format!(
-            "DeepSeek-V3.2 sparse attention beyond index_topk = {limit} tokens runs on the CPU only (the GPU backend has no lightning indexer): use -c {limit} or less with --gpu, or drop --gpu"
-        ));
-    }
-    if cfg.expert_act != ExpertAct::Silu || cfg.expert_bias {
-        return Some(
-            "gpt-oss runs on the CPU only (the GPU backend has no attention sinks, sliding-window attention or biased clamped-SwiGLU experts); use --gpu off"
-                .into(),
-        );
-    }
-    if cfg.sliding_window.is_some() || cfg.clip_qkv.is_some() {
-        return Some(
-            "the GPU backend has no sliding-window attention or clip_qkv kernel; run this model with --gpu off"
-                .into(),
-        );
-    }
+pub fn refusal(cfg: &crate::model::ModelConfig, _ctx: usize) -> Option<String> {
     // Families whose graph has run on the device against transformers (tests/gpu.rs). A new
     // family's operations reach the GPU as the trait's default bodies until its port is
-    // validated there, so it is refused by name rather than run unchecked.
+    // validated there, so it is refused by name rather than run unchecked. Sliding windows,
+    // attention sinks, clip_qkv, gpt-oss's biased clamped-SwiGLU experts and DSA's lightning
+    // indexer (V3.2, GLM-5) have kernels (`ops.rs`).
     use crate::model::Family;
     if !matches!(
         cfg.family,
-        Family::Qwen3Moe | Family::Mixtral | Family::Olmoe | Family::DeepseekV3 | Family::Glm4Moe
+        Family::Qwen3Moe
+            | Family::Mixtral
+            | Family::Olmoe
+            | Family::DeepseekV3
+            | Family::Glm4Moe
+            | Family::GptOss
+            | Family::GlmDsa
     ) {
         return Some(format!(
             "the {:?} family has not been validated on the GPU backend (tests/gpu.rs); use --gpu off",

@@ -24,7 +24,7 @@ use super::pool::VramPool;
 use super::{GpuError, GpuOptions, GpuStats, Staging};
 use crate::dtype::DType;
 use crate::kernels::WeightView;
-use crate::model::config::AttnKind;
+use crate::model::config::{AttnKind, ExpertAct};
 use crate::model::weights::{Attention, Ffn, HeadMat, Mlp};
 use crate::model::{Model, ModelError, State};
 use std::borrow::Cow;
@@ -68,12 +68,18 @@ struct QFns {
 
 /// Weight types with int8-activation (dp4a) kernels; the float types keep f32 activations
 /// (the precision reference path), and the rest the f32-activation kernels.
-pub const Q8_TYPES: [DType; 5] = [
+pub const Q8_TYPES: [DType; 10] = [
     DType::Q4_K,
     DType::Q5_K,
     DType::Q6_K,
     DType::Q8_0,
     DType::Q4_0,
+    // kernels_quants.cu
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::IQ4_NL,
+    DType::IQ4_XS,
 ];
 
 /// A weight matrix in the device arena.
@@ -100,6 +106,8 @@ struct GMoe {
     bias: Option<usize>,
     shared: Option<GMlp>,
     geo: MoeGeo,
+    /// The router's bias (gpt-oss), f32 in the arena.
+    router_bias: Option<usize>,
 }
 
 /// A MoE layer's routed-expert geometry (all its experts share it).
@@ -112,6 +120,8 @@ struct MoeGeo {
     ffn: usize,
     rb_gate: usize,
     rb_down: usize,
+    /// gpt-oss's expert biases and clamped SwiGLU (`ops.rs`); None: the fused silu kernels.
+    act: Option<super::ops::ExpertAct>,
 }
 
 pub(super) struct Small {
@@ -149,8 +159,8 @@ pub(super) struct Bufs {
     pub(super) k: DevBuf,
     pub(super) v: DevBuf,
     pub(super) att: DevBuf,
-    qcat: DevBuf,
-    clat: DevBuf,
+    pub(super) qcat: DevBuf,
+    pub(super) clat: DevBuf,
     pub(super) proj: DevBuf,
     /// Final-normed hidden states of the chunk (`Buf::Hfin`).
     pub(super) hfin: DevBuf,
@@ -158,13 +168,15 @@ pub(super) struct Bufs {
     pub(super) up: DevBuf,
     down: DevBuf,
     router: DevBuf,
-    hb: DevBuf,
-    slot_out: DevBuf,
-    scores: DevBuf,
+    pub(super) hb: DevBuf,
+    /// The experts' raw up products (gpt-oss's path, `ops.rs`; one float otherwise).
+    pub(super) hu: DevBuf,
+    pub(super) slot_out: DevBuf,
+    pub(super) scores: DevBuf,
     pub(super) logits: DevBuf,
     pub(super) tokens: DevBuf, // i32
-    tok: DevBuf,               // i32
-    dst: DevBuf,               // i32
+    pub(super) tok: DevBuf,    // i32
+    pub(super) dst: DevBuf,    // i32
     selw: DevBuf,
     jobs: DevBuf, // Job
     pub(super) kcache: DevBuf,
@@ -180,16 +192,16 @@ pub(super) struct Bufs {
     /// [pos, rope pos] of the forward's first token (i32), read by rope/attention/kv_store.
     pub(super) pos: DevBuf,
     /// The device's routing: expert per assignment (i32) and the job count (i32).
-    sel: DevBuf,
+    pub(super) sel: DevBuf,
     njobs: DevBuf,
     /// Experts run since the last harvest (i32).
     pub(super) stat: DevBuf,
     /// Per MoE layer and expert: gate, up, down pointers (u64), for device-built job lists.
     etab: DevBuf,
     /// Flash-decoding partials: max, sum (f32) and unnormalised outputs per split.
-    pm: DevBuf,
-    pl: DevBuf,
-    po: DevBuf,
+    pub(super) pm: DevBuf,
+    pub(super) pl: DevBuf,
+    pub(super) po: DevBuf,
 }
 
 /// Pinned host buffers for the small transfers of every layer.
@@ -224,12 +236,14 @@ pub struct GpuState {
     /// Per layer: its routed block on the device (None: dense).
     moes: Vec<Option<GMoe>>,
     pub(super) small: Small,
+    /// kernels_ops.cu's kernels (`ops.rs`).
+    pub(super) ops: super::ops::Ops,
     pub(super) pool: VramPool,
     staging: Staging,
     /// The RAM cache slab registered at attach (arena staging): (ptr, len).
     registered: Option<(usize, usize)>,
     /// Tokens of attention per launch (bounded so the score scratch stays small).
-    att_rows: usize,
+    pub(super) att_rows: usize,
     pub(super) stats: GpuStats,
     pub h2d_ceiling_gbps: Option<f64>,
     /// Per-layer scratch of the MoE step (capacity n_experts, never grown after attach).
@@ -246,8 +260,8 @@ pub struct GpuState {
     pub(super) layer_ready: Vec<bool>,
     experts_per_layer: Vec<usize>,
     /// Flash-decoding: splits and positions per split (forwards of at most `split_rows` tokens).
-    splits: usize,
-    chunk: usize,
+    pub(super) splits: usize,
+    pub(super) chunk: usize,
     /// Whether the routing kernel can take this model (k, groups, experts within its limits).
     pub(super) device_route: bool,
     /// The device's count of experts run, as last read.
@@ -266,8 +280,8 @@ pub struct GpuState {
     pub(super) ctx: usize,
     /// MLA model: the KV cache keeps latent + rope key rows only (no V side).
     pub(super) mla: bool,
-    /// DeepSeek-V3.2: index_topk (the GPU attends densely, so it runs only this far).
-    pub(super) dense_limit: Option<usize>,
+    /// DeepSeek-V3.2 / GLM-5: the lightning indexer's buffers (`ops.rs`).
+    pub(super) idx: Option<super::ops::IdxState>,
     pub(super) gpu: Gpu,
 }
 
@@ -449,9 +463,7 @@ impl GpuState {
             vecs: HashMap::new(),
             heads: HashMap::new(),
         };
-        // Every weight the graph passes (`model::forward`, `deepseek2`), once. V3.2's indexer
-        // is left out: within index_topk (all `refusal` lets through) its choice is every
-        // position, so the backend does not run it (see backend.rs).
+        // Every weight the graph passes (`model::forward`, `deepseek2`), once.
         b.mat(&w.token_embd, "token_embd")?;
         b.mat(&w.output, "output")?;
         b.vec(&w.output_norm);
@@ -468,7 +480,7 @@ impl GpuState {
                     for m in [&a.wq, &a.wk, &a.wv, &a.wo] {
                         b.mat(m, &what)?;
                     }
-                    for v in [&a.bq, &a.bk, &a.bv, &a.q_norm, &a.k_norm, &a.bo]
+                    for v in [&a.bq, &a.bk, &a.bv, &a.q_norm, &a.k_norm, &a.bo, &a.sinks]
                         .into_iter()
                         .flatten()
                     {
@@ -491,6 +503,13 @@ impl GpuState {
                     b.vec(&a.kv_a_norm);
                     b.heads(&a.k_b, &what)?;
                     b.heads(&a.v_b, &what)?;
+                    if let Some(ix) = &a.indexer {
+                        for m in [&ix.wq_b, &ix.wk, &ix.weights] {
+                            b.mat(m, &what)?;
+                        }
+                        b.vec(&ix.k_norm);
+                        b.vec(&ix.k_norm_bias);
+                    }
                 }
             }
             let ffn = match &lw.ffn {
@@ -507,8 +526,20 @@ impl GpuState {
                     let (g, u, d) = (x0.gate.bytes.len(), x0.up.bytes.len(), x0.down.bytes.len());
                     all_experts += (m.experts.len() * (g + u + d)) as u64;
                     experts_per_layer.push(m.experts.len());
+                    // gpt-oss: expert biases and the clamped SwiGLU (ops.rs).
+                    let act = if m.exp_bias.is_some() || cfg.expert_act != ExpertAct::Silu {
+                        let biases = m
+                            .exp_bias
+                            .as_ref()
+                            .map(|x| (b.vec(&x.gate), b.vec(&x.up), b.vec(&x.down)));
+                        let t = x0.gate.dtype;
+                        Some(super::ops::ExpertAct::new(&gpu, t, biases, cfg.expert_act)?)
+                    } else {
+                        None
+                    };
                     let gm = GMoe {
                         router: b.mat(&m.router, &what)?,
+                        router_bias: m.router_bias.as_deref().map(|v| b.vec(v)),
                         bias: m.score_bias.as_deref().map(|v| b.vec(v)),
                         shared: m.shared.as_ref().map(|s| b.mlp(s, &what)).transpose()?,
                         geo: MoeGeo {
@@ -518,6 +549,7 @@ impl GpuState {
                             ffn: x0.gate.rows,
                             rb_gate: g / x0.gate.rows.max(1),
                             rb_down: d / x0.down.rows.max(1),
+                            act,
                         },
                     };
                     if x0.up.dtype != x0.gate.dtype {
@@ -560,9 +592,9 @@ impl GpuState {
         let (bsz, ctx, rows) = (st.batch(), st.ctx(), st.logit_rows());
         let (h, e, k) = (cfg.hidden, cfg.n_experts.max(1), cfg.n_experts_used.max(1));
         let (kc, vc) = cfg.cache_dims();
-        // MLA keeps only latent + rope key rows; its value row on the host holds V3.2's indexer
-        // key, which this backend does not run (attach refuses contexts that would need it).
-        let vc = if matches!(cfg.attn, AttnKind::Mla { .. }) {
+        // MLA keeps only latent + rope key rows; its value row holds V3.2's indexer key, if
+        // the model has an indexer.
+        let vc = if matches!(cfg.attn, AttnKind::Mla { .. }) && cfg.indexer.is_none() {
             0
         } else {
             vc
@@ -615,6 +647,14 @@ impl GpuState {
             down: dev_f32(&gpu, bsz * h)?,
             router: dev_f32(&gpu, bsz * e)?,
             hb: dev_f32(&gpu, bsz * k * cfg.expert_ffn.max(1))?,
+            hu: dev_f32(
+                &gpu,
+                if moes.iter().flatten().any(|m| m.geo.act.is_some()) {
+                    bsz * k * cfg.expert_ffn.max(1)
+                } else {
+                    1
+                },
+            )?,
             slot_out: dev_f32(&gpu, bsz * k * h)?,
             scores: dev_f32(&gpu, att_rows * cfg.n_heads * ctx)?,
             logits: dev_f32(&gpu, rows * cfg.vocab)?,
@@ -761,6 +801,7 @@ impl GpuState {
                 head_mats,
                 moes,
                 small,
+                ops: super::ops::Ops::load(&gpu)?,
                 pool,
                 staging: opts.staging,
                 registered,
@@ -788,7 +829,10 @@ impl GpuState {
                 at: (0, 0),
                 ctx,
                 mla: matches!(cfg.attn, AttnKind::Mla { .. }),
-                dense_limit: cfg.dense_attn_limit,
+                idx: cfg
+                    .indexer
+                    .map(|ix| super::ops::IdxState::new(&gpu, ix, bsz, ctx))
+                    .transpose()?,
                 gpu,
             },
             summary,
@@ -1408,6 +1452,11 @@ impl GpuState {
         } else {
             usize::MAX
         };
+        if let Some(a) = &mo.act {
+            let shape = (mo.ffn, mo.rb_gate, mo.rb_down);
+            self.run_jobs_act(a, mo.down.down, shape, jobs, grid_y, nj, h)?;
+            return self.timer_stop(ti, compute, false);
+        }
         let q = match (mo.gate_up.q, mo.down.q) {
             (Some(a), Some(b)) if h.is_multiple_of(32) && mo.ffn.is_multiple_of(32) => Some((a, b)),
             _ => None,
@@ -1565,6 +1614,9 @@ impl GpuState {
         };
         let (mo, router, shared, bias) = (gm.geo, gm.router, gm.shared, gm.bias);
         self.mm(&router, self.bufs.xn.ptr, h, n, self.bufs.router.ptr, e)?;
+        if let Some(rb) = gm.router_bias {
+            self.router_bias(self.bufs.router.ptr, rb, e, n)?;
+        }
         if self.device_route {
             let r = &cfg.routing;
             // Not through `launch`: routing leaves the quantized xn (the router's input, the
@@ -1711,6 +1763,9 @@ impl GpuState {
             };
             model.select_experts(st, n, bias);
             self.host.selw.f32s_mut()[..n * k].copy_from_slice(&st.selw[..n * k]);
+            for (o, &ex) in self.host.sel.i32s_mut().iter_mut().zip(&st.sel[..n * k]) {
+                *o = ex as i32;
+            }
         }
         st.experts_run += st.needed.len();
         // Assignments in needed order: expert ex owns a0[ex]..a0[ex]+cnt.
@@ -1746,6 +1801,15 @@ impl GpuState {
                     4 * n * k,
                     compute,
                 )?;
+                if mo.act.is_some() {
+                    // gpt-oss's expert biases find each assignment's expert in `sel`.
+                    self.gpu.upload_async(
+                        self.bufs.sel.ptr,
+                        self.host.sel.as_slice().as_ptr(),
+                        4 * n * k,
+                        compute,
+                    )?;
+                }
             }
         }
 

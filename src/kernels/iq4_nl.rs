@@ -9,7 +9,7 @@ use super::{ActFormat, TypeKernels};
 use crate::dtype::DType;
 
 /// The IQ4_NL / IQ4_XS codebook (`gguf.quants.IQ4_NL.kvalues`).
-pub(super) const KVALUES: [i8; 16] = [
+pub(crate) const KVALUES: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 

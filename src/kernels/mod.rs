@@ -32,7 +32,7 @@ mod iq2_s;
 mod iq2_xs;
 mod iq3_s;
 mod iq3_xxs;
-mod iq_grids;
+pub(crate) mod iq_grids;
 #[cfg(target_arch = "x86_64")]
 mod iq_x86;
 mod mxfp4;
@@ -48,7 +48,7 @@ mod simd;
 pub(crate) mod tables;
 // quant-a types: Q4_1 Q5_0 Q5_1 IQ4_NL (shared loops in blocks32.rs), IQ4_XS, TQ1_0, TQ2_0.
 mod blocks32;
-mod iq4_nl;
+pub(crate) mod iq4_nl;
 mod iq4_xs;
 mod q4_1;
 mod q5_0;
