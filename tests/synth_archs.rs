@@ -417,8 +417,9 @@ fn top4_share(preset: &str, skew: f32) -> f64 {
 /// `--skew` concentrates routing in every family: with S = 2 the four favourite experts (of 16,
 /// top-4 routing) take clearly more of 64 decode steps' selections than without skew. Measured
 /// (top-4 share without -> with S = 1, S = 2): qwen3moe 0.34 -> 0.40, 0.48; deepseek2 0.38 ->
-/// 0.53, 0.69; glm4moe 0.35 -> 0.51, 0.73; gpt-oss 0.37 -> 0.63 at S = 2 (Zipf(1)/(2) popularity would put 0.62/0.90 of the
-/// mass on the top four: the skew is real but under its nominal exponent).
+/// 0.53, 0.69; glm4moe 0.35 -> 0.51, 0.73; gpt-oss 0.37 -> 0.63 at S = 2 (Zipf(1)/(2)
+/// popularity would put 0.62/0.90 of the mass on the top four: the skew is real but under its
+/// nominal exponent).
 #[test]
 fn skew_concentrates_routing_in_every_family() {
     for preset in ["qwen3-30b-a3b", "deepseek-v3", "glm-4.5-air", "gpt-oss-20b"] {
