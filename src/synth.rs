@@ -356,7 +356,7 @@ pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
     pub(crate) fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        self.0 = self.0.wrapping_add(GAMMA);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -375,6 +375,36 @@ impl Rng {
     }
 }
 
+/// SplitMix64's state advance per value.
+const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// Replace `x` with the next `n` values of `init` from `rng`. SplitMix64's k-th value depends
+/// only on `state + k * GAMMA`, so uniform draws are made in parallel pieces with the same
+/// values, in the same order, as one thread drawing them (the files' bytes do not change).
+fn fill(x: &mut Vec<f32>, n: usize, init: Init, rng: &mut Rng) {
+    x.clear();
+    let a = match init {
+        Init::Ones => return x.resize(n, 1.0),
+        Init::Zeros => return x.resize(n, 0.0),
+        Init::Const(c) => return x.resize(n, c),
+        Init::Uniform(a) => a,
+    };
+    x.resize(n, 0.0);
+    let threads = std::thread::available_parallelism()
+        .map(|t| t.get())
+        .unwrap_or(1)
+        .min(16);
+    let per = n.div_ceil(threads).max(1 << 16);
+    let base = rng.0;
+    std::thread::scope(|s| {
+        for (i, c) in x.chunks_mut(per).enumerate() {
+            let mut r = Rng(base.wrapping_add(((i * per) as u64).wrapping_mul(GAMMA)));
+            s.spawn(move || c.iter_mut().for_each(|v| *v = r.uniform(a)));
+        }
+    });
+    rng.0 = base.wrapping_add((n as u64).wrapping_mul(GAMMA));
+}
+
 /// Encode `x` (whole rows of `row` values) as `dtype`, splitting the rows over threads for
 /// the slow quantizers. Blocks are independent, so the bytes equal a one-thread encoding.
 fn quantize_rows(
@@ -387,7 +417,11 @@ fn quantize_rows(
         .map(|n| n.get())
         .unwrap_or(1)
         .min(16);
-    let slow = matches!(dtype, DType::IQ2_XXS | DType::Q4_K);
+    // Every type with a search or a per-value code table (all but the plain scalings).
+    let slow = !matches!(
+        dtype,
+        DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0 | DType::Q4_0
+    );
     let rows = x.len() / row.max(1);
     if !slow || threads < 2 || rows < 2 * threads {
         return quantize(dtype, x, out);
@@ -515,13 +549,7 @@ pub fn write_random(
         let mut row0 = 0usize;
         while left > 0 {
             let r = left.min(rows_per_piece);
-            x.clear();
-            x.extend((0..r * row).map(|_| match t.init {
-                Init::Ones => 1.0,
-                Init::Zeros => 0.0,
-                Init::Uniform(a) => rng.uniform(a),
-                Init::Const(c) => c,
-            }));
+            fill(&mut x, (r * row) as usize, t.init, &mut rng);
             let softmax = spec.arch == SynthArch::Qwen3Moe;
             if spec.skew > 0.0 && softmax && name == "token_embd.weight" {
                 x.chunks_exact_mut(row as usize).for_each(|xr| xr[0] = 1.0);

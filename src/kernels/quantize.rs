@@ -144,14 +144,27 @@ fn quantize_mxfp4_block(b: &[f32], out: &mut Vec<u8>) {
     } else {
         (e as u32 - 1) << 23
     });
+    // The first minimum of |d * K[k] - v| over all 16 codes, found among the 8 magnitudes:
+    // |-d m - v| = |d m - |v||, so for v >= 0 the non-negative codes 0..8 win every tie with
+    // their negatives (which come later), and for v < 0 the negative codes 9..16 win strictly
+    // but zero stays code 0. Over magnitudes the error falls then rises: scan to the turn.
     let code = |v: f32| -> u8 {
+        let a = v.abs();
         let mut best = 0usize;
-        for (k, &c) in K.iter().enumerate() {
-            if (d * c as f32 - v).abs() < (d * K[best] as f32 - v).abs() {
-                best = k;
+        let mut err = a;
+        for (j, &m) in K[1..8].iter().enumerate() {
+            let e = (d * m as f32 - a).abs();
+            if e < err {
+                (best, err) = (j + 1, e);
+            } else {
+                break;
             }
         }
-        best as u8
+        if v < 0.0 && best > 0 {
+            best as u8 + 8
+        } else {
+            best as u8
+        }
     };
     out.push(e);
     out.extend((0..16).map(|i| code(b[i]) | (code(b[i + 16]) << 4)));
