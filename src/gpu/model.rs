@@ -782,7 +782,8 @@ impl GpuState {
                     && e <= 1024,
                 stat_last: 0,
                 k,
-                graphs: std::env::var("SLUICE_GPU_GRAPH").map_or(true, |v| v != "0"),
+                graphs: std::env::var("SLUICE_GPU_GRAPH").map_or(true, |v| v != "0")
+                    && !gpu.profiling(),
                 capturing: false,
                 seg: usize::MAX,
                 at: (0, 0),
