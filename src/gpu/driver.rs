@@ -144,7 +144,7 @@ impl Drop for Event {
 }
 
 /// A kernel of the loaded module (and its index in `Gpu::names`, for the profile).
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq)]
 pub struct Kernel(cu::CUfunction, u32);
 
 /// Per-kernel GPU times (`SLUICE_GPU_PROFILE=FILE`): every compute launch is bracketed by two

@@ -848,16 +848,12 @@ QTYPE_KERNELS(q4_0, QQ4_0)
 // sum in index order, as the CPU), selection on score + bias within the best groups, top-k with
 // the CPU's tie rule (the lower index wins), weights = unbiased scores, optionally renormalised
 // (summed in slot order), times the routed scale. Grid: n blocks of 32; shared 2*E floats.
-extern "C" __global__ void route(const float* logits, int E, int k, const float* bias,
-                                 int sigmoid, int n_group, int topk_group, int norm, float scale,
-                                 int* sel, float* selw) {
-    extern __shared__ float rsh[];
-    float* sc = rsh;
-    float* ch = rsh + E;
-    __shared__ float gsc[64];
-    __shared__ int gkeep[64];
-    __shared__ int chosen[64];
-    int t = blockIdx.x, lane = threadIdx.x;
+// route_warp: token t's routing by one warp (lane = its lane), in the warp's own scratch: sc, ch
+// (E floats each), gsc, gkeep, chosen (64 each).
+__device__ void route_warp(const float* logits, int E, int k, const float* bias, int sigmoid,
+                           int n_group, int topk_group, int norm, float scale, int* sel,
+                           float* selw, int t, int lane, float* sc, float* ch, float* gsc,
+                           int* gkeep, int* chosen) {
     const float* x = logits + (size_t)t * E;
     if (sigmoid) {
         for (int i = lane; i < E; i += 32) sc[i] = 1.f / (1.f + expf(-x[i]));
@@ -961,17 +957,27 @@ extern "C" __global__ void route(const float* logits, int E, int k, const float*
     }
 }
 
+extern "C" __global__ void route(const float* logits, int E, int k, const float* bias,
+                                 int sigmoid, int n_group, int topk_group, int norm, float scale,
+                                 int* sel, float* selw) {
+    extern __shared__ float rsh[];
+    __shared__ float gsc[64];
+    __shared__ int gkeep[64];
+    __shared__ int chosen[64];
+    route_warp(logits, E, k, bias, sigmoid, n_group, topk_group, norm, scale, sel, selw,
+               blockIdx.x, threadIdx.x, rsh, rsh + E, gsc, gkeep, chosen);
+}
+
 // The job list of a MoE layer from the device's selection, in the host's order: experts in
 // ascending index with at least one assignment, each expert's assignments by token then slot.
 // etab: per expert its gate, up, down device pointers. One block of >= E threads (E <= 1024).
-extern "C" __global__ void build_jobs(const int* sel, int n, int k, int E, const u64* etab,
-                                      Job* jobs, int* tok, int* dst, int* njobs, int* stat) {
-    extern __shared__ int jsh[];
+// build_block: the whole block builds it (any block size; jsh: 3*E ints of shared memory).
+__device__ void build_block(const int* sel, int n, int k, int E, const u64* etab, Job* jobs,
+                            int* tok, int* dst, int* njobs, int* stat, int* jsh) {
     int* cnt = jsh;
     int* a0 = jsh + E;
     int* ji = jsh + 2 * E;
-    int ex = threadIdx.x;
-    if (ex < E) {
+    for (int ex = threadIdx.x; ex < E; ex += blockDim.x) {
         int c = 0;
         for (int a = 0; a < n * k; a++) c += sel[a] == ex;
         cnt[ex] = c;
@@ -989,7 +995,8 @@ extern "C" __global__ void build_jobs(const int* sel, int n, int k, int E, const
         if (stat) *stat += j;
     }
     __syncthreads();
-    if (ex < E && cnt[ex] > 0) {
+    for (int ex = threadIdx.x; ex < E; ex += blockDim.x) {
+        if (cnt[ex] == 0) continue;
         int c = a0[ex];
         for (int a = 0; a < n * k; a++) {
             if (sel[a] == ex) {
@@ -1006,6 +1013,12 @@ extern "C" __global__ void build_jobs(const int* sel, int n, int k, int E, const
         jb.cnt = cnt[ex];
         jobs[ji[ex]] = jb;
     }
+}
+
+extern "C" __global__ void build_jobs(const int* sel, int n, int k, int E, const u64* etab,
+                                      Job* jobs, int* tok, int* dst, int* njobs, int* stat) {
+    extern __shared__ int jsh[];
+    build_block(sel, n, k, E, etab, jobs, tok, dst, njobs, stat, jsh);
 }
 
 // Cache rows for tokens 0..n at position *pp: Dst[(*pp + t)*cols + c] = Src[t*ss + c].

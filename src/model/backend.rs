@@ -137,6 +137,45 @@ pub struct GqaShape<'s> {
     pub sinks: Option<&'s [f32]>,
 }
 
+/// The per-head steps between the q/k/v projections and grouped-query attention
+/// (`Backend::qk_prep`).
+#[derive(Clone, Copy, Debug)]
+pub struct QkPrep<'s> {
+    pub q: Rows,
+    pub k: Rows,
+    pub v: Rows,
+    pub head_dim: usize,
+    /// q/k RMSNorm: (q part, k part, q weights, k weights, eps) as `Backend::rmsnorm` takes them.
+    pub norm: Option<(usize, usize, &'s [f32], &'s [f32], f32)>,
+    /// OLMoE's clip_qkv.
+    pub clip: Option<f32>,
+    pub layout: RopeLayout,
+}
+
+/// `Backend::qk_prep` as its operations, in order: q and k norms, the clip, rope of q and k,
+/// k and v into cache layer `l`.
+pub fn qk_prep_ops<B: Backend + ?Sized>(
+    b: &mut B,
+    l: usize,
+    n: usize,
+    at: At,
+    p: QkPrep<'_>,
+) -> Result<(), ModelError> {
+    if let Some((qp, kp, qn, kn, eps)) = p.norm {
+        b.rmsnorm(p.q, p.q, n, qp, qn, eps)?;
+        b.rmsnorm(p.k, p.k, n, kp, kn, eps)?;
+    }
+    if let Some(c) = p.clip {
+        for x in [p.q, p.k, p.v] {
+            b.clamp(x, n, c)?;
+        }
+    }
+    b.rope(p.q, n, p.head_dim, 0, at.rope, p.layout)?;
+    b.rope(p.k, n, p.head_dim, 0, at.rope, p.layout)?;
+    b.store_cache(l, Cache::K, p.k, n, at.pos)?;
+    b.store_cache(l, Cache::V, p.v, n, at.pos)
+}
+
 /// Where the chunk sits in its sequence.
 #[derive(Clone, Copy, Debug)]
 pub struct At {
@@ -196,6 +235,12 @@ pub trait Backend {
 
     /// x[i][j] += b[j].
     fn add_bias(&mut self, x: Rows, n: usize, b: &[f32]) -> Result<(), ModelError>;
+
+    /// Grouped-query attention's per-head steps of layer `l` (`QkPrep`): `qk_prep_ops`, which a
+    /// device backend may run as fewer launches with the same arithmetic.
+    fn qk_prep(&mut self, l: usize, n: usize, at: At, p: QkPrep<'_>) -> Result<(), ModelError> {
+        qk_prep_ops(self, l, n, at, p)
+    }
 
     /// x = clamp(x, -c, c) (OLMoE's clip_qkv).
     fn clamp(&mut self, x: Rows, n: usize, c: f32) -> Result<(), ModelError>;
