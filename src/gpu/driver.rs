@@ -341,8 +341,8 @@ impl Gpu {
         stream: Stream,
         args: &[Arg],
     ) -> Result<(), GpuError> {
-        let mut slots = [0u64; 24];
-        let mut ptrs = [std::ptr::null_mut::<c_void>(); 24];
+        let mut slots = [0u64; 32];
+        let mut ptrs = [std::ptr::null_mut::<c_void>(); 32];
         if args.len() > slots.len() {
             return Err(GpuError::Driver("too many kernel arguments".into()));
         }

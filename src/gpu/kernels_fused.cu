@@ -19,6 +19,7 @@ extern "C" __global__ void add_rmsnorm_q8(float* X, int ldx, const float* P, con
     float* x = X + (size_t)row * ldx;
     float* y = Y + (size_t)row * ldy;
     float s = 0.f;
+#pragma unroll 4
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
         float v = x[i];
         if (P) v += P[(size_t)row * dim + i];
@@ -34,10 +35,12 @@ extern "C" __global__ void add_rmsnorm_q8(float* X, int ldx, const float* P, con
     s = block_sum(s, red);  // its barriers make every x[i] visible to the block
     float inv = 1.f / sqrtf(s / (float)dim + eps);
     if (!XQ) {
+#pragma unroll 4
         for (int i = threadIdx.x; i < dim; i += blockDim.x) y[i] = x[i] * inv * w[i];
         return;
     }
     int wp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, per = dim >> 5;
+#pragma unroll 4
     for (int g = wp; g < per; g += nw) {
         int i = 32 * g + lane;
         float v = x[i] * inv * w[i];
@@ -159,22 +162,23 @@ extern "C" __global__ void qk_rope_store(float* Q, int qts, float* K, int kts, c
 
 // attention_merge of head hh, token t (block of 128), then, if XQ, the output rows quantized per
 // 32 values (as quantize_q8) into XQ/XD (row stride heads*dv: O packed, ohs == dv, dv a multiple
-// of 32). Without XQ it is attention_merge itself.
-__device__ void merge_head(const float* PM, const float* PL, const float* PO, int S, int dv,
-                           float* O, int ots, int ohs, i8* XQ, float* XD, int hh, int t,
+// of 32). Splits S_act..S are empty (max -inf, sum 0) and skipped: the same sums as
+// attention_merge's over all S.
+__device__ void merge_head(const float* PM, const float* PL, const float* PO, int S, int S_act,
+                           int dv, float* O, int ots, int ohs, i8* XQ, float* XD, int hh, int t,
                            int heads) {
     size_t base = ((size_t)t * heads + hh) * S;
     float m = -INFINITY;
-    for (int s = 0; s < S; s++) m = fmaxf(m, PM[base + s]);
+    for (int s = 0; s < S_act; s++) m = fmaxf(m, PM[base + s]);
     float l = 0.f;
-    for (int s = 0; s < S; s++)
+    for (int s = 0; s < S_act; s++)
         if (PL[base + s] > 0.f) l += PL[base + s] * expf(PM[base + s] - m);
     float inv = 1.f / l;
     float* o = O + (size_t)t * ots + (size_t)hh * ohs;
     int cols = heads * dv, lane = threadIdx.x & 31;
     for (int d = threadIdx.x; d < dv; d += blockDim.x) {
         float a = 0.f;
-        for (int s = 0; s < S; s++)
+        for (int s = 0; s < S_act; s++)
             if (PL[base + s] > 0.f) a += PO[(base + s) * dv + d] * expf(PM[base + s] - m);
         float v = a * inv;
         o[d] = v;
@@ -272,7 +276,8 @@ extern "C" __global__ void attention_split_merge(
         }
     }
     if (!last_block(done + (size_t)t * heads + hh, S)) return;
-    merge_head(PM, PL, PO, S, dv, O, ots, ohs, XQ, XD, hh, t, heads);
+    merge_head(PM, PL, PO, S, min(S, (len + chunk - 1) / chunk), dv, O, ots, ohs, XQ, XD, hh, t,
+               heads);
 }
 
 // route + build_jobs in one block for a few tokens: warp w routes tokens w, w + nw, ... (each in
