@@ -251,14 +251,15 @@ __device__ __forceinline__ void row_dot(const u8* row, int cols, const float* co
     for (int t = 0; t < NT; t++) acc[t] = warp_sum(acc[t]);
 }
 
-// Y[t*ldy + r] = <W row r, X[t*ldx ..]> for t < n. Grid: ceil(rows / WARPS) blocks of 32*WARPS.
+// Y[t*ldy + r] = <W row r, X[t*ldx ..]> for t < n. Grid: x = ceil(rows / WARPS) blocks of
+// 32*WARPS; y: blocks that share the token groups of NT (each token's sum is the same whatever y).
 template <class T>
 __device__ void mm(const u8* W, long long rb, int rows, int cols, const float* X, int ldx, int n,
                    float* Y, int ldy) {
     int r = blockIdx.x * WARPS + (threadIdx.x >> 5);
     if (r >= rows) return;
     const u8* row = W + (size_t)r * rb;
-    for (int t0 = 0; t0 < n; t0 += NT) {
+    for (int t0 = blockIdx.y * NT; t0 < n; t0 += NT * gridDim.y) {
         const float* xs[NT];
         int nt = min(NT, n - t0);
 #pragma unroll
@@ -972,16 +973,18 @@ extern "C" __global__ void route(const float* logits, int E, int k, const float*
 // ascending index with at least one assignment, each expert's assignments by token then slot.
 // etab: per expert its gate, up, down device pointers. One block of >= E threads (E <= 1024).
 // build_block: the whole block builds it (any block size; jsh: 3*E ints of shared memory).
+// Counts by shared atomics (all threads), offsets by thread 0, then warp 0 places the
+// assignments 32 at a time in index order (lanes of one expert ranked by __match_any_sync), so
+// each expert's assignments stay in ascending order, as a serial scan puts them.
 __device__ void build_block(const int* sel, int n, int k, int E, const u64* etab, Job* jobs,
                             int* tok, int* dst, int* njobs, int* stat, int* jsh) {
     int* cnt = jsh;
     int* a0 = jsh + E;
     int* ji = jsh + 2 * E;
-    for (int ex = threadIdx.x; ex < E; ex += blockDim.x) {
-        int c = 0;
-        for (int a = 0; a < n * k; a++) c += sel[a] == ex;
-        cnt[ex] = c;
-    }
+    int nk = n * k;
+    for (int ex = threadIdx.x; ex < E; ex += blockDim.x) cnt[ex] = 0;
+    __syncthreads();
+    for (int a = threadIdx.x; a < nk; a += blockDim.x) atomicAdd(&cnt[sel[a]], 1);
     __syncthreads();
     if (threadIdx.x == 0) {
         int acc = 0, j = 0;
@@ -997,14 +1000,6 @@ __device__ void build_block(const int* sel, int n, int k, int E, const u64* etab
     __syncthreads();
     for (int ex = threadIdx.x; ex < E; ex += blockDim.x) {
         if (cnt[ex] == 0) continue;
-        int c = a0[ex];
-        for (int a = 0; a < n * k; a++) {
-            if (sel[a] == ex) {
-                tok[c] = a / k;
-                dst[c] = a;
-                c++;
-            }
-        }
         Job jb;
         jb.gate = etab[3 * ex];
         jb.up = etab[3 * ex + 1];
@@ -1012,6 +1007,26 @@ __device__ void build_block(const int* sel, int n, int k, int E, const u64* etab
         jb.a0 = a0[ex];
         jb.cnt = cnt[ex];
         jobs[ji[ex]] = jb;
+    }
+    __syncthreads();
+    // a0 becomes each expert's next free position.
+    if (threadIdx.x < 32) {
+        int lane = threadIdx.x;
+        for (int c0 = 0; c0 < nk; c0 += 32) {
+            int a = c0 + lane;
+            bool valid = a < nk;
+            int e = valid ? sel[a] : -1 - lane;  // past the end: a key no other lane has
+            unsigned peers = __match_any_sync(0xffffffffu, e);
+            int rank = __popc(peers & ((1u << lane) - 1u));
+            int c = valid ? a0[e] + rank : 0;
+            __syncwarp();
+            if (valid) {
+                tok[c] = a / k;
+                dst[c] = a;
+                if (rank == 0) a0[e] += __popc(peers);
+            }
+            __syncwarp();
+        }
     }
 }
 

@@ -32,6 +32,8 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 const WARPS: u32 = 8;
+/// Tokens per pass of a matrix-product warp (kernels.cu `NT`).
+const NT: usize = 4;
 const ALIGN: usize = 256;
 /// Bytes of one `Job` in kernels.cu (three u64 pointers, two i32).
 const JOB_BYTES: usize = 32;
@@ -1118,10 +1120,12 @@ impl GpuState {
                 }
             });
         }
-        // f32 activations: the quantized input stays valid unless y overwrites it.
+        // f32 activations: the quantized input stays valid unless y overwrites it. Token
+        // groups spread over grid y (a prefill's F32 router is 16 blocks wide otherwise).
+        let groups = (n.div_ceil(NT) as u32).min(64);
         self.gpu.launch(
             m.f.mm,
-            ((m.rows as u32).div_ceil(WARPS), 1, 1),
+            ((m.rows as u32).div_ceil(WARPS), groups, 1),
             32 * WARPS,
             0,
             Stream::Compute,
