@@ -23,7 +23,7 @@ LB=$!
 # Binaries carried xz'd (the carry limit); this branch's kernel sources (the PTX test hashes
 # them, the PTX gzipped) over main's fixtures.
 B=/tmp/bin; mkdir -p $B
-for f in sluice gpu-tests gpu_gemm-tests; do xz -dc $D/$f.xz > $B/$f; chmod +x $B/$f; done
+for f in sluice gpu-tests gpu_gemm-tests; do [ -f $D/$f.xz ] && xz -dc $D/$f.xz > $B/$f && chmod +x $B/$f; done
 R=/tmp/root; mkdir -p $R/src && cp -r $D/gpu $R/src/gpu && gunzip -f $R/src/gpu/kernels.ptx.gz && ln -sfn $PWD/tests $R/tests
 export SLUICE_ROOT=$R
 S=$B/sluice
@@ -32,7 +32,7 @@ M=/var/tmp/q30-8.gguf
 SY=$!
 timeout 240 $B/gpu-tests --test-threads=1 --nocapture > $O/tests.log 2>&1; echo "gpu tests rc $? at $(el)"
 grep -E "^test |test result|panicked|worst|KL|placement|identical" $O/tests.log | head -50
-timeout 120 $B/gpu_gemm-tests --test-threads=1 --nocapture > $O/gemm-tests.log 2>&1; echo "gemm tests rc $? at $(el)"
+[ -x $B/gpu_gemm-tests ] && timeout 120 $B/gpu_gemm-tests --test-threads=1 --nocapture > $O/gemm-tests.log 2>&1; echo "gemm tests rc $? at $(el)"
 grep -E "^test |test result|panicked|KL" $O/gemm-tests.log | head -20
 # Fused vs unfused, byte for byte: decode steps (-b 1), flash-decoding forwards (-b 5), prefill.
 TK=$(seq -s, 1 40)
@@ -56,7 +56,7 @@ F="--gpu on --experts resident"
 P="The history of the lighthouse begins with fires lit on hills to guide ships home"
 for x in 1 0; do
   SLUICE_GPU_FUSED=$x $S run $M -p "$P" -n 128 --temp 0 $F > $O/text-$x.txt 2> $O/text-$x.err
-  echo "run fused=$x: $(grep -h '^\[timing\]' $O/text-$x.err)"
+  echo "run fused=$x: $(grep -h '^\[timing\]' $O/text-$x.err || tail -2 $O/text-$x.err)"
 done
 cmp -s $O/text-0.txt $O/text-1.txt && echo "text fused == unfused" || echo "TEXT fused != unfused"
 for x in 1 0; do
@@ -74,7 +74,7 @@ echo "benches done at $(el)"
 L=$(python3 -c "print(' '.join(['the quick brown fox jumps over the lazy dog and']*105))")
 for x in 1 0; do
   SLUICE_GPU_FUSED=$x timeout 90 $S run $M -p "$L" -n 64 -c 8192 -b 512 --temp 0 $F > $O/long-$x.txt 2> $O/long-$x.err
-  echo "long fused=$x: $(grep -h '^\[timing\]' $O/long-$x.err)"
+  echo "long fused=$x: $(grep -h '^\[timing\]' $O/long-$x.err || tail -2 $O/long-$x.err)"
 done
 cmp -s $O/long-0.txt $O/long-1.txt && echo "long text fused == unfused" || echo "LONG TEXT fused != unfused"
 timeout 90 $LBENCH -m $M -ngl 99 -p 512 -n 64 -d 4096 -r 1 > $O/lb-d4096.log 2>&1; echo "llama.cpp depth 4096:"; grep -E "pp512|tg64" $O/lb-d4096.log
