@@ -500,8 +500,8 @@ impl Backend for GpuBackend<'_, '_> {
         let hd = p.head_dim;
         let (kc, vc) = self.model.cfg.cache_dims();
         let norms = match p.norm {
-            Some((qp, kp, qn, kn, eps)) if qp == hd && kp == hd => {
-                Some((self.vec(qn)?, self.vec(kn)?, eps))
+            Some(m) if m.q_part == hd && m.k_part == hd => {
+                Some((self.vec(m.q)?, self.vec(m.k)?, m.eps))
             }
             Some(_) => None,
             None => Some((0, 0, 0.0)),

@@ -154,8 +154,11 @@ struct KProf {
     path: String,
     events: (Event, Event),
     /// (kernel, grid, block) -> (launches, milliseconds).
-    times: std::collections::HashMap<(u32, (u32, u32, u32), u32), (u64, f64)>,
+    times: std::collections::HashMap<LaunchShape, (u64, f64)>,
 }
+
+/// A kernel's index in `Gpu::names`, its grid and its block size.
+type LaunchShape = (u32, (u32, u32, u32), u32);
 
 /// The two streams: kernels run on `Compute`, expert copies on `Copy`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -145,11 +145,21 @@ pub struct QkPrep<'s> {
     pub k: Rows,
     pub v: Rows,
     pub head_dim: usize,
-    /// q/k RMSNorm: (q part, k part, q weights, k weights, eps) as `Backend::rmsnorm` takes them.
-    pub norm: Option<(usize, usize, &'s [f32], &'s [f32], f32)>,
+    /// q/k RMSNorm, as `Backend::rmsnorm` takes them.
+    pub norm: Option<HeadNorms<'s>>,
     /// OLMoE's clip_qkv.
     pub clip: Option<f32>,
     pub layout: RopeLayout,
+}
+
+/// QkPrep's q and k RMSNorms: each `q_part`/`k_part`-wide piece of a row, scaled by `q`/`k`.
+#[derive(Clone, Copy, Debug)]
+pub struct HeadNorms<'s> {
+    pub q_part: usize,
+    pub k_part: usize,
+    pub q: &'s [f32],
+    pub k: &'s [f32],
+    pub eps: f32,
 }
 
 /// `Backend::qk_prep` as its operations, in order: q and k norms, the clip, rope of q and k,
@@ -161,9 +171,9 @@ pub fn qk_prep_ops<B: Backend + ?Sized>(
     at: At,
     p: QkPrep<'_>,
 ) -> Result<(), ModelError> {
-    if let Some((qp, kp, qn, kn, eps)) = p.norm {
-        b.rmsnorm(p.q, p.q, n, qp, qn, eps)?;
-        b.rmsnorm(p.k, p.k, n, kp, kn, eps)?;
+    if let Some(m) = p.norm {
+        b.rmsnorm(p.q, p.q, n, m.q_part, m.q, m.eps)?;
+        b.rmsnorm(p.k, p.k, n, m.k_part, m.k, m.eps)?;
     }
     if let Some(c) = p.clip {
         for x in [p.q, p.k, p.v] {

@@ -10,7 +10,7 @@
 //! Invariant: the graph only names buffers and passes weights; it reads no activation, so a
 //! device backend runs it with no host sync between operations.
 
-use super::backend::{At, Backend, Buf, Device, GqaShape, QkPrep, Rows};
+use super::backend::{At, Backend, Buf, Device, GqaShape, HeadNorms, QkPrep, Rows};
 use super::config::QkNorm;
 use super::cpu::CpuBackend;
 use super::weights::{Attention, Ffn, Gqa, Layer, Mlp};
@@ -237,7 +237,13 @@ impl<'a> Model<'a> {
             QkNorm::None => None,
         };
         let norm = match (part, &a.q_norm, &a.k_norm) {
-            (Some((qp, kp)), Some(qn), Some(kn)) => Some((qp, kp, &qn[..], &kn[..], cfg.rms_eps)),
+            (Some((q_part, k_part)), Some(q), Some(k)) => Some(HeadNorms {
+                q_part,
+                k_part,
+                q,
+                k,
+                eps: cfg.rms_eps,
+            }),
             _ => None,
         };
         b.qk_prep(
