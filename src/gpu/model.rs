@@ -1878,7 +1878,12 @@ impl GpuState {
         }
         if fused_rj {
             let r = &cfg.routing;
-            let mut args = vec![
+            // router_route_jobs' arguments; route_jobs takes [4..22] (no router, no counter).
+            let args: [Arg; 23] = [
+                self.wa(router.off).into(),
+                (router.rb as i64).into(),
+                self.bufs.xn.ptr.into(),
+                (h as i32).into(),
                 self.bufs.router.ptr.into(),
                 (n as i32).into(),
                 (e as i32).into(),
@@ -1897,16 +1902,9 @@ impl GpuState {
                 self.bufs.dst.ptr.into(),
                 self.bufs.njobs.ptr.into(),
                 self.bufs.stat.ptr.into(),
+                self.bufs.done.ptr.into(),
             ];
             if with_router {
-                let head: [Arg; 4] = [
-                    self.wa(router.off).into(),
-                    (router.rb as i64).into(),
-                    self.bufs.xn.ptr.into(),
-                    (h as i32).into(),
-                ];
-                args.splice(0..0, head);
-                args.push(self.bufs.done.ptr.into());
                 self.gpu.launch(
                     self.small.router_route_jobs,
                     ((e as u32).div_ceil(WARPS), 1, 1),
@@ -1922,7 +1920,7 @@ impl GpuState {
                     256,
                     rj_shmem as u32,
                     compute,
-                    &args,
+                    &args[4..22],
                 )?;
             }
         }
