@@ -16,9 +16,11 @@
 //! runs on the device (`ops.rs`) and keeps its keys on cache side V.
 
 use super::driver::Stream;
-use super::model::{key, GpuState, Mat};
+use super::model::{key, GpuState, Mat, Residual};
 use crate::kernels::WeightView;
-use crate::model::backend::{Backend, Buf, Cache, Device, DeviceStats, GqaShape, Rows};
+use crate::model::backend::{
+    qk_prep_ops, At, Backend, Buf, Cache, Device, DeviceStats, GqaShape, QkPrep, Rows,
+};
 use crate::model::config::RopeLayout;
 use crate::model::weights::{Mla, Moe};
 use crate::model::{Model, ModelError, Prof, State};
@@ -30,6 +32,17 @@ struct GpuBackend<'s, 'm> {
     g: &'s mut GpuState,
     model: &'s Model<'m>,
     st: &'s mut State,
+    /// Work held back to be fused into the next operation (`flush` runs it as it was asked).
+    pending: Pending,
+}
+
+/// Held-back work: a MoE layer's combine (into `Proj`) and a residual add `y += x` (`len`
+/// values), which the next whole-row RMSNorm of `y` does in its own launch.
+#[derive(Clone, Copy, Default)]
+struct Pending {
+    /// Rows of the MoE output not yet combined into `Proj`.
+    combine: Option<usize>,
+    add: Option<(u64, u64, usize)>,
 }
 
 fn unsupported(what: String) -> ModelError {
@@ -37,6 +50,18 @@ fn unsupported(what: String) -> ModelError {
 }
 
 impl GpuBackend<'_, '_> {
+    /// Runs the held-back work as separate launches.
+    fn flush(&mut self) -> Result<(), ModelError> {
+        let p = std::mem::take(&mut self.pending);
+        if let Some(n) = p.combine {
+            self.g.combine(n, self.model.cfg.hidden)?;
+        }
+        if let Some((y, x, len)) = p.add {
+            self.g.add(y, x, len)?;
+        }
+        Ok(())
+    }
+
     /// The indexer's buffers of an MLA model without an indexer (MTP heads), not kept.
     fn skipped(&self, b: Buf) -> bool {
         self.g.mla && self.g.idx.is_none() && matches!(b, Buf::IdxQ | Buf::IdxK | Buf::IdxW)
@@ -126,6 +151,7 @@ impl Backend for GpuBackend<'_, '_> {
         tokens: &[u32],
         dst: Buf,
     ) -> Result<(), ModelError> {
+        self.flush()?;
         let m = self.mat(table)?;
         let dst = self.ptr(dst)?;
         Ok(self.g.embed(&m, tokens, dst)?)
@@ -137,7 +163,10 @@ impl Backend for GpuBackend<'_, '_> {
         n: usize,
         outs: &[(&WeightView<'_>, Buf)],
     ) -> Result<(), ModelError> {
+        self.flush()?;
         let x = self.at(src)?;
+        let mut ms = [None; 3];
+        let mut count = 0;
         for (w, dst) in outs {
             if self.skipped(*dst) {
                 continue;
@@ -150,9 +179,18 @@ impl Backend for GpuBackend<'_, '_> {
                 )));
             }
             let y = self.ptr(*dst)?;
-            self.g.mm(&m, x, src.stride, n, y, m.rows)?;
+            if count < ms.len() {
+                ms[count] = Some((m, y, m.rows));
+                count += 1;
+            } else {
+                self.g.mm(&m, x, src.stride, n, y, m.rows)?;
+            }
         }
-        Ok(())
+        let Some(first) = ms[0] else {
+            return Ok(());
+        };
+        let ms = ms.map(|m| m.unwrap_or(first));
+        Ok(self.g.mm_multi(&ms[..count], x, src.stride, n)?)
     }
 
     fn rmsnorm(
@@ -165,6 +203,29 @@ impl Backend for GpuBackend<'_, '_> {
         eps: f32,
     ) -> Result<(), ModelError> {
         let (x, y, wp) = (self.at(src)?, self.at(dst)?, self.vec(w)?);
+        if part == src.width && self.g.fused {
+            // The held-back residual add into these rows (and the MoE combine it adds) runs
+            // in the norm's launch.
+            let mut add = Residual::None;
+            if let Some((ya, xa, len)) = self.pending.add {
+                if ya == x && src.stride == src.width && len == n * src.width {
+                    match self.pending.combine {
+                        None => add = Residual::Rows(xa),
+                        Some(cn) if cn == n && xa == self.g.bufs.proj.ptr => {
+                            add = Residual::Combine
+                        }
+                        Some(_) => {}
+                    }
+                    if add != Residual::None {
+                        self.pending = Pending::default();
+                    }
+                }
+            }
+            self.flush()?;
+            let g = &self.g;
+            return Ok(g.add_rmsnorm(x, src.stride, add, wp, part, n, eps, y, dst.stride)?);
+        }
+        self.flush()?;
         let g = &self.g;
         if part == src.width {
             return Ok(g.rmsnorm(x, src.stride, wp, part, n, eps, y, dst.stride)?);
@@ -197,6 +258,7 @@ impl Backend for GpuBackend<'_, '_> {
         b: &[f32],
         eps: f64,
     ) -> Result<(), ModelError> {
+        self.flush()?;
         if self.skipped(x.buf) {
             return Ok(());
         }
@@ -205,6 +267,7 @@ impl Backend for GpuBackend<'_, '_> {
     }
 
     fn add_bias(&mut self, x: Rows, n: usize, b: &[f32]) -> Result<(), ModelError> {
+        self.flush()?;
         let bp = self.vec(b)?;
         let (f, dim) = (self.g.small.add_bias, x.width);
         let g = &self.g;
@@ -225,11 +288,13 @@ impl Backend for GpuBackend<'_, '_> {
     }
 
     fn clamp(&mut self, x: Rows, n: usize, c: f32) -> Result<(), ModelError> {
+        self.flush()?;
         let g = &self.g;
         self.rowwise(x, n, |p, len| Ok(g.clamp(p, len, c)?))
     }
 
     fn scale(&mut self, x: Rows, n: usize, s: f32) -> Result<(), ModelError> {
+        self.flush()?;
         if self.skipped(x.buf) {
             return Ok(());
         }
@@ -246,6 +311,7 @@ impl Backend for GpuBackend<'_, '_> {
         pos: usize,
         layout: RopeLayout,
     ) -> Result<(), ModelError> {
+        self.flush()?;
         if self.skipped(x.buf) {
             return Ok(());
         }
@@ -278,6 +344,7 @@ impl Backend for GpuBackend<'_, '_> {
         n: usize,
         pos: usize,
     ) -> Result<(), ModelError> {
+        self.flush()?;
         if side == Cache::V && self.g.mla && self.g.idx.is_none() {
             // Plain MLA has no V side (V3.2's indexer keys go there).
             return Ok(());
@@ -311,6 +378,7 @@ impl Backend for GpuBackend<'_, '_> {
         pos: usize,
         s: GqaShape<'_>,
     ) -> Result<(), ModelError> {
+        self.flush()?;
         let hd = s.head_dim;
         let (qd, kvd) = (s.heads * hd, s.kv_heads * hd);
         let g = &self.g;
@@ -360,6 +428,7 @@ impl Backend for GpuBackend<'_, '_> {
         pos: usize,
         a: &Mla<'_>,
     ) -> Result<(), ModelError> {
+        self.flush()?;
         let heads = |hs| {
             self.g
                 .head_mats
@@ -383,6 +452,7 @@ impl Backend for GpuBackend<'_, '_> {
     }
 
     fn swiglu(&mut self, n: usize, f: usize) -> Result<(), ModelError> {
+        self.flush()?;
         let g = &self.g;
         let len = n * f;
         Ok(g.launch(
@@ -400,10 +470,16 @@ impl Backend for GpuBackend<'_, '_> {
 
     fn add(&mut self, dst: Buf, src: Buf, n: usize, width: usize) -> Result<(), ModelError> {
         let (y, x) = (self.ptr(dst)?, self.ptr(src)?);
-        Ok(self.g.add(y, x, n * width)?)
+        // Held back for the next RMSNorm of `dst` (a combine pending into `src` stays pending).
+        if self.pending.add.is_some() || (self.pending.combine.is_some() && src != Buf::Proj) {
+            self.flush()?;
+        }
+        self.pending.add = Some((y, x, n * width));
+        Ok(())
     }
 
     fn copy(&mut self, dst: Rows, src: Rows, n: usize) -> Result<(), ModelError> {
+        self.flush()?;
         if dst.width != src.width {
             return Err(ModelError::Shape(format!(
                 "GPU copy of {}-wide rows into {}-wide rows",
@@ -430,11 +506,63 @@ impl Backend for GpuBackend<'_, '_> {
     fn moe(&mut self, layer: usize, _m: &Moe<'_>, n: usize) -> Result<(), ModelError> {
         // The router bias, expert biases and activation were taken from the same weights at
         // attach (model.rs `GMoe`, ops.rs `ExpertAct`).
-        self.g.moe(self.model, self.st, layer, n)
+        self.flush()?;
+        if self.g.moe(self.model, self.st, layer, n, true)? {
+            self.pending.combine = Some(n);
+        }
+        Ok(())
+    }
+
+    fn qk_prep(&mut self, l: usize, n: usize, at: At, p: QkPrep<'_>) -> Result<(), ModelError> {
+        self.flush()?;
+        let hd = p.head_dim;
+        let (kc, vc) = self.model.cfg.cache_dims();
+        let norms = match p.norm {
+            Some(m) if m.q_part == hd && m.k_part == hd => {
+                Some((self.vec(m.q)?, self.vec(m.k)?, m.eps))
+            }
+            Some(_) => None,
+            None => Some((0, 0, 0.0)),
+        };
+        let fits = self.g.fused
+            && !self.g.mla
+            && p.clip.is_none()
+            && (1..=256).contains(&hd)
+            && 2 * self.model.rope.half() <= hd
+            && at.pos == self.g.at.0
+            && l < self.model.cfg.n_layers
+            && p.q.width.is_multiple_of(hd)
+            && p.k.width == kc
+            && p.v.width == vc
+            && kc == vc
+            && kc.is_multiple_of(hd);
+        let Some(norms) = norms.filter(|_| fits) else {
+            return qk_prep_ops(self, l, n, at, p);
+        };
+        let norms = p.norm.map(|_| norms);
+        let qkv = [
+            (self.at(p.q)?, p.q.stride),
+            (self.at(p.k)?, p.k.stride),
+            (self.at(p.v)?, p.v.stride),
+        ];
+        let rpadd = self.rope_padd(at.rope);
+        Ok(self.g.qk_rope_store(
+            self.model,
+            qkv,
+            p.q.width / hd,
+            kc / hd,
+            hd,
+            norms,
+            p.layout,
+            rpadd,
+            l,
+            n,
+        )?)
     }
 
     fn prefetch(&mut self, _next: usize, _n: usize) -> Result<(), ModelError> {
-        // A hint: the VRAM pool stages what a layer chose when it runs.
+        // A hint: the VRAM pool stages what a layer chose when it runs. No device work, so
+        // held-back work stays held (the attention's residual add joins the FFN norm).
         Ok(())
     }
 
@@ -471,12 +599,14 @@ impl GpuState {
                 compute,
             )?;
         }
-        model.forward_tokens(
-            &mut GpuBackend { g: self, model, st },
-            tokens,
-            pos,
-            logits_from,
-        )?;
+        let mut b = GpuBackend {
+            g: self,
+            model,
+            st,
+            pending: Pending::default(),
+        };
+        model.forward_tokens(&mut b, tokens, pos, logits_from)?;
+        b.flush()?;
         self.seg_stop()?;
         let n_logits = n.saturating_sub(logits_from);
         if n_logits > 0 {

@@ -143,9 +143,22 @@ impl Drop for Event {
     }
 }
 
-/// A kernel of the loaded module.
-#[derive(Clone, Copy)]
-pub struct Kernel(cu::CUfunction);
+/// A kernel of the loaded module (and its index in `Gpu::names`, for the profile).
+#[derive(Clone, Copy, PartialEq)]
+pub struct Kernel(cu::CUfunction, u32);
+
+/// Per-kernel GPU times (`SLUICE_GPU_PROFILE=FILE`): every compute launch is bracketed by two
+/// events and waited for, so the figures are each kernel's own time with no overlap (and the
+/// run is slower than an unprofiled one). Written to FILE (appended) when the `Gpu` drops.
+struct KProf {
+    path: String,
+    events: (Event, Event),
+    /// (kernel, grid, block) -> (launches, milliseconds).
+    times: std::collections::HashMap<LaunchShape, (u64, f64)>,
+}
+
+/// A kernel's index in `Gpu::names`, its grid and its block size.
+type LaunchShape = (u32, (u32, u32, u32), u32);
 
 /// The two streams: kernels run on `Compute`, expert copies on `Copy`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -162,6 +175,8 @@ pub struct Gpu {
     pub name: String,
     pub total_mem: usize,
     pub sm_count: i32,
+    names: std::sync::Mutex<Vec<String>>,
+    prof: Option<std::sync::Mutex<KProf>>,
 }
 
 // SAFETY: the handles are process-wide driver objects; every entry point binds the context.
@@ -224,7 +239,7 @@ impl Gpu {
             let flags = cu::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
             check(cu::cuStreamCreate(&mut compute, flags), "cuStreamCreate")?;
             check(cu::cuStreamCreate(&mut copy, flags), "cuStreamCreate")?;
-            let gpu = Gpu {
+            let mut gpu = Gpu {
                 ctx,
                 module,
                 compute,
@@ -232,8 +247,21 @@ impl Gpu {
                 name,
                 total_mem: total,
                 sm_count,
+                names: std::sync::Mutex::new(Vec::new()),
+                prof: None,
             };
             gpu.fill_tables()?;
+            if let Some(path) = std::env::var("SLUICE_GPU_PROFILE")
+                .ok()
+                .filter(|p| !p.is_empty())
+            {
+                let events = (gpu.event()?, gpu.event()?);
+                gpu.prof = Some(std::sync::Mutex::new(KProf {
+                    path,
+                    events,
+                    times: Default::default(),
+                }));
+            }
             Ok(gpu)
         }
     }
@@ -314,7 +342,14 @@ impl Gpu {
                 &format!("kernel {name}"),
             )?;
         }
-        Ok(Kernel(f))
+        let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        names.push(name.to_string());
+        Ok(Kernel(f, (names.len() - 1) as u32))
+    }
+
+    /// Whether launches are profiled (`SLUICE_GPU_PROFILE`; graphs are then not captured).
+    pub fn profiling(&self) -> bool {
+        self.prof.is_some()
     }
 
     /// Launches `f` on `stream` with `args` (each stored in a u64 slot, see `Arg`).
@@ -327,8 +362,8 @@ impl Gpu {
         stream: Stream,
         args: &[Arg],
     ) -> Result<(), GpuError> {
-        let mut slots = [0u64; 24];
-        let mut ptrs = [std::ptr::null_mut::<c_void>(); 24];
+        let mut slots = [0u64; 32];
+        let mut ptrs = [std::ptr::null_mut::<c_void>(); 32];
         if args.len() > slots.len() {
             return Err(GpuError::Driver("too many kernel arguments".into()));
         }
@@ -340,6 +375,14 @@ impl Gpu {
         }
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
+        }
+        let prof = self
+            .prof
+            .as_ref()
+            .filter(|_| stream == Stream::Compute)
+            .map(|p| p.lock().unwrap_or_else(|e| e.into_inner()));
+        if let Some(p) = &prof {
+            self.record(&p.events.0, stream)?;
         }
         // SAFETY: `f` is a kernel of the loaded module whose parameters match `args` (the
         // wrappers in gpu/ops.rs pass them in the kernel's order and widths); the slots outlive
@@ -360,7 +403,54 @@ impl Gpu {
                     std::ptr::null_mut(),
                 ),
                 "cuLaunchKernel",
-            )
+            )?;
+        }
+        if let Some(mut p) = prof {
+            self.record(&p.events.1, stream)?;
+            // SAFETY: a recorded event of this context.
+            check(
+                unsafe { cu::cuEventSynchronize(p.events.1 .0) },
+                "cuEventSynchronize",
+            )?;
+            let ms = self.elapsed_ms(&p.events.0, &p.events.1)? as f64;
+            let t = p.times.entry((f.1, grid, block)).or_insert((0, 0.0));
+            t.0 += 1;
+            t.1 += ms;
+        }
+        Ok(())
+    }
+
+    /// The profile's table (kernel, grid, block, launches, total and mean time), slowest total
+    /// first.
+    fn write_profile(&self) {
+        let Some(p) = &self.prof else { return };
+        let p = p.lock().unwrap_or_else(|e| e.into_inner());
+        let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rows: Vec<_> = p.times.iter().collect();
+        rows.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+        let total: f64 = rows.iter().map(|r| r.1 .1).sum();
+        let mut out = format!(
+            "# kernel profile (pid {}): {total:.3} ms in all\n",
+            std::process::id()
+        );
+        out.push_str("kernel\tgrid\tblock\tlaunches\ttotal_ms\tmean_us\n");
+        for ((k, g, b), (c, ms)) in rows {
+            let name = names.get(*k as usize).map_or("?", |s| s.as_str());
+            out.push_str(&format!(
+                "{name}\t{}x{}x{}\t{b}\t{c}\t{ms:.3}\t{:.2}\n",
+                g.0,
+                g.1,
+                g.2,
+                1e3 * ms / *c as f64
+            ));
+        }
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&p.path)
+        {
+            let _ = f.write_all(out.as_bytes());
         }
     }
 
@@ -608,6 +698,7 @@ impl Gpu {
 
 impl Drop for Gpu {
     fn drop(&mut self) {
+        self.write_profile();
         // SAFETY: handles created in `open`, destroyed once; errors at teardown are moot.
         unsafe {
             cu::cuCtxSetCurrent(self.ctx);

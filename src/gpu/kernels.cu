@@ -251,14 +251,15 @@ __device__ __forceinline__ void row_dot(const u8* row, int cols, const float* co
     for (int t = 0; t < NT; t++) acc[t] = warp_sum(acc[t]);
 }
 
-// Y[t*ldy + r] = <W row r, X[t*ldx ..]> for t < n. Grid: ceil(rows / WARPS) blocks of 32*WARPS.
+// Y[t*ldy + r] = <W row r, X[t*ldx ..]> for t < n. Grid: x = ceil(rows / WARPS) blocks of
+// 32*WARPS; y: blocks that share the token groups of NT (each token's sum is the same whatever y).
 template <class T>
 __device__ void mm(const u8* W, long long rb, int rows, int cols, const float* X, int ldx, int n,
                    float* Y, int ldy) {
     int r = blockIdx.x * WARPS + (threadIdx.x >> 5);
     if (r >= rows) return;
     const u8* row = W + (size_t)r * rb;
-    for (int t0 = 0; t0 < n; t0 += NT) {
+    for (int t0 = blockIdx.y * NT; t0 < n; t0 += NT * gridDim.y) {
         const float* xs[NT];
         int nt = min(NT, n - t0);
 #pragma unroll
@@ -848,16 +849,12 @@ QTYPE_KERNELS(q4_0, QQ4_0)
 // sum in index order, as the CPU), selection on score + bias within the best groups, top-k with
 // the CPU's tie rule (the lower index wins), weights = unbiased scores, optionally renormalised
 // (summed in slot order), times the routed scale. Grid: n blocks of 32; shared 2*E floats.
-extern "C" __global__ void route(const float* logits, int E, int k, const float* bias,
-                                 int sigmoid, int n_group, int topk_group, int norm, float scale,
-                                 int* sel, float* selw) {
-    extern __shared__ float rsh[];
-    float* sc = rsh;
-    float* ch = rsh + E;
-    __shared__ float gsc[64];
-    __shared__ int gkeep[64];
-    __shared__ int chosen[64];
-    int t = blockIdx.x, lane = threadIdx.x;
+// route_warp: token t's routing by one warp (lane = its lane), in the warp's own scratch: sc, ch
+// (E floats each), gsc, gkeep, chosen (64 each).
+__device__ void route_warp(const float* logits, int E, int k, const float* bias, int sigmoid,
+                           int n_group, int topk_group, int norm, float scale, int* sel,
+                           float* selw, int t, int lane, float* sc, float* ch, float* gsc,
+                           int* gkeep, int* chosen) {
     const float* x = logits + (size_t)t * E;
     if (sigmoid) {
         for (int i = lane; i < E; i += 32) sc[i] = 1.f / (1.f + expf(-x[i]));
@@ -961,21 +958,33 @@ extern "C" __global__ void route(const float* logits, int E, int k, const float*
     }
 }
 
+extern "C" __global__ void route(const float* logits, int E, int k, const float* bias,
+                                 int sigmoid, int n_group, int topk_group, int norm, float scale,
+                                 int* sel, float* selw) {
+    extern __shared__ float rsh[];
+    __shared__ float gsc[64];
+    __shared__ int gkeep[64];
+    __shared__ int chosen[64];
+    route_warp(logits, E, k, bias, sigmoid, n_group, topk_group, norm, scale, sel, selw,
+               blockIdx.x, threadIdx.x, rsh, rsh + E, gsc, gkeep, chosen);
+}
+
 // The job list of a MoE layer from the device's selection, in the host's order: experts in
 // ascending index with at least one assignment, each expert's assignments by token then slot.
 // etab: per expert its gate, up, down device pointers. One block of >= E threads (E <= 1024).
-extern "C" __global__ void build_jobs(const int* sel, int n, int k, int E, const u64* etab,
-                                      Job* jobs, int* tok, int* dst, int* njobs, int* stat) {
-    extern __shared__ int jsh[];
+// build_block: the whole block builds it (any block size; jsh: 3*E ints of shared memory).
+// Counts by shared atomics (all threads), offsets by thread 0, then warp 0 places the
+// assignments 32 at a time in index order (lanes of one expert ranked by __match_any_sync), so
+// each expert's assignments stay in ascending order, as a serial scan puts them.
+__device__ void build_block(const int* sel, int n, int k, int E, const u64* etab, Job* jobs,
+                            int* tok, int* dst, int* njobs, int* stat, int* jsh) {
     int* cnt = jsh;
     int* a0 = jsh + E;
     int* ji = jsh + 2 * E;
-    int ex = threadIdx.x;
-    if (ex < E) {
-        int c = 0;
-        for (int a = 0; a < n * k; a++) c += sel[a] == ex;
-        cnt[ex] = c;
-    }
+    int nk = n * k;
+    for (int ex = threadIdx.x; ex < E; ex += blockDim.x) cnt[ex] = 0;
+    __syncthreads();
+    for (int a = threadIdx.x; a < nk; a += blockDim.x) atomicAdd(&cnt[sel[a]], 1);
     __syncthreads();
     if (threadIdx.x == 0) {
         int acc = 0, j = 0;
@@ -989,15 +998,8 @@ extern "C" __global__ void build_jobs(const int* sel, int n, int k, int E, const
         if (stat) *stat += j;
     }
     __syncthreads();
-    if (ex < E && cnt[ex] > 0) {
-        int c = a0[ex];
-        for (int a = 0; a < n * k; a++) {
-            if (sel[a] == ex) {
-                tok[c] = a / k;
-                dst[c] = a;
-                c++;
-            }
-        }
+    for (int ex = threadIdx.x; ex < E; ex += blockDim.x) {
+        if (cnt[ex] == 0) continue;
         Job jb;
         jb.gate = etab[3 * ex];
         jb.up = etab[3 * ex + 1];
@@ -1006,6 +1008,32 @@ extern "C" __global__ void build_jobs(const int* sel, int n, int k, int E, const
         jb.cnt = cnt[ex];
         jobs[ji[ex]] = jb;
     }
+    __syncthreads();
+    // a0 becomes each expert's next free position.
+    if (threadIdx.x < 32) {
+        int lane = threadIdx.x;
+        for (int c0 = 0; c0 < nk; c0 += 32) {
+            int a = c0 + lane;
+            bool valid = a < nk;
+            int e = valid ? sel[a] : -1 - lane;  // past the end: a key no other lane has
+            unsigned peers = __match_any_sync(0xffffffffu, e);
+            int rank = __popc(peers & ((1u << lane) - 1u));
+            int c = valid ? a0[e] + rank : 0;
+            __syncwarp();
+            if (valid) {
+                tok[c] = a / k;
+                dst[c] = a;
+                if (rank == 0) a0[e] += __popc(peers);
+            }
+            __syncwarp();
+        }
+    }
+}
+
+extern "C" __global__ void build_jobs(const int* sel, int n, int k, int E, const u64* etab,
+                                      Job* jobs, int* tok, int* dst, int* njobs, int* stat) {
+    extern __shared__ int jsh[];
+    build_block(sel, n, k, E, etab, jobs, tok, dst, njobs, stat, jsh);
 }
 
 // Cache rows for tokens 0..n at position *pp: Dst[(*pp + t)*cols + c] = Src[t*ss + c].

@@ -32,9 +32,21 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 const WARPS: u32 = 8;
+/// Tokens per pass of a matrix-product warp (kernels.cu `NT`).
+const NT: usize = 4;
 const ALIGN: usize = 256;
 /// Bytes of one `Job` in kernels.cu (three u64 pointers, two i32).
 const JOB_BYTES: usize = 32;
+
+/// What `GpuState::add_rmsnorm` adds to x before the norm.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Residual {
+    None,
+    /// Rows of this (packed, as x) buffer.
+    Rows(u64),
+    /// The MoE slot outputs, weighted and summed in slot order (`moe_combine`).
+    Combine,
+}
 
 fn align(x: usize) -> usize {
     x.div_ceil(ALIGN) * ALIGN
@@ -50,6 +62,8 @@ fn type_name(d: DType) -> Option<String> {
 /// The four kernels of one weight type, and its int8-activation kernels where it has them.
 #[derive(Clone, Copy)]
 struct TypeFns {
+    /// F32 weights (a router of this type joins its routing kernel: `router_route_jobs`).
+    f32: bool,
     mm: Kernel,
     gate_up: Kernel,
     down: Kernel,
@@ -61,6 +75,10 @@ struct TypeFns {
 #[derive(Clone, Copy)]
 struct QFns {
     mm: Kernel,
+    /// Up to three matrices of this type in one launch (kernels_fused.cu `mmq3`).
+    mm3: Kernel,
+    /// `down` quantizing its input rows itself (kernels_fused.cu `moe_down_qs`).
+    down_s: Kernel,
     gate_up: Kernel,
     down: Kernel,
     gemm: GemmFns, // prefill GEMM (gemm.rs)
@@ -140,6 +158,12 @@ pub(super) struct Small {
     kv_store: Kernel,
     att_split: Kernel,
     att_merge: Kernel,
+    // kernels_fused.cu
+    add_rms_q8: Kernel,
+    qk_rope_store: Kernel,
+    att_split_merge: Kernel,
+    route_jobs: Kernel,
+    router_route_jobs: Kernel,
 }
 
 /// Event pairs timing compute segments and expert copies, harvested at sync points.
@@ -196,6 +220,9 @@ pub(super) struct Bufs {
     njobs: DevBuf,
     /// Experts run since the last harvest (i32).
     pub(super) stat: DevBuf,
+    /// Zeroed counters of the fused kernels' last-block hand-off (u32; kernels_fused.cu
+    /// `last_block`): [0] the router's, then one per (token, head) of flash-decoding's merge.
+    done: DevBuf,
     /// Per MoE layer and expert: gate, up, down pointers (u64), for device-built job lists.
     etab: DevBuf,
     /// Flash-decoding partials: max, sum (f32) and unnormalised outputs per split.
@@ -270,6 +297,8 @@ pub struct GpuState {
     pub(super) k: usize,
     /// Decode steps run as a CUDA graph (`SLUICE_GPU_GRAPH=0` turns it off, for A/B runs).
     pub(super) graphs: bool,
+    /// Fused decode kernels (kernels_fused.cu); `SLUICE_GPU_FUSED=0` runs kernels.cu's one by one.
+    pub(super) fused: bool,
     /// A forward is being recorded into the graph (timers are off: one pair times a replay).
     pub(super) capturing: bool,
     /// The open compute-stream timer of the running chunk (closed around host round trips).
@@ -361,6 +390,7 @@ impl<'a> Builder<'a> {
             ))
         })?;
         let f = TypeFns {
+            f32: d == DType::F32,
             mm: self.gpu.function(&format!("mm_{n}"))?,
             gate_up: self.gpu.function(&format!("moe_gate_up_{n}"))?,
             down: self.gpu.function(&format!("moe_down_{n}"))?,
@@ -368,6 +398,8 @@ impl<'a> Builder<'a> {
             q: if Q8_TYPES.contains(&d) {
                 Some(QFns {
                     mm: self.gpu.function(&format!("mmq_{n}"))?,
+                    mm3: self.gpu.function(&format!("mmq3_{n}"))?,
+                    down_s: self.gpu.function(&format!("moe_down_qs_{n}"))?,
                     gate_up: self.gpu.function(&format!("moe_gate_up_q_{n}"))?,
                     down: self.gpu.function(&format!("moe_down_q_{n}"))?,
                     gemm: GemmFns::load(self.gpu, &n)?, // prefill GEMM (gemm.rs)
@@ -580,6 +612,11 @@ impl GpuState {
             kv_store: gpu.function("kv_store")?,
             att_split: gpu.function("attention_split")?,
             att_merge: gpu.function("attention_merge")?,
+            add_rms_q8: gpu.function("add_rmsnorm_q8")?,
+            qk_rope_store: gpu.function("qk_rope_store")?,
+            att_split_merge: gpu.function("attention_split_merge")?,
+            route_jobs: gpu.function("route_jobs")?,
+            router_route_jobs: gpu.function("router_route_jobs")?,
         };
         let weights = gpu.alloc(b.total)?;
         for (off, bytes) in &b.pieces {
@@ -675,6 +712,7 @@ impl GpuState {
             sel: gpu.alloc(4 * bsz * k)?,
             njobs: gpu.alloc(4)?,
             stat: gpu.alloc(4)?,
+            done: gpu.alloc(4 * (1 + SPLIT_ROWS * cfg.n_heads))?,
             etab: gpu.alloc(24 * e * moe_layers_n.max(1))?,
             pm: dev_f32(&gpu, SPLIT_ROWS * cfg.n_heads * splits)?,
             pl: dev_f32(&gpu, SPLIT_ROWS * cfg.n_heads * splits)?,
@@ -684,6 +722,7 @@ impl GpuState {
             )?,
         };
         gpu.upload(bufs.stat.ptr, &[0u8; 4])?;
+        gpu.upload(bufs.done.ptr, &vec![0u8; bufs.done.bytes])?;
         gpu.upload(bufs.cos.ptr, &f32_bytes(model.rope.cos_table()))?;
         gpu.upload(bufs.sin.ptr, &f32_bytes(model.rope.sin_table()))?;
         let after = gpu.mem_info()?.0;
@@ -823,7 +862,9 @@ impl GpuState {
                     && e <= 1024,
                 stat_last: 0,
                 k,
-                graphs: std::env::var("SLUICE_GPU_GRAPH").map_or(true, |v| v != "0"),
+                graphs: std::env::var("SLUICE_GPU_GRAPH").map_or(true, |v| v != "0")
+                    && !gpu.profiling(),
+                fused: std::env::var("SLUICE_GPU_FUSED").map_or(true, |v| v != "0"),
                 capturing: false,
                 seg: usize::MAX,
                 at: (0, 0),
@@ -908,6 +949,174 @@ impl GpuState {
         Ok(())
     }
 
+    /// Residual add (`add`), RMSNorm of whole rows and their 8-bit quantization (when `dim` is a
+    /// multiple of 32) in one launch (kernels_fused.cu `add_rmsnorm_q8`): rows 0..rows of x (row
+    /// stride ldx; packed when anything is added) += the addend, y = rmsnorm(x) * w, and the
+    /// quantized y is then the input the next product of y finds (`quantize` skips).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn add_rmsnorm(
+        &self,
+        x: u64,
+        ldx: usize,
+        add: Residual,
+        w: u64,
+        dim: usize,
+        rows: usize,
+        eps: f32,
+        y: u64,
+        ldy: usize,
+    ) -> Result<(), GpuError> {
+        let q = dim.is_multiple_of(32) && rows * dim <= self.bufs.xq.bytes;
+        let (p, so, sw) = match add {
+            Residual::None => (0, 0, 0),
+            Residual::Rows(p) => (p, 0, 0),
+            Residual::Combine => (0, self.bufs.slot_out.ptr, self.bufs.selw.ptr),
+        };
+        let (xq, xd) = if q {
+            (self.bufs.xq.ptr, self.bufs.xd.ptr)
+        } else {
+            (0, 0)
+        };
+        self.gpu.launch(
+            self.small.add_rms_q8,
+            (rows as u32, 1, 1),
+            256,
+            0,
+            Stream::Compute,
+            &[
+                x.into(),
+                (ldx as i32).into(),
+                p.into(),
+                so.into(),
+                sw.into(),
+                (self.k as i32).into(),
+                w.into(),
+                (dim as i32).into(),
+                eps.into(),
+                y.into(),
+                (ldy as i32).into(),
+                xq.into(),
+                xd.into(),
+            ],
+        )?;
+        self.xq_src.set(q.then_some((y, ldy, rows, dim)));
+        Ok(())
+    }
+
+    /// For each `(m, y, ldy)`: y = x * m^T. Two or three matrices of one 8-bit-activation type
+    /// and width in a matvec-sized forward take one launch (kernels_fused.cu `mmq3`); else one
+    /// product each (`mm`).
+    pub(super) fn mm_multi(
+        &self,
+        ms: &[(Mat, u64, usize)],
+        x: u64,
+        ldx: usize,
+        n: usize,
+    ) -> Result<(), GpuError> {
+        let Some(&(m0, _, _)) = ms.first() else {
+            return Ok(());
+        };
+        let k0 = m0.f.q.map(|q| q.mm3);
+        let fused = self.fused
+            && (2..=3).contains(&ms.len())
+            && k0.is_some()
+            && m0.cols.is_multiple_of(32)
+            && !gemm::takes(n, m0.cols)
+            && ms
+                .iter()
+                .all(|(m, _, _)| m.cols == m0.cols && m.f.q.map(|q| q.mm3) == k0);
+        let Some(k) = k0.filter(|_| fused) else {
+            for (m, y, ldy) in ms {
+                self.mm(m, x, ldx, n, *y, *ldy)?;
+            }
+            return Ok(());
+        };
+        self.quantize(x, ldx, n, m0.cols)?;
+        let mut a = [Arg::from(0u64); 19];
+        let mut blocks = 0u32;
+        for (i, (m, y, ldy)) in ms.iter().enumerate() {
+            a[5 * i] = self.wa(m.off).into();
+            a[5 * i + 1] = (m.rb as i64).into();
+            a[5 * i + 2] = (m.rows as i32).into();
+            a[5 * i + 3] = (*y).into();
+            a[5 * i + 4] = (*ldy as i32).into();
+            blocks += (m.rows as u32).div_ceil(WARPS);
+        }
+        for i in ms.len()..3 {
+            a[5 * i + 2] = 0i32.into();
+            a[5 * i + 4] = 0i32.into();
+        }
+        a[15] = (m0.cols as i32).into();
+        a[16] = self.bufs.xq.ptr.into();
+        a[17] = self.bufs.xd.ptr.into();
+        a[18] = (n as i32).into();
+        self.gpu
+            .launch(k, (blocks, 1, 1), 32 * WARPS, 0, Stream::Compute, &a)?;
+        let x_end = x + (4 * n * ldx) as u64;
+        for (_, y, ldy) in ms {
+            let y_end = *y + (4 * n * ldy) as u64;
+            if *y < x_end && x < y_end {
+                self.xq_src.set(None);
+            }
+        }
+        Ok(())
+    }
+
+    /// Grouped-query attention's per-head steps in one launch (kernels_fused.cu
+    /// `qk_rope_store`): optional per-head q/k RMSNorm, rope of q and k (rotary position: the
+    /// device's + `rpadd` + row), k and v rows into cache layer `layer` at the chunk's position.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn qk_rope_store(
+        &self,
+        model: &Model<'_>,
+        qkv: [(u64, usize); 3],
+        heads: usize,
+        kvh: usize,
+        hd: usize,
+        norms: Option<(u64, u64, f32)>,
+        layout: crate::model::config::RopeLayout,
+        rpadd: i32,
+        layer: usize,
+        n: usize,
+    ) -> Result<(), GpuError> {
+        let kvd = kvh * hd;
+        let layout = match layout {
+            crate::model::config::RopeLayout::HalfSplit => 0,
+            crate::model::config::RopeLayout::Interleaved => 1,
+        };
+        let (qn, kn, eps) = norms.unwrap_or((0, 0, 0.0));
+        let [q, k, v] = qkv;
+        self.launch(
+            self.small.qk_rope_store,
+            (n as u32, (heads + 2 * kvh) as u32, 1),
+            256,
+            (4 * hd) as u32,
+            &[
+                q.0.into(),
+                (q.1 as i32).into(),
+                k.0.into(),
+                (k.1 as i32).into(),
+                v.0.into(),
+                (v.1 as i32).into(),
+                (heads as i32).into(),
+                (kvh as i32).into(),
+                (hd as i32).into(),
+                qn.into(),
+                kn.into(),
+                eps.into(),
+                (model.rope.half() as i32).into(),
+                layout.into(),
+                self.bufs.cos.ptr.into(),
+                self.bufs.sin.ptr.into(),
+                (self.bufs.pos.ptr + 4).into(),
+                rpadd.into(),
+                self.bufs.pos.ptr.into(),
+                self.bufs.kcache.f(layer * self.ctx * kvd).into(),
+                self.bufs.vcache.f(layer * self.ctx * kvd).into(),
+            ],
+        )
+    }
+
     /// y (n x rows, row stride ldy) = x (n x cols, row stride ldx) * m^T.
     pub(super) fn mm(
         &self,
@@ -955,11 +1164,15 @@ impl GpuState {
                 }
             });
         }
-        self.launch(
+        // f32 activations: the quantized input stays valid unless y overwrites it. Token
+        // groups spread over grid y (a prefill's F32 router is 16 blocks wide otherwise).
+        let groups = (n.div_ceil(NT) as u32).min(64);
+        self.gpu.launch(
             m.f.mm,
-            ((m.rows as u32).div_ceil(WARPS), 1, 1),
+            ((m.rows as u32).div_ceil(WARPS), groups, 1),
             32 * WARPS,
             0,
+            Stream::Compute,
             &[
                 self.wa(m.off).into(),
                 (m.rb as i64).into(),
@@ -971,7 +1184,20 @@ impl GpuState {
                 y.into(),
                 (ldy as i32).into(),
             ],
-        )
+        )?;
+        self.stale_if_over(y, ldy, n);
+        Ok(())
+    }
+
+    /// A launch wrote rows 0..n of y (row stride ldy): the quantized input is stale if they
+    /// overlap its source.
+    fn stale_if_over(&self, y: u64, ldy: usize, n: usize) {
+        if let Some((x, ldx, xn, _)) = self.xq_src.get() {
+            let (x_end, y_end) = (x + (4 * xn * ldx) as u64, y + (4 * n * ldy) as u64);
+            if y < x_end && x < y_end {
+                self.xq_src.set(None);
+            }
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1074,6 +1300,52 @@ impl GpuState {
         if n <= SPLIT_ROWS {
             // Flash-decoding: every split of the context in its own block, then a merge.
             let (splits, chunk) = (self.splits, self.chunk);
+            if self.fused {
+                // One launch: each (head, token)'s last split merges them, and quantizes the
+                // merged rows when they are the output projection's packed input.
+                let q8 = dv.is_multiple_of(32) && o.2 == dv && o.1 == heads * dv;
+                let (xq, xd) = if q8 {
+                    (self.bufs.xq.ptr, self.bufs.xd.ptr)
+                } else {
+                    (0, 0)
+                };
+                self.gpu.launch(
+                    self.small.att_split_merge,
+                    (heads as u32, n as u32, splits as u32),
+                    128,
+                    (4 * (dk + chunk)) as u32,
+                    Stream::Compute,
+                    &[
+                        q.0.into(),
+                        (q.1 as i32).into(),
+                        (q.2 as i32).into(),
+                        k.0.into(),
+                        (k.1 as i32).into(),
+                        (k.2 as i32).into(),
+                        v.0.into(),
+                        (v.1 as i32).into(),
+                        (v.2 as i32).into(),
+                        (dk as i32).into(),
+                        (dv as i32).into(),
+                        (group as i32).into(),
+                        self.bufs.pos.ptr.into(),
+                        padd.into(),
+                        scale.into(),
+                        (chunk as i32).into(),
+                        self.bufs.pm.ptr.into(),
+                        self.bufs.pl.ptr.into(),
+                        self.bufs.po.ptr.into(),
+                        o.0.into(),
+                        (o.1 as i32).into(),
+                        (o.2 as i32).into(),
+                        xq.into(),
+                        xd.into(),
+                        self.bufs.done.at(4).into(),
+                    ],
+                )?;
+                self.xq_src.set(q8.then_some((o.0, o.1, n, o.1)));
+                return Ok(());
+            }
             self.launch(
                 self.small.att_split,
                 (heads as u32, n as u32, splits as u32),
@@ -1493,6 +1765,29 @@ impl GpuState {
                     ],
                 )?;
             }
+            if !g && self.fused {
+                // The down kernel quantizes its job's rows of hb itself.
+                let f = mo.ffn;
+                let shmem = (4 * f + 16 * f / 32) as u32;
+                self.gpu.launch(
+                    qd.down_s,
+                    ((h as u32).div_ceil(WARPS), grid_y as u32, 1),
+                    32 * WARPS,
+                    shmem,
+                    compute,
+                    &[
+                        jobs.into(),
+                        nj.into(),
+                        (h as i32).into(),
+                        (f as i32).into(),
+                        (mo.rb_down as i64).into(),
+                        self.bufs.hb.ptr.into(),
+                        self.bufs.dst.ptr.into(),
+                        self.bufs.slot_out.ptr.into(),
+                    ],
+                )?;
+                return self.timer_stop(ti, compute, false);
+            }
             // The jobs' assignment rows of hb (a span that may include other jobs' rows:
             // harmless, each is rewritten and requantized before its own down product).
             let (r0, rn) = rows;
@@ -1597,13 +1892,17 @@ impl GpuState {
     /// waits for the host. Otherwise the selection is downloaded, hits run in one launch and
     /// misses are staged from the RAM cache. Both paths order assignments the same way, and
     /// every GPU placement routes with the same kernel, so tokens do not depend on placement.
+    ///
+    /// `defer`: leave the combine to the caller (`add_rmsnorm` with `Residual::Combine`) when
+    /// the layer has no shared expert; returns whether it did.
     pub(super) fn moe(
         &mut self,
         model: &Model<'_>,
         st: &mut State,
         l: usize,
         n: usize,
-    ) -> Result<(), ModelError> {
+        defer: bool,
+    ) -> Result<bool, ModelError> {
         let cfg = &model.cfg;
         let (h, e, k) = (cfg.hidden, cfg.n_experts, cfg.n_experts_used);
         let compute = Stream::Compute;
@@ -1613,11 +1912,76 @@ impl GpuState {
             );
         };
         let (mo, router, shared, bias) = (gm.geo, gm.router, gm.shared, gm.bias);
-        self.mm(&router, self.bufs.xn.ptr, h, n, self.bufs.router.ptr, e)?;
-        if let Some(rb) = gm.router_bias {
-            self.router_bias(self.bufs.router.ptr, rb, e, n)?;
+        // A few tokens route and build their job list in one block (kernels_fused.cu); with
+        // an F32 router, in the router product's launch (its last block).
+        let rw = n.min(8);
+        let rj_shmem = 4 * (rw * (2 * e + 192) + 3 * e);
+        let fused_rj = self.fused
+            && self.device_route
+            && self.layer_ready[mo.idx]
+            && n <= SPLIT_ROWS
+            && rj_shmem <= 48 * 1024;
+        // gpt-oss's router bias is its own launch after the product.
+        let with_router = fused_rj
+            && gm.router_bias.is_none()
+            && router.f.f32
+            && router.rows == e
+            && router.cols == h;
+        if !with_router {
+            self.mm(&router, self.bufs.xn.ptr, h, n, self.bufs.router.ptr, e)?;
+            if let Some(rb) = gm.router_bias {
+                self.router_bias(self.bufs.router.ptr, rb, e, n)?;
+            }
         }
-        if self.device_route {
+        if fused_rj {
+            let r = &cfg.routing;
+            // router_route_jobs' arguments; route_jobs takes [4..22] (no router, no counter).
+            let args: [Arg; 23] = [
+                self.wa(router.off).into(),
+                (router.rb as i64).into(),
+                self.bufs.xn.ptr.into(),
+                (h as i32).into(),
+                self.bufs.router.ptr.into(),
+                (n as i32).into(),
+                (e as i32).into(),
+                (k as i32).into(),
+                bias.map_or(0, |b| self.wa(b)).into(),
+                i32::from(r.sigmoid).into(),
+                (r.n_group as i32).into(),
+                (r.topk_group as i32).into(),
+                i32::from(r.norm_topk_prob).into(),
+                r.scale.into(),
+                self.bufs.sel.ptr.into(),
+                self.bufs.selw.ptr.into(),
+                self.bufs.etab.at(mo.idx * e * 24).into(),
+                self.bufs.jobs.ptr.into(),
+                self.bufs.tok.ptr.into(),
+                self.bufs.dst.ptr.into(),
+                self.bufs.njobs.ptr.into(),
+                self.bufs.stat.ptr.into(),
+                self.bufs.done.ptr.into(),
+            ];
+            if with_router {
+                self.gpu.launch(
+                    self.small.router_route_jobs,
+                    ((e as u32).div_ceil(WARPS), 1, 1),
+                    32 * WARPS,
+                    rj_shmem as u32,
+                    compute,
+                    &args,
+                )?;
+            } else {
+                self.gpu.launch(
+                    self.small.route_jobs,
+                    (1, 1, 1),
+                    256,
+                    rj_shmem as u32,
+                    compute,
+                    &args[4..22],
+                )?;
+            }
+        }
+        if self.device_route && !fused_rj {
             let r = &cfg.routing;
             // Not through `launch`: routing leaves the quantized xn (the router's input, the
             // experts' too) valid.
@@ -1642,7 +2006,14 @@ impl GpuState {
                 ],
             )?;
         }
-        if self.device_route && self.layer_ready[mo.idx] {
+        if fused_rj {
+            if !self.capturing {
+                self.pool.count_hits((n * k) as u64);
+            }
+            let jobs = self.bufs.jobs.ptr;
+            let nj = self.bufs.njobs.ptr;
+            self.run_jobs(&mo, jobs, e.min(n * k), nj, n, (0, n * k), h)?;
+        } else if self.device_route && self.layer_ready[mo.idx] {
             self.gpu.launch(
                 self.small.build_jobs,
                 (1, 1, 1),
@@ -1673,6 +2044,9 @@ impl GpuState {
         }
 
         // Combine in slot order, then the shared experts.
+        if defer && self.fused && shared.is_none() {
+            return Ok(true);
+        }
         self.launch(
             self.small.combine,
             (((n * h) as u32).div_ceil(256), 1, 1),
@@ -1691,7 +2065,25 @@ impl GpuState {
             self.mlp(&sh, n)?;
             self.add(self.bufs.proj.ptr, self.bufs.down.ptr, n * h)?;
         }
-        Ok(())
+        Ok(false)
+    }
+
+    /// The combine `moe` left to its caller: proj rows 0..n = the slot outputs in slot order.
+    pub(super) fn combine(&self, n: usize, h: usize) -> Result<(), GpuError> {
+        self.launch(
+            self.small.combine,
+            (((n * h) as u32).div_ceil(256), 1, 1),
+            256,
+            0,
+            &[
+                self.bufs.slot_out.ptr.into(),
+                self.bufs.selw.ptr.into(),
+                (self.k as i32).into(),
+                (h as i32).into(),
+                (n as i32).into(),
+                self.bufs.proj.ptr.into(),
+            ],
+        )
     }
 
     /// The MoE step with a host round trip: the selection (device-routed, else routed here by

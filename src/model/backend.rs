@@ -137,6 +137,55 @@ pub struct GqaShape<'s> {
     pub sinks: Option<&'s [f32]>,
 }
 
+/// The per-head steps between the q/k/v projections and grouped-query attention
+/// (`Backend::qk_prep`).
+#[derive(Clone, Copy, Debug)]
+pub struct QkPrep<'s> {
+    pub q: Rows,
+    pub k: Rows,
+    pub v: Rows,
+    pub head_dim: usize,
+    /// q/k RMSNorm, as `Backend::rmsnorm` takes them.
+    pub norm: Option<HeadNorms<'s>>,
+    /// OLMoE's clip_qkv.
+    pub clip: Option<f32>,
+    pub layout: RopeLayout,
+}
+
+/// QkPrep's q and k RMSNorms: each `q_part`/`k_part`-wide piece of a row, scaled by `q`/`k`.
+#[derive(Clone, Copy, Debug)]
+pub struct HeadNorms<'s> {
+    pub q_part: usize,
+    pub k_part: usize,
+    pub q: &'s [f32],
+    pub k: &'s [f32],
+    pub eps: f32,
+}
+
+/// `Backend::qk_prep` as its operations, in order: q and k norms, the clip, rope of q and k,
+/// k and v into cache layer `l`.
+pub fn qk_prep_ops<B: Backend + ?Sized>(
+    b: &mut B,
+    l: usize,
+    n: usize,
+    at: At,
+    p: QkPrep<'_>,
+) -> Result<(), ModelError> {
+    if let Some(m) = p.norm {
+        b.rmsnorm(p.q, p.q, n, m.q_part, m.q, m.eps)?;
+        b.rmsnorm(p.k, p.k, n, m.k_part, m.k, m.eps)?;
+    }
+    if let Some(c) = p.clip {
+        for x in [p.q, p.k, p.v] {
+            b.clamp(x, n, c)?;
+        }
+    }
+    b.rope(p.q, n, p.head_dim, 0, at.rope, p.layout)?;
+    b.rope(p.k, n, p.head_dim, 0, at.rope, p.layout)?;
+    b.store_cache(l, Cache::K, p.k, n, at.pos)?;
+    b.store_cache(l, Cache::V, p.v, n, at.pos)
+}
+
 /// Where the chunk sits in its sequence.
 #[derive(Clone, Copy, Debug)]
 pub struct At {
@@ -196,6 +245,12 @@ pub trait Backend {
 
     /// x[i][j] += b[j].
     fn add_bias(&mut self, x: Rows, n: usize, b: &[f32]) -> Result<(), ModelError>;
+
+    /// Grouped-query attention's per-head steps of layer `l` (`QkPrep`): `qk_prep_ops`, which a
+    /// device backend may run as fewer launches with the same arithmetic.
+    fn qk_prep(&mut self, l: usize, n: usize, at: At, p: QkPrep<'_>) -> Result<(), ModelError> {
+        qk_prep_ops(self, l, n, at, p)
+    }
 
     /// x = clamp(x, -c, c) (OLMoE's clip_qkv).
     fn clamp(&mut self, x: Rows, n: usize, c: f32) -> Result<(), ModelError>;

@@ -10,7 +10,7 @@
 //! Invariant: the graph only names buffers and passes weights; it reads no activation, so a
 //! device backend runs it with no host sync between operations.
 
-use super::backend::{At, Backend, Buf, Cache, Device, GqaShape, Rows};
+use super::backend::{At, Backend, Buf, Device, GqaShape, HeadNorms, QkPrep, Rows};
 use super::config::QkNorm;
 use super::cpu::CpuBackend;
 use super::weights::{Attention, Ffn, Gqa, Layer, Mlp};
@@ -236,19 +236,30 @@ impl<'a> Model<'a> {
             QkNorm::Whole => Some((qd, kvd)),
             QkNorm::None => None,
         };
-        if let (Some((qp, kp)), Some(qn), Some(kn)) = (part, &a.q_norm, &a.k_norm) {
-            b.rmsnorm(q, q, n, qp, qn, cfg.rms_eps)?;
-            b.rmsnorm(k, k, n, kp, kn, cfg.rms_eps)?;
-        }
-        if let Some(c) = cfg.clip_qkv {
-            for x in [q, k, v] {
-                b.clamp(x, n, c)?;
-            }
-        }
-        b.rope(q, n, hd, 0, at.rope, cfg.rope_layout)?;
-        b.rope(k, n, hd, 0, at.rope, cfg.rope_layout)?;
-        b.store_cache(l, Cache::K, k, n, at.pos)?;
-        b.store_cache(l, Cache::V, v, n, at.pos)?;
+        let norm = match (part, &a.q_norm, &a.k_norm) {
+            (Some((q_part, k_part)), Some(q), Some(k)) => Some(HeadNorms {
+                q_part,
+                k_part,
+                q,
+                k,
+                eps: cfg.rms_eps,
+            }),
+            _ => None,
+        };
+        b.qk_prep(
+            l,
+            n,
+            at,
+            QkPrep {
+                q,
+                k,
+                v,
+                head_dim: hd,
+                norm,
+                clip: cfg.clip_qkv,
+                layout: cfg.rope_layout,
+            },
+        )?;
         b.attend(
             l,
             n,

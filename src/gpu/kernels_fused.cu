@@ -1,0 +1,385 @@
+// ==== Fused kernels for the decode step (issue 15) ====
+//
+// Each kernel here does the work of two to six of kernels.cu's, with the same arithmetic on each
+// value (the same expressions in the same order, the same reductions over the same thread
+// layout), so a forward gives the same numbers through either path (logits byte-identical with
+// SLUICE_GPU_FUSED=0). A decode step of the 8-layer Qwen3-30B-A3B shape went from 220 launches
+// to 75; replayed as a CUDA graph that saved only ~3% (docs/PERFORMANCE.md): what remains is
+// each kernel's own latency.
+
+// Residual add (optional), RMSNorm and 8-bit quantization of one row per block (256 threads):
+//   x = X row (+ P row, if P) (+ sum over slots s of selw[s] * SO[row*k + s], if SO; in slot
+//   order, as moe_combine), written back to X when anything was added;
+//   Y row = x / rms(x) * w; and, if XQ, Y row quantized per 32 values into XQ/XD (as quantize_q8;
+//   dim a multiple of 32).
+// Same sums as add + moe_combine + rmsnorm + quantize_q8 (block of 256, as rmsnorm's launch).
+extern "C" __global__ void add_rmsnorm_q8(float* X, int ldx, const float* P, const float* SO,
+                                          const float* selw, int k, const float* w, int dim,
+                                          float eps, float* Y, int ldy, i8* XQ, float* XD) {
+    __shared__ float red[32];
+    int row = blockIdx.x;
+    float* x = X + (size_t)row * ldx;
+    float* y = Y + (size_t)row * ldy;
+    float s = 0.f;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = x[i];
+        if (P) v += P[(size_t)row * dim + i];
+        if (SO) {
+            float acc = 0.f;
+            for (int q = 0; q < k; q++)
+                acc += selw[row * k + q] * SO[((size_t)row * k + q) * dim + i];
+            v += acc;
+        }
+        if (P || SO) x[i] = v;
+        s += v * v;
+    }
+    s = block_sum(s, red);  // its barriers make every x[i] visible to the block
+    float inv = 1.f / sqrtf(s / (float)dim + eps);
+    if (!XQ) {
+#pragma unroll 4
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) y[i] = x[i] * inv * w[i];
+        return;
+    }
+    int wp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, per = dim >> 5;
+#pragma unroll 4
+    for (int g = wp; g < per; g += nw) {
+        int i = 32 * g + lane;
+        float v = x[i] * inv * w[i];
+        y[i] = v;
+        float a = fabsf(v);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+        float d = a / 127.f;
+        float id = d > 0.f ? 1.f / d : 0.f;
+        int q = (int)roundf(v * id);
+        XQ[(size_t)row * dim + i] = (i8)max(-127, min(127, q));
+        if (lane == 0) XD[(size_t)row * per + g] = d;
+    }
+}
+
+// Up to three matrices of one quantized type and width against the same quantized input, in
+// one launch: blocks [0, b1) take matrix 0's rows, [b1, b2) matrix 1's, the rest matrix 2's
+// (b1, b2 in blocks of WARPS rows). Each row as mmq computes it.
+template <class T>
+__device__ void mmq3(const u8* W0, long long rb0, int rows0, float* Y0, int ldy0, const u8* W1,
+                     long long rb1, int rows1, float* Y1, int ldy1, const u8* W2, long long rb2,
+                     int rows2, float* Y2, int ldy2, int cols, const i8* XQ, const float* XD,
+                     int n) {
+    int b = blockIdx.x;
+    int b1 = (rows0 + WARPS - 1) / WARPS, b2 = b1 + (rows1 + WARPS - 1) / WARPS;
+    const u8* W = W0;
+    long long rb = rb0;
+    int rows = rows0, ldy = ldy0;
+    float* Y = Y0;
+    if (b >= b2) {
+        W = W2, rb = rb2, rows = rows2, Y = Y2, ldy = ldy2, b -= b2;
+    } else if (b >= b1) {
+        W = W1, rb = rb1, rows = rows1, Y = Y1, ldy = ldy1, b -= b1;
+    }
+    int r = b * WARPS + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    const u8* row = W + (size_t)r * rb;
+    for (int t0 = 0; t0 < n; t0 += NT) {
+        int nt = min(NT, n - t0);
+        const i8* xq[NT];
+        const float* xd[NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            size_t tt = t0 + min(t, nt - 1);
+            xq[t] = XQ + tt * cols;
+            xd[t] = XD + tt * (cols >> 5);
+        }
+        float acc[NT];
+        row_dotq<T>(row, cols, xq, xd, nt, acc);
+        if ((threadIdx.x & 31) == 0)
+            for (int t = 0; t < nt; t++) Y[(size_t)(t0 + t) * ldy + r] = acc[t];
+    }
+}
+
+#define MMQ3_KERNEL(NAME, T)                                                                      \
+    extern "C" __global__ void mmq3_##NAME(                                                       \
+        const u8* W0, long long rb0, int rows0, float* Y0, int ldy0, const u8* W1, long long rb1, \
+        int rows1, float* Y1, int ldy1, const u8* W2, long long rb2, int rows2, float* Y2,        \
+        int ldy2, int cols, const i8* XQ, const float* XD, int n) {                               \
+        mmq3<T>(W0, rb0, rows0, Y0, ldy0, W1, rb1, rows1, Y1, ldy1, W2, rb2, rows2, Y2, ldy2,     \
+                cols, XQ, XD, n);                                                                 \
+    }
+
+MMQ3_KERNEL(q4_k, QQ4_K)
+MMQ3_KERNEL(q5_k, QQ5_K)
+MMQ3_KERNEL(q6_k, QQ6_K)
+MMQ3_KERNEL(q8_0, QQ8_0)
+MMQ3_KERNEL(q4_0, QQ4_0)
+
+// Between the q/k/v projections and attention, per head: optional RMSNorm of each q and k head
+// (qn / kn: hd weights; as rmsnorm over hd-wide parts), rotary embedding of the first 2*half
+// values (as rope, position *rp + rpadd + t), the head written back, and k and v heads stored in
+// the cache layer at position *pp + t (as kv_store). Grid: (n, heads + 2*kv_heads): q heads,
+// then k heads, then v heads. Block 256 (rmsnorm's), shared hd floats; hd <= 256.
+extern "C" __global__ void qk_rope_store(float* Q, int qts, float* K, int kts, const float* V,
+                                         int vts, int heads, int kvh, int hd, const float* qn,
+                                         const float* kn, float eps, int half, int layout,
+                                         const float* cosT, const float* sinT, const int* rp,
+                                         int rpadd, const int* pp, float* KC, float* VC) {
+    __shared__ float red[32];
+    extern __shared__ float hsh[];
+    int t = blockIdx.x, hh = blockIdx.y, i = threadIdx.x;
+    int cols = kvh * hd;
+    size_t pos = (size_t)(*pp + t);
+    if (hh >= heads + kvh) {
+        int g = hh - heads - kvh;
+        if (i < hd) VC[pos * cols + g * hd + i] = V[(size_t)t * vts + g * hd + i];
+        return;
+    }
+    bool isk = hh >= heads;
+    int g = isk ? hh - heads : hh;
+    float* x = isk ? K + (size_t)t * kts + g * hd : Q + (size_t)t * qts + g * hd;
+    const float* nw = isk ? kn : qn;
+    float v = i < hd ? x[i] : 0.f;
+    if (nw) {
+        float s = block_sum(i < hd ? v * v : 0.f, red);
+        float inv = 1.f / sqrtf(s / (float)hd + eps);
+        if (i < hd) v = v * inv * nw[i];
+    }
+    if (i < hd) hsh[i] = v;
+    __syncthreads();
+    int rpos = *rp + rpadd + t;
+    const float* c = cosT + (size_t)rpos * half;
+    const float* sn = sinT + (size_t)rpos * half;
+    if (i < hd) {
+        float o = v;
+        if (i < 2 * half) {
+            int p = layout == 0 ? (i < half ? i : i - half) : i >> 1;
+            bool first = layout == 0 ? i < half : (i & 1) == 0;
+            int ia = layout == 0 ? p : 2 * p;
+            int ib = layout == 0 ? p + half : 2 * p + 1;
+            float a = hsh[ia], b = hsh[ib];
+            o = first ? a * c[p] - b * sn[p] : b * c[p] + a * sn[p];
+        }
+        x[i] = o;
+        if (isk) KC[pos * cols + g * hd + i] = o;
+    }
+}
+
+// attention_merge of head hh, token t (block of 128), then, if XQ, the output rows quantized per
+// 32 values (as quantize_q8) into XQ/XD (row stride heads*dv: O packed, ohs == dv, dv a multiple
+// of 32). Splits S_act..S are empty (max -inf, sum 0) and skipped: the same sums as
+// attention_merge's over all S.
+__device__ void merge_head(const float* PM, const float* PL, const float* PO, int S, int S_act,
+                           int dv, float* O, int ots, int ohs, i8* XQ, float* XD, int hh, int t,
+                           int heads) {
+    size_t base = ((size_t)t * heads + hh) * S;
+    float m = -INFINITY;
+    for (int s = 0; s < S_act; s++) m = fmaxf(m, PM[base + s]);
+    float l = 0.f;
+    for (int s = 0; s < S_act; s++)
+        if (PL[base + s] > 0.f) l += PL[base + s] * expf(PM[base + s] - m);
+    float inv = 1.f / l;
+    float* o = O + (size_t)t * ots + (size_t)hh * ohs;
+    int cols = heads * dv, lane = threadIdx.x & 31;
+    for (int d = threadIdx.x; d < dv; d += blockDim.x) {
+        float a = 0.f;
+        for (int s = 0; s < S_act; s++)
+            if (PL[base + s] > 0.f) a += PO[(base + s) * dv + d] * expf(PM[base + s] - m);
+        float v = a * inv;
+        o[d] = v;
+        if (!XQ) continue;
+        float am = fabsf(v);
+#pragma unroll
+        for (int q = 16; q > 0; q >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, q));
+        float dq = am / 127.f;
+        float id = dq > 0.f ? 1.f / dq : 0.f;
+        int qv = (int)roundf(v * id);
+        int c = hh * dv + d;
+        XQ[(size_t)t * cols + c] = (i8)max(-127, min(127, qv));
+        if (lane == 0) XD[(size_t)t * (cols >> 5) + (c >> 5)] = dq;
+    }
+}
+
+// Grid-wide hand-off to the block that finishes last: every block of a group calls it once, at
+// its end; it returns true in the group's last block (which then sees every other block's
+// global writes, fenced before the count) and rearms the counter for the next launch.
+__device__ __forceinline__ bool last_block(unsigned* done, unsigned blocks) {
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned prev = atomicAdd(done, 1u);
+        last = prev == blocks - 1;
+        if (last) *done = 0;
+    }
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
+// attention_split (same arguments, same arithmetic), and the last split block of each (head,
+// token) merges them (merge_head; quantized when XQ). done: heads*n zeroed counters (left
+// zeroed). Grid: (heads, n, splits), block 128, shared (dk + chunk) floats.
+extern "C" __global__ void attention_split_merge(
+    const float* Q, int qts, int qhs, const float* K, int ks, int khs, const float* V, int vs,
+    int vhs, int dk, int dv, int group, const int* pp, int padd, float scale, int chunk,
+    float* PM, float* PL, float* PO, float* O, int ots, int ohs, i8* XQ, float* XD,
+    unsigned* done) {
+    __shared__ float red[32];
+    extern __shared__ float ash[];
+    float* qsh = ash;
+    float* sc = ash + dk;
+    int hh = blockIdx.x, t = blockIdx.y, s = blockIdx.z, heads = gridDim.x, S = gridDim.z;
+    int len = *pp + padd + t + 1;
+    int j0 = s * chunk, j1 = min(len, j0 + chunk);
+    size_t part = ((size_t)t * heads + hh) * S + s;
+    float* po = PO + part * dv;
+    if (j0 >= j1) {
+        if (threadIdx.x == 0) {
+            PM[part] = -INFINITY;
+            PL[part] = 0.f;
+        }
+    } else {
+        int g = hh / group;
+        int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+        const float* q = Q + (size_t)t * qts + (size_t)hh * qhs;
+        for (int i = threadIdx.x; i < dk; i += blockDim.x) qsh[i] = q[i];
+        __syncthreads();
+        float mx = -INFINITY;
+        for (int j = j0 + warp; j < j1; j += nw) {
+            const float* kk = K + (size_t)j * ks + (size_t)g * khs;
+            float v = 0.f;
+            for (int i = lane; i < dk; i += 32) v += qsh[i] * kk[i];
+            v = warp_sum(v) * scale;
+            if (lane == 0) sc[j - j0] = v;
+            mx = fmaxf(mx, v);
+        }
+        mx = block_max(mx, red);
+        float sum = 0.f;
+        for (int j = threadIdx.x; j < j1 - j0; j += blockDim.x) {
+            float e = expf(sc[j] - mx);
+            sc[j] = e;
+            sum += e;
+        }
+        sum = block_sum(sum, red);
+        const float* vb = V + (size_t)g * vhs;
+        for (int d = threadIdx.x; d < dv; d += blockDim.x) {
+            float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+            int j = j0;
+            for (; j + 4 <= j1; j += 4) {
+                a0 += sc[j - j0] * vb[(size_t)j * vs + d];
+                a1 += sc[j + 1 - j0] * vb[(size_t)(j + 1) * vs + d];
+                a2 += sc[j + 2 - j0] * vb[(size_t)(j + 2) * vs + d];
+                a3 += sc[j + 3 - j0] * vb[(size_t)(j + 3) * vs + d];
+            }
+            for (; j < j1; j++) a0 += sc[j - j0] * vb[(size_t)j * vs + d];
+            po[d] = (a0 + a1) + (a2 + a3);
+        }
+        if (threadIdx.x == 0) {
+            PM[part] = mx;
+            PL[part] = sum;
+        }
+    }
+    if (!last_block(done + (size_t)t * heads + hh, S)) return;
+    merge_head(PM, PL, PO, S, min(S, (len + chunk - 1) / chunk), dv, O, ots, ohs, XQ, XD, hh, t,
+               heads);
+}
+
+// route + build_jobs in one block for a few tokens: warp w routes tokens w, w + nw, ... (each in
+// its own scratch, as `route`; nw = min(n, warps)), then the block builds the job list (as
+// `build_jobs`). Shared: nw * (2E + 192) words for routing, then 3E ints.
+__device__ void route_jobs_block(const float* logits, int n, int E, int k, const float* bias,
+                                 int sigmoid, int n_group, int topk_group, int norm, float scale,
+                                 int* sel, float* selw, const u64* etab, Job* jobs, int* tok,
+                                 int* dst, int* njobs, int* stat) {
+    extern __shared__ float rjs[];
+    int wp = threadIdx.x >> 5, lane = threadIdx.x & 31, rw = min(n, (int)(blockDim.x >> 5));
+    float* mine = rjs + (size_t)wp * (2 * E + 192);
+    if (wp < rw)
+        for (int t = wp; t < n; t += rw)
+            route_warp(logits, E, k, bias, sigmoid, n_group, topk_group, norm, scale, sel, selw,
+                       t, lane, mine, mine + E, mine + 2 * E, (int*)(mine + 2 * E + 64),
+                       (int*)(mine + 2 * E + 128));
+    __syncthreads();
+    build_block(sel, n, k, E, etab, jobs, tok, dst, njobs, stat,
+                (int*)(rjs + (size_t)rw * (2 * E + 192)));
+}
+
+extern "C" __global__ void route_jobs(const float* logits, int n, int E, int k, const float* bias,
+                                      int sigmoid, int n_group, int topk_group, int norm,
+                                      float scale, int* sel, float* selw, const u64* etab,
+                                      Job* jobs, int* tok, int* dst, int* njobs, int* stat) {
+    route_jobs_block(logits, n, E, k, bias, sigmoid, n_group, topk_group, norm, scale, sel, selw,
+                     etab, jobs, tok, dst, njobs, stat);
+}
+
+// The F32 router product (as mm_f32: logits = X rows 0..n (h wide, packed) x W^T, E rows), then
+// the block that finishes last routes and builds the job list (route_jobs_block). done: one
+// zeroed counter (left zeroed). Grid: ceil(E / WARPS) blocks of 32*WARPS; shared as route_jobs.
+extern "C" __global__ void router_route_jobs(const u8* W, long long rb, const float* X, int h,
+                                             float* logits, int n, int E, int k,
+                                             const float* bias, int sigmoid, int n_group,
+                                             int topk_group, int norm, float scale, int* sel,
+                                             float* selw, const u64* etab, Job* jobs, int* tok,
+                                             int* dst, int* njobs, int* stat, unsigned* done) {
+    mm<TF32>(W, rb, E, h, X, h, n, logits, E);
+    if (!last_block(done, gridDim.x)) return;
+    route_jobs_block(logits, n, E, k, bias, sigmoid, n_group, topk_group, norm, scale, sel, selw,
+                     etab, jobs, tok, dst, njobs, stat);
+}
+
+// moe_down_q with the block quantizing its job's rows of Hb itself (as quantize_q8 does, into
+// shared memory: NT*f codes, then NT*f/32 scales), so the down product needs no quantize launch
+// before it. f a multiple of 32. Grid as moe_down_q; shared NT*f + 4*NT*f/32 bytes.
+template <class T>
+__device__ void moe_down_qs(const Job* jobs, const int* nj, int h, int f, long long rb,
+                            const float* Hb, const int* dst, float* SO) {
+    extern __shared__ int4 dsm4[];
+    if (nj && (int)blockIdx.y >= *nj) return;
+    Job j = jobs[blockIdx.y];
+    int wp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    int r = blockIdx.x * WARPS + wp, per = f >> 5;
+    i8* sq = (i8*)dsm4;
+    float* sd = (float*)(sq + NT * f);
+    const u8* w = (const u8*)j.down + (size_t)min(r, h - 1) * rb;
+    for (int a0 = j.a0; a0 < j.a0 + j.cnt; a0 += NT) {
+        int nt = min(NT, j.a0 + j.cnt - a0);
+        __syncthreads();
+        for (int g = wp; g < nt * per; g += nw) {
+            int t = g / per, c = g % per;
+            float v = Hb[(size_t)(a0 + t) * f + 32 * c + lane];
+            float a = fabsf(v);
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+            float d = a / 127.f;
+            float id = d > 0.f ? 1.f / d : 0.f;
+            int q = (int)roundf(v * id);
+            sq[t * f + 32 * c + lane] = (i8)max(-127, min(127, q));
+            if (lane == 0) sd[t * per + c] = d;
+        }
+        __syncthreads();
+        if (r >= h) continue;
+        const i8* xq[NT];
+        const float* xd[NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            int tt = min(t, nt - 1);
+            xq[t] = sq + tt * f;
+            xd[t] = sd + tt * per;
+        }
+        float acc[NT];
+        row_dotq<T>(w, f, xq, xd, nt, acc);
+        if (lane == 0)
+            for (int t = 0; t < nt; t++) SO[(size_t)dst[a0 + t] * h + r] = acc[t];
+    }
+}
+
+#define DOWN_QS_KERNEL(NAME, T)                                                                   \
+    extern "C" __global__ void moe_down_qs_##NAME(const Job* jobs, const int* nj, int h, int f,   \
+                                                  long long rb, const float* Hb, const int* dst, \
+                                                  float* SO) {                                    \
+        moe_down_qs<T>(jobs, nj, h, f, rb, Hb, dst, SO);                                          \
+    }
+
+DOWN_QS_KERNEL(q4_k, QQ4_K)
+DOWN_QS_KERNEL(q5_k, QQ5_K)
+DOWN_QS_KERNEL(q6_k, QQ6_K)
+DOWN_QS_KERNEL(q8_0, QQ8_0)
+DOWN_QS_KERNEL(q4_0, QQ4_0)
