@@ -46,6 +46,11 @@ fn head_matvec(
 pub(crate) struct CpuBackend<'m, 'a, 's> {
     m: &'m Model<'a>,
     st: &'s mut State,
+    /// A batched forward's sequences (`Model::forward_seqs`); empty otherwise.
+    seqs: &'s mut [State],
+    /// The sequence whose KV cache is swapped into `st` now (`use_sequence`); swapped back on
+    /// the next call and on drop.
+    cur: Option<usize>,
 }
 
 /// The storage behind a buffer name.
@@ -81,7 +86,32 @@ fn row(r: Rows, i: usize) -> std::ops::Range<usize> {
 
 impl<'m, 'a, 's> CpuBackend<'m, 'a, 's> {
     pub(crate) fn new(m: &'m Model<'a>, st: &'s mut State) -> Self {
-        CpuBackend { m, st }
+        CpuBackend {
+            m,
+            st,
+            seqs: &mut [],
+            cur: None,
+        }
+    }
+
+    /// The backend of a batched forward: `st`'s buffers, and the KV caches of `seqs`, each
+    /// swapped into `st` while `use_sequence` selects it (a swap of two vectors, no copy).
+    pub(crate) fn with_seqs(m: &'m Model<'a>, st: &'s mut State, seqs: &'s mut [State]) -> Self {
+        CpuBackend {
+            m,
+            st,
+            seqs,
+            cur: None,
+        }
+    }
+
+    /// Give the swapped-in sequence its cache back.
+    fn release(&mut self) {
+        if let Some(j) = self.cur.take() {
+            let s = &mut self.seqs[j];
+            std::mem::swap(&mut self.st.kcache, &mut s.kcache);
+            std::mem::swap(&mut self.st.vcache, &mut s.vcache);
+        }
     }
 
     /// Run `f` on rows 0..n of `x`, each row mutable.
@@ -114,6 +144,12 @@ impl<'m, 'a, 's> CpuBackend<'m, 'a, 's> {
         }
         *vec_of(self.st, src.buf) = s;
         Ok(())
+    }
+}
+
+impl Drop for CpuBackend<'_, '_, '_> {
+    fn drop(&mut self) {
+        self.release();
     }
 }
 
@@ -245,9 +281,42 @@ impl Backend for CpuBackend<'_, '_, '_> {
         Ok(())
     }
 
+    fn use_sequence(&mut self, seq: usize) -> Result<(), ModelError> {
+        if self.cur == Some(seq) {
+            return Ok(());
+        }
+        self.release();
+        let Some(s) = self.seqs.get_mut(seq) else {
+            return Err(ModelError::Input(format!(
+                "backend: sequence {seq} of {}",
+                self.seqs.len()
+            )));
+        };
+        if s.ctx != self.st.ctx || s.cache_dims != self.st.cache_dims {
+            return Err(ModelError::Input(
+                "backend: a sequence's cache does not match the batch state".into(),
+            ));
+        }
+        std::mem::swap(&mut self.st.kcache, &mut s.kcache);
+        std::mem::swap(&mut self.st.vcache, &mut s.vcache);
+        self.cur = Some(seq);
+        Ok(())
+    }
+
     fn attend(
         &mut self,
         l: usize,
+        n: usize,
+        pos: usize,
+        sh: GqaShape<'_>,
+    ) -> Result<(), ModelError> {
+        self.attend_rows(l, 0, n, pos, sh)
+    }
+
+    fn attend_rows(
+        &mut self,
+        l: usize,
+        row0: usize,
         n: usize,
         pos: usize,
         sh: GqaShape<'_>,
@@ -264,8 +333,9 @@ impl Backend for CpuBackend<'_, '_, '_> {
             // Causal: positions first..=pos+i; a sliding window keeps the last W of them.
             let len = pos + i + 1;
             let first = sh.window.map_or(0, |w| len.saturating_sub(w));
-            let q = &st.q[i * qd..(i + 1) * qd];
-            let out = &mut st.att[i * qd..(i + 1) * qd];
+            let r = row0 + i;
+            let q = &st.q[r * qd..(r + 1) * qd];
+            let out = &mut st.att[r * qd..(r + 1) * qd];
             let head = |(hh, (o, sc)): (usize, (&mut [f32], &mut [f32]))| {
                 let qh = &q[hh * hd..(hh + 1) * hd];
                 let kvh = hh / group;
