@@ -23,6 +23,7 @@
 //! st.pos`), so reusing a prefix — kept from the last generation or restored from `--kv-dir`
 //! — is exact, and at temperature 0 a reply does not depend on what was cached before.
 
+pub mod batch;
 pub mod decode;
 pub mod kv_store;
 pub mod limits;
@@ -156,15 +157,17 @@ impl Engine {
         if let Some(w) = warning {
             eprintln!("{w}");
         }
-        let batch = opts.batch.max(1).max(opts.mtp + 1);
+        let batch = opts.batch.max(1).max(opts.mtp + 1).max(opts.parallel);
         limits::ctx_and_batch(ctx, batch, &cfg, placement::mem_available())
             .map_err(EngineError::Input)?;
         let model = Model::load(files, &LoadOptions { threads, ctx })?;
         let tok = load_tokenizer(files)?;
         let k = opts.mtp;
         // The MTP layer's KV cache is allocated only with --mtp.
-        let batch = opts.batch.max(1).max(k + 1);
-        let rows = opts.logit_rows.max(k + 1);
+        // With --parallel N the session state is the batched step's buffers: N rows at least
+        // (one per decoding sequence) and N logit rows.
+        let batch = opts.batch.max(1).max(k + 1).max(opts.parallel);
+        let rows = opts.logit_rows.max(k + 1).max(opts.parallel);
         let mut st = if k > 0 {
             model.new_state_mtp(ctx, batch, rows)?
         } else {

@@ -39,6 +39,9 @@ pub struct EngineOptions {
     /// Save sessions here and restore them (`--kv-dir`), at most `kv_max_sessions`.
     pub kv_dir: Option<PathBuf>,
     pub kv_max_sessions: usize,
+    /// Sequence slots decoded together in one batched forward (`serve --parallel`; 1 = one
+    /// generation at a time).
+    pub parallel: usize,
     /// Print no `[plan]` lines (`logits`: its stderr is for errors).
     pub quiet: bool,
     /// Time the pinned host-to-device copy ceiling when the GPU attaches (`--prof`).
@@ -63,6 +66,7 @@ impl EngineOptions {
             gpu: GpuRequest::default(),
             kv_dir: None,
             kv_max_sessions: 8,
+            parallel: 1,
             quiet: false,
             measure_h2d: false,
             command: "run",
@@ -267,6 +271,39 @@ impl EngineOptions {
                 "saved KV caches work on the CPU path only; use --gpu off",
             ));
         }
+        if self.parallel == 0 {
+            return Err(refused("--parallel 0", "at least one sequence slot"));
+        }
+        if self.parallel > 1 {
+            let flag = format!("--parallel {}", self.parallel);
+            let plain = matches!(cfg.attn, crate::model::config::AttnKind::Gqa)
+                && cfg.v4.is_none()
+                && cfg.hybrid.is_none();
+            if !plain {
+                return Err(refused(
+                    &flag,
+                    "batched sequences need grouped-query attention (not MLA, DeepSeek-V4 or Qwen3-Next); use --parallel 1",
+                ));
+            }
+            if gpu_on {
+                return Err(refused(
+                    &format!("{flag} with --gpu on"),
+                    "the CUDA backend runs one sequence per forward; use --gpu off or --parallel 1",
+                ));
+            }
+            if self.mtp > 0 {
+                return Err(refused(
+                    &format!("{flag} with --mtp"),
+                    "MTP drafting runs one sequence at a time; use --mtp 0 or --parallel 1",
+                ));
+            }
+            if self.kv_dir.is_some() {
+                return Err(refused(
+                    &format!("{flag} with --kv-dir"),
+                    "saved sessions are kept for one sequence slot; use --parallel 1",
+                ));
+            }
+        }
         if self.experts.verify_experts && self.experts.mode == ExpertMode::Resident {
             return Err(refused(
                 "--verify-experts",
@@ -295,6 +332,9 @@ impl EngineOptions {
         }
         if self.kv_dir.is_some() {
             return Some("--kv-dir keeps KV caches in host memory");
+        }
+        if self.parallel > 1 {
+            return Some("--parallel batches sequences on the CPU path");
         }
         None
     }

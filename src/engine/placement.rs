@@ -146,7 +146,9 @@ pub(crate) fn place_experts(
     say: &Say,
 ) -> Result<Plan, EngineError> {
     let a = &o.experts;
-    let summary = planner::ModelSummary::of(model, files, st)?;
+    let mut summary = planner::ModelSummary::of(model, files, st)?;
+    // --parallel N: N sequence slots, each with a KV cache of the session's size.
+    summary.kv_bytes *= o.parallel.max(1) as u64;
     // Usage statistics first: how many experts could be pinned bounds the pinned tier.
     let mut usage = None;
     if a.autopin {
