@@ -52,6 +52,8 @@ pub struct BatchStats {
     pub prefill_rows: u64,
     /// Routed experts computed, summed over steps and layers (the union per layer).
     pub experts: u64,
+    /// The same over steps that ran at least one decode row.
+    pub decode_experts: u64,
     /// Steps that ran at least one decode row, and the decode rows in them (mean decode
     /// batch = decode_rows / decode_steps).
     pub decode_steps: u64,
@@ -322,6 +324,9 @@ impl<T> Batch<T> {
         s.decode_rows += self.decoders.len() as u64;
         s.decode_steps += u64::from(!self.decoders.is_empty());
         s.experts += engine.session.st.experts_run as u64;
+        if !self.decoders.is_empty() {
+            s.decode_experts += engine.session.st.experts_run as u64;
+        }
         let v = engine.model.cfg.vocab;
         let mut row = 0;
         if let Some(i) = prefill {

@@ -149,6 +149,8 @@ impl Engine {
     pub fn open(opts: EngineOptions) -> Result<Engine, EngineError> {
         let files: &'static ModelFiles = Box::leak(Box::new(ModelFiles::open(&opts.model)?));
         let cfg = ModelConfig::from_files(files)?;
+        let mut opts = opts;
+        let parallel_line = opts.resolve_parallel(&cfg);
         opts.check(&cfg)?;
         let ctx = opts.ctx_for(&cfg)?;
         // Sizes from the command line, checked before anything is allocated with them.
@@ -174,6 +176,9 @@ impl Engine {
             model.new_state(ctx, batch, rows)?
         };
         let say = Say { quiet: opts.quiet };
+        if let Some(l) = parallel_line {
+            say.line(&l);
+        }
         let plan = placement::place_experts(&model, files, &mut st, &opts, &say)?;
         let device = placement::place_gpu(&model, files, &mut st, &opts, &plan, &say)?;
         let store = match &opts.kv_dir {

@@ -42,6 +42,9 @@ pub struct EngineOptions {
     /// Sequence slots decoded together in one batched forward (`serve --parallel`; 1 = one
     /// generation at a time).
     pub parallel: usize,
+    /// `--parallel` left out (`serve`): `Engine::open` picks llama-server's 4 slots where the
+    /// batched path runs, else 1, and says why (`resolve_parallel`).
+    pub parallel_auto: bool,
     /// Print no `[plan]` lines (`logits`: its stderr is for errors).
     pub quiet: bool,
     /// Time the pinned host-to-device copy ceiling when the GPU attaches (`--prof`).
@@ -67,6 +70,7 @@ impl EngineOptions {
             kv_dir: None,
             kv_max_sessions: 8,
             parallel: 1,
+            parallel_auto: false,
             quiet: false,
             measure_h2d: false,
             command: "run",
@@ -183,6 +187,26 @@ pub fn parse_prefetch(s: &str) -> Result<bool, EngineError> {
     }
 }
 
+/// Sequence slots when `--parallel` is left out (llama-server's `-np` default).
+pub const AUTO_PARALLEL: usize = 4;
+
+/// Whether sequences of this model can share a batched forward (`Model::forward_seqs`).
+fn batchable(cfg: &ModelConfig) -> bool {
+    matches!(cfg.attn, crate::model::config::AttnKind::Gqa)
+        && cfg.v4.is_none()
+        && cfg.hybrid.is_none()
+}
+
+#[cfg(feature = "cuda")]
+fn gpu_driver_present() -> bool {
+    crate::gpu::driver::present()
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpu_driver_present() -> bool {
+    false
+}
+
 /// Parse sizes like `24G`, `512M`, `1.5GiB`, `1000000` (bytes).
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
@@ -276,10 +300,7 @@ impl EngineOptions {
         }
         if self.parallel > 1 {
             let flag = format!("--parallel {}", self.parallel);
-            let plain = matches!(cfg.attn, crate::model::config::AttnKind::Gqa)
-                && cfg.v4.is_none()
-                && cfg.hybrid.is_none();
-            if !plain {
+            if !batchable(cfg) {
                 return Err(refused(
                     &flag,
                     "batched sequences need grouped-query attention (not MLA, DeepSeek-V4 or Qwen3-Next); use --parallel 1",
@@ -337,6 +358,48 @@ impl EngineOptions {
             return Some("--parallel batches sequences on the CPU path");
         }
         None
+    }
+
+    /// `--parallel` left out: llama-server's default (4 sequence slots; it drops to 1 for
+    /// speculative decoding) where the batched path runs — the CPU forward, grouped-query
+    /// attention, no `--mtp`, no `--kv-dir` — else 1. Sets `parallel` and returns the
+    /// `[plan] parallel:` line. The GPU is preferred when `--gpu auto` may attach it (it runs
+    /// one sequence per forward, and faster than the CPU batches).
+    pub(crate) fn resolve_parallel(&mut self, cfg: &ModelConfig) -> Option<String> {
+        if !self.parallel_auto {
+            return None;
+        }
+        self.parallel_auto = false;
+        let gpu_may_run = match self.gpu.want {
+            GpuWant::On => true,
+            GpuWant::Off => false,
+            GpuWant::Auto => {
+                let ctx = self.ctx.unwrap_or(0).max(self.min_ctx);
+                crate::gpu::BUILT
+                    && gpu_driver_present()
+                    && crate::gpu::refusal(cfg, ctx).is_none()
+                    && self.gpu_off_reason().is_none()
+                    && self.experts.prefetch != Some(true)
+            }
+        };
+        let why = if !batchable(cfg) {
+            Some("this model's attention is not grouped-query")
+        } else if self.mtp > 0 {
+            Some("--mtp drafts for one sequence")
+        } else if self.kv_dir.is_some() {
+            Some("--kv-dir keeps one session slot")
+        } else if gpu_may_run {
+            Some("the GPU runs one sequence per forward; --gpu off batches on the CPU")
+        } else {
+            None
+        };
+        self.parallel = if why.is_some() { 1 } else { AUTO_PARALLEL };
+        Some(match why {
+            Some(w) => format!("[plan] parallel: 1 sequence slot ({w})"),
+            None => format!(
+                "[plan] parallel: {AUTO_PARALLEL} sequence slots, decoded together (llama-server's default; --parallel N to change)"
+            ),
+        })
     }
 
     /// The context length to run with for a model whose hyperparameters are `cfg`: `ctx`, else
