@@ -43,7 +43,7 @@ pub struct EngineOptions {
     /// generation at a time).
     pub parallel: usize,
     /// `--parallel` left out (`serve`): `Engine::open` picks llama-server's 4 slots where the
-    /// batched path runs, else 1, and says why (`resolve_parallel`).
+    /// batched path runs, else 1, and says why (`resolve_parallel`, called once).
     pub parallel_auto: bool,
     /// Print no `[plan]` lines (`logits`: its stderr is for errors).
     pub quiet: bool,
@@ -354,7 +354,8 @@ impl EngineOptions {
         if self.kv_dir.is_some() {
             return Some("--kv-dir keeps KV caches in host memory");
         }
-        if self.parallel > 1 {
+        if self.parallel > 1 && !self.parallel_auto {
+            // (An automatic count is above 1 only where the GPU cannot run: its own reason.)
             return Some("--parallel batches sequences on the CPU path");
         }
         None
@@ -369,7 +370,6 @@ impl EngineOptions {
         if !self.parallel_auto {
             return None;
         }
-        self.parallel_auto = false;
         let gpu_may_run = match self.gpu.want {
             GpuWant::On => true,
             GpuWant::Off => false,
