@@ -11,7 +11,9 @@ subtracted), then `--clients` completions at once (different prompts, temperatur
 ignore_eos), and read /metrics before and after. Reports per run: wall seconds from the first
 send to the last answer, generated tokens, aggregate tok/s, mean per-request tok/s, expert
 bytes read (sluice_expert_bytes_read_total) per generated token (prompt reads included, the
-prompts are short), decode rows per batched step. Checks that every arm returned the same
+prompts are short), routed experts computed per generated token (sluice_experts_computed_total:
+decode steps only; a batched step's union counts once for all its rows), decode rows per
+batched step. Checks that every arm returned the same
 texts (temperature 0). Standard library only. docs/PERFORMANCE.md records the figures.
 """
 
@@ -114,6 +116,7 @@ def run(args, parallel):
         "agg_tps": gen / wall,
         "per_req_tps": statistics.mean(out[i][1] / out[i][2] for i in out),
         "bytes_per_tok": d("sluice_expert_bytes_read_total") / max(gen, 1),
+        "experts_per_tok": d("sluice_experts_computed_total") / max(gen, 1),
         "rows_per_step": d("sluice_batch_decode_rows_total") / steps if steps else 1.0,
         "texts": [out[i][0] for i in sorted(out)],
     }
@@ -141,7 +144,7 @@ def main():
         res[a].append(r)
         print(f"--parallel {a}: {r['generated']} tok in {r['wall']:.2f} s = {r['agg_tps']:.2f} tok/s aggregate, "
               f"{r['per_req_tps']:.2f} tok/s per request, expert bytes/token {r['bytes_per_tok'] / 1e6:.1f} MB, "
-              f"decode rows/step {r['rows_per_step']:.2f}", flush=True)
+              f"experts computed/token {r['experts_per_tok']:.1f}, decode rows/step {r['rows_per_step']:.2f}", flush=True)
     texts = {a: res[a][0]["texts"] for a in arms}
     same = all(texts[a] == texts[arms[0]] for a in arms)
     print("texts identical across arms:", same)
