@@ -9,7 +9,7 @@
 //!   fixture with an MTP layer (DeepSeek-V3 and GLM-4.5 shapes);
 //! - `chat --kv-dir` resumes a saved session and answers identically;
 //! - unsupported flag combinations fail with one line naming the flag, exit 1, before the
-//!   model is placed (no `[plan]` line).
+//!   model is placed (no `[plan]` line), `serve --parallel N` with what cannot batch among them.
 
 mod serve_util;
 
@@ -285,6 +285,22 @@ fn unsupported_combinations_are_one_line_before_placement() {
             "--route-trace",
         ),
         (vec!["chat", m, "--io", "sideways"], "--io"),
+        (
+            vec!["serve", m, "--port", "0", "--parallel", "2", "--gpu", "on"],
+            "--parallel 2 with --gpu on",
+        ),
+        (
+            vec!["serve", mtp_model, "--port", "0", "--parallel", "2"],
+            "--parallel 2",
+        ),
+        (
+            vec!["serve", m, "--port", "0", "--parallel", "2", "--kv-dir", kv],
+            "--parallel 2 with --kv-dir",
+        ),
+        (
+            vec!["serve", m, "--port", "0", "--parallel", "0"],
+            "--parallel 0",
+        ),
         (
             vec!["logits", m, "--tokens", "1", "--out", out, "-c", "0"],
             "-c 0",

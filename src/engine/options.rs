@@ -361,14 +361,27 @@ impl EngineOptions {
         None
     }
 
-    /// `--parallel` left out: llama-server's default (4 sequence slots; it drops to 1 for
+    /// The `[plan] parallel:` line of an explicit `--parallel N > 1`; or, `--parallel` left
+    /// out: llama-server's default (4 sequence slots; it drops to 1 for
     /// speculative decoding) where the batched path runs — the CPU forward, grouped-query
     /// attention, no `--mtp`, no `--kv-dir` — else 1. Sets `parallel` and returns the
     /// `[plan] parallel:` line. The GPU is preferred when `--gpu auto` may attach it (it runs
     /// one sequence per forward, and faster than the CPU batches).
     pub(crate) fn resolve_parallel(&mut self, cfg: &ModelConfig) -> Option<String> {
+        let caches = |n: usize| {
+            format!(
+                "{} KV caches of -c positions in the plan: one per slot and the step's own",
+                n + 1
+            )
+        };
         if !self.parallel_auto {
-            return None;
+            return (self.parallel > 1).then(|| {
+                format!(
+                    "[plan] parallel: {} sequence slots, decoded together (--parallel; {})",
+                    self.parallel,
+                    caches(self.parallel)
+                )
+            });
         }
         let gpu_may_run = match self.gpu.want {
             GpuWant::On => true,
@@ -397,7 +410,8 @@ impl EngineOptions {
         Some(match why {
             Some(w) => format!("[plan] parallel: 1 sequence slot ({w})"),
             None => format!(
-                "[plan] parallel: {AUTO_PARALLEL} sequence slots, decoded together (llama-server's default; --parallel N to change)"
+                "[plan] parallel: {AUTO_PARALLEL} sequence slots, decoded together (llama-server's default; --parallel N to change; {})",
+                caches(AUTO_PARALLEL)
             ),
         })
     }

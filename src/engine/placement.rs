@@ -147,8 +147,11 @@ pub(crate) fn place_experts(
 ) -> Result<Plan, EngineError> {
     let a = &o.experts;
     let mut summary = planner::ModelSummary::of(model, files, st)?;
-    // --parallel N: N sequence slots, each with a KV cache of the session's size.
-    summary.kv_bytes *= o.parallel.max(1) as u64;
+    // --parallel N > 1: N sequence slots, each with a KV cache of the session's size, beside
+    // the session's own (the batched step's buffers; its cache goes unused).
+    if o.parallel > 1 {
+        summary.kv_bytes *= o.parallel as u64 + 1;
+    }
     // Usage statistics first: how many experts could be pinned bounds the pinned tier.
     let mut usage = None;
     if a.autopin {
