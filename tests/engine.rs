@@ -256,6 +256,8 @@ fn unsupported_combinations_are_one_line_before_placement() {
     let mtp_model = mtp_model.to_str().unwrap();
     let kv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("engine-refused-kv");
     let kv = kv.to_str().unwrap();
+    // DeepSeek-V3.2: MLA with an indexer, which runs one sequence per forward.
+    let v32 = fixture("deepseek_v32").to_str().unwrap().to_string();
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("engine-refused.npy");
     let out = out.to_str().unwrap();
     for (args, flag) in [
@@ -290,7 +292,7 @@ fn unsupported_combinations_are_one_line_before_placement() {
             "--parallel 2 with --gpu on",
         ),
         (
-            vec!["serve", mtp_model, "--port", "0", "--parallel", "2"],
+            vec!["serve", &v32, "--port", "0", "--parallel", "2"],
             "--parallel 2",
         ),
         (

@@ -3,7 +3,8 @@
 //! through the one-sequence decode loop (`Engine::generate`) — tokens, text and finish —
 //! at temperature 0 and with a seeded sampler, for prompts of different lengths and token
 //! budgets, one admitted while the others run, a slot reused with a shared prefix, and a
-//! request cancelled mid-way that leaves the others untouched.
+//! request cancelled mid-way that leaves the others untouched; with grouped-query attention
+//! (the random Qwen3-MoE-shaped model) and MLA (the built-in DeepSeek-V3-style model).
 
 use sluice::engine::batch::{Batch, Done, SeqRequest};
 use sluice::engine::{Engine, EngineOptions, Event, Finish, GenParams, GpuWant};
@@ -20,8 +21,18 @@ fn model() -> PathBuf {
     sluice::default_model::ensure_random().unwrap()
 }
 
+/// The built-in trained model: DeepSeek-V3-style MLA (its MTP head unused here).
+fn mla_model() -> PathBuf {
+    model();
+    sluice::default_model::ensure().unwrap()
+}
+
 fn open(parallel: usize) -> Engine {
-    let mut o = EngineOptions::new(&model());
+    open_model(&model(), parallel)
+}
+
+fn open_model(path: &Path, parallel: usize) -> Engine {
+    let mut o = EngineOptions::new(path);
     o.threads = 2;
     o.ctx = Some(160);
     // Small prefill chunks, so prompts are read over several steps beside others' decoding.
@@ -102,8 +113,17 @@ fn request(e: &Engine, c: &Case, i: usize, texts: &Texts, cancel: Arc<AtomicBool
 
 #[test]
 fn batched_sequences_equal_each_alone() {
-    let mut solo = open(1);
-    let mut e = open(4);
+    equal_each_alone(&model());
+}
+
+#[test]
+fn batched_mla_sequences_equal_each_alone() {
+    equal_each_alone(&mla_model());
+}
+
+fn equal_each_alone(path: &Path) {
+    let mut solo = open_model(path, 1);
+    let mut e = open_model(path, 4);
     let v = e.model.cfg.vocab;
     let seeded = SamplingParams {
         temperature: 0.9,

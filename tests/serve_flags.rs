@@ -308,7 +308,8 @@ fn meaningless_values_are_refused() {
 /// `--parallel 3`: four concurrent requests of different prompts and lengths (one waits for a
 /// slot) return at temperature 0 exactly the text each returns from a one-slot server; the
 /// steps were batched (more decode rows than steps). The default is 4 slots on the CPU for a
-/// grouped-query model (the random Qwen3-MoE-shaped one), 1 for the built-in MLA model.
+/// grouped-query model (the random Qwen3-MoE-shaped one) and the built-in MLA one, 1 with
+/// `--mtp`.
 #[test]
 fn parallel_requests_equal_each_alone() {
     std::env::set_var("SLUICE_CACHE_DIR", serve_util::cache_dir());
@@ -386,10 +387,14 @@ fn parallel_requests_equal_each_alone() {
         d.log_text()
     );
     drop(d);
+    // The built-in model (MLA) batches too; with --mtp it keeps one slot and says why.
     let d = Server::start(&[]);
+    assert!(d.log_text().contains("[plan] parallel: 4 sequence slots"));
+    drop(d);
+    let d = Server::start(&["--mtp", "1"]);
     assert!(
         d.log_text()
-            .contains("[plan] parallel: 1 sequence slot (this model's attention"),
+            .contains("[plan] parallel: 1 sequence slot (--mtp drafts for one sequence)"),
         "{}",
         d.log_text()
     );

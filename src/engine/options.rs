@@ -192,9 +192,13 @@ pub const AUTO_PARALLEL: usize = 4;
 
 /// Whether sequences of this model can share a batched forward (`Model::forward_seqs`).
 fn batchable(cfg: &ModelConfig) -> bool {
-    matches!(cfg.attn, crate::model::config::AttnKind::Gqa)
-        && cfg.v4.is_none()
-        && cfg.hybrid.is_none()
+    use crate::model::config::AttnKind;
+    let attn = match cfg.attn {
+        AttnKind::Gqa => true,
+        // MLA batches without V3.2's / GLM-5's indexer (its selection runs per sequence).
+        AttnKind::Mla { .. } => cfg.indexer.is_none(),
+    };
+    attn && cfg.v4.is_none() && cfg.hybrid.is_none()
 }
 
 #[cfg(feature = "cuda")]
@@ -303,7 +307,7 @@ impl EngineOptions {
             if !batchable(cfg) {
                 return Err(refused(
                     &flag,
-                    "batched sequences need grouped-query attention (not MLA, DeepSeek-V4 or Qwen3-Next); use --parallel 1",
+                    "batched sequences need grouped-query attention or MLA without an indexer (not DeepSeek-V3.2 / GLM-5's sparse attention, DeepSeek-V4 or Qwen3-Next); use --parallel 1",
                 ));
             }
             if gpu_on {
@@ -396,7 +400,7 @@ impl EngineOptions {
             }
         };
         let why = if !batchable(cfg) {
-            Some("this model's attention is not grouped-query")
+            Some("this model's attention batches only as grouped-query or MLA without an indexer")
         } else if self.mtp > 0 {
             Some("--mtp drafts for one sequence")
         } else if self.kv_dir.is_some() {

@@ -239,6 +239,23 @@ pub trait Backend {
         s: GqaShape<'_>,
     ) -> Result<(), ModelError>;
 
+    /// `attend_mla` for rows `row0..row0 + n` of `Q` into the same rows of `Att` (one
+    /// sequence's rows in a batched forward, as `attend_rows`). A backend that runs one
+    /// sequence per forward refuses any `row0 > 0`.
+    fn attend_mla_rows(
+        &mut self,
+        layer: usize,
+        row0: usize,
+        n: usize,
+        pos: usize,
+        a: &Mla<'_>,
+    ) -> Result<(), ModelError> {
+        if row0 == 0 {
+            return self.attend_mla(layer, n, pos, a);
+        }
+        Err(one_sequence())
+    }
+
     /// `attend` for rows `row0..row0 + n` of `Q` into the same rows of `Att` (row i of the
     /// window at cache position `pos + i`): one sequence's rows in a batched forward over
     /// several sequences (`Model::forward_seqs`). A backend that runs one sequence per forward

@@ -378,6 +378,17 @@ impl Backend for CpuBackend<'_, '_, '_> {
         pos: usize,
         a: &Mla<'_>,
     ) -> Result<(), ModelError> {
+        self.attend_mla_rows(l, 0, n, pos, a)
+    }
+
+    fn attend_mla_rows(
+        &mut self,
+        l: usize,
+        row0: usize,
+        n: usize,
+        pos: usize,
+        a: &Mla<'_>,
+    ) -> Result<(), ModelError> {
         let (m, st) = (self.m, &mut *self.st);
         let cfg = &m.cfg;
         let AttnKind::Mla {
@@ -397,6 +408,9 @@ impl Backend for CpuBackend<'_, '_, '_> {
             let len = pos + i + 1;
             // V3.2: past `index_topk` positions, attend only to those the indexer selects.
             // GLM-5: a shared layer reuses the choice of the last layer that ran its indexer.
+            // Row `r` of Q and Att (one sequence's rows in a batched forward start at row0;
+            // an indexer runs one sequence, row0 = 0).
+            let r = row0 + i;
             let sparse = match &a.indexer {
                 Some(_) => {
                     let sparse = m.indexer_select(st, l, i, len);
@@ -409,7 +423,7 @@ impl Backend for CpuBackend<'_, '_, '_> {
             let sel = &st.idx.sel[..if sparse { st.idx.sel.len() } else { 0 }];
             let cnt = if sparse { sel.len() } else { len };
             for hh in 0..nh {
-                let q = &st.q[i * nh * qk + hh * qk..i * nh * qk + (hh + 1) * qk];
+                let q = &st.q[r * nh * qk + hh * qk..r * nh * qk + (hh + 1) * qk];
                 let (q_lat, c_lat) = st.lat.split_at_mut(kv_lora);
                 head_matvec(&a.k_b[hh], &q[..nope], q_lat, &mut st.acts, isa)?;
                 let sc = &mut st.scores[hh * ctx..hh * ctx + cnt];
@@ -428,7 +442,7 @@ impl Backend for CpuBackend<'_, '_, '_> {
                     axpy(c_lat, *s, &layer[j * kc..j * kc + kv_lora]);
                 }
                 let out =
-                    &mut st.att[i * nh * v_dim + hh * v_dim..i * nh * v_dim + (hh + 1) * v_dim];
+                    &mut st.att[r * nh * v_dim + hh * v_dim..r * nh * v_dim + (hh + 1) * v_dim];
                 head_matvec(&a.v_b[hh], c_lat, out, &mut st.acts, isa)?;
             }
         }

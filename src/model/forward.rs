@@ -35,12 +35,12 @@ pub(crate) enum Spans<'s> {
 
 impl Spans<'_> {
     /// The one sequence's position; several sequences are refused (a graph that batches
-    /// only grouped-query attention).
-    fn one(self) -> Result<At, ModelError> {
+    /// only grouped-query attention and MLA without an indexer).
+    pub(crate) fn one(self) -> Result<At, ModelError> {
         match self {
             Spans::One(at) => Ok(at),
             Spans::Many(_) => Err(ModelError::Unsupported(
-                "batched decoding of several sequences needs grouped-query attention".into(),
+                "batched decoding of several sequences needs grouped-query attention or MLA without an indexer".into(),
             )),
         }
     }
@@ -187,13 +187,15 @@ impl<'a> Model<'a> {
         }
         let w = &self.weights;
         let plain = w.v4.is_none()
-            && w.layers
-                .iter()
-                .all(|lw| matches!(lw.attn, Attention::Gqa(_)))
+            && w.layers.iter().all(|lw| match &lw.attn {
+                Attention::Gqa(_) => true,
+                Attention::Mla(a) => a.indexer.is_none() && !a.shares_indexer,
+                Attention::Hybrid(_) => false,
+            })
             && !st.hybrid.is_recurrent();
         if !plain {
             return Err(ModelError::Unsupported(
-                "batched decoding of several sequences needs grouped-query attention".into(),
+                "batched decoding of several sequences needs grouped-query attention or MLA without an indexer".into(),
             ));
         }
         // The contract of a chunk, on the batch state (its own position is not used).
@@ -320,7 +322,7 @@ impl<'a> Model<'a> {
         let t = std::time::Instant::now();
         match &lw.attn {
             Attention::Gqa(a) => self.attn_gqa(b, l, n, spans, a)?,
-            Attention::Mla(a) => self.attn_mla(b, l, n, spans.one()?, a)?,
+            Attention::Mla(a) => self.attn_mla(b, l, n, spans, a)?,
             Attention::Hybrid(m) => m.run(b, l, n, spans.one()?)?,
         }
         b.prof().attention += t.elapsed().as_secs_f64();
