@@ -387,6 +387,15 @@ fn parallel_requests_equal_each_alone() {
         d.log_text()
     );
     drop(d);
+    // The automatic count keeps the slots' KV caches (8.4 MB each at -c 4096 here, plus the
+    // step's own) within an eighth of --ram.
+    let d = Server::start(&[gqa, "--ram", "300M"]);
+    assert!(
+        d.log_text().contains("[plan] parallel: 3 sequence slots"),
+        "{}",
+        d.log_text()
+    );
+    drop(d);
     // The built-in model (MLA) batches too; with --mtp it keeps one slot and says why.
     let d = Server::start(&[]);
     assert!(d.log_text().contains("[plan] parallel: 4 sequence slots"));

@@ -52,9 +52,11 @@ pub struct ServeArgs {
     pub shutdown_grace: f64,
     /// Sequence slots: up to N requests are decoded together, one batched forward per step
     /// over every running sequence, so each expert is read once per step for all of them
-    /// (llama-server's -np). 1 = one request at a time, the others wait in the queue. Default:
-    /// 4 where the batched path runs (the CPU forward, grouped-query attention, no --mtp, no
-    /// --kv-dir), else 1 (the `[plan] parallel:` line says why).
+    /// (llama-server's -np). 1 = one request at a time, the others wait in the queue.
+    /// Default: 4 where the batched path runs (the CPU forward, grouped-query attention or
+    /// MLA without an indexer, no --mtp, no --kv-dir), else 1, and fewer where N + 1 KV
+    /// caches of -c positions would take over an eighth of the memory budget (the
+    /// `[plan] parallel:` line says why).
     #[arg(long)]
     pub parallel: Option<usize>,
     /// Self-speculative decoding with the model's MTP head: K drafts per step (0 = off).

@@ -176,6 +176,8 @@ impl Engine {
             model.new_state(ctx, batch, rows)?
         };
         let say = Say { quiet: opts.quiet };
+        let parallel_line =
+            placement::cap_auto_parallel(&mut opts, st.kv_bytes() as u64).or(parallel_line);
         if let Some(l) = parallel_line {
             say.line(&l);
         }

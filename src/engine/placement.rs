@@ -136,6 +136,38 @@ fn run_profile(files: &ModelFiles, say: &Say) -> Option<crate::plan::MachineProf
     }
 }
 
+/// The automatic `--parallel` (`EngineOptions::resolve_parallel`) capped by memory: slots
+/// whose KV caches (each `kv_one` bytes, plus the step's own state's) would take more than an
+/// eighth of the budget (`--ram`, else 85% of MemAvailable) are dropped, down to one. Returns
+/// the `[plan] parallel:` line that replaces the automatic one when it cut.
+pub(crate) fn cap_auto_parallel(o: &mut EngineOptions, kv_one: u64) -> Option<String> {
+    if !o.parallel_auto || o.parallel <= 1 || kv_one == 0 {
+        return None;
+    }
+    let budget = o
+        .experts
+        .ram
+        .or_else(|| mem_available().map(|m| m / 100 * 85))?;
+    let share = budget / KV_SHARE;
+    let fit = (share / kv_one).saturating_sub(1).max(1) as usize;
+    if fit >= o.parallel {
+        return None;
+    }
+    let want = o.parallel;
+    o.parallel = fit;
+    let gb = |b: u64| b as f64 / 1e9;
+    Some(format!(
+        "[plan] parallel: {fit} sequence slot{} (llama-server's default is {want}, but {} KV caches of -c positions would take {:.2} GB, over 1/{KV_SHARE} of the budget {:.2} GB; --parallel N or a smaller -c to change)",
+        if fit == 1 { "" } else { "s" },
+        want + 1,
+        gb((want as u64 + 1) * kv_one),
+        gb(budget)
+    ))
+}
+
+/// The automatic `--parallel`'s KV caches take at most 1/KV_SHARE of the memory budget.
+const KV_SHARE: u64 = 8;
+
 /// Decide where experts live, print one `[plan]` line per decision with its reason, and
 /// attach a streaming cache to `st` when streaming. Returns the plan.
 pub(crate) fn place_experts(
