@@ -262,7 +262,14 @@ fn a_cancelled_sequence_leaves_the_others_untouched() {
 
 #[test]
 fn refusals() {
-    let e = open(2);
+    let mut e = open(2);
+    // Its session state is the steps' buffers, without a KV cache of its own.
+    let mut sampler = Sampler::new(greedy(), e.model.cfg.vocab);
+    let r = e.generate(&[1, 2, 3], &mut sampler, &GenParams::new(2), &mut |_| true);
+    assert!(
+        r.is_err(),
+        "a batched engine's session does not generate alone"
+    );
     assert!(
         Batch::<()>::new(&e, 3).is_err(),
         "more slots than the engine was opened for"

@@ -387,9 +387,9 @@ fn parallel_requests_equal_each_alone() {
         d.log_text()
     );
     drop(d);
-    // The automatic count keeps the slots' KV caches (8.4 MB each at -c 4096 here, plus the
-    // step's own) within an eighth of --ram.
-    let d = Server::start(&[gqa, "--ram", "300M"]);
+    // The automatic count keeps the slots' KV caches (8.4 MB each at -c 4096 here) within an
+    // eighth of --ram: 3 of them in 200 MiB.
+    let d = Server::start(&[gqa, "--ram", "200M"]);
     assert!(
         d.log_text().contains("[plan] parallel: 3 sequence slots"),
         "{}",

@@ -183,6 +183,10 @@ impl Engine {
         }
         let plan = placement::place_experts(&model, files, &mut st, &opts, &say)?;
         let device = placement::place_gpu(&model, files, &mut st, &opts, &plan, &say)?;
+        if opts.parallel > 1 && device.is_none() {
+            // The session state is the batched step's buffers; each slot has its own cache.
+            st.release_kv();
+        }
         let store = match &opts.kv_dir {
             None => None,
             Some(dir) => {
@@ -219,6 +223,18 @@ impl Engine {
             },
             store,
         })
+    }
+
+    /// Whether the session holds a KV cache of its own: not when the engine was opened for
+    /// `--parallel N > 1` (its state is then the buffers of `engine::batch` steps).
+    fn one_sequence(&self) -> Result<(), EngineError> {
+        if self.opts.parallel > 1 && !self.gpu {
+            return Err(EngineError::Input(format!(
+                "this engine decodes {} sequences together (--parallel); it runs them through engine::batch, not generate",
+                self.opts.parallel
+            )));
+        }
+        Ok(())
     }
 
     /// The session's state (for figures).
@@ -272,6 +288,7 @@ impl Engine {
         p: &GenParams<'_>,
         on_event: &mut dyn FnMut(Event<'_>) -> bool,
     ) -> Result<Outcome, EngineError> {
+        self.one_sequence()?;
         let n = prompt.len();
         if n == 0 {
             return Err(GenerateError::EmptyPrompt.into());
@@ -379,6 +396,7 @@ impl Engine {
     /// Teacher-forced logits of every position of `tokens` (a fresh sequence), appended to
     /// `out` (T x vocab).
     pub fn logits(&mut self, tokens: &[u32], out: &mut Vec<f32>) -> Result<(), EngineError> {
+        self.one_sequence()?;
         self.session.reset();
         let r =
             self.model

@@ -372,12 +372,7 @@ impl EngineOptions {
     /// `[plan] parallel:` line. The GPU is preferred when `--gpu auto` may attach it (it runs
     /// one sequence per forward, and faster than the CPU batches).
     pub(crate) fn resolve_parallel(&mut self, cfg: &ModelConfig) -> Option<String> {
-        let caches = |n: usize| {
-            format!(
-                "{} KV caches of -c positions in the plan: one per slot and the step's own",
-                n + 1
-            )
-        };
+        let caches = |n: usize| format!("{n} KV caches of -c positions, one per slot");
         if !self.parallel_auto {
             return (self.parallel > 1).then(|| {
                 format!(
