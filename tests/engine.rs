@@ -9,7 +9,7 @@
 //!   fixture with an MTP layer (DeepSeek-V3 and GLM-4.5 shapes);
 //! - `chat --kv-dir` resumes a saved session and answers identically;
 //! - unsupported flag combinations fail with one line naming the flag, exit 1, before the
-//!   model is placed (no `[plan]` line).
+//!   model is placed (no `[plan]` line), `serve --parallel N` with what cannot batch among them.
 
 mod serve_util;
 
@@ -256,6 +256,8 @@ fn unsupported_combinations_are_one_line_before_placement() {
     let mtp_model = mtp_model.to_str().unwrap();
     let kv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("engine-refused-kv");
     let kv = kv.to_str().unwrap();
+    // DeepSeek-V3.2: MLA with an indexer, which runs one sequence per forward.
+    let v32 = fixture("deepseek_v32").to_str().unwrap().to_string();
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("engine-refused.npy");
     let out = out.to_str().unwrap();
     for (args, flag) in [
@@ -285,6 +287,22 @@ fn unsupported_combinations_are_one_line_before_placement() {
             "--route-trace",
         ),
         (vec!["chat", m, "--io", "sideways"], "--io"),
+        (
+            vec!["serve", m, "--port", "0", "--parallel", "2", "--gpu", "on"],
+            "--parallel 2 with --gpu on",
+        ),
+        (
+            vec!["serve", &v32, "--port", "0", "--parallel", "2"],
+            "--parallel 2",
+        ),
+        (
+            vec!["serve", m, "--port", "0", "--parallel", "2", "--kv-dir", kv],
+            "--parallel 2 with --kv-dir",
+        ),
+        (
+            vec!["serve", m, "--port", "0", "--parallel", "0"],
+            "--parallel 0",
+        ),
         (
             vec!["logits", m, "--tokens", "1", "--out", out, "-c", "0"],
             "-c 0",

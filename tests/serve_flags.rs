@@ -1,6 +1,7 @@
 //! Every `sluice serve` option does what its help says (no option is silently ignored):
 //! sampling defaults, `--model-id` and the SLUICE_API_KEY key, queue and connection limits,
-//! `--kv-max-sessions`, `--prof`, `--route-trace`, and refusals of values that mean nothing.
+//! `--kv-max-sessions`, `--prof`, `--route-trace`, `--parallel` (concurrent requests decoded
+//! together return what each returns alone), and refusals of values that mean nothing.
 //! (Options tested elsewhere: --host/--port/--api-key/--max-body in serve_clients.rs;
 //! --kv-dir, --shutdown-grace, --experts/--cap/--io/--usage-freeze in serve_kv.rs;
 //! --chat-template in serve_tools.rs.)
@@ -137,7 +138,15 @@ fn status_of(mut s: TcpStream) -> u16 {
 
 #[test]
 fn queue_and_connection_limits() {
-    let s = Server::start(&["--max-queue", "1", "--max-connections", "3"]);
+    // One sequence slot: A generates, B waits (with --parallel N, N requests run at once).
+    let s = Server::start(&[
+        "--max-queue",
+        "1",
+        "--max-connections",
+        "3",
+        "--parallel",
+        "1",
+    ]);
     let long = json!({"model": model(), "prompt": "Once", "max_tokens": 4000, "ignore_eos": true, "stream": true, "temperature": 0});
     // A: generating (its stream has begun).
     let mut a = send(&s.addr, &long);
@@ -280,6 +289,7 @@ fn meaningless_values_are_refused() {
         &["--kv-max-sessions", "3"],
         &["--stats-json", "/tmp/x.json"],
         &["--shutdown-grace=-1"],
+        &["--parallel", "0"],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
             .args(["serve", "--port", "0"])
@@ -293,4 +303,108 @@ fn meaningless_values_are_refused() {
         let flag = args[0].split('=').next().unwrap();
         assert!(err.contains(flag), "{args:?}: {err}");
     }
+}
+
+/// `--parallel 3`: four concurrent requests of different prompts and lengths (one waits for a
+/// slot) return at temperature 0 exactly the text each returns from a one-slot server; the
+/// steps were batched (more decode rows than steps). The default is 4 slots on the CPU for a
+/// grouped-query model (the random Qwen3-MoE-shaped one) and the built-in MLA one, 1 with
+/// `--mtp`.
+#[test]
+fn parallel_requests_equal_each_alone() {
+    std::env::set_var("SLUICE_CACHE_DIR", serve_util::cache_dir());
+    let gqa = sluice::default_model::ensure_random().unwrap();
+    let gqa = gqa.to_str().unwrap();
+    let model = || sluice::default_model::random_model_id();
+    let reqs: Vec<Value> = [
+        ("Once upon a time", 40),
+        ("The quick brown fox jumps over the lazy dog, and then", 25),
+        ("Hi", 33),
+        ("A long time ago in a galaxy far, far away there lived", 18),
+    ]
+    .iter()
+    .map(|(p, n)| {
+        json!({"model": model(), "prompt": p, "max_tokens": n, "ignore_eos": true, "temperature": 0})
+    })
+    .collect();
+    let want: Vec<String> = {
+        let s = Server::start(&[gqa, "--parallel", "1"]);
+        reqs.iter()
+            .map(|r| {
+                let (st, v) = s.post("/v1/completions", r);
+                assert_eq!(st, 200, "{v}");
+                v["choices"][0]["text"].as_str().unwrap().to_string()
+            })
+            .collect()
+    };
+    let s = Server::start(&[gqa, "--parallel", "3"]);
+    let got: Vec<String> = std::thread::scope(|sc| {
+        let hs: Vec<_> = reqs
+            .iter()
+            .map(|r| {
+                let s = &s;
+                sc.spawn(move || {
+                    let (st, v) = s.post("/v1/completions", r);
+                    assert_eq!(st, 200, "{v}");
+                    v["choices"][0]["text"].as_str().unwrap().to_string()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(got, want);
+    let m = s.get("/metrics").1;
+    let figure = |name: &str| -> f64 {
+        m.lines()
+            .find(|l| l.starts_with(name) && !l.starts_with('#'))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {m}"))
+    };
+    assert_eq!(figure("sluice_parallel_slots"), 3.0);
+    let (steps, rows) = (
+        figure("sluice_batch_steps_total"),
+        figure("sluice_batch_decode_rows_total"),
+    );
+    assert!(
+        rows > steps,
+        "decode rows {rows} over {steps} steps: batched"
+    );
+    assert_eq!(figure("sluice_generated_tokens_total"), 116.0);
+    // A streamed request beside a plain one, and a stop string, in slots.
+    let (st, v) = s.post(
+        "/v1/completions",
+        &json!({"model": model(), "prompt": "Hi", "max_tokens": 33, "temperature": 0, "stop": [want[2].chars().skip(5).take(3).collect::<String>()]}),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert!(want[2].starts_with(v["choices"][0]["text"].as_str().unwrap()));
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    drop(s);
+    let d = Server::start(&[gqa]);
+    assert!(
+        d.log_text().contains("[plan] parallel: 4 sequence slots"),
+        "{}",
+        d.log_text()
+    );
+    drop(d);
+    // The automatic count keeps the slots' KV caches (8.4 MB each at -c 4096 here) within an
+    // eighth of --ram: 3 of them in 200 MiB.
+    let d = Server::start(&[gqa, "--ram", "200M"]);
+    assert!(
+        d.log_text().contains("[plan] parallel: 3 sequence slots"),
+        "{}",
+        d.log_text()
+    );
+    drop(d);
+    // The built-in model (MLA) batches too; with --mtp it keeps one slot and says why.
+    let d = Server::start(&[]);
+    assert!(d.log_text().contains("[plan] parallel: 4 sequence slots"));
+    drop(d);
+    let d = Server::start(&["--mtp", "1"]);
+    assert!(
+        d.log_text()
+            .contains("[plan] parallel: 1 sequence slot (--mtp drafts for one sequence)"),
+        "{}",
+        d.log_text()
+    );
 }

@@ -50,6 +50,15 @@ pub struct ServeArgs {
     /// On SIGINT/SIGTERM, seconds a running generation may go on before it is cancelled.
     #[arg(long = "shutdown-grace", default_value_t = 5.0)]
     pub shutdown_grace: f64,
+    /// Sequence slots: up to N requests are decoded together, one batched forward per step
+    /// over every running sequence, so each expert is read once per step for all of them
+    /// (llama-server's -np). 1 = one request at a time, the others wait in the queue.
+    /// Default: 4 where the batched path runs (the CPU forward, grouped-query attention or
+    /// MLA without an indexer, no --mtp, no --kv-dir), else 1, and fewer where N KV caches
+    /// of -c positions would take over an eighth of the memory budget (the
+    /// `[plan] parallel:` line says why).
+    #[arg(long)]
+    pub parallel: Option<usize>,
     /// Self-speculative decoding with the model's MTP head: K drafts per step (0 = off).
     #[arg(long, default_value_t = 0)]
     pub mtp: usize,
@@ -133,6 +142,8 @@ pub fn run_cmd(args: ServeArgs) -> anyhow::Result<()> {
     )?;
     o.min_ctx = 2;
     o.mtp = args.mtp;
+    o.parallel = args.parallel.unwrap_or(1);
+    o.parallel_auto = args.parallel.is_none();
     o.kv_dir = args.kv_dir.clone();
     o.kv_max_sessions = args.kv_max_sessions;
     o.measure_h2d = args.prof;

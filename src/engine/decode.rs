@@ -204,37 +204,62 @@ impl Coin {
     }
 }
 
-/// Emission of generated tokens: stop checks, text decoding, stop strings.
-struct Emitter<'a, 'c> {
-    tok: &'a Tokenizer,
-    eos: &'a [u32],
-    ignore_eos: bool,
-    max_tokens: usize,
-    cancel: Option<&'a dyn Fn() -> bool>,
-    out: Vec<u32>,
+/// Emission of generated tokens: stop checks, text decoding, stop strings. What it keeps
+/// between tokens is owned (`Emission`: a batch slot holds one per sequence); what it
+/// borrows for a call is the `Sink`.
+pub(crate) struct Emission {
+    pub(crate) ignore_eos: bool,
+    pub(crate) max_tokens: usize,
+    pub(crate) out: Vec<u32>,
     dec: StreamDecoder,
     stops: StopScanner,
-    on_event: &'c mut dyn FnMut(Event<'_>) -> bool,
 }
 
-impl Emitter<'_, '_> {
+/// Where emitted text goes, and what else an emission reads.
+pub(crate) struct Sink<'a, 'c> {
+    pub(crate) tok: &'a Tokenizer,
+    pub(crate) eos: &'a [u32],
+    pub(crate) cancel: Option<&'a dyn Fn() -> bool>,
+    pub(crate) on_event: &'c mut dyn FnMut(Event<'_>) -> bool,
+}
+
+impl Emission {
+    pub(crate) fn new(p: &GenParams<'_>, capacity: usize) -> Emission {
+        Emission {
+            ignore_eos: p.ignore_eos,
+            max_tokens: p.max_tokens,
+            out: Vec::with_capacity(capacity),
+            dec: if p.special {
+                StreamDecoder::with_special()
+            } else {
+                StreamDecoder::new()
+            },
+            stops: StopScanner::new(p.stop),
+        }
+    }
+
     /// Emit `id`; Some(finish) when generation ends with it (or before it, for an EOS).
-    fn emit(&mut self, id: u32, history: &mut Vec<u32>) -> Result<Option<Finish>, GenerateError> {
-        if !self.ignore_eos && self.eos.contains(&id) {
+    pub(crate) fn emit(
+        &mut self,
+        sink: &mut Sink<'_, '_>,
+        id: u32,
+        history: &mut Vec<u32>,
+    ) -> Result<Option<Finish>, GenerateError> {
+        if !self.ignore_eos && sink.eos.contains(&id) {
             return Ok(Some(Finish::Eos));
         }
         self.out.push(id);
         history.push(id);
-        if let Some(piece) = self.dec.push(self.tok, id)? {
+        if let Some(piece) = self.dec.push(sink.tok, id)? {
             let (text, hit) = self.stops.push(&piece);
-            if !text.is_empty() && !(self.on_event)(Event::Text(&text)) {
+            if !text.is_empty() && !(sink.on_event)(Event::Text(&text)) {
                 return Ok(Some(Finish::Cancelled));
             }
             if let Some(s) = hit {
                 return Ok(Some(Finish::Stop(s)));
             }
         }
-        if self.cancel.is_some_and(|c| c()) {
+        if sink.cancel.is_some_and(|c| c()) {
             return Ok(Some(Finish::Cancelled));
         }
         if self.out.len() >= self.max_tokens {
@@ -244,22 +269,42 @@ impl Emitter<'_, '_> {
     }
 
     /// The end: the decoder's tail and held-back text for a natural end.
-    fn finish(&mut self, finish: Finish) -> Result<Finish, GenerateError> {
+    pub(crate) fn finish(
+        &mut self,
+        sink: &mut Sink<'_, '_>,
+        finish: Finish,
+    ) -> Result<Finish, GenerateError> {
         if !matches!(finish, Finish::Eos | Finish::Length) {
             return Ok(finish);
         }
-        let tail = self.dec.flush(self.tok)?.unwrap_or_default();
+        let tail = self.dec.flush(sink.tok)?.unwrap_or_default();
         let (mut text, hit) = self.stops.push(&tail);
         if hit.is_none() {
             text.push_str(&self.stops.finish());
         }
         if !text.is_empty() {
-            (self.on_event)(Event::Text(&text));
+            (sink.on_event)(Event::Text(&text));
         }
         Ok(match hit {
             Some(s) => Finish::Stop(s),
             None => finish,
         })
+    }
+}
+
+/// An emission with its sink, for the one-sequence loops.
+struct Emitter<'a, 'c> {
+    e: Emission,
+    sink: Sink<'a, 'c>,
+}
+
+impl Emitter<'_, '_> {
+    fn emit(&mut self, id: u32, history: &mut Vec<u32>) -> Result<Option<Finish>, GenerateError> {
+        self.e.emit(&mut self.sink, id, history)
+    }
+
+    fn finish(&mut self, finish: Finish) -> Result<Finish, GenerateError> {
+        self.e.finish(&mut self.sink, finish)
     }
 }
 
@@ -353,19 +398,13 @@ pub fn decode_on(
     history.extend_from_slice(input);
     let eos = tok.eos_ids().to_vec();
     let mut em = Emitter {
-        tok,
-        eos: &eos,
-        ignore_eos: p.ignore_eos,
-        max_tokens: p.max_tokens,
-        cancel: p.cancel,
-        out: Vec::with_capacity(p.max_tokens.min(st.ctx()) + k),
-        dec: if p.special {
-            StreamDecoder::with_special()
-        } else {
-            StreamDecoder::new()
+        e: Emission::new(p, p.max_tokens.min(st.ctx()) + k),
+        sink: Sink {
+            tok,
+            eos: &eos,
+            cancel: p.cancel,
+            on_event,
         },
-        stops: StopScanner::new(p.stop),
-        on_event,
     };
     if p.max_tokens == 0 {
         return Ok(Generation {
@@ -459,7 +498,7 @@ pub fn decode_on(
     };
     let finish = em.finish(finish)?;
     stats.decode_secs = t1.elapsed().as_secs_f64();
-    stats.generated = em.out.len();
+    stats.generated = em.e.out.len();
     stats.stopped_by_eos = finish == Finish::Eos;
     stats.experts_per_token_plain = plain_experts_per_token(model);
     if k == 0 {
@@ -471,7 +510,7 @@ pub fn decode_on(
         stats.experts_per_token = (stats.experts_main + stats.experts_head) as f64 / tokens;
     }
     Ok(Generation {
-        tokens: std::mem::take(&mut em.out),
+        tokens: std::mem::take(&mut em.e.out),
         stats,
         finish,
     })
@@ -539,7 +578,7 @@ fn mtp_loop(
         }
         let pos = st.pos;
         let kk = k
-            .min(em.max_tokens - em.out.len())
+            .min(em.e.max_tokens - em.e.out.len())
             .min(st.ctx().saturating_sub(pos + 1));
         if kk == 0 {
             // No room to draft: one plain step.
@@ -574,7 +613,7 @@ fn mtp_loop(
             let q = sampler.probs_after_filters(lg, history);
             let mut d = spec::draw(q, coin.next());
             qdists[j].clear();
-            match oracle.and_then(|o| o.get(em.out.len() + j)) {
+            match oracle.and_then(|o| o.get(em.e.out.len() + j)) {
                 Some(&o) if greedy => {
                     d = o;
                     qdists[j].push((o, 1.0));

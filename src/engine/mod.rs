@@ -23,6 +23,7 @@
 //! st.pos`), so reusing a prefix — kept from the last generation or restored from `--kv-dir`
 //! — is exact, and at temperature 0 a reply does not depend on what was cached before.
 
+pub mod batch;
 pub mod decode;
 pub mod kv_store;
 pub mod limits;
@@ -148,6 +149,8 @@ impl Engine {
     pub fn open(opts: EngineOptions) -> Result<Engine, EngineError> {
         let files: &'static ModelFiles = Box::leak(Box::new(ModelFiles::open(&opts.model)?));
         let cfg = ModelConfig::from_files(files)?;
+        let mut opts = opts;
+        let parallel_line = opts.resolve_parallel(&cfg);
         opts.check(&cfg)?;
         let ctx = opts.ctx_for(&cfg)?;
         // Sizes from the command line, checked before anything is allocated with them.
@@ -156,23 +159,34 @@ impl Engine {
         if let Some(w) = warning {
             eprintln!("{w}");
         }
-        let batch = opts.batch.max(1).max(opts.mtp + 1);
+        let batch = opts.batch.max(1).max(opts.mtp + 1).max(opts.parallel);
         limits::ctx_and_batch(ctx, batch, &cfg, placement::mem_available())
             .map_err(EngineError::Input)?;
         let model = Model::load(files, &LoadOptions { threads, ctx })?;
         let tok = load_tokenizer(files)?;
         let k = opts.mtp;
         // The MTP layer's KV cache is allocated only with --mtp.
-        let batch = opts.batch.max(1).max(k + 1);
-        let rows = opts.logit_rows.max(k + 1);
+        // With --parallel N the session state is the batched step's buffers: N rows at least
+        // (one per decoding sequence) and N logit rows.
+        let batch = opts.batch.max(1).max(k + 1).max(opts.parallel);
+        let rows = opts.logit_rows.max(k + 1).max(opts.parallel);
         let mut st = if k > 0 {
             model.new_state_mtp(ctx, batch, rows)?
         } else {
             model.new_state(ctx, batch, rows)?
         };
         let say = Say { quiet: opts.quiet };
+        let parallel_line =
+            placement::cap_auto_parallel(&mut opts, st.kv_bytes() as u64).or(parallel_line);
+        if let Some(l) = parallel_line {
+            say.line(&l);
+        }
         let plan = placement::place_experts(&model, files, &mut st, &opts, &say)?;
         let device = placement::place_gpu(&model, files, &mut st, &opts, &plan, &say)?;
+        if opts.parallel > 1 && device.is_none() {
+            // The session state is the batched step's buffers; each slot has its own cache.
+            st.release_kv();
+        }
         let store = match &opts.kv_dir {
             None => None,
             Some(dir) => {
@@ -209,6 +223,18 @@ impl Engine {
             },
             store,
         })
+    }
+
+    /// Whether the session holds a KV cache of its own: not when the engine was opened for
+    /// `--parallel N > 1` (its state is then the buffers of `engine::batch` steps).
+    fn one_sequence(&self) -> Result<(), EngineError> {
+        if self.opts.parallel > 1 && !self.gpu {
+            return Err(EngineError::Input(format!(
+                "this engine decodes {} sequences together (--parallel); it runs them through engine::batch, not generate",
+                self.opts.parallel
+            )));
+        }
+        Ok(())
     }
 
     /// The session's state (for figures).
@@ -262,6 +288,7 @@ impl Engine {
         p: &GenParams<'_>,
         on_event: &mut dyn FnMut(Event<'_>) -> bool,
     ) -> Result<Outcome, EngineError> {
+        self.one_sequence()?;
         let n = prompt.len();
         if n == 0 {
             return Err(GenerateError::EmptyPrompt.into());
@@ -369,6 +396,7 @@ impl Engine {
     /// Teacher-forced logits of every position of `tokens` (a fresh sequence), appended to
     /// `out` (T x vocab).
     pub fn logits(&mut self, tokens: &[u32], out: &mut Vec<f32>) -> Result<(), EngineError> {
+        self.one_sequence()?;
         self.session.reset();
         let r =
             self.model

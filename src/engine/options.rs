@@ -39,6 +39,12 @@ pub struct EngineOptions {
     /// Save sessions here and restore them (`--kv-dir`), at most `kv_max_sessions`.
     pub kv_dir: Option<PathBuf>,
     pub kv_max_sessions: usize,
+    /// Sequence slots decoded together in one batched forward (`serve --parallel`; 1 = one
+    /// generation at a time).
+    pub parallel: usize,
+    /// `--parallel` left out (`serve`): `Engine::open` picks llama-server's 4 slots where the
+    /// batched path runs, else 1, and says why (`resolve_parallel`, called once).
+    pub parallel_auto: bool,
     /// Print no `[plan]` lines (`logits`: its stderr is for errors).
     pub quiet: bool,
     /// Time the pinned host-to-device copy ceiling when the GPU attaches (`--prof`).
@@ -63,6 +69,8 @@ impl EngineOptions {
             gpu: GpuRequest::default(),
             kv_dir: None,
             kv_max_sessions: 8,
+            parallel: 1,
+            parallel_auto: false,
             quiet: false,
             measure_h2d: false,
             command: "run",
@@ -179,6 +187,30 @@ pub fn parse_prefetch(s: &str) -> Result<bool, EngineError> {
     }
 }
 
+/// Sequence slots when `--parallel` is left out (llama-server's `-np` default).
+pub const AUTO_PARALLEL: usize = 4;
+
+/// Whether sequences of this model can share a batched forward (`Model::forward_seqs`).
+fn batchable(cfg: &ModelConfig) -> bool {
+    use crate::model::config::AttnKind;
+    let attn = match cfg.attn {
+        AttnKind::Gqa => true,
+        // MLA batches without V3.2's / GLM-5's indexer (its selection runs per sequence).
+        AttnKind::Mla { .. } => cfg.indexer.is_none(),
+    };
+    attn && cfg.v4.is_none() && cfg.hybrid.is_none()
+}
+
+#[cfg(feature = "cuda")]
+fn gpu_driver_present() -> bool {
+    crate::gpu::driver::present()
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpu_driver_present() -> bool {
+    false
+}
+
 /// Parse sizes like `24G`, `512M`, `1.5GiB`, `1000000` (bytes).
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
@@ -267,6 +299,36 @@ impl EngineOptions {
                 "saved KV caches work on the CPU path only; use --gpu off",
             ));
         }
+        if self.parallel == 0 {
+            return Err(refused("--parallel 0", "at least one sequence slot"));
+        }
+        if self.parallel > 1 {
+            let flag = format!("--parallel {}", self.parallel);
+            if !batchable(cfg) {
+                return Err(refused(
+                    &flag,
+                    "batched sequences need grouped-query attention or MLA without an indexer (not DeepSeek-V3.2 / GLM-5's sparse attention, DeepSeek-V4 or Qwen3-Next); use --parallel 1",
+                ));
+            }
+            if gpu_on {
+                return Err(refused(
+                    &format!("{flag} with --gpu on"),
+                    "the CUDA backend runs one sequence per forward; use --gpu off or --parallel 1",
+                ));
+            }
+            if self.mtp > 0 {
+                return Err(refused(
+                    &format!("{flag} with --mtp"),
+                    "MTP drafting runs one sequence at a time; use --mtp 0 or --parallel 1",
+                ));
+            }
+            if self.kv_dir.is_some() {
+                return Err(refused(
+                    &format!("{flag} with --kv-dir"),
+                    "saved sessions are kept for one sequence slot; use --parallel 1",
+                ));
+            }
+        }
         if self.experts.verify_experts && self.experts.mode == ExpertMode::Resident {
             return Err(refused(
                 "--verify-experts",
@@ -296,7 +358,61 @@ impl EngineOptions {
         if self.kv_dir.is_some() {
             return Some("--kv-dir keeps KV caches in host memory");
         }
+        if self.parallel > 1 && !self.parallel_auto {
+            // (An automatic count is above 1 only where the GPU cannot run: its own reason.)
+            return Some("--parallel batches sequences on the CPU path");
+        }
         None
+    }
+
+    /// The `[plan] parallel:` line of an explicit `--parallel N > 1`; or, `--parallel` left
+    /// out: llama-server's default (4 sequence slots; it drops to 1 for
+    /// speculative decoding) where the batched path runs — the CPU forward, grouped-query
+    /// attention, no `--mtp`, no `--kv-dir` — else 1. Sets `parallel` and returns the
+    /// `[plan] parallel:` line. The GPU is preferred when `--gpu auto` may attach it (it runs
+    /// one sequence per forward, and faster than the CPU batches).
+    pub(crate) fn resolve_parallel(&mut self, cfg: &ModelConfig) -> Option<String> {
+        let caches = |n: usize| format!("{n} KV caches of -c positions, one per slot");
+        if !self.parallel_auto {
+            return (self.parallel > 1).then(|| {
+                format!(
+                    "[plan] parallel: {} sequence slots, decoded together (--parallel; {})",
+                    self.parallel,
+                    caches(self.parallel)
+                )
+            });
+        }
+        let gpu_may_run = match self.gpu.want {
+            GpuWant::On => true,
+            GpuWant::Off => false,
+            GpuWant::Auto => {
+                let ctx = self.ctx.unwrap_or(0).max(self.min_ctx);
+                crate::gpu::BUILT
+                    && gpu_driver_present()
+                    && crate::gpu::refusal(cfg, ctx).is_none()
+                    && self.gpu_off_reason().is_none()
+                    && self.experts.prefetch != Some(true)
+            }
+        };
+        let why = if !batchable(cfg) {
+            Some("this model's attention batches only as grouped-query or MLA without an indexer")
+        } else if self.mtp > 0 {
+            Some("--mtp drafts for one sequence")
+        } else if self.kv_dir.is_some() {
+            Some("--kv-dir keeps one session slot")
+        } else if gpu_may_run {
+            Some("the GPU runs one sequence per forward; --gpu off batches on the CPU")
+        } else {
+            None
+        };
+        self.parallel = if why.is_some() { 1 } else { AUTO_PARALLEL };
+        Some(match why {
+            Some(w) => format!("[plan] parallel: 1 sequence slot ({w})"),
+            None => format!(
+                "[plan] parallel: {AUTO_PARALLEL} sequence slots, decoded together (llama-server's default; --parallel N to change; {})",
+                caches(AUTO_PARALLEL)
+            ),
+        })
     }
 
     /// The context length to run with for a model whose hyperparameters are `cfg`: `ctx`, else

@@ -136,6 +136,37 @@ fn run_profile(files: &ModelFiles, say: &Say) -> Option<crate::plan::MachineProf
     }
 }
 
+/// The automatic `--parallel` (`EngineOptions::resolve_parallel`) capped by memory: slots
+/// whose KV caches (each `kv_one` bytes) would take more than an
+/// eighth of the budget (`--ram`, else 85% of MemAvailable) are dropped, down to one. Returns
+/// the `[plan] parallel:` line that replaces the automatic one when it cut.
+pub(crate) fn cap_auto_parallel(o: &mut EngineOptions, kv_one: u64) -> Option<String> {
+    if !o.parallel_auto || o.parallel <= 1 || kv_one == 0 {
+        return None;
+    }
+    let budget = o
+        .experts
+        .ram
+        .or_else(|| mem_available().map(|m| m / 100 * 85))?;
+    let share = budget / KV_SHARE;
+    let fit = (share / kv_one).max(1) as usize;
+    if fit >= o.parallel {
+        return None;
+    }
+    let want = o.parallel;
+    o.parallel = fit;
+    let gb = |b: u64| b as f64 / 1e9;
+    Some(format!(
+        "[plan] parallel: {fit} sequence slot{} (llama-server's default is {want}, but {want} KV caches of -c positions would take {:.2} GB, over 1/{KV_SHARE} of the budget {:.2} GB; --parallel N or a smaller -c to change)",
+        if fit == 1 { "" } else { "s" },
+        gb(want as u64 * kv_one),
+        gb(budget)
+    ))
+}
+
+/// The automatic `--parallel`'s KV caches take at most 1/KV_SHARE of the memory budget.
+const KV_SHARE: u64 = 8;
+
 /// Decide where experts live, print one `[plan]` line per decision with its reason, and
 /// attach a streaming cache to `st` when streaming. Returns the plan.
 pub(crate) fn place_experts(
@@ -146,7 +177,12 @@ pub(crate) fn place_experts(
     say: &Say,
 ) -> Result<Plan, EngineError> {
     let a = &o.experts;
-    let summary = planner::ModelSummary::of(model, files, st)?;
+    let mut summary = planner::ModelSummary::of(model, files, st)?;
+    // --parallel N > 1: N sequence slots, each with a KV cache of the session's size (the
+    // session's own is released: its state is only the batched step's buffers).
+    if o.parallel > 1 {
+        summary.kv_bytes *= o.parallel as u64;
+    }
     // Usage statistics first: how many experts could be pinned bounds the pinned tier.
     let mut usage = None;
     if a.autopin {

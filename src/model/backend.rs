@@ -294,6 +294,49 @@ pub trait Backend {
         s: GqaShape<'_>,
     ) -> Result<(), ModelError>;
 
+    /// `attend_mla` for rows `row0..row0 + n` of `Q` into the same rows of `Att` (one
+    /// sequence's rows in a batched forward, as `attend_rows`). A backend that runs one
+    /// sequence per forward refuses any `row0 > 0`.
+    fn attend_mla_rows(
+        &mut self,
+        layer: usize,
+        row0: usize,
+        n: usize,
+        pos: usize,
+        a: &Mla<'_>,
+    ) -> Result<(), ModelError> {
+        if row0 == 0 {
+            return self.attend_mla(layer, n, pos, a);
+        }
+        Err(one_sequence())
+    }
+
+    /// `attend` for rows `row0..row0 + n` of `Q` into the same rows of `Att` (row i of the
+    /// window at cache position `pos + i`): one sequence's rows in a batched forward over
+    /// several sequences (`Model::forward_seqs`). A backend that runs one sequence per forward
+    /// refuses any `row0 > 0`.
+    fn attend_rows(
+        &mut self,
+        layer: usize,
+        row0: usize,
+        n: usize,
+        pos: usize,
+        s: GqaShape<'_>,
+    ) -> Result<(), ModelError> {
+        if row0 == 0 {
+            return self.attend(layer, n, pos, s);
+        }
+        Err(one_sequence())
+    }
+
+    /// Make sequence `seq`'s cache the one `store_cache` and `attend_rows` use, until the next
+    /// call (a batched forward over several sequences, `Model::forward_seqs`). A backend that
+    /// runs one sequence per forward refuses it.
+    fn use_sequence(&mut self, seq: usize) -> Result<(), ModelError> {
+        let _ = seq;
+        Err(one_sequence())
+    }
+
     /// Multi-head latent attention in absorbed form (DeepSeek): per head, q's nope part is
     /// folded into latent space by `a.k_b`, scored against the cached latent + rope key,
     /// the softmax-weighted latent context is expanded by `a.v_b` into `Att`. With an indexer
@@ -417,6 +460,12 @@ pub trait Backend {
             "Qwen3-Next Gated DeltaNet is unsupported on this backend".into(),
         ))
     }
+}
+
+fn one_sequence() -> ModelError {
+    ModelError::Unsupported(
+        "this backend runs one sequence per forward (batched decoding needs --parallel 1)".into(),
+    )
 }
 
 fn v4_unsupported(what: &str) -> ModelError {

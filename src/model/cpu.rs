@@ -46,6 +46,11 @@ fn head_matvec(
 pub(crate) struct CpuBackend<'m, 'a, 's> {
     m: &'m Model<'a>,
     st: &'s mut State,
+    /// A batched forward's sequences (`Model::forward_seqs`); empty otherwise.
+    seqs: &'s mut [State],
+    /// The sequence whose KV cache is swapped into `st` now (`use_sequence`); swapped back on
+    /// the next call and on drop.
+    cur: Option<usize>,
 }
 
 /// The storage behind a buffer name.
@@ -81,7 +86,32 @@ fn row(r: Rows, i: usize) -> std::ops::Range<usize> {
 
 impl<'m, 'a, 's> CpuBackend<'m, 'a, 's> {
     pub(crate) fn new(m: &'m Model<'a>, st: &'s mut State) -> Self {
-        CpuBackend { m, st }
+        CpuBackend {
+            m,
+            st,
+            seqs: &mut [],
+            cur: None,
+        }
+    }
+
+    /// The backend of a batched forward: `st`'s buffers, and the KV caches of `seqs`, each
+    /// swapped into `st` while `use_sequence` selects it (a swap of two vectors, no copy).
+    pub(crate) fn with_seqs(m: &'m Model<'a>, st: &'s mut State, seqs: &'s mut [State]) -> Self {
+        CpuBackend {
+            m,
+            st,
+            seqs,
+            cur: None,
+        }
+    }
+
+    /// Give the swapped-in sequence its cache back.
+    fn release(&mut self) {
+        if let Some(j) = self.cur.take() {
+            let s = &mut self.seqs[j];
+            std::mem::swap(&mut self.st.kcache, &mut s.kcache);
+            std::mem::swap(&mut self.st.vcache, &mut s.vcache);
+        }
     }
 
     /// Run `f` on rows 0..n of `x`, each row mutable.
@@ -114,6 +144,12 @@ impl<'m, 'a, 's> CpuBackend<'m, 'a, 's> {
         }
         *vec_of(self.st, src.buf) = s;
         Ok(())
+    }
+}
+
+impl Drop for CpuBackend<'_, '_, '_> {
+    fn drop(&mut self) {
+        self.release();
     }
 }
 
@@ -245,9 +281,42 @@ impl Backend for CpuBackend<'_, '_, '_> {
         Ok(())
     }
 
+    fn use_sequence(&mut self, seq: usize) -> Result<(), ModelError> {
+        if self.cur == Some(seq) {
+            return Ok(());
+        }
+        self.release();
+        let Some(s) = self.seqs.get_mut(seq) else {
+            return Err(ModelError::Input(format!(
+                "backend: sequence {seq} of {}",
+                self.seqs.len()
+            )));
+        };
+        if s.ctx != self.st.ctx || s.cache_dims != self.st.cache_dims {
+            return Err(ModelError::Input(
+                "backend: a sequence's cache does not match the batch state".into(),
+            ));
+        }
+        std::mem::swap(&mut self.st.kcache, &mut s.kcache);
+        std::mem::swap(&mut self.st.vcache, &mut s.vcache);
+        self.cur = Some(seq);
+        Ok(())
+    }
+
     fn attend(
         &mut self,
         l: usize,
+        n: usize,
+        pos: usize,
+        sh: GqaShape<'_>,
+    ) -> Result<(), ModelError> {
+        self.attend_rows(l, 0, n, pos, sh)
+    }
+
+    fn attend_rows(
+        &mut self,
+        l: usize,
+        row0: usize,
         n: usize,
         pos: usize,
         sh: GqaShape<'_>,
@@ -264,8 +333,9 @@ impl Backend for CpuBackend<'_, '_, '_> {
             // Causal: positions first..=pos+i; a sliding window keeps the last W of them.
             let len = pos + i + 1;
             let first = sh.window.map_or(0, |w| len.saturating_sub(w));
-            let q = &st.q[i * qd..(i + 1) * qd];
-            let out = &mut st.att[i * qd..(i + 1) * qd];
+            let r = row0 + i;
+            let q = &st.q[r * qd..(r + 1) * qd];
+            let out = &mut st.att[r * qd..(r + 1) * qd];
             let head = |(hh, (o, sc)): (usize, (&mut [f32], &mut [f32]))| {
                 let qh = &q[hh * hd..(hh + 1) * hd];
                 let kvh = hh / group;
@@ -308,6 +378,17 @@ impl Backend for CpuBackend<'_, '_, '_> {
         pos: usize,
         a: &Mla<'_>,
     ) -> Result<(), ModelError> {
+        self.attend_mla_rows(l, 0, n, pos, a)
+    }
+
+    fn attend_mla_rows(
+        &mut self,
+        l: usize,
+        row0: usize,
+        n: usize,
+        pos: usize,
+        a: &Mla<'_>,
+    ) -> Result<(), ModelError> {
         let (m, st) = (self.m, &mut *self.st);
         let cfg = &m.cfg;
         let AttnKind::Mla {
@@ -327,6 +408,9 @@ impl Backend for CpuBackend<'_, '_, '_> {
             let len = pos + i + 1;
             // V3.2: past `index_topk` positions, attend only to those the indexer selects.
             // GLM-5: a shared layer reuses the choice of the last layer that ran its indexer.
+            // Row `r` of Q and Att (one sequence's rows in a batched forward start at row0;
+            // an indexer runs one sequence, row0 = 0).
+            let r = row0 + i;
             let sparse = match &a.indexer {
                 Some(_) => {
                     let sparse = m.indexer_select(st, l, i, len);
@@ -339,7 +423,7 @@ impl Backend for CpuBackend<'_, '_, '_> {
             let sel = &st.idx.sel[..if sparse { st.idx.sel.len() } else { 0 }];
             let cnt = if sparse { sel.len() } else { len };
             for hh in 0..nh {
-                let q = &st.q[i * nh * qk + hh * qk..i * nh * qk + (hh + 1) * qk];
+                let q = &st.q[r * nh * qk + hh * qk..r * nh * qk + (hh + 1) * qk];
                 let (q_lat, c_lat) = st.lat.split_at_mut(kv_lora);
                 head_matvec(&a.k_b[hh], &q[..nope], q_lat, &mut st.acts, isa)?;
                 let sc = &mut st.scores[hh * ctx..hh * ctx + cnt];
@@ -358,7 +442,7 @@ impl Backend for CpuBackend<'_, '_, '_> {
                     axpy(c_lat, *s, &layer[j * kc..j * kc + kv_lora]);
                 }
                 let out =
-                    &mut st.att[i * nh * v_dim + hh * v_dim..i * nh * v_dim + (hh + 1) * v_dim];
+                    &mut st.att[r * nh * v_dim + hh * v_dim..r * nh * v_dim + (hh + 1) * v_dim];
                 head_matvec(&a.v_b[hh], c_lat, out, &mut st.acts, isa)?;
             }
         }

@@ -13,6 +13,7 @@ use super::config::{
     yarn_mscale, AttnKind, Family, IndexerDims, ModelConfig, RopeLayout, RopeScaling,
 };
 use super::family::{self, BiasRule, FamilySpec, GgufKeys, HfKeys};
+use super::forward::Spans;
 use super::names::{Role, HF_MLP_MOE};
 use super::weights::Mla;
 use super::{Model, ModelError, State};
@@ -270,12 +271,16 @@ impl<'a> Model<'a> {
     /// has one); result (after o_proj) in `Proj`.
     /// q = q_b(norm(q_a x)) or q_proj(x); kv = kv_a x = [latent | rope key]; the indexer's
     /// keys are LayerNormed, rotated half-split and cached on side V of the layer.
+    ///
+    /// Over several sequences' rows (`Spans::Many`, a batched forward) the projections run on
+    /// all rows and rotation, the cache write and attention per sequence; a layer with an
+    /// indexer (V3.2, GLM-5) runs one sequence only.
     pub(super) fn attn_mla<B: Backend + ?Sized>(
         &self,
         b: &mut B,
         l: usize,
         n: usize,
-        at: At,
+        spans: Spans<'_>,
         a: &Mla<'_>,
     ) -> Result<(), ModelError> {
         let cfg = &self.cfg;
@@ -319,6 +324,7 @@ impl<'a> Model<'a> {
             None => b.matmul(q_in, n, &[(&a.q_b, Buf::Q)])?,
         }
         if let Some(ix) = &a.indexer {
+            let at = spans.one()?;
             let (d, qd) = (ix.wk.rows, ix.wq_b.rows);
             let layout = cfg.indexer.map_or(RopeLayout::HalfSplit, |x| x.rope);
             b.rope(Rows::of(Buf::IdxQ, qd), n, d, 0, at.rope, layout)?;
@@ -327,19 +333,28 @@ impl<'a> Model<'a> {
             b.rope(ik, n, d, 0, at.rope, layout)?;
             b.store_cache(l, Cache::V, ik, n, at.pos)?;
         }
+        if a.shares_indexer {
+            spans.one()?;
+        }
         let lat = k.cols(0, kv_lora);
         b.rmsnorm(lat, lat, n, kv_lora, &a.kv_a_norm, cfg.rms_eps)?;
-        b.rope(k, n, kc, kv_lora, at.rope, cfg.rope_layout)?;
-        b.store_cache(l, Cache::K, k, n, at.pos)?;
-        b.rope(
-            Rows::of(Buf::Q, nh * qk),
-            n,
-            qk,
-            nope,
-            at.rope,
-            cfg.rope_layout,
-        )?;
-        b.attend_mla(l, n, at.pos, a)?;
+        let q = Rows::of(Buf::Q, nh * qk);
+        // Rotation, the cache and attention are per sequence: each span on its own rows.
+        let core = |b: &mut B, r0: usize, n: usize, at: At| -> Result<(), ModelError> {
+            b.rope(k.from_row(r0), n, kc, kv_lora, at.rope, cfg.rope_layout)?;
+            b.store_cache(l, Cache::K, k.from_row(r0), n, at.pos)?;
+            b.rope(q.from_row(r0), n, qk, nope, at.rope, cfg.rope_layout)?;
+            b.attend_mla_rows(l, r0, n, at.pos, a)
+        };
+        match spans {
+            Spans::One(at) => core(b, 0, n, at)?,
+            Spans::Many(ss) => {
+                for s in ss {
+                    b.use_sequence(s.seq)?;
+                    core(b, s.row0, s.n, s.at)?;
+                }
+            }
+        }
         b.matmul(Rows::of(Buf::Att, nh * v_dim), n, &[(&a.wo, Buf::Proj)])
     }
 

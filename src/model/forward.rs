@@ -16,6 +16,36 @@ use super::cpu::CpuBackend;
 use super::weights::{Attention, Ffn, Gqa, Layer, Mlp};
 use super::{Model, ModelError, State};
 
+/// One sequence's rows in a batched forward (`Model::forward_seqs`): rows `row0..row0 + n`
+/// go to sequence `seq`'s cache at `at`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Span {
+    pub seq: usize,
+    pub row0: usize,
+    pub n: usize,
+    pub at: At,
+}
+
+/// Whose rows a layer runs: one sequence (the backend's own cache) or several.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Spans<'s> {
+    One(At),
+    Many(&'s [Span]),
+}
+
+impl Spans<'_> {
+    /// The one sequence's position; several sequences are refused (a graph that batches
+    /// only grouped-query attention and MLA without an indexer).
+    pub(crate) fn one(self) -> Result<At, ModelError> {
+        match self {
+            Spans::One(at) => Ok(at),
+            Spans::Many(_) => Err(ModelError::Unsupported(
+                "batched decoding of several sequences needs grouped-query attention or MLA without an indexer".into(),
+            )),
+        }
+    }
+}
+
 impl<'a> Model<'a> {
     /// Run `tokens` (at most `st.batch()`) at positions `st.pos..`, append them to the KV cache,
     /// and leave the logits of tokens `logits_from..` in the returned slice
@@ -90,6 +120,105 @@ impl<'a> Model<'a> {
             self.layer_forward(b, l, lw, n, at)?;
         }
         self.final_rows(b, n, logits_from)
+    }
+
+    /// A batched forward over several sequences (continuous batching): `tokens` is the
+    /// concatenation of each part's tokens, part `(seq, n)` feeding `n` tokens to `seqs[seq]`
+    /// at its position (`seqs[seq].pos..`). Every operation runs once over all rows (so a MoE
+    /// layer computes the union of the rows' experts, each once for all the rows routed to
+    /// it) except rotation, the cache writes and attention, which each part does on its own
+    /// rows against its own sequence's cache. `st` holds the buffers (and the expert cache);
+    /// its own KV cache is not used. Logits of rows `logits_from..` are returned, each
+    /// sequence's position advances by its part.
+    ///
+    /// Every row's arithmetic is the one a lone forward of that sequence does (activations are
+    /// quantized per row, each output element is one dot in a fixed order, attention reads
+    /// only its own sequence), so a token's logits do not depend on what it is batched with.
+    pub fn forward_seqs<'s>(
+        &self,
+        st: &'s mut State,
+        seqs: &mut [State],
+        tokens: &[u32],
+        parts: &[(usize, usize)],
+        logits_from: usize,
+    ) -> Result<&'s [f32], ModelError> {
+        let t0 = std::time::Instant::now();
+        let mut spans = Vec::with_capacity(parts.len());
+        let mut row0 = 0;
+        for (i, &(seq, n)) in parts.iter().enumerate() {
+            let Some(s) = seqs.get(seq) else {
+                return Err(ModelError::Input(format!(
+                    "forward_seqs: sequence {seq} of {}",
+                    seqs.len()
+                )));
+            };
+            if n == 0 || parts[..i].iter().any(|p| p.0 == seq) {
+                return Err(ModelError::Input(format!(
+                    "forward_seqs: sequence {seq} has no rows or two parts"
+                )));
+            }
+            if s.ctx != st.ctx || s.cache_dims != st.cache_dims || s.has_mtp() {
+                return Err(ModelError::Input(
+                    "forward_seqs: a sequence's cache does not match the batch state".into(),
+                ));
+            }
+            if s.pos + n > s.ctx {
+                return Err(ModelError::ContextFull {
+                    needed: s.pos + n,
+                    ctx: s.ctx,
+                });
+            }
+            spans.push(Span {
+                seq,
+                row0,
+                n,
+                at: At {
+                    pos: s.pos,
+                    rope: s.pos,
+                },
+            });
+            row0 += n;
+        }
+        if row0 != tokens.len() {
+            return Err(ModelError::Input(format!(
+                "forward_seqs: parts hold {row0} rows, {} tokens given",
+                tokens.len()
+            )));
+        }
+        let w = &self.weights;
+        let plain = w.v4.is_none()
+            && w.layers.iter().all(|lw| match &lw.attn {
+                Attention::Gqa(_) => true,
+                Attention::Mla(a) => a.indexer.is_none() && !a.shares_indexer,
+                Attention::Hybrid(_) => false,
+            })
+            && !st.hybrid.is_recurrent();
+        if !plain {
+            return Err(ModelError::Unsupported(
+                "batched decoding of several sequences needs grouped-query attention or MLA without an indexer".into(),
+            ));
+        }
+        // The contract of a chunk, on the batch state (its own position is not used).
+        let pos = std::mem::replace(&mut st.pos, 0);
+        let checked = self.check_chunk(st, tokens, logits_from);
+        st.pos = pos;
+        checked?;
+        let r = self.pool.install(|| {
+            st.experts_run = 0;
+            let mut b = CpuBackend::with_seqs(self, st, seqs);
+            b.embed(&w.token_embd, tokens, Buf::X)?;
+            for (l, lw) in w.layers.iter().enumerate() {
+                self.layer_rows(&mut b, l, lw, row0, Spans::Many(&spans))?;
+            }
+            self.final_rows(&mut b, row0, logits_from)
+        });
+        st.prof.total += t0.elapsed().as_secs_f64();
+        r?;
+        for s in &spans {
+            seqs[s.seq].pos += s.n;
+        }
+        let n_logits = row0.saturating_sub(logits_from);
+        Ok(&st.logits[..n_logits * self.cfg.vocab])
     }
 
     /// The contract of `forward_chunk`: 1..=batch tokens, room in the context, at most
@@ -173,15 +302,28 @@ impl<'a> Model<'a> {
         n: usize,
         at: At,
     ) -> Result<(), ModelError> {
+        self.layer_rows(b, l, lw, n, Spans::One(at))
+    }
+
+    /// `layer_forward` over rows that may belong to several sequences (`spans`): every
+    /// operation but attention's cache part runs on all rows at once.
+    fn layer_rows<B: Backend + ?Sized>(
+        &self,
+        b: &mut B,
+        l: usize,
+        lw: &Layer<'_>,
+        n: usize,
+        spans: Spans<'_>,
+    ) -> Result<(), ModelError> {
         let cfg = &self.cfg;
         let h = cfg.hidden;
         let (x, xn) = (Rows::of(Buf::X, h), Rows::of(Buf::Xn, h));
         b.rmsnorm(xn, x, n, h, &lw.attn_norm, cfg.rms_eps)?;
         let t = std::time::Instant::now();
         match &lw.attn {
-            Attention::Gqa(a) => self.attn_gqa(b, l, n, at, a)?,
-            Attention::Mla(a) => self.attn_mla(b, l, n, at, a)?,
-            Attention::Hybrid(m) => m.run(b, l, n, at)?,
+            Attention::Gqa(a) => self.attn_gqa(b, l, n, spans, a)?,
+            Attention::Mla(a) => self.attn_mla(b, l, n, spans, a)?,
+            Attention::Hybrid(m) => m.run(b, l, n, spans.one()?)?,
         }
         b.prof().attention += t.elapsed().as_secs_f64();
         b.add(Buf::X, Buf::Proj, n, h)?;
@@ -211,7 +353,7 @@ impl<'a> Model<'a> {
         b: &mut B,
         l: usize,
         n: usize,
-        at: At,
+        spans: Spans<'_>,
         a: &Gqa<'_>,
     ) -> Result<(), ModelError> {
         let cfg = &self.cfg;
@@ -246,33 +388,37 @@ impl<'a> Model<'a> {
             }),
             _ => None,
         };
-        b.qk_prep(
-            l,
-            n,
-            at,
-            QkPrep {
-                q,
-                k,
-                v,
+        let shape = GqaShape {
+            heads: cfg.n_heads,
+            kv_heads: cfg.n_kv_heads,
+            head_dim: hd,
+            scale: cfg.attn_scale,
+            window: cfg.window(l),
+            sinks: a.sinks.as_deref(),
+        };
+        // Norms, rotation, the cache and the softmax per sequence: each span on its own rows.
+        let core = |b: &mut B, r0: usize, n: usize, at: At| -> Result<(), ModelError> {
+            let prep = QkPrep {
+                q: q.from_row(r0),
+                k: k.from_row(r0),
+                v: v.from_row(r0),
                 head_dim: hd,
                 norm,
                 clip: cfg.clip_qkv,
                 layout: cfg.rope_layout,
-            },
-        )?;
-        b.attend(
-            l,
-            n,
-            at.pos,
-            GqaShape {
-                heads: cfg.n_heads,
-                kv_heads: cfg.n_kv_heads,
-                head_dim: hd,
-                scale: cfg.attn_scale,
-                window: cfg.window(l),
-                sinks: a.sinks.as_deref(),
-            },
-        )?;
+            };
+            b.qk_prep(l, n, at, prep)?;
+            b.attend_rows(l, r0, n, at.pos, shape)
+        };
+        match spans {
+            Spans::One(at) => core(b, 0, n, at)?,
+            Spans::Many(ss) => {
+                for s in ss {
+                    b.use_sequence(s.seq)?;
+                    core(b, s.row0, s.n, s.at)?;
+                }
+            }
+        }
         b.matmul(Rows::of(Buf::Att, qd), n, &[(&a.wo, Buf::Proj)])?;
         if let Some(bo) = &a.bo {
             b.add_bias(Rows::of(Buf::Proj, h), n, bo)?;
@@ -296,5 +442,97 @@ impl<'a> Model<'a> {
         )?;
         b.swiglu(n, f)?;
         b.matmul(Rows::of(Buf::Gate, f), n, &[(&m.down, out)])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::format::ModelFiles;
+    use crate::model::{LoadOptions, Model, State};
+
+    fn tiny() -> ModelFiles {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tiny-moe.gguf");
+        ModelFiles::open(std::path::Path::new(path)).expect("tiny-moe fixture")
+    }
+
+    const A: [u32; 12] = [1, 7, 3, 9, 4, 4, 2, 11, 5, 8, 6, 10];
+    const B: [u32; 7] = [3, 3, 12, 1, 0, 9, 2];
+
+    /// Every row's logits of `tokens` fed alone, in chunks of `chunk`.
+    fn alone(m: &Model<'_>, tokens: &[u32], chunk: usize) -> Vec<f32> {
+        let mut st = m.new_state(32, 16, 16).unwrap();
+        let mut out = Vec::new();
+        for c in tokens.chunks(chunk) {
+            out.extend_from_slice(m.forward_chunk(&mut st, c, 0).unwrap());
+        }
+        out
+    }
+
+    #[test]
+    fn batched_rows_equal_each_sequence_alone_bit_for_bit() {
+        let files = tiny();
+        let m = Model::load(&files, &LoadOptions::default()).unwrap();
+        let v = m.cfg.vocab;
+        let (la, lb) = (alone(&m, &A, 12), alone(&m, &B, 1));
+        assert_eq!(la, alone(&m, &A, 5), "chunking does not change a row");
+
+        let mut st = m.new_state(32, 16, 16).unwrap();
+        let mut seqs: Vec<State> = (0..3).map(|_| m.new_state(32, 1, 1).unwrap()).collect();
+        // Step 1: A's first 5 tokens beside B's first 3 (sequence 2 idle).
+        let mut toks = A[..5].to_vec();
+        toks.extend_from_slice(&B[..3]);
+        let l = m
+            .forward_seqs(&mut st, &mut seqs, &toks, &[(0, 5), (2, 3)], 0)
+            .unwrap()
+            .to_vec();
+        assert_eq!(l[..5 * v], la[..5 * v]);
+        assert_eq!(l[5 * v..], lb[..3 * v]);
+        assert_eq!((seqs[0].pos, seqs[1].pos, seqs[2].pos), (5, 0, 3));
+        // Step 2: the rest, in the other order; only the last 2 rows' logits.
+        let mut toks = B[3..].to_vec();
+        toks.extend_from_slice(&A[5..]);
+        let l = m
+            .forward_seqs(&mut st, &mut seqs, &toks, &[(2, 4), (0, 7)], 9)
+            .unwrap()
+            .to_vec();
+        assert_eq!(l, la[10 * v..]);
+        // Each sequence's cache holds what a lone run's does: decode one more token each.
+        let mut solo = m.new_state(32, 16, 16).unwrap();
+        m.forward_chunk(&mut solo, &B, 0).unwrap();
+        let want = m.forward_chunk(&mut solo, &[5], 0).unwrap().to_vec();
+        let l = m
+            .forward_seqs(&mut st, &mut seqs, &[6, 5], &[(0, 1), (2, 1)], 1)
+            .unwrap();
+        assert_eq!(l, &want[..]);
+    }
+
+    #[test]
+    fn bad_batches_are_refused() {
+        let files = tiny();
+        let m = Model::load(&files, &LoadOptions::default()).unwrap();
+        let mut st = m.new_state(8, 4, 4).unwrap();
+        let mut seqs: Vec<State> = (0..2).map(|_| m.new_state(8, 1, 1).unwrap()).collect();
+        let mut other = vec![m.new_state(16, 1, 1).unwrap()];
+        assert!(m
+            .forward_seqs(&mut st, &mut seqs, &[1, 2], &[(0, 1), (0, 1)], 0)
+            .is_err());
+        assert!(m
+            .forward_seqs(&mut st, &mut seqs, &[1, 2], &[(0, 1), (5, 1)], 0)
+            .is_err());
+        assert!(m
+            .forward_seqs(&mut st, &mut seqs, &[1, 2, 3], &[(0, 2)], 0)
+            .is_err());
+        assert!(m
+            .forward_seqs(&mut st, &mut other, &[1], &[(0, 1)], 0)
+            .is_err());
+        assert!(m
+            .forward_seqs(&mut st, &mut seqs, &[1; 5], &[(0, 5)], 0)
+            .is_err());
+        // Nothing moved.
+        assert_eq!((seqs[0].pos, seqs[1].pos), (0, 0));
+        seqs[1].pos = 8;
+        assert!(m
+            .forward_seqs(&mut st, &mut seqs, &[1], &[(1, 1)], 0)
+            .is_err());
     }
 }

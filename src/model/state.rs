@@ -199,6 +199,14 @@ impl State {
         (self.kcache.len() + self.vcache.len()) * 4
     }
 
+    /// Free the KV cache of a state that serves only as the buffers of batched forwards
+    /// (`Model::forward_seqs` swaps each sequence's own cache in while it runs that
+    /// sequence's attention). No forward of its own may run on it after this.
+    pub fn release_kv(&mut self) {
+        self.kcache = Vec::new();
+        self.vcache = Vec::new();
+    }
+
     /// Bytes of every buffer but the KV cache (activations, router and expert scratch,
     /// logits, the MTP head's): the planner counts them against `--ram` (a chunk of `batch`
     /// tokens touches them all).

@@ -11,6 +11,7 @@
 
 use super::error::ApiError;
 use super::metrics::Metrics;
+use crate::engine::batch::{Batch, Done, SeqRequest};
 use crate::engine::{Engine, EngineError, GenParams, GenerateError};
 use crate::model::ModelError;
 use crate::sample::{Sampler, SamplingParams};
@@ -155,6 +156,22 @@ impl Queue {
     fn idle(&self) {
         self.lock().busy = false;
     }
+
+    /// The next job if one waits (the batched generator, which has sequences to step).
+    fn try_pop(&self) -> Option<Job> {
+        let mut q = self.lock();
+        let j = q.jobs.pop_front();
+        if j.is_some() {
+            q.busy = true;
+        }
+        j
+    }
+
+    /// Closed and nothing waits.
+    fn drained(&self) -> bool {
+        let q = self.lock();
+        q.closed && q.jobs.is_empty()
+    }
 }
 
 /// The generator: the engine and the server's figures.
@@ -169,9 +186,17 @@ impl Generator {
         Generator { engine, metrics }
     }
 
-    /// Serve jobs until the queue is closed and empty. `abort`: cancel the running job.
-    /// Returns the engine (for the caller's end-of-run figures).
-    pub fn run(mut self, queue: &Queue, abort: &AtomicBool) -> Engine {
+    /// Serve jobs until the queue is closed and empty. `abort`: cancel the running job(s).
+    /// Returns the engine (for the caller's end-of-run figures). With `--parallel N > 1` the
+    /// jobs share the batched loop (`run_batched`).
+    pub fn run(mut self, queue: &Queue, abort: &Arc<AtomicBool>) -> Engine {
+        let n = self.engine.opts.parallel;
+        if n > 1 {
+            match Batch::new(&self.engine, n) {
+                Ok(b) => return self.run_batched(b, queue, abort),
+                Err(e) => eprintln!("[serve] --parallel {n}: {e}; serving one request at a time"),
+            }
+        }
         while let Some(job) = queue.pop() {
             if job.cancel.load(Ordering::Relaxed) || abort.load(Ordering::Relaxed) {
                 self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
@@ -202,6 +227,140 @@ impl Generator {
             queue.idle();
         }
         self.engine
+    }
+
+    /// Continuous batching: admit waiting jobs into free slots at step boundaries, run one
+    /// batched step over every running sequence, answer the jobs that ended. A job's events
+    /// and figures are those of the one-at-a-time loop.
+    fn run_batched(
+        mut self,
+        mut b: Batch<Slotted>,
+        queue: &Queue,
+        abort: &Arc<AtomicBool>,
+    ) -> Engine {
+        self.metrics.slots.store(b.len() as u64, Ordering::Relaxed);
+        loop {
+            // Admit: block for a job only when nothing runs.
+            while b.free() > 0 {
+                let job = if b.active() == 0 {
+                    match queue.pop() {
+                        Some(j) => j,
+                        None => return self.engine,
+                    }
+                } else {
+                    match queue.try_pop() {
+                        Some(j) => j,
+                        None => break,
+                    }
+                };
+                if let Some(d) = self.admit(&mut b, job, abort) {
+                    self.answer(d);
+                }
+            }
+            if b.active() == 0 {
+                if queue.drained() {
+                    return self.engine;
+                }
+                continue;
+            }
+            self.metrics
+                .in_flight
+                .store(b.active() as u64, Ordering::Relaxed);
+            let before = b.stats;
+            let done = b.step(&mut self.engine);
+            let m = &self.metrics;
+            m.batch_steps
+                .fetch_add(b.stats.steps - before.steps, Ordering::Relaxed);
+            m.batch_decode_rows
+                .fetch_add(b.stats.decode_rows - before.decode_rows, Ordering::Relaxed);
+            m.batch_prefill_rows.fetch_add(
+                b.stats.prefill_rows - before.prefill_rows,
+                Ordering::Relaxed,
+            );
+            m.experts_computed.fetch_add(
+                b.stats.decode_experts - before.decode_experts,
+                Ordering::Relaxed,
+            );
+            let any = !done.is_empty();
+            for d in done {
+                self.answer(d);
+            }
+            if any {
+                self.metrics
+                    .set_expert_stats(self.engine.state().expert_stats());
+                self.metrics
+                    .in_flight
+                    .store(b.active() as u64, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Put `job` into a free slot (the checks of the one-at-a-time loop first); Some when it
+    /// ended without a step.
+    fn admit(
+        &self,
+        b: &mut Batch<Slotted>,
+        job: Job,
+        abort: &Arc<AtomicBool>,
+    ) -> Option<Done<Slotted>> {
+        let n = job.tokens.len();
+        let ctx = self.engine.ctx;
+        let tag = Slotted {
+            events: job.events.clone(),
+            prompt_tokens: n,
+        };
+        let fail = |e: ApiError| {
+            let _ = job.events.send(Event::Failed(e));
+            None
+        };
+        if job.cancel.load(Ordering::Relaxed) || abort.load(Ordering::Relaxed) {
+            self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+            return fail(ApiError::new(499, "cancelled before it started"));
+        }
+        if n == 0 {
+            return fail(ApiError::new(400, "the prompt is empty after tokenization"));
+        }
+        if n >= ctx {
+            return fail(context_error(n, ctx));
+        }
+        let events = job.events.clone();
+        let (cancel, abort) = (job.cancel.clone(), abort.clone());
+        let req = SeqRequest {
+            sampler: Sampler::new(job.sampling.clone(), self.engine.model.cfg.vocab),
+            max_tokens: job.max_tokens,
+            ignore_eos: job.ignore_eos,
+            stop: job.stop,
+            special: job.special,
+            cancel: Box::new(move || {
+                cancel.load(Ordering::Relaxed) || abort.load(Ordering::Relaxed)
+            }),
+            on_event: Box::new(move |e| {
+                let ev = match e {
+                    crate::engine::Event::Started { reused, prefilled } => {
+                        Event::Started { reused, prefilled }
+                    }
+                    crate::engine::Event::Text(t) => Event::Text(t.to_string()),
+                };
+                events.send(ev).is_ok()
+            }),
+            prompt: job.tokens,
+        };
+        b.admit(&self.engine, req, tag)
+    }
+
+    /// Answer a job that ended in the batched loop.
+    fn answer(&self, d: Done<Slotted>) {
+        let ev = match d.result {
+            Ok(g) => {
+                let f = self.record(d.tag.prompt_tokens, &g);
+                if f.reason == FinishReason::Cancelled {
+                    self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                }
+                Event::Done(f)
+            }
+            Err(e) => Event::Failed(engine_error(e)),
+        };
+        let _ = d.tag.events.send(ev);
     }
 
     /// Write the conversation in the session to `--kv-dir`, if one is set.
@@ -246,14 +405,24 @@ impl Generator {
                 job.events.send(ev).is_ok()
             })
             .map_err(engine_error)?;
-        let g = &out.generation;
-        let s = &g.stats;
         if let Some(bytes) = out.restored_bytes {
             self.metrics.kv_loads.fetch_add(1, Ordering::Relaxed);
             self.metrics
                 .kv_bytes_read
                 .fetch_add(bytes, Ordering::Relaxed);
         }
+        let fin = self.record(n, &out.generation);
+        self.metrics.experts_computed.fetch_add(
+            (out.generation.stats.experts_main + out.generation.stats.experts_head) as u64,
+            Ordering::Relaxed,
+        );
+        Ok(fin)
+    }
+
+    /// A generation's answer, and its figures added to the server's (the routed experts
+    /// computed are added by the caller: a batched step computes them for all its rows).
+    fn record(&self, n: usize, g: &crate::engine::Generation) -> Finished {
+        let s = &g.stats;
         let fin = Finished {
             reason: g.finish.clone(),
             prompt_tokens: n,
@@ -265,7 +434,7 @@ impl Generator {
         };
         if !s.prefill_done {
             // Cancelled before the prefill ended: no figures.
-            return Ok(fin);
+            return fin;
         }
         let m = &self.metrics;
         m.prompt_tokens.fetch_add(n as u64, Ordering::Relaxed);
@@ -284,15 +453,19 @@ impl Generator {
             .fetch_add(s.generated as u64, Ordering::Relaxed);
         m.decode_steps
             .fetch_add(s.decode_steps as u64, Ordering::Relaxed);
-        m.experts_computed
-            .fetch_add((s.experts_main + s.experts_head) as u64, Ordering::Relaxed);
         m.decode_us
             .fetch_add((fin.decode_secs * 1e6) as u64, Ordering::Relaxed);
         if s.decode_steps > 0 {
             m.set_speeds(None, Some(s.decoded() as f64 / fin.decode_secs.max(1e-9)));
         }
-        Ok(fin)
+        fin
     }
+}
+
+/// What the batched loop keeps of a job while it runs: where its events go.
+struct Slotted {
+    events: Sender<Event>,
+    prompt_tokens: usize,
 }
 
 pub fn context_error(n: usize, ctx: usize) -> ApiError {

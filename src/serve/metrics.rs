@@ -29,6 +29,12 @@ pub struct Metrics {
     pub generations: AtomicU64,
     pub cancelled: AtomicU64,
     pub in_flight: AtomicU64,
+    /// `--parallel` sequence slots (0 or 1: one generation at a time, no batch figures).
+    pub slots: AtomicU64,
+    /// Batched steps and the rows they ran (one generated token per decode row).
+    pub batch_steps: AtomicU64,
+    pub batch_decode_rows: AtomicU64,
+    pub batch_prefill_rows: AtomicU64,
     pub kv_saves: AtomicU64,
     pub kv_loads: AtomicU64,
     pub kv_bytes_written: AtomicU64,
@@ -94,7 +100,7 @@ impl Metrics {
         counter(
             &mut s,
             "sluice_experts_computed_total",
-            "Routed expert evaluations during decode, summed over layers.",
+            "Routed expert evaluations during decode, summed over layers (with --parallel: of batched steps that decoded, each expert once per layer for all its rows).",
             ld(&self.experts_computed) as f64,
         );
         counter(
@@ -167,9 +173,35 @@ impl Metrics {
         gauge(
             &mut s,
             "sluice_requests_in_flight",
-            "Generations running now (0 or 1).",
+            "Generations running now (at most --parallel).",
             ld(&self.in_flight) as f64,
         );
+        if ld(&self.slots) > 1 {
+            gauge(
+                &mut s,
+                "sluice_parallel_slots",
+                "Sequence slots decoded together (--parallel).",
+                ld(&self.slots) as f64,
+            );
+            counter(
+                &mut s,
+                "sluice_batch_steps_total",
+                "Batched forwards over the running sequences.",
+                ld(&self.batch_steps) as f64,
+            );
+            counter(
+                &mut s,
+                "sluice_batch_decode_rows_total",
+                "Decode rows of batched forwards (mean decode batch = rows / steps that decoded).",
+                ld(&self.batch_decode_rows) as f64,
+            );
+            counter(
+                &mut s,
+                "sluice_batch_prefill_rows_total",
+                "Prompt rows of batched forwards.",
+                ld(&self.batch_prefill_rows) as f64,
+            );
+        }
         let decode_s = ld(&self.decode_us) as f64 / 1e6;
         let avg = if decode_s > 0.0 {
             ld(&self.decode_steps) as f64 / decode_s

@@ -1,0 +1,504 @@
+//! Continuous batching (`serve --parallel N`): N sequence slots, and a step that runs every
+//! active sequence's next rows in ONE forward (`Model::forward_seqs`). Decoding slots each add
+//! their one token; at most one slot that is still reading its prompt adds a chunk of it (the
+//! rows the batch has left), chosen round robin among the slots prefilling, so a long prompt
+//! is read a chunk per step while the others keep streaming. A MoE layer then computes the
+//! union of the rows' experts, each read once and computed once for all rows routed to it.
+//!
+//! Owns: `Batch` (the slots, each with its own KV cache as a `State` and the tokens it holds;
+//! the scheduler: admission with prefix reuse per slot, the step's rows, sampling, stop
+//! conditions and cancellation per sequence), `BatchStats`. Does not own: the model, the
+//! buffers a step runs on (the engine's session state: its batch, its expert cache) or the
+//! queue of waiting requests (the caller admits while `free() > 0`).
+//! Invariant: a sequence's tokens do not depend on what it is batched with: every row of a
+//! batched forward is computed as that sequence's lone forward computes it (forward.rs), its
+//! sampler and stop conditions are its own, and a slot's reused prefix is exact — so at
+//! temperature 0 a request returns under `--parallel N` exactly what it returns alone.
+
+use super::decode::{Emission, Sink};
+use super::{Engine, EngineError, Event, Finish, GenParams, GenStats, GenerateError, Generation};
+use crate::model::{ModelError, State};
+use crate::sample::Sampler;
+use std::time::Instant;
+
+/// One generation request for a slot.
+pub struct SeqRequest {
+    /// The whole prompt (a slot keeps the longest prefix it shares with what it holds).
+    pub prompt: Vec<u32>,
+    pub sampler: Sampler,
+    pub max_tokens: usize,
+    pub ignore_eos: bool,
+    pub stop: Vec<String>,
+    pub special: bool,
+    /// Checked once per step: true ends the generation (`Finish::Cancelled`).
+    pub cancel: Box<dyn Fn() -> bool + Send>,
+    /// `Started` once the slot's reuse is decided, then the text; false = stop (`Cancelled`).
+    pub on_event: Box<dyn FnMut(Event<'_>) -> bool + Send>,
+}
+
+/// A finished request: its tag and its generation (or why it failed).
+pub struct Done<T> {
+    pub tag: T,
+    pub result: Result<Generation, EngineError>,
+}
+
+/// Figures over every step so far.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BatchStats {
+    /// Batched forwards.
+    pub steps: u64,
+    /// Rows they ran: decode rows (one generated token each) and prompt rows.
+    pub decode_rows: u64,
+    pub prefill_rows: u64,
+    /// Routed experts computed, summed over steps and layers (the union per layer).
+    pub experts: u64,
+    /// The same over steps that ran at least one decode row.
+    pub decode_experts: u64,
+    /// Steps that ran at least one decode row, and the decode rows in them (mean decode
+    /// batch = decode_rows / decode_steps).
+    pub decode_steps: u64,
+}
+
+struct Active<T> {
+    tag: T,
+    req: SeqRequest,
+    em: Emission,
+    /// Prompt and generated tokens (the sampler's repetition history).
+    history: Vec<u32>,
+    /// Prompt tokens fed so far.
+    fed: usize,
+    /// The sampled token to feed in the next step (None while the prompt is read).
+    next: Option<u32>,
+    stats: GenStats,
+    t0: Instant,
+    t_decode: Instant,
+}
+
+struct Slot<T> {
+    /// Tokens whose keys and values the slot's state holds (`tokens.len() == seqs[i].pos`).
+    tokens: Vec<u32>,
+    /// Admission count when last used (the least recently used free slot is taken first).
+    used: u64,
+    job: Option<Active<T>>,
+}
+
+/// N sequence slots over one engine (see the module doc).
+pub struct Batch<T> {
+    slots: Vec<Slot<T>>,
+    /// Each slot's KV cache and position (a `State` of batch 1; the forward's buffers are the
+    /// engine's session state).
+    seqs: Vec<State>,
+    /// The slot after the one that prefilled last (round robin).
+    rr: usize,
+    admitted: u64,
+    pub stats: BatchStats,
+    rows: Vec<u32>,
+    parts: Vec<(usize, usize)>,
+    decoders: Vec<usize>,
+    phases: Vec<Option<(bool, usize)>>,
+}
+
+impl<T> Batch<T> {
+    /// `n` slots for `engine`, which must have been opened with `parallel >= n` (its session
+    /// state is the step's buffers: at least `n` rows and `n` logit rows).
+    pub fn new(engine: &Engine, n: usize) -> Result<Batch<T>, EngineError> {
+        let st = engine.state();
+        if n == 0 || st.batch() < n || st.logit_rows() < n {
+            return Err(EngineError::Input(format!(
+                "--parallel {n}: the engine was opened for {} sequences",
+                st.batch().min(st.logit_rows())
+            )));
+        }
+        if engine.gpu || engine.opts.mtp > 0 {
+            return Err(EngineError::Refused {
+                flag: format!("--parallel {n}"),
+                reason: "batched sequences run on the CPU path without --mtp".into(),
+            });
+        }
+        let seqs = (0..n)
+            .map(|_| engine.model.new_state(engine.ctx, 1, 1))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Batch {
+            slots: (0..n)
+                .map(|_| Slot {
+                    tokens: Vec::new(),
+                    used: 0,
+                    job: None,
+                })
+                .collect(),
+            seqs,
+            rr: 0,
+            admitted: 0,
+            stats: BatchStats::default(),
+            rows: Vec::with_capacity(st.batch()),
+            parts: Vec::with_capacity(n),
+            decoders: Vec::with_capacity(n),
+            phases: Vec::with_capacity(n),
+        })
+    }
+
+    /// Slots.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// Slots running a request.
+    pub fn active(&self) -> usize {
+        self.slots.iter().filter(|s| s.job.is_some()).count()
+    }
+
+    /// Slots free for `admit`.
+    pub fn free(&self) -> usize {
+        self.len() - self.active()
+    }
+
+    /// Slots reading their prompt / decoding (for figures).
+    pub fn phases(&self) -> (usize, usize) {
+        let mut p = (0, 0);
+        for a in self.slots.iter().filter_map(|s| s.job.as_ref()) {
+            if a.next.is_some() {
+                p.1 += 1;
+            } else {
+                p.0 += 1;
+            }
+        }
+        p
+    }
+
+    /// Start `req` in a free slot: the one holding the longest prefix of its prompt (ties:
+    /// the least recently used), cut back to that prefix. It joins at the next step. Returns
+    /// its `Done` now when it ends before any step (refused, cancelled at `Started`,
+    /// `max_tokens` 0), or when no slot is free.
+    pub fn admit(&mut self, engine: &Engine, req: SeqRequest, tag: T) -> Option<Done<T>> {
+        let n = req.prompt.len();
+        let ctx = engine.ctx;
+        let refuse = |tag, e: EngineError| {
+            Some(Done {
+                tag,
+                result: Err(e),
+            })
+        };
+        if n == 0 {
+            return refuse(tag, GenerateError::EmptyPrompt.into());
+        }
+        if n > ctx {
+            return refuse(tag, ModelError::ContextFull { needed: n, ctx }.into());
+        }
+        let Some(i) = (0..self.len())
+            .filter(|&i| self.slots[i].job.is_none())
+            .max_by_key(|&i| {
+                let s = &self.slots[i];
+                (
+                    super::lcp(&s.tokens, &req.prompt),
+                    std::cmp::Reverse(s.used),
+                )
+            })
+        else {
+            return refuse(tag, EngineError::Input("no free sequence slot".into()));
+        };
+        self.admitted += 1;
+        let (slot, st) = (&mut self.slots[i], &mut self.seqs[i]);
+        slot.used = self.admitted;
+        let common = super::lcp(&slot.tokens, &req.prompt).min(n - 1);
+        slot.tokens.truncate(st.truncate(common));
+        let keep = slot.tokens.len();
+        let mut req = req;
+        let stats = GenStats {
+            prompt_tokens: n - keep,
+            reused: keep,
+            ..Default::default()
+        };
+        let ended = |tag, finish, stats| {
+            Some(Done {
+                tag,
+                result: Ok(Generation {
+                    tokens: Vec::new(),
+                    stats,
+                    finish,
+                }),
+            })
+        };
+        if !(req.on_event)(Event::Started {
+            reused: keep,
+            prefilled: n - keep,
+        }) {
+            return ended(tag, Finish::Cancelled, stats);
+        }
+        if req.max_tokens == 0 {
+            return ended(tag, Finish::Length, stats);
+        }
+        let mut p = GenParams::new(req.max_tokens);
+        p.ignore_eos = req.ignore_eos;
+        p.stop = &req.stop;
+        p.special = req.special;
+        let em = Emission::new(&p, req.max_tokens.min(ctx));
+        let mut history = Vec::with_capacity(n + req.max_tokens.min(ctx));
+        history.extend_from_slice(&req.prompt);
+        let now = Instant::now();
+        slot.job = Some(Active {
+            tag,
+            req,
+            em,
+            history,
+            fed: keep,
+            next: None,
+            stats,
+            t0: now,
+            t_decode: now,
+        });
+        None
+    }
+
+    /// One step: drop cancelled requests, then one batched forward of every decoding slot's
+    /// token and (round robin) one prefilling slot's next prompt chunk, then sample, emit and
+    /// check stops per sequence. Returns the requests that ended.
+    pub fn step(&mut self, engine: &mut Engine) -> Vec<Done<T>> {
+        let mut done = Vec::new();
+        for i in 0..self.len() {
+            if self.slots[i].job.as_ref().is_some_and(|a| (a.req.cancel)()) {
+                self.end(engine, i, Ok(Finish::Cancelled), &mut done);
+            }
+        }
+        let n_slots = self.len();
+        self.phases.clear();
+        self.phases.extend(self.slots.iter().map(|s| {
+            s.job
+                .as_ref()
+                .map(|a| (a.next.is_some(), a.req.prompt.len() - a.fed))
+        }));
+        let (prefill, decoders) = plan_rows(engine.state().batch(), self.rr, &self.phases);
+        self.decoders = decoders;
+        self.rows.clear();
+        self.parts.clear();
+        let mut last = false;
+        if let Some((i, take)) = prefill {
+            self.rr = (i + 1) % n_slots;
+            if let Some(a) = &self.slots[i].job {
+                let e = a.fed + take;
+                self.rows.extend_from_slice(&a.req.prompt[a.fed..e]);
+                self.parts.push((i, take));
+                last = e == a.req.prompt.len();
+            }
+        }
+        let prefill = prefill.map(|p| p.0);
+        let chunk = self.rows.len();
+        for &i in &self.decoders {
+            if let Some(t) = self.slots[i].job.as_ref().and_then(|a| a.next) {
+                self.rows.push(t);
+                self.parts.push((i, 1));
+            }
+        }
+        if self.rows.is_empty() {
+            return done;
+        }
+        let logits_from = if last { chunk - 1 } else { chunk };
+        let Engine { model, session, .. } = engine;
+        let r = model.forward_seqs(
+            &mut session.st,
+            &mut self.seqs,
+            &self.rows,
+            &self.parts,
+            logits_from,
+        );
+        let logits = match r {
+            Ok(l) => l.to_vec(),
+            Err(e) => {
+                let msg = e.to_string();
+                for k in 0..self.parts.len() {
+                    let i = self.parts[k].0;
+                    self.end(engine, i, Err(EngineError::Input(msg.clone())), &mut done);
+                    self.slots[i].tokens.clear();
+                    self.seqs[i].reset();
+                }
+                return done;
+            }
+        };
+        engine.session.st.tick_token();
+        let s = &mut self.stats;
+        s.steps += 1;
+        s.prefill_rows += chunk as u64;
+        s.decode_rows += self.decoders.len() as u64;
+        s.decode_steps += u64::from(!self.decoders.is_empty());
+        s.experts += engine.session.st.experts_run as u64;
+        if !self.decoders.is_empty() {
+            s.decode_experts += engine.session.st.experts_run as u64;
+        }
+        let v = engine.model.cfg.vocab;
+        let mut row = 0;
+        if let Some(i) = prefill {
+            let fed = &self.rows[..chunk];
+            self.slots[i].tokens.extend_from_slice(fed);
+            if let Some(a) = self.slots[i].job.as_mut() {
+                a.fed += chunk;
+            }
+            if last {
+                let a = self.slots[i].job.as_mut().expect("the prefilling slot");
+                let t = a.req.sampler.sample(&logits[..v], &a.history);
+                a.stats.prefill_secs = a.t0.elapsed().as_secs_f64();
+                a.stats.prefill_done = true;
+                a.stats.experts_per_token_plain = plain_experts(engine);
+                a.t_decode = Instant::now();
+                row = 1;
+                self.emit(engine, i, t, &mut done);
+            }
+        }
+        for k in 0..self.decoders.len() {
+            let i = self.decoders[k];
+            let Some(a) = self.slots[i].job.as_mut() else {
+                continue;
+            };
+            let Some(fed) = a.next.take() else {
+                continue;
+            };
+            self.slots[i].tokens.push(fed);
+            let a = self.slots[i].job.as_mut().expect("a decoding slot");
+            let t = a
+                .req
+                .sampler
+                .sample(&logits[row * v..(row + 1) * v], &a.history);
+            a.stats.decode_steps += 1;
+            row += 1;
+            self.emit(engine, i, t, &mut done);
+        }
+        done
+    }
+
+    /// Emit slot `i`'s sampled token `t`; keep it for the next step unless the sequence ends
+    /// (the order of the one-sequence loop: emit, then the context check).
+    fn emit(&mut self, engine: &Engine, i: usize, t: u32, done: &mut Vec<Done<T>>) {
+        let Some(a) = self.slots[i].job.as_mut() else {
+            return;
+        };
+        let mut sink = Sink {
+            tok: &engine.tok,
+            eos: engine.tok.eos_ids(),
+            cancel: Some(&*a.req.cancel),
+            on_event: &mut *a.req.on_event,
+        };
+        let r = match a.em.emit(&mut sink, t, &mut a.history) {
+            Ok(Some(f)) => Some(Ok(f)),
+            Ok(None) if self.seqs[i].pos >= self.seqs[i].ctx() => Some(Ok(Finish::Length)),
+            Ok(None) => {
+                a.next = Some(t);
+                None
+            }
+            Err(e) => Some(Err(e.into())),
+        };
+        if let Some(r) = r {
+            self.end(engine, i, r, done);
+        }
+    }
+
+    /// End slot `i`'s request with `r` (a natural end flushes held-back text first).
+    fn end(
+        &mut self,
+        engine: &Engine,
+        i: usize,
+        r: Result<Finish, EngineError>,
+        done: &mut Vec<Done<T>>,
+    ) {
+        let Some(mut a) = self.slots[i].job.take() else {
+            return;
+        };
+        let result = r.and_then(|f| {
+            let mut sink = Sink {
+                tok: &engine.tok,
+                eos: engine.tok.eos_ids(),
+                cancel: Some(&*a.req.cancel),
+                on_event: &mut *a.req.on_event,
+            };
+            let finish = a.em.finish(&mut sink, f)?;
+            let mut stats = a.stats;
+            if stats.prefill_done {
+                stats.decode_secs = a.t_decode.elapsed().as_secs_f64();
+            } else {
+                stats.prefill_secs = a.t0.elapsed().as_secs_f64();
+            }
+            stats.generated = a.em.out.len();
+            stats.stopped_by_eos = finish == Finish::Eos;
+            Ok(Generation {
+                tokens: std::mem::take(&mut a.em.out),
+                stats,
+                finish,
+            })
+        });
+        done.push(Done { tag: a.tag, result });
+    }
+}
+
+/// Routed experts a one-token step computes (top-k x MoE layers).
+fn plain_experts(engine: &Engine) -> f64 {
+    let c = &engine.model.cfg;
+    if c.n_experts == 0 {
+        return 0.0;
+    }
+    let moe = (0..c.n_layers).filter(|&l| c.is_moe_layer(l)).count();
+    (moe * c.n_experts_used.min(c.n_experts)) as f64
+}
+
+/// The scheduler: the rows of one step for slots in the given phases (`None`: free;
+/// `(decoding, prompt tokens left)`). Every decoding slot gets one row (none waits); the
+/// first prefilling slot at or after `rr` (round robin) gets the rest of the `batch`-row
+/// budget, up to what its prompt has left. Returns (prefilling slot and its rows, decoding
+/// slots).
+fn plan_rows(
+    batch: usize,
+    rr: usize,
+    slots: &[Option<(bool, usize)>],
+) -> (Option<(usize, usize)>, Vec<usize>) {
+    let n = slots.len();
+    let dec: Vec<usize> = (0..n)
+        .filter(|&i| matches!(slots[i], Some((true, _))))
+        .collect();
+    let room = batch.saturating_sub(dec.len());
+    let pre = (0..n)
+        .map(|k| (rr + k) % n)
+        .find(|&i| matches!(slots[i], Some((false, _))))
+        .filter(|_| room > 0)
+        .map(|i| (i, slots[i].map_or(0, |s| s.1).min(room)));
+    (pre, dec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plan_rows;
+
+    #[test]
+    fn decoders_all_run_and_prefill_takes_the_rest() {
+        // Slots: 0 decoding, 1 prefilling 100 tokens, 2 free, 3 decoding.
+        let s = [Some((true, 0)), Some((false, 100)), None, Some((true, 0))];
+        let (pre, dec) = plan_rows(16, 0, &s);
+        assert_eq!(dec, vec![0, 3]);
+        assert_eq!(pre, Some((1, 14)));
+        // A short remainder takes only what it needs.
+        let s = [Some((true, 0)), Some((false, 3))];
+        assert_eq!(plan_rows(16, 0, &s).0, Some((1, 3)));
+    }
+
+    #[test]
+    fn prefill_is_round_robin() {
+        let s = [
+            Some((false, 50)),
+            None,
+            Some((false, 50)),
+            Some((false, 50)),
+        ];
+        let mut rr = 0;
+        let mut order = Vec::new();
+        for _ in 0..6 {
+            let (pre, _) = plan_rows(8, rr, &s);
+            let i = pre.unwrap().0;
+            order.push(i);
+            rr = (i + 1) % s.len();
+        }
+        assert_eq!(
+            order,
+            vec![0, 2, 3, 0, 2, 3],
+            "no prefilling slot waits more than a round"
+        );
+    }
+}
