@@ -140,6 +140,101 @@ fn four_row_dots_equal_single_row_dots() {
     }
 }
 
+/// Types with an 8x4 tile kernel at some ISA of this machine.
+fn tile8_types() -> Vec<(DType, Isa)> {
+    let mut v = Vec::new();
+    for t in kernels::supported_types() {
+        for isa in Isa::available() {
+            if kernels::tile_fn(t, isa).is_some() {
+                v.push((t, isa));
+            }
+        }
+    }
+    v
+}
+
+/// The 8-row x 4-token tiles give, output by output, the bits of the single-row dot, on random
+/// and extreme blocks, with the eight rows at a stride (as `matmul` hands them).
+#[test]
+fn tile_dots_equal_single_row_dots() {
+    let cases = tile8_types();
+    if Isa::hardware() >= Isa::Avx2 {
+        for t in [DType::Q4_K] {
+            assert!(
+                cases.iter().any(|(c, _)| *c == t),
+                "{t} has no 8x4 tile kernel on this AVX2 machine"
+            );
+        }
+    }
+    let mut rng = Rng(88);
+    for (t, isa) in cases {
+        let (be, _) = t.block_geometry().unwrap();
+        let tile = kernels::tile_fn(t, isa).unwrap();
+        let dot = kernels::dot_fn(t, isa).unwrap();
+        let fmt = kernels::kernels_for(t).unwrap().act;
+        for (cols, extreme) in [(8 * 256usize.max(be), false), (3 * 256usize.max(be), true)] {
+            let w = blocks(t, cols / be * 8, &mut rng, extreme);
+            let rb = w.len() / 8;
+            let mut acts = Acts::new();
+            acts.load(&activations(cols, &mut rng), 4, cols);
+            acts.prepare(fmt);
+            let rows = [acts.row(0), acts.row(1), acts.row(2), acts.row(3)];
+            let mut got = [[f32::NAN; 8]; 4];
+            tile(&w, rb, &rows, &mut got);
+            for (k, g) in got.iter().enumerate() {
+                for (r, g) in g.iter().enumerate() {
+                    let want = dot(&w[r * rb..(r + 1) * rb], &rows[k]);
+                    assert!(want.is_finite(), "{t} {isa:?}: non-finite reference");
+                    assert_eq!(
+                        g.to_bits(),
+                        want.to_bits(),
+                        "{t} {isa:?} extreme={extreme} weight row {r} act row {k}: {g} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// `matmul` over row counts that are not multiples of 8 and token counts that are not
+/// multiples of 4 (tiles, four-row dots and single-row dots all in play), one and two threads,
+/// gives each output the single-row dot's bits.
+#[test]
+fn matmul_with_tiles_matches_single_row_dots() {
+    let mut rng = Rng(5);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    for (t, isa) in tile8_types() {
+        let (be, _) = t.block_geometry().unwrap();
+        // Large enough (rows x tokens x row bytes >= 256 KiB) for `matmul` to use the pool.
+        let cols = 8 * 256usize.max(be);
+        for (rows, toks) in [(37usize, 7usize), (64, 9), (203, 4)] {
+            let w = blocks(t, rows * cols / be, &mut rng, false);
+            let view = WeightView::new(t, &w, rows, cols).unwrap();
+            let x: Vec<f32> = (0..toks * cols).map(|_| rng.normal()).collect();
+            for threads in [None, Some(&pool)] {
+                let mut acts = Acts::new();
+                acts.load(&x, toks, cols);
+                let mut y = vec![f32::NAN; toks * rows];
+                kernels::matmul(&view, &mut acts, &mut y, threads, isa).unwrap();
+                for k in 0..toks {
+                    for r in 0..rows {
+                        let want = kernels::dot(t, isa, view.row(r), &acts, k).unwrap();
+                        let got = y[k * rows + r];
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "{t} {isa:?} {rows}x{toks} token {k} row {r}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn q4_k_avx2_dot_has_the_scalar_bits() {
     if Isa::hardware() < Isa::Avx2 {

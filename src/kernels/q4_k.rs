@@ -40,6 +40,14 @@ pub(super) const DOT4: super::Dot4Kernels = super::Dot4Kernels {
     avx512: None,
 };
 
+/// The 8-row x 4-token tile (prefill): see `kernels::tile_fn`.
+pub(super) const TILE: super::TileKernels = super::TileKernels {
+    #[cfg(target_arch = "x86_64")]
+    avx2: Some(x86::tile_avx2),
+    #[cfg(not(target_arch = "x86_64"))]
+    avx2: None,
+};
+
 const BB: usize = 144;
 
 /// The eight 6-bit scales and eight 6-bit mins of a Q4_K/Q5_K `scales[12]` field.
@@ -158,6 +166,39 @@ pub(super) mod x86 {
         // SAFETY: AVX2/FMA/F16C present (checked above); `w` holds `nb` whole blocks and each
         // activation row at least `nb` blocks.
         unsafe { avx2_x4(w.as_ptr(), ap, nb, out) }
+    }
+
+    /// Eight weight rows (`w`: `8 * rb` bytes, row r at `r * rb`) against one to four
+    /// activation rows: `out[t][r]` has the bits of `dot_avx2(row r, a[t])` (= `dot_scalar`'s).
+    pub(super) fn tile_avx2(w: &[u8], rb: usize, a: &[ActRow<'_>], out: &mut [[f32; 8]; 4]) {
+        let n = a.len();
+        assert!(
+            w.len() >= 8 * rb && (1..=4).contains(&n),
+            "Q4_K tile: {} bytes for 8 rows of {rb}, {n} activation rows",
+            w.len()
+        );
+        if !Isa::Avx2.supported() {
+            for (o, t) in out.iter_mut().zip(a) {
+                for (r, o) in o.iter_mut().enumerate() {
+                    *o = dot_scalar(&w[r * rb..(r + 1) * rb], t);
+                }
+            }
+            return;
+        }
+        let nb = a.iter().map(|a| a.q8k.len()).fold(rb / BB, usize::min);
+        // Missing rows point at row 0 (read, never stored).
+        let ap: Rows4 = std::array::from_fn(|t| a[if t < n { t } else { 0 }].q8k.as_ptr());
+        let (w, o) = (w.as_ptr(), out);
+        // SAFETY: AVX2/FMA/F16C present (checked above); `w` holds 8 rows of `rb` bytes, each
+        // at least `nb` whole blocks, and each activation row at least `nb` blocks.
+        unsafe {
+            match n {
+                1 => avx2_8x4::<1>(w, rb, ap, nb, o),
+                2 => avx2_8x4::<2>(w, rb, ap, nb, o),
+                3 => avx2_8x4::<3>(w, rb, ap, nb, o),
+                _ => avx2_8x4::<4>(w, rb, ap, nb, o),
+            }
+        }
     }
 
     /// Four activation rows against one weight row, bit-identical to four `dot_avx512` calls.
@@ -376,6 +417,195 @@ pub(super) mod x86 {
             acc = _mm_add_ps(acc, _mm_sub_ps(t1, t2));
         }
         _mm_storeu_ps(out.as_mut_ptr(), acc);
+    }
+
+    /// `pshufb` controls for the tile's scales: in each 128-bit lane (two weight rows, eight
+    /// scale bytes each), i16 lanes 0..4 take byte `j` of the first row, 4..8 of the second.
+    const fn scale_sel(j: u8) -> [u8; 32] {
+        let mut c = [0x80u8; 32];
+        let mut i = 0;
+        while i < 32 {
+            let k = i % 16;
+            if k % 2 == 0 {
+                c[i] = if k < 8 { j } else { 8 + j };
+            }
+            i += 1;
+        }
+        c
+    }
+    static SCALE_SEL: [[u8; 32]; 8] = [
+        scale_sel(0),
+        scale_sel(1),
+        scale_sel(2),
+        scale_sel(3),
+        scale_sel(4),
+        scale_sel(5),
+        scale_sel(6),
+        scale_sel(7),
+    ];
+
+    /// Four 32-byte rows as 64-bit words transposed: out[g] = word g of rows 0, 1, 2, 3.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn transpose_q(r: [__m256i; 4]) -> [__m256i; 4] {
+        let t0 = _mm256_unpacklo_epi64(r[0], r[1]);
+        let t1 = _mm256_unpackhi_epi64(r[0], r[1]);
+        let t2 = _mm256_unpacklo_epi64(r[2], r[3]);
+        let t3 = _mm256_unpackhi_epi64(r[2], r[3]);
+        [
+            _mm256_permute2x128_si256(t0, t2, 0x20),
+            _mm256_permute2x128_si256(t1, t3, 0x20),
+            _mm256_permute2x128_si256(t0, t2, 0x31),
+            _mm256_permute2x128_si256(t1, t3, 0x31),
+        ]
+    }
+
+    /// Eight bytes at `p` in every 64-bit lane.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn bcast8(p: *const i8) -> __m256i {
+        _mm256_set1_epi64x(std::ptr::read_unaligned(p as *const i64))
+    }
+
+    /// 8 weight rows x `T` (1..=4) activation rows (`out[t]` for t >= T is not written). Per
+    /// block, each group of four weight rows is
+    /// transposed in 8-byte words so that a register holds the same 8 positions of four rows
+    /// (i16 lanes 0..4, 4..8, 8..12, 12..16 after `maddubs`: rows 0, 1, 2, 3) and each
+    /// activation's 8 bytes are broadcast against it: the four 8-byte groups of a 32-element
+    /// sub-block then add in i16 (each lane 8 products, |.| <= 8 * 15 * 127 < 2^15) and one
+    /// `madd` applies the four rows' scales. Each weight register serves four activation rows
+    /// and each broadcast two row groups. The per-block integers are `dot_scalar`'s isum and
+    /// msum exactly; the float operations are its, in its order, on lanes laid out
+    /// [t0 r0, t0 r1, t1 r0, t1 r1 | t0 r2, t0 r3, t1 r2, t1 r3] per (row group, token pair), so
+    /// every output has `dot_scalar`'s bits.
+    ///
+    /// # Safety
+    /// AVX2+FMA+F16C; rows `w + r * rb` (r < 8) valid for `nb` blocks, each `a[t]` for `nb`
+    /// activation blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn avx2_8x4<const T: usize>(
+        w: *const u8,
+        rb: usize,
+        a: Rows4,
+        nb: usize,
+        out: &mut [[f32; 8]; 4],
+    ) {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let mut acc = [[_mm256_setzero_ps(); 2]; 2];
+        let pf = prefetch_distance();
+        for i in 0..nb {
+            let blk = |r: usize| w.add(r * rb + i * BB);
+            let mut sc = [0u64; 8];
+            let mut mn = [0u64; 8];
+            let mut dh = [0u16; 8];
+            let mut mh = [0u16; 8];
+            for r in 0..8 {
+                let b = blk(r);
+                prefetch(b, pf, BB);
+                let (s, m) = scales_mins_u64(std::slice::from_raw_parts(b.add(4), 12));
+                sc[r] = s;
+                mn[r] = m;
+                dh[r] = std::ptr::read_unaligned(b as *const u16);
+                mh[r] = std::ptr::read_unaligned(b.add(2) as *const u16);
+            }
+            let ab: [&BlockQ8K; 4] = std::array::from_fn(|t| &*a[t].add(i));
+            // Per token: bsums pair-summed per 32-element sub-block (|.| <= 32 * 127), in both
+            // 128-bit lanes.
+            let bp: [__m256i; 4] = std::array::from_fn(|t| {
+                let bs = _mm256_loadu_si256(ab[t].bsums.as_ptr() as *const __m256i);
+                let p = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+                _mm256_broadcastsi128_si256(p)
+            });
+            let da = _mm256_castps128_ps256(_mm_setr_ps(ab[0].d, ab[1].d, ab[2].d, ab[3].d));
+            let dw = _mm256_cvtph_ps(_mm_loadu_si128(dh.as_ptr() as *const __m128i));
+            let dm = _mm256_cvtph_ps(_mm_loadu_si128(mh.as_ptr() as *const __m128i));
+            for q in 0..2 {
+                let r0 = 4 * q;
+                let sq = _mm256_setr_epi64x(
+                    sc[r0] as i64,
+                    sc[r0 + 1] as i64,
+                    sc[r0 + 2] as i64,
+                    sc[r0 + 3] as i64,
+                );
+                let mut s32 = [_mm256_setzero_si256(); 4];
+                for k in 0..4 {
+                    let raw = transpose_q(std::array::from_fn(|j| {
+                        _mm256_loadu_si256(blk(r0 + j).add(16 + 32 * k) as *const __m256i)
+                    }));
+                    for half in 0..2 {
+                        let nib: [__m256i; 4] = std::array::from_fn(|g| {
+                            let v = if half == 0 {
+                                raw[g]
+                            } else {
+                                _mm256_srli_epi16(raw[g], 4)
+                            };
+                            _mm256_and_si256(v, m4)
+                        });
+                        let s = _mm256_shuffle_epi8(
+                            sq,
+                            _mm256_loadu_si256(SCALE_SEL[2 * k + half].as_ptr() as *const __m256i),
+                        );
+                        for t in 0..T {
+                            let x = ab[t].qs.as_ptr().add(64 * k + 32 * half);
+                            let p01 = _mm256_add_epi16(
+                                _mm256_maddubs_epi16(nib[0], bcast8(x)),
+                                _mm256_maddubs_epi16(nib[1], bcast8(x.add(8))),
+                            );
+                            let p23 = _mm256_add_epi16(
+                                _mm256_maddubs_epi16(nib[2], bcast8(x.add(16))),
+                                _mm256_maddubs_epi16(nib[3], bcast8(x.add(24))),
+                            );
+                            s32[t] = _mm256_add_epi32(
+                                s32[t],
+                                _mm256_madd_epi16(_mm256_add_epi16(p01, p23), s),
+                            );
+                        }
+                    }
+                }
+                // i32 lanes of s32[t]: [r0, r0, r1, r1 | r2, r2, r3, r3].
+                let isum = [
+                    _mm256_hadd_epi32(s32[0], s32[1]),
+                    _mm256_hadd_epi32(s32[2], s32[3]),
+                ];
+                // Mins of rows (0, 2) and (1, 3) of the group, one row per 128-bit lane.
+                let ma = _mm256_cvtepu8_epi16(_mm_set_epi64x(mn[r0 + 2] as i64, mn[r0] as i64));
+                let mb = _mm256_cvtepu8_epi16(_mm_set_epi64x(mn[r0 + 3] as i64, mn[r0 + 1] as i64));
+                let hm = |t: usize| {
+                    _mm256_hadd_epi32(_mm256_madd_epi16(ma, bp[t]), _mm256_madd_epi16(mb, bp[t]))
+                };
+                let msum = [
+                    _mm256_hadd_epi32(hm(0), hm(1)),
+                    _mm256_hadd_epi32(hm(2), hm(3)),
+                ];
+                let ri = |k: i32| r0 as i32 + k;
+                let rows_idx =
+                    _mm256_setr_epi32(ri(0), ri(1), ri(0), ri(1), ri(2), ri(3), ri(2), ri(3));
+                let dwq = _mm256_permutevar8x32_ps(dw, rows_idx);
+                let dmq = _mm256_permutevar8x32_ps(dm, rows_idx);
+                for p in 0..2 {
+                    let (u, v) = (2 * p as i32, 2 * p as i32 + 1);
+                    let dap =
+                        _mm256_permutevar8x32_ps(da, _mm256_setr_epi32(u, u, v, v, u, u, v, v));
+                    let t1 = _mm256_mul_ps(_mm256_mul_ps(dwq, dap), _mm256_cvtepi32_ps(isum[p]));
+                    let t2 = _mm256_mul_ps(_mm256_mul_ps(dmq, dap), _mm256_cvtepi32_ps(msum[p]));
+                    acc[q][p] = _mm256_add_ps(acc[q][p], _mm256_sub_ps(t1, t2));
+                }
+            }
+        }
+        for (q, acc) in acc.iter().enumerate() {
+            for (p, v) in acc.iter().enumerate() {
+                let mut l = [0.0f32; 8];
+                _mm256_storeu_ps(l.as_mut_ptr(), *v);
+                // Lane order [t0 r0, t0 r1, t1 r0, t1 r1 | t0 r2, t0 r3, t1 r2, t1 r3].
+                for (k, &v) in l.iter().enumerate() {
+                    let t = 2 * p + (k % 4) / 2;
+                    let r = 4 * q + 2 * (k / 4) + k % 2;
+                    if t < T {
+                        out[t][r] = v;
+                    }
+                }
+            }
+        }
     }
 
     /// `avx512` for four activation rows (see `avx2_x4`): same per-row float operations, so
