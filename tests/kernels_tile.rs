@@ -6,8 +6,11 @@
 //! and `matmul` uses the single-row dot (tests/kernels_ref.rs `matmul_matches_per_row_dots`
 //! covers that path and the threaded matmul).
 //!
-//! Also: the AVX2 Q4_K dots compute the scalar dot's per-block integers and float operations
-//! in the same order, so they give the scalar dot's bits.
+//! The 8-row x 4-token tiles (`kernels::tile_fn`) likewise give each output the single-row
+//! dot's bits, alone and inside `matmul` over odd shapes.
+//!
+//! Also: every Q4_K SIMD dot (AVX2 and AVX-512) computes the scalar dot's per-block integers and
+//! float operations in the same order, so it gives the scalar dot's bits.
 
 use sluice::dtype::DType;
 use sluice::kernels::{self, Acts, Isa, MatJob, WeightView};
@@ -158,11 +161,11 @@ fn tile8_types() -> Vec<(DType, Isa)> {
 #[test]
 fn tile_dots_equal_single_row_dots() {
     let cases = tile8_types();
-    if Isa::hardware() >= Isa::Avx2 {
+    for isa in Isa::available().into_iter().filter(|&i| i >= Isa::Avx2) {
         for t in [DType::Q4_K] {
             assert!(
-                cases.iter().any(|(c, _)| *c == t),
-                "{t} has no 8x4 tile kernel on this AVX2 machine"
+                cases.contains(&(t, isa)),
+                "{t} has no 8x4 tile kernel at {isa:?} on this machine"
             );
         }
     }
@@ -236,10 +239,7 @@ fn matmul_with_tiles_matches_single_row_dots() {
 }
 
 #[test]
-fn q4_k_avx2_dot_has_the_scalar_bits() {
-    if Isa::hardware() < Isa::Avx2 {
-        return;
-    }
+fn q4_k_simd_dots_have_the_scalar_bits() {
     let t = DType::Q4_K;
     let mut rng = Rng(4);
     let cols = 4096;
@@ -249,13 +249,19 @@ fn q4_k_avx2_dot_has_the_scalar_bits() {
         let mut acts = Acts::new();
         acts.load(&activations(cols, &mut rng), 4, cols);
         acts.prepare(kernels::kernels_for(t).unwrap().act);
-        for r in 0..5 {
-            for k in 0..4 {
-                let wr = &w[r * rb..(r + 1) * rb];
-                let s = kernels::dot(t, Isa::Scalar, wr, &acts, k);
-                let a = kernels::dot(t, Isa::Avx2, wr, &acts, k);
-                let (s, a) = (s.unwrap(), a.unwrap());
-                assert_eq!(s.to_bits(), a.to_bits(), "row {r} act {k}: {s} vs {a}");
+        for isa in Isa::available() {
+            for r in 0..5 {
+                for k in 0..4 {
+                    let wr = &w[r * rb..(r + 1) * rb];
+                    let s = kernels::dot(t, Isa::Scalar, wr, &acts, k);
+                    let a = kernels::dot(t, isa, wr, &acts, k);
+                    let (s, a) = (s.unwrap(), a.unwrap());
+                    assert_eq!(
+                        s.to_bits(),
+                        a.to_bits(),
+                        "{isa:?} row {r} act {k}: {s} vs {a}"
+                    );
+                }
             }
         }
     }

@@ -13,8 +13,7 @@
 //!
 //! Invariant: every output element has the bits of one call of the type's single-row dot on
 //! the same inputs (the tile and four-row dots keep each row's float operations in the same
-//! order), so
-//! results are bit-identical whatever the thread count, tiling or batch size.
+//! order), so results are bit-identical whatever the thread count, tiling or batch size.
 
 use super::{
     check_len, dot4_fn, dot_fn, kernels_for, tile_fn, ActRow, Acts, Dot4Fn, DotFn, Isa,
@@ -142,7 +141,9 @@ fn rows_range(
             let n = (t_rows - t).min(4);
             let a: [ActRow<'_>; 4] = std::array::from_fn(|k| acts.row(a0 + t + k.min(n - 1)));
             let mut r8 = t0;
-            // Tiles from two tokens up (one token, decode's case, keeps the single-row dot).
+            // Tiles from two tokens up. One token (decode's matvec) keeps the single-row dot:
+            // the tile's eight side-by-side row streams read memory slower (Q4_K AVX-512, one
+            // thread: 8.9 vs 12.5 GB/s, docs/PERFORMANCE.md issue 16) though it wins in L2.
             if let Some(tile8) = tile8.filter(|_| n >= 2) {
                 let mut o = [[0.0f32; 8]; 4];
                 while r8 + 8 <= t1 {

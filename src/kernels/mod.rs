@@ -105,6 +105,7 @@ pub type TileFn = fn(w: &[u8], rb: usize, a: &[ActRow<'_>], out: &mut [[f32; 8];
 /// per output, exactly the bits of the same ISA's single-row dot.
 pub struct TileKernels {
     pub avx2: Option<TileFn>,
+    pub avx512: Option<TileFn>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -253,8 +254,7 @@ pub fn tile_fn(dtype: DType, isa: Isa) -> Option<TileFn> {
         _ => return None,
     };
     match isa.min(Isa::detect()) {
-        // At AVX-512 the single-row dot is the AVX-512 one, whose bits the AVX2 tile lacks.
-        Isa::Avx512 if k.dot_avx512.is_some() => None,
+        Isa::Avx512 if k.dot_avx512.is_some() => t.avx512,
         Isa::Avx512 | Isa::Avx2 if k.dot_avx2.is_some() => t.avx2,
         _ => None,
     }
