@@ -65,8 +65,8 @@ fn main() {
         let t0 = Instant::now();
         for _ in 0..passes {
             for r in 0..rows {
-                for k in 0..4 {
-                    sink += dot(&w[r * rb..(r + 1) * rb], &a[k]);
+                for a in &a {
+                    sink += dot(&w[r * rb..(r + 1) * rb], a);
                 }
             }
         }

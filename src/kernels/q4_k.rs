@@ -643,7 +643,7 @@ pub(super) mod x86 {
             let da = _mm256_castps128_ps256(_mm_setr_ps(ab[0].d, ab[1].d, ab[2].d, ab[3].d));
             let dw = _mm256_cvtph_ps(_mm_loadu_si128(dh.as_ptr() as *const __m128i));
             let dm = _mm256_cvtph_ps(_mm_loadu_si128(mh.as_ptr() as *const __m128i));
-            for q in 0..2 {
+            for (q, acc) in acc.iter_mut().enumerate() {
                 let r0 = 4 * q;
                 let sq = _mm256_setr_epi64x(
                     sc[r0] as i64,
@@ -712,7 +712,7 @@ pub(super) mod x86 {
                         _mm256_permutevar8x32_ps(da, _mm256_setr_epi32(u, u, v, v, u, u, v, v));
                     let t1 = _mm256_mul_ps(_mm256_mul_ps(dwq, dap), _mm256_cvtepi32_ps(isum[p]));
                     let t2 = _mm256_mul_ps(_mm256_mul_ps(dmq, dap), _mm256_cvtepi32_ps(msum[p]));
-                    acc[q][p] = _mm256_add_ps(acc[q][p], _mm256_sub_ps(t1, t2));
+                    acc[p] = _mm256_add_ps(acc[p], _mm256_sub_ps(t1, t2));
                 }
             }
         }
@@ -876,7 +876,7 @@ pub(super) mod x86 {
             let ab: [&BlockQ8K; 4] = std::array::from_fn(|t| &*a[t].add(i));
             let sq = _mm512_loadu_si512(sc.as_ptr() as *const __m512i);
             let mut s32 = [_mm512_setzero_si512(); 4];
-            for k in 0..4 {
+            for (k, &sel) in sel.iter().enumerate() {
                 let ld = |r: usize| _mm256_loadu_si256(blk(r).add(16 + 32 * k) as *const __m256i);
                 let z = |r: usize| _mm512_inserti64x4(_mm512_castsi256_si512(ld(r)), ld(r + 1), 1);
                 let (z01, z23, z45, z67) = (z(0), z(2), z(4), z(6));
@@ -897,7 +897,7 @@ pub(super) mod x86 {
                 let lo: [__m512i; 4] = std::array::from_fn(|g| _mm512_and_si512(raw[g], m4));
                 let hi: [__m512i; 4] =
                     std::array::from_fn(|g| _mm512_and_si512(_mm512_srli_epi16(raw[g], 4), m4));
-                let s = _mm512_shuffle_epi8(sq, sel[k]);
+                let s = _mm512_shuffle_epi8(sq, sel);
                 for t in 0..T {
                     let x = ab[t].qs.as_ptr().add(64 * k);
                     let bc = |o: usize| {
