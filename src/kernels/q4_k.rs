@@ -337,7 +337,7 @@ pub(super) mod x86 {
     /// against activations regrouped by 128-bit-lane shuffles. VNNI `dpbusd` gives sums of 4
     /// products (|sum| <= 4 * 15 * 127, fits i16); the two results are packed to i16 and one
     /// `dpwssd` applies the sub-block scales. Port 0 does 8 of these wide ops per super-block
-    /// instead of 12 with `maddubs` + `dpwssd`. `s`: the scales permuted by `PACKED`.
+    /// instead of 12 with `maddubs` + `dpwssd`. `s`: the scales permuted by `packed_bytes`.
     ///
     /// # Safety
     /// AVX-512 F/BW/VNNI; `qs` valid for 128 bytes, `x` for 256.
@@ -380,7 +380,21 @@ pub(super) mod x86 {
         }
         c
     }
-    static PACKED: [[u16; 32]; 2] = [packed_idx(0), packed_idx(1)];
+    /// `packed_idx` as `pshufb` controls on the eight scales (i16) broadcast to every 128-bit
+    /// lane (one in-lane byte shuffle instead of a `vpermw`: 1.5-2.5% faster single- and
+    /// four-row dots on a Zen 4).
+    const fn packed_bytes(h: u16) -> [u8; 64] {
+        let w = packed_idx(h);
+        let mut c = [0u8; 64];
+        let mut i = 0;
+        while i < 32 {
+            c[2 * i] = 2 * w[i] as u8;
+            c[2 * i + 1] = 2 * w[i] as u8 + 1;
+            i += 1;
+        }
+        c
+    }
+    static PACKED_B: [[u8; 64]; 2] = [packed_bytes(0), packed_bytes(1)];
     /// `vpermw` indices (256-bit): each min (lanes 8..16 of the scales/mins vector) twice, to
     /// meet the 16-element bsums.
     static MIN_DUP: [u16; 16] = [8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15];
@@ -389,10 +403,18 @@ pub(super) mod x86 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
     unsafe fn packed_scales(sm: __m256i) -> [__m512i; 2] {
-        let sc = _mm512_castsi256_si512(sm);
-        std::array::from_fn(|h| {
-            _mm512_permutexvar_epi16(_mm512_loadu_si512(PACKED[h].as_ptr() as *const __m512i), sc)
-        })
+        // The eight scales in every 128-bit lane, then an in-lane byte shuffle per half.
+        let sc = _mm512_broadcast_i32x4(_mm256_castsi256_si128(sm));
+        [
+            _mm512_shuffle_epi8(
+                sc,
+                _mm512_loadu_si512(PACKED_B[0].as_ptr() as *const __m512i),
+            ),
+            _mm512_shuffle_epi8(
+                sc,
+                _mm512_loadu_si512(PACKED_B[1].as_ptr() as *const __m512i),
+            ),
+        ]
     }
 
     /// Block i's exact isum (8 i32 lanes) and msum (8 lanes) partial sums (see `avx512`).
