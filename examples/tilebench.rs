@@ -2,8 +2,8 @@
 //! against 4 activation rows, single-row dot vs four-row dot vs 8x4 tile, interleaved in one
 //! process, best of 30 x 50 passes, in GMAC/s, beside the `maddubs` throughput of one core.
 //!
-//! `cargo run --release --features cuda --example tilebench -- Q4_K avx2` (ISA: avx2 or avx512,
-//! capped at what the CPU has). Figures: docs/PERFORMANCE.md (issue 16).
+//! `cargo run --release --features cuda --example tilebench -- Q4_K avx2 [COLS]` (ISA: avx2 or
+//! avx512, capped at what the CPU has; COLS default 2048). Figures: docs/PERFORMANCE.md (issue 16).
 use sluice::dtype::DType;
 use sluice::kernels::{self, Acts, Isa};
 use std::time::Instant;
@@ -15,7 +15,10 @@ fn main() {
         Some("Q8_0") => DType::Q8_0,
         _ => DType::Q4_K,
     };
-    let cols = 2048usize;
+    let cols: usize = std::env::args()
+        .nth(3)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(2048);
     let rows = 64usize;
     let (be, bb) = t.block_geometry().unwrap();
     let rb = cols / be * bb;
