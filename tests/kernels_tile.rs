@@ -6,8 +6,11 @@
 //! and `matmul` uses the single-row dot (tests/kernels_ref.rs `matmul_matches_per_row_dots`
 //! covers that path and the threaded matmul).
 //!
-//! Also: the AVX2 Q4_K dots compute the scalar dot's per-block integers and float operations
-//! in the same order, so they give the scalar dot's bits.
+//! The 8-row x 4-token tiles (`kernels::tile_fn`) likewise give each output the single-row
+//! dot's bits, alone and inside `matmul` over odd shapes.
+//!
+//! Also: every Q4_K SIMD dot (AVX2 and AVX-512) computes the scalar dot's per-block integers and
+//! float operations in the same order, so it gives the scalar dot's bits.
 
 use sluice::dtype::DType;
 use sluice::kernels::{self, Acts, Isa, MatJob, WeightView};
@@ -140,11 +143,102 @@ fn four_row_dots_equal_single_row_dots() {
     }
 }
 
-#[test]
-fn q4_k_avx2_dot_has_the_scalar_bits() {
-    if Isa::hardware() < Isa::Avx2 {
-        return;
+/// Types with an 8x4 tile kernel at some ISA of this machine.
+fn tile8_types() -> Vec<(DType, Isa)> {
+    let mut v = Vec::new();
+    for t in kernels::supported_types() {
+        for isa in Isa::available() {
+            if kernels::tile_fn(t, isa).is_some() {
+                v.push((t, isa));
+            }
+        }
     }
+    v
+}
+
+/// The 8-row x 4-token tiles give, output by output, the bits of the single-row dot, on random
+/// and extreme blocks, with the eight rows at a stride (as `matmul` hands them).
+#[test]
+fn tile_dots_equal_single_row_dots() {
+    let cases = tile8_types();
+    for isa in Isa::available().into_iter().filter(|&i| i >= Isa::Avx2) {
+        let t = DType::Q4_K;
+        assert!(
+            cases.contains(&(t, isa)),
+            "{t} has no 8x4 tile kernel at {isa:?} on this machine"
+        );
+    }
+    let mut rng = Rng(88);
+    for (t, isa) in cases {
+        let (be, _) = t.block_geometry().unwrap();
+        let tile = kernels::tile_fn(t, isa).unwrap();
+        let dot = kernels::dot_fn(t, isa).unwrap();
+        let fmt = kernels::kernels_for(t).unwrap().act;
+        for (cols, extreme) in [(8 * 256usize.max(be), false), (3 * 256usize.max(be), true)] {
+            let w = blocks(t, cols / be * 8, &mut rng, extreme);
+            let rb = w.len() / 8;
+            let mut acts = Acts::new();
+            acts.load(&activations(cols, &mut rng), 4, cols);
+            acts.prepare(fmt);
+            let rows = [acts.row(0), acts.row(1), acts.row(2), acts.row(3)];
+            let mut got = [[f32::NAN; 8]; 4];
+            tile(&w, rb, &rows, &mut got);
+            for (k, g) in got.iter().enumerate() {
+                for (r, g) in g.iter().enumerate() {
+                    let want = dot(&w[r * rb..(r + 1) * rb], &rows[k]);
+                    assert!(want.is_finite(), "{t} {isa:?}: non-finite reference");
+                    assert_eq!(
+                        g.to_bits(),
+                        want.to_bits(),
+                        "{t} {isa:?} extreme={extreme} weight row {r} act row {k}: {g} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// `matmul` over row counts that are not multiples of 8 and token counts that are not
+/// multiples of 4 (tiles, four-row dots and single-row dots all in play), one and two threads,
+/// gives each output the single-row dot's bits.
+#[test]
+fn matmul_with_tiles_matches_single_row_dots() {
+    let mut rng = Rng(5);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    for (t, isa) in tile8_types() {
+        let (be, _) = t.block_geometry().unwrap();
+        // Large enough (rows x tokens x row bytes >= 256 KiB) for `matmul` to use the pool.
+        let cols = 8 * 256usize.max(be);
+        for (rows, toks) in [(37usize, 7usize), (64, 9), (203, 4)] {
+            let w = blocks(t, rows * cols / be, &mut rng, false);
+            let view = WeightView::new(t, &w, rows, cols).unwrap();
+            let x: Vec<f32> = (0..toks * cols).map(|_| rng.normal()).collect();
+            for threads in [None, Some(&pool)] {
+                let mut acts = Acts::new();
+                acts.load(&x, toks, cols);
+                let mut y = vec![f32::NAN; toks * rows];
+                kernels::matmul(&view, &mut acts, &mut y, threads, isa).unwrap();
+                for k in 0..toks {
+                    for r in 0..rows {
+                        let want = kernels::dot(t, isa, view.row(r), &acts, k).unwrap();
+                        let got = y[k * rows + r];
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "{t} {isa:?} {rows}x{toks} token {k} row {r}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn q4_k_simd_dots_have_the_scalar_bits() {
     let t = DType::Q4_K;
     let mut rng = Rng(4);
     let cols = 4096;
@@ -154,13 +248,19 @@ fn q4_k_avx2_dot_has_the_scalar_bits() {
         let mut acts = Acts::new();
         acts.load(&activations(cols, &mut rng), 4, cols);
         acts.prepare(kernels::kernels_for(t).unwrap().act);
-        for r in 0..5 {
-            for k in 0..4 {
-                let wr = &w[r * rb..(r + 1) * rb];
-                let s = kernels::dot(t, Isa::Scalar, wr, &acts, k);
-                let a = kernels::dot(t, Isa::Avx2, wr, &acts, k);
-                let (s, a) = (s.unwrap(), a.unwrap());
-                assert_eq!(s.to_bits(), a.to_bits(), "row {r} act {k}: {s} vs {a}");
+        for isa in Isa::available() {
+            for r in 0..5 {
+                for k in 0..4 {
+                    let wr = &w[r * rb..(r + 1) * rb];
+                    let s = kernels::dot(t, Isa::Scalar, wr, &acts, k);
+                    let a = kernels::dot(t, isa, wr, &acts, k);
+                    let (s, a) = (s.unwrap(), a.unwrap());
+                    assert_eq!(
+                        s.to_bits(),
+                        a.to_bits(),
+                        "{isa:?} row {r} act {k}: {s} vs {a}"
+                    );
+                }
             }
         }
     }

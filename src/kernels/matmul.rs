@@ -6,14 +6,19 @@
 //! `TILE_BYTES` so that, with many activation rows, activations are re-read per tile rather
 //! than per weight row.
 //!
-//! With several activation rows (prefill), types that have a four-row dot (`dot4_fn`) unpack
-//! each weight block once for four rows.
+//! With several activation rows (prefill), types that have a tile kernel (`tile_fn`) run eight
+//! weight rows against four activation rows at a time, and types that have a four-row dot
+//! (`dot4_fn`) unpack each weight block once for four rows (also for rows left over from
+//! eights).
 //!
 //! Invariant: every output element has the bits of one call of the type's single-row dot on
-//! the same inputs (the four-row dots keep each row's float operations in the same order), so
-//! results are bit-identical whatever the thread count, tiling or batch size.
+//! the same inputs (the tile and four-row dots keep each row's float operations in the same
+//! order), so results are bit-identical whatever the thread count, tiling or batch size.
 
-use super::{check_len, dot4_fn, dot_fn, kernels_for, Acts, Dot4Fn, DotFn, Isa, KernelError};
+use super::{
+    check_len, dot4_fn, dot_fn, kernels_for, tile_fn, ActRow, Acts, Dot4Fn, DotFn, Isa,
+    KernelError, TileFn,
+};
 use crate::dtype::DType;
 use rayon::prelude::*;
 
@@ -59,14 +64,27 @@ struct SyncPtr(*mut f32);
 unsafe impl Sync for SyncPtr {}
 unsafe impl Send for SyncPtr {}
 
+/// The kernels a product uses: the single-row dot, and the multi-row ones if the type has them.
+#[derive(Clone, Copy)]
+struct Dots {
+    dot: DotFn,
+    dot4: Option<Dot4Fn>,
+    tile: Option<TileFn>,
+}
+
+impl Dots {
+    fn new(dtype: DType, isa: Isa) -> Result<Dots, KernelError> {
+        Ok(Dots {
+            dot: dot_fn(dtype, isa)?,
+            dot4: dot4_fn(dtype, isa),
+            tile: tile_fn(dtype, isa),
+        })
+    }
+}
+
 /// Checks `w`, `acts` and `y` agree, prepares `acts` in the weight's activation format and
 /// returns the dot functions to use.
-fn setup(
-    w: &WeightView<'_>,
-    acts: &mut Acts,
-    y_len: usize,
-    isa: Isa,
-) -> Result<(DotFn, Option<Dot4Fn>), KernelError> {
+fn setup(w: &WeightView<'_>, acts: &mut Acts, y_len: usize, isa: Isa) -> Result<Dots, KernelError> {
     let k = kernels_for(w.dtype)?;
     if acts.cols() != w.cols {
         return Err(KernelError::Shape(format!(
@@ -90,7 +108,7 @@ fn setup(
             w.cols, k.act
         )));
     }
-    Ok((dot_fn(w.dtype, isa)?, dot4_fn(w.dtype, isa)))
+    Dots::new(w.dtype, isa)
 }
 
 /// Weight rows r0..r1 against every activation row: `out(t * w.rows + r, value)`.
@@ -101,41 +119,62 @@ fn setup(
 fn rows_range(
     w: &WeightView<'_>,
     (acts, a0, t_rows): (&Acts, usize, usize),
-    (dot, dot4): (DotFn, Option<Dot4Fn>),
+    dots: Dots,
     r0: usize,
     r1: usize,
     out: &mut dyn FnMut(usize, f32),
 ) {
     let n_rows = w.rows;
     let rb = w.row_bytes();
-    let tile = (TILE_BYTES / rb.max(1)).max(1);
+    // Whole eights of rows, for the tile kernels.
+    let tile = (TILE_BYTES / rb.max(1) / 8 * 8).max(8);
+    let Dots {
+        dot,
+        dot4,
+        tile: tile8,
+    } = dots;
     let mut t0 = r0;
     while t0 < r1 {
         let t1 = (t0 + tile).min(r1);
         let mut t = 0;
-        if let Some(dot4) = dot4 {
-            while t + 4 <= t_rows {
-                let a = [
-                    acts.row(a0 + t),
-                    acts.row(a0 + t + 1),
-                    acts.row(a0 + t + 2),
-                    acts.row(a0 + t + 3),
-                ];
-                let mut o = [0.0f32; 4];
-                for r in t0..t1 {
-                    dot4(&w.bytes[r * rb..(r + 1) * rb], &a, &mut o);
-                    for (k, &v) in o.iter().enumerate() {
-                        out((t + k) * n_rows + r, v);
+        while t < t_rows {
+            let n = (t_rows - t).min(4);
+            let a: [ActRow<'_>; 4] = std::array::from_fn(|k| acts.row(a0 + t + k.min(n - 1)));
+            let mut r8 = t0;
+            // Tiles from two tokens up. One token (decode's matvec) keeps the single-row dot:
+            // the tile's eight side-by-side row streams read memory slower (Q4_K AVX-512, one
+            // thread: 8.9 vs 12.5 GB/s, docs/PERFORMANCE.md issue 16) though it wins in L2.
+            if let Some(tile8) = tile8.filter(|_| n >= 2) {
+                let mut o = [[0.0f32; 8]; 4];
+                while r8 + 8 <= t1 {
+                    tile8(&w.bytes[r8 * rb..(r8 + 8) * rb], rb, &a[..n], &mut o);
+                    for (k, o) in o[..n].iter().enumerate() {
+                        for (j, &v) in o.iter().enumerate() {
+                            out((t + k) * n_rows + r8 + j, v);
+                        }
+                    }
+                    r8 += 8;
+                }
+            }
+            match dot4.filter(|_| n == 4) {
+                Some(dot4) => {
+                    let mut o = [0.0f32; 4];
+                    for r in r8..t1 {
+                        dot4(&w.bytes[r * rb..(r + 1) * rb], &a, &mut o);
+                        for (k, &v) in o.iter().enumerate() {
+                            out((t + k) * n_rows + r, v);
+                        }
                     }
                 }
-                t += 4;
+                None => {
+                    for (k, a) in a[..n].iter().enumerate() {
+                        for r in r8..t1 {
+                            out((t + k) * n_rows + r, dot(&w.bytes[r * rb..(r + 1) * rb], a));
+                        }
+                    }
+                }
             }
-        }
-        for t in t..t_rows {
-            let a = acts.row(a0 + t);
-            for r in t0..t1 {
-                out(t * n_rows + r, dot(&w.bytes[r * rb..(r + 1) * rb], &a));
-            }
+            t += n;
         }
         t0 = t1;
     }
@@ -162,7 +201,7 @@ pub fn matmul(
         return Ok(());
     }
     // Enough chunks to balance load across uneven cores, few enough to keep overhead low.
-    let chunk = (n_rows / (threads * 8)).clamp(8, 4096);
+    let chunk = (n_rows / (threads * 8)).clamp(8, 4096).next_multiple_of(8);
     let n_chunks = n_rows.div_ceil(chunk);
     let yp = SyncPtr(y.as_mut_ptr());
     let run = || {
@@ -221,7 +260,7 @@ pub fn matmul_jobs(
             jobs.len()
         )));
     }
-    let mut dots: [Option<(DotFn, Option<Dot4Fn>)>; MAX_JOBS] = [None; MAX_JOBS];
+    let mut dots: [Option<Dots>; MAX_JOBS] = [None; MAX_JOBS];
     for (j, job) in jobs.iter().enumerate() {
         let Some(job) = job else { continue };
         let k = kernels_for(job.w.dtype)?;
@@ -255,7 +294,7 @@ pub fn matmul_jobs(
                 k.act
             )));
         }
-        dots[j] = Some((dot_fn(job.w.dtype, isa)?, dot4_fn(job.w.dtype, isa)));
+        dots[j] = Some(Dots::new(job.w.dtype, isa)?);
     }
     let threads = pool.map(|p| p.current_num_threads()).unwrap_or(1);
     // Chunk sizes and the first chunk of each job (prefix sums), on the stack.
@@ -265,7 +304,9 @@ pub fn matmul_jobs(
     for (j, job) in jobs.iter_mut().enumerate() {
         first[j + 1] = first[j];
         let Some(job) = job else { continue };
-        chunk[j] = (job.w.rows / (threads * 2)).clamp(8, 4096);
+        chunk[j] = (job.w.rows / (threads * 2))
+            .clamp(8, 4096)
+            .next_multiple_of(8);
         first[j + 1] += job.w.rows.div_ceil(chunk[j]);
         outs[j] = SyncPtr(job.y.as_mut_ptr());
     }

@@ -95,6 +95,19 @@ pub struct Dot4Kernels {
     pub avx512: Option<Dot4Fn>,
 }
 
+/// Eight consecutive encoded weight rows (`w`: `8 * rb` bytes, row r at `r * rb`, each row
+/// whole blocks) against one to four activation rows: `out[t][r] = dot(row r, a[t])` for
+/// t < a.len() (the other rows of `out` are left as they were).
+pub type TileFn = fn(w: &[u8], rb: usize, a: &[ActRow<'_>], out: &mut [[f32; 8]; 4]);
+
+/// A type's 8-row x 4-token tile kernels per ISA (prefill: each weight block is unpacked once
+/// for up to four tokens and each activation block loaded once for several rows). Each must give,
+/// per output, exactly the bits of the same ISA's single-row dot.
+pub struct TileKernels {
+    pub avx2: Option<TileFn>,
+    pub avx512: Option<TileFn>,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
     #[error("tensor type {0} is not supported by sluice's kernels")]
@@ -228,6 +241,21 @@ pub fn dot4_fn(dtype: DType, isa: Isa) -> Option<Dot4Fn> {
     match isa.min(Isa::detect()) {
         Isa::Avx512 if k.dot_avx512.is_some() => d4.avx512,
         Isa::Avx512 | Isa::Avx2 if k.dot_avx2.is_some() => d4.avx2,
+        _ => None,
+    }
+}
+
+/// The 8x4 tile kernel for `dtype` matching the single-row dot [`dot_fn`] picks at `isa`
+/// (bit-identical to it, output by output), if the type has one at that ISA.
+pub fn tile_fn(dtype: DType, isa: Isa) -> Option<TileFn> {
+    let k = kernels_for(dtype).ok()?;
+    let t: &TileKernels = match dtype {
+        DType::Q4_K => &q4_k::TILE,
+        _ => return None,
+    };
+    match isa.min(Isa::detect()) {
+        Isa::Avx512 if k.dot_avx512.is_some() => t.avx512,
+        Isa::Avx512 | Isa::Avx2 if k.dot_avx2.is_some() => t.avx2,
         _ => None,
     }
 }
