@@ -8,9 +8,17 @@
 //! The SIMD loops compute exactly those two integer sums per block and differ from the scalar
 //! one only in f32 summation order.
 //!
+//! Speed (issue 17): the SIMD loop takes 8 blocks per step and reduces each block's 8 i32 lanes
+//! to one lane (`reduce8`), so the scales (8 f16 `d` assembled in a register, 8 activation
+//! scales by broadcast and blend) cost one convert, one multiply and one FMA per 8 blocks
+//! instead of a conversion, broadcast and FMA per block. On AVX-512 the dot is VNNI `dpbusd`
+//! on the unsigned codes `c + OFF`, less `OFF * sum(q)`; on AVX2, unsigned codes (Q4_1, Q5_1)
+//! skip the sign trick. docs/PERFORMANCE.md has the figures and what did not help.
+//!
 //! Does not own: block layouts (the per-type files) or dispatch (`mod.rs`).
 //! Invariant: a `Block32` type's `codes` and `codes_avx2` give the same 32 codes in element
-//! order, and `|c_i| <= 127` (so `maddubs` on |c| x (q * sign c) cannot saturate).
+//! order, `ucodes_avx512` those codes plus `OFF`, and `|c_i| <= 127` (so `maddubs` on
+//! |c| x (q * sign c) cannot saturate).
 
 use super::float::f16_le;
 use super::ActRow;
@@ -245,7 +253,8 @@ pub(super) mod x86 {
         )
     }
 
-    /// The f16 at `p + off + k * stride` for k in 0..8, as f32.
+    /// The f16 at `p + k * stride` for k in 0..8, as f32 (assembled in two u64: scalar
+    /// loads and shifts, which leave the vector shuffle units to the dot).
     #[inline(always)]
     unsafe fn f16x8(p: *const u8, stride: usize) -> __m256 {
         let h = |k: usize| std::ptr::read_unaligned(p.add(k * stride) as *const u16) as u64;
