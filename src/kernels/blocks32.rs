@@ -245,8 +245,14 @@ pub(super) mod x86 {
         let p45 = pair_sb(v[4], v[5]);
         let p67 = pair_sb(v[6], v[7]);
         // [a0-3, b0-3, c0-3, d0-3 | a4-7, b4-7, c4-7, d4-7], then the two lanes added.
-        let g0 = _mm256_add_epi32(_mm256_unpacklo_epi64(p01, p23), _mm256_unpackhi_epi64(p01, p23));
-        let g1 = _mm256_add_epi32(_mm256_unpacklo_epi64(p45, p67), _mm256_unpackhi_epi64(p45, p67));
+        let g0 = _mm256_add_epi32(
+            _mm256_unpacklo_epi64(p01, p23),
+            _mm256_unpackhi_epi64(p01, p23),
+        );
+        let g1 = _mm256_add_epi32(
+            _mm256_unpacklo_epi64(p45, p67),
+            _mm256_unpackhi_epi64(p45, p67),
+        );
         _mm256_add_epi32(
             _mm256_permute2x128_si256(g0, g1, 0x20),
             _mm256_permute2x128_si256(g0, g1, 0x31),
