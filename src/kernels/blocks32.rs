@@ -8,9 +8,17 @@
 //! The SIMD loops compute exactly those two integer sums per block and differ from the scalar
 //! one only in f32 summation order.
 //!
+//! Speed (issue 17): the SIMD loop takes 8 blocks per step and reduces each block's 8 i32 lanes
+//! to one lane (`reduce8`), so the scales (8 f16 `d` assembled in a register, 8 activation
+//! scales by broadcast and blend) cost one convert, one multiply and one FMA per 8 blocks
+//! instead of a conversion, broadcast and FMA per block. On AVX-512 the dot is VNNI `dpbusd`
+//! on the unsigned codes `c + OFF`, less `OFF * sum(q)`; on AVX2, unsigned codes (Q4_1, Q5_1)
+//! skip the sign trick. docs/PERFORMANCE.md has the figures and what did not help.
+//!
 //! Does not own: block layouts (the per-type files) or dispatch (`mod.rs`).
 //! Invariant: a `Block32` type's `codes` and `codes_avx2` give the same 32 codes in element
-//! order, and `|c_i| <= 127` (so `maddubs` on |c| x (q * sign c) cannot saturate).
+//! order, `ucodes_avx512` those codes plus `OFF`, and `|c_i| <= 127` (so `maddubs` on
+//! |c| x (q * sign c) cannot saturate).
 
 use super::float::f16_le;
 use super::ActRow;
@@ -23,12 +31,23 @@ pub(super) trait Block32 {
     const HAS_MIN: bool;
     /// The 32 codes of the block at the start of `b`, in element order.
     fn codes(b: &[u8]) -> [i8; 32];
+    /// What `ucodes_avx512` adds to every code so that it is unsigned (0, 16 or 128): the dot
+    /// kernels multiply `u_i = c_i + OFF` (unsigned) by the signed activations and subtract
+    /// `OFF * sum(q_i)`. With 0, `codes_avx2` is unsigned already (0..31) and the AVX2 loop
+    /// skips the sign trick.
+    const OFF: u8;
     /// The same codes as 32 bytes of one register.
     ///
     /// # Safety
     /// AVX2 available; `b` valid for `BB` bytes.
     #[cfg(target_arch = "x86_64")]
     unsafe fn codes_avx2(b: *const u8) -> std::arch::x86_64::__m256i;
+    /// The codes plus `OFF`, as unsigned bytes, using AVX-512 BW/VL where that is shorter.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL and AVX2 available; `b` valid for `BB` bytes.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn ucodes_avx512(b: *const u8) -> std::arch::x86_64::__m256i;
 }
 
 pub(super) fn dequant<T: Block32>(b: &[u8], out: &mut [f32]) {
@@ -99,12 +118,10 @@ pub(super) unsafe fn bits_to_bytes(bits: u32) -> std::arch::x86_64::__m256i {
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn nibbles(p: *const u8) -> std::arch::x86_64::__m256i {
     use std::arch::x86_64::*;
-    let q = _mm_loadu_si128(p as *const __m128i);
-    let m4 = _mm_set1_epi8(0x0F);
-    _mm256_set_m128i(
-        _mm_and_si128(_mm_srli_epi16(q, 4), m4),
-        _mm_and_si128(q, m4),
-    )
+    // Both lanes hold the 16 bytes; the high lane's dwords shift right by 4.
+    let q = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
+    let q = _mm256_srlv_epi32(q, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+    _mm256_and_si256(q, _mm256_set1_epi8(0x0F))
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -134,32 +151,191 @@ pub(super) mod x86 {
         unsafe { avx512::<T>(w.as_ptr(), a.q8_32.as_ptr(), nb) }
     }
 
+    /// The integer sums of one block as 8 i32 lanes: `sum(c_i q_i)` and `sum(q_i)`.
+    trait IntDot {
+        /// # Safety
+        /// The ISA of the implementation; `b` valid for `T::BB` bytes.
+        unsafe fn dot<T: Block32>(b: *const u8, qa: __m256i) -> __m256i;
+        /// # Safety
+        /// The ISA of the implementation.
+        unsafe fn qsum(qa: __m256i) -> __m256i;
+        /// Eight vectors of 8 i32 lanes to their 8 lane sums, in order.
+        ///
+        /// # Safety
+        /// The ISA of the implementation.
+        unsafe fn reduce8(v: &[__m256i; 8]) -> __m256i;
+    }
+
+    /// `maddubs` on |c| x (q * sign c) (unsigned x signed; |c|, |q| <= 127 cannot saturate),
+    /// or on c x q where the codes are unsigned (`OFF == 0`: c <= 31).
+    struct Avx2Dot;
+    impl IntDot for Avx2Dot {
+        #[inline(always)]
+        unsafe fn dot<T: Block32>(b: *const u8, qa: __m256i) -> __m256i {
+            let c = T::codes_avx2(b);
+            let p = if T::OFF == 0 {
+                // Unsigned codes 0..31: no sign trick needed.
+                _mm256_maddubs_epi16(c, qa)
+            } else {
+                _mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(qa, c))
+            };
+            _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+        }
+        #[inline(always)]
+        unsafe fn qsum(qa: __m256i) -> __m256i {
+            let p = _mm256_maddubs_epi16(_mm256_set1_epi8(1), qa);
+            _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+        }
+        #[inline(always)]
+        unsafe fn reduce8(v: &[__m256i; 8]) -> __m256i {
+            reduce8(v)
+        }
+    }
+
+    /// VNNI `dpbusd` on the unsigned `c + OFF` and q, less `OFF * sum(q)`.
+    struct VnniDot;
+    impl IntDot for VnniDot {
+        #[inline(always)]
+        unsafe fn dot<T: Block32>(b: *const u8, qa: __m256i) -> __m256i {
+            let z = _mm256_setzero_si256();
+            let p = _mm256_dpbusd_epi32(z, T::ucodes_avx512(b), qa);
+            if T::OFF == 0 {
+                p
+            } else {
+                let off = _mm256_set1_epi8(T::OFF as i8);
+                _mm256_sub_epi32(p, _mm256_dpbusd_epi32(z, off, qa))
+            }
+        }
+        #[inline(always)]
+        unsafe fn qsum(qa: __m256i) -> __m256i {
+            _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), qa)
+        }
+        #[inline(always)]
+        unsafe fn reduce8(v: &[__m256i; 8]) -> __m256i {
+            reduce8_sb(v)
+        }
+    }
+
+    /// Eight vectors of 8 i32 lanes to one vector of their lane sums, in order.
+    #[inline(always)]
+    unsafe fn reduce8(v: &[__m256i; 8]) -> __m256i {
+        // hadd: [x01, x23, y01, y23 | x45, x67, y45, y67]; twice: [v0..3 low halves | high halves].
+        let g0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+        let g1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+        _mm256_add_epi32(
+            _mm256_permute2x128_si256(g0, g1, 0x20),
+            _mm256_permute2x128_si256(g0, g1, 0x31),
+        )
+    }
+
+    /// `reduce8` with its first level done by shifts and a blend instead of `vphaddd`
+    /// (fewer shuffles: 1.31 against 1.49 ns per Q4_1 block on Zen 4 with AVX-512, a little
+    /// slower on the AVX2 loop, which keeps `reduce8`).
+    /// Level 1: [a01, b01, a23, b23 | a45, b45, a67, b67].
+    #[inline(always)]
+    unsafe fn pair_sb(a: __m256i, b: __m256i) -> __m256i {
+        let a = _mm256_add_epi32(a, _mm256_srli_epi64(a, 32));
+        let b = _mm256_add_epi32(b, _mm256_slli_epi64(b, 32));
+        _mm256_blend_epi32(a, b, 0b1010_1010)
+    }
+    #[inline(always)]
+    unsafe fn reduce8_sb(v: &[__m256i; 8]) -> __m256i {
+        let p01 = pair_sb(v[0], v[1]);
+        let p23 = pair_sb(v[2], v[3]);
+        let p45 = pair_sb(v[4], v[5]);
+        let p67 = pair_sb(v[6], v[7]);
+        // [a0-3, b0-3, c0-3, d0-3 | a4-7, b4-7, c4-7, d4-7], then the two lanes added.
+        let g0 = _mm256_add_epi32(
+            _mm256_unpacklo_epi64(p01, p23),
+            _mm256_unpackhi_epi64(p01, p23),
+        );
+        let g1 = _mm256_add_epi32(
+            _mm256_unpacklo_epi64(p45, p67),
+            _mm256_unpackhi_epi64(p45, p67),
+        );
+        _mm256_add_epi32(
+            _mm256_permute2x128_si256(g0, g1, 0x20),
+            _mm256_permute2x128_si256(g0, g1, 0x31),
+        )
+    }
+
+    /// The f16 at `p + k * stride` for k in 0..8, as f32 (assembled in two u64: scalar
+    /// loads and shifts, which leave the vector shuffle units to the dot).
+    #[inline(always)]
+    unsafe fn f16x8(p: *const u8, stride: usize) -> __m256 {
+        let h = |k: usize| std::ptr::read_unaligned(p.add(k * stride) as *const u16) as u64;
+        let lo = h(0) | h(1) << 16 | h(2) << 32 | h(3) << 48;
+        let hi = h(4) | h(5) << 16 | h(6) << 32 | h(7) << 48;
+        _mm256_cvtph_ps(_mm_set_epi64x(hi as i64, lo as i64))
+    }
+
+    /// The scales `d` of the 8 activation blocks at `a`: broadcast loads and blends (a
+    /// gather cost more on Zen 4).
+    #[inline(always)]
+    unsafe fn da8(a: *const BlockQ8_32) -> __m256 {
+        let l = |k: usize| _mm256_broadcast_ss(&(*a.add(k)).d);
+        let x01 = _mm256_blend_ps(l(0), l(1), 0b0000_0010);
+        let x23 = _mm256_blend_ps(l(2), l(3), 0b0000_1000);
+        let x45 = _mm256_blend_ps(l(4), l(5), 0b0010_0000);
+        let x67 = _mm256_blend_ps(l(6), l(7), 0b1000_0000);
+        _mm256_blend_ps(
+            _mm256_blend_ps(x01, x23, 0b0000_1100),
+            _mm256_blend_ps(x45, x67, 0b1100_0000),
+            0b1111_0000,
+        )
+    }
+
+    /// The loop shared by both ISAs: 8 blocks per step, their integer sums reduced to one lane
+    /// per block (`reduce8`) so the scales (8 at once) cost one convert and one FMA per 8 blocks.
+    #[inline(always)]
+    unsafe fn body<T: Block32, D: IntDot>(w: *const u8, a: *const BlockQ8_32, nb: usize) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        let mut accm = _mm256_setzero_ps();
+        let pf = prefetch_distance();
+        let mut i = 0;
+        while i + 8 <= nb {
+            let b0 = w.add(i * T::BB);
+            let a0 = a.add(i);
+            prefetch(b0, pf, 8 * T::BB);
+            let mut s = [_mm256_setzero_si256(); 8];
+            let mut q = [_mm256_setzero_si256(); 8];
+            for j in 0..8 {
+                let qa = _mm256_loadu_si256((*a0.add(j)).qs.as_ptr() as *const __m256i);
+                s[j] = D::dot::<T>(b0.add(j * T::BB), qa);
+                if T::HAS_MIN {
+                    q[j] = D::qsum(qa);
+                }
+            }
+            let da = da8(a0);
+            let dv = _mm256_mul_ps(f16x8(b0, T::BB), da);
+            acc = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(D::reduce8(&s)), acc);
+            if T::HAS_MIN {
+                let mv = _mm256_mul_ps(f16x8(b0.add(2), T::BB), da);
+                accm = _mm256_fmadd_ps(mv, _mm256_cvtepi32_ps(D::reduce8(&q)), accm);
+            }
+            i += 8;
+        }
+        let mut acc1 = _mm256_setzero_ps();
+        while i < nb {
+            let b = w.add(i * T::BB);
+            let ab = &*a.add(i);
+            let qa = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
+            let s = _mm256_cvtepi32_ps(D::dot::<T>(b, qa));
+            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b) * ab.d), s, acc1);
+            if T::HAS_MIN {
+                let m = _mm256_set1_ps(f16_at(b.add(2)) * ab.d);
+                acc1 = _mm256_fmadd_ps(m, _mm256_cvtepi32_ps(D::qsum(qa)), acc1);
+            }
+            i += 1;
+        }
+        hsum_ps256(_mm256_add_ps(_mm256_add_ps(acc, accm), acc1))
+    }
+
     /// # Safety
     /// AVX2+FMA+F16C; `w` valid for `nb` blocks, `a` for `nb` activation blocks.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn avx2<T: Block32>(w: *const u8, a: *const BlockQ8_32, nb: usize) -> f32 {
-        let mut acc = _mm256_setzero_ps();
-        let mut accm = _mm256_setzero_ps();
-        let ones16 = _mm256_set1_epi16(1);
-        let ones8 = _mm256_set1_epi8(1);
-        let pf = prefetch_distance();
-        for i in 0..nb {
-            let b = w.add(i * T::BB);
-            prefetch(b, pf, T::BB);
-            let ab = &*a.add(i);
-            let c = T::codes_avx2(b);
-            let qa = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
-            // |c| * (q * sign c): unsigned x signed for maddubs, |c|, |q| <= 127.
-            let p = _mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(qa, c));
-            let s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones16));
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b) * ab.d), s, acc);
-            if T::HAS_MIN {
-                let qs = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, qa), ones16);
-                let m = _mm256_set1_ps(f16_at(b.add(2)) * ab.d);
-                accm = _mm256_fmadd_ps(m, _mm256_cvtepi32_ps(qs), accm);
-            }
-        }
-        hsum_ps256(_mm256_add_ps(acc, accm))
+        body::<T, Avx2Dot>(w, a, nb)
     }
 
     /// As `avx2`, with VNNI `dpbusd` for the integer sums.
@@ -169,25 +345,6 @@ pub(super) mod x86 {
     /// activation blocks.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     unsafe fn avx512<T: Block32>(w: *const u8, a: *const BlockQ8_32, nb: usize) -> f32 {
-        let mut acc = _mm256_setzero_ps();
-        let mut accm = _mm256_setzero_ps();
-        let ones8 = _mm256_set1_epi8(1);
-        let zero = _mm256_setzero_si256();
-        let pf = prefetch_distance();
-        for i in 0..nb {
-            let b = w.add(i * T::BB);
-            prefetch(b, pf, T::BB);
-            let ab = &*a.add(i);
-            let c = T::codes_avx2(b);
-            let qa = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
-            let p = _mm256_dpbusd_epi32(zero, _mm256_abs_epi8(c), _mm256_sign_epi8(qa, c));
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b) * ab.d), _mm256_cvtepi32_ps(p), acc);
-            if T::HAS_MIN {
-                let qs = _mm256_dpbusd_epi32(zero, ones8, qa);
-                let m = _mm256_set1_ps(f16_at(b.add(2)) * ab.d);
-                accm = _mm256_fmadd_ps(m, _mm256_cvtepi32_ps(qs), accm);
-            }
-        }
-        hsum_ps256(_mm256_add_ps(acc, accm))
+        body::<T, VnniDot>(w, a, nb)
     }
 }

@@ -13,10 +13,22 @@ pub(crate) const KVALUES: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 
+/// `KVALUES` + 128 as unsigned bytes (the AVX-512 dot's `OFF = 128` form).
+const KVALUES_U: [u8; 16] = {
+    let mut u = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        u[i] = (KVALUES[i] as i16 + 128) as u8;
+        i += 1;
+    }
+    u
+};
+
 pub(super) struct Iq4Nl;
 
 impl Block32 for Iq4Nl {
     const BB: usize = 18;
+    const OFF: u8 = 128;
     const HAS_MIN: bool = false;
 
     fn codes(b: &[u8]) -> [i8; 32] {
@@ -36,6 +48,16 @@ impl Block32 for Iq4Nl {
         use std::arch::x86_64::*;
         let table =
             _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES.as_ptr() as *const __m128i));
+        _mm256_shuffle_epi8(table, blocks32::nibbles(b.add(2)))
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+    unsafe fn ucodes_avx512(b: *const u8) -> std::arch::x86_64::__m256i {
+        use std::arch::x86_64::*;
+        let table =
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_U.as_ptr() as *const __m128i));
         _mm256_shuffle_epi8(table, blocks32::nibbles(b.add(2)))
     }
 }

@@ -11,6 +11,7 @@ pub(super) struct Q4_1;
 
 impl Block32 for Q4_1 {
     const BB: usize = 20;
+    const OFF: u8 = 0;
     const HAS_MIN: bool = true;
 
     fn codes(b: &[u8]) -> [i8; 32] {
@@ -27,6 +28,13 @@ impl Block32 for Q4_1 {
     #[inline]
     #[target_feature(enable = "avx2")]
     unsafe fn codes_avx2(b: *const u8) -> std::arch::x86_64::__m256i {
+        blocks32::nibbles(b.add(4))
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+    unsafe fn ucodes_avx512(b: *const u8) -> std::arch::x86_64::__m256i {
         blocks32::nibbles(b.add(4))
     }
 }

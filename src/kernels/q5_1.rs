@@ -12,6 +12,7 @@ pub(super) struct Q5_1;
 
 impl Block32 for Q5_1 {
     const BB: usize = 24;
+    const OFF: u8 = 0;
     const HAS_MIN: bool = true;
 
     fn codes(b: &[u8]) -> [i8; 32] {
@@ -34,6 +35,16 @@ impl Block32 for Q5_1 {
         let qh = std::ptr::read_unaligned(b.add(4) as *const u32);
         let hi = _mm256_and_si256(blocks32::bits_to_bytes(qh), _mm256_set1_epi8(0x10));
         _mm256_or_si256(blocks32::nibbles(b.add(8)), hi)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+    unsafe fn ucodes_avx512(b: *const u8) -> std::arch::x86_64::__m256i {
+        use std::arch::x86_64::*;
+        let qh = std::ptr::read_unaligned(b.add(4) as *const u32);
+        let q = blocks32::nibbles(b.add(8));
+        _mm256_mask_add_epi8(q, qh, q, _mm256_set1_epi8(0x10))
     }
 }
 
