@@ -6,7 +6,9 @@
 #   gpu-types-tests) into DIR, strip, xz.
 set -u
 D=${1:-target/devrun-main}; O=${OUT:-/tmp/out}; mkdir -p $O
-export SLUICE_ROOT=$PWD
+# The device has no gguf package: the gpt-oss GGUFs (scripts/gptoss_to_gguf.py of the fixture)
+# travel in DIR/gguf.
+export SLUICE_ROOT=$PWD SLUICE_GGUF_DIR=$PWD/$D/gguf
 for f in $D/*.xz; do xz -d $f; done; chmod +x $D/*
 T0=$(date +%s)
 el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
@@ -15,6 +17,7 @@ grep -E "^test |test result|panicked" $O/gpu.log | head -20
 timeout 100 $D/gpu-types-tests --test-threads=1 > $O/gpu-types.log 2>&1; el "gpu-types rc $?"
 grep -E "^test |test result|panicked" $O/gpu-types.log | head -10
 M=/var/tmp/goss20-4.gguf
+[ "${SKIP_BENCH:-}" = 1 ] && exit 0
 $D/sluice synth $M --preset gpt-oss-20b --layers 4 --skew 1.0 --seed 11 > $O/synth.log 2>&1; el "synth rc $?"
 P="The history of the lighthouse begins with the earliest fires lit on hills near harbours"
 for a in "--gpu off -t 16" "--gpu on"; do

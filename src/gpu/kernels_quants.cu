@@ -388,3 +388,16 @@ GEMM_KERNELS(q5_0, GQ5_0)
 GEMM_KERNELS(q5_1, GQ5_1)
 GEMM_KERNELS(iq4_nl, GIQ4_NL)
 GEMM_KERNELS(iq4_xs, GIQ4_XS)
+
+// The fused decode path's kernels (kernels_fused.cu: three matrices in one launch, the expert
+// down product that quantizes its own rows) for these 8-bit-activation types too.
+MMQ3_KERNEL(q4_1, QQ4_1)
+MMQ3_KERNEL(q5_0, QQ5_0)
+MMQ3_KERNEL(q5_1, QQ5_1)
+MMQ3_KERNEL(iq4_nl, QIQ4_NL)
+MMQ3_KERNEL(iq4_xs, QIQ4_XS)
+DOWN_QS_KERNEL(q4_1, QQ4_1)
+DOWN_QS_KERNEL(q5_0, QQ5_0)
+DOWN_QS_KERNEL(q5_1, QQ5_1)
+DOWN_QS_KERNEL(iq4_nl, QIQ4_NL)
+DOWN_QS_KERNEL(iq4_xs, QIQ4_XS)
