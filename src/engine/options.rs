@@ -263,7 +263,7 @@ impl EngineOptions {
         }
         if gpu_on {
             // What the CUDA backend lacks, from the one list (`gpu::refusal`); the context is
-            // the one asked for (the default is capped at V3.2's dense limit).
+            // the one asked for.
             let ctx = self.ctx.unwrap_or(0).max(self.min_ctx);
             if let Some(why) = crate::gpu::refusal(cfg, ctx) {
                 return Err(refused("--gpu on", why));
@@ -416,17 +416,15 @@ impl EngineOptions {
     }
 
     /// The context length to run with for a model whose hyperparameters are `cfg`: `ctx`, else
-    /// the model's own context length capped at 4096 (and at DeepSeek-V3.2's dense limit), and
-    /// at least `min_ctx` tokens. A context beyond the model's own length runs, with a one-line
+    /// the model's own context length capped at 4096, and at least `min_ctx` tokens (both
+    /// backends run DSA's indexer, so V3.2 / GLM-5 are not held to `index_topk`). A context beyond the model's own length runs, with a one-line
     /// warning on stderr (llama.cpp does the same): positions past it were never trained.
     pub fn ctx_for(&self, cfg: &ModelConfig) -> Result<usize, EngineError> {
         let max = cfg.train_ctx;
         if self.ctx == Some(0) {
             return Err(refused("-c 0", "the context must hold at least one token"));
         }
-        let auto = max
-            .min(4096)
-            .min(cfg.dense_attn_limit.unwrap_or(usize::MAX));
+        let auto = max.min(4096);
         let ctx = self.ctx.unwrap_or(auto).max(self.min_ctx);
         if ctx > max {
             eprintln!(
