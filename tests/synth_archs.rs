@@ -59,6 +59,26 @@ fn small(preset: &str) -> MoeSpec {
     s
 }
 
+/// `sluice run PATH` greedy on the fox prompt, 1 thread, with `extra` flags.
+fn sluice_run(path: &Path, n: &str, extra: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("run")
+        .arg(path)
+        .args(["-p", "The quick brown fox", "-n", n, "--temp", "0"])
+        .args(["--ignore-eos", "-t", "1"])
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+fn load(files: &ModelFiles) -> sluice::model::Model<'_> {
+    let opts = sluice::model::LoadOptions {
+        threads: 1,
+        ctx: 64,
+    };
+    sluice::model::Model::load(files, &opts).unwrap()
+}
+
 fn write(preset: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("synth-archs");
     std::fs::create_dir_all(&dir).unwrap();
@@ -221,14 +241,7 @@ fn check(
     assert!(files.tensor("blk.2.ffn_gate_exps.weight").is_some());
 
     // sluice's loader: family, routing, dense/MoE split as the preset says.
-    let model = sluice::model::Model::load(
-        &files,
-        &sluice::model::LoadOptions {
-            threads: 1,
-            ctx: 64,
-        },
-    )
-    .unwrap();
+    let model = load(&files);
     let c = &model.cfg;
     assert_eq!(c.family.name(), arch);
     assert_eq!((c.n_layers, c.n_dense_layers, c.n_mtp_layers), (2, 1, 1));
@@ -282,22 +295,7 @@ fn check(
     drop(model);
 
     // `sluice run` generates tokens from it.
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("run")
-        .arg(&path)
-        .args([
-            "-p",
-            "The quick brown fox",
-            "-n",
-            "4",
-            "--temp",
-            "0",
-            "--ignore-eos",
-            "-t",
-            "1",
-        ])
-        .output()
-        .unwrap();
+    let out = sluice_run(&path, "4", &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
@@ -307,24 +305,7 @@ fn check(
 
     // `--mtp 2` drafts with the MTP layer and emits plain greedy's text.
     let plain = String::from_utf8_lossy(&out.stdout).to_string();
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("run")
-        .arg(&path)
-        .args([
-            "-p",
-            "The quick brown fox",
-            "-n",
-            "4",
-            "--temp",
-            "0",
-            "--ignore-eos",
-            "-t",
-            "1",
-            "--mtp",
-            "2",
-        ])
-        .output()
-        .unwrap();
+    let out = sluice_run(&path, "4", &["--mtp", "2"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
@@ -368,29 +349,15 @@ fn top4_share(preset: &str, skew: f32) -> f64 {
     let mut spec = small(preset);
     spec.skew = skew;
     sluice::synth::write_random(&path, &spec, &mut |_, _| {}).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("run")
-        .arg(&path)
-        .args([
-            "-p",
-            "The quick brown fox",
-            "-n",
-            "64",
-            "--temp",
-            "0",
-            "--ignore-eos",
-        ])
-        .args([
-            "-t",
-            "1",
-            "--experts",
-            "stream",
-            "--usage-freeze",
-            "--route-trace",
-        ])
-        .arg(&trace)
-        .output()
-        .unwrap();
+    let trace_arg = trace.to_str().unwrap();
+    let flags = [
+        "--experts",
+        "stream",
+        "--usage-freeze",
+        "--route-trace",
+        trace_arg,
+    ];
+    let out = sluice_run(&path, "64", &flags);
     assert!(
         out.status.success(),
         "{}",
@@ -530,14 +497,7 @@ fn gpt_oss_synth_matches_the_converters_layout_and_runs() {
     ] {
         assert_eq!(files.tensor(name).unwrap().dtype, want, "{name}");
     }
-    let model = sluice::model::Model::load(
-        &files,
-        &sluice::model::LoadOptions {
-            threads: 1,
-            ctx: 64,
-        },
-    )
-    .unwrap();
+    let model = load(&files);
     let c = &model.cfg;
     assert_eq!(c.family.name(), "gpt-oss");
     assert_eq!(c.sliding_window, Some(128));
@@ -545,13 +505,7 @@ fn gpt_oss_synth_matches_the_converters_layout_and_runs() {
     assert!(c.attn_sinks && c.expert_bias && c.attn_bias && c.o_bias);
     assert_eq!((c.n_experts, c.n_experts_used), (16, 4));
     drop(model);
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("run")
-        .arg(&path)
-        .args(["-p", "The quick brown fox", "-n", "4", "--temp", "0"])
-        .args(["--ignore-eos", "-t", "1"])
-        .output()
-        .unwrap();
+    let out = sluice_run(&path, "4", &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "sluice run failed: {stderr}");
     assert!(stderr.contains("generated 4 tok"), "{stderr}");
