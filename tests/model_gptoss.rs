@@ -252,27 +252,3 @@ fn unknown_config_features_are_refused_by_name() {
         assert!(e.contains(needle), "{key}: {e}");
     }
 }
-
-/// `--gpu on` is refused before any GPU work, with one line naming gpt-oss.
-#[test]
-fn gpu_is_refused_with_one_line() {
-    let p = gguf("mxfp4");
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("gpt-oss-gpu-logits.npy");
-    let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args([
-            "logits",
-            p.to_str().unwrap(),
-            "--tokens",
-            "1,2,3",
-            "--gpu",
-            "on",
-        ])
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
-    assert!(err.contains("gpt-oss runs on the CPU only"), "{err}");
-}
