@@ -462,7 +462,7 @@ fn gemm_prefill_close_to_cpu_on_quantized_models() {
 /// first untimed pass), 512 tokens in forwards of `SLUICE_GEMM_BATCH` (512), three timed
 /// passes; `SLUICE_GPU_GEMM=0` for the matvec kernels. Asserts nothing about speed.
 #[test]
-#[ignore]
+#[ignore = "GPU benchmark, no assertion: run on the device with --ignored --nocapture"]
 fn prefill_report() {
     if !gpu_or_skip("prefill_report") {
         return;
@@ -515,7 +515,7 @@ fn prefill_report() {
 /// Prints TFLOP/s of the GEMM (and the matvec kernel it replaces) on prefill-sized products;
 /// asserts nothing about speed. `--ignored --nocapture`.
 #[test]
-#[ignore]
+#[ignore = "GPU benchmark, no assertion: run on the device with --ignored --nocapture"]
 fn gemm_tflops_report() {
     if !gpu_or_skip("gemm_tflops_report") {
         return;

@@ -655,7 +655,7 @@ fn gpu_runs_every_type_end_to_end_like_cpu() {
 /// and, where the type has one, the dp4a kernel the backend uses) on a matrix of ~512 MiB (far
 /// beyond L2), beside the device's copy bandwidth in the same run. Asserts nothing about speed.
 #[test]
-#[ignore]
+#[ignore = "GPU benchmark, no assertion: run on the device with --ignored --nocapture (scripts/gpu-check.sh style)"]
 fn gpu_types_bandwidth_report() {
     if !gpu_or_skip("gpu_types_bandwidth_report") {
         return;

@@ -1528,6 +1528,41 @@ impl GpuState {
         )
     }
 
+    /// MLA's absorbed queries of rows 0..n into `qcat` (`kv_lora + rope` per head): q's nope
+    /// part folded into latent space by `k_b` (arena offset), its rope part copied beside it.
+    pub(super) fn mla_qcat(
+        &self,
+        k_b: usize,
+        (nh, qk): (usize, usize),
+        (kv_lora, nope, rope): (usize, usize, usize),
+        n: usize,
+    ) -> Result<(), GpuError> {
+        let kc = kv_lora + rope;
+        let (q, qcat) = (self.bufs.q.ptr, self.bufs.qcat.ptr);
+        self.head_mv(
+            self.wa(k_b),
+            kv_lora,
+            nope,
+            nh,
+            n,
+            (q, nh * qk, qk),
+            (qcat, nh * kc, kc),
+        )?;
+        self.launch(
+            self.small.copy2d,
+            ((n * nh) as u32, 1, 1),
+            64,
+            0,
+            &[
+                (q + 4 * nope as u64).into(),
+                (qk as i32).into(),
+                (qcat + 4 * kv_lora as u64).into(),
+                (kc as i32).into(),
+                (rope as i32).into(),
+            ],
+        )
+    }
+
     /// MLA in absorbed form for rows 0..n of `q` (rope applied) over cache layer `l` (rows of
     /// latent and rope key, stored): per head, q's nope part folded into latent space by `k_b`,
     /// its rope part beside it, attention over the cache, the latent context expanded by `v_b`
@@ -1553,29 +1588,8 @@ impl GpuState {
         };
         let (nh, qk) = (cfg.n_heads, cfg.head_dim);
         let kc = kv_lora + rope;
-        let (q, qcat) = (self.bufs.q.ptr, self.bufs.qcat.ptr);
-        self.head_mv(
-            self.wa(k_b),
-            kv_lora,
-            nope,
-            nh,
-            n,
-            (q, nh * qk, qk),
-            (qcat, nh * kc, kc),
-        )?;
-        self.launch(
-            self.small.copy2d,
-            ((n * nh) as u32, 1, 1),
-            64,
-            0,
-            &[
-                (q + 4 * nope as u64).into(),
-                (qk as i32).into(),
-                (qcat + 4 * kv_lora as u64).into(),
-                (kc as i32).into(),
-                (rope as i32).into(),
-            ],
-        )?;
+        let qcat = self.bufs.qcat.ptr;
+        self.mla_qcat(k_b, (nh, qk), (kv_lora, nope, rope), n)?;
         let layer = self.bufs.kcache.f(l * self.ctx * kc);
         let clat = self.bufs.clat.ptr;
         self.attention(

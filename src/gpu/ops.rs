@@ -267,29 +267,8 @@ impl GpuState {
         };
         let (nh, qk) = (cfg.n_heads, cfg.head_dim);
         let kc = kv_lora + rope;
-        let (q, qcat, clat) = (self.bufs.q.ptr, self.bufs.qcat.ptr, self.bufs.clat.ptr);
-        self.head_mv(
-            self.wa(k_b),
-            kv_lora,
-            nope,
-            nh,
-            n,
-            (q, nh * qk, qk),
-            (qcat, nh * kc, kc),
-        )?;
-        self.launch(
-            self.small.copy2d,
-            ((n * nh) as u32, 1, 1),
-            64,
-            0,
-            &[
-                (q + 4 * nope as u64).into(),
-                (qk as i32).into(),
-                (qcat + 4 * kv_lora as u64).into(),
-                (kc as i32).into(),
-                (rope as i32).into(),
-            ],
-        )?;
+        let (qcat, clat) = (self.bufs.qcat.ptr, self.bufs.clat.ptr);
+        self.mla_qcat(k_b, (nh, qk), (kv_lora, nope, rope), n)?;
         let layer = self.bufs.kcache.f(l * self.ctx * kc);
         let mut c0 = 0;
         while c0 < n {
