@@ -371,3 +371,40 @@ fn bad_metadata_is_an_error_not_a_panic() {
     assert!(dec.push(&tok, 4).is_err());
     assert!(tok.decode(&[0, 7], false).is_err());
 }
+
+/// gpt-oss's harmony vocabulary: `<|end|>` closes a message, not the reply (the analysis message
+/// ends `<|end|>` and the final one follows), so only `<|return|>`, `<|call|>` (and
+/// `<|endoftext|>`) end generation, as in llama.cpp's vocabulary loader and in the
+/// `eos_token_id` list of gpt-oss's generation_config.json (tests/fixtures/models/gpt_oss:
+/// `<|return|>`, `<|call|>`). A vocabulary with `<|end|>` but no `<|call|>` (Phi-3's) keeps it.
+#[test]
+fn harmony_end_does_not_stop_generation() {
+    use sluice::format::MetaValue as M;
+    use std::collections::HashMap;
+    let s = |v: &str| M::String(v.to_string());
+    let meta = |toks: &[&str], eos: u32| -> HashMap<&'static str, M> {
+        let mut types = vec![M::I32(1); 3];
+        types.extend(toks[3..].iter().map(|_| M::I32(3)));
+        HashMap::from([
+            ("tokenizer.ggml.model", s("gpt2")),
+            ("tokenizer.ggml.pre", s("gpt-4o")),
+            (
+                "tokenizer.ggml.tokens",
+                M::Array(toks.iter().map(|x| s(x)).collect()),
+            ),
+            ("tokenizer.ggml.token_type", M::Array(types)),
+            ("tokenizer.ggml.merges", M::Array(vec![s("a b")])),
+            ("tokenizer.ggml.eos_token_id", M::U32(eos)),
+        ])
+    };
+    let load = |m: &HashMap<&'static str, M>| Tokenizer::from_gguf_meta(&|k| m.get(k)).unwrap();
+    let harmony = [
+        "a", "b", "ab", "<|endoftext|>", "<|return|>", "<|channel|>", "<|start|>", "<|end|>",
+        "<|message|>", "<|call|>",
+    ];
+    let tok = load(&meta(&harmony, 4));
+    assert_eq!(tok.eos_ids(), &[3, 4, 9], "<|endoftext|>, <|return|>, <|call|>");
+    let phi3 = ["a", "b", "ab", "<|endoftext|>", "<|end|>"];
+    let tok = load(&meta(&phi3, 3));
+    assert_eq!(tok.eos_ids(), &[3, 4], "<|endoftext|> and <|end|>");
+}

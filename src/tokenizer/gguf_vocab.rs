@@ -61,6 +61,20 @@ const EOG_TEXTS: &[&str] = &[
     "<｜end▁of▁sentence｜>",
 ];
 
+/// OpenAI's harmony vocabulary (gpt-oss) ends a message with `<|end|>` but a reply with
+/// `<|return|>` (or `<|call|>` for a tool call): between the analysis and the final message
+/// the model writes `<|end|><|start|>assistant`, so `<|end|>` must not stop generation. As
+/// llama.cpp does (and transformers' generation_config.json, which lists only `<|return|>`,
+/// `<|call|>` and `<|endoftext|>`): when `<|return|>` and `<|call|>` both end generation,
+/// `<|end|>` does not.
+fn drop_harmony_end(eog: &mut Vec<u32>, tokens: &[&str]) {
+    let text = |i: u32| tokens.get(i as usize).copied().unwrap_or("");
+    let has = |t: &str| eog.iter().any(|&i| text(i) == t);
+    if has("<|return|>") && has("<|call|>") {
+        eog.retain(|&i| text(i) != "<|end|>");
+    }
+}
+
 /// SentencePiece's visible space.
 const SPM_SPACE: &str = "\u{2581}";
 
@@ -473,6 +487,7 @@ pub(crate) fn from_meta(get: Get<'_, '_>) -> Result<GgufVocab, TokenizerError> {
     }
     eog.sort_unstable();
     eog.dedup();
+    drop_harmony_end(&mut eog, &tokens);
 
     let chat_template = match get("tokenizer.chat_template") {
         None => None,
