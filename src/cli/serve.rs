@@ -32,6 +32,13 @@ pub struct ServeArgs {
     /// calls are parsed; see docs/SERVER.md).
     #[arg(long = "chat-template")]
     pub chat_template: Option<PathBuf>,
+    /// Reasoning in chat replies: `auto` splits it off the content where the chat template
+    /// marks it (`<think>` blocks; gpt-oss's harmony analysis channel, whose commentary
+    /// calls become tool calls) into `reasoning_content` (Anthropic: `thinking` blocks), as
+    /// llama-server does; `none` leaves it in the content. A request's `reasoning_format`
+    /// field overrides it.
+    #[arg(long = "reasoning-format", default_value = "auto", value_parser = ["auto", "none"])]
+    pub reasoning_format: String,
     /// Save KV sessions here and restore them (also across restarts).
     #[arg(long = "kv-dir")]
     pub kv_dir: Option<PathBuf>,
@@ -158,6 +165,7 @@ pub fn run_cmd(args: ServeArgs) -> anyhow::Result<()> {
             .filter(|k| !k.is_empty()),
         model_id,
         chat_template,
+        split_reasoning: args.reasoning_format == "auto",
         ctx,
         sampling: args.sampling.params(),
         max_body: args.max_body,

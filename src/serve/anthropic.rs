@@ -14,12 +14,15 @@ use super::error::{ApiError, Dialect};
 use super::http::{Conn, Request};
 use super::openai::{collect, gone, text_content, wait_start};
 use super::params::{self, kind, Obj};
-use super::tools::{split_reply, ToolCall, ToolSplitter};
-use super::{chat_tokens, check_model, new_id, note, submit, GenRequest, Handled, Shared, Step};
+use super::reasoning::{Piece, ReasoningFormat, ReplyStream};
+use super::tools::ToolCall;
+use super::{
+    chat_tokens, check_model, new_id, note, submit, ChatPrompt, GenRequest, Handled, Shared, Step,
+};
 use serde_json::{json, Map, Value};
 
 /// The prompt's tokens and, when tools are on, the tools (in the OpenAI shape templates take).
-fn prompt(sh: &Shared, o: &Obj) -> Result<(Vec<u32>, Option<Vec<Value>>), ApiError> {
+fn prompt(sh: &Shared, o: &Obj) -> Result<(ChatPrompt, Option<Vec<Value>>), ApiError> {
     let mut msgs: Vec<Value> = Vec::new();
     match o.get("system").filter(|v| !v.is_null()) {
         None => {}
@@ -307,14 +310,17 @@ pub fn messages(
             ))
         }
     };
-    let (tokens, tools) = prompt(sh, &o)?;
+    let (prompt, tools) = prompt(sh, &o)?;
+    let reasoning = sh.reasoning.map(|f| (f, prompt.opens_reasoning));
+    let harmony = matches!(reasoning, Some((ReasoningFormat::Harmony, _)));
     let g = GenRequest {
-        tokens,
+        tokens: prompt.tokens,
         max_tokens: Some(max_tokens),
         sampling: params::sampling(&o, &sh.cfg.sampling)?,
         stop: params::stop_list(&o, "stop_sequences")?,
         ignore_eos: params::opt_bool(&o, "ignore_eos")?.unwrap_or(false),
-        special: tools.is_some(),
+        // Harmony's channel markers are control tokens: the split needs them in the text.
+        special: tools.is_some() || harmony,
     };
     let stream = params::opt_bool(&o, "stream")?.unwrap_or(false);
     let p = submit(sh, g)?;
@@ -330,11 +336,14 @@ pub fn messages(
             Ok(x) => x,
             Err(h) => return h,
         };
-        let (text, calls) = match &tools {
-            Some(t) => split_reply(sh.tool_format, text, t, &mut || tool_id()),
-            None => (text, Vec::new()),
-        };
-        let (content, reason, seq) = reply_shape(text, &calls, &fin.reason);
+        let reply = ReplyStream::new(reasoning, sh.tool_format, tools);
+        let (thought, text, calls) = reply.whole(&text, &mut || tool_id());
+        let (mut content, reason, seq) = reply_shape(text, &calls, &fin.reason);
+        if !thought.is_empty() {
+            // A reply cut off while thinking has only its thinking block (as streamed).
+            content.retain(|b| b != &json!({ "type": "text", "text": "" }));
+            content.insert(0, thinking_block(&thought));
+        }
         let body = json!({
             "id": id, "type": "message", "role": "assistant", "model": model, "content": content,
             "stop_reason": reason, "stop_sequence": seq, "usage": usage(&fin),
@@ -355,27 +364,25 @@ pub fn messages(
             "usage": { "input_tokens": prefilled, "output_tokens": 0, "cache_read_input_tokens": reused, "cache_creation_input_tokens": 0 },
         }
     });
-    let ok = event(conn, "message_start", &start)
-        && event(
-            conn,
-            "content_block_start",
-            &json!({ "type": "content_block_start", "index": 0, "content_block": { "type": "text", "text": "" } }),
-        )
-        && event(conn, "ping", &json!({ "type": "ping" }));
-    if !ok {
+    // Without a reasoning format the text block opens at once (index 0); with one, blocks
+    // open as pieces arrive: a `thinking` block, then the `text` block.
+    let mut blocks = Blocks::default();
+    let mut ok = event(conn, "message_start", &start);
+    if reasoning.is_none() {
+        ok = ok && blocks.open(conn, false);
+    }
+    if !(ok && event(conn, "ping", &json!({ "type": "ping" }))) {
         return Ok(gone(&p));
     }
-    let text_delta = |t: &str| json!({ "type": "content_block_delta", "index": 0, "delta": { "type": "text_delta", "text": t } });
-    let mut split = tools.map(|t| ToolSplitter::new(sh.tool_format, t));
+    let mut split = Some(ReplyStream::new(reasoning, sh.tool_format, tools));
     loop {
         match p.next(conn) {
             Step::Text(t) => {
-                let out = match &mut split {
-                    Some(s) => s.push(&t),
-                    None => t,
-                };
-                if !out.is_empty() && !event(conn, "content_block_delta", &text_delta(&out)) {
-                    return Ok(gone(&p));
+                let pieces = split.as_mut().map(|s| s.push(&t)).unwrap_or_default();
+                for piece in pieces {
+                    if !blocks.piece(conn, piece) {
+                        return Ok(gone(&p));
+                    }
                 }
             }
             Step::Done(fin) => {
@@ -392,17 +399,20 @@ pub fn messages(
                 let mut calls = Vec::new();
                 if let Some(s) = split.take() {
                     let (rest, c) = s.finish(&mut || tool_id());
-                    if !rest.is_empty() && !event(conn, "content_block_delta", &text_delta(&rest)) {
-                        return Ok(gone(&p));
+                    for piece in rest {
+                        if !blocks.piece(conn, piece) {
+                            return Ok(gone(&p));
+                        }
                     }
                     calls = c;
                 }
-                let mut ok = event(
-                    conn,
-                    "content_block_stop",
-                    &json!({ "type": "content_block_stop", "index": 0 }),
-                );
-                for (name, data) in tool_use_events(&calls, 1) {
+                // A reply with neither text nor calls still has its (empty) text block.
+                let mut ok = true;
+                if blocks.next == 0 && calls.is_empty() {
+                    ok = blocks.open(conn, false);
+                }
+                ok = ok && blocks.close(conn);
+                for (name, data) in tool_use_events(&calls, blocks.next) {
                     ok = ok && event(conn, name, &data);
                 }
                 let (reason, seq) = reply_stop(&fin.reason, &calls);
@@ -436,6 +446,60 @@ pub fn messages(
     }
 }
 
+/// A thinking block of a whole reply (the signature is empty: this server signs nothing).
+fn thinking_block(thought: &str) -> Value {
+    json!({ "type": "thinking", "thinking": thought, "signature": "" })
+}
+
+/// The content blocks of a streamed reply: which one is open, and the next index.
+#[derive(Default)]
+struct Blocks {
+    /// The open block: true for thinking, false for text.
+    open: Option<bool>,
+    next: usize,
+}
+
+impl Blocks {
+    /// Open a thinking (`thinking`) or text block at the next index. False if the client is
+    /// gone.
+    fn open(&mut self, conn: &mut Conn, thinking: bool) -> bool {
+        let block = if thinking {
+            json!({ "type": "thinking", "thinking": "", "signature": "" })
+        } else {
+            json!({ "type": "text", "text": "" })
+        };
+        let e =
+            json!({ "type": "content_block_start", "index": self.next, "content_block": block });
+        self.open = Some(thinking);
+        self.next += 1;
+        event(conn, "content_block_start", &e)
+    }
+
+    fn close(&mut self, conn: &mut Conn) -> bool {
+        match self.open.take() {
+            None => true,
+            Some(_) => event(
+                conn,
+                "content_block_stop",
+                &json!({ "type": "content_block_stop", "index": self.next - 1 }),
+            ),
+        }
+    }
+
+    /// Send a piece, in the open block if it is of its kind, else in a new one.
+    fn piece(&mut self, conn: &mut Conn, p: Piece) -> bool {
+        let (thinking, delta) = match &p {
+            Piece::Reasoning(t) => (true, json!({ "type": "thinking_delta", "thinking": t })),
+            Piece::Content(t) => (false, json!({ "type": "text_delta", "text": t })),
+        };
+        if self.open != Some(thinking) && !(self.close(conn) && self.open(conn, thinking)) {
+            return false;
+        }
+        let e = json!({ "type": "content_block_delta", "index": self.next - 1, "delta": delta });
+        event(conn, "content_block_delta", &e)
+    }
+}
+
 /// `POST /v1/messages/count_tokens`: the prompt's length after the chat template.
 pub fn count_tokens(
     sh: &Shared,
@@ -445,11 +509,11 @@ pub fn count_tokens(
 ) -> Result<Handled, ApiError> {
     let o = params::parse_object(&req.body)?;
     check_model(sh, &o)?;
-    let (tokens, _) = prompt(sh, &o)?;
+    let (prompt, _) = prompt(sh, &o)?;
     Ok(super::send_json(
         conn,
         200,
-        &json!({ "input_tokens": tokens.len() }),
+        &json!({ "input_tokens": prompt.tokens.len() }),
         keep,
     ))
 }

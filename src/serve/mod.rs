@@ -26,6 +26,7 @@ mod limits;
 mod metrics;
 mod openai;
 mod params;
+mod reasoning;
 mod tools;
 
 pub use error::{ApiError, ServeError};
@@ -56,6 +57,9 @@ pub struct ServeConfig {
     pub model_id: String,
     /// A chat template that replaces the model's own (`--chat-template`).
     pub chat_template: Option<String>,
+    /// Split reasoning (`<think>` blocks, harmony's analysis channel) off the content of chat
+    /// replies (`--reasoning-format auto`, the default); false leaves it in the text.
+    pub split_reasoning: bool,
     /// Context length (the engine passed to `run` must hold this many positions).
     pub ctx: usize,
     /// Sampling defaults for fields a request leaves out.
@@ -74,6 +78,8 @@ pub(crate) struct Shared {
     pub template: Option<String>,
     /// How this model writes tool calls (from its template, else its family).
     pub tool_format: tools::ToolFormat,
+    /// How this model marks its reasoning (from its template), when replies split it off.
+    pub reasoning: Option<reasoning::ReasoningFormat>,
     pub queue: Queue,
     pub metrics: Arc<Metrics>,
     pub stopping: AtomicBool,
@@ -121,6 +127,8 @@ pub fn run(
         .map_err(|e| ServeError::ChatTemplate(e.to_string()))?;
     }
     let tool_format = tools::ToolFormat::detect(template.as_deref(), engine.model.cfg.family);
+    let reasoning = reasoning::ReasoningFormat::detect(template.as_deref());
+    let reasoning = reasoning.filter(|_| cfg.split_reasoning);
     let generator = Generator::new(engine, metrics.clone());
 
     let addr = format!("{}:{}", cfg.host, cfg.port);
@@ -152,6 +160,7 @@ pub fn run(
         tok,
         template,
         tool_format,
+        reasoning,
         metrics,
         stopping: AtomicBool::new(false),
         started,
@@ -165,10 +174,19 @@ pub fn run(
             .spawn(move || generator.run(&sh.queue, &abort))?
     };
     eprintln!(
-        "[serve] model {:?} (context {}, tool calls parsed as {}) listening on http://{local}",
+        "[serve] model {:?} (context {}, tool calls parsed as {}, reasoning {}) listening on http://{local}",
         shared.cfg.model_id,
         shared.cfg.ctx,
-        shared.tool_format.name()
+        if shared.reasoning == Some(reasoning::ReasoningFormat::Harmony) {
+            "harmony channels"
+        } else {
+            shared.tool_format.name()
+        },
+        match shared.reasoning {
+            Some(f) => format!("split off as reasoning_content: {}", f.name()),
+            None if shared.cfg.split_reasoning => "not marked by the template".into(),
+            None => "left in the content (--reasoning-format none)".into(),
+        }
     );
 
     // Only connections inside a request count against --max-connections (http::Slots).
@@ -503,12 +521,19 @@ pub(crate) fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
+/// A rendered, tokenized chat prompt.
+pub(crate) struct ChatPrompt {
+    pub tokens: Vec<u32>,
+    /// The template opened the reasoning block (the reply starts inside it).
+    pub opens_reasoning: bool,
+}
+
 /// Render the chat template over template-ready messages and tokenize the result.
 pub(crate) fn chat_tokens(
     sh: &Shared,
     messages: &[Value],
     extra: &serde_json::Map<String, Value>,
-) -> Result<Vec<u32>, ApiError> {
+) -> Result<ChatPrompt, ApiError> {
     let template = sh.template.as_deref().ok_or_else(|| {
         ApiError::new(
             400,
@@ -525,7 +550,10 @@ pub(crate) fn chat_tokens(
         Some(&extra),
     )
     .map_err(|e| ApiError::param("messages", e.to_string()))?;
-    limits::encode_prompt(&sh.tok, &text, false, sh.cfg.ctx, "messages")
+    Ok(ChatPrompt {
+        tokens: limits::encode_prompt(&sh.tok, &text, false, sh.cfg.ctx, "messages")?,
+        opens_reasoning: sh.reasoning.is_some_and(|f| f.opens_in_prompt(&text)),
+    })
 }
 
 /// What a generation endpoint asks of the generator.

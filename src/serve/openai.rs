@@ -13,7 +13,8 @@ use super::engine::{FinishReason, Finished};
 use super::error::{ApiError, Dialect};
 use super::http::{Conn, Request};
 use super::params::{self, kind, Obj};
-use super::tools::{split_reply, ToolCall, ToolSplitter};
+use super::reasoning::{Piece, ReasoningFormat, ReplyStream};
+use super::tools::ToolCall;
 use super::{
     chat_tokens, check_model, new_id, note, submit, unix_now, GenRequest, Handled, Pending, Shared,
     Step,
@@ -158,7 +159,24 @@ pub fn chat(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Result<H
     if tools_on {
         extra.insert("tools".into(), Value::Array(tools.clone()));
     }
-    let tokens = chat_tokens(sh, &msgs, &extra)?;
+    let prompt = chat_tokens(sh, &msgs, &extra)?;
+    // llama-server's per-request `reasoning_format`: "none" leaves reasoning in the content.
+    let split_reasoning = match o.get("reasoning_format").filter(|v| !v.is_null()) {
+        None => true,
+        Some(Value::String(s)) if matches!(s.as_str(), "auto" | "deepseek") => true,
+        Some(Value::String(s)) if s == "none" => false,
+        Some(v) => {
+            return Err(ApiError::param(
+                "reasoning_format",
+                format!("`reasoning_format` must be \"auto\", \"deepseek\" or \"none\", got {v}"),
+            ))
+        }
+    };
+    let reasoning = sh
+        .reasoning
+        .filter(|_| split_reasoning)
+        .map(|f| (f, prompt.opens_reasoning));
+    let tokens = prompt.tokens;
     let max_tokens = match params::opt_u64(&o, "max_completion_tokens")? {
         Some(m) => Some(m),
         None => params::opt_u64(&o, "max_tokens")?,
@@ -169,7 +187,8 @@ pub fn chat(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Result<H
         sampling: params::sampling(&o, &sh.cfg.sampling)?,
         stop: params::stop_list(&o, "stop")?,
         ignore_eos: params::opt_bool(&o, "ignore_eos")?.unwrap_or(false),
-        special: tools_on,
+        // Harmony's channel markers are control tokens: the split needs them in the text.
+        special: tools_on || matches!(reasoning, Some((ReasoningFormat::Harmony, _))),
     };
     let stream = params::opt_bool(&o, "stream")?.unwrap_or(false);
     let include_usage = match o.get("stream_options").filter(|v| !v.is_null()) {
@@ -194,13 +213,13 @@ pub fn chat(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Result<H
             Ok(x) => x,
             Err(h) => return h,
         };
-        let (content, calls) = if tools_on {
-            split_reply(sh.tool_format, text, &tools, &mut || new_id("call_"))
-        } else {
-            (text, Vec::new())
-        };
+        let reply = ReplyStream::new(reasoning, sh.tool_format, tools_on.then_some(tools));
+        let (thought, content, calls) = reply.whole(&text, &mut || new_id("call_"));
         let reason = chat_finish_reason(&fin.reason, &calls);
-        let message = chat_message(content, &calls);
+        let mut message = chat_message(content, &calls);
+        if !thought.is_empty() {
+            message["reasoning_content"] = json!(thought);
+        }
         let body = json!({
             "id": id, "object": "chat.completion", "created": created, "model": model,
             "choices": [{ "index": 0, "message": message, "logprobs": null, "finish_reason": reason }],
@@ -227,16 +246,24 @@ pub fn chat(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Result<H
     ) {
         return Ok(gone(&p));
     }
-    let mut split = tools_on.then(|| ToolSplitter::new(sh.tool_format, tools));
+    let mut split = Some(ReplyStream::new(
+        reasoning,
+        sh.tool_format,
+        tools_on.then_some(tools),
+    ));
+    // A piece as a delta: reasoning as `reasoning_content` (llama-server's field).
+    let delta = |p: Piece| match p {
+        Piece::Reasoning(r) => json!({ "reasoning_content": r }),
+        Piece::Content(c) => json!({ "content": c }),
+    };
     loop {
         match p.next(conn) {
             Step::Text(t) => {
-                let out = match &mut split {
-                    Some(s) => s.push(&t),
-                    None => t,
-                };
-                if !out.is_empty() && !sse(conn, &chunk(json!({ "content": out }), None)) {
-                    return Ok(gone(&p));
+                let pieces = split.as_mut().map(|s| s.push(&t)).unwrap_or_default();
+                for piece in pieces {
+                    if !sse(conn, &chunk(delta(piece), None)) {
+                        return Ok(gone(&p));
+                    }
                 }
             }
             Step::Done(fin) => {
@@ -254,8 +281,10 @@ pub fn chat(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Result<H
                 let mut calls = Vec::new();
                 if let Some(s) = split.take() {
                     let (rest, c) = s.finish(&mut || new_id("call_"));
-                    if !rest.is_empty() && !sse(conn, &chunk(json!({ "content": rest }), None)) {
-                        return Ok(gone(&p));
+                    for piece in rest {
+                        if !sse(conn, &chunk(delta(piece), None)) {
+                            return Ok(gone(&p));
+                        }
                     }
                     calls = c;
                     if !calls.is_empty() && !sse(conn, &chunk(tool_calls_delta(&calls), None)) {

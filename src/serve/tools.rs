@@ -308,7 +308,9 @@ impl ToolSplitter {
 }
 
 /// Content and calls of a whole reply: the calls parsed in `format`, or the text as it is.
-pub fn split_reply(
+/// (Replies go through `reasoning::ReplyStream`; this is the tests' shorthand.)
+#[cfg(test)]
+fn split_reply(
     format: ToolFormat,
     text: String,
     tools: &[Value],

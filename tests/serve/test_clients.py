@@ -319,6 +319,53 @@ def messages_stop_sequence_and_blocks():
     assert r.stop_reason in ("end_turn", "max_tokens", "tool_use")
 
 
+@check
+def reasoning_is_split_off_alike_everywhere():
+    """The built-in model's template (DeepSeek-V3.1's) opens `<think>` when thinking is on: the
+    reply's text up to `</think>` is reasoning (`reasoning_content`, Anthropic `thinking`
+    blocks), the rest content, as llama-server splits it; `reasoning_format: none` gives the
+    raw text; streamed and whole replies and both APIs agree."""
+    c = oai()
+    msgs = chat_msgs("Why is the sky blue?")
+    kw = dict(model=ARGS.model, messages=msgs, max_tokens=16, temperature=0)
+    think = {"ignore_eos": True, "chat_template_kwargs": {"thinking": True}}
+    raw = c.chat.completions.create(**kw, extra_body=dict(think, reasoning_format="none")).choices[0].message
+    text = raw.content
+    assert not (raw.model_extra or {}).get("reasoning_content"), raw
+    m = c.chat.completions.create(**kw, extra_body=think).choices[0].message
+    r, content = (m.model_extra or {}).get("reasoning_content", ""), m.content or ""
+    if "</think>" in text:
+        want_r, want_c = text.split("</think>", 1)[0].strip(), text.split("</think>", 1)[1].lstrip()
+    else:
+        want_r, want_c = text.strip(), ""
+    assert (r, content) == (want_r, want_c), (r, content, text)
+    assert r, "the reply starts inside the opened block"
+    chunks = list(c.chat.completions.create(**kw, stream=True, extra_body=think))
+    deltas = [k.choices[0].delta for k in chunks if k.choices]
+    sr = "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas)
+    sc = "".join(d.content or "" for d in deltas)
+    assert (sr, sc) == (r, content), (sr, sc, r, content)
+    # Thinking off: the template closes the block, everything is content.
+    off = c.chat.completions.create(**kw, extra_body={"ignore_eos": True}).choices[0].message
+    assert not (off.model_extra or {}).get("reasoning_content") and off.content, off
+
+    a = anth()
+    system = [m["content"] for m in msgs if m["role"] == "system"]
+    turns = [m for m in msgs if m["role"] != "system"]
+    akw = dict(model=ARGS.model, max_tokens=16, messages=turns, thinking={"type": "enabled", "budget_tokens": 1024},
+               extra_body={"ignore_eos": True, "temperature": 0}, **({"system": system[0]} if system else {}))
+    msg = a.messages.create(**akw)
+    assert msg.content[0].type == "thinking" and msg.content[0].thinking == r, msg.content
+    texts = [b.text for b in msg.content if b.type == "text"]
+    assert "".join(texts) == content, (texts, content)
+    with a.messages.stream(**akw) as s:
+        for _ in s:
+            pass
+        final = s.get_final_message()
+    assert [b.type for b in final.content] == [b.type for b in msg.content], final.content
+    assert final.content[0].thinking == r, final.content
+
+
 # --- Bad input: the right 4xx, the right error shape, and the server keeps serving --------
 
 
