@@ -627,7 +627,10 @@ fn gpu_hybrid_greedy_matches_transformers() {
             let (mut r, _) = state(&model, &files, 5, ne, Some(&opts(None, Staging::Arena)));
             let (toks, _) = greedy(&model, &mut r, &prompt, want.len());
             assert_eq!(toks, want, "{f} {what}: GPU greedy tokens");
-            eprintln!("{f} {what}: {} greedy tokens identical to transformers", want.len());
+            eprintln!(
+                "{f} {what}: {} greedy tokens identical to transformers",
+                want.len()
+            );
         }
     }
 }

@@ -42,13 +42,11 @@ fn logits_gpu_on(model: &Path, extra: &[&str]) -> (Option<i32>, String, PathBuf)
 
 #[test]
 fn gpu_on_refuses_what_the_device_cannot_run_with_one_line() {
-    let cases: [(&str, &[&str], &[&str]); 1] = [
-        (
-            "deepseek_v4",
-            &[],
-            &["--gpu on", "has not been validated on the GPU"],
-        ),
-    ];
+    let cases: [(&str, &[&str], &[&str]); 1] = [(
+        "deepseek_v4",
+        &[],
+        &["--gpu on", "has not been validated on the GPU"],
+    )];
     for (name, extra, needles) in cases {
         let (code, err, out) = logits_gpu_on(&fixture(name), extra);
         assert_eq!(code, Some(1), "{name}: {err}");

@@ -21,8 +21,8 @@ use crate::kernels::WeightView;
 use crate::model::backend::{
     qk_prep_ops, At, Backend, Buf, Cache, Device, DeviceStats, GqaShape, HeadNorms, QkPrep, Rows,
 };
-use crate::model::qwen3next::{DeltaNet, GatedAttn};
 use crate::model::config::RopeLayout;
+use crate::model::qwen3next::{DeltaNet, GatedAttn};
 use crate::model::weights::{Mla, Moe};
 use crate::model::{Model, ModelError, Prof, State};
 use std::time::Instant;
@@ -350,7 +350,7 @@ impl Backend for GpuBackend<'_, '_> {
             // Plain MLA has no V side (V3.2's indexer keys go there).
             return Ok(());
         }
-        if pos != self.g.at.0 || layer >= self.model.cfg.n_layers {
+        if pos != self.g.at.0 || layer >= self.model.cfg.kv_layers() {
             return Err(unsupported(format!(
                 "cache write of layer {layer} at {pos} (the chunk is at {})",
                 self.g.at.0
@@ -531,7 +531,7 @@ impl Backend for GpuBackend<'_, '_> {
             && (1..=256).contains(&hd)
             && 2 * self.model.rope.half() <= hd
             && at.pos == self.g.at.0
-            && l < self.model.cfg.n_layers
+            && l < self.model.cfg.kv_layers()
             && p.q.width.is_multiple_of(hd)
             && p.k.width == kc
             && p.v.width == vc
@@ -635,16 +635,8 @@ impl Backend for GpuBackend<'_, '_> {
         let padd = self.padd(at.pos);
         let (h, eps) = (cfg.hidden, cfg.rms_eps);
         let this = &*self;
-        this.g.delta_net(
-            li,
-            n,
-            padd,
-            d,
-            |w| this.mat(w),
-            |v| this.vec(v),
-            h,
-            eps,
-        )
+        this.g
+            .delta_net(li, n, padd, d, |w| this.mat(w), |v| this.vec(v), h, eps)
     }
 
     fn prefetch(&mut self, _next: usize, _n: usize) -> Result<(), ModelError> {

@@ -94,7 +94,12 @@ fn qkvz_order(hy: &Hybrid) -> Vec<usize> {
     let (dk, dv, r) = (hy.k_dim, hy.v_dim, hy.v_heads / hy.k_heads);
     let group = 2 * dk + 2 * r * dv;
     let mut order = Vec::with_capacity(hy.k_heads * group);
-    for (start, len) in [(0, dk), (dk, dk), (2 * dk, r * dv), (2 * dk + r * dv, r * dv)] {
+    for (start, len) in [
+        (0, dk),
+        (dk, dk),
+        (2 * dk, r * dv),
+        (2 * dk + r * dv, r * dv),
+    ] {
         for g in 0..hy.k_heads {
             order.extend(g * group + start..g * group + start + len);
         }
@@ -186,9 +191,10 @@ impl GpuState {
         let qkv = mat(&d.in_qkv)?;
         self.mm(&qkv, xn, h, n, mixed, w)?;
         if qkv.rows == cd {
-            let z = d.in_z.as_ref().ok_or_else(|| {
-                GpuError::Config("Gated DeltaNet without a z projection".into())
-            })?;
+            let z = d
+                .in_z
+                .as_ref()
+                .ok_or_else(|| GpuError::Config("Gated DeltaNet without a z projection".into()))?;
             self.mm(&mat(z)?, xn, h, n, mixed + 4 * cd as u64, w)?;
         }
         self.mm(&mat(&d.in_b)?, xn, h, n, ba, 2 * nv)?;

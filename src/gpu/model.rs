@@ -689,7 +689,9 @@ impl GpuState {
         };
         let ffn = cfg.dense_ffn.max(cfg.shared_ffn).max(1);
         let att_rows = (bsz).min(((1usize << 26) / (cfg.n_heads * ctx).max(1)).max(1));
-        let n_layers = cfg.n_layers;
+        // Layers with a KV cache (Qwen3-Next / Qwen3.5: the full-attention ones, in compact
+        // slots; their linear layers' state is `hybrid.rs`'s).
+        let n_layers = cfg.kv_layers();
         // Widest input of any matrix product (quantized-activation scratch).
         let max_cols = [
             h,
