@@ -19,9 +19,10 @@ use super::driver::Stream;
 use super::model::{key, GpuState, Mat, Residual};
 use crate::kernels::WeightView;
 use crate::model::backend::{
-    qk_prep_ops, At, Backend, Buf, Cache, Device, DeviceStats, GqaShape, QkPrep, Rows,
+    qk_prep_ops, At, Backend, Buf, Cache, Device, DeviceStats, GqaShape, HeadNorms, QkPrep, Rows,
 };
 use crate::model::config::RopeLayout;
+use crate::model::qwen3next::{DeltaNet, GatedAttn};
 use crate::model::weights::{Mla, Moe};
 use crate::model::{Model, ModelError, Prof, State};
 use std::time::Instant;
@@ -349,7 +350,7 @@ impl Backend for GpuBackend<'_, '_> {
             // Plain MLA has no V side (V3.2's indexer keys go there).
             return Ok(());
         }
-        if pos != self.g.at.0 || layer >= self.model.cfg.n_layers {
+        if pos != self.g.at.0 || layer >= self.model.cfg.kv_layers() {
             return Err(unsupported(format!(
                 "cache write of layer {layer} at {pos} (the chunk is at {})",
                 self.g.at.0
@@ -530,7 +531,7 @@ impl Backend for GpuBackend<'_, '_> {
             && (1..=256).contains(&hd)
             && 2 * self.model.rope.half() <= hd
             && at.pos == self.g.at.0
-            && l < self.model.cfg.n_layers
+            && l < self.model.cfg.kv_layers()
             && p.q.width.is_multiple_of(hd)
             && p.k.width == kc
             && p.v.width == vc
@@ -558,6 +559,84 @@ impl Backend for GpuBackend<'_, '_> {
             l,
             n,
         )?)
+    }
+
+    // Qwen3-Next / Qwen3.5 (hybrid.rs has the launchers, kernels_hybrid.cu the kernels).
+    fn gated_attention(
+        &mut self,
+        l: usize,
+        n: usize,
+        at: At,
+        a: &GatedAttn<'_>,
+    ) -> Result<(), ModelError> {
+        self.flush()?;
+        let cfg = &self.model.cfg;
+        let (h, qd, kvd, hd) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
+        // Only the full-attention layers keep KV: their own compact slots.
+        let slot = cfg
+            .hybrid
+            .as_deref()
+            .and_then(|hy| hy.kv_slot(l))
+            .ok_or_else(|| {
+                ModelError::Config(format!("layer {l} is not a full-attention layer"))
+            })?;
+        let (wq, wk, wv) = (self.mat(&a.wq)?, self.mat(&a.wk)?, self.mat(&a.wv)?);
+        let g = &self.g;
+        let xn = g.bufs.xn.ptr;
+        g.mm(&wq, xn, h, n, g.hybrid()?.qg.ptr, 2 * qd)?;
+        g.mm(&wk, xn, h, n, g.bufs.k.ptr, kvd)?;
+        g.mm(&wv, xn, h, n, g.bufs.v.ptr, kvd)?;
+        g.gated_split(n, cfg.n_heads, hd)?;
+        let prep = QkPrep {
+            q: Rows::of(Buf::Q, qd),
+            k: Rows::of(Buf::K, kvd),
+            v: Rows::of(Buf::V, kvd),
+            head_dim: hd,
+            norm: Some(HeadNorms {
+                q_part: hd,
+                k_part: hd,
+                q: &a.q_norm,
+                k: &a.k_norm,
+                eps: cfg.rms_eps,
+            }),
+            clip: None,
+            layout: cfg.rope_layout,
+        };
+        self.qk_prep(slot, n, at, prep)?;
+        let shape = GqaShape {
+            heads: cfg.n_heads,
+            kv_heads: cfg.n_kv_heads,
+            head_dim: hd,
+            scale: cfg.attn_scale,
+            window: None,
+            sinks: None,
+        };
+        self.attend(slot, n, at.pos, shape)?;
+        self.g.gate_output(n, qd)?;
+        self.matmul(Rows::of(Buf::Att, qd), n, &[(&a.wo, Buf::Proj)])
+    }
+
+    fn delta_net(
+        &mut self,
+        l: usize,
+        n: usize,
+        at: At,
+        d: &DeltaNet<'_>,
+    ) -> Result<(), ModelError> {
+        self.flush()?;
+        let cfg = &self.model.cfg;
+        let li = cfg
+            .hybrid
+            .as_deref()
+            .and_then(|hy| hy.linear_index(l))
+            .ok_or_else(|| {
+                ModelError::Config(format!("layer {l} is not a linear-attention layer"))
+            })?;
+        let padd = self.padd(at.pos);
+        let (h, eps) = (cfg.hidden, cfg.rms_eps);
+        let this = &*self;
+        this.g
+            .delta_net(li, n, padd, d, |w| this.mat(w), |v| this.vec(v), h, eps)
     }
 
     fn prefetch(&mut self, _next: usize, _n: usize) -> Result<(), ModelError> {

@@ -26,6 +26,8 @@ pub mod driver;
 #[cfg(feature = "cuda")]
 pub mod gemm;
 #[cfg(feature = "cuda")]
+mod hybrid;
+#[cfg(feature = "cuda")]
 pub mod model;
 #[cfg(feature = "cuda")]
 mod ops;
@@ -120,7 +122,8 @@ pub fn refusal(cfg: &crate::model::ModelConfig, _ctx: usize) -> Option<String> {
     // family's operations reach the GPU as the trait's default bodies until its port is
     // validated there, so it is refused by name rather than run unchecked. Sliding windows,
     // attention sinks, clip_qkv, gpt-oss's biased clamped-SwiGLU experts and DSA's lightning
-    // indexer (V3.2, GLM-5) have kernels (`ops.rs`).
+    // indexer (V3.2, GLM-5) have kernels (`ops.rs`); Qwen3-Next / Qwen3.5-MoE's hybrid layers
+    // too (`hybrid.rs`).
     use crate::model::Family;
     if !matches!(
         cfg.family,
@@ -131,6 +134,8 @@ pub fn refusal(cfg: &crate::model::ModelConfig, _ctx: usize) -> Option<String> {
             | Family::Glm4Moe
             | Family::GptOss
             | Family::GlmDsa
+            | Family::Qwen3Next
+            | Family::Qwen35Moe
     ) {
         return Some(format!(
             "the {:?} family has not been validated on the GPU backend (tests/gpu.rs); use --gpu off",

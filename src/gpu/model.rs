@@ -126,6 +126,8 @@ struct GMoe {
     geo: MoeGeo,
     /// The router's bias (gpt-oss), f32 in the arena.
     router_bias: Option<usize>,
+    /// Qwen3-Next's shared-expert gate vector, f32 in the arena (`hybrid.rs`).
+    shared_gate: Option<usize>,
 }
 
 /// A MoE layer's routed-expert geometry (all its experts share it).
@@ -311,6 +313,8 @@ pub struct GpuState {
     pub(super) mla: bool,
     /// DeepSeek-V3.2 / GLM-5: the lightning indexer's buffers (`ops.rs`).
     pub(super) idx: Option<super::ops::IdxState>,
+    /// Qwen3-Next / Qwen3.5: the linear layers' states and the mixers' scratch (`hybrid.rs`).
+    pub(super) hybrid: Option<super::hybrid::HybridDev>,
     pub(super) gpu: Gpu,
 }
 
@@ -345,7 +349,7 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
 /// single allocation exists.
 /// Each piece is keyed by the host address and length of what it copies, so a weight the
 /// graph passes again (tied embeddings) maps to one device copy.
-struct Builder<'a> {
+pub(super) struct Builder<'a> {
     gpu: &'a Gpu,
     pieces: Vec<(usize, Cow<'a, [u8]>)>,
     total: usize,
@@ -368,7 +372,7 @@ impl<'a> Builder<'a> {
         off
     }
 
-    fn vec(&mut self, v: &[f32]) -> usize {
+    pub(super) fn vec(&mut self, v: &[f32]) -> usize {
         if let Some(&o) = self.vecs.get(&key(v)) {
             return o;
         }
@@ -412,13 +416,50 @@ impl<'a> Builder<'a> {
         Ok(f)
     }
 
-    fn mat(&mut self, v: &WeightView<'a>, what: &str) -> Result<Mat, GpuError> {
+    pub(super) fn mat(&mut self, v: &WeightView<'a>, what: &str) -> Result<Mat, GpuError> {
         if let Some(m) = self.mats.get(&key(v.bytes)) {
             return Ok(*m);
         }
         let f = self.fns(v.dtype, what)?;
         let rb = v.bytes.len() / v.rows.max(1);
         let off = self.put(Cow::Borrowed(v.bytes));
+        let m = Mat {
+            off,
+            rows: v.rows,
+            cols: v.cols,
+            rb,
+            f,
+        };
+        self.mats.insert(key(v.bytes), m);
+        Ok(m)
+    }
+
+    /// `v` with its rows reordered (row i of the device copy is row `order[i]` of `v`), mapped
+    /// from `v`'s host bytes like `mat` (the hybrid layers' grouped projections, `hybrid.rs`).
+    pub(super) fn mat_reordered(
+        &mut self,
+        v: &WeightView<'a>,
+        order: &[usize],
+        what: &str,
+    ) -> Result<Mat, GpuError> {
+        if let Some(m) = self.mats.get(&key(v.bytes)) {
+            return Ok(*m);
+        }
+        let f = self.fns(v.dtype, what)?;
+        let rb = v.bytes.len() / v.rows.max(1);
+        if order.len() != v.rows || order.iter().any(|&r| r >= v.rows) {
+            return Err(GpuError::Config(format!(
+                "{what}: a row order of {} rows for a {}-row weight",
+                order.len(),
+                v.rows
+            )));
+        }
+        let bytes: Vec<u8> = order
+            .iter()
+            .flat_map(|&r| &v.bytes[r * rb..(r + 1) * rb])
+            .copied()
+            .collect();
+        let off = self.put(Cow::Owned(bytes));
         let m = Mat {
             off,
             rows: v.rows,
@@ -519,10 +560,13 @@ impl GpuState {
                         b.vec(v);
                     }
                 }
-                Attention::Hybrid(_) => {
-                    return Err(GpuError::Config(format!(
-                        "{what}: Qwen3-Next hybrid layers run on the CPU only"
-                    )))
+                Attention::Hybrid(m) => {
+                    let Some(hy) = cfg.hybrid.as_deref() else {
+                        return Err(GpuError::Config(format!(
+                            "{what}: a hybrid mixer in a model without hybrid layers"
+                        )));
+                    };
+                    super::hybrid::upload_mixer(&mut b, m, hy, &what)?;
                 }
                 Attention::Mla(a) => {
                     if let (Some(m), Some(n)) = (&a.q_a, &a.q_a_norm) {
@@ -574,6 +618,7 @@ impl GpuState {
                         router_bias: m.router_bias.as_deref().map(|v| b.vec(v)),
                         bias: m.score_bias.as_deref().map(|v| b.vec(v)),
                         shared: m.shared.as_ref().map(|s| b.mlp(s, &what)).transpose()?,
+                        shared_gate: m.shared_gate.as_deref().map(|g| b.vec(g)),
                         geo: MoeGeo {
                             idx: moe_idx,
                             gate_up: b.fns(x0.gate.dtype, &what)?,
@@ -644,7 +689,9 @@ impl GpuState {
         };
         let ffn = cfg.dense_ffn.max(cfg.shared_ffn).max(1);
         let att_rows = (bsz).min(((1usize << 26) / (cfg.n_heads * ctx).max(1)).max(1));
-        let n_layers = cfg.n_layers;
+        // Layers with a KV cache (Qwen3-Next / Qwen3.5: the full-attention ones, in compact
+        // slots; their linear layers' state is `hybrid.rs`'s).
+        let n_layers = cfg.kv_layers();
         // Widest input of any matrix product (quantized-activation scratch).
         let max_cols = [
             h,
@@ -653,6 +700,7 @@ impl GpuState {
             ffn,
             q_lora,
             cfg.n_heads * cfg.head_dim,
+            cfg.hybrid.as_deref().map_or(0, |hy| hy.value_dim()),
         ]
         .into_iter()
         .max()
@@ -873,6 +921,11 @@ impl GpuState {
                 idx: cfg
                     .indexer
                     .map(|ix| super::ops::IdxState::new(&gpu, ix, bsz, ctx))
+                    .transpose()?,
+                hybrid: cfg
+                    .hybrid
+                    .as_deref()
+                    .map(|hy| super::hybrid::HybridDev::new(&gpu, cfg, hy, bsz))
                     .transpose()?,
                 gpu,
             },
@@ -2077,7 +2130,10 @@ impl GpuState {
         )?;
         if let Some(sh) = shared {
             self.mlp(&sh, n)?;
-            self.add(self.bufs.proj.ptr, self.bufs.down.ptr, n * h)?;
+            match gm.shared_gate {
+                Some(g) => self.shared_gate_add(g, self.bufs.down.ptr, n, h)?,
+                None => self.add(self.bufs.proj.ptr, self.bufs.down.ptr, n * h)?,
+            }
         }
         Ok(false)
     }
