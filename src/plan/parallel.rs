@@ -10,8 +10,9 @@
 //!   the formula gives 29.1);
 //! - a sequence's token reuses a share `r` of its previous token's experts (`reuse`); those
 //!   are still cached when the cache's `C` slots per layer hold the previous step's union, else
-//!   only a share `C / U(n)` of them; the cache's other `C - U(n)` slots hit at the uniform
-//!   rate `(C - U(n)) / E` for the rest: `hit = r min(1, C/U) + (1 - r) max(0, C - U) / E`;
+//!   only a share `C / U(n)` of them; the cache's other `C - U(n)` slots hold that many of
+//!   the `E - U(n)` other experts for the rest (uniform routing):
+//!   `hit = r min(1, C/U) + (1 - r) max(0, C - U) / (E - U)`;
 //! - expert bytes from disk per generated token `= (1 - hit) U(n) L slot / n` (the union is
 //!   read once for all the step's rows).
 //!
@@ -92,7 +93,8 @@ pub fn slot_costs(s: &SlotInputs) -> Vec<SlotCost> {
                 1.0
             } else {
                 let own = r * (c / u).min(1.0);
-                let rest = (1.0 - r) * ((c - u).max(0.0) / e.max(1) as f64);
+                let others = (e as f64 - u).max(1e-9);
+                let rest = (1.0 - r) * ((c - u).max(0.0) / others).min(1.0);
                 (own + rest).min(1.0)
             };
             SlotCost {
@@ -124,6 +126,15 @@ pub fn decide(costs: &[SlotCost], tolerance: f64) -> SlotDecision {
         };
     };
     let bytes = |c: &SlotCost| c.disk_bytes_per_token.max(0.0);
+    if costs.iter().all(|c| bytes(c) < 1.0) {
+        return SlotDecision {
+            n: last.n,
+            reason: format!(
+                "experts stream, but the cache holds every expert a step needs: no reads to share; {} slots",
+                last.n
+            ),
+        };
+    }
     let best = costs.iter().map(bytes).fold(f64::INFINITY, f64::min);
     let pick = costs
         .iter()
@@ -179,18 +190,21 @@ mod tests {
         let c = slot_costs(&inputs(32.0, 0.5));
         assert_eq!(c.len(), 4);
         assert!((c[0].union_per_layer - 8.0).abs() < 1e-9);
-        // One sequence, 32 slots: its 4 reused experts hit, and 24 spare slots of 128 for the rest.
-        let want = 0.5 + 0.5 * 24.0 / 128.0;
+        // One sequence, 32 slots: its 4 reused experts hit, and 24 spare slots hold 24 of the
+        // 120 other experts for the rest.
+        let want = 0.5 + 0.5 * 24.0 / 120.0;
         assert!((c[0].hit - want).abs() < 1e-9, "{}", c[0].hit);
         let bytes = (1.0 - want) * 8.0 * 4.0 * 2_666_496.0;
         assert!((c[0].disk_bytes_per_token - bytes).abs() < 1.0);
         // Four: the union nearly fills the cache, so only the reused share hits.
         assert!(c[3].union_per_layer > 29.0 && c[3].union_per_layer < 29.2);
         assert!(c[3].hit < c[0].hit);
-        // A cache of every expert: nothing missed, and the first count is taken.
+        // A cache of every expert: nothing missed, nothing to cap.
         let all = slot_costs(&inputs(128.0, 0.5));
-        assert!(all.iter().all(|c| c.disk_bytes_per_token == 0.0));
-        assert_eq!(decide(&all, TOLERANCE).n, 1);
+        assert!(all.iter().all(|c| c.disk_bytes_per_token < 1.0));
+        let d = decide(&all, TOLERANCE);
+        assert_eq!(d.n, 4, "{}", d.reason);
+        assert!(d.reason.contains("holds every expert"), "{}", d.reason);
     }
 
     #[test]
