@@ -10,7 +10,10 @@
 //! shapes errors.
 //!
 //! Threads: one accept loop, one thread per connection (parses, renders the chat template,
-//! tokenizes, then waits on its job's events while watching its socket), one generator.
+//! tokenizes, then waits on its job's events while watching its socket), one generator (which
+//! also looks at each running job's socket before every step: a client that leaves is
+//! cancelled within one step). Back-pressure: a job waits in the queue only while every
+//! sequence slot is busy; beyond `--max-queue` waiting, 503 with `Retry-After`.
 //! The engine (model, placement, session) is opened by the caller and moved into the
 //! generator thread; it comes back when the server stops, for the end-of-run figures.
 //! Invariant: a connection's failure (bad input, a disconnect) ends that connection only; the
