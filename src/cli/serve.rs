@@ -48,7 +48,7 @@ pub struct ServeArgs {
     /// Largest request body in bytes.
     #[arg(long = "max-body", default_value_t = 16 << 20)]
     pub max_body: usize,
-    /// Most requests waiting for the generator (more get 429).
+    /// Most requests waiting for a free sequence slot (more get 503 with Retry-After).
     #[arg(long = "max-queue", default_value_t = 64)]
     pub max_queue: usize,
     /// Most open connections (more get 503).

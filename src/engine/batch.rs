@@ -6,7 +6,7 @@
 //! union of the rows' experts, each read once and computed once for all rows routed to it.
 //!
 //! Owns: `Batch` (the slots, each with its own KV cache as a `State` and the tokens it holds;
-//! the scheduler: admission with prefix reuse per slot, the step's rows, sampling, stop
+//! the scheduler: admission with prefix reuse within a slot and across slots, the step's rows, sampling, stop
 //! conditions and cancellation per sequence), `BatchStats`. Does not own: the model, the
 //! buffers a step runs on (the engine's session state: its batch, its expert cache) or the
 //! queue of waiting requests (the caller admits while `free() > 0`).
@@ -57,6 +57,9 @@ pub struct BatchStats {
     /// Steps that ran at least one decode row, and the decode rows in them (mean decode
     /// batch = decode_rows / decode_steps).
     pub decode_steps: u64,
+    /// Prompt positions a slot copied from another slot's cache at admission instead of
+    /// computing them (a shared system prompt; counted in the request's `reused` too).
+    pub shared_tokens: u64,
 }
 
 struct Active<T> {
@@ -170,7 +173,9 @@ impl<T> Batch<T> {
     }
 
     /// Start `req` in a free slot: the one holding the longest prefix of its prompt (ties:
-    /// the least recently used), cut back to that prefix. It joins at the next step. Returns
+    /// the least recently used), cut back to that prefix, then extended with a longer prefix
+    /// another slot holds (`share_prefix`: a shared system prompt is computed once). It joins
+    /// at the next step. Returns
     /// its `Done` now when it ends before any step (refused, cancelled at `Started`,
     /// `max_tokens` 0), or when no slot is free.
     pub fn admit(&mut self, engine: &Engine, req: SeqRequest, tag: T) -> Option<Done<T>> {
@@ -205,7 +210,20 @@ impl<T> Batch<T> {
         slot.used = self.admitted;
         let common = super::lcp(&slot.tokens, &req.prompt).min(n - 1);
         slot.tokens.truncate(st.truncate(common));
-        let keep = slot.tokens.len();
+        let own = slot.tokens.len();
+        // A longer prefix held by another slot (running or free): copy its keys and values
+        // instead of computing them again.
+        let keep = match self.share_prefix(i, &req.prompt[..n - 1]) {
+            Ok(k) => k,
+            Err(_) => {
+                // Nothing copied can be trusted: read the prompt again from what the slot
+                // held.
+                self.slots[i].tokens.truncate(self.seqs[i].truncate(own));
+                own
+            }
+        };
+        let slot = &mut self.slots[i];
+        self.stats.shared_tokens += (keep - own) as u64;
         let mut req = req;
         let stats = GenStats {
             prompt_tokens: n - keep,
@@ -251,6 +269,32 @@ impl<T> Batch<T> {
             t_decode: now,
         });
         None
+    }
+
+    /// Extend slot `i` (which holds a prefix of `prompt`) with the longest prefix of `prompt`
+    /// another slot holds, copying those positions of its keys and values: the same tokens
+    /// at the same positions have the same keys and values whichever slot computed them (rows
+    /// do not depend on their batch), so the copy is what the slot would compute. Returns the
+    /// positions slot `i` now holds.
+    fn share_prefix(&mut self, i: usize, prompt: &[u32]) -> Result<usize, ModelError> {
+        let own = self.slots[i].tokens.len();
+        let best = (0..self.len())
+            .filter(|&j| j != i)
+            .map(|j| (super::lcp(&self.slots[j].tokens, prompt), j))
+            .max();
+        let Some((len, j)) = best.filter(|&(len, _)| len > own) else {
+            return Ok(own);
+        };
+        let (dst, src) = if i < j {
+            let (a, b) = self.seqs.split_at_mut(j);
+            (&mut a[i], &b[0])
+        } else {
+            let (a, b) = self.seqs.split_at_mut(i);
+            (&mut b[0], &a[j])
+        };
+        copy_positions(dst, src, own, len)?;
+        self.slots[i].tokens.extend_from_slice(&prompt[own..len]);
+        Ok(len)
     }
 
     /// One step: drop cancelled requests, then one batched forward of every decoding slot's
@@ -428,6 +472,30 @@ impl<T> Batch<T> {
         });
         done.push(Done { tag: a.tag, result });
     }
+}
+
+/// Copy positions `from..to` of every part of `src` into `dst`, which holds `from` positions
+/// of the same tokens; `dst` then holds `to`. Refused for a part that is not one row per
+/// position (a recurrent state holds only its last position).
+fn copy_positions(dst: &mut State, src: &State, from: usize, to: usize) -> Result<(), ModelError> {
+    if dst.pos != from || src.pos < to || from > to {
+        return Err(ModelError::Input(format!(
+            "copy of positions {from}..{to}: the slot holds {}, the source {}",
+            dst.pos, src.pos
+        )));
+    }
+    for part in src.parts() {
+        if !part.per_position {
+            return Err(ModelError::Input(format!(
+                "state part {part:?} is not one row per position: it cannot be shared"
+            )));
+        }
+        let w = part.width;
+        let rows = &src.part_rows(part, to)?[from * w..];
+        dst.part_rows_mut(part, to)?[from * w..].copy_from_slice(rows);
+    }
+    dst.set_pos(to);
+    Ok(())
 }
 
 /// Routed experts a one-token step computes (top-k x MoE layers).

@@ -178,10 +178,12 @@ impl Engine {
         let say = Say { quiet: opts.quiet };
         let parallel_line =
             placement::cap_auto_parallel(&mut opts, st.kv_bytes() as u64).or(parallel_line);
-        if let Some(l) = parallel_line {
+        // Where experts stream, the automatic count may be capped again by expert reads (its
+        // line then replaces this one).
+        let (plan, read_line) = placement::place_experts(&model, files, &mut st, &mut opts, &say)?;
+        if let Some(l) = read_line.or(parallel_line) {
             say.line(&l);
         }
-        let plan = placement::place_experts(&model, files, &mut st, &opts, &say)?;
         let device = placement::place_gpu(&model, files, &mut st, &opts, &plan, &say)?;
         if opts.parallel > 1 && device.is_none() {
             // The session state is the batched step's buffers; each slot has its own cache.

@@ -168,14 +168,17 @@ pub(crate) fn cap_auto_parallel(o: &mut EngineOptions, kv_one: u64) -> Option<St
 const KV_SHARE: u64 = 8;
 
 /// Decide where experts live, print one `[plan]` line per decision with its reason, and
-/// attach a streaming cache to `st` when streaming. Returns the plan.
+/// attach a streaming cache to `st` when streaming. Where experts stream and `--parallel` was
+/// left out, the slot count is also capped where a slot more stops paying in expert reads
+/// (`cap_parallel_by_reads`); then `o.parallel` is lowered and the `[plan] parallel:` line is
+/// returned. Returns the plan.
 pub(crate) fn place_experts(
     model: &Model<'_>,
     files: &ModelFiles,
     st: &mut State,
-    o: &EngineOptions,
+    o: &mut EngineOptions,
     say: &Say,
-) -> Result<Plan, EngineError> {
+) -> Result<(Plan, Option<String>), EngineError> {
     let a = &o.experts;
     let mut summary = planner::ModelSummary::of(model, files, st)?;
     // --parallel N > 1: N sequence slots, each with a KV cache of the session's size (the
@@ -201,7 +204,50 @@ pub(crate) fn place_experts(
         .then(|| usage.as_ref().map_or(0, |(u, _)| u.top_n(usize::MAX).len()));
     let profile = run_profile(files, say);
     let req = plan_request(a, o.mtp, avail);
-    let plan = planner::plan(&summary, profile.as_ref(), &req)?;
+    let slots = |n: usize| format!("{n} sequence slot{}", if n == 1 { "" } else { "s" });
+    let mut parallel_line = None;
+    let kv_one = summary.kv_bytes / o.parallel.max(1) as u64;
+    let mut plan = match planner::plan(&summary, profile.as_ref(), &req) {
+        Err(planner::PlanError::Impossible(why)) if o.parallel_auto && o.parallel > 1 => {
+            // The automatic slots' KV caches leave no room: as many as still fit.
+            let want = o.parallel;
+            let mut fit = None;
+            for n in (1..want).rev() {
+                summary.kv_bytes = kv_one * n as u64;
+                if let Ok(p) = planner::plan(&summary, profile.as_ref(), &req) {
+                    fit = Some((n, p));
+                    break;
+                }
+            }
+            let Some((n, p)) = fit else {
+                return Err(planner::PlanError::Impossible(why).into());
+            };
+            o.parallel = n;
+            parallel_line = Some(format!(
+                "[plan] parallel: {} (with {want}, {why}; --parallel N overrides)",
+                slots(n)
+            ));
+            p
+        }
+        r => r?,
+    };
+    // Batch size follows the bottleneck: where experts stream and decode waits on the disk
+    // (or no bandwidth is known), fewer slots when more stop paying in expert reads.
+    if o.parallel_auto
+        && o.parallel > 1
+        && plan.stream
+        && (plan.disk_bound || plan.disk_gbps.is_none())
+    {
+        let d = cap_parallel_by_reads(&plan, o.parallel, kv_one, req.cap.is_some());
+        if d.n < o.parallel {
+            // The KV caches of the dropped slots go to the expert cache.
+            o.parallel = d.n;
+            summary.kv_bytes = kv_one * d.n as u64;
+            plan = planner::plan(&summary, profile.as_ref(), &req)?;
+        }
+        parallel_line = Some(format!("[plan] parallel: {} ({})", slots(d.n), d.reason));
+    }
+    let a = &o.experts;
     for l in plan.lines() {
         say.line(&l);
     }
@@ -221,7 +267,7 @@ pub(crate) fn place_experts(
                     .into(),
             });
         }
-        return Ok(plan);
+        return Ok((plan, parallel_line));
     }
     let store = model.expert_store(files)?;
     let mut pinned = Vec::new();
@@ -293,7 +339,39 @@ pub(crate) fn place_experts(
         Err(e) => say.line(&format!("[plan] note: {e}")),
     }
     st.attach_experts(cache);
-    Ok(plan)
+    Ok((plan, parallel_line))
+}
+
+/// The automatic slot count where experts stream: the planner's cost of 1..=`parallel` slots
+/// (plan/parallel.rs) over the expert cache `plan` sized for `parallel` KV caches of `kv_one`
+/// bytes each, a dropped slot's KV cache becoming expert cache slots (unless `--cap` fixed
+/// them).
+fn cap_parallel_by_reads(
+    plan: &Plan,
+    parallel: usize,
+    kv_one: u64,
+    cap_fixed: bool,
+) -> crate::plan::parallel::SlotDecision {
+    use crate::plan::parallel::{decide, slot_costs, SlotInputs, DEFAULT_REUSE, TOLERANCE};
+    let m = &plan.model;
+    let layers = m.moe_layers.max(1) as f64;
+    let base = plan.slots_per_layer as f64 + plan.pinned as f64 / layers;
+    let freed = |n: usize| -> f64 {
+        if cap_fixed || m.slot_bytes == 0 {
+            return 0.0;
+        }
+        ((parallel - n) as f64 * kv_one as f64 / (m.slot_bytes as f64 * layers)).floor()
+    };
+    let cache = (1..=parallel).map(|n| base + freed(n)).collect();
+    let inputs = SlotInputs {
+        moe_layers: m.moe_layers,
+        experts_per_layer: m.experts_per_layer,
+        top_k: m.top_k,
+        slot_bytes: m.slot_bytes,
+        cache_per_layer: cache,
+        reuse: DEFAULT_REUSE,
+    };
+    decide(&slot_costs(&inputs), TOLERANCE)
 }
 
 /// Decides CPU or GPU for `st` and, for the GPU, attaches the CUDA backend (after

@@ -19,6 +19,7 @@
 //! one that could not be is `None` with a note saying why, never an estimate.
 
 pub mod doctor;
+pub mod parallel;
 pub mod planner;
 pub mod probe_cpu;
 pub mod probe_disk;

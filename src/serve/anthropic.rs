@@ -323,7 +323,7 @@ pub fn messages(
         special: tools.is_some() || harmony,
     };
     let stream = params::opt_bool(&o, "stream")?.unwrap_or(false);
-    let p = submit(sh, g)?;
+    let p = submit(sh, g, conn)?;
     let (reused, prefilled) = match wait_start(&p, conn) {
         Ok(s) => s,
         Err(h) => return h,

@@ -10,6 +10,7 @@
 //! starts clean; at temperature 0 a reply does not depend on what was cached before.
 
 use super::error::ApiError;
+use super::http::PeerWatch;
 use super::metrics::Metrics;
 use crate::engine::batch::{Batch, Done, SeqRequest};
 use crate::engine::{Engine, EngineError, GenParams, GenerateError};
@@ -33,6 +34,9 @@ pub struct Job {
     pub special: bool,
     /// Set by the connection when its client goes away.
     pub cancel: Arc<AtomicBool>,
+    /// The client's socket, looked at before every step (a disconnect cancels the job within
+    /// one step, whatever the connection thread is doing).
+    pub peer: Option<PeerWatch>,
     pub events: Sender<Event>,
 }
 
@@ -111,13 +115,16 @@ impl Queue {
             return Err(ApiError::new(503, "the server is shutting down"));
         }
         if q.jobs.len() >= self.max {
+            // Every slot is busy (a job waits only then) and the queue is full: 503 with
+            // Retry-After (the caller puts its estimate in place of this 1 s).
             return Err(ApiError::new(
-                429,
+                503,
                 format!(
-                    "{} requests are already waiting (--max-queue); retry later",
+                    "the server is busy: every sequence slot runs and {} requests are already waiting (--max-queue); retry later",
                     q.jobs.len()
                 ),
-            ));
+            )
+            .with_retry_after(1));
         }
         q.jobs.push_back(job);
         self.cv.notify_all();
@@ -253,9 +260,13 @@ impl Generator {
                         None => break,
                     }
                 };
+                let shared = b.stats.shared_tokens;
                 if let Some(d) = self.admit(&mut b, job, abort) {
                     self.answer(d);
                 }
+                self.metrics
+                    .batch_shared_tokens
+                    .fetch_add(b.stats.shared_tokens - shared, Ordering::Relaxed);
             }
             if b.active() == 0 {
                 if queue.drained() {
@@ -324,7 +335,7 @@ impl Generator {
             return fail(context_error(n, ctx));
         }
         let events = job.events.clone();
-        let (cancel, abort) = (job.cancel.clone(), abort.clone());
+        let (cancel, abort, peer) = (job.cancel.clone(), abort.clone(), job.peer);
         let req = SeqRequest {
             sampler: Sampler::new(job.sampling.clone(), self.engine.model.cfg.vocab),
             max_tokens: job.max_tokens,
@@ -332,7 +343,15 @@ impl Generator {
             stop: job.stop,
             special: job.special,
             cancel: Box::new(move || {
-                cancel.load(Ordering::Relaxed) || abort.load(Ordering::Relaxed)
+                cancel.load(Ordering::Relaxed)
+                    || abort.load(Ordering::Relaxed)
+                    || peer.as_ref().is_some_and(|p| {
+                        let gone = p.gone();
+                        if gone {
+                            cancel.store(true, Ordering::Relaxed);
+                        }
+                        gone
+                    })
             }),
             on_event: Box::new(move |e| {
                 let ev = match e {
@@ -386,7 +405,11 @@ impl Generator {
         if n >= ctx {
             return Err(context_error(n, ctx));
         }
-        let cancelled = || job.cancel.load(Ordering::Relaxed) || abort.load(Ordering::Relaxed);
+        let cancelled = || {
+            job.cancel.load(Ordering::Relaxed)
+                || abort.load(Ordering::Relaxed)
+                || job.peer.as_ref().is_some_and(PeerWatch::gone)
+        };
         let mut sampler = Sampler::new(job.sampling.clone(), self.engine.model.cfg.vocab);
         let mut params = GenParams::new(job.max_tokens);
         params.ignore_eos = job.ignore_eos;
@@ -474,6 +497,7 @@ pub fn context_error(n: usize, ctx: usize) -> ApiError {
         message: format!("the prompt is {n} tokens; this server's context holds {ctx} (one more must fit for the reply; raise -c)"),
         param: Some("messages".into()),
         code: Some("context_length_exceeded"),
+        retry_after: None,
     }
 }
 

@@ -24,6 +24,8 @@ pub struct ApiError {
     pub param: Option<String>,
     /// OpenAI's machine-readable code (`context_length_exceeded`, `model_not_found`, ...).
     pub code: Option<&'static str>,
+    /// Seconds for a `Retry-After` header (a 503 when every slot is busy and the queue full).
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -33,6 +35,7 @@ impl ApiError {
             message: message.into(),
             param: None,
             code: None,
+            retry_after: None,
         }
     }
 
@@ -43,11 +46,17 @@ impl ApiError {
             message: message.into(),
             param: Some(param.to_string()),
             code: None,
+            retry_after: None,
         }
     }
 
     pub fn with_code(mut self, code: &'static str) -> ApiError {
         self.code = Some(code);
+        self
+    }
+
+    pub fn with_retry_after(mut self, secs: u64) -> ApiError {
+        self.retry_after = Some(secs);
         self
     }
 

@@ -378,11 +378,26 @@ impl Conn {
         body: &[u8],
         keep_alive: bool,
     ) -> std::io::Result<()> {
+        self.respond_with(status, content_type, body, keep_alive, &[])
+    }
+
+    /// Write a whole response with extra headers (`(name, value)`, written as given).
+    pub fn respond_with(
+        &mut self,
+        status: u16,
+        content_type: &str,
+        body: &[u8],
+        keep_alive: bool,
+        headers: &[(&str, String)],
+    ) -> std::io::Result<()> {
         let mut head = format!(
             "HTTP/1.1 {status} {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n",
             reason(status),
             body.len()
         );
+        for (name, value) in headers {
+            head.push_str(&format!("{name}: {value}\r\n"));
+        }
         if !keep_alive {
             head.push_str("Connection: close\r\n");
         }
@@ -425,17 +440,48 @@ impl Conn {
     /// True when the peer has closed its side or the socket failed (a disconnect). Looks
     /// without blocking and without consuming anything it may have sent.
     pub fn peer_gone(&self) -> bool {
-        if self.stream.set_nonblocking(true).is_err() {
-            return true;
+        peer_closed(&self.stream)
+    }
+
+    /// A handle on this client's socket that another thread (the generator, once per step)
+    /// can ask `PeerWatch::gone`; None if the socket cannot be shared.
+    pub fn watch(&self) -> Option<PeerWatch> {
+        self.stream.try_clone().ok().map(PeerWatch)
+    }
+}
+
+/// A client's socket, watched for a disconnect (see `Conn::watch`).
+pub struct PeerWatch(TcpStream);
+
+impl PeerWatch {
+    /// As `Conn::peer_gone`.
+    pub fn gone(&self) -> bool {
+        peer_closed(&self.0)
+    }
+}
+
+/// The peer closed its side (a read would return end of file) or the socket failed. A
+/// one-byte `recv` with `MSG_PEEK | MSG_DONTWAIT`: nothing is consumed, and no flag of the
+/// socket (shared with the thread writing to it) changes.
+fn peer_closed(s: &TcpStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut b = 0u8;
+    // SAFETY: a valid socket descriptor and a one-byte buffer that outlives the call.
+    let n = unsafe {
+        libc::recv(
+            s.as_raw_fd(),
+            (&mut b as *mut u8).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    match n {
+        0 => true,
+        n if n > 0 => false,
+        _ => {
+            let e = std::io::Error::last_os_error();
+            !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted)
         }
-        let mut b = [0u8; 1];
-        let gone = match self.stream.peek(&mut b) {
-            Ok(0) => true,
-            Ok(_) => false,
-            Err(e) => !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted),
-        };
-        let _ = self.stream.set_nonblocking(false);
-        gone
     }
 }
 

@@ -35,6 +35,8 @@ pub struct Metrics {
     pub batch_steps: AtomicU64,
     pub batch_decode_rows: AtomicU64,
     pub batch_prefill_rows: AtomicU64,
+    /// Prompt positions copied from another slot's KV cache instead of computed.
+    pub batch_shared_tokens: AtomicU64,
     pub kv_saves: AtomicU64,
     pub kv_loads: AtomicU64,
     pub kv_bytes_written: AtomicU64,
@@ -200,6 +202,12 @@ impl Metrics {
                 "sluice_batch_prefill_rows_total",
                 "Prompt rows of batched forwards.",
                 ld(&self.batch_prefill_rows) as f64,
+            );
+            counter(
+                &mut s,
+                "sluice_batch_shared_prefix_tokens_total",
+                "Prompt positions a slot copied from another slot's KV cache (a shared prefix computed once) instead of computing them.",
+                ld(&self.batch_shared_tokens) as f64,
             );
         }
         let decode_s = ld(&self.decode_us) as f64 / 1e6;

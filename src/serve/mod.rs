@@ -10,7 +10,10 @@
 //! shapes errors.
 //!
 //! Threads: one accept loop, one thread per connection (parses, renders the chat template,
-//! tokenizes, then waits on its job's events while watching its socket), one generator.
+//! tokenizes, then waits on its job's events while watching its socket), one generator (which
+//! also looks at each running job's socket before every step: a client that leaves is
+//! cancelled within one step). Back-pressure: a job waits in the queue only while every
+//! sequence slot is busy; beyond `--max-queue` waiting, 503 with `Retry-After`.
 //! The engine (model, placement, session) is opened by the caller and moved into the
 //! generator thread; it comes back when the server stops, for the end-of-run figures.
 //! Invariant: a connection's failure (bad input, a disconnect) ends that connection only; the
@@ -427,6 +430,7 @@ pub(crate) fn unknown_model(sh: &Shared, asked: &str) -> ApiError {
         ),
         param: Some("model".into()),
         code: Some("model_not_found"),
+        retry_after: None,
     }
 }
 
@@ -492,9 +496,25 @@ pub(crate) fn send_json(conn: &mut Conn, status: u16, body: &Value, keep: bool) 
 }
 
 pub(crate) fn send_error(conn: &mut Conn, e: &ApiError, dialect: Dialect, keep: bool) -> Handled {
-    let mut h = send_json(conn, e.status, &e.to_json(dialect), keep);
-    h.note = format!(" {}", e.message);
-    h
+    let headers: Vec<(&str, String)> = e
+        .retry_after
+        .map(|s| ("Retry-After", s.to_string()))
+        .into_iter()
+        .collect();
+    let ok = conn
+        .respond_with(
+            e.status,
+            "application/json",
+            e.to_json(dialect).to_string().as_bytes(),
+            keep,
+            &headers,
+        )
+        .is_ok();
+    Handled {
+        status: e.status,
+        close: !ok,
+        note: format!(" {}", e.message),
+    }
 }
 
 /// A new id: `prefix` and 24 hex digits, unique in this process and unlikely to repeat
@@ -635,7 +655,9 @@ impl Drop for Pending {
 }
 
 /// Check the prompt against the context and queue the job.
-pub(crate) fn submit(sh: &Shared, g: GenRequest) -> Result<Pending, ApiError> {
+/// `conn`'s socket goes with the job: the generator looks at it before every step, so a
+/// client that leaves is cancelled within one step.
+pub(crate) fn submit(sh: &Shared, g: GenRequest, conn: &Conn) -> Result<Pending, ApiError> {
     let n = g.tokens.len();
     if n == 0 {
         return Err(ApiError::param(
@@ -659,21 +681,44 @@ pub(crate) fn submit(sh: &Shared, g: GenRequest) -> Result<Pending, ApiError> {
     };
     let (tx, rx) = mpsc::channel();
     let cancel = Arc::new(AtomicBool::new(false));
-    sh.queue.push(Job {
-        tokens: g.tokens,
-        max_tokens,
-        sampling: g.sampling,
-        stop: g.stop,
-        ignore_eos: g.ignore_eos,
-        special: g.special,
-        cancel: cancel.clone(),
-        events: tx,
-    })?;
+    sh.queue
+        .push(Job {
+            tokens: g.tokens,
+            max_tokens,
+            sampling: g.sampling,
+            stop: g.stop,
+            ignore_eos: g.ignore_eos,
+            special: g.special,
+            cancel: cancel.clone(),
+            peer: conn.watch(),
+            events: tx,
+        })
+        .map_err(|mut e| {
+            if e.retry_after.is_some() {
+                e.retry_after = Some(retry_after_secs(&sh.metrics));
+            }
+            e
+        })?;
     Ok(Pending {
         rx,
         cancel,
         prompt_tokens: n,
     })
+}
+
+/// `Retry-After` of a 503 for a full queue: when a place is likely free again, the mean
+/// request time so far (prefill and decode) over the slots, as whole seconds in 1..=60; 1
+/// before any request has finished. (llama-server queues without a bound and sends no
+/// Retry-After; its 503s carry `{"error":{"code":503,"type":"unavailable_error"}}`.)
+fn retry_after_secs(m: &Metrics) -> u64 {
+    let n = m.generations.load(Ordering::Relaxed);
+    if n == 0 {
+        return 1;
+    }
+    let us = m.prefill_us.load(Ordering::Relaxed) + m.decode_us.load(Ordering::Relaxed);
+    let slots = m.slots.load(Ordering::Relaxed).max(1);
+    let secs = us as f64 / 1e6 / n as f64 / slots as f64;
+    (secs.ceil() as u64).clamp(1, 60)
 }
 
 /// Note for the log line.

@@ -201,7 +201,7 @@ pub fn chat(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Result<H
             ))
         }
     };
-    let p = submit(sh, g)?;
+    let p = submit(sh, g, conn)?;
     if let Err(h) = wait_start(&p, conn) {
         return h;
     }
@@ -555,7 +555,7 @@ pub fn completions(
         .and_then(|s| s.get("include_usage"))
         .and_then(Value::as_bool)
         .unwrap_or(false);
-    let p = submit(sh, g)?;
+    let p = submit(sh, g, conn)?;
     if let Err(h) = wait_start(&p, conn) {
         return h;
     }
