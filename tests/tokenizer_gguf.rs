@@ -399,11 +399,23 @@ fn harmony_end_does_not_stop_generation() {
     };
     let load = |m: &HashMap<&'static str, M>| Tokenizer::from_gguf_meta(&|k| m.get(k)).unwrap();
     let harmony = [
-        "a", "b", "ab", "<|endoftext|>", "<|return|>", "<|channel|>", "<|start|>", "<|end|>",
-        "<|message|>", "<|call|>",
+        "a",
+        "b",
+        "ab",
+        "<|endoftext|>",
+        "<|return|>",
+        "<|channel|>",
+        "<|start|>",
+        "<|end|>",
+        "<|message|>",
+        "<|call|>",
     ];
     let tok = load(&meta(&harmony, 4));
-    assert_eq!(tok.eos_ids(), &[3, 4, 9], "<|endoftext|>, <|return|>, <|call|>");
+    assert_eq!(
+        tok.eos_ids(),
+        &[3, 4, 9],
+        "<|endoftext|>, <|return|>, <|call|>"
+    );
     let phi3 = ["a", "b", "ab", "<|endoftext|>", "<|end|>"];
     let tok = load(&meta(&phi3, 3));
     assert_eq!(tok.eos_ids(), &[3, 4], "<|endoftext|> and <|end|>");
