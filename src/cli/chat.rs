@@ -6,6 +6,7 @@
 use super::common::{engine_options, ComputeArgs, ExpertArgs, SamplingArgs};
 use crate::chat::{render_chat, ChatMessage};
 use crate::engine::{Engine, Event, GenParams};
+use crate::serve::reasoning::{Piece, ReasoningFormat, ReplySplitter};
 use clap::Args;
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -70,6 +71,14 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
             dir.display()
         );
     }
+    // Reasoning (`<think>` blocks, gpt-oss's analysis channel) is shown apart and kept out of
+    // the conversation, as the templates expect (they drop earlier turns' thoughts).
+    let reasoning = ReasoningFormat::detect(Some(&template));
+    let (dim, undim) = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        ("\x1b[2m", "\x1b[0m")
+    } else {
+        ("", "")
+    };
     let mut sampler = engine.sampler();
     let mut messages: Vec<ChatMessage> = Vec::new();
     if let Some(s) = &args.system {
@@ -109,15 +118,42 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
             break;
         }
         let mut reply = String::new();
-        let params = GenParams::new(args.n_predict);
+        let mut params = GenParams::new(args.n_predict);
+        // gpt-oss's channel markers are control tokens: the split needs them in the text.
+        params.special = reasoning == Some(ReasoningFormat::Harmony);
+        let mut split = reasoning.map(|f| ReplySplitter::new(f, f.opens_in_prompt(&text)));
+        let show = |pieces: Vec<Piece>, reply: &mut String| {
+            for p in pieces {
+                match p {
+                    // Thoughts to stderr (dim on a terminal), the answer to stdout.
+                    Piece::Reasoning(t) => eprint!("{dim}{t}{undim}"),
+                    Piece::Content(t) => {
+                        reply.push_str(&t);
+                        print!("{t}");
+                    }
+                }
+            }
+            let _ = std::io::stdout().flush();
+        };
         let res = engine.generate(&ids, &mut sampler, &params, &mut |e| {
             if let Event::Text(s) = e {
-                reply.push_str(s);
-                print!("{s}");
-                let _ = std::io::stdout().flush();
+                match &mut split {
+                    Some(sp) => show(sp.push(s), &mut reply),
+                    None => show(vec![Piece::Content(s.to_string())], &mut reply),
+                }
             }
             true
         })?;
+        if let Some(sp) = split.take() {
+            // Harmony calls (no tools here) are text of the reply.
+            let (rest, calls) = sp.finish();
+            show(rest, &mut reply);
+            let calls = calls
+                .into_iter()
+                .map(|c| Piece::Content(c.arguments))
+                .collect();
+            show(calls, &mut reply);
+        }
         println!();
         let stats = &res.generation.stats;
         let full =

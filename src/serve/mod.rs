@@ -29,7 +29,7 @@ mod limits;
 mod metrics;
 mod openai;
 mod params;
-mod reasoning;
+pub(crate) mod reasoning;
 mod tools;
 
 pub use error::{ApiError, ServeError};
