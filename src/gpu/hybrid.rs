@@ -86,6 +86,11 @@ impl HybridDev {
             parts,
         })
     }
+
+    /// Bytes of the per-sequence state (conv inputs and delta-rule states).
+    pub(super) fn state_bytes(&self) -> usize {
+        self.conv.bytes + self.rec.bytes
+    }
 }
 
 /// The rows of Qwen3-Next's grouped in_proj_qkvz (per key head [q; k; v (r dv); z (r dv)]) in
