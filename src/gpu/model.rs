@@ -781,9 +781,8 @@ impl GpuState {
             .map(|hy| super::hybrid::HybridDev::new(&gpu, cfg, hy, bsz))
             .transpose()?;
         let after = gpu.mem_info()?.0;
-        let kv_bytes = bufs.kcache.bytes
-            + bufs.vcache.bytes
-            + hybrid.as_ref().map_or(0, |h| h.state_bytes());
+        let kv_bytes =
+            bufs.kcache.bytes + bufs.vcache.bytes + hybrid.as_ref().map_or(0, |h| h.state_bytes());
         let scratch_bytes = before.saturating_sub(after).saturating_sub(kv_bytes);
         let host = Host {
             router: gpu.alloc_pinned(4 * bsz * e)?,
