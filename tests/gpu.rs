@@ -701,6 +701,39 @@ fn gpu_hybrid_long_run_matches_cpu() {
     }
 }
 
+/// The device's recurrent state follows the CPU's rule: truncating a hybrid sequence below its
+/// end restarts it (`State::truncate` returns 0) and the chunk at position 0 zeroes the state on
+/// the device, so a prompt fed after another sequence's tokens gives a fresh run's logits, bit
+/// for bit (chunks of 5, then decode steps through the captured graph).
+#[test]
+fn gpu_hybrid_truncate_restarts_from_a_zero_state() {
+    if !gpu_or_skip("gpu_hybrid_truncate_restarts_from_a_zero_state") {
+        return;
+    }
+    for f in HYBRID {
+        let d = root().join("tests/fixtures/models").join(f);
+        let (files, lo) = load(&d);
+        let model = Model::load(&files, &lo).unwrap();
+        let ne = model.cfg.n_experts;
+        let prompt: Vec<u32> = (0..23).map(|i| (i * 13 + 5) % 300).collect();
+        let other: Vec<u32> = (0..17).map(|i| (i * 7 + 2) % 300).collect();
+        let (mut fresh, _) = state(&model, &files, 5, ne, Some(&opts(None, Staging::Arena)));
+        let (want_t, want_l) = greedy(&model, &mut fresh, &prompt, 8);
+        let (mut r, _) = state(&model, &files, 5, ne, Some(&opts(None, Staging::Arena)));
+        greedy(&model, &mut r, &other, 6);
+        assert_eq!(r.st.truncate(9), 0, "{f}: a recurrent state restarts");
+        let (t, l) = greedy(&model, &mut r, &prompt, 8);
+        assert_eq!(t, want_t, "{f}: tokens after the restart");
+        assert!(
+            l.iter()
+                .zip(&want_l)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{f}: logits after the restart differ from a fresh run's"
+        );
+        eprintln!("{f}: truncate restarts from a zero state on the device (bit-identical)");
+    }
+}
+
 /// Families not validated on the device are refused at attach with one line naming the family,
 /// before any device is opened (so this runs without a GPU too).
 #[test]
