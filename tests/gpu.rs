@@ -28,7 +28,8 @@
 //! - Qwen3-Next and Qwen3.5-MoE (gpu/hybrid.rs: Gated DeltaNet with its conv and recurrent state
 //!   on the device, gated attention, the sigmoid-gated shared expert), safetensors and llama.cpp's
 //!   GGUF (scripts/qwen3next_to_gguf.py): logits with the same bound, 16 greedy tokens identical
-//!   to transformers', and at length (1100 tokens, 200 greedy tokens) against the CPU forward.
+//!   to transformers', and at length (1100 tokens, 200 greedy tokens) against the CPU forward;
+//!   a truncated sequence restarts from a zero device state, bit-identical to a fresh run.
 
 #![cfg(feature = "cuda")]
 
