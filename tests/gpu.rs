@@ -28,7 +28,8 @@
 //! - Qwen3-Next and Qwen3.5-MoE (gpu/hybrid.rs: Gated DeltaNet with its conv and recurrent state
 //!   on the device, gated attention, the sigmoid-gated shared expert), safetensors and llama.cpp's
 //!   GGUF (scripts/qwen3next_to_gguf.py): logits with the same bound, 16 greedy tokens identical
-//!   to transformers', and at length (1100 tokens, 200 greedy tokens) against the CPU forward.
+//!   to transformers', and at length (1100 tokens, 200 greedy tokens) against the CPU forward;
+//!   a truncated sequence restarts from a zero device state, bit-identical to a fresh run.
 
 #![cfg(feature = "cuda")]
 
@@ -698,6 +699,39 @@ fn gpu_hybrid_long_run_matches_cpu() {
         let same = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
         eprintln!("{f}: 200 greedy tokens, GPU and CPU agree on the first {same}");
         assert_eq!(got, want, "{f}: GPU greedy tokens differ from the CPU's");
+    }
+}
+
+/// The device's recurrent state follows the CPU's rule: truncating a hybrid sequence below its
+/// end restarts it (`State::truncate` returns 0) and the chunk at position 0 zeroes the state on
+/// the device, so a prompt fed after another sequence's tokens gives a fresh run's logits, bit
+/// for bit (chunks of 5, then decode steps through the captured graph).
+#[test]
+fn gpu_hybrid_truncate_restarts_from_a_zero_state() {
+    if !gpu_or_skip("gpu_hybrid_truncate_restarts_from_a_zero_state") {
+        return;
+    }
+    for f in HYBRID {
+        let d = root().join("tests/fixtures/models").join(f);
+        let (files, lo) = load(&d);
+        let model = Model::load(&files, &lo).unwrap();
+        let ne = model.cfg.n_experts;
+        let prompt: Vec<u32> = (0..23).map(|i| (i * 13 + 5) % 300).collect();
+        let other: Vec<u32> = (0..17).map(|i| (i * 7 + 2) % 300).collect();
+        let (mut fresh, _) = state(&model, &files, 5, ne, Some(&opts(None, Staging::Arena)));
+        let (want_t, want_l) = greedy(&model, &mut fresh, &prompt, 8);
+        let (mut r, _) = state(&model, &files, 5, ne, Some(&opts(None, Staging::Arena)));
+        greedy(&model, &mut r, &other, 6);
+        assert_eq!(r.st.truncate(9), 0, "{f}: a recurrent state restarts");
+        let (t, l) = greedy(&model, &mut r, &prompt, 8);
+        assert_eq!(t, want_t, "{f}: tokens after the restart");
+        assert!(
+            l.iter()
+                .zip(&want_l)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{f}: logits after the restart differ from a fresh run's"
+        );
+        eprintln!("{f}: truncate restarts from a zero state on the device (bit-identical)");
     }
 }
 

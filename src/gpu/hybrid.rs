@@ -20,10 +20,6 @@ use super::GpuError;
 use crate::model::qwen3next::{DeltaNet, Hybrid, Mixer};
 use crate::model::ModelConfig;
 
-/// Longest conv kernel and rows per thread of the delta-rule kernel (kernels_hybrid.cu).
-const MAX_CONV: usize = 8;
-const MAX_ROWS: usize = 32;
-
 pub(super) struct HybridDev {
     conv_k: Kernel,
     delta_k: Kernel,
@@ -55,13 +51,8 @@ impl HybridDev {
         hy: &Hybrid,
         batch: usize,
     ) -> Result<HybridDev, GpuError> {
-        let parts = hy.k_dim.div_ceil(MAX_ROWS).next_power_of_two();
-        if hy.conv > MAX_CONV || parts > 32 || hy.v_dim * parts > 1024 {
-            return Err(GpuError::Config(format!(
-                "Gated DeltaNet of conv kernel {}, key heads {} wide and value heads {} wide: the GPU kernels take conv <= {MAX_CONV} and (value width x ceil(key width / {MAX_ROWS})) <= 1024",
-                hy.conv, hy.k_dim, hy.v_dim
-            )));
-        }
+        // `gpu::refusal` has refused shapes the kernels cannot take; attach checks it first.
+        let parts = super::hybrid_parts(hy);
         let f = |n: usize| gpu.alloc(4 * n.max(1));
         let nl = hy.n_linear();
         let conv = f(nl * hy.conv_state())?;
@@ -85,6 +76,11 @@ impl HybridDev {
             gate: f(batch * cfg.q_dim())?,
             parts,
         })
+    }
+
+    /// Bytes of the per-sequence state (conv inputs and delta-rule states).
+    pub(super) fn state_bytes(&self) -> usize {
+        self.conv.bytes + self.rec.bytes
     }
 }
 

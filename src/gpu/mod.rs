@@ -142,7 +142,29 @@ pub fn refusal(cfg: &crate::model::ModelConfig, _ctx: usize) -> Option<String> {
             cfg.family
         ));
     }
-    None
+    cfg.hybrid.as_deref().and_then(hybrid_refusal)
+}
+
+/// Longest Gated DeltaNet conv kernel, and key-head rows per thread of the delta-rule kernel
+/// (kernels_hybrid.cu `GDN_MAXK`, `GDN_MAXR`).
+pub const HYBRID_MAX_CONV: usize = 8;
+pub const HYBRID_MAX_ROWS: usize = 32;
+
+/// Threads per key-head column group of the delta-rule kernel (a power of two).
+pub fn hybrid_parts(hy: &crate::model::qwen3next::Hybrid) -> usize {
+    hy.k_dim.div_ceil(HYBRID_MAX_ROWS).next_power_of_two()
+}
+
+/// What the hybrid kernels cannot take: a longer conv, or a value head times its key-row groups
+/// over one block of 1024 threads.
+fn hybrid_refusal(hy: &crate::model::qwen3next::Hybrid) -> Option<String> {
+    let parts = hybrid_parts(hy);
+    (hy.conv > HYBRID_MAX_CONV || parts > 32 || hy.v_dim * parts > 1024).then(|| {
+        format!(
+            "Gated DeltaNet with conv kernel {}, key heads {} wide and value heads {} wide: the GPU kernels take conv <= {HYBRID_MAX_CONV} and value width x ceil(key width / {HYBRID_MAX_ROWS}) <= 1024; use --gpu off",
+            hy.conv, hy.k_dim, hy.v_dim
+        )
+    })
 }
 
 /// VRAM left free by the default expert pool (`--vram` unset), for the driver and other users.
@@ -150,3 +172,31 @@ pub const VRAM_MARGIN: u64 = 1 << 30;
 
 /// Whether this build has the CUDA backend.
 pub const BUILT: bool = cfg!(feature = "cuda");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hybrid_shapes_past_the_kernels_are_refused_by_name() {
+        let mut hy = crate::model::qwen3next::Hybrid {
+            linear: vec![true],
+            dense: vec![false],
+            k_heads: 16,
+            v_heads: 32,
+            k_dim: 128,
+            v_dim: 128,
+            conv: 4,
+            fused: false,
+            v_tiled: false,
+        };
+        assert_eq!(hybrid_parts(&hy), 4);
+        assert_eq!(hybrid_refusal(&hy), None);
+        hy.conv = 9;
+        assert!(hybrid_refusal(&hy).is_some_and(|m| m.contains("conv kernel 9")));
+        hy.conv = 4;
+        hy.k_dim = 256;
+        hy.v_dim = 256;
+        assert!(hybrid_refusal(&hy).is_some_and(|m| !m.contains('\n')));
+    }
+}

@@ -331,6 +331,8 @@ pub struct GpuSummary {
     pub device: String,
     pub vram_total: usize,
     pub weights_bytes: usize,
+    /// The KV cache and, for the hybrid families, the linear layers' recurrent + conv state
+    /// (per sequence, as the KV cache).
     pub kv_bytes: usize,
     pub scratch_bytes: usize,
     pub pool_bytes: usize,
@@ -773,8 +775,14 @@ impl GpuState {
         gpu.upload(bufs.done.ptr, &vec![0u8; bufs.done.bytes])?;
         gpu.upload(bufs.cos.ptr, &f32_bytes(model.rope.cos_table()))?;
         gpu.upload(bufs.sin.ptr, &f32_bytes(model.rope.sin_table()))?;
+        let hybrid = cfg
+            .hybrid
+            .as_deref()
+            .map(|hy| super::hybrid::HybridDev::new(&gpu, cfg, hy, bsz))
+            .transpose()?;
         let after = gpu.mem_info()?.0;
-        let kv_bytes = bufs.kcache.bytes + bufs.vcache.bytes;
+        let kv_bytes =
+            bufs.kcache.bytes + bufs.vcache.bytes + hybrid.as_ref().map_or(0, |h| h.state_bytes());
         let scratch_bytes = before.saturating_sub(after).saturating_sub(kv_bytes);
         let host = Host {
             router: gpu.alloc_pinned(4 * bsz * e)?,
@@ -922,11 +930,7 @@ impl GpuState {
                     .indexer
                     .map(|ix| super::ops::IdxState::new(&gpu, ix, bsz, ctx))
                     .transpose()?,
-                hybrid: cfg
-                    .hybrid
-                    .as_deref()
-                    .map(|hy| super::hybrid::HybridDev::new(&gpu, cfg, hy, bsz))
-                    .transpose()?,
+                hybrid,
                 gpu,
             },
             summary,
