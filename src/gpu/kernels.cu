@@ -648,7 +648,12 @@ struct QQ6_K {
     static __device__ __forceinline__ void dot(const u8* row, int it, const i8* const* xq,
                                                const float* const* xd, int nt, float* acc) {
         int b = it >> 4, i = it & 15;
-        const u8* blk = row + (size_t)b * BB;
+        dot_blk(row + (size_t)b * BB, b, i, xq, xd, nt, acc);
+    }
+    // Item i of block b (its bytes at blk: in the row, or a copy of them).
+    static __device__ __forceinline__ void dot_blk(const u8* blk, int b, int i,
+                                                   const i8* const* xq, const float* const* xd,
+                                                   int nt, float* acc) {
         int h = i >> 3, e0 = (16 * i) & 127;
         const u8* ql = blk + 64 * h + (e0 & 63);
         const u8* qh = blk + 128 + 32 * h + (e0 & 31);
@@ -738,6 +743,45 @@ __device__ __forceinline__ void row_dotq(const u8* row, int cols, const i8* cons
     for (int t = 0; t < NT; t++) acc[t] = 0.f;
 #pragma unroll 4
     for (int it = lane; it < items; it += 32) T::dot(row, it, xq, xd, nt, acc);
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = warp_sum(acc[t]);
+}
+
+// Q6_K rows staged through shared memory (`mmq_q6_ks`, the output head's type): Q6_K blocks are
+// 210 bytes, so a lane reading its items straight from the row makes ~18 narrow loads per 16
+// values; here the warp copies 8 blocks (1680 bytes) of its row with 16-byte loads, then each lane
+// reads its items from the copy. Lane l's items stay l, l + 32, ... in the same order (a piece
+// is 128 items), so the sums are row_dotq<QQ6_K>'s. Rows not 16-byte aligned, a short last piece
+// and blocks wider than 8 warps read the row directly.
+struct QQ6_KS : QQ6_K {};
+
+template <>
+__device__ __forceinline__ void row_dotq<QQ6_KS>(const u8* row, int cols, const i8* const* xq,
+                                                 const float* const* xd, int nt, float* acc) {
+    __shared__ uint4 q6s[8][105];
+    const int lane = threadIdx.x & 31, nb = cols / 256;
+    const bool stage = blockDim.x <= 256 && ((size_t)row & 15) == 0;
+    uint4* buf = q6s[(threadIdx.x >> 5) & 7];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.f;
+    for (int b0 = 0; b0 < nb; b0 += 8) {
+        const u8* src = row + (size_t)b0 * 210;
+        if (stage && nb - b0 >= 8) {
+            const uint4* s4 = (const uint4*)src;
+            __syncwarp();
+#pragma unroll
+            for (int c = lane; c < 105; c += 32) buf[c] = s4[c];
+            __syncwarp();
+            const u8* sb = (const u8*)buf;
+#pragma unroll
+            for (int it = lane; it < 128; it += 32)
+                QQ6_K::dot_blk(sb + (it >> 4) * 210, b0 + (it >> 4), it & 15, xq, xd, nt, acc);
+        } else {
+            int items = min(8, nb - b0) * 16;
+            for (int it = lane; it < items; it += 32)
+                QQ6_K::dot_blk(src + (it >> 4) * 210, b0 + (it >> 4), it & 15, xq, xd, nt, acc);
+        }
+    }
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = warp_sum(acc[t]);
 }
@@ -842,6 +886,11 @@ QTYPE_KERNELS(q5_k, QQ5_K)
 QTYPE_KERNELS(q6_k, QQ6_K)
 QTYPE_KERNELS(q8_0, QQ8_0)
 QTYPE_KERNELS(q4_0, QQ4_0)
+
+extern "C" __global__ void mmq_q6_ks(const u8* W, long long rb, int rows, int cols, const i8* XQ,
+                                     const float* XD, int n, float* Y, int ldy) {
+    mmq<QQ6_KS>(W, rb, rows, cols, XQ, XD, n, Y, ldy);
+}
 
 // ---- Routing on the device ---------------------------------------------------------------------
 //
@@ -986,16 +1035,60 @@ __device__ void build_block(const int* sel, int n, int k, int E, const u64* etab
     __syncthreads();
     for (int a = threadIdx.x; a < nk; a += blockDim.x) atomicAdd(&cnt[sel[a]], 1);
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int acc = 0, j = 0;
-        for (int i = 0; i < E; i++) {
-            a0[i] = acc;
-            ji[i] = j;
-            acc += cnt[i];
-            j += cnt[i] > 0;
+    // Exclusive prefix sums of the counts (a0) and of the non-empty experts (ji), blockDim
+    // experts at a time: warp scans by shuffles, then across the warps (integers: the serial
+    // scan's values).
+    __shared__ int wsc[32], wsj[32];
+    {
+        int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+        int carry_a = 0, carry_j = 0;
+        for (int base = 0; base < E; base += blockDim.x) {
+            int ex = base + threadIdx.x;
+            int c = ex < E ? cnt[ex] : 0, b = c > 0;
+            int ic = c, ib = b;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                int tc = __shfl_up_sync(0xffffffffu, ic, o);
+                int tb = __shfl_up_sync(0xffffffffu, ib, o);
+                if (lane >= o) {
+                    ic += tc;
+                    ib += tb;
+                }
+            }
+            if (lane == 31) {
+                wsc[wp] = ic;
+                wsj[wp] = ib;
+            }
+            __syncthreads();
+            if (wp == 0) {
+                int vc = lane < nw ? wsc[lane] : 0, vb = lane < nw ? wsj[lane] : 0;
+#pragma unroll
+                for (int o = 1; o < 32; o <<= 1) {
+                    int tc = __shfl_up_sync(0xffffffffu, vc, o);
+                    int tb = __shfl_up_sync(0xffffffffu, vb, o);
+                    if (lane >= o) {
+                        vc += tc;
+                        vb += tb;
+                    }
+                }
+                if (lane < nw) {
+                    wsc[lane] = vc;
+                    wsj[lane] = vb;
+                }
+            }
+            __syncthreads();
+            if (ex < E) {
+                a0[ex] = carry_a + (wp ? wsc[wp - 1] : 0) + ic - c;
+                ji[ex] = carry_j + (wp ? wsj[wp - 1] : 0) + ib - b;
+            }
+            carry_a += wsc[nw - 1];
+            carry_j += wsj[nw - 1];
+            __syncthreads();
         }
-        *njobs = j;
-        if (stat) *stat += j;
+        if (threadIdx.x == 0) {
+            *njobs = carry_j;
+            if (stat) *stat += carry_j;
+        }
     }
     __syncthreads();
     for (int ex = threadIdx.x; ex < E; ex += blockDim.x) {

@@ -13,11 +13,90 @@
 //   Y row = x / rms(x) * w; and, if XQ, Y row quantized per 32 values into XQ/XD (as quantize_q8;
 //   dim a multiple of 32).
 // Same sums as add + moe_combine + rmsnorm + quantize_q8 (block of 256, as rmsnorm's launch).
+//
+// A decode step runs 17 of these on one block each, so what they cost is latency: a row of up to
+// 256*J values is read into registers first (every load of the row, its addends and its weights
+// in flight at once), then written back and summed in the same order as the loop below, so the
+// numbers are the loop's. The loop serves wider rows.
+template <int J>
+__device__ __forceinline__ void add_rmsnorm_q8_regs(float* x, const float* P, const float* SO,
+                                                    const float* selw, int k, const float* w,
+                                                    int dim, float eps, float* y, i8* XQ,
+                                                    float* XD, int row, float* red) {
+    float xv[J], wv[J];
+    const int tid = threadIdx.x, bd = 256;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        int i = tid + bd * j;
+        xv[j] = 0.f;
+        wv[j] = 0.f;
+        if (i < dim) {
+            float v = x[i];
+            if (P) v += P[(size_t)row * dim + i];
+            if (SO) {
+                float acc = 0.f;
+                for (int q = 0; q < k; q++)
+                    acc += selw[row * k + q] * SO[((size_t)row * k + q) * dim + i];
+                v += acc;
+            }
+            xv[j] = v;
+            wv[j] = w[i];
+        }
+    }
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        int i = tid + bd * j;
+        if (i < dim) {
+            if (P || SO) x[i] = xv[j];
+            s += xv[j] * xv[j];
+        }
+    }
+    s = block_sum(s, red);
+    float inv = 1.f / sqrtf(s / (float)dim + eps);
+    if (!XQ) {
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            int i = tid + bd * j;
+            if (i < dim) y[i] = xv[j] * inv * wv[j];
+        }
+        return;
+    }
+    // Group g = wp + 8j holds values 32g + lane = tid + 256j: this thread's own.
+    int wp = tid >> 5, lane = tid & 31, per = dim >> 5;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        int g = wp + 8 * j;
+        if (g < per) {
+            int i = 32 * g + lane;
+            float v = xv[j] * inv * wv[j];
+            y[i] = v;
+            float a = fabsf(v);
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+            float d = a / 127.f;
+            float id = d > 0.f ? 1.f / d : 0.f;
+            int q = (int)roundf(v * id);
+            XQ[(size_t)row * dim + i] = (i8)max(-127, min(127, q));
+            if (lane == 0) XD[(size_t)row * per + g] = d;
+        }
+    }
+}
+
 extern "C" __global__ void add_rmsnorm_q8(float* X, int ldx, const float* P, const float* SO,
                                           const float* selw, int k, const float* w, int dim,
                                           float eps, float* Y, int ldy, i8* XQ, float* XD) {
     __shared__ float red[32];
     int row = blockIdx.x;
+    if (blockDim.x == 256 && dim <= 256 * 16) {
+        float* x = X + (size_t)row * ldx;
+        float* y = Y + (size_t)row * ldy;
+        if (dim <= 256 * 8)
+            add_rmsnorm_q8_regs<8>(x, P, SO, selw, k, w, dim, eps, y, XQ, XD, row, red);
+        else
+            add_rmsnorm_q8_regs<16>(x, P, SO, selw, k, w, dim, eps, y, XQ, XD, row, red);
+        return;
+    }
     float* x = X + (size_t)row * ldx;
     float* y = Y + (size_t)row * ldy;
     float s = 0.f;
@@ -243,7 +322,32 @@ extern "C" __global__ void attention_split_merge(
         for (int i = threadIdx.x; i < dk; i += blockDim.x) qsh[i] = q[i];
         __syncthreads();
         float mx = -INFINITY;
-        for (int j = j0 + warp; j < j1; j += nw) {
+        // Four keys per warp pass (their loads in flight together), each summed as alone.
+        int j = j0 + warp;
+        for (; j + 3 * nw < j1; j += 4 * nw) {
+            const float* kk = K + (size_t)j * ks + (size_t)g * khs;
+            size_t st = (size_t)nw * ks;
+            float v0 = 0.f, v1 = 0.f, v2 = 0.f, v3 = 0.f;
+            for (int i = lane; i < dk; i += 32) {
+                float qv = qsh[i];
+                v0 += qv * kk[i];
+                v1 += qv * kk[st + i];
+                v2 += qv * kk[2 * st + i];
+                v3 += qv * kk[3 * st + i];
+            }
+            v0 = warp_sum(v0) * scale;
+            v1 = warp_sum(v1) * scale;
+            v2 = warp_sum(v2) * scale;
+            v3 = warp_sum(v3) * scale;
+            if (lane == 0) {
+                sc[j - j0] = v0;
+                sc[j + nw - j0] = v1;
+                sc[j + 2 * nw - j0] = v2;
+                sc[j + 3 * nw - j0] = v3;
+            }
+            mx = fmaxf(fmaxf(mx, fmaxf(v0, v1)), fmaxf(v2, v3));
+        }
+        for (; j < j1; j += nw) {
             const float* kk = K + (size_t)j * ks + (size_t)g * khs;
             float v = 0.f;
             for (int i = lane; i < dk; i += 32) v += qsh[i] * kk[i];

@@ -397,7 +397,16 @@ impl<'a> Builder<'a> {
             embed: self.gpu.function(&format!("embed_{n}"))?,
             q: if Q8_TYPES.contains(&d) {
                 Some(QFns {
-                    mm: self.gpu.function(&format!("mmq_{n}"))?,
+                    // Q6_K matvecs stage each row through shared memory (kernels.cu
+                    // `mmq_q6_ks`: the output head at ~2x the row-direct kernel's bytes per
+                    // second); `SLUICE_GPU_Q6_STAGE=0` reads rows directly (same sums).
+                    mm: if d == DType::Q6_K
+                        && std::env::var("SLUICE_GPU_Q6_STAGE").map_or(true, |v| v != "0")
+                    {
+                        self.gpu.function("mmq_q6_ks")?
+                    } else {
+                        self.gpu.function(&format!("mmq_{n}"))?
+                    },
                     mm3: self.gpu.function(&format!("mmq3_{n}"))?,
                     down_s: self.gpu.function(&format!("moe_down_qs_{n}"))?,
                     gate_up: self.gpu.function(&format!("moe_gate_up_q_{n}"))?,
