@@ -6,7 +6,7 @@
 #
 # On the CPU machine (DIR = target/devrun-h1 under the tree `run` copies): this branch's
 # `sluice` and `tests/gpu.rs` binaries and the base (main) `sluice`, stripped and xz'd as
-# DIR/sluice.xz, DIR/gpu-tests.xz, DIR/sluice-base.xz; DIR/gpu/ = src/gpu/kernels*.cu and
+# DIR/pair.tar.xz (sluice, sluice-base), DIR/gpu-tests.xz; DIR/gpu/ = src/gpu/kernels*.cu and
 # kernels.ptx gzipped (the PTX test hashes them). On the GPU machine: bash DIR/THIS DIR
 set -u
 D=${1:-target/devrun-h1}; OO=${OUT:-/tmp/out}; O=/tmp/o; mkdir -p $O $OO
@@ -14,7 +14,10 @@ T0=$(date +%s)
 el() { echo "$(( $(date +%s) - T0 )) s"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 B=/tmp/bin; mkdir -p $B
-for f in sluice sluice-base gpu-tests; do [ -f $D/$f.xz ] && xz -dc $D/$f.xz > $B/$f && chmod +x $B/$f; done
+# The two sluice binaries come as one tarball (xz -9e, 192 MiB dictionary: the second costs
+# little), to fit the carry limit.
+[ -f $D/pair.tar.xz ] && xz -dc $D/pair.tar.xz | tar -xf - -C $B
+for f in sluice sluice-base gpu-tests; do [ -f $D/$f.xz ] && xz -dc $D/$f.xz > $B/$f; chmod +x $B/$f; done
 R=/tmp/root; mkdir -p $R/src && cp -r $D/gpu $R/src/gpu && gunzip -f $R/src/gpu/kernels.ptx.gz && ln -sfn $PWD/tests $R/tests
 export SLUICE_ROOT=$R
 S=$B/sluice; SB=$B/sluice-base

@@ -887,6 +887,61 @@ QTYPE_KERNELS(q6_k, QQ6_K)
 QTYPE_KERNELS(q8_0, QQ8_0)
 QTYPE_KERNELS(q4_0, QQ4_0)
 
+// mmq with each warp on R rows at once (rows r, r + 1, ...: R times the bytes in flight per
+// warp, R times fewer blocks), each row's sums exactly as row_dotq's (same items per lane in
+// the same order, same warp reduction). For a matvec over many rows (the output head), where one
+// row per warp leaves each warp a single short round trip. Grid: ceil(rows / (WARPS * R)).
+template <class T, int R>
+__device__ void mmq_rows(const u8* W, long long rb, int rows, int cols, const i8* XQ,
+                         const float* XD, int n, float* Y, int ldy) {
+    const int lane = threadIdx.x & 31;
+    int r0 = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * R;
+    if (r0 >= rows) return;
+    const int items = (cols / T::BE) * T::IPB;
+    for (int t0 = 0; t0 < n; t0 += NT) {
+        int nt = min(NT, n - t0);
+        const i8* xq[NT];
+        const float* xd[NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            size_t tt = t0 + min(t, nt - 1);
+            xq[t] = XQ + tt * cols;
+            xd[t] = XD + tt * (cols >> 5);
+        }
+        float acc[R][NT];
+#pragma unroll
+        for (int q = 0; q < R; q++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) acc[q][t] = 0.f;
+#pragma unroll 2
+        for (int it = lane; it < items; it += 32)
+#pragma unroll
+            for (int q = 0; q < R; q++)
+                T::dot(W + (size_t)min(r0 + q, rows - 1) * rb, it, xq, xd, nt, acc[q]);
+#pragma unroll
+        for (int q = 0; q < R; q++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) acc[q][t] = warp_sum(acc[q][t]);
+        if (lane == 0)
+#pragma unroll
+            for (int q = 0; q < R; q++)
+                if (r0 + q < rows)
+                    for (int t = 0; t < nt; t++) Y[(size_t)(t0 + t) * ldy + r0 + q] = acc[q][t];
+    }
+}
+
+#define MMQ_ROWS_KERNEL(NAME, T)                                                                  \
+    extern "C" __global__ void mmq2_##NAME(const u8* W, long long rb, int rows, int cols,         \
+                                           const i8* XQ, const float* XD, int n, float* Y,        \
+                                           int ldy) {                                             \
+        mmq_rows<T, 2>(W, rb, rows, cols, XQ, XD, n, Y, ldy);                                     \
+    }
+MMQ_ROWS_KERNEL(q4_k, QQ4_K)
+MMQ_ROWS_KERNEL(q5_k, QQ5_K)
+MMQ_ROWS_KERNEL(q6_k, QQ6_K)
+MMQ_ROWS_KERNEL(q8_0, QQ8_0)
+MMQ_ROWS_KERNEL(q4_0, QQ4_0)
+
 extern "C" __global__ void mmq_q6_ks(const u8* W, long long rb, int rows, int cols, const i8* XQ,
                                      const float* XD, int n, float* Y, int ldy) {
     mmq<QQ6_KS>(W, rb, rows, cols, XQ, XD, n, Y, ldy);
@@ -961,6 +1016,57 @@ __device__ void route_warp(const float* logits, int E, int k, const float* bias,
             if (!kept) ch[i] = 0.f;
         }
         __syncwarp();
+    }
+    if (E <= 32 * 16 && k <= 32) {
+        // The same selection with each lane's candidates and a taken mask in registers, the
+        // slot-s winner kept by lane s (no shared-memory scans per round: a decode step's
+        // routing is one warp's latency).
+        float cv[16];
+#pragma unroll
+        for (int m = 0; m < 16; m++) cv[m] = lane + 32 * m < E ? ch[lane + 32 * m] : 0.f;
+        u32 taken = 0;
+        int mine = 0;
+        for (int s = 0; s < k; s++) {
+            float bv = -INFINITY;
+            int bi = 0x7fffffff;
+#pragma unroll
+            for (int m = 0; m < 16; m++) {
+                int i = lane + 32 * m;
+                if (i < E && !((taken >> m) & 1u)) {
+                    float v = cv[m];
+                    if (bi == 0x7fffffff || v > bv) {
+                        bv = v;
+                        bi = i;
+                    }
+                }
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+                int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+                bool better = oi != 0x7fffffff &&
+                              (bi == 0x7fffffff || ov > bv || (ov == bv && oi < bi));
+                if (better) {
+                    bv = ov;
+                    bi = oi;
+                }
+            }
+            if (bi != 0x7fffffff && (bi & 31) == lane) taken |= 1u << (bi >> 5);
+            if (lane == s) mine = bi;
+        }
+        // Weights: the slot-order sum of the chosen scores (every lane adds them in order).
+        float wv = lane < k ? sc[mine] : 0.f;
+        float sum = 0.f;
+        for (int s = 0; s < k; s++) sum += __shfl_sync(0xffffffffu, wv, s);
+        if (sigmoid) sum += 1e-20f;
+        if (lane < k) {
+            float v = wv;
+            if (norm) v /= sum;
+            if (scale != 1.f) v *= scale;
+            sel[t * k + lane] = mine;
+            selw[t * k + lane] = v;
+        }
+        return;
     }
     for (int s = 0; s < k; s++) {
         float bv = -INFINITY;
@@ -1141,6 +1247,15 @@ extern "C" __global__ void kv_store(const float* Src, int ss, float* Dst, int co
 // its running max, sum of exponentials and unnormalised output to the partial buffers; the merge
 // kernel combines the splits. Same layout arguments as `attention`. Grid: (heads, n, splits),
 // block 128, shared (dk + chunk) floats.
+// Positions per split for a context of len: the context spread over all S splits (so a long
+// context keeps every split block busy and a short one few), at least 32 and a multiple of 16,
+// at most `chunk` (the shared-memory size: chunk >= ctx / S >= len / S).
+__device__ __forceinline__ int split_chunk(int len, int chunk, int S) {
+    int c = (len + S - 1) / S;
+    c = max(32, (c + 15) & ~15);
+    return min(c, chunk);
+}
+
 extern "C" __global__ void attention_split(const float* Q, int qts, int qhs, const float* K,
                                            int ks, int khs, const float* V, int vs, int vhs,
                                            int dk, int dv, int group, const int* pp, int padd,
@@ -1152,6 +1267,7 @@ extern "C" __global__ void attention_split(const float* Q, int qts, int qhs, con
     float* sc = ash + dk;
     int hh = blockIdx.x, t = blockIdx.y, s = blockIdx.z, heads = gridDim.x, S = gridDim.z;
     int len = *pp + padd + t + 1;
+    chunk = split_chunk(len, chunk, S);
     int j0 = s * chunk, j1 = min(len, j0 + chunk);
     size_t part = ((size_t)t * heads + hh) * S + s;
     float* po = PO + part * dv;

@@ -48,6 +48,12 @@ pub(super) enum Residual {
     Combine,
 }
 
+/// Whether prompt attention takes `attention_tiled` (`SLUICE_GPU_ATT_TILED=0`: `attention`).
+fn att_tiled_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SLUICE_GPU_ATT_TILED").map_or(true, |v| v != "0"))
+}
+
 fn align(x: usize) -> usize {
     x.div_ceil(ALIGN) * ALIGN
 }
@@ -75,6 +81,8 @@ struct TypeFns {
 #[derive(Clone, Copy)]
 struct QFns {
     mm: Kernel,
+    /// Two rows per warp (kernels.cu `mmq2_*`), for tall matvecs; `SLUICE_GPU_MMQ_ROWS=1` off.
+    mm2: Option<Kernel>,
     /// Up to three matrices of this type in one launch (kernels_fused.cu `mmq3`).
     mm3: Kernel,
     /// `down` quantizing its input rows itself (kernels_fused.cu `moe_down_qs`).
@@ -162,6 +170,8 @@ pub(super) struct Small {
     add_rms_q8: Kernel,
     qk_rope_store: Kernel,
     att_split_merge: Kernel,
+    /// Prompt attention in 32-query tiles (kernels_fused.cu `attention_tiled`).
+    att_tiled: Kernel,
     route_jobs: Kernel,
     router_route_jobs: Kernel,
 }
@@ -407,6 +417,11 @@ impl<'a> Builder<'a> {
                     } else {
                         self.gpu.function(&format!("mmq_{n}"))?
                     },
+                    mm2: if std::env::var("SLUICE_GPU_MMQ_ROWS").map_or(true, |v| v != "1") {
+                        self.gpu.function(&format!("mmq2_{n}")).ok()
+                    } else {
+                        None
+                    },
                     mm3: self.gpu.function(&format!("mmq3_{n}"))?,
                     down_s: self.gpu.function(&format!("moe_down_qs_{n}"))?,
                     gate_up: self.gpu.function(&format!("moe_gate_up_q_{n}"))?,
@@ -612,6 +627,7 @@ impl GpuState {
             silu_mul: gpu.function("silu_mul")?,
             rope: gpu.function("rope")?,
             attention: gpu.function("attention")?,
+            att_tiled: gpu.function("attention_tiled")?,
             head_mv: gpu.function("head_mv")?,
             copy2d: gpu.function("copy2d")?,
             combine: gpu.function("moe_combine")?,
@@ -1145,6 +1161,26 @@ impl GpuState {
                 gemm::mm(
                     &self.gpu, &q.gemm, w, m.rb, m.rows, m.cols, xq, xd, n, y, ldy,
                 )
+            } else if let Some(mm2) = q.mm2.filter(|_| n <= NT && m.rows >= 32768) {
+                // A tall matvec (the output head): two rows per warp (`mmq_rows`).
+                self.gpu.launch(
+                    mm2,
+                    ((m.rows as u32).div_ceil(2 * WARPS), 1, 1),
+                    32 * WARPS,
+                    0,
+                    Stream::Compute,
+                    &[
+                        self.wa(m.off).into(),
+                        (m.rb as i64).into(),
+                        (m.rows as i32).into(),
+                        (m.cols as i32).into(),
+                        self.bufs.xq.ptr.into(),
+                        self.bufs.xd.ptr.into(),
+                        (n as i32).into(),
+                        y.into(),
+                        (ldy as i32).into(),
+                    ],
+                )
             } else {
                 self.gpu.launch(
                     q.mm,
@@ -1393,6 +1429,39 @@ impl GpuState {
                     self.bufs.po.ptr.into(),
                     (splits as i32).into(),
                     (dv as i32).into(),
+                    o.0.into(),
+                    (o.1 as i32).into(),
+                    (o.2 as i32).into(),
+                ],
+            );
+        }
+        // Prompt attention: 32 queries per block through shared-memory key/value tiles
+        // (`attention_tiled`, ~10x less L2 traffic than a block per query) where its shared
+        // memory fits; `SLUICE_GPU_ATT_TILED=0` keeps `attention`.
+        let tiled_shm = 4 * (32 * (dk + 1) + 16 * (dk + 1) + 16 * dv + 32 * 17);
+        if dk <= 192 && dv <= 128 && tiled_shm <= 48 * 1024 && att_tiled_on() {
+            return self.launch(
+                self.small.att_tiled,
+                (heads as u32, n.div_ceil(32) as u32, 1),
+                128,
+                tiled_shm as u32,
+                &[
+                    q.0.into(),
+                    (q.1 as i32).into(),
+                    (q.2 as i32).into(),
+                    k.0.into(),
+                    (k.1 as i32).into(),
+                    (k.2 as i32).into(),
+                    v.0.into(),
+                    (v.1 as i32).into(),
+                    (v.2 as i32).into(),
+                    (dk as i32).into(),
+                    (dv as i32).into(),
+                    (group as i32).into(),
+                    self.bufs.pos.ptr.into(),
+                    padd.into(),
+                    scale.into(),
+                    (n as i32).into(),
                     o.0.into(),
                     (o.1 as i32).into(),
                     (o.2 as i32).into(),
