@@ -218,8 +218,8 @@ __device__ __forceinline__ float warp_sum(float s) {
 
 // acc[t] = <row, xs[t]> for t < nt (nt <= NT), summed over the warp (every lane gets the sum).
 template <class T>
-__device__ __forceinline__ void row_dot(const u8* row, int cols, const float* const* xs, int nt,
-                                        float* acc) {
+__device__ __forceinline__ void row_dot_chunks(const u8* row, int cols, const float* const* xs,
+                                               int nt, float* acc) {
     const int lane = threadIdx.x & 31;
     const int sub = T::BE / 32;
     const int chunks = (cols + 31) / 32;
@@ -244,6 +244,45 @@ __device__ __forceinline__ void row_dot(const u8* row, int cols, const float* co
                     for (int i = 0; i < valid; i++) s += v[i] * x[i];
                 }
                 acc[t] += s;
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = warp_sum(acc[t]);
+}
+
+template <class T>
+__device__ __forceinline__ void row_dot(const u8* row, int cols, const float* const* xs, int nt,
+                                        float* acc) {
+    row_dot_chunks<T>(row, cols, xs, nt, acc);
+}
+
+// F32 rows (the routers, the f32 reference files): lane l reads float4 number l, l + 32, ...,
+// so each step of the warp reads 512 contiguous bytes (32 lanes on 32 different 128-byte lines
+// per load, as the chunked loop reads them, left the decode step's router product at ~25 us per
+// layer). Rows or inputs not 16-byte aligned take the chunked loop.
+template <>
+__device__ __forceinline__ void row_dot<TF32>(const u8* row, int cols, const float* const* xs,
+                                              int nt, float* acc) {
+    bool vec = (cols & 3) == 0 && ((size_t)row & 15) == 0;
+#pragma unroll
+    for (int t = 0; t < NT; t++) vec = vec && ((size_t)xs[t] & 15) == 0;
+    if (!vec) {
+        row_dot_chunks<TF32>(row, cols, xs, nt, acc);
+        return;
+    }
+    const int lane = threadIdx.x & 31;
+    const float4* w4 = (const float4*)row;
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.f;
+#pragma unroll 4
+    for (int c = lane; c < (cols >> 2); c += 32) {
+        float4 w = w4[c];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t < nt) {
+                float4 x = ((const float4*)xs[t])[c];
+                acc[t] += w.x * x.x + w.y * x.y + w.z * x.z + w.w * x.w;
             }
         }
     }
@@ -734,17 +773,20 @@ struct QQ4_0 {
 };
 
 // acc[t] = <row, x_t> over quantized activations (xq/xd per token), summed over the warp.
-template <class T>
+// NTT: the tokens a pass can hold (arrays of NTT; nt <= NTT). The decode step's kernels are
+// instantiated with NTT = 1 (`*_t1`): the same sums for one token in ~half the registers, so
+// 2-3x the warps fit on an SM (mmq_q4_k with NT = 4 takes 94 registers: 2 blocks per SM).
+template <class T, int NTT = NT>
 __device__ __forceinline__ void row_dotq(const u8* row, int cols, const i8* const* xq,
                                          const float* const* xd, int nt, float* acc) {
     const int lane = threadIdx.x & 31;
     const int items = (cols / T::BE) * T::IPB;
 #pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.f;
+    for (int t = 0; t < NTT; t++) acc[t] = 0.f;
 #pragma unroll 4
-    for (int it = lane; it < items; it += 32) T::dot(row, it, xq, xd, nt, acc);
+    for (int it = lane; it < items; it += 32) T::dot(row, it, xq, xd, NTT == 1 ? 1 : nt, acc);
 #pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = warp_sum(acc[t]);
+    for (int t = 0; t < NTT; t++) acc[t] = warp_sum(acc[t]);
 }
 
 // Q6_K rows staged through shared memory (`mmq_q6_ks`, the output head's type): Q6_K blocks are
@@ -756,7 +798,7 @@ __device__ __forceinline__ void row_dotq(const u8* row, int cols, const i8* cons
 struct QQ6_KS : QQ6_K {};
 
 template <>
-__device__ __forceinline__ void row_dotq<QQ6_KS>(const u8* row, int cols, const i8* const* xq,
+__device__ __forceinline__ void row_dotq<QQ6_KS, NT>(const u8* row, int cols, const i8* const* xq,
                                                  const float* const* xd, int nt, float* acc) {
     __shared__ uint4 q6s[8][105];
     const int lane = threadIdx.x & 31, nb = cols / 256;
@@ -787,31 +829,31 @@ __device__ __forceinline__ void row_dotq<QQ6_KS>(const u8* row, int cols, const 
 }
 
 // Y[t*ldy + r] = <W row r, x_t>, x_t quantized (XQ row stride cols, XD row stride cols/32).
-template <class T>
+template <class T, int NTT = NT>
 __device__ void mmq(const u8* W, long long rb, int rows, int cols, const i8* XQ, const float* XD,
                     int n, float* Y, int ldy) {
     int r = blockIdx.x * WARPS + (threadIdx.x >> 5);
     if (r >= rows) return;
     const u8* row = W + (size_t)r * rb;
-    for (int t0 = 0; t0 < n; t0 += NT) {
-        int nt = min(NT, n - t0);
-        const i8* xq[NT];
-        const float* xd[NT];
+    for (int t0 = 0; t0 < n; t0 += NTT) {
+        int nt = NTT == 1 ? 1 : min(NTT, n - t0);
+        const i8* xq[NTT];
+        const float* xd[NTT];
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
+        for (int t = 0; t < NTT; t++) {
             size_t tt = t0 + min(t, nt - 1);
             xq[t] = XQ + tt * cols;
             xd[t] = XD + tt * (cols >> 5);
         }
-        float acc[NT];
-        row_dotq<T>(row, cols, xq, xd, nt, acc);
+        float acc[NTT];
+        row_dotq<T, NTT>(row, cols, xq, xd, nt, acc);
         if ((threadIdx.x & 31) == 0)
             for (int t = 0; t < nt; t++) Y[(size_t)(t0 + t) * ldy + r] = acc[t];
     }
 }
 
 // As moe_gate_up, against the quantized rows of XN (token tok[a] of assignment a).
-template <class T>
+template <class T, int NTT = NT>
 __device__ void moe_gate_up_q(const Job* jobs, const int* nj, int f, int h, long long rb,
                               const i8* XQ, const float* XD, const int* tok, float* Hb) {
     if (nj && (int)blockIdx.y >= *nj) return;
@@ -820,19 +862,19 @@ __device__ void moe_gate_up_q(const Job* jobs, const int* nj, int f, int h, long
     if (r >= f) return;
     const u8* g = (const u8*)j.gate + (size_t)r * rb;
     const u8* u = (const u8*)j.up + (size_t)r * rb;
-    for (int a0 = j.a0; a0 < j.a0 + j.cnt; a0 += NT) {
-        int nt = min(NT, j.a0 + j.cnt - a0);
-        const i8* xq[NT];
-        const float* xd[NT];
+    for (int a0 = j.a0; a0 < j.a0 + j.cnt; a0 += NTT) {
+        int nt = NTT == 1 ? 1 : min(NTT, j.a0 + j.cnt - a0);
+        const i8* xq[NTT];
+        const float* xd[NTT];
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
+        for (int t = 0; t < NTT; t++) {
             size_t tt = tok[a0 + min(t, nt - 1)];
             xq[t] = XQ + tt * h;
             xd[t] = XD + tt * (h >> 5);
         }
-        float ag[NT], au[NT];
-        row_dotq<T>(g, h, xq, xd, nt, ag);
-        row_dotq<T>(u, h, xq, xd, nt, au);
+        float ag[NTT], au[NTT];
+        row_dotq<T, NTT>(g, h, xq, xd, nt, ag);
+        row_dotq<T, NTT>(u, h, xq, xd, nt, au);
         if ((threadIdx.x & 31) == 0)
             for (int t = 0; t < nt; t++) Hb[(size_t)(a0 + t) * f + r] = silu(ag[t]) * au[t];
     }
@@ -886,6 +928,30 @@ QTYPE_KERNELS(q5_k, QQ5_K)
 QTYPE_KERNELS(q6_k, QQ6_K)
 QTYPE_KERNELS(q8_0, QQ8_0)
 QTYPE_KERNELS(q4_0, QQ4_0)
+
+// One token per pass (`*_t1`, the decode step's): see row_dotq. `*_t1` are held to 40 registers
+// (6 blocks of 256 per SM; a few bytes spill), `*_t1n` are not (~53: 4 blocks).
+#define QTYPE_T1_KERNELS(NAME, T, SFX, LB)                                                                 \
+    extern "C" __global__ void LB mmq_##NAME##SFX(const u8* W, long long rb, int rows, int cols,     \
+                                               const i8* XQ, const float* XD, int n, float* Y,    \
+                                               int ldy) {                                         \
+        mmq<T, 1>(W, rb, rows, cols, XQ, XD, n, Y, ldy);                                          \
+    }                                                                                             \
+    extern "C" __global__ void LB moe_gate_up_q_##NAME##SFX(                                         \
+        const Job* jobs, const int* nj, int f, int h, long long rb, const i8* XQ,                 \
+        const float* XD, const int* tok, float* Hb) {                                             \
+        moe_gate_up_q<T, 1>(jobs, nj, f, h, rb, XQ, XD, tok, Hb);                                 \
+    }
+QTYPE_T1_KERNELS(q4_k, QQ4_K, _t1, __launch_bounds__(256, 6))
+QTYPE_T1_KERNELS(q4_k, QQ4_K, _t1n, )
+QTYPE_T1_KERNELS(q5_k, QQ5_K, _t1, __launch_bounds__(256, 6))
+QTYPE_T1_KERNELS(q5_k, QQ5_K, _t1n, )
+QTYPE_T1_KERNELS(q6_k, QQ6_K, _t1, __launch_bounds__(256, 6))
+QTYPE_T1_KERNELS(q6_k, QQ6_K, _t1n, )
+QTYPE_T1_KERNELS(q8_0, QQ8_0, _t1, __launch_bounds__(256, 6))
+QTYPE_T1_KERNELS(q8_0, QQ8_0, _t1n, )
+QTYPE_T1_KERNELS(q4_0, QQ4_0, _t1, __launch_bounds__(256, 6))
+QTYPE_T1_KERNELS(q4_0, QQ4_0, _t1n, )
 
 // mmq with each warp on R rows at once (rows r, r + 1, ...: R times the bytes in flight per
 // warp, R times fewer blocks), each row's sums exactly as row_dotq's (same items per lane in

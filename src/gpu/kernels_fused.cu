@@ -155,7 +155,7 @@ extern "C" __global__ void add_rmsnorm_q8(float* X, int ldx, const float* P, con
 // Up to three matrices of one quantized type and width against the same quantized input, in
 // one launch: blocks [0, b1) take matrix 0's rows, [b1, b2) matrix 1's, the rest matrix 2's
 // (b1, b2 in blocks of WARPS rows). Each row as mmq computes it.
-template <class T>
+template <class T, int NTT = NT>
 __device__ void mmq3(const u8* W0, long long rb0, int rows0, float* Y0, int ldy0, const u8* W1,
                      long long rb1, int rows1, float* Y1, int ldy1, const u8* W2, long long rb2,
                      int rows2, float* Y2, int ldy2, int cols, const i8* XQ, const float* XD,
@@ -174,18 +174,18 @@ __device__ void mmq3(const u8* W0, long long rb0, int rows0, float* Y0, int ldy0
     int r = b * WARPS + (threadIdx.x >> 5);
     if (r >= rows) return;
     const u8* row = W + (size_t)r * rb;
-    for (int t0 = 0; t0 < n; t0 += NT) {
-        int nt = min(NT, n - t0);
-        const i8* xq[NT];
-        const float* xd[NT];
+    for (int t0 = 0; t0 < n; t0 += NTT) {
+        int nt = NTT == 1 ? 1 : min(NTT, n - t0);
+        const i8* xq[NTT];
+        const float* xd[NTT];
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
+        for (int t = 0; t < NTT; t++) {
             size_t tt = t0 + min(t, nt - 1);
             xq[t] = XQ + tt * cols;
             xd[t] = XD + tt * (cols >> 5);
         }
-        float acc[NT];
-        row_dotq<T>(row, cols, xq, xd, nt, acc);
+        float acc[NTT];
+        row_dotq<T, NTT>(row, cols, xq, xd, nt, acc);
         if ((threadIdx.x & 31) == 0)
             for (int t = 0; t < nt; t++) Y[(size_t)(t0 + t) * ldy + r] = acc[t];
     }
@@ -205,6 +205,25 @@ MMQ3_KERNEL(q5_k, QQ5_K)
 MMQ3_KERNEL(q6_k, QQ6_K)
 MMQ3_KERNEL(q8_0, QQ8_0)
 MMQ3_KERNEL(q4_0, QQ4_0)
+
+#define MMQ3_T1_KERNEL(NAME, T, SFX, LB)                                                                   \
+    extern "C" __global__ void LB mmq3_##NAME##SFX(                                                  \
+        const u8* W0, long long rb0, int rows0, float* Y0, int ldy0, const u8* W1, long long rb1, \
+        int rows1, float* Y1, int ldy1, const u8* W2, long long rb2, int rows2, float* Y2,        \
+        int ldy2, int cols, const i8* XQ, const float* XD, int n) {                               \
+        mmq3<T, 1>(W0, rb0, rows0, Y0, ldy0, W1, rb1, rows1, Y1, ldy1, W2, rb2, rows2, Y2, ldy2,  \
+                   cols, XQ, XD, n);                                                              \
+    }
+MMQ3_T1_KERNEL(q4_k, QQ4_K, _t1, __launch_bounds__(256, 6))
+MMQ3_T1_KERNEL(q4_k, QQ4_K, _t1n, )
+MMQ3_T1_KERNEL(q5_k, QQ5_K, _t1, __launch_bounds__(256, 6))
+MMQ3_T1_KERNEL(q5_k, QQ5_K, _t1n, )
+MMQ3_T1_KERNEL(q6_k, QQ6_K, _t1, __launch_bounds__(256, 6))
+MMQ3_T1_KERNEL(q6_k, QQ6_K, _t1n, )
+MMQ3_T1_KERNEL(q8_0, QQ8_0, _t1, __launch_bounds__(256, 6))
+MMQ3_T1_KERNEL(q8_0, QQ8_0, _t1n, )
+MMQ3_T1_KERNEL(q4_0, QQ4_0, _t1, __launch_bounds__(256, 6))
+MMQ3_T1_KERNEL(q4_0, QQ4_0, _t1n, )
 
 // Between the q/k/v projections and attention, per head: optional RMSNorm of each q and k head
 // (qn / kn: hd weights; as rmsnorm over hd-wide parts), rotary embedding of the first 2*half
@@ -449,7 +468,7 @@ extern "C" __global__ void router_route_jobs(const u8* W, long long rb, const fl
 // moe_down_q with the block quantizing its job's rows of Hb itself (as quantize_q8 does, into
 // shared memory: NT*f codes, then NT*f/32 scales), so the down product needs no quantize launch
 // before it. f a multiple of 32. Grid as moe_down_q; shared NT*f + 4*NT*f/32 bytes.
-template <class T>
+template <class T, int NTT = NT>
 __device__ void moe_down_qs(const Job* jobs, const int* nj, int h, int f, long long rb,
                             const float* Hb, const int* dst, float* SO) {
     extern __shared__ int4 dsm4[];
@@ -463,8 +482,8 @@ __device__ void moe_down_qs(const Job* jobs, const int* nj, int h, int f, long l
     // The row's bytes start on their way to L2 while the block quantizes its input.
     for (long long o = 128 * lane; o < rb; o += 32 * 128)
         asm volatile("prefetch.global.L2 [%0];" ::"l"(w + o));
-    for (int a0 = j.a0; a0 < j.a0 + j.cnt; a0 += NT) {
-        int nt = min(NT, j.a0 + j.cnt - a0);
+    for (int a0 = j.a0; a0 < j.a0 + j.cnt; a0 += NTT) {
+        int nt = NTT == 1 ? 1 : min(NTT, j.a0 + j.cnt - a0);
         __syncthreads();
         for (int g = wp; g < nt * per; g += nw) {
             int t = g / per, c = g % per;
@@ -480,16 +499,16 @@ __device__ void moe_down_qs(const Job* jobs, const int* nj, int h, int f, long l
         }
         __syncthreads();
         if (r >= h) continue;
-        const i8* xq[NT];
-        const float* xd[NT];
+        const i8* xq[NTT];
+        const float* xd[NTT];
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
+        for (int t = 0; t < NTT; t++) {
             int tt = min(t, nt - 1);
             xq[t] = sq + tt * f;
             xd[t] = sd + tt * per;
         }
-        float acc[NT];
-        row_dotq<T>(w, f, xq, xd, nt, acc);
+        float acc[NTT];
+        row_dotq<T, NTT>(w, f, xq, xd, nt, acc);
         if (lane == 0)
             for (int t = 0; t < nt; t++) SO[(size_t)dst[a0 + t] * h + r] = acc[t];
     }
@@ -508,24 +527,44 @@ DOWN_QS_KERNEL(q6_k, QQ6_K)
 DOWN_QS_KERNEL(q8_0, QQ8_0)
 DOWN_QS_KERNEL(q4_0, QQ4_0)
 
+#define DOWN_QS_T1_KERNEL(NAME, T, SFX, LB)                                                                \
+    extern "C" __global__ void LB moe_down_qs_##NAME##SFX(const Job* jobs, const int* nj, int h,    \
+                                                       int f, long long rb, const float* Hb,     \
+                                                       const int* dst, float* SO) {              \
+        moe_down_qs<T, 1>(jobs, nj, h, f, rb, Hb, dst, SO);                                       \
+    }
+DOWN_QS_T1_KERNEL(q4_k, QQ4_K, _t1, __launch_bounds__(256, 6))
+DOWN_QS_T1_KERNEL(q4_k, QQ4_K, _t1n, )
+DOWN_QS_T1_KERNEL(q5_k, QQ5_K, _t1, __launch_bounds__(256, 6))
+DOWN_QS_T1_KERNEL(q5_k, QQ5_K, _t1n, )
+DOWN_QS_T1_KERNEL(q6_k, QQ6_K, _t1, __launch_bounds__(256, 6))
+DOWN_QS_T1_KERNEL(q6_k, QQ6_K, _t1n, )
+DOWN_QS_T1_KERNEL(q8_0, QQ8_0, _t1, __launch_bounds__(256, 6))
+DOWN_QS_T1_KERNEL(q8_0, QQ8_0, _t1n, )
+DOWN_QS_T1_KERNEL(q4_0, QQ4_0, _t1, __launch_bounds__(256, 6))
+DOWN_QS_T1_KERNEL(q4_0, QQ4_0, _t1n, )
+
 // ==== Prompt attention in tiles (prefill) ====
 //
 // `attention` (one block per head and query, every key and value read from L2 again for each
 // query) took ~46% of a 1.5k-token prefill. Here a block takes AQ = 32 queries of one head and
 // walks the keys in tiles of AK = 16 through shared memory, with an online softmax (running max
 // and sum per query, the accumulators rescaled when the max grows): K and V are read once per
-// 32 queries. f32 throughout. Scores: each thread 2 queries x 2 keys; values: each thread one
-// query and every 4th value dimension. Causal: query t sees keys 0 ..= *pp + padd + t. Same
-// arguments as `attention` without the score scratch. dk <= 192, dv <= 128 (else `attention`).
-// Grid: (heads, ceil(n / AQ)); block 128; shared attn_tiled_shmem(dk, dv) bytes.
+// 32 queries, and the next tile's loads are in flight while the block computes on this one.
+// f32 throughout. Scores: each thread 2 queries x 2 keys, 4 dimensions per shared load; values:
+// each thread one query and 8 groups of 4 dimensions. Causal: query t sees keys 0 ..= *pp +
+// padd + t. Same arguments as `attention` without the score scratch. dk <= 192 and dv <= 128,
+// both multiples of 4, rows 16-byte aligned (else `attention`). Grid: (heads, ceil(n / AQ));
+// block 128; shared 4 * (AQ*(dk+4) + AK*(dk+4) + AK*dv + AQ*(AK+1)) bytes.
 #define AQ 32
 #define AK 16
 extern "C" __global__ void attention_tiled(const float* Q, int qts, int qhs, const float* K,
                                            int ks, int khs, const float* V, int vs, int vhs,
                                            int dk, int dv, int group, const int* pp, int padd,
                                            float scale, int n, float* O, int ots, int ohs) {
-    extern __shared__ float tsh[];
-    const int sq = dk + 1;  // padded rows: a warp's rows fall in different banks
+    extern __shared__ float4 tsh4[];
+    float* tsh = (float*)tsh4;
+    const int sq = dk + 4;  // rows 4 banks apart: a quarter warp's 8 key rows hit 32 banks
     float* Qs = tsh;                 // AQ x sq
     float* Ks = Qs + AQ * sq;        // AK x sq
     float* Vs = Ks + AK * sq;        // AK x dv
@@ -533,41 +572,63 @@ extern "C" __global__ void attention_tiled(const float* Q, int qts, int qhs, con
     const int hh = blockIdx.x, q0 = blockIdx.y * AQ, tid = threadIdx.x;
     const int g = hh / group, pos0 = *pp + padd;
     const int nq = min(AQ, n - q0);
-    for (int e = tid; e < AQ * dk; e += blockDim.x) {
-        int r = e / dk, i = e % dk;
-        Qs[r * sq + i] = r < nq ? Q[(size_t)(q0 + r) * qts + (size_t)hh * qhs + i] : 0.f;
-    }
-    // Scores: queries sa, sa + 1 and keys sb, sb + 1 of the tile.
+    const int dk4 = dk >> 2, dv4 = dv >> 2;
+    for (int r = 0; r < AQ; r++)
+        for (int c = tid; c < dk4; c += 128)
+            ((float4*)(Qs + r * sq))[c] =
+                r < nq ? ((const float4*)(Q + (size_t)(q0 + r) * qts + (size_t)hh * qhs))[c]
+                       : make_float4(0.f, 0.f, 0.f, 0.f);
+    // This thread's share of a key/value tile (row r, float4 column tid [+ 128]): dk/4 <= 48,
+    // dv/4 <= 32, so at most 16 of each per row... laid out as rows r = tid / 32 + 4u below.
+    // Tile element (r, c): thread tid takes c = tid % 32 (+32) of rows tid / 32 + 4u, u < 4.
+    const int tc = tid & 31, tr = tid >> 5;
+    float4 kr[4][2], vr[4];
+    const int kend = pos0 + q0 + nq;  // keys 0 .. kend - 1
+    auto load = [&](int k0) {
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int j = k0 + tr + 4 * u;
+            bool ok = j < kend;
+            const float4* kp = (const float4*)(K + (size_t)j * ks + (size_t)g * khs);
+            const float4* vp = (const float4*)(V + (size_t)j * vs + (size_t)g * vhs);
+            float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+            kr[u][0] = ok && tc < dk4 ? kp[tc] : z;
+            kr[u][1] = ok && tc + 32 < dk4 ? kp[tc + 32] : z;
+            vr[u] = ok && tc < dv4 ? vp[tc] : z;
+        }
+    };
     const int sa = 2 * (tid >> 3), sb = 2 * (tid & 7);
-    // Values: query qi, dimensions dq, dq + 4, ...
     const int qi = tid >> 2, dq = tid & 3;
     const int lim = qi < nq ? pos0 + q0 + qi : -1;  // last key query qi sees
-    float acc[32];
+    float4 acc[8];
 #pragma unroll
-    for (int m = 0; m < 32; m++) acc[m] = 0.f;
+    for (int m = 0; m < 8; m++) acc[m] = make_float4(0.f, 0.f, 0.f, 0.f);
     float mrun = -INFINITY, lrun = 0.f;
-    const int kend = pos0 + q0 + nq;  // keys 0 .. kend - 1
+    load(0);
     for (int k0 = 0; k0 < kend; k0 += AK) {
         __syncthreads();  // the previous tile's readers are done
-        for (int e = tid; e < AK * dk; e += blockDim.x) {
-            int r = e / dk, i = e % dk, j = k0 + r;
-            Ks[r * sq + i] = j < kend ? K[(size_t)j * ks + (size_t)g * khs + i] : 0.f;
-        }
-        for (int e = tid; e < AK * dv; e += blockDim.x) {
-            int r = e / dv, i = e % dv, j = k0 + r;
-            Vs[r * dv + i] = j < kend ? V[(size_t)j * vs + (size_t)g * vhs + i] : 0.f;
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int r = tr + 4 * u;
+            float4* kd = (float4*)(Ks + r * sq);
+            if (tc < dk4) kd[tc] = kr[u][0];
+            if (tc + 32 < dk4) kd[tc + 32] = kr[u][1];
+            if (tc < dv4) ((float4*)(Vs + r * dv))[tc] = vr[u];
         }
         __syncthreads();
+        if (k0 + AK < kend) load(k0 + AK);
         {
             float s00 = 0.f, s01 = 0.f, s10 = 0.f, s11 = 0.f;
-            const float* qa = Qs + sa * sq;
-            const float* ka = Ks + sb * sq;
-            for (int i = 0; i < dk; i++) {
-                float x0 = qa[i], x1 = qa[sq + i], y0 = ka[i], y1 = ka[sq + i];
-                s00 += x0 * y0;
-                s01 += x0 * y1;
-                s10 += x1 * y0;
-                s11 += x1 * y1;
+            const float4* qa = (const float4*)(Qs + sa * sq);
+            const float4* qb = (const float4*)(Qs + (sa + 1) * sq);
+            const float4* ka = (const float4*)(Ks + sb * sq);
+            const float4* kb = (const float4*)(Ks + (sb + 1) * sq);
+            for (int c = 0; c < dk4; c++) {
+                float4 x0 = qa[c], x1 = qb[c], y0 = ka[c], y1 = kb[c];
+                s00 += x0.x * y0.x + x0.y * y0.y + x0.z * y0.z + x0.w * y0.w;
+                s01 += x0.x * y1.x + x0.y * y1.y + x0.z * y1.z + x0.w * y1.w;
+                s10 += x1.x * y0.x + x1.y * y0.y + x1.z * y0.z + x1.w * y0.w;
+                s11 += x1.x * y1.x + x1.y * y1.y + x1.z * y1.z + x1.w * y1.w;
             }
             Ss[sa * (AK + 1) + sb] = s00 * scale;
             Ss[sa * (AK + 1) + sb + 1] = s01 * scale;
@@ -593,22 +654,35 @@ extern "C" __global__ void attention_tiled(const float* Q, int qts, int qhs, con
         lrun = lrun * alpha + ps;
         mrun = mnew;
 #pragma unroll
-        for (int m = 0; m < 32; m++) {
-            int d = dq + 4 * m;
-            if (d < dv) {
-                float a = acc[m] * alpha;
+        for (int m = 0; m < 8; m++) {
+            int c = dq + 4 * m;  // float4 column of V
+            if (c < dv4) {
+                float4 a = acc[m];
+                a.x *= alpha;
+                a.y *= alpha;
+                a.z *= alpha;
+                a.w *= alpha;
 #pragma unroll
-                for (int j = 0; j < AK; j++) a += p[j] * Vs[j * dv + d];
+                for (int j = 0; j < AK; j++) {
+                    float4 v = ((const float4*)(Vs + j * dv))[c];
+                    a.x += p[j] * v.x;
+                    a.y += p[j] * v.y;
+                    a.z += p[j] * v.z;
+                    a.w += p[j] * v.w;
+                }
                 acc[m] = a;
             }
         }
     }
     if (qi >= nq) return;
     float inv = 1.f / lrun;
-    float* o = O + (size_t)(q0 + qi) * ots + (size_t)hh * ohs;
+    float4* o = (float4*)(O + (size_t)(q0 + qi) * ots + (size_t)hh * ohs);
 #pragma unroll
-    for (int m = 0; m < 32; m++) {
-        int d = dq + 4 * m;
-        if (d < dv) o[d] = acc[m] * inv;
+    for (int m = 0; m < 8; m++) {
+        int c = dq + 4 * m;
+        if (c < dv4) {
+            float4 a = acc[m];
+            o[c] = make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv);
+        }
     }
 }

@@ -81,7 +81,8 @@ struct TypeFns {
 #[derive(Clone, Copy)]
 struct QFns {
     mm: Kernel,
-    /// Two rows per warp (kernels.cu `mmq2_*`), for tall matvecs; `SLUICE_GPU_MMQ_ROWS=1` off.
+    /// Two rows per warp (kernels.cu `mmq2_*`) for tall matvecs, only with
+    /// `SLUICE_GPU_MMQ_ROWS=2`: on the H200 it made the output head slower (251 vs 165 us).
     mm2: Option<Kernel>,
     /// Up to three matrices of this type in one launch (kernels_fused.cu `mmq3`).
     mm3: Kernel,
@@ -90,6 +91,24 @@ struct QFns {
     gate_up: Kernel,
     down: Kernel,
     gemm: GemmFns, // prefill GEMM (gemm.rs)
+    /// One-token forwards (a decode step) take the `*_t1` kernels: the same sums in about half
+    /// the registers (kernels.cu `row_dotq`); `SLUICE_GPU_T1=0` keeps the 4-token kernels.
+    t1: Option<T1Fns>,
+}
+
+/// The one-token-per-pass instances of `mm`, `mm3`, `gate_up` and `down_s`.
+#[derive(Clone, Copy)]
+struct T1Fns {
+    mm: Kernel,
+    mm3: Kernel,
+    gate_up: Kernel,
+    down_s: Kernel,
+}
+
+/// Whether one-token forwards take the `*_t1` kernels (`SLUICE_GPU_T1=0`: no).
+fn t1_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SLUICE_GPU_T1").map_or(true, |v| v != "0"))
 }
 
 /// Weight types with int8-activation (dp4a) kernels; the float types keep f32 activations
@@ -417,7 +436,7 @@ impl<'a> Builder<'a> {
                     } else {
                         self.gpu.function(&format!("mmq_{n}"))?
                     },
-                    mm2: if std::env::var("SLUICE_GPU_MMQ_ROWS").map_or(true, |v| v != "1") {
+                    mm2: if std::env::var("SLUICE_GPU_MMQ_ROWS").is_ok_and(|v| v == "2") {
                         self.gpu.function(&format!("mmq2_{n}")).ok()
                     } else {
                         None
@@ -427,6 +446,25 @@ impl<'a> Builder<'a> {
                     gate_up: self.gpu.function(&format!("moe_gate_up_q_{n}"))?,
                     down: self.gpu.function(&format!("moe_down_q_{n}"))?,
                     gemm: GemmFns::load(self.gpu, &n)?, // prefill GEMM (gemm.rs)
+                    t1: if t1_on() {
+                        // SLUICE_GPU_T1=2: the kernels not held to 40 registers (`*_t1n`).
+                        let sfx = match std::env::var("SLUICE_GPU_T1").as_deref() {
+                            Ok("2") => "t1n",
+                            _ => "t1",
+                        };
+                        let f = |k: &str| self.gpu.function(&format!("{k}_{n}_{sfx}")).ok();
+                        match (f("mmq"), f("mmq3"), f("moe_gate_up_q"), f("moe_down_qs")) {
+                            (Some(mm), Some(mm3), Some(gate_up), Some(down_s)) => Some(T1Fns {
+                                mm,
+                                mm3,
+                                gate_up,
+                                down_s,
+                            }),
+                            _ => None,
+                        }
+                    } else {
+                        None
+                    },
                 })
             } else {
                 None
@@ -1056,6 +1094,10 @@ impl GpuState {
             }
             return Ok(());
         };
+        let k = match m0.f.q.and_then(|q| q.t1) {
+            Some(t) if n == 1 => t.mm3,
+            _ => k,
+        };
         self.quantize(x, ldx, n, m0.cols)?;
         let mut a = [Arg::from(0u64); 19];
         let mut blocks = 0u32;
@@ -1182,8 +1224,12 @@ impl GpuState {
                     ],
                 )
             } else {
+                let k = match q.t1 {
+                    Some(t) if n == 1 => t.mm,
+                    _ => q.mm,
+                };
                 self.gpu.launch(
-                    q.mm,
+                    k,
                     ((m.rows as u32).div_ceil(WARPS), 1, 1),
                     32 * WARPS,
                     0,
@@ -1438,8 +1484,13 @@ impl GpuState {
         // Prompt attention: 32 queries per block through shared-memory key/value tiles
         // (`attention_tiled`, ~10x less L2 traffic than a block per query) where its shared
         // memory fits; `SLUICE_GPU_ATT_TILED=0` keeps `attention`.
-        let tiled_shm = 4 * (32 * (dk + 1) + 16 * (dk + 1) + 16 * dv + 32 * 17);
-        if dk <= 192 && dv <= 128 && tiled_shm <= 48 * 1024 && att_tiled_on() {
+        let tiled_shm = 4 * (32 * (dk + 4) + 16 * (dk + 4) + 16 * dv + 32 * 17);
+        // float4 rows: every stride, head offset and base 16-byte aligned.
+        let aligned = [dk, dv, q.1, q.2, k.1, k.2, v.1, v.2, o.1, o.2]
+            .iter()
+            .all(|&x| x % 4 == 0)
+            && [q.0, k.0, v.0, o.0].iter().all(|&p| p % 16 == 0);
+        if dk <= 192 && dv <= 128 && aligned && tiled_shm <= 48 * 1024 && att_tiled_on() {
             return self.launch(
                 self.small.att_tiled,
                 (heads as u32, n.div_ceil(32) as u32, 1),
@@ -1839,7 +1890,10 @@ impl GpuState {
                 )?;
             } else {
                 self.gpu.launch(
-                    qg.gate_up,
+                    match qg.t1 {
+                        Some(t) if n == 1 => t.gate_up,
+                        _ => qg.gate_up,
+                    },
                     ((mo.ffn as u32).div_ceil(WARPS), grid_y as u32, 1),
                     32 * WARPS,
                     0,
@@ -1862,7 +1916,10 @@ impl GpuState {
                 let f = mo.ffn;
                 let shmem = (4 * f + 16 * f / 32) as u32;
                 self.gpu.launch(
-                    qd.down_s,
+                    match qd.t1 {
+                        Some(t) if n == 1 => t.down_s,
+                        _ => qd.down_s,
+                    },
                     ((h as u32).div_ceil(WARPS), grid_y as u32, 1),
                     32 * WARPS,
                     shmem,
