@@ -376,13 +376,16 @@ mod tests {
         let mut rng = Rng::new(7);
         for n in [0usize, 1, 15, 16, 17, 1023, 1024, 1025, 5000, 151_936] {
             for case in 0..6 {
-                let mut v: Vec<f32> =
-                    (0..n).map(|_| (rng.next_u64() % 64) as f32 - 32.0).collect();
+                let mut v: Vec<f32> = (0..n)
+                    .map(|_| (rng.next_u64() % 64) as f32 - 32.0)
+                    .collect();
                 match case {
                     1 => v.iter_mut().for_each(|x| *x = f32::NAN),
                     2 => v.iter_mut().for_each(|x| *x = f32::NEG_INFINITY),
                     3 => v.iter_mut().step_by(3).for_each(|x| *x = f32::NAN),
-                    4 => v.iter_mut().for_each(|x| *x = if *x > 0.0 { -0.0 } else { 0.0 }),
+                    4 => v
+                        .iter_mut()
+                        .for_each(|x| *x = if *x > 0.0 { -0.0 } else { 0.0 }),
                     5 => {
                         if let Some(x) = v.last_mut() {
                             *x = 1e9;

@@ -426,9 +426,11 @@ impl<'a> Builder<'a> {
             embed: self.gpu.function(&format!("embed_{n}"))?,
             q: if Q8_TYPES.contains(&d) {
                 Some(QFns {
-                    // Q6_K matvecs stage each row through shared memory (kernels.cu
-                    // `mmq_q6_ks`: the output head at ~2x the row-direct kernel's bytes per
-                    // second); `SLUICE_GPU_Q6_STAGE=0` reads rows directly (same sums).
+                    // Q6_K matvecs of several tokens stage each row through shared memory
+                    // (kernels.cu `mmq_q6_ks`: 16-byte loads instead of ~18 narrow ones per 16
+                    // values; not yet timed: the benchmark file's head is Q4_K);
+                    // `SLUICE_GPU_Q6_STAGE=0` reads rows directly (same sums). One-token
+                    // products take the `*_t1` kernels.
                     mm: if d == DType::Q6_K
                         && std::env::var("SLUICE_GPU_Q6_STAGE").map_or(true, |v| v != "0")
                     {
