@@ -24,7 +24,7 @@ if [ "$ANCHOR" = 1 ]; then
 fi
 B=/tmp/bin; mkdir -p $B
 xz -dc $D/pair.tar.xz | tar -xf - -C $B
-xz -dc $D/gpu-tests.xz > $B/gpu-tests; chmod +x $B/*
+[ -f $D/gpu-tests.xz ] && xz -dc $D/gpu-tests.xz > $B/gpu-tests; chmod +x $B/*
 R=/tmp/root; mkdir -p $R/src && cp -r $D/gpu $R/src/gpu && gunzip -f $R/src/gpu/kernels.ptx.gz
 ln -sfn $PWD/tests $R/tests; ln -sfn $PWD/scripts $R/scripts
 export SLUICE_ROOT=$R SLUICE_GGUF_DIR=$PWD/$D/gguf
@@ -32,8 +32,9 @@ S=$B/sluice; SB=$B/sluice-base
 M=/var/tmp/q30-8.gguf
 [ -f $M ] || $S synth $M --preset qwen3-30b-a3b --layers 8 --quant q4_k --skew 1.0 --seed 11 > $O/synth.log 2>&1 &
 SY=$!
-timeout 200 $B/gpu-tests --test-threads=1 --nocapture > $O/tests.log 2>&1; TR=$?; echo "gpu tests rc $TR at $(el)"
-grep -E "^test |test result|panicked|worst|identical" $O/tests.log | head -40
+# Without DIR/gpu-tests.xz (an anchor-only call under the carry limit) the tests are skipped.
+TR=0; [ -x $B/gpu-tests ] && { timeout 200 $B/gpu-tests --test-threads=1 --nocapture > $O/tests.log 2>&1; TR=$?; echo "gpu tests rc $TR at $(el)"; }
+[ -f $O/tests.log ] && grep -E "^test |test result|panicked|worst|identical" $O/tests.log | head -40
 if [ $TR != 0 ]; then
   # Isolate: the run again with this branch's new paths off, and go on with them off.
   export SLUICE_GPU_ATT_TILED=0 SLUICE_GPU_T1=0
