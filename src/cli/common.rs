@@ -16,10 +16,17 @@ pub struct ComputeArgs {
     /// most 4096. More than the model's context length runs with a warning (as llama.cpp).
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx: Option<usize>,
-    /// Prompt tokens per prefill batch.
-    #[arg(short = 'b', long = "batch-size", default_value_t = 128)]
-    pub batch: usize,
+    /// Prompt tokens per prefill batch. Default: 512 with `--gpu on` (the GPU's prefill GEMM
+    /// and attention run 32- and 64-token tiles: a 512-token prompt prefilled 2.4x faster than
+    /// in 128-token batches on the H200), else 128.
+    #[arg(short = 'b', long = "batch-size")]
+    pub batch: Option<usize>,
 }
+
+/// The prefill batch when `-b` is not given: 512 when the GPU is asked for (`--gpu on`), 128
+/// otherwise (CPU, or `--gpu auto`, which may not find one).
+pub const GPU_BATCH: usize = 512;
+pub const CPU_BATCH: usize = 128;
 
 /// Sampling options (llama.cpp spellings and defaults).
 #[derive(Args, Debug, Clone)]
@@ -129,7 +136,7 @@ impl ComputeArgs {
     pub fn apply(&self, o: &mut EngineOptions) {
         o.threads = self.threads;
         o.ctx = self.ctx;
-        o.batch = self.batch;
+        o.batch = self.batch.unwrap_or(CPU_BATCH);
     }
 }
 
@@ -176,6 +183,10 @@ pub fn engine_options(
     o.sampling = sampling.params();
     o.experts = experts.options()?;
     o.gpu = gpu.request()?;
+    if compute.batch.is_none() && o.gpu.want == crate::engine::options::GpuWant::On {
+        o.batch = GPU_BATCH;
+        eprintln!("[batch] prefill in batches of {GPU_BATCH} tokens (the GPU default; -b sets it)");
+    }
     Ok(o)
 }
 

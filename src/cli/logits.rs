@@ -46,7 +46,11 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
         &args.gpu,
     )?;
     o.min_ctx = args.tokens.len();
-    o.batch = args.compute.batch.max(1);
+    o.batch = args
+        .compute
+        .batch
+        .unwrap_or(super::common::CPU_BATCH)
+        .max(1);
     o.logit_rows = o.batch.min(64);
     o.quiet = true;
     let mut engine = Engine::open(o)?;

@@ -686,6 +686,7 @@ impl GpuState {
         };
         model.forward_tokens(&mut b, tokens, pos, logits_from)?;
         b.flush()?;
+        self.gpu.profile_capture_end()?;
         self.seg_stop()?;
         let n_logits = n.saturating_sub(logits_from);
         if n_logits > 0 {
@@ -767,6 +768,9 @@ impl GpuState {
         // Wait, then take the logits and counters.
         let (n_logits, v) = (n.saturating_sub(logits_from), model.cfg.vocab);
         self.gpu.sync(compute)?;
+        if graph {
+            self.gpu.profile_replay()?;
+        }
         self.harvest()?;
         let runs = self.host.stat.i32s_mut()[0];
         st.experts_run += runs.wrapping_sub(self.stat_last) as u32 as usize;

@@ -157,6 +157,22 @@ struct KProf {
     times: std::collections::HashMap<LaunchShape, (u64, f64)>,
 }
 
+/// Per-kernel times inside a replayed decode graph (`SLUICE_GPU_PROFILE_GRAPH=FILE`): while the
+/// graph is captured, an event-record node goes before every compute launch and one after the
+/// last, so every replay times each kernel as it runs in the graph (from the end of the node
+/// before it: its launch gap included, no host in between). Graphs stay on; written to FILE
+/// (appended) when the `Gpu` drops.
+struct GProf {
+    path: String,
+    capturing: bool,
+    events: Vec<Event>,
+    /// The captured launches in order.
+    shapes: Vec<LaunchShape>,
+    replays: u64,
+    /// (kernel, grid, block) -> (launches, milliseconds), over all replays.
+    times: std::collections::HashMap<LaunchShape, (u64, f64)>,
+}
+
 /// A kernel's index in `Gpu::names`, its grid and its block size.
 type LaunchShape = (u32, (u32, u32, u32), u32);
 
@@ -177,6 +193,7 @@ pub struct Gpu {
     pub sm_count: i32,
     names: std::sync::Mutex<Vec<String>>,
     prof: Option<std::sync::Mutex<KProf>>,
+    gprof: Option<std::sync::Mutex<GProf>>,
 }
 
 // SAFETY: the handles are process-wide driver objects; every entry point binds the context.
@@ -249,6 +266,7 @@ impl Gpu {
                 sm_count,
                 names: std::sync::Mutex::new(Vec::new()),
                 prof: None,
+                gprof: None,
             };
             gpu.fill_tables()?;
             if let Some(path) = std::env::var("SLUICE_GPU_PROFILE")
@@ -259,6 +277,19 @@ impl Gpu {
                 gpu.prof = Some(std::sync::Mutex::new(KProf {
                     path,
                     events,
+                    times: Default::default(),
+                }));
+            }
+            if let Some(path) = std::env::var("SLUICE_GPU_PROFILE_GRAPH")
+                .ok()
+                .filter(|p| !p.is_empty())
+            {
+                gpu.gprof = Some(std::sync::Mutex::new(GProf {
+                    path,
+                    capturing: false,
+                    events: Vec::new(),
+                    shapes: Vec::new(),
+                    replays: 0,
                     times: Default::default(),
                 }));
             }
@@ -376,6 +407,9 @@ impl Gpu {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
         }
+        if stream == Stream::Compute {
+            self.gprof_node(Some((f.1, grid, block)))?;
+        }
         let prof = self
             .prof
             .as_ref()
@@ -420,35 +454,118 @@ impl Gpu {
         Ok(())
     }
 
+    /// While a graph is captured with `SLUICE_GPU_PROFILE_GRAPH`: an event-record node on the
+    /// compute stream, before the launch `shape` (None: after the last launch).
+    fn gprof_node(&self, shape: Option<LaunchShape>) -> Result<(), GpuError> {
+        let Some(g) = &self.gprof else { return Ok(()) };
+        let mut g = g.lock().unwrap_or_else(|e| e.into_inner());
+        if !g.capturing {
+            return Ok(());
+        }
+        let e = self.event()?;
+        // SAFETY: an event and a stream of this context; EXTERNAL makes the captured record a
+        // graph node that each replay records.
+        check(
+            unsafe {
+                cu::cuEventRecordWithFlags(
+                    e.0,
+                    self.compute,
+                    cu::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32,
+                )
+            },
+            "cuEventRecordWithFlags",
+        )?;
+        g.events.push(e);
+        match shape {
+            Some(s) => g.shapes.push(s),
+            None => g.capturing = false,
+        }
+        Ok(())
+    }
+
+    /// Ends the profiled capture's timed part here (what is captured after it is not timed).
+    pub fn profile_capture_end(&self) -> Result<(), GpuError> {
+        self.gprof_node(None)
+    }
+
+    /// After a replay of the profiled graph has completed (the stream synced): adds each
+    /// kernel's time in it.
+    pub fn profile_replay(&self) -> Result<(), GpuError> {
+        let Some(g) = &self.gprof else { return Ok(()) };
+        let mut g = g.lock().unwrap_or_else(|e| e.into_inner());
+        if g.capturing || g.events.len() != g.shapes.len() + 1 {
+            return Ok(());
+        }
+        let mut ms = Vec::with_capacity(g.shapes.len());
+        for k in 0..g.shapes.len() {
+            ms.push(self.elapsed_ms(&g.events[k], &g.events[k + 1])? as f64);
+        }
+        for (k, t) in ms.into_iter().enumerate() {
+            let s = g.shapes[k];
+            let e = g.times.entry(s).or_insert((0, 0.0));
+            e.0 += 1;
+            e.1 += t;
+        }
+        g.replays += 1;
+        Ok(())
+    }
+
     /// The profile's table (kernel, grid, block, launches, total and mean time), slowest total
     /// first.
     fn write_profile(&self) {
+        if let Some(g) = &self.gprof {
+            let g = g.lock().unwrap_or_else(|e| e.into_inner());
+            let header = format!(
+                "# graph replay profile (pid {}): {} replays of {} launches\n",
+                std::process::id(),
+                g.replays,
+                g.shapes.len()
+            );
+            self.write_table(&g.path, header, &g.times, g.replays.max(1));
+        }
         let Some(p) = &self.prof else { return };
         let p = p.lock().unwrap_or_else(|e| e.into_inner());
+        self.write_table(&p.path, String::new(), &p.times, 0);
+    }
+
+    /// Appends a profile table to `path`; `per` > 0 adds a per-replay column (us per replay).
+    fn write_table(
+        &self,
+        path: &str,
+        header: String,
+        times: &std::collections::HashMap<LaunchShape, (u64, f64)>,
+        per: u64,
+    ) {
         let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
-        let mut rows: Vec<_> = p.times.iter().collect();
+        let mut rows: Vec<_> = times.iter().collect();
         rows.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
         let total: f64 = rows.iter().map(|r| r.1 .1).sum();
-        let mut out = format!(
+        let mut out = header;
+        out.push_str(&format!(
             "# kernel profile (pid {}): {total:.3} ms in all\n",
             std::process::id()
-        );
-        out.push_str("kernel\tgrid\tblock\tlaunches\ttotal_ms\tmean_us\n");
+        ));
+        out.push_str("kernel\tgrid\tblock\tlaunches\ttotal_ms\tmean_us");
+        out.push_str(if per > 0 { "\tus_per_replay\n" } else { "\n" });
         for ((k, g, b), (c, ms)) in rows {
             let name = names.get(*k as usize).map_or("?", |s| s.as_str());
             out.push_str(&format!(
-                "{name}\t{}x{}x{}\t{b}\t{c}\t{ms:.3}\t{:.2}\n",
+                "{name}\t{}x{}x{}\t{b}\t{c}\t{ms:.3}\t{:.2}",
                 g.0,
                 g.1,
                 g.2,
                 1e3 * ms / *c as f64
             ));
+            if per > 0 {
+                out.push_str(&format!("\t{:.2}", 1e3 * ms / per as f64));
+            }
+            out.push('\n');
         }
         use std::io::Write;
         if let Ok(mut f) = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(&p.path)
+            .open(path)
         {
             let _ = f.write_all(out.as_bytes());
         }
@@ -612,11 +729,21 @@ impl Gpu {
                 )
             },
             "cuStreamBeginCapture",
-        )
+        )?;
+        if let (Some(g), Stream::Compute) = (&self.gprof, stream) {
+            let mut g = g.lock().unwrap_or_else(|e| e.into_inner());
+            g.capturing = true;
+            g.events.clear();
+            g.shapes.clear();
+        }
+        Ok(())
     }
 
     /// Ends the capture begun on `stream` and instantiates the recorded graph.
     pub fn end_capture(&self, stream: Stream) -> Result<Graph, GpuError> {
+        if stream == Stream::Compute {
+            self.gprof_node(None)?;
+        }
         let mut graph = std::ptr::null_mut();
         // SAFETY: `stream` is capturing (begin_capture); the out-pointer is valid.
         check(

@@ -218,8 +218,8 @@ __device__ __forceinline__ float warp_sum(float s) {
 
 // acc[t] = <row, xs[t]> for t < nt (nt <= NT), summed over the warp (every lane gets the sum).
 template <class T>
-__device__ __forceinline__ void row_dot(const u8* row, int cols, const float* const* xs, int nt,
-                                        float* acc) {
+__device__ __forceinline__ void row_dot_chunks(const u8* row, int cols, const float* const* xs,
+                                               int nt, float* acc) {
     const int lane = threadIdx.x & 31;
     const int sub = T::BE / 32;
     const int chunks = (cols + 31) / 32;
@@ -244,6 +244,45 @@ __device__ __forceinline__ void row_dot(const u8* row, int cols, const float* co
                     for (int i = 0; i < valid; i++) s += v[i] * x[i];
                 }
                 acc[t] += s;
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = warp_sum(acc[t]);
+}
+
+template <class T>
+__device__ __forceinline__ void row_dot(const u8* row, int cols, const float* const* xs, int nt,
+                                        float* acc) {
+    row_dot_chunks<T>(row, cols, xs, nt, acc);
+}
+
+// F32 rows (the routers, the f32 reference files): lane l reads float4 number l, l + 32, ...,
+// so each step of the warp reads 512 contiguous bytes (32 lanes on 32 different 128-byte lines
+// per load, as the chunked loop reads them, left the decode step's router product at ~25 us per
+// layer). Rows or inputs not 16-byte aligned take the chunked loop.
+template <>
+__device__ __forceinline__ void row_dot<TF32>(const u8* row, int cols, const float* const* xs,
+                                              int nt, float* acc) {
+    bool vec = (cols & 3) == 0 && ((size_t)row & 15) == 0;
+#pragma unroll
+    for (int t = 0; t < NT; t++) vec = vec && ((size_t)xs[t] & 15) == 0;
+    if (!vec) {
+        row_dot_chunks<TF32>(row, cols, xs, nt, acc);
+        return;
+    }
+    const int lane = threadIdx.x & 31;
+    const float4* w4 = (const float4*)row;
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.f;
+#pragma unroll 4
+    for (int c = lane; c < (cols >> 2); c += 32) {
+        float4 w = w4[c];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t < nt) {
+                float4 x = ((const float4*)xs[t])[c];
+                acc[t] += w.x * x.x + w.y * x.y + w.z * x.z + w.w * x.w;
             }
         }
     }
@@ -648,7 +687,12 @@ struct QQ6_K {
     static __device__ __forceinline__ void dot(const u8* row, int it, const i8* const* xq,
                                                const float* const* xd, int nt, float* acc) {
         int b = it >> 4, i = it & 15;
-        const u8* blk = row + (size_t)b * BB;
+        dot_blk(row + (size_t)b * BB, b, i, xq, xd, nt, acc);
+    }
+    // Item i of block b (its bytes at blk: in the row, or a copy of them).
+    static __device__ __forceinline__ void dot_blk(const u8* blk, int b, int i,
+                                                   const i8* const* xq, const float* const* xd,
+                                                   int nt, float* acc) {
         int h = i >> 3, e0 = (16 * i) & 127;
         const u8* ql = blk + 64 * h + (e0 & 63);
         const u8* qh = blk + 128 + 32 * h + (e0 & 31);
@@ -729,45 +773,87 @@ struct QQ4_0 {
 };
 
 // acc[t] = <row, x_t> over quantized activations (xq/xd per token), summed over the warp.
-template <class T>
+// NTT: the tokens a pass can hold (arrays of NTT; nt <= NTT). The decode step's kernels are
+// instantiated with NTT = 1 (`*_t1`): the same sums for one token in ~half the registers, so
+// 2-3x the warps fit on an SM (mmq_q4_k with NT = 4 takes 94 registers: 2 blocks per SM).
+template <class T, int NTT = NT>
 __device__ __forceinline__ void row_dotq(const u8* row, int cols, const i8* const* xq,
                                          const float* const* xd, int nt, float* acc) {
     const int lane = threadIdx.x & 31;
     const int items = (cols / T::BE) * T::IPB;
 #pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.f;
+    for (int t = 0; t < NTT; t++) acc[t] = 0.f;
 #pragma unroll 4
-    for (int it = lane; it < items; it += 32) T::dot(row, it, xq, xd, nt, acc);
+    for (int it = lane; it < items; it += 32) T::dot(row, it, xq, xd, NTT == 1 ? 1 : nt, acc);
+#pragma unroll
+    for (int t = 0; t < NTT; t++) acc[t] = warp_sum(acc[t]);
+}
+
+// Q6_K rows staged through shared memory (`mmq_q6_ks`, the output head's type): Q6_K blocks are
+// 210 bytes, so a lane reading its items straight from the row makes ~18 narrow loads per 16
+// values; here the warp copies 8 blocks (1680 bytes) of its row with 16-byte loads, then each lane
+// reads its items from the copy. Lane l's items stay l, l + 32, ... in the same order (a piece
+// is 128 items), so the sums are row_dotq<QQ6_K>'s. Rows not 16-byte aligned, a short last piece
+// and blocks wider than 8 warps read the row directly.
+struct QQ6_KS : QQ6_K {};
+
+template <>
+__device__ __forceinline__ void row_dotq<QQ6_KS, NT>(const u8* row, int cols, const i8* const* xq,
+                                                 const float* const* xd, int nt, float* acc) {
+    __shared__ uint4 q6s[8][105];
+    const int lane = threadIdx.x & 31, nb = cols / 256;
+    const bool stage = blockDim.x <= 256 && ((size_t)row & 15) == 0;
+    uint4* buf = q6s[(threadIdx.x >> 5) & 7];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.f;
+    for (int b0 = 0; b0 < nb; b0 += 8) {
+        const u8* src = row + (size_t)b0 * 210;
+        if (stage && nb - b0 >= 8) {
+            const uint4* s4 = (const uint4*)src;
+            __syncwarp();
+#pragma unroll
+            for (int c = lane; c < 105; c += 32) buf[c] = s4[c];
+            __syncwarp();
+            const u8* sb = (const u8*)buf;
+#pragma unroll
+            for (int it = lane; it < 128; it += 32)
+                QQ6_K::dot_blk(sb + (it >> 4) * 210, b0 + (it >> 4), it & 15, xq, xd, nt, acc);
+        } else {
+            int items = min(8, nb - b0) * 16;
+            for (int it = lane; it < items; it += 32)
+                QQ6_K::dot_blk(src + (it >> 4) * 210, b0 + (it >> 4), it & 15, xq, xd, nt, acc);
+        }
+    }
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = warp_sum(acc[t]);
 }
 
 // Y[t*ldy + r] = <W row r, x_t>, x_t quantized (XQ row stride cols, XD row stride cols/32).
-template <class T>
+template <class T, int NTT = NT>
 __device__ void mmq(const u8* W, long long rb, int rows, int cols, const i8* XQ, const float* XD,
                     int n, float* Y, int ldy) {
     int r = blockIdx.x * WARPS + (threadIdx.x >> 5);
     if (r >= rows) return;
     const u8* row = W + (size_t)r * rb;
-    for (int t0 = 0; t0 < n; t0 += NT) {
-        int nt = min(NT, n - t0);
-        const i8* xq[NT];
-        const float* xd[NT];
+    for (int t0 = 0; t0 < n; t0 += NTT) {
+        int nt = NTT == 1 ? 1 : min(NTT, n - t0);
+        const i8* xq[NTT];
+        const float* xd[NTT];
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
+        for (int t = 0; t < NTT; t++) {
             size_t tt = t0 + min(t, nt - 1);
             xq[t] = XQ + tt * cols;
             xd[t] = XD + tt * (cols >> 5);
         }
-        float acc[NT];
-        row_dotq<T>(row, cols, xq, xd, nt, acc);
+        float acc[NTT];
+        row_dotq<T, NTT>(row, cols, xq, xd, nt, acc);
         if ((threadIdx.x & 31) == 0)
             for (int t = 0; t < nt; t++) Y[(size_t)(t0 + t) * ldy + r] = acc[t];
     }
 }
 
 // As moe_gate_up, against the quantized rows of XN (token tok[a] of assignment a).
-template <class T>
+template <class T, int NTT = NT>
 __device__ void moe_gate_up_q(const Job* jobs, const int* nj, int f, int h, long long rb,
                               const i8* XQ, const float* XD, const int* tok, float* Hb) {
     if (nj && (int)blockIdx.y >= *nj) return;
@@ -776,19 +862,19 @@ __device__ void moe_gate_up_q(const Job* jobs, const int* nj, int f, int h, long
     if (r >= f) return;
     const u8* g = (const u8*)j.gate + (size_t)r * rb;
     const u8* u = (const u8*)j.up + (size_t)r * rb;
-    for (int a0 = j.a0; a0 < j.a0 + j.cnt; a0 += NT) {
-        int nt = min(NT, j.a0 + j.cnt - a0);
-        const i8* xq[NT];
-        const float* xd[NT];
+    for (int a0 = j.a0; a0 < j.a0 + j.cnt; a0 += NTT) {
+        int nt = NTT == 1 ? 1 : min(NTT, j.a0 + j.cnt - a0);
+        const i8* xq[NTT];
+        const float* xd[NTT];
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
+        for (int t = 0; t < NTT; t++) {
             size_t tt = tok[a0 + min(t, nt - 1)];
             xq[t] = XQ + tt * h;
             xd[t] = XD + tt * (h >> 5);
         }
-        float ag[NT], au[NT];
-        row_dotq<T>(g, h, xq, xd, nt, ag);
-        row_dotq<T>(u, h, xq, xd, nt, au);
+        float ag[NTT], au[NTT];
+        row_dotq<T, NTT>(g, h, xq, xd, nt, ag);
+        row_dotq<T, NTT>(u, h, xq, xd, nt, au);
         if ((threadIdx.x & 31) == 0)
             for (int t = 0; t < nt; t++) Hb[(size_t)(a0 + t) * f + r] = silu(ag[t]) * au[t];
     }
@@ -842,6 +928,90 @@ QTYPE_KERNELS(q5_k, QQ5_K)
 QTYPE_KERNELS(q6_k, QQ6_K)
 QTYPE_KERNELS(q8_0, QQ8_0)
 QTYPE_KERNELS(q4_0, QQ4_0)
+
+// One token per pass (`*_t1`, the decode step's): see row_dotq. `*_t1` are held to 40 registers
+// (6 blocks of 256 per SM; a few bytes spill), `*_t1n` are not (~53: 4 blocks).
+#define QTYPE_T1_KERNELS(NAME, T, SFX, LB)                                                                 \
+    extern "C" __global__ void LB mmq_##NAME##SFX(const u8* W, long long rb, int rows, int cols,     \
+                                               const i8* XQ, const float* XD, int n, float* Y,    \
+                                               int ldy) {                                         \
+        mmq<T, 1>(W, rb, rows, cols, XQ, XD, n, Y, ldy);                                          \
+    }                                                                                             \
+    extern "C" __global__ void LB moe_gate_up_q_##NAME##SFX(                                         \
+        const Job* jobs, const int* nj, int f, int h, long long rb, const i8* XQ,                 \
+        const float* XD, const int* tok, float* Hb) {                                             \
+        moe_gate_up_q<T, 1>(jobs, nj, f, h, rb, XQ, XD, tok, Hb);                                 \
+    }
+QTYPE_T1_KERNELS(q4_k, QQ4_K, _t1, __launch_bounds__(256, 6))
+QTYPE_T1_KERNELS(q4_k, QQ4_K, _t1n, )
+QTYPE_T1_KERNELS(q5_k, QQ5_K, _t1, __launch_bounds__(256, 6))
+QTYPE_T1_KERNELS(q5_k, QQ5_K, _t1n, )
+QTYPE_T1_KERNELS(q6_k, QQ6_K, _t1, __launch_bounds__(256, 6))
+QTYPE_T1_KERNELS(q6_k, QQ6_K, _t1n, )
+QTYPE_T1_KERNELS(q8_0, QQ8_0, _t1, __launch_bounds__(256, 6))
+QTYPE_T1_KERNELS(q8_0, QQ8_0, _t1n, )
+QTYPE_T1_KERNELS(q4_0, QQ4_0, _t1, __launch_bounds__(256, 6))
+QTYPE_T1_KERNELS(q4_0, QQ4_0, _t1n, )
+
+// mmq with each warp on R rows at once (rows r, r + 1, ...: R times the bytes in flight per
+// warp, R times fewer blocks), each row's sums exactly as row_dotq's (same items per lane in
+// the same order, same warp reduction). For a matvec over many rows (the output head), where one
+// row per warp leaves each warp a single short round trip. Grid: ceil(rows / (WARPS * R)).
+template <class T, int R>
+__device__ void mmq_rows(const u8* W, long long rb, int rows, int cols, const i8* XQ,
+                         const float* XD, int n, float* Y, int ldy) {
+    const int lane = threadIdx.x & 31;
+    int r0 = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * R;
+    if (r0 >= rows) return;
+    const int items = (cols / T::BE) * T::IPB;
+    for (int t0 = 0; t0 < n; t0 += NT) {
+        int nt = min(NT, n - t0);
+        const i8* xq[NT];
+        const float* xd[NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            size_t tt = t0 + min(t, nt - 1);
+            xq[t] = XQ + tt * cols;
+            xd[t] = XD + tt * (cols >> 5);
+        }
+        float acc[R][NT];
+#pragma unroll
+        for (int q = 0; q < R; q++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) acc[q][t] = 0.f;
+#pragma unroll 2
+        for (int it = lane; it < items; it += 32)
+#pragma unroll
+            for (int q = 0; q < R; q++)
+                T::dot(W + (size_t)min(r0 + q, rows - 1) * rb, it, xq, xd, nt, acc[q]);
+#pragma unroll
+        for (int q = 0; q < R; q++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) acc[q][t] = warp_sum(acc[q][t]);
+        if (lane == 0)
+#pragma unroll
+            for (int q = 0; q < R; q++)
+                if (r0 + q < rows)
+                    for (int t = 0; t < nt; t++) Y[(size_t)(t0 + t) * ldy + r0 + q] = acc[q][t];
+    }
+}
+
+#define MMQ_ROWS_KERNEL(NAME, T)                                                                  \
+    extern "C" __global__ void mmq2_##NAME(const u8* W, long long rb, int rows, int cols,         \
+                                           const i8* XQ, const float* XD, int n, float* Y,        \
+                                           int ldy) {                                             \
+        mmq_rows<T, 2>(W, rb, rows, cols, XQ, XD, n, Y, ldy);                                     \
+    }
+MMQ_ROWS_KERNEL(q4_k, QQ4_K)
+MMQ_ROWS_KERNEL(q5_k, QQ5_K)
+MMQ_ROWS_KERNEL(q6_k, QQ6_K)
+MMQ_ROWS_KERNEL(q8_0, QQ8_0)
+MMQ_ROWS_KERNEL(q4_0, QQ4_0)
+
+extern "C" __global__ void mmq_q6_ks(const u8* W, long long rb, int rows, int cols, const i8* XQ,
+                                     const float* XD, int n, float* Y, int ldy) {
+    mmq<QQ6_KS>(W, rb, rows, cols, XQ, XD, n, Y, ldy);
+}
 
 // ---- Routing on the device ---------------------------------------------------------------------
 //
@@ -912,6 +1082,57 @@ __device__ void route_warp(const float* logits, int E, int k, const float* bias,
             if (!kept) ch[i] = 0.f;
         }
         __syncwarp();
+    }
+    if (E <= 32 * 16 && k <= 32) {
+        // The same selection with each lane's candidates and a taken mask in registers, the
+        // slot-s winner kept by lane s (no shared-memory scans per round: a decode step's
+        // routing is one warp's latency).
+        float cv[16];
+#pragma unroll
+        for (int m = 0; m < 16; m++) cv[m] = lane + 32 * m < E ? ch[lane + 32 * m] : 0.f;
+        u32 taken = 0;
+        int mine = 0;
+        for (int s = 0; s < k; s++) {
+            float bv = -INFINITY;
+            int bi = 0x7fffffff;
+#pragma unroll
+            for (int m = 0; m < 16; m++) {
+                int i = lane + 32 * m;
+                if (i < E && !((taken >> m) & 1u)) {
+                    float v = cv[m];
+                    if (bi == 0x7fffffff || v > bv) {
+                        bv = v;
+                        bi = i;
+                    }
+                }
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+                int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+                bool better = oi != 0x7fffffff &&
+                              (bi == 0x7fffffff || ov > bv || (ov == bv && oi < bi));
+                if (better) {
+                    bv = ov;
+                    bi = oi;
+                }
+            }
+            if (bi != 0x7fffffff && (bi & 31) == lane) taken |= 1u << (bi >> 5);
+            if (lane == s) mine = bi;
+        }
+        // Weights: the slot-order sum of the chosen scores (every lane adds them in order).
+        float wv = lane < k ? sc[mine] : 0.f;
+        float sum = 0.f;
+        for (int s = 0; s < k; s++) sum += __shfl_sync(0xffffffffu, wv, s);
+        if (sigmoid) sum += 1e-20f;
+        if (lane < k) {
+            float v = wv;
+            if (norm) v /= sum;
+            if (scale != 1.f) v *= scale;
+            sel[t * k + lane] = mine;
+            selw[t * k + lane] = v;
+        }
+        return;
     }
     for (int s = 0; s < k; s++) {
         float bv = -INFINITY;
@@ -986,16 +1207,60 @@ __device__ void build_block(const int* sel, int n, int k, int E, const u64* etab
     __syncthreads();
     for (int a = threadIdx.x; a < nk; a += blockDim.x) atomicAdd(&cnt[sel[a]], 1);
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int acc = 0, j = 0;
-        for (int i = 0; i < E; i++) {
-            a0[i] = acc;
-            ji[i] = j;
-            acc += cnt[i];
-            j += cnt[i] > 0;
+    // Exclusive prefix sums of the counts (a0) and of the non-empty experts (ji), blockDim
+    // experts at a time: warp scans by shuffles, then across the warps (integers: the serial
+    // scan's values).
+    __shared__ int wsc[32], wsj[32];
+    {
+        int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+        int carry_a = 0, carry_j = 0;
+        for (int base = 0; base < E; base += blockDim.x) {
+            int ex = base + threadIdx.x;
+            int c = ex < E ? cnt[ex] : 0, b = c > 0;
+            int ic = c, ib = b;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                int tc = __shfl_up_sync(0xffffffffu, ic, o);
+                int tb = __shfl_up_sync(0xffffffffu, ib, o);
+                if (lane >= o) {
+                    ic += tc;
+                    ib += tb;
+                }
+            }
+            if (lane == 31) {
+                wsc[wp] = ic;
+                wsj[wp] = ib;
+            }
+            __syncthreads();
+            if (wp == 0) {
+                int vc = lane < nw ? wsc[lane] : 0, vb = lane < nw ? wsj[lane] : 0;
+#pragma unroll
+                for (int o = 1; o < 32; o <<= 1) {
+                    int tc = __shfl_up_sync(0xffffffffu, vc, o);
+                    int tb = __shfl_up_sync(0xffffffffu, vb, o);
+                    if (lane >= o) {
+                        vc += tc;
+                        vb += tb;
+                    }
+                }
+                if (lane < nw) {
+                    wsc[lane] = vc;
+                    wsj[lane] = vb;
+                }
+            }
+            __syncthreads();
+            if (ex < E) {
+                a0[ex] = carry_a + (wp ? wsc[wp - 1] : 0) + ic - c;
+                ji[ex] = carry_j + (wp ? wsj[wp - 1] : 0) + ib - b;
+            }
+            carry_a += wsc[nw - 1];
+            carry_j += wsj[nw - 1];
+            __syncthreads();
         }
-        *njobs = j;
-        if (stat) *stat += j;
+        if (threadIdx.x == 0) {
+            *njobs = carry_j;
+            if (stat) *stat += carry_j;
+        }
     }
     __syncthreads();
     for (int ex = threadIdx.x; ex < E; ex += blockDim.x) {
@@ -1048,6 +1313,15 @@ extern "C" __global__ void kv_store(const float* Src, int ss, float* Dst, int co
 // its running max, sum of exponentials and unnormalised output to the partial buffers; the merge
 // kernel combines the splits. Same layout arguments as `attention`. Grid: (heads, n, splits),
 // block 128, shared (dk + chunk) floats.
+// Positions per split for a context of len: the context spread over all S splits (so a long
+// context keeps every split block busy and a short one few), at least 32 and a multiple of 16,
+// at most `chunk` (the shared-memory size: chunk >= ctx / S >= len / S).
+__device__ __forceinline__ int split_chunk(int len, int chunk, int S) {
+    int c = (len + S - 1) / S;
+    c = max(32, (c + 15) & ~15);
+    return min(c, chunk);
+}
+
 extern "C" __global__ void attention_split(const float* Q, int qts, int qhs, const float* K,
                                            int ks, int khs, const float* V, int vs, int vhs,
                                            int dk, int dv, int group, const int* pp, int padd,
@@ -1059,6 +1333,7 @@ extern "C" __global__ void attention_split(const float* Q, int qts, int qhs, con
     float* sc = ash + dk;
     int hh = blockIdx.x, t = blockIdx.y, s = blockIdx.z, heads = gridDim.x, S = gridDim.z;
     int len = *pp + padd + t + 1;
+    chunk = split_chunk(len, chunk, S);
     int j0 = s * chunk, j1 = min(len, j0 + chunk);
     size_t part = ((size_t)t * heads + hh) * S + s;
     float* po = PO + part * dv;

@@ -13,11 +13,105 @@
 //   Y row = x / rms(x) * w; and, if XQ, Y row quantized per 32 values into XQ/XD (as quantize_q8;
 //   dim a multiple of 32).
 // Same sums as add + moe_combine + rmsnorm + quantize_q8 (block of 256, as rmsnorm's launch).
+//
+// A decode step runs 17 of these on one block each, so what they cost is latency: a row of up to
+// 256*J values is read into registers first (every load of the row, its addends and its weights
+// in flight at once), then written back and summed in the same order as the loop below, so the
+// numbers are the loop's. The loop serves wider rows.
+template <int J>
+__device__ __forceinline__ void add_rmsnorm_q8_regs(float* x, const float* P, const float* SO,
+                                                    const float* selw, int k, const float* w,
+                                                    int dim, float eps, float* y, i8* XQ,
+                                                    float* XD, int row, float* red) {
+    float xv[J], wv[J];
+    const int tid = threadIdx.x, bd = 256;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        int i = min(tid + bd * j, dim - 1);
+        float v = x[i];
+        if (P) v += P[(size_t)row * dim + i];
+        xv[j] = v;
+        wv[j] = w[i];
+    }
+    if (SO) {
+        // The combine, 4 slots at a time for all J values (4J loads in flight), each value's
+        // slots still summed in slot order.
+        float acc[J];
+#pragma unroll
+        for (int j = 0; j < J; j++) acc[j] = 0.f;
+        for (int q0 = 0; q0 < k; q0 += 4) {
+            float sv[4][J], sw[4];
+#pragma unroll
+            for (int qq = 0; qq < 4; qq++) {
+                int q = min(q0 + qq, k - 1);
+                sw[qq] = selw[row * k + q];
+#pragma unroll
+                for (int j = 0; j < J; j++)
+                    sv[qq][j] = SO[((size_t)row * k + q) * dim + min(tid + bd * j, dim - 1)];
+            }
+#pragma unroll
+            for (int qq = 0; qq < 4; qq++)
+                if (q0 + qq < k)
+#pragma unroll
+                    for (int j = 0; j < J; j++) acc[j] += sw[qq] * sv[qq][j];
+        }
+#pragma unroll
+        for (int j = 0; j < J; j++) xv[j] += acc[j];
+    }
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        int i = tid + bd * j;
+        if (i < dim) {
+            if (P || SO) x[i] = xv[j];
+            s += xv[j] * xv[j];
+        }
+    }
+    s = block_sum(s, red);
+    float inv = 1.f / sqrtf(s / (float)dim + eps);
+    if (!XQ) {
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            int i = tid + bd * j;
+            if (i < dim) y[i] = xv[j] * inv * wv[j];
+        }
+        return;
+    }
+    // Group g = wp + 8j holds values 32g + lane = tid + 256j: this thread's own.
+    int wp = tid >> 5, lane = tid & 31, per = dim >> 5;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        int g = wp + 8 * j;
+        if (g < per) {
+            int i = 32 * g + lane;
+            float v = xv[j] * inv * wv[j];
+            y[i] = v;
+            float a = fabsf(v);
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+            float d = a / 127.f;
+            float id = d > 0.f ? 1.f / d : 0.f;
+            int q = (int)roundf(v * id);
+            XQ[(size_t)row * dim + i] = (i8)max(-127, min(127, q));
+            if (lane == 0) XD[(size_t)row * per + g] = d;
+        }
+    }
+}
+
 extern "C" __global__ void add_rmsnorm_q8(float* X, int ldx, const float* P, const float* SO,
                                           const float* selw, int k, const float* w, int dim,
                                           float eps, float* Y, int ldy, i8* XQ, float* XD) {
     __shared__ float red[32];
     int row = blockIdx.x;
+    if (blockDim.x == 256 && dim <= 256 * 16) {
+        float* x = X + (size_t)row * ldx;
+        float* y = Y + (size_t)row * ldy;
+        if (dim <= 256 * 8)
+            add_rmsnorm_q8_regs<8>(x, P, SO, selw, k, w, dim, eps, y, XQ, XD, row, red);
+        else
+            add_rmsnorm_q8_regs<16>(x, P, SO, selw, k, w, dim, eps, y, XQ, XD, row, red);
+        return;
+    }
     float* x = X + (size_t)row * ldx;
     float* y = Y + (size_t)row * ldy;
     float s = 0.f;
@@ -61,7 +155,7 @@ extern "C" __global__ void add_rmsnorm_q8(float* X, int ldx, const float* P, con
 // Up to three matrices of one quantized type and width against the same quantized input, in
 // one launch: blocks [0, b1) take matrix 0's rows, [b1, b2) matrix 1's, the rest matrix 2's
 // (b1, b2 in blocks of WARPS rows). Each row as mmq computes it.
-template <class T>
+template <class T, int NTT = NT>
 __device__ void mmq3(const u8* W0, long long rb0, int rows0, float* Y0, int ldy0, const u8* W1,
                      long long rb1, int rows1, float* Y1, int ldy1, const u8* W2, long long rb2,
                      int rows2, float* Y2, int ldy2, int cols, const i8* XQ, const float* XD,
@@ -80,18 +174,18 @@ __device__ void mmq3(const u8* W0, long long rb0, int rows0, float* Y0, int ldy0
     int r = b * WARPS + (threadIdx.x >> 5);
     if (r >= rows) return;
     const u8* row = W + (size_t)r * rb;
-    for (int t0 = 0; t0 < n; t0 += NT) {
-        int nt = min(NT, n - t0);
-        const i8* xq[NT];
-        const float* xd[NT];
+    for (int t0 = 0; t0 < n; t0 += NTT) {
+        int nt = NTT == 1 ? 1 : min(NTT, n - t0);
+        const i8* xq[NTT];
+        const float* xd[NTT];
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
+        for (int t = 0; t < NTT; t++) {
             size_t tt = t0 + min(t, nt - 1);
             xq[t] = XQ + tt * cols;
             xd[t] = XD + tt * (cols >> 5);
         }
-        float acc[NT];
-        row_dotq<T>(row, cols, xq, xd, nt, acc);
+        float acc[NTT];
+        row_dotq<T, NTT>(row, cols, xq, xd, nt, acc);
         if ((threadIdx.x & 31) == 0)
             for (int t = 0; t < nt; t++) Y[(size_t)(t0 + t) * ldy + r] = acc[t];
     }
@@ -111,6 +205,25 @@ MMQ3_KERNEL(q5_k, QQ5_K)
 MMQ3_KERNEL(q6_k, QQ6_K)
 MMQ3_KERNEL(q8_0, QQ8_0)
 MMQ3_KERNEL(q4_0, QQ4_0)
+
+#define MMQ3_T1_KERNEL(NAME, T, SFX, LB)                                                                   \
+    extern "C" __global__ void LB mmq3_##NAME##SFX(                                                  \
+        const u8* W0, long long rb0, int rows0, float* Y0, int ldy0, const u8* W1, long long rb1, \
+        int rows1, float* Y1, int ldy1, const u8* W2, long long rb2, int rows2, float* Y2,        \
+        int ldy2, int cols, const i8* XQ, const float* XD, int n) {                               \
+        mmq3<T, 1>(W0, rb0, rows0, Y0, ldy0, W1, rb1, rows1, Y1, ldy1, W2, rb2, rows2, Y2, ldy2,  \
+                   cols, XQ, XD, n);                                                              \
+    }
+MMQ3_T1_KERNEL(q4_k, QQ4_K, _t1, __launch_bounds__(256, 6))
+MMQ3_T1_KERNEL(q4_k, QQ4_K, _t1n, )
+MMQ3_T1_KERNEL(q5_k, QQ5_K, _t1, __launch_bounds__(256, 6))
+MMQ3_T1_KERNEL(q5_k, QQ5_K, _t1n, )
+MMQ3_T1_KERNEL(q6_k, QQ6_K, _t1, __launch_bounds__(256, 6))
+MMQ3_T1_KERNEL(q6_k, QQ6_K, _t1n, )
+MMQ3_T1_KERNEL(q8_0, QQ8_0, _t1, __launch_bounds__(256, 6))
+MMQ3_T1_KERNEL(q8_0, QQ8_0, _t1n, )
+MMQ3_T1_KERNEL(q4_0, QQ4_0, _t1, __launch_bounds__(256, 6))
+MMQ3_T1_KERNEL(q4_0, QQ4_0, _t1n, )
 
 // Between the q/k/v projections and attention, per head: optional RMSNorm of each q and k head
 // (qn / kn: hd weights; as rmsnorm over hd-wide parts), rotary embedding of the first 2*half
@@ -180,6 +293,7 @@ __device__ void merge_head(const float* PM, const float* PL, const float* PO, in
     int cols = heads * dv, lane = threadIdx.x & 31;
     for (int d = threadIdx.x; d < dv; d += blockDim.x) {
         float a = 0.f;
+#pragma unroll 8
         for (int s = 0; s < S_act; s++)
             if (PL[base + s] > 0.f) a += PO[(base + s) * dv + d] * expf(PM[base + s] - m);
         float v = a * inv;
@@ -228,6 +342,7 @@ extern "C" __global__ void attention_split_merge(
     float* sc = ash + dk;
     int hh = blockIdx.x, t = blockIdx.y, s = blockIdx.z, heads = gridDim.x, S = gridDim.z;
     int len = *pp + padd + t + 1;
+    chunk = split_chunk(len, chunk, S);
     int j0 = s * chunk, j1 = min(len, j0 + chunk);
     size_t part = ((size_t)t * heads + hh) * S + s;
     float* po = PO + part * dv;
@@ -243,7 +358,32 @@ extern "C" __global__ void attention_split_merge(
         for (int i = threadIdx.x; i < dk; i += blockDim.x) qsh[i] = q[i];
         __syncthreads();
         float mx = -INFINITY;
-        for (int j = j0 + warp; j < j1; j += nw) {
+        // Four keys per warp pass (their loads in flight together), each summed as alone.
+        int j = j0 + warp;
+        for (; j + 3 * nw < j1; j += 4 * nw) {
+            const float* kk = K + (size_t)j * ks + (size_t)g * khs;
+            size_t st = (size_t)nw * ks;
+            float v0 = 0.f, v1 = 0.f, v2 = 0.f, v3 = 0.f;
+            for (int i = lane; i < dk; i += 32) {
+                float qv = qsh[i];
+                v0 += qv * kk[i];
+                v1 += qv * kk[st + i];
+                v2 += qv * kk[2 * st + i];
+                v3 += qv * kk[3 * st + i];
+            }
+            v0 = warp_sum(v0) * scale;
+            v1 = warp_sum(v1) * scale;
+            v2 = warp_sum(v2) * scale;
+            v3 = warp_sum(v3) * scale;
+            if (lane == 0) {
+                sc[j - j0] = v0;
+                sc[j + nw - j0] = v1;
+                sc[j + 2 * nw - j0] = v2;
+                sc[j + 3 * nw - j0] = v3;
+            }
+            mx = fmaxf(fmaxf(mx, fmaxf(v0, v1)), fmaxf(v2, v3));
+        }
+        for (; j < j1; j += nw) {
             const float* kk = K + (size_t)j * ks + (size_t)g * khs;
             float v = 0.f;
             for (int i = lane; i < dk; i += 32) v += qsh[i] * kk[i];
@@ -328,7 +468,7 @@ extern "C" __global__ void router_route_jobs(const u8* W, long long rb, const fl
 // moe_down_q with the block quantizing its job's rows of Hb itself (as quantize_q8 does, into
 // shared memory: NT*f codes, then NT*f/32 scales), so the down product needs no quantize launch
 // before it. f a multiple of 32. Grid as moe_down_q; shared NT*f + 4*NT*f/32 bytes.
-template <class T>
+template <class T, int NTT = NT>
 __device__ void moe_down_qs(const Job* jobs, const int* nj, int h, int f, long long rb,
                             const float* Hb, const int* dst, float* SO) {
     extern __shared__ int4 dsm4[];
@@ -339,8 +479,11 @@ __device__ void moe_down_qs(const Job* jobs, const int* nj, int h, int f, long l
     i8* sq = (i8*)dsm4;
     float* sd = (float*)(sq + NT * f);
     const u8* w = (const u8*)j.down + (size_t)min(r, h - 1) * rb;
-    for (int a0 = j.a0; a0 < j.a0 + j.cnt; a0 += NT) {
-        int nt = min(NT, j.a0 + j.cnt - a0);
+    // The row's bytes start on their way to L2 while the block quantizes its input.
+    for (long long o = 128 * lane; o < rb; o += 32 * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(w + o));
+    for (int a0 = j.a0; a0 < j.a0 + j.cnt; a0 += NTT) {
+        int nt = NTT == 1 ? 1 : min(NTT, j.a0 + j.cnt - a0);
         __syncthreads();
         for (int g = wp; g < nt * per; g += nw) {
             int t = g / per, c = g % per;
@@ -356,16 +499,16 @@ __device__ void moe_down_qs(const Job* jobs, const int* nj, int h, int f, long l
         }
         __syncthreads();
         if (r >= h) continue;
-        const i8* xq[NT];
-        const float* xd[NT];
+        const i8* xq[NTT];
+        const float* xd[NTT];
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
+        for (int t = 0; t < NTT; t++) {
             int tt = min(t, nt - 1);
             xq[t] = sq + tt * f;
             xd[t] = sd + tt * per;
         }
-        float acc[NT];
-        row_dotq<T>(w, f, xq, xd, nt, acc);
+        float acc[NTT];
+        row_dotq<T, NTT>(w, f, xq, xd, nt, acc);
         if (lane == 0)
             for (int t = 0; t < nt; t++) SO[(size_t)dst[a0 + t] * h + r] = acc[t];
     }
@@ -383,3 +526,163 @@ DOWN_QS_KERNEL(q5_k, QQ5_K)
 DOWN_QS_KERNEL(q6_k, QQ6_K)
 DOWN_QS_KERNEL(q8_0, QQ8_0)
 DOWN_QS_KERNEL(q4_0, QQ4_0)
+
+#define DOWN_QS_T1_KERNEL(NAME, T, SFX, LB)                                                                \
+    extern "C" __global__ void LB moe_down_qs_##NAME##SFX(const Job* jobs, const int* nj, int h,    \
+                                                       int f, long long rb, const float* Hb,     \
+                                                       const int* dst, float* SO) {              \
+        moe_down_qs<T, 1>(jobs, nj, h, f, rb, Hb, dst, SO);                                       \
+    }
+DOWN_QS_T1_KERNEL(q4_k, QQ4_K, _t1, __launch_bounds__(256, 6))
+DOWN_QS_T1_KERNEL(q4_k, QQ4_K, _t1n, )
+DOWN_QS_T1_KERNEL(q5_k, QQ5_K, _t1, __launch_bounds__(256, 6))
+DOWN_QS_T1_KERNEL(q5_k, QQ5_K, _t1n, )
+DOWN_QS_T1_KERNEL(q6_k, QQ6_K, _t1, __launch_bounds__(256, 6))
+DOWN_QS_T1_KERNEL(q6_k, QQ6_K, _t1n, )
+DOWN_QS_T1_KERNEL(q8_0, QQ8_0, _t1, __launch_bounds__(256, 6))
+DOWN_QS_T1_KERNEL(q8_0, QQ8_0, _t1n, )
+DOWN_QS_T1_KERNEL(q4_0, QQ4_0, _t1, __launch_bounds__(256, 6))
+DOWN_QS_T1_KERNEL(q4_0, QQ4_0, _t1n, )
+
+// ==== Prompt attention in tiles (prefill) ====
+//
+// `attention` (one block per head and query, every key and value read from L2 again for each
+// query) took ~46% of a 1.5k-token prefill. Here a block takes AQ = 32 queries of one head and
+// walks the keys in tiles of AK = 16 through shared memory, with an online softmax (running max
+// and sum per query, the accumulators rescaled when the max grows): K and V are read once per
+// 32 queries, and the next tile's loads are in flight while the block computes on this one.
+// f32 throughout. Scores: each thread 2 queries x 2 keys, 4 dimensions per shared load; values:
+// each thread one query and 8 groups of 4 dimensions. Causal: query t sees keys 0 ..= *pp +
+// padd + t. Same arguments as `attention` without the score scratch. dk <= 192 and dv <= 128,
+// both multiples of 4, rows 16-byte aligned (else `attention`). Grid: (heads, ceil(n / AQ));
+// block 128; shared 4 * (AQ*(dk+4) + AK*(dk+4) + AK*dv + AQ*(AK+1)) bytes.
+#define AQ 32
+#define AK 16
+extern "C" __global__ void attention_tiled(const float* Q, int qts, int qhs, const float* K,
+                                           int ks, int khs, const float* V, int vs, int vhs,
+                                           int dk, int dv, int group, const int* pp, int padd,
+                                           float scale, int n, float* O, int ots, int ohs) {
+    extern __shared__ float4 tsh4[];
+    float* tsh = (float*)tsh4;
+    const int sq = dk + 4;  // rows 4 banks apart: a quarter warp's 8 key rows hit 32 banks
+    float* Qs = tsh;                 // AQ x sq
+    float* Ks = Qs + AQ * sq;        // AK x sq
+    float* Vs = Ks + AK * sq;        // AK x dv
+    float* Ss = Vs + AK * dv;        // AQ x (AK + 1)
+    const int hh = blockIdx.x, q0 = blockIdx.y * AQ, tid = threadIdx.x;
+    const int g = hh / group, pos0 = *pp + padd;
+    const int nq = min(AQ, n - q0);
+    const int dk4 = dk >> 2, dv4 = dv >> 2;
+    for (int r = 0; r < AQ; r++)
+        for (int c = tid; c < dk4; c += 128)
+            ((float4*)(Qs + r * sq))[c] =
+                r < nq ? ((const float4*)(Q + (size_t)(q0 + r) * qts + (size_t)hh * qhs))[c]
+                       : make_float4(0.f, 0.f, 0.f, 0.f);
+    // This thread's share of a key/value tile (row r, float4 column tid [+ 128]): dk/4 <= 48,
+    // dv/4 <= 32, so at most 16 of each per row... laid out as rows r = tid / 32 + 4u below.
+    // Tile element (r, c): thread tid takes c = tid % 32 (+32) of rows tid / 32 + 4u, u < 4.
+    const int tc = tid & 31, tr = tid >> 5;
+    float4 kr[4][2], vr[4];
+    const int kend = pos0 + q0 + nq;  // keys 0 .. kend - 1
+    auto load = [&](int k0) {
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int j = k0 + tr + 4 * u;
+            bool ok = j < kend;
+            const float4* kp = (const float4*)(K + (size_t)j * ks + (size_t)g * khs);
+            const float4* vp = (const float4*)(V + (size_t)j * vs + (size_t)g * vhs);
+            float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+            kr[u][0] = ok && tc < dk4 ? kp[tc] : z;
+            kr[u][1] = ok && tc + 32 < dk4 ? kp[tc + 32] : z;
+            vr[u] = ok && tc < dv4 ? vp[tc] : z;
+        }
+    };
+    const int sa = 2 * (tid >> 3), sb = 2 * (tid & 7);
+    const int qi = tid >> 2, dq = tid & 3;
+    const int lim = qi < nq ? pos0 + q0 + qi : -1;  // last key query qi sees
+    float4 acc[8];
+#pragma unroll
+    for (int m = 0; m < 8; m++) acc[m] = make_float4(0.f, 0.f, 0.f, 0.f);
+    float mrun = -INFINITY, lrun = 0.f;
+    load(0);
+    for (int k0 = 0; k0 < kend; k0 += AK) {
+        __syncthreads();  // the previous tile's readers are done
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int r = tr + 4 * u;
+            float4* kd = (float4*)(Ks + r * sq);
+            if (tc < dk4) kd[tc] = kr[u][0];
+            if (tc + 32 < dk4) kd[tc + 32] = kr[u][1];
+            if (tc < dv4) ((float4*)(Vs + r * dv))[tc] = vr[u];
+        }
+        __syncthreads();
+        if (k0 + AK < kend) load(k0 + AK);
+        {
+            float s00 = 0.f, s01 = 0.f, s10 = 0.f, s11 = 0.f;
+            const float4* qa = (const float4*)(Qs + sa * sq);
+            const float4* qb = (const float4*)(Qs + (sa + 1) * sq);
+            const float4* ka = (const float4*)(Ks + sb * sq);
+            const float4* kb = (const float4*)(Ks + (sb + 1) * sq);
+            for (int c = 0; c < dk4; c++) {
+                float4 x0 = qa[c], x1 = qb[c], y0 = ka[c], y1 = kb[c];
+                s00 += x0.x * y0.x + x0.y * y0.y + x0.z * y0.z + x0.w * y0.w;
+                s01 += x0.x * y1.x + x0.y * y1.y + x0.z * y1.z + x0.w * y1.w;
+                s10 += x1.x * y0.x + x1.y * y0.y + x1.z * y0.z + x1.w * y0.w;
+                s11 += x1.x * y1.x + x1.y * y1.y + x1.z * y1.z + x1.w * y1.w;
+            }
+            Ss[sa * (AK + 1) + sb] = s00 * scale;
+            Ss[sa * (AK + 1) + sb + 1] = s01 * scale;
+            Ss[(sa + 1) * (AK + 1) + sb] = s10 * scale;
+            Ss[(sa + 1) * (AK + 1) + sb + 1] = s11 * scale;
+        }
+        __syncthreads();
+        const float* srow = Ss + qi * (AK + 1);
+        float mt = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < AK; j++)
+            if (k0 + j <= lim) mt = fmaxf(mt, srow[j]);
+        if (mt == -INFINITY) continue;  // every key of the tile is masked for this query
+        float mnew = fmaxf(mrun, mt);
+        float alpha = expf(mrun - mnew);  // 0 on the first tile (mrun = -inf)
+        float p[AK];
+        float ps = 0.f;
+#pragma unroll
+        for (int j = 0; j < AK; j++) {
+            p[j] = k0 + j <= lim ? expf(srow[j] - mnew) : 0.f;
+            ps += p[j];
+        }
+        lrun = lrun * alpha + ps;
+        mrun = mnew;
+#pragma unroll
+        for (int m = 0; m < 8; m++) {
+            int c = dq + 4 * m;  // float4 column of V
+            if (c < dv4) {
+                float4 a = acc[m];
+                a.x *= alpha;
+                a.y *= alpha;
+                a.z *= alpha;
+                a.w *= alpha;
+#pragma unroll
+                for (int j = 0; j < AK; j++) {
+                    float4 v = ((const float4*)(Vs + j * dv))[c];
+                    a.x += p[j] * v.x;
+                    a.y += p[j] * v.y;
+                    a.z += p[j] * v.z;
+                    a.w += p[j] * v.w;
+                }
+                acc[m] = a;
+            }
+        }
+    }
+    if (qi >= nq) return;
+    float inv = 1.f / lrun;
+    float4* o = (float4*)(O + (size_t)(q0 + qi) * ots + (size_t)hh * ohs);
+#pragma unroll
+    for (int m = 0; m < 8; m++) {
+        int c = dq + 4 * m;
+        if (c < dv4) {
+            float4 a = acc[m];
+            o[c] = make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv);
+        }
+    }
+}

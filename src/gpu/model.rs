@@ -48,6 +48,12 @@ pub(super) enum Residual {
     Combine,
 }
 
+/// Whether prompt attention takes `attention_tiled` (`SLUICE_GPU_ATT_TILED=0`: `attention`).
+fn att_tiled_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SLUICE_GPU_ATT_TILED").map_or(true, |v| v != "0"))
+}
+
 fn align(x: usize) -> usize {
     x.div_ceil(ALIGN) * ALIGN
 }
@@ -75,6 +81,9 @@ struct TypeFns {
 #[derive(Clone, Copy)]
 struct QFns {
     mm: Kernel,
+    /// Two rows per warp (kernels.cu `mmq2_*`) for tall matvecs, only with
+    /// `SLUICE_GPU_MMQ_ROWS=2`: on the H200 it made the output head slower (251 vs 165 us).
+    mm2: Option<Kernel>,
     /// Up to three matrices of this type in one launch (kernels_fused.cu `mmq3`).
     mm3: Kernel,
     /// `down` quantizing its input rows itself (kernels_fused.cu `moe_down_qs`).
@@ -82,6 +91,24 @@ struct QFns {
     gate_up: Kernel,
     down: Kernel,
     gemm: GemmFns, // prefill GEMM (gemm.rs)
+    /// One-token forwards (a decode step) take the `*_t1` kernels: the same sums in about half
+    /// the registers (kernels.cu `row_dotq`); `SLUICE_GPU_T1=0` keeps the 4-token kernels.
+    t1: Option<T1Fns>,
+}
+
+/// The one-token-per-pass instances of `mm`, `mm3`, `gate_up` and `down_s`.
+#[derive(Clone, Copy)]
+struct T1Fns {
+    mm: Kernel,
+    mm3: Kernel,
+    gate_up: Kernel,
+    down_s: Kernel,
+}
+
+/// Whether one-token forwards take the `*_t1` kernels (`SLUICE_GPU_T1=0`: no).
+fn t1_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SLUICE_GPU_T1").map_or(true, |v| v != "0"))
 }
 
 /// Weight types with int8-activation (dp4a) kernels; the float types keep f32 activations
@@ -164,6 +191,8 @@ pub(super) struct Small {
     add_rms_q8: Kernel,
     qk_rope_store: Kernel,
     att_split_merge: Kernel,
+    /// Prompt attention in 32-query tiles (kernels_fused.cu `attention_tiled`).
+    att_tiled: Kernel,
     route_jobs: Kernel,
     router_route_jobs: Kernel,
 }
@@ -403,12 +432,47 @@ impl<'a> Builder<'a> {
             embed: self.gpu.function(&format!("embed_{n}"))?,
             q: if Q8_TYPES.contains(&d) {
                 Some(QFns {
-                    mm: self.gpu.function(&format!("mmq_{n}"))?,
+                    // Q6_K matvecs of several tokens stage each row through shared memory
+                    // (kernels.cu `mmq_q6_ks`: 16-byte loads instead of ~18 narrow ones per 16
+                    // values; not yet timed: the benchmark file's head is Q4_K);
+                    // `SLUICE_GPU_Q6_STAGE=0` reads rows directly (same sums). One-token
+                    // products take the `*_t1` kernels.
+                    mm: if d == DType::Q6_K
+                        && std::env::var("SLUICE_GPU_Q6_STAGE").map_or(true, |v| v != "0")
+                    {
+                        self.gpu.function("mmq_q6_ks")?
+                    } else {
+                        self.gpu.function(&format!("mmq_{n}"))?
+                    },
+                    mm2: if std::env::var("SLUICE_GPU_MMQ_ROWS").is_ok_and(|v| v == "2") {
+                        self.gpu.function(&format!("mmq2_{n}")).ok()
+                    } else {
+                        None
+                    },
                     mm3: self.gpu.function(&format!("mmq3_{n}"))?,
                     down_s: self.gpu.function(&format!("moe_down_qs_{n}"))?,
                     gate_up: self.gpu.function(&format!("moe_gate_up_q_{n}"))?,
                     down: self.gpu.function(&format!("moe_down_q_{n}"))?,
                     gemm: GemmFns::load(self.gpu, &n)?, // prefill GEMM (gemm.rs)
+                    t1: if t1_on() {
+                        // SLUICE_GPU_T1=2: the kernels not held to 40 registers (`*_t1n`).
+                        let sfx = match std::env::var("SLUICE_GPU_T1").as_deref() {
+                            Ok("2") => "t1n",
+                            _ => "t1",
+                        };
+                        let f = |k: &str| self.gpu.function(&format!("{k}_{n}_{sfx}")).ok();
+                        match (f("mmq"), f("mmq3"), f("moe_gate_up_q"), f("moe_down_qs")) {
+                            (Some(mm), Some(mm3), Some(gate_up), Some(down_s)) => Some(T1Fns {
+                                mm,
+                                mm3,
+                                gate_up,
+                                down_s,
+                            }),
+                            _ => None,
+                        }
+                    } else {
+                        None
+                    },
                 })
             } else {
                 None
@@ -650,6 +714,7 @@ impl GpuState {
             silu_mul: gpu.function("silu_mul")?,
             rope: gpu.function("rope")?,
             attention: gpu.function("attention")?,
+            att_tiled: gpu.function("attention_tiled")?,
             head_mv: gpu.function("head_mv")?,
             copy2d: gpu.function("copy2d")?,
             combine: gpu.function("moe_combine")?,
@@ -1088,6 +1153,10 @@ impl GpuState {
             }
             return Ok(());
         };
+        let k = match m0.f.q.and_then(|q| q.t1) {
+            Some(t) if n == 1 => t.mm3,
+            _ => k,
+        };
         self.quantize(x, ldx, n, m0.cols)?;
         let mut a = [Arg::from(0u64); 19];
         let mut blocks = 0u32;
@@ -1193,9 +1262,33 @@ impl GpuState {
                 gemm::mm(
                     &self.gpu, &q.gemm, w, m.rb, m.rows, m.cols, xq, xd, n, y, ldy,
                 )
-            } else {
+            } else if let Some(mm2) = q.mm2.filter(|_| n <= NT && m.rows >= 32768) {
+                // A tall matvec (the output head): two rows per warp (`mmq_rows`).
                 self.gpu.launch(
-                    q.mm,
+                    mm2,
+                    ((m.rows as u32).div_ceil(2 * WARPS), 1, 1),
+                    32 * WARPS,
+                    0,
+                    Stream::Compute,
+                    &[
+                        self.wa(m.off).into(),
+                        (m.rb as i64).into(),
+                        (m.rows as i32).into(),
+                        (m.cols as i32).into(),
+                        self.bufs.xq.ptr.into(),
+                        self.bufs.xd.ptr.into(),
+                        (n as i32).into(),
+                        y.into(),
+                        (ldy as i32).into(),
+                    ],
+                )
+            } else {
+                let k = match q.t1 {
+                    Some(t) if n == 1 => t.mm,
+                    _ => q.mm,
+                };
+                self.gpu.launch(
+                    k,
                     ((m.rows as u32).div_ceil(WARPS), 1, 1),
                     32 * WARPS,
                     0,
@@ -1441,6 +1534,44 @@ impl GpuState {
                     self.bufs.po.ptr.into(),
                     (splits as i32).into(),
                     (dv as i32).into(),
+                    o.0.into(),
+                    (o.1 as i32).into(),
+                    (o.2 as i32).into(),
+                ],
+            );
+        }
+        // Prompt attention: 32 queries per block through shared-memory key/value tiles
+        // (`attention_tiled`, ~10x less L2 traffic than a block per query) where its shared
+        // memory fits; `SLUICE_GPU_ATT_TILED=0` keeps `attention`.
+        let tiled_shm = 4 * (32 * (dk + 4) + 16 * (dk + 4) + 16 * dv + 32 * 17);
+        // float4 rows: every stride, head offset and base 16-byte aligned.
+        let aligned = [dk, dv, q.1, q.2, k.1, k.2, v.1, v.2, o.1, o.2]
+            .iter()
+            .all(|&x| x % 4 == 0)
+            && [q.0, k.0, v.0, o.0].iter().all(|&p| p % 16 == 0);
+        if dk <= 192 && dv <= 128 && aligned && tiled_shm <= 48 * 1024 && att_tiled_on() {
+            return self.launch(
+                self.small.att_tiled,
+                (heads as u32, n.div_ceil(32) as u32, 1),
+                128,
+                tiled_shm as u32,
+                &[
+                    q.0.into(),
+                    (q.1 as i32).into(),
+                    (q.2 as i32).into(),
+                    k.0.into(),
+                    (k.1 as i32).into(),
+                    (k.2 as i32).into(),
+                    v.0.into(),
+                    (v.1 as i32).into(),
+                    (v.2 as i32).into(),
+                    (dk as i32).into(),
+                    (dv as i32).into(),
+                    (group as i32).into(),
+                    self.bufs.pos.ptr.into(),
+                    padd.into(),
+                    scale.into(),
+                    (n as i32).into(),
                     o.0.into(),
                     (o.1 as i32).into(),
                     (o.2 as i32).into(),
@@ -1818,7 +1949,10 @@ impl GpuState {
                 )?;
             } else {
                 self.gpu.launch(
-                    qg.gate_up,
+                    match qg.t1 {
+                        Some(t) if n == 1 => t.gate_up,
+                        _ => qg.gate_up,
+                    },
                     ((mo.ffn as u32).div_ceil(WARPS), grid_y as u32, 1),
                     32 * WARPS,
                     0,
@@ -1841,7 +1975,10 @@ impl GpuState {
                 let f = mo.ffn;
                 let shmem = (4 * f + 16 * f / 32) as u32;
                 self.gpu.launch(
-                    qd.down_s,
+                    match qd.t1 {
+                        Some(t) if n == 1 => t.down_s,
+                        _ => qd.down_s,
+                    },
                     ((h as u32).div_ceil(WARPS), grid_y as u32, 1),
                     32 * WARPS,
                     shmem,
