@@ -41,6 +41,12 @@ fn head_matvec(
     Ok(())
 }
 
+/// A pointer that tasks writing disjoint elements share.
+struct SendPtr(*mut f32);
+// SAFETY: only used where each task writes elements no other task touches.
+unsafe impl Sync for SendPtr {}
+unsafe impl Send for SendPtr {}
+
 /// The CPU backend for one forward call: the model's kernels and thread pool on `st`'s
 /// buffers. Made per call (it borrows both), so it holds nothing between calls.
 pub(crate) struct CpuBackend<'m, 'a, 's> {
@@ -356,7 +362,24 @@ impl Backend for CpuBackend<'_, '_, '_> {
                     );
                 }
             };
-            if len * qd > 1 << 14 {
+            if n == 1 && len * qd > 1 << 14 {
+                // Decode: one short region over the heads, on the spinning gang if it is free.
+                let (op, sp) = (SendPtr(out.as_mut_ptr()), SendPtr(st.scores.as_mut_ptr()));
+                let ctx_len = ctx;
+                kernels::par_for(Some(&self.m.pool), qd / hd, &|hh| {
+                    let (op, sp) = (&op, &sp);
+                    // SAFETY: head hh owns out[hh * hd..][..hd] and scores[hh * ctx..][..ctx]
+                    // (out has qd = heads * hd elements, scores heads * ctx); no two heads
+                    // share an element.
+                    let (o, sc) = unsafe {
+                        (
+                            std::slice::from_raw_parts_mut(op.0.add(hh * hd), hd),
+                            std::slice::from_raw_parts_mut(sp.0.add(hh * ctx_len), ctx_len),
+                        )
+                    };
+                    head((hh, (o, sc)));
+                });
+            } else if len * qd > 1 << 14 {
                 out.par_chunks_mut(hd)
                     .zip(st.scores.par_chunks_mut(ctx))
                     .enumerate()
