@@ -153,6 +153,58 @@ impl<'m, 'a, 's> CpuBackend<'m, 'a, 's> {
     }
 }
 
+impl CpuBackend<'_, '_, '_> {
+    /// Decode's products of one loaded activation row with several weights (q, k and v) as
+    /// one parallel region (`matmul_jobs`) instead of one per weight; each output element has
+    /// the bits `kernels::matmul` gives it.
+    fn matvecs(&mut self, outs: &[(&WeightView<'_>, Buf)]) -> Result<(), ModelError> {
+        const MAX: usize = 8;
+        if outs.len() > MAX
+            || (1..outs.len()).any(|i| outs[..i].iter().any(|o| o.1 == outs[i].1))
+        {
+            return Err(ModelError::Input(format!(
+                "backend: {} products of one row, or an output named twice",
+                outs.len()
+            )));
+        }
+        for (wv, dst) in outs {
+            if vec_of(self.st, *dst).len() < wv.rows {
+                return Err(ModelError::Input(format!(
+                    "backend: {dst:?} is shorter than the {} rows of its product",
+                    wv.rows
+                )));
+            }
+        }
+        let (pool, isa) = (Some(&self.m.pool), self.m.isa);
+        for (wv, _) in outs {
+            kernels::prepare_for(wv.dtype, &mut self.st.acts)?;
+        }
+        let mut ys: [Vec<f32>; MAX] = Default::default();
+        for (y, (_, dst)) in ys.iter_mut().zip(outs) {
+            *y = std::mem::take(vec_of(self.st, *dst));
+        }
+        let r = {
+            let acts = &self.st.acts;
+            let mut jobs: [Option<kernels::MatJob<'_, '_>>; MAX] = Default::default();
+            for ((job, y), (wv, _)) in jobs.iter_mut().zip(ys.iter_mut()).zip(outs) {
+                *job = Some(kernels::MatJob {
+                    w: wv,
+                    acts,
+                    row0: 0,
+                    rows: 1,
+                    y: &mut y[..wv.rows],
+                });
+            }
+            kernels::matmul_jobs(&mut jobs[..outs.len()], pool, isa)
+        };
+        for (y, (_, dst)) in ys.iter_mut().zip(outs) {
+            *vec_of(self.st, *dst) = std::mem::take(y);
+        }
+        r?;
+        Ok(())
+    }
+}
+
 impl Drop for CpuBackend<'_, '_, '_> {
     fn drop(&mut self) {
         self.release();
@@ -189,6 +241,9 @@ impl Backend for CpuBackend<'_, '_, '_> {
             .acts
             .load(&s[src.row0 * w..(src.row0 + n) * w], n, w);
         *vec_of(self.st, src.buf) = s;
+        if n == 1 && outs.len() > 1 {
+            return self.matvecs(outs);
+        }
         for (wv, dst) in outs {
             let mut d = std::mem::take(vec_of(self.st, *dst));
             let r = kernels::matmul(wv, &mut self.st.acts, &mut d[..n * wv.rows], pool, isa);
