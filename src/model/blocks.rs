@@ -38,9 +38,39 @@ pub fn softmax(x: &mut [f32]) {
     }
 }
 
-/// f32 dot product with 16 independent partial sums, so the compiler vectorises it.
+/// f32 dot product with 16 independent partial sums, so the compiler vectorises it. On x86 the
+/// same loop is compiled for AVX-512 or AVX2 as well and picked at run time: lane i still sums
+/// the products of elements 16c + i in order, each product and sum rounded on its own (no FMA),
+/// so every ISA gives the same bits (attention's scores go through here).
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::kernels::Isa;
+        match Isa::detect() {
+            // SAFETY: the CPU has the features (`Isa::detect` never exceeds the hardware).
+            Isa::Avx512 => return unsafe { dot_avx512(a, b) },
+            Isa::Avx2 => return unsafe { dot_avx2(a, b) },
+            Isa::Scalar => {}
+        }
+    }
+    dot_body(a, b)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn dot_avx512(a: &[f32], b: &[f32]) -> f32 {
+    dot_body(a, b)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+    dot_body(a, b)
+}
+
+#[inline(always)]
+fn dot_body(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; 16];
     let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
     let (ra, rb) = (ca.remainder(), cb.remainder());
@@ -56,9 +86,119 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
-/// y += a * x.
+/// `dot(q, k[r])` for four rows at once, each with `dot`'s bits: the four independent sums
+/// hide the add latency that one 16-lane sum chain waits on (attention's scores).
+#[inline]
+pub fn dot4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
+    #[cfg(target_arch = "x86_64")]
+    if q.len().is_multiple_of(16) && k.iter().all(|k| k.len() == q.len()) {
+        use crate::kernels::Isa;
+        match Isa::detect() {
+            // SAFETY: the CPU has the features (`Isa::detect` never exceeds the hardware); every
+            // row has q.len() elements, a multiple of 16.
+            Isa::Avx512 => return unsafe { dot4_avx512(q, k) },
+            Isa::Avx2 => return unsafe { dot4_avx2(q, k) },
+            Isa::Scalar => {}
+        }
+    }
+    k.map(|k| dot(q, k))
+}
+
+/// `dot`'s ending: the (empty here) remainder's sum, then the 16 lanes in order.
+#[inline(always)]
+fn lanes_sum(acc: &[f32; 16]) -> f32 {
+    let mut s: f32 = std::iter::empty::<f32>().sum();
+    for &v in acc {
+        s += v;
+    }
+    s
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn dot4_avx512(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm512_setzero_ps(); 4];
+    for c in (0..q.len()).step_by(16) {
+        let x = _mm512_loadu_ps(q.as_ptr().add(c));
+        for r in 0..4 {
+            let y = _mm512_loadu_ps(k[r].as_ptr().add(c));
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(x, y));
+        }
+    }
+    let mut l = [[0.0f32; 16]; 4];
+    for r in 0..4 {
+        _mm512_storeu_ps(l[r].as_mut_ptr(), acc[r]);
+    }
+    [
+        lanes_sum(&l[0]),
+        lanes_sum(&l[1]),
+        lanes_sum(&l[2]),
+        lanes_sum(&l[3]),
+    ]
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dot4_avx2(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
+    use std::arch::x86_64::*;
+    // Lanes 0..8 and 8..16 of each row's 16 sums.
+    let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+    for c in (0..q.len()).step_by(16) {
+        let x = [
+            _mm256_loadu_ps(q.as_ptr().add(c)),
+            _mm256_loadu_ps(q.as_ptr().add(c + 8)),
+        ];
+        for r in 0..4 {
+            for h in 0..2 {
+                let y = _mm256_loadu_ps(k[r].as_ptr().add(c + 8 * h));
+                acc[r][h] = _mm256_add_ps(acc[r][h], _mm256_mul_ps(x[h], y));
+            }
+        }
+    }
+    let mut l = [[0.0f32; 16]; 4];
+    for r in 0..4 {
+        _mm256_storeu_ps(l[r].as_mut_ptr(), acc[r][0]);
+        _mm256_storeu_ps(l[r].as_mut_ptr().add(8), acc[r][1]);
+    }
+    [
+        lanes_sum(&l[0]),
+        lanes_sum(&l[1]),
+        lanes_sum(&l[2]),
+        lanes_sum(&l[3]),
+    ]
+}
+
+/// y += a * x (wider vectors where the CPU has them; each element's result is the same).
 #[inline]
 pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::kernels::Isa;
+        match Isa::detect() {
+            // SAFETY: as in `dot`.
+            Isa::Avx512 => return unsafe { axpy_avx512(y, a, x) },
+            Isa::Avx2 => return unsafe { axpy_avx2(y, a, x) },
+            Isa::Scalar => {}
+        }
+    }
+    axpy_body(y, a, x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn axpy_avx512(y: &mut [f32], a: f32, x: &[f32]) {
+    axpy_body(y, a, x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn axpy_avx2(y: &mut [f32], a: f32, x: &[f32]) {
+    axpy_body(y, a, x)
+}
+
+#[inline(always)]
+fn axpy_body(y: &mut [f32], a: f32, x: &[f32]) {
     for (o, v) in y.iter_mut().zip(x) {
         *o += a * v;
     }
@@ -223,6 +363,24 @@ impl Rope {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn dot4_has_dot_s_bits() {
+        let mut seed = 7u64;
+        let mut r = || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
+        };
+        for n in [16, 64, 100, 128, 256] {
+            let q: Vec<f32> = (0..n).map(|_| r()).collect();
+            let k: Vec<Vec<f32>> = (0..4).map(|_| (0..n).map(|_| r()).collect()).collect();
+            let got = super::dot4(&q, [&k[0], &k[1], &k[2], &k[3]]);
+            for (g, k) in got.iter().zip(&k) {
+                assert_eq!(g.to_bits(), super::dot_body(&q, k).to_bits(), "n = {n}");
+                assert_eq!(g.to_bits(), super::dot(&q, k).to_bits(), "n = {n}");
+            }
+        }
+    }
     use super::*;
 
     #[test]

@@ -9,7 +9,7 @@
 //! depend on the order in which experts are computed or arrive from disk.
 
 use super::backend::{At, Backend, Buf, Cache, GqaShape, Rows};
-use super::blocks::{axpy, dot, rmsnorm, rmsnorm_inplace, silu, softmax, top_k};
+use super::blocks::{axpy, dot, dot4, rmsnorm, rmsnorm_inplace, silu, softmax, top_k};
 use super::config::{AttnKind, ExpertAct, ModelConfig, RopeLayout};
 use super::gptoss;
 use super::qwen3next::{self, DeltaNet, GatedAttn};
@@ -401,8 +401,20 @@ impl Backend for CpuBackend<'_, '_, '_> {
                 let qh = &q[hh * hd..(hh + 1) * hd];
                 let kvh = hh / group;
                 let sc = &mut sc[..len - first];
-                for (j, s) in (first..).zip(sc.iter_mut()) {
-                    *s = dot(qh, &layer_k[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd]) * scale;
+                let key = |j: usize| &layer_k[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd];
+                // Four keys per call (`dot4`: each score has `dot`'s bits).
+                let mut quads = sc.chunks_exact_mut(4);
+                let mut j = first;
+                for s4 in &mut quads {
+                    let d = dot4(qh, [key(j), key(j + 1), key(j + 2), key(j + 3)]);
+                    for (s, d) in s4.iter_mut().zip(d) {
+                        *s = d * scale;
+                    }
+                    j += 4;
+                }
+                for s in quads.into_remainder() {
+                    *s = dot(qh, key(j)) * scale;
+                    j += 1;
                 }
                 match sh.sinks {
                     Some(sk) => gptoss::softmax_with_sink(sc, sk[hh]),
