@@ -215,8 +215,10 @@ pub fn matmul(
             unsafe { *yp.0.add(i) = v }
         });
     };
-    // Decode's matvec (one activation row) is a short region: the spinning gang.
-    if acts.rows() == 1 && SpinPool::get(threads).is_some_and(|g| g.try_run(n_chunks, &one)) {
+    // The spinning gang when it is free (rayon otherwise): decode's regions are short, and
+    // prefill's alternate with decode-sized ones (experts with one token), so one set of
+    // threads runs both rather than two sets taking turns on the cores.
+    if SpinPool::get(threads).is_some_and(|g| g.try_run(n_chunks, &one)) {
         return Ok(());
     }
     let run = || (0..n_chunks).into_par_iter().for_each(one);

@@ -17,7 +17,6 @@ use super::weights::{ExpertBias, Ffn, HeadMat, Mla, Mlp, Moe};
 use super::{Model, ModelError, Prof, State};
 use crate::experts::ExpertCache;
 use crate::kernels::{self, Acts, Isa, WeightView};
-use rayon::prelude::*;
 
 /// y = M x for a per-head matrix.
 fn head_matvec(
@@ -390,74 +389,81 @@ impl Backend for CpuBackend<'_, '_, '_> {
         let ctx = st.ctx;
         let layer_k = &st.kcache[l * ctx * kvd..(l + 1) * ctx * kvd];
         let layer_v = &st.vcache[l * ctx * kvd..(l + 1) * ctx * kvd];
-        for i in 0..n {
+        let q = &st.q;
+        // Row i (at cache position pos + i), head hh: `o` its output, `sc` its scores.
+        let head = |i: usize, hh: usize, o: &mut [f32], sc: &mut [f32]| {
             // Causal: positions first..=pos+i; a sliding window keeps the last W of them.
             let len = pos + i + 1;
             let first = sh.window.map_or(0, |w| len.saturating_sub(w));
             let r = row0 + i;
-            let q = &st.q[r * qd..(r + 1) * qd];
-            let out = &mut st.att[r * qd..(r + 1) * qd];
-            let head = |(hh, (o, sc)): (usize, (&mut [f32], &mut [f32]))| {
-                let qh = &q[hh * hd..(hh + 1) * hd];
-                let kvh = hh / group;
-                let sc = &mut sc[..len - first];
-                let key = |j: usize| &layer_k[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd];
-                // Four keys per call (`dot4`: each score has `dot`'s bits).
-                let mut quads = sc.chunks_exact_mut(4);
-                let mut j = first;
-                for s4 in &mut quads {
-                    let d = dot4(qh, [key(j), key(j + 1), key(j + 2), key(j + 3)]);
-                    for (s, d) in s4.iter_mut().zip(d) {
-                        *s = d * scale;
-                    }
-                    j += 4;
+            let qh = &q[r * qd + hh * hd..r * qd + (hh + 1) * hd];
+            let kvh = hh / group;
+            let sc = &mut sc[..len - first];
+            let key = |j: usize| &layer_k[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd];
+            // Four keys per call (`dot4`: each score has `dot`'s bits).
+            let mut quads = sc.chunks_exact_mut(4);
+            let mut j = first;
+            for s4 in &mut quads {
+                let d = dot4(qh, [key(j), key(j + 1), key(j + 2), key(j + 3)]);
+                for (s, d) in s4.iter_mut().zip(d) {
+                    *s = d * scale;
                 }
-                for s in quads.into_remainder() {
-                    *s = dot(qh, key(j)) * scale;
-                    j += 1;
-                }
-                match sh.sinks {
-                    Some(sk) => gptoss::softmax_with_sink(sc, sk[hh]),
-                    None => softmax(sc),
-                }
-                o.fill(0.0);
-                for (j, s) in (first..).zip(sc.iter()) {
-                    axpy(
-                        o,
-                        *s,
-                        &layer_v[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd],
-                    );
-                }
-            };
-            if n == 1 && len * qd > 1 << 14 {
-                // Decode: one short region over the heads, on the spinning gang if it is free.
-                let (op, sp) = (SendPtr(out.as_mut_ptr()), SendPtr(st.scores.as_mut_ptr()));
-                let ctx_len = ctx;
-                kernels::par_for(Some(&self.m.pool), qd / hd, &|hh| {
-                    let (op, sp) = (&op, &sp);
-                    // SAFETY: head hh owns out[hh * hd..][..hd] and scores[hh * ctx..][..ctx]
-                    // (out has qd = heads * hd elements, scores heads * ctx); no two heads
-                    // share an element.
-                    let (o, sc) = unsafe {
-                        (
-                            std::slice::from_raw_parts_mut(op.0.add(hh * hd), hd),
-                            std::slice::from_raw_parts_mut(sp.0.add(hh * ctx_len), ctx_len),
-                        )
-                    };
-                    head((hh, (o, sc)));
-                });
-            } else if len * qd > 1 << 14 {
-                out.par_chunks_mut(hd)
-                    .zip(st.scores.par_chunks_mut(ctx))
-                    .enumerate()
-                    .for_each(head);
-            } else {
-                out.chunks_mut(hd)
+                j += 4;
+            }
+            for s in quads.into_remainder() {
+                *s = dot(qh, key(j)) * scale;
+                j += 1;
+            }
+            match sh.sinks {
+                Some(sk) => gptoss::softmax_with_sink(sc, sk[hh]),
+                None => softmax(sc),
+            }
+            o.fill(0.0);
+            for (j, s) in (first..).zip(sc.iter()) {
+                axpy(
+                    o,
+                    *s,
+                    &layer_v[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd],
+                );
+            }
+        };
+        let heads = sh.heads;
+        // Work of the whole call in score elements x head width; small calls stay serial.
+        let work = n * (pos + n) * qd;
+        if work <= 1 << 14 {
+            for i in 0..n {
+                let r = row0 + i;
+                let out = &mut st.att[r * qd..(r + 1) * qd];
+                for (hh, (o, sc)) in out
+                    .chunks_mut(hd)
                     .zip(st.scores.chunks_mut(ctx))
                     .enumerate()
-                    .for_each(head);
+                {
+                    head(i, hh, o, sc);
+                }
             }
+            return Ok(());
         }
+        // One parallel region for all rows: a task per head runs its rows in order (each head
+        // has the same causal work, and its scores slot is its own).
+        let (op, sp) = (
+            SendPtr(st.att.as_mut_ptr()),
+            SendPtr(st.scores.as_mut_ptr()),
+        );
+        debug_assert!(st.att.len() >= (row0 + n) * qd && st.scores.len() >= heads * ctx);
+        kernels::par_for(Some(&self.m.pool), heads, &|hh| {
+            let (op, sp) = (&op, &sp);
+            // SAFETY: head hh alone writes scores[hh * ctx..][..ctx] and, in each row r,
+            // att[r * qd + hh * hd..][..hd] (att holds row0 + n rows of qd = heads * hd,
+            // scores heads * ctx); no two heads share an element, and nothing else touches
+            // these buffers during the region.
+            let sc = unsafe { std::slice::from_raw_parts_mut(sp.0.add(hh * ctx), ctx) };
+            for i in 0..n {
+                let r = row0 + i;
+                let o = unsafe { std::slice::from_raw_parts_mut(op.0.add(r * qd + hh * hd), hd) };
+                head(i, hh, o, sc);
+            }
+        });
         Ok(())
     }
 
