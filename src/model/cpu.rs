@@ -931,9 +931,7 @@ impl<'a> Model<'a> {
         }
         match self.cfg.expert_act {
             ExpertAct::Silu => {
-                for (g, u) in st.gate[..cnt * f].iter_mut().zip(&st.up[..cnt * f]) {
-                    *g = silu(*g) * u;
-                }
+                swiglu_par(&self.pool, &mut st.gate[..cnt * f], &st.up[..cnt * f]);
             }
             ExpertAct::ClampedSwiglu { alpha, limit } => {
                 gptoss::clamped_swiglu(&mut st.gate[..cnt * f], &st.up[..cnt * f], alpha, limit)
@@ -1014,9 +1012,7 @@ impl<'a> Model<'a> {
         }
         match self.cfg.expert_act {
             ExpertAct::Silu => {
-                for (g, u) in st.gate[..cnt * f].iter_mut().zip(&st.up[..cnt * f]) {
-                    *g = silu(*g) * u;
-                }
+                swiglu_par(&self.pool, &mut st.gate[..cnt * f], &st.up[..cnt * f]);
             }
             ExpertAct::ClampedSwiglu { alpha, limit } => {
                 gptoss::clamped_swiglu(&mut st.gate[..cnt * f], &st.up[..cnt * f], alpha, limit)
@@ -1272,6 +1268,29 @@ impl<'a> Model<'a> {
         }
         Ok(())
     }
+}
+
+/// g = silu(g) * u element by element, in parallel pieces when there are many (the same
+/// arithmetic per element as the serial loop, so the same bits).
+fn swiglu_par(pool: &rayon::ThreadPool, g: &mut [f32], u: &[f32]) {
+    const PIECE: usize = 1024;
+    let n = g.len().min(u.len());
+    if n < 4 * PIECE || pool.current_num_threads() < 2 {
+        for (g, u) in g.iter_mut().zip(u) {
+            *g = silu(*g) * u;
+        }
+        return;
+    }
+    let gp = SendPtr(g.as_mut_ptr());
+    kernels::par_for(Some(pool), n.div_ceil(PIECE), &|t| {
+        let gp = &gp;
+        let (a, b) = (t * PIECE, ((t + 1) * PIECE).min(n));
+        // SAFETY: piece t alone writes g[a..b] (b <= n <= g.len()).
+        let g = unsafe { std::slice::from_raw_parts_mut(gp.0.add(a), b - a) };
+        for (g, u) in g.iter_mut().zip(&u[a..b]) {
+            *g = silu(*g) * u;
+        }
+    });
 }
 
 /// Add `bias` (one row's worth) to every row of `x`, if there is one.
