@@ -198,22 +198,40 @@ impl<'m, 'a, 's> CpuBackend<'m, 'a, 's> {
         }
     }
 
-    /// Run `f` on rows 0..n of `x`, each row mutable.
-    fn each_row(&mut self, x: Rows, n: usize, mut f: impl FnMut(usize, &mut [f32])) {
+    /// Run `f` on rows 0..n of `x`, each row mutable; in parallel pieces of rows when there are
+    /// many (prefill) and they do not overlap. Each row's arithmetic is the same either way.
+    fn each_row(&mut self, x: Rows, n: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+        let pool = &self.m.pool;
         let v = vec_of(self.st, x.buf);
+        if n >= PAR_ROWS && x.off + x.width <= x.stride && pool.current_num_threads() > 1 {
+            let end = row(x, n - 1).end;
+            assert!(end <= v.len(), "backend: rows past the end of {:?}", x.buf);
+            let vp = SendPtr(v.as_mut_ptr());
+            kernels::par_for(Some(pool), n.div_ceil(ROWS_PER_TASK), &|t| {
+                let vp = &vp;
+                for i in t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(n) {
+                    let r = row(x, i);
+                    // SAFETY: rows do not overlap (off + width <= stride) and all lie inside
+                    // the buffer (asserted above); each row belongs to one task.
+                    f(i, unsafe { std::slice::from_raw_parts_mut(vp.0.add(r.start), r.len()) });
+                }
+            });
+            return;
+        }
         for i in 0..n {
             f(i, &mut v[row(x, i)]);
         }
     }
 
-    /// Run `f` on row pairs (dst row i, src row i) of two different buffers. The source is
-    /// moved out for the call and back (no allocation: a moved-out `Vec` leaves an empty one).
+    /// Run `f` on row pairs (dst row i, src row i) of two different buffers (in parallel pieces
+    /// as `each_row`). The source is moved out for the call and back (no allocation: a
+    /// moved-out `Vec` leaves an empty one).
     fn each_pair(
         &mut self,
         dst: Rows,
         src: Rows,
         n: usize,
-        mut f: impl FnMut(&mut [f32], &[f32]),
+        f: impl Fn(&mut [f32], &[f32]) + Sync,
     ) -> Result<(), ModelError> {
         if dst.buf == src.buf {
             return Err(ModelError::Input(format!(
@@ -221,15 +239,36 @@ impl<'m, 'a, 's> CpuBackend<'m, 'a, 's> {
                 dst.buf
             )));
         }
+        let pool = &self.m.pool;
         let s = std::mem::take(vec_of(self.st, src.buf));
         let d = vec_of(self.st, dst.buf);
-        for i in 0..n {
-            f(&mut d[row(dst, i)], &s[row(src, i)]);
+        if n >= PAR_ROWS && dst.off + dst.width <= dst.stride && pool.current_num_threads() > 1 {
+            let end = row(dst, n - 1).end;
+            assert!(end <= d.len(), "backend: rows past the end of {:?}", dst.buf);
+            let dp = SendPtr(d.as_mut_ptr());
+            let s = &s;
+            kernels::par_for(Some(pool), n.div_ceil(ROWS_PER_TASK), &|t| {
+                let dp = &dp;
+                for i in t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(n) {
+                    let r = row(dst, i);
+                    // SAFETY: as in `each_row`.
+                    let dr = unsafe { std::slice::from_raw_parts_mut(dp.0.add(r.start), r.len()) };
+                    f(dr, &s[row(src, i)]);
+                }
+            });
+        } else {
+            for i in 0..n {
+                f(&mut d[row(dst, i)], &s[row(src, i)]);
+            }
         }
         *vec_of(self.st, src.buf) = s;
         Ok(())
     }
 }
+
+/// Fewest rows that `each_row` / `each_pair` split across threads, and rows per task.
+const PAR_ROWS: usize = 16;
+const ROWS_PER_TASK: usize = 4;
 
 impl CpuBackend<'_, '_, '_> {
     /// `Backend::attend_rows` (grouped-query attention of rows row0..row0 + n).
