@@ -15,11 +15,11 @@
 //! the same inputs (the tile and four-row dots keep each row's float operations in the same
 //! order), so results are bit-identical whatever the thread count, tiling or batch size.
 
+use super::spin::SpinPool;
 use super::{
     check_len, dot4_fn, dot_fn, kernels_for, tile_fn, ActRow, Acts, Dot4Fn, DotFn, Isa,
     KernelError, TileFn,
 };
-use super::spin::SpinPool;
 use crate::dtype::DType;
 use rayon::prelude::*;
 

@@ -440,10 +440,18 @@ mod tests {
     fn weighted_rows_has_axpy_s_bits() {
         let mut seed = 11u64;
         let mut r = || {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
         };
-        for (n, rows, stride) in [(64, 5, 64), (128, 37, 512), (192, 3, 200), (256, 9, 256), (48, 4, 48)] {
+        for (n, rows, stride) in [
+            (64, 5, 64),
+            (128, 37, 512),
+            (192, 3, 200),
+            (256, 9, 256),
+            (48, 4, 48),
+        ] {
             let w: Vec<f32> = (0..rows).map(|_| r()).collect();
             let v: Vec<f32> = (0..rows * stride).map(|_| r()).collect();
             let mut want = vec![0.0f32; n];
@@ -461,7 +469,9 @@ mod tests {
     fn dot4_has_dot_s_bits() {
         let mut seed = 7u64;
         let mut r = || {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
         };
         for n in [16, 64, 100, 128, 256] {

@@ -9,7 +9,9 @@
 //! depend on the order in which experts are computed or arrive from disk.
 
 use super::backend::{At, Backend, Buf, Cache, GqaShape, Rows};
-use super::blocks::{axpy, dot, dot4, rmsnorm, weighted_rows, rmsnorm_inplace, silu, softmax, top_k};
+use super::blocks::{
+    axpy, dot, dot4, rmsnorm, rmsnorm_inplace, silu, softmax, top_k, weighted_rows,
+};
 use super::config::{AttnKind, ExpertAct, ModelConfig, RopeLayout};
 use super::gptoss;
 use super::qwen3next::{self, DeltaNet, GatedAttn};
@@ -102,7 +104,8 @@ pub(crate) mod cpu_prof {
             "[prof-cpu] {calls} calls, {} tokens: {total:.1} ms",
             ROWS.swap(0, Ordering::Relaxed)
         );
-        let mut ms: [f64; 5] = std::array::from_fn(|i| T[i].swap(0, Ordering::Relaxed) as f64 / 1e6);
+        let mut ms: [f64; 5] =
+            std::array::from_fn(|i| T[i].swap(0, Ordering::Relaxed) as f64 / 1e6);
         // EXPERT_OTHER was timed around the whole expert block.
         ms[EXPERT_OTHER] -= ms[EXPERT_MATMUL];
         let mut parts = 0.0;
@@ -213,7 +216,9 @@ impl<'m, 'a, 's> CpuBackend<'m, 'a, 's> {
                     let r = row(x, i);
                     // SAFETY: rows do not overlap (off + width <= stride) and all lie inside
                     // the buffer (asserted above); each row belongs to one task.
-                    f(i, unsafe { std::slice::from_raw_parts_mut(vp.0.add(r.start), r.len()) });
+                    f(i, unsafe {
+                        std::slice::from_raw_parts_mut(vp.0.add(r.start), r.len())
+                    });
                 }
             });
             return;
@@ -244,7 +249,11 @@ impl<'m, 'a, 's> CpuBackend<'m, 'a, 's> {
         let d = vec_of(self.st, dst.buf);
         if n >= PAR_ROWS && dst.off + dst.width <= dst.stride && pool.current_num_threads() > 1 {
             let end = row(dst, n - 1).end;
-            assert!(end <= d.len(), "backend: rows past the end of {:?}", dst.buf);
+            assert!(
+                end <= d.len(),
+                "backend: rows past the end of {:?}",
+                dst.buf
+            );
             let dp = SendPtr(d.as_mut_ptr());
             let s = &s;
             kernels::par_for(Some(pool), n.div_ceil(ROWS_PER_TASK), &|t| {
@@ -391,9 +400,7 @@ impl CpuBackend<'_, '_, '_> {
     /// the bits `kernels::matmul` gives it.
     fn matvecs(&mut self, outs: &[(&WeightView<'_>, Buf)]) -> Result<(), ModelError> {
         const MAX: usize = 8;
-        if outs.len() > MAX
-            || (1..outs.len()).any(|i| outs[..i].iter().any(|o| o.1 == outs[i].1))
-        {
+        if outs.len() > MAX || (1..outs.len()).any(|i| outs[..i].iter().any(|o| o.1 == outs[i].1)) {
             return Err(ModelError::Input(format!(
                 "backend: {} products of one row, or an output named twice",
                 outs.len()
