@@ -176,9 +176,7 @@ impl Acts {
                 let nb = self.cols / 32;
                 self.q8_32.clear();
                 self.q8_32.resize(self.rows * nb, ZERO32);
-                for (xb, qb) in self.f32.chunks_exact(32).zip(self.q8_32.iter_mut()) {
-                    quantize_q8_32(xb, qb);
-                }
+                quantize_blocks(&self.f32, &mut self.q8_32, 32, quantize_q8_32);
                 self.ready_q8_32 = true;
             }
             ActFormat::Q8K => {
@@ -188,9 +186,7 @@ impl Acts {
                 let nb = self.cols / QK;
                 self.q8k.clear();
                 self.q8k.resize(self.rows * nb, ZEROK);
-                for (xb, qb) in self.f32.chunks_exact(QK).zip(self.q8k.iter_mut()) {
-                    quantize_q8k(xb, qb);
-                }
+                quantize_blocks(&self.f32, &mut self.q8k, QK, quantize_q8k);
                 self.ready_q8k = true;
             }
             ActFormat::Q8KRows => {
@@ -255,6 +251,34 @@ fn round_clamp(v: f32) -> i8 {
 }
 
 /// d = max|x|/127, q = round(x/d).
+/// `quantize(x block b, out[b])` for every block of `be` elements: in parallel pieces (on the
+/// current pool's thread count, `super::par_for`) when there are many blocks (a prefill
+/// batch), serially otherwise (decode's one row). Each block's bits do not depend on which.
+fn quantize_blocks<B: Send>(x: &[f32], out: &mut [B], be: usize, quantize: fn(&[f32], &mut B)) {
+    // Blocks per piece: 16 KiB of f32 (one Q8K row of 4096 columns).
+    let piece = (4096 / be).max(1);
+    let nb = out.len().min(x.len() / be);
+    if nb < 4 * piece || rayon::current_num_threads() < 2 {
+        for (xb, qb) in x.chunks_exact(be).zip(out.iter_mut()) {
+            quantize(xb, qb);
+        }
+        return;
+    }
+    struct Out<B>(*mut B);
+    // SAFETY: each piece writes only its own blocks.
+    unsafe impl<B: Send> Sync for Out<B> {}
+    let op = Out(out.as_mut_ptr());
+    super::par_for(None, nb.div_ceil(piece), &|t| {
+        let op = &op;
+        let (a, b) = (t * piece, ((t + 1) * piece).min(nb));
+        // SAFETY: piece t alone writes blocks a..b (b <= nb <= out.len()).
+        let o = unsafe { std::slice::from_raw_parts_mut(op.0.add(a), b - a) };
+        for (xb, qb) in x[a * be..b * be].chunks_exact(be).zip(o) {
+            quantize(xb, qb);
+        }
+    });
+}
+
 pub fn quantize_q8_32(x: &[f32], out: &mut BlockQ8_32) {
     #[cfg(target_arch = "x86_64")]
     if x.len() == 32 && Isa::detect() >= Isa::Avx512 {

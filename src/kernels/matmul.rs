@@ -15,6 +15,7 @@
 //! the same inputs (the tile and four-row dots keep each row's float operations in the same
 //! order), so results are bit-identical whatever the thread count, tiling or batch size.
 
+use super::spin::SpinPool;
 use super::{
     check_len, dot4_fn, dot_fn, kernels_for, tile_fn, ActRow, Acts, Dot4Fn, DotFn, Isa,
     KernelError, TileFn,
@@ -204,23 +205,43 @@ pub fn matmul(
     let chunk = (n_rows / (threads * 8)).clamp(8, 4096).next_multiple_of(8);
     let n_chunks = n_rows.div_ceil(chunk);
     let yp = SyncPtr(y.as_mut_ptr());
-    let run = || {
-        (0..n_chunks).into_par_iter().for_each(|c| {
-            let yp = &yp;
-            let r0 = c * chunk;
-            let r1 = (r0 + chunk).min(n_rows);
-            rows_range(w, (acts, 0, acts.rows()), dots, r0, r1, &mut |i, v| {
-                // SAFETY: i = t*n_rows + r < y.len() (checked in `setup`); weight row r
-                // belongs to exactly one chunk, so no two tasks write the same element.
-                unsafe { *yp.0.add(i) = v }
-            });
-        })
+    let one = |c: usize| {
+        let yp = &yp;
+        let r0 = c * chunk;
+        let r1 = (r0 + chunk).min(n_rows);
+        rows_range(w, (acts, 0, acts.rows()), dots, r0, r1, &mut |i, v| {
+            // SAFETY: i = t*n_rows + r < y.len() (checked in `setup`); weight row r
+            // belongs to exactly one chunk, so no two tasks write the same element.
+            unsafe { *yp.0.add(i) = v }
+        });
     };
+    // The spinning gang when it is free (rayon otherwise): decode's regions are short, and
+    // prefill's alternate with decode-sized ones (experts with one token), so one set of
+    // threads runs both rather than two sets taking turns on the cores.
+    if SpinPool::get(threads).is_some_and(|g| g.try_run(n_chunks, &one)) {
+        return Ok(());
+    }
+    let run = || (0..n_chunks).into_par_iter().for_each(one);
     match pool {
         Some(p) => p.install(run),
         None => run(),
     }
     Ok(())
+}
+
+/// `f(i)` for every i in 0..n on `pool`'s threads: through the spinning gang of that many
+/// threads when it is free (short regions, decode), else as a rayon loop on `pool` (or on the
+/// current pool when `None`).
+pub fn par_for(pool: Option<&rayon::ThreadPool>, n: usize, f: &(dyn Fn(usize) + Sync)) {
+    let threads = pool.map_or_else(rayon::current_num_threads, |p| p.current_num_threads());
+    if n > 1 && SpinPool::get(threads).is_some_and(|g| g.try_run(n, f)) {
+        return;
+    }
+    let run = || (0..n).into_par_iter().for_each(f);
+    match pool {
+        Some(p) => p.install(run),
+        None => run(),
+    }
 }
 
 /// One product of [`matmul_jobs`]: `y` = rows `row0..row0 + rows` of `acts` x `w`^T.
@@ -339,8 +360,11 @@ pub fn matmul_jobs(
         }
     };
     match pool {
+        // Decode's short products: the spinning gang when it is free, else rayon.
         Some(p) if threads > 1 && total > 1 => {
-            p.install(|| (0..total).into_par_iter().for_each(one))
+            if !SpinPool::get(threads).is_some_and(|g| g.try_run(total, &one)) {
+                p.install(|| (0..total).into_par_iter().for_each(one))
+            }
         }
         _ => (0..total).for_each(one),
     }

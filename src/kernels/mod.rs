@@ -14,6 +14,8 @@
 //!   The scalar dot is always present and always tested; SIMD dots must agree with it within
 //!   f32 summation-order noise.
 //! - `matmul.rs`: multi-threaded matrix x activations over rows.
+//! - `spin.rs`: the spinning thread gang that runs decode's short regions (rayon runs the
+//!   long ones).
 //!
 //! Invariant: a dot function receives `w` holding exactly `n / block_elems` whole blocks of its
 //! type and an `ActRow` of `n` elements prepared in its `ActFormat`; the dispatcher checks both,
@@ -22,6 +24,7 @@
 pub mod act;
 pub mod isa;
 mod matmul;
+pub mod spin;
 
 mod float;
 mod fp8;
@@ -62,7 +65,7 @@ pub const QK: usize = crate::dtype::QK_K;
 pub use act::{ActFormat, ActRow, Acts, BlockQ8K, BlockQ8_32};
 pub use fp8::dequantize_fp8_block_scaled;
 pub use isa::Isa;
-pub use matmul::{matmul, matmul_jobs, prepare_for, MatJob, WeightView, MAX_JOBS};
+pub use matmul::{matmul, matmul_jobs, par_for, prepare_for, MatJob, WeightView, MAX_JOBS};
 pub use simd::{prefetch_distance, read_sweep, set_prefetch_distance, DEFAULT_PREFETCH};
 
 use crate::dtype::DType;

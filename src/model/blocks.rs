@@ -38,9 +38,39 @@ pub fn softmax(x: &mut [f32]) {
     }
 }
 
-/// f32 dot product with 16 independent partial sums, so the compiler vectorises it.
+/// f32 dot product with 16 independent partial sums, so the compiler vectorises it. On x86 the
+/// same loop is compiled for AVX-512 or AVX2 as well and picked at run time: lane i still sums
+/// the products of elements 16c + i in order, each product and sum rounded on its own (no FMA),
+/// so every ISA gives the same bits (attention's scores go through here).
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::kernels::Isa;
+        match Isa::detect() {
+            // SAFETY: the CPU has the features (`Isa::detect` never exceeds the hardware).
+            Isa::Avx512 => return unsafe { dot_avx512(a, b) },
+            Isa::Avx2 => return unsafe { dot_avx2(a, b) },
+            Isa::Scalar => {}
+        }
+    }
+    dot_body(a, b)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn dot_avx512(a: &[f32], b: &[f32]) -> f32 {
+    dot_body(a, b)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+    dot_body(a, b)
+}
+
+#[inline(always)]
+fn dot_body(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; 16];
     let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
     let (ra, rb) = (ca.remainder(), cb.remainder());
@@ -56,9 +86,191 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
-/// y += a * x.
+/// `dot(q, k[r])` for four rows at once, each with `dot`'s bits: the four independent sums
+/// hide the add latency that one 16-lane sum chain waits on (attention's scores).
+#[inline]
+pub fn dot4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
+    #[cfg(target_arch = "x86_64")]
+    if q.len().is_multiple_of(16) && k.iter().all(|k| k.len() == q.len()) {
+        use crate::kernels::Isa;
+        match Isa::detect() {
+            // SAFETY: the CPU has the features (`Isa::detect` never exceeds the hardware); every
+            // row has q.len() elements, a multiple of 16.
+            Isa::Avx512 => return unsafe { dot4_avx512(q, k) },
+            Isa::Avx2 => return unsafe { dot4_avx2(q, k) },
+            Isa::Scalar => {}
+        }
+    }
+    k.map(|k| dot(q, k))
+}
+
+/// `dot`'s ending: the (empty here) remainder's sum, then the 16 lanes in order.
+#[inline(always)]
+fn lanes_sum(acc: &[f32; 16]) -> f32 {
+    let mut s: f32 = std::iter::empty::<f32>().sum();
+    for &v in acc {
+        s += v;
+    }
+    s
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn dot4_avx512(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm512_setzero_ps(); 4];
+    for c in (0..q.len()).step_by(16) {
+        let x = _mm512_loadu_ps(q.as_ptr().add(c));
+        for r in 0..4 {
+            let y = _mm512_loadu_ps(k[r].as_ptr().add(c));
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(x, y));
+        }
+    }
+    let mut l = [[0.0f32; 16]; 4];
+    for r in 0..4 {
+        _mm512_storeu_ps(l[r].as_mut_ptr(), acc[r]);
+    }
+    [
+        lanes_sum(&l[0]),
+        lanes_sum(&l[1]),
+        lanes_sum(&l[2]),
+        lanes_sum(&l[3]),
+    ]
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dot4_avx2(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
+    use std::arch::x86_64::*;
+    // Lanes 0..8 and 8..16 of each row's 16 sums.
+    let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+    for c in (0..q.len()).step_by(16) {
+        let x = [
+            _mm256_loadu_ps(q.as_ptr().add(c)),
+            _mm256_loadu_ps(q.as_ptr().add(c + 8)),
+        ];
+        for r in 0..4 {
+            for h in 0..2 {
+                let y = _mm256_loadu_ps(k[r].as_ptr().add(c + 8 * h));
+                acc[r][h] = _mm256_add_ps(acc[r][h], _mm256_mul_ps(x[h], y));
+            }
+        }
+    }
+    let mut l = [[0.0f32; 16]; 4];
+    for r in 0..4 {
+        _mm256_storeu_ps(l[r].as_mut_ptr(), acc[r][0]);
+        _mm256_storeu_ps(l[r].as_mut_ptr().add(8), acc[r][1]);
+    }
+    [
+        lanes_sum(&l[0]),
+        lanes_sum(&l[1]),
+        lanes_sum(&l[2]),
+        lanes_sum(&l[3]),
+    ]
+}
+
+/// o = sum_j w[j] * (row j of `v`), rows `stride` apart, each element summed in j order from
+/// 0.0 with every product and sum rounded on its own: the bits of `o.fill(0.0)` followed by
+/// `axpy(o, w[j], row j)` for each j (attention's weighted values). The SIMD versions keep a
+/// block of `o` in registers over all j instead of loading and storing it per row.
+pub fn weighted_rows(o: &mut [f32], w: &[f32], v: &[f32], stride: usize) {
+    let n = o.len();
+    assert!(
+        w.is_empty() || v.len() >= (w.len() - 1) * stride + n,
+        "weighted_rows: {} rows of {n} at stride {stride} need more than {} values",
+        w.len(),
+        v.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if n.is_multiple_of(64) {
+        use crate::kernels::Isa;
+        match Isa::detect() {
+            // SAFETY: the CPU has the features; every row read is inside `v` (asserted above)
+            // and `o` has n elements, a multiple of 64.
+            Isa::Avx512 => return unsafe { weighted_rows_avx512(o, w, v, stride) },
+            Isa::Avx2 => return unsafe { weighted_rows_avx2(o, w, v, stride) },
+            Isa::Scalar => {}
+        }
+    }
+    o.fill(0.0);
+    for (j, &wj) in w.iter().enumerate() {
+        axpy(o, wj, &v[j * stride..j * stride + n]);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn weighted_rows_avx512(o: &mut [f32], w: &[f32], v: &[f32], stride: usize) {
+    use std::arch::x86_64::*;
+    // Columns in groups of up to 128 (eight registers).
+    let mut c0 = 0;
+    while c0 < o.len() {
+        let g = ((o.len() - c0) / 16).min(8);
+        let mut acc = [_mm512_setzero_ps(); 8];
+        for (j, &wj) in w.iter().enumerate() {
+            let s = _mm512_set1_ps(wj);
+            let row = v.as_ptr().add(j * stride + c0);
+            for (k, a) in acc.iter_mut().enumerate().take(g) {
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(s, _mm512_loadu_ps(row.add(16 * k))));
+            }
+        }
+        for (k, a) in acc.iter().enumerate().take(g) {
+            _mm512_storeu_ps(o.as_mut_ptr().add(c0 + 16 * k), *a);
+        }
+        c0 += 16 * g;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn weighted_rows_avx2(o: &mut [f32], w: &[f32], v: &[f32], stride: usize) {
+    use std::arch::x86_64::*;
+    // Columns in groups of 64 (eight registers).
+    for c0 in (0..o.len()).step_by(64) {
+        let mut acc = [_mm256_setzero_ps(); 8];
+        for (j, &wj) in w.iter().enumerate() {
+            let s = _mm256_set1_ps(wj);
+            let row = v.as_ptr().add(j * stride + c0);
+            for (k, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_add_ps(*a, _mm256_mul_ps(s, _mm256_loadu_ps(row.add(8 * k))));
+            }
+        }
+        for (k, a) in acc.iter().enumerate() {
+            _mm256_storeu_ps(o.as_mut_ptr().add(c0 + 8 * k), *a);
+        }
+    }
+}
+
+/// y += a * x (wider vectors where the CPU has them; each element's result is the same).
 #[inline]
 pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::kernels::Isa;
+        match Isa::detect() {
+            // SAFETY: as in `dot`.
+            Isa::Avx512 => return unsafe { axpy_avx512(y, a, x) },
+            Isa::Avx2 => return unsafe { axpy_avx2(y, a, x) },
+            Isa::Scalar => {}
+        }
+    }
+    axpy_body(y, a, x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn axpy_avx512(y: &mut [f32], a: f32, x: &[f32]) {
+    axpy_body(y, a, x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn axpy_avx2(y: &mut [f32], a: f32, x: &[f32]) {
+    axpy_body(y, a, x)
+}
+
+#[inline(always)]
+fn axpy_body(y: &mut [f32], a: f32, x: &[f32]) {
     for (o, v) in y.iter_mut().zip(x) {
         *o += a * v;
     }
@@ -223,6 +435,55 @@ impl Rope {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn weighted_rows_has_axpy_s_bits() {
+        let mut seed = 11u64;
+        let mut r = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
+        };
+        for (n, rows, stride) in [
+            (64, 5, 64),
+            (128, 37, 512),
+            (192, 3, 200),
+            (256, 9, 256),
+            (48, 4, 48),
+        ] {
+            let w: Vec<f32> = (0..rows).map(|_| r()).collect();
+            let v: Vec<f32> = (0..rows * stride).map(|_| r()).collect();
+            let mut want = vec![0.0f32; n];
+            for (j, &wj) in w.iter().enumerate() {
+                axpy_body(&mut want, wj, &v[j * stride..j * stride + n]);
+            }
+            let mut got = vec![1.0f32; n];
+            super::weighted_rows(&mut got, &w, &v, stride);
+            let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "n = {n}");
+        }
+    }
+
+    #[test]
+    fn dot4_has_dot_s_bits() {
+        let mut seed = 7u64;
+        let mut r = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
+        };
+        for n in [16, 64, 100, 128, 256] {
+            let q: Vec<f32> = (0..n).map(|_| r()).collect();
+            let k: Vec<Vec<f32>> = (0..4).map(|_| (0..n).map(|_| r()).collect()).collect();
+            let got = super::dot4(&q, [&k[0], &k[1], &k[2], &k[3]]);
+            for (g, k) in got.iter().zip(&k) {
+                assert_eq!(g.to_bits(), super::dot_body(&q, k).to_bits(), "n = {n}");
+                assert_eq!(g.to_bits(), super::dot(&q, k).to_bits(), "n = {n}");
+            }
+        }
+    }
     use super::*;
 
     #[test]

@@ -9,7 +9,9 @@
 //! depend on the order in which experts are computed or arrive from disk.
 
 use super::backend::{At, Backend, Buf, Cache, GqaShape, Rows};
-use super::blocks::{axpy, dot, rmsnorm, rmsnorm_inplace, silu, softmax, top_k};
+use super::blocks::{
+    axpy, dot, dot4, rmsnorm, rmsnorm_inplace, silu, softmax, top_k, weighted_rows,
+};
 use super::config::{AttnKind, ExpertAct, ModelConfig, RopeLayout};
 use super::gptoss;
 use super::qwen3next::{self, DeltaNet, GatedAttn};
@@ -17,7 +19,6 @@ use super::weights::{ExpertBias, Ffn, HeadMat, Mla, Mlp, Moe};
 use super::{Model, ModelError, Prof, State};
 use crate::experts::ExpertCache;
 use crate::kernels::{self, Acts, Isa, WeightView};
-use rayon::prelude::*;
 
 /// y = M x for a per-head matrix.
 fn head_matvec(
@@ -41,6 +42,88 @@ fn head_matvec(
     Ok(())
 }
 
+/// `SLUICE_PROF_CPU=1`: wall time of the CPU backend's parts on stderr, after every forward
+/// call of several tokens (prefill) and after every 64 calls of one token (decode). A
+/// diagnostic: it reads the clock around each part only when on.
+pub(crate) mod cpu_prof {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    use std::time::Instant;
+
+    pub const MATMUL: usize = 0;
+    pub const ATTEND: usize = 1;
+    pub const ROUTER: usize = 2;
+    pub const EXPERT_MATMUL: usize = 3;
+    pub const EXPERT_OTHER: usize = 4;
+    const NAMES: [&str; 5] = [
+        "dense matmuls",
+        "attention core",
+        "router+select",
+        "expert matmuls",
+        "expert gather/quantize/act/scatter",
+    ];
+    static T: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
+    static TOTAL: AtomicU64 = AtomicU64::new(0);
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    static ROWS: AtomicU64 = AtomicU64::new(0);
+
+    pub fn on() -> bool {
+        static ON: OnceLock<bool> = OnceLock::new();
+        *ON.get_or_init(|| std::env::var("SLUICE_PROF_CPU").is_ok_and(|v| v == "1"))
+    }
+
+    /// The clock now, if profiling.
+    #[inline]
+    pub fn start() -> Option<Instant> {
+        if on() {
+            Some(Instant::now())
+        } else {
+            None
+        }
+    }
+
+    #[inline]
+    pub fn add(slot: usize, t: Option<Instant>) {
+        if let Some(t) = t {
+            T[slot].fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// The end of a forward call of `n` tokens that began at `t`.
+    pub fn end_call(n: usize, t: Option<Instant>) {
+        let Some(t) = t else { return };
+        TOTAL.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        ROWS.fetch_add(n as u64, Ordering::Relaxed);
+        let calls = CALLS.fetch_add(1, Ordering::Relaxed) + 1;
+        if n == 1 && calls < 64 {
+            return;
+        }
+        CALLS.store(0, Ordering::Relaxed);
+        let total = TOTAL.swap(0, Ordering::Relaxed) as f64 / 1e6;
+        let mut line = format!(
+            "[prof-cpu] {calls} calls, {} tokens: {total:.1} ms",
+            ROWS.swap(0, Ordering::Relaxed)
+        );
+        let mut ms: [f64; 5] =
+            std::array::from_fn(|i| T[i].swap(0, Ordering::Relaxed) as f64 / 1e6);
+        // EXPERT_OTHER was timed around the whole expert block.
+        ms[EXPERT_OTHER] -= ms[EXPERT_MATMUL];
+        let mut parts = 0.0;
+        for (ms, name) in ms.iter().zip(NAMES) {
+            parts += ms;
+            line += &format!(" | {name} {ms:.1}");
+        }
+        line += &format!(" | rest {:.1}", total - parts);
+        eprintln!("{line}");
+    }
+}
+
+/// A pointer that tasks writing disjoint elements share.
+struct SendPtr(*mut f32);
+// SAFETY: only used where each task writes elements no other task touches.
+unsafe impl Sync for SendPtr {}
+unsafe impl Send for SendPtr {}
+
 /// The CPU backend for one forward call: the model's kernels and thread pool on `st`'s
 /// buffers. Made per call (it borrows both), so it holds nothing between calls.
 pub(crate) struct CpuBackend<'m, 'a, 's> {
@@ -51,6 +134,8 @@ pub(crate) struct CpuBackend<'m, 'a, 's> {
     /// The sequence whose KV cache is swapped into `st` now (`use_sequence`); swapped back on
     /// the next call and on drop.
     cur: Option<usize>,
+    /// `cpu_prof`: when this call began, and its tokens (from `embed`).
+    prof: (Option<std::time::Instant>, usize),
 }
 
 /// The storage behind a buffer name.
@@ -91,6 +176,7 @@ impl<'m, 'a, 's> CpuBackend<'m, 'a, 's> {
             st,
             seqs: &mut [],
             cur: None,
+            prof: (cpu_prof::start(), 0),
         }
     }
 
@@ -102,6 +188,7 @@ impl<'m, 'a, 's> CpuBackend<'m, 'a, 's> {
             st,
             seqs,
             cur: None,
+            prof: (cpu_prof::start(), 0),
         }
     }
 
@@ -114,22 +201,42 @@ impl<'m, 'a, 's> CpuBackend<'m, 'a, 's> {
         }
     }
 
-    /// Run `f` on rows 0..n of `x`, each row mutable.
-    fn each_row(&mut self, x: Rows, n: usize, mut f: impl FnMut(usize, &mut [f32])) {
+    /// Run `f` on rows 0..n of `x`, each row mutable; in parallel pieces of rows when there are
+    /// many (prefill) and they do not overlap. Each row's arithmetic is the same either way.
+    fn each_row(&mut self, x: Rows, n: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+        let pool = &self.m.pool;
         let v = vec_of(self.st, x.buf);
+        if n >= PAR_ROWS && x.off + x.width <= x.stride && pool.current_num_threads() > 1 {
+            let end = row(x, n - 1).end;
+            assert!(end <= v.len(), "backend: rows past the end of {:?}", x.buf);
+            let vp = SendPtr(v.as_mut_ptr());
+            kernels::par_for(Some(pool), n.div_ceil(ROWS_PER_TASK), &|t| {
+                let vp = &vp;
+                for i in t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(n) {
+                    let r = row(x, i);
+                    // SAFETY: rows do not overlap (off + width <= stride) and all lie inside
+                    // the buffer (asserted above); each row belongs to one task.
+                    f(i, unsafe {
+                        std::slice::from_raw_parts_mut(vp.0.add(r.start), r.len())
+                    });
+                }
+            });
+            return;
+        }
         for i in 0..n {
             f(i, &mut v[row(x, i)]);
         }
     }
 
-    /// Run `f` on row pairs (dst row i, src row i) of two different buffers. The source is
-    /// moved out for the call and back (no allocation: a moved-out `Vec` leaves an empty one).
+    /// Run `f` on row pairs (dst row i, src row i) of two different buffers (in parallel pieces
+    /// as `each_row`). The source is moved out for the call and back (no allocation: a
+    /// moved-out `Vec` leaves an empty one).
     fn each_pair(
         &mut self,
         dst: Rows,
         src: Rows,
         n: usize,
-        mut f: impl FnMut(&mut [f32], &[f32]),
+        f: impl Fn(&mut [f32], &[f32]) + Sync,
     ) -> Result<(), ModelError> {
         if dst.buf == src.buf {
             return Err(ModelError::Input(format!(
@@ -137,12 +244,202 @@ impl<'m, 'a, 's> CpuBackend<'m, 'a, 's> {
                 dst.buf
             )));
         }
+        let pool = &self.m.pool;
         let s = std::mem::take(vec_of(self.st, src.buf));
         let d = vec_of(self.st, dst.buf);
-        for i in 0..n {
-            f(&mut d[row(dst, i)], &s[row(src, i)]);
+        if n >= PAR_ROWS && dst.off + dst.width <= dst.stride && pool.current_num_threads() > 1 {
+            let end = row(dst, n - 1).end;
+            assert!(
+                end <= d.len(),
+                "backend: rows past the end of {:?}",
+                dst.buf
+            );
+            let dp = SendPtr(d.as_mut_ptr());
+            let s = &s;
+            kernels::par_for(Some(pool), n.div_ceil(ROWS_PER_TASK), &|t| {
+                let dp = &dp;
+                for i in t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(n) {
+                    let r = row(dst, i);
+                    // SAFETY: as in `each_row`.
+                    let dr = unsafe { std::slice::from_raw_parts_mut(dp.0.add(r.start), r.len()) };
+                    f(dr, &s[row(src, i)]);
+                }
+            });
+        } else {
+            for i in 0..n {
+                f(&mut d[row(dst, i)], &s[row(src, i)]);
+            }
         }
         *vec_of(self.st, src.buf) = s;
+        Ok(())
+    }
+}
+
+/// Fewest rows that `each_row` / `each_pair` split across threads, and rows per task.
+const PAR_ROWS: usize = 16;
+const ROWS_PER_TASK: usize = 4;
+
+impl CpuBackend<'_, '_, '_> {
+    /// `Backend::attend_rows` (grouped-query attention of rows row0..row0 + n).
+    fn gqa_rows(
+        &mut self,
+        l: usize,
+        row0: usize,
+        n: usize,
+        pos: usize,
+        sh: GqaShape<'_>,
+    ) -> Result<(), ModelError> {
+        let st = &mut *self.st;
+        let hd = sh.head_dim;
+        let (qd, kvd) = (sh.heads * hd, sh.kv_heads * hd);
+        let group = sh.heads / sh.kv_heads;
+        let scale = sh.scale;
+        let ctx = st.ctx;
+        let layer_k = &st.kcache[l * ctx * kvd..(l + 1) * ctx * kvd];
+        let layer_v = &st.vcache[l * ctx * kvd..(l + 1) * ctx * kvd];
+        let q = &st.q;
+        // Row i (at cache position pos + i), head hh: `o` its output, `sc` its scores.
+        let head = |i: usize, hh: usize, o: &mut [f32], sc: &mut [f32]| {
+            // Causal: positions first..=pos+i; a sliding window keeps the last W of them.
+            let len = pos + i + 1;
+            let first = sh.window.map_or(0, |w| len.saturating_sub(w));
+            let r = row0 + i;
+            let qh = &q[r * qd + hh * hd..r * qd + (hh + 1) * hd];
+            let kvh = hh / group;
+            let sc = &mut sc[..len - first];
+            let key = |j: usize| &layer_k[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd];
+            // Four keys per call (`dot4`: each score has `dot`'s bits).
+            let mut quads = sc.chunks_exact_mut(4);
+            let mut j = first;
+            for s4 in &mut quads {
+                let d = dot4(qh, [key(j), key(j + 1), key(j + 2), key(j + 3)]);
+                for (s, d) in s4.iter_mut().zip(d) {
+                    *s = d * scale;
+                }
+                j += 4;
+            }
+            for s in quads.into_remainder() {
+                *s = dot(qh, key(j)) * scale;
+                j += 1;
+            }
+            match sh.sinks {
+                Some(sk) => gptoss::softmax_with_sink(sc, sk[hh]),
+                None => softmax(sc),
+            }
+            // o = sum_j sc[j] * v_j (the bits of a fill and an axpy per position).
+            weighted_rows(o, sc, &layer_v[first * kvd + kvh * hd..], kvd);
+        };
+        let heads = sh.heads;
+        // Work of the whole call in score elements x head width; small calls stay serial.
+        let work = n * (pos + n) * qd;
+        if work <= 1 << 14 {
+            for i in 0..n {
+                let r = row0 + i;
+                let out = &mut st.att[r * qd..(r + 1) * qd];
+                for (hh, (o, sc)) in out
+                    .chunks_mut(hd)
+                    .zip(st.scores.chunks_mut(ctx))
+                    .enumerate()
+                {
+                    head(i, hh, o, sc);
+                }
+            }
+            return Ok(());
+        }
+        // One parallel region for all rows: a task per head runs its rows in order (each head
+        // has the same causal work, and its scores slot is its own).
+        let (op, sp) = (
+            SendPtr(st.att.as_mut_ptr()),
+            SendPtr(st.scores.as_mut_ptr()),
+        );
+        debug_assert!(st.att.len() >= (row0 + n) * qd && st.scores.len() >= heads * ctx);
+        kernels::par_for(Some(&self.m.pool), heads, &|hh| {
+            let (op, sp) = (&op, &sp);
+            // SAFETY: head hh alone writes scores[hh * ctx..][..ctx] and, in each row r,
+            // att[r * qd + hh * hd..][..hd] (att holds row0 + n rows of qd = heads * hd,
+            // scores heads * ctx); no two heads share an element, and nothing else touches
+            // these buffers during the region.
+            let sc = unsafe { std::slice::from_raw_parts_mut(sp.0.add(hh * ctx), ctx) };
+            for i in 0..n {
+                let r = row0 + i;
+                let o = unsafe { std::slice::from_raw_parts_mut(op.0.add(r * qd + hh * hd), hd) };
+                head(i, hh, o, sc);
+            }
+        });
+        Ok(())
+    }
+
+    /// `Backend::matmul`.
+    fn matmul_rows(
+        &mut self,
+        src: Rows,
+        n: usize,
+        outs: &[(&WeightView<'_>, Buf)],
+    ) -> Result<(), ModelError> {
+        let (pool, isa) = (Some(&self.m.pool), self.m.isa);
+        let w = src.width;
+        let s = std::mem::take(vec_of(self.st, src.buf));
+        self.st
+            .acts
+            .load(&s[src.row0 * w..(src.row0 + n) * w], n, w);
+        *vec_of(self.st, src.buf) = s;
+        if n == 1 && outs.len() > 1 {
+            return self.matvecs(outs);
+        }
+        for (wv, dst) in outs {
+            let mut d = std::mem::take(vec_of(self.st, *dst));
+            let r = kernels::matmul(wv, &mut self.st.acts, &mut d[..n * wv.rows], pool, isa);
+            *vec_of(self.st, *dst) = d;
+            r?;
+        }
+        Ok(())
+    }
+
+    /// Decode's products of one loaded activation row with several weights (q, k and v) as
+    /// one parallel region (`matmul_jobs`) instead of one per weight; each output element has
+    /// the bits `kernels::matmul` gives it.
+    fn matvecs(&mut self, outs: &[(&WeightView<'_>, Buf)]) -> Result<(), ModelError> {
+        const MAX: usize = 8;
+        if outs.len() > MAX || (1..outs.len()).any(|i| outs[..i].iter().any(|o| o.1 == outs[i].1)) {
+            return Err(ModelError::Input(format!(
+                "backend: {} products of one row, or an output named twice",
+                outs.len()
+            )));
+        }
+        for (wv, dst) in outs {
+            if vec_of(self.st, *dst).len() < wv.rows {
+                return Err(ModelError::Input(format!(
+                    "backend: {dst:?} is shorter than the {} rows of its product",
+                    wv.rows
+                )));
+            }
+        }
+        let (pool, isa) = (Some(&self.m.pool), self.m.isa);
+        for (wv, _) in outs {
+            kernels::prepare_for(wv.dtype, &mut self.st.acts)?;
+        }
+        let mut ys: [Vec<f32>; MAX] = Default::default();
+        for (y, (_, dst)) in ys.iter_mut().zip(outs) {
+            *y = std::mem::take(vec_of(self.st, *dst));
+        }
+        let r = {
+            let acts = &self.st.acts;
+            let mut jobs: [Option<kernels::MatJob<'_, '_>>; MAX] = Default::default();
+            for ((job, y), (wv, _)) in jobs.iter_mut().zip(ys.iter_mut()).zip(outs) {
+                *job = Some(kernels::MatJob {
+                    w: wv,
+                    acts,
+                    row0: 0,
+                    rows: 1,
+                    y: &mut y[..wv.rows],
+                });
+            }
+            kernels::matmul_jobs(&mut jobs[..outs.len()], pool, isa)
+        };
+        for (y, (_, dst)) in ys.iter_mut().zip(outs) {
+            *vec_of(self.st, *dst) = std::mem::take(y);
+        }
+        r?;
         Ok(())
     }
 }
@@ -150,6 +447,7 @@ impl<'m, 'a, 's> CpuBackend<'m, 'a, 's> {
 impl Drop for CpuBackend<'_, '_, '_> {
     fn drop(&mut self) {
         self.release();
+        cpu_prof::end_call(self.prof.1, self.prof.0);
     }
 }
 
@@ -160,6 +458,7 @@ impl Backend for CpuBackend<'_, '_, '_> {
         tokens: &[u32],
         dst: Buf,
     ) -> Result<(), ModelError> {
+        self.prof.1 += tokens.len();
         let (er, h) = (table.row_bytes(), table.cols);
         let d = vec_of(self.st, dst);
         for (i, &t) in tokens.iter().enumerate() {
@@ -176,20 +475,10 @@ impl Backend for CpuBackend<'_, '_, '_> {
         outs: &[(&WeightView<'_>, Buf)],
     ) -> Result<(), ModelError> {
         debug_assert!(src.stride == src.width && src.off == 0);
-        let (pool, isa) = (Some(&self.m.pool), self.m.isa);
-        let w = src.width;
-        let s = std::mem::take(vec_of(self.st, src.buf));
-        self.st
-            .acts
-            .load(&s[src.row0 * w..(src.row0 + n) * w], n, w);
-        *vec_of(self.st, src.buf) = s;
-        for (wv, dst) in outs {
-            let mut d = std::mem::take(vec_of(self.st, *dst));
-            let r = kernels::matmul(wv, &mut self.st.acts, &mut d[..n * wv.rows], pool, isa);
-            *vec_of(self.st, *dst) = d;
-            r?;
-        }
-        Ok(())
+        let t = cpu_prof::start();
+        let r = self.matmul_rows(src, n, outs);
+        cpu_prof::add(cpu_prof::MATMUL, t);
+        r
     }
 
     fn rmsnorm(
@@ -321,54 +610,10 @@ impl Backend for CpuBackend<'_, '_, '_> {
         pos: usize,
         sh: GqaShape<'_>,
     ) -> Result<(), ModelError> {
-        let st = &mut *self.st;
-        let hd = sh.head_dim;
-        let (qd, kvd) = (sh.heads * hd, sh.kv_heads * hd);
-        let group = sh.heads / sh.kv_heads;
-        let scale = sh.scale;
-        let ctx = st.ctx;
-        let layer_k = &st.kcache[l * ctx * kvd..(l + 1) * ctx * kvd];
-        let layer_v = &st.vcache[l * ctx * kvd..(l + 1) * ctx * kvd];
-        for i in 0..n {
-            // Causal: positions first..=pos+i; a sliding window keeps the last W of them.
-            let len = pos + i + 1;
-            let first = sh.window.map_or(0, |w| len.saturating_sub(w));
-            let r = row0 + i;
-            let q = &st.q[r * qd..(r + 1) * qd];
-            let out = &mut st.att[r * qd..(r + 1) * qd];
-            let head = |(hh, (o, sc)): (usize, (&mut [f32], &mut [f32]))| {
-                let qh = &q[hh * hd..(hh + 1) * hd];
-                let kvh = hh / group;
-                let sc = &mut sc[..len - first];
-                for (j, s) in (first..).zip(sc.iter_mut()) {
-                    *s = dot(qh, &layer_k[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd]) * scale;
-                }
-                match sh.sinks {
-                    Some(sk) => gptoss::softmax_with_sink(sc, sk[hh]),
-                    None => softmax(sc),
-                }
-                o.fill(0.0);
-                for (j, s) in (first..).zip(sc.iter()) {
-                    axpy(
-                        o,
-                        *s,
-                        &layer_v[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd],
-                    );
-                }
-            };
-            if len * qd > 1 << 14 {
-                out.par_chunks_mut(hd)
-                    .zip(st.scores.par_chunks_mut(ctx))
-                    .enumerate()
-                    .for_each(head);
-            } else {
-                out.chunks_mut(hd)
-                    .zip(st.scores.chunks_mut(ctx))
-                    .enumerate()
-                    .for_each(head);
-            }
-        }
-        Ok(())
+        let t = cpu_prof::start();
+        let r = self.gqa_rows(l, row0, n, pos, sh);
+        cpu_prof::add(cpu_prof::ATTEND, t);
+        r
     }
 
     fn attend_mla(
@@ -719,8 +964,12 @@ impl<'a> Model<'a> {
                 .copy_from_slice(&st.xn[t as usize * h..(t as usize + 1) * h]);
         }
         st.acts.load(&st.gathered[..cnt * h], cnt, h);
+        let t = cpu_prof::start();
         kernels::matmul(gate, &mut st.acts, &mut st.gate[..cnt * f], pool, isa)?;
+        cpu_prof::add(cpu_prof::EXPERT_MATMUL, t);
+        let t = cpu_prof::start();
         kernels::matmul(up, &mut st.acts, &mut st.up[..cnt * f], pool, isa)?;
+        cpu_prof::add(cpu_prof::EXPERT_MATMUL, t);
         if let Some(b) = bias {
             let (bg, bu) = (&b.gate[ex * f..(ex + 1) * f], &b.up[ex * f..(ex + 1) * f]);
             add_rows(&mut st.gate[..cnt * f], Some(bg));
@@ -728,16 +977,16 @@ impl<'a> Model<'a> {
         }
         match self.cfg.expert_act {
             ExpertAct::Silu => {
-                for (g, u) in st.gate[..cnt * f].iter_mut().zip(&st.up[..cnt * f]) {
-                    *g = silu(*g) * u;
-                }
+                swiglu_par(&self.pool, &mut st.gate[..cnt * f], &st.up[..cnt * f]);
             }
             ExpertAct::ClampedSwiglu { alpha, limit } => {
                 gptoss::clamped_swiglu(&mut st.gate[..cnt * f], &st.up[..cnt * f], alpha, limit)
             }
         }
         st.acts.load(&st.gate[..cnt * f], cnt, f);
+        let t = cpu_prof::start();
         kernels::matmul(down, &mut st.acts, &mut st.down[..cnt * h], pool, isa)?;
+        cpu_prof::add(cpu_prof::EXPERT_MATMUL, t);
         if let Some(b) = bias {
             add_rows(&mut st.down[..cnt * h], Some(&b.down[ex * h..(ex + 1) * h]));
         }
@@ -795,7 +1044,9 @@ impl<'a> Model<'a> {
                     }
                 }
             }
+            let t = cpu_prof::start();
             kernels::matmul_jobs(&mut jobs[..2 * cnt], pool, isa)?;
+            cpu_prof::add(cpu_prof::EXPERT_MATMUL, t);
         }
         // gpt-oss's expert biases and activation, element for element as in `run_expert`.
         if let Some(b) = m.exp_bias.as_ref() {
@@ -807,9 +1058,7 @@ impl<'a> Model<'a> {
         }
         match self.cfg.expert_act {
             ExpertAct::Silu => {
-                for (g, u) in st.gate[..cnt * f].iter_mut().zip(&st.up[..cnt * f]) {
-                    *g = silu(*g) * u;
-                }
+                swiglu_par(&self.pool, &mut st.gate[..cnt * f], &st.up[..cnt * f]);
             }
             ExpertAct::ClampedSwiglu { alpha, limit } => {
                 gptoss::clamped_swiglu(&mut st.gate[..cnt * f], &st.up[..cnt * f], alpha, limit)
@@ -835,7 +1084,9 @@ impl<'a> Model<'a> {
                     });
                 }
             }
+            let t = cpu_prof::start();
             kernels::matmul_jobs(&mut jobs[..cnt], pool, isa)?;
+            cpu_prof::add(cpu_prof::EXPERT_MATMUL, t);
         }
         if let Some(b) = m.exp_bias.as_ref() {
             for (j, &ex) in st.needed.iter().enumerate() {
@@ -1008,10 +1259,13 @@ impl<'a> Model<'a> {
         let (h, e, k) = (cfg.hidden, cfg.n_experts, cfg.n_experts_used);
         let (pool, isa) = (Some(&self.pool), self.isa);
 
+        let t = cpu_prof::start();
         st.acts.load(&st.xn[..n * h], n, h);
         kernels::matmul(&m.router, &mut st.acts, &mut st.router[..n * e], pool, isa)?;
         add_rows(&mut st.router[..n * e], m.router_bias.as_deref());
         self.select_experts(st, n, m.score_bias.as_deref());
+        cpu_prof::add(cpu_prof::ROUTER, t);
+        let t_ex = cpu_prof::start();
 
         // Take the cache out of the state while experts run (put back on every path).
         let mut cache = st.expert_cache.take();
@@ -1030,6 +1284,7 @@ impl<'a> Model<'a> {
             Some(c) => self.moe_streamed(st, l, m, c),
         };
         st.expert_cache = cache;
+        cpu_prof::add(cpu_prof::EXPERT_OTHER, t_ex);
         run?;
 
         for i in 0..n {
@@ -1059,6 +1314,29 @@ impl<'a> Model<'a> {
         }
         Ok(())
     }
+}
+
+/// g = silu(g) * u element by element, in parallel pieces when there are many (the same
+/// arithmetic per element as the serial loop, so the same bits).
+fn swiglu_par(pool: &rayon::ThreadPool, g: &mut [f32], u: &[f32]) {
+    const PIECE: usize = 1024;
+    let n = g.len().min(u.len());
+    if n < 4 * PIECE || pool.current_num_threads() < 2 {
+        for (g, u) in g.iter_mut().zip(u) {
+            *g = silu(*g) * u;
+        }
+        return;
+    }
+    let gp = SendPtr(g.as_mut_ptr());
+    kernels::par_for(Some(pool), n.div_ceil(PIECE), &|t| {
+        let gp = &gp;
+        let (a, b) = (t * PIECE, ((t + 1) * PIECE).min(n));
+        // SAFETY: piece t alone writes g[a..b] (b <= n <= g.len()).
+        let g = unsafe { std::slice::from_raw_parts_mut(gp.0.add(a), b - a) };
+        for (g, u) in g.iter_mut().zip(&u[a..b]) {
+            *g = silu(*g) * u;
+        }
+    });
 }
 
 /// Add `bias` (one row's worth) to every row of `x`, if there is one.
