@@ -11,13 +11,19 @@
 //! (so windows close inside and across chunks); the 16 greedy tokens must be identical.
 //! Control tests show the fixture discriminates (without the sinks, the compressed entries or
 //! the hash table the logits move), and unsupported config features are refused by name.
+//! GGUF: the same checkpoint written with llama.cpp's `deepseek4` names and keys by
+//! scripts/deepseek_v4_to_gguf.py (at test time) must give the same logits (same tolerance,
+//! batches 1, 5 and 64) and the same greedy tokens; a missing or unknown `deepseek4.` key is
+//! refused by name.
 
 mod model_util;
 
 use model_util::{argmax, compare, dir, ids, json};
 use sluice::format::ModelFiles;
 use sluice::model::{LoadOptions, Model};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
 
 const OPTS: LoadOptions = LoadOptions {
     threads: 2,
@@ -26,6 +32,31 @@ const OPTS: LoadOptions = LoadOptions {
 
 fn open(p: &Path) -> ModelFiles {
     ModelFiles::open(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// The fixture as a `deepseek4` GGUF (`args`: extra script options), written by
+/// scripts/deepseek_v4_to_gguf.py into the test's temporary directory.
+fn write_gguf(name: &str, args: &[&str]) -> PathBuf {
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("dsv4-{name}.gguf"));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/deepseek_v4_to_gguf.py");
+    let run = Command::new("python3")
+        .arg(script)
+        .arg(dir("deepseek_v4"))
+        .arg(&out)
+        .args(args)
+        .output()
+        .expect("python3 with the gguf and numpy packages (.ci/run installs them)");
+    assert!(
+        run.status.success(),
+        "scripts/deepseek_v4_to_gguf.py failed:\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    out
+}
+
+fn gguf() -> PathBuf {
+    static G: OnceLock<PathBuf> = OnceLock::new();
+    G.get_or_init(|| write_gguf("fixture", &[])).clone()
 }
 
 /// Worst relative error over every case, asserting argmax agreement, for each chunk size.
@@ -63,12 +94,74 @@ fn logits_match_transformers() {
 }
 
 #[test]
+fn gguf_logits_match_transformers() {
+    let files = open(&gguf());
+    let model = Model::load(&files, &OPTS).unwrap();
+    assert_eq!(model.cfg.family.name(), "deepseek4");
+    let err = check_cases(&model, &[1, 5, 64]);
+    assert!(err <= 1e-4, "GGUF: max|Δ|/max|ref| = {err:.2e}");
+}
+
+#[test]
 fn greedy_matches_transformers() {
+    let files = open(&dir("deepseek_v4"));
+    greedy(&Model::load(&files, &OPTS).unwrap(), &[1, 7, 32]);
+}
+
+#[test]
+fn gguf_greedy_matches_transformers() {
+    let files = open(&gguf());
+    greedy(&Model::load(&files, &OPTS).unwrap(), &[1, 7]);
+}
+
+#[test]
+fn gguf_missing_or_unknown_keys_are_refused_by_name() {
+    for (name, args, key) in [
+        (
+            "nohc",
+            &["--drop", "hyper_connection.count"][..],
+            "deepseek4.hyper_connection.count",
+        ),
+        (
+            "noratios",
+            &["--drop", "attention.compress_ratios"],
+            "deepseek4.attention.compress_ratios",
+        ),
+        (
+            "nohash",
+            &["--drop", "hash_layer_count"],
+            "deepseek4.hash_layer_count",
+        ),
+        (
+            "noclamp",
+            &["--drop", "swiglu_clamp_exp"],
+            "deepseek4.swiglu_clamp_exp",
+        ),
+        (
+            "unknown",
+            &["--set", "attention.new_feature=1"],
+            "deepseek4.attention.new_feature",
+        ),
+        (
+            "gating",
+            &["--set", "expert_gating_func=3"],
+            "deepseek4.expert_gating_func",
+        ),
+    ] {
+        let files = open(&write_gguf(name, args));
+        let e = Model::load(&files, &OPTS)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(key), "{name}: {e}");
+        assert!(!e.contains('\n'), "{name}: one line: {e}");
+    }
+}
+
+fn greedy(model: &Model<'_>, batches: &[usize]) {
     let g = json(&dir("deepseek_v4").join("greedy.json"));
     let (prompt, want) = (ids(&g["prompt_ids"]), ids(&g["tokens"]));
-    let files = open(&dir("deepseek_v4"));
-    let model = Model::load(&files, &OPTS).unwrap();
-    for batch in [1, 7, 32] {
+    for &batch in batches {
         let mut st = model.new_state(64, batch, 1).unwrap();
         let mut next = argmax(model.feed(&mut st, &prompt).unwrap()) as u32;
         let mut got = vec![next];
