@@ -32,8 +32,11 @@ DEEPSEEK4). `--check GGUF_PY_DIR` compares TENSORS and KEYS with llama.cpp's own
 written (tests feed ids).
 
 Usage: python3 scripts/deepseek_v4_to_gguf.py MODEL_DIR OUT.gguf [--check GGUF_PY_DIR]
-       [--drop KEY_SUFFIX]... [--set KEY_SUFFIX=INT]...
-(`--drop` / `--set` edit the keys, for tests of what sluice refuses.)
+       [--experts f32|mxfp4|mxfp4-f32] [--drop KEY_SUFFIX]... [--set KEY_SUFFIX=INT]...
+`--experts mxfp4` quantizes the routed experts to ggml MXFP4 with gguf's quantizer (the type the
+converter writes; the float weights are rounded), `mxfp4-f32` writes those rounded values back
+as F32 (the twin to compare an MXFP4 run with). `--drop` / `--set` edit the keys, for tests of
+what sluice refuses.
 """
 
 from __future__ import annotations
@@ -220,6 +223,12 @@ def main() -> None:
         for m in [m for m in sys.modules if m == "gguf" or m.startswith("gguf.")]:
             del sys.modules[m]
         sys.path.pop(0)
+    experts_as = "f32"
+    if "--experts" in args:
+        i = args.index("--experts")
+        experts_as = args[i + 1]
+        del args[i:i + 2]
+        assert experts_as in ("f32", "mxfp4", "mxfp4-f32"), experts_as
     drop: set[str] = set()
     extra: dict[str, int] = {}
     while "--drop" in args or "--set" in args:
@@ -328,7 +337,16 @@ def main() -> None:
             w.add_tensor(gname, np.ascontiguousarray(a, dtype=np.float32))
     for (l, proj), per in sorted(experts.items()):
         stacked = np.stack([per[i] for i in range(len(per))]).astype(np.float32)
-        w.add_tensor(f"blk.{l}.{EXPERTS[proj][1]}", stacked)
+        name = f"blk.{l}.{EXPERTS[proj][1]}"
+        if experts_as == "f32":
+            w.add_tensor(name, stacked)
+            continue
+        mx = gguf.GGMLQuantizationType.MXFP4
+        q = gguf.quants.quantize(stacked, mx)
+        if experts_as == "mxfp4":
+            w.add_tensor(name, q, raw_dtype=mx)
+        else:
+            w.add_tensor(name, gguf.quants.dequantize(q, mx).astype(np.float32))
 
     w.write_header_to_file()
     w.write_kv_data_to_file()

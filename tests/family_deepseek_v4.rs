@@ -115,6 +115,30 @@ fn gguf_greedy_matches_transformers() {
 }
 
 #[test]
+fn gguf_mxfp4_experts_match_their_f32_twin() {
+    // MXFP4 routed experts (what llama.cpp's converter writes) against an F32 GGUF holding the
+    // same rounded values: the MXFP4 kernel quantizes activations to 8 bits (as llama.cpp's
+    // does), so the two agree to that rounding with the same argmax, not to 1e-4.
+    let d = dir("deepseek_v4");
+    let case = &json(&d.join("cases.json"))["cases"][2];
+    let toks = ids(&case["ids"]);
+    let logits = |path: PathBuf| {
+        let files = open(&path);
+        let model = Model::load(&files, &OPTS).unwrap();
+        let mut st = model.new_state(64, 8, 8).unwrap();
+        let mut out = Vec::new();
+        model.logits_all(&mut st, &toks, &mut out).unwrap();
+        (out, model.cfg.vocab)
+    };
+    let (mx, vocab) = logits(write_gguf("mxfp4", &["--experts", "mxfp4"]));
+    let (twin, _) = logits(write_gguf("mxfp4-f32", &["--experts", "mxfp4-f32"]));
+    let (err, same) = compare(&mx, &twin, vocab);
+    eprintln!("deepseek4 GGUF MXFP4 experts vs their F32 twin: max|Δ|/max|ref| = {err:.2e}");
+    assert!(same, "MXFP4 experts: argmax differs from the F32 twin");
+    assert!(err <= 0.05, "MXFP4 experts: max|Δ|/max|ref| = {err:.2e}");
+}
+
+#[test]
 fn gguf_missing_or_unknown_keys_are_refused_by_name() {
     for (name, args, key) in [
         (
