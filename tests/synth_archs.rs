@@ -8,8 +8,8 @@
 //! - sluice loads it with the right family, routing and dense/MoE split, and `sluice run`
 //!   generates tokens from it;
 //! - llama.cpp itself (its `llama-simple`, built by scripts/build-llama-cpp.sh, which `.ci/run`
-//!   runs) loads every preset's file (`MoeSpec::PRESETS`: also Qwen3-Next, Qwen3.5-MoE and
-//!   gpt-oss) and generates tokens from it;
+//!   runs) loads every preset's file (`MoeSpec::PRESETS`: also Qwen3-Next, Qwen3.5-MoE,
+//!   gpt-oss and DeepSeek-V4-Flash) and generates tokens from it;
 //! - the gpt-oss presets carry the keys and tensor names of a GGUF converted from the
 //!   transformers fixture, and their router bias takes `--skew`.
 
@@ -48,9 +48,12 @@ fn small(preset: &str) -> MoeSpec {
             (s.heads, s.kv_heads, s.head_dim) = (4, 2, 64);
         }
         SynthArch::DeepseekV4(v) => {
-            (s.heads, s.head_dim) = (4, 64);
-            (v.q_lora, v.o_groups, v.o_lora, v.rope) = (64, 2, 32, 16);
-            (v.idx_heads, v.idx_dim, v.idx_topk, v.window) = (4, 32, 4, 8);
+            // llama.cpp's deepseek4 graph aborts on smaller heads (head_dim 64, rope 16,
+            // indexer 32: a GGML_ASSERT in a reshape while reserving the graph; not narrowed
+            // down): rope 64 and 128-wide heads as in the real model.
+            (s.heads, s.head_dim) = (4, 128);
+            (v.q_lora, v.o_groups, v.o_lora, v.rope) = (128, 2, 64, 64);
+            (v.idx_heads, v.idx_dim, v.idx_topk, v.window) = (4, 128, 4, 8);
         }
     }
     // Qwen3-Next's fourth layer is its first full-attention one (llama.cpp aborts on a file
