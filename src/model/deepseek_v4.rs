@@ -30,8 +30,9 @@
 //! (the compressor's and indexer's raw projections, which the next windows pool). So the
 //! whole state is positional: truncation, snapshots and `--kv-dir` keep any prefix exactly.
 //!
-//! Owns: `SPEC`, `V4Params` (read from config.json, unsupported features refused by name), the
-//! tensor names, `V4Weights`, the graph (`Model::forward_v4`) and the CPU arithmetic of the V4
+//! Owns: `SPEC`, `V4Params` (read from config.json or from llama.cpp's `deepseek4` GGUF keys,
+//! unsupported features and unknown keys refused by name), the tensor names (DeepSeek's and
+//! llama.cpp's, as tables), `V4Weights`, the graph (`Model::forward_v4`) and the CPU arithmetic of the V4
 //! backend operations (`cpu_*`, called by cpu.rs's `// DeepSeek V4` block).
 //! Does not own: the generic config reading (config.rs), the shared forward pieces.
 //! Invariant: a config feature of V4 that changes the computation is implemented here or refused
