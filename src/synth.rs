@@ -95,6 +95,32 @@ pub enum SynthArch {
     /// a softmax router with a bias; experts with biases on every projection (clamped
     /// SwiGLU); YaRN x32 over 4096 positions, theta 150000 (gpt-oss's config).
     GptOss { window: usize },
+    /// DeepSeek-V4 (GGUF `deepseek4`, llama.cpp's names and keys): shared-KV MQA of one
+    /// `head_dim` KV head with a low-rank q and a grouped low-rank output, sinks, a sliding
+    /// window in every layer, compressed layers by `ratios` (0 sliding, 4 CSA with the
+    /// indexer, 128 HCA), `hc` hyper-connection streams, the first `hash_layers` layers routed
+    /// by a `tid2eid` table, sqrtsoftplus routing, one shared expert, YaRN on the compressed
+    /// layers. See deepseek_v4.rs.
+    DeepseekV4(Box<V4Shape>),
+}
+
+/// DeepSeek-V4's own sizes (its config.json names in the comments).
+#[derive(Clone, Debug, PartialEq)]
+pub struct V4Shape {
+    pub q_lora: usize,      // q_lora_rank
+    pub o_groups: usize,    // o_groups
+    pub o_lora: usize,      // o_lora_rank
+    pub rope: usize,        // qk_rope_head_dim
+    pub window: usize,      // sliding_window
+    pub idx_heads: usize,   // index_n_heads
+    pub idx_dim: usize,     // index_head_dim
+    pub idx_topk: usize,    // index_topk
+    pub hc: usize,          // hc_mult
+    pub hash_layers: usize, // num_hash_layers
+    pub ratios: Vec<usize>, // compress_ratios, one per layer
+    pub routed_scale: f32,  // routed_scaling_factor
+    pub swiglu_limit: f32,  // swiglu_limit
+    pub yarn: Yarn,         // rope_scaling (the compressed layers')
 }
 
 /// A Gated DeltaNet's shape (llama.cpp's `ssm.*` keys).
@@ -117,6 +143,7 @@ impl SynthArch {
             SynthArch::Qwen3Next { qwen35: false, .. } => "qwen3next",
             SynthArch::Qwen3Next { qwen35: true, .. } => "qwen35moe",
             SynthArch::GptOss { .. } => "gpt-oss",
+            SynthArch::DeepseekV4(_) => "deepseek4",
         }
     }
 }
@@ -285,6 +312,46 @@ impl MoeSpec {
                 arch: SynthArch::GptOss { window: 128 },
                 ..base(2880, 24, 64, 8, 64, 32, 4, 2880, 201088)
             },
+            // DeepSeek-V4-Flash's config.json (43 layers: 2 sliding, then CSA / HCA
+            // alternating, the last CSA; 3 hash-routed layers; 256 experts of 2048, top-6, one
+            // shared; 64 heads x 512 on one KV head; vocab 129280). Its MTP layer is not
+            // written (llama.cpp's converter skips it by default).
+            "deepseek-v4-flash" => {
+                let mut ratios = vec![0, 0];
+                for _ in 0..20 {
+                    ratios.extend([4, 128]);
+                }
+                ratios.push(4);
+                MoeSpec {
+                    ctx: 1_048_576,
+                    // Routed experts MXFP4 (the release's FP4 experts, as llama.cpp's converter
+                    // repacks them), the rest Q8_0.
+                    dtype: DType::MXFP4,
+                    arch: SynthArch::DeepseekV4(Box::new(V4Shape {
+                        q_lora: 1024,
+                        o_groups: 8,
+                        o_lora: 1024,
+                        rope: 64,
+                        window: 128,
+                        idx_heads: 64,
+                        idx_dim: 128,
+                        idx_topk: 512,
+                        hc: 4,
+                        hash_layers: 3,
+                        ratios,
+                        routed_scale: 1.5,
+                        swiglu_limit: 10.0,
+                        yarn: Yarn {
+                            factor: 16.0,
+                            orig_ctx: 65536,
+                            beta_fast: 32.0,
+                            beta_slow: 1.0,
+                            mscale_all_dim: 0.0,
+                        },
+                    })),
+                    ..base(4096, 43, 64, 1, 512, 256, 6, 2048, 129280)
+                }
+            }
             _ => return None,
         })
     }
@@ -298,6 +365,7 @@ impl MoeSpec {
         "qwen3.5-397b-a17b",
         "gpt-oss-120b",
         "gpt-oss-20b",
+        "deepseek-v4-flash",
     ];
 
     /// Keep the first `n` layers (n >= 1), at least one of them MoE: the leading dense
@@ -322,6 +390,10 @@ impl MoeSpec {
         self.layers = n;
         match &mut self.arch {
             SynthArch::Qwen3Moe | SynthArch::Qwen3Next { .. } | SynthArch::GptOss { .. } => {}
+            SynthArch::DeepseekV4(v) => {
+                v.ratios.truncate(n);
+                v.hash_layers = v.hash_layers.min(n);
+            }
             SynthArch::Deepseek2 { moe, .. } | SynthArch::Glm4Moe { moe, .. } => {
                 moe.dense_layers = moe.dense_layers.min(n - 1);
             }
@@ -387,6 +459,7 @@ fn fill(x: &mut Vec<f32>, n: usize, init: Init, rng: &mut Rng) {
         Init::Ones => return x.resize(n, 1.0),
         Init::Zeros => return x.resize(n, 0.0),
         Init::Const(c) => return x.resize(n, c),
+        Init::ExpertIds { .. } => return x.resize(n, 0.0),
         Init::Uniform(a) => a,
     };
     x.resize(n, 0.0);
@@ -579,6 +652,16 @@ pub fn write_random(
                         * ((perm[e % spec.experts] + 1) as f32).ln();
                 }
             }
+            if let Init::ExpertIds { experts } = t.init {
+                // A hash layer's tid2eid: k distinct experts per token, spread evenly.
+                let k = row as usize;
+                for (i, xr) in x.chunks_exact_mut(k).enumerate() {
+                    let tok = row0 + i;
+                    for (j, v) in xr.iter_mut().enumerate() {
+                        *v = ((tok * 31 + j * (experts / k).max(1)) % experts) as f32;
+                    }
+                }
+            }
             if name == "output.weight" {
                 // Readable noise: tokens that spell printable ASCII get full-scale logits,
                 // the rest (other bytes, specials, padding) near-zero ones.
@@ -590,12 +673,16 @@ pub fn write_random(
             }
             row0 += r as usize;
             buf.clear();
-            quantize_rows(t.dtype, &x, row as usize, &mut buf).map_err(|err| {
-                FormatError::Writer {
-                    path: path.to_path_buf(),
-                    msg: format!("{name}: {err}"),
-                }
-            })?;
+            if t.dtype == DType::I32 {
+                buf.extend(x.iter().flat_map(|v| (*v as i32).to_le_bytes()));
+            } else {
+                quantize_rows(t.dtype, &x, row as usize, &mut buf).map_err(|err| {
+                    FormatError::Writer {
+                        path: path.to_path_buf(),
+                        msg: format!("{name}: {err}"),
+                    }
+                })?;
+            }
             w.write_tensor_data(&buf)?;
             done += buf.len() as u64;
             left -= r;

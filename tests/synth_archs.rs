@@ -8,8 +8,8 @@
 //! - sluice loads it with the right family, routing and dense/MoE split, and `sluice run`
 //!   generates tokens from it;
 //! - llama.cpp itself (its `llama-simple`, built by scripts/build-llama-cpp.sh, which `.ci/run`
-//!   runs) loads every preset's file (`MoeSpec::PRESETS`: also Qwen3-Next, Qwen3.5-MoE and
-//!   gpt-oss) and generates tokens from it;
+//!   runs) loads every preset's file (`MoeSpec::PRESETS`: also Qwen3-Next, Qwen3.5-MoE,
+//!   gpt-oss and DeepSeek-V4-Flash) and generates tokens from it;
 //! - the gpt-oss presets carry the keys and tensor names of a GGUF converted from the
 //!   transformers fixture, and their router bias takes `--skew`.
 
@@ -47,10 +47,21 @@ fn small(preset: &str) -> MoeSpec {
         SynthArch::Qwen3Moe | SynthArch::Qwen3Next { .. } | SynthArch::GptOss { .. } => {
             (s.heads, s.kv_heads, s.head_dim) = (4, 2, 64);
         }
+        SynthArch::DeepseekV4(v) => {
+            // llama.cpp's deepseek4 graph aborts on smaller heads (head_dim 64, rope 16,
+            // indexer 32: a GGML_ASSERT in a reshape while reserving the graph; not narrowed
+            // down): rope 64 and 128-wide heads as in the real model.
+            (s.heads, s.head_dim) = (4, 128);
+            (v.q_lora, v.o_groups, v.o_lora, v.rope) = (128, 2, 64, 64);
+            (v.idx_heads, v.idx_dim, v.idx_topk, v.window) = (4, 128, 4, 8);
+        }
     }
     // Qwen3-Next's fourth layer is its first full-attention one (llama.cpp aborts on a file
-    // with no KV layer at all).
-    let n = if matches!(s.arch, SynthArch::Qwen3Next { .. }) {
+    // with no KV layer at all); DeepSeek-V4's third and fourth are its first CSA and HCA ones.
+    let n = if matches!(
+        s.arch,
+        SynthArch::Qwen3Next { .. } | SynthArch::DeepseekV4(_)
+    ) {
         4
     } else {
         2
@@ -504,6 +515,70 @@ fn gpt_oss_synth_matches_the_converters_layout_and_runs() {
     assert_eq!(c.sliding_layers.as_deref(), Some(&[true, false][..]));
     assert!(c.attn_sinks && c.expert_bias && c.attn_bias && c.o_bias);
     assert_eq!((c.n_experts, c.n_experts_used), (16, 4));
+    drop(model);
+    let out = sluice_run(&path, "4", &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "sluice run failed: {stderr}");
+    assert!(stderr.contains("generated 4 tok"), "{stderr}");
+}
+
+/// The deepseek-v4-flash preset (small dims, its first 4 layers: sliding, sliding, CSA, HCA;
+/// hash routing on the first 3): the keys and per-layer tensor names of a `deepseek4` GGUF
+/// written from the transformers fixture by scripts/deepseek_v4_to_gguf.py (which follows
+/// llama.cpp's converter), experts MXFP4; sluice reads it as DeepSeek-V4 and generates from it.
+#[test]
+fn deepseek_v4_synth_matches_the_converters_layout_and_runs() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("synth-archs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let conv = dir.join("deepseek_v4-converted.gguf");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/deepseek_v4");
+    let out = Command::new("python3")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/deepseek_v4_to_gguf.py"))
+        .arg(&fixture)
+        .arg(&conv)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "deepseek_v4_to_gguf.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (farch, fkeys, fnames) = read_with_gguf(&conv, None);
+    let path = write("deepseek-v4-flash");
+    let files = ModelFiles::open(&path).unwrap();
+    let (arch, keys, names) = read_with_gguf(&path, Some(&files));
+    assert_eq!((arch.as_str(), farch.as_str()), ("deepseek4", "deepseek4"));
+    // The fixture's compress rope has an explicit attention factor (transformers writes it).
+    let optional = ["deepseek4.rope.scaling.yarn_attn_factor"];
+    for k in &fkeys {
+        assert!(
+            keys.contains(k) || optional.contains(&k.as_str()),
+            "the converter writes {k}, synth does not"
+        );
+    }
+    for k in &keys {
+        assert!(
+            fkeys.contains(k),
+            "synth writes {k}, the converter does not"
+        );
+    }
+    assert_eq!(names, fnames);
+    for (name, want) in [
+        ("blk.0.ffn_gate_exps.weight", DType::MXFP4),
+        ("blk.0.ffn_gate_tid2eid.weight", DType::I32),
+        ("blk.3.attn_compressor_ape.weight", DType::F32),
+        ("blk.2.indexer.attn_q_b.weight", DType::Q8_0),
+    ] {
+        assert_eq!(files.tensor(name).unwrap().dtype, want, "{name}");
+    }
+    let model = load(&files);
+    let c = &model.cfg;
+    assert_eq!(c.family.name(), "deepseek4");
+    let v = c.v4.as_deref().unwrap();
+    use sluice::model::deepseek_v4::LayerKind::*;
+    assert_eq!(v.kinds, [Sliding, Sliding, Csa, Hca]);
+    assert_eq!(v.hash, [true, true, true, false]);
+    assert_eq!((v.hc, v.hca_rate, v.window), (4, 128, 8));
     drop(model);
     let out = sluice_run(&path, "4", &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);

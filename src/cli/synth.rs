@@ -20,7 +20,9 @@ pub struct SynthArgs {
     /// experts, a gated shared expert; no MTP layer) | qwen3.5-397b-a17b (qwen35moe: 45 DeltaNet
     /// + 15 gated-attention layers, 512 experts of 1024, tiled value heads; no MTP layer) |
     /// gpt-oss-120b, gpt-oss-20b (gpt-oss: 36 / 24 layers alternating window-128 and full
-    /// attention with sinks, 128 / 32 experts of 2880 top-4 with biases).
+    /// attention with sinks, 128 / 32 experts of 2880 top-4 with biases) | deepseek-v4-flash
+    /// (deepseek4: 2 sliding + 41 CSA/HCA layers of 256 experts of 2048 top-6, 4
+    /// hyper-connection streams, 3 hash-routed layers; experts mxfp4; no MTP layer).
     #[arg(long, default_value = "qwen3-30b-a3b")]
     pub preset: String,
     /// Keep only the first N layers (0 = all); at least one stays MoE (leading dense layers
@@ -38,7 +40,7 @@ pub struct SynthArgs {
     /// write (an exhaustive grid search; see docs/FORMATS.md). The other i-quants sluice runs
     /// (IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_S, IQ1_M) have no quantizer here: make them from an
     /// f16 synth file with llama.cpp's `llama-quantize` (with an `llama-imatrix` matrix).
-    /// Default: the preset's own (mxfp4 for gpt-oss, q8_0 otherwise).
+    /// Default: the preset's own (mxfp4 for gpt-oss and deepseek-v4-flash, q8_0 otherwise).
     #[arg(long)]
     pub quant: Option<String>,
     /// Seed of the weights.

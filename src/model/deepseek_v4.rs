@@ -30,8 +30,9 @@
 //! (the compressor's and indexer's raw projections, which the next windows pool). So the
 //! whole state is positional: truncation, snapshots and `--kv-dir` keep any prefix exactly.
 //!
-//! Owns: `SPEC`, `V4Params` (read from config.json, unsupported features refused by name), the
-//! tensor names, `V4Weights`, the graph (`Model::forward_v4`) and the CPU arithmetic of the V4
+//! Owns: `SPEC`, `V4Params` (read from config.json or from llama.cpp's `deepseek4` GGUF keys,
+//! unsupported features and unknown keys refused by name), the tensor names (DeepSeek's and
+//! llama.cpp's, as tables), `V4Weights`, the graph (`Model::forward_v4`) and the CPU arithmetic of the V4
 //! backend operations (`cpu_*`, called by cpu.rs's `// DeepSeek V4` block).
 //! Does not own: the generic config reading (config.rs), the shared forward pieces.
 //! Invariant: a config feature of V4 that changes the computation is implemented here or refused
@@ -44,15 +45,15 @@ use super::family::{self, BiasRule, FamilySpec, GgufKeys, HfKeys};
 use super::gptoss::softmax_with_sink;
 use super::{Model, ModelError, State};
 use crate::dtype::DType;
-use crate::format::{ByteRange, ModelFiles, TensorInfo};
+use crate::format::{ByteRange, FileKind, ModelFiles, TensorInfo};
 use crate::kernels::{self, Acts, Isa, WeightView};
 use serde_json::Value;
 
 pub static SPEC: FamilySpec = FamilySpec {
     family: Family::DeepseekV4,
     name: "deepseek4",
-    // GGUF `deepseek4` is refused by name in family.rs (no llama.cpp names to follow).
-    gguf_archs: &[],
+    // llama.cpp's name (gguf-py MODEL_ARCH.DEEPSEEK4; keys and tensors: `GGUF_KEYS`, `names`).
+    gguf_archs: &["deepseek4"],
     hf_archs: &["DeepseekV4ForCausalLM", "deepseek_v4"],
     hf_moe: &[],
     gguf_rope_layout: RopeLayout::Interleaved,
@@ -63,7 +64,8 @@ pub static SPEC: FamilySpec = FamilySpec {
     hf_default_rope_theta: 10000.0,
     hf_attention_bias: BiasRule::Refused,
     clip_qkv: false,
-    gguf_yarn_cancelled: false,
+    // llama.cpp's deepseek4 graph cancels YaRN's magnitude (attention factor 1).
+    gguf_yarn_cancelled: true,
     hf_qk_norm: family::no_qk_norm,
     hf_sliding_window: family::no_sliding_window,
     gguf_hparams,
@@ -141,28 +143,253 @@ fn refuse<T>(m: String) -> Result<T, ModelError> {
     Err(ModelError::Config(m))
 }
 
-fn gguf_hparams(k: &GgufKeys<'_>, _c: &mut ModelConfig) -> Result<(), ModelError> {
-    refuse(format!(
-        "GGUF architecture {}: DeepSeek-V4 is supported from its transformers checkpoint (config.json + safetensors) only; GGUF names and keys are not settled",
-        k.arch
-    ))
+/// Every `deepseek4.` key llama.cpp's converter writes (DeepseekV4Model.set_gguf_parameters and
+/// the generic text-model keys); any other is refused by name, since it could change the
+/// computation. `rope.scaling.yarn_attn_factor` is read by neither: llama.cpp's deepseek4 graph
+/// cancels YaRN's magnitude on the compressed layers (as transformers' attention factor 1 does).
+const GGUF_KEYS: &[&str] = &[
+    "block_count",
+    "context_length",
+    "embedding_length",
+    "embedding_length_out",
+    "feed_forward_length",
+    "vocab_size",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "attention.key_length",
+    "attention.value_length",
+    "attention.layer_norm_rms_epsilon",
+    "attention.q_lora_rank",
+    "attention.sliding_window",
+    "attention.indexer.head_count",
+    "attention.indexer.key_length",
+    "attention.indexer.top_k",
+    "attention.output_group_count",
+    "attention.output_lora_rank",
+    "attention.compress_ratios",
+    "attention.compress_rope_freq_base",
+    "rope.freq_base",
+    "rope.dimension_count",
+    "rope.scaling.type",
+    "rope.scaling.factor",
+    "rope.scaling.original_context_length",
+    "rope.scaling.yarn_attn_factor",
+    "rope.scaling.yarn_beta_fast",
+    "rope.scaling.yarn_beta_slow",
+    "expert_count",
+    "expert_used_count",
+    "expert_gating_func",
+    "expert_feed_forward_length",
+    "expert_shared_count",
+    "expert_weights_scale",
+    "expert_weights_norm",
+    "expert_group_count",
+    "expert_group_used_count",
+    "swiglu_clamp_exp",
+    "swiglu_clamp_shexp",
+    "hyper_connection.count",
+    "hyper_connection.sinkhorn_iterations",
+    "hyper_connection.epsilon",
+    "hash_layer_count",
+    "nextn_predict_layers",
+];
+
+/// V4Params from llama.cpp's `deepseek4` keys (llama.cpp's src/models/deepseek4.cpp reads the
+/// same ones); the generic keys were read into `c` already.
+fn gguf_hparams(k: &GgufKeys<'_>, c: &mut ModelConfig) -> Result<(), ModelError> {
+    let prefix = format!("{}.", k.arch);
+    for key in k.files.meta_keys() {
+        if let Some(rest) = key.strip_prefix(&prefix) {
+            if !GGUF_KEYS.contains(&rest) {
+                return refuse(format!(
+                    "GGUF metadata {key}: not a DeepSeek-V4 key sluice knows (it may change the computation)"
+                ));
+            }
+        }
+    }
+    let u = |s: &str| k.req_u(s);
+    let f = |s: &str| {
+        k.opt_f(s).ok_or_else(|| {
+            ModelError::Config(format!(
+                "GGUF metadata {} is missing or not a number",
+                k.key(s)
+            ))
+        })
+    };
+    let arr = |s: &str| -> Result<&[crate::format::MetaValue], ModelError> {
+        k.get(s)
+            .and_then(crate::format::MetaValue::as_array)
+            .ok_or_else(|| {
+                ModelError::Config(format!(
+                    "GGUF metadata {} is missing or not an array",
+                    k.key(s)
+                ))
+            })
+    };
+    let n = c.n_layers;
+    // compress_ratios: 0 sliding, 4 CSA (with the indexer), any other HCA (llama.cpp itself
+    // loads 128 only); one entry per block, MTP blocks included.
+    let ratios = arr("attention.compress_ratios")?;
+    if ratios.len() < n {
+        return refuse(format!(
+            "GGUF metadata {}: {} entries for {n} layers",
+            k.key("attention.compress_ratios"),
+            ratios.len()
+        ));
+    }
+    let mut kinds = Vec::with_capacity(n);
+    let mut hca_rate = None;
+    for (l, r) in ratios.iter().take(n).enumerate() {
+        kinds.push(match r.as_u64() {
+            Some(0) => LayerKind::Sliding,
+            Some(4) => LayerKind::Csa,
+            Some(m) if m > 0 && m <= 512 && hca_rate.is_none_or(|h| h == m as usize) => {
+                hca_rate = Some(m as usize);
+                LayerKind::Hca
+            }
+            _ => {
+                return refuse(format!(
+                    "GGUF metadata {}[{l}] {r:?}: 0, 4 or one HCA rate (at most 512) per model are supported",
+                    k.key("attention.compress_ratios")
+                ))
+            }
+        });
+    }
+    let hashed = u("hash_layer_count")?;
+    let score = match k.opt_u("expert_gating_func") {
+        Some(4) => Score::SqrtSoftplus,
+        Some(2) => Score::Sigmoid,
+        Some(1) => Score::Softmax,
+        x => {
+            return refuse(format!(
+                "GGUF metadata {} {x:?}: 4 (sqrtsoftplus), 2 (sigmoid) or 1 (softmax) expected",
+                k.key("expert_gating_func")
+            ))
+        }
+    };
+    // One clamp for routed and shared experts in every layer (what the converter writes).
+    let clamp = |s: &str| -> Result<Option<f32>, ModelError> {
+        let Some(v) = k.get(s) else { return Ok(None) };
+        let vals: Vec<f64> = match v.as_array() {
+            Some(a) => a
+                .iter()
+                .filter_map(crate::format::MetaValue::as_f64)
+                .collect(),
+            None => v.as_f64().into_iter().collect(),
+        };
+        match vals.first() {
+            Some(&x) if vals.iter().all(|y| *y == x) => Ok(Some(x as f32)),
+            _ => refuse(format!(
+                "GGUF metadata {}: one clamp for every layer is supported",
+                k.key(s)
+            )),
+        }
+    };
+    let limit = clamp("swiglu_clamp_exp")?.ok_or_else(|| {
+        ModelError::Config(format!(
+            "GGUF metadata {} is missing",
+            k.key("swiglu_clamp_exp")
+        ))
+    })?;
+    if clamp("swiglu_clamp_shexp")?.is_some_and(|s| s != limit) {
+        return refuse(format!(
+            "GGUF metadata {}: a shared-expert clamp other than the routed one is not supported",
+            k.key("swiglu_clamp_shexp")
+        ));
+    }
+    if k.get("expert_weights_norm")
+        .and_then(crate::format::MetaValue::as_bool)
+        != Some(true)
+    {
+        return refuse(format!(
+            "GGUF metadata {}: DeepSeek-V4 renormalises its top-k weights (true expected)",
+            k.key("expert_weights_norm")
+        ));
+    }
+    if u("expert_shared_count")? != 1 {
+        return refuse(format!(
+            "GGUF metadata {}: one shared expert is supported",
+            k.key("expert_shared_count")
+        ));
+    }
+    for key in ["expert_group_count", "expert_group_used_count"] {
+        if k.opt_u(key).is_some_and(|g| g != 1) {
+            return refuse(format!(
+                "GGUF metadata {}: grouped routing is not part of DeepSeek-V4",
+                k.key(key)
+            ));
+        }
+    }
+    if c.n_kv_heads != 1 || c.v_head_dim != c.head_dim {
+        return refuse(format!(
+            "GGUF metadata {} / {}: DeepSeek-V4 is shared-KV MQA (1 KV head, value_length = key_length)",
+            k.key("attention.head_count_kv"),
+            k.key("attention.value_length")
+        ));
+    }
+    let hc = u("hyper_connection.count")?;
+    if let Some(o) = k.opt_u("embedding_length_out") {
+        if o != hc * c.hidden {
+            return refuse(format!(
+                "GGUF metadata {} {o}: hyper_connection.count x embedding_length = {} expected",
+                k.key("embedding_length_out"),
+                hc * c.hidden
+            ));
+        }
+    }
+    let v = V4Params {
+        kinds,
+        hash: (0..n).map(|l| l < hashed).collect(),
+        csa_rate: 4,
+        hca_rate: hca_rate.unwrap_or(128),
+        window: u("attention.sliding_window")?,
+        q_lora: u("attention.q_lora_rank")?,
+        o_groups: u("attention.output_group_count")?,
+        o_lora: u("attention.output_lora_rank")?,
+        idx_heads: u("attention.indexer.head_count")?,
+        idx_dim: u("attention.indexer.key_length")?,
+        idx_topk: u("attention.indexer.top_k")?,
+        hc,
+        hc_iters: u("hyper_connection.sinkhorn_iterations")?,
+        hc_eps: f("hyper_connection.epsilon")? as f32,
+        limit,
+        rope_dim: u("rope.dimension_count")?,
+        score,
+        routed_scale: f("expert_weights_scale")? as f32,
+        main_theta: c.rope_theta,
+        compress_theta: f("attention.compress_rope_freq_base")?,
+        // llama.cpp applies rope.scaling.* to the compressed layers only, the sliding ones
+        // rotate unscaled.
+        compress_scaling: c.rope_scaling,
+    };
+    check_params(&v, c, "GGUF metadata")?;
+    apply(v, c);
+    Ok(())
 }
 
-fn hf_hparams(k: &HfKeys<'_>, c: &mut ModelConfig) -> Result<(), ModelError> {
-    let v = read_params(k.cfg, c)?;
+/// What both formats set in the shared config once V4Params are read.
+fn apply(v: V4Params, c: &mut ModelConfig) {
     c.n_dense_layers = 0;
     c.dense_ffn = 0;
     c.shared_ffn = c.expert_ffn;
     c.rotary_dim = v.rope_dim;
     c.rope_layout = RopeLayout::Interleaved;
     c.attn_sinks = true;
+    c.routing.sigmoid = false;
     c.routing.norm_topk_prob = true;
     c.routing.scale = v.routed_scale;
     c.routing.n_group = 1;
     c.routing.topk_group = 1;
+    // V4 keeps its window in V4Params (every layer has it), not in the shared field.
+    c.sliding_window = None;
     // The MTP layers are not part of transformers' model (it drops `mtp.*` on load).
     c.n_mtp_layers = 0;
     c.v4 = Some(Box::new(v));
+}
+
+fn hf_hparams(k: &HfKeys<'_>, c: &mut ModelConfig) -> Result<(), ModelError> {
+    let v = read_params(k.cfg, c)?;
+    apply(v, c);
     Ok(())
 }
 
@@ -413,13 +640,26 @@ fn read_params(cfg: &Value, c: &ModelConfig) -> Result<V4Params, ModelError> {
         compress_theta,
         compress_scaling,
     };
+    check_params(&p, c, "config.json")?;
+    Ok(p)
+}
+
+/// Shape checks shared by both formats (`what` names the source in errors).
+fn check_params(p: &V4Params, c: &ModelConfig, what: &str) -> Result<(), ModelError> {
+    let heads = c.n_heads;
+    let rope_dim = p.rope_dim;
+    if rope_dim == 0 || !rope_dim.is_multiple_of(2) || rope_dim > c.head_dim {
+        return refuse(format!(
+            "{what}: {rope_dim} rotary dimensions of {}: must be even and within the head",
+            c.head_dim
+        ));
+    }
     if p.hc > 6 {
         return refuse(format!(
-            "config.json: hc_mult {}: at most 6 hyper-connection streams are supported",
+            "{what}: hc_mult {}: at most 6 hyper-connection streams are supported",
             p.hc
         ));
     }
-    let heads = c.n_heads;
     if p.window == 0
         || p.q_lora == 0
         || p.o_groups == 0
@@ -431,14 +671,14 @@ fn read_params(cfg: &Value, c: &ModelConfig) -> Result<V4Params, ModelError> {
         || p.idx_topk == 0
     {
         return refuse(format!(
-            "config.json: inconsistent DeepSeek-V4 shape: sliding_window {}, q_lora_rank {}, o_groups {} of {heads} heads, hc_mult {}, hc_sinkhorn_iters {}, index_n_heads {}, index_head_dim {} (rope {rope_dim}), index_topk {}",
+            "{what}: inconsistent DeepSeek-V4 shape: sliding_window {}, q_lora_rank {}, o_groups {} of {heads} heads, hc_mult {}, hc_sinkhorn_iters {}, index_n_heads {}, index_head_dim {} (rope {rope_dim}), index_topk {}",
             p.window, p.q_lora, p.o_groups, p.hc, p.hc_iters, p.idx_heads, p.idx_dim, p.idx_topk
         ));
     }
     if p.hash.iter().any(|h| *h) && c.n_experts_used > c.n_experts {
-        return refuse("config.json: num_experts_per_tok is larger than n_routed_experts".into());
+        return refuse(format!("{what}: more experts per token than experts"));
     }
-    Ok(p)
+    Ok(())
 }
 
 /// Tensor names: DeepSeek's own (what transformers' `save_pretrained` writes back and the
@@ -478,6 +718,88 @@ pub mod names {
     /// `ffn.experts.{e}.` + w1 (gate), w3 (up), w2 (down).
     pub const EXPERT: &str = "ffn.experts.{e}.";
     pub const SHARED: &str = "ffn.shared_experts.";
+
+    /// llama.cpp's `deepseek4` names (gguf-py MODEL_ARCH.DEEPSEEK4, as its converter's
+    /// `_map_dsv4_tensor_name` maps DeepSeek's): ours -> GGUF, outside the layers.
+    pub const GGUF_ROOT: &[(&str, &str)] = &[
+        ("embed_tokens.weight", "token_embd.weight"),
+        ("embed.weight", "token_embd.weight"),
+        ("head.weight", "output.weight"),
+        ("lm_head.weight", "output.weight"),
+        ("norm.weight", "output_norm.weight"),
+        ("hc_head.hc_fn", "output_hc_fn.weight"),
+        ("hc_head.hc_base", "output_hc_base.weight"),
+        ("hc_head.hc_scale", "output_hc_scale.weight"),
+    ];
+    /// Ours after `layers.{l}.` -> GGUF after `blk.{l}.`.
+    pub const GGUF_LAYER: &[(&str, &str)] = &[
+        ("attn_norm.weight", "attn_norm.weight"),
+        ("ffn_norm.weight", "ffn_norm.weight"),
+        ("hc_attn_fn", "hc_attn_fn.weight"),
+        ("hc_attn_base", "hc_attn_base.weight"),
+        ("hc_attn_scale", "hc_attn_scale.weight"),
+        ("hc_ffn_fn", "hc_ffn_fn.weight"),
+        ("hc_ffn_base", "hc_ffn_base.weight"),
+        ("hc_ffn_scale", "hc_ffn_scale.weight"),
+        ("attn.wq_a.weight", "attn_q_a.weight"),
+        ("attn.q_norm.weight", "attn_q_a_norm.weight"),
+        ("attn.wq_b.weight", "attn_q_b.weight"),
+        ("attn.wkv.weight", "attn_kv.weight"),
+        ("attn.norm.weight", "attn_kv_a_norm.weight"),
+        ("attn.wo_a.weight", "attn_output_a.weight"),
+        ("attn.wo_b.weight", "attn_output_b.weight"),
+        ("attn.attn_sink", "attn_sinks.weight"),
+        ("attn.compressor.wkv.weight", "attn_compressor_kv.weight"),
+        (
+            "attn.compressor.wgate.weight",
+            "attn_compressor_gate.weight",
+        ),
+        ("attn.compressor.ape", "attn_compressor_ape.weight"),
+        ("attn.compressor.norm.weight", "attn_compressor_norm.weight"),
+        (
+            "attn.indexer.compressor.wkv.weight",
+            "indexer_compressor_kv.weight",
+        ),
+        (
+            "attn.indexer.compressor.wgate.weight",
+            "indexer_compressor_gate.weight",
+        ),
+        (
+            "attn.indexer.compressor.ape",
+            "indexer_compressor_ape.weight",
+        ),
+        (
+            "attn.indexer.compressor.norm.weight",
+            "indexer_compressor_norm.weight",
+        ),
+        ("attn.indexer.wq_b.weight", "indexer.attn_q_b.weight"),
+        ("attn.indexer.weights_proj.weight", "indexer.proj.weight"),
+        ("ffn.gate.weight", "ffn_gate_inp.weight"),
+        ("ffn.gate.bias", "exp_probs_b.bias"),
+        ("ffn.gate.tid2eid", "ffn_gate_tid2eid.weight"),
+        ("ffn.shared_experts.w1.weight", "ffn_gate_shexp.weight"),
+        ("ffn.shared_experts.w3.weight", "ffn_up_shexp.weight"),
+        ("ffn.shared_experts.w2.weight", "ffn_down_shexp.weight"),
+    ];
+    /// Routed experts stacked `[n_expert, rows, cols]`: gate (w1), up (w3), down (w2).
+    pub const GGUF_EXPERTS: [&str; 3] = [
+        "blk.{l}.ffn_gate_exps.weight",
+        "blk.{l}.ffn_up_exps.weight",
+        "blk.{l}.ffn_down_exps.weight",
+    ];
+
+    /// The GGUF name of one of ours (`layers.{l}.…` or a root name).
+    pub fn gguf(rel: &str) -> Option<String> {
+        if let Some(rest) = rel.strip_prefix("layers.") {
+            let (l, rest) = rest.split_once('.')?;
+            let g = GGUF_LAYER.iter().find(|(ours, _)| *ours == rest)?.1;
+            return Some(format!("blk.{l}.{g}"));
+        }
+        GGUF_ROOT
+            .iter()
+            .find(|(ours, _)| *ours == rel)
+            .map(|(_, g)| g.to_string())
+    }
 }
 
 /// A hyper-connection's parameters (f32, small).
@@ -572,6 +894,19 @@ struct Loader<'a, 'c> {
 impl<'a> Loader<'a, '_> {
     /// The first of `rels` present under `model.` or at the top level.
     fn t_any(&self, rels: &[&str]) -> Result<&'a TensorInfo, ModelError> {
+        if self.gguf() {
+            let gname = |r: &str| {
+                names::gguf(r).ok_or_else(|| {
+                    ModelError::MissingTensor(format!("{r} (no deepseek4 GGUF name)"))
+                })
+            };
+            for r in rels {
+                if let Some(t) = self.files.tensor(&gname(r)?) {
+                    return Ok(t);
+                }
+            }
+            return Err(ModelError::MissingTensor(gname(rels[0])?));
+        }
         for r in rels {
             for pre in ["model.", ""] {
                 if let Some(t) = self.files.tensor(&format!("{pre}{r}")) {
@@ -580,6 +915,10 @@ impl<'a> Loader<'a, '_> {
             }
         }
         Err(ModelError::MissingTensor(format!("model.{}", rels[0])))
+    }
+
+    fn gguf(&self) -> bool {
+        self.files.kind() == FileKind::Gguf
     }
 
     fn t(&self, rel: &str) -> Result<&'a TensorInfo, ModelError> {
@@ -703,6 +1042,43 @@ impl<'a> Loader<'a, '_> {
             down: Vec::with_capacity(e),
             ranges: Vec::with_capacity(e),
         };
+        if self.gguf() {
+            // One [n_expert, rows, cols] tensor per projection; each expert is a slice.
+            let l = p.trim_start_matches("layers.").trim_end_matches('.');
+            let dims = [(f, h), (f, h), (h, f)];
+            for (j, pat) in names::GGUF_EXPERTS.iter().enumerate() {
+                let name = pat.replace("{l}", l);
+                let t = self
+                    .files
+                    .tensor(&name)
+                    .ok_or_else(|| ModelError::MissingTensor(name.clone()))?;
+                let (rows, cols) = dims[j];
+                self.shape(t, &[e, rows, cols])?;
+                kernels::kernels_for(t.dtype).map_err(|_| {
+                    ModelError::Unsupported(format!(
+                        "tensor `{name}` has type {}, which sluice has no kernels for",
+                        t.dtype
+                    ))
+                })?;
+                let all = self.files.bytes(t)?;
+                for i in 0..e {
+                    let r = self.files.expert_range(t, i)?;
+                    let start = (r.offset - t.range.offset) as usize;
+                    let bytes = all.get(start..start + r.len as usize).ok_or_else(|| {
+                        ModelError::Shape(format!("{name}: expert {i} lies outside the tensor"))
+                    })?;
+                    let view = WeightView::new(t.dtype, bytes, rows, cols)
+                        .map_err(|err| ModelError::Shape(format!("{name}: {err}")))?;
+                    [&mut x.gate, &mut x.up, &mut x.down][j].push(view);
+                    if j == 0 {
+                        x.ranges.push([r; 3]);
+                    } else {
+                        x.ranges[i][j] = r;
+                    }
+                }
+            }
+            return Ok(x);
+        }
         for i in 0..e {
             let q = format!("{p}{}", names::EXPERT.replace("{e}", &i.to_string()));
             let n = [

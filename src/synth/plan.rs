@@ -22,6 +22,8 @@ pub(super) enum Init {
     Uniform(f32),
     /// Every value `c` (Qwen3-Next's `ssm_a` = -exp(A_log) must be negative).
     Const(f32),
+    /// DeepSeek-V4's hash routing table: rows of distinct expert ids below `experts` (I32).
+    ExpertIds { experts: usize },
 }
 
 /// What a tensor is for, as far as choosing its type goes.
@@ -84,6 +86,8 @@ pub(super) struct Planned {
 struct Plan<'a> {
     spec: &'a MoeSpec,
     list: Vec<Planned>,
+    /// Vocabulary size (DeepSeek-V4's tid2eid has a row per token).
+    vocab: usize,
 }
 
 fn fan(n: usize) -> f32 {
@@ -227,7 +231,75 @@ impl Plan<'_> {
             }
             SynthArch::Qwen3Next { .. } => p.qwen3next_layer(l),
             SynthArch::GptOss { .. } => p.gptoss_layer(l),
+            SynthArch::DeepseekV4(_) => p.deepseek4_layer(l),
         }
+    }
+
+    /// DeepSeek-V4's layer `l` (llama.cpp's `deepseek4` names and shapes, as its
+    /// src/models/deepseek4.cpp loads them and scripts/deepseek_v4_to_gguf.py writes them).
+    fn deepseek4_layer(&mut self, l: usize) {
+        let spec = self.spec;
+        let SynthArch::DeepseekV4(v) = &spec.arch else {
+            return;
+        };
+        let (h, nh, hd) = (spec.hidden, spec.heads, spec.head_dim);
+        let (a, vec) = (TensorClass::Attention, TensorClass::Vector);
+        let b = |n: &str| format!("blk.{l}.{n}.weight");
+        let mix = (2 + v.hc) * v.hc;
+        for hc in ["hc_attn", "hc_ffn"] {
+            let fn_init = Init::Uniform(fan(v.hc * h));
+            self.add(b(&format!("{hc}_fn")), vec, &[mix, v.hc * h], fn_init);
+            self.add(b(&format!("{hc}_base")), vec, &[mix], Init::Zeros);
+            self.add(b(&format!("{hc}_scale")), vec, &[3], Init::Ones);
+        }
+        self.norm(b("attn_norm"), h);
+        self.add(b("attn_sinks"), vec, &[nh], Init::Uniform(1.0));
+        self.mat(b("attn_q_a"), a, v.q_lora, h);
+        self.norm(b("attn_q_a_norm"), v.q_lora);
+        self.mat(b("attn_q_b"), a, nh * hd, v.q_lora);
+        self.mat(b("attn_kv"), a, hd, h);
+        self.norm(b("attn_kv_a_norm"), hd);
+        // llama.cpp reads wo_a as ggml {heads * hd / groups, o_lora * groups}.
+        self.mat(
+            b("attn_output_a"),
+            a,
+            v.o_groups * v.o_lora,
+            nh * hd / v.o_groups,
+        );
+        self.mat(b("attn_output_b"), a, h, v.o_groups * v.o_lora);
+        let ratio = v.ratios.get(l).copied().unwrap_or(0);
+        if ratio != 0 {
+            let coff = if ratio == 4 { 2 } else { 1 };
+            self.mat(b("attn_compressor_kv"), a, coff * hd, h);
+            self.mat(b("attn_compressor_gate"), a, coff * hd, h);
+            let ape = Init::Uniform(0.1);
+            self.add(b("attn_compressor_ape"), vec, &[ratio, coff * hd], ape);
+            self.norm(b("attn_compressor_norm"), hd);
+            if ratio == 4 {
+                self.mat(b("indexer.proj"), a, v.idx_heads, h);
+                self.mat(b("indexer.attn_q_b"), a, v.idx_heads * v.idx_dim, v.q_lora);
+                self.mat(b("indexer_compressor_kv"), a, 2 * v.idx_dim, h);
+                self.mat(b("indexer_compressor_gate"), a, 2 * v.idx_dim, h);
+                self.add(b("indexer_compressor_ape"), vec, &[4, 2 * v.idx_dim], ape);
+                self.norm(b("indexer_compressor_norm"), v.idx_dim);
+            }
+        }
+        self.norm(b("ffn_norm"), h);
+        let hashed = l < v.hash_layers;
+        self.moe(l, !hashed);
+        if hashed {
+            let (vocab, k, e) = (self.vocab, spec.experts_used, spec.experts);
+            self.add(
+                b("ffn_gate_tid2eid"),
+                vec,
+                &[vocab, k],
+                Init::ExpertIds { experts: e },
+            );
+            if let Some(t) = self.list.last_mut() {
+                t.dtype = DType::I32;
+            }
+        }
+        self.mlp(l, "_shexp", TensorClass::SharedExpert, spec.expert_ffn);
     }
 
     /// Qwen3-Next's layer `l` (llama.cpp's `qwen3next` names, as scripts/qwen3next_to_gguf.py
@@ -331,6 +403,7 @@ pub(super) fn tensors(spec: &MoeSpec, vocab: usize) -> Vec<Planned> {
     let mut p = Plan {
         spec,
         list: Vec::new(),
+        vocab,
     };
     let (h, a) = (spec.hidden, TensorClass::Attention);
     p.mat("token_embd.weight".into(), TensorClass::Embedding, vocab, h);
@@ -342,6 +415,19 @@ pub(super) fn tensors(spec: &MoeSpec, vocab: usize) -> Vec<Planned> {
     }
     p.norm("output_norm.weight".into(), h);
     p.mat("output.weight".into(), TensorClass::Output, vocab, h);
+    if let SynthArch::DeepseekV4(v) = &spec.arch {
+        // The hyper-connection head that collapses the streams before the final norm.
+        let vec = TensorClass::Vector;
+        let fn_init = Init::Uniform(fan(v.hc * h));
+        p.add(
+            "output_hc_fn.weight".into(),
+            vec,
+            &[v.hc, v.hc * h],
+            fn_init,
+        );
+        p.add("output_hc_base.weight".into(), vec, &[v.hc], Init::Zeros);
+        p.add("output_hc_scale.weight".into(), vec, &[1], Init::Ones);
+    }
     // The MTP (NextN) layers come last, so the main model's tensors (and their seeded bytes) are
     // the same with and without them. Each is a full MoE decoder layer at index `layers + i`
     // plus llama.cpp's `blk.N.nextn.*` extras; `nextn.embed_tokens` and
@@ -497,6 +583,52 @@ pub(super) fn arch_meta(spec: &MoeSpec, vocab: usize) -> Vec<(String, MetaValue)
             ("rope.scaling.original_context_length", u(4096)),
             ("attention.sliding_window", u(*window)),
         ]),
+        SynthArch::DeepseekV4(v) => {
+            let n = spec.layers + spec.mtp_layers;
+            let ratios = (0..n)
+                .map(|l| MetaValue::I32(v.ratios.get(l).copied().unwrap_or(0) as i32))
+                .collect();
+            let clamp = || MetaValue::Array(vec![f(v.swiglu_limit); n]);
+            // DeepseekV4Model.set_gguf_parameters' keys (llama.cpp's converter), in its order.
+            kv.extend([
+                ("attention.head_count", u(spec.heads)),
+                ("attention.head_count_kv", u(1)),
+                ("rope.freq_base", f(10_000.0)),
+                ("attention.layer_norm_rms_epsilon", f(1e-6)),
+                ("expert_count", u(spec.experts)),
+                ("expert_used_count", u(spec.experts_used)),
+                // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SQRT_SOFTPLUS.
+                ("expert_gating_func", u(4)),
+                ("attention.key_length", u(spec.head_dim)),
+                ("attention.value_length", u(spec.head_dim)),
+                ("rope.scaling.type", MetaValue::String("yarn".into())),
+                ("rope.scaling.factor", f(v.yarn.factor)),
+                ("rope.scaling.original_context_length", u(v.yarn.orig_ctx)),
+                ("rope.scaling.yarn_beta_fast", f(v.yarn.beta_fast)),
+                ("rope.scaling.yarn_beta_slow", f(v.yarn.beta_slow)),
+                ("rope.dimension_count", u(v.rope)),
+                ("attention.q_lora_rank", u(v.q_lora)),
+                ("attention.sliding_window", u(v.window)),
+                ("expert_feed_forward_length", u(spec.expert_ffn)),
+                ("expert_shared_count", u(1)),
+                ("expert_weights_scale", f(v.routed_scale)),
+                ("expert_weights_norm", MetaValue::Bool(true)),
+                ("swiglu_clamp_exp", clamp()),
+                ("swiglu_clamp_shexp", clamp()),
+                ("attention.indexer.head_count", u(v.idx_heads)),
+                ("attention.indexer.key_length", u(v.idx_dim)),
+                ("attention.indexer.top_k", u(v.idx_topk)),
+                ("attention.output_group_count", u(v.o_groups)),
+                ("attention.output_lora_rank", u(v.o_lora)),
+                ("attention.compress_ratios", MetaValue::Array(ratios)),
+                ("attention.compress_rope_freq_base", f(160_000.0)),
+                ("hyper_connection.count", u(v.hc)),
+                ("hyper_connection.sinkhorn_iterations", u(20)),
+                ("hyper_connection.epsilon", f(1e-6)),
+                ("hash_layer_count", u(v.hash_layers)),
+                ("embedding_length_out", u(v.hc * spec.hidden)),
+            ]);
+        }
     }
     let arch = spec.arch.gguf_name();
     kv.into_iter()
