@@ -248,5 +248,12 @@ fn streamed_experts_cap_the_automatic_slots() {
         "{}",
         s.log_text()
     );
+    assert!(
+        s.log_text().contains(
+            "[plan] note: --parallel 3 kept; left out, the automatic count would be 1 sequence slot ("
+        ),
+        "{}",
+        s.log_text()
+    );
     assert_eq!(figure(&s.get("/metrics").1, "sluice_parallel_slots"), 3.0);
 }

@@ -233,11 +233,20 @@ pub(crate) fn place_experts(
     };
     // Batch size follows the bottleneck: where experts stream and decode waits on the disk
     // (or no bandwidth is known), fewer slots when more stop paying in expert reads.
-    if o.parallel_auto
-        && o.parallel > 1
-        && plan.stream
-        && (plan.disk_bound || plan.disk_gbps.is_none())
-    {
+    let disk_waits = plan.stream && (plan.disk_bound || plan.disk_gbps.is_none());
+    if !o.parallel_auto && o.parallel > 1 && disk_waits {
+        // The flag wins; say what the expert reads alone would have chosen.
+        let d = cap_parallel_by_reads(&plan, o.parallel, kv_one, req.cap.is_some());
+        if d.n < o.parallel {
+            say.line(&format!(
+                "[plan] note: --parallel {} kept; left out, the automatic count would be {} ({})",
+                o.parallel,
+                slots(d.n),
+                d.reason
+            ));
+        }
+    }
+    if o.parallel_auto && o.parallel > 1 && disk_waits {
         let d = cap_parallel_by_reads(&plan, o.parallel, kv_one, req.cap.is_some());
         if d.n < o.parallel {
             // The KV caches of the dropped slots go to the expert cache.
