@@ -6,8 +6,8 @@
 //! union of the rows' experts, each read once and computed once for all rows routed to it.
 //!
 //! Owns: `Batch` (the slots, each with its own KV cache as a `State` and the tokens it holds;
-//! the scheduler: admission with prefix reuse within a slot and across slots, the step's rows, sampling, stop
-//! conditions and cancellation per sequence), `BatchStats`. Does not own: the model, the
+//! the scheduler: admission with prefix reuse within a slot and across slots, the step's
+//! rows, sampling, stop conditions and cancellation per sequence), `BatchStats`. Does not own: the model, the
 //! buffers a step runs on (the engine's session state: its batch, its expert cache) or the
 //! queue of waiting requests (the caller admits while `free() > 0`).
 //! Invariant: a sequence's tokens do not depend on what it is batched with: every row of a
@@ -175,9 +175,8 @@ impl<T> Batch<T> {
     /// Start `req` in a free slot: the one holding the longest prefix of its prompt (ties:
     /// the least recently used), cut back to that prefix, then extended with a longer prefix
     /// another slot holds (`share_prefix`: a shared system prompt is computed once). It joins
-    /// at the next step. Returns
-    /// its `Done` now when it ends before any step (refused, cancelled at `Started`,
-    /// `max_tokens` 0), or when no slot is free.
+    /// at the next step. Returns its `Done` now when it ends before any step (refused,
+    /// cancelled at `Started`, `max_tokens` 0), or when no slot is free.
     pub fn admit(&mut self, engine: &Engine, req: SeqRequest, tag: T) -> Option<Done<T>> {
         let n = req.prompt.len();
         let ctx = engine.ctx;

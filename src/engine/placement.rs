@@ -248,13 +248,17 @@ pub(crate) fn place_experts(
     }
     if o.parallel_auto && o.parallel > 1 && disk_waits {
         let d = cap_parallel_by_reads(&plan, o.parallel, kv_one, req.cap.is_some());
-        if d.n < o.parallel {
+        let capped = d.n < o.parallel;
+        if capped {
             // The KV caches of the dropped slots go to the expert cache.
             o.parallel = d.n;
             summary.kv_bytes = kv_one * d.n as u64;
             plan = planner::plan(&summary, profile.as_ref(), &req)?;
         }
-        parallel_line = Some(format!("[plan] parallel: {} ({})", slots(d.n), d.reason));
+        // (Uncapped, a line on slots the KV caches already cut stays.)
+        if capped || parallel_line.is_none() {
+            parallel_line = Some(format!("[plan] parallel: {} ({})", slots(d.n), d.reason));
+        }
     }
     let a = &o.experts;
     for l in plan.lines() {
