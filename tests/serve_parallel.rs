@@ -65,15 +65,24 @@ fn figure(m: &str, name: &str) -> f64 {
 
 const SYSTEM: &str = "You are a careful assistant. Answer in one short paragraph, cite nothing, and never repeat the question back. The user is an engineer who likes exact numbers and plain words.";
 
+/// On the random grouped-query model and on the built-in MLA one (whose cache holds the
+/// latent and rope key, and a value part 0 wide).
 #[test]
 fn a_shared_prefix_is_computed_once_and_changes_nothing() {
     let path = gqa();
+    shared_prefix(&[&path], &model());
+    shared_prefix(&[], &sluice::default_model::model_id());
+}
+
+fn shared_prefix(args: &[&str], model: &str) {
+    let model = || model.to_string();
+    let start = |extra: &[&str]| Server::start(&[args, extra].concat());
     let q = |s: &str| format!("{SYSTEM} Question: {s}");
     let second = json!({"model": model(), "prompt": q("why is the sky blue?"), "max_tokens": 24, "ignore_eos": true, "temperature": 0});
     // Without sharing: the second request alone on a fresh server; and the system prompt's
     // own token count.
     let (want, sys_tokens) = {
-        let s = Server::start(&[&path, "--parallel", "2"]);
+        let s = start(&["--parallel", "2"]);
         let (st, v) = s.post("/v1/completions", &second);
         assert_eq!(st, 200, "{v}");
         assert_eq!(
@@ -90,7 +99,7 @@ fn a_shared_prefix_is_computed_once_and_changes_nothing() {
     assert!(sys_tokens > 20, "{sys_tokens}");
     // With sharing: a first request with the same system prompt is generating in one slot when
     // the second arrives; the second takes the other slot and copies the prefix.
-    let s = Server::start(&[&path, "--parallel", "2"]);
+    let s = start(&["--parallel", "2"]);
     let mut first = send(
         &s.addr,
         &json!({"model": model(), "prompt": q("what is a prime number?"), "max_tokens": 100000, "ignore_eos": true, "stream": true, "temperature": 0}),
