@@ -121,6 +121,9 @@ fn shared_prefix(args: &[&str], model: &str) {
         "cached {cached} of {prompt}, the system prompt is {sys_tokens}: {got}"
     );
     let m = s.get("/metrics").1;
+    // Per-slot figures: the first request's slot is decoding, both hold positions.
+    assert!(m.contains("state=\"decoding\"} 1"), "{m}");
+    assert_eq!(m.matches("sluice_slot_positions{").count(), 2, "{m}");
     assert_eq!(
         figure(&m, "sluice_batch_shared_prefix_tokens_total"),
         cached as f64,

@@ -159,6 +159,19 @@ impl<T> Batch<T> {
         self.len() - self.active()
     }
 
+    /// Each slot's state for figures: "free", "prefilling" or "decoding", and the positions
+    /// its KV cache holds (a free slot keeps its last conversation for prefix reuse).
+    pub fn slot_figures(&self) -> impl Iterator<Item = (&'static str, usize)> + '_ {
+        self.slots.iter().map(|s| {
+            let state = match &s.job {
+                None => "free",
+                Some(a) if a.next.is_some() => "decoding",
+                Some(_) => "prefilling",
+            };
+            (state, s.tokens.len())
+        })
+    }
+
     /// Slots reading their prompt / decoding (for figures).
     pub fn phases(&self) -> (usize, usize) {
         let mut p = (0, 0);

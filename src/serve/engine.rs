@@ -246,6 +246,7 @@ impl Generator {
         abort: &Arc<AtomicBool>,
     ) -> Engine {
         self.metrics.slots.store(b.len() as u64, Ordering::Relaxed);
+        self.metrics.set_slot_figures(b.slot_figures());
         loop {
             // Admit: block for a job only when nothing runs.
             while b.free() > 0 {
@@ -296,6 +297,7 @@ impl Generator {
             for d in done {
                 self.answer(d);
             }
+            self.metrics.set_slot_figures(b.slot_figures());
             if any {
                 self.metrics
                     .set_expert_stats(self.engine.state().expert_stats());
