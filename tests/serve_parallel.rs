@@ -269,3 +269,54 @@ fn streamed_experts_cap_the_automatic_slots() {
     );
     assert_eq!(figure(&s.get("/metrics").1, "sluice_parallel_slots"), 3.0);
 }
+
+/// `--kv-dir` with sequence slots: a slot's conversation is saved when its request ends, and
+/// after a restart a request extending it is restored into a slot (counted) and returns the
+/// text a server without saved sessions returns.
+#[test]
+fn kv_sessions_work_with_slots() {
+    let path = gqa();
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("serve-parallel-kv");
+    let _ = std::fs::remove_dir_all(&dir);
+    let dir = dir.to_str().unwrap();
+    let first = json!({"model": model(), "prompt": format!("{SYSTEM} Question: what is a prime number?"), "max_tokens": 12, "ignore_eos": true, "temperature": 0});
+    let s = Server::start(&[&path, "--parallel", "2", "--kv-dir", dir]);
+    assert!(
+        s.log_text().contains("[plan] parallel: 4 sequence slots")
+            || s.log_text().contains("--parallel; 2 KV caches"),
+        "{}",
+        s.log_text()
+    );
+    let (st, v) = s.post("/v1/completions", &first);
+    assert_eq!(st, 200, "{v}");
+    let held = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    let text = v["choices"][0]["text"].as_str().unwrap().to_string();
+    let m = s.get("/metrics").1;
+    assert_eq!(figure(&m, "sluice_kv_sessions_saved_total"), 1.0, "{m}");
+    assert_eq!(s.stop(), 0);
+    let second = json!({"model": model(), "prompt": format!("{SYSTEM} Question: what is a prime number?{text} And a composite one?"), "max_tokens": 12, "ignore_eos": true, "temperature": 0});
+    let want = {
+        let s = Server::start(&[&path, "--parallel", "2"]);
+        let (st, v) = s.post("/v1/completions", &second);
+        assert_eq!(st, 200, "{v}");
+        v
+    };
+    let s = Server::start(&[&path, "--parallel", "2", "--kv-dir", dir]);
+    assert!(
+        s.log_text().contains("1 saved session(s)"),
+        "{}",
+        s.log_text()
+    );
+    let (st, got) = s.post("/v1/completions", &second);
+    assert_eq!(st, 200, "{got}");
+    assert_eq!(got["choices"][0]["text"], want["choices"][0]["text"]);
+    let cached = got["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        cached + 1 >= held,
+        "restored {cached} of the {held} saved prompt tokens: {got}"
+    );
+    let m = s.get("/metrics").1;
+    assert_eq!(figure(&m, "sluice_kv_sessions_loaded_total"), 1.0, "{m}");
+}

@@ -12,7 +12,7 @@
 use super::error::ApiError;
 use super::http::PeerWatch;
 use super::metrics::Metrics;
-use crate::engine::batch::{Batch, Done, SeqRequest};
+use crate::engine::batch::{Batch, BatchStats, Done, SeqRequest};
 use crate::engine::{Engine, EngineError, GenParams, GenerateError};
 use crate::model::ModelError;
 use crate::sample::{Sampler, SamplingParams};
@@ -261,13 +261,11 @@ impl Generator {
                         None => break,
                     }
                 };
-                let shared = b.stats.shared_tokens;
+                let before = b.stats;
                 if let Some(d) = self.admit(&mut b, job, abort) {
                     self.answer(d);
                 }
-                self.metrics
-                    .batch_shared_tokens
-                    .fetch_add(b.stats.shared_tokens - shared, Ordering::Relaxed);
+                self.add_kv_figures(&before, &b.stats);
             }
             if b.active() == 0 {
                 if queue.drained() {
@@ -293,6 +291,7 @@ impl Generator {
                 b.stats.decode_experts - before.decode_experts,
                 Ordering::Relaxed,
             );
+            self.add_kv_figures(&before, &b.stats);
             let any = !done.is_empty();
             for d in done {
                 self.answer(d);
@@ -311,7 +310,7 @@ impl Generator {
     /// Put `job` into a free slot (the checks of the one-at-a-time loop first); Some when it
     /// ended without a step.
     fn admit(
-        &self,
+        &mut self,
         b: &mut Batch<Slotted>,
         job: Job,
         abort: &Arc<AtomicBool>,
@@ -366,7 +365,24 @@ impl Generator {
             }),
             prompt: job.tokens,
         };
-        b.admit(&self.engine, req, tag)
+        b.admit(&mut self.engine, req, tag)
+    }
+
+    /// The batch's shared-prefix and `--kv-dir` figures since `before`, into the metrics.
+    fn add_kv_figures(&self, before: &BatchStats, now: &BatchStats) {
+        let m = &self.metrics;
+        let add = |a: &std::sync::atomic::AtomicU64, d: u64| a.fetch_add(d, Ordering::Relaxed);
+        add(
+            &m.batch_shared_tokens,
+            now.shared_tokens - before.shared_tokens,
+        );
+        add(&m.kv_loads, now.kv_loads - before.kv_loads);
+        add(&m.kv_bytes_read, now.kv_bytes_read - before.kv_bytes_read);
+        add(&m.kv_saves, now.kv_saves - before.kv_saves);
+        add(
+            &m.kv_bytes_written,
+            now.kv_bytes_written - before.kv_bytes_written,
+        );
     }
 
     /// Answer a job that ended in the batched loop.
