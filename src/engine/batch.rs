@@ -6,8 +6,9 @@
 //! union of the rows' experts, each read once and computed once for all rows routed to it.
 //!
 //! Owns: `Batch` (the slots, each with its own KV cache as a `State` and the tokens it holds;
-//! the scheduler: admission with prefix reuse within a slot and across slots, the step's
-//! rows, sampling, stop conditions and cancellation per sequence), `BatchStats`. Does not own: the model, the
+//! the scheduler: admission with prefix reuse within a slot, across slots and from
+//! `--kv-dir`, the step's rows, sampling, stop conditions and cancellation per sequence,
+//! saving a slot's conversation to `--kv-dir` when its request ends), `BatchStats`. Does not own: the model, the
 //! buffers a step runs on (the engine's session state: its batch, its expert cache) or the
 //! queue of waiting requests (the caller admits while `free() > 0`).
 //! Invariant: a sequence's tokens do not depend on what it is batched with: every row of a

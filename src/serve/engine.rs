@@ -1,7 +1,11 @@
-//! The generator: one thread that owns the engine (model, placement, session), takes jobs
-//! from a FIFO queue one at a time, runs each through the engine's decode loop (which reuses
-//! the longest common token prefix of the session, or restores one from `--kv-dir`), and
-//! sends text events back to the job's connection.
+//! The generator: one thread that owns the engine (model, placement, session) and takes jobs
+//! from a FIFO queue. With one slot it runs each through the engine's decode loop (which
+//! reuses the longest common token prefix of the session, or restores one from `--kv-dir`);
+//! with `--parallel N` it admits jobs into the slots of `engine::batch` at step boundaries
+//! (prefix reuse within and across slots, `--kv-dir` per slot) and steps them together. Text
+//! events go back to each job's connection; before every step each job's socket is looked at,
+//! so a client that leaves is cancelled within one step. A full queue refuses with 503 and
+//! `Retry-After` (`Queue::push`).
 //!
 //! Owns: the queue, job events, the server's generation metrics. Does not own: HTTP, JSON,
 //! chat templates (the connection threads turn requests into token jobs), the decode loop,
