@@ -296,10 +296,6 @@ fn unsupported_combinations_are_one_line_before_placement() {
             "--parallel 2",
         ),
         (
-            vec!["serve", m, "--port", "0", "--parallel", "2", "--kv-dir", kv],
-            "--parallel 2 with --kv-dir",
-        ),
-        (
             vec!["serve", m, "--port", "0", "--parallel", "0"],
             "--parallel 0",
         ),

@@ -92,6 +92,17 @@ fn alone(e: &mut Engine, c: &Case) -> (Vec<u32>, String, Finish) {
 
 type Texts = Arc<Mutex<Vec<String>>>;
 
+/// Admit the request `r` builds (it reads the engine, which `admit` then borrows mutably).
+fn admit<T>(
+    b: &mut Batch<T>,
+    e: &mut Engine,
+    r: impl FnOnce(&Engine) -> SeqRequest,
+    tag: T,
+) -> Option<Done<T>> {
+    let r = r(e);
+    b.admit(e, r, tag)
+}
+
 fn request(e: &Engine, c: &Case, i: usize, texts: &Texts, cancel: Arc<AtomicBool>) -> SeqRequest {
     let texts = texts.clone();
     SeqRequest {
@@ -164,9 +175,13 @@ fn equal_each_alone(path: &Path) {
     let mut done: Vec<Done<usize>> = Vec::new();
     let no = || Arc::new(AtomicBool::new(false));
     for i in [0, 1, 2] {
-        assert!(b
-            .admit(&e, request(&e, &cases[i], i, &texts, no()), i)
-            .is_none());
+        assert!(admit(
+            &mut b,
+            &mut e,
+            |e| request(e, &cases[i], i, &texts, no()),
+            i
+        )
+        .is_none());
     }
     let mut next = 3;
     let mut steps = 0;
@@ -176,9 +191,13 @@ fn equal_each_alone(path: &Path) {
             && (next != 3 || steps >= 6)
             && (next != 5 || done.iter().any(|d| d.tag == 0))
         {
-            assert!(b
-                .admit(&e, request(&e, &cases[next], next, &texts, no()), next)
-                .is_none());
+            assert!(admit(
+                &mut b,
+                &mut e,
+                |e| request(e, &cases[next], next, &texts, no()),
+                next
+            )
+            .is_none());
             next += 1;
         }
         done.extend(b.step(&mut e));
@@ -230,7 +249,7 @@ fn a_cancelled_sequence_leaves_the_others_untouched() {
         } else {
             Arc::new(AtomicBool::new(false))
         };
-        assert!(b.admit(&e, request(&e, c, i, &texts, cancel), i).is_none());
+        assert!(admit(&mut b, &mut e, |e| request(e, c, i, &texts, cancel), i).is_none());
     }
     let mut done = Vec::new();
     for step in 0.. {
@@ -283,17 +302,19 @@ fn refusals() {
         sampling: greedy(),
     };
     let no = Arc::new(AtomicBool::new(false));
-    let d = b
-        .admit(&e, request(&e, &c, 0, &texts, no.clone()), ())
-        .expect("refused");
+    let d = admit(
+        &mut b,
+        &mut e,
+        |e| request(e, &c, 0, &texts, no.clone()),
+        (),
+    )
+    .expect("refused");
     assert!(d.result.is_err(), "empty prompt");
     let long = Case {
         prompt: vec![5; 161],
         ..c.clone()
     };
-    let d = b
-        .admit(&e, request(&e, &long, 0, &texts, no), ())
-        .expect("refused");
+    let d = admit(&mut b, &mut e, |e| request(e, &long, 0, &texts, no), ()).expect("refused");
     assert!(d.result.is_err(), "over the context");
     assert_eq!(b.active(), 0);
 }

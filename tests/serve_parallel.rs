@@ -65,15 +65,24 @@ fn figure(m: &str, name: &str) -> f64 {
 
 const SYSTEM: &str = "You are a careful assistant. Answer in one short paragraph, cite nothing, and never repeat the question back. The user is an engineer who likes exact numbers and plain words.";
 
+/// On the random grouped-query model and on the built-in MLA one (whose cache holds the
+/// latent and rope key, and a value part 0 wide).
 #[test]
 fn a_shared_prefix_is_computed_once_and_changes_nothing() {
     let path = gqa();
+    shared_prefix(&[&path], &model());
+    shared_prefix(&[], &sluice::default_model::model_id());
+}
+
+fn shared_prefix(args: &[&str], model: &str) {
+    let model = || model.to_string();
+    let start = |extra: &[&str]| Server::start(&[args, extra].concat());
     let q = |s: &str| format!("{SYSTEM} Question: {s}");
     let second = json!({"model": model(), "prompt": q("why is the sky blue?"), "max_tokens": 24, "ignore_eos": true, "temperature": 0});
     // Without sharing: the second request alone on a fresh server; and the system prompt's
     // own token count.
     let (want, sys_tokens) = {
-        let s = Server::start(&[&path, "--parallel", "2"]);
+        let s = start(&["--parallel", "2"]);
         let (st, v) = s.post("/v1/completions", &second);
         assert_eq!(st, 200, "{v}");
         assert_eq!(
@@ -90,7 +99,7 @@ fn a_shared_prefix_is_computed_once_and_changes_nothing() {
     assert!(sys_tokens > 20, "{sys_tokens}");
     // With sharing: a first request with the same system prompt is generating in one slot when
     // the second arrives; the second takes the other slot and copies the prefix.
-    let s = Server::start(&[&path, "--parallel", "2"]);
+    let s = start(&["--parallel", "2"]);
     let mut first = send(
         &s.addr,
         &json!({"model": model(), "prompt": q("what is a prime number?"), "max_tokens": 100000, "ignore_eos": true, "stream": true, "temperature": 0}),
@@ -112,6 +121,9 @@ fn a_shared_prefix_is_computed_once_and_changes_nothing() {
         "cached {cached} of {prompt}, the system prompt is {sys_tokens}: {got}"
     );
     let m = s.get("/metrics").1;
+    // Per-slot figures: the first request's slot is decoding, both hold positions.
+    assert!(m.contains("state=\"decoding\"} 1"), "{m}");
+    assert_eq!(m.matches("sluice_slot_positions{").count(), 2, "{m}");
     assert_eq!(
         figure(&m, "sluice_batch_shared_prefix_tokens_total"),
         cached as f64,
@@ -248,5 +260,63 @@ fn streamed_experts_cap_the_automatic_slots() {
         "{}",
         s.log_text()
     );
+    assert!(
+        s.log_text().contains(
+            "[plan] note: --parallel 3 kept; left out, the automatic count would be 1 sequence slot ("
+        ),
+        "{}",
+        s.log_text()
+    );
     assert_eq!(figure(&s.get("/metrics").1, "sluice_parallel_slots"), 3.0);
+}
+
+/// `--kv-dir` with sequence slots: a slot's conversation is saved when its request ends, and
+/// after a restart a request extending it is restored into a slot (counted) and returns the
+/// text a server without saved sessions returns.
+#[test]
+fn kv_sessions_work_with_slots() {
+    let path = gqa();
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("serve-parallel-kv");
+    let _ = std::fs::remove_dir_all(&dir);
+    let dir = dir.to_str().unwrap();
+    let first = json!({"model": model(), "prompt": format!("{SYSTEM} Question: what is a prime number?"), "max_tokens": 12, "ignore_eos": true, "temperature": 0});
+    let s = Server::start(&[&path, "--parallel", "2", "--kv-dir", dir]);
+    assert!(
+        s.log_text().contains("[plan] parallel: 4 sequence slots")
+            || s.log_text().contains("--parallel; 2 KV caches"),
+        "{}",
+        s.log_text()
+    );
+    let (st, v) = s.post("/v1/completions", &first);
+    assert_eq!(st, 200, "{v}");
+    let held = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    let text = v["choices"][0]["text"].as_str().unwrap().to_string();
+    let m = s.get("/metrics").1;
+    assert_eq!(figure(&m, "sluice_kv_sessions_saved_total"), 1.0, "{m}");
+    assert_eq!(s.stop(), 0);
+    let second = json!({"model": model(), "prompt": format!("{SYSTEM} Question: what is a prime number?{text} And a composite one?"), "max_tokens": 12, "ignore_eos": true, "temperature": 0});
+    let want = {
+        let s = Server::start(&[&path, "--parallel", "2"]);
+        let (st, v) = s.post("/v1/completions", &second);
+        assert_eq!(st, 200, "{v}");
+        v
+    };
+    let s = Server::start(&[&path, "--parallel", "2", "--kv-dir", dir]);
+    assert!(
+        s.log_text().contains("1 saved session(s)"),
+        "{}",
+        s.log_text()
+    );
+    let (st, got) = s.post("/v1/completions", &second);
+    assert_eq!(st, 200, "{got}");
+    assert_eq!(got["choices"][0]["text"], want["choices"][0]["text"]);
+    let cached = got["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        cached + 1 >= held,
+        "restored {cached} of the {held} saved prompt tokens: {got}"
+    );
+    let m = s.get("/metrics").1;
+    assert_eq!(figure(&m, "sluice_kv_sessions_loaded_total"), 1.0, "{m}");
 }

@@ -61,9 +61,10 @@ pub struct ServeArgs {
     /// over every running sequence, so each expert is read once per step for all of them
     /// (llama-server's -np). 1 = one request at a time, the others wait in the queue.
     /// Default: 4 where the batched path runs (the CPU forward, grouped-query attention or
-    /// MLA without an indexer, no --mtp, no --kv-dir), else 1, and fewer where N KV caches
-    /// of -c positions would take over an eighth of the memory budget (the
-    /// `[plan] parallel:` line says why).
+    /// MLA without an indexer, no --mtp), else 1, and fewer where N KV caches
+    /// of -c positions would take over an eighth of the memory budget, or where experts
+    /// stream from disk and more sequences would read more expert bytes per generated token
+    /// (the `[plan] parallel:` line says why).
     #[arg(long)]
     pub parallel: Option<usize>,
     /// Self-speculative decoding with the model's MTP head: K drafts per step (0 = off).

@@ -6,8 +6,9 @@
 //! union of the rows' experts, each read once and computed once for all rows routed to it.
 //!
 //! Owns: `Batch` (the slots, each with its own KV cache as a `State` and the tokens it holds;
-//! the scheduler: admission with prefix reuse within a slot and across slots, the step's rows, sampling, stop
-//! conditions and cancellation per sequence), `BatchStats`. Does not own: the model, the
+//! the scheduler: admission with prefix reuse within a slot, across slots and from
+//! `--kv-dir`, the step's rows, sampling, stop conditions and cancellation per sequence,
+//! saving a slot's conversation to `--kv-dir` when its request ends), `BatchStats`. Does not own: the model, the
 //! buffers a step runs on (the engine's session state: its batch, its expert cache) or the
 //! queue of waiting requests (the caller admits while `free() > 0`).
 //! Invariant: a sequence's tokens do not depend on what it is batched with: every row of a
@@ -60,6 +61,12 @@ pub struct BatchStats {
     /// Prompt positions a slot copied from another slot's cache at admission instead of
     /// computing them (a shared system prompt; counted in the request's `reused` too).
     pub shared_tokens: u64,
+    /// `--kv-dir`: sessions restored into a slot at admission and the bytes read; slots'
+    /// conversations saved when their request ended and the bytes written.
+    pub kv_loads: u64,
+    pub kv_bytes_read: u64,
+    pub kv_saves: u64,
+    pub kv_bytes_written: u64,
 }
 
 struct Active<T> {
@@ -99,6 +106,8 @@ pub struct Batch<T> {
     parts: Vec<(usize, usize)>,
     decoders: Vec<usize>,
     phases: Vec<Option<(bool, usize)>>,
+    /// Slots whose request ended in this step (their conversation goes to `--kv-dir`).
+    ended: Vec<usize>,
 }
 
 impl<T> Batch<T> {
@@ -137,6 +146,7 @@ impl<T> Batch<T> {
             parts: Vec::with_capacity(n),
             decoders: Vec::with_capacity(n),
             phases: Vec::with_capacity(n),
+            ended: Vec::with_capacity(n),
         })
     }
 
@@ -159,6 +169,19 @@ impl<T> Batch<T> {
         self.len() - self.active()
     }
 
+    /// Each slot's state for figures: "free", "prefilling" or "decoding", and the positions
+    /// its KV cache holds (a free slot keeps its last conversation for prefix reuse).
+    pub fn slot_figures(&self) -> impl Iterator<Item = (&'static str, usize)> + '_ {
+        self.slots.iter().map(|s| {
+            let state = match &s.job {
+                None => "free",
+                Some(a) if a.next.is_some() => "decoding",
+                Some(_) => "prefilling",
+            };
+            (state, s.tokens.len())
+        })
+    }
+
     /// Slots reading their prompt / decoding (for figures).
     pub fn phases(&self) -> (usize, usize) {
         let mut p = (0, 0);
@@ -175,10 +198,9 @@ impl<T> Batch<T> {
     /// Start `req` in a free slot: the one holding the longest prefix of its prompt (ties:
     /// the least recently used), cut back to that prefix, then extended with a longer prefix
     /// another slot holds (`share_prefix`: a shared system prompt is computed once). It joins
-    /// at the next step. Returns
-    /// its `Done` now when it ends before any step (refused, cancelled at `Started`,
-    /// `max_tokens` 0), or when no slot is free.
-    pub fn admit(&mut self, engine: &Engine, req: SeqRequest, tag: T) -> Option<Done<T>> {
+    /// at the next step. Returns its `Done` now when it ends before any step (refused,
+    /// cancelled at `Started`, `max_tokens` 0), or when no slot is free.
+    pub fn admit(&mut self, engine: &mut Engine, req: SeqRequest, tag: T) -> Option<Done<T>> {
         let n = req.prompt.len();
         let ctx = engine.ctx;
         let refuse = |tag, e: EngineError| {
@@ -222,8 +244,9 @@ impl<T> Batch<T> {
                 own
             }
         };
-        let slot = &mut self.slots[i];
         self.stats.shared_tokens += (keep - own) as u64;
+        let keep = self.restore(engine, i, &req.prompt[..n - 1], keep);
+        let slot = &mut self.slots[i];
         let mut req = req;
         let stats = GenStats {
             prompt_tokens: n - keep,
@@ -297,10 +320,66 @@ impl<T> Batch<T> {
         Ok(len)
     }
 
+    /// `--kv-dir`: restore into slot `i` (holding `keep` positions of `prompt`) a saved
+    /// session sharing a longer prefix of `prompt`. Returns the positions the slot holds.
+    fn restore(&mut self, engine: &mut Engine, i: usize, prompt: &[u32], keep: usize) -> usize {
+        let Some(store) = &mut engine.store else {
+            return keep;
+        };
+        let Some((idx, c)) = store.best_match(prompt).filter(|&(_, c)| c > keep) else {
+            return keep;
+        };
+        let (slot, st) = (&mut self.slots[i], &mut self.seqs[i]);
+        match store.load(idx, c, st) {
+            Ok(bytes) => {
+                slot.tokens.clear();
+                slot.tokens.extend_from_slice(&prompt[..c]);
+                self.stats.kv_loads += 1;
+                self.stats.kv_bytes_read += bytes;
+                c
+            }
+            Err(e) => {
+                eprintln!("[sluice] warning: cannot restore a KV session: {e}");
+                // A failed load may have written part of the cache.
+                st.reset();
+                slot.tokens.clear();
+                0
+            }
+        }
+    }
+
+    /// `--kv-dir`: save the conversations of the slots whose request ended this step (as the
+    /// one-sequence loop saves its session after each request).
+    fn save_ended(&mut self, engine: &mut Engine) {
+        let Some(store) = &mut engine.store else {
+            self.ended.clear();
+            return;
+        };
+        for i in self.ended.drain(..) {
+            match store.save(&self.slots[i].tokens, &self.seqs[i]) {
+                Ok(Some(bytes)) => {
+                    self.stats.kv_saves += 1;
+                    self.stats.kv_bytes_written += bytes;
+                }
+                Ok(None) => {}
+                Err(e) => eprintln!("[sluice] warning: cannot save the KV session: {e}"),
+            }
+        }
+    }
+
+    /// One step (see `step_rows`), then `--kv-dir` saves of the slots that ended.
+    pub fn step(&mut self, engine: &mut Engine) -> Vec<Done<T>> {
+        let done = self.step_rows(engine);
+        if !self.ended.is_empty() {
+            self.save_ended(engine);
+        }
+        done
+    }
+
     /// One step: drop cancelled requests, then one batched forward of every decoding slot's
     /// token and (round robin) one prefilling slot's next prompt chunk, then sample, emit and
     /// check stops per sequence. Returns the requests that ended.
-    pub fn step(&mut self, engine: &mut Engine) -> Vec<Done<T>> {
+    fn step_rows(&mut self, engine: &mut Engine) -> Vec<Done<T>> {
         let mut done = Vec::new();
         for i in 0..self.len() {
             if self.slots[i].job.as_ref().is_some_and(|a| (a.req.cancel)()) {
@@ -448,6 +527,7 @@ impl<T> Batch<T> {
         let Some(mut a) = self.slots[i].job.take() else {
             return;
         };
+        self.ended.push(i);
         let result = r.and_then(|f| {
             let mut sink = Sink {
                 tok: &engine.tok,

@@ -322,12 +322,6 @@ impl EngineOptions {
                     "MTP drafting runs one sequence at a time; use --mtp 0 or --parallel 1",
                 ));
             }
-            if self.kv_dir.is_some() {
-                return Err(refused(
-                    &format!("{flag} with --kv-dir"),
-                    "saved sessions are kept for one sequence slot; use --parallel 1",
-                ));
-            }
         }
         if self.experts.verify_experts && self.experts.mode == ExpertMode::Resident {
             return Err(refused(
@@ -368,7 +362,7 @@ impl EngineOptions {
     /// The `[plan] parallel:` line of an explicit `--parallel N > 1`; or, `--parallel` left
     /// out: llama-server's default (4 sequence slots; it drops to 1 for
     /// speculative decoding) where the batched path runs — the CPU forward, grouped-query
-    /// attention, no `--mtp`, no `--kv-dir` — else 1. Sets `parallel` and returns the
+    /// attention, no `--mtp` — else 1. Sets `parallel` and returns the
     /// `[plan] parallel:` line. The GPU is preferred when `--gpu auto` may attach it (it runs
     /// one sequence per forward, and faster than the CPU batches).
     pub(crate) fn resolve_parallel(&mut self, cfg: &ModelConfig) -> Option<String> {
@@ -398,8 +392,6 @@ impl EngineOptions {
             Some("this model's attention batches only as grouped-query or MLA without an indexer")
         } else if self.mtp > 0 {
             Some("--mtp drafts for one sequence")
-        } else if self.kv_dir.is_some() {
-            Some("--kv-dir keeps one session slot")
         } else if gpu_may_run {
             Some("the GPU runs one sequence per forward; --gpu off batches on the CPU")
         } else {

@@ -233,19 +233,32 @@ pub(crate) fn place_experts(
     };
     // Batch size follows the bottleneck: where experts stream and decode waits on the disk
     // (or no bandwidth is known), fewer slots when more stop paying in expert reads.
-    if o.parallel_auto
-        && o.parallel > 1
-        && plan.stream
-        && (plan.disk_bound || plan.disk_gbps.is_none())
-    {
+    let disk_waits = plan.stream && (plan.disk_bound || plan.disk_gbps.is_none());
+    if !o.parallel_auto && o.parallel > 1 && disk_waits {
+        // The flag wins; say what the expert reads alone would have chosen.
         let d = cap_parallel_by_reads(&plan, o.parallel, kv_one, req.cap.is_some());
         if d.n < o.parallel {
+            say.line(&format!(
+                "[plan] note: --parallel {} kept; left out, the automatic count would be {} ({})",
+                o.parallel,
+                slots(d.n),
+                d.reason
+            ));
+        }
+    }
+    if o.parallel_auto && o.parallel > 1 && disk_waits {
+        let d = cap_parallel_by_reads(&plan, o.parallel, kv_one, req.cap.is_some());
+        let capped = d.n < o.parallel;
+        if capped {
             // The KV caches of the dropped slots go to the expert cache.
             o.parallel = d.n;
             summary.kv_bytes = kv_one * d.n as u64;
             plan = planner::plan(&summary, profile.as_ref(), &req)?;
         }
-        parallel_line = Some(format!("[plan] parallel: {} ({})", slots(d.n), d.reason));
+        // (Uncapped, a line on slots the KV caches already cut stays.)
+        if capped || parallel_line.is_none() {
+            parallel_line = Some(format!("[plan] parallel: {} ({})", slots(d.n), d.reason));
+        }
     }
     let a = &o.experts;
     for l in plan.lines() {

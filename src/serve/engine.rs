@@ -1,7 +1,11 @@
-//! The generator: one thread that owns the engine (model, placement, session), takes jobs
-//! from a FIFO queue one at a time, runs each through the engine's decode loop (which reuses
-//! the longest common token prefix of the session, or restores one from `--kv-dir`), and
-//! sends text events back to the job's connection.
+//! The generator: one thread that owns the engine (model, placement, session) and takes jobs
+//! from a FIFO queue. With one slot it runs each through the engine's decode loop (which
+//! reuses the longest common token prefix of the session, or restores one from `--kv-dir`);
+//! with `--parallel N` it admits jobs into the slots of `engine::batch` at step boundaries
+//! (prefix reuse within and across slots, `--kv-dir` per slot) and steps them together. Text
+//! events go back to each job's connection; before every step each job's socket is looked at,
+//! so a client that leaves is cancelled within one step. A full queue refuses with 503 and
+//! `Retry-After` (`Queue::push`).
 //!
 //! Owns: the queue, job events, the server's generation metrics. Does not own: HTTP, JSON,
 //! chat templates (the connection threads turn requests into token jobs), the decode loop,
@@ -12,7 +16,7 @@
 use super::error::ApiError;
 use super::http::PeerWatch;
 use super::metrics::Metrics;
-use crate::engine::batch::{Batch, Done, SeqRequest};
+use crate::engine::batch::{Batch, BatchStats, Done, SeqRequest};
 use crate::engine::{Engine, EngineError, GenParams, GenerateError};
 use crate::model::ModelError;
 use crate::sample::{Sampler, SamplingParams};
@@ -246,6 +250,7 @@ impl Generator {
         abort: &Arc<AtomicBool>,
     ) -> Engine {
         self.metrics.slots.store(b.len() as u64, Ordering::Relaxed);
+        self.metrics.set_slot_figures(b.slot_figures());
         loop {
             // Admit: block for a job only when nothing runs.
             while b.free() > 0 {
@@ -260,13 +265,11 @@ impl Generator {
                         None => break,
                     }
                 };
-                let shared = b.stats.shared_tokens;
+                let before = b.stats;
                 if let Some(d) = self.admit(&mut b, job, abort) {
                     self.answer(d);
                 }
-                self.metrics
-                    .batch_shared_tokens
-                    .fetch_add(b.stats.shared_tokens - shared, Ordering::Relaxed);
+                self.add_kv_figures(&before, &b.stats);
             }
             if b.active() == 0 {
                 if queue.drained() {
@@ -292,10 +295,12 @@ impl Generator {
                 b.stats.decode_experts - before.decode_experts,
                 Ordering::Relaxed,
             );
+            self.add_kv_figures(&before, &b.stats);
             let any = !done.is_empty();
             for d in done {
                 self.answer(d);
             }
+            self.metrics.set_slot_figures(b.slot_figures());
             if any {
                 self.metrics
                     .set_expert_stats(self.engine.state().expert_stats());
@@ -309,7 +314,7 @@ impl Generator {
     /// Put `job` into a free slot (the checks of the one-at-a-time loop first); Some when it
     /// ended without a step.
     fn admit(
-        &self,
+        &mut self,
         b: &mut Batch<Slotted>,
         job: Job,
         abort: &Arc<AtomicBool>,
@@ -364,7 +369,24 @@ impl Generator {
             }),
             prompt: job.tokens,
         };
-        b.admit(&self.engine, req, tag)
+        b.admit(&mut self.engine, req, tag)
+    }
+
+    /// The batch's shared-prefix and `--kv-dir` figures since `before`, into the metrics.
+    fn add_kv_figures(&self, before: &BatchStats, now: &BatchStats) {
+        let m = &self.metrics;
+        let add = |a: &std::sync::atomic::AtomicU64, d: u64| a.fetch_add(d, Ordering::Relaxed);
+        add(
+            &m.batch_shared_tokens,
+            now.shared_tokens - before.shared_tokens,
+        );
+        add(&m.kv_loads, now.kv_loads - before.kv_loads);
+        add(&m.kv_bytes_read, now.kv_bytes_read - before.kv_bytes_read);
+        add(&m.kv_saves, now.kv_saves - before.kv_saves);
+        add(
+            &m.kv_bytes_written,
+            now.kv_bytes_written - before.kv_bytes_written,
+        );
     }
 
     /// Answer a job that ended in the batched loop.

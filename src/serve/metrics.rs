@@ -37,6 +37,8 @@ pub struct Metrics {
     pub batch_prefill_rows: AtomicU64,
     /// Prompt positions copied from another slot's KV cache instead of computed.
     pub batch_shared_tokens: AtomicU64,
+    /// Per slot: its state ("free", "prefilling", "decoding") and the KV positions it holds.
+    slot_figures: Mutex<Vec<(&'static str, u64)>>,
     pub kv_saves: AtomicU64,
     pub kv_loads: AtomicU64,
     pub kv_bytes_written: AtomicU64,
@@ -53,6 +55,12 @@ impl Metrics {
 
     pub fn set_expert_stats(&self, s: Option<crate::experts::CacheStats>) {
         *self.experts.lock().unwrap_or_else(|p| p.into_inner()) = s;
+    }
+
+    pub fn set_slot_figures(&self, it: impl Iterator<Item = (&'static str, usize)>) {
+        let mut v = self.slot_figures.lock().unwrap_or_else(|p| p.into_inner());
+        v.clear();
+        v.extend(it.map(|(st, n)| (st, n as u64)));
     }
 
     pub fn set_speeds(&self, prefill_tps: Option<f64>, decode_tps: Option<f64>) {
@@ -209,6 +217,27 @@ impl Metrics {
                 "Prompt positions a slot copied from another slot's KV cache (a shared prefix computed once) instead of computing them.",
                 ld(&self.batch_shared_tokens) as f64,
             );
+            let slots = self
+                .slot_figures
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            if !slots.is_empty() {
+                let _ = writeln!(s, "# HELP sluice_slot_state Each sequence slot's state (1 on the line of the state it is in).\n# TYPE sluice_slot_state gauge");
+                for (i, (st, _)) in slots.iter().enumerate() {
+                    let _ = writeln!(
+                        s,
+                        "sluice_slot_state{{model=\"{model}\",slot=\"{i}\",state=\"{st}\"}} 1"
+                    );
+                }
+                let _ = writeln!(s, "# HELP sluice_slot_positions Positions each slot's KV cache holds (a free slot keeps its last conversation for prefix reuse).\n# TYPE sluice_slot_positions gauge");
+                for (i, (_, n)) in slots.iter().enumerate() {
+                    let _ = writeln!(
+                        s,
+                        "sluice_slot_positions{{model=\"{model}\",slot=\"{i}\"}} {n}"
+                    );
+                }
+            }
         }
         let decode_s = ld(&self.decode_us) as f64 / 1e6;
         let avg = if decode_s > 0.0 {

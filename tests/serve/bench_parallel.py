@@ -4,7 +4,7 @@
 
     python3 tests/serve/bench_parallel.py --sluice target/release/sluice --model /tmp/x.gguf \
         --parallel 1,4 --clients 4 --max-tokens 48 [--rounds 2] \
-        [--server-args "--experts stream --cap 8 --io direct"]
+        [--server-args "--experts stream --cap 8 --io direct"]   (an arm "auto": no --parallel)
 
 Per arm and round: start a server, send one warm-up request (1 token; its figures are
 subtracted), then `--clients` completions at once (different prompts, temperature 0,
@@ -39,12 +39,16 @@ PROMPTS = [
 
 
 def start(args, parallel):
-    cmd = ([args.sluice, "serve", args.model, "--port", "0", "-t", str(args.threads), "-c", str(args.ctx),
-            "--parallel", str(parallel), "--temp", "0"] + args.server_args.split())
+    # "auto": no --parallel, the planner's count (its `[plan] parallel:` line is printed).
+    slots = [] if parallel == "auto" else ["--parallel", str(parallel)]
+    cmd = ([args.sluice, "serve", args.model, "--port", "0", "-t", str(args.threads), "-c", str(args.ctx)]
+           + slots + ["--temp", "0"] + args.server_args.split())
     p = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     log = []
     for line in p.stderr:
         log.append(line)
+        if "[plan] parallel:" in line and parallel == "auto":
+            print(line.rstrip(), flush=True)
         m = re.search(r"listening on http://(\S+)", line)
         if m:
             host, port = m.group(1).rsplit(":", 1)
@@ -134,7 +138,7 @@ def main():
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--server-args", default="")
     args = ap.parse_args()
-    arms = [int(x) for x in args.parallel.split(",")]
+    arms = [x if x == "auto" else int(x) for x in args.parallel.split(",")]
     order = []
     for r in range(args.rounds):
         order += arms if r % 2 == 0 else arms[::-1]
