@@ -9,6 +9,7 @@
 //!   and every recurrent block) bit-identical to the fresh run's, so the logits are too;
 //! - a prompt that shares only part of the held or saved conversation reuses nothing (0
 //!   reused tokens, nothing restored: counted, not timed) and still answers as a fresh run;
+//!   where memory holds only a partial prefix, a saved session the prompt extends is restored;
 //! - a damaged hybrid session file is refused and the turn computed from 0.
 
 mod model_util;
@@ -131,6 +132,26 @@ fn check(fixture: &str) {
     assert_eq!(out.generation.stats.reused, held);
     assert_eq!(out.generation.tokens, want2, "{fixture}: restored session");
     same_state(&format!("{fixture} --kv-dir restore"), &restored, &fresh2);
+
+    // The conversation in memory shares more with the next prompt than the saved session,
+    // but only a part of it: the saved session (all of which the prompt extends) is restored.
+    let mut p4 = p1.clone();
+    p4.extend_from_slice(&first);
+    p4.extend_from_slice(&[p1[1], 3, 5, 9]);
+    assert!(p4[p1.len() + first.len()] == p2[p1.len() + first.len()]);
+    let out = gen(&mut restored, &p4);
+    assert!(
+        out.restored_bytes.is_some(),
+        "{fixture}: the session, not memory"
+    );
+    assert_eq!(out.generation.stats.reused, held);
+    let (fresh4, want4) = fresh(&p4);
+    assert_eq!(out.generation.tokens, want4);
+    same_state(
+        &format!("{fixture} session over memory"),
+        &restored,
+        &fresh4,
+    );
 
     // A saved session whose end the prompt does not extend: computed from 0.
     let mut partial = open(&model, Some(&kv));
