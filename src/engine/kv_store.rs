@@ -7,7 +7,10 @@
 //! u32 value width, u32 n, n x u32 tokens, then for each layer n*key_width f32 keys followed
 //! by n*value_width f32 values (widths from `ModelConfig::cache_dims`; MLA has no values,
 //! except DeepSeek-V3.2, whose value row holds the lightning indexer's key), then a u64
-//! checksum (`Sum64`) of every byte before it.
+//! checksum (`Sum64`) of every byte before it. A hybrid model's session (Qwen3-Next /
+//! Qwen3.5) adds, between the last layer's rows and the checksum, each linear layer's conv
+//! block then its delta-rule block (`State::parts` order, widths from the config): the
+//! recurrent state after the session's last token.
 //! Files are written to a temporary name, synced, and renamed into place (atomic). A file
 //! whose checksum does not match is refused with a warning and renamed `.bad`, never restored.
 //!
@@ -16,7 +19,10 @@
 //! `State::parts` order (model/seq.rs), which for a KV-only state is the v2 layout above.
 //! Invariant: a session is restored only into a model with the same fingerprint (file shapes,
 //! metadata and a sample of every tensor's bytes) and layout, and only as a prefix of the
-//! tokens it was computed for, so restored rows equal freshly computed ones bit for bit.
+//! tokens it was computed for, so restored rows equal freshly computed ones bit for bit. A
+//! recurrent state cannot be cut to a prefix: a hybrid model's session is restored only whole,
+//! into a prompt that extends all of its tokens (`best_match` offers no other); any other
+//! prompt is computed from position 0.
 
 use crate::format::ModelFiles;
 use crate::model::{ModelConfig, State};
@@ -56,6 +62,9 @@ pub struct KvStore {
     layers: usize,
     /// Floats per position and layer: (keys, values).
     dims: (usize, usize),
+    /// Floats of the state's blocks (a hybrid model's conv + recurrent state; 0 otherwise),
+    /// saved once per session, after the rows.
+    blocks: usize,
     max_sessions: usize,
     sessions: Vec<Session>,
     clock: u64,
@@ -159,12 +168,14 @@ pub fn fingerprint(files: &ModelFiles, cfg: &ModelConfig) -> u64 {
 }
 
 impl KvStore {
-    /// Open (creating) `dir` and index the sessions in it that belong to this model.
+    /// Open (creating) `dir` and index the sessions in it that belong to this model. `blocks`:
+    /// the floats of the state's non-positional parts (`State::block_floats`).
     pub fn open(
         dir: &Path,
         fingerprint: u64,
         layers: usize,
         dims: (usize, usize),
+        blocks: usize,
         max_sessions: usize,
     ) -> Result<KvStore, KvStoreError> {
         let io = |op, err| KvStoreError::Io {
@@ -178,6 +189,7 @@ impl KvStore {
             fingerprint,
             layers,
             dims,
+            blocks,
             max_sessions: max_sessions.max(1),
             sessions: Vec::new(),
             clock: 0,
@@ -281,6 +293,7 @@ impl KvStore {
         let want = (layers as u64)
             .checked_mul((kd + vd) as u64)
             .and_then(|x| x.checked_mul(n))
+            .and_then(|x| x.checked_add(self.blocks as u64))
             .and_then(|x| x.checked_mul(4))
             .and_then(|x| x.checked_add(HEAD + n * 4 + TRAILER));
         if want != Some(size) {
@@ -302,17 +315,22 @@ impl KvStore {
     }
 
     /// The stored session sharing the longest token prefix with `tokens`: (index, length).
+    /// With a recurrent state only whole sessions that `tokens` extends (by one token at
+    /// least) match: their state is held at their end only.
     pub fn best_match(&self, tokens: &[u32]) -> Option<(usize, usize)> {
+        let whole_only = self.blocks > 0;
         self.sessions
             .iter()
             .enumerate()
             .map(|(i, s)| (i, super::decode::lcp(&s.tokens, tokens)))
-            .filter(|&(_, c)| c > 0)
+            .filter(|&(i, c)| {
+                c > 0 && (!whole_only || c == self.sessions[i].tokens.len() && c < tokens.len())
+            })
             .max_by_key(|&(i, c)| (c, self.sessions[i].used))
     }
 
-    /// Load the first `n` positions of session `idx` into `st` (sets `st.pos = n`). Returns
-    /// the bytes read.
+    /// Load the first `n` positions of session `idx` into `st` (sets `st.pos = n`); with a
+    /// recurrent state `n` must be the session's length. Returns the bytes read.
     pub fn load(&mut self, idx: usize, n: usize, st: &mut State) -> Result<u64, KvStoreError> {
         let Some(s) = self.sessions.get_mut(idx) else {
             return Err(KvStoreError::Bad {
@@ -325,6 +343,14 @@ impl KvStore {
         let path = s.path.clone();
         let total = s.tokens.len() as u64;
         let n = n.min(s.tokens.len());
+        if self.blocks > 0 && n as u64 != total {
+            return Err(KvStoreError::Bad {
+                path,
+                msg: format!(
+                    "a recurrent state is held at the session's end ({total} tokens) only, not at {n}"
+                ),
+            });
+        }
         let io = |op, err| KvStoreError::Io {
             path: path.clone(),
             op,
@@ -346,19 +372,26 @@ impl KvStore {
         let base = HEAD + total * 4;
         let mut buf = Vec::new();
         st.pos = 0;
-        // The main layers' parts (an MTP layer's cache is not saved: its slots are re-made).
-        let parts: Vec<_> = st.parts().filter(|p| p.layer < self.layers).collect();
-        if parts.len() != 2 * self.layers || parts.iter().any(|p| !p.per_position) {
+        // The main layers' parts (an MTP layer's cache is not saved: its slots are re-made),
+        // then the blocks.
+        let parts: Vec<_> = st.parts().filter(|p| self.saved(p)).collect();
+        let rows = parts.iter().filter(|p| p.per_position).count();
+        let blocks: usize = parts
+            .iter()
+            .filter(|p| !p.per_position)
+            .map(|p| p.width)
+            .sum();
+        if rows != 2 * self.layers || blocks != self.blocks {
             return Err(KvStoreError::Bad {
                 path: path.clone(),
                 msg: format!(
-                    "the state has {} parts, a version {VERSION} session holds {} positional ones",
-                    parts.len(),
-                    2 * self.layers
+                    "the state has {rows} positional parts and {blocks} block floats, the session holds {} and {}",
+                    2 * self.layers,
+                    self.blocks
                 ),
             });
         }
-        // Part i starts after the `total` rows of every part before it.
+        // Part i starts after the `total` rows (or the block) of every part before it.
         let mut at = base;
         for part in parts {
             let dst = st.part_rows_mut(part, n).map_err(|e| KvStoreError::Bad {
@@ -371,10 +404,15 @@ impl KvStore {
             for (x, c) in dst.iter_mut().zip(buf.chunks_exact(4)) {
                 *x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
             }
-            at += total * (part.width * 4) as u64;
+            at += if part.per_position { total } else { 1 } * (part.width * 4) as u64;
         }
         st.set_pos(n);
-        Ok(self.layers as u64 * n as u64 * ((kd + vd) * 4) as u64)
+        Ok(self.layers as u64 * n as u64 * ((kd + vd) * 4) as u64 + self.blocks as u64 * 4)
+    }
+
+    /// Whether a session file holds `part`: the main layers' rows and every block.
+    fn saved(&self, part: &crate::model::Part) -> bool {
+        !part.per_position || part.layer < self.layers
     }
 
     /// Save the conversation `tokens` (whose KV is in `st`, `st.pos == tokens.len()`).
@@ -413,7 +451,10 @@ impl KvStore {
             let _ = d.sync_all();
         }
         let (kd, vd) = self.dims;
-        let bytes = HEAD + n as u64 * 4 + (self.layers * n * (kd + vd) * 4) as u64 + TRAILER;
+        let bytes = HEAD
+            + n as u64 * 4
+            + ((self.layers * n * (kd + vd) + self.blocks) * 4) as u64
+            + TRAILER;
 
         // Sessions this one extends are superseded.
         self.sessions.retain(|s| {
@@ -470,7 +511,7 @@ impl KvStore {
         };
         write(&mut w, &head)?;
         let mut buf = Vec::with_capacity(n * kd.max(vd) * 4);
-        for part in st.parts().filter(|p| p.layer < self.layers) {
+        for part in st.parts().filter(|p| self.saved(p)) {
             let rows = st.part_rows(part, n).map_err(|e| KvStoreError::Bad {
                 path: tmp.to_path_buf(),
                 msg: e.to_string(),
@@ -596,8 +637,15 @@ mod tests {
         let mut huge = session_bytes(fp, u32::MAX, u32::MAX, &[], 0);
         huge[32..36].copy_from_slice(&u32::MAX.to_le_bytes());
         std::fs::write(dir.join("session-e.slkv"), huge).unwrap(); // sizes that overflow
-        let store =
-            KvStore::open(&dir, fp, layers as usize, (kvd as usize, kvd as usize), 8).unwrap();
+        let store = KvStore::open(
+            &dir,
+            fp,
+            layers as usize,
+            (kvd as usize, kvd as usize),
+            0,
+            8,
+        )
+        .unwrap();
         assert_eq!(store.len(), 1);
         assert_eq!(store.best_match(&[1, 2, 9]), Some((0, 2)));
         assert_eq!(store.best_match(&[5]), None);

@@ -200,11 +200,17 @@ impl Engine {
                 let dims = model.cfg.cache_dims();
                 let layers = st.kv_layers(dims);
                 Some(
-                    KvStore::open(dir, fp, layers, dims, opts.kv_max_sessions).map_err(|e| {
-                        EngineError::KvDir {
-                            path: dir.clone(),
-                            msg: e.to_string(),
-                        }
+                    KvStore::open(
+                        dir,
+                        fp,
+                        layers,
+                        dims,
+                        st.block_floats(),
+                        opts.kv_max_sessions,
+                    )
+                    .map_err(|e| EngineError::KvDir {
+                        path: dir.clone(),
+                        msg: e.to_string(),
                     })?,
                 )
             }
@@ -343,11 +349,18 @@ impl Engine {
         let n = prompt.len();
         let s = &mut self.session;
         let mut common = lcp(&s.tokens, prompt).min(n - 1);
+        // A recurrent state (Qwen3-Next / Qwen3.5) is held only after the session's last
+        // token: a shorter common prefix cannot be kept (`truncate` restarts at 0).
+        let kept = if s.st.block_floats() > 0 && common < s.st.pos {
+            0
+        } else {
+            common
+        };
         let mut restored = None;
         if let Some(store) = &mut self.store {
             if let Some((idx, c)) = store.best_match(prompt) {
                 let c = c.min(n - 1);
-                if c > common {
+                if c > kept {
                     match store.load(idx, c, &mut s.st) {
                         Ok(bytes) => {
                             s.tokens.clear();

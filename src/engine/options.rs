@@ -275,12 +275,6 @@ impl EngineOptions {
                 "this sluice was built without the `cuda` feature (cargo build --release --features cuda)",
             ));
         }
-        if cfg.hybrid.is_some() && self.kv_dir.is_some() {
-            return Err(refused(
-                "--kv-dir",
-                "session files do not hold a Qwen3-Next / Qwen3.5 recurrent state yet",
-            ));
-        }
         if gpu_on && self.mtp > 0 {
             return Err(refused(
                 "--mtp with --gpu on",

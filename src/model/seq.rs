@@ -101,6 +101,15 @@ impl State {
             }))
     }
 
+    /// Floats of the parts that are one block for the whole sequence (a hybrid model's conv
+    /// and recurrent state; 0 for a KV-only state).
+    pub fn block_floats(&self) -> usize {
+        self.parts()
+            .filter(|p| !p.per_position)
+            .map(|p| p.width)
+            .sum()
+    }
+
     /// The block of a recurrent part (the state after the last position fed).
     fn block_range(&self, part: Part) -> Result<std::ops::Range<usize>, ModelError> {
         let hy = &self.hybrid;
