@@ -185,7 +185,9 @@ pub fn engine_options(
     o.gpu = gpu.request()?;
     if compute.batch.is_none() && o.gpu.want == crate::engine::options::GpuWant::On {
         o.batch = GPU_BATCH;
-        eprintln!("[batch] prefill in batches of {GPU_BATCH} tokens (the GPU default; -b sets it)");
+        o.batch_note = Some(format!(
+            "[batch] prefill in batches of {GPU_BATCH} tokens (the GPU default; -b sets it)"
+        ));
     }
     Ok(o)
 }
