@@ -98,6 +98,28 @@ fn write(preset: &str) -> PathBuf {
     path
 }
 
+/// synth's file (`ours`) and the converter's (`theirs`) have the same metadata keys, except
+/// `optional` ones the converter writes only for some configs, and the same tensor names.
+fn same_keys_and_names(
+    ours: (&BTreeSet<String>, &BTreeSet<String>),
+    theirs: (&BTreeSet<String>, &BTreeSet<String>),
+    optional: &[&str],
+) {
+    for k in theirs.0 {
+        assert!(
+            ours.0.contains(k) || optional.contains(&k.as_str()),
+            "the converter writes {k}, synth does not"
+        );
+    }
+    for k in ours.0 {
+        assert!(
+            theirs.0.contains(k),
+            "synth writes {k}, the converter does not"
+        );
+    }
+    assert_eq!(ours.1, theirs.1);
+}
+
 /// (arch, `{arch}.*` keys, tensor names with the layer index replaced by `N`) per the gguf
 /// package, after checking its tensor list equals sluice's.
 fn read_with_gguf(
@@ -486,19 +508,7 @@ fn gpt_oss_synth_matches_the_converters_layout_and_runs() {
         "gpt-oss.rope.scaling.yarn_beta_fast",
         "gpt-oss.rope.scaling.yarn_beta_slow",
     ];
-    for k in &fkeys {
-        assert!(
-            keys.contains(k) || optional.contains(&k.as_str()),
-            "the converter writes {k}, synth does not"
-        );
-    }
-    for k in &keys {
-        assert!(
-            fkeys.contains(k),
-            "synth writes {k}, the converter does not"
-        );
-    }
-    assert_eq!(names, fnames);
+    same_keys_and_names((&keys, &names), (&fkeys, &fnames), &optional);
     for (name, want) in [
         ("blk.0.ffn_gate_exps.weight", DType::MXFP4),
         ("blk.0.ffn_down_exps.weight", DType::MXFP4),
@@ -550,19 +560,7 @@ fn deepseek_v4_synth_matches_the_converters_layout_and_runs() {
     assert_eq!((arch.as_str(), farch.as_str()), ("deepseek4", "deepseek4"));
     // The fixture's compress rope has an explicit attention factor (transformers writes it).
     let optional = ["deepseek4.rope.scaling.yarn_attn_factor"];
-    for k in &fkeys {
-        assert!(
-            keys.contains(k) || optional.contains(&k.as_str()),
-            "the converter writes {k}, synth does not"
-        );
-    }
-    for k in &keys {
-        assert!(
-            fkeys.contains(k),
-            "synth writes {k}, the converter does not"
-        );
-    }
-    assert_eq!(names, fnames);
+    same_keys_and_names((&keys, &names), (&fkeys, &fnames), &optional);
     for (name, want) in [
         ("blk.0.ffn_gate_exps.weight", DType::MXFP4),
         ("blk.0.ffn_gate_tid2eid.weight", DType::I32),

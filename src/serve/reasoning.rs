@@ -19,7 +19,7 @@
 //! Invariant: no generated text is lost: what does not parse as the format comes back as
 //! content.
 
-use super::tools::{ToolCall, ToolFormat, ToolSplitter};
+use super::tools::{safe_cut, ToolCall, ToolFormat, ToolSplitter};
 use serde_json::Value;
 
 /// How a model separates its thoughts from its answer.
@@ -421,21 +421,6 @@ fn harmony_prefix(s: &str) -> bool {
     [CHANNEL, START]
         .iter()
         .any(|m| t.starts_with(m) || m.starts_with(t))
-}
-
-/// How much of `s` can go out now: all but a tail that could be the start of a marker.
-fn safe_cut(s: &str, markers: &[&str]) -> usize {
-    let keep = markers
-        .iter()
-        .map(|m| {
-            (1..m.len())
-                .rev()
-                .find(|&k| k <= s.len() && s.is_char_boundary(s.len() - k) && s.ends_with(&m[..k]))
-                .unwrap_or(0)
-        })
-        .max()
-        .unwrap_or(0);
-    s.len() - keep
 }
 
 /// Drop empty pieces and join neighbours of the same kind.

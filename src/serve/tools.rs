@@ -279,16 +279,7 @@ impl ToolSplitter {
             return out;
         }
         // Keep a tail that could be the start of the marker.
-        let keep = (1..open.len())
-            .rev()
-            .find(|&k| {
-                k <= self.pending.len()
-                    && open.is_char_boundary(k)
-                    && self.pending.is_char_boundary(self.pending.len() - k)
-                    && self.pending.ends_with(&open[..k])
-            })
-            .unwrap_or(0);
-        let cut = self.pending.len() - keep;
+        let cut = safe_cut(&self.pending, &[open]);
         let out = self.pending[..cut].to_string();
         self.pending.drain(..cut);
         out
@@ -305,6 +296,27 @@ impl ToolSplitter {
             },
         }
     }
+}
+
+/// How much of `s` can go out now: all but the longest tail that could be the start of one of
+/// `markers`.
+pub(super) fn safe_cut(s: &str, markers: &[&str]) -> usize {
+    let keep = markers
+        .iter()
+        .map(|m| {
+            (1..m.len())
+                .rev()
+                .find(|&k| {
+                    k <= s.len()
+                        && m.is_char_boundary(k)
+                        && s.is_char_boundary(s.len() - k)
+                        && s.ends_with(&m[..k])
+                })
+                .unwrap_or(0)
+        })
+        .max()
+        .unwrap_or(0);
+    s.len() - keep
 }
 
 /// Content and calls of a whole reply: the calls parsed in `format`, or the text as it is.
