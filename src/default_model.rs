@@ -21,7 +21,7 @@ use std::path::PathBuf;
 const VERSION: u32 = 3;
 
 /// Bump when the embedded trained model changes.
-const TINY_VERSION: u32 = 1;
+const TINY_VERSION: u32 = 2;
 
 /// The trained model's GGUF, as committed under assets/.
 static TINY_GGUF: &[u8] = include_bytes!("../assets/sluice-tiny-moe.gguf");

@@ -10,6 +10,7 @@
 pub mod bench;
 pub mod chat;
 pub mod cli;
+pub mod convert;
 pub mod default_model;
 pub mod dtype;
 pub mod engine;

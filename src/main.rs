@@ -24,6 +24,8 @@ enum Command {
     Logits(cli::logits::LogitsArgs),
     /// Write a synthetic GGUF with a real model's shapes and random weights.
     Synth(cli::synth::SynthArgs),
+    /// Rewrite a GGUF's weight matrices in another type (as llama.cpp's llama-quantize).
+    Quantize(cli::quantize::QuantizeArgs),
     /// Describe a model: architecture, experts, quant types, resident and routed bytes.
     Inspect(cli::inspect::InspectArgs),
     /// Benchmarks (`--kernels`: matvec GB/s per type against memory bandwidth).
@@ -45,6 +47,7 @@ fn main() {
         Command::Chat(a) => cli::chat::run(a),
         Command::Logits(a) => cli::logits::run(a),
         Command::Synth(a) => cli::synth::run(a),
+        Command::Quantize(a) => cli::quantize::run(a),
         Command::Inspect(a) => cli::inspect::run(a),
         Command::Bench(a) => cli::bench::run(a),
         Command::CacheSim(a) => cli::cache_sim::run(a),

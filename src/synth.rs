@@ -480,7 +480,7 @@ fn fill(x: &mut Vec<f32>, n: usize, init: Init, rng: &mut Rng) {
 
 /// Encode `x` (whole rows of `row` values) as `dtype`, splitting the rows over threads for
 /// the slow quantizers. Blocks are independent, so the bytes equal a one-thread encoding.
-fn quantize_rows(
+pub(crate) fn quantize_rows(
     dtype: DType,
     x: &[f32],
     row: usize,

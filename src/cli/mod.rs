@@ -12,6 +12,7 @@ pub mod inspect;
 pub mod logits;
 pub mod model_bench;
 pub mod plan;
+pub mod quantize;
 pub mod run;
 pub mod serve;
 pub mod synth;
