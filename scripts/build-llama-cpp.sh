@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
-# Build llama.cpp's `llama-simple` and `llama-quantize` (from the llama.cpp that the
+# Build llama.cpp's `llama-simple`, `llama-quantize` and `llama-imatrix` (from the llama.cpp that the
 # llama-cpp-python sdist vendors), plus scripts/llama-logits.cpp against its libllama, into
 # vendor-data/llama.cpp-build/, so tests can check that sluice's synthetic GGUFs load and run in
 # llama.cpp itself (tests/synth_archs.rs), and compare sluice's logits with llama.cpp's on files
 # llama-quantize wrote (tests/llama_quant_e2e.rs). Needs a C++ compiler and cmake (pip's).
 # CPU backend with AVX2 and no native tuning: on machines with AMX, a native build of this
 # llama.cpp version crashes on quantized models (its own converted fixtures too).
-# Idempotent: does nothing when all three binaries exist.
+# Idempotent: does nothing when all four binaries exist.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VERSION=0.3.36
 DEST=vendor-data
 BUILD="$DEST/llama.cpp-build"
-BINS=(llama-simple llama-quantize llama-logits)
+BINS=(llama-simple llama-quantize llama-imatrix llama-logits)
 have=1
 for b in "${BINS[@]}"; do [[ -x "$BUILD/bin/$b" ]] || have=0; done
 [[ $have == 1 ]] && exit 0
@@ -32,8 +32,8 @@ cmake -S "$TMP/$ROOT" -B "$TMP/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=O
     -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF > "$TMP/cmake.log" 2>&1 \
     || { tail -20 "$TMP/cmake.log" >&2; exit 1; }
-# One build of the shared libraries for all three (llama-quantize adds one source file).
-cmake --build "$TMP/build" --target llama-simple llama-quantize llama -j "$(nproc)" \
+# One build of the libraries for all four (llama-quantize and llama-imatrix add a few sources).
+cmake --build "$TMP/build" --target llama-simple llama-quantize llama-imatrix llama -j "$(nproc)" \
     > "$TMP/build.log" 2>&1 || { tail -20 "$TMP/build.log" >&2; exit 1; }
 # llama-logits: link the static libllama/ggml the build made (ggml-cpu uses OpenMP if found).
 LIBS=$(find "$TMP/build" -name 'libllama.a' -o -name 'libggml*.a' | sort -r | tr '\n' ' ')
