@@ -106,6 +106,9 @@ pub(super) struct V4Dev {
     etab: DevBuf,
 }
 
+/// A rotation: the inverse frequencies and cos/sin scale, the rotated width, and whether back.
+type Rot<'f> = (&'f (Vec<f32>, f32), usize, bool);
+
 const T: u32 = 256;
 const WARPS: u32 = 8;
 /// kernels.cu `Job`: three pointers, a0, cnt.
@@ -522,7 +525,7 @@ impl GpuState {
         (part, parts): (usize, usize),
         norm: Option<Option<&[f32]>>,
         eps: f32,
-        rope: Option<(&(Vec<f32>, f32), usize, bool)>,
+        rope: Option<Rot<'_>>,
         n: usize,
         padd: i32,
     ) -> Result<(), GpuError> {
