@@ -153,6 +153,25 @@ pub(super) fn upload<'a>(
     w: &'a V4Weights<'a>,
 ) -> Result<V4Up, GpuError> {
     let v = p(cfg)?;
+    // The routed experts are resident (the VRAM pool does not stage V4's yet): refuse by name
+    // a model whose experts alone exceed the free VRAM, before the arena is allocated.
+    let experts: usize = w
+        .layers
+        .iter()
+        .flat_map(|l| {
+            let x = &l.moe.experts;
+            x.gate.iter().chain(&x.up).chain(&x.down)
+        })
+        .map(|m| m.bytes.len())
+        .sum();
+    let (free, _) = gpu.mem_info()?;
+    if experts > free {
+        return Err(GpuError::Config(format!(
+            "DeepSeek-V4's routed experts ({:.1} GB) stay resident in VRAM on the GPU path and exceed the {:.1} GB free (streaming them through the VRAM pool is not implemented); use --gpu off or fewer layers",
+            experts as f64 / 1e9,
+            free as f64 / 1e9
+        )));
+    }
     b.vec(&w.main_freq.0);
     b.vec(&w.compress_freq.0);
     b.vec(&w.head.fn_);
