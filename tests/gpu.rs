@@ -30,6 +30,11 @@
 //!   GGUF (scripts/qwen3next_to_gguf.py): logits with the same bound, 16 greedy tokens identical
 //!   to transformers', and at length (1100 tokens, 200 greedy tokens) against the CPU forward;
 //!   a truncated sequence restarts from a zero device state, bit-identical to a fresh run.
+//! - DeepSeek-V4 (gpu/v4.rs: hyper-connection streams, sliding / CSA / HCA attention with the
+//!   compressors, the lightning indexer past index_topk and sinks, hash and biased top-k routing,
+//!   clamped SwiGLU experts resident in VRAM), safetensors and llama.cpp's GGUF: logits with the
+//!   same bound (batches 1, 5, 16), 16 greedy tokens identical to transformers', at length (240
+//!   tokens, 100 greedy tokens) against the CPU forward, MXFP4 experts against their F32 twin.
 
 #![cfg(feature = "cuda")]
 
@@ -735,21 +740,174 @@ fn gpu_hybrid_truncate_restarts_from_a_zero_state() {
     }
 }
 
-/// Families not validated on the device are refused at attach with one line naming the family,
-/// before any device is opened (so this runs without a GPU too).
+/// DeepSeek-V4 runs on the device (gpu/v4.rs): `gpu::refusal` passes it, so nothing is left
+/// that a fixture family is refused for (the hybrid shapes past the kernels are refused by name:
+/// gpu/mod.rs's unit test).
 #[test]
-fn gpu_refuses_unvalidated_families() {
-    for v in ["deepseek_v4"] {
-        let (files, lo) = load(&root().join("tests/fixtures/models").join(v));
+fn gpu_refuses_no_fixture_family() {
+    let (files, lo) = load(&root().join("tests/fixtures/models/deepseek_v4"));
+    let model = Model::load(&files, &lo).unwrap();
+    assert_eq!(sluice::gpu::refusal(&model.cfg, 64), None);
+}
+
+/// The DeepSeek-V4 fixture as a `deepseek4` GGUF (scripts/deepseek_v4_to_gguf.py; `experts`:
+/// "f32", or "mxfp4" / "mxfp4-f32" for MXFP4 experts and their F32 twin).
+fn v4_gguf(experts: &str) -> PathBuf {
+    let args: &[&str] = match experts {
+        "f32" => &[],
+        e => &["--experts", e],
+    };
+    fixture_gguf(
+        "deepseek_v4",
+        "scripts/deepseek_v4_to_gguf.py",
+        &format!("deepseek_v4-{experts}.gguf"),
+        args,
+    )
+}
+
+/// A DeepSeek-V4 model's sequence on the device (experts resident in VRAM, uploaded at attach).
+fn v4_gpu(model: &Model<'_>, files: &ModelFiles, ctx: usize, batch: usize) -> Run {
+    let mut st = model.new_state(ctx, batch, batch).unwrap();
+    let mut cfg = CacheConfig::new(model.cfg.n_experts);
+    cfg.io = sluice::experts::IoMode::Buffered;
+    st.attach_experts(model.expert_cache(files, cfg).unwrap());
+    let (g, _) = GpuState::attach(model, &st, &opts(None, Staging::Arena)).unwrap();
+    Run { g: Some(g), st }
+}
+
+/// DeepSeek-V4 (gpu/v4.rs: hyper-connection streams, sliding / CSA with the lightning indexer
+/// past index_topk / HCA attention with sinks, hash and biased top-k routing, the clamped
+/// SwiGLU) against transformers, safetensors and llama.cpp's GGUF: logits of every case with
+/// batches 1 (each token a decode step: the captured graph), 5 and 16 within the bound, and the
+/// 16 greedy tokens (prompt in chunks of 5, then decode steps) identical.
+#[test]
+fn gpu_deepseek_v4_matches_transformers() {
+    if !gpu_or_skip("gpu_deepseek_v4_matches_transformers") {
+        return;
+    }
+    let d = root().join("tests/fixtures/models/deepseek_v4");
+    let g = json(&d.join("greedy.json"));
+    let (prompt, want) = (ids(&g["prompt_ids"]), ids(&g["tokens"]));
+    for (what, path) in [("safetensors", d.clone()), ("gguf f32", v4_gguf("f32"))] {
+        let (files, lo) = load(&path);
         let model = Model::load(&files, &lo).unwrap();
-        let st = model.new_state(16, 1, 1).unwrap();
-        let err = match GpuState::attach(&model, &st, &opts(None, Staging::Arena)) {
-            Ok(_) => panic!("{v}: attach accepted a family the GPU has not been validated on"),
-            Err(e) => e.to_string(),
-        };
-        assert!(
-            err.contains("has not been validated on the GPU") && !err.contains('\n'),
-            "{v}: {err}"
+        for case in json(&d.join("cases.json"))["cases"].as_array().unwrap() {
+            let toks = ids(&case["ids"]);
+            let (_, refr) =
+                sluice::npy::read_f32(&d.join(case["logits"].as_str().unwrap())).unwrap();
+            for batch in [1, 5, 16] {
+                let mut r = v4_gpu(&model, &files, 64, batch);
+                let mut out = Vec::new();
+                let (dev, st) = r.parts();
+                model.logits_all_on(dev, st, &toks, &mut out).unwrap();
+                let (err, same) = compare(&out, &refr, model.cfg.vocab);
+                eprintln!(
+                    "deepseek_v4 {what} {} batch {batch}: gpu max|Δ|/max|ref| = {err:.2e}",
+                    case["name"]
+                );
+                assert!(
+                    err <= 1e-4,
+                    "deepseek_v4 {what} {}: {err:.2e}",
+                    case["name"]
+                );
+                assert!(same, "deepseek_v4 {what} {}: argmax differs", case["name"]);
+            }
+        }
+        let mut r = v4_gpu(&model, &files, 64, 5);
+        let (toks, _) = greedy(&model, &mut r, &prompt, want.len());
+        assert_eq!(toks, want, "deepseek_v4 {what}: GPU greedy tokens");
+        eprintln!(
+            "deepseek_v4 {what}: {} greedy tokens identical to transformers",
+            want.len()
         );
     }
+}
+
+/// DeepSeek-V4 at length: 240 tokens of logits (every window kind closing many times, the
+/// indexer choosing 2 of up to 60 entries), the GPU (prefill in chunks of 64, and every token a
+/// captured decode step) against the CPU forward (matched to transformers in
+/// tests/family_deepseek_v4.rs), same bound, no argmax difference; then 100 greedy tokens after a
+/// 40-token prompt, GPU and CPU identical.
+#[test]
+fn gpu_deepseek_v4_long_run_matches_cpu() {
+    if !gpu_or_skip("gpu_deepseek_v4_long_run_matches_cpu") {
+        return;
+    }
+    let ctx = 256;
+    let d = root().join("tests/fixtures/models/deepseek_v4");
+    let files = ModelFiles::open(&d).unwrap();
+    let model = Model::load(&files, &LoadOptions { threads: 2, ctx }).unwrap();
+    let vocab = model.cfg.vocab;
+    let mut r = lcg(7);
+    let toks: Vec<u32> = (0..240)
+        .map(|_| ((r() * 0.5 + 0.5) * (vocab - 1) as f32) as u32)
+        .collect();
+    let mut cpu_st = model.new_state(ctx, 64, 64).unwrap();
+    let mut cpu = Vec::new();
+    model.logits_all(&mut cpu_st, &toks, &mut cpu).unwrap();
+    for batch in [64, 1] {
+        let mut run = v4_gpu(&model, &files, ctx, batch);
+        let mut gpu = Vec::new();
+        let (dev, st) = run.parts();
+        model.logits_all_on(dev, st, &toks, &mut gpu).unwrap();
+        let (mut worst, mut at, mut flips) = (0f32, 0, 0);
+        for (i, (a, b)) in gpu.chunks(vocab).zip(cpu.chunks(vocab)).enumerate() {
+            let (e, same) = compare(a, b, vocab);
+            if e > worst {
+                (worst, at) = (e, i);
+            }
+            flips += usize::from(!same);
+        }
+        eprintln!(
+            "deepseek_v4 {} tokens, batch {batch}: gpu vs cpu worst max|Δ|/max|ref| = {worst:.2e} at position {at}, {flips} argmax differences",
+            toks.len()
+        );
+        assert!(
+            worst <= 1e-4 && flips == 0,
+            "deepseek_v4 batch {batch}: worst {worst:.2e} at {at}, {flips} argmax differences"
+        );
+    }
+    let prompt = &toks[..40];
+    let (mut cpu_run, _) = state(&model, &files, 16, 0, None);
+    let (want, _) = greedy(&model, &mut cpu_run, prompt, 100);
+    let mut run = v4_gpu(&model, &files, ctx, 16);
+    let (got, _) = greedy(&model, &mut run, prompt, 100);
+    let same = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+    eprintln!("deepseek_v4: 100 greedy tokens, GPU and CPU agree on the first {same}");
+    assert_eq!(
+        got, want,
+        "deepseek_v4: GPU greedy tokens differ from the CPU's"
+    );
+}
+
+/// DeepSeek-V4's MXFP4 experts (what llama.cpp's converter writes, and the synth preset's) on
+/// the device against their F32 twin (the same rounded values as F32): the device's expert
+/// kernels take f32 activations, so the two agree to the bound, same argmax.
+#[test]
+fn gpu_deepseek_v4_mxfp4_experts_match_their_f32_twin() {
+    if !gpu_or_skip("gpu_deepseek_v4_mxfp4_experts_match_their_f32_twin") {
+        return;
+    }
+    let d = root().join("tests/fixtures/models/deepseek_v4");
+    let case = &json(&d.join("cases.json"))["cases"][2];
+    let toks = ids(&case["ids"]);
+    let logits = |path: PathBuf| {
+        let (files, lo) = load(&path);
+        let model = Model::load(&files, &lo).unwrap();
+        let mut r = v4_gpu(&model, &files, 64, 8);
+        let mut out = Vec::new();
+        let (dev, st) = r.parts();
+        model.logits_all_on(dev, st, &toks, &mut out).unwrap();
+        (out, model.cfg.vocab)
+    };
+    let (mx, vocab) = logits(v4_gguf("mxfp4"));
+    let (twin, _) = logits(v4_gguf("mxfp4-f32"));
+    let (err, same) = compare(&mx, &twin, vocab);
+    eprintln!(
+        "deepseek_v4 GGUF MXFP4 experts vs their F32 twin on the GPU: max|Δ|/max|ref| = {err:.2e}"
+    );
+    assert!(
+        same && err <= 1e-4,
+        "MXFP4 experts on the GPU: {err:.2e}, same argmax {same}"
+    );
 }

@@ -40,23 +40,16 @@ fn logits_gpu_on(model: &Path, extra: &[&str]) -> (Option<i32>, String, PathBuf)
     )
 }
 
+/// DeepSeek-V4 runs on the device (gpu/v4.rs): `--gpu on` is not refused for it (without a GPU
+/// it fails for that reason instead). No fixture family is refused any more; the hybrid shapes
+/// past the kernels are refused by name (gpu/mod.rs's unit test).
 #[test]
-fn gpu_on_refuses_what_the_device_cannot_run_with_one_line() {
-    let cases: [(&str, &[&str], &[&str]); 1] = [(
-        "deepseek_v4",
-        &[],
-        &["--gpu on", "has not been validated on the GPU"],
-    )];
-    for (name, extra, needles) in cases {
-        let (code, err, out) = logits_gpu_on(&fixture(name), extra);
-        assert_eq!(code, Some(1), "{name}: {err}");
-        assert_eq!(err.trim_end().lines().count(), 1, "{name}: {err}");
-        assert!(!err.contains("panicked"), "{name}: {err}");
-        for n in needles {
-            assert!(err.contains(n), "{name}: {err:?} lacks {n:?}");
-        }
-        assert!(!out.exists(), "{name}: an output file was written");
-    }
+fn deepseek_v4_is_not_refused_for_the_gpu() {
+    let (_, err, _) = logits_gpu_on(&fixture("deepseek_v4"), &[]);
+    assert!(
+        !err.contains("has not been validated"),
+        "deepseek_v4: {err}"
+    );
 }
 
 /// The device runs DSA's lightning indexer (gpu/ops.rs): DeepSeek-V3.2 and GLM-5 are not

@@ -308,6 +308,11 @@ impl<T> Batch<T> {
         let Some((len, j)) = best.filter(|&(len, _)| len > own) else {
             return Ok(own);
         };
+        // A recurrent state (hybrid layers) is held only after the source's last position: it
+        // is shared only when the source holds exactly that prefix.
+        if self.seqs[j].block_floats() > 0 && self.seqs[j].pos != len {
+            return Ok(own);
+        }
         let (dst, src) = if i < j {
             let (a, b) = self.seqs.split_at_mut(j);
             (&mut a[i], &b[0])
@@ -555,8 +560,9 @@ impl<T> Batch<T> {
 }
 
 /// Copy positions `from..to` of every part of `src` into `dst`, which holds `from` positions
-/// of the same tokens; `dst` then holds `to`. Refused for a part that is not one row per
-/// position (a recurrent state holds only its last position).
+/// of the same tokens; `dst` then holds `to`. A part that is not one row per position (a
+/// recurrent state, held after the last position only) is copied whole, and only when the
+/// source holds exactly `to` positions; otherwise the copy is refused before anything moves.
 fn copy_positions(dst: &mut State, src: &State, from: usize, to: usize) -> Result<(), ModelError> {
     if dst.pos != from || src.pos < to || from > to {
         return Err(ModelError::Input(format!(
@@ -564,11 +570,17 @@ fn copy_positions(dst: &mut State, src: &State, from: usize, to: usize) -> Resul
             dst.pos, src.pos
         )));
     }
+    if let Some(part) = src.parts().find(|p| !p.per_position && src.pos != to) {
+        return Err(ModelError::Input(format!(
+            "state part {part:?} holds the state after position {}, not {to}: it cannot be shared",
+            src.pos
+        )));
+    }
     for part in src.parts() {
         if !part.per_position {
-            return Err(ModelError::Input(format!(
-                "state part {part:?} is not one row per position: it cannot be shared"
-            )));
+            let block = src.part_rows(part, to)?;
+            dst.part_rows_mut(part, to)?.copy_from_slice(block);
+            continue;
         }
         let w = part.width;
         let rows = &src.part_rows(part, to)?[from * w..];

@@ -202,7 +202,8 @@ fn batchable(cfg: &ModelConfig) -> bool {
         // MLA batches without V3.2's / GLM-5's indexer (its selection runs per sequence).
         AttnKind::Mla { .. } => cfg.indexer.is_none(),
     };
-    attn && cfg.v4.is_none() && cfg.hybrid.is_none()
+    // Hybrid layers batch too: each sequence's rows run on its own recurrent state.
+    attn && cfg.v4.is_none()
 }
 
 #[cfg(feature = "cuda")]
@@ -305,7 +306,7 @@ impl EngineOptions {
             if !batchable(cfg) {
                 return Err(refused(
                     &flag,
-                    "batched sequences need grouped-query attention or MLA without an indexer (not DeepSeek-V3.2 / GLM-5's sparse attention, DeepSeek-V4 or Qwen3-Next); use --parallel 1",
+                    "batched sequences need grouped-query attention or MLA without an indexer (not DeepSeek-V3.2 / GLM-5's sparse attention or DeepSeek-V4); use --parallel 1",
                 ));
             }
             if gpu_on {

@@ -22,6 +22,7 @@ use crate::model::backend::{
     qk_prep_ops, At, Backend, Buf, Cache, Device, DeviceStats, GqaShape, HeadNorms, QkPrep, Rows,
 };
 use crate::model::config::RopeLayout;
+use crate::model::deepseek_v4::{Attn as V4Attn, Hc, HcHead, MoeW as V4Moe, V4Weights};
 use crate::model::qwen3next::{DeltaNet, GatedAttn};
 use crate::model::weights::{Mla, Moe};
 use crate::model::{Model, ModelError, Prof, State};
@@ -559,6 +560,57 @@ impl Backend for GpuBackend<'_, '_> {
             l,
             n,
         )?)
+    }
+
+    // DeepSeek V4 (v4.rs has the launchers, kernels_v4.cu the kernels).
+    fn v4_hc_expand(&mut self, n: usize) -> Result<(), ModelError> {
+        self.flush()?;
+        Ok(self.g.v4_hc_expand(&self.model.cfg, n)?)
+    }
+
+    fn v4_hc_pre(&mut self, w: &Hc, n: usize) -> Result<(), ModelError> {
+        self.flush()?;
+        Ok(self.g.v4_hc_pre(&self.model.cfg, w, n)?)
+    }
+
+    fn v4_hc_post(&mut self, n: usize) -> Result<(), ModelError> {
+        self.flush()?;
+        Ok(self.g.v4_hc_post(&self.model.cfg, n)?)
+    }
+
+    fn v4_hc_head(&mut self, w: &HcHead, n: usize) -> Result<(), ModelError> {
+        self.flush()?;
+        Ok(self.g.v4_hc_head(&self.model.cfg, w, n)?)
+    }
+
+    fn v4_attention(
+        &mut self,
+        layer: usize,
+        a: &V4Attn<'_>,
+        w: &V4Weights<'_>,
+        n: usize,
+        at: At,
+    ) -> Result<(), ModelError> {
+        self.flush()?;
+        if at.pos + n > self.g.ctx {
+            return Err(ModelError::ContextFull {
+                needed: at.pos + n,
+                ctx: self.g.ctx,
+            });
+        }
+        Ok(self.g.v4_attention(self.model, layer, a, w, n, at.pos)?)
+    }
+
+    fn v4_moe(
+        &mut self,
+        layer: usize,
+        m: &V4Moe<'_>,
+        _tokens: &[u32],
+        n: usize,
+    ) -> Result<(), ModelError> {
+        // The rows' token ids are on the device already (the embedding's upload).
+        self.flush()?;
+        Ok(self.g.v4_moe(&self.model.cfg, layer, m, n)?)
     }
 
     // Qwen3-Next / Qwen3.5 (hybrid.rs has the launchers, kernels_hybrid.cu the kernels).

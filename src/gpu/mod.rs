@@ -31,6 +31,8 @@ mod hybrid;
 pub mod model;
 #[cfg(feature = "cuda")]
 mod ops;
+#[cfg(feature = "cuda")]
+mod v4;
 
 use std::fmt;
 
@@ -123,7 +125,8 @@ pub fn refusal(cfg: &crate::model::ModelConfig, _ctx: usize) -> Option<String> {
     // validated there, so it is refused by name rather than run unchecked. Sliding windows,
     // attention sinks, clip_qkv, gpt-oss's biased clamped-SwiGLU experts and DSA's lightning
     // indexer (V3.2, GLM-5) have kernels (`ops.rs`); Qwen3-Next / Qwen3.5-MoE's hybrid layers
-    // too (`hybrid.rs`).
+    // too (`hybrid.rs`), and DeepSeek-V4's streams, attention and MoE (`v4.rs`, experts resident
+    // in VRAM).
     use crate::model::Family;
     if !matches!(
         cfg.family,
@@ -136,6 +139,7 @@ pub fn refusal(cfg: &crate::model::ModelConfig, _ctx: usize) -> Option<String> {
             | Family::GlmDsa
             | Family::Qwen3Next
             | Family::Qwen35Moe
+            | Family::DeepseekV4
     ) {
         return Some(format!(
             "the {:?} family has not been validated on the GPU backend (tests/gpu.rs); use --gpu off",

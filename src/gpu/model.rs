@@ -344,6 +344,8 @@ pub struct GpuState {
     pub(super) idx: Option<super::ops::IdxState>,
     /// Qwen3-Next / Qwen3.5: the linear layers' states and the mixers' scratch (`hybrid.rs`).
     pub(super) hybrid: Option<super::hybrid::HybridDev>,
+    /// DeepSeek-V4: the streams, scratch and expert tables (`v4.rs`).
+    pub(super) v4: Option<super::v4::V4Dev>,
     pub(super) gpu: Gpu,
 }
 
@@ -707,6 +709,11 @@ impl GpuState {
             };
             moes.push(ffn);
         }
+        // DeepSeek-V4's own weights, its routed experts included (`v4.rs`).
+        let v4_up = match &w.v4 {
+            Some(v) => Some(super::v4::upload(&mut b, &gpu, cfg, v)?),
+            None => None,
+        };
         let small = Small {
             rmsnorm: gpu.function("rmsnorm")?,
             add: gpu.function("add")?,
@@ -768,6 +775,9 @@ impl GpuState {
             q_lora,
             cfg.n_heads * cfg.head_dim,
             cfg.hybrid.as_deref().map_or(0, |hy| hy.value_dim()),
+            cfg.v4
+                .as_deref()
+                .map_or(0, |v| (v.o_groups * v.o_lora).max(v.q_lora)),
         ]
         .into_iter()
         .max()
@@ -844,6 +854,9 @@ impl GpuState {
             .hybrid
             .as_deref()
             .map(|hy| super::hybrid::HybridDev::new(&gpu, cfg, hy, bsz))
+            .transpose()?;
+        let v4 = v4_up
+            .map(|u| super::v4::V4Dev::new(&gpu, cfg, u, weights.ptr, bsz, ctx))
             .transpose()?;
         let after = gpu.mem_info()?.0;
         let kv_bytes =
@@ -996,6 +1009,7 @@ impl GpuState {
                     .map(|ix| super::ops::IdxState::new(&gpu, ix, bsz, ctx))
                     .transpose()?,
                 hybrid,
+                v4,
                 gpu,
             },
             summary,

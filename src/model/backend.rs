@@ -186,6 +186,16 @@ pub fn qk_prep_ops<B: Backend + ?Sized>(
     b.store_cache(l, Cache::V, p.v, n, at.pos)
 }
 
+/// One sequence's rows in a batched forward (`Model::forward_seqs`): rows `row0..row0 + n`
+/// go to sequence `seq`'s cache (and recurrent state) at `at`.
+#[derive(Clone, Copy, Debug)]
+pub struct Span {
+    pub seq: usize,
+    pub row0: usize,
+    pub n: usize,
+    pub at: At,
+}
+
 /// Where the chunk sits in its sequence.
 #[derive(Clone, Copy, Debug)]
 pub struct At {
@@ -459,6 +469,34 @@ pub trait Backend {
         Err(ModelError::Unsupported(
             "Qwen3-Next Gated DeltaNet is unsupported on this backend".into(),
         ))
+    }
+    /// `delta_net` over the rows of several sequences (`spans`, a batched forward): the
+    /// projections once over rows 0..n, then each span's rows through the conv and the delta
+    /// rule on its own sequence's state (`use_sequence`; a span at position 0 first zeroes
+    /// it), the output projection once. A backend that runs one sequence per forward refuses.
+    fn delta_net_seqs(
+        &mut self,
+        layer: usize,
+        n: usize,
+        spans: &[Span],
+        d: &DeltaNet<'_>,
+    ) -> Result<(), ModelError> {
+        let _ = (layer, n, spans, d);
+        Err(one_sequence())
+    }
+
+    /// `gated_attention` over the rows of several sequences (`spans`): projections, gate and
+    /// output once over rows 0..n; q/k norms, rotation, cache and attention per span against
+    /// its own sequence's cache. A backend that runs one sequence per forward refuses.
+    fn gated_attention_seqs(
+        &mut self,
+        layer: usize,
+        n: usize,
+        spans: &[Span],
+        a: &GatedAttn<'_>,
+    ) -> Result<(), ModelError> {
+        let _ = (layer, n, spans, a);
+        Err(one_sequence())
     }
 }
 

@@ -8,7 +8,7 @@
 //! the MoE output of each token is summed in its top-k slot order, so the result does not
 //! depend on the order in which experts are computed or arrive from disk.
 
-use super::backend::{At, Backend, Buf, Cache, GqaShape, Rows};
+use super::backend::{At, Backend, Buf, Cache, GqaShape, Rows, Span};
 use super::blocks::{
     axpy, dot, dot4, rmsnorm, rmsnorm_inplace, silu, softmax, top_k, weighted_rows,
 };
@@ -198,6 +198,8 @@ impl<'m, 'a, 's> CpuBackend<'m, 'a, 's> {
             let s = &mut self.seqs[j];
             std::mem::swap(&mut self.st.kcache, &mut s.kcache);
             std::mem::swap(&mut self.st.vcache, &mut s.vcache);
+            std::mem::swap(&mut self.st.hybrid.conv, &mut s.hybrid.conv);
+            std::mem::swap(&mut self.st.hybrid.rec, &mut s.hybrid.rec);
         }
     }
 
@@ -581,13 +583,20 @@ impl Backend for CpuBackend<'_, '_, '_> {
                 self.seqs.len()
             )));
         };
-        if s.ctx != self.st.ctx || s.cache_dims != self.st.cache_dims {
+        if s.ctx != self.st.ctx
+            || s.cache_dims != self.st.cache_dims
+            || s.hybrid.conv.len() != self.st.hybrid.conv.len()
+            || s.hybrid.rec.len() != self.st.hybrid.rec.len()
+        {
             return Err(ModelError::Input(
                 "backend: a sequence's cache does not match the batch state".into(),
             ));
         }
+        // The KV cache and a hybrid model's recurrent state (each a swap of two vectors).
         std::mem::swap(&mut self.st.kcache, &mut s.kcache);
         std::mem::swap(&mut self.st.vcache, &mut s.vcache);
+        std::mem::swap(&mut self.st.hybrid.conv, &mut s.hybrid.conv);
+        std::mem::swap(&mut self.st.hybrid.rec, &mut s.hybrid.rec);
         self.cur = Some(seq);
         Ok(())
     }
@@ -774,33 +783,101 @@ impl Backend for CpuBackend<'_, '_, '_> {
         at: At,
         a: &GatedAttn<'_>,
     ) -> Result<(), ModelError> {
+        self.gated_proj(n, a)?;
+        self.gated_core(l, 0, n, at, a)?;
+        self.gated_out(n, a)
+    }
+
+    fn gated_attention_seqs(
+        &mut self,
+        l: usize,
+        n: usize,
+        spans: &[Span],
+        a: &GatedAttn<'_>,
+    ) -> Result<(), ModelError> {
+        self.gated_proj(n, a)?;
+        for s in spans {
+            self.use_sequence(s.seq)?;
+            self.gated_core(l, s.row0, s.n, s.at, a)?;
+        }
+        self.gated_out(n, a)
+    }
+
+    fn delta_net(
+        &mut self,
+        l: usize,
+        n: usize,
+        at: At,
+        d: &DeltaNet<'_>,
+    ) -> Result<(), ModelError> {
+        let li = self.delta_proj(l, n, d)?;
+        self.delta_recur(li, 0, n, at.pos, d)?;
+        self.delta_out(n, d)
+    }
+
+    fn delta_net_seqs(
+        &mut self,
+        l: usize,
+        n: usize,
+        spans: &[Span],
+        d: &DeltaNet<'_>,
+    ) -> Result<(), ModelError> {
+        let li = self.delta_proj(l, n, d)?;
+        for s in spans {
+            self.use_sequence(s.seq)?;
+            self.delta_recur(li, s.row0, s.n, s.at.pos, d)?;
+        }
+        self.delta_out(n, d)
+    }
+}
+
+// The hybrid layers' pieces (Qwen3-Next / Qwen3.5): what runs once over every row of a chunk
+// (projections, gate, output) and what runs per sequence on its own state (the conv and delta
+// rule; q/k norms, rotation, cache and attention), so a batched forward's rows each see their own
+// sequence's state and compute what a lone forward computes.
+impl CpuBackend<'_, '_, '_> {
+    /// Gated attention's q/gate, k and v projections of rows 0..n of `Xn`.
+    fn gated_proj(&mut self, n: usize, a: &GatedAttn<'_>) -> Result<(), ModelError> {
         let cfg = &self.m.cfg;
         let (h, qd, kvd, hd) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
         let (pool, isa) = (Some(&self.m.pool), self.m.isa);
-        {
-            let st = &mut *self.st;
-            st.acts.load(&st.xn[..n * h], n, h);
-            kernels::matmul(
-                &a.wq,
-                &mut st.acts,
-                &mut st.hybrid.qg[..n * 2 * qd],
-                pool,
-                isa,
-            )?;
-            kernels::matmul(&a.wk, &mut st.acts, &mut st.k[..n * kvd], pool, isa)?;
-            kernels::matmul(&a.wv, &mut st.acts, &mut st.v[..n * kvd], pool, isa)?;
-            for i in 0..n {
-                for hh in 0..cfg.n_heads {
-                    let src = &st.hybrid.qg[i * 2 * qd + hh * 2 * hd..][..2 * hd];
-                    st.q[i * qd + hh * hd..][..hd].copy_from_slice(&src[..hd]);
-                    st.hybrid.gate[i * qd + hh * hd..][..hd].copy_from_slice(&src[hd..]);
-                }
+        let st = &mut *self.st;
+        st.acts.load(&st.xn[..n * h], n, h);
+        kernels::matmul(
+            &a.wq,
+            &mut st.acts,
+            &mut st.hybrid.qg[..n * 2 * qd],
+            pool,
+            isa,
+        )?;
+        kernels::matmul(&a.wk, &mut st.acts, &mut st.k[..n * kvd], pool, isa)?;
+        kernels::matmul(&a.wv, &mut st.acts, &mut st.v[..n * kvd], pool, isa)?;
+        for i in 0..n {
+            for hh in 0..cfg.n_heads {
+                let src = &st.hybrid.qg[i * 2 * qd + hh * 2 * hd..][..2 * hd];
+                st.q[i * qd + hh * hd..][..hd].copy_from_slice(&src[..hd]);
+                st.hybrid.gate[i * qd + hh * hd..][..hd].copy_from_slice(&src[hd..]);
             }
         }
+        Ok(())
+    }
+
+    /// Gated attention's per-sequence part on rows r0..r0 + n: q/k norms, rotation, the
+    /// cache writes and attention into `Att`.
+    fn gated_core(
+        &mut self,
+        l: usize,
+        r0: usize,
+        n: usize,
+        at: At,
+        a: &GatedAttn<'_>,
+    ) -> Result<(), ModelError> {
+        let cfg = &self.m.cfg;
+        let (qd, kvd, hd) = (cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
         let (q, k, v) = (
-            Rows::of(Buf::Q, qd),
-            Rows::of(Buf::K, kvd),
-            Rows::of(Buf::V, kvd),
+            Rows::of(Buf::Q, qd).from_row(r0),
+            Rows::of(Buf::K, kvd).from_row(r0),
+            Rows::of(Buf::V, kvd).from_row(r0),
         );
         self.rmsnorm(q, q, n, hd, &a.q_norm, cfg.rms_eps)?;
         self.rmsnorm(k, k, n, hd, &a.k_norm, cfg.rms_eps)?;
@@ -824,7 +901,12 @@ impl Backend for CpuBackend<'_, '_, '_> {
             window: None,
             sinks: None,
         };
-        self.attend(slot, n, at.pos, shape)?;
+        self.attend_rows(slot, r0, n, at.pos, shape)
+    }
+
+    /// Gated attention's output gate and o_proj over rows 0..n.
+    fn gated_out(&mut self, n: usize, a: &GatedAttn<'_>) -> Result<(), ModelError> {
+        let qd = self.m.cfg.q_dim();
         let st = &mut *self.st;
         for (o, g) in st.att[..n * qd].iter_mut().zip(&st.hybrid.gate[..n * qd]) {
             *o *= 1.0 / (1.0 + (-g).exp());
@@ -832,13 +914,9 @@ impl Backend for CpuBackend<'_, '_, '_> {
         self.matmul(Rows::of(Buf::Att, qd), n, &[(&a.wo, Buf::Proj)])
     }
 
-    fn delta_net(
-        &mut self,
-        l: usize,
-        n: usize,
-        at: At,
-        d: &DeltaNet<'_>,
-    ) -> Result<(), ModelError> {
+    /// Gated DeltaNet's input projections of rows 0..n of `Xn` (into [q; k; v], z, b, a);
+    /// returns the layer's index among the linear layers.
+    fn delta_proj(&mut self, l: usize, n: usize, d: &DeltaNet<'_>) -> Result<usize, ModelError> {
         let cfg = &self.m.cfg;
         let (Some(hy), h) = (cfg.hybrid.as_deref(), cfg.hidden) else {
             return Err(ModelError::Config(
@@ -852,12 +930,6 @@ impl Backend for CpuBackend<'_, '_, '_> {
         let (kd, vd, nv, cd) = (hy.key_dim(), hy.value_dim(), hy.v_heads, hy.conv_dim());
         let st = &mut *self.st;
         let hs = &mut st.hybrid;
-        let conv = &mut hs.conv[li * hy.conv_state()..(li + 1) * hy.conv_state()];
-        let rec = &mut hs.rec[li * hy.rec_state()..(li + 1) * hy.rec_state()];
-        if at.pos == 0 {
-            conv.fill(0.0);
-            rec.fill(0.0);
-        }
         st.acts.load(&st.xn[..n * h], n, h);
         if hy.fused {
             let w = 2 * kd + 2 * vd;
@@ -901,7 +973,35 @@ impl Backend for CpuBackend<'_, '_, '_> {
                 }
             }
         }
-        for i in 0..n {
+        Ok(li)
+    }
+
+    /// Gated DeltaNet's recurrent part on rows r0..r0 + n (one sequence, at position `pos`):
+    /// the conv and the delta rule token by token on linear layer `li`'s state (zeroed first
+    /// at position 0), then the gated norm, into the rows of the core output.
+    fn delta_recur(
+        &mut self,
+        li: usize,
+        r0: usize,
+        n: usize,
+        pos: usize,
+        d: &DeltaNet<'_>,
+    ) -> Result<(), ModelError> {
+        let cfg = &self.m.cfg;
+        let Some(hy) = cfg.hybrid.as_deref() else {
+            return Err(ModelError::Config(
+                "Gated DeltaNet in a model without hybrid layers".into(),
+            ));
+        };
+        let (vd, nv, cd) = (hy.value_dim(), hy.v_heads, hy.conv_dim());
+        let hs = &mut self.st.hybrid;
+        let conv = &mut hs.conv[li * hy.conv_state()..(li + 1) * hy.conv_state()];
+        let rec = &mut hs.rec[li * hy.rec_state()..(li + 1) * hy.rec_state()];
+        if pos == 0 {
+            conv.fill(0.0);
+            rec.fill(0.0);
+        }
+        for i in r0..r0 + n {
             let x = &mut hs.mixed[i * cd..(i + 1) * cd];
             qwen3next::conv_step(x, conv, &d.conv, hy.conv);
             let out = &mut hs.core[i * vd..(i + 1) * vd];
@@ -917,7 +1017,19 @@ impl Backend for CpuBackend<'_, '_, '_> {
             );
             qwen3next::gated_norm(out, &hs.z[i * vd..(i + 1) * vd], &d.norm, cfg.rms_eps);
         }
-        st.acts.load(&hs.core[..n * vd], n, vd);
+        Ok(())
+    }
+
+    /// Gated DeltaNet's out_proj of rows 0..n of the core output into `Proj`.
+    fn delta_out(&mut self, n: usize, d: &DeltaNet<'_>) -> Result<(), ModelError> {
+        let cfg = &self.m.cfg;
+        let (h, vd) = (
+            cfg.hidden,
+            cfg.hybrid.as_deref().map_or(0, |hy| hy.value_dim()),
+        );
+        let (pool, isa) = (Some(&self.m.pool), self.m.isa);
+        let st = &mut *self.st;
+        st.acts.load(&st.hybrid.core[..n * vd], n, vd);
         kernels::matmul(&d.out, &mut st.acts, &mut st.proj[..n * h], pool, isa)?;
         Ok(())
     }

@@ -16,15 +16,7 @@ use super::cpu::CpuBackend;
 use super::weights::{Attention, Ffn, Gqa, Layer, Mlp};
 use super::{Model, ModelError, State};
 
-/// One sequence's rows in a batched forward (`Model::forward_seqs`): rows `row0..row0 + n`
-/// go to sequence `seq`'s cache at `at`.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Span {
-    pub seq: usize,
-    pub row0: usize,
-    pub n: usize,
-    pub at: At,
-}
+pub(crate) use super::backend::Span;
 
 /// Whose rows a layer runs: one sequence (the backend's own cache) or several.
 #[derive(Clone, Copy, Debug)]
@@ -190,12 +182,12 @@ impl<'a> Model<'a> {
             && w.layers.iter().all(|lw| match &lw.attn {
                 Attention::Gqa(_) => true,
                 Attention::Mla(a) => a.indexer.is_none() && !a.shares_indexer,
-                Attention::Hybrid(_) => false,
-            })
-            && !st.hybrid.is_recurrent();
+                // Each sequence's rows run on its own recurrent state (qwen3next.rs).
+                Attention::Hybrid(_) => true,
+            });
         if !plain {
             return Err(ModelError::Unsupported(
-                "batched decoding of several sequences needs grouped-query attention or MLA without an indexer".into(),
+                "batched decoding of several sequences needs grouped-query attention, MLA without an indexer or the hybrid layers".into(),
             ));
         }
         // The contract of a chunk, on the batch state (its own position is not used).
@@ -323,7 +315,7 @@ impl<'a> Model<'a> {
         match &lw.attn {
             Attention::Gqa(a) => self.attn_gqa(b, l, n, spans, a)?,
             Attention::Mla(a) => self.attn_mla(b, l, n, spans, a)?,
-            Attention::Hybrid(m) => m.run(b, l, n, spans.one()?)?,
+            Attention::Hybrid(m) => m.run_spans(b, l, n, spans)?,
         }
         b.prof().attention += t.elapsed().as_secs_f64();
         b.add(Buf::X, Buf::Proj, n, h)?;

@@ -50,6 +50,7 @@ use super::backend::{At, Backend};
 use super::blocks::silu;
 use super::config::{Family, ModelConfig, QkNorm, RopeLayout};
 use super::family::{self, BiasRule, FamilySpec, GgufKeys, HfKeys};
+use super::forward::Spans;
 use super::names::HF_MLP_MOE;
 use super::ModelError;
 use crate::format::MetaValue;
@@ -457,6 +458,22 @@ pub enum Mixer<'a> {
 
 impl Mixer<'_> {
     /// Rows 0..n of `Xn` through this mixer into `Proj` (layer `l`, at `at`).
+    /// `run` over the rows of one sequence or, in a batched forward, of several (each span's
+    /// recurrent part on its own sequence's state).
+    pub(crate) fn run_spans<B: Backend + ?Sized>(
+        &self,
+        b: &mut B,
+        l: usize,
+        n: usize,
+        spans: Spans<'_>,
+    ) -> Result<(), ModelError> {
+        match (spans, self) {
+            (Spans::One(at), _) => self.run(b, l, n, at),
+            (Spans::Many(ss), Mixer::DeltaNet(d)) => b.delta_net_seqs(l, n, ss, d),
+            (Spans::Many(ss), Mixer::Gated(a)) => b.gated_attention_seqs(l, n, ss, a),
+        }
+    }
+
     pub fn run<B: Backend + ?Sized>(
         &self,
         b: &mut B,
