@@ -29,6 +29,7 @@ pub(super) struct Iq4Nl;
 impl Block32 for Iq4Nl {
     const BB: usize = 18;
     const OFF: u8 = 128;
+    const SIGNED_AVX2: bool = true;
     const HAS_MIN: bool = false;
 
     fn codes(b: &[u8]) -> [i8; 32] {

@@ -13,6 +13,7 @@ pub(super) struct Q5_0;
 impl Block32 for Q5_0 {
     const BB: usize = 22;
     const OFF: u8 = 16;
+    const SIGNED_AVX2: bool = false;
     const HAS_MIN: bool = false;
 
     fn codes(b: &[u8]) -> [i8; 32] {
@@ -34,8 +35,7 @@ impl Block32 for Q5_0 {
         use std::arch::x86_64::*;
         let qh = std::ptr::read_unaligned(b.add(2) as *const u32);
         let hi = _mm256_and_si256(blocks32::bits_to_bytes(qh), _mm256_set1_epi8(0x10));
-        let q = _mm256_or_si256(blocks32::nibbles(b.add(6)), hi);
-        _mm256_sub_epi8(q, _mm256_set1_epi8(16))
+        _mm256_or_si256(blocks32::nibbles(b.add(6)), hi)
     }
 
     #[cfg(target_arch = "x86_64")]

@@ -13,6 +13,7 @@ pub(super) struct Q5_1;
 impl Block32 for Q5_1 {
     const BB: usize = 24;
     const OFF: u8 = 0;
+    const SIGNED_AVX2: bool = false;
     const HAS_MIN: bool = true;
 
     fn codes(b: &[u8]) -> [i8; 32] {
