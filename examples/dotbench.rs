@@ -1,6 +1,6 @@
 //! Single-row dot kernels compute-bound: for each type, 128 KiB of random valid blocks (rows of
 //! 4096 columns, L2-resident) dotted with one activation row through `kernels::dot_fn`, all
-//! types and ISAs interleaved per round, best of 200 rounds; ns per 256 weights and GB/s of
+//! types and ISAs interleaved per round, best of 1000 rounds; ns per 256 weights and GB/s of
 //! weight bytes on one core.
 //!
 //! `cargo run --release --features cuda --example dotbench -- Q4_1,Q5_0 avx2,avx512 [KIB]`
@@ -65,7 +65,7 @@ fn main() {
         }
     }
     let row = acts.row(0);
-    for _ in 0..200 {
+    for _ in 0..1000 {
         for c in cases.iter_mut() {
             let dot = kernels::dot_fn(c.t, c.isa).unwrap();
             let t0 = Instant::now();

@@ -82,7 +82,7 @@ mod x86 {
     use super::super::blocks32::nibbles;
     use super::super::simd::prefetch_distance;
     use super::super::simd::x86::{f16_at, hsum_ps256, prefetch};
-    use super::{dot_scalar, scales, ActRow, BB, KVALUES};
+    use super::{dot_scalar, ActRow, BB, KVALUES};
     use crate::kernels::{BlockQ8K, Isa};
     use std::arch::x86_64::*;
 
@@ -105,6 +105,37 @@ mod x86 {
         unsafe { avx512(w, a.q8k.as_ptr(), nb) }
     }
 
+    /// The eight sub-block scales `ls_j - 32` of the block at `b` as i16 words 0..8 of both
+    /// 128-bit lanes (vector shifts on the scale bytes, no scalar unpacking).
+    ///
+    /// # Safety
+    /// AVX2; `b` valid for 8 bytes.
+    #[inline(always)]
+    unsafe fn scales_i16(b: *const u8) -> __m256i {
+        let sh = _mm256_set1_epi32(std::ptr::read_unaligned(b.add(2) as *const u16) as i32);
+        let sl = _mm256_set1_epi32(std::ptr::read_unaligned(b.add(4) as *const u32) as i32);
+        let lo = _mm256_and_si256(
+            _mm256_srlv_epi32(sl, _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+            _mm256_set1_epi32(0x0F),
+        );
+        // Bits 2j, 2j + 1 of `scales_h` to bits 4, 5 of lane j.
+        let hi = _mm256_and_si256(
+            _mm256_sllv_epi32(sh, _mm256_setr_epi32(4, 2, 0, 32, 32, 32, 32, 32)),
+            _mm256_set1_epi32(0x30),
+        );
+        let hi = _mm256_or_si256(
+            hi,
+            _mm256_and_si256(
+                _mm256_srlv_epi32(sh, _mm256_setr_epi32(32, 32, 32, 2, 4, 6, 8, 10)),
+                _mm256_set1_epi32(0x30),
+            ),
+        );
+        let l = _mm256_sub_epi32(_mm256_or_si256(lo, hi), _mm256_set1_epi32(32));
+        // Words [l0..3 l0..3 | l4..7 l4..7] -> [l0..7 | l0..7].
+        let w = _mm256_packs_epi32(l, l);
+        _mm256_permute4x64_epi64(w, 0b10_00_10_00)
+    }
+
     /// # Safety
     /// AVX2+FMA+F16C; `w` holds `nb` blocks, `a` is valid for `nb` activation blocks.
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -114,18 +145,19 @@ mod x86 {
         let mut acc = _mm256_setzero_ps();
         let pf = prefetch_distance();
         for i in 0..nb {
-            let blk = &w[i * BB..(i + 1) * BB];
-            let b = blk.as_ptr();
+            let b = w.as_ptr().add(i * BB);
             prefetch(b, pf, BB);
             let ab = &*a.add(i);
-            let sc = scales(blk);
+            let sc = scales_i16(b);
             let mut sumi = _mm256_setzero_si256();
-            for (j, &s) in sc.iter().enumerate() {
+            for j in 0..8 {
                 let c = _mm256_shuffle_epi8(table, nibbles(b.add(8 + 16 * j)));
                 let x = _mm256_loadu_si256(ab.qs.as_ptr().add(32 * j) as *const __m256i);
                 // |c| * (x * sign c): |c|, |x| <= 127, so the i16 pair sums cannot saturate.
                 let p = _mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(x, c));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_set1_epi16(s as i16)));
+                // Scale j (word j of each lane) in every word.
+                let sj = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((0x0100 + 0x0202 * j) as i16));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sj));
             }
             let d = _mm256_set1_ps(f16_at(b) * ab.d);
             acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
