@@ -9,7 +9,7 @@
 
 use super::float::f16_le;
 use super::iq4_nl::KVALUES;
-use super::{ActFormat, ActRow, TypeKernels};
+use super::{ActFormat, ActRow, Dot4Kernels, TypeKernels};
 use crate::dtype::DType;
 
 const BB: usize = 136;
@@ -28,6 +28,19 @@ pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
     #[cfg(not(target_arch = "x86_64"))]
     dot_avx512: None,
 });
+
+/// Four-row dots (prefill), each row with the single-row dot's bits (the AVX-512 entry runs the
+/// AVX2 loop, as the single-row dot does).
+pub(super) const DOT4: Dot4Kernels = Dot4Kernels {
+    #[cfg(target_arch = "x86_64")]
+    avx2: Some(x86::dot4_avx2),
+    #[cfg(target_arch = "x86_64")]
+    avx512: Some(x86::dot4_avx2),
+    #[cfg(not(target_arch = "x86_64"))]
+    avx2: None,
+    #[cfg(not(target_arch = "x86_64"))]
+    avx512: None,
+};
 
 /// The eight sub-block scales `ls_j - 32` of the block at the start of `b`.
 #[inline]
@@ -163,6 +176,54 @@ mod x86 {
             acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
         }
         hsum_ps256(acc)
+    }
+
+    pub(super) fn dot4_avx2(w: &[u8], a: &[ActRow<'_>; 4], out: &mut [f32; 4]) {
+        if !Isa::Avx2.supported() {
+            *out = std::array::from_fn(|r| dot_scalar(w, &a[r]));
+            return;
+        }
+        let nb = a.iter().map(|a| a.q8k.len()).fold(w.len() / BB, usize::min);
+        let ap = std::array::from_fn(|r| a[r].q8k.as_ptr());
+        // SAFETY: AVX2/FMA/F16C present (checked above); `w` and every row hold `nb` blocks.
+        unsafe { avx2_4(w, ap, nb, out) }
+    }
+
+    /// `avx2` for four activation rows: each sub-block's codes, their magnitudes and its
+    /// scale are made once for the four rows; per row the integer sums and f32 operations are
+    /// `avx2`'s, in its order, so each row gets exactly the single-row bits.
+    ///
+    /// # Safety
+    /// AVX2+FMA+F16C; `w` holds `nb` blocks, every `a[r]` is valid for `nb` activation blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn avx2_4(w: &[u8], a: [*const BlockQ8K; 4], nb: usize, out: &mut [f32; 4]) {
+        let table =
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES.as_ptr() as *const __m128i));
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let pf = prefetch_distance();
+        for i in 0..nb {
+            let b = w.as_ptr().add(i * BB);
+            prefetch(b, pf, BB);
+            let sc = scales_i16(b);
+            let mut sumi = [_mm256_setzero_si256(); 4];
+            for j in 0..8 {
+                let c = _mm256_shuffle_epi8(table, nibbles(b.add(8 + 16 * j)));
+                let ac = _mm256_sign_epi8(c, c);
+                let sj = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((0x0100 + 0x0202 * j) as i16));
+                for (r, sumi) in sumi.iter_mut().enumerate() {
+                    let x = (*a[r].add(i)).qs.as_ptr().add(32 * j);
+                    let x = _mm256_loadu_si256(x as *const __m256i);
+                    let p = _mm256_maddubs_epi16(ac, _mm256_sign_epi8(x, c));
+                    *sumi = _mm256_add_epi32(*sumi, _mm256_madd_epi16(p, sj));
+                }
+            }
+            let fd = f16_at(b);
+            for r in 0..4 {
+                let d = _mm256_set1_ps(fd * (*a[r].add(i)).d);
+                acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+            }
+        }
+        *out = std::array::from_fn(|r| hsum_ps256(acc[r]));
     }
 
     /// The AVX2 loop: on Zen 4 its `maddubs` + `madd` by the i16 scale (14.1 GB/s with the
