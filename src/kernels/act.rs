@@ -2,7 +2,12 @@
 //!
 //! Weight types dot against one of three activation formats (`ActFormat`):
 //! - `F32`: plain f32 (float weight types).
-//! - `Q8_32`: blocks of 32 int8 with one f32 scale (Q8_0, Q4_0, MXFP4 weights).
+//! - `Q8_32`: blocks of 32 int8 with one f32 scale (Q8_0, Q4_0, MXFP4 weights, and the
+//!   32-element types of `blocks32.rs`). Beside the blocks, each row also carries every block's
+//!   scale again in one contiguous array (`q8_32_d`: a SIMD kernel loads eight with one load)
+//!   and every block's exact `sum(q)` (`q8_32_sum`, as ggml's `q8_1`): a type with a per-block
+//!   minimum (Q4_1, Q5_1) or offset codes (`c + OFF`) needs that sum, and would otherwise add it
+//!   up again in every row's dot.
 //! - `Q8K`: super-blocks of 256 int8 with one f32 scale and the sums of each 16-element group
 //!   (k-quants; the group sums let the kernels apply per-group minimums cheaply).
 //! - `Q8KRows`: `Q8K` with each block's `qs` reordered for types whose 32-element groups are
@@ -65,6 +70,10 @@ pub(super) fn q8k_rows4(w_blocks: usize, a: &[ActRow<'_>; 4]) -> (usize, [*const
 pub struct ActRow<'a> {
     pub f32: &'a [f32],
     pub q8_32: &'a [BlockQ8_32],
+    /// `q8_32[b].d` for every block `b`, contiguous.
+    pub q8_32_d: &'a [f32],
+    /// `sum(q8_32[b].qs)` for every block `b` (exact; |sum| <= 32 * 127).
+    pub q8_32_sum: &'a [i32],
     pub q8k: &'a [BlockQ8K],
     pub q8k_rows: &'a [BlockQ8K],
 }
@@ -75,6 +84,8 @@ pub struct Acts {
     cols: usize,
     f32: Vec<f32>,
     q8_32: Vec<BlockQ8_32>,
+    q8_32_d: Vec<f32>,
+    q8_32_sum: Vec<i32>,
     q8k: Vec<BlockQ8K>,
     q8k_rows: Vec<BlockQ8K>,
     ready_q8_32: bool,
@@ -103,6 +114,8 @@ impl Acts {
     pub fn bytes(&self) -> usize {
         self.f32.capacity() * std::mem::size_of::<f32>()
             + self.q8_32.capacity() * std::mem::size_of::<BlockQ8_32>()
+            + self.q8_32_d.capacity() * std::mem::size_of::<f32>()
+            + self.q8_32_sum.capacity() * std::mem::size_of::<i32>()
             + (self.q8k.capacity() + self.q8k_rows.capacity()) * std::mem::size_of::<BlockQ8K>()
     }
 
@@ -112,6 +125,8 @@ impl Acts {
             cols: 0,
             f32: Vec::new(),
             q8_32: Vec::new(),
+            q8_32_d: Vec::new(),
+            q8_32_sum: Vec::new(),
             q8k: Vec::new(),
             q8k_rows: Vec::new(),
             ready_q8_32: false,
@@ -125,6 +140,8 @@ impl Acts {
         let mut a = Acts::new();
         a.f32.reserve(rows * cols);
         a.q8_32.reserve(rows * cols.div_ceil(32));
+        a.q8_32_d.reserve(rows * cols.div_ceil(32));
+        a.q8_32_sum.reserve(rows * cols.div_ceil(32));
         a.q8k.reserve(rows * cols.div_ceil(QK));
         a.q8k_rows.reserve(rows * cols.div_ceil(QK));
         a
@@ -177,6 +194,14 @@ impl Acts {
                 self.q8_32.clear();
                 self.q8_32.resize(self.rows * nb, ZERO32);
                 quantize_blocks(&self.f32, &mut self.q8_32, 32, quantize_q8_32);
+                self.q8_32_d.clear();
+                self.q8_32_d.extend(self.q8_32.iter().map(|b| b.d));
+                self.q8_32_sum.clear();
+                self.q8_32_sum.extend(
+                    self.q8_32
+                        .iter()
+                        .map(|b| b.qs.iter().map(|&q| q as i32).sum::<i32>()),
+                );
                 self.ready_q8_32 = true;
             }
             ActFormat::Q8K => {
@@ -211,10 +236,15 @@ impl Acts {
     pub fn row(&self, i: usize) -> ActRow<'_> {
         let c = self.cols;
         let f32 = &self.f32[i * c..(i + 1) * c];
-        let q8_32 = if self.ready_q8_32 {
-            &self.q8_32[i * (c / 32)..(i + 1) * (c / 32)]
+        let (q8_32, q8_32_d, q8_32_sum) = if self.ready_q8_32 {
+            let r = i * (c / 32)..(i + 1) * (c / 32);
+            (
+                &self.q8_32[r.clone()],
+                &self.q8_32_d[r.clone()],
+                &self.q8_32_sum[r],
+            )
         } else {
-            &[][..]
+            (&[][..], &[][..], &[][..])
         };
         let q8k = if self.ready_q8k {
             &self.q8k[i * (c / QK)..(i + 1) * (c / QK)]
@@ -229,6 +259,8 @@ impl Acts {
         ActRow {
             f32,
             q8_32,
+            q8_32_d,
+            q8_32_sum,
             q8k,
             q8k_rows,
         }

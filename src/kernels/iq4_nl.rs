@@ -5,7 +5,7 @@
 //! Dots against `Q8_32` activations through the shared loops of `blocks32.rs`.
 
 use super::blocks32::{self, Block32};
-use super::{ActFormat, TypeKernels};
+use super::{ActFormat, Dot4Kernels, TypeKernels};
 use crate::dtype::DType;
 
 /// The IQ4_NL / IQ4_XS codebook (`gguf.quants.IQ4_NL.kvalues`).
@@ -29,6 +29,7 @@ pub(super) struct Iq4Nl;
 impl Block32 for Iq4Nl {
     const BB: usize = 18;
     const OFF: u8 = 128;
+    const SIGNED_AVX2: bool = true;
     const HAS_MIN: bool = false;
 
     fn codes(b: &[u8]) -> [i8; 32] {
@@ -76,3 +77,15 @@ pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
     #[cfg(not(target_arch = "x86_64"))]
     dot_avx512: None,
 });
+
+/// Four-row dots (prefill), each row with the single-row dot's bits.
+pub(super) const DOT4: Dot4Kernels = Dot4Kernels {
+    #[cfg(target_arch = "x86_64")]
+    avx2: Some(blocks32::x86::dot4_avx2::<Iq4Nl>),
+    #[cfg(target_arch = "x86_64")]
+    avx512: Some(blocks32::x86::dot4_avx512::<Iq4Nl>),
+    #[cfg(not(target_arch = "x86_64"))]
+    avx2: None,
+    #[cfg(not(target_arch = "x86_64"))]
+    avx512: None,
+};

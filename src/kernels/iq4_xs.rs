@@ -9,7 +9,7 @@
 
 use super::float::f16_le;
 use super::iq4_nl::KVALUES;
-use super::{ActFormat, ActRow, TypeKernels};
+use super::{ActFormat, ActRow, Dot4Kernels, TypeKernels};
 use crate::dtype::DType;
 
 const BB: usize = 136;
@@ -28,6 +28,19 @@ pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
     #[cfg(not(target_arch = "x86_64"))]
     dot_avx512: None,
 });
+
+/// Four-row dots (prefill), each row with the single-row dot's bits (the AVX-512 entry runs the
+/// AVX2 loop, as the single-row dot does).
+pub(super) const DOT4: Dot4Kernels = Dot4Kernels {
+    #[cfg(target_arch = "x86_64")]
+    avx2: Some(x86::dot4_avx2),
+    #[cfg(target_arch = "x86_64")]
+    avx512: Some(x86::dot4_avx2),
+    #[cfg(not(target_arch = "x86_64"))]
+    avx2: None,
+    #[cfg(not(target_arch = "x86_64"))]
+    avx512: None,
+};
 
 /// The eight sub-block scales `ls_j - 32` of the block at the start of `b`.
 #[inline]
@@ -82,7 +95,7 @@ mod x86 {
     use super::super::blocks32::nibbles;
     use super::super::simd::prefetch_distance;
     use super::super::simd::x86::{f16_at, hsum_ps256, prefetch};
-    use super::{dot_scalar, scales, ActRow, BB, KVALUES};
+    use super::{dot_scalar, ActRow, BB, KVALUES};
     use crate::kernels::{BlockQ8K, Isa};
     use std::arch::x86_64::*;
 
@@ -105,6 +118,37 @@ mod x86 {
         unsafe { avx512(w, a.q8k.as_ptr(), nb) }
     }
 
+    /// The eight sub-block scales `ls_j - 32` of the block at `b` as i16 words 0..8 of both
+    /// 128-bit lanes (vector shifts on the scale bytes, no scalar unpacking).
+    ///
+    /// # Safety
+    /// AVX2; `b` valid for 8 bytes.
+    #[inline(always)]
+    unsafe fn scales_i16(b: *const u8) -> __m256i {
+        let sh = _mm256_set1_epi32(std::ptr::read_unaligned(b.add(2) as *const u16) as i32);
+        let sl = _mm256_set1_epi32(std::ptr::read_unaligned(b.add(4) as *const u32) as i32);
+        let lo = _mm256_and_si256(
+            _mm256_srlv_epi32(sl, _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+            _mm256_set1_epi32(0x0F),
+        );
+        // Bits 2j, 2j + 1 of `scales_h` to bits 4, 5 of lane j.
+        let hi = _mm256_and_si256(
+            _mm256_sllv_epi32(sh, _mm256_setr_epi32(4, 2, 0, 32, 32, 32, 32, 32)),
+            _mm256_set1_epi32(0x30),
+        );
+        let hi = _mm256_or_si256(
+            hi,
+            _mm256_and_si256(
+                _mm256_srlv_epi32(sh, _mm256_setr_epi32(32, 32, 32, 2, 4, 6, 8, 10)),
+                _mm256_set1_epi32(0x30),
+            ),
+        );
+        let l = _mm256_sub_epi32(_mm256_or_si256(lo, hi), _mm256_set1_epi32(32));
+        // Words [l0..3 l0..3 | l4..7 l4..7] -> [l0..7 | l0..7].
+        let w = _mm256_packs_epi32(l, l);
+        _mm256_permute4x64_epi64(w, 0b10_00_10_00)
+    }
+
     /// # Safety
     /// AVX2+FMA+F16C; `w` holds `nb` blocks, `a` is valid for `nb` activation blocks.
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -114,23 +158,72 @@ mod x86 {
         let mut acc = _mm256_setzero_ps();
         let pf = prefetch_distance();
         for i in 0..nb {
-            let blk = &w[i * BB..(i + 1) * BB];
-            let b = blk.as_ptr();
+            let b = w.as_ptr().add(i * BB);
             prefetch(b, pf, BB);
             let ab = &*a.add(i);
-            let sc = scales(blk);
+            let sc = scales_i16(b);
             let mut sumi = _mm256_setzero_si256();
-            for (j, &s) in sc.iter().enumerate() {
+            for j in 0..8 {
                 let c = _mm256_shuffle_epi8(table, nibbles(b.add(8 + 16 * j)));
                 let x = _mm256_loadu_si256(ab.qs.as_ptr().add(32 * j) as *const __m256i);
                 // |c| * (x * sign c): |c|, |x| <= 127, so the i16 pair sums cannot saturate.
                 let p = _mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(x, c));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_set1_epi16(s as i16)));
+                // Scale j (word j of each lane) in every word.
+                let sj = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((0x0100 + 0x0202 * j) as i16));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sj));
             }
             let d = _mm256_set1_ps(f16_at(b) * ab.d);
             acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
         }
         hsum_ps256(acc)
+    }
+
+    pub(super) fn dot4_avx2(w: &[u8], a: &[ActRow<'_>; 4], out: &mut [f32; 4]) {
+        if !Isa::Avx2.supported() {
+            *out = std::array::from_fn(|r| dot_scalar(w, &a[r]));
+            return;
+        }
+        let nb = a.iter().map(|a| a.q8k.len()).fold(w.len() / BB, usize::min);
+        let ap = std::array::from_fn(|r| a[r].q8k.as_ptr());
+        // SAFETY: AVX2/FMA/F16C present (checked above); `w` and every row hold `nb` blocks.
+        unsafe { avx2_4(w, ap, nb, out) }
+    }
+
+    /// `avx2` for four activation rows: each sub-block's codes, their magnitudes and its
+    /// scale are made once for the four rows; per row the integer sums and f32 operations are
+    /// `avx2`'s, in its order, so each row gets exactly the single-row bits.
+    ///
+    /// # Safety
+    /// AVX2+FMA+F16C; `w` holds `nb` blocks, every `a[r]` is valid for `nb` activation blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn avx2_4(w: &[u8], a: [*const BlockQ8K; 4], nb: usize, out: &mut [f32; 4]) {
+        let table =
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES.as_ptr() as *const __m128i));
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let pf = prefetch_distance();
+        for i in 0..nb {
+            let b = w.as_ptr().add(i * BB);
+            prefetch(b, pf, BB);
+            let sc = scales_i16(b);
+            let mut sumi = [_mm256_setzero_si256(); 4];
+            for j in 0..8 {
+                let c = _mm256_shuffle_epi8(table, nibbles(b.add(8 + 16 * j)));
+                let ac = _mm256_sign_epi8(c, c);
+                let sj = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((0x0100 + 0x0202 * j) as i16));
+                for (r, sumi) in sumi.iter_mut().enumerate() {
+                    let x = (*a[r].add(i)).qs.as_ptr().add(32 * j);
+                    let x = _mm256_loadu_si256(x as *const __m256i);
+                    let p = _mm256_maddubs_epi16(ac, _mm256_sign_epi8(x, c));
+                    *sumi = _mm256_add_epi32(*sumi, _mm256_madd_epi16(p, sj));
+                }
+            }
+            let fd = f16_at(b);
+            for r in 0..4 {
+                let d = _mm256_set1_ps(fd * (*a[r].add(i)).d);
+                acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+            }
+        }
+        *out = std::array::from_fn(|r| hsum_ps256(acc[r]));
     }
 
     /// The AVX2 loop: on Zen 4 its `maddubs` + `madd` by the i16 scale (14.1 GB/s with the

@@ -4,7 +4,7 @@
 //! Dots against `Q8_32` activations through the shared loops of `blocks32.rs`.
 
 use super::blocks32::{self, Block32};
-use super::{ActFormat, TypeKernels};
+use super::{ActFormat, Dot4Kernels, TypeKernels};
 use crate::dtype::DType;
 
 pub(super) struct Q4_1;
@@ -12,6 +12,7 @@ pub(super) struct Q4_1;
 impl Block32 for Q4_1 {
     const BB: usize = 20;
     const OFF: u8 = 0;
+    const SIGNED_AVX2: bool = false;
     const HAS_MIN: bool = true;
 
     fn codes(b: &[u8]) -> [i8; 32] {
@@ -53,3 +54,15 @@ pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
     #[cfg(not(target_arch = "x86_64"))]
     dot_avx512: None,
 });
+
+/// Four-row dots (prefill), each row with the single-row dot's bits.
+pub(super) const DOT4: Dot4Kernels = Dot4Kernels {
+    #[cfg(target_arch = "x86_64")]
+    avx2: Some(blocks32::x86::dot4_avx2::<Q4_1>),
+    #[cfg(target_arch = "x86_64")]
+    avx512: Some(blocks32::x86::dot4_avx512::<Q4_1>),
+    #[cfg(not(target_arch = "x86_64"))]
+    avx2: None,
+    #[cfg(not(target_arch = "x86_64"))]
+    avx512: None,
+};

@@ -5,7 +5,7 @@
 //! Dots against `Q8_32` activations through the shared loops of `blocks32.rs`.
 
 use super::blocks32::{self, Block32};
-use super::{ActFormat, TypeKernels};
+use super::{ActFormat, Dot4Kernels, TypeKernels};
 use crate::dtype::DType;
 
 pub(super) struct Q5_0;
@@ -13,6 +13,7 @@ pub(super) struct Q5_0;
 impl Block32 for Q5_0 {
     const BB: usize = 22;
     const OFF: u8 = 16;
+    const SIGNED_AVX2: bool = false;
     const HAS_MIN: bool = false;
 
     fn codes(b: &[u8]) -> [i8; 32] {
@@ -34,8 +35,7 @@ impl Block32 for Q5_0 {
         use std::arch::x86_64::*;
         let qh = std::ptr::read_unaligned(b.add(2) as *const u32);
         let hi = _mm256_and_si256(blocks32::bits_to_bytes(qh), _mm256_set1_epi8(0x10));
-        let q = _mm256_or_si256(blocks32::nibbles(b.add(6)), hi);
-        _mm256_sub_epi8(q, _mm256_set1_epi8(16))
+        _mm256_or_si256(blocks32::nibbles(b.add(6)), hi)
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -63,3 +63,15 @@ pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
     #[cfg(not(target_arch = "x86_64"))]
     dot_avx512: None,
 });
+
+/// Four-row dots (prefill), each row with the single-row dot's bits.
+pub(super) const DOT4: Dot4Kernels = Dot4Kernels {
+    #[cfg(target_arch = "x86_64")]
+    avx2: Some(blocks32::x86::dot4_avx2::<Q5_0>),
+    #[cfg(target_arch = "x86_64")]
+    avx512: Some(blocks32::x86::dot4_avx512::<Q5_0>),
+    #[cfg(not(target_arch = "x86_64"))]
+    avx2: None,
+    #[cfg(not(target_arch = "x86_64"))]
+    avx512: None,
+};
