@@ -142,6 +142,7 @@ mod simd {
             );
             let sc =
                 _mm256_broadcastsi128_si256(_mm_or_si128(_mm_add_epi8(sc, sc), _mm_set1_epi8(1)));
+            let q8: [&BlockQ8K; N] = std::array::from_fn(|r| &a[r][i]);
             let mut isum = [_mm256_setzero_si256(); N];
             for g in 0..8 {
                 let qh = b[66 + g] as usize;
@@ -151,8 +152,8 @@ mod simd {
                 let bits = u32::from_le_bytes(b[34 + 4 * g..38 + 4 * g].try_into().expect("4"));
                 let signs = signs_pm1(bits);
                 let s = scale_pair(sc, g);
-                for (isum, a) in isum.iter_mut().zip(&a) {
-                    let x = &a[i].qs[32 * g..32 * g + 32];
+                for (isum, q8) in isum.iter_mut().zip(&q8) {
+                    let x = &q8.qs[32 * g..32 * g + 32];
                     // SAFETY: `x` is 32 bytes.
                     let x = unsafe { _mm256_loadu_si256(x.as_ptr() as *const __m256i) };
                     let p = _mm256_maddubs_epi16(grid, _mm256_sign_epi8(x, signs));
@@ -162,7 +163,7 @@ mod simd {
             // SAFETY: `b` holds the block's f16 `d` in its first two bytes; F16C is enabled.
             let fd = unsafe { f16_at(b.as_ptr()) };
             for r in 0..N {
-                let f = a[r][i].d * fd * 0.125;
+                let f = q8[r].d * fd * 0.125;
                 acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(isum[r]), acc[r]);
             }
         }

