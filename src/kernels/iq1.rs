@@ -236,7 +236,6 @@ mod simd {
         let nb = common_blocks(w, S_BYTES, &a);
         for (i, b) in w.chunks_exact(S_BYTES).take(nb).enumerate() {
             prefetch(b.as_ptr(), pf, S_BYTES);
-            let q8: [&BlockQ8K; N] = std::array::from_fn(|r| &a[r][i]);
             let mut isum = [_mm256_setzero_si256(); N];
             let mut dsum = [0i32; N];
             for g in 0..8 {
@@ -247,7 +246,7 @@ mod simd {
                 let s = (2 * ((qh >> 12) & 7) + 1) as i32;
                 let sv = _mm256_set1_epi16(s as i16);
                 for r in 0..N {
-                    let q8 = q8[r];
+                    let q8 = &a[r][i];
                     let x = &q8.qs[32 * g..32 * g + 32];
                     // SAFETY: `x` is 32 bytes.
                     let x = unsafe { _mm256_loadu_si256(x.as_ptr() as *const __m256i) };
@@ -260,7 +259,7 @@ mod simd {
             // SAFETY: `b` holds the block's f16 `d` in its first two bytes; F16C is enabled.
             let fd = unsafe { f16_at(b.as_ptr()) };
             for r in 0..N {
-                let f = q8[r].d * fd * 0.125;
+                let f = a[r][i].d * fd * 0.125;
                 let isum =
                     _mm256_add_epi32(isum[r], _mm256_setr_epi32(dsum[r], 0, 0, 0, 0, 0, 0, 0));
                 acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(isum), acc[r]);
