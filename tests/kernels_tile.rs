@@ -45,6 +45,9 @@ fn f16_offsets(t: DType) -> &'static [usize] {
         DType::Q4_K | DType::Q5_K => &[0, 2],
         DType::Q6_K => &[208],
         DType::Q8_0 | DType::Q4_0 | DType::Q5_0 | DType::IQ4_NL | DType::IQ4_XS => &[0],
+        DType::IQ2_XS | DType::IQ2_S | DType::IQ3_XXS | DType::IQ3_S | DType::IQ1_S => &[0],
+        // IQ1_M's d is the top nibbles of four words: set in `blocks`.
+        DType::IQ1_M => &[],
         DType::Q4_1 | DType::Q5_1 => &[0, 2],
         other => panic!("no block layout for {other} in this test; add it"),
     }
@@ -65,6 +68,18 @@ fn blocks(t: DType, n: usize, rng: &mut Rng, extreme: bool) -> Vec<u8> {
                 h[1] &= 0x7F;
             }
             blk[o..o + 2].copy_from_slice(&h);
+        }
+        if t == DType::IQ1_M {
+            // f16 d in the top nibbles of the words at bytes 48, 50, 52, 54.
+            let mut h = rng.f16();
+            if extreme {
+                h[1] &= 0x7F;
+            }
+            let d = u16::from_le_bytes(h);
+            for w in 0..4 {
+                let at = 49 + 2 * w;
+                blk[at] = (blk[at] & 0x0F) | ((((d >> (4 * w)) & 0xF) as u8) << 4);
+            }
         }
     }
     w

@@ -18,7 +18,7 @@
 
 use super::float::{f16_at, f16_to_f32};
 use super::iq_grids::IQ1S_GRID;
-use super::{ActFormat, ActRow, TypeKernels};
+use super::{ActFormat, ActRow, Dot4Kernels, TypeKernels};
 use crate::dtype::DType;
 
 const S_BYTES: usize = 50;
@@ -41,6 +41,18 @@ pub(super) const KERNELS_M: Option<TypeKernels> = Some(TypeKernels {
     dot_avx2: simd::AVX2_M,
     dot_avx512: None,
 });
+
+/// Four-row dots (prefill), each row with the single-row dot's bits; AVX-512 machines run these
+/// AVX2 ones as they do the single-row dots.
+pub(super) const DOT4_S: Dot4Kernels = Dot4Kernels {
+    avx2: simd::DOT4_S,
+    avx512: None,
+};
+
+pub(super) const DOT4_M: Dot4Kernels = Dot4Kernels {
+    avx2: simd::DOT4_M,
+    avx512: None,
+};
 
 /// The `qh` word of IQ1_S group `g` (< 8).
 #[inline]
@@ -155,28 +167,43 @@ fn dot_scalar_m(w: &[u8], a: &ActRow<'_>) -> f32 {
 mod simd {
     pub(super) const AVX2_S: Option<super::super::DotFn> = None;
     pub(super) const AVX2_M: Option<super::super::DotFn> = None;
+    pub(super) const DOT4_S: Option<super::super::Dot4Fn> = None;
+    pub(super) const DOT4_M: Option<super::super::Dot4Fn> = None;
 }
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use super::super::iq_grids::IQ1S_GRID;
-    use super::super::iq_x86::{mul_signed, rows8, scale_pair};
+    use super::super::iq_x86::{common_blocks, hsums, mul_signed, rows8, scale_pair};
     use super::super::simd::prefetch_distance;
     use super::super::simd::x86::{f16_at, hsum256, prefetch};
-    use super::super::{ActRow, BlockQ8K, DotFn};
+    use super::super::{ActRow, BlockQ8K, Dot4Fn, DotFn};
     use super::{m_d, m_scale, m_words, s_qh, M_BYTES, S_BYTES};
     use crate::kernels::Isa;
     use std::arch::x86_64::*;
 
     pub(super) const AVX2_S: Option<DotFn> = Some(dot_avx2_s);
     pub(super) const AVX2_M: Option<DotFn> = Some(dot_avx2_m);
+    pub(super) const DOT4_S: Option<Dot4Fn> = Some(dot4_avx2_s);
+    pub(super) const DOT4_M: Option<Dot4Fn> = Some(dot4_avx2_m);
 
     fn dot_avx2_s(w: &[u8], a: &ActRow<'_>) -> f32 {
         if !Isa::Avx2.supported() {
             return super::dot_scalar_s(w, a);
         }
         // SAFETY: the CPU has AVX2, FMA and F16C (checked just above).
-        unsafe { dot_avx2_s_impl(w, a.q8k) }
+        unsafe { dot_avx2_s_impl::<1>(w, [a.q8k])[0] }
+    }
+
+    /// Four activation rows: the grid rows, deltas and scales of each group are made once;
+    /// per row the arithmetic is the single-row dot's, so each row gets its bits.
+    fn dot4_avx2_s(w: &[u8], a: &[ActRow<'_>; 4], out: &mut [f32; 4]) {
+        if !Isa::Avx2.supported() {
+            *out = std::array::from_fn(|r| super::dot_scalar_s(w, &a[r]));
+            return;
+        }
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above).
+        *out = unsafe { dot_avx2_s_impl::<4>(w, [a[0].q8k, a[1].q8k, a[2].q8k, a[3].q8k]) };
     }
 
     fn dot_avx2_m(w: &[u8], a: &ActRow<'_>) -> f32 {
@@ -184,47 +211,67 @@ mod simd {
             return super::dot_scalar_m(w, a);
         }
         // SAFETY: the CPU has AVX2, FMA and F16C (checked just above).
-        unsafe { dot_avx2_m_impl(w, a.q8k) }
+        unsafe { dot_avx2_m_impl1(w, a.q8k) }
+    }
+
+    /// Four activation rows: the grid rows, deltas and scales of each group are made once;
+    /// per row the arithmetic is the single-row dot's, so each row gets its bits.
+    fn dot4_avx2_m(w: &[u8], a: &[ActRow<'_>; 4], out: &mut [f32; 4]) {
+        if !Isa::Avx2.supported() {
+            *out = std::array::from_fn(|r| super::dot_scalar_m(w, &a[r]));
+            return;
+        }
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above).
+        *out = unsafe { dot_avx2_m_impl::<4>(w, [a[0].q8k, a[1].q8k, a[2].q8k, a[3].q8k]) };
     }
 
     /// IQ1_S, per 32-element group: four grid rows (-1/0/+1) from the table; `sign` applies
     /// them to the activations, `maddubs` by 8 sums pairs; the delta's part is `±sum a`, from
-    /// the activations' 16-element sums; `madd` with 2s+1.
+    /// the activations' 16-element sums; `madd` with 2s+1. For `N` activation rows at once.
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn dot_avx2_s_impl(w: &[u8], a: &[BlockQ8K]) -> f32 {
-        let mut acc = _mm256_setzero_ps();
+    fn dot_avx2_s_impl<const N: usize>(w: &[u8], a: [&[BlockQ8K]; N]) -> [f32; N] {
+        let mut acc = [_mm256_setzero_ps(); N];
         let pf = prefetch_distance();
         let eight = _mm256_set1_epi8(8);
-        for (b, q8) in w.chunks_exact(S_BYTES).zip(a) {
+        let nb = common_blocks(w, S_BYTES, &a);
+        for (i, b) in w.chunks_exact(S_BYTES).take(nb).enumerate() {
             prefetch(b.as_ptr(), pf, S_BYTES);
-            let mut isum = _mm256_setzero_si256();
-            let mut dsum = 0i32;
-            for (g, x) in q8.qs.chunks_exact(32).enumerate() {
+            let mut isum = [_mm256_setzero_si256(); N];
+            let mut dsum = [0i32; N];
+            for g in 0..8 {
                 let qh = s_qh(b, g) as usize;
                 let rows =
                     std::array::from_fn(|k| b[2 + 4 * g + k] as usize | ((qh >> (3 * k)) & 7) << 8);
                 let grid = rows8(&IQ1S_GRID, rows);
-                // SAFETY: `x` is 32 bytes.
-                let x = unsafe { _mm256_loadu_si256(x.as_ptr() as *const __m256i) };
-                let p = _mm256_maddubs_epi16(eight, _mm256_sign_epi8(x, grid));
                 let s = (2 * ((qh >> 12) & 7) + 1) as i32;
-                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, _mm256_set1_epi16(s as i16)));
-                let xs = q8.bsums[2 * g] as i32 + q8.bsums[2 * g + 1] as i32;
-                dsum += if qh & 0x8000 == 0 { s * xs } else { -s * xs };
+                let sv = _mm256_set1_epi16(s as i16);
+                for r in 0..N {
+                    let q8 = &a[r][i];
+                    let x = &q8.qs[32 * g..32 * g + 32];
+                    // SAFETY: `x` is 32 bytes.
+                    let x = unsafe { _mm256_loadu_si256(x.as_ptr() as *const __m256i) };
+                    let p = _mm256_maddubs_epi16(eight, _mm256_sign_epi8(x, grid));
+                    isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, sv));
+                    let xs = q8.bsums[2 * g] as i32 + q8.bsums[2 * g + 1] as i32;
+                    dsum[r] += if qh & 0x8000 == 0 { s * xs } else { -s * xs };
+                }
             }
             // SAFETY: `b` holds the block's f16 `d` in its first two bytes; F16C is enabled.
-            let f = q8.d * unsafe { f16_at(b.as_ptr()) } * 0.125;
-            let isum = _mm256_add_epi32(isum, _mm256_setr_epi32(dsum, 0, 0, 0, 0, 0, 0, 0));
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(isum), acc);
+            let fd = unsafe { f16_at(b.as_ptr()) };
+            for r in 0..N {
+                let f = a[r][i].d * fd * 0.125;
+                let isum =
+                    _mm256_add_epi32(isum[r], _mm256_setr_epi32(dsum[r], 0, 0, 0, 0, 0, 0, 0));
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(isum), acc[r]);
+            }
         }
-        hsum256(acc)
+        hsums(&acc)
     }
 
-    /// IQ1_M, per 32-element group: four grid rows from the table, made `8 grid ± 1` with the
-    /// rows' delta signs (bytes in -9..9), multiplied with `abs`/`sign`/`maddubs`; `madd` with
-    /// the two half-group scales (low lane / high lane).
+    /// The IQ1_M single-row dot: `dot_avx2_m_impl::<1>` in a shape that runs 8% faster
+    /// (decode); the same integer sums and f32 operations, so the same bits.
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn dot_avx2_m_impl(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    fn dot_avx2_m_impl1(w: &[u8], a: &[BlockQ8K]) -> f32 {
         let mut acc = _mm256_setzero_ps();
         let pf = prefetch_distance();
         let high5 = _mm256_set1_epi8(0xf8u8 as i8);
@@ -263,5 +310,60 @@ mod simd {
             acc = _mm256_fmadd_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(isum), acc);
         }
         hsum256(acc)
+    }
+
+    /// IQ1_M, per 32-element group: four grid rows from the table, made `8 grid ± 1` with the
+    /// rows' delta signs (bytes in -9..9), multiplied with `abs`/`sign`/`maddubs`; `madd` with
+    /// the two half-group scales (low lane / high lane). For `N` activation rows at once.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn dot_avx2_m_impl<const N: usize>(w: &[u8], a: [&[BlockQ8K]; N]) -> [f32; N] {
+        let mut acc = [_mm256_setzero_ps(); N];
+        let pf = prefetch_distance();
+        let high5 = _mm256_set1_epi8(0xf8u8 as i8);
+        let one = _mm256_set1_epi8(1);
+        // Qword k: the delta bit of row k (bit 3 + 4k of the group's two qh bytes).
+        let dbit = _mm256_set_epi64x(
+            0x8000_8000_8000_8000u64 as i64,
+            0x0800_0800_0800_0800,
+            0x0080_0080_0080_0080,
+            0x0008_0008_0008_0008,
+        );
+        let nb = common_blocks(w, M_BYTES, &a);
+        for (i, b) in w.chunks_exact(M_BYTES).take(nb).enumerate() {
+            prefetch(b.as_ptr(), pf, M_BYTES);
+            let sc = m_words(b);
+            let scales: [u8; 16] = std::array::from_fn(|m| (2 * m_scale(&sc, m) + 1) as u8);
+            // SAFETY: `scales` is 16 bytes.
+            let scales = unsafe { _mm_loadu_si128(scales.as_ptr() as *const __m128i) };
+            let scales = _mm256_broadcastsi128_si256(scales);
+            let q8: [&BlockQ8K; N] = std::array::from_fn(|r| &a[r][i]);
+            let mut isum = [_mm256_setzero_si256(); N];
+            for g in 0..8 {
+                let qh = u16::from_le_bytes([b[32 + 2 * g], b[33 + 2 * g]]) as usize;
+                let rows =
+                    std::array::from_fn(|k| b[4 * g + k] as usize | ((qh >> (4 * k)) & 7) << 8);
+                let grid = rows8(&IQ1S_GRID, rows);
+                // 8 * grid per byte: shifting 16-bit lanes carries into the next byte's low
+                // three bits, which the mask clears.
+                let w8 = _mm256_and_si256(_mm256_slli_epi16(grid, 3), high5);
+                let dq = _mm256_and_si256(_mm256_set1_epi16(qh as i16), dbit);
+                let delta = _mm256_or_si256(_mm256_cmpeq_epi16(dq, dbit), one);
+                let wv = _mm256_add_epi8(w8, delta);
+                let s = scale_pair(scales, g);
+                for (isum, q8) in isum.iter_mut().zip(&q8) {
+                    let x = &q8.qs[32 * g..32 * g + 32];
+                    // SAFETY: `x` is 32 bytes.
+                    let x = unsafe { _mm256_loadu_si256(x.as_ptr() as *const __m256i) };
+                    let p = mul_signed(wv, x);
+                    *isum = _mm256_add_epi32(*isum, _mm256_madd_epi16(p, s));
+                }
+            }
+            let fm = m_d(&sc);
+            for r in 0..N {
+                let f = q8[r].d * fm * 0.125;
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(isum[r]), acc[r]);
+            }
+        }
+        hsums(&acc)
     }
 }

@@ -12,7 +12,7 @@
 
 use super::float::f16_at;
 use super::iq_grids::IQ2S_GRID;
-use super::{ActFormat, ActRow, TypeKernels};
+use super::{ActFormat, ActRow, Dot4Kernels, TypeKernels};
 use crate::dtype::DType;
 
 const BLOCK_BYTES: usize = 82;
@@ -25,6 +25,13 @@ pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
     dot_avx2: simd::AVX2,
     dot_avx512: None,
 });
+
+/// Four-row dots (prefill), each row with the single-row dot's bits; AVX-512 machines run these
+/// AVX2 ones as they do the single-row dot.
+pub(super) const DOT4: Dot4Kernels = Dot4Kernels {
+    avx2: simd::DOT4,
+    avx512: None,
+};
 
 /// Grid row of 8-element row `i` (< 32) of block `b`.
 #[inline]
@@ -80,38 +87,52 @@ fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
 #[cfg(not(target_arch = "x86_64"))]
 mod simd {
     pub(super) const AVX2: Option<super::super::DotFn> = None;
+    pub(super) const DOT4: Option<super::super::Dot4Fn> = None;
 }
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use super::super::iq_grids::IQ2S_GRID;
-    use super::super::iq_x86::{rows8, scale_pair, signs_pm1};
+    use super::super::iq_x86::{common_blocks, hsums, rows8, scale_pair, signs_pm1};
     use super::super::simd::prefetch_distance;
-    use super::super::simd::x86::{f16_at, hsum256, prefetch};
-    use super::super::{ActRow, BlockQ8K, DotFn};
+    use super::super::simd::x86::{f16_at, prefetch};
+    use super::super::{ActRow, BlockQ8K, Dot4Fn, DotFn};
     use super::BLOCK_BYTES;
     use crate::kernels::Isa;
     use std::arch::x86_64::*;
 
     pub(super) const AVX2: Option<DotFn> = Some(dot_avx2);
+    pub(super) const DOT4: Option<Dot4Fn> = Some(dot4_avx2);
 
     fn dot_avx2(w: &[u8], a: &ActRow<'_>) -> f32 {
         if !Isa::Avx2.supported() {
             return super::dot_scalar(w, a);
         }
         // SAFETY: the CPU has AVX2, FMA and F16C (checked just above).
-        unsafe { dot_avx2_impl(w, a.q8k) }
+        unsafe { dot_avx2_impl::<1>(w, [a.q8k])[0] }
+    }
+
+    /// Four activation rows: the grid rows, signs and scales of each group are made once; per
+    /// row the arithmetic is the single-row dot's, so each row gets its bits.
+    fn dot4_avx2(w: &[u8], a: &[ActRow<'_>; 4], out: &mut [f32; 4]) {
+        if !Isa::Avx2.supported() {
+            *out = std::array::from_fn(|r| super::dot_scalar(w, &a[r]));
+            return;
+        }
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above).
+        *out = unsafe { dot_avx2_impl::<4>(w, [a[0].q8k, a[1].q8k, a[2].q8k, a[3].q8k]) };
     }
 
     /// Per 32-element group: four grid rows from the table, the group's 32 sign bits as ±1
     /// bytes, `maddubs` of magnitudes with sign-applied activations, `madd` with the two
-    /// half-group scales (2s+1, low lane / high lane).
+    /// half-group scales (2s+1, low lane / high lane); for `N` activation rows at once.
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn dot_avx2_impl(w: &[u8], a: &[BlockQ8K]) -> f32 {
-        let mut acc = _mm256_setzero_ps();
+    fn dot_avx2_impl<const N: usize>(w: &[u8], a: [&[BlockQ8K]; N]) -> [f32; N] {
+        let mut acc = [_mm256_setzero_ps(); N];
         let pf = prefetch_distance();
         let mask = _mm_set1_epi8(0x0f);
-        for (b, q8) in w.chunks_exact(BLOCK_BYTES).zip(a) {
+        let nb = common_blocks(w, BLOCK_BYTES, &a);
+        for (i, b) in w.chunks_exact(BLOCK_BYTES).take(nb).enumerate() {
             prefetch(b.as_ptr(), pf, BLOCK_BYTES);
             let sc = u64::from_le_bytes(b[74..82].try_into().expect("8 bytes"));
             let sc = _mm_cvtsi64_si128(sc as i64);
@@ -121,22 +142,31 @@ mod simd {
             );
             let sc =
                 _mm256_broadcastsi128_si256(_mm_or_si128(_mm_add_epi8(sc, sc), _mm_set1_epi8(1)));
-            let mut isum = _mm256_setzero_si256();
-            for (g, x) in q8.qs.chunks_exact(32).enumerate() {
+            let q8: [&BlockQ8K; N] = std::array::from_fn(|r| &a[r][i]);
+            let mut isum = [_mm256_setzero_si256(); N];
+            for g in 0..8 {
                 let qh = b[66 + g] as usize;
                 let rows =
                     std::array::from_fn(|k| b[2 + 4 * g + k] as usize | ((qh >> (2 * k)) & 3) << 8);
                 let grid = rows8(&IQ2S_GRID, rows);
                 let bits = u32::from_le_bytes(b[34 + 4 * g..38 + 4 * g].try_into().expect("4"));
-                // SAFETY: `x` is 32 bytes.
-                let x = unsafe { _mm256_loadu_si256(x.as_ptr() as *const __m256i) };
-                let p = _mm256_maddubs_epi16(grid, _mm256_sign_epi8(x, signs_pm1(bits)));
-                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scale_pair(sc, g)));
+                let signs = signs_pm1(bits);
+                let s = scale_pair(sc, g);
+                for (isum, q8) in isum.iter_mut().zip(&q8) {
+                    let x = &q8.qs[32 * g..32 * g + 32];
+                    // SAFETY: `x` is 32 bytes.
+                    let x = unsafe { _mm256_loadu_si256(x.as_ptr() as *const __m256i) };
+                    let p = _mm256_maddubs_epi16(grid, _mm256_sign_epi8(x, signs));
+                    *isum = _mm256_add_epi32(*isum, _mm256_madd_epi16(p, s));
+                }
             }
             // SAFETY: `b` holds the block's f16 `d` in its first two bytes; F16C is enabled.
-            let f = q8.d * unsafe { f16_at(b.as_ptr()) } * 0.125;
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(isum), acc);
+            let fd = unsafe { f16_at(b.as_ptr()) };
+            for r in 0..N {
+                let f = q8[r].d * fd * 0.125;
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(isum[r]), acc[r]);
+            }
         }
-        hsum256(acc)
+        hsums(&acc)
     }
 }

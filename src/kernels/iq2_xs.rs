@@ -13,7 +13,7 @@
 use super::float::f16_at;
 use super::iq_grids::IQ2XS_GRID;
 use super::tables::KSIGNS_IQ2XS;
-use super::{ActFormat, ActRow, TypeKernels};
+use super::{ActFormat, ActRow, Dot4Kernels, TypeKernels};
 use crate::dtype::DType;
 
 const BLOCK_BYTES: usize = 74;
@@ -26,6 +26,13 @@ pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
     dot_avx2: simd::AVX2,
     dot_avx512: None,
 });
+
+/// Four-row dots (prefill), each row with the single-row dot's bits; AVX-512 machines run these
+/// AVX2 ones as they do the single-row dot.
+pub(super) const DOT4: Dot4Kernels = Dot4Kernels {
+    avx2: simd::DOT4,
+    avx512: None,
+};
 
 /// Row word `i` (< 32) of block `b`: (grid row, sign index).
 #[inline]
@@ -84,35 +91,47 @@ fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
 #[cfg(not(target_arch = "x86_64"))]
 mod simd {
     pub(super) const AVX2: Option<super::super::DotFn> = None;
+    pub(super) const DOT4: Option<super::super::Dot4Fn> = None;
 }
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use super::super::iq_grids::IQ2XS_GRID;
-    use super::super::iq_x86::{rows8, scale_pair};
+    use super::super::iq_x86::{common_blocks, hsums, rows8, scale_pair};
     use super::super::simd::prefetch_distance;
     use super::super::simd::x86::{f16_at, hsum256, prefetch};
     use super::super::tables::KSIGNS_IQ2XS_PM1;
-    use super::super::{ActRow, BlockQ8K, DotFn};
+    use super::super::{ActRow, BlockQ8K, Dot4Fn, DotFn};
     use super::BLOCK_BYTES;
     use crate::kernels::Isa;
     use std::arch::x86_64::*;
 
     pub(super) const AVX2: Option<DotFn> = Some(dot_avx2);
+    pub(super) const DOT4: Option<Dot4Fn> = Some(dot4_avx2);
 
     fn dot_avx2(w: &[u8], a: &ActRow<'_>) -> f32 {
         if !Isa::Avx2.supported() {
             return super::dot_scalar(w, a);
         }
         // SAFETY: the CPU has AVX2, FMA and F16C (checked just above).
-        unsafe { dot_avx2_impl(w, a.q8k) }
+        unsafe { dot_avx2_impl1(w, a.q8k) }
     }
 
-    /// Per 32-element group: four grid rows and four sign rows (±1 bytes) from tables,
-    /// `maddubs` of magnitudes with sign-applied activations, `madd` with the two half-group
-    /// scales (2s+1, low lane / high lane).
+    /// Four activation rows: the grid rows, signs and scales of each group are made once; per
+    /// row the arithmetic is the single-row dot's, so each row gets its bits.
+    fn dot4_avx2(w: &[u8], a: &[ActRow<'_>; 4], out: &mut [f32; 4]) {
+        if !Isa::Avx2.supported() {
+            *out = std::array::from_fn(|r| super::dot_scalar(w, &a[r]));
+            return;
+        }
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above).
+        *out = unsafe { dot_avx2_impl::<4>(w, [a[0].q8k, a[1].q8k, a[2].q8k, a[3].q8k]) };
+    }
+
+    /// The single-row dot: `dot_avx2_impl::<1>` in a shape that runs 7% faster (decode); the
+    /// same integer sums and f32 operations, so the same bits.
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn dot_avx2_impl(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    fn dot_avx2_impl1(w: &[u8], a: &[BlockQ8K]) -> f32 {
         let mut acc = _mm256_setzero_ps();
         let pf = prefetch_distance();
         let mask = _mm_set1_epi8(0x0f);
@@ -147,5 +166,55 @@ mod simd {
             acc = _mm256_fmadd_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(isum), acc);
         }
         hsum256(acc)
+    }
+
+    /// Per 32-element group: four grid rows and four sign rows (±1 bytes) from tables,
+    /// `maddubs` of magnitudes with sign-applied activations, `madd` with the two half-group
+    /// scales (2s+1, low lane / high lane); for `N` activation rows at once.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn dot_avx2_impl<const N: usize>(w: &[u8], a: [&[BlockQ8K]; N]) -> [f32; N] {
+        let mut acc = [_mm256_setzero_ps(); N];
+        let pf = prefetch_distance();
+        let mask = _mm_set1_epi8(0x0f);
+        let nb = common_blocks(w, BLOCK_BYTES, &a);
+        for (i, b) in w.chunks_exact(BLOCK_BYTES).take(nb).enumerate() {
+            prefetch(b.as_ptr(), pf, BLOCK_BYTES);
+            // 16 scales 2s+1 in element order, in both lanes.
+            let sc = u64::from_le_bytes(b[66..74].try_into().expect("8 bytes"));
+            let sc = _mm_cvtsi64_si128(sc as i64);
+            let sc = _mm_unpacklo_epi8(
+                _mm_and_si128(sc, mask),
+                _mm_and_si128(_mm_srli_epi16(sc, 4), mask),
+            );
+            let sc = _mm_or_si128(_mm_add_epi8(sc, sc), _mm_set1_epi8(1));
+            let sc = _mm256_broadcastsi128_si256(sc);
+            let q8: [&BlockQ8K; N] = std::array::from_fn(|r| &a[r][i]);
+            let mut isum = [_mm256_setzero_si256(); N];
+            let qs: [u16; 32] =
+                std::array::from_fn(|i| u16::from_le_bytes([b[2 + 2 * i], b[3 + 2 * i]]));
+            for g in 0..8 {
+                let q = &qs[4 * g..4 * g + 4];
+                let grid = rows8(&IQ2XS_GRID, std::array::from_fn(|k| (q[k] & 511) as usize));
+                let signs = rows8(
+                    &KSIGNS_IQ2XS_PM1,
+                    std::array::from_fn(|k| (q[k] >> 9) as usize),
+                );
+                let s = scale_pair(sc, g);
+                for (isum, q8) in isum.iter_mut().zip(&q8) {
+                    let x = &q8.qs[32 * g..32 * g + 32];
+                    // SAFETY: `x` is 32 bytes.
+                    let x = unsafe { _mm256_loadu_si256(x.as_ptr() as *const __m256i) };
+                    let p = _mm256_maddubs_epi16(grid, _mm256_sign_epi8(x, signs));
+                    *isum = _mm256_add_epi32(*isum, _mm256_madd_epi16(p, s));
+                }
+            }
+            // SAFETY: `b` holds the block's f16 `d` in its first two bytes; F16C is enabled.
+            let fd = unsafe { f16_at(b.as_ptr()) };
+            for r in 0..N {
+                let f = q8[r].d * fd * 0.125;
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(isum[r]), acc[r]);
+            }
+        }
+        hsums(&acc)
     }
 }

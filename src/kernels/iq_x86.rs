@@ -78,3 +78,24 @@ pub(super) fn scale_pair(s: __m256i, g: usize) -> __m256i {
 pub(super) fn mul_signed(w: __m256i, x: __m256i) -> __m256i {
     _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w))
 }
+
+/// The number of whole `bb`-byte blocks of `w` that every activation row of `a` also holds.
+#[inline]
+pub(super) fn common_blocks<const N: usize>(
+    w: &[u8],
+    bb: usize,
+    a: &[&[super::BlockQ8K]; N],
+) -> usize {
+    a.iter().map(|a| a.len()).fold(w.len() / bb, usize::min)
+}
+
+/// The horizontal sum of each accumulator (the last step of every kernel here).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(super) fn hsums<const N: usize>(acc: &[__m256; N]) -> [f32; N] {
+    let mut out = [0.0f32; N];
+    for (o, &v) in out.iter_mut().zip(acc) {
+        *o = super::simd::x86::hsum256(v);
+    }
+    out
+}
