@@ -87,6 +87,7 @@ fn jobs_equal_single_products_bit_for_bit() {
                             acts,
                             row0: 0,
                             rows: t_rows,
+                            pick: None,
                             y,
                         })
                     })
@@ -121,6 +122,7 @@ fn jobs_refuse_bad_shapes_and_too_many() {
         acts: &a,
         row0: 0,
         rows: 1,
+        pick: None,
         y: &mut y,
     })];
     assert!(kernels::matmul_jobs(&mut jobs, None, Isa::detect()).is_err());
@@ -130,6 +132,7 @@ fn jobs_refuse_bad_shapes_and_too_many() {
         acts: &a,
         row0: 1,
         rows: 1,
+        pick: None,
         y: &mut y,
     })];
     assert!(kernels::matmul_jobs(&mut jobs, None, Isa::detect()).is_err());
@@ -139,6 +142,7 @@ fn jobs_refuse_bad_shapes_and_too_many() {
         acts: &a,
         row0: 2,
         rows: 1,
+        pick: None,
         y: &mut y,
     })];
     assert!(kernels::matmul_jobs(&mut jobs, None, Isa::detect()).is_err());
@@ -147,6 +151,7 @@ fn jobs_refuse_bad_shapes_and_too_many() {
         acts: &a,
         row0: 1,
         rows: 1,
+        pick: None,
         y: &mut y,
     })];
     kernels::matmul_jobs(&mut jobs, None, Isa::detect()).unwrap();

@@ -45,6 +45,12 @@ pub struct State {
     pub(super) up: Vec<f32>,     // (batch, widest ffn)
     pub(super) down: Vec<f32>,   // (batch, hidden)
     pub(super) slot_out: Vec<f32>, // (batch, k, hidden) each token's expert outputs, unweighted
+    /// (batch, k) the tokens of every needed expert, expert after expert (resident experts).
+    pub(super) order: Vec<u32>,
+    /// (batch, k) row of `slot_out` holding token t's slot s output, at t * k + s.
+    pub(super) row_of: Vec<u32>,
+    /// The experts' down-product activations (SiLU of gate and up), as many rows as `gate`.
+    pub(super) acts_ffn: Acts,
     pub(crate) acts: Acts,
     pub(crate) logits: Vec<f32>,   // (logit_rows, vocab)
     pub(crate) needed: Vec<usize>, // (n_experts) experts one MoE layer needs, ascending
@@ -159,6 +165,12 @@ impl State {
             up: vec![0.0; batch * ffn],
             down: vec![0.0; batch * h],
             slot_out: vec![0.0; batch * k * h],
+            order: vec![0; batch * k],
+            row_of: vec![0; batch * k],
+            acts_ffn: Acts::with_capacity(
+                batch * ffn / cfg.expert_ffn.max(1),
+                cfg.expert_ffn.min(ffn),
+            ),
             acts: Acts::with_capacity(batch, widest),
             logits: vec![0.0; logit_rows * cfg.vocab],
             needed: Vec::with_capacity(e),
@@ -242,6 +254,7 @@ impl State {
         .iter()
         .map(|v| v.capacity() * 4)
         .sum::<usize>();
+        let u32s = (self.order.capacity() + self.row_of.capacity()) * 4;
         let usizes = (self.groups_kept.capacity()
             + self.sel.capacity()
             + self.needed.capacity()
@@ -253,6 +266,12 @@ impl State {
             .iter()
             .map(|g| g.capacity() * std::mem::size_of::<(u32, u32)>())
             .sum::<usize>();
-        f32s + usizes + groups + self.pf_mark.capacity() + self.acts.bytes() + self.idx.bytes()
+        f32s + u32s
+            + usizes
+            + groups
+            + self.pf_mark.capacity()
+            + self.acts.bytes()
+            + self.acts_ffn.bytes()
+            + self.idx.bytes()
     }
 }
