@@ -288,7 +288,7 @@ pub struct MatJob<'j, 'w> {
 }
 
 /// Most products one [`matmul_jobs`] call runs.
-pub const MAX_JOBS: usize = 64;
+pub const MAX_JOBS: usize = 256;
 
 /// Prepare `acts` for weights of `dtype` (what `matmul` does itself; `matmul_jobs` needs it
 /// done first, since its jobs may share activations).

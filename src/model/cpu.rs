@@ -697,9 +697,7 @@ impl Backend for CpuBackend<'_, '_, '_> {
 
     fn swiglu(&mut self, n: usize, f: usize) -> Result<(), ModelError> {
         let st = &mut *self.st;
-        for (g, u) in st.gate[..n * f].iter_mut().zip(&st.up[..n * f]) {
-            *g = silu(*g) * u;
-        }
+        swiglu_par(&self.m.pool, &mut st.gate[..n * f], &st.up[..n * f]);
         Ok(())
     }
 
@@ -932,9 +930,7 @@ impl<'a> Model<'a> {
         st.acts.load(&st.xn[..n * h], n, h);
         kernels::matmul(&m.gate, &mut st.acts, &mut st.gate[..n * f], pool, isa)?;
         kernels::matmul(&m.up, &mut st.acts, &mut st.up[..n * f], pool, isa)?;
-        for (g, u) in st.gate[..n * f].iter_mut().zip(&st.up[..n * f]) {
-            *g = silu(*g) * u;
-        }
+        swiglu_par(&self.pool, &mut st.gate[..n * f], &st.up[..n * f]);
         st.acts.load(&st.gate[..n * f], n, f);
         kernels::matmul(&m.down, &mut st.acts, &mut st.down[..n * h], pool, isa)?;
         Ok(())
