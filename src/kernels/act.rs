@@ -207,7 +207,8 @@ impl Acts {
         }
     }
 
-    /// `rows` x `cols` activations written row by row by `fill(row, out)` and quantized as
+    /// `rows` x `cols` activations written row by row by `fill(row, out)` (which must write
+    /// every element of `out`: it holds stale values) and quantized as
     /// `fmt` in the same pass: pieces of rows run in parallel on `pool` (the spinning gang,
     /// `super::par_for`) when there are many, each piece filling its rows and quantizing their
     /// blocks while they are in cache. The same bits as `load` of the filled rows followed by
@@ -219,10 +220,18 @@ impl Acts {
         pool: Option<&rayon::ThreadPool>,
         fill: &(dyn Fn(usize, &mut [f32]) + Sync),
     ) {
+        // Every element is written below (`fill` writes its whole row, the quantizer every
+        // block), so the buffers are only resized: no pass that zeroes them first.
+        fn size<T: Copy>(v: &mut Vec<T>, n: usize, zero: T) {
+            if v.len() < n {
+                v.resize(n, zero);
+            } else {
+                v.truncate(n);
+            }
+        }
         self.rows = rows;
         self.cols = cols;
-        self.f32.clear();
-        self.f32.resize(rows * cols, 0.0);
+        size(&mut self.f32, rows * cols, 0.0);
         self.ready_q8_32 = false;
         self.ready_q8k = false;
         self.ready_q8k_rows = false;
@@ -233,14 +242,8 @@ impl Acts {
             _ => None,
         };
         match q {
-            Some(32) => {
-                self.q8_32.clear();
-                self.q8_32.resize(rows * (cols / 32), ZERO32);
-            }
-            Some(_) => {
-                self.q8k.clear();
-                self.q8k.resize(rows * (cols / QK), ZEROK);
-            }
+            Some(32) => size(&mut self.q8_32, rows * (cols / 32), ZERO32),
+            Some(_) => size(&mut self.q8k, rows * (cols / QK), ZEROK),
             None => {}
         }
         struct P<T>(*mut T);
