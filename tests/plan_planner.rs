@@ -516,5 +516,8 @@ fn memory_cgroup_limit_below_available_sets_the_budget() {
     let p = plan(&m, Some(&pr), &PlanRequest::default()).unwrap();
     assert_eq!(p.budget_bytes, 64 * GB / 100 * 85);
     pr.memory.cgroup_limit_bytes = Some(8 * GB);
-    assert_eq!(plan(&m, Some(&pr), &req(6 * GB)).unwrap().budget_bytes, 6 * GB);
+    assert_eq!(
+        plan(&m, Some(&pr), &req(6 * GB)).unwrap().budget_bytes,
+        6 * GB
+    );
 }

@@ -807,6 +807,9 @@ fn cache_decision(
     })
 }
 
+/// The read mode, the reader threads, and the probed point (read size, figures) behind them.
+type IoChoice<'p> = (IoMode, usize, Option<(u64, &'p super::ReadPoint)>);
+
 /// How experts are read (`--io`, else O_DIRECT where the profile says it works) and by how many
 /// reader threads (`--io-threads`, else the disk probe's best point); also the disk ceiling the
 /// prediction uses.
@@ -816,7 +819,7 @@ fn io_decision<'p>(
     req: &PlanRequest,
     stream: bool,
     ds: &mut Vec<Decision>,
-) -> Result<(IoMode, usize, Option<(u64, &'p super::ReadPoint)>), PlanError> {
+) -> Result<IoChoice<'p>, PlanError> {
     let direct_ok = profile.map(|p| p.storage.o_direct);
     let (io, io_why) = match (req.io, direct_ok) {
         (Some(i), _) => (i, "--io".to_string()),
