@@ -87,6 +87,7 @@ fn jobs_equal_single_products_bit_for_bit() {
                             acts,
                             row0: 0,
                             rows: t_rows,
+                            pick: None,
                             y,
                         })
                     })
@@ -121,6 +122,7 @@ fn jobs_refuse_bad_shapes_and_too_many() {
         acts: &a,
         row0: 0,
         rows: 1,
+        pick: None,
         y: &mut y,
     })];
     assert!(kernels::matmul_jobs(&mut jobs, None, Isa::detect()).is_err());
@@ -130,6 +132,7 @@ fn jobs_refuse_bad_shapes_and_too_many() {
         acts: &a,
         row0: 1,
         rows: 1,
+        pick: None,
         y: &mut y,
     })];
     assert!(kernels::matmul_jobs(&mut jobs, None, Isa::detect()).is_err());
@@ -139,6 +142,7 @@ fn jobs_refuse_bad_shapes_and_too_many() {
         acts: &a,
         row0: 2,
         rows: 1,
+        pick: None,
         y: &mut y,
     })];
     assert!(kernels::matmul_jobs(&mut jobs, None, Isa::detect()).is_err());
@@ -147,7 +151,83 @@ fn jobs_refuse_bad_shapes_and_too_many() {
         acts: &a,
         row0: 1,
         rows: 1,
+        pick: None,
         y: &mut y,
     })];
     kernels::matmul_jobs(&mut jobs, None, Isa::detect()).unwrap();
+}
+
+/// A job over picked rows (`MatJob::pick`, an expert's tokens out of the whole batch) gives
+/// the bits of `matmul` on those rows gathered; `Acts::fill_prepared` (rows written and
+/// quantized in one parallel pass) gives the bits of `load` + `prepare`. Picks cover the
+/// tile (8x4), four-row and single-row paths.
+#[test]
+fn picked_rows_and_filled_acts_equal_gathered_bit_for_bit() {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(3)
+        .build()
+        .unwrap();
+    let batch = 40usize;
+    for (t, rows, cols) in [
+        (DType::Q4_K, 72usize, 512usize),
+        (DType::Q8_0, 40, 256),
+        (DType::F32, 24, 64),
+    ] {
+        let mut b = Vec::new();
+        quantize(t, &values(rows * cols, 3), &mut b).unwrap();
+        let w = WeightView::new(t, &b, rows, cols).unwrap();
+        let x = values(batch * cols, 9);
+        for isa in Isa::available() {
+            let mut all = Acts::new();
+            all.load(&x, batch, cols);
+            kernels::prepare_for(t, &mut all).unwrap();
+            // The same rows written by fill_prepared (in parallel pieces: 40 x 512 >= 4 x 4096).
+            let mut filled = Acts::new();
+            let fmt = kernels::kernels_for(t).unwrap().act;
+            filled.fill_prepared((batch, cols), fmt, Some(&pool), &|r, out| {
+                out.copy_from_slice(&x[r * cols..(r + 1) * cols])
+            });
+            for pick in [
+                vec![3u32],
+                vec![0, 7, 39],
+                vec![5, 1, 30, 2, 11, 12, 13, 38, 20],
+            ] {
+                let gathered: Vec<f32> = pick
+                    .iter()
+                    .flat_map(|&r| x[r as usize * cols..(r as usize + 1) * cols].to_vec())
+                    .collect();
+                let mut a = Acts::new();
+                a.load(&gathered, pick.len(), cols);
+                let mut want = vec![f32::NAN; pick.len() * rows];
+                kernels::matmul(&w, &mut a, &mut want, None, isa).unwrap();
+                for acts in [&all, &filled] {
+                    let mut y = vec![f32::NAN; pick.len() * rows];
+                    let mut jobs = [Some(MatJob {
+                        w: &w,
+                        acts,
+                        row0: 0,
+                        rows: pick.len(),
+                        pick: Some(&pick),
+                        y: &mut y,
+                    })];
+                    kernels::matmul_jobs(&mut jobs, Some(&pool), isa).unwrap();
+                    for (i, (g, w)) in y.iter().zip(&want).enumerate() {
+                        assert_eq!(g.to_bits(), w.to_bits(), "{t:?} {isa:?} {pick:?} {i}");
+                    }
+                }
+            }
+            // A pick past the activations is refused.
+            let mut y = vec![0.0; rows];
+            let bad = [batch as u32];
+            let mut jobs = [Some(MatJob {
+                w: &w,
+                acts: &all,
+                row0: 0,
+                rows: 1,
+                pick: Some(&bad),
+                y: &mut y,
+            })];
+            assert!(kernels::matmul_jobs(&mut jobs, None, isa).is_err());
+        }
+    }
 }

@@ -306,6 +306,7 @@ fn jobs_with_an_offset_window_use_that_window() {
             acts: &acts,
             row0,
             rows: n,
+            pick: None,
             y: &mut y,
         })];
         kernels::matmul_jobs(&mut jobs, None, isa).unwrap();

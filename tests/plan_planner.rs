@@ -497,3 +497,27 @@ fn run_reads_check_the_profile() {
     let back: MachineProfile = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
     assert_eq!(back, p);
 }
+
+/// Without `--ram`, a memory cgroup's limit below MemAvailable sets the budget (85% of it):
+/// the cgroup counts the process whatever the machine has free.
+#[test]
+fn memory_cgroup_limit_below_available_sets_the_budget() {
+    let m = model();
+    let mut pr = profile(7.0, 16, 50.0, 64 * GB, true);
+    pr.memory.cgroup_limit_bytes = Some(8 * GB);
+    pr.memory.cgroup_source = Some("/sys/fs/cgroup/memory/x/memory.limit_in_bytes".into());
+    let p = plan(&m, Some(&pr), &PlanRequest::default()).unwrap();
+    assert_eq!(p.budget_bytes, 8 * GB / 100 * 85);
+    let (_, why) = decision(&p, "budget");
+    assert!(why.contains("memory cgroup's limit"), "{why}");
+    assert!(p.stream);
+    // A limit above MemAvailable changes nothing; --ram still wins over both.
+    pr.memory.cgroup_limit_bytes = Some(128 * GB);
+    let p = plan(&m, Some(&pr), &PlanRequest::default()).unwrap();
+    assert_eq!(p.budget_bytes, 64 * GB / 100 * 85);
+    pr.memory.cgroup_limit_bytes = Some(8 * GB);
+    assert_eq!(
+        plan(&m, Some(&pr), &req(6 * GB)).unwrap().budget_bytes,
+        6 * GB
+    );
+}

@@ -347,16 +347,18 @@ pub fn time_shares(st: &crate::model::State) -> (serde_json::Value, String, Stri
     (shares, line, verdict.to_string())
 }
 
-/// The end-of-run expert line: hit rates, experts read per token, bytes read and read speed.
-/// `before` (the figures when the prefill ended) is subtracted, so the line is decode only.
 /// After a streamed run: the decode speed this run's own routes allow with this cache size —
 /// Belady's optimal eviction replayed on the route log (`cache-sim`'s bound), its misses priced
-/// at the run's own read rate, plus the run's compute time — and how close the run came.
+/// at the run's own read rate and at the disk's O_DIRECT ceiling (`disk_gbps`, the machine
+/// profile's), plus the run's compute time — how close the run came to each, and how fast its
+/// expert reads went against that ceiling (issue 16's streaming goals: reads >= 0.9 of the
+/// ceiling, tok/s >= 0.8 of the bound).
 pub fn belady_bound(
     st: &crate::model::State,
     before: Option<crate::experts::CacheStats>,
     decoded: usize,
     secs: f64,
+    disk_gbps: Option<f64>,
 ) -> Option<String> {
     use crate::experts::{simulate_from, SimPolicy};
     let cache = st.experts()?;
@@ -375,7 +377,7 @@ pub fn belady_bound(
     let compute = (secs - s.wait_secs).max(0.0);
     let bound = decoded as f64 / (compute + bel.misses as f64 * per_miss).max(1e-9);
     let measured = decoded as f64 / secs.max(1e-9);
-    Some(format!(
+    let mut line = format!(
         "[experts] bound: Belady's eviction on this run's routes would hit {:.1}% (this run {:.1}%), {:.1} experts read/token: {bound:.2} tok/s at this run's read rate ({:.2} ms/expert) and compute ({:.2}s); measured {measured:.2} tok/s = {:.0}% of it",
         100.0 * bel.hit_rate(),
         100.0 * s.hit_rate(),
@@ -383,9 +385,24 @@ pub fn belady_bound(
         1e3 * per_miss,
         compute,
         100.0 * measured / bound
-    ))
+    );
+    if let Some(disk) = disk_gbps.filter(|&g| g > 0.0) {
+        // The same misses read at the disk's ceiling: the bound a perfect reader would allow.
+        let bytes_per_miss = s.bytes_read as f64 / s.misses as f64;
+        let at_disk = bel.misses as f64 * bytes_per_miss / (disk * 1e9);
+        let disk_bound = decoded as f64 / (compute + at_disk).max(1e-9);
+        let run_gbps = gb(s.bytes_read) / s.read_secs;
+        line += &format!(
+            "\n[experts] bound at the disk's ceiling ({disk:.2} GB/s O_DIRECT, machine profile): {disk_bound:.2} tok/s; measured = {:.0}% of it | this run's expert reads {run_gbps:.2} GB/s = {:.2} of the ceiling",
+            100.0 * measured / disk_bound,
+            run_gbps / disk
+        );
+    }
+    Some(line)
 }
 
+/// The end-of-run expert line: hit rates, experts read per token, bytes read and read speed.
+/// `before` (the figures when the prefill ended) is subtracted, so the line is decode only.
 pub fn expert_summary(
     st: &crate::model::State,
     before: Option<crate::experts::CacheStats>,

@@ -118,6 +118,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         stats.experts_after_prefill,
         stats.decoded(),
         stats.decode_secs,
+        engine.plan.disk_gbps,
     ) {
         eprintln!("{line}");
     }

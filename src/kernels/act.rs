@@ -232,6 +232,99 @@ impl Acts {
         }
     }
 
+    /// `rows` x `cols` activations written row by row by `fill(row, out)` (which must write
+    /// every element of `out`: it holds stale values) and quantized as
+    /// `fmt` in the same pass: pieces of rows run in parallel on `pool` (the spinning gang,
+    /// `super::par_for`) when there are many, each piece filling its rows and quantizing their
+    /// blocks while they are in cache. The same bits as `load` of the filled rows followed by
+    /// `prepare(fmt)` (a block's quantization depends on that block alone).
+    pub fn fill_prepared(
+        &mut self,
+        (rows, cols): (usize, usize),
+        fmt: ActFormat,
+        pool: Option<&rayon::ThreadPool>,
+        fill: &(dyn Fn(usize, &mut [f32]) + Sync),
+    ) {
+        // Every element is written below (`fill` writes its whole row, the quantizer every
+        // block), so the buffers are only resized: no pass that zeroes them first.
+        fn size<T: Copy>(v: &mut Vec<T>, n: usize, zero: T) {
+            if v.len() < n {
+                v.resize(n, zero);
+            } else {
+                v.truncate(n);
+            }
+        }
+        self.rows = rows;
+        self.cols = cols;
+        size(&mut self.f32, rows * cols, 0.0);
+        self.ready_q8_32 = false;
+        self.ready_q8k = false;
+        self.ready_q8k_rows = false;
+        // The quantized copy made in the pass: Q8KRows is made from Q8K afterwards.
+        let q = match fmt {
+            ActFormat::Q8_32 if cols.is_multiple_of(32) => Some(32),
+            ActFormat::Q8K | ActFormat::Q8KRows if cols.is_multiple_of(QK) => Some(QK),
+            _ => None,
+        };
+        match q {
+            Some(32) => size(&mut self.q8_32, rows * (cols / 32), ZERO32),
+            Some(_) => size(&mut self.q8k, rows * (cols / QK), ZEROK),
+            None => {}
+        }
+        struct P<T>(*mut T);
+        // SAFETY: each piece writes only its own rows of the buffers.
+        unsafe impl<T> Sync for P<T> {}
+        let (fp, q32, qk) = (
+            P(self.f32.as_mut_ptr()),
+            P(self.q8_32.as_mut_ptr()),
+            P(self.q8k.as_mut_ptr()),
+        );
+        let piece = (4096 / cols.max(1)).max(1);
+        let one = |p: usize| {
+            let (fp, q32, qk) = (&fp, &q32, &qk);
+            for r in p * piece..((p + 1) * piece).min(rows) {
+                // SAFETY: row r belongs to piece p alone; r < rows, so its `cols` floats and
+                // its blocks lie inside the buffers sized above.
+                let x = unsafe { std::slice::from_raw_parts_mut(fp.0.add(r * cols), cols) };
+                fill(r, x);
+                match q {
+                    Some(32) => {
+                        let nb = cols / 32;
+                        // SAFETY: as above (row r's blocks).
+                        let o = unsafe { std::slice::from_raw_parts_mut(q32.0.add(r * nb), nb) };
+                        for (xb, qb) in x.chunks_exact(32).zip(o) {
+                            quantize_q8_32(xb, qb);
+                        }
+                    }
+                    Some(_) => {
+                        let nb = cols / QK;
+                        // SAFETY: as above (row r's blocks).
+                        let o = unsafe { std::slice::from_raw_parts_mut(qk.0.add(r * nb), nb) };
+                        for (xb, qb) in x.chunks_exact(QK).zip(o) {
+                            quantize_q8k(xb, qb);
+                        }
+                    }
+                    None => {}
+                }
+            }
+        };
+        let threads = pool.map_or(1, |p| p.current_num_threads());
+        let pieces = rows.div_ceil(piece);
+        if threads < 2 || rows * cols < 4 * 4096 {
+            (0..pieces).for_each(one);
+        } else {
+            super::par_for(pool, pieces, &one);
+        }
+        match q {
+            Some(32) => self.ready_q8_32 = true,
+            Some(_) => {
+                self.ready_q8k = true;
+                self.prepare(fmt);
+            }
+            None => {}
+        }
+    }
+
     /// Row `i` in every prepared format.
     pub fn row(&self, i: usize) -> ActRow<'_> {
         let c = self.cols;

@@ -112,6 +112,36 @@ fn setup(w: &WeightView<'_>, acts: &mut Acts, y_len: usize, isa: Isa) -> Result<
     Dots::new(w.dtype, isa)
 }
 
+/// The activation rows a product runs over: rows `a0..a0 + rows` of `acts`, or, with `pick`,
+/// rows `pick[0], pick[1], ..` (`rows` = its length: an expert's tokens, with no gather).
+#[derive(Clone, Copy)]
+struct Src<'a> {
+    acts: &'a Acts,
+    a0: usize,
+    rows: usize,
+    pick: Option<&'a [u32]>,
+}
+
+impl<'a> Src<'a> {
+    fn all(acts: &'a Acts) -> Src<'a> {
+        Src {
+            acts,
+            a0: 0,
+            rows: acts.rows(),
+            pick: None,
+        }
+    }
+
+    /// The product's activation row `t`.
+    #[inline]
+    fn row(&self, t: usize) -> ActRow<'a> {
+        match self.pick {
+            Some(p) => self.acts.row(p[t] as usize),
+            None => self.acts.row(self.a0 + t),
+        }
+    }
+}
+
 /// Weight rows r0..r1 against every activation row: `out(t * w.rows + r, value)`.
 ///
 /// Weight rows go in tiles: a tile stays in L2 while every activation row passes over it, so
@@ -119,7 +149,7 @@ fn setup(w: &WeightView<'_>, acts: &mut Acts, y_len: usize, isa: Isa) -> Result<
 /// row. One activation row (decode) makes this the plain row loop.
 fn rows_range(
     w: &WeightView<'_>,
-    (acts, a0, t_rows): (&Acts, usize, usize),
+    src: Src<'_>,
     dots: Dots,
     r0: usize,
     r1: usize,
@@ -134,13 +164,14 @@ fn rows_range(
         dot4,
         tile: tile8,
     } = dots;
+    let t_rows = src.rows;
     let mut t0 = r0;
     while t0 < r1 {
         let t1 = (t0 + tile).min(r1);
         let mut t = 0;
         while t < t_rows {
             let n = (t_rows - t).min(4);
-            let a: [ActRow<'_>; 4] = std::array::from_fn(|k| acts.row(a0 + t + k.min(n - 1)));
+            let a: [ActRow<'_>; 4] = std::array::from_fn(|k| src.row(t + k.min(n - 1)));
             let mut r8 = t0;
             // Tiles from two tokens up. One token (decode's matvec) keeps the single-row dot:
             // the tile's eight side-by-side row streams read memory slower (Q4_K AVX-512, one
@@ -196,9 +227,7 @@ pub fn matmul(
     let threads = pool.map(|p| p.current_num_threads()).unwrap_or(1);
     let total_bytes = w.bytes.len() * acts.rows().max(1);
     if threads <= 1 || total_bytes < 256 * 1024 || n_rows < 2 {
-        rows_range(w, (acts, 0, acts.rows()), dots, 0, n_rows, &mut |i, v| {
-            y[i] = v
-        });
+        rows_range(w, Src::all(acts), dots, 0, n_rows, &mut |i, v| y[i] = v);
         return Ok(());
     }
     // Enough chunks to balance load across uneven cores, few enough to keep overhead low.
@@ -209,7 +238,7 @@ pub fn matmul(
         let yp = &yp;
         let r0 = c * chunk;
         let r1 = (r0 + chunk).min(n_rows);
-        rows_range(w, (acts, 0, acts.rows()), dots, r0, r1, &mut |i, v| {
+        rows_range(w, Src::all(acts), dots, r0, r1, &mut |i, v| {
             // SAFETY: i = t*n_rows + r < y.len() (checked in `setup`); weight row r
             // belongs to exactly one chunk, so no two tasks write the same element.
             unsafe { *yp.0.add(i) = v }
@@ -251,11 +280,15 @@ pub struct MatJob<'j, 'w> {
     pub acts: &'j Acts,
     pub row0: usize,
     pub rows: usize,
+    /// When set, the job's activation rows are these rows of `acts` instead of `row0..`
+    /// (`rows` must be its length): an expert's tokens picked from the whole batch's
+    /// activations, quantized once, instead of gathered and quantized per expert.
+    pub pick: Option<&'j [u32]>,
     pub y: &'j mut [f32],
 }
 
 /// Most products one [`matmul_jobs`] call runs.
-pub const MAX_JOBS: usize = 64;
+pub const MAX_JOBS: usize = 256;
 
 /// Prepare `acts` for weights of `dtype` (what `matmul` does itself; `matmul_jobs` needs it
 /// done first, since its jobs may share activations).
@@ -291,7 +324,11 @@ pub fn matmul_jobs(
             job.w.rows * job.w.cols,
             job.w.bytes.len(),
         )?;
-        if job.acts.cols() != job.w.cols || job.row0 + job.rows > job.acts.rows() {
+        let in_range = match job.pick {
+            Some(p) => p.len() == job.rows && p.iter().all(|&r| (r as usize) < job.acts.rows()),
+            None => job.row0 + job.rows <= job.acts.rows(),
+        };
+        if job.acts.cols() != job.w.cols || !in_range {
             return Err(KernelError::Shape(format!(
                 "job {j}: activation rows {}..{} of {}x{} against a weight of {} columns",
                 job.row0,
@@ -322,12 +359,22 @@ pub fn matmul_jobs(
     let mut chunk = [0usize; MAX_JOBS];
     let mut first = [0usize; MAX_JOBS + 1];
     let mut outs = [SyncPtr(std::ptr::null_mut()); MAX_JOBS];
+    // One activation row per job (decode): a chunk is a share of the job's weight rows. Several
+    // (prefill's experts, whose token counts differ): a chunk is about an eighth of a thread's
+    // share of the region's work (weight bytes x activation rows), so tasks are not tiny and
+    // the experts with many tokens are cut finer.
+    let work = |job: &MatJob<'_, '_>| job.w.bytes.len() * job.rows;
+    let batched = jobs.iter().flatten().any(|j| j.rows > 1);
+    let per_task = jobs.iter().flatten().map(work).sum::<usize>() / (threads * 8);
     for (j, job) in jobs.iter_mut().enumerate() {
         first[j + 1] = first[j];
         let Some(job) = job else { continue };
-        chunk[j] = (job.w.rows / (threads * 2))
-            .clamp(8, 4096)
-            .next_multiple_of(8);
+        let rows = if batched {
+            per_task / (job.w.row_bytes() * job.rows).max(1)
+        } else {
+            job.w.rows / (threads * 2)
+        };
+        chunk[j] = rows.clamp(8, 4096).next_multiple_of(8);
         first[j + 1] += job.w.rows.div_ceil(chunk[j]);
         outs[j] = SyncPtr(job.y.as_mut_ptr());
     }
@@ -337,26 +384,23 @@ pub fn matmul_jobs(
     let (dots, chunk, first, outs) = (&dots, &chunk, &first, &outs);
     let one = |c: usize| {
         // The job whose chunks hold c: the last with first[j] <= c < first[j + 1].
-        let Some(j) = (0..n).find(|&j| c < first[j + 1]) else {
-            return;
-        };
-        let Some(job) = &jobs[j] else { return };
+        let j = first[1..=n].partition_point(|&f| f <= c);
+        let Some(Some(job)) = jobs.get(j) else { return };
         let r0 = (c - first[j]) * chunk[j];
         let r1 = (r0 + chunk[j]).min(job.w.rows);
         let yp = &outs[j];
         if let Some(d) = dots[j] {
-            rows_range(
-                job.w,
-                (job.acts, job.row0, job.rows),
-                d,
-                r0,
-                r1,
-                &mut |i, v| {
-                    // SAFETY: i = t*rows + r < y.len() (checked above); weight row r of job j
-                    // belongs to exactly one chunk and jobs share no output.
-                    unsafe { *yp.0.add(i) = v }
-                },
-            );
+            let src = Src {
+                acts: job.acts,
+                a0: job.row0,
+                rows: job.rows,
+                pick: job.pick,
+            };
+            rows_range(job.w, src, d, r0, r1, &mut |i, v| {
+                // SAFETY: i = t*rows + r < y.len() (checked above); weight row r of job j
+                // belongs to exactly one chunk and jobs share no output.
+                unsafe { *yp.0.add(i) = v }
+            });
         }
     };
     match pool {

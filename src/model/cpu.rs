@@ -433,6 +433,7 @@ impl CpuBackend<'_, '_, '_> {
                     acts,
                     row0: 0,
                     rows: 1,
+                    pick: None,
                     y: &mut y[..wv.rows],
                 });
             }
@@ -705,9 +706,7 @@ impl Backend for CpuBackend<'_, '_, '_> {
 
     fn swiglu(&mut self, n: usize, f: usize) -> Result<(), ModelError> {
         let st = &mut *self.st;
-        for (g, u) in st.gate[..n * f].iter_mut().zip(&st.up[..n * f]) {
-            *g = silu(*g) * u;
-        }
+        swiglu_par(&self.m.pool, &mut st.gate[..n * f], &st.up[..n * f]);
         Ok(())
     }
 
@@ -1043,9 +1042,7 @@ impl<'a> Model<'a> {
         st.acts.load(&st.xn[..n * h], n, h);
         kernels::matmul(&m.gate, &mut st.acts, &mut st.gate[..n * f], pool, isa)?;
         kernels::matmul(&m.up, &mut st.acts, &mut st.up[..n * f], pool, isa)?;
-        for (g, u) in st.gate[..n * f].iter_mut().zip(&st.up[..n * f]) {
-            *g = silu(*g) * u;
-        }
+        swiglu_par(&self.pool, &mut st.gate[..n * f], &st.up[..n * f]);
         st.acts.load(&st.gate[..n * f], n, f);
         kernels::matmul(&m.down, &mut st.acts, &mut st.down[..n * h], pool, isa)?;
         Ok(())
@@ -1109,112 +1106,201 @@ impl<'a> Model<'a> {
         Ok(())
     }
 
-    /// Whether `moe_one_token` applies: one token (decode), its experts' products fit one
-    /// `matmul_jobs` call and its gate/up/down rows fit the state's buffers.
-    fn one_token_experts_fit(&self, st: &State, n: usize) -> bool {
-        n == 1 && 2 * st.needed.len() <= kernels::MAX_JOBS && st.needed.len() <= st.batch()
-    }
-
-    /// Decode's routed experts (resident): every chosen expert's gate and up products in one
-    /// parallel region, then every down product in another, instead of a join per product.
-    /// Same dot per output element, the same activation quantization, biases and activation
-    /// as `run_expert`, so results are bit-identical to it; each expert's output lands in its
-    /// top-k slot.
-    fn moe_one_token(&self, st: &mut State, m: &Moe<'_>) -> Result<(), ModelError> {
+    /// Routed experts whose weights are in memory (resident or mapped) for tokens 0..n: the
+    /// needed experts in groups whose rows (one per token an expert has) fit the gate and up
+    /// buffers, three parallel regions per group instead of several short steps per expert:
+    /// 1. every expert's gate and up products (`matmul_jobs`), each over its tokens' rows of
+    ///    the input quantized once for the whole batch (picked by index: no gather);
+    /// 2. each row's biases and activation written straight into the down products'
+    ///    activations and quantized in the same task (`Acts::fill_prepared`);
+    /// 3. every expert's down product into its rows of `slot_out` (expert after expert; the
+    ///    row of token t's slot s is `row_of[t * k + s]`, which `combine` reads).
+    ///
+    /// Decode is the one-token case (one group; the activation step runs serially). Each
+    /// output element has the bits `run_expert` gives it: the same dot on the same quantized
+    /// row, the same biases and activation element by element.
+    fn moe_resident(&self, st: &mut State, m: &Moe<'_>) -> Result<(), ModelError> {
         let (h, k, f) = (
             self.cfg.hidden,
             self.cfg.n_experts_used,
             self.cfg.expert_ffn,
         );
         let (pool, isa) = (Some(&self.pool), self.isa);
-        let cnt = st.needed.len();
-        st.experts_run += cnt;
-        let mut views: [Option<&WeightView<'_>>; kernels::MAX_JOBS] = [None; kernels::MAX_JOBS];
-        st.acts.load(&st.xn[..h], 1, h);
-        for (j, &ex) in st.needed.iter().enumerate() {
-            views[2 * j] = Some(&m.experts[ex].gate);
-            views[2 * j + 1] = Some(&m.experts[ex].up);
+        st.experts_run += st.needed.len();
+        // Rows in expert order: `order` holds their tokens, `row_of` where each slot went.
+        let mut r = 0;
+        for &ex in &st.needed {
+            for &(t, slot) in &st.groups[ex] {
+                st.order[r] = t;
+                st.row_of[t as usize * k + slot as usize] = r as u32;
+                r += 1;
+            }
+        }
+        // `st.acts` holds xn (the router's input); the experts' formats are added to it.
+        for &ex in &st.needed {
             kernels::prepare_for(m.experts[ex].gate.dtype, &mut st.acts)?;
             kernels::prepare_for(m.experts[ex].up.dtype, &mut st.acts)?;
         }
-        {
-            let acts = &st.acts;
-            let mut gate = st.gate[..cnt * f].chunks_exact_mut(f);
-            let mut up = st.up[..cnt * f].chunks_exact_mut(f);
-            let mut jobs: [Option<kernels::MatJob<'_, '_>>; kernels::MAX_JOBS] =
-                std::array::from_fn(|_| None);
-            for j in 0..cnt {
-                for (slot, y) in [(2 * j, gate.next()), (2 * j + 1, up.next())] {
-                    if let (Some(w), Some(y)) = (views[slot], y) {
+        let cap = st.gate.len().min(st.up.len()) / f.max(1);
+        let (mut i, mut row0) = (0, 0);
+        while i < st.needed.len() {
+            // The group: experts needed[i..e], rows row0..row0 + rows.
+            let (mut e, mut rows) = (i, 0);
+            while e < st.needed.len()
+                && 2 * (e - i + 1) <= kernels::MAX_JOBS
+                && rows + st.groups[st.needed[e]].len() <= cap
+            {
+                rows += st.groups[st.needed[e]].len();
+                e += 1;
+            }
+            if e == i {
+                return Err(ModelError::Config(format!(
+                    "expert {} has {} tokens, more than the {cap} rows of the expert buffers",
+                    st.needed[i],
+                    st.groups[st.needed[i]].len()
+                )));
+            }
+            let group = &st.needed[i..e];
+            // Each expert's first row, relative to row0.
+            let mut at = [0usize; kernels::MAX_JOBS / 2 + 1];
+            for (j, &ex) in group.iter().enumerate() {
+                at[j + 1] = at[j] + st.groups[ex].len();
+            }
+            let at = &at[..=group.len()];
+
+            // 1. gate and up.
+            {
+                let acts = &st.acts;
+                let (mut g_rest, mut u_rest) = (&mut st.gate[..rows * f], &mut st.up[..rows * f]);
+                let mut jobs: [Option<kernels::MatJob<'_, '_>>; kernels::MAX_JOBS] =
+                    std::array::from_fn(|_| None);
+                for (j, &ex) in group.iter().enumerate() {
+                    let cnt = at[j + 1] - at[j];
+                    let pick = &st.order[row0 + at[j]..row0 + at[j + 1]];
+                    let (g, rest) = std::mem::take(&mut g_rest).split_at_mut(cnt * f);
+                    g_rest = rest;
+                    let (u, rest) = std::mem::take(&mut u_rest).split_at_mut(cnt * f);
+                    u_rest = rest;
+                    for (slot, w, y) in [
+                        (2 * j, &m.experts[ex].gate, g),
+                        (2 * j + 1, &m.experts[ex].up, u),
+                    ] {
                         jobs[slot] = Some(kernels::MatJob {
                             w,
                             acts,
                             row0: 0,
-                            rows: 1,
+                            rows: cnt,
+                            pick: Some(pick),
                             y,
                         });
                     }
                 }
+                let t = cpu_prof::start();
+                kernels::matmul_jobs(&mut jobs[..2 * group.len()], pool, isa)?;
+                cpu_prof::add(cpu_prof::EXPERT_MATMUL, t);
             }
-            let t = cpu_prof::start();
-            kernels::matmul_jobs(&mut jobs[..2 * cnt], pool, isa)?;
-            cpu_prof::add(cpu_prof::EXPERT_MATMUL, t);
-        }
-        // gpt-oss's expert biases and activation, element for element as in `run_expert`.
-        if let Some(b) = m.exp_bias.as_ref() {
-            for (j, &ex) in st.needed.iter().enumerate() {
-                let (bg, bu) = (&b.gate[ex * f..(ex + 1) * f], &b.up[ex * f..(ex + 1) * f]);
-                add_rows(&mut st.gate[j * f..(j + 1) * f], Some(bg));
-                add_rows(&mut st.up[j * f..(j + 1) * f], Some(bu));
+
+            // 2. biases (gpt-oss) and the activation, quantized for the down products.
+            {
+                let (gate, up) = (&st.gate[..rows * f], &st.up[..rows * f]);
+                let bias = m.exp_bias.as_ref();
+                let act = self.cfg.expert_act;
+                let fill = |r: usize, out: &mut [f32]| {
+                    let (g, u) = (&gate[r * f..(r + 1) * f], &up[r * f..(r + 1) * f]);
+                    out.copy_from_slice(g);
+                    // As `run_expert`: gate + bias and up + bias rounded to f32, then the
+                    // activation of the pair.
+                    let ex = group[at.partition_point(|&a| a <= r) - 1];
+                    let (bg, bu) = match bias {
+                        Some(b) => (&b.gate[ex * f..(ex + 1) * f], &b.up[ex * f..(ex + 1) * f]),
+                        None => (&[][..], &[][..]),
+                    };
+                    out.iter_mut().zip(bg).for_each(|(o, b)| *o += b);
+                    for (idx, (o, &u)) in out.iter_mut().zip(u).enumerate() {
+                        let u = match bu.get(idx) {
+                            Some(b) => u + b,
+                            None => u,
+                        };
+                        match act {
+                            ExpertAct::Silu => *o = silu(*o) * u,
+                            ExpertAct::ClampedSwiglu { alpha, limit } => {
+                                gptoss::clamped_swiglu(std::slice::from_mut(o), &[u], alpha, limit)
+                            }
+                        }
+                    }
+                };
+                let fmt = kernels::kernels_for(m.experts[group[0]].down.dtype)?.act;
+                st.acts_ffn.fill_prepared((rows, f), fmt, pool, &fill);
+                for &ex in group {
+                    kernels::prepare_for(m.experts[ex].down.dtype, &mut st.acts_ffn)?;
+                }
             }
-        }
-        match self.cfg.expert_act {
-            ExpertAct::Silu => {
-                swiglu_par(&self.pool, &mut st.gate[..cnt * f], &st.up[..cnt * f]);
-            }
-            ExpertAct::ClampedSwiglu { alpha, limit } => {
-                gptoss::clamped_swiglu(&mut st.gate[..cnt * f], &st.up[..cnt * f], alpha, limit)
-            }
-        }
-        st.acts.load(&st.gate[..cnt * f], cnt, f);
-        for &ex in &st.needed {
-            kernels::prepare_for(m.experts[ex].down.dtype, &mut st.acts)?;
-        }
-        {
-            let acts = &st.acts;
-            let mut down = st.down[..cnt * h].chunks_exact_mut(h);
-            let mut jobs: [Option<kernels::MatJob<'_, '_>>; kernels::MAX_JOBS] =
-                std::array::from_fn(|_| None);
-            for (j, &ex) in st.needed.iter().enumerate() {
-                if let Some(y) = down.next() {
+
+            // 3. down, into the group's rows of slot_out.
+            {
+                let acts = &st.acts_ffn;
+                let mut d_rest = &mut st.slot_out[row0 * h..(row0 + rows) * h];
+                let mut jobs: [Option<kernels::MatJob<'_, '_>>; kernels::MAX_JOBS] =
+                    std::array::from_fn(|_| None);
+                for (j, &ex) in group.iter().enumerate() {
+                    let cnt = at[j + 1] - at[j];
+                    let (d, rest) = std::mem::take(&mut d_rest).split_at_mut(cnt * h);
+                    d_rest = rest;
                     jobs[j] = Some(kernels::MatJob {
                         w: &m.experts[ex].down,
                         acts,
-                        row0: j,
-                        rows: 1,
-                        y,
+                        row0: at[j],
+                        rows: cnt,
+                        pick: None,
+                        y: d,
                     });
                 }
+                let t = cpu_prof::start();
+                kernels::matmul_jobs(&mut jobs[..group.len()], pool, isa)?;
+                cpu_prof::add(cpu_prof::EXPERT_MATMUL, t);
             }
-            let t = cpu_prof::start();
-            kernels::matmul_jobs(&mut jobs[..cnt], pool, isa)?;
-            cpu_prof::add(cpu_prof::EXPERT_MATMUL, t);
-        }
-        if let Some(b) = m.exp_bias.as_ref() {
-            for (j, &ex) in st.needed.iter().enumerate() {
-                add_rows(
-                    &mut st.down[j * h..(j + 1) * h],
-                    Some(&b.down[ex * h..(ex + 1) * h]),
-                );
+            if let Some(b) = m.exp_bias.as_ref() {
+                for (j, &ex) in group.iter().enumerate() {
+                    let rs = (row0 + at[j]) * h..(row0 + at[j + 1]) * h;
+                    add_rows(&mut st.slot_out[rs], Some(&b.down[ex * h..(ex + 1) * h]));
+                }
             }
-        }
-        for (j, &ex) in st.needed.iter().enumerate() {
-            for &(t, slot) in &st.groups[ex] {
-                let dst = (t as usize * k + slot as usize) * h;
-                st.slot_out[dst..dst + h].copy_from_slice(&st.down[j * h..(j + 1) * h]);
-            }
+            row0 += rows;
+            i = e;
         }
         Ok(())
+    }
+
+    /// `st.proj` row i = the sum over token i's top-k slots, in slot order, of the slot's
+    /// weight times its expert's output (row `row_of[i * k + s]` of `slot_out`); pieces of
+    /// rows in parallel from 16 rows up (each row's sum is the serial one).
+    fn combine(&self, st: &mut State, n: usize) {
+        let (h, k) = (self.cfg.hidden, self.cfg.n_experts_used);
+        let (selw, row_of, slot_out) = (&st.selw, &st.row_of, &st.slot_out);
+        let one = |i: usize, out: &mut [f32]| {
+            out.fill(0.0);
+            for slot in 0..k {
+                let r = row_of[i * k + slot] as usize;
+                axpy(out, selw[i * k + slot], &slot_out[r * h..(r + 1) * h]);
+            }
+        };
+        let proj = &mut st.proj[..n * h];
+        if n < 16 {
+            for (i, out) in proj.chunks_exact_mut(h).enumerate() {
+                one(i, out);
+            }
+            return;
+        }
+        const PIECE: usize = 4;
+        let pp = SendPtr(proj.as_mut_ptr());
+        kernels::par_for(Some(&self.pool), n.div_ceil(PIECE), &|p| {
+            let pp = &pp;
+            for i in p * PIECE..((p + 1) * PIECE).min(n) {
+                // SAFETY: row i (< n) of proj belongs to piece p alone.
+                let out = unsafe { std::slice::from_raw_parts_mut(pp.0.add(i * h), h) };
+                one(i, out);
+            }
+        });
     }
 
     /// The needed experts through the streaming cache, in waves of at most the layer's
@@ -1387,30 +1473,22 @@ impl<'a> Model<'a> {
             None
         };
         let run = match streamed {
-            None if self.one_token_experts_fit(st, n) => self.moe_one_token(st, m),
-            None => (0..st.needed.len()).try_for_each(|i| {
-                let ex = st.needed[i];
-                let xw = &m.experts[ex];
-                self.run_expert(st, ex, &xw.gate, &xw.up, &xw.down, m.exp_bias.as_ref())
-            }),
-            Some(c) => self.moe_streamed(st, l, m, c),
+            None => self.moe_resident(st, m),
+            Some(c) => {
+                // run_expert leaves token t's slot s in row t * k + s.
+                st.row_of[..n * k]
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(i, r)| *r = i as u32);
+                self.moe_streamed(st, l, m, c)
+            }
         };
         st.expert_cache = cache;
+        if run.is_ok() {
+            self.combine(st, n);
+        }
         cpu_prof::add(cpu_prof::EXPERT_OTHER, t_ex);
         run?;
-
-        for i in 0..n {
-            let out = &mut st.proj[i * h..(i + 1) * h];
-            out.fill(0.0);
-            for slot in 0..k {
-                let wv = st.selw[i * k + slot];
-                axpy(
-                    out,
-                    wv,
-                    &st.slot_out[(i * k + slot) * h..(i * k + slot + 1) * h],
-                );
-            }
-        }
         if let Some(sh) = &m.shared {
             self.shared_mlp(st, n, sh)?;
             if let Some(g) = &m.shared_gate {

@@ -41,10 +41,16 @@ pub struct State {
     pub(crate) selw: Vec<f32>,   // (batch, k) their routing weights
     pub(crate) groups: Vec<Vec<(u32, u32)>>, // per expert: (token, slot) pairs, capacity batch
     pub(super) gathered: Vec<f32>, // (batch, hidden) inputs of one expert's tokens
-    pub(super) gate: Vec<f32>,   // (batch, widest ffn)
-    pub(super) up: Vec<f32>,     // (batch, widest ffn)
+    pub(super) gate: Vec<f32>,   // (batch, max(widest ffn, k x expert ffn))
+    pub(super) up: Vec<f32>,     // (batch, max(widest ffn, k x expert ffn))
     pub(super) down: Vec<f32>,   // (batch, hidden)
     pub(super) slot_out: Vec<f32>, // (batch, k, hidden) each token's expert outputs, unweighted
+    /// (batch, k) the tokens of every needed expert, expert after expert (resident experts).
+    pub(super) order: Vec<u32>,
+    /// (batch, k) row of `slot_out` holding token t's slot s output, at t * k + s.
+    pub(super) row_of: Vec<u32>,
+    /// The experts' down-product activations (SiLU of gate and up), as many rows as `gate`.
+    pub(super) acts_ffn: Acts,
     pub(crate) acts: Acts,
     pub(crate) logits: Vec<f32>,   // (logit_rows, vocab)
     pub(crate) needed: Vec<usize>, // (n_experts) experts one MoE layer needs, ascending
@@ -116,6 +122,9 @@ impl State {
             AttnKind::Gqa => (0, 0),
         };
         let ffn = cfg.expert_ffn.max(cfg.dense_ffn).max(cfg.shared_ffn);
+        // Gate and up hold every routed row of a chunk (batch x k rows of the expert width), so
+        // the resident experts of a layer run as one group of parallel regions.
+        let ffn_rows = batch.max(1) * ffn.max(k * cfg.expert_ffn);
         let batch = batch.max(1);
         let logit_rows = logit_rows.clamp(1, batch);
         let widest = (2 * h)
@@ -155,10 +164,13 @@ impl State {
             selw: vec![0.0; batch * k],
             groups: (0..e).map(|_| Vec::with_capacity(batch)).collect(),
             gathered: vec![0.0; batch * h],
-            gate: vec![0.0; batch * ffn],
-            up: vec![0.0; batch * ffn],
+            gate: vec![0.0; ffn_rows],
+            up: vec![0.0; ffn_rows],
             down: vec![0.0; batch * h],
             slot_out: vec![0.0; batch * k * h],
+            order: vec![0; batch * k],
+            row_of: vec![0; batch * k],
+            acts_ffn: Acts::with_capacity(ffn_rows / cfg.expert_ffn.max(1), cfg.expert_ffn),
             acts: Acts::with_capacity(batch, widest),
             logits: vec![0.0; logit_rows * cfg.vocab],
             needed: Vec::with_capacity(e),
@@ -242,6 +254,7 @@ impl State {
         .iter()
         .map(|v| v.capacity() * 4)
         .sum::<usize>();
+        let u32s = (self.order.capacity() + self.row_of.capacity()) * 4;
         let usizes = (self.groups_kept.capacity()
             + self.sel.capacity()
             + self.needed.capacity()
@@ -253,6 +266,12 @@ impl State {
             .iter()
             .map(|g| g.capacity() * std::mem::size_of::<(u32, u32)>())
             .sum::<usize>();
-        f32s + usizes + groups + self.pf_mark.capacity() + self.acts.bytes() + self.idx.bytes()
+        f32s + u32s
+            + usizes
+            + groups
+            + self.pf_mark.capacity()
+            + self.acts.bytes()
+            + self.acts_ffn.bytes()
+            + self.idx.bytes()
     }
 }

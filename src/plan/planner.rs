@@ -3,7 +3,7 @@
 //! `Plan`; `run` builds its expert cache from it.
 //!
 //! Decisions, each a `Decision { what, value, reason }` (one `[plan]` line):
-//! - budget: `--ram`, else 85% of MemAvailable.
+//! - budget: `--ram`, else 85% of MemAvailable or of the memory cgroup's limit if lower.
 //! - resident bytes (dense weights, norms, embeddings, shared experts) and KV bytes for `-c`.
 //! - experts: resident (read through the mapped files) when the whole model fits the budget,
 //!   else streamed through the bounded cache (`--experts` overrides).
@@ -616,10 +616,22 @@ fn budget_decision(
     ds: &mut Vec<Decision>,
 ) -> Result<u64, PlanError> {
     let available = req.available.or(profile.map(|p| p.memory.available_bytes));
-    let (budget, why) = match (req.ram, available) {
-        (Some(r), _) => (r, "--ram".to_string()),
-        (None, Some(a)) => (a / 100 * 85, format!("85% of MemAvailable {}", human(a))),
-        (None, None) => (
+    // A memory cgroup's limit counts this process (and its page cache) whatever MemAvailable
+    // says: a run planned on MemAvailable inside a smaller cgroup is killed by the OOM killer.
+    let cgroup = profile.and_then(|p| {
+        let m = &p.memory;
+        m.cgroup_limit_bytes
+            .filter(|&c| available.is_none_or(|a| c < a))
+            .map(|c| (c, m.cgroup_source.clone().unwrap_or_default()))
+    });
+    let (budget, why) = match (req.ram, available, cgroup) {
+        (Some(r), _, _) => (r, "--ram".to_string()),
+        (None, _, Some((c, src))) => (
+            c / 100 * 85,
+            format!("85% of the memory cgroup's limit {} ({src})", human(c)),
+        ),
+        (None, Some(a), None) => (a / 100 * 85, format!("85% of MemAvailable {}", human(a))),
+        (None, None, None) => (
             m.total_bytes(),
             "MemAvailable unknown: assumed the whole model fits".to_string(),
         ),
@@ -795,6 +807,9 @@ fn cache_decision(
     })
 }
 
+/// The read mode, the reader threads, and the probed point (read size, figures) behind them.
+type IoChoice<'p> = (IoMode, usize, Option<(u64, &'p super::ReadPoint)>);
+
 /// How experts are read (`--io`, else O_DIRECT where the profile says it works) and by how many
 /// reader threads (`--io-threads`, else the disk probe's best point); also the disk ceiling the
 /// prediction uses.
@@ -804,7 +819,7 @@ fn io_decision<'p>(
     req: &PlanRequest,
     stream: bool,
     ds: &mut Vec<Decision>,
-) -> Result<(IoMode, usize, Option<(u64, &'p super::ReadPoint)>), PlanError> {
+) -> Result<IoChoice<'p>, PlanError> {
     let direct_ok = profile.map(|p| p.storage.o_direct);
     let (io, io_why) = match (req.io, direct_ok) {
         (Some(i), _) => (i, "--io".to_string()),
