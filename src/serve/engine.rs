@@ -3,8 +3,9 @@
 //! reuses the longest common token prefix of the session, or restores one from `--kv-dir`);
 //! with `--parallel N` it admits jobs into the slots of `engine::batch` at step boundaries
 //! (prefix reuse within and across slots, `--kv-dir` per slot) and steps them together. Text
-//! events go back to each job's connection; before every step each job's socket is looked at,
-//! so a client that leaves is cancelled within one step. A full queue refuses with 503 and
+//! events go back to each job's handler; before every step each job's client mark is looked at
+//! (set by the HTTP layer when the connection goes), so a client that leaves is cancelled
+//! within one step. A full queue refuses with 503 and
 //! `Retry-After` (`Queue::push`).
 //!
 //! Owns: the queue, job events, the server's generation metrics. Does not own: HTTP, JSON,
@@ -38,7 +39,7 @@ pub struct Job {
     pub special: bool,
     /// Set by the connection when its client goes away.
     pub cancel: Arc<AtomicBool>,
-    /// The client's socket, looked at before every step (a disconnect cancels the job within
+    /// The client's mark, looked at before every step (a disconnect cancels the job within
     /// one step, whatever the connection thread is doing).
     pub peer: Option<PeerWatch>,
     pub events: Sender<Event>,
