@@ -95,7 +95,10 @@ fn pipelined_requests_are_answered_in_order() {
     let (st, h, b) = read_response(&mut r);
     assert_eq!(st, 200, "{b}");
     assert!(b.contains(&model()), "{b}");
-    assert!(h.iter().any(|(k, v)| k == "connection" && v == "close"), "{h:?}");
+    assert!(
+        h.iter().any(|(k, v)| k == "connection" && v == "close"),
+        "{h:?}"
+    );
     let mut rest = Vec::new();
     let _ = r.read_to_end(&mut rest);
     assert!(rest.is_empty(), "bytes after the last response");

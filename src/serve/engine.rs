@@ -79,6 +79,7 @@ pub struct Queue {
     inner: Mutex<QueueInner>,
     cv: Condvar,
     max: usize,
+    metrics: Arc<Metrics>,
 }
 
 struct QueueInner {
@@ -88,8 +89,9 @@ struct QueueInner {
 }
 
 impl Queue {
-    pub fn new(max: usize) -> Queue {
+    pub fn new(max: usize, metrics: Arc<Metrics>) -> Queue {
         Queue {
+            metrics,
             inner: Mutex::new(QueueInner {
                 jobs: VecDeque::new(),
                 closed: false,
@@ -118,6 +120,23 @@ impl Queue {
         let mut q = self.lock();
         if q.closed {
             return Err(ApiError::new(503, "the server is shutting down"));
+        }
+        if q.jobs.len() >= self.max {
+            // A waiting job whose client has left holds no place: answer it now rather than
+            // when the generator comes to it.
+            let metrics = &self.metrics;
+            q.jobs.retain(|j| {
+                let gone = j.cancel.load(Ordering::Relaxed)
+                    || j.peer.as_ref().is_some_and(PeerWatch::gone);
+                if gone {
+                    metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                    let _ = j.events.send(Event::Failed(ApiError::new(
+                        499,
+                        "cancelled before it started",
+                    )));
+                }
+                !gone
+            });
         }
         if q.jobs.len() >= self.max {
             // Every slot is busy (a job waits only then) and the queue is full: 503 with

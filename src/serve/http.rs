@@ -398,10 +398,7 @@ async fn serve_connection<S: Service>(
     });
     let service = {
         let (svc, state) = (svc.clone(), state.clone());
-        hyper::service::service_fn(move |req| {
-            let (svc, state) = (svc.clone(), state.clone());
-            async move { Ok::<_, Infallible>(dispatch(req, svc, state).await) }
-        })
+        hyper::service::service_fn(move |req| dispatch(req, svc.clone(), state.clone()))
     };
     let conn = http.serve_connection(io, service);
     tokio::pin!(conn);
@@ -465,14 +462,52 @@ fn wants_keep_alive(version: Version, headers: &hyper::HeaderMap) -> bool {
     }
 }
 
-/// One request: read its body within the limits, hand it to the service on a blocking
-/// thread, wait for its response.
-async fn dispatch<S: Service>(
+/// One request, as its head arrives: answered by a task of its own (`answer`), so that a
+/// request whose client leaves as soon as it is written still reaches its handler (which
+/// finds the client gone, and its generation is cancelled and counted like any other). The
+/// future hyper polls only waits for the response; hyper drops it when the connection ends,
+/// which marks the client gone.
+fn dispatch<S: Service>(
     req: hyper::Request<Incoming>,
     svc: Arc<S>,
     state: Arc<ConnState>,
-) -> Response<ReplyBody> {
+) -> impl std::future::Future<Output = Result<Response<ReplyBody>, Infallible>> {
     let admitted = state.on_request();
+    let peer = Arc::new(Peer {
+        gone: AtomicBool::new(false),
+        sock: state.dup_socket(),
+    });
+    let alive = Alive(Some(peer.clone()));
+    let (tx, rx) = oneshot::channel();
+    tokio::spawn(answer(req, svc, admitted, peer, tx));
+    async move {
+        let mut resp = match rx.await {
+            Ok(r) => r,
+            // The handler ended without an answer (it panicked).
+            Err(_) => {
+                let mut r = Response::new(ReplyBody::full(Vec::new()));
+                *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+                r.headers_mut()
+                    .insert(CONNECTION, HeaderValue::from_static("close"));
+                r
+            }
+        };
+        let b = resp.body_mut();
+        b.alive = Some(alive);
+        b.end = Some(EndGuard(state));
+        Ok(resp)
+    }
+}
+
+/// Read the request's body within the limits and hand it to the service on a blocking
+/// thread; its response goes to `reply`.
+async fn answer<S: Service>(
+    req: hyper::Request<Incoming>,
+    svc: Arc<S>,
+    admitted: bool,
+    peer: Arc<Peer>,
+    reply: oneshot::Sender<Response<ReplyBody>>,
+) {
     let (parts, mut body) = req.into_parts();
     let path = parts.uri.path().to_string();
     let keep = wants_keep_alive(parts.version, &parts.headers) && !svc.stopping();
@@ -508,34 +543,15 @@ async fn dispatch<S: Service>(
             })
     };
     drop(body);
-    let peer = Arc::new(Peer {
-        gone: AtomicBool::new(false),
-        sock: state.dup_socket(),
-    });
-    let alive = Alive(Some(peer.clone()));
-    let (tx, rx) = oneshot::channel();
     let conn = Conn {
-        reply: Some(tx),
+        reply: Some(reply),
+        whole: None,
         stream: None,
+        ended: false,
         peer,
         keep: keep && outcome.is_ok(),
     };
-    tokio::task::spawn_blocking(move || svc.handle(outcome, conn));
-    let mut resp = match rx.await {
-        Ok(r) => r,
-        // The handler ended without an answer (it panicked).
-        Err(_) => {
-            let mut r = Response::new(ReplyBody::full(Vec::new()));
-            *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
-            r.headers_mut()
-                .insert(CONNECTION, HeaderValue::from_static("close"));
-            r
-        }
-    };
-    let b = resp.body_mut();
-    b.alive = Some(alive);
-    b.end = Some(EndGuard(state));
-    resp
+    let _ = tokio::task::spawn_blocking(move || svc.handle(outcome, conn)).await;
 }
 
 /// Read a request body of at most `max` bytes. Err: status and message of the refusal.
@@ -558,7 +574,10 @@ async fn read_body(
         if len <= DRAIN_LIMIT && !waits {
             drain(body, body_time(len)).await;
         }
-        return Err((413, format!("request body of {len} bytes is over the limit of {max} bytes (--max-body)")));
+        return Err((
+            413,
+            format!("request body of {len} bytes is over the limit of {max} bytes (--max-body)"),
+        ));
     }
     let len = declared.unwrap_or(max);
     let deadline = tokio::time::Instant::now() + body_time(len);
@@ -710,13 +729,27 @@ impl Body for ReplyBody {
 }
 
 /// Where a handler writes its response: a whole one (`respond`), or a stream (`start_chunks`,
-/// `chunk`, `end_chunks`).
+/// `chunk`, `end_chunks`). A whole response, and the end of a stream, go out when the `Conn`
+/// is dropped, after the handler has logged the request: a client that has its answer finds
+/// the server's log line written.
 pub struct Conn {
     reply: Option<oneshot::Sender<Response<ReplyBody>>>,
+    /// A whole response, sent on drop.
+    whole: Option<Response<ReplyBody>>,
     stream: Option<mpsc::UnboundedSender<Bytes>>,
+    /// The stream has ended (its sender is dropped with the `Conn`).
+    ended: bool,
     peer: Arc<Peer>,
     /// Keep the connection open after the response.
     keep: bool,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let (Some(tx), Some(resp)) = (self.reply.take(), self.whole.take()) {
+            let _ = tx.send(resp);
+        }
+    }
 }
 
 fn gone_error() -> std::io::Error {
@@ -724,12 +757,8 @@ fn gone_error() -> std::io::Error {
 }
 
 impl Conn {
-    fn send(&mut self, resp: Response<ReplyBody>) -> std::io::Result<()> {
-        let tx = self.reply.take().ok_or_else(gone_error)?;
-        tx.send(resp).map_err(|_| gone_error())
-    }
-
-    /// Send a whole response.
+    /// Send a whole response (when the `Conn` is dropped). Err: a response was already given,
+    /// or the client is gone.
     pub fn respond(
         &mut self,
         status: u16,
@@ -749,6 +778,9 @@ impl Conn {
         keep_alive: bool,
         headers: &[(&str, String)],
     ) -> std::io::Result<()> {
+        if self.whole.is_some() || self.reply.as_ref().is_none_or(|r| r.is_closed()) {
+            return Err(gone_error());
+        }
         let mut b = Response::builder()
             .status(status)
             .header(CONTENT_TYPE, content_type);
@@ -761,7 +793,8 @@ impl Conn {
         let resp = b
             .body(ReplyBody::full(body.to_vec()))
             .map_err(std::io::Error::other)?;
-        self.send(resp)
+        self.whole = Some(resp);
+        Ok(())
     }
 
     /// Start a streamed response (server-sent events); follow with `chunk` and `end_chunks`.
@@ -781,7 +814,8 @@ impl Conn {
                 end: None,
             })
             .map_err(std::io::Error::other)?;
-        self.send(resp)?;
+        let reply = self.reply.take().ok_or_else(gone_error)?;
+        reply.send(resp).map_err(|_| gone_error())?;
         self.stream = Some(tx);
         Ok(())
     }
@@ -791,16 +825,23 @@ impl Conn {
         if data.is_empty() {
             return Ok(());
         }
-        let tx = self.stream.as_ref().ok_or_else(gone_error)?;
+        let tx = self
+            .stream
+            .as_ref()
+            .filter(|_| !self.ended)
+            .ok_or_else(gone_error)?;
         tx.send(Bytes::copy_from_slice(data))
             .map_err(|_| gone_error())
     }
 
-    /// The end of a streamed response.
+    /// The end of a streamed response (it goes out when the `Conn` is dropped).
     pub fn end_chunks(&mut self) -> std::io::Result<()> {
-        match self.stream.take() {
-            Some(_) => Ok(()),
-            None => Err(gone_error()),
+        match &self.stream {
+            Some(tx) if !self.ended && !tx.is_closed() => {
+                self.ended = true;
+                Ok(())
+            }
+            _ => Err(gone_error()),
         }
     }
 

@@ -164,7 +164,7 @@ pub fn run(
         .unwrap_or(0);
     let max_connections = cfg.max_connections;
     let shared = Arc::new(Shared {
-        queue: Queue::new(cfg.max_queue),
+        queue: Queue::new(cfg.max_queue, metrics.clone()),
         cfg,
         tok,
         template,
@@ -277,7 +277,7 @@ impl http::Service for Shared {
         let h = route(self, &req, &mut conn, keep);
         self.metrics.count_request(route_label(&req.path), h.status);
         if req.path != "/health" && req.path != "/metrics" {
-            eprintln!(
+            log_line(format!(
                 "[serve] {} {} {} {:.2}s{}{}",
                 req.method,
                 req.path,
@@ -285,14 +285,23 @@ impl http::Service for Shared {
                 t.elapsed().as_secs_f64(),
                 h.note,
                 if h.close { " (response cut short)" } else { "" }
-            );
+            ));
         }
+        // `conn` is dropped here: the response goes out after its log line.
     }
 
     fn refused(&self, r: &Refusal) {
         self.metrics.count_request(route_label(&r.path), r.status);
-        eprintln!("[serve] {} {} {}", r.path, r.status, r.message);
+        log_line(format!("[serve] {} {} {}", r.path, r.status, r.message));
     }
+}
+
+/// One line on stderr in one write, so a reader sees it whole (and at once) however many
+/// threads log.
+fn log_line(mut line: String) {
+    use std::io::Write;
+    line.push('\n');
+    let _ = std::io::stderr().write_all(line.as_bytes());
 }
 
 /// The label a path is counted under (unknown paths share one, so clients cannot grow the
@@ -598,6 +607,18 @@ impl Pending {
             let step = match self.rx.recv_timeout(Duration::from_millis(20)) {
                 Ok(Event::Started { reused, prefilled }) => Step::Started { reused, prefilled },
                 Ok(Event::Text(t)) => Step::Text(t),
+                // A generation cancelled, or a job refused as cancelled, because its client
+                // left (the generator saw it first): the client is gone.
+                Ok(Event::Done(f))
+                    if f.reason == engine::FinishReason::Cancelled && conn.peer_gone() =>
+                {
+                    self.cancel();
+                    return Step::Gone;
+                }
+                Ok(Event::Failed(e)) if e.status == 499 && conn.peer_gone() => {
+                    self.cancel();
+                    return Step::Gone;
+                }
                 // The reply is complete: deliver it even if the client is leaving.
                 Ok(Event::Done(f)) => return Step::Done(f),
                 Ok(Event::Failed(e)) => return Step::Failed(e),
