@@ -3,8 +3,9 @@
 //! reuses the longest common token prefix of the session, or restores one from `--kv-dir`);
 //! with `--parallel N` it admits jobs into the slots of `engine::batch` at step boundaries
 //! (prefix reuse within and across slots, `--kv-dir` per slot) and steps them together. Text
-//! events go back to each job's connection; before every step each job's socket is looked at,
-//! so a client that leaves is cancelled within one step. A full queue refuses with 503 and
+//! events go back to each job's handler; before every step each job's client mark is looked at
+//! (set by the HTTP layer when the connection goes), so a client that leaves is cancelled
+//! within one step. A full queue refuses with 503 and
 //! `Retry-After` (`Queue::push`).
 //!
 //! Owns: the queue, job events, the server's generation metrics. Does not own: HTTP, JSON,
@@ -38,7 +39,7 @@ pub struct Job {
     pub special: bool,
     /// Set by the connection when its client goes away.
     pub cancel: Arc<AtomicBool>,
-    /// The client's socket, looked at before every step (a disconnect cancels the job within
+    /// The client's mark, looked at before every step (a disconnect cancels the job within
     /// one step, whatever the connection thread is doing).
     pub peer: Option<PeerWatch>,
     pub events: Sender<Event>,
@@ -78,6 +79,7 @@ pub struct Queue {
     inner: Mutex<QueueInner>,
     cv: Condvar,
     max: usize,
+    metrics: Arc<Metrics>,
 }
 
 struct QueueInner {
@@ -87,8 +89,9 @@ struct QueueInner {
 }
 
 impl Queue {
-    pub fn new(max: usize) -> Queue {
+    pub fn new(max: usize, metrics: Arc<Metrics>) -> Queue {
         Queue {
+            metrics,
             inner: Mutex::new(QueueInner {
                 jobs: VecDeque::new(),
                 closed: false,
@@ -117,6 +120,23 @@ impl Queue {
         let mut q = self.lock();
         if q.closed {
             return Err(ApiError::new(503, "the server is shutting down"));
+        }
+        if q.jobs.len() >= self.max {
+            // A waiting job whose client has left holds no place: answer it now rather than
+            // when the generator comes to it.
+            let metrics = &self.metrics;
+            q.jobs.retain(|j| {
+                let gone = j.cancel.load(Ordering::Relaxed)
+                    || j.peer.as_ref().is_some_and(PeerWatch::gone);
+                if gone {
+                    metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                    let _ = j.events.send(Event::Failed(ApiError::new(
+                        499,
+                        "cancelled before it started",
+                    )));
+                }
+                !gone
+            });
         }
         if q.jobs.len() >= self.max {
             // Every slot is busy (a job waits only then) and the queue is full: 503 with

@@ -73,7 +73,8 @@ impl Metrics {
     }
 
     /// Prometheus text exposition format, version 0.0.4.
-    pub fn render(&self, queue_len: usize, model_id: &str) -> String {
+    /// `conns`: HTTP connections open and active (inside a request).
+    pub fn render(&self, queue_len: usize, conns: (usize, usize), model_id: &str) -> String {
         let mut s = String::new();
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let model = escape(model_id);
@@ -179,6 +180,18 @@ impl Metrics {
             "sluice_queue_length",
             "Requests waiting for the generator.",
             queue_len as f64,
+        );
+        gauge(
+            &mut s,
+            "sluice_http_connections_open",
+            "HTTP connections open, idle ones included.",
+            conns.0 as f64,
+        );
+        gauge(
+            &mut s,
+            "sluice_http_connections_active",
+            "HTTP connections inside a request (counted against --max-connections).",
+            conns.1 as f64,
         );
         gauge(
             &mut s,
@@ -339,7 +352,7 @@ mod tests {
         let m = Metrics::default();
         m.generated_tokens.fetch_add(7, Ordering::Relaxed);
         m.count_request("/v1/chat/completions", 200);
-        let t = m.render(3, "x\"y");
+        let t = m.render(3, (0, 0), "x\"y");
         assert!(
             t.contains("sluice_generated_tokens_total{model=\"x\\\"y\"} 7"),
             "{t}"
@@ -358,7 +371,7 @@ mod tests {
             bytes_read: 4096,
             ..Default::default()
         }));
-        let t = m.render(0, "m");
+        let t = m.render(0, (0, 0), "m");
         assert!(
             t.contains("sluice_expert_hit_rate{model=\"m\"} 0.75"),
             "{t}"

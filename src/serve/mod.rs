@@ -2,17 +2,20 @@
 //! `/v1/completions`, `/v1/models`) and Anthropic's (`/v1/messages`) APIs, plus `/health` and
 //! Prometheus `/metrics`.
 //!
-//! Map: `http.rs` reads requests and writes responses on one socket; `openai.rs` and
+//! Map: `http.rs` serves HTTP/1.1 (hyper on tokio) and hands each request to a handler;
+//! `openai.rs` and
 //! `anthropic.rs` turn requests into token jobs and events into each API's JSON and SSE;
 //! `params.rs` validates fields; `engine.rs` is the single generator thread with its queue,
 //! feeding jobs to `crate::engine::Engine` (the decode loop, prompt reuse, `--kv-dir`
 //! sessions, cancellation); `tools.rs` parses tool calls; `metrics.rs` counts; `error.rs`
 //! shapes errors.
 //!
-//! Threads: one accept loop, one thread per connection (parses, renders the chat template,
-//! tokenizes, then waits on its job's events while watching its socket), one generator (which
-//! also looks at each running job's socket before every step: a client that leaves is
-//! cancelled within one step). Back-pressure: a job waits in the queue only while every
+//! Threads: tokio's runtime (two threads) owns every socket, idle or slow ones included; a
+//! request whose body is in runs its handler on tokio's blocking pool (renders the chat
+//! template, tokenizes, then waits on its job's events, writing a whole response or an SSE
+//! stream through a channel hyper drains); one generator (which also looks at each running
+//! job's client mark before every step: a client that leaves is cancelled within one step).
+//! Back-pressure: a job waits in the queue only while every
 //! sequence slot is busy; beyond `--max-queue` waiting, 503 with `Retry-After`.
 //! The engine (model, placement, session) is opened by the caller and moved into the
 //! generator thread; it comes back when the server stops, for the end-of-run figures.
@@ -39,7 +42,7 @@ use crate::sample::SamplingParams;
 use crate::tokenizer::Tokenizer;
 use engine::{Event, Finished, Generator, Job, Queue};
 use error::Dialect;
-use http::{Conn, ReadError, Request};
+use http::{Conn, Refusal, Request};
 use metrics::Metrics;
 use serde_json::{json, Value};
 use std::net::TcpListener;
@@ -86,6 +89,8 @@ pub(crate) struct Shared {
     pub queue: Queue,
     pub metrics: Arc<Metrics>,
     pub stopping: AtomicBool,
+    /// HTTP connections open and active (`--max-connections`).
+    pub slots: Arc<http::Slots>,
     /// Unix seconds at start (`created` of the model entry).
     pub started: u64,
 }
@@ -157,8 +162,9 @@ pub fn run(
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
+    let max_connections = cfg.max_connections;
     let shared = Arc::new(Shared {
-        queue: Queue::new(cfg.max_queue),
+        queue: Queue::new(cfg.max_queue, metrics.clone()),
         cfg,
         tok,
         template,
@@ -166,6 +172,7 @@ pub fn run(
         reasoning,
         metrics,
         stopping: AtomicBool::new(false),
+        slots: Arc::new(http::Slots::new(max_connections)),
         started,
     });
     let abort = Arc::new(AtomicBool::new(false));
@@ -193,49 +200,16 @@ pub fn run(
     );
 
     // Only connections inside a request count against --max-connections (http::Slots).
-    let slots = Arc::new(http::Slots::new(shared.cfg.max_connections));
-    let connections = &slots.open;
-    while !stop.load(Ordering::Relaxed) {
-        match listener.accept() {
-            Ok((stream, _)) => {
-                let sh = shared.clone();
-                let n = slots.clone();
-                if n.full() {
-                    if let Ok(mut c) = Conn::new(stream) {
-                        let e = ApiError::new(503, "too many open connections (--max-connections)");
-                        let _ = c.respond(
-                            503,
-                            "application/json",
-                            e.to_json(Dialect::OpenAi).to_string().as_bytes(),
-                            false,
-                        );
-                    }
-                    continue;
-                }
-                n.open.fetch_add(1, Ordering::SeqCst);
-                let spawned = std::thread::Builder::new()
-                    .name("sluice-conn".into())
-                    .spawn(move || {
-                        handle_connection(&sh, stream, n.clone());
-                        n.open.fetch_sub(1, Ordering::SeqCst);
-                    });
-                if let Err(e) = spawned {
-                    connections.fetch_sub(1, Ordering::SeqCst);
-                    eprintln!("[serve] cannot start a connection thread: {e}");
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(20))
-            }
-            Err(e) => {
-                eprintln!("[serve] accept failed: {e}");
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
-    }
+    let slots = shared.slots.clone();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("sluice-http")
+        .enable_io()
+        .enable_time()
+        .build()?;
+    http::listen(&rt, listener, shared.clone(), slots.clone(), &stop)?;
 
     // Shutdown: stop accepting, refuse what is queued, let the running job finish or cancel it.
-    drop(listener);
     eprintln!(
         "[serve] stopping: no new connections; finishing the running generation (up to {:?})",
         shared.cfg.shutdown_grace
@@ -250,11 +224,12 @@ pub fn run(
     let engine = worker
         .join()
         .map_err(|_| ServeError::Io(std::io::Error::other("the generator thread panicked")))?;
-    // Give connection threads a moment to write their last bytes.
+    // Give connections a moment to write their last bytes.
     let t = Instant::now();
-    while connections.load(Ordering::SeqCst) > 0 && t.elapsed() < Duration::from_secs(2) {
+    while slots.open.load(Ordering::SeqCst) > 0 && t.elapsed() < Duration::from_secs(2) {
         std::thread::sleep(Duration::from_millis(20));
     }
+    rt.shutdown_timeout(Duration::from_secs(1));
     eprintln!("[serve] stopped");
     Ok(engine)
 }
@@ -262,60 +237,71 @@ pub fn run(
 /// What a handler did, for the log line.
 pub(crate) struct Handled {
     pub status: u16,
-    /// Close the connection after this (a response cut short, a client gone).
+    /// The response was cut short (a client gone, an error mid-stream); hyper closes the
+    /// connection after it.
     pub close: bool,
     pub note: String,
 }
 
-fn handle_connection(sh: &Shared, stream: std::net::TcpStream, slots: Arc<http::Slots>) {
-    let Ok(mut conn) = Conn::counted(stream, slots) else {
-        return;
-    };
-    loop {
-        let req = match conn.read_request(sh.cfg.max_body, &sh.stopping) {
+impl http::Service for Shared {
+    fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Relaxed)
+    }
+
+    fn max_body(&self) -> usize {
+        self.cfg.max_body
+    }
+
+    fn handle(&self, req: Result<Request, Refusal>, mut conn: Conn) {
+        let req = match req {
             Ok(r) => r,
-            Err(ReadError::Closed) => return,
-            Err(ReadError::Bad { status, message }) => {
-                let path = if conn.path.is_empty() {
-                    "-".to_string()
-                } else {
-                    conn.path.clone()
-                };
-                let dialect = if path.starts_with("/v1/messages") {
+            Err(r) => {
+                let dialect = if r.path.starts_with("/v1/messages") {
                     Dialect::Anthropic
                 } else {
                     Dialect::OpenAi
                 };
-                let e = ApiError::new(status, message);
+                let e = ApiError::new(r.status, r.message.clone());
                 let _ = conn.respond(
-                    status,
+                    r.status,
                     "application/json",
                     e.to_json(dialect).to_string().as_bytes(),
                     false,
                 );
-                sh.metrics.count_request(route_label(&path), status);
-                eprintln!("[serve] {path} {status} {}", e.message);
+                self.refused(&r);
                 return;
             }
         };
         let t = Instant::now();
-        let keep = req.keep_alive && !sh.stopping.load(Ordering::Relaxed);
-        let h = route(sh, &req, &mut conn, keep);
-        sh.metrics.count_request(route_label(&req.path), h.status);
+        let keep = req.keep_alive && !self.stopping.load(Ordering::Relaxed);
+        let h = route(self, &req, &mut conn, keep);
+        self.metrics.count_request(route_label(&req.path), h.status);
         if req.path != "/health" && req.path != "/metrics" {
-            eprintln!(
-                "[serve] {} {} {} {:.2}s{}",
+            log_line(format!(
+                "[serve] {} {} {} {:.2}s{}{}",
                 req.method,
                 req.path,
                 h.status,
                 t.elapsed().as_secs_f64(),
-                h.note
-            );
+                h.note,
+                if h.close { " (response cut short)" } else { "" }
+            ));
         }
-        if h.close || !keep {
-            return;
-        }
+        // `conn` is dropped here: the response goes out after its log line.
     }
+
+    fn refused(&self, r: &Refusal) {
+        self.metrics.count_request(route_label(&r.path), r.status);
+        log_line(format!("[serve] {} {} {}", r.path, r.status, r.message));
+    }
+}
+
+/// One line on stderr in one write, so a reader sees it whole (and at once) however many
+/// threads log.
+fn log_line(mut line: String) {
+    use std::io::Write;
+    line.push('\n');
+    let _ = std::io::stderr().write_all(line.as_bytes());
 }
 
 /// The label a path is counted under (unknown paths share one, so clients cannot grow the
@@ -359,7 +345,8 @@ fn route(sh: &Shared, req: &Request, conn: &mut Conn, keep: bool) -> Handled {
         }
         "/metrics" => {
             want("GET")?;
-            let text = sh.metrics.render(sh.queue.len(), &sh.cfg.model_id);
+            let conns = (sh.slots.open.load(Ordering::Relaxed), sh.slots.active.load(Ordering::Relaxed));
+            let text = sh.metrics.render(sh.queue.len(), conns, &sh.cfg.model_id);
             let ok = conn.respond(200, "text/plain; version=0.0.4", text.as_bytes(), keep).is_ok();
             Ok(Handled { status: 200, close: !ok, note: String::new() })
         }
@@ -620,6 +607,18 @@ impl Pending {
             let step = match self.rx.recv_timeout(Duration::from_millis(20)) {
                 Ok(Event::Started { reused, prefilled }) => Step::Started { reused, prefilled },
                 Ok(Event::Text(t)) => Step::Text(t),
+                // A generation cancelled, or a job refused as cancelled, because its client
+                // left (the generator saw it first): the client is gone.
+                Ok(Event::Done(f))
+                    if f.reason == engine::FinishReason::Cancelled && conn.peer_gone() =>
+                {
+                    self.cancel();
+                    return Step::Gone;
+                }
+                Ok(Event::Failed(e)) if e.status == 499 && conn.peer_gone() => {
+                    self.cancel();
+                    return Step::Gone;
+                }
                 // The reply is complete: deliver it even if the client is leaving.
                 Ok(Event::Done(f)) => return Step::Done(f),
                 Ok(Event::Failed(e)) => return Step::Failed(e),

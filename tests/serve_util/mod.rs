@@ -3,18 +3,25 @@
 
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub struct Server {
     child: Child,
     pub addr: String,
-    /// Everything the server wrote on stderr so far.
+    /// What the server wrote on stderr (see `log_text`).
     pub log: Arc<Mutex<String>>,
+    /// The reader thread waits in `read` (nothing read is unaccounted for).
+    reading: Arc<AtomicBool>,
+    /// The reader thread has ended (the pipe is closed).
+    done: Arc<AtomicBool>,
+    /// The read end of the server's stderr pipe.
+    fd: std::os::fd::RawFd,
 }
 
 pub fn cache_dir() -> PathBuf {
@@ -44,22 +51,42 @@ impl Server {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start sluice serve");
-        let stderr = child.stderr.take().expect("stderr");
+        let mut stderr = child.stderr.take().expect("stderr");
         let log = Arc::new(Mutex::new(String::new()));
+        let reading = Arc::new(AtomicBool::new(true));
+        let done = Arc::new(AtomicBool::new(false));
+        let fd = {
+            use std::os::fd::AsRawFd;
+            stderr.as_raw_fd()
+        };
         let (tx, rx) = std::sync::mpsc::channel();
         {
-            let log = log.clone();
+            let (log, reading, done) = (log.clone(), reading.clone(), done.clone());
             std::thread::spawn(move || {
-                for line in BufReader::new(stderr).lines() {
-                    let Ok(line) = line else { break };
-                    if let Some(at) = line.find("listening on http://") {
-                        let _ =
-                            tx.send(line[at + "listening on http://".len()..].trim().to_string());
-                    }
+                let mut buf = [0u8; 8192];
+                let mut sent = false;
+                loop {
+                    reading.store(true, Ordering::SeqCst);
+                    let n = match stderr.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    reading.store(false, Ordering::SeqCst);
                     let mut l = log.lock().unwrap();
-                    l.push_str(&line);
-                    l.push('\n');
+                    l.push_str(&String::from_utf8_lossy(&buf[..n]));
+                    if !sent {
+                        if let Some(at) = l.find("listening on http://") {
+                            let rest = &l[at + "listening on http://".len()..];
+                            if let Some(end) = rest.find('\n') {
+                                let _ = tx.send(rest[..end].trim().to_string());
+                                sent = true;
+                            }
+                        }
+                    }
                 }
+                reading.store(true, Ordering::SeqCst);
+                done.store(true, Ordering::SeqCst);
+                drop(stderr);
             });
         }
         let addr = match rx.recv_timeout(Duration::from_secs(120)) {
@@ -69,7 +96,14 @@ impl Server {
                 panic!("server did not start; stderr:\n{}", log.lock().unwrap());
             }
         };
-        let s = Server { child, addr, log };
+        let s = Server {
+            child,
+            addr,
+            log,
+            reading,
+            done,
+            fd,
+        };
         let t = Instant::now();
         loop {
             if let Ok((200, _)) = s.try_request("GET", "/health", None, &[]) {
@@ -174,7 +208,24 @@ impl Server {
         self.child.id()
     }
 
+    /// Everything the server wrote on stderr so far: waits (up to 5 s) until the reader
+    /// thread has taken in what the pipe holds, so a line the server wrote before answering
+    /// a request is here once the answer is.
     pub fn log_text(&self) -> String {
+        let t = Instant::now();
+        while !self.done.load(Ordering::SeqCst) {
+            let mut pending: libc::c_int = 0;
+            // SAFETY: FIONREAD on the pipe's read end (open while the reader thread runs;
+            // a closed descriptor only makes the call fail) into a c_int.
+            let r = unsafe { libc::ioctl(self.fd, libc::FIONREAD, &mut pending) };
+            if r != 0 || (pending == 0 && self.reading.load(Ordering::SeqCst)) {
+                break;
+            }
+            if t.elapsed() > Duration::from_secs(5) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
         self.log.lock().unwrap().clone()
     }
 }
