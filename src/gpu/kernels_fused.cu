@@ -102,6 +102,8 @@ extern "C" __global__ void add_rmsnorm_q8(float* X, int ldx, const float* P, con
                                           const float* selw, int k, const float* w, int dim,
                                           float eps, float* Y, int ldy, i8* XQ, float* XD) {
     __shared__ float red[32];
+    pdl_wait();
+    pdl_go();
     int row = blockIdx.x;
     if (blockDim.x == 256 && dim <= 256 * 16) {
         float* x = X + (size_t)row * ldx;
@@ -172,6 +174,9 @@ __device__ void mmq3(const u8* W0, long long rb0, int rows0, float* Y0, int ldy0
         W = W1, rb = rb1, rows = rows1, Y = Y1, ldy = ldy1, b -= b1;
     }
     int r = b * WARPS + (threadIdx.x >> 5);
+    if (r < rows) prefetch_l2(W + (size_t)r * rb, rb);
+    pdl_wait();
+    pdl_go();
     if (r >= rows) return;
     const u8* row = W + (size_t)r * rb;
     for (int t0 = 0; t0 < n; t0 += NTT) {
@@ -237,6 +242,8 @@ extern "C" __global__ void qk_rope_store(float* Q, int qts, float* K, int kts, c
                                          int rpadd, const int* pp, float* KC, float* VC) {
     __shared__ float red[32];
     extern __shared__ float hsh[];
+    pdl_wait();
+    pdl_go();
     int t = blockIdx.x, hh = blockIdx.y, i = threadIdx.x;
     int cols = kvh * hd;
     size_t pos = (size_t)(*pp + t);
@@ -341,9 +348,19 @@ extern "C" __global__ void attention_split_merge(
     float* qsh = ash;
     float* sc = ash + dk;
     int hh = blockIdx.x, t = blockIdx.y, s = blockIdx.z, heads = gridDim.x, S = gridDim.z;
+    // *pp comes from the host before the step; the keys and values of earlier positions are
+    // read-only here: the split's rows start on their way to L2 before the wait (the last
+    // position's, which the kernel before stores, may be fetched early: L2 is coherent).
     int len = *pp + padd + t + 1;
     chunk = split_chunk(len, chunk, S);
     int j0 = s * chunk, j1 = min(len, j0 + chunk);
+    if (hh % group == 0)
+        for (int j = j0 + (threadIdx.x >> 5); j < j1; j += blockDim.x >> 5) {
+            prefetch_l2(K + (size_t)j * ks + (size_t)(hh / group) * khs, 4 * dk);
+            prefetch_l2(V + (size_t)j * vs + (size_t)(hh / group) * vhs, 4 * dv);
+        }
+    pdl_wait();
+    pdl_go();
     size_t part = ((size_t)t * heads + hh) * S + s;
     float* po = PO + part * dv;
     if (j0 >= j1) {
@@ -459,6 +476,10 @@ extern "C" __global__ void router_route_jobs(const u8* W, long long rb, const fl
                                              int topk_group, int norm, float scale, int* sel,
                                              float* selw, const u64* etab, Job* jobs, int* tok,
                                              int* dst, int* njobs, int* stat, unsigned* done) {
+    int r = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    if (r < E) prefetch_l2(W + (size_t)r * rb, rb);
+    pdl_wait();
+    pdl_go();
     mm<TF32>(W, rb, E, h, X, h, n, logits, E);
     if (!last_block(done, gridDim.x)) return;
     route_jobs_block(logits, n, E, k, bias, sigmoid, n_group, topk_group, norm, scale, sel, selw,
@@ -472,16 +493,20 @@ template <class T, int NTT = NT>
 __device__ void moe_down_qs(const Job* jobs, const int* nj, int h, int f, long long rb,
                             const float* Hb, const int* dst, float* SO) {
     extern __shared__ int4 dsm4[];
-    if (nj && (int)blockIdx.y >= *nj) return;
-    Job j = jobs[blockIdx.y];
     int wp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     int r = blockIdx.x * WARPS + wp, per = f >> 5;
+    // The job list comes from two kernels back (the router, complete before the gate/up kernel
+    // let this one start): the row's bytes start on their way to L2 while the gate/up product
+    // still runs (and, without PDL, while the block quantizes its input).
+    if (!nj || (int)blockIdx.y < *nj)
+        prefetch_l2((const u8*)jobs[blockIdx.y].down + (size_t)min(r, h - 1) * rb, rb);
+    pdl_wait();
+    pdl_go();
+    if (nj && (int)blockIdx.y >= *nj) return;
+    Job j = jobs[blockIdx.y];
     i8* sq = (i8*)dsm4;
     float* sd = (float*)(sq + NT * f);
     const u8* w = (const u8*)j.down + (size_t)min(r, h - 1) * rb;
-    // The row's bytes start on their way to L2 while the block quantizes its input.
-    for (long long o = 128 * lane; o < rb; o += 32 * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(w + o));
     for (int a0 = j.a0; a0 < j.a0 + j.cnt; a0 += NTT) {
         int nt = NTT == 1 ? 1 : min(NTT, j.a0 + j.cnt - a0);
         __syncthreads();
