@@ -443,7 +443,8 @@ impl Gpu {
         if f.2 && self.pdl && stream == Stream::Compute {
             // SAFETY: a zeroed attribute value is a valid union (plain integers).
             let mut attr: cu::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-            attr.id = cu::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.id =
+                cu::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
             attr.value.programmaticStreamSerializationAllowed = 1;
             let cfg = cu::CUlaunchConfig {
                 gridDimX: grid.0,
