@@ -156,10 +156,15 @@ pub struct Kernel(cu::CUfunction, u32, bool);
 fn pdl_kernel(name: &str) -> bool {
     matches!(
         name,
-        "add_rmsnorm_q8" | "qk_rope_store" | "attention_split_merge" | "router_route_jobs"
-    ) || ["mmq_", "mmq3_", "moe_gate_up_q_", "moe_down_qs_"]
+        "add_rmsnorm_q8"
+            | "qk_rope_store"
+            | "attention_split_merge"
+            | "attention_group_split_merge"
+            | "router_route_jobs"
+    ) || ["mmq_", "mmq3_", "moe_gate_up_q_", "moe_down_qs"]
         .iter()
         .any(|p| name.starts_with(p))
+        || (name.starts_with("mmq2_") && name.ends_with("_t1"))
 }
 
 /// Per-kernel GPU times (`SLUICE_GPU_PROFILE=FILE`): every compute launch is bracketed by two
