@@ -152,7 +152,8 @@ pub struct Kernel(cu::CUfunction, u32, bool);
 /// and nothing is written, before it), so they may be launched with programmatic dependent
 /// launch: the decode step's kernels. Their blocks start while the kernel before them finishes,
 /// prefetch their weight rows to L2, and wait on the device instead of behind a full launch
-/// gap. `SLUICE_GPU_PDL=0` launches them plainly (A/B; results are the same either way).
+/// gap. Opt-in (`SLUICE_GPU_PDL=1`) until it has run on a device: it was written in session 27,
+/// when none was lent (docs/PERFORMANCE.md); results are the same either way by construction.
 fn pdl_kernel(name: &str) -> bool {
     matches!(
         name,
@@ -212,7 +213,7 @@ pub struct Gpu {
     pub total_mem: usize,
     pub sm_count: i32,
     names: std::sync::Mutex<Vec<String>>,
-    /// Programmatic dependent launch for the `pdl_kernel`s (off with `SLUICE_GPU_PDL=0` and
+    /// Programmatic dependent launch for the `pdl_kernel`s (on with `SLUICE_GPU_PDL=1`; off
     /// while profiling, whose per-launch events would serialize them anyway).
     pdl: bool,
     prof: Option<std::sync::Mutex<KProf>>,
@@ -288,7 +289,7 @@ impl Gpu {
                 total_mem: total,
                 sm_count,
                 names: std::sync::Mutex::new(Vec::new()),
-                pdl: std::env::var("SLUICE_GPU_PDL").map_or(true, |v| v != "0"),
+                pdl: std::env::var("SLUICE_GPU_PDL").is_ok_and(|v| v == "1"),
                 prof: None,
                 gprof: None,
             };

@@ -454,7 +454,7 @@ extern "C" __global__ void attention_split_merge(
 // aligned (else attention_split_merge). done: heads*n zeroed counters (left zeroed). Grid: (kv
 // heads, n, splits), block 256; shared 4 * (G*(dk+4) + 32*(dk+4) + 32*dv + G*33 + G) bytes.
 #define GT 32
-extern "C" __global__ void attention_group_split_merge(
+extern "C" __global__ void __launch_bounds__(256, 2) attention_group_split_merge(
     const float* Q, int qts, int qhs, const float* K, int ks, int khs, const float* V, int vs,
     int vhs, int dk, int dv, int group, const int* pp, int padd, float scale, int chunk,
     float* PM, float* PL, float* PO, float* O, int ots, int ohs, i8* XQ, float* XD,
@@ -801,7 +801,7 @@ __device__ void mmq_rows1(const u8* W, long long rb, int rows, int cols, const i
 }
 
 #define ROWS_T1_KERNELS(NAME, T)                                                                  \
-    extern "C" __global__ void __launch_bounds__(256, 6) moe_down_qs2_##NAME##_t1(                \
+    extern "C" __global__ void __launch_bounds__(256, 4) moe_down_qs2_##NAME##_t1(                \
         const Job* jobs, const int* nj, int h, int f, long long rb, const float* Hb,              \
         const int* dst, float* SO) {                                                              \
         moe_down_qs_rows<T, 2>(jobs, nj, h, f, rb, Hb, dst, SO);                                  \
@@ -811,7 +811,7 @@ __device__ void mmq_rows1(const u8* W, long long rb, int rows, int cols, const i
         const int* dst, float* SO) {                                                              \
         moe_down_qs_rows<T, 4>(jobs, nj, h, f, rb, Hb, dst, SO);                                  \
     }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(256, 4) mmq2_##NAME##_t1(                        \
+    extern "C" __global__ void __launch_bounds__(256, 3) mmq2_##NAME##_t1(                        \
         const u8* W, long long rb, int rows, int cols, const i8* XQ, const float* XD, int n,      \
         float* Y, int ldy) {                                                                      \
         mmq_rows1<T, 2>(W, rb, rows, cols, XQ, XD, Y);                                            \

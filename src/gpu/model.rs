@@ -122,10 +122,11 @@ fn down_rows() -> u32 {
 }
 
 /// Whether flash-decoding takes a key/value head's query heads together
-/// (`attention_group_split_merge`; `SLUICE_GPU_ATT_GROUP=0`: one block per query head).
+/// (`attention_group_split_merge`, `SLUICE_GPU_ATT_GROUP=1`; otherwise one block per query
+/// head). Opt-in until it has run on a device (written in session 27, when none was lent).
 fn att_group_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("SLUICE_GPU_ATT_GROUP").map_or(true, |v| v != "0"))
+    *ON.get_or_init(|| std::env::var("SLUICE_GPU_ATT_GROUP").is_ok_and(|v| v == "1"))
 }
 
 /// Whether one-token forwards take the `*_t1` kernels (`SLUICE_GPU_T1=0`: no).
@@ -214,8 +215,8 @@ pub(super) struct Small {
     add_rms_q8: Kernel,
     qk_rope_store: Kernel,
     att_split_merge: Kernel,
-    /// Flash-decoding with a key/value head's query heads in one block (`SLUICE_GPU_ATT_GROUP=0`
-    /// off).
+    /// Flash-decoding with a key/value head's query heads in one block (`SLUICE_GPU_ATT_GROUP=1`
+    /// on).
     att_group: Kernel,
     /// Prompt attention in 32-query tiles (kernels_fused.cu `attention_tiled`).
     att_tiled: Kernel,
