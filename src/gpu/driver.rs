@@ -321,6 +321,9 @@ impl Gpu {
             if gpu.prof.is_some() || gpu.gprof.is_some() {
                 gpu.pdl = false;
             }
+            if gpu.pdl {
+                gpu.set_global("pdl_on", &1i32.to_le_bytes())?;
+            }
             Ok(gpu)
         }
     }
@@ -336,6 +339,32 @@ impl Gpu {
     pub fn bind(&self) -> Result<(), GpuError> {
         // SAFETY: `ctx` is the retained primary context, alive as long as self.
         check(unsafe { cu::cuCtxSetCurrent(self.ctx) }, "cuCtxSetCurrent")
+    }
+
+    /// Writes `bytes` into the module's global (or constant) `name`, whose size must match.
+    fn set_global(&self, name: &str, bytes: &[u8]) -> Result<(), GpuError> {
+        let cname = std::ffi::CString::new(name).map_err(|_| GpuError::Driver(name.into()))?;
+        let (mut ptr, mut size) = (0u64, 0usize);
+        // SAFETY: valid out-pointers; the module is loaded.
+        unsafe {
+            check(
+                cu::cuModuleGetGlobal_v2(&mut ptr, &mut size, self.module, cname.as_ptr()),
+                &format!("cuModuleGetGlobal({name})"),
+            )?;
+        }
+        if size != bytes.len() {
+            return Err(GpuError::Driver(format!(
+                "global {name}: {size} bytes on the device, {} on the host",
+                bytes.len()
+            )));
+        }
+        // SAFETY: `ptr` is the global's device address, valid for `size` bytes.
+        unsafe {
+            check(
+                cu::cuMemcpyHtoD_v2(ptr, bytes.as_ptr().cast(), size),
+                "cuMemcpyHtoD(global)",
+            )
+        }
     }
 
     fn fill_tables(&self) -> Result<(), GpuError> {

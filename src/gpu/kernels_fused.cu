@@ -174,7 +174,7 @@ __device__ void mmq3(const u8* W0, long long rb0, int rows0, float* Y0, int ldy0
         W = W1, rb = rb1, rows = rows1, Y = Y1, ldy = ldy1, b -= b1;
     }
     int r = b * WARPS + (threadIdx.x >> 5);
-    if (r < rows) prefetch_l2(W + (size_t)r * rb, rb);
+    if (r < rows) prefetch_l2_pdl(W + (size_t)r * rb, rb);
     pdl_wait();
     pdl_go();
     if (r >= rows) return;
@@ -354,7 +354,7 @@ extern "C" __global__ void attention_split_merge(
     int len = *pp + padd + t + 1;
     chunk = split_chunk(len, chunk, S);
     int j0 = s * chunk, j1 = min(len, j0 + chunk);
-    if (hh % group == 0)
+    if (pdl_on && hh % group == 0)
         for (int j = j0 + (threadIdx.x >> 5); j < j1; j += blockDim.x >> 5) {
             prefetch_l2(K + (size_t)j * ks + (size_t)(hh / group) * khs, 4 * dk);
             prefetch_l2(V + (size_t)j * vs + (size_t)(hh / group) * vhs, 4 * dv);
@@ -613,7 +613,7 @@ extern "C" __global__ void router_route_jobs(const u8* W, long long rb, const fl
                                              float* selw, const u64* etab, Job* jobs, int* tok,
                                              int* dst, int* njobs, int* stat, unsigned* done) {
     int r = blockIdx.x * WARPS + (threadIdx.x >> 5);
-    if (r < E) prefetch_l2(W + (size_t)r * rb, rb);
+    if (r < E) prefetch_l2_pdl(W + (size_t)r * rb, rb);
     pdl_wait();
     pdl_go();
     mm<TF32>(W, rb, E, h, X, h, n, logits, E);
@@ -634,7 +634,7 @@ __device__ void moe_down_qs(const Job* jobs, const int* nj, int h, int f, long l
     // The job list comes from two kernels back (the router, complete before the gate/up kernel
     // let this one start): the row's bytes start on their way to L2 while the gate/up product
     // still runs (and, without PDL, while the block quantizes its input).
-    if (!nj || (int)blockIdx.y < *nj)
+    if (pdl_on && (!nj || (int)blockIdx.y < *nj))
         prefetch_l2((const u8*)jobs[blockIdx.y].down + (size_t)min(r, h - 1) * rb, rb);
     pdl_wait();
     pdl_go();
@@ -643,6 +643,7 @@ __device__ void moe_down_qs(const Job* jobs, const int* nj, int h, int f, long l
     i8* sq = (i8*)dsm4;
     float* sd = (float*)(sq + NT * f);
     const u8* w = (const u8*)j.down + (size_t)min(r, h - 1) * rb;
+    if (!pdl_on) prefetch_l2(w, rb);
     for (int a0 = j.a0; a0 < j.a0 + j.cnt; a0 += NTT) {
         int nt = NTT == 1 ? 1 : min(NTT, j.a0 + j.cnt - a0);
         __syncthreads();
