@@ -330,3 +330,40 @@ fn generation_at_the_context_limit_stops_with_a_note() {
         "{err}"
     );
 }
+
+/// `run --depth N` (what `bench -d` passes): the cache holds N filler tokens first, untimed, so
+/// the timing line counts only the prompt; a context too small for both is a clean error.
+#[test]
+fn run_depth_fills_the_cache_before_the_timed_prompt() {
+    let prompt_tokens = |err: &str| -> usize {
+        let line = err.lines().find(|l| l.starts_with("[timing]")).unwrap();
+        let rest = &line[line.find("prompt").unwrap() + "prompt".len()..];
+        rest.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    let base = [
+        "run",
+        "-p",
+        "Hello there",
+        "-n",
+        "4",
+        "--temp",
+        "0",
+        "--ignore-eos",
+    ];
+    let (code, _, plain) = sluice(&base, None);
+    assert_eq!(code, 0, "stderr: {plain}");
+    let mut deep = base.to_vec();
+    deep.extend(["--depth", "40", "-c", "64"]);
+    let (code, out, err) = sluice(&deep, None);
+    assert_eq!(code, 0, "stderr: {err}");
+    assert!(out.starts_with("Hello there"), "stdout: {out}");
+    assert_eq!(prompt_tokens(&err), prompt_tokens(&plain), "{err}");
+    let mut small = base.to_vec();
+    small.extend(["--depth", "40", "-c", "32"]);
+    let (code, _, err) = sluice(&small, None);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("context full") && !err.contains("panicked"),
+        "{err}"
+    );
+}

@@ -19,6 +19,11 @@ pub struct BenchArgs {
     /// Generated tokens (tg test).
     #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
     pub n_gen: usize,
+    /// Tokens already in the KV cache before the pp and tg tests (llama-bench's `-d`): each run
+    /// first fills the cache with this many tokens, untimed (`sluice run --depth`). The tg test
+    /// follows the prompt, so it runs at depth + prompt tokens (`-p 1` for tg at the depth).
+    #[arg(short = 'd', long = "depth", default_value_t = 0)]
+    pub depth: usize,
     /// Repetitions for a MODEL (default 3).
     #[arg(short = 'r', long = "repetitions")]
     pub repetitions: Option<usize>,
@@ -83,6 +88,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         let mb = super::model_bench::ModelBench {
             n_prompt: args.n_prompt,
             n_gen: args.n_gen,
+            depth: args.depth,
             repetitions: args.repetitions,
             json: args.json,
             csv: args.csv,
@@ -106,6 +112,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         ("--plot", args.plot.is_some()),
         ("--run-flags", args.run_flags.is_some()),
         ("-r", args.repetitions.is_some()),
+        ("-d", args.depth > 0),
     ] {
         if given {
             bail!("bench --kernels: {flag} is for a MODEL benchmark (the kernel table is text only; use --reps for repetitions)");

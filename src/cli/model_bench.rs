@@ -54,8 +54,8 @@ fn summary(v: &[f64]) -> (f64, f64, f64, f64, f64) {
     (median, mean, sd, s[0], s[n - 1])
 }
 
-/// A prompt of at least `n` tokens of plain English words.
-fn make_prompt(files: &ModelFiles, n: usize) -> anyhow::Result<String> {
+/// A prompt of at least `n` tokens of plain English words, and its token count.
+fn make_prompt(files: &ModelFiles, n: usize) -> anyhow::Result<(String, usize)> {
     let tok = load_tokenizer(files)?;
     let words = [
         "the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "rivers",
@@ -63,15 +63,17 @@ fn make_prompt(files: &ModelFiles, n: usize) -> anyhow::Result<String> {
     ];
     let mut text = String::from("The");
     let mut i = 0usize;
-    while tok.encode(&text, true)?.len() < n.max(1) {
+    let mut len = tok.encode(&text, true)?.len();
+    while len < n.max(1) {
         text.push(' ');
         text.push_str(words[i % words.len()]);
         i += 1;
         if i > 64 * n + 64 {
             bail!("bench: could not build a {n}-token prompt with this tokenizer");
         }
+        len = tok.encode(&text, true)?.len();
     }
-    Ok(text)
+    Ok((text, len))
 }
 
 /// `[timing] prompt P tok, prefill X tok/s | generated G tok, decode Y tok/s | ...`.
@@ -121,6 +123,8 @@ fn has_flag(flags: &[String], name: &str) -> bool {
 pub struct ModelBench {
     pub n_prompt: usize,
     pub n_gen: usize,
+    /// Tokens in the cache before the tests (`--depth` of each run).
+    pub depth: usize,
     pub repetitions: Option<usize>,
     pub json: bool,
     pub csv: bool,
@@ -147,7 +151,7 @@ pub fn run(model: &Path, args: &ModelBench) -> anyhow::Result<()> {
         bail!("bench: --plot draws a --sweep; give --sweep NAME=V1,V2,..");
     }
     let files = ModelFiles::open(model)?;
-    let prompt = make_prompt(&files, args.n_prompt)?;
+    let (prompt, prompt_len) = make_prompt(&files, args.n_prompt)?;
     drop(files);
     let exe = std::env::current_exe().context("bench: finding the sluice executable")?;
     let common: Vec<String> = args
@@ -205,6 +209,15 @@ pub fn run(model: &Path, args: &ModelBench) -> anyhow::Result<()> {
                 if !has_flag(&flags, name) {
                     flags.push(name.into());
                     flags.extend(value.map(String::from));
+                }
+            }
+            if args.depth > 0 {
+                if !has_flag(&flags, "--depth") {
+                    flags.extend(["--depth".to_string(), args.depth.to_string()]);
+                }
+                if !has_flag(&flags, "-c") && !has_flag(&flags, "--ctx-size") {
+                    let ctx = args.depth + prompt_len + args.n_gen + 16;
+                    flags.extend(["-c".to_string(), ctx.to_string()]);
                 }
             }
             if let Some(t) = args.threads {
@@ -273,10 +286,15 @@ pub fn run(model: &Path, args: &ModelBench) -> anyhow::Result<()> {
         (is_ab && same_within && same_across).then(|| (ratio(|a| &a.pp), ratio(|a| &a.tg)));
     let model_name = model.display().to_string();
     let mut rows = Vec::new();
+    let at = if args.depth > 0 {
+        format!(" @ d{}", args.depth)
+    } else {
+        String::new()
+    };
     for a in &arms {
         for (test, v) in [
-            (format!("pp{}", a.prompt_tokens), &a.pp),
-            (format!("tg{}", a.generated), &a.tg),
+            (format!("pp{}{at}", a.prompt_tokens), &a.pp),
+            (format!("tg{}{at}", a.generated), &a.tg),
         ] {
             let (med, mean, sd, min, max) = summary(v);
             let hit = if a.hit.is_empty() {

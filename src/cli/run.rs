@@ -29,6 +29,11 @@ pub struct RunArgs {
     /// Keep generating past end-of-generation tokens.
     #[arg(long = "ignore-eos")]
     pub ignore_eos: bool,
+    /// Benchmark aid (llama-bench's `-d`): first fill the KV cache with N tokens (the prompt's
+    /// tokens repeated), untimed, so the prompt is prefilled and decoded after N cached tokens.
+    /// The context (`-c`) must hold N + the prompt + the generated tokens.
+    #[arg(long, default_value_t = 0)]
+    pub depth: usize,
     #[command(flatten)]
     pub compute: ComputeArgs,
     #[command(flatten)]
@@ -77,20 +82,27 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             engine.model.cfg.vocab
         );
     }
-    if prompt.len() > ctx {
+    // With --depth the whole sequence is the fill, then the prompt: the session keeps the
+    // fill's cache from the untimed first call and prefills only the prompt in the second.
+    let fill: Vec<u32> = prompt.iter().cycle().take(args.depth).copied().collect();
+    let full: Vec<u32> = fill.iter().chain(prompt.iter()).copied().collect();
+    if full.len() > ctx {
         return Err(crate::model::ModelError::ContextFull {
-            needed: prompt.len(),
+            needed: full.len(),
             ctx,
         }
         .into());
     }
     let mut sampler = engine.sampler();
+    if !fill.is_empty() {
+        engine.generate(&fill, &mut sampler, &GenParams::new(1), &mut |_| true)?;
+    }
     let stdout = std::io::stdout();
     let mut lock = stdout.lock();
     write!(lock, "{}", args.prompt)?;
     let mut params = GenParams::new(args.n_predict);
     params.ignore_eos = args.ignore_eos;
-    let out = engine.generate(&prompt, &mut sampler, &params, &mut |e| match e {
+    let out = engine.generate(&full, &mut sampler, &params, &mut |e| match e {
         Event::Text(s) => {
             let ok = write!(lock, "{s}").is_ok();
             let _ = lock.flush();

@@ -143,9 +143,30 @@ impl Drop for Event {
     }
 }
 
-/// A kernel of the loaded module (and its index in `Gpu::names`, for the profile).
+/// A kernel of the loaded module (and its index in `Gpu::names`, for the profile; and whether
+/// it is launched with programmatic dependent launch, `pdl_kernel`).
 #[derive(Clone, Copy, PartialEq)]
-pub struct Kernel(cu::CUfunction, u32);
+pub struct Kernel(cu::CUfunction, u32, bool);
+
+/// The kernels that begin with `pdl_wait()` (kernels.cu: nothing an earlier kernel wrote is read,
+/// and nothing is written, before it), so they may be launched with programmatic dependent
+/// launch: the decode step's kernels. Their blocks start while the kernel before them finishes,
+/// prefetch their weight rows to L2, and wait on the device instead of behind a full launch
+/// gap. Opt-in (`SLUICE_GPU_PDL=1`) until it has run on a device: it was written in session 27,
+/// when none was lent (docs/PERFORMANCE.md); results are the same either way by construction.
+fn pdl_kernel(name: &str) -> bool {
+    matches!(
+        name,
+        "add_rmsnorm_q8"
+            | "qk_rope_store"
+            | "attention_split_merge"
+            | "attention_group_split_merge"
+            | "router_route_jobs"
+    ) || ["mmq_", "mmq3_", "moe_gate_up_q_", "moe_down_qs"]
+        .iter()
+        .any(|p| name.starts_with(p))
+        || (name.starts_with("mmq2_") && name.ends_with("_t1"))
+}
 
 /// Per-kernel GPU times (`SLUICE_GPU_PROFILE=FILE`): every compute launch is bracketed by two
 /// events and waited for, so the figures are each kernel's own time with no overlap (and the
@@ -192,6 +213,9 @@ pub struct Gpu {
     pub total_mem: usize,
     pub sm_count: i32,
     names: std::sync::Mutex<Vec<String>>,
+    /// Programmatic dependent launch for the `pdl_kernel`s (on with `SLUICE_GPU_PDL=1`; off
+    /// while profiling, whose per-launch events would serialize them anyway).
+    pdl: bool,
     prof: Option<std::sync::Mutex<KProf>>,
     gprof: Option<std::sync::Mutex<GProf>>,
 }
@@ -265,6 +289,7 @@ impl Gpu {
                 total_mem: total,
                 sm_count,
                 names: std::sync::Mutex::new(Vec::new()),
+                pdl: std::env::var("SLUICE_GPU_PDL").is_ok_and(|v| v == "1"),
                 prof: None,
                 gprof: None,
             };
@@ -293,6 +318,12 @@ impl Gpu {
                     times: Default::default(),
                 }));
             }
+            if gpu.prof.is_some() || gpu.gprof.is_some() {
+                gpu.pdl = false;
+            }
+            if gpu.pdl {
+                gpu.set_global("pdl_on", &1i32.to_le_bytes())?;
+            }
             Ok(gpu)
         }
     }
@@ -308,6 +339,32 @@ impl Gpu {
     pub fn bind(&self) -> Result<(), GpuError> {
         // SAFETY: `ctx` is the retained primary context, alive as long as self.
         check(unsafe { cu::cuCtxSetCurrent(self.ctx) }, "cuCtxSetCurrent")
+    }
+
+    /// Writes `bytes` into the module's global (or constant) `name`, whose size must match.
+    fn set_global(&self, name: &str, bytes: &[u8]) -> Result<(), GpuError> {
+        let cname = std::ffi::CString::new(name).map_err(|_| GpuError::Driver(name.into()))?;
+        let (mut ptr, mut size) = (0u64, 0usize);
+        // SAFETY: valid out-pointers; the module is loaded.
+        unsafe {
+            check(
+                cu::cuModuleGetGlobal_v2(&mut ptr, &mut size, self.module, cname.as_ptr()),
+                &format!("cuModuleGetGlobal({name})"),
+            )?;
+        }
+        if size != bytes.len() {
+            return Err(GpuError::Driver(format!(
+                "global {name}: {size} bytes on the device, {} on the host",
+                bytes.len()
+            )));
+        }
+        // SAFETY: `ptr` is the global's device address, valid for `size` bytes.
+        unsafe {
+            check(
+                cu::cuMemcpyHtoD_v2(ptr, bytes.as_ptr().cast(), size),
+                "cuMemcpyHtoD(global)",
+            )
+        }
     }
 
     fn fill_tables(&self) -> Result<(), GpuError> {
@@ -375,7 +432,7 @@ impl Gpu {
         }
         let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
         names.push(name.to_string());
-        Ok(Kernel(f, (names.len() - 1) as u32))
+        Ok(Kernel(f, (names.len() - 1) as u32, pdl_kernel(name)))
     }
 
     /// Whether launches are profiled (`SLUICE_GPU_PROFILE`; graphs are then not captured).
@@ -418,26 +475,54 @@ impl Gpu {
         if let Some(p) = &prof {
             self.record(&p.events.0, stream)?;
         }
-        // SAFETY: `f` is a kernel of the loaded module whose parameters match `args` (the
-        // wrappers in gpu/ops.rs pass them in the kernel's order and widths); the slots outlive
-        // the call, which copies the parameter values.
-        unsafe {
-            check(
-                cu::cuLaunchKernel(
-                    f.0,
-                    grid.0,
-                    grid.1,
-                    grid.2,
-                    block,
-                    1,
-                    1,
-                    shmem,
-                    self.raw(stream),
-                    ptrs.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                ),
-                "cuLaunchKernel",
-            )?;
+        if f.2 && self.pdl && stream == Stream::Compute {
+            // SAFETY: a zeroed attribute value is a valid union (plain integers).
+            let mut attr: cu::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id =
+                cu::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let cfg = cu::CUlaunchConfig {
+                gridDimX: grid.0,
+                gridDimY: grid.1,
+                gridDimZ: grid.2,
+                blockDimX: block,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: shmem,
+                hStream: self.raw(stream),
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: as cuLaunchKernel's below; `cfg` and `attr` outlive the call. The kernel
+            // begins with pdl_wait() (`pdl_kernel`), so starting it early is safe.
+            unsafe {
+                check(
+                    cu::cuLaunchKernelEx(&cfg, f.0, ptrs.as_mut_ptr(), std::ptr::null_mut()),
+                    "cuLaunchKernelEx",
+                )?;
+            }
+        } else {
+            // SAFETY: `f` is a kernel of the loaded module whose parameters match `args` (the
+            // wrappers in gpu/ops.rs pass them in the kernel's order and widths); the slots
+            // outlive the call, which copies the parameter values.
+            unsafe {
+                check(
+                    cu::cuLaunchKernel(
+                        f.0,
+                        grid.0,
+                        grid.1,
+                        grid.2,
+                        block,
+                        1,
+                        1,
+                        shmem,
+                        self.raw(stream),
+                        ptrs.as_mut_ptr(),
+                        std::ptr::null_mut(),
+                    ),
+                    "cuLaunchKernel",
+                )?;
+            }
         }
         if let Some(mut p) = prof {
             self.record(&p.events.1, stream)?;

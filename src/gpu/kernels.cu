@@ -14,6 +14,30 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 
 #define INFINITY __int_as_float(0x7f800000)
+
+// Programmatic dependent launch (sm_90): the kernels the driver launches with the PDL attribute
+// (driver.rs `pdl_kernel`: the decode step's) may start while the kernel before them still runs.
+// Each calls pdl_wait() before it reads anything an earlier kernel wrote and before it writes
+// anything (only L2 prefetches of weights go before it; every thread waits, so a kernel never
+// completes before the one it follows), then pdl_go(), which lets the next kernel's blocks start
+// their own prologue. Both are no-ops in a launch without the attribute.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_go() {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+// A hint: the warp sends `bytes` bytes from `p` on their way to L2 (a 128-byte line per lane).
+__device__ __forceinline__ void prefetch_l2(const void* p, long long bytes) {
+    const char* c = (const char*)p;
+    for (long long o = 128 * (threadIdx.x & 31); o < bytes; o += 32 * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
+}
+// 1 when the driver launches the pdl kernels with PDL (driver.rs sets it at load): the
+// prefetches that only pay while the kernel before still runs are skipped otherwise, so the
+// default path runs session 26's instructions.
+__constant__ int pdl_on;
+__device__ __forceinline__ void prefetch_l2_pdl(const void* p, long long bytes) {
+    if (pdl_on) prefetch_l2(p, bytes);
+}
 #define NT 4      // tokens per pass of a matrix-product warp
 #define WARPS 8   // warps (rows) per block of a matrix product
 
@@ -833,6 +857,9 @@ template <class T, int NTT = NT>
 __device__ void mmq(const u8* W, long long rb, int rows, int cols, const i8* XQ, const float* XD,
                     int n, float* Y, int ldy) {
     int r = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    if (r < rows) prefetch_l2_pdl(W + (size_t)r * rb, rb);
+    pdl_wait();
+    pdl_go();
     if (r >= rows) return;
     const u8* row = W + (size_t)r * rb;
     for (int t0 = 0; t0 < n; t0 += NTT) {
@@ -856,6 +883,8 @@ __device__ void mmq(const u8* W, long long rb, int rows, int cols, const i8* XQ,
 template <class T, int NTT = NT>
 __device__ void moe_gate_up_q(const Job* jobs, const int* nj, int f, int h, long long rb,
                               const i8* XQ, const float* XD, const int* tok, float* Hb) {
+    pdl_wait();
+    pdl_go();
     if (nj && (int)blockIdx.y >= *nj) return;
     Job j = jobs[blockIdx.y];
     int r = blockIdx.x * WARPS + (threadIdx.x >> 5);

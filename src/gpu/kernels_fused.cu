@@ -102,6 +102,8 @@ extern "C" __global__ void add_rmsnorm_q8(float* X, int ldx, const float* P, con
                                           const float* selw, int k, const float* w, int dim,
                                           float eps, float* Y, int ldy, i8* XQ, float* XD) {
     __shared__ float red[32];
+    pdl_wait();
+    pdl_go();
     int row = blockIdx.x;
     if (blockDim.x == 256 && dim <= 256 * 16) {
         float* x = X + (size_t)row * ldx;
@@ -172,6 +174,9 @@ __device__ void mmq3(const u8* W0, long long rb0, int rows0, float* Y0, int ldy0
         W = W1, rb = rb1, rows = rows1, Y = Y1, ldy = ldy1, b -= b1;
     }
     int r = b * WARPS + (threadIdx.x >> 5);
+    if (r < rows) prefetch_l2_pdl(W + (size_t)r * rb, rb);
+    pdl_wait();
+    pdl_go();
     if (r >= rows) return;
     const u8* row = W + (size_t)r * rb;
     for (int t0 = 0; t0 < n; t0 += NTT) {
@@ -237,6 +242,8 @@ extern "C" __global__ void qk_rope_store(float* Q, int qts, float* K, int kts, c
                                          int rpadd, const int* pp, float* KC, float* VC) {
     __shared__ float red[32];
     extern __shared__ float hsh[];
+    pdl_wait();
+    pdl_go();
     int t = blockIdx.x, hh = blockIdx.y, i = threadIdx.x;
     int cols = kvh * hd;
     size_t pos = (size_t)(*pp + t);
@@ -341,9 +348,19 @@ extern "C" __global__ void attention_split_merge(
     float* qsh = ash;
     float* sc = ash + dk;
     int hh = blockIdx.x, t = blockIdx.y, s = blockIdx.z, heads = gridDim.x, S = gridDim.z;
+    // *pp comes from the host before the step; the keys and values of earlier positions are
+    // read-only here: the split's rows start on their way to L2 before the wait (the last
+    // position's, which the kernel before stores, may be fetched early: L2 is coherent).
     int len = *pp + padd + t + 1;
     chunk = split_chunk(len, chunk, S);
     int j0 = s * chunk, j1 = min(len, j0 + chunk);
+    if (pdl_on && hh % group == 0)
+        for (int j = j0 + (threadIdx.x >> 5); j < j1; j += blockDim.x >> 5) {
+            prefetch_l2(K + (size_t)j * ks + (size_t)(hh / group) * khs, 4 * dk);
+            prefetch_l2(V + (size_t)j * vs + (size_t)(hh / group) * vhs, 4 * dv);
+        }
+    pdl_wait();
+    pdl_go();
     size_t part = ((size_t)t * heads + hh) * S + s;
     float* po = PO + part * dv;
     if (j0 >= j1) {
@@ -422,6 +439,142 @@ extern "C" __global__ void attention_split_merge(
                heads);
 }
 
+// Flash-decoding with the query heads of one key/value head together (grouped-query attention):
+// attention_split_merge reads each key and value row once per query head (8 times for
+// Qwen3-30B-A3B's 32 / 4 heads); here a block takes kv head g, token t and split s for all G =
+// group query heads, so a row is read once. Keys and values go through shared memory in tiles of
+// 32 positions (coalesced float4 loads, the next tile's in flight while this one is used), with
+// an online softmax per head (running max and sum, the accumulators rescaled when the max
+// grows). Scores: thread (lane = key, warp = head); values: thread (d = tid % 128, heads
+// tid / 128 + 2i). The split's partial (max, sum, unnormalized output) per head is written as
+// attention_split writes it, and the last split block of (t, g) merges every head of the group
+// (merge_head; quantized when XQ). Other sums than attention_split (each score is one thread's
+// sequential dot, the values accumulate per tile): both the fused and the unfused path call this
+// kernel, so they stay identical. G <= 8, dk <= 128 and dv <= 128 multiples of 4, rows 16-byte
+// aligned (else attention_split_merge). done: heads*n zeroed counters (left zeroed). Grid: (kv
+// heads, n, splits), block 256; shared 4 * (G*(dk+4) + 32*(dk+4) + 32*dv + G*33 + G) bytes.
+#define GT 32
+extern "C" __global__ void __launch_bounds__(256, 2) attention_group_split_merge(
+    const float* Q, int qts, int qhs, const float* K, int ks, int khs, const float* V, int vs,
+    int vhs, int dk, int dv, int group, const int* pp, int padd, float scale, int chunk,
+    float* PM, float* PL, float* PO, float* O, int ots, int ohs, i8* XQ, float* XD,
+    unsigned* done) {
+    extern __shared__ float4 gsh4[];
+    const int G = group, sk = dk + 4, tid = threadIdx.x, lane = tid & 31, wp = tid >> 5;
+    float* qs = (float*)gsh4;          // G x sk
+    float* Ks = qs + G * sk;           // GT x sk
+    float* Vs = Ks + GT * sk;          // GT x dv
+    float* Ss = Vs + GT * dv;          // G x (GT + 1)
+    float* Al = Ss + G * (GT + 1);     // G: this tile's rescale factor
+    int g = blockIdx.x, t = blockIdx.y, s = blockIdx.z, S = gridDim.z;
+    int kvh = gridDim.x, heads = kvh * G;
+    int len = *pp + padd + t + 1;
+    chunk = split_chunk(len, chunk, S);
+    int j0 = s * chunk, j1 = min(len, j0 + chunk);
+    const float* kb = K + (size_t)g * khs;
+    const float* vb = V + (size_t)g * vhs;
+    for (int j = j0 + wp; j < j1; j += 8) {
+        prefetch_l2(kb + (size_t)j * ks, 4 * dk);
+        prefetch_l2(vb + (size_t)j * vs, 4 * dv);
+    }
+    pdl_wait();
+    pdl_go();
+    const int dk4 = dk >> 2, dv4 = dv >> 2;
+    for (int i = tid; i < G * dk4; i += 256) {
+        int h = i / dk4, c = i % dk4;
+        ((float4*)(qs + h * sk))[c] =
+            ((const float4*)(Q + (size_t)t * qts + (size_t)(g * G + h) * qhs))[c];
+    }
+    // This thread's share of a tile: float4 number i = tid + 256u of the GT x dk4 keys and of
+    // the GT x dv4 values (u < 4: dk4, dv4 <= 32).
+    float4 kr[4], vr[4];
+    auto load = [&](int k0) {
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int i = tid + 256 * u;
+            float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+            int rk = i / dk4, ck = i % dk4, rv = i / dv4, cv = i % dv4;
+            kr[u] = rk < GT && k0 + rk < j1
+                        ? ((const float4*)(kb + (size_t)(k0 + rk) * ks))[ck]
+                        : z;
+            vr[u] = rv < GT && k0 + rv < j1
+                        ? ((const float4*)(vb + (size_t)(k0 + rv) * vs))[cv]
+                        : z;
+        }
+    };
+    const int vd = tid & 127, vh0 = tid >> 7;  // value column, first head (then + 2, + 4, + 6)
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    float mrun = -INFINITY, lrun = 0.f;  // head wp's (warps < G), kept by every lane
+    if (j0 < j1) load(j0);
+    for (int k0 = j0; k0 < j1; k0 += GT) {
+        __syncthreads();  // the previous tile's readers (and the q rows' writers) are done
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int i = tid + 256 * u;
+            int rk = i / dk4, ck = i % dk4, rv = i / dv4, cv = i % dv4;
+            if (rk < GT) ((float4*)(Ks + rk * sk))[ck] = kr[u];
+            if (rv < GT) ((float4*)(Vs + rv * dv))[cv] = vr[u];
+        }
+        __syncthreads();
+        if (k0 + GT < j1) load(k0 + GT);
+        const int nk = min(GT, j1 - k0);
+        if (wp < G) {
+            // Score of key `lane` for head wp, then the head's online-softmax step by the warp.
+            float sc = -INFINITY;
+            if (lane < nk) {
+                const float4* kk = (const float4*)(Ks + lane * sk);
+                const float4* qq = (const float4*)(qs + wp * sk);
+                float a = 0.f;
+                for (int c = 0; c < dk4; c++) {
+                    float4 x = qq[c], y = kk[c];
+                    a += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
+                }
+                sc = a * scale;
+            }
+            float mt = sc;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, o));
+            float mnew = fmaxf(mrun, mt);
+            float alpha = expf(mrun - mnew);  // 0 on the first tile
+            float p = lane < nk ? expf(sc - mnew) : 0.f;
+            Ss[wp * (GT + 1) + lane] = p;
+            lrun = lrun * alpha + warp_sum(p);
+            mrun = mnew;
+            if (lane == 0) Al[wp] = alpha;
+        }
+        __syncthreads();
+        if (vd < dv) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int h = vh0 + 2 * i;
+                if (h < G) {
+                    const float* pr = Ss + h * (GT + 1);
+                    float a = acc[i] * Al[h];
+                    for (int j = 0; j < nk; j++) a += pr[j] * Vs[j * dv + vd];
+                    acc[i] = a;
+                }
+            }
+        }
+    }
+    // The split's partial per head, as attention_split leaves it.
+    if (wp < G && lane == 0) {
+        size_t part = ((size_t)t * heads + g * G + wp) * S + s;
+        PM[part] = j0 < j1 ? mrun : -INFINITY;
+        PL[part] = j0 < j1 ? lrun : 0.f;
+    }
+    if (vd < dv && j0 < j1)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int h = vh0 + 2 * i;
+            if (h < G) PO[(((size_t)t * heads + g * G + h) * S + s) * dv + vd] = acc[i];
+        }
+    if (!last_block(done + (size_t)t * heads + g, S)) return;
+    for (int h = 0; h < G; h++)
+        merge_head(PM, PL, PO, S, min(S, (len + chunk - 1) / chunk), dv, O, ots, ohs, XQ, XD,
+                   g * G + h, t, heads);
+}
+#undef GT
+
 // route + build_jobs in one block for a few tokens: warp w routes tokens w, w + nw, ... (each in
 // its own scratch, as `route`; nw = min(n, warps)), then the block builds the job list (as
 // `build_jobs`). Shared: nw * (2E + 192) words for routing, then 3E ints.
@@ -459,6 +612,10 @@ extern "C" __global__ void router_route_jobs(const u8* W, long long rb, const fl
                                              int topk_group, int norm, float scale, int* sel,
                                              float* selw, const u64* etab, Job* jobs, int* tok,
                                              int* dst, int* njobs, int* stat, unsigned* done) {
+    int r = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    if (r < E) prefetch_l2_pdl(W + (size_t)r * rb, rb);
+    pdl_wait();
+    pdl_go();
     mm<TF32>(W, rb, E, h, X, h, n, logits, E);
     if (!last_block(done, gridDim.x)) return;
     route_jobs_block(logits, n, E, k, bias, sigmoid, n_group, topk_group, norm, scale, sel, selw,
@@ -472,16 +629,21 @@ template <class T, int NTT = NT>
 __device__ void moe_down_qs(const Job* jobs, const int* nj, int h, int f, long long rb,
                             const float* Hb, const int* dst, float* SO) {
     extern __shared__ int4 dsm4[];
-    if (nj && (int)blockIdx.y >= *nj) return;
-    Job j = jobs[blockIdx.y];
     int wp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     int r = blockIdx.x * WARPS + wp, per = f >> 5;
+    // The job list comes from two kernels back (the router, complete before the gate/up kernel
+    // let this one start): the row's bytes start on their way to L2 while the gate/up product
+    // still runs (and, without PDL, while the block quantizes its input).
+    if (pdl_on && (!nj || (int)blockIdx.y < *nj))
+        prefetch_l2((const u8*)jobs[blockIdx.y].down + (size_t)min(r, h - 1) * rb, rb);
+    pdl_wait();
+    pdl_go();
+    if (nj && (int)blockIdx.y >= *nj) return;
+    Job j = jobs[blockIdx.y];
     i8* sq = (i8*)dsm4;
     float* sd = (float*)(sq + NT * f);
     const u8* w = (const u8*)j.down + (size_t)min(r, h - 1) * rb;
-    // The row's bytes start on their way to L2 while the block quantizes its input.
-    for (long long o = 128 * lane; o < rb; o += 32 * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(w + o));
+    if (!pdl_on) prefetch_l2(w, rb);
     for (int a0 = j.a0; a0 < j.a0 + j.cnt; a0 += NTT) {
         int nt = NTT == 1 ? 1 : min(NTT, j.a0 + j.cnt - a0);
         __syncthreads();
@@ -543,6 +705,123 @@ DOWN_QS_T1_KERNEL(q8_0, QQ8_0, _t1, __launch_bounds__(256, 6))
 DOWN_QS_T1_KERNEL(q8_0, QQ8_0, _t1n, )
 DOWN_QS_T1_KERNEL(q4_0, QQ4_0, _t1, __launch_bounds__(256, 6))
 DOWN_QS_T1_KERNEL(q4_0, QQ4_0, _t1n, )
+
+// ==== One-token products with R rows per warp (decode) ====
+//
+// The decode step's expert down product is 8 jobs x 2048 rows of 768 values: with one row per
+// warp, a lane makes one 16-byte load and the block (8 rows) quantizes its 768 inputs for it,
+// 2048 blocks in ~3 waves. Here each warp takes R rows (r0 .. r0 + R - 1): R loads per lane in
+// flight, R times fewer blocks and input quantizations. Each row's sum is row_dotq<T, 1>'s (the
+// same items per lane in the same order, the same warp reduction), the input quantized as
+// moe_down_qs quantizes it: results byte-identical to moe_down_qs. Grid: (ceil(h / (WARPS R)),
+// jobs); shared as moe_down_qs.
+template <class T, int R>
+__device__ void moe_down_qs_rows(const Job* jobs, const int* nj, int h, int f, long long rb,
+                                 const float* Hb, const int* dst, float* SO) {
+    extern __shared__ int4 dsm4[];
+    int wp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    int r0 = (blockIdx.x * WARPS + wp) * R, per = f >> 5;
+    // As moe_down_qs: the job list is two kernels old, the rows go to L2 before the wait.
+    if (r0 < h && (!nj || (int)blockIdx.y < *nj)) {
+        const u8* w0 = (const u8*)jobs[blockIdx.y].down;
+#pragma unroll
+        for (int q = 0; q < R; q++) prefetch_l2(w0 + (size_t)min(r0 + q, h - 1) * rb, rb);
+    }
+    pdl_wait();
+    pdl_go();
+    if (nj && (int)blockIdx.y >= *nj) return;
+    Job j = jobs[blockIdx.y];
+    i8* sq = (i8*)dsm4;
+    float* sd = (float*)(sq + NT * f);
+    const u8* wd = (const u8*)j.down;
+    const int items = (f / T::BE) * T::IPB;
+    for (int a = j.a0; a < j.a0 + j.cnt; a++) {
+        __syncthreads();
+        for (int c = wp; c < per; c += nw) {
+            float v = Hb[(size_t)a * f + 32 * c + lane];
+            float am = fabsf(v);
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, o));
+            float d = am / 127.f;
+            float id = d > 0.f ? 1.f / d : 0.f;
+            int q = (int)roundf(v * id);
+            sq[32 * c + lane] = (i8)max(-127, min(127, q));
+            if (lane == 0) sd[c] = d;
+        }
+        __syncthreads();
+        if (r0 >= h) continue;
+        const i8* xq[1] = {sq};
+        const float* xd[1] = {sd};
+        float acc[R];
+#pragma unroll
+        for (int q = 0; q < R; q++) acc[q] = 0.f;
+#pragma unroll 2
+        for (int it = lane; it < items; it += 32)
+#pragma unroll
+            for (int q = 0; q < R; q++)
+                T::dot(wd + (size_t)min(r0 + q, h - 1) * rb, it, xq, xd, 1, &acc[q]);
+#pragma unroll
+        for (int q = 0; q < R; q++) acc[q] = warp_sum(acc[q]);
+        if (lane == 0)
+#pragma unroll
+            for (int q = 0; q < R; q++)
+                if (r0 + q < h) SO[(size_t)dst[a] * h + r0 + q] = acc[q];
+    }
+}
+
+// mmq for one token with R rows per warp (the output head: 152k rows), each row's sum
+// row_dotq<T, 1>'s. Grid: ceil(rows / (WARPS R)).
+template <class T, int R>
+__device__ void mmq_rows1(const u8* W, long long rb, int rows, int cols, const i8* XQ,
+                          const float* XD, float* Y) {
+    const int lane = threadIdx.x & 31;
+    int r0 = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * R;
+    if (r0 < rows)
+#pragma unroll
+        for (int q = 0; q < R; q++) prefetch_l2(W + (size_t)min(r0 + q, rows - 1) * rb, rb);
+    pdl_wait();
+    pdl_go();
+    if (r0 >= rows) return;
+    const int items = (cols / T::BE) * T::IPB;
+    const i8* xq[1] = {XQ};
+    const float* xd[1] = {XD};
+    float acc[R];
+#pragma unroll
+    for (int q = 0; q < R; q++) acc[q] = 0.f;
+#pragma unroll 2
+    for (int it = lane; it < items; it += 32)
+#pragma unroll
+        for (int q = 0; q < R; q++)
+            T::dot(W + (size_t)min(r0 + q, rows - 1) * rb, it, xq, xd, 1, &acc[q]);
+#pragma unroll
+    for (int q = 0; q < R; q++) acc[q] = warp_sum(acc[q]);
+    if (lane == 0)
+#pragma unroll
+        for (int q = 0; q < R; q++)
+            if (r0 + q < rows) Y[r0 + q] = acc[q];
+}
+
+#define ROWS_T1_KERNELS(NAME, T)                                                                  \
+    extern "C" __global__ void __launch_bounds__(256, 4) moe_down_qs2_##NAME##_t1(                \
+        const Job* jobs, const int* nj, int h, int f, long long rb, const float* Hb,              \
+        const int* dst, float* SO) {                                                              \
+        moe_down_qs_rows<T, 2>(jobs, nj, h, f, rb, Hb, dst, SO);                                  \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(256, 4) moe_down_qs4_##NAME##_t1(                \
+        const Job* jobs, const int* nj, int h, int f, long long rb, const float* Hb,              \
+        const int* dst, float* SO) {                                                              \
+        moe_down_qs_rows<T, 4>(jobs, nj, h, f, rb, Hb, dst, SO);                                  \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(256, 3) mmq2_##NAME##_t1(                        \
+        const u8* W, long long rb, int rows, int cols, const i8* XQ, const float* XD, int n,      \
+        float* Y, int ldy) {                                                                      \
+        mmq_rows1<T, 2>(W, rb, rows, cols, XQ, XD, Y);                                            \
+    }
+ROWS_T1_KERNELS(q4_k, QQ4_K)
+ROWS_T1_KERNELS(q5_k, QQ5_K)
+ROWS_T1_KERNELS(q6_k, QQ6_K)
+ROWS_T1_KERNELS(q8_0, QQ8_0)
+ROWS_T1_KERNELS(q4_0, QQ4_0)
 
 // ==== Prompt attention in tiles (prefill) ====
 //

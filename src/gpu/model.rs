@@ -103,6 +103,30 @@ struct T1Fns {
     mm3: Kernel,
     gate_up: Kernel,
     down_s: Kernel,
+    /// `down_s` with R rows per warp (kernels_fused.cu `moe_down_qs_rows`, same sums), and R:
+    /// `SLUICE_GPU_DOWN_ROWS=2|4` (1: `down_s`).
+    down_r: Option<(Kernel, u32)>,
+    /// `mm` with two rows per warp for tall matvecs (the output head; `mmq_rows1`, same sums):
+    /// `SLUICE_GPU_MMQ_ROWS=2`.
+    mm2: Option<Kernel>,
+}
+
+/// Rows per warp of the one-token expert down product (`SLUICE_GPU_DOWN_ROWS`, default 1).
+fn down_rows() -> u32 {
+    static R: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *R.get_or_init(|| match std::env::var("SLUICE_GPU_DOWN_ROWS").as_deref() {
+        Ok("2") => 2,
+        Ok("4") => 4,
+        _ => 1,
+    })
+}
+
+/// Whether flash-decoding takes a key/value head's query heads together
+/// (`attention_group_split_merge`, `SLUICE_GPU_ATT_GROUP=1`; otherwise one block per query
+/// head). Opt-in until it has run on a device (written in session 27, when none was lent).
+fn att_group_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SLUICE_GPU_ATT_GROUP").is_ok_and(|v| v == "1"))
 }
 
 /// Whether one-token forwards take the `*_t1` kernels (`SLUICE_GPU_T1=0`: no).
@@ -191,6 +215,9 @@ pub(super) struct Small {
     add_rms_q8: Kernel,
     qk_rope_store: Kernel,
     att_split_merge: Kernel,
+    /// Flash-decoding with a key/value head's query heads in one block (`SLUICE_GPU_ATT_GROUP=1`
+    /// on).
+    att_group: Kernel,
     /// Prompt attention in 32-query tiles (kernels_fused.cu `attention_tiled`).
     att_tiled: Kernel,
     route_jobs: Kernel,
@@ -469,6 +496,20 @@ impl<'a> Builder<'a> {
                                 mm3,
                                 gate_up,
                                 down_s,
+                                down_r: match down_rows() {
+                                    1 => None,
+                                    r => self
+                                        .gpu
+                                        .function(&format!("moe_down_qs{r}_{n}_t1"))
+                                        .ok()
+                                        .map(|k| (k, r)),
+                                },
+                                mm2: if std::env::var("SLUICE_GPU_MMQ_ROWS").is_ok_and(|v| v == "2")
+                                {
+                                    self.gpu.function(&format!("mmq2_{n}_t1")).ok()
+                                } else {
+                                    None
+                                },
                             }),
                             _ => None,
                         }
@@ -734,6 +775,7 @@ impl GpuState {
             add_rms_q8: gpu.function("add_rmsnorm_q8")?,
             qk_rope_store: gpu.function("qk_rope_store")?,
             att_split_merge: gpu.function("attention_split_merge")?,
+            att_group: gpu.function("attention_group_split_merge")?,
             route_jobs: gpu.function("route_jobs")?,
             router_route_jobs: gpu.function("router_route_jobs")?,
         };
@@ -1276,6 +1318,29 @@ impl GpuState {
                 gemm::mm(
                     &self.gpu, &q.gemm, w, m.rb, m.rows, m.cols, xq, xd, n, y, ldy,
                 )
+            } else if let Some(mm2) =
+                q.t1.and_then(|t| t.mm2)
+                    .filter(|_| n == 1 && m.rows >= 32768)
+            {
+                // The output head of a decode step: two rows per warp (`mmq_rows1`).
+                self.gpu.launch(
+                    mm2,
+                    ((m.rows as u32).div_ceil(2 * WARPS), 1, 1),
+                    32 * WARPS,
+                    0,
+                    Stream::Compute,
+                    &[
+                        self.wa(m.off).into(),
+                        (m.rb as i64).into(),
+                        (m.rows as i32).into(),
+                        (m.cols as i32).into(),
+                        self.bufs.xq.ptr.into(),
+                        self.bufs.xd.ptr.into(),
+                        (n as i32).into(),
+                        y.into(),
+                        (ldy as i32).into(),
+                    ],
+                )
             } else if let Some(mm2) = q.mm2.filter(|_| n <= NT && m.rows >= 32768) {
                 // A tall matvec (the output head): two rows per warp (`mmq_rows`).
                 self.gpu.launch(
@@ -1464,6 +1529,64 @@ impl GpuState {
         if n <= SPLIT_ROWS {
             // Flash-decoding: every split of the context in its own block, then a merge.
             let (splits, chunk) = (self.splits, self.chunk);
+            // Grouped-query heads read each key/value row once per group (fused and unfused
+            // paths alike, so they stay identical).
+            let group_shm = 4 * (group * (dk + 4) + 32 * (dk + 4) + 32 * dv + group * 33 + group);
+            let aligned = [dk, dv, q.1, q.2, k.1, k.2, v.1, v.2]
+                .iter()
+                .all(|&x| x % 4 == 0)
+                && [q.0, k.0, v.0].iter().all(|&p| p % 16 == 0);
+            if (2..=8).contains(&group)
+                && dk <= 128
+                && dv <= 128
+                && aligned
+                && group_shm <= 48 * 1024
+                && heads.is_multiple_of(group)
+                && att_group_on()
+            {
+                let q8 = self.fused && dv.is_multiple_of(32) && o.2 == dv && o.1 == heads * dv;
+                let (xq, xd) = if q8 {
+                    (self.bufs.xq.ptr, self.bufs.xd.ptr)
+                } else {
+                    (0, 0)
+                };
+                self.gpu.launch(
+                    self.small.att_group,
+                    ((heads / group) as u32, n as u32, splits as u32),
+                    256,
+                    group_shm as u32,
+                    Stream::Compute,
+                    &[
+                        q.0.into(),
+                        (q.1 as i32).into(),
+                        (q.2 as i32).into(),
+                        k.0.into(),
+                        (k.1 as i32).into(),
+                        (k.2 as i32).into(),
+                        v.0.into(),
+                        (v.1 as i32).into(),
+                        (v.2 as i32).into(),
+                        (dk as i32).into(),
+                        (dv as i32).into(),
+                        (group as i32).into(),
+                        self.bufs.pos.ptr.into(),
+                        padd.into(),
+                        scale.into(),
+                        (chunk as i32).into(),
+                        self.bufs.pm.ptr.into(),
+                        self.bufs.pl.ptr.into(),
+                        self.bufs.po.ptr.into(),
+                        o.0.into(),
+                        (o.1 as i32).into(),
+                        (o.2 as i32).into(),
+                        xq.into(),
+                        xd.into(),
+                        self.bufs.done.at(4).into(),
+                    ],
+                )?;
+                self.xq_src.set(q8.then_some((o.0, o.1, n, o.1)));
+                return Ok(());
+            }
             if self.fused {
                 // One launch: each (head, token)'s last split merges them, and quantizes the
                 // merged rows when they are the output projection's packed input.
@@ -1988,12 +2111,13 @@ impl GpuState {
                 // The down kernel quantizes its job's rows of hb itself.
                 let f = mo.ffn;
                 let shmem = (4 * f + 16 * f / 32) as u32;
+                let (k, rows_per_warp) = match qd.t1 {
+                    Some(t) if n == 1 => t.down_r.unwrap_or((t.down_s, 1)),
+                    _ => (qd.down_s, 1),
+                };
                 self.gpu.launch(
-                    match qd.t1 {
-                        Some(t) if n == 1 => t.down_s,
-                        _ => qd.down_s,
-                    },
-                    ((h as u32).div_ceil(WARPS), grid_y as u32, 1),
+                    k,
+                    ((h as u32).div_ceil(WARPS * rows_per_warp), grid_y as u32, 1),
                     32 * WARPS,
                     shmem,
                     compute,
