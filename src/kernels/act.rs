@@ -181,6 +181,20 @@ impl Acts {
         }
     }
 
+    /// The Q8_32 blocks' scales in one array and their exact sums, from `q8_32`; marks the
+    /// format ready. Every path that fills `q8_32` ends here.
+    fn q8_32_sides(&mut self) {
+        self.q8_32_d.clear();
+        self.q8_32_d.extend(self.q8_32.iter().map(|b| b.d));
+        self.q8_32_sum.clear();
+        self.q8_32_sum.extend(
+            self.q8_32
+                .iter()
+                .map(|b| b.qs.iter().map(|&q| q as i32).sum::<i32>()),
+        );
+        self.ready_q8_32 = true;
+    }
+
     /// Make the `fmt` copy of every row (no-op if already made since the last `load`).
     /// Columns that are not a whole number of blocks leave the format unprepared.
     pub fn prepare(&mut self, fmt: ActFormat) {
@@ -194,15 +208,7 @@ impl Acts {
                 self.q8_32.clear();
                 self.q8_32.resize(self.rows * nb, ZERO32);
                 quantize_blocks(&self.f32, &mut self.q8_32, 32, quantize_q8_32);
-                self.q8_32_d.clear();
-                self.q8_32_d.extend(self.q8_32.iter().map(|b| b.d));
-                self.q8_32_sum.clear();
-                self.q8_32_sum.extend(
-                    self.q8_32
-                        .iter()
-                        .map(|b| b.qs.iter().map(|&q| q as i32).sum::<i32>()),
-                );
-                self.ready_q8_32 = true;
+                self.q8_32_sides();
             }
             ActFormat::Q8K => {
                 if self.ready_q8k || !self.cols.is_multiple_of(QK) {
@@ -316,7 +322,7 @@ impl Acts {
             super::par_for(pool, pieces, &one);
         }
         match q {
-            Some(32) => self.ready_q8_32 = true,
+            Some(32) => self.q8_32_sides(),
             Some(_) => {
                 self.ready_q8k = true;
                 self.prepare(fmt);
