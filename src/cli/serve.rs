@@ -51,7 +51,8 @@ pub struct ServeArgs {
     /// Most requests waiting for a free sequence slot (more get 503 with Retry-After).
     #[arg(long = "max-queue", default_value_t = 64)]
     pub max_queue: usize,
-    /// Most open connections (more get 503).
+    /// Most connections inside a request at once (more get 503); idle ones do not count, and at
+    /// most 4x this many may be open.
     #[arg(long = "max-connections", default_value_t = 256)]
     pub max_connections: usize,
     /// On SIGINT/SIGTERM, seconds a running generation may go on before it is cancelled.

@@ -94,8 +94,12 @@ pub(crate) trait Service: Send + Sync + 'static {
     fn stopping(&self) -> bool;
     /// Largest request body accepted (413 above it).
     fn max_body(&self) -> usize;
-    /// Answer one request (or a refusal) through `conn`. Runs on a blocking thread.
+    /// Answer one request (or a refusal) through `conn`. Runs on a blocking thread, or on the
+    /// runtime's own thread when `quick` says so.
     fn handle(&self, req: Result<Request, Refusal>, conn: Conn);
+    /// The request is answered at once, without waiting on anything (`/health`, `/metrics`):
+    /// no hand-over to the blocking pool.
+    fn quick(&self, req: &Request) -> bool;
     /// A refusal this layer wrote itself (the head timeout's 408): count and log it.
     fn refused(&self, r: &Refusal);
 }
@@ -551,7 +555,11 @@ async fn answer<S: Service>(
         peer,
         keep: keep && outcome.is_ok(),
     };
-    let _ = tokio::task::spawn_blocking(move || svc.handle(outcome, conn)).await;
+    if outcome.as_ref().is_ok_and(|r| svc.quick(r)) {
+        svc.handle(outcome, conn);
+    } else {
+        let _ = tokio::task::spawn_blocking(move || svc.handle(outcome, conn)).await;
+    }
 }
 
 /// Read a request body of at most `max` bytes. Err: status and message of the refusal.

@@ -290,6 +290,10 @@ impl http::Service for Shared {
         // `conn` is dropped here: the response goes out after its log line.
     }
 
+    fn quick(&self, req: &Request) -> bool {
+        req.method == "GET" && matches!(req.path.as_str(), "/health" | "/metrics")
+    }
+
     fn refused(&self, r: &Refusal) {
         self.metrics.count_request(route_label(&r.path), r.status);
         log_line(format!("[serve] {} {} {}", r.path, r.status, r.message));

@@ -612,7 +612,7 @@ mod tests {
         let text = render(&oss, json!([user, call]), false, json!({"tools": tools}));
         let reply = after_user(&text);
         let harmony = Some((ReasoningFormat::detect(Some(&oss)).unwrap(), false));
-        assert_eq!(harmony.unwrap().0, ReasoningFormat::Harmony);
+        assert_eq!(harmony.map(|h| h.0), Some(ReasoningFormat::Harmony));
         let tool_list = tools.as_array().unwrap().clone();
         let (r, c, calls) =
             ReplyStream::new(harmony, ToolFormat::Hermes, Some(tool_list)).whole(&reply, ids);
