@@ -1,8 +1,9 @@
 #!/bin/bash
 # Device call (issue 15, written in session 27, when no device was lent: not yet run): llama.cpp's
 # CUDA build in the background, the GPU tests with session 27's opt-in paths on (NEW: programmatic
-# dependent launch, grouped-query flash-decoding), logits byte for byte across the switches that
-# keep the sums (PDL, rows per warp) and fused vs unfused, then on the 8-layer
+# dependent launch, grouped-query flash-decoding, the one-token job list by the routing warp),
+# logits byte for byte across the switches that keep the sums (PDL, rows per warp, the job list)
+# and fused vs unfused, then on the 8-layer
 # Qwen3-30B-A3B-shaped Q4_K file llama-bench and `sluice bench` interleaved (L S S L with NEW on,
 # then the A/B arms of each switch), the depth rows (llama-bench -d 4096,16384 against `sluice
 # bench -d`), and graph-replay profiles.
@@ -30,7 +31,7 @@ S=$B/sluice
 M=/var/tmp/q30-8.gguf
 SY=0
 if [ ! -f $M ]; then $S synth $M --preset qwen3-30b-a3b --layers 8 --quant q4_k --skew 1.0 --seed 11 > $O/synth.log 2>&1 & SY=$!; fi
-NEW="SLUICE_GPU_PDL=1 SLUICE_GPU_ATT_GROUP=1"
+NEW="SLUICE_GPU_PDL=1 SLUICE_GPU_ATT_GROUP=1 SLUICE_GPU_JOBS1=1"
 env $NEW timeout 240 $B/gpu-tests --test-threads=1 --nocapture > $O/tests.log 2>&1; echo "gpu tests ($NEW) rc $? at $(el)"
 grep -E "^test |test result|panicked|worst|identical" $O/tests.log | head -40
 TK=$(seq -s, 1 40)
@@ -52,7 +53,7 @@ for b in 1 7; do
   XE=SLUICE_GPU_PDL=0 lg $M $b "-c 1024 --experts resident" /tmp/c.npy; same /tmp/a.npy /tmp/c.npy "logits q30-8 -b $b PDL on vs off"
 done
 lg $M 1 "-c 1024 --experts resident" /tmp/a.npy
-for e in SLUICE_GPU_DOWN_ROWS=2 SLUICE_GPU_DOWN_ROWS=4 SLUICE_GPU_MMQ_ROWS=2; do
+for e in SLUICE_GPU_DOWN_ROWS=2 SLUICE_GPU_DOWN_ROWS=4 SLUICE_GPU_MMQ_ROWS=2 SLUICE_GPU_JOBS1=0; do
   env $NEW $e $S logits $M --tokens $TK -b 1 --gpu on -c 1024 --experts resident --out /tmp/d.npy > /dev/null 2> /tmp/d.npy.err
   same /tmp/a.npy /tmp/d.npy "logits q30-8 -b 1 $e"
 done
@@ -77,7 +78,8 @@ sb() { env $NEW $2 $S bench $M -p 512 -n 128 -r 1 --run-flags "$F" > $O/sb-$1.lo
 lb() { [ -x $LBENCH ] || return; $LBENCH -m $M -ngl 99 -p 512 -n 128 -r 2 > $O/lb-$1.log 2>&1; echo "llama.cpp ($1):"; grep -E "pp512|tg128" $O/lb-$1.log; }
 lb a; sb this1 X=1; sb this2 X=1; lb b
 sb pdl0 SLUICE_GPU_PDL=0; sb down2 SLUICE_GPU_DOWN_ROWS=2; sb down4 SLUICE_GPU_DOWN_ROWS=4; sb mm2 SLUICE_GPU_MMQ_ROWS=2
-sb group0 SLUICE_GPU_ATT_GROUP=0; sb base "SLUICE_GPU_PDL=0 SLUICE_GPU_ATT_GROUP=0"; sb this3 X=1
+sb group0 SLUICE_GPU_ATT_GROUP=0; sb jobs0 SLUICE_GPU_JOBS1=0
+sb base "SLUICE_GPU_PDL=0 SLUICE_GPU_ATT_GROUP=0 SLUICE_GPU_JOBS1=0"; sb this3 X=1
 echo "short benches done at $(el)"
 [ -x $LBENCH ] && { timeout 120 $LBENCH -m $M -ngl 99 -p 512 -n 64 -d 4096,16384 -r 1 > $O/lb-depth.log 2>&1; echo "llama.cpp depth:"; grep -E "pp512|tg64" $O/lb-depth.log; }
 sd() { env $NEW $3 $S bench $M -p $4 -n 64 -d $2 -r 1 --run-flags "$F" > $O/sd-$1.log 2>&1; echo "sluice $1 -d $2 -p $4 ($3): $(grep -hE '@ d' $O/sd-$1.log | tr -s ' ' | cut -d'|' -f4,5 | tr '\n' ' ')"; tail -1 $O/sd-$1.log | grep -i error; }

@@ -324,6 +324,11 @@ impl Gpu {
             if gpu.pdl {
                 gpu.set_global("pdl_on", &1i32.to_le_bytes())?;
             }
+            // A one-token step's job list by the routing warp alone (kernels_fused.cu
+            // `route_jobs_block`; the same list): opt-in until it has run on a device.
+            if std::env::var("SLUICE_GPU_JOBS1").is_ok_and(|v| v == "1") {
+                gpu.set_global("jobs1_on", &1i32.to_le_bytes())?;
+            }
             Ok(gpu)
         }
     }

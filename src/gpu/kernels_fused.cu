@@ -578,6 +578,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) attention_group_split_merge
 // route + build_jobs in one block for a few tokens: warp w routes tokens w, w + nw, ... (each in
 // its own scratch, as `route`; nw = min(n, warps)), then the block builds the job list (as
 // `build_jobs`). Shared: nw * (2E + 192) words for routing, then 3E ints.
+// 1 with SLUICE_GPU_JOBS1=1 (driver.rs sets it at load): a one-token step's job list by the
+// routing warp alone (route_jobs_block).
+__constant__ int jobs1_on;
+
 __device__ void route_jobs_block(const float* logits, int n, int E, int k, const float* bias,
                                  int sigmoid, int n_group, int topk_group, int norm, float scale,
                                  int* sel, float* selw, const u64* etab, Job* jobs, int* tok,
@@ -585,6 +589,37 @@ __device__ void route_jobs_block(const float* logits, int n, int E, int k, const
     extern __shared__ float rjs[];
     int wp = threadIdx.x >> 5, lane = threadIdx.x & 31, rw = min(n, (int)(blockDim.x >> 5));
     float* mine = rjs + (size_t)wp * (2 * E + 192);
+    if (jobs1_on && n == 1 && k <= 32) {
+        // One token's k experts are distinct, so build_block's list is: the experts in
+        // ascending index (job i = the expert of rank i among the k), each one assignment
+        // (a0 = rank, cnt 1, token 0, destination slot = its slot). Warp 0 writes it from the
+        // selection it just made, without the block's count / scan / place passes.
+        if (wp == 0) {
+            route_warp(logits, E, k, bias, sigmoid, n_group, topk_group, norm, scale, sel, selw,
+                       0, lane, mine, mine + E, mine + 2 * E, (int*)(mine + 2 * E + 64),
+                       (int*)(mine + 2 * E + 128));
+            __syncwarp();
+            int e = lane < k ? sel[lane] : 0x7fffffff;
+            int rank = 0;
+            for (int q = 0; q < k; q++) rank += __shfl_sync(0xffffffffu, e, q) < e;
+            if (lane < k) {
+                Job jb;
+                jb.gate = etab[3 * e];
+                jb.up = etab[3 * e + 1];
+                jb.down = etab[3 * e + 2];
+                jb.a0 = rank;
+                jb.cnt = 1;
+                jobs[rank] = jb;
+                tok[rank] = 0;
+                dst[rank] = lane;
+            }
+            if (lane == 0) {
+                *njobs = k;
+                if (stat) *stat += k;
+            }
+        }
+        return;
+    }
     if (wp < rw)
         for (int t = wp; t < n; t += rw)
             route_warp(logits, E, k, bias, sigmoid, n_group, topk_group, norm, scale, sel, selw,
