@@ -244,6 +244,7 @@ pub fn dot4_fn(dtype: DType, isa: Isa) -> Option<Dot4Fn> {
         DType::Q5_1 => &q5_1::DOT4,
         DType::IQ4_NL => &iq4_nl::DOT4,
         DType::IQ4_XS => &iq4_xs::DOT4,
+        DType::IQ2_XXS => &iq2_xxs::DOT4,
         DType::IQ2_XS => &iq2_xs::DOT4,
         DType::IQ2_S => &iq2_s::DOT4,
         DType::IQ3_XXS => &iq3_xxs::DOT4,
