@@ -45,7 +45,8 @@ fn f16_offsets(t: DType) -> &'static [usize] {
         DType::Q4_K | DType::Q5_K => &[0, 2],
         DType::Q6_K => &[208],
         DType::Q8_0 | DType::Q4_0 | DType::Q5_0 | DType::IQ4_NL | DType::IQ4_XS => &[0],
-        DType::IQ2_XS | DType::IQ2_S | DType::IQ3_XXS | DType::IQ3_S | DType::IQ1_S => &[0],
+        DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S | DType::IQ3_XXS | DType::IQ3_S => &[0],
+        DType::IQ1_S => &[0],
         // IQ1_M's d is the top nibbles of four words: set in `blocks`.
         DType::IQ1_M => &[],
         DType::Q4_1 | DType::Q5_1 => &[0, 2],

@@ -16,7 +16,7 @@
 use super::act::q8k_rows_pos;
 use super::float::f16_at;
 use super::tables::{IQ2XXS_GRID, KSIGNS_IQ2XS};
-use super::{ActFormat, ActRow, TypeKernels};
+use super::{ActFormat, ActRow, Dot4Kernels, TypeKernels};
 use crate::dtype::DType;
 
 const BLOCK_BYTES: usize = 66;
@@ -29,6 +29,13 @@ pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
     dot_avx2: simd::AVX2,
     dot_avx512: simd::AVX512,
 });
+
+/// Four-row dots (prefill) on AVX2, each row with the AVX2 single-row dot's bits. The AVX-512
+/// kernel (`Q8KRows`) has none yet, so AVX-512 machines run one single-row dot per row.
+pub(super) const DOT4: Dot4Kernels = Dot4Kernels {
+    avx2: simd::DOT4,
+    avx512: None,
+};
 
 /// (aux0, aux1) of group `g` of block `b`.
 #[inline]
@@ -86,20 +93,23 @@ fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
 mod simd {
     pub(super) const AVX2: Option<super::super::DotFn> = None;
     pub(super) const AVX512: Option<super::super::DotFn> = None;
+    pub(super) const DOT4: Option<super::super::Dot4Fn> = None;
 }
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
+    use super::super::iq_x86::hsums;
     use super::super::simd::prefetch_distance;
     use super::super::simd::x86::{f16_at, hsum256, ld256, ld512, prefetch};
     use super::super::tables::{IQ2XXS_GRID, KSIGNS_IQ2XS};
-    use super::super::{ActRow, BlockQ8K, DotFn};
+    use super::super::{ActRow, BlockQ8K, Dot4Fn, DotFn};
     use super::BLOCK_BYTES;
     use crate::kernels::Isa;
     use std::arch::x86_64::*;
 
     pub(super) const AVX2: Option<DotFn> = Some(dot_avx2);
     pub(super) const AVX512: Option<DotFn> = Some(dot_avx512);
+    pub(super) const DOT4: Option<Dot4Fn> = Some(dot4_avx2);
 
     /// AVX-512 as `Isa::Avx512` guarantees, plus VBMI and BITALG (Ice Lake, Zen 4 and later;
     /// Skylake-X and Cascade Lake lack them and take the AVX2 kernel).
@@ -201,6 +211,89 @@ mod simd {
             acc = _mm256_fmadd_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(isum), acc);
         }
         hsum256(acc)
+    }
+
+    /// Four activation rows (prefill) with `dot_avx2`'s bits per row: the signs, scales and
+    /// grid rows of each group are made once, each row then negates its activations, `maddubs`
+    /// and `madd` as `dot_avx2_impl` does.
+    fn dot4_avx2(w: &[u8], a: &[ActRow<'_>; 4], out: &mut [f32; 4]) {
+        if !Isa::Avx2.supported() {
+            *out = std::array::from_fn(|r| super::dot_scalar(w, &a[r]));
+            return;
+        }
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above).
+        *out = unsafe { dot4_avx2_impl(w, [a[0].q8k, a[1].q8k, a[2].q8k, a[3].q8k]) };
+    }
+
+    /// `dot_avx2_impl` for four activation rows.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn dot4_avx2_impl(w: &[u8], a: [&[BlockQ8K]; 4]) -> [f32; 4] {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let pf = prefetch_distance();
+        let spread = _mm256_set_epi64x(
+            0x0303030303030303,
+            0x0202020202020202,
+            0x0101010101010101,
+            0,
+        );
+        let bitsel = _mm256_set1_epi64x(0x8040201008040201u64 as i64);
+        let m7f = _mm256_set1_epi32(0x7f);
+        let lsb = _mm256_set1_epi32(0x0101_0101);
+        let one = _mm256_set1_epi32(1);
+        const POS: [i32; 8] = [0, 1, 4, 5, 2, 3, 6, 7];
+        let nb = a
+            .iter()
+            .map(|a| a.len())
+            .fold(w.len() / BLOCK_BYTES, usize::min);
+        for (i, b) in w.chunks_exact(BLOCK_BYTES).take(nb).enumerate() {
+            prefetch(b.as_ptr(), pf, BLOCK_BYTES);
+            let v0 = _mm256_castsi256_ps(ld256(&b[2..34]));
+            let v1 = _mm256_castsi256_ps(ld256(&b[34..66]));
+            let a1 = _mm256_castps_si256(_mm256_shuffle_ps::<0b11_01_11_01>(v0, v1));
+            let s = _mm256_or_si256(
+                _mm256_or_si256(
+                    _mm256_and_si256(a1, m7f),
+                    _mm256_and_si256(_mm256_slli_epi32::<1>(a1), _mm256_slli_epi32::<8>(m7f)),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_slli_epi32::<2>(a1), _mm256_slli_epi32::<16>(m7f)),
+                    _mm256_and_si256(_mm256_slli_epi32::<3>(a1), _mm256_slli_epi32::<24>(m7f)),
+                ),
+            );
+            let p = _mm256_xor_si256(s, _mm256_srli_epi32::<4>(s));
+            let p = _mm256_xor_si256(p, _mm256_srli_epi32::<2>(p));
+            let p = _mm256_xor_si256(p, _mm256_srli_epi32::<1>(p));
+            let s = _mm256_or_si256(s, _mm256_slli_epi32::<7>(_mm256_and_si256(p, lsb)));
+            let sc = _mm256_or_si256(_mm256_srli_epi32::<27>(a1), one);
+            let sc = _mm256_or_si256(sc, _mm256_slli_epi32::<16>(sc));
+            let mut isum = [_mm256_setzero_si256(); 4];
+            for g in 0..8 {
+                let at = 2 + 8 * g;
+                let sel = _mm256_set1_epi32(POS[g]);
+                let sg = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(s, sel), spread);
+                let neg = _mm256_cmpeq_epi8(_mm256_and_si256(sg, bitsel), bitsel);
+                let grid = _mm256_set_epi64x(
+                    IQ2XXS_GRID[b[at + 3] as usize] as i64,
+                    IQ2XXS_GRID[b[at + 2] as usize] as i64,
+                    IQ2XXS_GRID[b[at + 1] as usize] as i64,
+                    IQ2XXS_GRID[b[at] as usize] as i64,
+                );
+                let scg = _mm256_permutevar8x32_epi32(sc, sel);
+                for r in 0..4 {
+                    let x = ld256(&a[r][i].qs[32 * g..32 * g + 32]);
+                    let x = _mm256_sub_epi8(_mm256_xor_si256(x, neg), neg);
+                    let p = _mm256_maddubs_epi16(grid, x);
+                    isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, scg));
+                }
+            }
+            // SAFETY: `b` holds the block's f16 `d` in its first two bytes; F16C is enabled.
+            let fd = unsafe { f16_at(b.as_ptr()) };
+            for r in 0..4 {
+                let f = a[r][i].d * fd * 0.125;
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(isum[r]), acc[r]);
+            }
+        }
+        hsums(&acc)
     }
 
     /// 64 bytes, aligned for vector loads.

@@ -7,7 +7,8 @@
 //!
 //! Shape of the module:
 //! - `act.rs`: activations prepared once per matmul in the format a weight type dots against
-//!   (f32, 32-wide int8 blocks, or 256-wide int8 super-blocks with 16-element sums).
+//!   (f32, 32-wide int8 blocks with their scales and sums also in contiguous arrays, or
+//!   256-wide int8 super-blocks with 16-element sums).
 //! - `isa.rs`: run-time ISA detection (AVX-512 > AVX2 > scalar), overridable with `SLUICE_ISA`.
 //! - one file per type (`q4_k.rs`, ...): `pub(super) const KERNELS: Option<TypeKernels>` with a
 //!   dequantizer (scalar, bit-identical to `gguf.quants.dequantize`) and dot functions per ISA.
@@ -244,6 +245,7 @@ pub fn dot4_fn(dtype: DType, isa: Isa) -> Option<Dot4Fn> {
         DType::Q5_1 => &q5_1::DOT4,
         DType::IQ4_NL => &iq4_nl::DOT4,
         DType::IQ4_XS => &iq4_xs::DOT4,
+        DType::IQ2_XXS => &iq2_xxs::DOT4,
         DType::IQ2_XS => &iq2_xs::DOT4,
         DType::IQ2_S => &iq2_s::DOT4,
         DType::IQ3_XXS => &iq3_xxs::DOT4,
