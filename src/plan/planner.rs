@@ -840,7 +840,14 @@ fn io_decision<'p>(
             "unused: experts are not streamed".to_string(),
         ),
     };
-    let ceiling = profile.and_then(|p| p.disk_ceiling(m.slot_bytes));
+    // The reads the cache issues: an expert's tensors split into pieces of at most
+    // `read_chunk` (1 MiB), not one read of the whole slot. The probe's series nearest that
+    // size picks the readers (a 2.5 MiB series that peaked with one reader chose one reader
+    // for runs whose 1 MiB reads went 1.5x faster with two or four).
+    let read_bytes = m
+        .slot_bytes
+        .min(crate::experts::CacheConfig::new(1).read_chunk);
+    let ceiling = profile.and_then(|p| p.disk_ceiling(read_bytes));
     let (threads, threads_why) = match (req.io_threads, ceiling) {
         (Some(0), _) => return Err(PlanError::Flag("--io-threads must be at least 1".into())),
         (Some(t), _) => (t, "--io-threads".to_string()),
