@@ -551,6 +551,7 @@ fn attach(
             crate::gpu::Staging::Pageable => "nothing registered: the driver bounces copies (--gpu-staging, for A/B)",
         }
     ));
+    gpu_experts(model, files, &mut gs, o, &sum, &say)?;
     if !o.gpu.preload {
         say.line("[plan] gpu: preload off (--gpu-preload off): experts are staged when a token first needs them");
     } else if sum.pool_bytes as u64 >= sum.all_experts_bytes {
@@ -594,4 +595,53 @@ pub fn check_disk_profile(files: &ModelFiles, st: &State) -> Option<String> {
         }
     }
     Some(format!("[plan] {line}"))
+}
+
+/// Where VRAM-pool misses run (`--gpu-experts`, plan/gpu_experts.rs): the choice from the
+/// measured costs of copying an expert (doctor's pinned host->device figure, else timed now)
+/// and of the CPU's products of one (timed now on the model's experts), printed as a
+/// `[plan] gpu-experts:` line and set on the device.
+#[cfg(feature = "cuda")]
+fn gpu_experts(
+    model: &Model<'_>,
+    files: &ModelFiles,
+    gs: &mut crate::gpu::model::GpuState,
+    o: &EngineOptions,
+    sum: &crate::gpu::model::GpuSummary,
+    say: &Say,
+) -> Result<(), EngineError> {
+    use crate::plan::gpu_experts::{decide, ExpertsInputs, GpuExperts};
+    let holds_all = sum.pool_bytes as u64 >= sum.all_experts_bytes;
+    let cpu_refusal = crate::gpu::split::cpu_refusal(model);
+    let weigh = !holds_all && o.gpu.experts != Some(GpuExperts::Stage) && cpu_refusal.is_none();
+    let mut h2d = None;
+    let mut cpu = None;
+    if weigh {
+        h2d = planner::cached_profile(files).and_then(|p| {
+            p.gpu
+                .h2d
+                .map(|c| (c.pinned_gbps, "doctor's profile".to_string()))
+        });
+        if h2d.is_none() {
+            let g = gs.measure_h2d_ceiling(64 << 20)?;
+            h2d = Some((g, "timed at start, 64 MiB pinned".into()));
+        }
+        cpu = crate::gpu::split::measure_cpu_expert(model);
+    }
+    let choice = decide(&ExpertsInputs {
+        want: o.gpu.experts,
+        pool_holds_all: holds_all,
+        expert_bytes: sum.slot_bytes,
+        h2d,
+        cpu,
+        cpu_refusal,
+    })
+    .map_err(|reason| EngineError::Refused {
+        flag: "--gpu-experts".into(),
+        reason,
+    })?;
+    say.line(&choice.line());
+    let m = (choice.mode == GpuExperts::Hybrid).then_some(choice.cpu_max_tokens);
+    gs.set_cpu_misses(model, m)?;
+    Ok(())
 }

@@ -31,6 +31,8 @@ mod hybrid;
 pub mod model;
 #[cfg(feature = "cuda")]
 mod ops;
+#[cfg(feature = "cuda")]
+pub mod split;
 
 use std::fmt;
 

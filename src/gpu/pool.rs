@@ -153,6 +153,16 @@ impl VramPool {
             .is_some_and(|ly| ly.slot_of.get(e).is_some_and(Option::is_some))
     }
 
+    /// Slots of MoE layer `l` that hold no expert and are not reserved for a pinned one (a
+    /// hybrid layer stages misses into them before it computes any on the CPU).
+    pub fn empty_slots(&self, l: usize) -> usize {
+        self.layers.get(l).map_or(0, |ly| {
+            (0..ly.owner.len())
+                .filter(|&s| ly.owner[s].is_none() && ly.pinned_for[s].is_none())
+                .count()
+        })
+    }
+
     /// Counts `n` selections served from the pool without a lookup (device-built job lists).
     pub fn count_hits(&mut self, n: u64) {
         self.hits += n;

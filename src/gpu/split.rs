@@ -1,0 +1,589 @@
+//! Experts computed where they live (`--gpu-experts hybrid`): with a VRAM pool smaller than
+//! the routed experts, a layer's pool hits run on the GPU in one launch while its misses of
+//! few tokens run on the CPU threads at the same time, from the RAM expert cache (or read from
+//! the SSD into it), with the CPU's own kernels: no PCIe hop for their weights. Misses of more
+//! tokens than the planner's cut (plan/gpu_experts.rs) are staged into pool slots as before.
+//!
+//! ```text
+//! router sync (selection + the chunk's xn rows to the host)
+//!   VRAM hits ------------------------------> one launch (gate_up, down) on the compute stream
+//!   misses: ExpertCache::begin -> next_ready
+//!     many tokens (or a free pool slot) ----> copy into a pool slot, its launch after the copy
+//!     few tokens -----------------------> CPU products (kernels::matmul_jobs) into `out` rows
+//!                                           -> uploaded into slot_out's (token, slot) rows
+//! combine (slot order) as for every placement
+//! ```
+//!
+//! Owns: `Split` (the host copies of xn and of the CPU's outputs, the CPU scratch), the wave
+//! loop of a hybrid layer's misses, and the attach-time timing of the CPU's expert products.
+//! Does not own: the choice (plan/gpu_experts.rs), staging one expert (`GpuState::stage_one`),
+//! the pool's bookkeeping (pool.rs).
+//! Invariant: each expert's output lands in its tokens' top-k rows of `slot_out` and the one
+//! combine sums them in slot order, so where an expert ran never changes which products are
+//! summed or in which order; CPU and GPU products of one expert differ by f32 summation order
+//! only (both quantize activations per 32 values for 8-bit weights; f32 weights keep f32).
+
+use super::driver::{PinnedBuf, Stream};
+use super::model::{GpuState, MoeGeo};
+use crate::experts::ExpertCache;
+use crate::kernels::{self, Acts, MatJob, WeightView};
+use crate::model::blocks::silu;
+use crate::model::{Model, ModelError, State};
+use crate::plan::gpu_experts::{CpuExpertCost, CPU_MAX_TOKENS};
+use std::time::Instant;
+
+/// Experts of one CPU batch (one `matmul_jobs` call runs gate and up of each).
+const BATCH: usize = kernels::MAX_JOBS / 2;
+
+/// The hybrid path's host side.
+pub(super) struct Split {
+    /// Misses with at most this many tokens run on the CPU; larger ones are staged.
+    pub(super) cpu_max_tokens: usize,
+    /// The chunk's normed rows (xn), downloaded with the selection: (batch, hidden).
+    xn: PinnedBuf,
+    /// The CPU's expert outputs in slot layout: (batch, k, hidden), uploaded row by row into
+    /// `slot_out` (the rows the GPU's experts write are never touched).
+    out: PinnedBuf,
+    /// Per expert of the layer: its miss runs on the CPU.
+    on_cpu: Vec<bool>,
+    /// `out` rows the open layer wrote (token * k + slot), uploaded in runs.
+    rows: Vec<u32>,
+    cpu: Scratch,
+    /// Experts computed on the CPU since attach.
+    pub(super) experts_cpu: u64,
+    /// Whether xn of the running chunk was downloaded at its router sync.
+    have_xn: bool,
+}
+
+/// The CPU products' buffers, sized once for `rows_cap` assignments.
+struct Scratch {
+    acts: Acts,
+    gathered: Vec<f32>, // (rows_cap, hidden)
+    gate: Vec<f32>,     // (rows_cap, ffn)
+    up: Vec<f32>,       // (rows_cap, ffn)
+    down: Vec<f32>,     // (rows_cap, hidden)
+    rows_cap: usize,
+}
+
+/// One expert for the CPU: its weights (RAM cache bytes) and its tokens' (token, slot) pairs.
+struct Job<'a> {
+    w: [WeightView<'a>; 3],
+    toks: &'a [(u32, u32)],
+}
+
+impl Split {
+    fn new(
+        g: &GpuState,
+        bsz: usize,
+        k: usize,
+        e: usize,
+        h: usize,
+        f: usize,
+        cpu_max_tokens: usize,
+    ) -> Result<Split, ModelError> {
+        let cpu_max_tokens = cpu_max_tokens.clamp(1, CPU_MAX_TOKENS);
+        let rows_cap = (BATCH * cpu_max_tokens).min(bsz * k).max(cpu_max_tokens);
+        Ok(Split {
+            cpu_max_tokens,
+            xn: g.gpu.alloc_pinned(4 * bsz * h)?,
+            out: g.gpu.alloc_pinned(4 * bsz * k * h)?,
+            on_cpu: vec![false; e],
+            rows: Vec::with_capacity(bsz * k),
+            cpu: Scratch {
+                acts: Acts::new(),
+                gathered: vec![0.0; rows_cap * h],
+                gate: vec![0.0; rows_cap * f],
+                up: vec![0.0; rows_cap * f],
+                down: vec![0.0; rows_cap * h],
+                rows_cap,
+            },
+            experts_cpu: 0,
+            have_xn: false,
+        })
+    }
+
+    /// The CPU's products of `jobs` (at most `BATCH`, their tokens within `rows_cap`): each
+    /// token's output into its (token, slot) row of `out`, the rows noted for upload. `xn`:
+    /// the chunk's input rows, `k` experts a token.
+    fn run(
+        &mut self,
+        model: &Model<'_>,
+        jobs: &[Option<Job<'_>>],
+        k: usize,
+    ) -> Result<(), ModelError> {
+        let Some(first) = jobs.iter().flatten().next() else {
+            return Ok(());
+        };
+        let (h, f) = (first.w[0].cols, first.w[0].rows);
+        let (pool, isa) = (Some(&model.pool), model.isa);
+        let xn = self.xn.f32s();
+        let s = &mut self.cpu;
+        let mut r = 0;
+        for jb in jobs.iter().flatten() {
+            for &(t, _) in jb.toks {
+                let t = t as usize;
+                s.gathered[r * h..(r + 1) * h].copy_from_slice(&xn[t * h..(t + 1) * h]);
+                r += 1;
+            }
+        }
+        s.acts.load(&s.gathered[..r * h], r, h);
+        for jb in jobs.iter().flatten() {
+            kernels::prepare_for(jb.w[0].dtype, &mut s.acts)?;
+            kernels::prepare_for(jb.w[1].dtype, &mut s.acts)?;
+        }
+        {
+            let acts = &s.acts;
+            let mut mj: [Option<MatJob<'_, '_>>; kernels::MAX_JOBS] = std::array::from_fn(|_| None);
+            let (mut g, mut u) = (&mut s.gate[..r * f], &mut s.up[..r * f]);
+            let mut row0 = 0;
+            for (i, jb) in jobs.iter().flatten().enumerate() {
+                let cnt = jb.toks.len();
+                let (gy, gr) = std::mem::take(&mut g).split_at_mut(cnt * f);
+                let (uy, ur) = std::mem::take(&mut u).split_at_mut(cnt * f);
+                (g, u) = (gr, ur);
+                mj[2 * i] = Some(MatJob {
+                    w: &jb.w[0],
+                    acts,
+                    row0,
+                    rows: cnt,
+                    y: gy,
+                });
+                mj[2 * i + 1] = Some(MatJob {
+                    w: &jb.w[1],
+                    acts,
+                    row0,
+                    rows: cnt,
+                    y: uy,
+                });
+                row0 += cnt;
+            }
+            kernels::matmul_jobs(&mut mj[..2 * jobs.len()], pool, isa)?;
+        }
+        for (g, u) in s.gate[..r * f].iter_mut().zip(&s.up[..r * f]) {
+            *g = silu(*g) * u;
+        }
+        s.acts.load(&s.gate[..r * f], r, f);
+        for jb in jobs.iter().flatten() {
+            kernels::prepare_for(jb.w[2].dtype, &mut s.acts)?;
+        }
+        {
+            let acts = &s.acts;
+            let mut mj: [Option<MatJob<'_, '_>>; kernels::MAX_JOBS] = std::array::from_fn(|_| None);
+            let mut d = &mut s.down[..r * h];
+            let mut row0 = 0;
+            for (i, jb) in jobs.iter().flatten().enumerate() {
+                let cnt = jb.toks.len();
+                let (dy, dr) = std::mem::take(&mut d).split_at_mut(cnt * h);
+                d = dr;
+                mj[i] = Some(MatJob {
+                    w: &jb.w[2],
+                    acts,
+                    row0,
+                    rows: cnt,
+                    y: dy,
+                });
+                row0 += cnt;
+            }
+            kernels::matmul_jobs(&mut mj[..jobs.len()], pool, isa)?;
+        }
+        let out = self.out.f32s_mut();
+        let mut r = 0;
+        for jb in jobs.iter().flatten() {
+            for &(t, slot) in jb.toks {
+                let dst = t as usize * k + slot as usize;
+                out[dst * h..(dst + 1) * h].copy_from_slice(&s.down[r * h..(r + 1) * h]);
+                self.rows.push(dst as u32);
+                r += 1;
+            }
+        }
+        self.experts_cpu += jobs.iter().flatten().count() as u64;
+        Ok(())
+    }
+}
+
+impl GpuState {
+    /// Sets where pool misses run: `Some(m)`: hybrid, misses of at most `m` tokens on the CPU;
+    /// `None`: every miss is staged (the default).
+    pub fn set_cpu_misses(
+        &mut self,
+        model: &Model<'_>,
+        cpu_max_tokens: Option<usize>,
+    ) -> Result<(), ModelError> {
+        let Some(m) = cpu_max_tokens else {
+            self.split = None;
+            return Ok(());
+        };
+        if let Some(why) = cpu_refusal(model) {
+            return Err(ModelError::Unsupported(why));
+        }
+        let cfg = &model.cfg;
+        let bsz = self.bufs.tok.bytes / (4 * self.k.max(1));
+        let s = Split::new(
+            self,
+            bsz,
+            self.k,
+            cfg.n_experts,
+            cfg.hidden,
+            cfg.expert_ffn,
+            m,
+        )?;
+        self.split = Some(s);
+        Ok(())
+    }
+
+    /// Experts computed on the CPU since attach.
+    pub fn experts_cpu(&self) -> u64 {
+        self.split.as_ref().map_or(0, |s| s.experts_cpu)
+    }
+
+    /// Before a hybrid layer's router sync: the chunk's xn rows to the host with the selection.
+    pub(super) fn split_fetch_xn(&mut self, n: usize, h: usize) -> Result<(), ModelError> {
+        let Some(s) = self.split.as_mut() else {
+            return Ok(());
+        };
+        // SAFETY: the pinned xn buffer holds batch x hidden floats and is read only after the
+        // compute stream's sync that follows.
+        unsafe {
+            self.gpu.download_async(
+                s.xn.as_mut_slice().as_mut_ptr(),
+                self.bufs.xn.ptr,
+                4 * n * h,
+                Stream::Compute,
+            )?;
+        }
+        s.have_xn = true;
+        Ok(())
+    }
+
+    /// Whether this layer's misses go through `misses_split`.
+    pub(super) fn splits_misses(&self) -> bool {
+        self.split.as_ref().is_some_and(|s| s.have_xn)
+    }
+
+    /// A hybrid layer's misses: in waves that fit the RAM cache's free slots (and, for the
+    /// staged ones, the pool's); each wave's staged experts are copied and launched as their
+    /// bytes are ready, then its CPU experts are computed while those copies and kernels run,
+    /// and their outputs uploaded into `slot_out` before the combine.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn misses_split(
+        &mut self,
+        model: &Model<'_>,
+        st: &State,
+        cache: &mut ExpertCache,
+        l: usize,
+        mo: &MoeGeo,
+        misses: &[(usize, usize, usize)],
+        mut j: usize,
+        n: usize,
+        h: usize,
+    ) -> Result<(), ModelError> {
+        let Some(mut s) = self.split.take() else {
+            return Err(ModelError::Backend(
+                "hybrid misses without host buffers".into(),
+            ));
+        };
+        s.have_xn = false;
+        s.rows.clear();
+        let r = self.split_waves(model, st, cache, &mut s, l, mo, misses, &mut j, n, h);
+        let up = r.and_then(|()| self.upload_rows(&mut s, h));
+        self.split = Some(s);
+        up
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn split_waves(
+        &mut self,
+        model: &Model<'_>,
+        st: &State,
+        cache: &mut ExpertCache,
+        s: &mut Split,
+        l: usize,
+        mo: &MoeGeo,
+        misses: &[(usize, usize, usize)],
+        j: &mut usize,
+        n: usize,
+        h: usize,
+    ) -> Result<(), ModelError> {
+        let Some(moe) = model.weights.layers.get(l).and_then(|ly| ly.moe()) else {
+            return Err(ModelError::Config(format!(
+                "layer {l} has no routed experts"
+            )));
+        };
+        let ram_cap = cache.slots(l).max(1);
+        let mut wave: Vec<usize> = Vec::with_capacity(misses.len());
+        let mut i = 0;
+        while i < misses.len() {
+            self.pool.begin_wave();
+            let vram_cap = self.pool.free_for_wave(mo.idx);
+            wave.clear();
+            let (mut ram_n, mut vram_n) = (0, 0);
+            while i < misses.len() {
+                let (ex, _, cnt) = misses[i];
+                let ram_pinned = cache.is_pinned(l, ex);
+                // A miss of few tokens runs on the CPU unless a pool slot is still empty (the
+                // pool fills first); staged, it needs a slot of this wave.
+                let cpu =
+                    cnt > 0 && cnt <= s.cpu_max_tokens && self.pool.empty_slots(mo.idx) <= vram_n;
+                let vram_reserved = self.pool.reserved(mo.idx, ex);
+                let needs_slot = !cpu && !vram_reserved;
+                if (!ram_pinned && ram_n == ram_cap) || (needs_slot && vram_n == vram_cap.max(1)) {
+                    if wave.is_empty() && needs_slot && vram_cap == 0 {
+                        return Err(ModelError::Backend(format!(
+                            "no VRAM slot free for expert {ex} of layer {l}"
+                        )));
+                    }
+                    break;
+                }
+                ram_n += usize::from(!ram_pinned);
+                vram_n += usize::from(needs_slot);
+                s.on_cpu[ex] = cpu;
+                wave.push(ex);
+                i += 1;
+            }
+            if let Err(e) = cache.begin(l, &wave) {
+                cache.end();
+                return Err(e.into());
+            }
+            let mut registered: Vec<usize> = Vec::new();
+            let r = self.split_wave(
+                model,
+                st,
+                cache,
+                s,
+                moe,
+                l,
+                mo,
+                misses,
+                j,
+                n,
+                h,
+                &mut registered,
+            );
+            // Copies from the RAM slots must land before the cache may reuse them.
+            let synced = self.gpu.sync(Stream::Copy);
+            for p in registered {
+                // SAFETY: registered by stage_one; the copy stream is idle (synced above).
+                let _ = unsafe { self.gpu.unregister(p as *const u8) };
+            }
+            cache.end();
+            r?;
+            synced?;
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn split_wave(
+        &mut self,
+        model: &Model<'_>,
+        st: &State,
+        cache: &ExpertCache,
+        s: &mut Split,
+        moe: &crate::model::weights::Moe<'_>,
+        l: usize,
+        mo: &MoeGeo,
+        misses: &[(usize, usize, usize)],
+        j: &mut usize,
+        n: usize,
+        h: usize,
+        registered: &mut Vec<usize>,
+    ) -> Result<(), ModelError> {
+        let k = self.k;
+        let mut jobs: [Option<Job<'_>>; BATCH] = std::array::from_fn(|_| None);
+        let (mut nj, mut rows) = (0, 0);
+        while let Some((ex, bytes)) = cache.next_ready()? {
+            let Some(&(_, a0, cnt)) = misses.iter().find(|m| m.0 == ex) else {
+                return Err(ModelError::Backend(format!(
+                    "the RAM cache returned expert {ex} of layer {l}, not a miss"
+                )));
+            };
+            if !s.on_cpu[ex] {
+                self.stage_one(l, mo, ex, &bytes, a0, cnt, *j, n, h, registered)?;
+                *j += 1;
+                continue;
+            }
+            let xw = &moe.experts[ex];
+            let v = |w: &WeightView<'_>, b| WeightView { bytes: b, ..*w };
+            let toks = &st.groups[ex][..];
+            if nj == BATCH || rows + toks.len() > s.cpu.rows_cap {
+                s.run(model, &jobs[..nj], k)?;
+                jobs.iter_mut().for_each(|j| *j = None);
+                (nj, rows) = (0, 0);
+            }
+            jobs[nj] = Some(Job {
+                w: [
+                    v(&xw.gate, bytes.gate),
+                    v(&xw.up, bytes.up),
+                    v(&xw.down, bytes.down),
+                ],
+                toks,
+            });
+            nj += 1;
+            rows += toks.len();
+        }
+        s.run(model, &jobs[..nj], k)
+    }
+
+    /// Uploads the CPU's output rows of this layer into `slot_out`, one copy per run of
+    /// consecutive rows, on the compute stream (before the combine).
+    fn upload_rows(&mut self, s: &mut Split, h: usize) -> Result<(), ModelError> {
+        s.rows.sort_unstable();
+        let row_bytes = 4 * h;
+        let mut i = 0;
+        while i < s.rows.len() {
+            let r0 = s.rows[i] as usize;
+            let mut r1 = r0 + 1;
+            i += 1;
+            while i < s.rows.len() && s.rows[i] as usize == r1 {
+                r1 += 1;
+                i += 1;
+            }
+            // SAFETY: rows r0..r1 of the pinned `out` (batch x k x hidden) were written by
+            // this layer's CPU products and are not rewritten before the next router sync,
+            // which waits for this copy; slot_out holds batch x k rows of `hidden`.
+            unsafe {
+                self.gpu.upload_async(
+                    self.bufs.slot_out.at(r0 * row_bytes),
+                    s.out.as_slice()[r0 * row_bytes..].as_ptr(),
+                    (r1 - r0) * row_bytes,
+                    Stream::Compute,
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why the CPU cannot take this model's misses (None: it can): the hybrid path runs plain
+/// SwiGLU experts; gpt-oss's biased clamped-SwiGLU ones are staged.
+pub fn cpu_refusal(model: &Model<'_>) -> Option<String> {
+    use crate::model::config::ExpertAct;
+    let biased = model
+        .weights
+        .layers
+        .iter()
+        .any(|l| l.moe().is_some_and(|m| m.exp_bias.is_some()));
+    (biased || !matches!(model.cfg.expert_act, ExpertAct::Silu)).then(|| {
+        "the CPU's hybrid path runs plain SwiGLU experts, not this model's biased or clamped ones"
+            .to_string()
+    })
+}
+
+/// Times the CPU's products of the model's routed experts (its own weights, through the
+/// mapped files): one token on up to 32 experts spread over the MoE layers (after one
+/// untimed pass that pages them in), then 16 tokens, medians. None without routed experts.
+pub fn measure_cpu_expert(model: &Model<'_>) -> Option<CpuExpertCost> {
+    let moes: Vec<&crate::model::weights::Moe<'_>> = model
+        .weights
+        .layers
+        .iter()
+        .filter_map(|l| l.moe())
+        .collect();
+    let e = moes.first()?.experts.len();
+    if e == 0 || cpu_refusal(model).is_some() {
+        return None;
+    }
+    let picks: Vec<&crate::model::weights::Expert<'_>> = (0..32)
+        .map(|i| &moes[i % moes.len()].experts[(i * 37 + i / moes.len()) % e])
+        .collect();
+    let (h, f) = (picks[0].gate.cols, picks[0].gate.rows);
+    const T: usize = 16;
+    let toks: Vec<(u32, u32)> = (0..T as u32).map(|t| (t, 0)).collect();
+    let mut s = Scratch {
+        acts: Acts::new(),
+        gathered: vec![0.0; T * h],
+        gate: vec![0.0; T * f],
+        up: vec![0.0; T * f],
+        down: vec![0.0; T * h],
+        rows_cap: T,
+    };
+    let xn: Vec<f32> = (0..T * h)
+        .map(|i| ((i * 7919) % 997) as f32 / 997.0 - 0.5)
+        .collect();
+    let mut out = vec![0.0f32; T * h];
+    let mut time = |x: &crate::model::weights::Expert<'_>, cnt: usize| -> Option<f64> {
+        let t0 = Instant::now();
+        cpu_products(
+            model,
+            &mut s,
+            &xn,
+            [&x.gate, &x.up, &x.down],
+            &toks[..cnt],
+            &mut out,
+        )
+        .ok()?;
+        Some(t0.elapsed().as_secs_f64() * 1e6)
+    };
+    for x in &picks {
+        time(x, 1)?;
+    }
+    let mut one: Vec<f64> = picks.iter().map(|x| time(x, 1)).collect::<Option<_>>()?;
+    let mut many: Vec<f64> = picks[..8]
+        .iter()
+        .map(|x| time(x, T))
+        .collect::<Option<_>>()?;
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (t1, tt) = (med(&mut one), med(&mut many));
+    Some(CpuExpertCost {
+        one_token_us: t1,
+        per_token_us: ((tt - t1) / (T - 1) as f64).max(0.0),
+    })
+}
+
+/// One expert's products for `toks` rows of `xn` into `out` (rows in `toks` order): the
+/// timing's path, the same kernels as `Split::run`.
+fn cpu_products(
+    model: &Model<'_>,
+    s: &mut Scratch,
+    xn: &[f32],
+    w: [&WeightView<'_>; 3],
+    toks: &[(u32, u32)],
+    out: &mut [f32],
+) -> Result<(), ModelError> {
+    let (h, f, cnt) = (w[0].cols, w[0].rows, toks.len());
+    let (pool, isa) = (Some(&model.pool), model.isa);
+    for (r, &(t, _)) in toks.iter().enumerate() {
+        let t = t as usize;
+        s.gathered[r * h..(r + 1) * h].copy_from_slice(&xn[t * h..(t + 1) * h]);
+    }
+    s.acts.load(&s.gathered[..cnt * h], cnt, h);
+    kernels::prepare_for(w[0].dtype, &mut s.acts)?;
+    kernels::prepare_for(w[1].dtype, &mut s.acts)?;
+    {
+        let acts = &s.acts;
+        let mut mj = [
+            Some(MatJob {
+                w: w[0],
+                acts,
+                row0: 0,
+                rows: cnt,
+                y: &mut s.gate[..cnt * f],
+            }),
+            Some(MatJob {
+                w: w[1],
+                acts,
+                row0: 0,
+                rows: cnt,
+                y: &mut s.up[..cnt * f],
+            }),
+        ];
+        kernels::matmul_jobs(&mut mj, pool, isa)?;
+    }
+    for (g, u) in s.gate[..cnt * f].iter_mut().zip(&s.up[..cnt * f]) {
+        *g = silu(*g) * u;
+    }
+    s.acts.load(&s.gate[..cnt * f], cnt, f);
+    kernels::prepare_for(w[2].dtype, &mut s.acts)?;
+    let mut mj = [Some(MatJob {
+        w: w[2],
+        acts: &s.acts,
+        row0: 0,
+        rows: cnt,
+        y: &mut out[..cnt * h],
+    })];
+    kernels::matmul_jobs(&mut mj, pool, isa)?;
+    Ok(())
+}
