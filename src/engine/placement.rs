@@ -641,7 +641,13 @@ fn gpu_experts(
         reason,
     })?;
     say.line(&choice.line());
-    let m = (choice.mode == GpuExperts::Hybrid).then_some(choice.cpu_max_tokens);
+    // Stage: misses staged through the same waves (a few slots turn over, the pool keeping
+    // the experts selected most); vram: the pool holds every expert, nothing to place.
+    let m = match choice.mode {
+        GpuExperts::Hybrid => Some(choice.cpu_max_tokens),
+        GpuExperts::Stage => Some(0),
+        GpuExperts::Vram => None,
+    };
     gs.set_cpu_misses(model, m)?;
     Ok(())
 }

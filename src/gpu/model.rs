@@ -2433,6 +2433,7 @@ impl GpuState {
         for i in 0..st.needed.len() {
             let ex = st.needed[i];
             let cnt = st.groups[ex].len();
+            self.pool.note(mo.idx, ex, cnt);
             match self.pool.lookup(mo.idx, ex) {
                 Some(slot) => {
                     self.write_job(j, slot, a0, cnt);

@@ -81,12 +81,18 @@ impl Split {
         f: usize,
         cpu_max_tokens: usize,
     ) -> Result<Split, ModelError> {
-        let cpu_max_tokens = cpu_max_tokens.clamp(1, CPU_MAX_TOKENS);
+        let cpu_max_tokens = cpu_max_tokens.min(CPU_MAX_TOKENS);
         let rows_cap = (BATCH * cpu_max_tokens).min(bsz * k).max(cpu_max_tokens);
+        // Staging only (no CPU products): no host copies of xn or outputs.
+        let (xb, ob) = if cpu_max_tokens == 0 {
+            (0, 0)
+        } else {
+            (4 * bsz * h, 4 * bsz * k * h)
+        };
         Ok(Split {
             cpu_max_tokens,
-            xn: g.gpu.alloc_pinned(4 * bsz * h)?,
-            out: g.gpu.alloc_pinned(4 * bsz * k * h)?,
+            xn: g.gpu.alloc_pinned(xb)?,
+            out: g.gpu.alloc_pinned(ob)?,
             on_cpu: vec![false; e],
             rows: Vec::with_capacity(bsz * k),
             cpu: Scratch {
@@ -202,8 +208,10 @@ impl Split {
 }
 
 impl GpuState {
-    /// Sets where pool misses run: `Some(m)`: hybrid, misses of at most `m` tokens on the CPU;
-    /// `None`: every miss is staged (the default).
+    /// Sets where pool misses run: `Some(m)`: misses of at most `m` tokens on the CPU (0: none,
+    /// `--gpu-experts stage`), the rest staged in waves that turn over at most a quarter of a
+    /// layer's slots, the pool keeping the experts selected most lately (its frequency
+    /// policy); `None`: every miss staged in waves as large as the pool, LRU (the default).
     pub fn set_cpu_misses(
         &mut self,
         model: &Model<'_>,
@@ -211,11 +219,15 @@ impl GpuState {
     ) -> Result<(), ModelError> {
         let Some(m) = cpu_max_tokens else {
             self.split = None;
+            self.pool.frequency = false;
             return Ok(());
         };
-        if let Some(why) = cpu_refusal(model) {
-            return Err(ModelError::Unsupported(why));
+        if m > 0 {
+            if let Some(why) = cpu_refusal(model) {
+                return Err(ModelError::Unsupported(why));
+            }
         }
+        self.pool.frequency = true;
         let cfg = &model.cfg;
         let bsz = self.bufs.tok.bytes / (4 * self.k.max(1));
         let s = Split::new(
@@ -241,6 +253,10 @@ impl GpuState {
         let Some(s) = self.split.as_mut() else {
             return Ok(());
         };
+        s.have_xn = true;
+        if s.cpu_max_tokens == 0 {
+            return Ok(());
+        }
         // SAFETY: the pinned xn buffer holds batch x hidden floats and is read only after the
         // compute stream's sync that follows.
         unsafe {
@@ -251,7 +267,6 @@ impl GpuState {
                 Stream::Compute,
             )?;
         }
-        s.have_xn = true;
         Ok(())
     }
 
@@ -314,16 +329,23 @@ impl GpuState {
         let mut i = 0;
         while i < misses.len() {
             self.pool.begin_wave();
-            let vram_cap = self.pool.free_for_wave(mo.idx);
+            // At most a quarter of the layer's slots turn over in a wave (the experts selected
+            // most lately stay: the frequency policy evicts the least selected), so a prompt
+            // that needs every expert streams the rest through a few slots.
+            let ring = (self.pool.slots(mo.idx) / 4).max(2);
+            let vram_cap = self.pool.free_for_wave(mo.idx).min(ring);
             wave.clear();
             let (mut ram_n, mut vram_n) = (0, 0);
             while i < misses.len() {
                 let (ex, _, cnt) = misses[i];
                 let ram_pinned = cache.is_pinned(l, ex);
                 // A miss of few tokens runs on the CPU unless a pool slot is still empty (the
-                // pool fills first); staged, it needs a slot of this wave.
-                let cpu =
-                    cnt > 0 && cnt <= s.cpu_max_tokens && self.pool.empty_slots(mo.idx) <= vram_n;
+                // pool fills first) or it was selected clearly more than the expert it would
+                // evict; staged, it needs a slot of this wave.
+                let cpu = cnt > 0
+                    && cnt <= s.cpu_max_tokens
+                    && self.pool.empty_slots(mo.idx) <= vram_n
+                    && !self.pool.worth_admitting(mo.idx, ex);
                 let vram_reserved = self.pool.reserved(mo.idx, ex);
                 let needs_slot = !cpu && !vram_reserved;
                 if (!ram_pinned && ram_n == ram_cap) || (needs_slot && vram_n == vram_cap.max(1)) {
