@@ -612,7 +612,7 @@ fn gpu_experts(
 ) -> Result<(), EngineError> {
     use crate::plan::gpu_experts::{decide, ExpertsInputs, GpuExperts};
     let holds_all = sum.pool_bytes as u64 >= sum.all_experts_bytes;
-    let cpu_refusal = crate::gpu::split::cpu_refusal(model);
+    let cpu_refusal = crate::gpu::cpu_experts::cpu_refusal(model);
     let weigh = !holds_all && o.gpu.experts != Some(GpuExperts::Stage) && cpu_refusal.is_none();
     let mut h2d = None;
     let mut cpu = None;
@@ -626,7 +626,7 @@ fn gpu_experts(
             let g = gs.measure_h2d_ceiling(64 << 20)?;
             h2d = Some((g, "timed at start, 64 MiB pinned".into()));
         }
-        cpu = crate::gpu::split::measure_cpu_expert(model);
+        cpu = crate::gpu::cpu_experts::measure_cpu_expert(model);
     }
     let choice = decide(&ExpertsInputs {
         want: o.gpu.experts,

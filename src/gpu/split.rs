@@ -14,26 +14,23 @@
 //! combine (slot order) as for every placement
 //! ```
 //!
-//! Owns: `Split` (the host copies of xn and of the CPU's outputs, the CPU scratch), the wave
-//! loop of a hybrid layer's misses, and the attach-time timing of the CPU's expert products.
-//! Does not own: the choice (plan/gpu_experts.rs), staging one expert (`GpuState::stage_one`),
-//! the pool's bookkeeping (pool.rs).
+//! Owns: `Split` (the host copies of xn and of the CPU's outputs) and the wave loop of a
+//! partial pool's misses (`--gpu-experts hybrid`, and `stage` through the same waves).
+//! Does not own: the choice (plan/gpu_experts.rs), the CPU's products and their timing
+//! (cpu_experts.rs), staging one expert (`GpuState::stage_one`), the pool's bookkeeping
+//! (pool.rs).
 //! Invariant: each expert's output lands in its tokens' top-k rows of `slot_out` and the one
 //! combine sums them in slot order, so where an expert ran never changes which products are
 //! summed or in which order; CPU and GPU products of one expert differ by f32 summation order
 //! only (both quantize activations per 32 values for 8-bit weights; f32 weights keep f32).
 
+use super::cpu_experts::{cpu_refusal, CpuExperts, Job, BATCH};
 use super::driver::{PinnedBuf, Stream};
 use super::model::{GpuState, MoeGeo};
 use crate::experts::ExpertCache;
-use crate::kernels::{self, Acts, MatJob, WeightView};
-use crate::model::blocks::silu;
+use crate::kernels::WeightView;
 use crate::model::{Model, ModelError, State};
-use crate::plan::gpu_experts::{CpuExpertCost, CPU_MAX_TOKENS};
-use std::time::Instant;
-
-/// Experts of one CPU batch (one `matmul_jobs` call runs gate and up of each).
-const BATCH: usize = kernels::MAX_JOBS / 2;
+use crate::plan::gpu_experts::CPU_MAX_TOKENS;
 
 /// The hybrid path's host side.
 pub(super) struct Split {
@@ -48,30 +45,35 @@ pub(super) struct Split {
     on_cpu: Vec<bool>,
     /// `out` rows the open layer wrote (token * k + slot), uploaded in runs.
     rows: Vec<u32>,
-    cpu: Scratch,
+    cpu: CpuExperts,
     /// Experts computed on the CPU since attach.
     pub(super) experts_cpu: u64,
     /// Whether xn of the running chunk was downloaded at its router sync.
     have_xn: bool,
 }
 
-/// The CPU products' buffers, sized once for `rows_cap` assignments.
-struct Scratch {
-    acts: Acts,
-    gathered: Vec<f32>, // (rows_cap, hidden)
-    gate: Vec<f32>,     // (rows_cap, ffn)
-    up: Vec<f32>,       // (rows_cap, ffn)
-    down: Vec<f32>,     // (rows_cap, hidden)
-    rows_cap: usize,
-}
-
-/// One expert for the CPU: its weights (RAM cache bytes) and its tokens' (token, slot) pairs.
-struct Job<'a> {
-    w: [WeightView<'a>; 3],
-    toks: &'a [(u32, u32)],
-}
-
 impl Split {
+    /// The CPU's products of `jobs` into `out`'s (token, slot) rows, noted for upload.
+    fn run(
+        &mut self,
+        model: &Model<'_>,
+        jobs: &[Option<Job<'_>>],
+        k: usize,
+    ) -> Result<(), ModelError> {
+        let out = self.out.f32s_mut();
+        let ran = self.cpu.run(
+            &model.pool,
+            model.isa,
+            self.xn.f32s(),
+            jobs,
+            k,
+            out,
+            &mut self.rows,
+        )?;
+        self.experts_cpu += ran as u64;
+        Ok(())
+    }
+
     fn new(
         g: &GpuState,
         bsz: usize,
@@ -95,115 +97,10 @@ impl Split {
             out: g.gpu.alloc_pinned(ob)?,
             on_cpu: vec![false; e],
             rows: Vec::with_capacity(bsz * k),
-            cpu: Scratch {
-                acts: Acts::new(),
-                gathered: vec![0.0; rows_cap * h],
-                gate: vec![0.0; rows_cap * f],
-                up: vec![0.0; rows_cap * f],
-                down: vec![0.0; rows_cap * h],
-                rows_cap,
-            },
+            cpu: CpuExperts::new(rows_cap, h, f),
             experts_cpu: 0,
             have_xn: false,
         })
-    }
-
-    /// The CPU's products of `jobs` (at most `BATCH`, their tokens within `rows_cap`): each
-    /// token's output into its (token, slot) row of `out`, the rows noted for upload. `xn`:
-    /// the chunk's input rows, `k` experts a token.
-    fn run(
-        &mut self,
-        model: &Model<'_>,
-        jobs: &[Option<Job<'_>>],
-        k: usize,
-    ) -> Result<(), ModelError> {
-        let Some(first) = jobs.iter().flatten().next() else {
-            return Ok(());
-        };
-        let (h, f) = (first.w[0].cols, first.w[0].rows);
-        let (pool, isa) = (Some(&model.pool), model.isa);
-        let xn = self.xn.f32s();
-        let s = &mut self.cpu;
-        let mut r = 0;
-        for jb in jobs.iter().flatten() {
-            for &(t, _) in jb.toks {
-                let t = t as usize;
-                s.gathered[r * h..(r + 1) * h].copy_from_slice(&xn[t * h..(t + 1) * h]);
-                r += 1;
-            }
-        }
-        s.acts.load(&s.gathered[..r * h], r, h);
-        for jb in jobs.iter().flatten() {
-            kernels::prepare_for(jb.w[0].dtype, &mut s.acts)?;
-            kernels::prepare_for(jb.w[1].dtype, &mut s.acts)?;
-        }
-        {
-            let acts = &s.acts;
-            let mut mj: [Option<MatJob<'_, '_>>; kernels::MAX_JOBS] = std::array::from_fn(|_| None);
-            let (mut g, mut u) = (&mut s.gate[..r * f], &mut s.up[..r * f]);
-            let mut row0 = 0;
-            for (i, jb) in jobs.iter().flatten().enumerate() {
-                let cnt = jb.toks.len();
-                let (gy, gr) = std::mem::take(&mut g).split_at_mut(cnt * f);
-                let (uy, ur) = std::mem::take(&mut u).split_at_mut(cnt * f);
-                (g, u) = (gr, ur);
-                mj[2 * i] = Some(MatJob {
-                    w: &jb.w[0],
-                    acts,
-                    row0,
-                    rows: cnt,
-                    y: gy,
-                });
-                mj[2 * i + 1] = Some(MatJob {
-                    w: &jb.w[1],
-                    acts,
-                    row0,
-                    rows: cnt,
-                    y: uy,
-                });
-                row0 += cnt;
-            }
-            kernels::matmul_jobs(&mut mj[..2 * jobs.len()], pool, isa)?;
-        }
-        for (g, u) in s.gate[..r * f].iter_mut().zip(&s.up[..r * f]) {
-            *g = silu(*g) * u;
-        }
-        s.acts.load(&s.gate[..r * f], r, f);
-        for jb in jobs.iter().flatten() {
-            kernels::prepare_for(jb.w[2].dtype, &mut s.acts)?;
-        }
-        {
-            let acts = &s.acts;
-            let mut mj: [Option<MatJob<'_, '_>>; kernels::MAX_JOBS] = std::array::from_fn(|_| None);
-            let mut d = &mut s.down[..r * h];
-            let mut row0 = 0;
-            for (i, jb) in jobs.iter().flatten().enumerate() {
-                let cnt = jb.toks.len();
-                let (dy, dr) = std::mem::take(&mut d).split_at_mut(cnt * h);
-                d = dr;
-                mj[i] = Some(MatJob {
-                    w: &jb.w[2],
-                    acts,
-                    row0,
-                    rows: cnt,
-                    y: dy,
-                });
-                row0 += cnt;
-            }
-            kernels::matmul_jobs(&mut mj[..jobs.len()], pool, isa)?;
-        }
-        let out = self.out.f32s_mut();
-        let mut r = 0;
-        for jb in jobs.iter().flatten() {
-            for &(t, slot) in jb.toks {
-                let dst = t as usize * k + slot as usize;
-                out[dst * h..(dst + 1) * h].copy_from_slice(&s.down[r * h..(r + 1) * h]);
-                self.rows.push(dst as u32);
-                r += 1;
-            }
-        }
-        self.experts_cpu += jobs.iter().flatten().count() as u64;
-        Ok(())
     }
 }
 
@@ -427,7 +324,7 @@ impl GpuState {
             let xw = &moe.experts[ex];
             let v = |w: &WeightView<'_>, b| WeightView { bytes: b, ..*w };
             let toks = &st.groups[ex][..];
-            if nj == BATCH || rows + toks.len() > s.cpu.rows_cap {
+            if nj == BATCH || rows + toks.len() > s.cpu.rows_cap() {
                 s.run(model, &jobs[..nj], k)?;
                 jobs.iter_mut().for_each(|j| *j = None);
                 (nj, rows) = (0, 0);
@@ -474,138 +371,4 @@ impl GpuState {
         }
         Ok(())
     }
-}
-
-/// Why the CPU cannot take this model's misses (None: it can): the hybrid path runs plain
-/// SwiGLU experts; gpt-oss's biased clamped-SwiGLU ones are staged.
-pub fn cpu_refusal(model: &Model<'_>) -> Option<String> {
-    use crate::model::config::ExpertAct;
-    let biased = model
-        .weights
-        .layers
-        .iter()
-        .any(|l| l.moe().is_some_and(|m| m.exp_bias.is_some()));
-    (biased || !matches!(model.cfg.expert_act, ExpertAct::Silu)).then(|| {
-        "the CPU's hybrid path runs plain SwiGLU experts, not this model's biased or clamped ones"
-            .to_string()
-    })
-}
-
-/// Times the CPU's products of the model's routed experts (its own weights, through the
-/// mapped files): one token on up to 32 experts spread over the MoE layers (after one
-/// untimed pass that pages them in), then 16 tokens, medians. None without routed experts.
-pub fn measure_cpu_expert(model: &Model<'_>) -> Option<CpuExpertCost> {
-    let moes: Vec<&crate::model::weights::Moe<'_>> = model
-        .weights
-        .layers
-        .iter()
-        .filter_map(|l| l.moe())
-        .collect();
-    let e = moes.first()?.experts.len();
-    if e == 0 || cpu_refusal(model).is_some() {
-        return None;
-    }
-    let picks: Vec<&crate::model::weights::Expert<'_>> = (0..32)
-        .map(|i| &moes[i % moes.len()].experts[(i * 37 + i / moes.len()) % e])
-        .collect();
-    let (h, f) = (picks[0].gate.cols, picks[0].gate.rows);
-    const T: usize = 16;
-    let toks: Vec<(u32, u32)> = (0..T as u32).map(|t| (t, 0)).collect();
-    let mut s = Scratch {
-        acts: Acts::new(),
-        gathered: vec![0.0; T * h],
-        gate: vec![0.0; T * f],
-        up: vec![0.0; T * f],
-        down: vec![0.0; T * h],
-        rows_cap: T,
-    };
-    let xn: Vec<f32> = (0..T * h)
-        .map(|i| ((i * 7919) % 997) as f32 / 997.0 - 0.5)
-        .collect();
-    let mut out = vec![0.0f32; T * h];
-    let mut time = |x: &crate::model::weights::Expert<'_>, cnt: usize| -> Option<f64> {
-        let t0 = Instant::now();
-        cpu_products(
-            model,
-            &mut s,
-            &xn,
-            [&x.gate, &x.up, &x.down],
-            &toks[..cnt],
-            &mut out,
-        )
-        .ok()?;
-        Some(t0.elapsed().as_secs_f64() * 1e6)
-    };
-    for x in &picks {
-        time(x, 1)?;
-    }
-    let mut one: Vec<f64> = picks.iter().map(|x| time(x, 1)).collect::<Option<_>>()?;
-    let mut many: Vec<f64> = picks[..8]
-        .iter()
-        .map(|x| time(x, T))
-        .collect::<Option<_>>()?;
-    let med = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let (t1, tt) = (med(&mut one), med(&mut many));
-    Some(CpuExpertCost {
-        one_token_us: t1,
-        per_token_us: ((tt - t1) / (T - 1) as f64).max(0.0),
-    })
-}
-
-/// One expert's products for `toks` rows of `xn` into `out` (rows in `toks` order): the
-/// timing's path, the same kernels as `Split::run`.
-fn cpu_products(
-    model: &Model<'_>,
-    s: &mut Scratch,
-    xn: &[f32],
-    w: [&WeightView<'_>; 3],
-    toks: &[(u32, u32)],
-    out: &mut [f32],
-) -> Result<(), ModelError> {
-    let (h, f, cnt) = (w[0].cols, w[0].rows, toks.len());
-    let (pool, isa) = (Some(&model.pool), model.isa);
-    for (r, &(t, _)) in toks.iter().enumerate() {
-        let t = t as usize;
-        s.gathered[r * h..(r + 1) * h].copy_from_slice(&xn[t * h..(t + 1) * h]);
-    }
-    s.acts.load(&s.gathered[..cnt * h], cnt, h);
-    kernels::prepare_for(w[0].dtype, &mut s.acts)?;
-    kernels::prepare_for(w[1].dtype, &mut s.acts)?;
-    {
-        let acts = &s.acts;
-        let mut mj = [
-            Some(MatJob {
-                w: w[0],
-                acts,
-                row0: 0,
-                rows: cnt,
-                y: &mut s.gate[..cnt * f],
-            }),
-            Some(MatJob {
-                w: w[1],
-                acts,
-                row0: 0,
-                rows: cnt,
-                y: &mut s.up[..cnt * f],
-            }),
-        ];
-        kernels::matmul_jobs(&mut mj, pool, isa)?;
-    }
-    for (g, u) in s.gate[..cnt * f].iter_mut().zip(&s.up[..cnt * f]) {
-        *g = silu(*g) * u;
-    }
-    s.acts.load(&s.gate[..cnt * f], cnt, f);
-    kernels::prepare_for(w[2].dtype, &mut s.acts)?;
-    let mut mj = [Some(MatJob {
-        w: w[2],
-        acts: &s.acts,
-        row0: 0,
-        rows: cnt,
-        y: &mut out[..cnt * h],
-    })];
-    kernels::matmul_jobs(&mut mj, pool, isa)?;
-    Ok(())
 }
