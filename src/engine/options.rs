@@ -270,6 +270,12 @@ impl EngineOptions {
                 "a prefill batch holds at least one token",
             ));
         }
+        if let (GpuWant::Off, Some(m)) = (self.gpu.want, self.gpu.experts) {
+            return Err(refused(
+                &format!("--gpu-experts {m}"),
+                "it places the GPU's VRAM-pool misses, and --gpu off runs everything on the CPU",
+            ));
+        }
         if gpu_on {
             // What the CUDA backend lacks, from the one list (`gpu::refusal`); the context is
             // the one asked for.

@@ -563,7 +563,7 @@ fn attach(
             t.elapsed().as_secs_f64()
         ));
     } else {
-        say.line("[plan] gpu: no preload (the VRAM pool holds only part of the experts: they are staged as tokens need them)");
+        say.line("[plan] gpu: no preload (the VRAM pool holds only part of the experts: misses are placed as tokens need them, per the gpu-experts line)");
     }
     if o.measure_h2d {
         let c = gs.measure_h2d_ceiling(256 << 20)?;

@@ -500,10 +500,16 @@ fn gpu_decision(
             ),
         );
     }
+    // A partial pool's misses: where they run is decided at start (plan/gpu_experts.rs).
+    let misses = if pool < m.routed_bytes {
+        "; misses run on the CPU or are copied in, decided at start from the CPU's timed expert products against the copy (--gpu-experts)"
+    } else {
+        ""
+    };
     (
         format!("on, {}", dev.name),
         format!(
-            "{} of VRAM holds the resident weights and KV cache ({}); VRAM expert pool ~{} = {share:.0}% of the experts (--vram){copy}; --gpu off for the CPU",
+            "{} of VRAM holds the resident weights and KV cache ({}); VRAM expert pool ~{} = {share:.0}% of the experts (--vram){copy}{misses}; --gpu off for the CPU",
             human(dev.vram_bytes),
             human(resident),
             human(pool)
