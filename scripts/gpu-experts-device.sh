@@ -1,8 +1,9 @@
 #!/bin/bash
 # Issue 15 items 3-4 (h2, session 27; not run yet: the device was paused that session):
 # --gpu-experts hybrid vs stage vs llama.cpp -ngl 99 --n-cpu-moe 6 (2 of 8 layers' experts in
-# VRAM = 1/4) at the same VRAM bytes, on the 8-layer Qwen3-30B-A3B-shaped Q4_K synth (q30-8); first tests/gpu.rs's hybrid case (its all-GPU
-# reference stages every expert through the default path).
+# VRAM = 1/4) at the same VRAM bytes, on the 8-layer Qwen3-30B-A3B-shaped Q4_K synth (q30-8);
+# first tests/gpu.rs's hybrid case (its all-GPU reference stages every expert through the
+# default path).
 # llama.cpp is built in the background (FlashAttention kernels off to fit the budget) unless
 # a warm machine still has one; every bench runs after the build (the CPU is part of both).
 #
