@@ -801,6 +801,10 @@ fn cache_decision(
     })
 }
 
+/// `io_decision`'s answer: the IO mode, reader threads, and the disk ceiling used (the probed
+/// read size and its best point, `MachineProfile::disk_ceiling`).
+type IoChoice<'p> = (IoMode, usize, Option<(u64, &'p super::ReadPoint)>);
+
 /// How experts are read (`--io`, else O_DIRECT where the profile says it works) and by how many
 /// reader threads (`--io-threads`, else the disk probe's best point); also the disk ceiling the
 /// prediction uses.
@@ -810,7 +814,7 @@ fn io_decision<'p>(
     req: &PlanRequest,
     stream: bool,
     ds: &mut Vec<Decision>,
-) -> Result<(IoMode, usize, Option<(u64, &'p super::ReadPoint)>), PlanError> {
+) -> Result<IoChoice<'p>, PlanError> {
     let direct_ok = profile.map(|p| p.storage.o_direct);
     let (io, io_why) = match (req.io, direct_ok) {
         (Some(i), _) => (i, "--io".to_string()),
