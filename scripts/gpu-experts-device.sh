@@ -48,8 +48,13 @@ llama = sum(best.values()) * 2**20
 m = re.search(r'dense weights ([\d.]+) GB, KV cache ([\d.]+) GB, scratch ([\d.]+) GB', p)
 fixed = sum(float(x) for x in m.groups()) * 1e9
 slot = float(re.search(r'slots/layer of ([\d.]+) MB', p).group(1)) * 1e6
+every = float(re.search(r'of all experts \(([\d.]+) GB\)', p).group(1)) * 1e9
 pool = llama - fixed
-print(f"llama.cpp VRAM {best} = {llama/1e9:.3f} GB; sluice fixed {fixed/1e9:.3f} GB; pool {pool/1e9:.3f} GB = {pool/slot/8:.1f} slots/layer of 128", file=sys.stderr)
+if not best or pool <= 8 * slot:
+    # No llama.cpp figure (or a nonsensical one): a quarter of the experts.
+    print(f"llama.cpp VRAM unreadable ({best}): the pool is a quarter of the experts", file=sys.stderr)
+    pool = every / 4
+print(f"llama.cpp VRAM {best} = {llama/1e9:.3f} GB; sluice fixed {fixed/1e9:.3f} GB; pool {pool/1e9:.3f} GB = {pool/slot/8:.1f} slots/layer of 128 ({100*pool/every:.0f}% of the experts)", file=sys.stderr)
 print(int(pool))
 EOF
 )
