@@ -16,7 +16,8 @@
 //!   the Q8_0 GGUFs against the CPU forward by KL and top-1 (both quantize activations to 8
 //!   bits per 32 values for quantized weights; routing runs on the device on the GPU).
 //! - Placement: temp-0 tokens and logits bit-identical across VRAM pool sizes (one slot per
-//!   layer .. every expert), RAM cache sizes, and staging modes.
+//!   layer .. every expert), RAM cache sizes, and staging modes; with misses computed on the
+//!   CPU (`--gpu-experts hybrid`), the all-GPU run's tokens and logits within 1e-4.
 //! - The forward's less common operations (gpu/ops.rs), each on a transformers fixture with the
 //!   same bound: sliding-window attention (mixtral_swa, qwen3_moe_swa), clip_qkv (olmoe_clip),
 //!   DSA's lightning indexer past index_topk (deepseek_v32_sparse; glm_moe_dsa with its shared
@@ -499,6 +500,60 @@ fn gpu_tokens_identical_across_placement() {
             path.display()
         );
     }
+}
+
+/// `--gpu-experts hybrid`: pool misses computed on the CPU (gpu/split.rs) give the all-GPU
+/// run's temp-0 tokens, and logits within 1e-4 of its largest (the CPU's and the GPU's
+/// products of an expert differ in f32 summation order only): f32 and Q8_0 fixture GGUFs,
+/// pools of 1 and 2 slots a layer (the first misses of a layer fill the pool, the rest run on
+/// the CPU), misses of at most 1 token or of any count on the CPU, batch 4 (prefill chunks
+/// of 4 tokens, then decode steps).
+#[test]
+fn gpu_hybrid_experts_match_all_gpu() {
+    if !gpu_or_skip("gpu_hybrid_experts_match_all_gpu") {
+        return;
+    }
+    let mut failed = Vec::new();
+    for f in ["qwen3_moe", "mixtral", "olmoe", "deepseek_v3", "glm4_moe"] {
+        for file in ["model-f32.gguf", "model-q8_0.gguf"] {
+            let path = root().join("tests/fixtures/models").join(f).join(file);
+            let (files, lo) = load(&path);
+            let model = Model::load(&files, &lo).unwrap();
+            let e = model.cfg.n_experts;
+            let v = model.cfg.vocab;
+            let prompt: Vec<u32> = (0..11).map(|i| (i * 7 + 3) as u32 % v as u32).collect();
+            let (mut r, per_slot) = state(&model, &files, 4, e, Some(&opts(None, Staging::Arena)));
+            let (want_t, want_l) = greedy(&model, &mut r, &prompt, 20);
+            drop(r);
+            for slots in [1, 2] {
+                for cpu_max in [1, 64] {
+                    let o = opts(Some(per_slot.max(1) * slots), Staging::Arena);
+                    let (mut r, _) = state(&model, &files, 4, e, Some(&o));
+                    r.g.as_mut()
+                        .unwrap()
+                        .set_cpu_misses(&model, Some(cpu_max))
+                        .unwrap();
+                    let (t, l) = greedy(&model, &mut r, &prompt, 20);
+                    let (err, same) = compare(&l, &want_l, v);
+                    let cpu = r.g.as_ref().unwrap().stats().experts_cpu;
+                    let what = format!(
+                        "{f} {file}: {slots} slots/layer, misses of <= {cpu_max} tokens on the CPU"
+                    );
+                    eprintln!(
+                        "{what}: {cpu} experts on the CPU, max|Δ|/max|all-GPU| = {err:.2e}, tokens {}",
+                        if t == want_t { "identical" } else { "DIFFER" }
+                    );
+                    if cpu == 0 {
+                        failed.push(format!("{what}: no expert ran on the CPU"));
+                    }
+                    if t != want_t || !same || err > 1e-4 {
+                        failed.push(format!("{what}: err {err:.2e}, argmax same {same}"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 
 /// The committed PTX was made from the committed kernels.cu (scripts/build-ptx.py writes the

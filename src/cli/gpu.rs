@@ -26,6 +26,13 @@ pub struct GpuArgs {
     /// not stage them inside its prefill; `off`: stage each expert when a token first needs it.
     #[arg(long = "gpu-preload", default_value = "auto")]
     pub preload: String,
+    /// auto | vram | hybrid | stage: where a routed expert missing from the VRAM pool runs.
+    /// `hybrid`: misses of few tokens on the CPU threads from the RAM cache while the GPU runs
+    /// the pool's, larger ones copied in; `stage`: every miss copied into the pool; `vram`: the
+    /// pool must hold every expert. `auto` (the default): the planner's choice from the
+    /// measured copy and CPU rates (a `[plan] gpu-experts:` line says which and why).
+    #[arg(long = "gpu-experts", default_value = "auto")]
+    pub experts: String,
 }
 
 impl Default for GpuArgs {
@@ -35,6 +42,7 @@ impl Default for GpuArgs {
             vram: None,
             staging: "arena".into(),
             preload: "auto".into(),
+            experts: "auto".into(),
         }
     }
 }
@@ -57,6 +65,8 @@ impl GpuArgs {
                 "off" => false,
                 s => anyhow::bail!("--gpu-preload {s:?}: expected auto or off"),
             },
+            experts: crate::plan::gpu_experts::parse(&self.experts)
+                .map_err(|e| anyhow::anyhow!("--gpu-experts {e}"))?,
         })
     }
 }
@@ -77,7 +87,7 @@ pub fn gpu_summary(
     let s = since(engine, before)?;
     let ceiling = engine.gpu_h2d_ceiling();
     Some(format!(
-        "gpu: wall {:.2}s, kernels {:.2}s, stall {:.1}% | vram hit {:.1}% | {} experts copied, {:.2} GB at {:.1} GB/s{} | register {:.3}s",
+        "gpu: wall {:.2}s, kernels {:.2}s, stall {:.1}% | vram hit {:.1}% | {} experts copied, {:.2} GB at {:.1} GB/s{} | {} on the CPU | register {:.3}s",
         s.wall_secs,
         s.kernel_secs,
         100.0 * s.stall_share(),
@@ -89,6 +99,7 @@ pub fn gpu_summary(
             Some(c) if c > 0.0 => format!(" = {:.2} of the {c:.1} GB/s pinned ceiling", s.h2d_gbps() / c),
             _ => String::new(),
         },
+        s.experts_cpu,
         s.register_secs
     ))
 }
@@ -105,6 +116,7 @@ pub fn gpu_json(
         "stall_share": s.stall_share(),
         "vram_hit_rate": s.vram_hit_rate(),
         "experts_h2d": s.experts_h2d,
+        "experts_cpu": s.experts_cpu,
         "bytes_h2d": s.bytes_h2d,
         "copy_s": s.copy_secs,
         "h2d_gb_s": s.h2d_gbps(),

@@ -11,6 +11,7 @@ use super::EngineError;
 use crate::experts::{IoMode, Policy};
 use crate::gpu::Staging;
 use crate::model::ModelConfig;
+use crate::plan::gpu_experts::GpuExperts;
 use crate::plan::planner::ExpertMode;
 use crate::sample::SamplingParams;
 use std::path::PathBuf;
@@ -142,6 +143,9 @@ pub struct GpuRequest {
     pub staging: Staging,
     /// Copy every routed expert into the VRAM pool at start when it has a slot for each.
     pub preload: bool,
+    /// `--gpu-experts`: where VRAM-pool misses run (None: the planner's choice,
+    /// plan/gpu_experts.rs).
+    pub experts: Option<GpuExperts>,
 }
 
 impl Default for GpuRequest {
@@ -151,6 +155,7 @@ impl Default for GpuRequest {
             vram: None,
             staging: Staging::Arena,
             preload: true,
+            experts: None,
         }
     }
 }
@@ -264,6 +269,12 @@ impl EngineOptions {
             return Err(refused(
                 "--batch-size 0",
                 "a prefill batch holds at least one token",
+            ));
+        }
+        if let (GpuWant::Off, Some(m)) = (self.gpu.want, self.gpu.experts) {
+            return Err(refused(
+                &format!("--gpu-experts {m}"),
+                "it places the GPU's VRAM-pool misses, and --gpu off runs everything on the CPU",
             ));
         }
         if gpu_on {

@@ -551,6 +551,7 @@ fn attach(
             crate::gpu::Staging::Pageable => "nothing registered: the driver bounces copies (--gpu-staging, for A/B)",
         }
     ));
+    gpu_experts(model, files, &mut gs, o, &sum, &say)?;
     if !o.gpu.preload {
         say.line("[plan] gpu: preload off (--gpu-preload off): experts are staged when a token first needs them");
     } else if sum.pool_bytes as u64 >= sum.all_experts_bytes {
@@ -562,7 +563,7 @@ fn attach(
             t.elapsed().as_secs_f64()
         ));
     } else {
-        say.line("[plan] gpu: no preload (the VRAM pool holds only part of the experts: they are staged as tokens need them)");
+        say.line("[plan] gpu: no preload (the VRAM pool holds only part of the experts: misses are placed as tokens need them, per the gpu-experts line)");
     }
     if o.measure_h2d {
         let c = gs.measure_h2d_ceiling(256 << 20)?;
@@ -594,4 +595,59 @@ pub fn check_disk_profile(files: &ModelFiles, st: &State) -> Option<String> {
         }
     }
     Some(format!("[plan] {line}"))
+}
+
+/// Where VRAM-pool misses run (`--gpu-experts`, plan/gpu_experts.rs): the choice from the
+/// measured costs of copying an expert (doctor's pinned host->device figure, else timed now)
+/// and of the CPU's products of one (timed now on the model's experts), printed as a
+/// `[plan] gpu-experts:` line and set on the device.
+#[cfg(feature = "cuda")]
+fn gpu_experts(
+    model: &Model<'_>,
+    files: &ModelFiles,
+    gs: &mut crate::gpu::model::GpuState,
+    o: &EngineOptions,
+    sum: &crate::gpu::model::GpuSummary,
+    say: &Say,
+) -> Result<(), EngineError> {
+    use crate::plan::gpu_experts::{decide, ExpertsInputs, GpuExperts};
+    let holds_all = sum.pool_bytes as u64 >= sum.all_experts_bytes;
+    let cpu_refusal = crate::gpu::cpu_experts::cpu_refusal(model);
+    let weigh = !holds_all && o.gpu.experts != Some(GpuExperts::Stage) && cpu_refusal.is_none();
+    let mut h2d = None;
+    let mut cpu = None;
+    if weigh {
+        h2d = planner::cached_profile(files).and_then(|p| {
+            p.gpu
+                .h2d
+                .map(|c| (c.pinned_gbps, "doctor's profile".to_string()))
+        });
+        if h2d.is_none() {
+            let g = gs.measure_h2d_ceiling(64 << 20)?;
+            h2d = Some((g, "timed at start, 64 MiB pinned".into()));
+        }
+        cpu = crate::gpu::cpu_experts::measure_cpu_expert(model);
+    }
+    let choice = decide(&ExpertsInputs {
+        want: o.gpu.experts,
+        pool_holds_all: holds_all,
+        expert_bytes: sum.slot_bytes,
+        h2d,
+        cpu,
+        cpu_refusal,
+    })
+    .map_err(|reason| EngineError::Refused {
+        flag: "--gpu-experts".into(),
+        reason,
+    })?;
+    say.line(&choice.line());
+    // Stage: misses staged through the same waves (a few slots turn over, the pool keeping
+    // the experts selected most); vram: the pool holds every expert, nothing to place.
+    let m = match choice.mode {
+        GpuExperts::Hybrid => Some(choice.cpu_max_tokens),
+        GpuExperts::Stage => Some(0),
+        GpuExperts::Vram => None,
+    };
+    gs.set_cpu_misses(model, m)?;
+    Ok(())
 }

@@ -3,7 +3,9 @@
 //!
 //! Owns: the driver wrapper (`driver.rs`, every unsafe CUDA call), the kernels (`kernels.cu`,
 //! compiled to the committed `kernels.ptx` by scripts/build-ptx.py), the VRAM pool bookkeeping
-//! (`pool.rs`, compiled without the feature so it is tested everywhere), the device state
+//! (`pool.rs`, compiled without the feature so it is tested everywhere), the CPU's products of
+//! pool misses under `--gpu-experts hybrid` (`cpu_experts.rs`, likewise; `split.rs` places
+//! them), the device state
 //! (`model.rs`: weights, KV cache, scratch, kernel launchers, the MoE step, staging), the
 //! `Backend`/`Device` implementations (`backend.rs`) and the one list of what the device lacks
 //! (`refusal`). Does not own: what is computed — the forward graph is model/'s, the same one
@@ -17,6 +19,7 @@
 //! `per-expert` registers and unregisters each staged expert around its copy (the naive way,
 //! kept for the A/B); `pageable` copies without registering anything.
 
+pub mod cpu_experts;
 pub mod pool;
 
 #[cfg(feature = "cuda")]
@@ -33,6 +36,7 @@ pub mod model;
 mod ops;
 #[cfg(feature = "cuda")]
 mod v4;
+mod split;
 
 use std::fmt;
 

@@ -183,9 +183,9 @@ struct GMoe {
 
 /// A MoE layer's routed-expert geometry (all its experts share it).
 #[derive(Clone, Copy)]
-struct MoeGeo {
+pub(super) struct MoeGeo {
     /// Index among MoE layers (the pool's layer numbering).
-    idx: usize,
+    pub(super) idx: usize,
     gate_up: TypeFns,
     down: TypeFns,
     ffn: usize,
@@ -324,6 +324,9 @@ pub struct GpuState {
     /// kernels_ops.cu's kernels (`ops.rs`).
     pub(super) ops: super::ops::Ops,
     pub(super) pool: VramPool,
+    /// `--gpu-experts hybrid`: pool misses of few tokens run on the CPU (`split.rs`); None:
+    /// every miss is staged.
+    pub(super) split: Option<super::split::Split>,
     staging: Staging,
     /// The RAM cache slab registered at attach (arena staging): (ptr, len).
     registered: Option<(usize, usize)>,
@@ -1018,6 +1021,7 @@ impl GpuState {
                 small,
                 ops: super::ops::Ops::load(&gpu)?,
                 pool,
+                split: None,
                 staging: opts.staging,
                 registered,
                 att_rows,
@@ -1062,6 +1066,7 @@ impl GpuState {
         let mut s = self.stats;
         s.vram_hits = self.pool.hits;
         s.vram_misses = self.pool.misses;
+        s.experts_cpu = self.experts_cpu();
         s
     }
 
@@ -2462,6 +2467,7 @@ impl GpuState {
                     compute,
                 )?;
             }
+            self.split_fetch_xn(n, h)?;
             self.seg_stop()?;
             self.gpu.sync(compute)?;
             self.harvest()?;
@@ -2494,6 +2500,7 @@ impl GpuState {
                     compute,
                 )?;
             }
+            self.split_fetch_xn(n, h)?;
             self.seg_stop()?;
             self.gpu.sync(compute)?;
             self.harvest()?;
@@ -2564,6 +2571,7 @@ impl GpuState {
         for i in 0..st.needed.len() {
             let ex = st.needed[i];
             let cnt = st.groups[ex].len();
+            self.pool.note(mo.idx, ex, cnt);
             match self.pool.lookup(mo.idx, ex) {
                 Some(slot) => {
                     self.write_job(j, slot, a0, cnt);
@@ -2597,7 +2605,11 @@ impl GpuState {
                     "expert not in VRAM and no RAM expert cache attached".into(),
                 )));
             };
-            let r = self.stage_misses(&mut cache, l, &mo, &misses, j, n, h);
+            let r = if self.splits_misses() {
+                self.misses_split(model, st, &mut cache, l, &mo, &misses, j, n, h)
+            } else {
+                self.stage_misses(&mut cache, l, &mo, &misses, j, n, h)
+            };
             st.expert_cache = Some(cache);
             self.misses = misses;
             r?;
@@ -2766,75 +2778,96 @@ impl GpuState {
         h: usize,
         registered: &mut Vec<usize>,
     ) -> Result<(), ModelError> {
-        let (compute, copy) = (Stream::Compute, Stream::Copy);
         while let Some((ex, bytes)) = cache.next_ready()? {
             let Some(&(_, a0, cnt)) = wave.iter().find(|m| m.0 == ex) else {
                 return Err(ModelError::from(GpuError::Config(format!(
                     "the RAM cache returned expert {ex} of layer {l}, not in the wave"
                 ))));
             };
-            let Some(a) = self.pool.assign(mo.idx, ex) else {
-                return Err(ModelError::from(GpuError::Config(format!(
-                    "no free VRAM slot for expert {ex} of layer {l} (pool accounting)"
-                ))));
-            };
-            if a.reused_this_step {
-                // The slot's previous expert was computed earlier in this step: the copy
-                // must wait for that compute.
-                let ev = self.timer_start(compute)?;
-                self.timer_stop(ev, compute, false)?;
-                self.gpu.wait(copy, &self.timers.events[ev + 1])?;
-            }
-            // One copy per expert: the span of its three parts in the RAM slot.
-            let parts = [bytes.gate, bytes.up, bytes.down];
-            let lo = parts.iter().map(|p| p.as_ptr() as usize).min().unwrap_or(0);
-            let hi = parts
-                .iter()
-                .map(|p| p.as_ptr() as usize + p.len())
-                .max()
-                .unwrap_or(0);
-            if hi - lo > self.pool.slot_bytes() as usize {
-                self.pool.drop_expert(mo.idx, ex);
-                return Err(ModelError::from(GpuError::Config(format!(
-                    "expert {ex} of layer {l} spans {} bytes, more than a pool slot",
-                    hi - lo
-                ))));
-            }
-            for (o, p) in self.slot_offs[a.slot].iter_mut().zip(&parts) {
-                *o = p.as_ptr() as usize - lo;
-            }
-            if self.staging == Staging::PerExpert {
-                let page = 4096;
-                let (lo, hi) = (lo / page * page, hi.div_ceil(page) * page);
-                let t = Instant::now();
-                // SAFETY: the range lies in the RAM cache slot of this wave's expert (slots are
-                // page-aligned and disjoint), which stays allocated and unwritten until
-                // `cache.end()`, after which stage_misses unregisters it.
-                unsafe { self.gpu.register(lo as *const u8, hi - lo)? };
-                self.stats.register_secs += t.elapsed().as_secs_f64();
-                registered.push(lo);
-            }
-            let base = a.slot * self.pool.slot_bytes() as usize;
-            let tc = self.timer_start(copy)?;
-            // SAFETY: the source span lies in this wave's RAM slot (valid until cache.end(),
-            // which comes after the copy stream is synced); the destination is the pool slot,
-            // at least as large (checked above).
-            let r = unsafe {
-                self.gpu
-                    .upload_async(self.pool_mem.at(base), lo as *const u8, hi - lo, copy)
-            };
-            if let Err(e) = r {
-                self.pool.drop_expert(mo.idx, ex);
-                return Err(e.into());
-            }
-            self.stats.bytes_h2d += (hi - lo) as u64;
-            self.timer_stop(tc, copy, true)?;
-            self.stats.experts_h2d += 1;
-            self.gpu.wait(compute, &self.timers.events[tc + 1])?;
-            self.write_job(*j, a.slot, a0, cnt);
-            self.launch_jobs(mo, *j, 1, n, (a0, cnt), h)?;
+            self.stage_one(l, mo, ex, &bytes, a0, cnt, *j, n, h, registered)?;
             *j += 1;
         }
+        Ok(())
+    }
+
+    /// Copies expert `ex` of layer `l` (its bytes in a RAM cache slot of the open wave) into
+    /// a pool slot on the copy stream and launches it as job `j` (assignments a0..a0+cnt) on
+    /// the compute stream after the copy.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn stage_one(
+        &mut self,
+        l: usize,
+        mo: &MoeGeo,
+        ex: usize,
+        bytes: &crate::experts::ExpertBytes<'_>,
+        a0: usize,
+        cnt: usize,
+        j: usize,
+        n: usize,
+        h: usize,
+        registered: &mut Vec<usize>,
+    ) -> Result<(), ModelError> {
+        let (compute, copy) = (Stream::Compute, Stream::Copy);
+        let Some(a) = self.pool.assign(mo.idx, ex) else {
+            return Err(ModelError::from(GpuError::Config(format!(
+                "no free VRAM slot for expert {ex} of layer {l} (pool accounting)"
+            ))));
+        };
+        if a.reused_this_step {
+            // The slot's previous expert was computed earlier in this step: the copy
+            // must wait for that compute.
+            let ev = self.timer_start(compute)?;
+            self.timer_stop(ev, compute, false)?;
+            self.gpu.wait(copy, &self.timers.events[ev + 1])?;
+        }
+        // One copy per expert: the span of its three parts in the RAM slot.
+        let parts = [bytes.gate, bytes.up, bytes.down];
+        let lo = parts.iter().map(|p| p.as_ptr() as usize).min().unwrap_or(0);
+        let hi = parts
+            .iter()
+            .map(|p| p.as_ptr() as usize + p.len())
+            .max()
+            .unwrap_or(0);
+        if hi - lo > self.pool.slot_bytes() as usize {
+            self.pool.drop_expert(mo.idx, ex);
+            return Err(ModelError::from(GpuError::Config(format!(
+                "expert {ex} of layer {l} spans {} bytes, more than a pool slot",
+                hi - lo
+            ))));
+        }
+        for (o, p) in self.slot_offs[a.slot].iter_mut().zip(&parts) {
+            *o = p.as_ptr() as usize - lo;
+        }
+        if self.staging == Staging::PerExpert {
+            let page = 4096;
+            let (lo, hi) = (lo / page * page, hi.div_ceil(page) * page);
+            let t = Instant::now();
+            // SAFETY: the range lies in the RAM cache slot of this wave's expert (slots are
+            // page-aligned and disjoint), which stays allocated and unwritten until
+            // `cache.end()`, after which stage_misses unregisters it.
+            unsafe { self.gpu.register(lo as *const u8, hi - lo)? };
+            self.stats.register_secs += t.elapsed().as_secs_f64();
+            registered.push(lo);
+        }
+        let base = a.slot * self.pool.slot_bytes() as usize;
+        let tc = self.timer_start(copy)?;
+        // SAFETY: the source span lies in this wave's RAM slot (valid until cache.end(),
+        // which comes after the copy stream is synced); the destination is the pool slot,
+        // at least as large (checked above).
+        let r = unsafe {
+            self.gpu
+                .upload_async(self.pool_mem.at(base), lo as *const u8, hi - lo, copy)
+        };
+        if let Err(e) = r {
+            self.pool.drop_expert(mo.idx, ex);
+            return Err(e.into());
+        }
+        self.stats.bytes_h2d += (hi - lo) as u64;
+        self.timer_stop(tc, copy, true)?;
+        self.stats.experts_h2d += 1;
+        self.gpu.wait(compute, &self.timers.events[tc + 1])?;
+        self.write_job(j, a.slot, a0, cnt);
+        self.launch_jobs(mo, j, 1, n, (a0, cnt), h)?;
         Ok(())
     }
 }

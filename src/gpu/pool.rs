@@ -34,7 +34,15 @@ struct Layer {
     step_of: Vec<u64>,
     /// Per slot: wave stamp of the last use (slots of the open wave are never evicted).
     wave_of: Vec<u64>,
+    /// Per expert: tokens routed to it lately (halved when the layer's sum passes
+    /// `DECAY_AT`), for the frequency policy.
+    count: Vec<u32>,
+    count_sum: u64,
 }
+
+/// A layer's selection counts are halved when their sum passes this (a memory of the last
+/// few thousand selections).
+const DECAY_AT: u64 = 1 << 15;
 
 pub struct VramPool {
     layers: Vec<Layer>,
@@ -44,6 +52,8 @@ pub struct VramPool {
     wave: u64,
     pub hits: u64,
     pub misses: u64,
+    /// Evict the slot whose expert was selected least lately (else the least recently used).
+    pub frequency: bool,
 }
 
 impl VramPool {
@@ -69,6 +79,8 @@ impl VramPool {
                     last_use: vec![0; s],
                     step_of: vec![0; s],
                     wave_of: vec![0; s],
+                    count: vec![0; e],
+                    count_sum: 0,
                 }
             })
             .collect();
@@ -95,6 +107,7 @@ impl VramPool {
             wave: 0,
             hits: 0,
             misses: 0,
+            frequency: false,
         }
     }
 
@@ -153,6 +166,50 @@ impl VramPool {
             .is_some_and(|ly| ly.slot_of.get(e).is_some_and(Option::is_some))
     }
 
+    /// Slots of MoE layer `l` that hold no expert and are not reserved for a pinned one (a
+    /// hybrid layer stages misses into them before it computes any on the CPU).
+    pub fn empty_slots(&self, l: usize) -> usize {
+        self.layers.get(l).map_or(0, |ly| {
+            (0..ly.owner.len())
+                .filter(|&s| ly.owner[s].is_none() && ly.pinned_for[s].is_none())
+                .count()
+        })
+    }
+
+    /// Notes `tokens` selections of expert `e` of layer `l` (the frequency policy's figure).
+    pub fn note(&mut self, l: usize, e: usize, tokens: usize) {
+        let Some(ly) = self.layers.get_mut(l) else {
+            return;
+        };
+        let Some(c) = ly.count.get_mut(e) else {
+            return;
+        };
+        *c = c.saturating_add(tokens as u32);
+        ly.count_sum += tokens as u64;
+        if ly.count_sum > DECAY_AT {
+            ly.count.iter_mut().for_each(|c| *c /= 2);
+            ly.count_sum = ly.count.iter().map(|&c| c as u64).sum();
+        }
+    }
+
+    /// Under the frequency policy, whether expert `e` of layer `l` (not resident) was
+    /// selected clearly more lately than the expert `assign` would evict for it (twice as
+    /// often, and by more than a few tokens): then it is worth copying in.
+    pub fn worth_admitting(&self, l: usize, e: usize) -> bool {
+        let Some(ly) = self.layers.get(l) else {
+            return false;
+        };
+        if !self.frequency {
+            return false;
+        }
+        let mine = ly.count.get(e).copied().unwrap_or(0);
+        let victim = (0..ly.owner.len())
+            .filter(|&s| ly.pinned_for[s].is_none() && ly.wave_of[s] != self.wave)
+            .map(|s| ly.owner[s].map_or(0, |o| ly.count[o]))
+            .min();
+        victim.is_some_and(|v| mine > 2 * v + 4)
+    }
+
     /// Counts `n` selections served from the pool without a lookup (device-built job lists).
     pub fn count_hits(&mut self, n: u64) {
         self.hits += n;
@@ -192,9 +249,16 @@ impl VramPool {
         let pinned = ly.pinned_for.iter().position(|p| *p == Some(e));
         let s = match pinned {
             Some(s) => s,
-            None => (0..ly.owner.len())
-                .filter(|&s| ly.pinned_for[s].is_none() && ly.wave_of[s] != wave)
-                .min_by_key(|&s| (ly.owner[s].is_some(), ly.last_use[s]))?,
+            None => {
+                let freq = self.frequency;
+                let count = |s: usize| match (freq, ly.owner[s]) {
+                    (true, Some(o)) => ly.count[o],
+                    _ => 0,
+                };
+                (0..ly.owner.len())
+                    .filter(|&s| ly.pinned_for[s].is_none() && ly.wave_of[s] != wave)
+                    .min_by_key(|&s| (ly.owner[s].is_some(), count(s), ly.last_use[s]))?
+            }
         };
         let evicted = ly.owner[s];
         let reused_this_step = evicted.is_some() && ly.step_of[s] == step;
@@ -273,6 +337,33 @@ mod tests {
         let d = p.assign(0, 4).unwrap();
         assert_eq!(d.slot, a.slot, "expert 3 is older than the just-used 2");
         assert!(!d.reused_this_step);
+    }
+
+    #[test]
+    fn frequency_policy_evicts_the_least_selected_and_admits_the_clearly_more_selected() {
+        let mut p = VramPool::new(&[8], 2, 1024, &[]);
+        p.frequency = true;
+        p.begin_step();
+        p.note(0, 1, 50);
+        p.note(0, 2, 3);
+        let a = p.assign(0, 1).unwrap();
+        let b = p.assign(0, 2).unwrap();
+        p.begin_step();
+        // Expert 1 was used longer ago but selected far more: expert 2's slot goes.
+        assert_eq!(p.lookup(0, 2), Some(b.slot));
+        p.begin_wave();
+        p.note(0, 3, 5);
+        assert!(!p.worth_admitting(0, 3), "5 is not more than 2 x 3 + 4");
+        p.note(0, 3, 10);
+        assert!(p.worth_admitting(0, 3));
+        let c = p.assign(0, 3).unwrap();
+        assert_eq!((c.slot, c.evicted), (b.slot, Some(2)));
+        assert_ne!(c.slot, a.slot);
+        // Counts decay: a layer's sum never passes DECAY_AT by much.
+        for _ in 0..100 {
+            p.note(0, 4, 1000);
+        }
+        assert!(p.layers[0].count_sum <= DECAY_AT + 1000);
     }
 
     #[test]

@@ -563,9 +563,11 @@ pub struct DeviceStats {
     pub experts_h2d: u64,
     /// Host seconds spent registering/unregistering staged experts (per-expert staging).
     pub register_secs: f64,
-    /// VRAM pool hits and misses (selections).
+    /// VRAM pool hits and misses (selections; `vram_misses` counts the staged ones).
     pub vram_hits: u64,
     pub vram_misses: u64,
+    /// Pool misses computed on the CPU instead (`--gpu-experts hybrid`), experts per layer.
+    pub experts_cpu: u64,
 }
 
 impl DeviceStats {
@@ -580,6 +582,7 @@ impl DeviceStats {
             register_secs: self.register_secs - b.register_secs,
             vram_hits: self.vram_hits - b.vram_hits,
             vram_misses: self.vram_misses - b.vram_misses,
+            experts_cpu: self.experts_cpu - b.experts_cpu,
         }
     }
     /// Achieved host -> device GB/s while copying experts.
@@ -591,7 +594,7 @@ impl DeviceStats {
         }
     }
     pub fn vram_hit_rate(&self) -> f64 {
-        let r = self.vram_hits + self.vram_misses;
+        let r = self.vram_hits + self.vram_misses + self.experts_cpu;
         if r == 0 {
             0.0
         } else {

@@ -6,6 +6,7 @@
 //! - `mod.rs`: the profile (versioned serde schema), where it is cached, `load_or_probe`.
 //! - `probe_cpu.rs`, `probe_mem.rs`, `probe_disk.rs`, `probe_gpu.rs`: one probe per resource.
 //! - `doctor.rs`: a model's header/range checks and `--deep` checksums.
+//! - `gpu_experts.rs`: where VRAM-pool misses run (`--gpu-experts`), from measured costs.
 //! - `sys.rs`: the libc calls std lacks (statvfs, getrlimit, posix_fadvise, signal cleanup).
 //!
 //! Caching: one JSON file per (filesystem device, CPU) in the cache directory,
@@ -19,6 +20,7 @@
 //! one that could not be is `None` with a note saying why, never an estimate.
 
 pub mod doctor;
+pub mod gpu_experts;
 pub mod parallel;
 pub mod planner;
 pub mod probe_cpu;

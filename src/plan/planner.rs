@@ -500,10 +500,16 @@ fn gpu_decision(
             ),
         );
     }
+    // A partial pool's misses: where they run is decided at start (plan/gpu_experts.rs).
+    let misses = if pool < m.routed_bytes {
+        "; misses run on the CPU or are copied in, decided at start from the CPU's timed expert products against the copy (--gpu-experts)"
+    } else {
+        ""
+    };
     (
         format!("on, {}", dev.name),
         format!(
-            "{} of VRAM holds the resident weights and KV cache ({}); VRAM expert pool ~{} = {share:.0}% of the experts (--vram){copy}; --gpu off for the CPU",
+            "{} of VRAM holds the resident weights and KV cache ({}); VRAM expert pool ~{} = {share:.0}% of the experts (--vram){copy}{misses}; --gpu off for the CPU",
             human(dev.vram_bytes),
             human(resident),
             human(pool)
@@ -807,7 +813,8 @@ fn cache_decision(
     })
 }
 
-/// The read mode, the reader threads, and the probed point (read size, figures) behind them.
+/// `io_decision`'s answer: the IO mode, reader threads, and the disk ceiling used (the probed
+/// read size and its best point, `MachineProfile::disk_ceiling`).
 type IoChoice<'p> = (IoMode, usize, Option<(u64, &'p super::ReadPoint)>);
 
 /// How experts are read (`--io`, else O_DIRECT where the profile says it works) and by how many
