@@ -111,6 +111,7 @@ impl CpuExperts {
                     row0,
                     rows: cnt,
                     y: gy,
+                    pick: None,
                 });
                 mj[2 * i + 1] = Some(MatJob {
                     w: &jb.w[1],
@@ -118,6 +119,7 @@ impl CpuExperts {
                     row0,
                     rows: cnt,
                     y: uy,
+                    pick: None,
                 });
                 row0 += cnt;
             }
@@ -145,6 +147,7 @@ impl CpuExperts {
                     row0,
                     rows: cnt,
                     y: dy,
+                    pick: None,
                 });
                 row0 += cnt;
             }

@@ -36,6 +36,7 @@ pub mod model;
 mod ops;
 #[cfg(feature = "cuda")]
 mod v4;
+#[cfg(feature = "cuda")]
 mod split;
 
 use std::fmt;
