@@ -345,7 +345,7 @@ fn hybrid_requests_in_slots_equal_each_alone() {
             .iter()
             .map(|(p, n)| json!({"model": "hybrid", "prompt": p, "max_tokens": n, "ignore_eos": true, "temperature": 0}))
             .collect();
-        let args = |n: &'static str| [path, "--model-id", "hybrid", "-c", "256", "--parallel", n];
+        let args = |n: &'static str| [path, "--model-id", "hybrid", "-c", "4096", "--parallel", n];
         let want: Vec<String> = {
             let s = Server::start(&args("1"));
             reqs.iter()
@@ -356,7 +356,18 @@ fn hybrid_requests_in_slots_equal_each_alone() {
                 })
                 .collect()
         };
-        let s = Server::start(&args("3"));
+        let s = Server::start(&args("4"));
+        // A long stream keeps a slot decoding while the three run, so their steps are batched
+        // however fast this machine runs them one by one (drained on its own thread).
+        let mut bg = send(
+            &s.addr,
+            &json!({"model": "hybrid", "prompt": "Meanwhile", "max_tokens": 3000, "ignore_eos": true, "stream": true, "temperature": 0}),
+        );
+        read_until(&mut bg, "data: ");
+        let drain = std::thread::spawn(move || {
+            let mut b = [0u8; 4096];
+            while matches!(bg.read(&mut b), Ok(n) if n > 0) {}
+        });
         let got: Vec<String> = std::thread::scope(|sc| {
             let hs: Vec<_> = reqs
                 .iter()
@@ -381,5 +392,7 @@ fn hybrid_requests_in_slots_equal_each_alone() {
             rows > steps,
             "{f}: decode rows {rows} over {steps} steps: batched"
         );
+        drop(s);
+        drain.join().unwrap();
     }
 }

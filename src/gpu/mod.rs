@@ -35,9 +35,9 @@ pub mod model;
 #[cfg(feature = "cuda")]
 mod ops;
 #[cfg(feature = "cuda")]
-mod v4;
-#[cfg(feature = "cuda")]
 mod split;
+#[cfg(feature = "cuda")]
+mod v4;
 
 use std::fmt;
 

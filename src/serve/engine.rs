@@ -209,24 +209,38 @@ impl Queue {
 pub struct Generator {
     engine: Engine,
     metrics: Arc<Metrics>,
+    /// With `--parallel N > 1`: the slots, made before the server listens (so `/metrics`
+    /// shows them from the first request on), or why they could not be.
+    batch: Option<Result<Batch<Slotted>, String>>,
 }
 
 impl Generator {
     pub fn new(engine: Engine, metrics: Arc<Metrics>) -> Generator {
         metrics.set_expert_stats(engine.state().expert_stats());
-        Generator { engine, metrics }
+        let n = engine.opts.parallel;
+        let batch = (n > 1).then(|| Batch::new(&engine, n).map_err(|e| e.to_string()));
+        if let Some(Ok(b)) = &batch {
+            metrics.slots.store(b.len() as u64, Ordering::Relaxed);
+            metrics.set_slot_figures(b.slot_figures());
+        }
+        Generator {
+            engine,
+            metrics,
+            batch,
+        }
     }
 
     /// Serve jobs until the queue is closed and empty. `abort`: cancel the running job(s).
     /// Returns the engine (for the caller's end-of-run figures). With `--parallel N > 1` the
     /// jobs share the batched loop (`run_batched`).
     pub fn run(mut self, queue: &Queue, abort: &Arc<AtomicBool>) -> Engine {
-        let n = self.engine.opts.parallel;
-        if n > 1 {
-            match Batch::new(&self.engine, n) {
-                Ok(b) => return self.run_batched(b, queue, abort),
-                Err(e) => eprintln!("[serve] --parallel {n}: {e}; serving one request at a time"),
-            }
+        match self.batch.take() {
+            Some(Ok(b)) => return self.run_batched(b, queue, abort),
+            Some(Err(e)) => eprintln!(
+                "[serve] --parallel {}: {e}; serving one request at a time",
+                self.engine.opts.parallel
+            ),
+            None => {}
         }
         while let Some(job) = queue.pop() {
             if job.cancel.load(Ordering::Relaxed) || abort.load(Ordering::Relaxed) {
