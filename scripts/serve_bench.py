@@ -6,7 +6,7 @@ llama-server") records the figures.
 
     python3 scripts/serve_bench.py --model /tmp/x.gguf --clients 1,2,4,8 --max-tokens 64 \
         --sluice target/release/sluice --llama-server vendor-data/llama.cpp-server/bin/llama-server \
-        [--arms sluice,llama] [--rounds 2] [--threads 2] [--ctx 512] \
+        [--arms sluice,sluice-avx2,llama] [--rounds 2] [--threads 2] [--ctx 512] \
         [--sluice-args "--experts resident"] [--llama-args "--mlock"] [--json out.json]
 
 Per client count N and arm: start the server with N slots of `--ctx` positions each (sluice:
@@ -18,7 +18,9 @@ first chunk with text), decode tok/s ((tokens - 1) / (last chunk - first chunk))
 aggregate tok/s = all generated tokens / (first send to last chunk), and the 1-minute load
 average at the start (the machine may be shared). Tokens per request are the stream's usage
 figure (`stream_options.include_usage`) where the server sends one, else the text chunks.
-Needs `pip install openai`.
+Arms: `sluice`, `sluice-avx2` (the same binary with SLUICE_ISA=avx2: its kernels capped at
+AVX2, like for like with scripts/build-llama-server.sh's AVX2 build), `llama`. With several arms
+the order per N is A B C, then C B A. Needs `pip install openai`.
 """
 
 import argparse
@@ -59,10 +61,13 @@ def drain(stream, log):
         log.append(line)
 
 
-def start_sluice(args, n):
+def start_sluice(args, n, isa=None):
     cmd = ([args.sluice, "serve", args.model, "--port", "0", "-t", str(args.threads), "-c", str(args.ctx),
             "--parallel", str(n), "--temp", "0"] + args.sluice_args.split())
-    p = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    env = dict(os.environ)
+    if isa:
+        env["SLUICE_ISA"] = isa
+    p = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     log = []
     for line in p.stderr:
         log.append(line)
@@ -123,7 +128,12 @@ def one(client, model, prompt, max_tokens, out, i):
 
 def run(args, arm, n):
     load = os.getloadavg()[0]
-    p, url, log = (start_sluice if arm == "sluice" else start_llama)(args, n)
+    if arm == "llama":
+        p, url, log = start_llama(args, n)
+    else:
+        # "sluice-avx2": the same binary with its kernels capped at AVX2 (SLUICE_ISA), like
+        # for like with a llama.cpp built without AVX-512.
+        p, url, log = start_sluice(args, n, arm.split("-", 1)[1] if "-" in arm else None)
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=3600, max_retries=0)
         model = client.models.list().data[0].id
@@ -200,9 +210,11 @@ def main():
                   f"{statistics.median(r['decode_tps'] for r in rs):.2f} | "
                   f"{statistics.median(r['ttft'] for r in rs) * 1000:.0f} | "
                   f"{', '.join('%.1f' % r['load'] for r in rs)} |")
-    if "sluice" in arms and "llama" in arms:
-        for n in ns:
-            print(f"N={n}: sluice/llama-server aggregate {med[('sluice', n)] / med[('llama', n)]:.2f}x")
+    if "llama" in arms:
+        for a in arms:
+            if a != "llama":
+                for n in ns:
+                    print(f"N={n}: {a}/llama-server aggregate {med[(a, n)] / med[('llama', n)]:.2f}x")
     if "sluice" in arms and 1 in ns:
         for n in ns:
             print(f"N={n}: sluice aggregate / sluice N=1 {med[('sluice', n)] / med[('sluice', 1)]:.2f}x")
