@@ -102,6 +102,18 @@ def start_llama(args, n):
     raise SystemExit("llama-server did not become healthy:\n" + "".join(log[-30:]))
 
 
+def expert_bytes(url):
+    """sluice's expert bytes read from disk so far (/metrics), or None (llama-server)."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("sluice_expert_bytes_read_total"):
+                    return float(line.rsplit(" ", 1)[1])
+    except Exception:
+        pass
+    return None
+
+
 def one(client, model, prompt, max_tokens, out, i):
     t0 = time.time()
     first = last = None
@@ -138,6 +150,7 @@ def run(args, arm, n):
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=3600, max_retries=0)
         model = client.models.list().data[0].id
         one(client, model, "Hello", 1, {}, 0)
+        b0 = expert_bytes(url) if arm != "llama" else None
         out = {}
         ts = [threading.Thread(target=one, args=(client, model, PROMPTS[i % len(PROMPTS)],
                                                  args.max_tokens, out, i)) for i in range(n)]
@@ -145,6 +158,7 @@ def run(args, arm, n):
             t.start()
         for t in ts:
             t.join()
+        b1 = expert_bytes(url) if b0 is not None else None
     finally:
         p.terminate()
         try:
@@ -162,6 +176,7 @@ def run(args, arm, n):
     return {"arm": arm, "n": n, "load": load, "wall": end - start, "generated": gen,
             "agg_tps": gen / (end - start), "decode_tps": statistics.mean(dec) if dec else 0.0,
             "ttft": statistics.mean(ttft), "ttft_max": max(ttft),
+            "mb_per_tok": (b1 - b0) / gen / 1e6 if b1 is not None else None,
             "texts": [out[i]["text"] for i in range(n)]}
 
 
@@ -192,7 +207,9 @@ def main():
             results.append(r)
             print(f"{arm:6} N={n}: {r['generated']} tok in {r['wall']:.2f} s = {r['agg_tps']:.2f} tok/s aggregate, "
                   f"decode {r['decode_tps']:.2f} tok/s per request, TTFT {r['ttft'] * 1000:.0f} ms "
-                  f"(max {r['ttft_max'] * 1000:.0f}), load {r['load']:.1f}", flush=True)
+                  f"(max {r['ttft_max'] * 1000:.0f}), load {r['load']:.1f}"
+                  + (f", expert MB read/token {r['mb_per_tok']:.1f}" if r["mb_per_tok"] is not None else ""),
+                  flush=True)
         for arm in arms:
             rs = [r for r in results if r["arm"] == arm and r["n"] == n]
             same = all(r["texts"] == rs[0]["texts"] for r in rs)
