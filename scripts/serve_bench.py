@@ -20,7 +20,8 @@ average at the start (the machine may be shared). Tokens per request are the str
 figure (`stream_options.include_usage`) where the server sends one, else the text chunks.
 Arms: `sluice`, `sluice-avx2` (the same binary with SLUICE_ISA=avx2: its kernels capped at
 AVX2, like for like with scripts/build-llama-server.sh's AVX2 build), `llama`. With several arms
-the order per N is A B C, then C B A. Needs `pip install openai`.
+the order per N is A B C, then C B A. Against sluice, also expert bytes read from disk per
+generated token (/metrics). Needs `pip install openai`.
 """
 
 import argparse
