@@ -299,7 +299,7 @@ fn sluice_matches_llama_cpp_on_llama_quantize_files() {
 }
 
 /// The i-quants that need an importance matrix (made here by llama.cpp's `llama-imatrix` from
-/// this repository's docs/ARCHITECTURE.md), each as llama-quantize's own ftype mix, on the
+/// tests/fixtures/imatrix_text.txt, a frozen copy of this repository's docs/ARCHITECTURE.md), each as llama-quantize's own ftype mix, on the
 /// Qwen3 shape with expert rows of 512 (so the experts take the type itself, no fallback);
 /// then mixes shaped like the community's low-bit MoE files (routed experts IQ1_S / IQ2_XXS /
 /// IQ3_XXS; attention, shared experts, embedding and output Q4_K..Q8_0) on the DeepSeek-V3 shape.
@@ -312,7 +312,7 @@ fn sluice_matches_llama_cpp_on_i_quants_and_community_mixes() {
         return;
     };
     let dir = workdir("llama-quant-e2e-iq");
-    let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/ARCHITECTURE.md");
+    let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/imatrix_text.txt");
     let make_imatrix = |f16: &Path, name: &str| {
         let out = dir.join(format!("{name}.imatrix.gguf"));
         run(
