@@ -136,6 +136,37 @@ mod simd {
         unsafe { dot_avx512_impl(w, a.q8k_rows) }
     }
 
+    /// A block's sign words and scales, both dot kernels' first step: byte k of each word of
+    /// `s` is sign index k (bits 7k..7k+7) with its parity in bit 7; `sc` holds 2ls + 1 in both
+    /// i16 halves (bit 27, the top sign-index bit, is overwritten by 1). Group g's dword is at
+    /// `POS[g]` (the `shufps` puts groups 0, 1, 4, 5 in lane 0, 2, 3, 6, 7 in lane 1).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn signs_and_scales(b: &[u8]) -> (__m256i, __m256i) {
+        let m7f = _mm256_set1_epi32(0x7f);
+        let lsb = _mm256_set1_epi32(0x0101_0101);
+        let v0 = _mm256_castsi256_ps(ld256(&b[2..34]));
+        let v1 = _mm256_castsi256_ps(ld256(&b[34..66]));
+        let a1 = _mm256_castps_si256(_mm256_shuffle_ps::<0b11_01_11_01>(v0, v1));
+        let s = _mm256_or_si256(
+            _mm256_or_si256(
+                _mm256_and_si256(a1, m7f),
+                _mm256_and_si256(_mm256_slli_epi32::<1>(a1), _mm256_slli_epi32::<8>(m7f)),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_slli_epi32::<2>(a1), _mm256_slli_epi32::<16>(m7f)),
+                _mm256_and_si256(_mm256_slli_epi32::<3>(a1), _mm256_slli_epi32::<24>(m7f)),
+            ),
+        );
+        let p = _mm256_xor_si256(s, _mm256_srli_epi32::<4>(s));
+        let p = _mm256_xor_si256(p, _mm256_srli_epi32::<2>(p));
+        let p = _mm256_xor_si256(p, _mm256_srli_epi32::<1>(p));
+        let s = _mm256_or_si256(s, _mm256_slli_epi32::<7>(_mm256_and_si256(p, lsb)));
+        let sc = _mm256_or_si256(_mm256_srli_epi32::<27>(a1), _mm256_set1_epi32(1));
+        let sc = _mm256_or_si256(sc, _mm256_slli_epi32::<16>(sc));
+        (s, sc)
+    }
+
     /// AVX2 (natural `Q8K` order, which preparing `Q8KRows` provides too). Per block, the
     /// eight aux1 words are read as one vector (`shufps` of the block's two halves) and turned
     /// into the groups' 32 sign bits (the 7-bit indices spread to bytes, the eighth bit their
@@ -159,35 +190,12 @@ mod simd {
             0,
         );
         let bitsel = _mm256_set1_epi64x(0x8040201008040201u64 as i64);
-        let m7f = _mm256_set1_epi32(0x7f);
-        let lsb = _mm256_set1_epi32(0x0101_0101);
-        let one = _mm256_set1_epi32(1);
         // Dword of group g in the `shufps` result: lane 0 holds groups 0, 1, 4, 5, lane 1
         // groups 2, 3, 6, 7.
         const POS: [i32; 8] = [0, 1, 4, 5, 2, 3, 6, 7];
         for (b, q8) in w.chunks_exact(BLOCK_BYTES).zip(a) {
             prefetch(b.as_ptr(), pf, BLOCK_BYTES);
-            let v0 = _mm256_castsi256_ps(ld256(&b[2..34]));
-            let v1 = _mm256_castsi256_ps(ld256(&b[34..66]));
-            let a1 = _mm256_castps_si256(_mm256_shuffle_ps::<0b11_01_11_01>(v0, v1));
-            // Byte k of each word <- sign index k (bits 7k..7k+7), bit 7 <- its parity.
-            let s = _mm256_or_si256(
-                _mm256_or_si256(
-                    _mm256_and_si256(a1, m7f),
-                    _mm256_and_si256(_mm256_slli_epi32::<1>(a1), _mm256_slli_epi32::<8>(m7f)),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_slli_epi32::<2>(a1), _mm256_slli_epi32::<16>(m7f)),
-                    _mm256_and_si256(_mm256_slli_epi32::<3>(a1), _mm256_slli_epi32::<24>(m7f)),
-                ),
-            );
-            let p = _mm256_xor_si256(s, _mm256_srli_epi32::<4>(s));
-            let p = _mm256_xor_si256(p, _mm256_srli_epi32::<2>(p));
-            let p = _mm256_xor_si256(p, _mm256_srli_epi32::<1>(p));
-            let s = _mm256_or_si256(s, _mm256_slli_epi32::<7>(_mm256_and_si256(p, lsb)));
-            // 2ls + 1 in both i16 halves (bit 27, the top sign-index bit, is overwritten by 1).
-            let sc = _mm256_or_si256(_mm256_srli_epi32::<27>(a1), one);
-            let sc = _mm256_or_si256(sc, _mm256_slli_epi32::<16>(sc));
+            let (s, sc) = signs_and_scales(b);
             let mut isum = _mm256_setzero_si256();
             for (g, x) in q8.qs.chunks_exact(32).enumerate() {
                 let at = 2 + 8 * g;
@@ -237,9 +245,6 @@ mod simd {
             0,
         );
         let bitsel = _mm256_set1_epi64x(0x8040201008040201u64 as i64);
-        let m7f = _mm256_set1_epi32(0x7f);
-        let lsb = _mm256_set1_epi32(0x0101_0101);
-        let one = _mm256_set1_epi32(1);
         const POS: [i32; 8] = [0, 1, 4, 5, 2, 3, 6, 7];
         let nb = a
             .iter()
@@ -247,25 +252,7 @@ mod simd {
             .fold(w.len() / BLOCK_BYTES, usize::min);
         for (i, b) in w.chunks_exact(BLOCK_BYTES).take(nb).enumerate() {
             prefetch(b.as_ptr(), pf, BLOCK_BYTES);
-            let v0 = _mm256_castsi256_ps(ld256(&b[2..34]));
-            let v1 = _mm256_castsi256_ps(ld256(&b[34..66]));
-            let a1 = _mm256_castps_si256(_mm256_shuffle_ps::<0b11_01_11_01>(v0, v1));
-            let s = _mm256_or_si256(
-                _mm256_or_si256(
-                    _mm256_and_si256(a1, m7f),
-                    _mm256_and_si256(_mm256_slli_epi32::<1>(a1), _mm256_slli_epi32::<8>(m7f)),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_slli_epi32::<2>(a1), _mm256_slli_epi32::<16>(m7f)),
-                    _mm256_and_si256(_mm256_slli_epi32::<3>(a1), _mm256_slli_epi32::<24>(m7f)),
-                ),
-            );
-            let p = _mm256_xor_si256(s, _mm256_srli_epi32::<4>(s));
-            let p = _mm256_xor_si256(p, _mm256_srli_epi32::<2>(p));
-            let p = _mm256_xor_si256(p, _mm256_srli_epi32::<1>(p));
-            let s = _mm256_or_si256(s, _mm256_slli_epi32::<7>(_mm256_and_si256(p, lsb)));
-            let sc = _mm256_or_si256(_mm256_srli_epi32::<27>(a1), one);
-            let sc = _mm256_or_si256(sc, _mm256_slli_epi32::<16>(sc));
+            let (s, sc) = signs_and_scales(b);
             let mut isum = [_mm256_setzero_si256(); 4];
             for g in 0..8 {
                 let at = 2 + 8 * g;
