@@ -1,5 +1,5 @@
 //! The shared engine of the 32-element block types that dot against `Q8_32` activations
-//! through signed 8-bit codes: Q4_1, Q5_0, Q5_1 and IQ4_NL (one small file each describes its
+//! through signed 8-bit codes: Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL (one small file each describes its
 //! block through [`Block32`]; this file owns the loops).
 //!
 //! Every such block decodes to `d * c_i (+ m)` with `d` (and `m`) f16 at the block start and
@@ -34,7 +34,7 @@ pub(super) trait Block32 {
     const HAS_MIN: bool;
     /// The 32 codes of the block at the start of `b`, in element order.
     fn codes(b: &[u8]) -> [i8; 32];
-    /// What the SIMD dots add to every code so that it is unsigned (0, 16 or 128): they
+    /// What the SIMD dots add to every code so that it is unsigned (0, 8, 16 or 128): they
     /// multiply `u_i = c_i + OFF` (unsigned) by the signed activations and subtract
     /// `OFF * sum(q_i)`, with `sum(q_i)` precomputed per activation block (`q8_32_sum`), once
     /// per 8 blocks.

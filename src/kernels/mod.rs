@@ -240,6 +240,7 @@ pub fn dot4_fn(dtype: DType, isa: Isa) -> Option<Dot4Fn> {
         DType::Q4_K => &q4_k::DOT4,
         DType::Q6_K => &q6_k::DOT4,
         DType::Q8_0 => &q8_0::DOT4,
+        DType::Q4_0 => &q4_0::DOT4,
         DType::Q4_1 => &q4_1::DOT4,
         DType::Q5_0 => &q5_0::DOT4,
         DType::Q5_1 => &q5_1::DOT4,
