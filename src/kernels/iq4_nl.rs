@@ -13,8 +13,8 @@ pub(crate) const KVALUES: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 
-/// `KVALUES` + 128 as unsigned bytes (the AVX-512 dot's `OFF = 128` form).
-const KVALUES_U: [u8; 16] = {
+/// `KVALUES` + 128 as unsigned bytes (the AVX-512 dots' `OFF = 128` form, IQ4_XS's too).
+pub(super) const KVALUES_U: [u8; 16] = {
     let mut u = [0u8; 16];
     let mut i = 0;
     while i < 16 {

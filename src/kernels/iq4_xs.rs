@@ -29,13 +29,12 @@ pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
     dot_avx512: None,
 });
 
-/// Four-row dots (prefill), each row with the single-row dot's bits (the AVX-512 entry runs the
-/// AVX2 loop, as the single-row dot does).
+/// Four-row dots (prefill), each row with the single-row dot's bits.
 pub(super) const DOT4: Dot4Kernels = Dot4Kernels {
     #[cfg(target_arch = "x86_64")]
     avx2: Some(x86::dot4_avx2),
     #[cfg(target_arch = "x86_64")]
-    avx512: Some(x86::dot4_avx2),
+    avx512: Some(x86::dot4_avx512),
     #[cfg(not(target_arch = "x86_64"))]
     avx2: None,
     #[cfg(not(target_arch = "x86_64"))]
@@ -93,7 +92,9 @@ fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::super::blocks32::nibbles;
+    use super::super::iq4_nl::KVALUES_U;
     use super::super::simd::prefetch_distance;
+    use super::super::simd::x86::hsum_ps512;
     use super::super::simd::x86::{f16_at, hsum_ps256, prefetch};
     use super::{dot_scalar, ActRow, BB, KVALUES};
     use crate::kernels::{BlockQ8K, Isa};
@@ -114,17 +115,31 @@ mod x86 {
             return dot_scalar(w, a);
         }
         let nb = a.q8k.len().min(w.len() / BB);
+        let mut out = [0.0f32];
         // SAFETY: AVX-512 F/BW/VL/VNNI present (checked above); lengths as in `dot_avx2`.
-        unsafe { avx512(w, a.q8k.as_ptr(), nb) }
+        unsafe { avx512::<1>(w.as_ptr(), [a.q8k.as_ptr()], nb, &mut out) };
+        out[0]
     }
 
-    /// The eight sub-block scales `ls_j - 32` of the block at `b` as i16 words 0..8 of both
-    /// 128-bit lanes (vector shifts on the scale bytes, no scalar unpacking).
+    pub(super) fn dot4_avx512(w: &[u8], a: &[ActRow<'_>; 4], out: &mut [f32; 4]) {
+        if !Isa::Avx512.supported() {
+            *out = std::array::from_fn(|r| dot_scalar(w, &a[r]));
+            return;
+        }
+        let nb = a.iter().map(|a| a.q8k.len()).fold(w.len() / BB, usize::min);
+        let ap = std::array::from_fn(|r| a[r].q8k.as_ptr());
+        // SAFETY: AVX-512 F/BW/VL/VNNI present (checked above); `w` and every row hold `nb`
+        // blocks.
+        unsafe { avx512::<4>(w.as_ptr(), ap, nb, out) }
+    }
+
+    /// The eight sub-block scales `ls_j - 32` of the block at `b` as i32 lanes 0..8 (vector
+    /// shifts on the scale bytes, no scalar unpacking).
     ///
     /// # Safety
     /// AVX2; `b` valid for 8 bytes.
     #[inline(always)]
-    unsafe fn scales_i16(b: *const u8) -> __m256i {
+    unsafe fn scales_i32(b: *const u8) -> __m256i {
         let sh = _mm256_set1_epi32(std::ptr::read_unaligned(b.add(2) as *const u16) as i32);
         let sl = _mm256_set1_epi32(std::ptr::read_unaligned(b.add(4) as *const u32) as i32);
         let lo = _mm256_and_si256(
@@ -143,7 +158,16 @@ mod x86 {
                 _mm256_set1_epi32(0x30),
             ),
         );
-        let l = _mm256_sub_epi32(_mm256_or_si256(lo, hi), _mm256_set1_epi32(32));
+        _mm256_sub_epi32(_mm256_or_si256(lo, hi), _mm256_set1_epi32(32))
+    }
+
+    /// `scales_i32` as i16 words 0..8 of both 128-bit lanes.
+    ///
+    /// # Safety
+    /// AVX2; `b` valid for 8 bytes.
+    #[inline(always)]
+    unsafe fn scales_i16(b: *const u8) -> __m256i {
+        let l = scales_i32(b);
         // Words [l0..3 l0..3 | l4..7 l4..7] -> [l0..7 | l0..7].
         let w = _mm256_packs_epi32(l, l);
         _mm256_permute4x64_epi64(w, 0b10_00_10_00)
@@ -226,15 +250,78 @@ mod x86 {
         *out = std::array::from_fn(|r| hsum_ps256(acc[r]));
     }
 
-    /// The AVX2 loop: on Zen 4 its `maddubs` + `madd` by the i16 scale (14.1 GB/s with the
-    /// weights in L2, one core) beat `dpbusd` + a `vpmulld` per 32 (12.4 GB/s), and an
-    /// unsigned-code `dpbusd` with the `128 * sum(a)` correction from `bsums` (10.4 GB/s).
+    /// The AVX-512 loop for `R` activation rows (1: the single-row dot; 4: prefill, each row
+    /// with the single-row bits, as the codes and scales are made once and every row's integer
+    /// and f32 operations are the single row's, in its order).
+    ///
+    /// Per super-block: the 128 code bytes in two 512-bit loads, nibbles looked up as unsigned
+    /// codes `KVALUES + 128` (`vpshufb`) and put in element order two sub-blocks per register
+    /// (`vpermt2q`); per row one VNNI `dpbusd` per 64 elements, each sub-block's 8 lanes times
+    /// its scale (`vpmulld`), less `128 * sum_j (ls_j - 32) * sum(a over sub-block j)` from the
+    /// activations' 16-element sums (`bsums`), then one convert and FMA into 16 f32 lanes.
+    /// (The earlier tries, with the AVX2 loop's 256-bit shapes: `dpbusd` + `vpmulld` per 32
+    /// elements, 12.4 GB/s in L2, and unsigned codes with the `bsums` correction, 10.4, against
+    /// the AVX2 loop's 14.1: docs/PERFORMANCE.md, session 28, has this loop's figures.)
     ///
     /// # Safety
-    /// AVX-512 F/BW/VL/VNNI + AVX2/FMA/F16C; `w` holds `nb` blocks, `a` is valid for `nb`
-    /// activation blocks.
+    /// AVX-512 F/BW/VL/VNNI + AVX2/FMA/F16C; `w` holds `nb` blocks, every `a[r]` is valid for
+    /// `nb` activation blocks.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn avx512(w: &[u8], a: *const BlockQ8K, nb: usize) -> f32 {
-        avx2(w, a, nb)
+    unsafe fn avx512<const R: usize>(
+        w: *const u8,
+        a: [*const BlockQ8K; R],
+        nb: usize,
+        out: &mut [f32; R],
+    ) {
+        let table = _mm512_broadcast_i32x4(_mm_loadu_si128(KVALUES_U.as_ptr() as *const __m128i));
+        let m4 = _mm512_set1_epi8(0x0F);
+        // Qwords of [lo, hi] nibble codes to [lo 0, hi 0, lo 1, hi 1] (sub-blocks 0, 1 of the
+        // load) and [lo 2, hi 2, lo 3, hi 3].
+        let order = [
+            _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11),
+            _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15),
+        ];
+        // Scale lanes: sub-block 2k in lanes 0..8, 2k + 1 in lanes 8..16.
+        let spread: [__m512i; 4] = std::array::from_fn(|k| {
+            let (e, o) = (2 * k as i32, 2 * k as i32 + 1);
+            _mm512_setr_epi32(e, e, e, e, e, e, e, e, o, o, o, o, o, o, o, o)
+        });
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm512_setzero_ps(); R];
+        let pf = prefetch_distance();
+        for i in 0..nb {
+            let b = w.add(i * BB);
+            prefetch(b, pf, BB);
+            let sc = scales_i32(b);
+            let sc512 = _mm512_castsi256_si512(sc);
+            let s: [__m512i; 4] =
+                std::array::from_fn(|k| _mm512_permutexvar_epi32(spread[k], sc512));
+            let mut c = [_mm512_setzero_si512(); 4];
+            for h in 0..2 {
+                let q = _mm512_loadu_si512(b.add(8 + 64 * h) as *const __m512i);
+                let lo = _mm512_shuffle_epi8(table, _mm512_and_si512(q, m4));
+                let hi = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4));
+                c[2 * h] = _mm512_permutex2var_epi64(lo, order[0], hi);
+                c[2 * h + 1] = _mm512_permutex2var_epi64(lo, order[1], hi);
+            }
+            let fd = f16_at(b);
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let ab = &*a[r].add(i);
+                let mut isum = _mm512_setzero_si512();
+                for (k, (c, s)) in c.iter().zip(&s).enumerate() {
+                    let x = _mm512_loadu_si512(ab.qs.as_ptr().add(64 * k) as *const __m512i);
+                    let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), *c, x);
+                    isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(p, *s));
+                }
+                // The codes carried + 128: 128 * sum_j s_j * sum(a over sub-block j).
+                let bs = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
+                let sums = _mm256_madd_epi16(bs, ones);
+                let corr = _mm256_slli_epi32(_mm256_mullo_epi32(sums, sc), 7);
+                isum = _mm512_sub_epi32(isum, _mm512_zextsi256_si512(corr));
+                let d = _mm512_set1_ps(fd * ab.d);
+                *acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum), *acc);
+            }
+        }
+        *out = std::array::from_fn(|r| hsum_ps512(acc[r]));
     }
 }
