@@ -439,8 +439,9 @@ fn sluice_matches_llama_cpp_on_llama_quantize_files() {
     let f16 = f16_model(&dir, 384);
     let tokens = token_list(&f16);
     // (llama-quantize type, types the file must then hold besides F32)
-    let cases: [(&str, &[DType]); 8] = [
+    let cases: [(&str, &[DType]); 9] = [
         ("Q4_K_M", &[DType::Q4_K, DType::Q5_0]),
+        ("Q4_0", &[DType::Q4_0]),
         ("Q4_1", &[DType::Q4_1]),
         ("Q5_0", &[DType::Q5_0]),
         ("Q5_1", &[DType::Q5_1]),
