@@ -146,6 +146,20 @@ mod x86 {
         }
     }
 
+    /// The single-row AVX-512 dot with each lookup: (VBMI `vpermb`, `vpshufb`).
+    #[cfg(test)]
+    pub(super) fn avx512_both(w: &[u8], a: &ActRow<'_>) -> (f32, f32) {
+        assert!(Isa::Avx512.supported() && vbmi());
+        let nb = a.q8k.len().min(w.len() / BB);
+        let (mut v, mut s) = ([0.0f32], [0.0f32]);
+        // SAFETY: AVX-512 F/BW/VL/VNNI and VBMI present (asserted); lengths as in `dot_avx2`.
+        unsafe {
+            avx512_vbmi::<1>(w.as_ptr(), [a.q8k.as_ptr()], nb, &mut v);
+            avx512::<1>(w.as_ptr(), [a.q8k.as_ptr()], nb, &mut s);
+        }
+        (v[0], s[0])
+    }
+
     /// Whether the AVX-512 loop may look the codes up with VBMI's `vpermb` (Ice Lake, Zen 4 and
     /// later). Both forms make the same codes, so the dots have the same bits either way.
     fn vbmi() -> bool {
@@ -396,5 +410,52 @@ mod x86 {
             }
         }
         *out = std::array::from_fn(|r| hsum_ps512(acc[r]));
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::x86::{avx512_both, dot4_avx512};
+    use crate::kernels::{ActFormat, Acts, Isa};
+
+    /// The AVX-512 loop's two lookups (VBMI `vpermb`, `vpshufb`) give the same bits, for one
+    /// row and for four; the kernel tests run whichever this CPU picks.
+    #[test]
+    fn vpermb_and_vpshufb_lookups_give_the_same_bits() {
+        if !Isa::Avx512.supported() || !is_x86_feature_detected!("avx512vbmi") {
+            eprintln!("skipped: no AVX-512 VBMI here");
+            return;
+        }
+        let (nb, cols) = (5usize, 5 * 256);
+        let mut s = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let mut w: Vec<u8> = (0..nb * super::BB).map(|_| next() as u8).collect();
+        for b in w.chunks_exact_mut(super::BB) {
+            // d = 2^-4 .. 2^3 (a finite f16), any scales and codes.
+            b[0] = 0;
+            b[1] = 0x2C + (next() % 7) as u8 * 4;
+        }
+        let x: Vec<f32> = (0..4 * cols)
+            .map(|_| (next() % 2001) as f32 / 1000.0 - 1.0)
+            .collect();
+        let mut acts = Acts::new();
+        acts.load(&x, 4, cols);
+        acts.prepare(ActFormat::Q8K);
+        let rows = [acts.row(0), acts.row(1), acts.row(2), acts.row(3)];
+        for r in &rows {
+            let (vbmi, shufb) = avx512_both(&w, r);
+            assert!(vbmi.is_finite() && vbmi != 0.0, "dot {vbmi}");
+            assert_eq!(vbmi.to_bits(), shufb.to_bits(), "{vbmi} vs {shufb}");
+        }
+        let mut four = [0.0f32; 4];
+        dot4_avx512(&w, &rows, &mut four);
+        for (r, got) in rows.iter().zip(four) {
+            assert_eq!(got.to_bits(), avx512_both(&w, r).1.to_bits());
+        }
     }
 }
