@@ -5,7 +5,9 @@
 //! Value: `(d * (ls_j - 32)) * KVALUES[nibble]` (gguf's f32 order; codebook of `iq4_nl.rs`).
 //!
 //! Dots against `Q8K` activations: per super-block the exact integer
-//! `sum_j (ls_j - 32) * sum(KVALUES[q] * a)`, scaled by d * d_a.
+//! `sum_j (ls_j - 32) * sum(KVALUES[q] * a)`, scaled by d * d_a (the AVX-512 loop keeps it as
+//! 16 exact i32 lanes, converted and scaled lane by lane: another f32 order). Scalar, AVX2 and
+//! AVX-512 (VNNI, with VBMI `vpermb` lookups where present) dots, each with a four-row form.
 
 use super::float::f16_le;
 use super::iq4_nl::KVALUES;
