@@ -1,4 +1,4 @@
-//! IQ2_S kernels: dequantize and dot against `Q8K` activations (scalar, AVX2).
+//! IQ2_S kernels: dequantize and dot against `Q8K` activations (scalar, AVX2, AVX-512).
 //!
 //! Block (82 bytes, 256 elements, ggml `block_iq2_s`): `d` (f16), `qs[32]` (low 8 bits of the
 //! grid row of each 8-element row, `IQ2S_GRID`), `signs[32]` (byte i: the sign bits of row i,
@@ -8,7 +8,8 @@
 //! Value: `((d * (0.5 + s)) * 0.25) * grid * sign` (gguf's numpy order; every step is exact).
 //!
 //! Dot: `d * da / 8 * sum_h (2 s_h + 1) * <±grid, a>_h` over the 16 half-groups, as IQ2_XS.
-//! AVX-512 machines run the AVX2 kernel (the dispatcher falls back to it).
+//! The AVX-512 kernel (VBMI) reads `Q8KRows` activations (`act.rs`); the others read the `Q8K`
+//! copy that preparing `Q8KRows` makes too.
 
 use super::float::f16_at;
 use super::iq_grids::IQ2S_GRID;
@@ -19,15 +20,15 @@ const BLOCK_BYTES: usize = 82;
 
 pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
     dtype: DType::IQ2_S,
-    act: ActFormat::Q8K,
+    act: ActFormat::Q8KRows,
     dequant,
     dot_scalar,
     dot_avx2: simd::AVX2,
-    dot_avx512: None,
+    dot_avx512: simd::AVX512,
 });
 
-/// Four-row dots (prefill), each row with the single-row dot's bits; AVX-512 machines run these
-/// AVX2 ones as they do the single-row dot.
+/// Four-row dots (prefill) on AVX2, each row with the single-row dot's bits. The AVX-512 kernel
+/// has none, so AVX-512 machines run one single-row dot per row.
 pub(super) const DOT4: Dot4Kernels = Dot4Kernels {
     avx2: simd::DOT4,
     avx512: None,
@@ -87,22 +88,122 @@ fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
 #[cfg(not(target_arch = "x86_64"))]
 mod simd {
     pub(super) const AVX2: Option<super::super::DotFn> = None;
+    pub(super) const AVX512: Option<super::super::DotFn> = None;
     pub(super) const DOT4: Option<super::super::Dot4Fn> = None;
 }
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use super::super::iq_grids::IQ2S_GRID;
+    use super::super::iq_x86::avx512::{self, V64};
     use super::super::iq_x86::{common_blocks, hsums, rows8, scale_pair, signs_pm1};
     use super::super::simd::prefetch_distance;
-    use super::super::simd::x86::{f16_at, prefetch};
+    use super::super::simd::x86::{f16_at, ld256, ld512, prefetch};
     use super::super::{ActRow, BlockQ8K, Dot4Fn, DotFn};
     use super::BLOCK_BYTES;
     use crate::kernels::Isa;
     use std::arch::x86_64::*;
 
     pub(super) const AVX2: Option<DotFn> = Some(dot_avx2);
+    pub(super) const AVX512: Option<DotFn> = Some(dot_avx512);
     pub(super) const DOT4: Option<Dot4Fn> = Some(dot4_avx2);
+
+    fn dot_avx512(w: &[u8], a: &ActRow<'_>) -> f32 {
+        if !avx512::has_vbmi() {
+            return dot_avx2(w, a);
+        }
+        // SAFETY: the CPU has AVX-512 F/BW/VBMI/BITALG/VNNI and AVX2/FMA/F16C (checked above).
+        unsafe { dot_avx512_impl(w, a.q8k_rows) }
+    }
+
+    /// The AVX-512 kernel's constant vectors.
+    struct Consts {
+        /// `IQ2S_GRID` as u16 codes (`avx512::codes16`), 1024 rows.
+        codes: [V64; 32],
+        /// Bytes 2r, 2r + 1 <- byte r / 4 (the `qh` byte of row r).
+        ctrl_qh: V64,
+        /// Row k: byte j of every qword <- bit 16k + 2j, element j's code in row 4g+k's u16.
+        ctrl_code: [V64; 4],
+        ctrl_sbit: [V64; 4],
+        levels: V64,
+    }
+
+    const fn ctrl_code(k: usize) -> V64 {
+        let mut f = [0u8; 8];
+        let mut j = 0;
+        while j < 8 {
+            f[j] = (16 * k + 2 * j) as u8;
+            j += 1;
+        }
+        avx512::per_qword(f)
+    }
+
+    const fn ctrl_qh() -> V64 {
+        let mut t = V64([0; 64]);
+        let mut i = 0;
+        while i < 64 {
+            t.0[i] = (i / 8) as u8;
+            i += 1;
+        }
+        t
+    }
+
+    static CONSTS: Consts = Consts {
+        codes: avx512::codes16::<32>(&IQ2S_GRID),
+        ctrl_qh: ctrl_qh(),
+        ctrl_code: [ctrl_code(0), ctrl_code(1), ctrl_code(2), ctrl_code(3)],
+        ctrl_sbit: avx512::sign_bits(),
+        levels: avx512::level_table(&avx512::LEVELS2),
+    };
+
+    /// AVX-512 (VBMI, BITALG, VNNI) on `Q8KRows` activations, no table loads: the block's 32
+    /// grid indices are made as u16 (low bytes zero-extended, bits 8..10 from `qh` by `vpermb`
+    /// and a variable shift), u16 k of qword g = row 4g+k (the activations' layout); the
+    /// 1024-row grid lives in 32 vectors of u16 codes, read with 16 word permutes and 15
+    /// blends (`lookup_w`). Then as IQ2_XS: `multishift` + `vpermb` per activation vector, the
+    /// sign bytes (zero-extended so qword g holds rows 4g..4g+4) made masks by `vpshufbitqmb`,
+    /// `vpdpbusd` for half-groups 2g and 2g+1 apart, each times its 2s+1.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512bitalg,avx512vnni,avx2,fma,f16c")]
+    fn dot_avx512_impl(w: &[u8], a: &[BlockQ8K]) -> f32 {
+        let c = &CONSTS;
+        let codes = avx512::ldcs(&c.codes);
+        let ctrl_qh = avx512::ldc(&c.ctrl_qh);
+        let ctrl_code = avx512::ldcs(&c.ctrl_code);
+        let ctrl_sbit = avx512::ldcs(&c.ctrl_sbit);
+        let levels = avx512::ldc(&c.levels);
+        // Word r: shift 2 (r % 4).
+        let shifts = _mm512_set1_epi64(0x0006_0004_0002_0000);
+        let m3 = _mm512_set1_epi16(3);
+        let pf = prefetch_distance();
+        let mut acc = _mm512_setzero_ps();
+        for (b, q8) in w.chunks_exact(BLOCK_BYTES).zip(a) {
+            prefetch(b.as_ptr(), pf, BLOCK_BYTES);
+            let low = _mm512_cvtepu8_epi16(ld256(&b[2..34]));
+            let qh = u64::from_le_bytes(b[66..74].try_into().expect("8 bytes"));
+            let qh = _mm512_permutexvar_epi8(ctrl_qh, _mm512_set1_epi64(qh as i64));
+            let qh = _mm512_and_si512(_mm512_srlv_epi16(qh, shifts), m3);
+            let idx = _mm512_or_si512(low, _mm512_slli_epi16::<8>(qh));
+            let cv = avx512::lookup_w(&codes, idx);
+            let signs = _mm512_cvtepu32_epi64(ld256(&b[34..66]));
+            let mut isum = [_mm512_setzero_si512(); 2];
+            for k in 0..4 {
+                let mag =
+                    _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(ctrl_code[k], cv), levels);
+                let neg = _mm512_bitshuffle_epi64_mask(signs, ctrl_sbit[k]);
+                let x = avx512::negate(ld512(&q8.qs[64 * k..]), neg);
+                isum[k / 2] = _mm512_dpbusd_epi32(isum[k / 2], mag, x);
+            }
+            let (s0, s1) = avx512::nibble_scales(&b[74..82]);
+            let isum = _mm512_add_epi32(
+                _mm512_mullo_epi32(isum[0], s0),
+                _mm512_mullo_epi32(isum[1], s1),
+            );
+            // SAFETY: `b` holds the block's f16 `d` in its first two bytes; F16C is enabled.
+            let f = q8.d * unsafe { f16_at(b.as_ptr()) } * 0.125;
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(f), _mm512_cvtepi32_ps(isum), acc);
+        }
+        _mm512_reduce_add_ps(acc)
+    }
 
     fn dot_avx2(w: &[u8], a: &ActRow<'_>) -> f32 {
         if !Isa::Avx2.supported() {

@@ -182,10 +182,8 @@ mod simd {
             let signs = _mm512_permutex2var_epi8(ks_lo, sidx, ks_hi);
             let mut isum = [_mm512_setzero_si512(); 2];
             for k in 0..4 {
-                let mag = _mm512_permutexvar_epi8(
-                    _mm512_multishift_epi64_epi8(ctrl_code[k], cv),
-                    levels,
-                );
+                let mag =
+                    _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(ctrl_code[k], cv), levels);
                 let neg = _mm512_bitshuffle_epi64_mask(signs, ctrl_sbit[k]);
                 let x = avx512::negate(ld512(&q8.qs[64 * k..]), neg);
                 isum[k / 2] = _mm512_dpbusd_epi32(isum[k / 2], mag, x);

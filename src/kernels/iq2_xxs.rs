@@ -174,7 +174,10 @@ mod simd {
     #[inline(always)]
     fn grid_rows(b: &[u8], at: usize) -> __m256i {
         let q = u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"));
-        rows8(&IQ2XXS_GRID, std::array::from_fn(|k| (q >> (8 * k)) as u8 as usize))
+        rows8(
+            &IQ2XXS_GRID,
+            std::array::from_fn(|k| (q >> (8 * k)) as u8 as usize),
+        )
     }
 
     /// AVX2 (natural `Q8K` order, which preparing `Q8KRows` provides too). Per block, the
