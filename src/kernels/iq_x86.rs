@@ -171,6 +171,54 @@ pub(super) mod avx512 {
         t
     }
 
+    /// `codes16`'s u16 codes split into byte tables, 64 rows per vector: low bytes (elements
+    /// 0..4) and high bytes (elements 4..8).
+    pub(in crate::kernels) const fn codes16_bytes<const V: usize>(
+        grid: &[u64],
+    ) -> ([V64; V], [V64; V]) {
+        assert!(grid.len() == 64 * V);
+        let mut lo = [const { V64([0; 64]) }; V];
+        let mut hi = [const { V64([0; 64]) }; V];
+        let mut i = 0;
+        while i < grid.len() {
+            let row = grid[i].to_le_bytes();
+            let mut c = 0u16;
+            let mut e = 0;
+            while e < 8 {
+                c |= (code_of(&LEVELS2, row[e]) as u16) << (2 * e);
+                e += 1;
+            }
+            lo[i / 64].0[i % 64] = c as u8;
+            hi[i / 64].0[i % 64] = (c >> 8) as u8;
+            i += 1;
+        }
+        (lo, hi)
+    }
+
+    /// For `vpermt2b` over two 32-word blocks: byte i <- byte `2i + odd` of the first (i < 32)
+    /// or of the second (i >= 32): the low (`odd` 0) or high bytes of both blocks' words.
+    pub(in crate::kernels) const fn ctrl_bytes_of_words(odd: usize) -> V64 {
+        let mut t = V64([0; 64]);
+        let mut i = 0;
+        while i < 64 {
+            t.0[i] = (2 * (i % 32) + odd + 64 * (i / 32)) as u8;
+            i += 1;
+        }
+        t
+    }
+
+    /// For `vpermt2b(lo, ctrl, hi)`: word r <- (`lo` byte 32h + r, `hi` byte 32h + r), block h's
+    /// u16 codes again from the byte lookups of a pair of blocks.
+    pub(in crate::kernels) const fn ctrl_words_of_bytes(h: usize) -> V64 {
+        let mut t = V64([0; 64]);
+        let mut i = 0;
+        while i < 64 {
+            t.0[i] = (32 * h + i / 2 + 64 * (i % 2)) as u8;
+            i += 1;
+        }
+        t
+    }
+
     /// A 4-byte-per-row grid as two byte tables of 3-bit codes (`lo`: elements 0, 1 in bits
     /// 0..3 and 3..6; `hi`: elements 2, 3), `V` vectors of 64 rows each.
     pub(in crate::kernels) const fn codes3x2<const V: usize>(
