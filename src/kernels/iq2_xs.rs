@@ -199,7 +199,14 @@ mod simd {
     /// One block's scaled sum added into `acc`: `qv` its row words, `cv` their u16 codes.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512bitalg,avx512vnni,avx2,fma,f16c")]
-    fn add_block(r: &Regs, acc: __m512, b: &[u8], qv: __m512i, cv: __m512i, q8: &BlockQ8K) -> __m512 {
+    fn add_block(
+        r: &Regs,
+        acc: __m512,
+        b: &[u8],
+        qv: __m512i,
+        cv: __m512i,
+        q8: &BlockQ8K,
+    ) -> __m512 {
         let sidx = _mm512_multishift_epi64_epi8(r.ctrl_sign, qv);
         let signs = _mm512_permutex2var_epi8(r.ks_lo, sidx, r.ks_hi);
         let mut isum = [_mm512_setzero_si512(); 2];

@@ -150,29 +150,8 @@ pub(super) mod avx512 {
     /// The magnitudes of the 8-byte grids (IQ2_XS, IQ2_S), codes 0, 1, 2.
     pub(in crate::kernels) const LEVELS2: [u8; 3] = [0x08, 0x19, 0x2b];
 
-    /// An 8-byte-per-row grid as u16 codes (element c in bits 2c..2c+2), `V` vectors of 32 rows.
-    pub(in crate::kernels) const fn codes16<const V: usize>(grid: &[u64]) -> [V64; V] {
-        assert!(grid.len() == 32 * V);
-        let mut t = [const { V64([0; 64]) }; V];
-        let mut i = 0;
-        while i < grid.len() {
-            let row = grid[i].to_le_bytes();
-            let mut c = 0u16;
-            let mut e = 0;
-            while e < 8 {
-                c |= (code_of(&LEVELS2, row[e]) as u16) << (2 * e);
-                e += 1;
-            }
-            let at = 2 * (i % 32);
-            t[i / 32].0[at] = c as u8;
-            t[i / 32].0[at + 1] = (c >> 8) as u8;
-            i += 1;
-        }
-        t
-    }
-
-    /// `codes16`'s u16 codes split into byte tables, 64 rows per vector: low bytes (elements
-    /// 0..4) and high bytes (elements 4..8).
+    /// An 8-byte-per-row grid as u16 codes (element c in bits 2c..2c+2) split into byte tables,
+    /// 64 rows per vector: low bytes (elements 0..4) and high bytes (elements 4..8).
     pub(in crate::kernels) const fn codes16_bytes<const V: usize>(
         grid: &[u64],
     ) -> ([V64; V], [V64; V]) {
@@ -294,27 +273,6 @@ pub(super) mod avx512 {
         t
     }
 
-    /// Word i <- `t[idx_i & (32 V - 1)]` for a table of `32 V` words in `V` vectors (`V` a power
-    /// of two, 2..=32): `V/2` two-table word permutes (6 index bits), then blends on bits 6, 7...
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw")]
-    pub(in crate::kernels) fn lookup_w<const V: usize>(t: &[__m512i; V], idx: __m512i) -> __m512i {
-        let mut r = [_mm512_setzero_si512(); 16];
-        for p in 0..V / 2 {
-            r[p] = _mm512_permutex2var_epi16(t[2 * p], idx, t[2 * p + 1]);
-        }
-        let (mut n, mut bit) = (V / 2, 64i16);
-        while n > 1 {
-            let m = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(bit));
-            for p in 0..n / 2 {
-                r[p] = _mm512_mask_blend_epi16(m, r[2 * p], r[2 * p + 1]);
-            }
-            n /= 2;
-            bit *= 2;
-        }
-        r[0]
-    }
-
     /// Byte i <- `t[idx_i]` for a table of `64 V` bytes in `V` vectors (`V` 2, 4 or 8): index
     /// bits 0..7 from `idx`, bit 8 from `bit8` (bit i: row i's).
     #[inline]
@@ -338,6 +296,26 @@ pub(super) mod avx512 {
         }
         let hi = _mm512_mask_blend_epi8(m7, r[2], r[3]);
         _mm512_mask_blend_epi8(bit8, lo, hi)
+    }
+
+    /// Byte i <- `t[idx_i]` for a 1024-byte table in 16 vectors: index bits 0..7 from `idx`,
+    /// bits 8 and 9 from the masks (bit i: row i's): eight `vpermi2b` and seven blends.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+    pub(in crate::kernels) fn lookup_b1024(
+        t: &[__m512i; 16],
+        idx: __m512i,
+        bit8: __mmask64,
+        bit9: __mmask64,
+    ) -> __m512i {
+        let r: [__m512i; 8] =
+            std::array::from_fn(|p| _mm512_permutex2var_epi8(t[2 * p], idx, t[2 * p + 1]));
+        let m7 = _mm512_movepi8_mask(idx);
+        let s: [__m512i; 4] =
+            std::array::from_fn(|p| _mm512_mask_blend_epi8(m7, r[2 * p], r[2 * p + 1]));
+        let lo = _mm512_mask_blend_epi8(bit8, s[0], s[1]);
+        let hi = _mm512_mask_blend_epi8(bit8, s[2], s[3]);
+        _mm512_mask_blend_epi8(bit9, lo, hi)
     }
 
     /// `d da s (2ls + 1)` scaled integer sums of one block, added into `acc`: `isum` holds the
