@@ -262,9 +262,9 @@ mod simd {
             prefetch(b.as_ptr(), pf, BLOCK_BYTES);
             let (s, sc) = signs_and_scales(b);
             let mut isum = [_mm256_setzero_si256(); 4];
-            for g in 0..8 {
+            for (g, &pos) in POS.iter().enumerate() {
                 let at = 2 + 8 * g;
-                let sel = _mm256_set1_epi32(POS[g]);
+                let sel = _mm256_set1_epi32(pos);
                 let sg = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(s, sel), spread);
                 let neg = _mm256_cmpeq_epi8(_mm256_and_si256(sg, bitsel), bitsel);
                 let grid = grid_rows(b, at);
