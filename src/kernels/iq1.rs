@@ -176,7 +176,7 @@ mod simd {
     use super::super::iq_grids::IQ1S_GRID;
     use super::super::iq_x86::{common_blocks, hsums, mul_signed, rows8, scale_pair};
     use super::super::simd::prefetch_distance;
-    use super::super::simd::x86::{f16_at, hsum256, prefetch};
+    use super::super::simd::x86::{f16_at, hsum256, ld128, ld256, prefetch};
     use super::super::{ActRow, BlockQ8K, Dot4Fn, DotFn};
     use super::{m_d, m_scale, m_words, s_qh, M_BYTES, S_BYTES};
     use crate::kernels::Isa;
@@ -225,9 +225,70 @@ mod simd {
         *out = unsafe { dot_avx2_m_impl::<4>(w, [a[0].q8k, a[1].q8k, a[2].q8k, a[3].q8k]) };
     }
 
-    /// IQ1_S, per 32-element group: four grid rows (-1/0/+1) from the table; `sign` applies
-    /// them to the activations, `maddubs` by 8 sums pairs; the delta's part is `±sum a`, from
-    /// the activations' 16-element sums; `madd` with 2s+1. For `N` activation rows at once.
+    /// IQ1_S's 32 grid indices of block `b` (row r in word r): the low bytes zero-extended, bits
+    /// 8..11 cut from the group's `qh` word with shifts chosen per word by `vpblendw`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn s_indices(b: &[u8]) -> [u16; 32] {
+        let q = _mm256_broadcastsi128_si256(ld128(&b[34..50]));
+        let m = _mm256_set1_epi16(0x700);
+        let mut out = [0u16; 32];
+        for h in 0..2 {
+            // Word r <- qh word 4h + r / 4 (bytes 2(4h + r/4), +1), in both lanes.
+            let w = |r: usize| (2 * (4 * h + r / 4)) as i8;
+            let ctrl = _mm256_setr_epi8(
+                w(0),
+                w(0) + 1,
+                w(1),
+                w(1) + 1,
+                w(2),
+                w(2) + 1,
+                w(3),
+                w(3) + 1,
+                w(4),
+                w(4) + 1,
+                w(5),
+                w(5) + 1,
+                w(6),
+                w(6) + 1,
+                w(7),
+                w(7) + 1,
+                w(8),
+                w(8) + 1,
+                w(9),
+                w(9) + 1,
+                w(10),
+                w(10) + 1,
+                w(11),
+                w(11) + 1,
+                w(12),
+                w(12) + 1,
+                w(13),
+                w(13) + 1,
+                w(14),
+                w(14) + 1,
+                w(15),
+                w(15) + 1,
+            );
+            let qw = _mm256_shuffle_epi8(q, ctrl);
+            // Row 4g + k takes bits 3k..3k+3: shifted to bits 8..11.
+            let t = _mm256_slli_epi16::<8>(qw);
+            let t = _mm256_blend_epi16::<0b0010_0010>(t, _mm256_slli_epi16::<5>(qw));
+            let t = _mm256_blend_epi16::<0b0100_0100>(t, _mm256_slli_epi16::<2>(qw));
+            let t = _mm256_blend_epi16::<0b1000_1000>(t, _mm256_srli_epi16::<1>(qw));
+            let lo = _mm256_cvtepu8_epi16(ld128(&b[2 + 16 * h..18 + 16 * h]));
+            let idx = _mm256_or_si256(lo, _mm256_and_si256(t, m));
+            // SAFETY: `out[16h..16h + 16]` is 32 writable bytes.
+            unsafe { _mm256_storeu_si256(out[16 * h..].as_mut_ptr() as *mut __m256i, idx) };
+        }
+        out
+    }
+
+    /// IQ1_S, per 32-element group: four grid rows (-1/0/+1) from the table at indices made
+    /// with vector operations (`s_indices`); `sign` applies them to the activations, `maddubs`
+    /// by 8 sums pairs, `madd` with 2s+1. The deltas' part, `sum_g ±(2s_g+1) sum a_g`, is one
+    /// `madd` of the activations' 16-element sums with the signed scales per block. For `N`
+    /// activation rows at once.
     #[target_feature(enable = "avx2,fma,f16c")]
     fn dot_avx2_s_impl<const N: usize>(w: &[u8], a: [&[BlockQ8K]; N]) -> [f32; N] {
         let mut acc = [_mm256_setzero_ps(); N];
@@ -236,33 +297,31 @@ mod simd {
         let nb = common_blocks(w, S_BYTES, &a);
         for (i, b) in w.chunks_exact(S_BYTES).take(nb).enumerate() {
             prefetch(b.as_ptr(), pf, S_BYTES);
-            let mut isum = [_mm256_setzero_si256(); N];
-            let mut dsum = [0i32; N];
+            let idx = s_indices(b);
+            // ±(2s + 1) per group, each twice (one per 16-element sum).
+            let qh = ld128(&b[34..50]);
+            let sc = _mm_and_si128(_mm_srli_epi16::<12>(qh), _mm_set1_epi16(7));
+            let sc = _mm_or_si128(_mm_add_epi16(sc, sc), _mm_set1_epi16(1));
+            let neg = _mm_srai_epi16::<15>(qh);
+            let sd = _mm_sub_epi16(_mm_xor_si128(sc, neg), neg);
+            let sd = _mm256_set_m128i(_mm_unpackhi_epi16(sd, sd), _mm_unpacklo_epi16(sd, sd));
+            let mut isum: [__m256i; N] =
+                std::array::from_fn(|r| _mm256_madd_epi16(ld256(&a[r][i].bsums), sd));
             for g in 0..8 {
-                let qh = s_qh(b, g) as usize;
-                let rows =
-                    std::array::from_fn(|k| b[2 + 4 * g + k] as usize | ((qh >> (3 * k)) & 7) << 8);
-                let grid = rows8(&IQ1S_GRID, rows);
-                let s = (2 * ((qh >> 12) & 7) + 1) as i32;
+                let grid = rows8(&IQ1S_GRID, std::array::from_fn(|k| idx[4 * g + k] as usize));
+                let s = 2 * ((s_qh(b, g) >> 12) & 7) + 1;
                 let sv = _mm256_set1_epi16(s as i16);
                 for r in 0..N {
-                    let q8 = &a[r][i];
-                    let x = &q8.qs[32 * g..32 * g + 32];
-                    // SAFETY: `x` is 32 bytes.
-                    let x = unsafe { _mm256_loadu_si256(x.as_ptr() as *const __m256i) };
+                    let x = ld256(&a[r][i].qs[32 * g..32 * g + 32]);
                     let p = _mm256_maddubs_epi16(eight, _mm256_sign_epi8(x, grid));
                     isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, sv));
-                    let xs = q8.bsums[2 * g] as i32 + q8.bsums[2 * g + 1] as i32;
-                    dsum[r] += if qh & 0x8000 == 0 { s * xs } else { -s * xs };
                 }
             }
             // SAFETY: `b` holds the block's f16 `d` in its first two bytes; F16C is enabled.
             let fd = unsafe { f16_at(b.as_ptr()) };
             for r in 0..N {
                 let f = a[r][i].d * fd * 0.125;
-                let isum =
-                    _mm256_add_epi32(isum[r], _mm256_setr_epi32(dsum[r], 0, 0, 0, 0, 0, 0, 0));
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(isum), acc[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(isum[r]), acc[r]);
             }
         }
         hsums(&acc)

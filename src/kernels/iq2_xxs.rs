@@ -98,7 +98,7 @@ mod simd {
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::super::iq_x86::hsums;
+    use super::super::iq_x86::{hsums, rows8};
     use super::super::simd::prefetch_distance;
     use super::super::simd::x86::{f16_at, hsum256, ld256, ld512, prefetch};
     use super::super::tables::{IQ2XXS_GRID, KSIGNS_IQ2XS};
@@ -167,6 +167,19 @@ mod simd {
         (s, sc)
     }
 
+    /// The four grid rows of the group whose index bytes start at `b[at]` (row k in qword k).
+    /// The indices come from one scalar 32-bit load and shifts: built from byte loads, LLVM
+    /// reused the block's vector loads and extracted each index with `vpextrb` (two uops on
+    /// the vector-to-integer path), which bounded the loop.
+    #[inline(always)]
+    fn grid_rows(b: &[u8], at: usize) -> __m256i {
+        let q = u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"));
+        rows8(
+            &IQ2XXS_GRID,
+            std::array::from_fn(|k| (q >> (8 * k)) as u8 as usize),
+        )
+    }
+
     /// AVX2 (natural `Q8K` order, which preparing `Q8KRows` provides too). Per block, the
     /// eight aux1 words are read as one vector (`shufps` of the block's two halves) and turned
     /// into the groups' 32 sign bits (the 7-bit indices spread to bytes, the eighth bit their
@@ -204,12 +217,7 @@ mod simd {
                 let neg = _mm256_cmpeq_epi8(_mm256_and_si256(sg, bitsel), bitsel);
                 let x = ld256(x);
                 let x = _mm256_sub_epi8(_mm256_xor_si256(x, neg), neg);
-                let grid = _mm256_set_epi64x(
-                    IQ2XXS_GRID[b[at + 3] as usize] as i64,
-                    IQ2XXS_GRID[b[at + 2] as usize] as i64,
-                    IQ2XXS_GRID[b[at + 1] as usize] as i64,
-                    IQ2XXS_GRID[b[at] as usize] as i64,
-                );
+                let grid = grid_rows(b, at);
                 let p = _mm256_maddubs_epi16(grid, x);
                 let scg = _mm256_permutevar8x32_epi32(sc, sel);
                 isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, scg));
@@ -254,17 +262,12 @@ mod simd {
             prefetch(b.as_ptr(), pf, BLOCK_BYTES);
             let (s, sc) = signs_and_scales(b);
             let mut isum = [_mm256_setzero_si256(); 4];
-            for g in 0..8 {
+            for (g, &pos) in POS.iter().enumerate() {
                 let at = 2 + 8 * g;
-                let sel = _mm256_set1_epi32(POS[g]);
+                let sel = _mm256_set1_epi32(pos);
                 let sg = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(s, sel), spread);
                 let neg = _mm256_cmpeq_epi8(_mm256_and_si256(sg, bitsel), bitsel);
-                let grid = _mm256_set_epi64x(
-                    IQ2XXS_GRID[b[at + 3] as usize] as i64,
-                    IQ2XXS_GRID[b[at + 2] as usize] as i64,
-                    IQ2XXS_GRID[b[at + 1] as usize] as i64,
-                    IQ2XXS_GRID[b[at] as usize] as i64,
-                );
+                let grid = grid_rows(b, at);
                 let scg = _mm256_permutevar8x32_epi32(sc, sel);
                 for r in 0..4 {
                     let x = ld256(&a[r][i].qs[32 * g..32 * g + 32]);

@@ -1,4 +1,4 @@
-//! IQ3_S kernels: dequantize and dot against `Q8K` activations (scalar, AVX2).
+//! IQ3_S kernels: dequantize and dot against `Q8K` activations (scalar, AVX2, AVX-512).
 //!
 //! Block (110 bytes, 256 elements, ggml `block_iq3_s`): `d` (f16), `qs[64]` (low 8 bits of the
 //! grid row of each 4 elements, `IQ3S_GRID`), `qh[8]` (bit i % 8 of byte i / 8: bit 8 of row
@@ -7,7 +7,8 @@
 //! Value: `(d * (1 + 2s)) * grid * sign` (gguf's numpy order; every step is exact).
 //!
 //! Dot: a block contributes `d * da * sum_g (2 s_g + 1) * <±grid, a>_g`, an exact integer sum.
-//! AVX-512 machines run the AVX2 kernel (the dispatcher falls back to it).
+//! The AVX-512 kernel (VBMI) reads `Q8KRows` activations (`act.rs`); the others read the `Q8K`
+//! copy that preparing `Q8KRows` makes too.
 
 use super::float::f16_at;
 use super::iq_grids::IQ3S_GRID;
@@ -18,15 +19,15 @@ const BLOCK_BYTES: usize = 110;
 
 pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
     dtype: DType::IQ3_S,
-    act: ActFormat::Q8K,
+    act: ActFormat::Q8KRows,
     dequant,
     dot_scalar,
     dot_avx2: simd::AVX2,
-    dot_avx512: None,
+    dot_avx512: simd::AVX512,
 });
 
-/// Four-row dots (prefill), each row with the single-row dot's bits; AVX-512 machines run these
-/// AVX2 ones as they do the single-row dot.
+/// Four-row dots (prefill) on AVX2, each row with the single-row dot's bits. The AVX-512 kernel
+/// has none, so AVX-512 machines run one single-row dot per row.
 pub(super) const DOT4: Dot4Kernels = Dot4Kernels {
     avx2: simd::DOT4,
     avx512: None,
@@ -86,22 +87,147 @@ fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
 #[cfg(not(target_arch = "x86_64"))]
 mod simd {
     pub(super) const AVX2: Option<super::super::DotFn> = None;
+    pub(super) const AVX512: Option<super::super::DotFn> = None;
     pub(super) const DOT4: Option<super::super::Dot4Fn> = None;
 }
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use super::super::iq_grids::IQ3S_GRID;
+    use super::super::iq_x86::avx512::{self, V64};
     use super::super::iq_x86::{common_blocks, hsums, rows4, signs_pm1};
     use super::super::simd::prefetch_distance;
-    use super::super::simd::x86::{f16_at, prefetch};
+    use super::super::simd::x86::{f16_at, ld256, ld512, prefetch};
     use super::super::{ActRow, BlockQ8K, Dot4Fn, DotFn};
     use super::{scale, BLOCK_BYTES};
     use crate::kernels::Isa;
     use std::arch::x86_64::*;
 
     pub(super) const AVX2: Option<DotFn> = Some(dot_avx2);
+    pub(super) const AVX512: Option<DotFn> = Some(dot_avx512);
     pub(super) const DOT4: Option<Dot4Fn> = Some(dot4_avx2);
+
+    fn dot_avx512(w: &[u8], a: &ActRow<'_>) -> f32 {
+        if !avx512::has_vbmi() {
+            return dot_avx2(w, a);
+        }
+        // SAFETY: the CPU has AVX-512 F/BW/VBMI/BITALG/VNNI and AVX2/FMA/F16C (checked above).
+        unsafe { dot_avx512_impl(w, a.q8k_rows) }
+    }
+
+    /// Half k (0, 1) of a `C` vector: byte j of every qword <- the bit offset of element j % 4 of
+    /// local row 2k + j / 4, whose codes sit in bytes 2r (elements 0, 1) and 2r + 1 (2, 3).
+    const fn ctrl_code(k: usize) -> V64 {
+        let mut f = [0u8; 8];
+        let mut j = 0;
+        while j < 8 {
+            let (r, e) = (2 * k + j / 4, j % 4);
+            f[j] = (16 * r + 8 * (e / 2) + 3 * (e % 2)) as u8;
+            j += 1;
+        }
+        avx512::per_qword(f)
+    }
+
+    /// Vector h (0, 1): byte 8g + 2m <- `lo` byte 8g + 4h + m, byte 8g + 2m + 1 <- `hi` byte
+    /// 8g + 4h + m (m < 4): the codes of rows 8g + 4h .. 8g + 4h + 4, a row's two bytes together.
+    const fn ctrl_pack(h: usize) -> V64 {
+        let mut t = V64([0; 64]);
+        let mut i = 0;
+        while i < 64 {
+            let (g, m) = (i / 8, (i % 8) / 2);
+            t.0[i] = (8 * g + 4 * h + m + 64 * (i % 2)) as u8;
+            i += 1;
+        }
+        t
+    }
+
+    /// The integer sums of one block: `lo`/`hi` hold the 3-bit codes of its 64 grid rows (row i
+    /// in byte i), `signs` its sign bytes (byte 8g + k: the 8 elements of row k of group g).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512bitalg,avx512vnni")]
+    fn block_isum(r: &Regs, lo: __m512i, hi: __m512i, signs: __m512i, x: &[i8; 256]) -> __m512i {
+        let cv = [
+            _mm512_permutex2var_epi8(lo, r.pack[0], hi),
+            _mm512_permutex2var_epi8(lo, r.pack[1], hi),
+        ];
+        let mut isum = _mm512_setzero_si512();
+        for k in 0..4 {
+            let c = _mm512_multishift_epi64_epi8(r.code[k % 2], cv[k / 2]);
+            let mag = _mm512_permutexvar_epi8(c, r.levels);
+            let neg = _mm512_bitshuffle_epi64_mask(signs, r.sbit[k]);
+            let x = avx512::negate(ld512(&x[64 * k..]), neg);
+            isum = _mm512_dpbusd_epi32(isum, mag, x);
+        }
+        isum
+    }
+
+    /// The constant vectors, in registers.
+    struct Regs {
+        pack: [__m512i; 2],
+        code: [__m512i; 2],
+        sbit: [__m512i; 4],
+        levels: __m512i,
+    }
+
+    /// The magnitudes of `IQ3S_GRID`, codes 0..8.
+    const LEVELS: [u8; 8] = [1, 3, 5, 7, 9, 11, 13, 15];
+
+    /// The AVX-512 kernel's constant vectors.
+    struct Consts {
+        /// `IQ3S_GRID` as 3-bit codes, elements 0, 1 (`lo`) and 2, 3 (`hi`), 512 rows.
+        codes: ([V64; 8], [V64; 8]),
+        pack: [V64; 2],
+        code: [V64; 2],
+        sbit: [V64; 4],
+        levels: V64,
+    }
+
+    static CONSTS: Consts = Consts {
+        codes: avx512::codes3x2::<8>(&IQ3S_GRID, &LEVELS),
+        pack: [ctrl_pack(0), ctrl_pack(1)],
+        code: [ctrl_code(0), ctrl_code(1)],
+        sbit: avx512::sign_bits(),
+        levels: avx512::level_table(&LEVELS),
+    };
+
+    /// AVX-512 (VBMI, BITALG, VNNI) on `Q8KRows` activations, no table loads: the block's 64
+    /// grid indices (low bytes one vector, bit 8 the `qh` bytes read as a 64-bit mask) are
+    /// looked up as 3-bit codes in two 512-byte tables held in 16 registers (`vpermi2b` x4 and
+    /// three blends each), then as IQ3_XXS (`block_isum`). The sign bytes, zero-extended so that
+    /// qword g holds group g's four, give each activation row's negate mask by `vpshufbitqmb`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512bitalg,avx512vnni,avx2,fma,f16c")]
+    fn dot_avx512_impl(w: &[u8], a: &[BlockQ8K]) -> f32 {
+        let c = &CONSTS;
+        let (lo_t, hi_t) = (avx512::ldcs(&c.codes.0), avx512::ldcs(&c.codes.1));
+        let r = Regs {
+            pack: avx512::ldcs(&c.pack),
+            code: avx512::ldcs(&c.code),
+            sbit: avx512::ldcs(&c.sbit),
+            levels: avx512::ldc(&c.levels),
+        };
+        let shifts = _mm512_set_epi64(28, 24, 20, 16, 12, 8, 4, 0);
+        let (m15, one) = (_mm512_set1_epi64(15), _mm512_set1_epi64(1));
+        let pf = prefetch_distance();
+        let mut acc = _mm512_setzero_ps();
+        for (b, q8) in w.chunks_exact(BLOCK_BYTES).zip(a) {
+            prefetch(b.as_ptr(), pf, BLOCK_BYTES);
+            let qs = ld512(&b[2..66]);
+            let bit8 = u64::from_le_bytes(b[66..74].try_into().expect("8 bytes"));
+            let lo = avx512::lookup_b(&lo_t, qs, bit8);
+            let hi = avx512::lookup_b(&hi_t, qs, bit8);
+            let signs = _mm512_cvtepu32_epi64(ld256(&b[74..106]));
+            let isum = block_isum(&r, lo, hi, signs, &q8.qs);
+            // 2s + 1 in both dwords of qword g (nibble g of the scale word).
+            let sw = u32::from_le_bytes(b[106..110].try_into().expect("4 bytes"));
+            let sc = _mm512_and_si512(_mm512_srlv_epi64(_mm512_set1_epi64(sw as i64), shifts), m15);
+            let sc = _mm512_or_si512(_mm512_add_epi64(sc, sc), one);
+            let sc = _mm512_or_si512(sc, _mm512_slli_epi64::<32>(sc));
+            // SAFETY: `b` holds the block's f16 `d` in its first two bytes; F16C is enabled.
+            let f = q8.d * unsafe { f16_at(b.as_ptr()) };
+            acc = avx512::add_block(acc, isum, sc, f);
+        }
+        _mm512_reduce_add_ps(acc)
+    }
 
     fn dot_avx2(w: &[u8], a: &ActRow<'_>) -> f32 {
         if !Isa::Avx2.supported() {

@@ -1,4 +1,4 @@
-//! IQ3_XXS kernels: dequantize and dot against `Q8K` activations (scalar, AVX2).
+//! IQ3_XXS kernels: dequantize and dot against `Q8K` activations (scalar, AVX2, AVX-512).
 //!
 //! Block (98 bytes, 256 elements, ggml `block_iq3_xxs`): `d` (f16), `qs[64]` (the grid row of
 //! each 4 elements, `IQ3XXS_GRID`), then 8 little-endian u32, one per 32-element group g:
@@ -8,7 +8,8 @@
 //!
 //! Dot: `(0.5 + ls) * 0.5 = (2 ls + 1) / 4`, so a block contributes
 //! `d * da / 4 * sum_g (2 ls_g + 1) * <±grid, a>_g`, an exact integer sum.
-//! AVX-512 machines run the AVX2 kernel (the dispatcher falls back to it).
+//! The AVX-512 kernel (VBMI) reads `Q8KRows` activations (`act.rs`); the others read the `Q8K`
+//! copy that preparing `Q8KRows` makes too.
 
 use super::float::f16_at;
 use super::iq_grids::IQ3XXS_GRID;
@@ -20,15 +21,15 @@ const BLOCK_BYTES: usize = 98;
 
 pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
     dtype: DType::IQ3_XXS,
-    act: ActFormat::Q8K,
+    act: ActFormat::Q8KRows,
     dequant,
     dot_scalar,
     dot_avx2: simd::AVX2,
-    dot_avx512: None,
+    dot_avx512: simd::AVX512,
 });
 
-/// Four-row dots (prefill), each row with the single-row dot's bits; AVX-512 machines run these
-/// AVX2 ones as they do the single-row dot.
+/// Four-row dots (prefill) on AVX2, each row with the single-row dot's bits. The AVX-512 kernel
+/// has none, so AVX-512 machines run one single-row dot per row.
 pub(super) const DOT4: Dot4Kernels = Dot4Kernels {
     avx2: simd::DOT4,
     avx512: None,
@@ -87,23 +88,155 @@ fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
 #[cfg(not(target_arch = "x86_64"))]
 mod simd {
     pub(super) const AVX2: Option<super::super::DotFn> = None;
+    pub(super) const AVX512: Option<super::super::DotFn> = None;
     pub(super) const DOT4: Option<super::super::Dot4Fn> = None;
 }
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use super::super::iq_grids::IQ3XXS_GRID;
+    use super::super::iq_x86::avx512::{self, V64};
     use super::super::iq_x86::{common_blocks, hsums, rows4, rows8};
     use super::super::simd::prefetch_distance;
-    use super::super::simd::x86::{f16_at, prefetch};
-    use super::super::tables::KSIGNS_IQ2XS_PM1;
+    use super::super::simd::x86::{f16_at, ld256, ld512, prefetch};
+    use super::super::tables::{KSIGNS_IQ2XS, KSIGNS_IQ2XS_PM1};
     use super::super::{ActRow, BlockQ8K, Dot4Fn, DotFn};
     use super::{group_word, BLOCK_BYTES};
     use crate::kernels::Isa;
     use std::arch::x86_64::*;
 
     pub(super) const AVX2: Option<DotFn> = Some(dot_avx2);
+    pub(super) const AVX512: Option<DotFn> = Some(dot_avx512);
     pub(super) const DOT4: Option<Dot4Fn> = Some(dot4_avx2);
+
+    fn dot_avx512(w: &[u8], a: &ActRow<'_>) -> f32 {
+        if !avx512::has_vbmi() {
+            return dot_avx2(w, a);
+        }
+        // SAFETY: the CPU has AVX-512 F/BW/VBMI/BITALG/VNNI and AVX2/FMA/F16C (checked above).
+        unsafe { dot_avx512_impl(w, a.q8k_rows) }
+    }
+
+    /// Half k (0, 1) of a `C` vector: byte j of every qword <- the bit offset of element j % 4 of
+    /// local row 2k + j / 4, whose codes sit in bytes 2r (elements 0, 1) and 2r + 1 (2, 3).
+    const fn ctrl_code(k: usize) -> V64 {
+        let mut f = [0u8; 8];
+        let mut j = 0;
+        while j < 8 {
+            let (r, e) = (2 * k + j / 4, j % 4);
+            f[j] = (16 * r + 8 * (e / 2) + 3 * (e % 2)) as u8;
+            j += 1;
+        }
+        avx512::per_qword(f)
+    }
+
+    /// Vector h (0, 1): byte 8g + 2m <- `lo` byte 8g + 4h + m, byte 8g + 2m + 1 <- `hi` byte
+    /// 8g + 4h + m (m < 4): the codes of rows 8g + 4h .. 8g + 4h + 4, a row's two bytes together.
+    const fn ctrl_pack(h: usize) -> V64 {
+        let mut t = V64([0; 64]);
+        let mut i = 0;
+        while i < 64 {
+            let (g, m) = (i / 8, (i % 8) / 2);
+            t.0[i] = (8 * g + 4 * h + m + 64 * (i % 2)) as u8;
+            i += 1;
+        }
+        t
+    }
+
+    /// The integer sums of one block: `lo`/`hi` hold the 3-bit codes of its 64 grid rows (row i
+    /// in byte i), `signs` its sign bytes (byte 8g + k: the 8 elements of row k of group g).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512bitalg,avx512vnni")]
+    fn block_isum(r: &Regs, lo: __m512i, hi: __m512i, signs: __m512i, x: &[i8; 256]) -> __m512i {
+        let cv = [
+            _mm512_permutex2var_epi8(lo, r.pack[0], hi),
+            _mm512_permutex2var_epi8(lo, r.pack[1], hi),
+        ];
+        let mut isum = _mm512_setzero_si512();
+        for k in 0..4 {
+            let c = _mm512_multishift_epi64_epi8(r.code[k % 2], cv[k / 2]);
+            let mag = _mm512_permutexvar_epi8(c, r.levels);
+            let neg = _mm512_bitshuffle_epi64_mask(signs, r.sbit[k]);
+            let x = avx512::negate(ld512(&x[64 * k..]), neg);
+            isum = _mm512_dpbusd_epi32(isum, mag, x);
+        }
+        isum
+    }
+
+    /// The constant vectors, in registers.
+    struct Regs {
+        pack: [__m512i; 2],
+        code: [__m512i; 2],
+        sbit: [__m512i; 4],
+        levels: __m512i,
+    }
+
+    /// The magnitudes of `IQ3XXS_GRID`, codes 0..8.
+    const LEVELS: [u8; 8] = [4, 12, 20, 28, 36, 44, 52, 62];
+
+    /// The AVX-512 kernel's constant vectors.
+    struct Consts {
+        /// `IQ3XXS_GRID` as 3-bit codes, elements 0, 1 (`lo`) and 2, 3 (`hi`), 256 rows.
+        codes: ([V64; 4], [V64; 4]),
+        ksigns: [V64; 2],
+        /// Byte 8g + k <- bit 7k of qword g (k < 4): sign index k of group g.
+        ctrl_sign: V64,
+        pack: [V64; 2],
+        code: [V64; 2],
+        sbit: [V64; 4],
+        levels: V64,
+    }
+
+    static CONSTS: Consts = Consts {
+        codes: avx512::codes3x2::<4>(&IQ3XXS_GRID, &LEVELS),
+        ksigns: avx512::bytes_table::<2>(&KSIGNS_IQ2XS),
+        ctrl_sign: avx512::per_qword([0, 7, 14, 21, 0, 7, 14, 21]),
+        pack: [ctrl_pack(0), ctrl_pack(1)],
+        code: [ctrl_code(0), ctrl_code(1)],
+        sbit: avx512::sign_bits(),
+        levels: avx512::level_table(&LEVELS),
+    };
+
+    /// AVX-512 (VBMI, BITALG, VNNI) on `Q8KRows` activations, no table loads: the block's 64
+    /// grid indices are one vector, looked up as 3-bit codes in two 256-byte tables held in 8
+    /// registers (`vpermi2b` x2 and a blend each); `vpermi2b` packs the codes of the rows that
+    /// activation vector k needs (rows 8g + 2k, 8g + 2k + 1 in qword g), `multishift` and
+    /// `vpermb` make the magnitudes. The sign words (zero-extended so group g is qword g) give
+    /// the sign indices by `multishift`, `KSIGNS_IQ2XS` by `vpermi2b`, masks by `vpshufbitqmb`;
+    /// `vpdpbusd` sums, one multiply by 2ls+1 per block.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512bitalg,avx512vnni,avx2,fma,f16c")]
+    fn dot_avx512_impl(w: &[u8], a: &[BlockQ8K]) -> f32 {
+        let c = &CONSTS;
+        let (lo_t, hi_t) = (avx512::ldcs(&c.codes.0), avx512::ldcs(&c.codes.1));
+        let (ks_lo, ks_hi) = (avx512::ldc(&c.ksigns[0]), avx512::ldc(&c.ksigns[1]));
+        let ctrl_sign = avx512::ldc(&c.ctrl_sign);
+        let r = Regs {
+            pack: avx512::ldcs(&c.pack),
+            code: avx512::ldcs(&c.code),
+            sbit: avx512::ldcs(&c.sbit),
+            levels: avx512::ldc(&c.levels),
+        };
+        let one = _mm512_set1_epi64(1);
+        let pf = prefetch_distance();
+        let mut acc = _mm512_setzero_ps();
+        for (b, q8) in w.chunks_exact(BLOCK_BYTES).zip(a) {
+            prefetch(b.as_ptr(), pf, BLOCK_BYTES);
+            let qs = ld512(&b[2..66]);
+            let lo = avx512::lookup_b(&lo_t, qs, 0);
+            let hi = avx512::lookup_b(&hi_t, qs, 0);
+            let aux = _mm512_cvtepu32_epi64(ld256(&b[66..98]));
+            let sidx = _mm512_multishift_epi64_epi8(ctrl_sign, aux);
+            let signs = _mm512_permutex2var_epi8(ks_lo, sidx, ks_hi);
+            let isum = block_isum(&r, lo, hi, signs, &q8.qs);
+            // 2ls + 1 in both dwords of qword g.
+            let sc = _mm512_or_si512(_mm512_srli_epi64::<27>(aux), one);
+            let sc = _mm512_or_si512(sc, _mm512_slli_epi64::<32>(sc));
+            // SAFETY: `b` holds the block's f16 `d` in its first two bytes; F16C is enabled.
+            let f = q8.d * unsafe { f16_at(b.as_ptr()) } * 0.25;
+            acc = avx512::add_block(acc, isum, sc, f);
+        }
+        _mm512_reduce_add_ps(acc)
+    }
 
     fn dot_avx2(w: &[u8], a: &ActRow<'_>) -> f32 {
         if !Isa::Avx2.supported() {
