@@ -259,8 +259,11 @@ fn matmul_with_tiles_matches_single_row_dots() {
 fn q4_k_simd_dots_have_the_scalar_bits() {
     let t = DType::Q4_K;
     let mut rng = Rng(4);
-    let cols = 4096;
-    for extreme in [false, true] {
+    // 16 blocks (groups of four), 3 (Qwen3-30B-A3B's expert down rows: only a tail), 5, 6, 7.
+    for (cols, extreme) in [4096, 768, 1280, 1536, 1792]
+        .into_iter()
+        .flat_map(|c| [(c, false), (c, true)])
+    {
         let w = blocks(t, cols / 256 * 5, &mut rng, extreme);
         let rb = w.len() / 5;
         let mut acts = Acts::new();

@@ -332,12 +332,13 @@ pub(super) mod x86 {
         sum
     }
 
-    /// The block's exact `isum` (sum_j sc_j * sum(q_j * x_j)) spread over 16 i32 lanes. Per half
-    /// (64 bytes of `qs`): low nibbles are sub-blocks 4h and 4h+2, high nibbles 4h+1 and 4h+3,
-    /// against activations regrouped by 128-bit-lane shuffles. VNNI `dpbusd` gives sums of 4
-    /// products (|sum| <= 4 * 15 * 127, fits i16); the two results are packed to i16 and one
-    /// `dpwssd` applies the sub-block scales. Port 0 does 8 of these wide ops per super-block
-    /// instead of 12 with `maddubs` + `dpwssd`. `s`: the scales permuted by `packed_bytes`.
+    /// The block's exact `isum` (sum_j sc_j * sum(q_j * x_j)) spread over 16 i32 lanes. Each
+    /// 32-byte chunk k of `qs` is broadcast to both 256-bit halves and the upper half shifted
+    /// by 4 (`qnib`), so the vector holds sub-blocks 2k (low nibbles) and 2k+1 (high nibbles) in
+    /// the order of activation bytes 64k..64k+64, which are then loaded as they are (no
+    /// activation shuffles). VNNI `dpbusd` gives sums of 4 products (|sum| <= 4 * 15 * 127, fits
+    /// i16); chunks 2h and 2h+1 are packed to i16 and one `dpwssd` applies the sub-block scales.
+    /// `s`: the scales permuted by `packed_bytes`.
     ///
     /// # Safety
     /// AVX-512 F/BW/VNNI; `qs` valid for 128 bytes, `x` for 256.
@@ -345,19 +346,27 @@ pub(super) mod x86 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     unsafe fn isum16(qs: *const u8, x: *const i8, s: &[__m512i; 2]) -> __m512i {
         let m4 = _mm512_set1_epi8(0x0F);
-        let zero = _mm512_setzero_si512();
         let mut sumi = _mm512_setzero_si512();
         for (h, s) in s.iter().enumerate() {
-            let q = _mm512_loadu_si512(qs.add(64 * h) as *const __m512i);
-            let lo = _mm512_and_si512(q, m4);
-            let hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-            let x0 = _mm512_loadu_si512(x.add(128 * h) as *const __m512i);
-            let x1 = _mm512_loadu_si512(x.add(128 * h + 64) as *const __m512i);
-            let plo = _mm512_dpbusd_epi32(zero, lo, _mm512_shuffle_i64x2(x0, x1, 0x44));
-            let phi = _mm512_dpbusd_epi32(zero, hi, _mm512_shuffle_i64x2(x0, x1, 0xEE));
-            sumi = _mm512_dpwssd_epi32(sumi, _mm512_packs_epi32(plo, phi), *s);
+            let p0 = qnib_dot(qs, x, 2 * h, m4);
+            let p1 = qnib_dot(qs, x, 2 * h + 1, m4);
+            sumi = _mm512_dpwssd_epi32(sumi, _mm512_packs_epi32(p0, p1), *s);
         }
         sumi
+    }
+
+    /// Chunk k of `qs` (sub-blocks 2k, 2k+1) against activation bytes 64k..64k+64: 16 i32 lanes,
+    /// lanes 0..8 of sub-block 2k, 8..16 of 2k+1 (see `isum16`).
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VNNI; `qs` valid for 32(k+1) bytes, `x` for 64(k+1).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn qnib_dot(qs: *const u8, x: *const i8, k: usize, m4: __m512i) -> __m512i {
+        let q = _mm512_broadcast_i64x4(_mm256_loadu_si256(qs.add(32 * k) as *const __m256i));
+        let q = _mm512_and_si512(_mm512_mask_srli_epi16(q, 0xFFFF_0000, q, 4), m4);
+        let xk = _mm512_loadu_si512(x.add(64 * k) as *const __m512i);
+        _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, xk)
     }
 
     /// 16 i32 lanes folded to 8 (exact).
@@ -368,14 +377,14 @@ pub(super) mod x86 {
     }
 
     /// `vpermw` indices for the packed sums of half `h` (see `isum16`): in 128-bit lanes 0 and 1
-    /// i16 lanes 0..4 take scale 4h and 4..8 scale 4h+1; in lanes 2 and 3, scales 4h+2, 4h+3.
+    /// i16 lanes 0..4 take scale 4h and 4..8 scale 4h+2; in lanes 2 and 3, scales 4h+1, 4h+3.
     const fn packed_idx(h: u16) -> [u16; 32] {
         let mut c = [0u16; 32];
         let mut i = 0;
         while i < 32 {
             let lane = i / 8;
             let second = (i % 8) / 4;
-            c[i] = 4 * h + 2 * (lane as u16 / 2) + second as u16;
+            c[i] = 4 * h + (lane as u16 / 2) + 2 * second as u16;
             i += 1;
         }
         c

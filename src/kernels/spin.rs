@@ -83,12 +83,23 @@ impl SpinPool {
     }
 
     /// The process's gang of `threads` threads (made on first use, never freed), or `None` when
-    /// `threads` < 2 or `SLUICE_SPIN=0` turns the gangs off (for A/B runs against rayon).
+    /// `threads` < 2, when `threads` == 2 (unless `SLUICE_SPIN=1`), or when `SLUICE_SPIN=0`
+    /// turns the gangs off (for A/B runs against rayon).
+    ///
+    /// Why not at 2 threads: on the 2-vCPU AMD EPYC dev machine, decode (tg128, 8-layer
+    /// Qwen3-30B-A3B shape) ran 66.35 tok/s on rayon against 62.5 with the gang (session 28;
+    /// session 27: 66.1 vs 64.4), prefill 228.8 vs 235.4 (docs/PERFORMANCE.md, issue 16): the
+    /// helper spinning through decode's serial parts costs more than rayon's wake-ups there.
     pub fn get(threads: usize) -> Option<&'static SpinPool> {
-        static ON: OnceLock<bool> = OnceLock::new();
+        static MODE: OnceLock<Option<bool>> = OnceLock::new();
         static POOLS: Mutex<Vec<&'static SpinPool>> = Mutex::new(Vec::new());
-        let on = *ON.get_or_init(|| std::env::var("SLUICE_SPIN").map_or(true, |v| v != "0"));
-        if !on || threads < 2 {
+        // None: the default; Some(false): SLUICE_SPIN=0; Some(true): SLUICE_SPIN=1.
+        let mode = *MODE.get_or_init(|| std::env::var("SLUICE_SPIN").ok().map(|v| v != "0"));
+        let on = match mode {
+            None => threads > 2,
+            Some(on) => on && threads >= 2,
+        };
+        if !on {
             return None;
         }
         let mut pools = POOLS.lock().unwrap_or_else(|e| e.into_inner());
