@@ -1,9 +1,11 @@
 //! Continuous batching (`serve --parallel N`): N sequence slots, and a step that runs every
 //! active sequence's next rows in ONE forward (`Model::forward_seqs`). Decoding slots each add
-//! their one token; at most one slot that is still reading its prompt adds a chunk of it (the
-//! rows the batch has left), chosen round robin among the slots prefilling, so a long prompt
-//! is read a chunk per step while the others keep streaming. A MoE layer then computes the
-//! union of the rows' experts, each read once and computed once for all rows routed to it.
+//! their one token; the slots still reading their prompt share the rows the batch (`-b`) has
+//! left, max-min fairly (`plan_rows`): every prompt that fits its share is read whole in this
+//! step, a long one a chunk per step while the others keep streaming. Only the rows that are
+//! sampled from (each decode row, the last row of each prompt that ends) go through the
+//! output matrix. A MoE layer computes the union of the rows' experts, each read once and
+//! computed once for all rows routed to it.
 //!
 //! Owns: `Batch` (the slots, each with its own KV cache as a `State` and the tokens it holds;
 //! the scheduler: admission with prefix reuse within a slot, across slots and from
@@ -104,7 +106,9 @@ pub struct Batch<T> {
     pub stats: BatchStats,
     rows: Vec<u32>,
     parts: Vec<(usize, usize)>,
-    decoders: Vec<usize>,
+    /// The rows whose logits a step samples from (each ending prompt's last, each decode row).
+    want: Vec<usize>,
+    plan: Plan,
     phases: Vec<Option<(bool, usize)>>,
     /// Slots whose request ended in this step (their conversation goes to `--kv-dir`).
     ended: Vec<usize>,
@@ -144,7 +148,13 @@ impl<T> Batch<T> {
             stats: BatchStats::default(),
             rows: Vec::with_capacity(st.batch()),
             parts: Vec::with_capacity(n),
-            decoders: Vec::with_capacity(n),
+            want: Vec::with_capacity(n),
+            plan: Plan {
+                prefill: Vec::with_capacity(n),
+                decoders: Vec::with_capacity(n),
+                waiting: Vec::with_capacity(n),
+                needs: Vec::with_capacity(n),
+            },
             phases: Vec::with_capacity(n),
             ended: Vec::with_capacity(n),
         })
@@ -382,7 +392,7 @@ impl<T> Batch<T> {
     }
 
     /// One step: drop cancelled requests, then one batched forward of every decoding slot's
-    /// token and (round robin) one prefilling slot's next prompt chunk, then sample, emit and
+    /// token and the prefilling slots' next prompt chunks (`plan_rows`), then sample, emit and
     /// check stops per sequence. Returns the requests that ended.
     fn step_rows(&mut self, engine: &mut Engine) -> Vec<Done<T>> {
         let mut done = Vec::new();
@@ -391,46 +401,50 @@ impl<T> Batch<T> {
                 self.end(engine, i, Ok(Finish::Cancelled), &mut done);
             }
         }
-        let n_slots = self.len();
         self.phases.clear();
         self.phases.extend(self.slots.iter().map(|s| {
             s.job
                 .as_ref()
                 .map(|a| (a.next.is_some(), a.req.prompt.len() - a.fed))
         }));
-        let (prefill, decoders) = plan_rows(engine.state().batch(), self.rr, &self.phases);
-        self.decoders = decoders;
+        self.rr = plan_rows(
+            engine.state().batch(),
+            self.rr,
+            &self.phases,
+            &mut self.plan,
+        );
         self.rows.clear();
         self.parts.clear();
-        let mut last = false;
-        if let Some((i, take)) = prefill {
-            self.rr = (i + 1) % n_slots;
+        self.want.clear();
+        for &(i, take) in &self.plan.prefill {
             if let Some(a) = &self.slots[i].job {
                 let e = a.fed + take;
                 self.rows.extend_from_slice(&a.req.prompt[a.fed..e]);
                 self.parts.push((i, take));
-                last = e == a.req.prompt.len();
+                if e == a.req.prompt.len() {
+                    self.want.push(self.rows.len() - 1);
+                }
             }
         }
-        let prefill = prefill.map(|p| p.0);
+        let prefills = self.parts.len();
         let chunk = self.rows.len();
-        for &i in &self.decoders {
+        for &i in &self.plan.decoders {
             if let Some(t) = self.slots[i].job.as_ref().and_then(|a| a.next) {
                 self.rows.push(t);
                 self.parts.push((i, 1));
+                self.want.push(self.rows.len() - 1);
             }
         }
         if self.rows.is_empty() {
             return done;
         }
-        let logits_from = if last { chunk - 1 } else { chunk };
         let Engine { model, session, .. } = engine;
         let r = model.forward_seqs(
             &mut session.st,
             &mut self.seqs,
             &self.rows,
             &self.parts,
-            logits_from,
+            &self.want,
         );
         let logits = match r {
             Ok(l) => l.to_vec(),
@@ -446,49 +460,53 @@ impl<T> Batch<T> {
             }
         };
         engine.session.st.tick_token();
+        let decoders = self.parts.len() - prefills;
         let s = &mut self.stats;
         s.steps += 1;
         s.prefill_rows += chunk as u64;
-        s.decode_rows += self.decoders.len() as u64;
-        s.decode_steps += u64::from(!self.decoders.is_empty());
+        s.decode_rows += decoders as u64;
+        s.decode_steps += u64::from(decoders > 0);
         s.experts += engine.session.st.experts_run as u64;
-        if !self.decoders.is_empty() {
+        if decoders > 0 {
             s.decode_experts += engine.session.st.experts_run as u64;
         }
         let v = engine.model.cfg.vocab;
+        // The logit rows follow the parts' order: each ending prompt's, then each decode row's.
         let mut row = 0;
-        if let Some(i) = prefill {
-            let fed = &self.rows[..chunk];
-            self.slots[i].tokens.extend_from_slice(fed);
-            if let Some(a) = self.slots[i].job.as_mut() {
-                a.fed += chunk;
-            }
-            if last {
-                let a = self.slots[i].job.as_mut().expect("the prefilling slot");
-                let t = a.req.sampler.sample(&logits[..v], &a.history);
+        for k in 0..self.parts.len() {
+            let (i, take) = self.parts[k];
+            let slot = &mut self.slots[i];
+            let Some(a) = slot.job.as_mut() else {
+                continue;
+            };
+            let t = if k < prefills {
+                slot.tokens
+                    .extend_from_slice(&a.req.prompt[a.fed..a.fed + take]);
+                a.fed += take;
+                if a.fed < a.req.prompt.len() {
+                    continue;
+                }
+                let t = a
+                    .req
+                    .sampler
+                    .sample(&logits[row * v..(row + 1) * v], &a.history);
                 a.stats.prefill_secs = a.t0.elapsed().as_secs_f64();
                 a.stats.prefill_done = true;
                 a.stats.experts_per_token_plain = plain_experts(engine);
                 a.t_decode = Instant::now();
-                row = 1;
-                self.emit(engine, i, t, &mut done);
-            }
-        }
-        for k in 0..self.decoders.len() {
-            let i = self.decoders[k];
-            let Some(a) = self.slots[i].job.as_mut() else {
-                continue;
+                t
+            } else {
+                let Some(fed) = a.next.take() else {
+                    continue;
+                };
+                slot.tokens.push(fed);
+                let t = a
+                    .req
+                    .sampler
+                    .sample(&logits[row * v..(row + 1) * v], &a.history);
+                a.stats.decode_steps += 1;
+                t
             };
-            let Some(fed) = a.next.take() else {
-                continue;
-            };
-            self.slots[i].tokens.push(fed);
-            let a = self.slots[i].job.as_mut().expect("a decoding slot");
-            let t = a
-                .req
-                .sampler
-                .sample(&logits[row * v..(row + 1) * v], &a.history);
-            a.stats.decode_steps += 1;
             row += 1;
             self.emit(engine, i, t, &mut done);
         }
@@ -600,60 +618,183 @@ fn plain_experts(engine: &Engine) -> f64 {
     (moe * c.n_experts_used.min(c.n_experts)) as f64
 }
 
+/// The rows of one step (`plan_rows`): each prefilling slot with its chunk, and the decoding
+/// slots.
+#[derive(Debug, Default)]
+struct Plan {
+    prefill: Vec<(usize, usize)>,
+    decoders: Vec<usize>,
+    /// Prefilling slots in round-robin order with their tokens left, and those counts sorted
+    /// (scratch).
+    waiting: Vec<(usize, usize)>,
+    needs: Vec<usize>,
+}
+
 /// The scheduler: the rows of one step for slots in the given phases (`None`: free;
-/// `(decoding, prompt tokens left)`). Every decoding slot gets one row (none waits); the
-/// first prefilling slot at or after `rr` (round robin) gets the rest of the `batch`-row
-/// budget, up to what its prompt has left. Returns (prefilling slot and its rows, decoding
-/// slots).
-fn plan_rows(
-    batch: usize,
-    rr: usize,
-    slots: &[Option<(bool, usize)>],
-) -> (Option<(usize, usize)>, Vec<usize>) {
+/// `(decoding, prompt tokens left)`), within `batch` rows (`-b`, as llama-server's n_batch).
+/// Every decoding slot gets its one row first (none waits for a prompt). The rest is shared
+/// among the prefilling slots max-min fairly: a prompt that needs no more than an equal
+/// share takes all it needs (so every short prompt waiting is read in this one step), the
+/// longer ones split what is left equally, chunked over steps and interleaved with the
+/// decoding rows; rows that do not divide evenly (and, with fewer rows than prompts, the
+/// rows themselves) go to the first slots at or after `rr`, round robin. Fills `plan`
+/// (prefill in round-robin order) and returns the next step's `rr`.
+fn plan_rows(batch: usize, rr: usize, slots: &[Option<(bool, usize)>], plan: &mut Plan) -> usize {
     let n = slots.len();
-    let dec: Vec<usize> = (0..n)
-        .filter(|&i| matches!(slots[i], Some((true, _))))
-        .collect();
-    let room = batch.saturating_sub(dec.len());
-    let pre = (0..n)
-        .map(|k| (rr + k) % n)
-        .find(|&i| matches!(slots[i], Some((false, _))))
-        .filter(|_| room > 0)
-        .map(|i| (i, slots[i].map_or(0, |s| s.1).min(room)));
-    (pre, dec)
+    plan.prefill.clear();
+    plan.decoders.clear();
+    plan.waiting.clear();
+    plan.decoders
+        .extend((0..n).filter(|&i| matches!(slots[i], Some((true, _)))));
+    plan.waiting
+        .extend((0..n).map(|k| (rr + k) % n).filter_map(|i| match slots[i] {
+            Some((false, left)) if left > 0 => Some((i, left)),
+            _ => None,
+        }));
+    let room = batch.saturating_sub(plan.decoders.len());
+    if room == 0 || plan.waiting.is_empty() {
+        return rr;
+    }
+    // The level: the largest share such that prompts needing less take their whole need
+    // and the others `share` each, within `room`.
+    plan.needs.clear();
+    plan.needs.extend(plan.waiting.iter().map(|w| w.1));
+    plan.needs.sort_unstable();
+    let (mut rest, mut k) = (room, plan.needs.len());
+    let mut share = rest / k;
+    for &need in &plan.needs {
+        if need > share {
+            break;
+        }
+        rest -= need;
+        k -= 1;
+        share = if k > 0 { rest / k } else { 0 };
+    }
+    // `k` prompts need more than `share`: they take `share` each, and the first `extra` of
+    // them (round robin) one row more.
+    let mut extra = if k > 0 { rest - share * k } else { 0 };
+    let mut last = None;
+    for &(i, need) in &plan.waiting {
+        let mut take = need.min(share);
+        if need > share && extra > 0 {
+            take += 1;
+            extra -= 1;
+            last = Some(i);
+        }
+        if take > 0 {
+            plan.prefill.push((i, take));
+        }
+    }
+    // The round robin moves past the last prompt given an odd row (else by one slot).
+    match last {
+        Some(i) => (i + 1) % n,
+        None => (plan.waiting[0].0 + 1) % n,
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::plan_rows;
+    use super::{plan_rows, Plan};
+
+    fn plan(batch: usize, rr: usize, s: &[Option<(bool, usize)>]) -> (Plan, usize) {
+        let mut p = Plan::default();
+        let rr = plan_rows(batch, rr, s, &mut p);
+        (p, rr)
+    }
 
     #[test]
     fn decoders_all_run_and_prefill_takes_the_rest() {
         // Slots: 0 decoding, 1 prefilling 100 tokens, 2 free, 3 decoding.
         let s = [Some((true, 0)), Some((false, 100)), None, Some((true, 0))];
-        let (pre, dec) = plan_rows(16, 0, &s);
-        assert_eq!(dec, vec![0, 3]);
-        assert_eq!(pre, Some((1, 14)));
+        let (p, _) = plan(16, 0, &s);
+        assert_eq!(p.decoders, vec![0, 3]);
+        assert_eq!(p.prefill, vec![(1, 14)]);
         // A short remainder takes only what it needs.
         let s = [Some((true, 0)), Some((false, 3))];
-        assert_eq!(plan_rows(16, 0, &s).0, Some((1, 3)));
+        assert_eq!(plan(16, 0, &s).0.prefill, vec![(1, 3)]);
     }
 
     #[test]
-    fn prefill_is_round_robin() {
+    fn every_waiting_prompt_that_fits_is_admitted_in_one_step() {
+        // Eight clients arriving together, 4-8-token prompts, a 128-row batch: one step.
+        let s: Vec<_> = (0..8).map(|i| Some((false, 4 + i % 5))).collect();
+        let (p, _) = plan(128, 3, &s);
+        let mut got = p.prefill.clone();
+        got.sort_unstable();
+        assert_eq!(got, (0..8).map(|i| (i, 4 + i % 5)).collect::<Vec<_>>());
+        // Listed round robin from `rr`.
+        assert_eq!(p.prefill[0].0, 3);
+        // Beside decoding slots too.
+        let mut s = s;
+        s[0] = Some((true, 0));
+        s[5] = Some((true, 0));
+        let (p, _) = plan(128, 0, &s);
+        assert_eq!(p.decoders, vec![0, 5]);
+        assert_eq!(p.prefill.len(), 6);
+        assert!(p.prefill.iter().all(|&(i, take)| take == s[i].unwrap().1));
+    }
+
+    #[test]
+    fn a_long_prompt_neither_stalls_streams_nor_short_prompts() {
+        // Slot 0 reads a 1000-token prompt; 1 and 2 decode; 3 brings a 10-token prompt.
+        let s = [
+            Some((false, 1000)),
+            Some((true, 0)),
+            Some((true, 0)),
+            Some((false, 10)),
+        ];
+        let (p, _) = plan(64, 0, &s);
+        assert_eq!(p.decoders, vec![1, 2], "every stream runs");
+        assert_eq!(p.prefill, vec![(0, 52), (3, 10)], "the short prompt whole");
+        // The long prompt is chunked within the budget step after step, and finishes.
+        let mut s = s;
+        s[3] = Some((true, 0));
+        let (mut left, mut rr, mut steps) = (1000, 0, 0);
+        while left > 0 {
+            s[0] = Some((false, left));
+            let (p, next) = plan(64, rr, &s);
+            assert_eq!(p.decoders, vec![1, 2, 3]);
+            let rows: usize = p.prefill.iter().map(|x| x.1).sum::<usize>() + p.decoders.len();
+            assert!(rows <= 64, "the step stays within the batch");
+            left -= p.prefill[0].1;
+            rr = next;
+            steps += 1;
+        }
+        assert_eq!(steps, 1000usize.div_ceil(61));
+    }
+
+    #[test]
+    fn long_prompts_share_equally_and_odd_rows_rotate() {
+        let s = [Some((false, 50)), Some((false, 5)), Some((false, 50))];
+        let (p, rr) = plan(16, 0, &s);
+        // 5 for the short one, 11 left: 6 and 5, the odd row to the first in turn.
+        assert_eq!(p.prefill, vec![(0, 6), (1, 5), (2, 5)]);
+        assert_eq!(rr, 1);
+        let s = [Some((false, 50)), None, Some((false, 50))];
+        let (p, rr) = plan(9, rr, &s);
+        assert_eq!(p.prefill, vec![(2, 5), (0, 4)]);
+        assert_eq!(rr, 0);
+    }
+
+    #[test]
+    fn fewer_rows_than_prompts_go_round_robin() {
         let s = [
             Some((false, 50)),
             None,
             Some((false, 50)),
             Some((false, 50)),
+            Some((true, 0)),
+            Some((true, 0)),
         ];
         let mut rr = 0;
         let mut order = Vec::new();
         for _ in 0..6 {
-            let (pre, _) = plan_rows(8, rr, &s);
-            let i = pre.unwrap().0;
-            order.push(i);
-            rr = (i + 1) % s.len();
+            // 3 rows: the two decoders and one prompt row.
+            let (p, next) = plan(3, rr, &s);
+            assert_eq!(p.decoders, vec![4, 5]);
+            assert_eq!(p.prefill.len(), 1);
+            order.push(p.prefill[0].0);
+            rr = next;
         }
         assert_eq!(
             order,
