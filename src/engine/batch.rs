@@ -668,7 +668,8 @@ fn plan_rows(batch: usize, rr: usize, slots: &[Option<(bool, usize)>], plan: &mu
         }
         rest -= need;
         k -= 1;
-        share = if k > 0 { rest / k } else { 0 };
+        // Every prompt served whole: no cap for the loop below.
+        share = if k > 0 { rest / k } else { usize::MAX };
     }
     // `k` prompts need more than `share`: they take `share` each, and the first `extra` of
     // them (round robin) one row more.
