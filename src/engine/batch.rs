@@ -1,8 +1,9 @@
 //! Continuous batching (`serve --parallel N`): N sequence slots, and a step that runs every
 //! active sequence's next rows in ONE forward (`Model::forward_seqs`). Decoding slots each add
 //! their one token; the slots still reading their prompt share the rows the batch (`-b`) has
-//! left, max-min fairly (`plan_rows`): every prompt that fits its share is read whole in this
-//! step, a long one a chunk per step while the others keep streaming. Only the rows that are
+//! left (`plan_rows`: the prompt admitted first keeps an equal share, the rest goes shortest
+//! first), so prompts arriving together are read in one step when they fit and a long one a
+//! chunk per step while the others keep streaming. Only the rows that are
 //! sampled from (each decode row, the last row of each prompt that ends) go through the
 //! output matrix. A MoE layer computes the union of the rows' experts, each read once and
 //! computed once for all rows routed to it.
@@ -100,8 +101,6 @@ pub struct Batch<T> {
     /// Each slot's KV cache and position (a `State` of batch 1; the forward's buffers are the
     /// engine's session state).
     seqs: Vec<State>,
-    /// The slot after the one that prefilled last (round robin).
-    rr: usize,
     admitted: u64,
     pub stats: BatchStats,
     rows: Vec<u32>,
@@ -109,7 +108,7 @@ pub struct Batch<T> {
     /// The rows whose logits a step samples from (each ending prompt's last, each decode row).
     want: Vec<usize>,
     plan: Plan,
-    phases: Vec<Option<(bool, usize)>>,
+    phases: Vec<Option<Phase>>,
     /// Slots whose request ended in this step (their conversation goes to `--kv-dir`).
     ended: Vec<usize>,
 }
@@ -143,7 +142,6 @@ impl<T> Batch<T> {
                 })
                 .collect(),
             seqs,
-            rr: 0,
             admitted: 0,
             stats: BatchStats::default(),
             rows: Vec::with_capacity(st.batch()),
@@ -153,7 +151,6 @@ impl<T> Batch<T> {
                 prefill: Vec::with_capacity(n),
                 decoders: Vec::with_capacity(n),
                 waiting: Vec::with_capacity(n),
-                needs: Vec::with_capacity(n),
             },
             phases: Vec::with_capacity(n),
             ended: Vec::with_capacity(n),
@@ -403,16 +400,13 @@ impl<T> Batch<T> {
         }
         self.phases.clear();
         self.phases.extend(self.slots.iter().map(|s| {
-            s.job
-                .as_ref()
-                .map(|a| (a.next.is_some(), a.req.prompt.len() - a.fed))
+            s.job.as_ref().map(|a| Phase {
+                decoding: a.next.is_some(),
+                left: a.req.prompt.len() - a.fed,
+                admitted: s.used,
+            })
         }));
-        self.rr = plan_rows(
-            engine.state().batch(),
-            self.rr,
-            &self.phases,
-            &mut self.plan,
-        );
+        plan_rows(engine.state().batch(), &self.phases, &mut self.plan);
         self.rows.clear();
         self.parts.clear();
         self.want.clear();
@@ -618,189 +612,217 @@ fn plain_experts(engine: &Engine) -> f64 {
     (moe * c.n_experts_used.min(c.n_experts)) as f64
 }
 
+/// A running slot as the scheduler sees it.
+#[derive(Clone, Copy, Debug)]
+struct Phase {
+    decoding: bool,
+    /// Prompt tokens not yet read.
+    left: usize,
+    /// Admission count (smaller: admitted earlier).
+    admitted: u64,
+}
+
 /// The rows of one step (`plan_rows`): each prefilling slot with its chunk, and the decoding
 /// slots.
 #[derive(Debug, Default)]
 struct Plan {
     prefill: Vec<(usize, usize)>,
     decoders: Vec<usize>,
-    /// Prefilling slots in round-robin order with their tokens left, and those counts sorted
-    /// (scratch).
-    waiting: Vec<(usize, usize)>,
-    needs: Vec<usize>,
+    /// Prefilling slots with their tokens left and admission count (scratch).
+    waiting: Vec<(usize, usize, u64)>,
 }
 
-/// The scheduler: the rows of one step for slots in the given phases (`None`: free;
-/// `(decoding, prompt tokens left)`), within `batch` rows (`-b`, as llama-server's n_batch).
-/// Every decoding slot gets its one row first (none waits for a prompt). The rest is shared
-/// among the prefilling slots max-min fairly: a prompt that needs no more than an equal
-/// share takes all it needs (so every short prompt waiting is read in this one step), the
-/// longer ones split what is left equally, chunked over steps and interleaved with the
-/// decoding rows; rows that do not divide evenly (and, with fewer rows than prompts, the
-/// rows themselves) go to the first slots at or after `rr`, round robin. Fills `plan`
-/// (prefill in round-robin order) and returns the next step's `rr`.
-fn plan_rows(batch: usize, rr: usize, slots: &[Option<(bool, usize)>], plan: &mut Plan) -> usize {
-    let n = slots.len();
+/// The scheduler: the rows of one step for the running slots (`None`: free), within `batch`
+/// rows (`-b`, as llama-server's n_batch). Every decoding slot gets its one row first, so a
+/// prompt never stalls a stream. Of the rest, the prompt admitted first is guaranteed an
+/// equal share (rows / prompts waiting, at least one), so every prompt keeps moving and none
+/// starves; then the prompts take what they still need shortest first (ties: admitted
+/// first) until the rows run out. Clients arriving together with prompts that fit are all
+/// read in one step; a long prompt is read in chunks over several steps, interleaved with
+/// the decoding rows and not in the way of short prompts; several long ones finish one after
+/// the other rather than all at the end (a lower mean time to first token than equal
+/// shares, the same for the last). Fills `plan` (prefill shortest first).
+fn plan_rows(batch: usize, slots: &[Option<Phase>], plan: &mut Plan) {
     plan.prefill.clear();
     plan.decoders.clear();
     plan.waiting.clear();
-    plan.decoders
-        .extend((0..n).filter(|&i| matches!(slots[i], Some((true, _)))));
-    plan.waiting
-        .extend((0..n).map(|k| (rr + k) % n).filter_map(|i| match slots[i] {
-            Some((false, left)) if left > 0 => Some((i, left)),
-            _ => None,
-        }));
-    let room = batch.saturating_sub(plan.decoders.len());
+    for (i, s) in slots.iter().enumerate() {
+        match s {
+            Some(p) if p.decoding => plan.decoders.push(i),
+            Some(p) if p.left > 0 => plan.waiting.push((i, p.left, p.admitted)),
+            _ => {}
+        }
+    }
+    let mut room = batch.saturating_sub(plan.decoders.len());
     if room == 0 || plan.waiting.is_empty() {
-        return rr;
+        return;
     }
-    // The level: the largest share such that prompts needing less take their whole need
-    // and the others `share` each, within `room`.
-    plan.needs.clear();
-    plan.needs.extend(plan.waiting.iter().map(|w| w.1));
-    plan.needs.sort_unstable();
-    let (mut rest, mut k) = (room, plan.needs.len());
-    let mut share = rest / k;
-    for &need in &plan.needs {
-        if need > share {
-            break;
-        }
-        rest -= need;
-        k -= 1;
-        // Every prompt served whole: no cap for the loop below.
-        share = if k > 0 { rest / k } else { usize::MAX };
+    plan.waiting.sort_unstable_by_key(|w| (w.1, w.2));
+    let oldest = (0..plan.waiting.len())
+        .min_by_key(|&k| plan.waiting[k].2)
+        .unwrap_or(0);
+    plan.prefill.extend(plan.waiting.iter().map(|w| (w.0, 0)));
+    let floor = plan.waiting[oldest]
+        .1
+        .min((room / plan.waiting.len()).max(1));
+    plan.prefill[oldest].1 = floor;
+    room -= floor;
+    for (k, w) in plan.waiting.iter().enumerate() {
+        let take = (w.1 - plan.prefill[k].1).min(room);
+        plan.prefill[k].1 += take;
+        room -= take;
     }
-    // `k` prompts need more than `share`: they take `share` each, and the first `extra` of
-    // them (round robin) one row more.
-    let mut extra = if k > 0 { rest - share * k } else { 0 };
-    let mut last = None;
-    for &(i, need) in &plan.waiting {
-        let mut take = need.min(share);
-        if need > share && extra > 0 {
-            take += 1;
-            extra -= 1;
-            last = Some(i);
-        }
-        if take > 0 {
-            plan.prefill.push((i, take));
-        }
-    }
-    // The round robin moves past the last prompt given an odd row (else by one slot).
-    match last {
-        Some(i) => (i + 1) % n,
-        None => (plan.waiting[0].0 + 1) % n,
-    }
+    plan.prefill.retain(|p| p.1 > 0);
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{plan_rows, Plan};
+    use super::{plan_rows, Phase, Plan};
 
-    fn plan(batch: usize, rr: usize, s: &[Option<(bool, usize)>]) -> (Plan, usize) {
+    /// Slots from (decoding, prompt tokens left); admitted in slot order.
+    fn slots(s: &[Option<(bool, usize)>]) -> Vec<Option<Phase>> {
+        s.iter()
+            .enumerate()
+            .map(|(i, p)| {
+                p.map(|(decoding, left)| Phase {
+                    decoding,
+                    left,
+                    admitted: i as u64,
+                })
+            })
+            .collect()
+    }
+
+    fn plan(batch: usize, s: &[Option<Phase>]) -> Plan {
         let mut p = Plan::default();
-        let rr = plan_rows(batch, rr, s, &mut p);
-        (p, rr)
+        plan_rows(batch, s, &mut p);
+        p
+    }
+
+    fn sorted(p: &Plan) -> Vec<(usize, usize)> {
+        let mut v = p.prefill.clone();
+        v.sort_unstable();
+        v
     }
 
     #[test]
     fn decoders_all_run_and_prefill_takes_the_rest() {
         // Slots: 0 decoding, 1 prefilling 100 tokens, 2 free, 3 decoding.
-        let s = [Some((true, 0)), Some((false, 100)), None, Some((true, 0))];
-        let (p, _) = plan(16, 0, &s);
+        let s = slots(&[Some((true, 0)), Some((false, 100)), None, Some((true, 0))]);
+        let p = plan(16, &s);
         assert_eq!(p.decoders, vec![0, 3]);
         assert_eq!(p.prefill, vec![(1, 14)]);
         // A short remainder takes only what it needs.
-        let s = [Some((true, 0)), Some((false, 3))];
-        assert_eq!(plan(16, 0, &s).0.prefill, vec![(1, 3)]);
+        let s = slots(&[Some((true, 0)), Some((false, 3))]);
+        assert_eq!(plan(16, &s).prefill, vec![(1, 3)]);
     }
 
     #[test]
     fn every_waiting_prompt_that_fits_is_admitted_in_one_step() {
         // Eight clients arriving together, 4-8-token prompts, a 128-row batch: one step.
-        let s: Vec<_> = (0..8).map(|i| Some((false, 4 + i % 5))).collect();
-        let (p, _) = plan(128, 3, &s);
-        let mut got = p.prefill.clone();
-        got.sort_unstable();
-        assert_eq!(got, (0..8).map(|i| (i, 4 + i % 5)).collect::<Vec<_>>());
-        // Listed round robin from `rr`.
-        assert_eq!(p.prefill[0].0, 3);
+        let want: Vec<_> = (0..8).map(|i| (i, 4 + i % 5)).collect();
+        let s = slots(&want.iter().map(|w| Some((false, w.1))).collect::<Vec<_>>());
+        assert_eq!(sorted(&plan(128, &s)), want);
         // Beside decoding slots too.
         let mut s = s;
-        s[0] = Some((true, 0));
-        s[5] = Some((true, 0));
-        let (p, _) = plan(128, 0, &s);
+        for i in [0, 5] {
+            s[i] = Some(Phase {
+                decoding: true,
+                left: 0,
+                admitted: i as u64,
+            });
+        }
+        let p = plan(128, &s);
         assert_eq!(p.decoders, vec![0, 5]);
         assert_eq!(p.prefill.len(), 6);
-        assert!(p.prefill.iter().all(|&(i, take)| take == s[i].unwrap().1));
+        assert!(p
+            .prefill
+            .iter()
+            .all(|&(i, take)| take == s[i].unwrap().left));
     }
 
     #[test]
     fn a_long_prompt_neither_stalls_streams_nor_short_prompts() {
         // Slot 0 reads a 1000-token prompt; 1 and 2 decode; 3 brings a 10-token prompt.
-        let s = [
+        let mut s = slots(&[
             Some((false, 1000)),
             Some((true, 0)),
             Some((true, 0)),
             Some((false, 10)),
-        ];
-        let (p, _) = plan(64, 0, &s);
+        ]);
+        let p = plan(64, &s);
         assert_eq!(p.decoders, vec![1, 2], "every stream runs");
-        assert_eq!(p.prefill, vec![(0, 52), (3, 10)], "the short prompt whole");
+        assert_eq!(sorted(&p), vec![(0, 52), (3, 10)], "the short prompt whole");
         // The long prompt is chunked within the budget step after step, and finishes.
-        let mut s = s;
-        s[3] = Some((true, 0));
-        let (mut left, mut rr, mut steps) = (1000, 0, 0);
+        s[3] = Some(Phase {
+            decoding: true,
+            left: 0,
+            admitted: 3,
+        });
+        let (mut left, mut steps) = (1000, 0);
         while left > 0 {
-            s[0] = Some((false, left));
-            let (p, next) = plan(64, rr, &s);
+            s[0] = Some(Phase {
+                decoding: false,
+                left,
+                admitted: 0,
+            });
+            let p = plan(64, &s);
             assert_eq!(p.decoders, vec![1, 2, 3]);
             let rows: usize = p.prefill.iter().map(|x| x.1).sum::<usize>() + p.decoders.len();
             assert!(rows <= 64, "the step stays within the batch");
             left -= p.prefill[0].1;
-            rr = next;
             steps += 1;
         }
         assert_eq!(steps, 1000usize.div_ceil(61));
     }
 
     #[test]
-    fn long_prompts_share_equally_and_odd_rows_rotate() {
-        let s = [Some((false, 50)), Some((false, 5)), Some((false, 50))];
-        let (p, rr) = plan(16, 0, &s);
-        // 5 for the short one, 11 left: 6 and 5, the odd row to the first in turn.
-        assert_eq!(p.prefill, vec![(0, 6), (1, 5), (2, 5)]);
-        assert_eq!(rr, 1);
-        let s = [Some((false, 50)), None, Some((false, 50))];
-        let (p, rr) = plan(9, rr, &s);
-        assert_eq!(p.prefill, vec![(2, 5), (0, 4)]);
-        assert_eq!(rr, 0);
+    fn long_prompts_are_read_shortest_first_and_the_oldest_keeps_moving() {
+        // 45 rows for prompts of 50 (admitted first), 30 and 45 tokens: the first keeps its
+        // share (45 / 3 = 15), then the shortest takes all it needs (30), then the rest.
+        let s = slots(&[Some((false, 50)), Some((false, 30)), Some((false, 45))]);
+        assert_eq!(plan(45, &s).prefill, vec![(1, 30), (0, 15)]);
+        // Shorter prompts arriving all the time cannot starve the first.
+        let mut s = s;
+        let mut left = 50;
+        for step in 0..10 {
+            s[0] = Some(Phase {
+                decoding: false,
+                left,
+                admitted: 0,
+            });
+            for i in [1, 2] {
+                s[i] = Some(Phase {
+                    decoding: false,
+                    left: 40,
+                    admitted: 10 + step,
+                });
+            }
+            let p = plan(40, &s);
+            let mine = p.prefill.iter().find(|x| x.0 == 0).map_or(0, |x| x.1);
+            assert!(mine >= 13.min(left), "step {step}: {mine}");
+            left -= mine;
+            if left == 0 {
+                break;
+            }
+        }
+        assert_eq!(left, 0);
     }
 
     #[test]
-    fn fewer_rows_than_prompts_go_round_robin() {
-        let s = [
+    fn fewer_rows_than_prompts_still_move_the_oldest() {
+        // 3 rows: the two decoders and one prompt row, which goes to the prompt admitted
+        // first (the others are shorter).
+        let s = slots(&[
             Some((false, 50)),
             None,
-            Some((false, 50)),
-            Some((false, 50)),
+            Some((false, 20)),
+            Some((false, 30)),
             Some((true, 0)),
             Some((true, 0)),
-        ];
-        let mut rr = 0;
-        let mut order = Vec::new();
-        for _ in 0..6 {
-            // 3 rows: the two decoders and one prompt row.
-            let (p, next) = plan(3, rr, &s);
-            assert_eq!(p.decoders, vec![4, 5]);
-            assert_eq!(p.prefill.len(), 1);
-            order.push(p.prefill[0].0);
-            rr = next;
-        }
-        assert_eq!(
-            order,
-            vec![0, 2, 3, 0, 2, 3],
-            "no prefilling slot waits more than a round"
-        );
+        ]);
+        let p = plan(3, &s);
+        assert_eq!(p.decoders, vec![4, 5]);
+        assert_eq!(p.prefill, vec![(0, 1)]);
     }
 }
