@@ -7,7 +7,7 @@ llama-server") records the figures.
     python3 scripts/serve_bench.py --model /tmp/x.gguf --clients 1,2,4,8 --max-tokens 64 \
         --sluice target/release/sluice --llama-server vendor-data/llama.cpp-server/bin/llama-server \
         [--arms sluice,sluice-avx2,llama,base] [--sluice-base /tmp/main-sluice] [--rounds 2] \
-        [--threads 2] [--ctx 512] [--prompt-repeat 1] \
+        [--threads 2] [--ctx 512] [--prompt-repeat 1] [--slots S] \
         [--sluice-args "--experts resident"] [--llama-args "--mlock"] [--json out.json]
 
 Per client count N and arm: start the server with N slots of `--ctx` positions each (sluice:
@@ -65,7 +65,7 @@ def drain(stream, log):
 
 def start_sluice(args, n, isa=None, binary=None):
     cmd = ([binary or args.sluice, "serve", args.model, "--port", "0", "-t", str(args.threads), "-c", str(args.ctx),
-            "--parallel", str(n), "--temp", "0"] + args.sluice_args.split())
+            "--parallel", str(args.slots or n), "--temp", "0"] + args.sluice_args.split())
     env = dict(os.environ)
     if isa:
         env["SLUICE_ISA"] = isa
@@ -83,7 +83,8 @@ def start_sluice(args, n, isa=None, binary=None):
 def start_llama(args, n):
     port = free_port()
     cmd = ([args.llama_server, "-m", args.model, "--host", "127.0.0.1", "--port", str(port),
-            "-t", str(args.threads), "-tb", str(args.threads), "-np", str(n), "-c", str(n * args.ctx),
+            "-t", str(args.threads), "-tb", str(args.threads), "-np", str(args.slots or n),
+            "-c", str((args.slots or n) * args.ctx),
             "--no-kv-unified", "--temp", "0"] + args.llama_args.split())
     p = subprocess.Popen(cmd, stderr=subprocess.STDOUT, stdout=subprocess.PIPE, text=True)
     log = []
@@ -190,6 +191,8 @@ def main():
     ap.add_argument("--model", required=True)
     ap.add_argument("--sluice", default="target/release/sluice")
     ap.add_argument("--sluice-base", default="", help="the binary of the `base` arm")
+    ap.add_argument("--slots", type=int, default=0,
+                    help="server slots whatever the client count (default: as many as clients)")
     ap.add_argument("--prompt-repeat", type=int, default=1,
                     help="each prompt repeated K times (longer prompts: TTFT under prefill)")
     ap.add_argument("--llama-server", default="vendor-data/llama.cpp-server/bin/llama-server")
