@@ -6,7 +6,8 @@ llama-server") records the figures.
 
     python3 scripts/serve_bench.py --model /tmp/x.gguf --clients 1,2,4,8 --max-tokens 64 \
         --sluice target/release/sluice --llama-server vendor-data/llama.cpp-server/bin/llama-server \
-        [--arms sluice,sluice-avx2,llama] [--rounds 2] [--threads 2] [--ctx 512] \
+        [--arms sluice,sluice-avx2,llama,base] [--sluice-base /tmp/main-sluice] [--rounds 2] \
+        [--threads 2] [--ctx 512] [--prompt-repeat 1] [--slots S] \
         [--sluice-args "--experts resident"] [--llama-args "--mlock"] [--json out.json]
 
 Per client count N and arm: start the server with N slots of `--ctx` positions each (sluice:
@@ -18,7 +19,7 @@ first chunk with text), decode tok/s ((tokens - 1) / (last chunk - first chunk))
 aggregate tok/s = all generated tokens / (first send to last chunk), and the 1-minute load
 average at the start (the machine may be shared). Tokens per request are the stream's usage
 figure (`stream_options.include_usage`) where the server sends one, else the text chunks.
-Arms: `sluice`, `sluice-avx2` (the same binary with SLUICE_ISA=avx2: its kernels capped at
+Arms: `sluice`, `base` (another sluice binary, `--sluice-base`: before/after a change), `sluice-avx2` (the same binary with SLUICE_ISA=avx2: its kernels capped at
 AVX2, like for like with scripts/build-llama-server.sh's AVX2 build), `llama`. With several arms
 the order per N is A B C, then C B A. Against sluice, also expert bytes read from disk per
 generated token (/metrics). Needs `pip install openai`.
@@ -62,9 +63,9 @@ def drain(stream, log):
         log.append(line)
 
 
-def start_sluice(args, n, isa=None):
-    cmd = ([args.sluice, "serve", args.model, "--port", "0", "-t", str(args.threads), "-c", str(args.ctx),
-            "--parallel", str(n), "--temp", "0"] + args.sluice_args.split())
+def start_sluice(args, n, isa=None, binary=None):
+    cmd = ([binary or args.sluice, "serve", args.model, "--port", "0", "-t", str(args.threads), "-c", str(args.ctx),
+            "--parallel", str(args.slots or n), "--temp", "0"] + args.sluice_args.split())
     env = dict(os.environ)
     if isa:
         env["SLUICE_ISA"] = isa
@@ -82,7 +83,8 @@ def start_sluice(args, n, isa=None):
 def start_llama(args, n):
     port = free_port()
     cmd = ([args.llama_server, "-m", args.model, "--host", "127.0.0.1", "--port", str(port),
-            "-t", str(args.threads), "-tb", str(args.threads), "-np", str(n), "-c", str(n * args.ctx),
+            "-t", str(args.threads), "-tb", str(args.threads), "-np", str(args.slots or n),
+            "-c", str((args.slots or n) * args.ctx),
             "--no-kv-unified", "--temp", "0"] + args.llama_args.split())
     p = subprocess.Popen(cmd, stderr=subprocess.STDOUT, stdout=subprocess.PIPE, text=True)
     log = []
@@ -146,14 +148,17 @@ def run(args, arm, n):
     else:
         # "sluice-avx2": the same binary with its kernels capped at AVX2 (SLUICE_ISA), like
         # for like with a llama.cpp built without AVX-512.
-        p, url, log = start_sluice(args, n, arm.split("-", 1)[1] if "-" in arm else None)
+        # "base": another sluice binary (`--sluice-base`, e.g. main's build) for a before/after.
+        p, url, log = start_sluice(args, n, arm.split("-", 1)[1] if "-" in arm else None,
+                                   args.sluice_base if arm.startswith("base") else None)
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=3600, max_retries=0)
         model = client.models.list().data[0].id
         one(client, model, "Hello", 1, {}, 0)
         b0 = expert_bytes(url) if arm != "llama" else None
         out = {}
-        ts = [threading.Thread(target=one, args=(client, model, PROMPTS[i % len(PROMPTS)],
+        ts = [threading.Thread(target=one, args=(client, model,
+                                                 " ".join([PROMPTS[i % len(PROMPTS)]] * args.prompt_repeat),
                                                  args.max_tokens, out, i)) for i in range(n)]
         for t in ts:
             t.start()
@@ -185,6 +190,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--sluice", default="target/release/sluice")
+    ap.add_argument("--sluice-base", default="", help="the binary of the `base` arm")
+    ap.add_argument("--slots", type=int, default=0,
+                    help="server slots whatever the client count (default: as many as clients)")
+    ap.add_argument("--prompt-repeat", type=int, default=1,
+                    help="each prompt repeated K times (longer prompts: TTFT under prefill)")
     ap.add_argument("--llama-server", default="vendor-data/llama.cpp-server/bin/llama-server")
     ap.add_argument("--arms", default="sluice,llama")
     ap.add_argument("--clients", default="1,2,4,8")
@@ -216,7 +226,11 @@ def main():
             same = all(r["texts"] == rs[0]["texts"] for r in rs)
             if not same:
                 print(f"{arm} N={n}: texts differ between rounds", flush=True)
-    print("\n| N | arm | aggregate tok/s (runs) | decode tok/s per request | TTFT ms | load |")
+        if "sluice" in arms and "base" in arms:
+            a = [r["texts"] for r in results if r["arm"] == "sluice" and r["n"] == n]
+            b = [r["texts"] for r in results if r["arm"] == "base" and r["n"] == n]
+            print(f"N={n}: sluice and base texts {'identical' if a[0] == b[0] else 'DIFFER'}", flush=True)
+    print("\n| N | arm | aggregate tok/s (runs) | decode tok/s per request | TTFT ms mean / max | load |")
     print("| --- | --- | --- | --- | --- | --- |")
     med = {}
     for n in ns:
@@ -226,7 +240,8 @@ def main():
             med[(arm, n)] = statistics.median(ag)
             print(f"| {n} | {arm} | {med[(arm, n)]:.2f} ({', '.join(f'{x:.2f}' for x in ag)}) | "
                   f"{statistics.median(r['decode_tps'] for r in rs):.2f} | "
-                  f"{statistics.median(r['ttft'] for r in rs) * 1000:.0f} | "
+                  f"{statistics.median(r['ttft'] for r in rs) * 1000:.0f} / "
+                  f"{statistics.median(r['ttft_max'] for r in rs) * 1000:.0f} | "
                   f"{', '.join('%.1f' % r['load'] for r in rs)} |")
     if "llama" in arms:
         for a in arms:

@@ -6,7 +6,9 @@
 //! request cancelled mid-way that leaves the others untouched; with grouped-query attention
 //! (the random Qwen3-MoE-shaped model), MLA (the built-in DeepSeek-V3-style model) and the
 //! hybrid families (Qwen3-Next and Qwen3.5-MoE fixtures: each sequence's Gated DeltaNet conv
-//! and recurrent state swapped in for its rows, its gated-attention cache likewise).
+//! and recurrent state swapped in for its rows, its gated-attention cache likewise). The
+//! admission: prompts waiting together are read in one step, and a long prompt is read in
+//! chunks beside the running streams.
 
 use sluice::engine::batch::{Batch, Done, SeqRequest};
 use sluice::engine::{Engine, EngineOptions, Event, Finish, GenParams, GpuWant};
@@ -346,4 +348,117 @@ fn refusals() {
     let d = admit(&mut b, &mut e, |e| request(e, &long, 0, &texts, no), ()).expect("refused");
     assert!(d.result.is_err(), "over the context");
     assert_eq!(b.active(), 0);
+}
+
+/// Prompts waiting together are all read in one step (within `-b`), and each then returns
+/// what it returns alone.
+#[test]
+fn waiting_prompts_are_admitted_in_one_step() {
+    let mut solo = open(1);
+    let mut o = EngineOptions::new(&model());
+    o.threads = 2;
+    o.ctx = Some(160);
+    o.batch = 64;
+    o.parallel = 4;
+    o.quiet = true;
+    o.gpu.want = GpuWant::Off;
+    let mut e = Engine::open(o).unwrap();
+    let v = e.model.cfg.vocab;
+    let cases: Vec<Case> = (0..4)
+        .map(|i| Case {
+            prompt: prompt(30 + i as u32, 5 + 4 * i, v),
+            max_tokens: 6,
+            ignore_eos: true,
+            sampling: greedy(),
+        })
+        .collect();
+    let want: Vec<_> = cases.iter().map(|c| alone(&mut solo, c)).collect();
+    let mut b: Batch<usize> = Batch::new(&e, 4).unwrap();
+    let texts: Texts = Arc::new(Mutex::new(vec![String::new(); 4]));
+    for (i, c) in cases.iter().enumerate() {
+        let no = Arc::new(AtomicBool::new(false));
+        assert!(admit(&mut b, &mut e, |e| request(e, c, i, &texts, no), i).is_none());
+    }
+    let mut done = b.step(&mut e);
+    let rows: usize = cases.iter().map(|c| c.prompt.len()).sum();
+    assert_eq!((b.stats.steps, b.stats.prefill_rows), (1, rows as u64));
+    assert_eq!(
+        b.phases(),
+        (0, 4),
+        "every prompt read and sampled in the first step"
+    );
+    // The next step decodes all four.
+    done.extend(b.step(&mut e));
+    assert_eq!(b.stats.decode_rows, 4);
+    while b.active() > 0 {
+        done.extend(b.step(&mut e));
+    }
+    assert_eq!(done.len(), 4);
+    for d in done {
+        let g = d.result.unwrap();
+        assert_eq!(g.tokens, want[d.tag].0, "request {}", d.tag);
+    }
+}
+
+/// A long prompt is read a chunk per step beside the running streams: every step decodes
+/// every stream, and the prompt's reply is still its own.
+#[test]
+fn a_long_prompt_does_not_stall_running_streams() {
+    let mut solo = open(1);
+    let mut e = open(3);
+    let v = e.model.cfg.vocab;
+    let case = |seed, n| Case {
+        prompt: prompt(seed, n, v),
+        max_tokens: 40,
+        ignore_eos: true,
+        sampling: greedy(),
+    };
+    let cases = [case(40, 3), case(41, 3), case(42, 60)];
+    let want: Vec<_> = cases.iter().map(|c| alone(&mut solo, c)).collect();
+    let mut b: Batch<usize> = Batch::new(&e, 3).unwrap();
+    let texts: Texts = Arc::new(Mutex::new(vec![String::new(); 3]));
+    let no = || Arc::new(AtomicBool::new(false));
+    let mut done = Vec::new();
+    for i in [0, 1] {
+        assert!(admit(
+            &mut b,
+            &mut e,
+            |e| request(e, &cases[i], i, &texts, no()),
+            i
+        )
+        .is_none());
+    }
+    done.extend(b.step(&mut e));
+    assert_eq!(b.phases(), (0, 2), "both short prompts in one 6-row step");
+    assert!(admit(
+        &mut b,
+        &mut e,
+        |e| request(e, &cases[2], 2, &texts, no()),
+        2
+    )
+    .is_none());
+    let mut prefill_steps = 0;
+    while b.phases().0 > 0 {
+        let before = b.stats;
+        done.extend(b.step(&mut e));
+        assert_eq!(
+            b.stats.decode_rows - before.decode_rows,
+            2,
+            "both streams ran"
+        );
+        assert_eq!(
+            b.stats.prefill_rows - before.prefill_rows,
+            4,
+            "a 4-row chunk"
+        );
+        prefill_steps += 1;
+    }
+    assert_eq!(prefill_steps, 15, "60 prompt tokens in chunks of 6 - 2");
+    while b.active() > 0 {
+        done.extend(b.step(&mut e));
+    }
+    for d in done {
+        let g = d.result.unwrap();
+        assert_eq!(g.tokens, want[d.tag].0, "request {}", d.tag);
+    }
 }

@@ -1,9 +1,12 @@
 //! Continuous batching (`serve --parallel N`): N sequence slots, and a step that runs every
 //! active sequence's next rows in ONE forward (`Model::forward_seqs`). Decoding slots each add
-//! their one token; at most one slot that is still reading its prompt adds a chunk of it (the
-//! rows the batch has left), chosen round robin among the slots prefilling, so a long prompt
-//! is read a chunk per step while the others keep streaming. A MoE layer then computes the
-//! union of the rows' experts, each read once and computed once for all rows routed to it.
+//! their one token; the slots still reading their prompt share the rows the batch (`-b`) has
+//! left (`plan_rows`: the prompt admitted first keeps an equal share, the rest goes shortest
+//! first), so prompts arriving together are read in one step when they fit and a long one a
+//! chunk per step while the others keep streaming. Only the rows that are
+//! sampled from (each decode row, the last row of each prompt that ends) go through the
+//! output matrix. A MoE layer computes the union of the rows' experts, each read once and
+//! computed once for all rows routed to it.
 //!
 //! Owns: `Batch` (the slots, each with its own KV cache as a `State` and the tokens it holds;
 //! the scheduler: admission with prefix reuse within a slot, across slots and from
@@ -98,14 +101,14 @@ pub struct Batch<T> {
     /// Each slot's KV cache and position (a `State` of batch 1; the forward's buffers are the
     /// engine's session state).
     seqs: Vec<State>,
-    /// The slot after the one that prefilled last (round robin).
-    rr: usize,
     admitted: u64,
     pub stats: BatchStats,
     rows: Vec<u32>,
     parts: Vec<(usize, usize)>,
-    decoders: Vec<usize>,
-    phases: Vec<Option<(bool, usize)>>,
+    /// The rows whose logits a step samples from (each ending prompt's last, each decode row).
+    want: Vec<usize>,
+    plan: Plan,
+    phases: Vec<Option<Phase>>,
     /// Slots whose request ended in this step (their conversation goes to `--kv-dir`).
     ended: Vec<usize>,
 }
@@ -139,12 +142,16 @@ impl<T> Batch<T> {
                 })
                 .collect(),
             seqs,
-            rr: 0,
             admitted: 0,
             stats: BatchStats::default(),
             rows: Vec::with_capacity(st.batch()),
             parts: Vec::with_capacity(n),
-            decoders: Vec::with_capacity(n),
+            want: Vec::with_capacity(n),
+            plan: Plan {
+                prefill: Vec::with_capacity(n),
+                decoders: Vec::with_capacity(n),
+                waiting: Vec::with_capacity(n),
+            },
             phases: Vec::with_capacity(n),
             ended: Vec::with_capacity(n),
         })
@@ -382,7 +389,7 @@ impl<T> Batch<T> {
     }
 
     /// One step: drop cancelled requests, then one batched forward of every decoding slot's
-    /// token and (round robin) one prefilling slot's next prompt chunk, then sample, emit and
+    /// token and the prefilling slots' next prompt chunks (`plan_rows`), then sample, emit and
     /// check stops per sequence. Returns the requests that ended.
     fn step_rows(&mut self, engine: &mut Engine) -> Vec<Done<T>> {
         let mut done = Vec::new();
@@ -391,46 +398,47 @@ impl<T> Batch<T> {
                 self.end(engine, i, Ok(Finish::Cancelled), &mut done);
             }
         }
-        let n_slots = self.len();
         self.phases.clear();
         self.phases.extend(self.slots.iter().map(|s| {
-            s.job
-                .as_ref()
-                .map(|a| (a.next.is_some(), a.req.prompt.len() - a.fed))
+            s.job.as_ref().map(|a| Phase {
+                decoding: a.next.is_some(),
+                left: a.req.prompt.len() - a.fed,
+                admitted: s.used,
+            })
         }));
-        let (prefill, decoders) = plan_rows(engine.state().batch(), self.rr, &self.phases);
-        self.decoders = decoders;
+        plan_rows(engine.state().batch(), &self.phases, &mut self.plan);
         self.rows.clear();
         self.parts.clear();
-        let mut last = false;
-        if let Some((i, take)) = prefill {
-            self.rr = (i + 1) % n_slots;
+        self.want.clear();
+        for &(i, take) in &self.plan.prefill {
             if let Some(a) = &self.slots[i].job {
                 let e = a.fed + take;
                 self.rows.extend_from_slice(&a.req.prompt[a.fed..e]);
                 self.parts.push((i, take));
-                last = e == a.req.prompt.len();
+                if e == a.req.prompt.len() {
+                    self.want.push(self.rows.len() - 1);
+                }
             }
         }
-        let prefill = prefill.map(|p| p.0);
+        let prefills = self.parts.len();
         let chunk = self.rows.len();
-        for &i in &self.decoders {
+        for &i in &self.plan.decoders {
             if let Some(t) = self.slots[i].job.as_ref().and_then(|a| a.next) {
                 self.rows.push(t);
                 self.parts.push((i, 1));
+                self.want.push(self.rows.len() - 1);
             }
         }
         if self.rows.is_empty() {
             return done;
         }
-        let logits_from = if last { chunk - 1 } else { chunk };
         let Engine { model, session, .. } = engine;
         let r = model.forward_seqs(
             &mut session.st,
             &mut self.seqs,
             &self.rows,
             &self.parts,
-            logits_from,
+            &self.want,
         );
         let logits = match r {
             Ok(l) => l.to_vec(),
@@ -446,49 +454,53 @@ impl<T> Batch<T> {
             }
         };
         engine.session.st.tick_token();
+        let decoders = self.parts.len() - prefills;
         let s = &mut self.stats;
         s.steps += 1;
         s.prefill_rows += chunk as u64;
-        s.decode_rows += self.decoders.len() as u64;
-        s.decode_steps += u64::from(!self.decoders.is_empty());
+        s.decode_rows += decoders as u64;
+        s.decode_steps += u64::from(decoders > 0);
         s.experts += engine.session.st.experts_run as u64;
-        if !self.decoders.is_empty() {
+        if decoders > 0 {
             s.decode_experts += engine.session.st.experts_run as u64;
         }
         let v = engine.model.cfg.vocab;
+        // The logit rows follow the parts' order: each ending prompt's, then each decode row's.
         let mut row = 0;
-        if let Some(i) = prefill {
-            let fed = &self.rows[..chunk];
-            self.slots[i].tokens.extend_from_slice(fed);
-            if let Some(a) = self.slots[i].job.as_mut() {
-                a.fed += chunk;
-            }
-            if last {
-                let a = self.slots[i].job.as_mut().expect("the prefilling slot");
-                let t = a.req.sampler.sample(&logits[..v], &a.history);
+        for k in 0..self.parts.len() {
+            let (i, take) = self.parts[k];
+            let slot = &mut self.slots[i];
+            let Some(a) = slot.job.as_mut() else {
+                continue;
+            };
+            let t = if k < prefills {
+                slot.tokens
+                    .extend_from_slice(&a.req.prompt[a.fed..a.fed + take]);
+                a.fed += take;
+                if a.fed < a.req.prompt.len() {
+                    continue;
+                }
+                let t = a
+                    .req
+                    .sampler
+                    .sample(&logits[row * v..(row + 1) * v], &a.history);
                 a.stats.prefill_secs = a.t0.elapsed().as_secs_f64();
                 a.stats.prefill_done = true;
                 a.stats.experts_per_token_plain = plain_experts(engine);
                 a.t_decode = Instant::now();
-                row = 1;
-                self.emit(engine, i, t, &mut done);
-            }
-        }
-        for k in 0..self.decoders.len() {
-            let i = self.decoders[k];
-            let Some(a) = self.slots[i].job.as_mut() else {
-                continue;
+                t
+            } else {
+                let Some(fed) = a.next.take() else {
+                    continue;
+                };
+                slot.tokens.push(fed);
+                let t = a
+                    .req
+                    .sampler
+                    .sample(&logits[row * v..(row + 1) * v], &a.history);
+                a.stats.decode_steps += 1;
+                t
             };
-            let Some(fed) = a.next.take() else {
-                continue;
-            };
-            self.slots[i].tokens.push(fed);
-            let a = self.slots[i].job.as_mut().expect("a decoding slot");
-            let t = a
-                .req
-                .sampler
-                .sample(&logits[row * v..(row + 1) * v], &a.history);
-            a.stats.decode_steps += 1;
             row += 1;
             self.emit(engine, i, t, &mut done);
         }
@@ -600,65 +612,217 @@ fn plain_experts(engine: &Engine) -> f64 {
     (moe * c.n_experts_used.min(c.n_experts)) as f64
 }
 
-/// The scheduler: the rows of one step for slots in the given phases (`None`: free;
-/// `(decoding, prompt tokens left)`). Every decoding slot gets one row (none waits); the
-/// first prefilling slot at or after `rr` (round robin) gets the rest of the `batch`-row
-/// budget, up to what its prompt has left. Returns (prefilling slot and its rows, decoding
-/// slots).
-fn plan_rows(
-    batch: usize,
-    rr: usize,
-    slots: &[Option<(bool, usize)>],
-) -> (Option<(usize, usize)>, Vec<usize>) {
-    let n = slots.len();
-    let dec: Vec<usize> = (0..n)
-        .filter(|&i| matches!(slots[i], Some((true, _))))
-        .collect();
-    let room = batch.saturating_sub(dec.len());
-    let pre = (0..n)
-        .map(|k| (rr + k) % n)
-        .find(|&i| matches!(slots[i], Some((false, _))))
-        .filter(|_| room > 0)
-        .map(|i| (i, slots[i].map_or(0, |s| s.1).min(room)));
-    (pre, dec)
+/// A running slot as the scheduler sees it.
+#[derive(Clone, Copy, Debug)]
+struct Phase {
+    decoding: bool,
+    /// Prompt tokens not yet read.
+    left: usize,
+    /// Admission count (smaller: admitted earlier).
+    admitted: u64,
+}
+
+/// The rows of one step (`plan_rows`): each prefilling slot with its chunk, and the decoding
+/// slots.
+#[derive(Debug, Default)]
+struct Plan {
+    prefill: Vec<(usize, usize)>,
+    decoders: Vec<usize>,
+    /// Prefilling slots with their tokens left and admission count (scratch).
+    waiting: Vec<(usize, usize, u64)>,
+}
+
+/// The scheduler: the rows of one step for the running slots (`None`: free), within `batch`
+/// rows (`-b`, as llama-server's n_batch). Every decoding slot gets its one row first, so a
+/// prompt never stalls a stream. Of the rest, the prompt admitted first is guaranteed an
+/// equal share (rows / prompts waiting, at least one), so every prompt keeps moving and none
+/// starves; then the prompts take what they still need shortest first (ties: admitted
+/// first) until the rows run out. Clients arriving together with prompts that fit are all
+/// read in one step; a long prompt is read in chunks over several steps, interleaved with
+/// the decoding rows and not in the way of short prompts; several long ones finish one after
+/// the other rather than all at the end (a lower mean time to first token than equal
+/// shares, the same for the last). Fills `plan` (prefill shortest first).
+fn plan_rows(batch: usize, slots: &[Option<Phase>], plan: &mut Plan) {
+    plan.prefill.clear();
+    plan.decoders.clear();
+    plan.waiting.clear();
+    for (i, s) in slots.iter().enumerate() {
+        match s {
+            Some(p) if p.decoding => plan.decoders.push(i),
+            Some(p) if p.left > 0 => plan.waiting.push((i, p.left, p.admitted)),
+            _ => {}
+        }
+    }
+    let mut room = batch.saturating_sub(plan.decoders.len());
+    if room == 0 || plan.waiting.is_empty() {
+        return;
+    }
+    plan.waiting.sort_unstable_by_key(|w| (w.1, w.2));
+    let oldest = (0..plan.waiting.len())
+        .min_by_key(|&k| plan.waiting[k].2)
+        .unwrap_or(0);
+    plan.prefill.extend(plan.waiting.iter().map(|w| (w.0, 0)));
+    let floor = plan.waiting[oldest]
+        .1
+        .min((room / plan.waiting.len()).max(1));
+    plan.prefill[oldest].1 = floor;
+    room -= floor;
+    for (k, w) in plan.waiting.iter().enumerate() {
+        let take = (w.1 - plan.prefill[k].1).min(room);
+        plan.prefill[k].1 += take;
+        room -= take;
+    }
+    plan.prefill.retain(|p| p.1 > 0);
 }
 
 #[cfg(test)]
 mod tests {
-    use super::plan_rows;
+    use super::{plan_rows, Phase, Plan};
+
+    /// Slots from (decoding, prompt tokens left); admitted in slot order.
+    fn slots(s: &[Option<(bool, usize)>]) -> Vec<Option<Phase>> {
+        s.iter()
+            .enumerate()
+            .map(|(i, p)| {
+                p.map(|(decoding, left)| Phase {
+                    decoding,
+                    left,
+                    admitted: i as u64,
+                })
+            })
+            .collect()
+    }
+
+    fn plan(batch: usize, s: &[Option<Phase>]) -> Plan {
+        let mut p = Plan::default();
+        plan_rows(batch, s, &mut p);
+        p
+    }
+
+    fn sorted(p: &Plan) -> Vec<(usize, usize)> {
+        let mut v = p.prefill.clone();
+        v.sort_unstable();
+        v
+    }
 
     #[test]
     fn decoders_all_run_and_prefill_takes_the_rest() {
         // Slots: 0 decoding, 1 prefilling 100 tokens, 2 free, 3 decoding.
-        let s = [Some((true, 0)), Some((false, 100)), None, Some((true, 0))];
-        let (pre, dec) = plan_rows(16, 0, &s);
-        assert_eq!(dec, vec![0, 3]);
-        assert_eq!(pre, Some((1, 14)));
+        let s = slots(&[Some((true, 0)), Some((false, 100)), None, Some((true, 0))]);
+        let p = plan(16, &s);
+        assert_eq!(p.decoders, vec![0, 3]);
+        assert_eq!(p.prefill, vec![(1, 14)]);
         // A short remainder takes only what it needs.
-        let s = [Some((true, 0)), Some((false, 3))];
-        assert_eq!(plan_rows(16, 0, &s).0, Some((1, 3)));
+        let s = slots(&[Some((true, 0)), Some((false, 3))]);
+        assert_eq!(plan(16, &s).prefill, vec![(1, 3)]);
     }
 
     #[test]
-    fn prefill_is_round_robin() {
-        let s = [
+    fn every_waiting_prompt_that_fits_is_admitted_in_one_step() {
+        // Eight clients arriving together, 4-8-token prompts, a 128-row batch: one step.
+        let want: Vec<_> = (0..8).map(|i| (i, 4 + i % 5)).collect();
+        let s = slots(&want.iter().map(|w| Some((false, w.1))).collect::<Vec<_>>());
+        assert_eq!(sorted(&plan(128, &s)), want);
+        // Beside decoding slots too.
+        let mut s = s;
+        for i in [0, 5] {
+            s[i] = Some(Phase {
+                decoding: true,
+                left: 0,
+                admitted: i as u64,
+            });
+        }
+        let p = plan(128, &s);
+        assert_eq!(p.decoders, vec![0, 5]);
+        assert_eq!(p.prefill.len(), 6);
+        assert!(p
+            .prefill
+            .iter()
+            .all(|&(i, take)| take == s[i].unwrap().left));
+    }
+
+    #[test]
+    fn a_long_prompt_neither_stalls_streams_nor_short_prompts() {
+        // Slot 0 reads a 1000-token prompt; 1 and 2 decode; 3 brings a 10-token prompt.
+        let mut s = slots(&[
+            Some((false, 1000)),
+            Some((true, 0)),
+            Some((true, 0)),
+            Some((false, 10)),
+        ]);
+        let p = plan(64, &s);
+        assert_eq!(p.decoders, vec![1, 2], "every stream runs");
+        assert_eq!(sorted(&p), vec![(0, 52), (3, 10)], "the short prompt whole");
+        // The long prompt is chunked within the budget step after step, and finishes.
+        s[3] = Some(Phase {
+            decoding: true,
+            left: 0,
+            admitted: 3,
+        });
+        let (mut left, mut steps) = (1000, 0);
+        while left > 0 {
+            s[0] = Some(Phase {
+                decoding: false,
+                left,
+                admitted: 0,
+            });
+            let p = plan(64, &s);
+            assert_eq!(p.decoders, vec![1, 2, 3]);
+            let rows: usize = p.prefill.iter().map(|x| x.1).sum::<usize>() + p.decoders.len();
+            assert!(rows <= 64, "the step stays within the batch");
+            left -= p.prefill[0].1;
+            steps += 1;
+        }
+        assert_eq!(steps, 1000usize.div_ceil(61));
+    }
+
+    #[test]
+    fn long_prompts_are_read_shortest_first_and_the_oldest_keeps_moving() {
+        // 45 rows for prompts of 50 (admitted first), 30 and 45 tokens: the first keeps its
+        // share (45 / 3 = 15), then the shortest takes all it needs (30), then the rest.
+        let s = slots(&[Some((false, 50)), Some((false, 30)), Some((false, 45))]);
+        assert_eq!(plan(45, &s).prefill, vec![(1, 30), (0, 15)]);
+        // Shorter prompts arriving all the time cannot starve the first.
+        let mut s = s;
+        let mut left = 50;
+        for step in 0..10 {
+            s[0] = Some(Phase {
+                decoding: false,
+                left,
+                admitted: 0,
+            });
+            for i in [1, 2] {
+                s[i] = Some(Phase {
+                    decoding: false,
+                    left: 40,
+                    admitted: 10 + step,
+                });
+            }
+            let p = plan(40, &s);
+            let mine = p.prefill.iter().find(|x| x.0 == 0).map_or(0, |x| x.1);
+            assert!(mine >= 13.min(left), "step {step}: {mine}");
+            left -= mine;
+            if left == 0 {
+                break;
+            }
+        }
+        assert_eq!(left, 0);
+    }
+
+    #[test]
+    fn fewer_rows_than_prompts_still_move_the_oldest() {
+        // 3 rows: the two decoders and one prompt row, which goes to the prompt admitted
+        // first (the others are shorter).
+        let s = slots(&[
             Some((false, 50)),
             None,
-            Some((false, 50)),
-            Some((false, 50)),
-        ];
-        let mut rr = 0;
-        let mut order = Vec::new();
-        for _ in 0..6 {
-            let (pre, _) = plan_rows(8, rr, &s);
-            let i = pre.unwrap().0;
-            order.push(i);
-            rr = (i + 1) % s.len();
-        }
-        assert_eq!(
-            order,
-            vec![0, 2, 3, 0, 2, 3],
-            "no prefilling slot waits more than a round"
-        );
+            Some((false, 20)),
+            Some((false, 30)),
+            Some((true, 0)),
+            Some((true, 0)),
+        ]);
+        let p = plan(3, &s);
+        assert_eq!(p.decoders, vec![4, 5]);
+        assert_eq!(p.prefill, vec![(0, 1)]);
     }
 }

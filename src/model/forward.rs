@@ -120,8 +120,11 @@ impl<'a> Model<'a> {
     /// layer computes the union of the rows' experts, each once for all the rows routed to
     /// it) except rotation, the cache writes and attention, which each part does on its own
     /// rows against its own sequence's cache. `st` holds the buffers (and the expert cache);
-    /// its own KV cache is not used. Logits of rows `logits_from..` are returned, each
-    /// sequence's position advances by its part.
+    /// its own KV cache is not used. The logits of the rows listed in `logits` (ascending:
+    /// the last row of each prompt that ends in this step and each decode row) are returned
+    /// in that order, one `vocab`-wide row each; each sequence's position advances by its
+    /// part. Only those rows go through the output matrix (the largest product of a step on
+    /// small MoE models), so a step can carry several prompts' chunks at no lm_head cost.
     ///
     /// Every row's arithmetic is the one a lone forward of that sequence does (activations are
     /// quantized per row, each output element is one dot in a fixed order, attention reads
@@ -132,7 +135,7 @@ impl<'a> Model<'a> {
         seqs: &mut [State],
         tokens: &[u32],
         parts: &[(usize, usize)],
-        logits_from: usize,
+        logits: &[usize],
     ) -> Result<&'s [f32], ModelError> {
         let t0 = std::time::Instant::now();
         let mut spans = Vec::with_capacity(parts.len());
@@ -190,9 +193,15 @@ impl<'a> Model<'a> {
                 "batched decoding of several sequences needs grouped-query attention, MLA without an indexer or the hybrid layers".into(),
             ));
         }
-        // The contract of a chunk, on the batch state (its own position is not used).
+        if logits.windows(2).any(|w| w[0] >= w[1]) || logits.last().is_some_and(|&r| r >= row0) {
+            return Err(ModelError::Input(format!(
+                "forward_seqs: logit rows {logits:?} are not ascending rows of 0..{row0}"
+            )));
+        }
+        // The contract of a chunk, on the batch state (its own position is not used; the
+        // logit rows are counted as a tail of as many rows).
         let pos = std::mem::replace(&mut st.pos, 0);
-        let checked = self.check_chunk(st, tokens, logits_from);
+        let checked = self.check_chunk(st, tokens, row0 - logits.len());
         st.pos = pos;
         checked?;
         let r = self.pool.install(|| {
@@ -202,15 +211,14 @@ impl<'a> Model<'a> {
             for (l, lw) in w.layers.iter().enumerate() {
                 self.layer_rows(&mut b, l, lw, row0, Spans::Many(&spans))?;
             }
-            self.final_rows(&mut b, row0, logits_from)
+            self.final_rows_at(&mut b, row0, logits)
         });
         st.prof.total += t0.elapsed().as_secs_f64();
         r?;
         for s in &spans {
             seqs[s.seq].pos += s.n;
         }
-        let n_logits = row0.saturating_sub(logits_from);
-        Ok(&st.logits[..n_logits * self.cfg.vocab])
+        Ok(&st.logits[..logits.len() * self.cfg.vocab])
     }
 
     /// The contract of `forward_chunk`: 1..=batch tokens, room in the context, at most
@@ -281,6 +289,38 @@ impl<'a> Model<'a> {
             )?;
             b.prof().lm_head += t.elapsed().as_secs_f64();
         }
+        Ok(())
+    }
+
+    /// `final_rows` for the listed rows only (ascending): a contiguous tail goes straight to
+    /// the output matrix; otherwise the rows' final-normed states are gathered into `Xn` rows
+    /// 0.. first (a copy: each row's logits are the ones its own forward computes).
+    fn final_rows_at<B: Backend + ?Sized>(
+        &self,
+        b: &mut B,
+        n: usize,
+        rows: &[usize],
+    ) -> Result<(), ModelError> {
+        let k = rows.len();
+        if rows.first().is_none_or(|&r| r + k == n) {
+            return self.final_rows(b, n, n - k);
+        }
+        self.final_rows(b, n, n)?;
+        let h = self.cfg.hidden;
+        let (hfin, xn) = (Rows::of(Buf::Hfin, h), Rows::of(Buf::Xn, h));
+        // Runs of consecutive rows, one copy each.
+        let mut j = 0;
+        while j < k {
+            let mut e = j + 1;
+            while e < k && rows[e] == rows[e - 1] + 1 {
+                e += 1;
+            }
+            b.copy(xn.from_row(j), hfin.from_row(rows[j]), e - j)?;
+            j = e;
+        }
+        let t = std::time::Instant::now();
+        b.matmul(xn, k, &[(&self.weights.output, Buf::Logits)])?;
+        b.prof().lm_head += t.elapsed().as_secs_f64();
         Ok(())
     }
 
@@ -449,6 +489,7 @@ mod tests {
 
     const A: [u32; 12] = [1, 7, 3, 9, 4, 4, 2, 11, 5, 8, 6, 10];
     const B: [u32; 7] = [3, 3, 12, 1, 0, 9, 2];
+    const ALL: [usize; 16] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15];
 
     /// Every row's logits of `tokens` fed alone, in chunks of `chunk`.
     fn alone(m: &Model<'_>, tokens: &[u32], chunk: usize) -> Vec<f32> {
@@ -474,7 +515,7 @@ mod tests {
         let mut toks = A[..5].to_vec();
         toks.extend_from_slice(&B[..3]);
         let l = m
-            .forward_seqs(&mut st, &mut seqs, &toks, &[(0, 5), (2, 3)], 0)
+            .forward_seqs(&mut st, &mut seqs, &toks, &[(0, 5), (2, 3)], &ALL[..8])
             .unwrap()
             .to_vec();
         assert_eq!(l[..5 * v], la[..5 * v]);
@@ -484,7 +525,7 @@ mod tests {
         let mut toks = B[3..].to_vec();
         toks.extend_from_slice(&A[5..]);
         let l = m
-            .forward_seqs(&mut st, &mut seqs, &toks, &[(2, 4), (0, 7)], 9)
+            .forward_seqs(&mut st, &mut seqs, &toks, &[(2, 4), (0, 7)], &[9, 10])
             .unwrap()
             .to_vec();
         assert_eq!(l, la[10 * v..]);
@@ -493,9 +534,48 @@ mod tests {
         m.forward_chunk(&mut solo, &B, 0).unwrap();
         let want = m.forward_chunk(&mut solo, &[5], 0).unwrap().to_vec();
         let l = m
-            .forward_seqs(&mut st, &mut seqs, &[6, 5], &[(0, 1), (2, 1)], 1)
+            .forward_seqs(&mut st, &mut seqs, &[6, 5], &[(0, 1), (2, 1)], &[1])
             .unwrap();
         assert_eq!(l, &want[..]);
+    }
+
+    #[test]
+    fn logits_of_chosen_rows_only() {
+        // Two prompts ending in one step beside a decode row: the logits of each prompt's
+        // last row and of the decode row, in row order, each as its sequence alone gives it.
+        let files = tiny();
+        let m = Model::load(&files, &LoadOptions::default()).unwrap();
+        let v = m.cfg.vocab;
+        let (la, lb) = (alone(&m, &A, 12), alone(&m, &B, 7));
+        let mut st = m.new_state(32, 16, 4).unwrap();
+        let mut seqs: Vec<State> = (0..3).map(|_| m.new_state(32, 1, 1).unwrap()).collect();
+        // Sequence 1 first reads A's first 11 tokens; its 12th is then its decode row.
+        m.forward_seqs(&mut st, &mut seqs, &A[..11], &[(1, 11)], &[])
+            .unwrap();
+        let mut toks = A[..5].to_vec();
+        toks.push(A[11]);
+        toks.extend_from_slice(&B);
+        let parts = [(0, 5), (1, 1), (2, 7)];
+        let l = m
+            .forward_seqs(&mut st, &mut seqs, &toks, &parts, &[4, 5, 12])
+            .unwrap()
+            .to_vec();
+        assert_eq!(l.len(), 3 * v);
+        assert_eq!(l[..v], la[4 * v..5 * v], "A's 5th row");
+        assert_eq!(l[v..2 * v], la[11 * v..], "the decode row");
+        assert_eq!(l[2 * v..], lb[6 * v..], "B's last row");
+        // Rows out of order, repeated or past the batch are refused before anything moves.
+        let pos: Vec<usize> = seqs.iter().map(|s| s.pos).collect();
+        for bad in [&[2, 1][..], &[1, 1], &[3]] {
+            assert!(m
+                .forward_seqs(&mut st, &mut seqs, &[1, 2, 3], &[(0, 3)], bad)
+                .is_err());
+        }
+        // More logit rows than the state holds.
+        assert!(m
+            .forward_seqs(&mut st, &mut seqs, &[1; 5], &[(0, 5)], &ALL[..5])
+            .is_err());
+        assert_eq!(seqs.iter().map(|s| s.pos).collect::<Vec<_>>(), pos);
     }
 
     #[test]
@@ -506,25 +586,25 @@ mod tests {
         let mut seqs: Vec<State> = (0..2).map(|_| m.new_state(8, 1, 1).unwrap()).collect();
         let mut other = vec![m.new_state(16, 1, 1).unwrap()];
         assert!(m
-            .forward_seqs(&mut st, &mut seqs, &[1, 2], &[(0, 1), (0, 1)], 0)
+            .forward_seqs(&mut st, &mut seqs, &[1, 2], &[(0, 1), (0, 1)], &[])
             .is_err());
         assert!(m
-            .forward_seqs(&mut st, &mut seqs, &[1, 2], &[(0, 1), (5, 1)], 0)
+            .forward_seqs(&mut st, &mut seqs, &[1, 2], &[(0, 1), (5, 1)], &[])
             .is_err());
         assert!(m
-            .forward_seqs(&mut st, &mut seqs, &[1, 2, 3], &[(0, 2)], 0)
+            .forward_seqs(&mut st, &mut seqs, &[1, 2, 3], &[(0, 2)], &[])
             .is_err());
         assert!(m
-            .forward_seqs(&mut st, &mut other, &[1], &[(0, 1)], 0)
+            .forward_seqs(&mut st, &mut other, &[1], &[(0, 1)], &[])
             .is_err());
         assert!(m
-            .forward_seqs(&mut st, &mut seqs, &[1; 5], &[(0, 5)], 0)
+            .forward_seqs(&mut st, &mut seqs, &[1; 5], &[(0, 5)], &[])
             .is_err());
         // Nothing moved.
         assert_eq!((seqs[0].pos, seqs[1].pos), (0, 0));
         seqs[1].pos = 8;
         assert!(m
-            .forward_seqs(&mut st, &mut seqs, &[1], &[(1, 1)], 0)
+            .forward_seqs(&mut st, &mut seqs, &[1], &[(1, 1)], &[])
             .is_err());
     }
 }
