@@ -51,6 +51,8 @@ pub struct GenStats {
     /// MTP speculative decoding: tokens drafted and accepted.
     pub mtp_drafted: usize,
     pub mtp_accepted: usize,
+    /// MTP steps whose recurrent (Gated DeltaNet) state was rolled back after a rejection.
+    pub mtp_rollbacks: usize,
     /// With MTP, `experts_per_token` split: the main model's forwards (verify batches, whose
     /// expert union is wider than one token's) and the MTP head's (drafts and catch-up).
     pub mtp_experts_main_per_token: f64,
@@ -631,10 +633,15 @@ fn mtp_loop(
         history.truncate(hist_len);
         stats.mtp_drafted += kk;
 
-        // Verify: one main forward over [next, d1..dkk].
+        // Verify: one main forward over [next, d1..dkk]. A recurrent (Gated DeltaNet) state
+        // cannot be cut back afterwards: it is saved first and rolled back on a rejection.
         let mut input = [0u32; 4];
         input[0] = next;
         input[1..=kk].copy_from_slice(&drafts[..kk]);
+        let recurrent = st.is_recurrent();
+        if recurrent {
+            st.checkpoint_recurrent()?;
+        }
         let logits = model.forward_chunk(st, &input[..=kk], 0)?;
         stats.decode_steps += 1;
         let v = model.cfg.vocab;
@@ -673,9 +680,17 @@ fn mtp_loop(
         stats.mtp_accepted += acc;
         stats.experts_main += st.experts_run;
 
-        // Keep the main cache up to the last accepted token; redo the MTP slots of accepted
-        // drafts with the main model's real hidden states.
-        st.truncate(pos + 1 + acc);
+        // Keep the main cache up to the last accepted token (a recurrent state: roll back and
+        // feed the kept tokens again, which also remakes their hidden rows); redo the MTP
+        // slots of accepted drafts with the main model's real hidden states.
+        if recurrent && acc < kk {
+            st.rollback_recurrent(pos)?;
+            model.forward_chunk(st, &input[..=acc], acc)?;
+            stats.experts_main += st.experts_run;
+            stats.mtp_rollbacks += 1;
+        } else {
+            st.truncate(pos + 1 + acc);
+        }
         held.push(next);
         held.extend_from_slice(&drafts[..acc]);
         st.mtp_pos = mtp_start + 1;

@@ -1,5 +1,5 @@
-//! The multi-token-prediction head (DeepSeek-V3, GLM-4.5): a draft model built into the
-//! checkpoint. Slot s combines the main model's final-normed hidden state at position s with
+//! The multi-token-prediction head (DeepSeek-V3, GLM-4.5, Qwen3-Next, Qwen3.5-MoE): a draft
+//! model built into the checkpoint. Slot s combines the main model's final-normed hidden state at position s with
 //! the embedding of token s+1 and predicts token s+2:
 //! `x = eh_proj([enorm(embed(t[s+1])); hnorm(h[s])])` -> one decoder layer (its own KV cache,
 //! causal over slots, rotary position s+1) -> `head_norm` -> `head`.
@@ -29,12 +29,20 @@ impl<'a> Model<'a> {
     }
 
     /// The MTP layer's output of the last row of the last `mtp_forward` (the hidden state a
-    /// chained draft feeds back in), copied into MTP input row `dst`.
+    /// chained draft feeds back in), copied into MTP input row `dst`. DeepSeek-V3 / GLM-4.5
+    /// chain the layer's output before the head norm; Qwen3-Next / Qwen3.5 after `mtp.norm`
+    /// (their MTP module returns the normed state, as the main model's final norm does), so
+    /// `last_row` must then be a logits row of that `mtp_forward`.
     pub fn mtp_chain_hidden(&self, st: &mut State, last_row: usize, dst: usize) {
         let h = self.cfg.hidden;
+        let from = if self.cfg.hybrid.is_some() {
+            Buf::Xn
+        } else {
+            Buf::X
+        };
         let (dst, src) = (
             Rows::of(Buf::MtpHidden, h).from_row(dst),
-            Rows::of(Buf::X, h).from_row(last_row),
+            Rows::of(from, h).from_row(last_row),
         );
         let _ = CpuBackend::new(self, st).copy(dst, src, 1);
     }

@@ -155,7 +155,7 @@ impl State {
             vcache: vec![0.0; cache_layers * ctx * vc],
             idx: super::deepseek2::IndexerScratch::new(cfg, ctx, batch),
             v4: super::deepseek_v4::Scratch::new(cfg, ctx, batch),
-            hybrid: super::qwen3next::HybridState::new(cfg, batch),
+            hybrid: super::qwen3next::HybridState::new(cfg, batch, mtp),
             router: vec![0.0; batch * e],
             choice: vec![0.0; e],
             groups_score: vec![0.0; cfg.routing.n_group],
