@@ -420,7 +420,8 @@ pub fn decode_on(
     // Prefill in chunks, looking for a cancel between them. With MTP the head catches up
     // after each chunk on the slots whose next token is known (slot s pairs the hidden state
     // of position s with token s + 1), and a chunk leaves room for the pending slot.
-    let h = model.cfg.hidden;
+    // MTP input rows are `mtp_width` floats: the hidden size (DeepSeek-V4: its hc streams).
+    let h = model.mtp_width();
     let mut pending = vec![0f32; if k > 0 { h } else { 0 }];
     let t0 = Instant::now();
     let b = st.batch();
@@ -457,11 +458,12 @@ pub fn decode_on(
             if own > 0 {
                 model.mtp_take_hidden(st, 0, own, rows);
             }
+            // Taken before the head runs (DeepSeek-V4's head reuses the streams scratch).
+            pending.copy_from_slice(model.mtp_source_row(st, e - a - 1));
             let first_tok = if first { a + 1 } else { a };
             if e > first_tok {
                 model.mtp_forward(st, &input[first_tok..e], e - first_tok)?;
             }
-            pending.copy_from_slice(&st.hfin[(e - a - 1) * h..(e - a) * h]);
         }
         a = e;
     }
@@ -568,7 +570,7 @@ fn mtp_loop(
     k: usize,
     oracle: Option<&[u32]>,
 ) -> Result<Finish, GenerateError> {
-    let h = model.cfg.hidden;
+    let h = model.mtp_width();
     let mut coin = Coin(crate::synth::Rng(sampler.params().seed ^ 0x5bd1_e995));
     let greedy = sampler.params().temperature <= 0.0;
     let mut drafts = vec![0u32; k];
@@ -696,10 +698,12 @@ fn mtp_loop(
         st.mtp_pos = mtp_start + 1;
         if acc > 0 {
             model.mtp_take_hidden(st, 0, acc, 0);
+        }
+        pending.copy_from_slice(model.mtp_source_row(st, acc));
+        if acc > 0 {
             model.mtp_forward(st, &drafts[..acc], acc)?;
             stats.experts_head += st.experts_run;
         }
-        pending.copy_from_slice(&st.hfin[acc * h..(acc + 1) * h]);
         for _ in 0..=acc {
             st.tick_token();
         }

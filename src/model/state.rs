@@ -61,8 +61,8 @@ pub struct State {
     pub(super) pf_mark: Vec<bool>,  // (n_experts) predicted by some token of the chunk
     pub(super) pf_needed: Vec<usize>, // (n_experts) the predicted union, ascending
     // Multi-token prediction (empty unless the model has an MTP layer).
-    pub(crate) mtp_cat: Vec<f32>, // (batch, 2*hidden) [enorm(embed); hnorm(h)]
-    pub(crate) mtp_hidden: Vec<f32>, // (batch, hidden) main hidden states paired with tokens
+    pub(crate) mtp_cat: Vec<f32>, // (batch, 2*hidden) [enorm(embed); hnorm(h)] (V4: hc*hidden)
+    pub(crate) mtp_hidden: Vec<f32>, // (batch, hidden) main hidden states paired with tokens (V4: hc streams)
     pub(crate) mtp_logits: Vec<f32>, // (logit_rows, vocab)
     /// MTP slots in the MTP layer's cache (slot s pairs hidden of position s with token s+1).
     pub mtp_pos: usize,
@@ -106,6 +106,8 @@ impl State {
         mtp: bool,
     ) -> State {
         let mtp = mtp && cfg.n_mtp_layers > 0;
+        // DeepSeek-V4's MTP input rows are its `hc` residual streams.
+        let hc = cfg.v4.as_ref().map_or(1, |v| v.hc);
         let cache_layers = cfg.kv_layers() + usize::from(mtp);
         let (h, qd, kvd, e, k) = (
             cfg.hidden,
@@ -179,8 +181,8 @@ impl State {
             pf_selw: vec![0.0; k],
             pf_mark: vec![false; e],
             pf_needed: Vec::with_capacity(e),
-            mtp_cat: vec![0.0; if mtp { batch * 2 * h } else { 0 }],
-            mtp_hidden: vec![0.0; if mtp { batch * h } else { 0 }],
+            mtp_cat: vec![0.0; if mtp { batch * h * 2.max(hc) } else { 0 }],
+            mtp_hidden: vec![0.0; if mtp { batch * h * hc } else { 0 }],
             mtp_logits: vec![0.0; if mtp { logit_rows * cfg.vocab } else { 0 }],
             mtp_pos: 0,
             expert_cache: None,
