@@ -287,3 +287,49 @@ fn rollback_restores_the_recurrent_state_bit_identically() {
     let mut plain = model.new_state(160, 8, 4).unwrap();
     assert!(plain.checkpoint_recurrent().is_err());
 }
+
+/// The engine across turns with `--mtp`: a second turn that extends the first must answer as a
+/// fresh run does. The MTP head's slots lag the main cache by one position, which a KV cache
+/// re-levels by cutting one position; a recurrent state cannot be cut, so the turn recomputes.
+#[test]
+fn engine_turns_with_mtp_match_fresh_runs() {
+    use sluice::engine::{Engine, EngineOptions, GenParams, GpuWant};
+    std::env::set_var(
+        "SLUICE_CACHE_DIR",
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join("mtp-hybrid-cache"),
+    );
+    let open = |mtp: usize| {
+        let mut o = EngineOptions::new(&dir("qwen3_next_mtp"));
+        o.threads = 2;
+        o.ctx = Some(160);
+        o.batch = 5;
+        o.quiet = true;
+        o.mtp = mtp;
+        o.gpu.want = GpuWant::Off;
+        Engine::open(o).unwrap()
+    };
+    let gen = |e: &mut Engine, prompt: &[u32]| {
+        let mut s = e.sampler();
+        let mut p = GenParams::new(12);
+        p.ignore_eos = true;
+        e.generate(prompt, &mut s, &p, &mut |_| true)
+            .unwrap()
+            .generation
+            .tokens
+    };
+    let first = [5u32, 77, 301, 12, 9, 150, 42];
+    let mut e = open(2);
+    let out1 = gen(&mut e, &first);
+    let mut second = first.to_vec();
+    second.extend_from_slice(&out1);
+    second.extend_from_slice(&[88, 199, 64]);
+    let out2 = gen(&mut e, &second);
+    for mtp in [0, 2] {
+        let mut fresh = open(mtp);
+        assert_eq!(
+            gen(&mut fresh, &second),
+            out2,
+            "second turn vs a fresh run (--mtp {mtp})"
+        );
+    }
+}

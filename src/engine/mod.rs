@@ -387,7 +387,13 @@ impl Engine {
         }
         s.st.truncate(common);
         if self.opts.mtp > 0 {
-            s.st.pos = s.st.mtp_pos.min(s.st.pos);
+            if s.st.is_recurrent() && s.st.mtp_pos < s.st.pos {
+                // The head's slots lag the cache; a recurrent state cannot be cut back to
+                // them: restart (the turn is computed from 0).
+                s.st.reset();
+            } else {
+                s.st.pos = s.st.mtp_pos.min(s.st.pos);
+            }
         }
         s.tokens.truncate(s.st.pos);
         restored

@@ -24,6 +24,8 @@
 //!   the first `hash` layers the frozen `tid2eid[token]` table; weights renormalised and scaled
 //!   by `routed_scaling_factor`; routed and shared experts both use the SwiGLU with gate
 //!   clamped above and up clamped both sides at `swiglu_limit`.
+//! - MTP (not in transformers, which drops `mtp.*`): DeepSeek's own `MTPBlock`
+//!   (inference/model.py), `V4Mtp` below, run by mtp.rs under `--mtp`.
 //!
 //! The cache: every position of every layer keeps one K row (its rotated KV, and, at the last
 //! position of a closed window, the pooled entry and the indexer's pooled key) and one V row
