@@ -333,3 +333,66 @@ fn engine_turns_with_mtp_match_fresh_runs() {
         );
     }
 }
+
+/// Above temperature 0 the rollback runs on the sampling path too: with top-k 1 both
+/// distributions are point masses, so the output must be plain greedy's whatever the coin
+/// flips; at temperature 1 a run repeats under its seed and stays in the vocabulary.
+#[test]
+fn hybrid_speculative_sampling_rolls_back_too() {
+    for (fixture, path) in files() {
+        let files = ModelFiles::open(&path).unwrap();
+        let model = Model::load(&files, &OPTS).unwrap();
+        let tok = tokenizer(fixture);
+        let (prompt, want) = plain(&model, &tok, fixture, 24);
+        for (k, seed) in [(1, 1u64), (2, 2), (3, 3)] {
+            let params = SamplingParams {
+                temperature: 0.7,
+                top_k: 1,
+                seed,
+                ..SamplingParams::default()
+            };
+            let mut st = model.new_state_mtp(160, 4, 4).unwrap();
+            let mut sampler = Sampler::new(params, model.cfg.vocab);
+            let (spec, stats) = generate_mtp(
+                &model,
+                &mut st,
+                &tok,
+                &mut sampler,
+                &prompt,
+                24,
+                true,
+                k,
+                &mut |_| true,
+            )
+            .unwrap();
+            assert_eq!(spec, want, "{} --mtp {k} at top-k 1", path.display());
+            assert!(stats.mtp_rollbacks > 0);
+        }
+        let run = || {
+            let params = SamplingParams {
+                temperature: 1.0,
+                seed: 11,
+                ..SamplingParams::default()
+            };
+            let mut st = model.new_state_mtp(160, 4, 3).unwrap();
+            let mut sampler = Sampler::new(params, model.cfg.vocab);
+            generate_mtp(
+                &model,
+                &mut st,
+                &tok,
+                &mut sampler,
+                &prompt,
+                20,
+                true,
+                2,
+                &mut |_| true,
+            )
+            .unwrap()
+            .0
+        };
+        let a = run();
+        assert_eq!(a.len(), 20);
+        assert_eq!(a, run());
+        assert!(a.iter().all(|&t| (t as usize) < model.cfg.vocab));
+    }
+}
