@@ -289,8 +289,9 @@ fn rollback_restores_the_recurrent_state_bit_identically() {
 }
 
 /// The engine across turns with `--mtp`: a second turn that extends the first must answer as a
-/// fresh run does. The MTP head's slots lag the main cache by one position, which a KV cache
-/// re-levels by cutting one position; a recurrent state cannot be cut, so the turn recomputes.
+/// fresh run does, and keep the first turn's state. The MTP head's slots lag the main cache by
+/// one position, which a KV cache re-levels by cutting one position; a recurrent state cannot
+/// be cut, so the last decode's row of that slot is kept and run first (`resumes_mtp`).
 #[test]
 fn engine_turns_with_mtp_match_fresh_runs() {
     use sluice::engine::{Engine, EngineOptions, GenParams, GpuWant};
@@ -323,7 +324,18 @@ fn engine_turns_with_mtp_match_fresh_runs() {
     let mut second = first.to_vec();
     second.extend_from_slice(&out1);
     second.extend_from_slice(&[88, 199, 64]);
-    let out2 = gen(&mut e, &second);
+    let mut sampler = e.sampler();
+    let mut p = GenParams::new(12);
+    p.ignore_eos = true;
+    let o2 = e
+        .generate(&second, &mut sampler, &p, &mut |_| true)
+        .unwrap();
+    let out2 = o2.generation.tokens;
+    assert!(
+        o2.generation.stats.reused >= first.len() + out1.len() - 1,
+        "the first turn's state is kept ({} reused)",
+        o2.generation.stats.reused
+    );
     for mtp in [0, 2] {
         let mut fresh = open(mtp);
         assert_eq!(

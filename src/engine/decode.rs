@@ -375,7 +375,7 @@ pub fn decode_on(
             ))
             .into());
         }
-        if st.mtp_pos != st.pos {
+        if st.mtp_pos != st.pos && !resumes_mtp(st) {
             return Err(ModelError::Input(format!(
                 "--mtp: the MTP head holds {} positions, the main cache {}",
                 st.mtp_pos, st.pos
@@ -423,6 +423,12 @@ pub fn decode_on(
     // MTP input rows are `mtp_width` floats: the hidden size (DeepSeek-V4: its hc streams).
     let h = model.mtp_width();
     let mut pending = vec![0f32; if k > 0 { h } else { 0 }];
+    // A state one slot behind with the last decode's row kept (`resumes_mtp`): that row is
+    // the pending slot of the first chunk.
+    let resume = k > 0 && st.mtp_pos != st.pos;
+    if resume {
+        pending.copy_from_slice(&st.mtp_pending);
+    }
     let t0 = Instant::now();
     let b = st.batch();
     let step = if k > 0 { b - 1 } else { b };
@@ -447,8 +453,9 @@ pub fn decode_on(
         }
         held.extend_from_slice(&input[a..e]);
         if k > 0 {
-            // The first chunk has no pending slot: its own rows pair with tokens a+1..e.
-            let first = a == 0;
+            // The first chunk has no pending slot (unless resumed): its own rows pair with
+            // tokens a+1..e.
+            let first = a == 0 && !resume;
             let mut rows = 0;
             if !first {
                 st.mtp_hidden[..h].copy_from_slice(&pending);
@@ -500,6 +507,11 @@ pub fn decode_on(
             p.oracle,
         )?
     };
+    if k > 0 && st.mtp_pos + 1 == st.pos {
+        // Kept for the next turn (`resumes_mtp`).
+        st.mtp_pending.copy_from_slice(&pending);
+        st.mtp_pending_pos = Some(st.pos - 1);
+    }
     let finish = em.finish(finish)?;
     stats.decode_secs = t1.elapsed().as_secs_f64();
     stats.generated = em.e.out.len();
@@ -518,6 +530,13 @@ pub fn decode_on(
         stats,
         finish,
     })
+}
+
+/// Whether `st` is one MTP slot behind its cache with the main model's row of that slot kept
+/// by the last decode (`State::mtp_pending`): `decode` then runs that slot first. (Should the
+/// row be stale, only the drafts suffer: output is always the main model's.)
+pub fn resumes_mtp(st: &State) -> bool {
+    st.pos > 0 && st.mtp_pos + 1 == st.pos && st.mtp_pending_pos == Some(st.pos - 1)
 }
 
 /// Plain decoding: one token per forward.

@@ -66,6 +66,11 @@ pub struct State {
     pub(crate) mtp_logits: Vec<f32>, // (logit_rows, vocab)
     /// MTP slots in the MTP layer's cache (slot s pairs hidden of position s with token s+1).
     pub mtp_pos: usize,
+    /// The main model's MTP input row of position `pos - 1` as the last decode left it (the
+    /// head's slot there was not run yet: its token came after), and that position; lets the
+    /// next turn continue a state that cannot be cut back by one (a recurrent one).
+    pub(crate) mtp_pending: Vec<f32>,
+    pub mtp_pending_pos: Option<usize>,
     /// Qwen3-Next / Qwen3.5 recurrent state and scratch (empty otherwise).
     pub(super) hybrid: super::qwen3next::HybridState,
     /// Streaming expert cache; `None` = experts are read through the mapped files.
@@ -185,6 +190,8 @@ impl State {
             mtp_hidden: vec![0.0; if mtp { batch * h * hc } else { 0 }],
             mtp_logits: vec![0.0; if mtp { logit_rows * cfg.vocab } else { 0 }],
             mtp_pos: 0,
+            mtp_pending: vec![0.0; if mtp { h * hc } else { 0 }],
+            mtp_pending_pos: None,
             expert_cache: None,
             experts_run: 0,
             prof: Prof::default(),
