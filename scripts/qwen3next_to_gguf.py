@@ -68,8 +68,9 @@ def main() -> None:
     if any((i + 1) % interval == 0 for i in range(n_layers)) != bool(full) or any(
             (x == "full_attention") != ((i + 1) % interval == 0) for i, x in enumerate(types)):
         raise SystemExit(f"layer_types {types} is not a full_attention_interval pattern")
-    # The MTP module, as llama.cpp's `_Qwen35MtpMixin` (ggml-org/llama.cpp PR #22673,
-    # conversion/qwen.py) writes it: `mtp.layers.0.*` become block n_layers (converted like any
+    # The MTP module, as llama.cpp's `_Qwen35MtpMixin` writes it (ggml-org/llama.cpp PR #22673,
+    # conversion/qwen.py; read as a fork's verbatim port through the search tool, not the
+    # upstream file): `mtp.layers.0.*` become block n_layers (converted like any
     # full-attention layer, norms + 1), `mtp.fc` / `pre_fc_norm_embedding` / `pre_fc_norm_hidden`
     # / `mtp.norm` become that block's `nextn.eh_proj` / `enorm` / `hnorm` / `shared_head_norm`
     # (renamed to model.layers.{n}.eh_proj/enorm/hnorm/shared_head.norm first, so the norms get
