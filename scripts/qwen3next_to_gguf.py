@@ -32,6 +32,8 @@ differ, every value-head-indexed row, channel or column (v rows of attn_qkv, att
 ssm_beta, ssm_alpha, ssm_a, ssm_dt.bias, the conv's v channels, ssm_out's columns) goes from
 HF's grouped order (value heads of key head 0 first) to the tiled order [G0 v0, G1 v0, ...,
 G0 v1, G1 v1, ...], so value head j reads key head j % key_heads.
+A checkpoint with an MTP module (`mtp.*`, `mtp_num_hidden_layers`) gets it as block
+n_layers with the `nextn.*` tensors (see the comment in main).
 Reads safetensors with numpy only (no torch). The tokenizer is not written (tests feed ids).
 
 Usage: python3 scripts/qwen3next_to_gguf.py MODEL_DIR OUT.gguf
@@ -59,20 +61,33 @@ def main() -> None:
     qwen35 = c["architectures"][0].startswith("Qwen3_5")
     arch = gguf.MODEL_ARCH.QWEN35MOE if qwen35 else gguf.MODEL_ARCH.QWEN3NEXT
     n_layers = c["num_hidden_layers"]
-    names = gguf.get_tensor_name_map(arch, n_layers)
-    types = c["layer_types"]
+    names = gguf.get_tensor_name_map(arch, n_layers + 1)
+    types = list(c["layer_types"])
     full = [i for i, x in enumerate(types) if x == "full_attention"]
     interval = full[0] + 1 if full else n_layers + 1
     if any((i + 1) % interval == 0 for i in range(n_layers)) != bool(full) or any(
             (x == "full_attention") != ((i + 1) % interval == 0) for i, x in enumerate(types)):
         raise SystemExit(f"layer_types {types} is not a full_attention_interval pattern")
+    # The MTP module, as llama.cpp's `_Qwen35MtpMixin` writes it (ggml-org/llama.cpp PR #22673,
+    # conversion/qwen.py; read as a fork's verbatim port through the search tool, not the
+    # upstream file): `mtp.layers.0.*` become block n_layers (converted like any
+    # full-attention layer, norms + 1), `mtp.fc` / `pre_fc_norm_embedding` / `pre_fc_norm_hidden`
+    # / `mtp.norm` become that block's `nextn.eh_proj` / `enorm` / `hnorm` / `shared_head_norm`
+    # (renamed to model.layers.{n}.eh_proj/enorm/hnorm/shared_head.norm first, so the norms get
+    # + 1 too), block_count counts it and `nextn_predict_layers` is written.
+    n_mtp = c.get("mtp_num_hidden_layers", 0) if "mtp.fc.weight" in t else 0
+    if n_mtp:
+        for k in [k for k in t if k.startswith("mtp.layers.0.")]:
+            t[f"model.layers.{n_layers}." + k[len("mtp.layers.0."):]] = t.pop(k)
     rope = c.get("rope_parameters") or {}
     hd = c["head_dim"]
     nk, nv = c["linear_num_key_heads"], c["linear_num_value_heads"]
     dk, dv = c["linear_key_head_dim"], c["linear_value_head_dim"]
 
     w = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[arch])
-    w.add_block_count(n_layers)
+    w.add_block_count(n_layers + n_mtp)
+    if n_mtp:
+        w.add_uint32(f"{gguf.MODEL_ARCH_NAMES[arch]}.nextn_predict_layers", n_mtp)
     w.add_context_length(c["max_position_embeddings"])
     w.add_embedding_length(c["hidden_size"])
     if "intermediate_size" in c:
@@ -121,7 +136,14 @@ def main() -> None:
     put("model.norm", t["model.norm.weight"] + 1)
     put("lm_head", t["lm_head.weight"])
     dense = set(c.get("mlp_only_layers") or [])
-    for l in range(n_layers):
+    if n_mtp:
+        types.append("full_attention")
+        blk = f"blk.{n_layers}.nextn"
+        put("", t["mtp.fc.weight"], name=f"{blk}.eh_proj")
+        put("", t["mtp.pre_fc_norm_embedding.weight"] + 1, name=f"{blk}.enorm")
+        put("", t["mtp.pre_fc_norm_hidden.weight"] + 1, name=f"{blk}.hnorm")
+        put("", t["mtp.norm.weight"] + 1, name=f"{blk}.shared_head_norm")
+    for l in range(n_layers + n_mtp):
         p = f"model.layers.{l}"
         put(f"{p}.input_layernorm", t[f"{p}.input_layernorm.weight"] + 1)
         put(f"{p}.post_attention_layernorm", t[f"{p}.post_attention_layernorm.weight"] + 1)

@@ -51,6 +51,8 @@ pub struct GenStats {
     /// MTP speculative decoding: tokens drafted and accepted.
     pub mtp_drafted: usize,
     pub mtp_accepted: usize,
+    /// MTP steps whose recurrent (Gated DeltaNet) state was rolled back after a rejection.
+    pub mtp_rollbacks: usize,
     /// With MTP, `experts_per_token` split: the main model's forwards (verify batches, whose
     /// expert union is wider than one token's) and the MTP head's (drafts and catch-up).
     pub mtp_experts_main_per_token: f64,
@@ -373,7 +375,7 @@ pub fn decode_on(
             ))
             .into());
         }
-        if st.mtp_pos != st.pos {
+        if st.mtp_pos != st.pos && !resumes_mtp(st) {
             return Err(ModelError::Input(format!(
                 "--mtp: the MTP head holds {} positions, the main cache {}",
                 st.mtp_pos, st.pos
@@ -418,8 +420,15 @@ pub fn decode_on(
     // Prefill in chunks, looking for a cancel between them. With MTP the head catches up
     // after each chunk on the slots whose next token is known (slot s pairs the hidden state
     // of position s with token s + 1), and a chunk leaves room for the pending slot.
-    let h = model.cfg.hidden;
+    // MTP input rows are `mtp_width` floats: the hidden size (DeepSeek-V4: its hc streams).
+    let h = model.mtp_width();
     let mut pending = vec![0f32; if k > 0 { h } else { 0 }];
+    // A state one slot behind with the last decode's row kept (`resumes_mtp`): that row is
+    // the pending slot of the first chunk.
+    let resume = k > 0 && st.mtp_pos != st.pos;
+    if resume {
+        pending.copy_from_slice(&st.mtp_pending);
+    }
     let t0 = Instant::now();
     let b = st.batch();
     let step = if k > 0 { b - 1 } else { b };
@@ -444,8 +453,9 @@ pub fn decode_on(
         }
         held.extend_from_slice(&input[a..e]);
         if k > 0 {
-            // The first chunk has no pending slot: its own rows pair with tokens a+1..e.
-            let first = a == 0;
+            // The first chunk has no pending slot (unless resumed): its own rows pair with
+            // tokens a+1..e.
+            let first = a == 0 && !resume;
             let mut rows = 0;
             if !first {
                 st.mtp_hidden[..h].copy_from_slice(&pending);
@@ -455,11 +465,12 @@ pub fn decode_on(
             if own > 0 {
                 model.mtp_take_hidden(st, 0, own, rows);
             }
+            // Taken before the head runs (DeepSeek-V4's head reuses the streams scratch).
+            pending.copy_from_slice(model.mtp_source_row(st, e - a - 1));
             let first_tok = if first { a + 1 } else { a };
             if e > first_tok {
                 model.mtp_forward(st, &input[first_tok..e], e - first_tok)?;
             }
-            pending.copy_from_slice(&st.hfin[(e - a - 1) * h..(e - a) * h]);
         }
         a = e;
     }
@@ -496,6 +507,11 @@ pub fn decode_on(
             p.oracle,
         )?
     };
+    if k > 0 && st.mtp_pos + 1 == st.pos {
+        // Kept for the next turn (`resumes_mtp`).
+        st.mtp_pending.copy_from_slice(&pending);
+        st.mtp_pending_pos = Some(st.pos - 1);
+    }
     let finish = em.finish(finish)?;
     stats.decode_secs = t1.elapsed().as_secs_f64();
     stats.generated = em.e.out.len();
@@ -514,6 +530,13 @@ pub fn decode_on(
         stats,
         finish,
     })
+}
+
+/// Whether `st` is one MTP slot behind its cache with the main model's row of that slot kept
+/// by the last decode (`State::mtp_pending`): `decode` then runs that slot first. (Should the
+/// row be stale, only the drafts suffer: output is always the main model's.)
+pub fn resumes_mtp(st: &State) -> bool {
+    st.pos > 0 && st.mtp_pos + 1 == st.pos && st.mtp_pending_pos == Some(st.pos - 1)
 }
 
 /// Plain decoding: one token per forward.
@@ -566,7 +589,7 @@ fn mtp_loop(
     k: usize,
     oracle: Option<&[u32]>,
 ) -> Result<Finish, GenerateError> {
-    let h = model.cfg.hidden;
+    let h = model.mtp_width();
     let mut coin = Coin(crate::synth::Rng(sampler.params().seed ^ 0x5bd1_e995));
     let greedy = sampler.params().temperature <= 0.0;
     let mut drafts = vec![0u32; k];
@@ -631,10 +654,15 @@ fn mtp_loop(
         history.truncate(hist_len);
         stats.mtp_drafted += kk;
 
-        // Verify: one main forward over [next, d1..dkk].
+        // Verify: one main forward over [next, d1..dkk]. A recurrent (Gated DeltaNet) state
+        // cannot be cut back afterwards: it is saved first and rolled back on a rejection.
         let mut input = [0u32; 4];
         input[0] = next;
         input[1..=kk].copy_from_slice(&drafts[..kk]);
+        let recurrent = st.is_recurrent();
+        if recurrent {
+            st.checkpoint_recurrent()?;
+        }
         let logits = model.forward_chunk(st, &input[..=kk], 0)?;
         stats.decode_steps += 1;
         let v = model.cfg.vocab;
@@ -673,18 +701,28 @@ fn mtp_loop(
         stats.mtp_accepted += acc;
         stats.experts_main += st.experts_run;
 
-        // Keep the main cache up to the last accepted token; redo the MTP slots of accepted
-        // drafts with the main model's real hidden states.
-        st.truncate(pos + 1 + acc);
+        // Keep the main cache up to the last accepted token (a recurrent state: roll back and
+        // feed the kept tokens again, which also remakes their hidden rows); redo the MTP
+        // slots of accepted drafts with the main model's real hidden states.
+        if recurrent && acc < kk {
+            st.rollback_recurrent(pos)?;
+            model.forward_chunk(st, &input[..=acc], acc)?;
+            stats.experts_main += st.experts_run;
+            stats.mtp_rollbacks += 1;
+        } else {
+            st.truncate(pos + 1 + acc);
+        }
         held.push(next);
         held.extend_from_slice(&drafts[..acc]);
         st.mtp_pos = mtp_start + 1;
         if acc > 0 {
             model.mtp_take_hidden(st, 0, acc, 0);
+        }
+        pending.copy_from_slice(model.mtp_source_row(st, acc));
+        if acc > 0 {
             model.mtp_forward(st, &drafts[..acc], acc)?;
             stats.experts_head += st.experts_run;
         }
-        pending.copy_from_slice(&st.hfin[acc * h..(acc + 1) * h]);
         for _ in 0..=acc {
             st.tick_token();
         }

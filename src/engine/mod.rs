@@ -378,6 +378,7 @@ impl Engine {
                             // The MTP layer's rows were restored with the others: slots
                             // 0..c-1 pair positions whose next token is known.
                             s.st.mtp_pos = c.saturating_sub(1);
+                            s.st.mtp_pending_pos = None;
                             common = c;
                             restored = Some(bytes);
                         }
@@ -394,7 +395,16 @@ impl Engine {
         }
         s.st.truncate(common);
         if self.opts.mtp > 0 {
-            s.st.pos = s.st.mtp_pos.min(s.st.pos);
+            if s.st.is_recurrent() && s.st.mtp_pos < s.st.pos {
+                // The head's slots lag the cache; a recurrent state cannot be cut back to
+                // them: continue from the kept row if the last decode left one, else restart
+                // (the turn is computed from 0).
+                if !decode::resumes_mtp(&s.st) {
+                    s.st.reset();
+                }
+            } else {
+                s.st.pos = s.st.mtp_pos.min(s.st.pos);
+            }
         }
         s.tokens.truncate(s.st.pos);
         restored

@@ -847,7 +847,11 @@ impl ModelConfig {
 
     /// Whether layer `l` routes to experts (else it has a dense FFN).
     pub fn is_moe_layer(&self, l: usize) -> bool {
-        l >= self.n_dense_layers && self.hybrid.as_ref().is_none_or(|h| !h.dense[l])
+        l >= self.n_dense_layers
+            && self
+                .hybrid
+                .as_ref()
+                .is_none_or(|h| !h.dense.get(l).copied().unwrap_or(false))
     }
 }
 

@@ -24,6 +24,8 @@
 //!   the first `hash` layers the frozen `tid2eid[token]` table; weights renormalised and scaled
 //!   by `routed_scaling_factor`; routed and shared experts both use the SwiGLU with gate
 //!   clamped above and up clamped both sides at `swiglu_limit`.
+//! - MTP (not in transformers, which drops `mtp.*`): DeepSeek's own `MTPBlock`
+//!   (inference/model.py), `V4Mtp` below, run by mtp.rs under `--mtp`.
 //!
 //! The cache: every position of every layer keeps one K row (its rotated KV, and, at the last
 //! position of a closed window, the pooled entry and the indexer's pooled key) and one V row
@@ -130,8 +132,14 @@ impl V4Params {
         4 * hd + 4 * self.idx_dim
     }
 
+    /// Layer `l`'s attention kind; the MTP block (`l` = the layer count) is a sliding-window
+    /// layer (no compressor tensors), as DeepSeek's `MTPBlock` is.
+    pub fn kind(&self, l: usize) -> LayerKind {
+        self.kinds.get(l).copied().unwrap_or(LayerKind::Sliding)
+    }
+
     fn rate(&self, l: usize) -> usize {
-        match self.kinds[l] {
+        match self.kind(l) {
             LayerKind::Csa => self.csa_rate,
             LayerKind::Hca => self.hca_rate,
             LayerKind::Sliding => 0,
@@ -382,8 +390,8 @@ fn apply(v: V4Params, c: &mut ModelConfig) {
     c.routing.topk_group = 1;
     // V4 keeps its window in V4Params (every layer has it), not in the shared field.
     c.sliding_window = None;
-    // The MTP layers are not part of transformers' model (it drops `mtp.*` on load).
-    c.n_mtp_layers = 0;
+    // `num_nextn_predict_layers` stays as read: the MTP block (`mtp.0.*`, not part of
+    // transformers' model) is loaded when the checkpoint has it (`load`) and runs under --mtp.
     c.v4 = Some(Box::new(v));
 }
 
@@ -691,6 +699,10 @@ pub mod names {
     pub const HC_HEAD_FN: &[&str] = &["hc_head.hc_fn", "hc_head_fn"];
     pub const HC_HEAD_BASE: &[&str] = &["hc_head.hc_base", "hc_head_base"];
     pub const HC_HEAD_SCALE: &[&str] = &["hc_head.hc_scale", "hc_head_scale"];
+    /// The first MTP block's prefix (DeepSeek's checkpoint); its block tensors follow with the
+    /// per-layer names below, plus `e_proj`, `h_proj`, `enorm`, `hnorm`, `norm` (`.weight`)
+    /// and `hc_head_fn` / `_base` / `_scale`.
+    pub const MTP: &str = "mtp.0.";
     /// Per layer, after `layers.{l}.`.
     pub const ATTN_NORM: &str = "attn_norm.weight";
     pub const FFN_NORM: &str = "ffn_norm.weight";
@@ -880,10 +892,27 @@ pub struct LayerW<'a> {
 pub struct V4Weights<'a> {
     pub layers: Vec<LayerW<'a>>,
     pub head: HcHead,
+    /// The first MTP block (`mtp.0.*`), when the checkpoint has it.
+    pub mtp: Option<V4Mtp<'a>>,
     /// (rope_dim / 2) inverse frequencies of the `main` and `compress` ropes, and their cos/sin
     /// scale.
     pub main_freq: (Vec<f32>, f32),
     pub compress_freq: (Vec<f32>, f32),
+}
+
+/// DeepSeek's `MTPBlock` (inference/model.py): slot s takes the main model's hc streams after
+/// its last block at position s and the token of position s + 1:
+/// `x_j = e_proj(enorm(embed(t))) + h_proj(hnorm(stream_j))` for each stream j, then a full V4
+/// block (cache layer `n_layers`, sliding-window attention, top-k MoE), then its own HyperHead,
+/// `norm` and the main head. Chained drafts feed the block's output streams back in.
+pub struct V4Mtp<'a> {
+    pub e_proj: WeightView<'a>, // (hidden, hidden)
+    pub h_proj: WeightView<'a>, // (hidden, hidden)
+    pub enorm: Vec<f32>,
+    pub hnorm: Vec<f32>,
+    pub norm: Vec<f32>,
+    pub head: HcHead,
+    pub layer: LayerW<'a>,
 }
 
 struct Loader<'a, 'c> {
@@ -1099,12 +1128,17 @@ impl<'a> Loader<'a, '_> {
     }
 
     fn layer(&self, l: usize) -> Result<LayerW<'a>, ModelError> {
+        let v = self.v();
+        self.block(&format!("layers.{l}."), v.kinds[l], v.hash[l])
+    }
+
+    /// A block's weights under prefix `p` (`layers.{l}.`, or the MTP block's `mtp.0.`).
+    fn block(&self, p: &str, kind: LayerKind, hash: bool) -> Result<LayerW<'a>, ModelError> {
         let c = self.c;
         let v = self.v();
         let (h, hd, heads) = (c.hidden, c.head_dim, c.n_heads);
-        let p = format!("layers.{l}.");
         let a = format!("{p}{}", names::ATTN);
-        let (comp, indexer) = match v.kinds[l] {
+        let (comp, indexer) = match kind {
             LayerKind::Sliding => (None, None),
             LayerKind::Hca => (
                 Some(self.pool(&format!("{a}compressor."), 1, hd, v.hca_rate)?),
@@ -1145,7 +1179,7 @@ impl<'a> Loader<'a, '_> {
             indexer,
         };
         let e = c.n_experts;
-        let (bias, tid2eid) = if v.hash[l] {
+        let (bias, tid2eid) = if hash {
             (
                 vec![0.0; e],
                 Some(self.tid2eid(&format!("{p}{}", names::TID2EID))?),
@@ -1159,7 +1193,7 @@ impl<'a> Loader<'a, '_> {
             router: self.mat(&format!("{p}{}", names::ROUTER), e, h)?,
             bias,
             tid2eid,
-            experts: self.experts(&p)?,
+            experts: self.experts(p)?,
             sh_gate: self.mat(&format!("{sh}w1.weight"), f, h)?,
             sh_up: self.mat(&format!("{sh}w3.weight"), f, h)?,
             sh_down: self.mat(&format!("{sh}w2.weight"), h, f)?,
@@ -1200,6 +1234,26 @@ pub fn load<'a>(
         base: b.vec_any(names::HC_HEAD_BASE, &[hc])?,
         scale: b.vec_any(names::HC_HEAD_SCALE, &[1])?[0],
     };
+    // The MTP block: DeepSeek's names (`mtp.0.`); llama.cpp's deepseek4 converter drops it, so
+    // a GGUF has none.
+    let p = names::MTP;
+    let mtp = if c.n_mtp_layers > 0 && !b.gguf() && b.t(&format!("{p}e_proj.weight")).is_ok() {
+        Some(V4Mtp {
+            e_proj: b.mat(&format!("{p}e_proj.weight"), h, h)?,
+            h_proj: b.mat(&format!("{p}h_proj.weight"), h, h)?,
+            enorm: b.vec(&format!("{p}enorm.weight"), &[h])?,
+            hnorm: b.vec(&format!("{p}hnorm.weight"), &[h])?,
+            norm: b.vec(&format!("{p}norm.weight"), &[h])?,
+            head: HcHead {
+                fn_: b.vec(&format!("{p}hc_head_fn"), &[hc, hc * h])?,
+                base: b.vec(&format!("{p}hc_head_base"), &[hc])?,
+                scale: b.vec(&format!("{p}hc_head_scale"), &[1])?[0],
+            },
+            layer: b.block(p, LayerKind::Sliding, false)?,
+        })
+    } else {
+        None
+    };
     let main_freq = rope_inv_freq(v.rope_dim, v.main_theta, RopeScaling::None);
     let compress_freq = rope_inv_freq(v.rope_dim, v.compress_theta, v.compress_scaling);
     Ok((
@@ -1209,6 +1263,7 @@ pub fn load<'a>(
         V4Weights {
             layers,
             head,
+            mtp,
             main_freq,
             compress_freq,
         },
@@ -1363,6 +1418,101 @@ impl Model<'_> {
         }
         Ok(())
     }
+}
+
+// The MTP block (`V4Mtp`): its input is the main model's streams after the last block, which
+// `forward_v4` leaves in the streams scratch (the HyperHead only reads them).
+impl Model<'_> {
+    /// DeepSeek's `MTPBlock.forward` over `tokens.len()` slots: slot j pairs `tokens[j]` with
+    /// the streams in MTP input row j; the block is cache layer `n_layers`; logits of slots
+    /// `logits_from..` into `MtpLogits`. The block's experts are read from the mapped files
+    /// (not through a streaming expert cache, which holds the main layers only).
+    pub(crate) fn mtp_graph_v4(
+        &self,
+        st: &mut State,
+        w: &V4Weights<'_>,
+        m: &V4Mtp<'_>,
+        tokens: &[u32],
+        at: At,
+        logits_from: usize,
+    ) -> Result<(), ModelError> {
+        let cfg = &self.cfg;
+        let (h, n, eps, hc) = (cfg.hidden, tokens.len(), cfg.rms_eps, params(self).hc);
+        let xn = Rows::of(Buf::Xn, h);
+        // e_proj(enorm(embed(t))) into X.
+        {
+            let mut b = super::cpu::CpuBackend::new(self, st);
+            b.embed(&self.weights.token_embd, tokens, Buf::Xn)?;
+            b.rmsnorm(xn, xn, n, h, &m.enorm, eps)?;
+            b.matmul(xn, n, &[(&m.e_proj, Buf::X)])?;
+        }
+        // Stream j of slot i: h_proj(hnorm(input stream j)) + e_proj(...)[i]; the n * hc
+        // normed streams go through h_proj n rows at a time.
+        for r in 0..n * hc {
+            let d = &mut st.mtp_cat[r * h..(r + 1) * h];
+            d.copy_from_slice(&st.mtp_hidden[r * h..(r + 1) * h]);
+            rms_weighted(d, &m.hnorm, eps);
+        }
+        for c in 0..hc {
+            let rows = c * n * h..(c + 1) * n * h;
+            mm(
+                &m.h_proj,
+                &st.mtp_cat[rows.clone()],
+                n,
+                &mut st.v4.streams[rows],
+                &mut st.acts,
+                &self.pool,
+                self.isa,
+            )?;
+        }
+        for i in 0..n {
+            let e = &st.x[i * h..(i + 1) * h];
+            for j in 0..hc {
+                let d = &mut st.v4.streams[(i * hc + j) * h..(i * hc + j + 1) * h];
+                d.iter_mut().zip(e).for_each(|(a, b)| *a += b);
+            }
+        }
+        // The block, its HyperHead and norm, the main head; no streaming cache for its experts.
+        let cache = st.expert_cache.take();
+        let r = (|| -> Result<(), ModelError> {
+            let mut b = super::cpu::CpuBackend::new(self, st);
+            let (l, lw) = (cfg.n_layers, &m.layer);
+            b.v4_hc_pre(&lw.attn_hc, n)?;
+            b.rmsnorm(xn, xn, n, h, &lw.attn_norm, eps)?;
+            b.v4_attention(l, &lw.attn, w, n, at)?;
+            b.v4_hc_post(n)?;
+            b.v4_hc_pre(&lw.ffn_hc, n)?;
+            b.rmsnorm(xn, xn, n, h, &lw.ffn_norm, eps)?;
+            b.v4_moe(l, &lw.moe, tokens, n)?;
+            b.v4_hc_post(n)?;
+            b.v4_hc_head(&m.head, n)?;
+            let n_logits = n.saturating_sub(logits_from);
+            b.rmsnorm(
+                xn,
+                Rows::of(Buf::X, h).from_row(logits_from),
+                n_logits,
+                h,
+                &m.norm,
+                eps,
+            )?;
+            if n_logits > 0 {
+                b.matmul(xn, n_logits, &[(&self.weights.output, Buf::MtpLogits)])?;
+            }
+            Ok(())
+        })();
+        st.expert_cache = cache;
+        r
+    }
+}
+
+/// `len` floats of the streams scratch from float `at` (a row: `hc * hidden`).
+pub(crate) fn streams_rows(st: &State, at: usize, len: usize) -> &[f32] {
+    &st.v4.streams[at..at + len]
+}
+
+/// Copy `len` floats of the streams scratch from float `at` into the MTP input at float `dst`.
+pub(crate) fn take_streams(st: &mut State, at: usize, len: usize, dst: usize) {
+    st.mtp_hidden[dst..dst + len].copy_from_slice(&st.v4.streams[at..at + len]);
 }
 
 fn params<'m>(m: &'m Model<'_>) -> &'m V4Params {
@@ -1632,7 +1782,7 @@ pub(crate) fn cpu_attention(
     let (h, hd, heads, eps) = (cfg.hidden, cfg.head_dim, cfg.n_heads, cfg.rms_eps);
     let (pool, isa) = (&m.pool, m.isa);
     let rd = v.rope_dim;
-    let kind = v.kinds[l];
+    let kind = v.kind(l);
     let freq = if kind == LayerKind::Sliding {
         &w.main_freq
     } else {

@@ -1,5 +1,5 @@
-//! The multi-token-prediction head (DeepSeek-V3, GLM-4.5): a draft model built into the
-//! checkpoint. Slot s combines the main model's final-normed hidden state at position s with
+//! The multi-token-prediction head (DeepSeek-V3, GLM-4.5, Qwen3-Next, Qwen3.5-MoE; DeepSeek-V4's
+//! hyper-connection variant is `deepseek_v4::V4Mtp`): a draft model built into the checkpoint. Slot s combines the main model's final-normed hidden state at position s with
 //! the embedding of token s+1 and predicts token s+2:
 //! `x = eh_proj([enorm(embed(t[s+1])); hnorm(h[s])])` -> one decoder layer (its own KV cache,
 //! causal over slots, rotary position s+1) -> `head_norm` -> `head`.
@@ -13,12 +13,32 @@ use super::{Model, ModelError, State};
 
 impl<'a> Model<'a> {
     pub fn has_mtp(&self) -> bool {
-        self.weights.mtp.is_some()
+        self.weights.mtp.is_some() || self.weights.v4.as_ref().is_some_and(|v| v.mtp.is_some())
+    }
+
+    /// Floats of one MTP input row: the hidden size, or DeepSeek-V4's `hc` streams of it.
+    pub fn mtp_width(&self) -> usize {
+        self.cfg.hidden * self.cfg.v4.as_ref().map_or(1, |v| v.hc)
+    }
+
+    /// Row `row` of the last forward chunk as the MTP head takes it (`mtp_take_hidden`):
+    /// `mtp_width` floats.
+    pub fn mtp_source_row<'s>(&self, st: &'s State, row: usize) -> &'s [f32] {
+        let w = self.mtp_width();
+        if self.cfg.v4.is_some() {
+            return super::deepseek_v4::streams_rows(st, row * w, w);
+        }
+        &st.hfin[row * w..(row + 1) * w]
     }
 
     /// Copy final-normed main hidden rows `row0..row0+n` of the last forward chunk into the MTP
-    /// input rows `dst0..`.
+    /// input rows `dst0..` (DeepSeek-V4: the hc streams after the last block).
     pub fn mtp_take_hidden(&self, st: &mut State, row0: usize, n: usize, dst0: usize) {
+        if self.cfg.v4.is_some() {
+            let w = self.mtp_width();
+            super::deepseek_v4::take_streams(st, row0 * w, n * w, dst0 * w);
+            return;
+        }
         let h = self.cfg.hidden;
         let (dst, src) = (
             Rows::of(Buf::MtpHidden, h).from_row(dst0),
@@ -29,12 +49,26 @@ impl<'a> Model<'a> {
     }
 
     /// The MTP layer's output of the last row of the last `mtp_forward` (the hidden state a
-    /// chained draft feeds back in), copied into MTP input row `dst`.
+    /// chained draft feeds back in), copied into MTP input row `dst`. DeepSeek-V3 / GLM-4.5
+    /// chain the layer's output before the head norm; Qwen3-Next / Qwen3.5 after `mtp.norm`
+    /// (their MTP module returns the normed state, as the main model's final norm does), so
+    /// `last_row` must then be a logits row of that `mtp_forward`.
     pub fn mtp_chain_hidden(&self, st: &mut State, last_row: usize, dst: usize) {
+        if self.cfg.v4.is_some() {
+            // The MTP block's output streams (before its HyperHead), as DeepSeek's block
+            // returns them.
+            self.mtp_take_hidden(st, last_row, 1, dst);
+            return;
+        }
         let h = self.cfg.hidden;
+        let from = if self.cfg.hybrid.is_some() {
+            Buf::Xn
+        } else {
+            Buf::X
+        };
         let (dst, src) = (
             Rows::of(Buf::MtpHidden, h).from_row(dst),
-            Rows::of(Buf::X, h).from_row(last_row),
+            Rows::of(from, h).from_row(last_row),
         );
         let _ = CpuBackend::new(self, st).copy(dst, src, 1);
     }
@@ -48,11 +82,9 @@ impl<'a> Model<'a> {
         tokens: &[u32],
         logits_from: usize,
     ) -> Result<&'s [f32], ModelError> {
-        let m = self
-            .weights
-            .mtp
-            .as_ref()
-            .ok_or_else(|| ModelError::Input("this model has no MTP layer".into()))?;
+        if !self.has_mtp() {
+            return Err(ModelError::Input("this model has no MTP layer".into()));
+        }
         if !st.has_mtp() {
             return Err(ModelError::Input(
                 "mtp_forward: the state has no MTP layer cache (make it with new_state_mtp)".into(),
@@ -80,6 +112,26 @@ impl<'a> Model<'a> {
             }
         }
         st.experts_run = 0;
+        if let Some(v4) = &self.weights.v4 {
+            let m = v4
+                .mtp
+                .as_ref()
+                .ok_or_else(|| ModelError::Input("this model has no MTP layer".into()))?;
+            // DeepSeek's MTPBlock caches and rotates slot s at position s.
+            let at = At {
+                pos: st.mtp_pos,
+                rope: st.mtp_pos,
+            };
+            self.pool
+                .install(|| self.mtp_graph_v4(st, v4, m, tokens, at, logits_from))?;
+            st.mtp_pos += n;
+            return Ok(&st.mtp_logits[..n_logits * v]);
+        }
+        let m = self
+            .weights
+            .mtp
+            .as_ref()
+            .ok_or_else(|| ModelError::Input("this model has no MTP layer".into()))?;
         let at = At {
             pos: st.mtp_pos,
             rope: st.mtp_pos + 1,

@@ -164,10 +164,20 @@ pub fn hf_common_names(role: Role) -> &'static [&'static str] {
         Role::DenseGate => &["model.layers.{l}.mlp.gate_proj.weight"],
         Role::DenseUp => &["model.layers.{l}.mlp.up_proj.weight"],
         Role::DenseDown => &["model.layers.{l}.mlp.down_proj.weight"],
-        Role::MtpEnorm => &["model.layers.{l}.enorm.weight"],
-        Role::MtpHnorm => &["model.layers.{l}.hnorm.weight"],
-        Role::MtpEh => &["model.layers.{l}.eh_proj.weight"],
-        Role::MtpHeadNorm => &["model.layers.{l}.shared_head.norm.weight"],
+        // DeepSeek-V3 / GLM-4.5's MTP layer, then Qwen3-Next / Qwen3.5's `mtp.*` module.
+        Role::MtpEnorm => &[
+            "model.layers.{l}.enorm.weight",
+            "mtp.pre_fc_norm_embedding.weight",
+        ],
+        Role::MtpHnorm => &[
+            "model.layers.{l}.hnorm.weight",
+            "mtp.pre_fc_norm_hidden.weight",
+        ],
+        Role::MtpEh => &["model.layers.{l}.eh_proj.weight", "mtp.fc.weight"],
+        Role::MtpHeadNorm => &[
+            "model.layers.{l}.shared_head.norm.weight",
+            "mtp.norm.weight",
+        ],
         Role::MtpHead => &["model.layers.{l}.shared_head.head.weight"],
         Role::MtpEmbed => &["model.layers.{l}.embed_tokens.weight"],
         _ => &[],

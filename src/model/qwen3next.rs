@@ -21,7 +21,10 @@
 //! - MoE: softmax top-k (renormalised with `norm_topk_prob`) plus a shared expert scaled by
 //!   `sigmoid(shared_expert_gate . x)`; Qwen3-Next's `mlp_only_layers` / `decoder_sparse_step`
 //!   make some layers a dense MLP.
-//! - MTP weights (`mtp.*`) are ignored, as transformers ignores them: `--mtp` finds no MTP layer.
+//! - MTP (`mtp.*`; transformers' generic `MtpModel` over these layers, see
+//!   scripts/make_qwen3next_mtp_fixtures.py): `fc([norm_e(embed(t[s+1])); norm_h(h[s])])`
+//!   (zero-centred norms) -> one gated full-attention + MoE layer (cache layer `n_layers`, the
+//!   KV slot after the main full layers) -> `mtp.norm` -> the main `lm_head`; run by mtp.rs.
 //!
 //! Qwen3.5's multimodal RoPE (`mrope_section`) gives every text token the same position on its
 //! three axes, which is plain RoPE: sluice feeds text only.
@@ -31,13 +34,18 @@
 //! `State::truncate` below the end restarts the sequence (the engine re-feeds from 0), a
 //! snapshot is taken only at the current position, and a chunk that starts at position 0
 //! starts from a zero state. Only the full-attention layers keep a KV cache, in compact slots
-//! (`Hybrid::kv_slot`, `ModelConfig::kv_layers`).
+//! (`Hybrid::kv_slot`, `ModelConfig::kv_layers`). Speculative decoding saves the recurrent
+//! state before a verify forward and rolls it back when a draft is rejected
+//! (`State::checkpoint_recurrent` / `rollback_recurrent`, below).
 //!
 //! Files: HF safetensors of both families; llama.cpp's `qwen3next` and `qwen35moe` GGUF (names
 //! and keys as its converter writes them, see scripts/qwen3next_to_gguf.py). A `qwen35moe` GGUF
 //! holds the value heads in llama.cpp's tiled order (value head j reads key head
 //! j % key_heads, `Hybrid::v_tiled`) and MRoPE sections, which for text (the same position on
-//! every axis) are plain RoPE; its MTP layers are skipped as the safetensors path skips them.
+//! every axis) are plain RoPE; its MTP layer is block `n_layers` with llama.cpp's `nextn.*`
+//! names (`eh_proj` = `mtp.fc`, `enorm` = `pre_fc_norm_embedding`, `hnorm` =
+//! `pre_fc_norm_hidden`, `shared_head_norm` = `mtp.norm`; norms hold 1 + w like every GGUF
+//! norm of these families).
 //!
 //! Owns: the two `FamilySpec`s and their config hooks (unsupported features refused by name),
 //! `Hybrid`, the mixer weights (`Mixer`), `HybridState`, the DeltaNet arithmetic
@@ -199,8 +207,13 @@ impl Hybrid {
         self.linear.iter().filter(|x| **x).count()
     }
 
-    /// The KV-cache slot of full-attention layer `l` (its index among the full layers).
+    /// The KV-cache slot of full-attention layer `l` (its index among the full layers); the
+    /// MTP layer (`l` = the layer count, gated full attention) takes the slot after them.
     pub fn kv_slot(&self, l: usize) -> Option<usize> {
+        let n = self.linear.len();
+        if l == n {
+            return Some(n - self.n_linear());
+        }
         (!*self.linear.get(l)?).then(|| self.linear[..l].iter().filter(|x| !**x).count())
     }
 
@@ -236,8 +249,8 @@ fn gguf_next(k: &GgufKeys<'_>, c: &mut ModelConfig) -> Result<(), ModelError> {
 }
 
 /// A `qwen35moe` GGUF: as `qwen3next`, with the value heads in tiled order. Its
-/// `rope.dimension_sections` (MRoPE) rotate text positions as plain RoPE; the MTP layers
-/// (`nextn_predict_layers`) are not run, as transformers does not run them.
+/// `rope.dimension_sections` (MRoPE) rotate text positions as plain RoPE; its MTP layer
+/// (`nextn_predict_layers`, block `n_layers` with the `nextn.*` tensors) runs under `--mtp`.
 fn gguf_35(k: &GgufKeys<'_>, c: &mut ModelConfig) -> Result<(), ModelError> {
     if let Some(MetaValue::Array(s)) = k.get("rope.dimension_sections") {
         let pairs: u64 = s.iter().filter_map(MetaValue::as_u64).sum();
@@ -249,7 +262,6 @@ fn gguf_35(k: &GgufKeys<'_>, c: &mut ModelConfig) -> Result<(), ModelError> {
             ));
         }
     }
-    c.n_mtp_layers = 0;
     gguf_common(k, c, true)
 }
 
@@ -405,6 +417,11 @@ fn hf_common(k: &HfKeys<'_>, c: &mut ModelConfig, fused: bool) -> Result<(), Mod
         .unwrap_or(0.25);
     c.rotary_dim = (c.head_dim as f64 * partial) as usize;
     c.qk_norm = QkNorm::None;
+    // The MTP module (`mtp.*`): the real checkpoints count it as `mtp_num_hidden_layers`.
+    c.n_mtp_layers = k
+        .opt_u("mtp_num_hidden_layers")
+        .or_else(|| k.opt_u("num_nextn_predict_layers"))
+        .unwrap_or(0);
     if k.flag("use_sliding_window") {
         return refuse(format!(
             "config.json: use_sliding_window is not supported for {name}"
@@ -500,6 +517,10 @@ pub struct HybridState {
     pub conv: Vec<f32>,
     /// (n_linear, v_heads, k_dim, v_dim) delta-rule states.
     pub rec: Vec<f32>,
+    /// `conv` and `rec` as they were before a speculative verify forward (`--mtp` only:
+    /// `State::checkpoint_recurrent`); empty otherwise.
+    pub saved_conv: Vec<f32>,
+    pub saved_rec: Vec<f32>,
     /// (batch, 2 key_dim + 2 value_dim) Qwen3-Next's fused projection.
     pub proj: Vec<f32>,
     /// (batch, 2 v_heads) Qwen3-Next's grouped b/a projection.
@@ -521,7 +542,8 @@ pub struct HybridState {
 }
 
 impl HybridState {
-    pub fn new(cfg: &ModelConfig, batch: usize) -> HybridState {
+    /// `mtp`: also the copy speculative verification rolls back to.
+    pub fn new(cfg: &ModelConfig, batch: usize, mtp: bool) -> HybridState {
         let Some(hy) = cfg.hybrid.as_deref() else {
             return HybridState::default();
         };
@@ -532,6 +554,8 @@ impl HybridState {
             rec_width: hy.rec_state(),
             conv: vec![0.0; nl * hy.conv_state()],
             rec: vec![0.0; nl * hy.rec_state()],
+            saved_conv: vec![0.0; if mtp { nl * hy.conv_state() } else { 0 }],
+            saved_rec: vec![0.0; if mtp { nl * hy.rec_state() } else { 0 }],
             proj: vec![
                 0.0;
                 if hy.fused {
@@ -555,6 +579,50 @@ impl HybridState {
     /// Whether the sequence state has recurrent parts.
     pub fn is_recurrent(&self) -> bool {
         !self.rec.is_empty()
+    }
+}
+
+// Speculative verification over a recurrent state (issue 18 item 3). A verify forward feeds
+// the next token and its K drafts; the KV cache can be cut back to any accepted prefix, the
+// Gated DeltaNet's conv and delta-rule state cannot (they hold only the state after the last
+// token fed). So the decode loop saves them before the verify forward and, when a draft is
+// rejected, puts them back and feeds the kept tokens again: the state then holds exactly the
+// accepted tokens, as plain decoding would have left it.
+impl super::State {
+    /// Whether this state has Gated DeltaNet layers (a recurrent part that cannot be cut).
+    pub fn is_recurrent(&self) -> bool {
+        self.hybrid.is_recurrent()
+    }
+
+    /// Save the recurrent and conv state (the state must come from `new_state_mtp`).
+    pub fn checkpoint_recurrent(&mut self) -> Result<(), ModelError> {
+        let h = &mut self.hybrid;
+        if h.saved_rec.len() != h.rec.len() || h.saved_conv.len() != h.conv.len() {
+            return Err(ModelError::Input(
+                "checkpoint_recurrent: the state has no rollback copy (make it with new_state_mtp)"
+                    .into(),
+            ));
+        }
+        h.saved_conv.copy_from_slice(&h.conv);
+        h.saved_rec.copy_from_slice(&h.rec);
+        Ok(())
+    }
+
+    /// Put back the state saved by `checkpoint_recurrent`, taken at position `pos`, and cut
+    /// the KV cache to `pos`: the sequence holds positions `0..pos` again.
+    pub fn rollback_recurrent(&mut self, pos: usize) -> Result<(), ModelError> {
+        let h = &mut self.hybrid;
+        if h.saved_rec.len() != h.rec.len() || pos > self.pos {
+            return Err(ModelError::Input(format!(
+                "rollback_recurrent to {pos}: no checkpoint, or the state holds only {}",
+                self.pos
+            )));
+        }
+        h.conv.copy_from_slice(&h.saved_conv);
+        h.rec.copy_from_slice(&h.saved_rec);
+        self.pos = pos;
+        self.mtp_pos = self.mtp_pos.min(pos.saturating_sub(1));
+        Ok(())
     }
 }
 

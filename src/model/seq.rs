@@ -183,6 +183,7 @@ impl State {
     pub fn set_pos(&mut self, n: usize) {
         self.pos = n.min(self.ctx);
         self.mtp_pos = 0;
+        self.mtp_pending_pos = None;
     }
 
     /// Drop cached positions from `pos` on (prompt reuse keeps a prefix) and return the
@@ -195,6 +196,9 @@ impl State {
             self.reset();
             return 0;
         }
+        if pos < self.pos {
+            self.mtp_pending_pos = None;
+        }
         self.pos = self.pos.min(pos);
         self.mtp_pos = self.mtp_pos.min(pos.saturating_sub(1));
         self.pos
@@ -204,6 +208,7 @@ impl State {
     pub fn reset(&mut self) {
         self.pos = 0;
         self.mtp_pos = 0;
+        self.mtp_pending_pos = None;
     }
 
     /// A copy of positions `0..n` (at most `pos`) of every part.
@@ -255,6 +260,7 @@ impl State {
         }
         self.pos = s.pos;
         self.mtp_pos = s.mtp_pos;
+        self.mtp_pending_pos = None;
         Ok(())
     }
 

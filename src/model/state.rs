@@ -61,11 +61,16 @@ pub struct State {
     pub(super) pf_mark: Vec<bool>,  // (n_experts) predicted by some token of the chunk
     pub(super) pf_needed: Vec<usize>, // (n_experts) the predicted union, ascending
     // Multi-token prediction (empty unless the model has an MTP layer).
-    pub(crate) mtp_cat: Vec<f32>, // (batch, 2*hidden) [enorm(embed); hnorm(h)]
-    pub(crate) mtp_hidden: Vec<f32>, // (batch, hidden) main hidden states paired with tokens
+    pub(crate) mtp_cat: Vec<f32>, // (batch, 2*hidden) [enorm(embed); hnorm(h)] (V4: hc*hidden)
+    pub(crate) mtp_hidden: Vec<f32>, // (batch, hidden) main hidden states paired with tokens (V4: hc streams)
     pub(crate) mtp_logits: Vec<f32>, // (logit_rows, vocab)
     /// MTP slots in the MTP layer's cache (slot s pairs hidden of position s with token s+1).
     pub mtp_pos: usize,
+    /// The main model's MTP input row of position `pos - 1` as the last decode left it (the
+    /// head's slot there was not run yet: its token came after), and that position; lets the
+    /// next turn continue a state that cannot be cut back by one (a recurrent one).
+    pub(crate) mtp_pending: Vec<f32>,
+    pub mtp_pending_pos: Option<usize>,
     /// Qwen3-Next / Qwen3.5 recurrent state and scratch (empty otherwise).
     pub(super) hybrid: super::qwen3next::HybridState,
     /// Streaming expert cache; `None` = experts are read through the mapped files.
@@ -106,6 +111,8 @@ impl State {
         mtp: bool,
     ) -> State {
         let mtp = mtp && cfg.n_mtp_layers > 0;
+        // DeepSeek-V4's MTP input rows are its `hc` residual streams.
+        let hc = cfg.v4.as_ref().map_or(1, |v| v.hc);
         let cache_layers = cfg.kv_layers() + usize::from(mtp);
         let (h, qd, kvd, e, k) = (
             cfg.hidden,
@@ -155,7 +162,7 @@ impl State {
             vcache: vec![0.0; cache_layers * ctx * vc],
             idx: super::deepseek2::IndexerScratch::new(cfg, ctx, batch),
             v4: super::deepseek_v4::Scratch::new(cfg, ctx, batch),
-            hybrid: super::qwen3next::HybridState::new(cfg, batch),
+            hybrid: super::qwen3next::HybridState::new(cfg, batch, mtp),
             router: vec![0.0; batch * e],
             choice: vec![0.0; e],
             groups_score: vec![0.0; cfg.routing.n_group],
@@ -179,10 +186,12 @@ impl State {
             pf_selw: vec![0.0; k],
             pf_mark: vec![false; e],
             pf_needed: Vec::with_capacity(e),
-            mtp_cat: vec![0.0; if mtp { batch * 2 * h } else { 0 }],
-            mtp_hidden: vec![0.0; if mtp { batch * h } else { 0 }],
+            mtp_cat: vec![0.0; if mtp { batch * h * 2.max(hc) } else { 0 }],
+            mtp_hidden: vec![0.0; if mtp { batch * h * hc } else { 0 }],
             mtp_logits: vec![0.0; if mtp { logit_rows * cfg.vocab } else { 0 }],
             mtp_pos: 0,
+            mtp_pending: vec![0.0; if mtp { h * hc } else { 0 }],
+            mtp_pending_pos: None,
             expert_cache: None,
             experts_run: 0,
             prof: Prof::default(),

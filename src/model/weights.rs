@@ -182,11 +182,23 @@ impl<'a> Binder<'a, '_> {
         }
     }
 
+    /// The tensor called `name`. A Qwen3-Next / Qwen3.5 safetensors checkpoint keeps its MTP
+    /// layer (cache layer `n_layers`) under `mtp.layers.0.` instead of `model.layers.{n}.`.
+    fn tensor(&self, name: &str) -> Option<&'a TensorInfo> {
+        if self.cfg.hybrid.is_some() && !self.is_gguf() {
+            let main = format!("model.layers.{}.", self.cfg.n_layers);
+            if let Some(rest) = name.strip_prefix(&main) {
+                return self.files.tensor(&format!("mtp.layers.0.{rest}"));
+            }
+        }
+        self.files.tensor(name)
+    }
+
     /// The tensor for a non-expert role, if present.
     fn find(&self, role: Role, layer: usize) -> Option<&'a TensorInfo> {
         self.patterns(role)
             .iter()
-            .find_map(|p| self.files.tensor(&names::fill(p, layer, 0)))
+            .find_map(|p| self.tensor(&names::fill(p, layer, 0)))
     }
 
     fn require(&self, role: Role, layer: usize) -> Result<&'a TensorInfo, ModelError> {
@@ -264,7 +276,7 @@ impl<'a> Binder<'a, '_> {
             .hf_moe
             .iter()
             .filter(|(r, _)| *r == Role::Router)
-            .find_map(|(_, p)| self.files.tensor(&names::fill(p, layer, 0)))
+            .find_map(|(_, p)| self.tensor(&names::fill(p, layer, 0)))
             .ok_or_else(|| {
                 ModelError::MissingTensor(format!(
                     "router of layer {layer} ({})",
@@ -338,7 +350,7 @@ impl<'a> Binder<'a, '_> {
                 .map(|(_, p)| *p)
         };
         let per_expert = pattern(Role::ExpGate, false)
-            .find(|p| self.files.tensor(&names::fill(p, layer, 0)).is_some());
+            .find(|p| self.tensor(&names::fill(p, layer, 0)).is_some());
         if let Some(gate_p) = per_expert {
             let prefix_len = gate_p.find("{e}").unwrap_or(0);
             // The up/down patterns that share the gate pattern's prefix (same naming scheme).
@@ -352,9 +364,7 @@ impl<'a> Binder<'a, '_> {
             for e in 0..n {
                 let get = |p: &str| {
                     let name = names::fill(p, layer, e);
-                    self.files
-                        .tensor(&name)
-                        .ok_or(ModelError::MissingTensor(name))
+                    self.tensor(&name).ok_or(ModelError::MissingTensor(name))
                 };
                 let (g, u, d) = (
                     self.located(get(gate_p)?, f, h)?,
@@ -372,7 +382,7 @@ impl<'a> Binder<'a, '_> {
         }
         let fused = |role: Role| {
             pattern(role, true)
-                .find_map(|p| self.files.tensor(&names::fill(p, layer, 0)))
+                .find_map(|p| self.tensor(&names::fill(p, layer, 0)))
                 .ok_or_else(|| ModelError::MissingTensor(format!("experts of layer {layer} (neither per-expert nor fused {role:?} tensors found)")))
         };
         let (gate, up) = split_gate_up(self.split_3d(fused(Role::ExpGateUp)?, n, 2 * f, h)?, f)?;
@@ -766,6 +776,8 @@ impl<'a> Weights<'a> {
         let mtp = if cfg.n_mtp_layers > 0 && b.find(Role::MtpEh, cfg.n_layers).is_some() {
             let l = cfg.n_layers;
             let attn = match cfg.attn {
+                // Qwen3-Next / Qwen3.5: a gated full-attention layer.
+                _ if cfg.hybrid.is_some() => b.hybrid_mixer(l)?,
                 AttnKind::Gqa => Attention::Gqa(b.gqa(l)?),
                 AttnKind::Mla { .. } => Attention::Mla(b.mla(l)?),
             };
@@ -810,9 +822,7 @@ impl<'a> Weights<'a> {
 impl<'a> Binder<'a, '_> {
     fn named(&self, pattern: &str, l: usize) -> Result<&'a TensorInfo, ModelError> {
         let name = pattern.replace("{l}", &l.to_string());
-        self.files
-            .tensor(&name)
-            .ok_or(ModelError::MissingTensor(name))
+        self.tensor(&name).ok_or(ModelError::MissingTensor(name))
     }
 
     fn named_mat(
@@ -844,13 +854,14 @@ impl<'a> Binder<'a, '_> {
                 hf_name
             }
         };
-        if l >= hy.linear.len() {
+        // Layer `n_layers` is the MTP layer: gated full attention (further ones are not run).
+        if l > hy.linear.len() {
             return Err(ModelError::Unsupported(format!(
-                "layer {l}: MTP layers of {} are not supported",
+                "layer {l}: only the first MTP layer of {} is run",
                 c.family.name()
             )));
         }
-        if !hy.linear[l] {
+        if !hy.linear.get(l).copied().unwrap_or(false) {
             let (qd, kvd, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
             // GGUF norms already hold 1 + w (llama.cpp's converter adds it).
             let one = if g { 0.0 } else { 1.0 };
@@ -955,6 +966,17 @@ impl<'a> Binder<'a, '_> {
         for lw in &mut w.layers {
             add1(&mut lw.attn_norm);
             add1(&mut lw.ffn_norm);
+        }
+        if let Some(m) = &mut w.mtp {
+            for v in [
+                &mut m.enorm,
+                &mut m.hnorm,
+                &mut m.head_norm,
+                &mut m.layer.attn_norm,
+                &mut m.layer.ffn_norm,
+            ] {
+                add1(v);
+            }
         }
     }
 }
