@@ -574,3 +574,26 @@ pub fn lock_resident(ranges: &[&[u8]]) -> Result<u64, String> {
     }
     Ok(locked)
 }
+
+/// `MADV_RANDOM` on the pages of mapped bytes read a small piece at a time (the token-embedding
+/// table where experts stream: one row per token): a page fault then reads that page, not the
+/// device's read-ahead window around it (8 MB on some disks), and the memory it takes stays
+/// the pages touched. Advice only: returns why it was refused, and reads work either way.
+pub fn advise_random(bytes: &[u8]) -> Result<(), String> {
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    let page = 4096usize;
+    let start = bytes.as_ptr() as usize & !(page - 1);
+    let end = (bytes.as_ptr() as usize + bytes.len()).next_multiple_of(page);
+    // SAFETY: [start, end) covers only pages of a live read-only mapping that `bytes` borrows;
+    // MADV_RANDOM changes read-ahead, never contents.
+    let rc = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_RANDOM) };
+    if rc != 0 {
+        return Err(format!(
+            "madvise(MADV_RANDOM) of the embedding table refused ({}): its rows fault in with read-ahead",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}

@@ -80,6 +80,11 @@ pub struct ModelSummary {
     pub mtp_draft_bytes: u64,
 }
 
+/// Whether a tensor is the token-embedding table (GGUF or Hugging Face name).
+pub fn is_embedding_table(name: &str) -> bool {
+    name == "token_embd.weight" || name.ends_with("embed_tokens.weight")
+}
+
 impl ModelSummary {
     /// The summary of a loaded model, with the KV cache and buffers of the state `st` it will
     /// run with and this process's resident set now.
@@ -110,9 +115,7 @@ impl ModelSummary {
                 files
                     .tensors()
                     .iter()
-                    .filter(|t| {
-                        t.name == "token_embd.weight" || t.name.ends_with("embed_tokens.weight")
-                    })
+                    .filter(|t| is_embedding_table(&t.name))
                     .map(|t| t.range.len)
                     .sum()
             },
@@ -129,6 +132,13 @@ impl ModelSummary {
     /// What the budget holds whatever the experts do: resident weights, KV cache, process.
     pub fn fixed_bytes(&self) -> u64 {
         self.resident_bytes + self.kv_bytes + self.process_bytes
+    }
+
+    /// `fixed_bytes` with the token-embedding table left in the mapped file: only the pages of
+    /// the rows a run touches count (`EMBEDDING_TOUCHED`). Equal to `fixed_bytes` for a tied
+    /// table (it is the output head, read whole every token).
+    pub fn fixed_bytes_embedding_in_file(&self) -> u64 {
+        self.fixed_bytes() - self.embedding_bytes + self.embedding_bytes.min(EMBEDDING_TOUCHED)
     }
 
     /// Bytes one decoded token reads from RAM: resident weights but the embedding table and the
@@ -322,7 +332,17 @@ pub struct PlanRequest {
     pub mtp: usize,
     /// `--prefetch` / `--prefetch=off`; `None`: the planner decides.
     pub prefetch: Option<bool>,
+    /// Where experts stream, leave an untied token-embedding table in the mapped file (a token
+    /// reads one row of it; the pages are neither locked nor counted in the budget beyond
+    /// `EMBEDDING_TOUCHED`). The engine asks for it on CPU runs (a GPU run copies the whole
+    /// table to the device).
+    pub embedding_in_file: bool,
 }
+
+/// What the budget counts of a token-embedding table left in the mapped file: the pages of the
+/// rows a run touches (one 4 KiB page per distinct token; clean page cache the kernel reclaims
+/// first under pressure, so this is a margin, not a cap).
+pub const EMBEDDING_TOUCHED: u64 = 8 << 20;
 
 impl Default for PlanRequest {
     fn default() -> PlanRequest {
@@ -337,6 +357,7 @@ impl Default for PlanRequest {
             pin_bytes: None,
             mtp: 0,
             prefetch: None,
+            embedding_in_file: false,
         }
     }
 }
@@ -367,6 +388,10 @@ pub struct Plan {
     pub prefetch: bool,
     /// MTP draft tokens (0 = off).
     pub mtp: usize,
+    /// The token-embedding table stays in the mapped file, unlocked and read a row at a time
+    /// (`PlanRequest::embedding_in_file`, streaming, untied table): the engine must not lock it.
+    #[serde(default)]
+    pub embedding_in_file: bool,
     /// Expected expert hit rate: (uniform routing, skewed estimate).
     pub hit_rate: (f64, f64),
     /// Storage ceiling used, GB/s (None: no profile or no O_DIRECT figure).
@@ -534,9 +559,25 @@ pub fn plan(
 ) -> Result<Plan, PlanError> {
     let mut ds = Vec::new();
     let budget = budget_decision(m, profile, req, &mut ds)?;
-    let left = budget - m.fixed_bytes();
     let fits = m.total_bytes() <= budget;
     let stream = experts_decision(m, req, budget, fits, &mut ds);
+    let embedding_in_file = stream && req.embedding_in_file && m.embedding_bytes > 0;
+    let left = if embedding_in_file {
+        ds.push(d(
+            "embedding",
+            format!(
+                "{} token-embedding table read from the mapped file",
+                human(m.embedding_bytes)
+            ),
+            format!(
+                "a token reads one row: not locked, {} counted for the rows touched, the rest of the budget goes to expert slots",
+                human(m.embedding_bytes.min(EMBEDDING_TOUCHED))
+            ),
+        ));
+        budget.saturating_sub(m.fixed_bytes_embedding_in_file())
+    } else {
+        budget.saturating_sub(m.fixed_bytes())
+    };
     let cache = cache_decision(m, req, stream, budget, left, &mut ds)?;
     let (io, io_threads, ceiling) = io_decision(m, profile, req, stream, &mut ds)?;
 
@@ -603,6 +644,7 @@ pub fn plan(
         io_threads,
         prefetch,
         mtp: req.mtp,
+        embedding_in_file,
         hit_rate: hit,
         disk_gbps: disk,
         mem_gbps: mem,
@@ -658,14 +700,20 @@ fn budget_decision(
         human(m.process_bytes),
         "binary, tokenizer and heap measured now, plus the activation buffers of a -b chunk",
     ));
-    if m.fixed_bytes() > budget {
+    // A run that may stream with the embedding table in the file needs room for the rest.
+    let fixed = if req.embedding_in_file && req.mode != ExpertMode::Resident {
+        m.fixed_bytes_embedding_in_file()
+    } else {
+        m.fixed_bytes()
+    };
+    if fixed > budget {
         return Err(PlanError::Impossible(format!(
             "budget {} cannot hold the resident part: weights {} + KV cache {} + process {} = {} (lower -c or raise --ram)",
             human(budget),
-            human(m.resident_bytes),
+            human(m.resident_bytes - (m.fixed_bytes() - fixed)),
             human(m.kv_bytes),
             human(m.process_bytes),
-            human(m.fixed_bytes())
+            human(fixed)
         )));
     }
     Ok(budget)
