@@ -5,6 +5,8 @@
 # stream (S) and llama.cpp through scripts/llama-lbench.cpp with mmap and repacking off, block
 # device read-ahead lowered to 128 KB for its arm (L); order S L L S. Root; needs:
 #   SLUICE=path/to/sluice LBENCH=path/to/lbench M=model.gguf LIMIT_MIB=900 DEV=vda
+# Optional: ARMS (e.g. "S B B S"), N (tokens, 64), SFLAGS (extra flags of S), BASE (a second
+# sluice binary, arm B, same flags), PFLAGS (extra flags of arm P, same binary as S).
 # lbench: g++ -O2 -std=c++17 -I$LLAMA/include -I$LLAMA/ggml/include scripts/llama-lbench.cpp -o lbench
 #   -L$LLAMA/build/bin -lllama -lggml -lggml-base -lggml-cpu -Wl,-rpath,$LLAMA/build/bin
 set -u
@@ -18,8 +20,9 @@ $SLUICE doctor $M --refresh 2>&1 | grep -E 'direct|memory read'
 for arm in ${ARMS:-S L L S}; do
   drop $M; echo 0 > $CG/memory.max_usage_in_bytes
   case $arm in
-    S) incg $SLUICE run $M -p "$P" -n ${N:-64} --ignore-eos -t 2 --temp 0 -c 512 --experts stream 2>&1 >/dev/null |
-         grep -E 'budget|expert cache|io:|timing|\[experts\]|disk' | sed 's/^/S: /' ;;
+    S|B|P) BIN=$SLUICE; F="${SFLAGS:-}"; [ $arm = B ] && BIN=$BASE; [ $arm = P ] && F="${PFLAGS:-}"
+       incg $BIN run $M -p "$P" -n ${N:-64} --ignore-eos -t 2 --temp 0 -c 512 --experts stream $F 2>&1 >/dev/null |
+         grep -E 'budget|expert cache|io:|timing|\[experts\]|disk|prefetch' | sed "s/^/$arm: /" ;;
     L) OLD=$(cat $RA); echo 128 > $RA
        incg $LBENCH $M 2 0 ${LN:-32} 0 2>&1 | grep -E 'lbench|failed' | sed 's/^/L (ra 128 KB): /'
        echo $OLD > $RA ;;

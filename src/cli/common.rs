@@ -427,7 +427,7 @@ pub fn expert_summary(
         String::new()
     };
     Some(format!(
-        "[experts] decode {decoded} tokens in {secs:.2}s ({:.2} tok/s) | expert hit {:.1}% (pin {:.1}% + lru {:.1}%) | {:.1} experts read/token | {} read at {:.2} GB/s | wait {:.2}s{rss}",
+        "[experts] decode {decoded} tokens in {secs:.2}s ({:.2} tok/s) | expert hit {:.1}% (pin {:.1}% + lru {:.1}%) | {:.1} experts read/token | {} read at {:.2} GB/s ({:.2} reads of {} in flight on average, {:.2} GB/s each) | wait {:.2}s{rss}",
         decoded as f64 / secs.max(1e-9),
         100.0 * s.hit_rate(),
         100.0 * s.hits_pin as f64 / req,
@@ -435,6 +435,9 @@ pub fn expert_summary(
         s.misses as f64 / decoded.max(1) as f64,
         human(s.bytes_read),
         gb(s.bytes_read) / s.read_secs.max(1e-9),
+        s.read_sum_secs / s.read_secs.max(1e-9),
+        human(s.bytes_read / s.reads.max(1)),
+        gb(s.bytes_read) / s.read_sum_secs.max(1e-9),
         s.wait_secs
     ) + &prefetch)
 }

@@ -110,6 +110,10 @@ struct Queues {
     busy_since: Option<Instant>,
     busy: Duration,
     bytes: u64,
+    /// Jobs finished, and the sum of their read times (taken by a reader to read done): over
+    /// `busy`, the mean number of reads in flight.
+    reads: u64,
+    read_time: Duration,
     shutdown: bool,
     /// Readers that have started running.
     started: usize,
@@ -339,6 +343,13 @@ impl ReadPool {
         self.shared.lock().bytes
     }
 
+    /// (jobs finished, seconds summed over their reads): with `busy_secs`, the mean number of
+    /// reads in flight while the pool was busy; with `bytes_read`, the mean read size.
+    pub fn read_totals(&self) -> (u64, f64) {
+        let q = self.shared.lock();
+        (q.reads, q.read_time.as_secs_f64())
+    }
+
     /// Wall time during which at least one job was queued or being read.
     pub fn busy_secs(&self) -> f64 {
         let q = self.shared.lock();
@@ -452,6 +463,7 @@ fn reader(s: &Shared) {
                 q = s.work.wait(q).unwrap_or_else(|p| p.into_inner());
             }
         };
+        let t0 = Instant::now();
         let result = match s.files.get(job.file) {
             Some(f) => read_job(f, s.mode, &job),
             None => Err(ExpertError::Request(format!(
@@ -460,10 +472,13 @@ fn reader(s: &Shared) {
                 s.files.len()
             ))),
         };
+        let took = t0.elapsed();
         let mut q = s.lock();
         if let Ok(n) = result {
             q.bytes += n;
         }
+        q.reads += 1;
+        q.read_time += took;
         q.in_flight -= 1;
         if q.in_flight == 0 {
             if let Some(t) = q.busy_since.take() {
