@@ -868,6 +868,9 @@ type IoChoice<'p> = (IoMode, usize, Option<(u64, &'p super::ReadPoint)>);
 /// How experts are read (`--io`, else O_DIRECT where the profile says it works) and by how many
 /// reader threads (`--io-threads`, else the disk probe's best point); also the disk ceiling the
 /// prediction uses.
+/// Two readers instead of the probe's one when two measured at least this close to one's peak.
+const READERS_TIE: f64 = 0.15;
+
 fn io_decision<'p>(
     m: &ModelSummary,
     profile: Option<&'p MachineProfile>,
@@ -906,15 +909,33 @@ fn io_decision<'p>(
     let (threads, threads_why) = match (req.io_threads, ceiling) {
         (Some(0), _) => return Err(PlanError::Flag("--io-threads must be at least 1".into())),
         (Some(t), _) => (t, "--io-threads".to_string()),
-        (None, Some((b, p))) => (
-            p.threads.clamp(1, 64),
-            format!(
+        (None, Some((b, p))) => {
+            let peak = format!(
                 "O_DIRECT {} reads peaked at {:.2} GB/s with {} threads",
                 human(b),
                 p.gbps,
                 p.threads
-            ),
-        ),
+            );
+            // One reader leaves the disk idle between a read's end and the next one's start,
+            // and a wave's reads never overlap: runs read at 0.9 reads in flight, 0.72 of the
+            // ceiling (docs/PERFORMANCE.md, session 28). A second reader costs nothing where
+            // the probe found two within `TIE` of one (a tie, on a noisy disk).
+            let two = profile
+                .and_then(|pr| pr.storage.nearest_direct(read_bytes))
+                .and_then(|s| s.points.iter().find(|q| q.threads == 2))
+                .filter(|q| p.threads == 1 && q.gbps >= p.gbps * (1.0 - READERS_TIE));
+            match two {
+                Some(q) => (
+                    2,
+                    format!(
+                        "{peak}, 2 threads {:.2} (within {:.0}%: two keep a read in flight while the other lands)",
+                        q.gbps,
+                        100.0 * READERS_TIE
+                    ),
+                ),
+                None => (p.threads.clamp(1, 64), peak),
+            }
+        }
         (None, None) => (4, "default (no measured disk figures)".to_string()),
     };
     if stream {
