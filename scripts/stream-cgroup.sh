@@ -21,8 +21,8 @@ for arm in ${ARMS:-S L L S}; do
   drop $M; echo 0 > $CG/memory.max_usage_in_bytes
   case $arm in
     S|B|P) BIN=$SLUICE; F="${SFLAGS:-}"; [ $arm = B ] && BIN=$BASE; [ $arm = P ] && F="${PFLAGS:-}"
-       incg $BIN run $M -p "$P" -n ${N:-64} --ignore-eos -t 2 --temp 0 -c 512 --experts stream $F 2>&1 >/dev/null |
-         grep -E 'budget|expert cache|io:|timing|\[experts\]|disk|prefetch' | sed "s/^/$arm: /" ;;
+       incg $BIN run $M -p "$P" -n ${N:-64} --ignore-eos -t 2 --temp 0 -c 512 --experts stream --prof $F 2>&1 >/dev/null |
+         grep -E 'budget|expert cache|io:|timing|\[experts\]|\[prof\]|disk|prefetch' | sed "s/^/$arm: /" ;;
     L) OLD=$(cat $RA); echo 128 > $RA
        incg $LBENCH $M 2 0 ${LN:-32} 0 2>&1 | grep -E 'lbench|failed' | sed 's/^/L (ra 128 KB): /'
        echo $OLD > $RA ;;

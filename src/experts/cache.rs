@@ -994,6 +994,11 @@ impl ExpertCache {
         &self.notes
     }
 
+    /// Reader threads of the pool.
+    pub fn readers(&self) -> usize {
+        self.pool.threads()
+    }
+
     /// The IO mode in effect (buffered after an O_DIRECT fallback).
     pub fn io_mode(&self) -> IoMode {
         self.pool.mode()
