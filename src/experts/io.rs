@@ -447,7 +447,27 @@ fn open_one(path: &std::path::Path, mode: IoMode) -> Result<OpenFile, OpenErr> {
     })
 }
 
+/// The niceness readers ask for (`SLUICE_READER_NICE`, default -10): a reader spends its
+/// life blocked in `pread` and needs a core only for the microseconds between one read's end and
+/// the next one's start; at the default niceness, compute threads holding every core delay that
+/// and the disk idles. Lowering niceness needs CAP_SYS_NICE (or RLIMIT_NICE): refused, the
+/// readers keep the default.
+fn reader_nice() -> i32 {
+    std::env::var("SLUICE_READER_NICE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(-10)
+}
+
 fn reader(s: &Shared) {
+    let nice = reader_nice();
+    if nice != 0 {
+        // SAFETY: plain syscalls on this thread's own id; failure leaves the niceness as is.
+        unsafe {
+            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+            libc::setpriority(libc::PRIO_PROCESS, tid, nice);
+        }
+    }
     s.lock().started += 1;
     s.done.notify_all();
     loop {
