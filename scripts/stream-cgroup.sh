@@ -6,7 +6,9 @@
 # device read-ahead lowered to 128 KB for its arm (L); order S L L S. Root; needs:
 #   SLUICE=path/to/sluice LBENCH=path/to/lbench M=model.gguf LIMIT_MIB=900 DEV=vda
 # Optional: ARMS (e.g. "S B B S"), N (tokens, 64), SFLAGS (extra flags of S), BASE (a second
-# sluice binary, arm B, same flags), PFLAGS (extra flags of arm P, same binary as S).
+# sluice binary, arm B, same flags), PFLAGS (extra flags of arm P, same binary as S). Sluice arms
+# run with --prof: their `[experts] disk now` line is the O_DIRECT ceiling measured in the same
+# process just after decode, and the run's reads against it (docs/PERFORMANCE.md, session 28).
 # lbench: g++ -O2 -std=c++17 -I$LLAMA/include -I$LLAMA/ggml/include scripts/llama-lbench.cpp -o lbench
 #   -L$LLAMA/build/bin -lllama -lggml -lggml-base -lggml-cpu -Wl,-rpath,$LLAMA/build/bin
 set -u

@@ -4,7 +4,8 @@
 //! mapping), the reader threads (created once), two job queues (demand reads first, then
 //! speculative prefetch reads, which `promote` moves to the demand queue once they are needed)
 //! and a completion queue (preallocated `VecDeque`s under one mutex: no allocation per read in
-//! steady state). Does not
+//! steady state). Readers ask for a lower niceness (`reader_nice`): they need a core only between
+//! two reads. Does not
 //! decide what to read or where (the cache does) and does not own the destination memory.
 //! Invariant: every submitted job yields exactly one `Completion` unless `cancel` took it back
 //! before a reader did (and said so in its count); `Ok(n)` means at least the

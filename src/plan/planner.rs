@@ -7,11 +7,14 @@
 //! - resident bytes (dense weights, norms, embeddings, shared experts) and KV bytes for `-c`.
 //! - experts: resident (read through the mapped files) when the whole model fits the budget,
 //!   else streamed through the bounded cache (`--experts` overrides).
+//! - embedding: where experts stream on the CPU (`PlanRequest::embedding_in_file`), an untied
+//!   token-embedding table stays in the mapped file (a token reads one row; `EMBEDDING_TOUCHED`
+//!   counted), its bytes going to expert slots.
 //! - expert cache: slots per MoE layer from what the budget leaves, split into a pinned tier
 //!   (`--autopin`: half of it unless `--pin-gb`, the LRU keeping at least one slot a layer) and
 //!   an evictable tier (`--cap` overrides the count).
-//! - reader threads: the thread count at which the probed O_DIRECT ceiling was reached
-//!   (`--io-threads` overrides); IO mode: direct where O_DIRECT works, else buffered (`--io`).
+//! - reader threads: the thread count at which the probed O_DIRECT ceiling was reached, two
+//!   where one peaked but two tied it (`READERS_TIE`) (`--io-threads` overrides); IO mode: direct where O_DIRECT works, else buffered (`--io`).
 //! - prefetch: off by default: on the generated Qwen3-30B-shaped model the next layer's router
 //!   predicted only 52% of the experts, and decode was 14-16% slower with it (PERFORMANCE.md,
 //!   "Prefetch"); `--prefetch` turns it on where experts stream (see `prefetch_decision`).
