@@ -137,6 +137,13 @@ fn run_profile(files: &ModelFiles, say: &Say) -> Option<crate::plan::MachineProf
     }
 }
 
+/// On the CPU the token-embedding table is read a row per token: where experts stream it stays
+/// in the mapped file and its budget goes to expert slots (`PlanRequest::embedding_in_file`). A
+/// GPU run copies the whole table to the device, so it keeps the table resident.
+pub fn embedding_in_file(o: &EngineOptions) -> bool {
+    o.gpu.want == GpuWant::Off || !crate::gpu::BUILT || !gpu_driver()
+}
+
 /// Whether a CUDA driver library can be loaded (false in a build without `cuda`).
 fn gpu_driver() -> bool {
     #[cfg(feature = "cuda")]
@@ -217,10 +224,7 @@ pub(crate) fn place_experts(
         .then(|| usage.as_ref().map_or(0, |(u, _)| u.top_n(usize::MAX).len()));
     let profile = run_profile(files, say);
     let mut req = plan_request(a, o.mtp, avail);
-    // On the CPU the token-embedding table is read a row per token: where experts stream it
-    // stays in the mapped file and its budget goes to expert slots. A GPU run copies the whole
-    // table to the device, so it keeps the table resident.
-    req.embedding_in_file = o.gpu.want == GpuWant::Off || !crate::gpu::BUILT || !gpu_driver();
+    req.embedding_in_file = embedding_in_file(o);
     let slots = |n: usize| format!("{n} sequence slot{}", if n == 1 { "" } else { "s" });
     let mut parallel_line = None;
     let kv_one = summary.kv_bytes / o.parallel.max(1) as u64;
