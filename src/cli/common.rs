@@ -405,8 +405,8 @@ pub fn belady_bound(
 /// run — random reads of the run's mean read size from the model's largest file, with the
 /// run's reader count and twice it, `PROBE_SECS` each — against the run's own expert read
 /// rate, and the Belady bound priced at that ceiling (issue 16: reads >= 0.9 of the disk's
-/// O_DIRECT bandwidth measured in the same run). `None` when nothing streamed or O_DIRECT is
-/// refused (the line says why in the second case).
+/// O_DIRECT bandwidth measured in the same run). `None` when nothing streamed or the cache did
+/// not read with O_DIRECT; a "not measured" line when the probe's reads fail.
 pub fn disk_now(
     st: &crate::model::State,
     before: Option<crate::experts::CacheStats>,

@@ -14,7 +14,8 @@
 //!   (`--autopin`: half of it unless `--pin-gb`, the LRU keeping at least one slot a layer) and
 //!   an evictable tier (`--cap` overrides the count).
 //! - reader threads: the thread count at which the probed O_DIRECT ceiling was reached, two
-//!   where one peaked but two tied it (`READERS_TIE`) (`--io-threads` overrides); IO mode: direct where O_DIRECT works, else buffered (`--io`).
+//!   where one peaked but two tied it (`READERS_TIE`) (`--io-threads` overrides); IO mode:
+//!   direct where O_DIRECT works, else buffered (`--io`).
 //! - prefetch: off by default: on the generated Qwen3-30B-shaped model the next layer's router
 //!   predicted only 52% of the experts, and decode was 14-16% slower with it (PERFORMANCE.md,
 //!   "Prefetch"); `--prefetch` turns it on where experts stream (see `prefetch_decision`).
