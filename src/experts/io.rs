@@ -4,8 +4,8 @@
 //! mapping), the reader threads (created once), two job queues (demand reads first, then
 //! speculative prefetch reads, which `promote` moves to the demand queue once they are needed)
 //! and a completion queue (preallocated `VecDeque`s under one mutex: no allocation per read in
-//! steady state). Readers ask for a lower niceness (`reader_nice`): they need a core only between
-//! two reads. Does not
+//! steady state). `SLUICE_READER_NICE` gives the readers another niceness (`reader_nice`).
+//! Does not
 //! decide what to read or where (the cache does) and does not own the destination memory.
 //! Invariant: every submitted job yields exactly one `Completion` unless `cancel` took it back
 //! before a reader did (and said so in its count); `Ok(n)` means at least the
@@ -448,16 +448,17 @@ fn open_one(path: &std::path::Path, mode: IoMode) -> Result<OpenFile, OpenErr> {
     })
 }
 
-/// The niceness readers ask for (`SLUICE_READER_NICE`, default -10): a reader spends its
-/// life blocked in `pread` and needs a core only for the microseconds between one read's end and
-/// the next one's start; at the default niceness, compute threads holding every core delay that
-/// and the disk idles. Lowering niceness needs CAP_SYS_NICE (or RLIMIT_NICE): refused, the
-/// readers keep the default.
+/// The niceness readers ask for (`SLUICE_READER_NICE`, default 0 = unchanged): a reader needs a
+/// core only between one read's end and the next one's start, and compute threads holding every
+/// core can delay that; but a reader that preempts them delays the compute instead. On the
+/// shared 2-vCPU VM, -10 won one series (decode 1.12x) and lost the next (0.78x, the compute time
+/// grew): off until a quiet machine decides (docs/PERFORMANCE.md, session 28). Lowering niceness
+/// needs CAP_SYS_NICE (or RLIMIT_NICE): refused, the readers keep the default.
 fn reader_nice() -> i32 {
     std::env::var("SLUICE_READER_NICE")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(-10)
+        .unwrap_or(0)
 }
 
 fn reader(s: &Shared) {
