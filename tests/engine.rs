@@ -3,7 +3,8 @@
 //! nothing that is computed.
 //!
 //! - `logits` and `chat` with streamed experts (`--experts stream --cap 1`, one evictable slot
-//!   per layer, so nearly every expert is read from disk) equal the resident run bit for bit;
+//!   per layer, so nearly every expert is read from disk; the untied embedding table left in the
+//!   mapped file) equal the resident run bit for bit;
 //! - `serve --mtp 2` at temperature 0 returns exactly `run --mtp 0`'s text, also for a request
 //!   that reuses the previous one's cache (the MTP head re-levelled after prefix sync), on a
 //!   fixture with an MTP layer (DeepSeek-V3 and GLM-4.5 shapes);
@@ -128,6 +129,9 @@ fn chat_with_streamed_experts_equals_resident() {
     );
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("[plan] experts: streamed"), "{err}");
+    // The default model's embedding table is untied: streamed on the CPU it stays in the mapped
+    // file, unlocked, read a row per token — same text.
+    assert!(err.contains("[plan] embedding: "), "{err}");
     assert_eq!(
         String::from_utf8_lossy(&streamed),
         String::from_utf8_lossy(&resident)

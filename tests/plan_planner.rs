@@ -521,3 +521,68 @@ fn memory_cgroup_limit_below_available_sets_the_budget() {
         6 * GB
     );
 }
+
+#[test]
+fn one_reader_tied_with_two_takes_two() {
+    // The probe's peak is one reader, two measured within 15% of it (a noisy disk): the plan
+    // reads with two (one reader leaves the disk idle between reads).
+    let m = model();
+    let mut p = profile(1.74, 1, 50.0, 64 * GB, true);
+    p.storage.series[0].points[1].gbps = 1.66;
+    let tie = plan(&m, Some(&p), &req(14 * GB)).unwrap();
+    assert_eq!(tie.io_threads, 2);
+    assert!(decision(&tie, "io").1.contains("2 threads 1.66"));
+    // Two clearly slower: one reader.
+    p.storage.series[0].points[1].gbps = 1.2;
+    assert_eq!(plan(&m, Some(&p), &req(14 * GB)).unwrap().io_threads, 1);
+}
+
+#[test]
+fn streamed_cpu_runs_leave_the_embedding_table_in_the_file() {
+    // An untied 600 MB embedding table: with `embedding_in_file` (CPU runs) its bytes, but
+    // EMBEDDING_TOUCHED, go to expert slots, and a budget that could not hold it is possible.
+    let mut m = model();
+    m.embedding_bytes = 600_000_000;
+    let p = profile(2.0, 4, 50.0, 64 * GB, true);
+    let held = plan(&m, Some(&p), &req(4 * GB)).unwrap();
+    let in_file = plan(
+        &m,
+        Some(&p),
+        &PlanRequest {
+            embedding_in_file: true,
+            ..req(4 * GB)
+        },
+    )
+    .unwrap();
+    assert!(!held.embedding_in_file && in_file.embedding_in_file);
+    let freed = (600_000_000 - sluice::plan::planner::EMBEDDING_TOUCHED) / m.slot_bytes / 48;
+    let more = (in_file.slots_per_layer - held.slots_per_layer) as u64;
+    assert!(
+        more.abs_diff(freed) <= 1,
+        "the table's bytes become slots: {more} more a layer, {freed} expected"
+    );
+    assert!(decision(&in_file, "embedding").0.contains("600.0 MB"));
+    // Resident experts: the request changes nothing.
+    let resident = plan(
+        &m,
+        Some(&p),
+        &PlanRequest {
+            embedding_in_file: true,
+            ..req(64 * GB)
+        },
+    )
+    .unwrap();
+    assert!(!resident.stream && !resident.embedding_in_file);
+    // 1.5 GB cannot hold 1.5 GB of weights + 0.4 GB of KV cache; with the table in the file
+    // it holds the other 1.3 GB and a slot per layer.
+    assert!(plan(&m, Some(&p), &req(1_500_000_000)).is_err());
+    assert!(plan(
+        &m,
+        Some(&p),
+        &PlanRequest {
+            embedding_in_file: true,
+            ..req(1_500_000_000)
+        }
+    )
+    .is_ok());
+}

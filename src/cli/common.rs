@@ -401,6 +401,71 @@ pub fn belady_bound(
     Some(line)
 }
 
+/// `run --prof` after a streamed decode: the disk's O_DIRECT ceiling measured now, in the same
+/// run — random reads of the run's mean read size from the model's largest file, with the
+/// run's reader count and twice it, `PROBE_SECS` each — against the run's own expert read
+/// rate, and the Belady bound priced at that ceiling (issue 16: reads >= 0.9 of the disk's
+/// O_DIRECT bandwidth measured in the same run). `None` when nothing streamed or the cache did
+/// not read with O_DIRECT; a "not measured" line when the probe's reads fail.
+pub fn disk_now(
+    st: &crate::model::State,
+    before: Option<crate::experts::CacheStats>,
+    decoded: usize,
+    secs: f64,
+) -> Option<String> {
+    use crate::experts::{simulate_from, IoMode, SimPolicy};
+    const PROBE_SECS: f64 = 0.5;
+    let cache = st.experts()?;
+    let s = decode_stats(st, before)?;
+    if decoded == 0 || s.reads == 0 || s.read_secs <= 0.0 || cache.io_mode() != IoMode::Direct {
+        return None;
+    }
+    let path = cache
+        .store()
+        .paths()
+        .iter()
+        .max_by_key(|p| std::fs::metadata(p).map_or(0, |m| m.len()))?;
+    let block = s.bytes_read / s.reads;
+    let readers = cache.readers();
+    let mut points = Vec::new();
+    for t in [readers, 2 * readers] {
+        let dur = std::time::Duration::from_secs_f64(PROBE_SECS);
+        match crate::plan::probe_disk::direct_point(path, block, t, dur) {
+            Ok(p) => points.push(p),
+            Err(e) => return Some(format!("[experts] disk now: not measured ({e})")),
+        }
+    }
+    let best = points.iter().map(|p| p.gbps).fold(0.0, f64::max);
+    let run = gb(s.bytes_read) / s.read_secs;
+    let list: Vec<String> = points
+        .iter()
+        .map(|p| format!("x{} {:.2}", p.threads, p.gbps))
+        .collect();
+    let mut line = format!(
+        "[experts] disk now: O_DIRECT {} random reads of {} just after decode, {PROBE_SECS} s each: {} GB/s | this run's expert reads {run:.2} GB/s = {:.2} of the best",
+        human(block),
+        path.display(),
+        list.join(", "),
+        run / best.max(1e-9)
+    );
+    // The Belady bound with its misses read at this ceiling.
+    if let (Some(trace), true) = (cache.route_log(), s.misses > 0 && best > 0.0) {
+        let (slots, pinned) = cache.shape();
+        let from = before.map_or(0, |b| b.waves as usize);
+        if let Ok(bel) = simulate_from(&trace, slots, &pinned, SimPolicy::Belady, from) {
+            let compute = (secs - s.wait_secs).max(0.0);
+            let at = bel.misses as f64 * (s.bytes_read as f64 / s.misses as f64) / (best * 1e9);
+            let bound = decoded as f64 / (compute + at).max(1e-9);
+            let measured = decoded as f64 / secs.max(1e-9);
+            line += &format!(
+                "; Belady bound at it {bound:.2} tok/s, measured = {:.0}% of it",
+                100.0 * measured / bound
+            );
+        }
+    }
+    Some(line)
+}
+
 /// The end-of-run expert line: hit rates, experts read per token, bytes read and read speed.
 /// `before` (the figures when the prefill ended) is subtracted, so the line is decode only.
 pub fn expert_summary(
@@ -427,7 +492,7 @@ pub fn expert_summary(
         String::new()
     };
     Some(format!(
-        "[experts] decode {decoded} tokens in {secs:.2}s ({:.2} tok/s) | expert hit {:.1}% (pin {:.1}% + lru {:.1}%) | {:.1} experts read/token | {} read at {:.2} GB/s | wait {:.2}s{rss}",
+        "[experts] decode {decoded} tokens in {secs:.2}s ({:.2} tok/s) | expert hit {:.1}% (pin {:.1}% + lru {:.1}%) | {:.1} experts read/token | {} read at {:.2} GB/s ({:.2} reads of {} in flight on average, {:.2} GB/s each) | wait {:.2}s{rss}",
         decoded as f64 / secs.max(1e-9),
         100.0 * s.hit_rate(),
         100.0 * s.hits_pin as f64 / req,
@@ -435,6 +500,9 @@ pub fn expert_summary(
         s.misses as f64 / decoded.max(1) as f64,
         human(s.bytes_read),
         gb(s.bytes_read) / s.read_secs.max(1e-9),
+        s.read_sum_secs / s.read_secs.max(1e-9),
+        human(s.bytes_read / s.reads.max(1)),
+        gb(s.bytes_read) / s.read_sum_secs.max(1e-9),
         s.wait_secs
     ) + &prefetch)
 }

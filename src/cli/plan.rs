@@ -3,7 +3,7 @@
 //! profile; without one it probes `--quick` (a second or two) and caches that.
 
 use super::common::{ComputeArgs, ExpertArgs};
-use crate::engine::placement::{mem_available, plan_request};
+use crate::engine::placement::{embedding_in_file, mem_available, plan_request};
 use crate::engine::EngineOptions;
 use crate::format::ModelFiles;
 use crate::model::{LoadOptions, Model, ModelConfig};
@@ -74,6 +74,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         }
     };
     let mut req = plan_request(&o.experts, args.mtp, None);
+    req.embedding_in_file = embedding_in_file(&o);
     if args.experts.autopin {
         // The plan does not read usage statistics: assume every expert could be pinned.
         req.autopin = Some(usize::MAX);

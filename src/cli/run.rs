@@ -141,6 +141,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         let (_, line, verdict) = time_shares(st);
         eprintln!("{line}");
         eprintln!("{verdict}");
+        if let Some(line) = super::common::disk_now(
+            st,
+            stats.experts_after_prefill,
+            stats.decoded(),
+            stats.decode_secs,
+        ) {
+            eprintln!("{line}");
+        }
     }
     eprintln!("{}", predicted_vs_measured(&engine.plan, stats.gen_tps()));
     if let Some(line) = super::common::peak_vs_budget(&engine.plan) {

@@ -49,6 +49,7 @@ pub fn plan_request(a: &ExpertOptions, mtp: usize, autopin: Option<usize>) -> Pl
         pin_bytes: a.pin_bytes,
         mtp,
         prefetch: a.prefetch,
+        embedding_in_file: false,
     }
 }
 
@@ -136,6 +137,25 @@ fn run_profile(files: &ModelFiles, say: &Say) -> Option<crate::plan::MachineProf
     }
 }
 
+/// On the CPU the token-embedding table is read a row per token: where experts stream it stays
+/// in the mapped file and its budget goes to expert slots (`PlanRequest::embedding_in_file`). A
+/// GPU run copies the whole table to the device, so it keeps the table resident.
+pub fn embedding_in_file(o: &EngineOptions) -> bool {
+    o.gpu.want == GpuWant::Off || !crate::gpu::BUILT || !gpu_driver()
+}
+
+/// Whether a CUDA driver library can be loaded (false in a build without `cuda`).
+fn gpu_driver() -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        crate::gpu::driver::present()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        false
+    }
+}
+
 /// The automatic `--parallel` (`EngineOptions::resolve_parallel`) capped by memory: slots
 /// whose KV caches (each `kv_one` bytes) would take more than an
 /// eighth of the budget (`--ram`, else 85% of MemAvailable) are dropped, down to one. Returns
@@ -203,7 +223,8 @@ pub(crate) fn place_experts(
         .autopin
         .then(|| usage.as_ref().map_or(0, |(u, _)| u.top_n(usize::MAX).len()));
     let profile = run_profile(files, say);
-    let req = plan_request(a, o.mtp, avail);
+    let mut req = plan_request(a, o.mtp, avail);
+    req.embedding_in_file = embedding_in_file(o);
     let slots = |n: usize| format!("{n} sequence slot{}", if n == 1 { "" } else { "s" });
     let mut parallel_line = None;
     let kv_one = summary.kv_bytes / o.parallel.max(1) as u64;
@@ -338,10 +359,23 @@ pub(crate) fn place_experts(
         .flatten()
         .flat_map(|l| l.parts.iter().map(|p| (p.file, p.offset)))
         .collect();
+    // The token-embedding table left in the file (plan.embedding_in_file) is not locked: a
+    // token faults in the page of its row, alone (MADV_RANDOM).
+    let in_file = |name: &str| plan.embedding_in_file && planner::is_embedding_table(name);
+    for t in files.tensors().iter().filter(|t| in_file(&t.name)) {
+        if let Err(e) = files
+            .range_bytes(t.range)
+            .map_err(|e| e.to_string())
+            .and_then(crate::experts::advise_random)
+        {
+            say.line(&format!("[plan] note: {e}"));
+        }
+    }
     let resident: Vec<&[u8]> = files
         .tensors()
         .iter()
         .filter(|t| !expert_starts.contains(&(t.range.file, t.range.offset)))
+        .filter(|t| !in_file(&t.name))
         .filter_map(|t| files.range_bytes(t.range).ok())
         .collect();
     match crate::experts::lock_resident(&resident) {

@@ -84,6 +84,10 @@ pub struct CacheStats {
     pub bytes_read: u64,
     /// Wall time with at least one miss read outstanding.
     pub read_secs: f64,
+    /// Reads issued (each a window of at most `read_chunk` bytes) and the seconds summed over
+    /// them: `read_sum_secs / read_secs` is the mean number of reads in flight while reading.
+    pub reads: u64,
+    pub read_sum_secs: f64,
     /// Time the caller spent blocked in `next_ready`.
     pub wait_secs: f64,
     /// `tick_token` calls.
@@ -113,6 +117,8 @@ impl CacheStats {
             misses: self.misses.saturating_sub(before.misses),
             bytes_read: self.bytes_read.saturating_sub(before.bytes_read),
             read_secs: (self.read_secs - before.read_secs).max(0.0),
+            reads: self.reads.saturating_sub(before.reads),
+            read_sum_secs: (self.read_sum_secs - before.read_sum_secs).max(0.0),
             wait_secs: (self.wait_secs - before.wait_secs).max(0.0),
             tokens: self.tokens.saturating_sub(before.tokens),
             predicted: self.predicted.saturating_sub(before.predicted),
@@ -215,8 +221,10 @@ struct State {
     ready: VecDeque<(usize, usize)>,
     jobs: Vec<ReadJob>,
     stats: CacheStats,
-    /// The pool's busy seconds spent loading the pinned tier (excluded from `read_secs`).
+    /// The pool's busy seconds spent loading the pinned tier (excluded from `read_secs`), and
+    /// its reads (excluded from `reads`, `read_sum_secs`).
     pin_busy_secs: f64,
+    pin_reads: (u64, f64),
     trace: Option<TraceWriter>,
     /// The run's requests in memory, for the bound `route_log` replays: per `begin`, its
     /// token, layer, count and experts; capacity `ROUTE_LOG_WORDS`, reserved once (recording
@@ -354,6 +362,7 @@ impl ExpertCache {
             jobs: Vec::with_capacity(max_cap * max_jobs),
             stats: CacheStats::default(),
             pin_busy_secs: 0.0,
+            pin_reads: (0, 0.0),
             trace,
             log: Vec::with_capacity(ROUTE_LOG_WORDS),
             log_full: false,
@@ -415,6 +424,7 @@ impl ExpertCache {
         st.stats.pin_load_bytes = self.pool.bytes_read() - b0;
         st.stats.pin_load_secs = t0.elapsed().as_secs_f64();
         st.pin_busy_secs = self.pool.busy_secs();
+        st.pin_reads = self.pool.read_totals();
         Ok(())
     }
 
@@ -884,6 +894,9 @@ impl ExpertCache {
         let mut s = st.stats;
         s.bytes_read = self.pool.bytes_read() - s.pin_load_bytes;
         s.read_secs = (self.pool.busy_secs() - st.pin_busy_secs).max(0.0);
+        let (reads, sum) = self.pool.read_totals();
+        s.reads = reads.saturating_sub(st.pin_reads.0);
+        s.read_sum_secs = (sum - st.pin_reads.1).max(0.0);
         s
     }
 
@@ -979,6 +992,11 @@ impl ExpertCache {
     /// One-line notes for the user (O_DIRECT fallback, mlock refused), each said once.
     pub fn notes(&self) -> &[String] {
         &self.notes
+    }
+
+    /// Reader threads of the pool.
+    pub fn readers(&self) -> usize {
+        self.pool.threads()
     }
 
     /// The IO mode in effect (buffered after an O_DIRECT fallback).

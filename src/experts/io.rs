@@ -4,7 +4,8 @@
 //! mapping), the reader threads (created once), two job queues (demand reads first, then
 //! speculative prefetch reads, which `promote` moves to the demand queue once they are needed)
 //! and a completion queue (preallocated `VecDeque`s under one mutex: no allocation per read in
-//! steady state). Does not
+//! steady state). `SLUICE_READER_NICE` gives the readers another niceness (`reader_nice`).
+//! Does not
 //! decide what to read or where (the cache does) and does not own the destination memory.
 //! Invariant: every submitted job yields exactly one `Completion` unless `cancel` took it back
 //! before a reader did (and said so in its count); `Ok(n)` means at least the
@@ -110,6 +111,10 @@ struct Queues {
     busy_since: Option<Instant>,
     busy: Duration,
     bytes: u64,
+    /// Jobs finished, and the sum of their read times (taken by a reader to read done): over
+    /// `busy`, the mean number of reads in flight.
+    reads: u64,
+    read_time: Duration,
     shutdown: bool,
     /// Readers that have started running.
     started: usize,
@@ -339,6 +344,13 @@ impl ReadPool {
         self.shared.lock().bytes
     }
 
+    /// (jobs finished, seconds summed over their reads): with `busy_secs`, the mean number of
+    /// reads in flight while the pool was busy; with `bytes_read`, the mean read size.
+    pub fn read_totals(&self) -> (u64, f64) {
+        let q = self.shared.lock();
+        (q.reads, q.read_time.as_secs_f64())
+    }
+
     /// Wall time during which at least one job was queued or being read.
     pub fn busy_secs(&self) -> f64 {
         let q = self.shared.lock();
@@ -436,7 +448,28 @@ fn open_one(path: &std::path::Path, mode: IoMode) -> Result<OpenFile, OpenErr> {
     })
 }
 
+/// The niceness readers ask for (`SLUICE_READER_NICE`, default 0 = unchanged): a reader needs a
+/// core only between one read's end and the next one's start, and compute threads holding every
+/// core can delay that; but a reader that preempts them delays the compute instead. On the
+/// shared 2-vCPU VM, -10 won one series (decode 1.12x) and lost the next (0.78x, the compute time
+/// grew): off until a quiet machine decides (docs/PERFORMANCE.md, session 28). Lowering niceness
+/// needs CAP_SYS_NICE (or RLIMIT_NICE): refused, the readers keep the default.
+fn reader_nice() -> i32 {
+    std::env::var("SLUICE_READER_NICE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 fn reader(s: &Shared) {
+    let nice = reader_nice();
+    if nice != 0 {
+        // SAFETY: plain syscalls on this thread's own id; failure leaves the niceness as is.
+        unsafe {
+            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+            libc::setpriority(libc::PRIO_PROCESS, tid, nice);
+        }
+    }
     s.lock().started += 1;
     s.done.notify_all();
     loop {
@@ -452,6 +485,7 @@ fn reader(s: &Shared) {
                 q = s.work.wait(q).unwrap_or_else(|p| p.into_inner());
             }
         };
+        let t0 = Instant::now();
         let result = match s.files.get(job.file) {
             Some(f) => read_job(f, s.mode, &job),
             None => Err(ExpertError::Request(format!(
@@ -460,10 +494,13 @@ fn reader(s: &Shared) {
                 s.files.len()
             ))),
         };
+        let took = t0.elapsed();
         let mut q = s.lock();
         if let Ok(n) = result {
             q.bytes += n;
         }
+        q.reads += 1;
+        q.read_time += took;
         q.in_flight -= 1;
         if q.in_flight == 0 {
             if let Some(t) = q.busy_since.take() {
@@ -573,4 +610,27 @@ pub fn lock_resident(ranges: &[&[u8]]) -> Result<u64, String> {
         locked += (end - start) as u64;
     }
     Ok(locked)
+}
+
+/// `MADV_RANDOM` on the pages of mapped bytes read a small piece at a time (the token-embedding
+/// table where experts stream: one row per token): a page fault then reads that page, not the
+/// device's read-ahead window around it (8 MB on some disks), and the memory it takes stays
+/// the pages touched. Advice only: returns why it was refused, and reads work either way.
+pub fn advise_random(bytes: &[u8]) -> Result<(), String> {
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    let page = 4096usize;
+    let start = bytes.as_ptr() as usize & !(page - 1);
+    let end = (bytes.as_ptr() as usize + bytes.len()).next_multiple_of(page);
+    // SAFETY: [start, end) covers only pages of a live read-only mapping that `bytes` borrows;
+    // MADV_RANDOM changes read-ahead, never contents.
+    let rc = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_RANDOM) };
+    if rc != 0 {
+        return Err(format!(
+            "madvise(MADV_RANDOM) of the embedding table refused ({}): its rows fault in with read-ahead",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
 }

@@ -33,7 +33,7 @@ pub mod usage;
 pub mod verify;
 
 pub use cache::{CacheConfig, CacheStats, ExpertBytes, ExpertCache};
-pub use io::{lock_resident, IoMode, ReadJob, ReadPool};
+pub use io::{advise_random, lock_resident, IoMode, ReadJob, ReadPool};
 pub use policy::Policy;
 pub use sim::{simulate, simulate_from, SimPolicy, SimResult};
 pub use slab::Slab;

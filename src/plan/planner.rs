@@ -7,11 +7,15 @@
 //! - resident bytes (dense weights, norms, embeddings, shared experts) and KV bytes for `-c`.
 //! - experts: resident (read through the mapped files) when the whole model fits the budget,
 //!   else streamed through the bounded cache (`--experts` overrides).
+//! - embedding: where experts stream on the CPU (`PlanRequest::embedding_in_file`), an untied
+//!   token-embedding table stays in the mapped file (a token reads one row; `EMBEDDING_TOUCHED`
+//!   counted), its bytes going to expert slots.
 //! - expert cache: slots per MoE layer from what the budget leaves, split into a pinned tier
 //!   (`--autopin`: half of it unless `--pin-gb`, the LRU keeping at least one slot a layer) and
 //!   an evictable tier (`--cap` overrides the count).
-//! - reader threads: the thread count at which the probed O_DIRECT ceiling was reached
-//!   (`--io-threads` overrides); IO mode: direct where O_DIRECT works, else buffered (`--io`).
+//! - reader threads: the thread count at which the probed O_DIRECT ceiling was reached, two
+//!   where one peaked but two tied it (`READERS_TIE`) (`--io-threads` overrides); IO mode:
+//!   direct where O_DIRECT works, else buffered (`--io`).
 //! - prefetch: off by default: on the generated Qwen3-30B-shaped model the next layer's router
 //!   predicted only 52% of the experts, and decode was 14-16% slower with it (PERFORMANCE.md,
 //!   "Prefetch"); `--prefetch` turns it on where experts stream (see `prefetch_decision`).
@@ -80,6 +84,11 @@ pub struct ModelSummary {
     pub mtp_draft_bytes: u64,
 }
 
+/// Whether a tensor is the token-embedding table (GGUF or Hugging Face name).
+pub fn is_embedding_table(name: &str) -> bool {
+    name == "token_embd.weight" || name.ends_with("embed_tokens.weight")
+}
+
 impl ModelSummary {
     /// The summary of a loaded model, with the KV cache and buffers of the state `st` it will
     /// run with and this process's resident set now.
@@ -110,9 +119,7 @@ impl ModelSummary {
                 files
                     .tensors()
                     .iter()
-                    .filter(|t| {
-                        t.name == "token_embd.weight" || t.name.ends_with("embed_tokens.weight")
-                    })
+                    .filter(|t| is_embedding_table(&t.name))
                     .map(|t| t.range.len)
                     .sum()
             },
@@ -129,6 +136,13 @@ impl ModelSummary {
     /// What the budget holds whatever the experts do: resident weights, KV cache, process.
     pub fn fixed_bytes(&self) -> u64 {
         self.resident_bytes + self.kv_bytes + self.process_bytes
+    }
+
+    /// `fixed_bytes` with the token-embedding table left in the mapped file: only the pages of
+    /// the rows a run touches count (`EMBEDDING_TOUCHED`). Equal to `fixed_bytes` for a tied
+    /// table (it is the output head, read whole every token).
+    pub fn fixed_bytes_embedding_in_file(&self) -> u64 {
+        self.fixed_bytes() - self.embedding_bytes + self.embedding_bytes.min(EMBEDDING_TOUCHED)
     }
 
     /// Bytes one decoded token reads from RAM: resident weights but the embedding table and the
@@ -322,7 +336,17 @@ pub struct PlanRequest {
     pub mtp: usize,
     /// `--prefetch` / `--prefetch=off`; `None`: the planner decides.
     pub prefetch: Option<bool>,
+    /// Where experts stream, leave an untied token-embedding table in the mapped file (a token
+    /// reads one row of it; the pages are neither locked nor counted in the budget beyond
+    /// `EMBEDDING_TOUCHED`). The engine asks for it on CPU runs (a GPU run copies the whole
+    /// table to the device).
+    pub embedding_in_file: bool,
 }
+
+/// What the budget counts of a token-embedding table left in the mapped file: the pages of the
+/// rows a run touches (one 4 KiB page per distinct token; clean page cache the kernel reclaims
+/// first under pressure, so this is a margin, not a cap).
+pub const EMBEDDING_TOUCHED: u64 = 8 << 20;
 
 impl Default for PlanRequest {
     fn default() -> PlanRequest {
@@ -337,6 +361,7 @@ impl Default for PlanRequest {
             pin_bytes: None,
             mtp: 0,
             prefetch: None,
+            embedding_in_file: false,
         }
     }
 }
@@ -367,6 +392,10 @@ pub struct Plan {
     pub prefetch: bool,
     /// MTP draft tokens (0 = off).
     pub mtp: usize,
+    /// The token-embedding table stays in the mapped file, unlocked and read a row at a time
+    /// (`PlanRequest::embedding_in_file`, streaming, untied table): the engine must not lock it.
+    #[serde(default)]
+    pub embedding_in_file: bool,
     /// Expected expert hit rate: (uniform routing, skewed estimate).
     pub hit_rate: (f64, f64),
     /// Storage ceiling used, GB/s (None: no profile or no O_DIRECT figure).
@@ -534,9 +563,25 @@ pub fn plan(
 ) -> Result<Plan, PlanError> {
     let mut ds = Vec::new();
     let budget = budget_decision(m, profile, req, &mut ds)?;
-    let left = budget - m.fixed_bytes();
     let fits = m.total_bytes() <= budget;
     let stream = experts_decision(m, req, budget, fits, &mut ds);
+    let embedding_in_file = stream && req.embedding_in_file && m.embedding_bytes > 0;
+    let left = if embedding_in_file {
+        ds.push(d(
+            "embedding",
+            format!(
+                "{} token-embedding table read from the mapped file",
+                human(m.embedding_bytes)
+            ),
+            format!(
+                "a token reads one row: not locked, {} counted for the rows touched, the rest of the budget goes to expert slots",
+                human(m.embedding_bytes.min(EMBEDDING_TOUCHED))
+            ),
+        ));
+        budget.saturating_sub(m.fixed_bytes_embedding_in_file())
+    } else {
+        budget.saturating_sub(m.fixed_bytes())
+    };
     let cache = cache_decision(m, req, stream, budget, left, &mut ds)?;
     let (io, io_threads, ceiling) = io_decision(m, profile, req, stream, &mut ds)?;
 
@@ -603,6 +648,7 @@ pub fn plan(
         io_threads,
         prefetch,
         mtp: req.mtp,
+        embedding_in_file,
         hit_rate: hit,
         disk_gbps: disk,
         mem_gbps: mem,
@@ -658,14 +704,20 @@ fn budget_decision(
         human(m.process_bytes),
         "binary, tokenizer and heap measured now, plus the activation buffers of a -b chunk",
     ));
-    if m.fixed_bytes() > budget {
+    // A run that may stream with the embedding table in the file needs room for the rest.
+    let fixed = if req.embedding_in_file && req.mode != ExpertMode::Resident {
+        m.fixed_bytes_embedding_in_file()
+    } else {
+        m.fixed_bytes()
+    };
+    if fixed > budget {
         return Err(PlanError::Impossible(format!(
             "budget {} cannot hold the resident part: weights {} + KV cache {} + process {} = {} (lower -c or raise --ram)",
             human(budget),
-            human(m.resident_bytes),
+            human(m.resident_bytes - (m.fixed_bytes() - fixed)),
             human(m.kv_bytes),
             human(m.process_bytes),
-            human(m.fixed_bytes())
+            human(fixed)
         )));
     }
     Ok(budget)
@@ -820,6 +872,9 @@ type IoChoice<'p> = (IoMode, usize, Option<(u64, &'p super::ReadPoint)>);
 /// How experts are read (`--io`, else O_DIRECT where the profile says it works) and by how many
 /// reader threads (`--io-threads`, else the disk probe's best point); also the disk ceiling the
 /// prediction uses.
+/// Two readers instead of the probe's one when two measured at least this close to one's peak.
+const READERS_TIE: f64 = 0.15;
+
 fn io_decision<'p>(
     m: &ModelSummary,
     profile: Option<&'p MachineProfile>,
@@ -858,15 +913,33 @@ fn io_decision<'p>(
     let (threads, threads_why) = match (req.io_threads, ceiling) {
         (Some(0), _) => return Err(PlanError::Flag("--io-threads must be at least 1".into())),
         (Some(t), _) => (t, "--io-threads".to_string()),
-        (None, Some((b, p))) => (
-            p.threads.clamp(1, 64),
-            format!(
+        (None, Some((b, p))) => {
+            let peak = format!(
                 "O_DIRECT {} reads peaked at {:.2} GB/s with {} threads",
                 human(b),
                 p.gbps,
                 p.threads
-            ),
-        ),
+            );
+            // One reader leaves the disk idle between a read's end and the next one's start,
+            // and a wave's reads never overlap: runs read at 0.9 reads in flight, 0.72 of the
+            // ceiling (docs/PERFORMANCE.md, session 28). A second reader costs nothing where
+            // the probe found two within `TIE` of one (a tie, on a noisy disk).
+            let two = profile
+                .and_then(|pr| pr.storage.nearest_direct(read_bytes))
+                .and_then(|s| s.points.iter().find(|q| q.threads == 2))
+                .filter(|q| p.threads == 1 && q.gbps >= p.gbps * (1.0 - READERS_TIE));
+            match two {
+                Some(q) => (
+                    2,
+                    format!(
+                        "{peak}, 2 threads {:.2} (within {:.0}%: two keep a read in flight while the other lands)",
+                        q.gbps,
+                        100.0 * READERS_TIE
+                    ),
+                ),
+                None => (p.threads.clamp(1, 64), peak),
+            }
+        }
         (None, None) => (4, "default (no measured disk figures)".to_string()),
     };
     if stream {

@@ -508,6 +508,24 @@ fn measure(
     })
 }
 
+/// One O_DIRECT point on an existing file (a model's, read-only): `threads` readers doing
+/// random `block`-byte reads for `dur`. For a run that checks the disk it just read from
+/// (`run --prof`): the ceiling measured in the same run, not the cached profile's.
+pub fn direct_point(
+    path: &Path,
+    block: u64,
+    threads: usize,
+    dur: Duration,
+) -> Result<ReadPoint, String> {
+    let f = open_direct(path).map_err(|e| format!("{}: O_DIRECT open: {e}", path.display()))?;
+    let len = f
+        .metadata()
+        .map_err(|e| format!("{}: {e}", path.display()))?
+        .len();
+    let block = block.max(1).div_ceil(ALIGN) * ALIGN;
+    measure(&f, len, block, threads.max(1), dur, None)
+}
+
 /// The probe file size when not given: 2 GiB, or an eighth of the free space if less.
 pub fn auto_file_bytes(free: Option<u64>) -> u64 {
     let eighth = free.map_or(u64::MAX, |f| f / 8);
