@@ -165,7 +165,8 @@ impl Engine {
         let batch = opts.batch.max(1).max(opts.mtp + 1).max(opts.parallel);
         limits::ctx_and_batch(ctx, batch, &cfg, placement::mem_available())
             .map_err(EngineError::Input)?;
-        let model = Model::load(files, &LoadOptions { threads, ctx })?;
+        let (kv, kv_why) = opts.kv_types();
+        let model = Model::load(files, &LoadOptions { threads, ctx, kv })?;
         let tok = load_tokenizer(files)?;
         let k = opts.mtp;
         // The MTP layer's KV cache is allocated only with --mtp.
@@ -179,6 +180,16 @@ impl Engine {
             model.new_state(ctx, batch, rows)?
         };
         let say = Say { quiet: opts.quiet };
+        let kv_bytes = crate::plan::planner::human(st.kv_bytes() as u64);
+        say.line(&match &model.kv_note {
+            Some(note) => format!(
+                "[plan] kv cache: f32, {kv_bytes} for {ctx} positions ({note})"
+            ),
+            None => format!(
+                "[plan] kv cache: keys {} values {} ({kv_why}), {kv_bytes} for {ctx} positions",
+                model.kv.k, model.kv.v
+            ),
+        });
         let parallel_line =
             placement::cap_auto_parallel(&mut opts, st.kv_bytes() as u64).or(parallel_line);
         // Where experts stream, the automatic count may be capped again by expert reads (its
@@ -215,6 +226,7 @@ impl Engine {
                         fp,
                         layers,
                         dims,
+                        st.kv_types(),
                         st.block_floats(),
                         opts.kv_max_sessions,
                     )

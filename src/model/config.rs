@@ -820,13 +820,53 @@ impl ModelConfig {
         }
     }
 
-    /// KV-cache bytes per token (sluice's cache is f32): per layer, MLA keeps the compressed
-    /// latent and the rope key (`kv_lora + rope` floats, not full K/V), GQA keys and values.
-    /// `mtp`: with the one MTP layer `--mtp` runs (cached only then).
-    pub fn kv_bytes_per_token(&self, mtp: bool) -> usize {
+    /// KV-cache bytes per token with the cache's element types `kv` (as `kv_types` settles
+    /// them): per layer, MLA keeps the compressed latent and the rope key (`kv_lora + rope`
+    /// elements, not full K/V), GQA keys and values. `mtp`: with the one MTP layer `--mtp`
+    /// runs (cached only then).
+    pub fn kv_bytes_per_token(&self, mtp: bool, kv: crate::model::KvTypes) -> usize {
         let (k, v) = self.cache_dims();
         let layers = self.kv_layers() + usize::from(mtp && self.n_mtp_layers > 0);
-        layers * (k + v) * std::mem::size_of::<f32>()
+        layers * (kv.k.row_bytes(k) + kv.v.row_bytes(v))
+    }
+
+    /// The cache's element types this model runs with when `want` is asked for (`-ctk`,
+    /// `-ctv`), and, where a side stays f32, why (the run prints it). GQA caches follow the
+    /// flags; MLA's latent, V3.2's indexer keys and DeepSeek-V4's caches stay f32 (their
+    /// attention reads f32 rows). q8_0 needs head widths in whole 32-element blocks (each
+    /// head reads its own slice of a row): refused otherwise, naming the width.
+    pub fn kv_types(
+        &self,
+        want: crate::model::KvTypes,
+    ) -> Result<(crate::model::KvTypes, Option<String>), ModelError> {
+        use crate::kernels::kv::KvType;
+        use crate::model::KvTypes;
+        if self.v4.is_some() {
+            let why = (want != KvTypes::F32).then(|| super::deepseek_v4::KV_F32.to_string());
+            return Ok((KvTypes::F32, why));
+        }
+        if let AttnKind::Mla { .. } = self.attn {
+            let why = (want != KvTypes::F32).then(|| {
+                format!(
+                    "{} (asked: -ctk {} -ctv {})",
+                    super::deepseek2::KV_F32,
+                    want.k,
+                    want.v
+                )
+            });
+            return Ok((KvTypes::F32, why));
+        }
+        for (flag, t, width, name) in [
+            ("-ctk", want.k, self.head_dim, "head_dim"),
+            ("-ctv", want.v, self.v_head_dim, "v_head_dim"),
+        ] {
+            if t == KvType::Q8_0 && !width.is_multiple_of(t.block()) {
+                return Err(ModelError::Config(format!(
+                    "{flag} q8_0: this model's {name} is {width}, not a multiple of q8_0's 32-element blocks; use f16, bf16 or f32"
+                )));
+            }
+        }
+        Ok((want, None))
     }
 
     /// Main layers that keep a KV cache: every layer, except in a hybrid model, whose linear

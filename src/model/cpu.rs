@@ -10,7 +10,7 @@
 
 use super::backend::{At, Backend, Buf, Cache, GqaShape, Rows, Span};
 use super::blocks::{
-    axpy, dot, dot4, rmsnorm, rmsnorm_inplace, silu, softmax, top_k, weighted_rows,
+    axpy, dot, rmsnorm, rmsnorm_inplace, silu, softmax, top_k,
 };
 use super::config::{AttnKind, ExpertAct, ModelConfig, RopeLayout};
 use super::gptoss;
@@ -18,6 +18,7 @@ use super::qwen3next::{self, DeltaNet, GatedAttn};
 use super::weights::{ExpertBias, Ffn, HeadMat, Mla, Mlp, Moe};
 use super::{Model, ModelError, Prof, State};
 use crate::experts::ExpertCache;
+use crate::kernels::kv::{kv_kernels, store_row as kv_store_row};
 use crate::kernels::{self, Acts, Isa, WeightView};
 
 /// y = M x for a per-head matrix.
@@ -293,12 +294,20 @@ impl CpuBackend<'_, '_, '_> {
     ) -> Result<(), ModelError> {
         let st = &mut *self.st;
         let hd = sh.head_dim;
-        let (qd, kvd) = (sh.heads * hd, sh.kv_heads * hd);
+        let qd = sh.heads * hd;
         let group = sh.heads / sh.kv_heads;
         let scale = sh.scale;
         let ctx = st.ctx;
-        let layer_k = &st.kcache[l * ctx * kvd..(l + 1) * ctx * kvd];
-        let layer_v = &st.vcache[l * ctx * kvd..(l + 1) * ctx * kvd];
+        // Stored rows of this layer, read where they lie in the cache's own element type (the
+        // kernels of `kernels::kv`: f32 rows give `dot` / `weighted_rows`' bits).
+        let (kk, vk) = (
+            kv_kernels(st.kcache.ty(), self.m.isa),
+            kv_kernels(st.vcache.ty(), self.m.isa),
+        );
+        let (krb, vrb) = (st.kcache.row_bytes(), st.vcache.row_bytes());
+        let (khb, vhb) = (kk.ty.row_bytes(hd), vk.ty.row_bytes(hd));
+        let layer_k = &st.kcache.bytes()[l * ctx * krb..(l + 1) * ctx * krb];
+        let layer_v = &st.vcache.bytes()[l * ctx * vrb..(l + 1) * ctx * vrb];
         let q = &st.q;
         // Row i (at cache position pos + i), head hh: `o` its output, `sc` its scores.
         let head = |i: usize, hh: usize, o: &mut [f32], sc: &mut [f32]| {
@@ -309,19 +318,19 @@ impl CpuBackend<'_, '_, '_> {
             let qh = &q[r * qd + hh * hd..r * qd + (hh + 1) * hd];
             let kvh = hh / group;
             let sc = &mut sc[..len - first];
-            let key = |j: usize| &layer_k[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd];
+            let key = |j: usize| &layer_k[j * krb + kvh * khb..j * krb + (kvh + 1) * khb];
             // Four keys per call (`dot4`: each score has `dot`'s bits).
             let mut quads = sc.chunks_exact_mut(4);
             let mut j = first;
             for s4 in &mut quads {
-                let d = dot4(qh, [key(j), key(j + 1), key(j + 2), key(j + 3)]);
+                let d = (kk.dot4)(qh, [key(j), key(j + 1), key(j + 2), key(j + 3)]);
                 for (s, d) in s4.iter_mut().zip(d) {
                     *s = d * scale;
                 }
                 j += 4;
             }
             for s in quads.into_remainder() {
-                *s = dot(qh, key(j)) * scale;
+                *s = (kk.dot)(qh, key(j)) * scale;
                 j += 1;
             }
             match sh.sinks {
@@ -329,7 +338,7 @@ impl CpuBackend<'_, '_, '_> {
                 None => softmax(sc),
             }
             // o = sum_j sc[j] * v_j (the bits of a fill and an axpy per position).
-            weighted_rows(o, sc, &layer_v[first * kvd + kvh * hd..], kvd);
+            (vk.weighted)(o, sc, &layer_v[first * vrb + kvh * vhb..], vrb);
         };
         let heads = sh.heads;
         // Work of the whole call in score elements x head width; small calls stay serial.
@@ -565,11 +574,22 @@ impl Backend for CpuBackend<'_, '_, '_> {
             Cache::K => &mut self.st.kcache,
             Cache::V => &mut self.st.vcache,
         };
-        for i in 0..n {
-            let base = (layer * ctx + pos + i) * w;
-            cache[base..base + w].copy_from_slice(&s[row(src, i)]);
+        let (ty, rb) = (cache.ty(), cache.row_bytes());
+        let fits = cache.width() == w && (layer * ctx + pos + n) * rb <= cache.bytes().len();
+        if fits {
+            // Each new position's row converted once into the cache's element type.
+            let bytes = cache.bytes_mut();
+            for i in 0..n {
+                let base = (layer * ctx + pos + i) * rb;
+                kv_store_row(ty, &s[row(src, i)], &mut bytes[base..base + rb]);
+            }
         }
         *vec_of(self.st, src.buf) = s;
+        if !fits {
+            return Err(ModelError::Input(format!(
+                "backend: {n} rows of {w} at position {pos} of layer {layer} do not fit the {side:?} cache"
+            )));
+        }
         Ok(())
     }
 
@@ -586,6 +606,7 @@ impl Backend for CpuBackend<'_, '_, '_> {
         };
         if s.ctx != self.st.ctx
             || s.cache_dims != self.st.cache_dims
+            || s.kv_types() != self.st.kv_types()
             || s.hybrid.conv.len() != self.st.hybrid.conv.len()
             || s.hybrid.rec.len() != self.st.hybrid.rec.len()
         {
@@ -682,7 +703,7 @@ impl Backend for CpuBackend<'_, '_, '_> {
                 let (q_lat, c_lat) = st.lat.split_at_mut(kv_lora);
                 head_matvec(&a.k_b[hh], &q[..nope], q_lat, &mut st.acts, isa)?;
                 let sc = &mut st.scores[hh * ctx..hh * ctx + cnt];
-                let layer = &st.kcache[l * ctx * kc..];
+                let layer = &st.kcache.f32s()[l * ctx * kc..];
                 let at = |jj: usize| if sparse { sel[jj] as usize } else { jj };
                 for (jj, s) in sc.iter_mut().enumerate() {
                     let j = at(jj);

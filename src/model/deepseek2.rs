@@ -19,6 +19,11 @@ use super::weights::Mla;
 use super::{Model, ModelError, State};
 use rayon::prelude::*;
 
+/// Why `-ctk` / `-ctv` leave this family's caches f32: MLA's attention reads the latent
+/// (+ rope key) rows and V3.2's indexer keys as f32 (llama.cpp follows `-ctk` for the latent;
+/// sluice does not yet).
+pub const KV_F32: &str = "the MLA latent cache and V3.2's indexer keys stay f32 (sluice's MLA attention reads f32 rows)";
+
 pub const HF_MOE: &[(Role, &str)] = HF_MLP_MOE;
 
 pub static SPEC: FamilySpec = FamilySpec {
@@ -373,7 +378,7 @@ impl<'a> Model<'a> {
         let (d, nh, ctx) = (dims.head_dim, dims.heads, st.ctx());
         let q = &st.idx.q[i * nh * d..(i + 1) * nh * d];
         let w = &st.idx.w[i * nh..(i + 1) * nh];
-        let keys = &st.vcache[l * ctx * d..(l * ctx + len) * d];
+        let keys = &st.vcache.f32s()[l * ctx * d..(l * ctx + len) * d];
         let scale = (d as f32).powf(-0.5);
         let score_chunk = |(c, out): (usize, &mut [f32])| {
             for (j, o) in out.iter_mut().enumerate() {
