@@ -227,6 +227,7 @@ fn kv_bytes_per_token_from_config_fields() {
         let model = sluice::model::Model::load(
             &files,
             &sluice::model::LoadOptions {
+                kv: sluice::model::KvTypes::F32,
                 threads: 1,
                 ctx: 64,
             },

@@ -33,6 +33,7 @@ fn load(files: &ModelFiles) -> Model<'_> {
     Model::load(
         files,
         &LoadOptions {
+            kv: sluice::model::KvTypes::F32,
             threads: 2,
             ctx: 128,
         },

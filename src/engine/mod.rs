@@ -180,13 +180,11 @@ impl Engine {
             model.new_state(ctx, batch, rows)?
         };
         let say = Say { quiet: opts.quiet };
-        let kv_bytes = crate::plan::planner::human(st.kv_bytes() as u64);
+        // The cache's element types and why (its bytes are the plan's `kv cache` line).
         say.line(&match &model.kv_note {
-            Some(note) => format!(
-                "[plan] kv cache: f32, {kv_bytes} for {ctx} positions ({note})"
-            ),
+            Some(note) => format!("[plan] kv cache types: f32 ({note})"),
             None => format!(
-                "[plan] kv cache: keys {} values {} ({kv_why}), {kv_bytes} for {ctx} positions",
+                "[plan] kv cache types: keys {}, values {} ({kv_why})",
                 model.kv.k, model.kv.v
             ),
         });
