@@ -317,12 +317,6 @@ impl EngineOptions {
                 return Err(refused("--gpu on", why));
             }
         }
-        if gpu_on && !crate::gpu::BUILT {
-            return Err(refused(
-                "--gpu on",
-                "this sluice was built without the `cuda` feature (cargo build --release --features cuda)",
-            ));
-        }
         if let (true, Some(flags)) = (gpu_on, self.kv.not_f32()) {
             return Err(refused(
                 &format!("{flags} with --gpu on"),
@@ -331,6 +325,12 @@ impl EngineOptions {
         }
         // q8_0 needs whole 32-element blocks per head (`ModelConfig::kv_types` names the width).
         cfg.kv_types(self.kv_types().0)?;
+        if gpu_on && !crate::gpu::BUILT {
+            return Err(refused(
+                "--gpu on",
+                "this sluice was built without the `cuda` feature (cargo build --release --features cuda)",
+            ));
+        }
         if gpu_on && self.mtp > 0 {
             return Err(refused(
                 "--mtp with --gpu on",
