@@ -181,13 +181,15 @@ impl Engine {
         };
         let say = Say { quiet: opts.quiet };
         // The cache's element types and why (its bytes are the plan's `kv cache` line).
-        say.line(&match &model.kv_note {
-            Some(note) => format!("[plan] kv cache types: f32 ({note})"),
-            None => format!(
-                "[plan] kv cache types: keys {}, values {} ({kv_why})",
-                model.kv.k, model.kv.v
-            ),
-        });
+        let values = match model.cfg.cache_dims().1 {
+            0 => "none".to_string(),
+            _ => model.kv.v.to_string(),
+        };
+        say.line(&format!(
+            "[plan] kv cache types: keys {}, values {values} ({kv_why}{})",
+            model.kv.k,
+            model.kv_note.as_ref().map_or(String::new(), |n| format!("; {n}"))
+        ));
         let parallel_line =
             placement::cap_auto_parallel(&mut opts, st.kv_bytes() as u64).or(parallel_line);
         // Where experts stream, the automatic count may be capped again by expert reads (its

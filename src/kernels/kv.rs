@@ -192,8 +192,11 @@ pub fn load_row(ty: KvType, src: &[u8], dst: &mut [f32]) {
 pub type KvDotFn = fn(q: &[f32], row: &[u8]) -> f32;
 /// Four such dots (one query, four rows), each with the single dot's bits.
 pub type KvDot4Fn = fn(q: &[f32], rows: [&[u8]; 4]) -> [f32; 4];
-/// `o = sum_j w[j] * row j`, row j at byte `j * stride` of `rows`, `o.len()` elements each.
+/// `o = sum_j w[j] * row j`, row j at byte `j * stride` of `rows`, `o.len()` elements each:
+/// the bits of `o.fill(0.0)` and one `axpy` per row in order.
 pub type KvWeightedFn = fn(o: &mut [f32], w: &[f32], rows: &[u8], stride: usize);
+/// `o += w * row` (`o.len()` elements; rows picked one by one, as a sparse selection's).
+pub type KvAxpyFn = fn(o: &mut [f32], w: f32, row: &[u8]);
 
 /// Attention's reads of one stored type at one ISA.
 #[derive(Clone, Copy)]
@@ -202,6 +205,7 @@ pub struct KvKernels {
     pub dot: KvDotFn,
     pub dot4: KvDot4Fn,
     pub weighted: KvWeightedFn,
+    pub axpy: KvAxpyFn,
 }
 
 /// The kernels for `ty` at the best ISA not above `isa` (and this CPU).
@@ -217,6 +221,7 @@ pub fn kv_kernels(ty: KvType, isa: Isa) -> KvKernels {
                         dot: x86::dot_avx512::<$e>,
                         dot4: x86::dot4_avx512::<$e>,
                         weighted: x86::weighted_avx512::<$e>,
+                        axpy: x86::axpy_avx512::<$e>,
                     }
                 }
                 Isa::Avx2 => {
@@ -225,6 +230,7 @@ pub fn kv_kernels(ty: KvType, isa: Isa) -> KvKernels {
                         dot: x86::dot_avx2::<$e>,
                         dot4: x86::dot4_avx2::<$e>,
                         weighted: x86::weighted_avx2::<$e>,
+                        axpy: x86::axpy_avx2::<$e>,
                     }
                 }
                 Isa::Scalar => {}
@@ -234,6 +240,7 @@ pub fn kv_kernels(ty: KvType, isa: Isa) -> KvKernels {
                 dot: dot_scalar::<$e>,
                 dot4: dot4_scalar::<$e>,
                 weighted: weighted_scalar::<$e>,
+                axpy: axpy_scalar::<$e>,
             }
         }};
     }
@@ -411,6 +418,13 @@ fn weighted_scalar<E: Elem>(o: &mut [f32], w: &[f32], rows: &[u8], stride: usize
     }
 }
 
+fn axpy_scalar<E: Elem>(o: &mut [f32], w: f32, row: &[u8]) {
+    assert!(row.len() >= E::bytes(o.len()), "kv axpy: short row");
+    for (c, x) in o.iter_mut().enumerate() {
+        *x += w * E::get(row, c);
+    }
+}
+
 fn check_weighted<E: Elem>(n: usize, rows: usize, have: usize, stride: usize) {
     assert!(
         rows == 0 || have >= (rows - 1) * stride + E::bytes(n),
@@ -502,6 +516,47 @@ mod x86 {
         check_weighted::<E>(n, w.len(), rows.len(), stride);
         // SAFETY: AVX2+F16C present (checked); rows in bounds (checked), n a multiple of 16.
         unsafe { weighted_256::<E>(o, w, rows.as_ptr(), stride) }
+    }
+
+    pub(super) fn axpy_avx512<E: Elem>(o: &mut [f32], w: f32, row: &[u8]) {
+        let n = o.len();
+        if !Isa::Avx512.supported() || !n.is_multiple_of(16) || row.len() < E::bytes(n) {
+            return super::axpy_scalar::<E>(o, w, row);
+        }
+        // SAFETY: AVX-512 present (checked); `row` holds the bytes of n elements, `o` n
+        // floats, n a multiple of 16.
+        unsafe { axpy_512::<E>(o, w, row.as_ptr()) }
+    }
+
+    pub(super) fn axpy_avx2<E: Elem>(o: &mut [f32], w: f32, row: &[u8]) {
+        let n = o.len();
+        if !Isa::Avx2.supported() || !n.is_multiple_of(16) || row.len() < E::bytes(n) {
+            return super::axpy_scalar::<E>(o, w, row);
+        }
+        // SAFETY: AVX2+F16C present (checked); as `axpy_avx512`.
+        unsafe { axpy_256::<E>(o, w, row.as_ptr()) }
+    }
+
+    /// # Safety
+    /// AVX-512F/BW + F16C; `row` valid for `o.len()` elements, a multiple of 16.
+    #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
+    unsafe fn axpy_512<E: Elem>(o: &mut [f32], w: f32, row: *const u8) {
+        let s = _mm512_set1_ps(w);
+        for c in (0..o.len()).step_by(16) {
+            let p = o.as_mut_ptr().add(c);
+            _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), _mm512_mul_ps(s, E::load16(row, c))));
+        }
+    }
+
+    /// # Safety
+    /// AVX2 + F16C; `row` valid for `o.len()` elements, a multiple of 8.
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn axpy_256<E: Elem>(o: &mut [f32], w: f32, row: *const u8) {
+        let s = _mm256_set1_ps(w);
+        for c in (0..o.len()).step_by(8) {
+            let p = o.as_mut_ptr().add(c);
+            _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), _mm256_mul_ps(s, E::load8(row, c))));
+        }
     }
 
     /// # Safety
@@ -701,6 +756,15 @@ mod tests {
                     }
                     let mut o = vec![1.0f32; n];
                     (k.weighted)(&mut o, &w, &flat, ty.row_bytes(n));
+                    let mut a = vec![0.0f32; n];
+                    for (j, wj) in w.iter().enumerate() {
+                        (k.axpy)(&mut a, *wj, &rows[j]);
+                    }
+                    assert_eq!(
+                        a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        o.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "{ty} {isa:?} n={n} axpy"
+                    );
                     let ob: Vec<u32> = o.iter().map(|v| v.to_bits()).collect();
                     let wb: Vec<u32> = want_o.iter().map(|v| v.to_bits()).collect();
                     assert_eq!(ob, wb, "{ty} {isa:?} n={n} weighted");

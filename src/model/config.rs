@@ -831,10 +831,11 @@ impl ModelConfig {
     }
 
     /// The cache's element types this model runs with when `want` is asked for (`-ctk`,
-    /// `-ctv`), and, where a side stays f32, why (the run prints it). GQA caches follow the
-    /// flags; MLA's latent, V3.2's indexer keys and DeepSeek-V4's caches stay f32 (their
-    /// attention reads f32 rows). q8_0 needs head widths in whole 32-element blocks (each
-    /// head reads its own slice of a row): refused otherwise, naming the width.
+    /// `-ctv`), and, where a side does not follow its flag, why (the run prints it). GQA
+    /// caches follow both flags; MLA's latent + rope key follows `-ctk` (as llama.cpp's), its
+    /// value side is V3.2's indexer keys (f32) or nothing; DeepSeek-V4's caches stay f32.
+    /// q8_0 needs every slice a head reads in whole 32-element blocks: refused otherwise,
+    /// naming the width.
     pub fn kv_types(
         &self,
         want: crate::model::KvTypes,
@@ -845,28 +846,32 @@ impl ModelConfig {
             let why = (want != KvTypes::F32).then(|| super::deepseek_v4::KV_F32.to_string());
             return Ok((KvTypes::F32, why));
         }
-        if let AttnKind::Mla { .. } = self.attn {
-            let why = (want != KvTypes::F32).then(|| {
-                format!(
-                    "{} (asked: -ctk {} -ctv {})",
-                    super::deepseek2::KV_F32,
-                    want.k,
-                    want.v
-                )
-            });
-            return Ok((KvTypes::F32, why));
-        }
-        for (flag, t, width, name) in [
-            ("-ctk", want.k, self.head_dim, "head_dim"),
-            ("-ctv", want.v, self.v_head_dim, "v_head_dim"),
-        ] {
-            if t == KvType::Q8_0 && !width.is_multiple_of(t.block()) {
-                return Err(ModelError::Config(format!(
-                    "{flag} q8_0: this model's {name} is {width}, not a multiple of q8_0's 32-element blocks; use f16, bf16 or f32"
-                )));
+        let q8_fits = |flag: &str, t: KvType, widths: &[(&str, usize)]| {
+            match widths.iter().find(|(_, w)| !w.is_multiple_of(t.block())) {
+                Some((name, w)) if t == KvType::Q8_0 => Err(ModelError::Config(format!(
+                    "{flag} q8_0: this model's {name} is {w}, not a multiple of q8_0's 32-element blocks; use f16, bf16 or f32"
+                ))),
+                _ => Ok(()),
+            }
+        };
+        match self.attn {
+            AttnKind::Mla { kv_lora, rope, .. } => {
+                q8_fits("-ctk", want.k, &[("kv_lora_rank", kv_lora), ("qk_rope_head_dim", rope)])?;
+                let why = (want.v != KvType::F32).then(|| {
+                    if self.indexer.is_some() {
+                        format!("-ctv {}: {}", want.v, super::deepseek2::KV_INDEXER_F32)
+                    } else {
+                        format!("-ctv {}: {}", want.v, super::deepseek2::KV_NO_VALUES)
+                    }
+                });
+                Ok((KvTypes { k: want.k, v: KvType::F32 }, why))
+            }
+            AttnKind::Gqa => {
+                q8_fits("-ctk", want.k, &[("head_dim", self.head_dim)])?;
+                q8_fits("-ctv", want.v, &[("v_head_dim", self.v_head_dim)])?;
+                Ok((want, None))
             }
         }
-        Ok((want, None))
     }
 
     /// Main layers that keep a KV cache: every layer, except in a hybrid model, whose linear

@@ -678,8 +678,10 @@ impl Backend for CpuBackend<'_, '_, '_> {
             return Err(ModelError::Config("MLA weights in a GQA model".into()));
         };
         let (nh, qk, isa) = (cfg.n_heads, cfg.head_dim, m.isa);
-        let kc = kv_lora + rope;
         let ctx = st.ctx;
+        let kk = kv_kernels(st.kcache.ty(), isa);
+        let (krb, lat_b) = (st.kcache.row_bytes(), kk.ty.row_bytes(kv_lora));
+        debug_assert_eq!(st.kcache.width(), kv_lora + rope);
         for i in 0..n {
             let len = pos + i + 1;
             // V3.2: past `index_topk` positions, attend only to those the indexer selects.
@@ -703,19 +705,25 @@ impl Backend for CpuBackend<'_, '_, '_> {
                 let (q_lat, c_lat) = st.lat.split_at_mut(kv_lora);
                 head_matvec(&a.k_b[hh], &q[..nope], q_lat, &mut st.acts, isa)?;
                 let sc = &mut st.scores[hh * ctx..hh * ctx + cnt];
-                let layer = &st.kcache.f32s()[l * ctx * kc..];
+                // Rows of [latent | rope key] in the cache's element type (`-ctk`), read in
+                // place (an f32 cache gives `dot` / `axpy`'s bits).
+                let layer = &st.kcache.bytes()[l * ctx * krb..(l + 1) * ctx * krb];
                 let at = |jj: usize| if sparse { sel[jj] as usize } else { jj };
                 for (jj, s) in sc.iter_mut().enumerate() {
                     let j = at(jj);
-                    let c = &layer[j * kc..(j + 1) * kc];
-                    *s = (dot(q_lat, &c[..kv_lora]) + dot(&q[nope..], &c[kv_lora..]))
+                    let c = &layer[j * krb..(j + 1) * krb];
+                    *s = ((kk.dot)(q_lat, &c[..lat_b]) + (kk.dot)(&q[nope..], &c[lat_b..]))
                         * cfg.attn_scale;
                 }
                 softmax(sc);
-                c_lat.fill(0.0);
-                for (jj, s) in sc.iter().enumerate() {
-                    let j = at(jj);
-                    axpy(c_lat, *s, &layer[j * kc..j * kc + kv_lora]);
+                if sparse {
+                    c_lat.fill(0.0);
+                    for (jj, s) in sc.iter().enumerate() {
+                        (kk.axpy)(c_lat, *s, &layer[at(jj) * krb..][..lat_b]);
+                    }
+                } else {
+                    // The bits of the fill and one axpy per position in order.
+                    (kk.weighted)(c_lat, sc, layer, krb);
                 }
                 let out =
                     &mut st.att[r * nh * v_dim + hh * v_dim..r * nh * v_dim + (hh + 1) * v_dim];

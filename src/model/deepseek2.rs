@@ -19,10 +19,12 @@ use super::weights::Mla;
 use super::{Model, ModelError, State};
 use rayon::prelude::*;
 
-/// Why `-ctk` / `-ctv` leave this family's caches f32: MLA's attention reads the latent
-/// (+ rope key) rows and V3.2's indexer keys as f32 (llama.cpp follows `-ctk` for the latent;
-/// sluice does not yet).
-pub const KV_F32: &str = "the MLA latent cache and V3.2's indexer keys stay f32 (sluice's MLA attention reads f32 rows)";
+/// Why `-ctv` sets nothing here: MLA caches the latent + rope key (which follows `-ctk`, as
+/// llama.cpp's MLA cache does) and no values.
+pub const KV_NO_VALUES: &str = "MLA caches no value rows (the latent, which follows -ctk, stands for both)";
+/// Why V3.2's / GLM-5's value side stays f32: it holds the lightning indexer's keys, which
+/// `indexer_select` scores as f32 rows.
+pub const KV_INDEXER_F32: &str = "the value side holds the lightning indexer's keys, kept f32 (its scores read f32 rows)";
 
 pub const HF_MOE: &[(Role, &str)] = HF_MLP_MOE;
 
