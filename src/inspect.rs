@@ -320,7 +320,10 @@ pub fn summarize(m: &ModelFiles) -> ModelSummary {
         kv_bytes_per_token: kv(false),
         kv_cache_types: cfg.as_ref().map(|c| {
             let t = kv_types(c);
-            format!("keys {}, values {}", t.k, t.v)
+            match c.cache_dims().1 {
+                0 => format!("keys {}, values none", t.k),
+                _ => format!("keys {}, values {}", t.k, t.v),
+            }
         }),
         mtp_layers,
         mtp_kv_bytes_per_token: kv(true)

@@ -609,7 +609,8 @@ fn gpu_dsa_long_context_matches_cpu() {
     for v in ["deepseek_v32_sparse", "glm_moe_dsa"] {
         let d = root().join("tests/fixtures/models").join(v);
         let files = ModelFiles::open(&d).unwrap();
-        let lo = LoadOptions { kv: sluice::model::KvTypes::F32,
+        let lo = LoadOptions {
+            kv: sluice::model::KvTypes::F32,
             threads: 2,
             ctx,
         };
@@ -715,7 +716,8 @@ fn gpu_hybrid_long_run_matches_cpu() {
     for f in HYBRID {
         let d = root().join("tests/fixtures/models").join(f);
         let files = ModelFiles::open(&d).unwrap();
-        let lo = LoadOptions { kv: sluice::model::KvTypes::F32,
+        let lo = LoadOptions {
+            kv: sluice::model::KvTypes::F32,
             threads: 2,
             ctx,
         };
@@ -898,10 +900,15 @@ fn gpu_deepseek_v4_long_run_matches_cpu() {
     let ctx = 256;
     let d = root().join("tests/fixtures/models/deepseek_v4");
     let files = ModelFiles::open(&d).unwrap();
-    let model = Model::load(&files, &LoadOptions { kv: sluice::model::KvTypes::F32,
+    let model = Model::load(
+        &files,
+        &LoadOptions {
+            kv: sluice::model::KvTypes::F32,
             threads: 2,
             ctx,
-        }).unwrap();
+        },
+    )
+    .unwrap();
     let vocab = model.cfg.vocab;
     let mut r = lcg(7);
     let toks: Vec<u32> = (0..240)

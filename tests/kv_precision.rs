@@ -15,7 +15,9 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 fn fixture(name: &str) -> Vec<u8> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kv").join(name);
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/kv")
+        .join(name);
     std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
@@ -35,7 +37,12 @@ fn rows_are_written_as_numpy_and_gguf_write_them() {
         store_row(ty, &x, &mut got);
         assert_eq!(got.len(), want.len(), "{ty}");
         let bad: Vec<usize> = (0..got.len()).filter(|&i| got[i] != want[i]).collect();
-        assert!(bad.is_empty(), "{ty}: {} bytes differ, first at {:?}", bad.len(), bad.first());
+        assert!(
+            bad.is_empty(),
+            "{ty}: {} bytes differ, first at {:?}",
+            bad.len(),
+            bad.first()
+        );
         // Reading back is exact: the same values gguf's dequantizer gives (f16 / bf16 widen).
         let mut back = vec![0.0f32; x.len()];
         load_row(ty, &got, &mut back);
@@ -88,7 +95,9 @@ fn synth_deepseek() -> &'static Path {
 }
 
 fn model_fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/models")
+        .join(name)
 }
 
 fn qwen_fixture() -> PathBuf {
@@ -96,7 +105,15 @@ fn qwen_fixture() -> PathBuf {
 }
 
 fn load(files: &ModelFiles, kv: KvTypes, threads: usize) -> Model<'_> {
-    Model::load(files, &LoadOptions { threads, ctx: 128, kv }).unwrap()
+    Model::load(
+        files,
+        &LoadOptions {
+            threads,
+            ctx: 128,
+            kv,
+        },
+    )
+    .unwrap()
 }
 
 fn tokens(model: &Model<'_>, n: usize) -> Vec<u32> {
@@ -104,7 +121,13 @@ fn tokens(model: &Model<'_>, n: usize) -> Vec<u32> {
     (0..n as u32).map(|i| (i * 131 + 7) % v).collect()
 }
 
-fn logits(model: &Model<'_>, files: &ModelFiles, toks: &[u32], batch: usize, cache: Option<CacheConfig>) -> Vec<f32> {
+fn logits(
+    model: &Model<'_>,
+    files: &ModelFiles,
+    toks: &[u32],
+    batch: usize,
+    cache: Option<CacheConfig>,
+) -> Vec<f32> {
     let mut st = model.new_state(128, batch, batch).unwrap();
     if let Some(c) = cache {
         st.attach_experts(model.expert_cache(files, c).unwrap());
@@ -130,7 +153,11 @@ fn kl_and_top1(reference: &[f32], got: &[f32], vocab: usize) -> (f64, f64) {
     let (mut kl, mut same, mut n) = (0.0, 0usize, 0usize);
     for (a, b) in reference.chunks(vocab).zip(got.chunks(vocab)) {
         let (p, q) = (soft(a), soft(b));
-        kl += p.iter().zip(&q).map(|(p, q)| if *p > 0.0 { p * (p / q).ln() } else { 0.0 }).sum::<f64>();
+        kl += p
+            .iter()
+            .zip(&q)
+            .map(|(p, q)| if *p > 0.0 { p * (p / q).ln() } else { 0.0 })
+            .sum::<f64>();
         same += usize::from(argmax(a) == argmax(b));
         n += 1;
     }
@@ -142,7 +169,9 @@ fn reduced_precision_logits_stay_close_to_the_f32_caches() {
     use KvType::{BF16, F16, F32, Q8_0};
     let kv = |k, v| KvTypes { k, v };
     let gqa = |ts: &[KvType]| -> Vec<KvTypes> {
-        ts.iter().flat_map(|&t| [KvTypes::both(t), kv(t, F32), kv(F32, t)]).collect()
+        ts.iter()
+            .flat_map(|&t| [KvTypes::both(t), kv(t, F32), kv(F32, t)])
+            .collect()
     };
     // MLA: the latent follows -ctk; there is no value side (V3.2: f32 indexer keys).
     let mla = |ts: &[KvType]| -> Vec<KvTypes> { ts.iter().map(|&t| kv(t, F32)).collect() };
@@ -155,8 +184,16 @@ fn reduced_precision_logits_stay_close_to_the_f32_caches() {
         (qwen_fixture(), gqa(&[F16, BF16]), 1e-3),
         // A sliding window.
         (model_fixture("mixtral_swa"), gqa(&[F16, BF16]), 1e-3),
-        (synth_deepseek().to_path_buf(), mla(&[F16, BF16, Q8_0]), 5e-3),
-        (model_fixture("deepseek_v3/model-q8_0.gguf"), mla(&[F16, BF16]), 1e-3),
+        (
+            synth_deepseek().to_path_buf(),
+            mla(&[F16, BF16, Q8_0]),
+            5e-3,
+        ),
+        (
+            model_fixture("deepseek_v3/model-q8_0.gguf"),
+            mla(&[F16, BF16]),
+            1e-3,
+        ),
         // Sparse attention over the indexer's picks (index_topk below the sequence).
         (model_fixture("deepseek_v32_sparse"), mla(&[F16]), 1e-3),
     ];
@@ -170,11 +207,24 @@ fn reduced_precision_logits_stay_close_to_the_f32_caches() {
             let m = load(&files, kv, 2);
             assert_eq!(m.kv, kv, "{}", path.display());
             let got = logits(&m, &files, &toks, 16, None);
-            assert_ne!(bits(&got), bits(&reference), "{}: {kv:?} rounds something", path.display());
+            assert_ne!(
+                bits(&got),
+                bits(&reference),
+                "{}: {kv:?} rounds something",
+                path.display()
+            );
             let (kl, top1) = kl_and_top1(&reference, &got, vocab);
-            eprintln!("{}: {kv:?}: mean KL {kl:.2e}, argmax agrees at {:.1}%", path.display(), 100.0 * top1);
+            eprintln!(
+                "{}: {kv:?}: mean KL {kl:.2e}, argmax agrees at {:.1}%",
+                path.display(),
+                100.0 * top1
+            );
             assert!(kl < bound, "{}: {kv:?}: mean KL {kl}", path.display());
-            assert!(top1 >= 0.9, "{}: {kv:?}: argmax agrees at {top1}", path.display());
+            assert!(
+                top1 >= 0.9,
+                "{}: {kv:?}: argmax agrees at {top1}",
+                path.display()
+            );
         }
     }
 }
@@ -191,7 +241,12 @@ fn f16_logits_are_bit_identical_across_threads_batches_and_placement() {
             let m = load(&files, KvTypes::default(), threads);
             for batch in [1, 7, 16] {
                 let got = logits(&m, &files, &toks, batch, None);
-                assert_eq!(bits(&got), bits(&reference), "{}: threads {threads} batch {batch}", path.display());
+                assert_eq!(
+                    bits(&got),
+                    bits(&reference),
+                    "{}: threads {threads} batch {batch}",
+                    path.display()
+                );
             }
         }
         let m = load(&files, KvTypes::default(), 2);
@@ -201,7 +256,12 @@ fn f16_logits_are_bit_identical_across_threads_batches_and_placement() {
                 let mut c = CacheConfig::new(slots);
                 c.io = io;
                 let got = logits(&m, &files, &toks, 16, Some(c));
-                assert_eq!(bits(&got), bits(&reference), "{}: io {io:?} slots {slots}", path.display());
+                assert_eq!(
+                    bits(&got),
+                    bits(&reference),
+                    "{}: io {io:?} slots {slots}",
+                    path.display()
+                );
             }
         }
     }
@@ -221,13 +281,25 @@ fn kv_bytes_count_the_element_types() {
     assert_eq!(bytes(KvTypes::F16), f32b / 2);
     assert_eq!(bytes(KvTypes::both(KvType::BF16)), f32b / 2);
     assert_eq!(bytes(KvTypes::both(KvType::Q8_0)), f32b / 128 * 34);
-    assert_eq!(bytes(KvTypes { k: KvType::Q8_0, v: KvType::F16 }), f32b / 256 * 34 + f32b / 4);
+    assert_eq!(
+        bytes(KvTypes {
+            k: KvType::Q8_0,
+            v: KvType::F16
+        }),
+        f32b / 256 * 34 + f32b / 4
+    );
 }
 
 /// `sluice ARGS`: (exit code, stderr).
 fn sluice(args: &[&str]) -> (i32, String) {
-    let o = Command::new(env!("CARGO_BIN_EXE_sluice")).args(args).output().unwrap();
-    (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stderr).into_owned())
+    let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
 }
 
 #[test]
@@ -235,7 +307,9 @@ fn cache_type_flags_parse_and_refuse_in_one_line() {
     let model = qwen_fixture();
     let m = model.to_str().unwrap();
     let run = |extra: &[&str]| {
-        let mut a = vec!["run", m, "-p", "hello", "-n", "2", "--temp", "0", "-t", "1", "--gpu", "off"];
+        let mut a = vec![
+            "run", m, "-p", "hello", "-n", "2", "--temp", "0", "-t", "1", "--gpu", "off",
+        ];
         a.extend_from_slice(extra);
         sluice(&a)
     };
@@ -249,22 +323,42 @@ fn cache_type_flags_parse_and_refuse_in_one_line() {
         assert_ne!(code, 0, "{extra:?}: {err}");
         let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
         assert_eq!(errors.len(), 1, "{extra:?}: {err}");
-        assert!(errors[0].contains(flag) && errors[0].contains("f32, f16, bf16 or q8_0"), "{extra:?}: {err}");
+        assert!(
+            errors[0].contains(flag) && errors[0].contains("f32, f16, bf16 or q8_0"),
+            "{extra:?}: {err}"
+        );
         assert!(!err.contains("panicked"), "{err}");
     }
     // q8_0 on 16-wide heads: refused naming the width.
     let (code, err) = run(&["-ctk", "q8_0"]);
     assert_ne!(code, 0, "{err}");
-    assert!(err.contains("-ctk q8_0") && err.contains("head_dim is 16"), "{err}");
+    assert!(
+        err.contains("-ctk q8_0") && err.contains("head_dim is 16"),
+        "{err}"
+    );
     // An explicit non-f32 cache with the GPU: refused (whatever this build has).
-    let (code, err) = sluice(&["run", m, "-p", "hi", "-n", "1", "--gpu", "on", "-ctv", "f16"]);
+    let (code, err) = sluice(&[
+        "run", m, "-p", "hi", "-n", "1", "--gpu", "on", "-ctv", "f16",
+    ]);
     assert_ne!(code, 0, "{err}");
-    assert!(err.contains("-ctv f16 with --gpu on") && err.contains("f32 only"), "{err}");
+    assert!(
+        err.contains("-ctv f16 with --gpu on") && err.contains("f32 only"),
+        "{err}"
+    );
     // Accepted spellings run, and the run says which types it caches in and why.
     for (extra, line) in [
-        (&[][..], "[plan] kv cache types: keys f16, values f16 (f16 by default, as llama.cpp)"),
-        (&["-ctk", "bf16", "-ctv=f32"][..], "[plan] kv cache types: keys bf16, values f32 (-ctk/-ctv)"),
-        (&["--cache-type-k", "f32"][..], "[plan] kv cache types: keys f32, values f16"),
+        (
+            &[][..],
+            "[plan] kv cache types: keys f16, values f16 (f16 by default, as llama.cpp)",
+        ),
+        (
+            &["-ctk", "bf16", "-ctv=f32"][..],
+            "[plan] kv cache types: keys bf16, values f32 (-ctk/-ctv)",
+        ),
+        (
+            &["--cache-type-k", "f32"][..],
+            "[plan] kv cache types: keys f32, values f16",
+        ),
     ] {
         let (code, err) = run(extra);
         assert_eq!(code, 0, "{extra:?}: {err}");
@@ -274,10 +368,17 @@ fn cache_type_flags_parse_and_refuse_in_one_line() {
     // wide), and -ctv has nothing to set, which the run says.
     let ds = model_fixture("deepseek_v3/model-q8_0.gguf");
     let ds = ds.to_str().unwrap();
-    let (code, err) = sluice(&["run", ds, "-p", "hi", "-n", "1", "--gpu", "off", "-ctk", "q8_0"]);
+    let (code, err) = sluice(&[
+        "run", ds, "-p", "hi", "-n", "1", "--gpu", "off", "-ctk", "q8_0",
+    ]);
     assert_ne!(code, 0, "{err}");
-    assert!(err.contains("-ctk q8_0") && err.contains("qk_rope_head_dim is 16"), "{err}");
-    let (code, err) = sluice(&["run", ds, "-p", "hi", "-n", "1", "--gpu", "off", "-ctk", "bf16"]);
+    assert!(
+        err.contains("-ctk q8_0") && err.contains("qk_rope_head_dim is 16"),
+        "{err}"
+    );
+    let (code, err) = sluice(&[
+        "run", ds, "-p", "hi", "-n", "1", "--gpu", "off", "-ctk", "bf16",
+    ]);
     assert_eq!(code, 0, "{err}");
     assert!(
         err.contains("[plan] kv cache types: keys bf16, values none (")
@@ -286,7 +387,20 @@ fn cache_type_flags_parse_and_refuse_in_one_line() {
     );
     // DeepSeek-V4's caches stay f32, and the run says why.
     let v4 = model_fixture("deepseek_v4");
-    let (code, err) = sluice(&["run", v4.to_str().unwrap(), "-p", "hi", "-n", "1", "--gpu", "off"]);
+    let (code, err) = sluice(&[
+        "run",
+        v4.to_str().unwrap(),
+        "-p",
+        "hi",
+        "-n",
+        "1",
+        "--gpu",
+        "off",
+    ]);
     assert_eq!(code, 0, "{err}");
-    assert!(err.contains("[plan] kv cache types: keys f32, values f32 (") && err.contains("DeepSeek-V4's compressed and window caches stay f32"), "{err}");
+    assert!(
+        err.contains("[plan] kv cache types: keys f32, values f32 (")
+            && err.contains("DeepSeek-V4's compressed and window caches stay f32"),
+        "{err}"
+    );
 }

@@ -22,11 +22,12 @@ pub struct ComputeArgs {
     #[arg(short = 'b', long = "batch-size")]
     pub batch: Option<usize>,
     /// KV cache type for keys (`-ctk`, llama.cpp's spelling): f32, f16, bf16 or q8_0. Default
-    /// f16 (as llama.cpp); f32 with `--gpu on` (the GPU's cache is f32 only). MLA and
-    /// DeepSeek-V4 caches stay f32 (the run says so).
+    /// f16 (as llama.cpp); f32 with `--gpu on` (the GPU's cache is f32 only). MLA's latent
+    /// cache follows it; DeepSeek-V4's caches stay f32 (the run says so).
     #[arg(long = "cache-type-k", value_name = "TYPE")]
     pub cache_type_k: Option<String>,
-    /// KV cache type for values (`-ctv`): f32, f16, bf16 or q8_0. Default as `-ctk`'s.
+    /// KV cache type for values (`-ctv`): f32, f16, bf16 or q8_0. Default as `-ctk`'s. (MLA
+    /// caches no values; V3.2's indexer keys there stay f32.)
     #[arg(long = "cache-type-v", value_name = "TYPE")]
     pub cache_type_v: Option<String>,
 }

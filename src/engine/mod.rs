@@ -188,7 +188,10 @@ impl Engine {
         say.line(&format!(
             "[plan] kv cache types: keys {}, values {values} ({kv_why}{})",
             model.kv.k,
-            model.kv_note.as_ref().map_or(String::new(), |n| format!("; {n}"))
+            model
+                .kv_note
+                .as_ref()
+                .map_or(String::new(), |n| format!("; {n}"))
         ));
         let parallel_line =
             placement::cap_auto_parallel(&mut opts, st.kv_bytes() as u64).or(parallel_line);

@@ -403,7 +403,9 @@ impl EngineOptions {
             return Some("--kv-dir keeps KV caches in host memory");
         }
         if self.kv.not_f32().is_some() {
-            return Some("-ctk/-ctv other than f32 keep the KV cache on the CPU (the GPU's is f32 only)");
+            return Some(
+                "-ctk/-ctv other than f32 keep the KV cache on the CPU (the GPU's is f32 only)",
+            );
         }
         if self.parallel > 1 && !self.parallel_auto {
             // (An automatic count is above 1 only where the GPU cannot run: its own reason.)
@@ -466,7 +468,10 @@ impl EngineOptions {
     pub fn kv_types(&self) -> (KvTypes, &'static str) {
         let gpu_on = self.gpu.want == GpuWant::On;
         let (default, why) = if gpu_on {
-            (KvType::F32, "f32 by default with --gpu on: the GPU's KV cache is f32 only")
+            (
+                KvType::F32,
+                "f32 by default with --gpu on: the GPU's KV cache is f32 only",
+            )
         } else {
             (KvType::F16, "f16 by default, as llama.cpp")
         };

@@ -163,7 +163,10 @@ pub fn store_row(ty: KvType, src: &[f32], dst: &mut [u8]) {
             }
         }
         KvType::Q8_0 => {
-            for (o, x) in dst.chunks_exact_mut(Q8_BYTES).zip(src.chunks_exact(Q8_BLOCK)) {
+            for (o, x) in dst
+                .chunks_exact_mut(Q8_BYTES)
+                .zip(src.chunks_exact(Q8_BLOCK))
+            {
                 quantize_q8_0_block(x, o);
             }
         }
@@ -443,9 +446,8 @@ mod x86 {
         let n = src.len();
         let mut i = 0;
         while i + 8 <= n {
-            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(
-                _mm256_loadu_ps(src.as_ptr().add(i)),
-            );
+            let h =
+                _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(src.as_ptr().add(i)));
             _mm_storeu_si128(dst.as_mut_ptr().add(2 * i) as *mut __m128i, h);
             i += 8;
         }
@@ -544,7 +546,10 @@ mod x86 {
         let s = _mm512_set1_ps(w);
         for c in (0..o.len()).step_by(16) {
             let p = o.as_mut_ptr().add(c);
-            _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), _mm512_mul_ps(s, E::load16(row, c))));
+            _mm512_storeu_ps(
+                p,
+                _mm512_add_ps(_mm512_loadu_ps(p), _mm512_mul_ps(s, E::load16(row, c))),
+            );
         }
     }
 
@@ -555,7 +560,10 @@ mod x86 {
         let s = _mm256_set1_ps(w);
         for c in (0..o.len()).step_by(8) {
             let p = o.as_mut_ptr().add(c);
-            _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), _mm256_mul_ps(s, E::load8(row, c))));
+            _mm256_storeu_ps(
+                p,
+                _mm256_add_ps(_mm256_loadu_ps(p), _mm256_mul_ps(s, E::load8(row, c))),
+            );
         }
     }
 
@@ -565,7 +573,10 @@ mod x86 {
     unsafe fn dot1_512<E: Elem>(q: *const f32, row: *const u8, n: usize) -> f32 {
         let mut acc = _mm512_setzero_ps();
         for c in (0..n).step_by(16) {
-            acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_loadu_ps(q.add(c)), E::load16(row, c)));
+            acc = _mm512_add_ps(
+                acc,
+                _mm512_mul_ps(_mm512_loadu_ps(q.add(c)), E::load16(row, c)),
+            );
         }
         let mut l = [0.0f32; 16];
         _mm512_storeu_ps(l.as_mut_ptr(), acc);
@@ -748,11 +759,19 @@ mod tests {
                     let k = kv_kernels(ty, isa);
                     for r in 0..7 {
                         let got = (k.dot)(&q, &rows[r]);
-                        assert_eq!(got.to_bits(), dot_ref(&q, &deq[r]).to_bits(), "{ty} {isa:?} n={n} row {r}");
+                        assert_eq!(
+                            got.to_bits(),
+                            dot_ref(&q, &deq[r]).to_bits(),
+                            "{ty} {isa:?} n={n} row {r}"
+                        );
                     }
                     let d4 = (k.dot4)(&q, [&rows[0], &rows[1], &rows[2], &rows[3]]);
                     for r in 0..4 {
-                        assert_eq!(d4[r].to_bits(), (k.dot)(&q, &rows[r]).to_bits(), "{ty} {isa:?} dot4");
+                        assert_eq!(
+                            d4[r].to_bits(),
+                            (k.dot)(&q, &rows[r]).to_bits(),
+                            "{ty} {isa:?} dot4"
+                        );
                     }
                     let mut o = vec![1.0f32; n];
                     (k.weighted)(&mut o, &w, &flat, ty.row_bytes(n));
@@ -776,12 +795,21 @@ mod tests {
     #[test]
     fn stored_rows_are_close_and_f16_simd_store_matches_scalar() {
         let x = values(256, 7);
-        for (ty, tol) in [(KvType::F32, 0.0f32), (KvType::F16, 1e-3), (KvType::BF16, 8e-3), (KvType::Q8_0, 1.0 / 127.0)] {
+        for (ty, tol) in [
+            (KvType::F32, 0.0f32),
+            (KvType::F16, 1e-3),
+            (KvType::BF16, 8e-3),
+            (KvType::Q8_0, 1.0 / 127.0),
+        ] {
             let back = dequant(ty, &stored(ty, &x), x.len());
             for (blk, (a, b)) in x.chunks(32).zip(back.chunks(32)).enumerate() {
                 let amax = a.iter().fold(0.0f32, |m, v| m.max(v.abs()));
                 for (u, v) in a.iter().zip(b) {
-                    let bound = if ty == KvType::Q8_0 { amax * tol } else { u.abs() * tol };
+                    let bound = if ty == KvType::Q8_0 {
+                        amax * tol
+                    } else {
+                        u.abs() * tol
+                    };
                     assert!((u - v).abs() <= bound, "{ty} block {blk}: {u} -> {v}");
                 }
             }

@@ -856,7 +856,11 @@ impl ModelConfig {
         };
         match self.attn {
             AttnKind::Mla { kv_lora, rope, .. } => {
-                q8_fits("-ctk", want.k, &[("kv_lora_rank", kv_lora), ("qk_rope_head_dim", rope)])?;
+                q8_fits(
+                    "-ctk",
+                    want.k,
+                    &[("kv_lora_rank", kv_lora), ("qk_rope_head_dim", rope)],
+                )?;
                 let why = (want.v != KvType::F32).then(|| {
                     if self.indexer.is_some() {
                         format!("-ctv {}: {}", want.v, super::deepseek2::KV_INDEXER_F32)
@@ -864,7 +868,13 @@ impl ModelConfig {
                         format!("-ctv {}: {}", want.v, super::deepseek2::KV_NO_VALUES)
                     }
                 });
-                Ok((KvTypes { k: want.k, v: KvType::F32 }, why))
+                Ok((
+                    KvTypes {
+                        k: want.k,
+                        v: KvType::F32,
+                    },
+                    why,
+                ))
             }
             AttnKind::Gqa => {
                 q8_fits("-ctk", want.k, &[("head_dim", self.head_dim)])?;

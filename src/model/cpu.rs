@@ -9,9 +9,7 @@
 //! depend on the order in which experts are computed or arrive from disk.
 
 use super::backend::{At, Backend, Buf, Cache, GqaShape, Rows, Span};
-use super::blocks::{
-    axpy, dot, rmsnorm, rmsnorm_inplace, silu, softmax, top_k,
-};
+use super::blocks::{axpy, dot, rmsnorm, rmsnorm_inplace, silu, softmax, top_k};
 use super::config::{AttnKind, ExpertAct, ModelConfig, RopeLayout};
 use super::gptoss;
 use super::qwen3next::{self, DeltaNet, GatedAttn};

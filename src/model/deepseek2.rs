@@ -21,10 +21,12 @@ use rayon::prelude::*;
 
 /// Why `-ctv` sets nothing here: MLA caches the latent + rope key (which follows `-ctk`, as
 /// llama.cpp's MLA cache does) and no values.
-pub const KV_NO_VALUES: &str = "MLA caches no value rows (the latent, which follows -ctk, stands for both)";
+pub const KV_NO_VALUES: &str =
+    "MLA caches no value rows (the latent, which follows -ctk, stands for both)";
 /// Why V3.2's / GLM-5's value side stays f32: it holds the lightning indexer's keys, which
 /// `indexer_select` scores as f32 rows.
-pub const KV_INDEXER_F32: &str = "the value side holds the lightning indexer's keys, kept f32 (its scores read f32 rows)";
+pub const KV_INDEXER_F32: &str =
+    "the value side holds the lightning indexer's keys, kept f32 (its scores read f32 rows)";
 
 pub const HF_MOE: &[(Role, &str)] = HF_MLP_MOE;
 

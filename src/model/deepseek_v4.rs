@@ -53,7 +53,8 @@ use serde_json::Value;
 
 /// Why `-ctk` / `-ctv` leave V4's caches f32: its compressed and sliding-window caches are read
 /// as f32 rows by this file's attention and by the CUDA backend.
-pub const KV_F32: &str = "DeepSeek-V4's compressed and window caches stay f32 (its attention reads f32 rows)";
+pub const KV_F32: &str =
+    "DeepSeek-V4's compressed and window caches stay f32 (its attention reads f32 rows)";
 
 pub static SPEC: FamilySpec = FamilySpec {
     family: Family::DeepseekV4,
@@ -1856,7 +1857,8 @@ pub(crate) fn cpu_attention(
         for i in 0..n {
             let r = vbase + (pos + i) * vw + voff;
             st.vcache.f32s_mut()[r..r + wd].copy_from_slice(&s.ckv[i * wd..(i + 1) * wd]);
-            st.vcache.f32s_mut()[r + 2 * dim..r + 2 * dim + wd].copy_from_slice(&s.cgate[i * wd..(i + 1) * wd]);
+            st.vcache.f32s_mut()[r + 2 * dim..r + 2 * dim + wd]
+                .copy_from_slice(&s.cgate[i * wd..(i + 1) * wd]);
         }
         for t in pos..pos + n {
             if (t + 1) % rate != 0 {

@@ -143,9 +143,7 @@ impl State {
     pub fn part_rows(&self, part: Part, n: usize) -> Result<&[u8], ModelError> {
         match part.kind {
             PartKind::Conv => return Ok(f32_bytes(&self.hybrid.conv[self.block_range(part)?])),
-            PartKind::Recurrent => {
-                return Ok(f32_bytes(&self.hybrid.rec[self.block_range(part)?]))
-            }
+            PartKind::Recurrent => return Ok(f32_bytes(&self.hybrid.rec[self.block_range(part)?])),
             _ => {}
         }
         let r = self.part_range(part, n)?;

@@ -129,8 +129,8 @@ pub struct State {
     pub(super) lat: Vec<f32>,    // (2, kv_lora) MLA: q folded into latent space, latent context
     pub(super) proj: Vec<f32>,   // (batch, hidden) sub-block output
     pub(crate) hfin: Vec<f32>,   // (batch, hidden) final-normed hidden states of the last chunk
-    pub(super) kcache: KvRows, // (layers, ctx, k_dim) GQA keys, or MLA latent + rope key
-    pub(super) vcache: KvRows, // (layers, ctx, v_dim) GQA values, or V3.2 indexer keys
+    pub(super) kcache: KvRows,   // (layers, ctx, k_dim) GQA keys, or MLA latent + rope key
+    pub(super) vcache: KvRows,   // (layers, ctx, v_dim) GQA values, or V3.2 indexer keys
     pub(super) idx: super::deepseek2::IndexerScratch, // V3.2 indexer buffers (empty otherwise)
     pub(super) v4: super::deepseek_v4::Scratch, // DeepSeek-V4 buffers (empty otherwise)
     pub(crate) router: Vec<f32>, // (batch, n_experts) router scores
