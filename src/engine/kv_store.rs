@@ -672,6 +672,36 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// A session records its cache types; another run's types are refused by name (rows are
+    /// never converted), the same types are restored.
+    #[test]
+    fn sessions_of_other_cache_types_are_refused_naming_both() {
+        let dir = std::env::temp_dir().join(format!("sluice-kv-types-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (fp, layers, kvd) = (7u64, 2u32, 32u32);
+        // Two f16 rows (2 bytes an element) per layer and side: 2 layers x 2 sides x 32 x 2.
+        let mut f16 = session_bytes(fp, layers, kvd, &[1, 2], 2 * 2 * 32 * 2 / 4);
+        f16[36..40].copy_from_slice(&KvType::F16.code().to_le_bytes());
+        f16[40..44].copy_from_slice(&KvType::F16.code().to_le_bytes());
+        let n = f16.len() - 8;
+        let mut sum = Sum64::new();
+        sum.add(&f16[..n]);
+        f16[n..].copy_from_slice(&sum.finish().to_le_bytes());
+        let path = dir.join("session-f.slkv");
+        std::fs::write(&path, &f16).unwrap();
+        let open = |kv| KvStore::open(&dir, fp, layers as usize, (32, 32), kv, 0, 8).unwrap();
+        let f32_store = open(KvTypes::F32);
+        assert_eq!(f32_store.len(), 0);
+        let err = f32_store.read_index(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("saved with -ctk f16 -ctv f16, this run caches -ctk f32 -ctv f32"),
+            "{err}"
+        );
+        assert_eq!(open(KvTypes::F16).len(), 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn only_temporary_files_of_dead_processes_are_stale() {
         assert!(!stale_temp(".session-00ab.1.tmp") || !Path::new("/proc/1").exists());
