@@ -329,6 +329,21 @@ fn cache_type_flags_parse_and_refuse_in_one_line() {
         );
         assert!(!err.contains("panicked"), "{err}");
     }
+    // Every command that runs a model takes the flags (one parser: `ComputeArgs`).
+    for cmd in [
+        &["logits", m, "--tokens", "1,2,3", "--out", "/dev/null"][..],
+        &["chat", m][..],
+        &["serve", m, "--port", "0"][..],
+        &["plan", m][..],
+    ] {
+        let mut a = cmd.to_vec();
+        a.extend_from_slice(&["-ctv", "q4"]);
+        let (code, err) = sluice(&a);
+        assert_ne!(code, 0, "{cmd:?}: {err}");
+        let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+        assert_eq!(errors.len(), 1, "{cmd:?}: {err}");
+        assert!(errors[0].contains("-ctv \"q4\""), "{cmd:?}: {err}");
+    }
     // q8_0 on 16-wide heads: refused naming the width.
     let (code, err) = run(&["-ctk", "q8_0"]);
     assert_ne!(code, 0, "{err}");
