@@ -680,8 +680,8 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let (fp, layers, kvd) = (7u64, 2u32, 32u32);
-        // Two f16 rows (2 bytes an element) per layer and side: 2 layers x 2 sides x 32 x 2.
-        let mut f16 = session_bytes(fp, layers, kvd, &[1, 2], 2 * 2 * 32 * 2 / 4);
+        // f16 rows (2 bytes an element): 2 tokens x 2 layers x 2 sides x 32 x 2 bytes.
+        let mut f16 = session_bytes(fp, layers, kvd, &[1, 2], 2 * 2 * 2 * 32 * 2 / 4);
         f16[36..40].copy_from_slice(&KvType::F16.code().to_le_bytes());
         f16[40..44].copy_from_slice(&KvType::F16.code().to_le_bytes());
         let n = f16.len() - 8;
