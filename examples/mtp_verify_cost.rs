@@ -28,7 +28,14 @@ fn main() -> anyhow::Result<()> {
     let reps: usize = args.get(2).map_or(Ok(7), |s| s.parse())?;
     let threads: usize = args.get(3).map_or(Ok(0), |s| s.parse())?;
     let files = ModelFiles::open(std::path::Path::new(path))?;
-    let model = Model::load(&files, &LoadOptions { threads, ctx: 256 })?;
+    let model = Model::load(
+        &files,
+        &LoadOptions {
+            threads,
+            ctx: 256,
+            kv: sluice::model::KvTypes::default(),
+        },
+    )?;
     let mut st = model.new_state_mtp(256, 16, 4)?;
     let v = model.cfg.vocab as u32;
     let prompt: Vec<u32> = (0..16u32).map(|i| (i * 7919 + 13) % v).collect();

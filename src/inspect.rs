@@ -101,10 +101,13 @@ pub struct ModelSummary {
     pub one_expert_bytes_per_layer: u64,
     /// experts used per token x one expert's bytes, summed over the MoE layers.
     pub routed_bytes_per_token: u64,
-    /// KV-cache bytes per token of context over the main layers, as sluice allocates it
-    /// (`ModelConfig::kv_bytes_per_token`, f32): MLA caches the compressed latent and the rope
+    /// KV-cache bytes per token of context over the main layers, as sluice allocates it with
+    /// the default cache types (`kv_cache_types`; `ModelConfig::kv_bytes_per_token`): MLA caches the compressed latent and the rope
     /// key per layer, GQA keys and values. `None` when sluice cannot read the model's config.
     pub kv_bytes_per_token: Option<u64>,
+    /// The cache's element types those bytes are counted in: the CPU default (`-ctk f16
+    /// -ctv f16`, as llama.cpp), or f32 where the model's caches stay f32 (MLA, DeepSeek-V4).
+    pub kv_cache_types: Option<String>,
     /// Multi-token-prediction (NextN) layers in the checkpoint (not counted in `layers`).
     pub mtp_layers: u64,
     /// KV-cache bytes per token the MTP layer adds, allocated only with `--mtp K > 0`.
@@ -231,7 +234,14 @@ pub fn summarize(m: &ModelFiles) -> ModelSummary {
     })
     .or(max_layer.map(|l| l + 1));
     let cfg = crate::model::config::ModelConfig::from_files(m).ok();
-    let kv = |mtp: bool| cfg.as_ref().map(|c| c.kv_bytes_per_token(mtp) as u64);
+    let kv_types = |c: &crate::model::ModelConfig| {
+        c.kv_types(crate::model::KvTypes::default())
+            .map_or(crate::model::KvTypes::F32, |(t, _)| t)
+    };
+    let kv = |mtp: bool| {
+        cfg.as_ref()
+            .map(|c| c.kv_bytes_per_token(mtp, kv_types(c)) as u64)
+    };
     let counted: Vec<&LayerExperts> = layers
         .iter()
         .filter(|(l, _)| n_layers.is_none_or(|n| **l < n))
@@ -308,6 +318,13 @@ pub fn summarize(m: &ModelFiles) -> ModelSummary {
         one_expert_bytes_per_layer: one,
         routed_bytes_per_token: per_token,
         kv_bytes_per_token: kv(false),
+        kv_cache_types: cfg.as_ref().map(|c| {
+            let t = kv_types(c);
+            match c.cache_dims().1 {
+                0 => format!("keys {}, values none", t.k),
+                _ => format!("keys {}, values {}", t.k, t.v),
+            }
+        }),
         mtp_layers,
         mtp_kv_bytes_per_token: kv(true)
             .zip(kv(false))

@@ -41,7 +41,7 @@ enum Command {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(cli::llama_spellings(std::env::args_os()));
     let result = match cli.command {
         Command::Run(a) => cli::run::run(a),
         Command::Chat(a) => cli::chat::run(a),

@@ -92,6 +92,8 @@ fn run_prints_transformers_greedy_text() {
                 "2",
             ])
             .args(["--gpu", "off"])
+            // f32 KV: exact against transformers (the default f16 rounds each cached row).
+            .args(["-ctk", "f32", "-ctv", "f32"])
             .output()
             .unwrap();
         let (out, err) = (

@@ -25,6 +25,7 @@ fn decode_step_allocates_nothing() {
     let model = sluice::model::Model::load(
         &files,
         &sluice::model::LoadOptions {
+            kv: sluice::model::KvTypes::default(),
             threads: 2,
             ctx: 1024,
         },

@@ -400,8 +400,7 @@ fn mtp_head_after_prefix_sync_and_restore_equals_a_fresh_prefill() {
             let (fk, fv) = f.kv_rows(layer, dims, n).unwrap();
             let (sk, sv) = s.kv_rows(layer, dims, n).unwrap();
             assert!(
-                fk.iter().zip(sk).all(|(a, b)| a.to_bits() == b.to_bits())
-                    && fv.iter().zip(sv).all(|(a, b)| a.to_bits() == b.to_bits()),
+                fk == sk && fv == sv,
                 "{name}: cache layer {layer} differs from a fresh prefill"
             );
         }

@@ -26,11 +26,13 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 const OPTS: LoadOptions = LoadOptions {
+    kv: sluice::model::KvTypes::F32,
     threads: 2,
     ctx: 64,
 };
 
 const OPTS_LONG: LoadOptions = LoadOptions {
+    kv: sluice::model::KvTypes::F32,
     threads: 2,
     ctx: 256,
 };

@@ -25,6 +25,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 const OPTS: LoadOptions = LoadOptions {
+    kv: sluice::model::KvTypes::F32,
     threads: 2,
     ctx: 128,
 };

@@ -299,6 +299,7 @@ fn load(path: &Path) -> (ModelFiles, LoadOptions) {
     (
         ModelFiles::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
         LoadOptions {
+            kv: sluice::model::KvTypes::F32,
             threads: 2,
             ctx: 256,
         },
@@ -608,7 +609,11 @@ fn gpu_dsa_long_context_matches_cpu() {
     for v in ["deepseek_v32_sparse", "glm_moe_dsa"] {
         let d = root().join("tests/fixtures/models").join(v);
         let files = ModelFiles::open(&d).unwrap();
-        let lo = LoadOptions { threads: 2, ctx };
+        let lo = LoadOptions {
+            kv: sluice::model::KvTypes::F32,
+            threads: 2,
+            ctx,
+        };
         let model = Model::load(&files, &lo).unwrap();
         let vocab = model.cfg.vocab;
         let mut r = lcg(7);
@@ -711,7 +716,11 @@ fn gpu_hybrid_long_run_matches_cpu() {
     for f in HYBRID {
         let d = root().join("tests/fixtures/models").join(f);
         let files = ModelFiles::open(&d).unwrap();
-        let lo = LoadOptions { threads: 2, ctx };
+        let lo = LoadOptions {
+            kv: sluice::model::KvTypes::F32,
+            threads: 2,
+            ctx,
+        };
         let model = Model::load(&files, &lo).unwrap();
         let vocab = model.cfg.vocab;
         let mut r = lcg(11);
@@ -891,7 +900,15 @@ fn gpu_deepseek_v4_long_run_matches_cpu() {
     let ctx = 256;
     let d = root().join("tests/fixtures/models/deepseek_v4");
     let files = ModelFiles::open(&d).unwrap();
-    let model = Model::load(&files, &LoadOptions { threads: 2, ctx }).unwrap();
+    let model = Model::load(
+        &files,
+        &LoadOptions {
+            kv: sluice::model::KvTypes::F32,
+            threads: 2,
+            ctx,
+        },
+    )
+    .unwrap();
     let vocab = model.cfg.vocab;
     let mut r = lcg(7);
     let toks: Vec<u32> = (0..240)

@@ -427,6 +427,7 @@ fn gemm_prefill_close_to_cpu_on_quantized_models() {
         return;
     }
     let lo = LoadOptions {
+        kv: sluice::model::KvTypes::F32,
         threads: 2,
         ctx: 512,
     };
@@ -477,6 +478,7 @@ fn prefill_report() {
         .unwrap_or(512);
     let files = ModelFiles::open(Path::new(&path)).unwrap();
     let lo = LoadOptions {
+        kv: sluice::model::KvTypes::F32,
         threads: 16,
         ctx: 1024,
     };

@@ -574,6 +574,7 @@ fn gpu_runs_every_type_end_to_end_like_cpu() {
         retype(&base, t, &path);
         let files = ModelFiles::open(&path).unwrap();
         let lo = LoadOptions {
+            kv: sluice::model::KvTypes::F32,
             threads: 2,
             ctx: 256,
         };

@@ -206,9 +206,20 @@ fn kv_bytes_per_token_from_config_fields() {
         let s = summarize(&files);
         let layers = u(c, "num_hidden_layers");
         assert_eq!(s.layers, Some(layers), "{name} {file:?}: main layers");
+        // `inspect` counts the default cache types (f16: half the f32 bytes; MLA's latent
+        // follows -ctk too) and says so.
         assert_eq!(
             s.kv_bytes_per_token,
-            Some(layers * per_layer),
+            Some(layers * per_layer / 2),
+            "{name} {file:?}"
+        );
+        assert_eq!(
+            s.kv_cache_types.as_deref(),
+            Some(if name == "glm4_moe" {
+                "keys f16, values f16"
+            } else {
+                "keys f16, values none"
+            }),
             "{name} {file:?}"
         );
         // llama.cpp's converter drops DeepSeek's MTP layer, keeps GLM's.
@@ -220,13 +231,14 @@ fn kv_bytes_per_token_from_config_fields() {
         assert_eq!(s.mtp_layers, mtp, "{name} {file:?}: MTP layers");
         assert_eq!(
             s.mtp_kv_bytes_per_token,
-            (mtp > 0).then_some(per_layer),
+            (mtp > 0).then_some(per_layer / 2),
             "{name} {file:?}"
         );
 
         let model = sluice::model::Model::load(
             &files,
             &sluice::model::LoadOptions {
+                kv: sluice::model::KvTypes::F32,
                 threads: 1,
                 ctx: 64,
             },
@@ -253,13 +265,17 @@ fn kv_bytes_per_token_from_config_fields() {
     assert_eq!(code, 0, "{err}");
     let v: Value = serde_json::from_str(&out).unwrap();
     let layers = u(&glm, "num_hidden_layers");
-    assert_eq!(v["kv_bytes_per_token"], layers * glm_layer);
+    assert_eq!(v["kv_bytes_per_token"], layers * glm_layer / 2);
+    assert_eq!(v["kv_cache_types"], "keys f16, values f16");
     assert_eq!(v["mtp_layers"], 1);
-    assert_eq!(v["mtp_kv_bytes_per_token"], glm_layer);
+    assert_eq!(v["mtp_kv_bytes_per_token"], glm_layer / 2);
     let (code, out, err) = sluice(&["inspect", p.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
     assert!(
-        out.contains(&format!("kv cache      {} B per token", layers * glm_layer)),
+        out.contains(&format!(
+            "kv cache      {} B per token of context (keys f16, values f16, the default -ctk/-ctv",
+            layers * glm_layer / 2
+        )),
         "{out}"
     );
     assert!(out.contains("mtp           1 layer(s)"), "{out}");

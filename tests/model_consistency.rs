@@ -19,6 +19,7 @@ fn batched_prefill_matches_token_by_token() {
     let model = Model::load(
         &files,
         &LoadOptions {
+            kv: sluice::model::KvTypes::default(),
             threads: 2,
             ctx: 64,
         },
@@ -68,6 +69,7 @@ fn expert_ranges_address_the_viewed_bytes() {
         let model = Model::load(
             &files,
             &LoadOptions {
+                kv: sluice::model::KvTypes::default(),
                 threads: 1,
                 ctx: 16,
             },

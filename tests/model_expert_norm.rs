@@ -43,6 +43,7 @@ fn worst(path: &Path, want_close: bool) -> f32 {
     let model = Model::load(
         &files,
         &LoadOptions {
+            kv: sluice::model::KvTypes::F32,
             threads: 2,
             ctx: 64,
         },

@@ -29,6 +29,7 @@ fn model(files: &ModelFiles) -> Model<'_> {
     Model::load(
         files,
         &LoadOptions {
+            kv: sluice::model::KvTypes::F32,
             threads: 2,
             ctx: 64,
         },
@@ -168,6 +169,7 @@ fn shared_first_layer_is_refused() {
     let e = Model::load(
         &load(&d),
         &LoadOptions {
+            kv: sluice::model::KvTypes::F32,
             threads: 1,
             ctx: 64,
         },

@@ -25,6 +25,7 @@ fn logits(path: &Path, tokens: &[u32], batch: usize) -> (Vec<f32>, usize) {
     let model = Model::load(
         &files,
         &LoadOptions {
+            kv: sluice::model::KvTypes::F32,
             threads: 2,
             ctx: 256,
         },
@@ -73,6 +74,7 @@ fn check_greedy(family: &str, model_path: &Path) {
     let model = Model::load(
         &files,
         &LoadOptions {
+            kv: sluice::model::KvTypes::F32,
             threads: 2,
             ctx: 128,
         },
@@ -169,6 +171,7 @@ fn deepseek_v32_within_index_topk_matches_transformers() {
         let model = Model::load(
             &files,
             &LoadOptions {
+                kv: sluice::model::KvTypes::F32,
                 threads: 2,
                 ctx: 64,
             },

@@ -28,6 +28,7 @@ fn check_cases(d: &Path, path: &Path, what: &str) {
     let model = Model::load(
         &files,
         &LoadOptions {
+            kv: sluice::model::KvTypes::F32,
             threads: 2,
             ctx: 64,
         },
@@ -66,6 +67,7 @@ fn check_greedy(d: &Path, path: &Path, what: &str) {
     let model = Model::load(
         &files,
         &LoadOptions {
+            kv: sluice::model::KvTypes::F32,
             threads: 2,
             ctx: 64,
         },
@@ -105,6 +107,7 @@ fn dense_attention_does_not_match_past_index_topk() {
     let mut model = Model::load(
         &files,
         &LoadOptions {
+            kv: sluice::model::KvTypes::F32,
             threads: 2,
             ctx: 64,
         },

@@ -50,6 +50,7 @@ fn check(variant: &str, model_path: &Path, what: &str) {
     let model = Model::load(
         &files,
         &LoadOptions {
+            kv: sluice::model::KvTypes::F32,
             threads: 2,
             ctx: 64,
         },
@@ -339,6 +340,7 @@ fn variants_without_their_feature_differ() {
         let model = Model::load(
             &files,
             &LoadOptions {
+                kv: sluice::model::KvTypes::F32,
                 threads: 2,
                 ctx: 64,
             },

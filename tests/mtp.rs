@@ -16,6 +16,7 @@ fn check_mtp_logits(family: &str, model_path: &Path) {
     let model = Model::load(
         &files,
         &LoadOptions {
+            kv: sluice::model::KvTypes::F32,
             threads: 2,
             ctx: 64,
         },
@@ -82,6 +83,7 @@ fn speculative_decoding_emits_plain_greedy_tokens() {
         let model = Model::load(
             &files,
             &LoadOptions {
+                kv: sluice::model::KvTypes::F32,
                 threads: 2,
                 ctx: 128,
             },
@@ -154,6 +156,7 @@ fn speculative_sampling_is_seeded() {
     let model = Model::load(
         &files,
         &LoadOptions {
+            kv: sluice::model::KvTypes::F32,
             threads: 2,
             ctx: 128,
         },
@@ -202,6 +205,7 @@ fn accepted_and_rejected_drafts_keep_greedy_output() {
         let model = Model::load(
             &files,
             &LoadOptions {
+                kv: sluice::model::KvTypes::F32,
                 threads: 2,
                 ctx: 128,
             },
@@ -272,6 +276,7 @@ fn speculative_sampling_with_top_k_1_is_greedy() {
     let model = Model::load(
         &files,
         &LoadOptions {
+            kv: sluice::model::KvTypes::F32,
             threads: 2,
             ctx: 128,
         },
@@ -330,6 +335,7 @@ fn summary_reports_acceptance_and_experts_with_and_without_mtp() {
     let model = Model::load(
         &files,
         &LoadOptions {
+            kv: sluice::model::KvTypes::F32,
             threads: 2,
             ctx: 128,
         },

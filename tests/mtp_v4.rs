@@ -17,6 +17,7 @@ use sluice::model::{LoadOptions, Model};
 use sluice::sample::{Sampler, SamplingParams};
 
 const OPTS: LoadOptions = LoadOptions {
+    kv: sluice::model::KvTypes::F32,
     threads: 2,
     ctx: 64,
 };

@@ -254,6 +254,7 @@ fn check_model(path: &Path) {
     let model = Model::load(
         &files,
         &LoadOptions {
+            kv: sluice::model::KvTypes::F32,
             threads: 2,
             ctx: 128,
         },

@@ -19,6 +19,7 @@ fn prefetching_decode_step_allocates_nothing() {
     let model = sluice::model::Model::load(
         &files,
         &sluice::model::LoadOptions {
+            kv: sluice::model::KvTypes::default(),
             threads: 2,
             ctx: 256,
         },

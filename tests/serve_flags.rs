@@ -393,9 +393,9 @@ fn parallel_requests_equal_each_alone() {
         d.log_text()
     );
     drop(d);
-    // The automatic count keeps the slots' KV caches (8.4 MB each at -c 4096 here) within an
-    // eighth of --ram: 3 of them in 200 MiB.
-    let d = Server::start(&[gqa, "--ram", "200M"]);
+    // The automatic count keeps the slots' KV caches (8.4 MB each at -c 4096 here with f32
+    // rows; the default f16 halves them) within an eighth of --ram: 3 of them in 200 MiB.
+    let d = Server::start(&[gqa, "--ram", "200M", "-ctk", "f32", "-ctv", "f32"]);
     assert!(
         d.log_text().contains("[plan] parallel: 3 sequence slots"),
         "{}",

@@ -43,6 +43,7 @@ fn check(path: &Path) {
     let model = Model::load(
         &files,
         &LoadOptions {
+            kv: sluice::model::KvTypes::default(),
             threads: 2,
             ctx: 128,
         },
@@ -118,6 +119,7 @@ fn truncated_file_mid_run_is_an_error() {
     let model = Model::load(
         &files,
         &LoadOptions {
+            kv: sluice::model::KvTypes::default(),
             threads: 1,
             ctx: 64,
         },
@@ -180,6 +182,7 @@ fn peak_rss_stays_within_budget() {
     let model = Model::load(
         &files,
         &LoadOptions {
+            kv: sluice::model::KvTypes::default(),
             threads: 1,
             ctx: 64,
         },

@@ -84,6 +84,7 @@ fn sluice_run(path: &Path, n: &str, extra: &[&str]) -> std::process::Output {
 
 fn load(files: &ModelFiles) -> sluice::model::Model<'_> {
     let opts = sluice::model::LoadOptions {
+        kv: sluice::model::KvTypes::F32,
         threads: 1,
         ctx: 64,
     };
@@ -624,6 +625,7 @@ fn no_mtp_writes_the_same_main_model_without_the_nextn_layer() {
         let model = sluice::model::Model::load(
             &b,
             &sluice::model::LoadOptions {
+                kv: sluice::model::KvTypes::F32,
                 threads: 1,
                 ctx: 64,
             },

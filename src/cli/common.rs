@@ -21,6 +21,15 @@ pub struct ComputeArgs {
     /// in 128-token batches on the H200), else 128.
     #[arg(short = 'b', long = "batch-size")]
     pub batch: Option<usize>,
+    /// KV cache type for keys (`-ctk`, llama.cpp's spelling): f32, f16, bf16 or q8_0. Default
+    /// f16 (as llama.cpp); f32 with `--gpu on` (the GPU's cache is f32 only). MLA's latent
+    /// cache follows it; DeepSeek-V4's caches stay f32 (the run says so).
+    #[arg(long = "cache-type-k", value_name = "TYPE")]
+    pub cache_type_k: Option<String>,
+    /// KV cache type for values (`-ctv`): f32, f16, bf16 or q8_0. Default as `-ctk`'s. (MLA
+    /// caches no values; V3.2's indexer keys there stay f32.)
+    #[arg(long = "cache-type-v", value_name = "TYPE")]
+    pub cache_type_v: Option<String>,
 }
 
 /// The prefill batch when `-b` is not given: 512 when the GPU is asked for (`--gpu on`), 128
@@ -132,11 +141,24 @@ pub struct ReportArgs {
 }
 
 impl ComputeArgs {
-    /// Copy the compute flags into `o`.
-    pub fn apply(&self, o: &mut EngineOptions) {
+    /// Copy the compute flags into `o` (`-ctk` / `-ctv` parsed once here; a bad value is
+    /// refused naming the flag).
+    pub fn apply(&self, o: &mut EngineOptions) -> anyhow::Result<()> {
+        use crate::engine::options::parse_kv_type;
         o.threads = self.threads;
         o.ctx = self.ctx;
         o.batch = self.batch.unwrap_or(CPU_BATCH);
+        o.kv.k = self
+            .cache_type_k
+            .as_deref()
+            .map(|s| parse_kv_type("-ctk", s))
+            .transpose()?;
+        o.kv.v = self
+            .cache_type_v
+            .as_deref()
+            .map(|s| parse_kv_type("-ctv", s))
+            .transpose()?;
+        Ok(())
     }
 }
 
@@ -179,7 +201,7 @@ pub fn engine_options(
 ) -> anyhow::Result<EngineOptions> {
     let mut o = EngineOptions::new(model);
     o.command = command;
-    compute.apply(&mut o);
+    compute.apply(&mut o)?;
     o.sampling = sampling.params();
     o.experts = experts.options()?;
     o.gpu = gpu.request()?;

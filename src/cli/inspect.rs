@@ -203,8 +203,9 @@ fn print_text(s: &ModelSummary) {
         human(s.routed_bytes_per_token)
     );
     if let Some(kv) = s.kv_bytes_per_token {
+        let types = s.kv_cache_types.as_deref().unwrap_or("f32");
         println!(
-            "kv cache      {} per token of context (f32; -c N holds N x this)",
+            "kv cache      {} per token of context ({types}, the default -ctk/-ctv; -c N holds N x this)",
             human(kv)
         );
     }

@@ -36,7 +36,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     };
     let files = ModelFiles::open(&path)?;
     let mut o = EngineOptions::new(&path);
-    args.compute.apply(&mut o);
+    args.compute.apply(&mut o)?;
     o.mtp = args.mtp;
     o.experts = args.experts.options()?;
     let cfg = ModelConfig::from_files(&files)?;
@@ -47,6 +47,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         &LoadOptions {
             threads: o.threads,
             ctx,
+            kv: o.kv_types().0,
         },
     )?;
     let st = if args.mtp > 0 {

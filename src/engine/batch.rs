@@ -594,9 +594,9 @@ fn copy_positions(dst: &mut State, src: &State, from: usize, to: usize) -> Resul
             dst.part_rows_mut(part, to)?.copy_from_slice(block);
             continue;
         }
-        let w = part.width;
-        let rows = &src.part_rows(part, to)?[from * w..];
-        dst.part_rows_mut(part, to)?[from * w..].copy_from_slice(rows);
+        let rb = part.ty.row_bytes(part.width);
+        let rows = &src.part_rows(part, to)?[from * rb..];
+        dst.part_rows_mut(part, to)?[from * rb..].copy_from_slice(rows);
     }
     dst.set_pos(to);
     Ok(())

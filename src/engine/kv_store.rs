@@ -3,9 +3,11 @@
 //! memory by another) resumes without prefilling again.
 //!
 //! File `session-<hash>.slkv`, little-endian:
-//! `b"SLUICEKV"`, u32 version (3), u64 model fingerprint, u32 cache layers, u32 key width,
-//! u32 value width, u32 n, n x u32 tokens, then for each layer n*key_width f32 keys followed
-//! by n*value_width f32 values (widths from `ModelConfig::cache_dims`; MLA has no values,
+//! `b"SLUICEKV"`, u32 version (4), u64 model fingerprint, u32 cache layers, u32 key width,
+//! u32 value width, u32 n, u32 key type, u32 value type (`KvType::code`: 0 f32, 1 f16, 2 bf16,
+//! 3 q8_0), n x u32 tokens, then for each layer n key rows followed by n value rows, each row
+//! its width in the cache's type (`KvType::row_bytes`: f32 4 bytes an element, f16 / bf16 2,
+//! q8_0 34 per 32) (widths from `ModelConfig::cache_dims`; MLA has no values,
 //! except DeepSeek-V3.2, whose value row holds the lightning indexer's key), then a u64
 //! checksum (`Sum64`) of every byte before it. A hybrid model's session (Qwen3-Next /
 //! Qwen3.5) adds, between the last layer's rows and the checksum, each linear layer's conv
@@ -17,24 +19,27 @@
 //! Owns: the directory's session files, their index (tokens per file) and eviction (oldest
 //! first past `max_sessions`). Does not own: the state itself: it writes and reads the state's parts in
 //! `State::parts` order (model/seq.rs), which for a KV-only state is the v2 layout above.
+//! A session saved with other cache types (`-ctk` / `-ctv`) is skipped with a warning naming
+//! both (rows are never converted: a restored session must equal a fresh prefill).
 //! Invariant: a session is restored only into a model with the same fingerprint (file shapes,
-//! metadata and a sample of every tensor's bytes) and layout, and only as a prefix of the
+//! metadata and a sample of every tensor's bytes), layout and cache types, and only as a prefix of the
 //! tokens it was computed for, so restored rows equal freshly computed ones bit for bit. A
 //! recurrent state cannot be cut to a prefix: a hybrid model's session is restored only whole,
 //! into a prompt that extends all of its tokens (`best_match` offers no other); any other
 //! prompt is computed from position 0.
 
 use crate::format::ModelFiles;
-use crate::model::{ModelConfig, State};
+use crate::kernels::kv::KvType;
+use crate::model::{KvTypes, ModelConfig, State};
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 8] = b"SLUICEKV";
-const VERSION: u32 = 3;
+const VERSION: u32 = 4;
 /// The checksum after the data.
 const TRAILER: u64 = 8;
-const HEAD: u64 = 8 + 4 + 8 + 4 + 4 + 4 + 4;
+const HEAD: u64 = 8 + 4 + 8 + 4 + 4 + 4 + 4 + 4 + 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum KvStoreError {
@@ -60,8 +65,10 @@ pub struct KvStore {
     dir: PathBuf,
     fingerprint: u64,
     layers: usize,
-    /// Floats per position and layer: (keys, values).
+    /// Elements per position and layer: (keys, values).
     dims: (usize, usize),
+    /// Their element types (`-ctk`, `-ctv`).
+    kv: KvTypes,
     /// Floats of the state's blocks (a hybrid model's conv + recurrent state; 0 otherwise),
     /// saved once per session, after the rows.
     blocks: usize,
@@ -175,6 +182,7 @@ impl KvStore {
         fingerprint: u64,
         layers: usize,
         dims: (usize, usize),
+        kv: KvTypes,
         blocks: usize,
         max_sessions: usize,
     ) -> Result<KvStore, KvStoreError> {
@@ -189,6 +197,7 @@ impl KvStore {
             fingerprint,
             layers,
             dims,
+            kv,
             blocks,
             max_sessions: max_sessions.max(1),
             sessions: Vec::new(),
@@ -290,11 +299,23 @@ impl KvStore {
                 self.layers, self.dims
             )));
         }
+        let ty = |c: u32| {
+            KvType::from_code(c).ok_or_else(|| bad(format!("unknown KV cache type code {c}")))
+        };
+        let saved = KvTypes {
+            k: ty(u32_at(36))?,
+            v: ty(u32_at(40))?,
+        };
+        if saved != self.kv {
+            return Err(bad(format!(
+                "saved with -ctk {} -ctv {}, this run caches -ctk {} -ctv {}; not restored (run with the same -ctk/-ctv to use it)",
+                saved.k, saved.v, self.kv.k, self.kv.v
+            )));
+        }
         let want = (layers as u64)
-            .checked_mul((kd + vd) as u64)
+            .checked_mul(self.row_bytes())
             .and_then(|x| x.checked_mul(n))
-            .and_then(|x| x.checked_add(self.blocks as u64))
-            .and_then(|x| x.checked_mul(4))
+            .and_then(|x| x.checked_add(self.blocks as u64 * 4))
             .and_then(|x| x.checked_add(HEAD + n * 4 + TRAILER));
         if want != Some(size) {
             return Err(bad(format!(
@@ -312,6 +333,11 @@ impl KvStore {
                 .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect(),
         ))
+    }
+
+    /// Bytes of one position's key and value rows in one layer.
+    fn row_bytes(&self) -> u64 {
+        (self.kv.k.row_bytes(self.dims.0) + self.kv.v.row_bytes(self.dims.1)) as u64
     }
 
     /// The stored session sharing the longest token prefix with `tokens`: (index, length).
@@ -368,9 +394,7 @@ impl KvStore {
                 msg: format!("{msg}; renamed to .bad, not restored"),
             });
         }
-        let (kd, vd) = self.dims;
         let base = HEAD + total * 4;
-        let mut buf = Vec::new();
         st.pos = 0;
         // The main layers' parts (an MTP layer's cache is not saved: its slots are re-made),
         // then the blocks.
@@ -398,16 +422,13 @@ impl KvStore {
                 path: path.clone(),
                 msg: e.to_string(),
             })?;
-            buf.resize(dst.len() * 4, 0);
+            // Rows are little-endian in the file as in memory (x86-64, aarch64).
             f.seek(SeekFrom::Start(at)).map_err(|e| io("seek", e))?;
-            f.read_exact(&mut buf).map_err(|e| io("read", e))?;
-            for (x, c) in dst.iter_mut().zip(buf.chunks_exact(4)) {
-                *x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            }
-            at += if part.per_position { total } else { 1 } * (part.width * 4) as u64;
+            f.read_exact(dst).map_err(|e| io("read", e))?;
+            at += if part.per_position { total } else { 1 } * part.ty.row_bytes(part.width) as u64;
         }
         st.set_pos(n);
-        Ok(self.layers as u64 * n as u64 * ((kd + vd) * 4) as u64 + self.blocks as u64 * 4)
+        Ok(self.layers as u64 * n as u64 * self.row_bytes() + self.blocks as u64 * 4)
     }
 
     /// Whether a session file holds `part`: the main layers' rows and every block.
@@ -450,10 +471,10 @@ impl KvStore {
         if let Ok(d) = File::open(&self.dir) {
             let _ = d.sync_all();
         }
-        let (kd, vd) = self.dims;
         let bytes = HEAD
             + n as u64 * 4
-            + ((self.layers * n * (kd + vd) + self.blocks) * 4) as u64
+            + self.layers as u64 * n as u64 * self.row_bytes()
+            + self.blocks as u64 * 4
             + TRAILER;
 
         // Sessions this one extends are superseded.
@@ -501,6 +522,8 @@ impl KvStore {
         head.extend_from_slice(&(kd as u32).to_le_bytes());
         head.extend_from_slice(&(vd as u32).to_le_bytes());
         head.extend_from_slice(&(n as u32).to_le_bytes());
+        head.extend_from_slice(&self.kv.k.code().to_le_bytes());
+        head.extend_from_slice(&self.kv.v.code().to_le_bytes());
         for t in tokens {
             head.extend_from_slice(&t.to_le_bytes());
         }
@@ -510,17 +533,13 @@ impl KvStore {
             w.write_all(b).map_err(|e| io("write", e))
         };
         write(&mut w, &head)?;
-        let mut buf = Vec::with_capacity(n * kd.max(vd) * 4);
         for part in st.parts().filter(|p| self.saved(p)) {
             let rows = st.part_rows(part, n).map_err(|e| KvStoreError::Bad {
                 path: tmp.to_path_buf(),
                 msg: e.to_string(),
             })?;
-            buf.clear();
-            for x in rows {
-                buf.extend_from_slice(&x.to_le_bytes());
-            }
-            write(&mut w, &buf)?;
+            // Little-endian in memory (x86-64, aarch64), as the file wants.
+            write(&mut w, rows)?;
         }
         w.write_all(&sum.finish().to_le_bytes())
             .map_err(|e| io("write", e))?;
@@ -583,7 +602,7 @@ mod tests {
         b.extend_from_slice(MAGIC);
         b.extend_from_slice(&VERSION.to_le_bytes());
         b.extend_from_slice(&fp.to_le_bytes());
-        for x in [layers, kvd, kvd, tokens.len() as u32] {
+        for x in [layers, kvd, kvd, tokens.len() as u32, 0, 0] {
             b.extend_from_slice(&x.to_le_bytes());
         }
         for t in tokens {
@@ -642,6 +661,7 @@ mod tests {
             fp,
             layers as usize,
             (kvd as usize, kvd as usize),
+            KvTypes::F32,
             0,
             8,
         )
@@ -649,6 +669,36 @@ mod tests {
         assert_eq!(store.len(), 1);
         assert_eq!(store.best_match(&[1, 2, 9]), Some((0, 2)));
         assert_eq!(store.best_match(&[5]), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A session records its cache types; another run's types are refused by name (rows are
+    /// never converted), the same types are restored.
+    #[test]
+    fn sessions_of_other_cache_types_are_refused_naming_both() {
+        let dir = std::env::temp_dir().join(format!("sluice-kv-types-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (fp, layers, kvd) = (7u64, 2u32, 32u32);
+        // f16 rows (2 bytes an element): 2 tokens x 2 layers x 2 sides x 32 x 2 bytes.
+        let mut f16 = session_bytes(fp, layers, kvd, &[1, 2], 2 * 2 * 2 * 32 * 2 / 4);
+        f16[36..40].copy_from_slice(&KvType::F16.code().to_le_bytes());
+        f16[40..44].copy_from_slice(&KvType::F16.code().to_le_bytes());
+        let n = f16.len() - 8;
+        let mut sum = Sum64::new();
+        sum.add(&f16[..n]);
+        f16[n..].copy_from_slice(&sum.finish().to_le_bytes());
+        let path = dir.join("session-f.slkv");
+        std::fs::write(&path, &f16).unwrap();
+        let open = |kv| KvStore::open(&dir, fp, layers as usize, (32, 32), kv, 0, 8).unwrap();
+        let f32_store = open(KvTypes::F32);
+        assert_eq!(f32_store.len(), 0);
+        let err = f32_store.read_index(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("saved with -ctk f16 -ctv f16, this run caches -ctk f32 -ctv f32"),
+            "{err}"
+        );
+        assert_eq!(open(KvTypes::F16).len(), 1);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

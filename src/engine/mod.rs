@@ -165,7 +165,8 @@ impl Engine {
         let batch = opts.batch.max(1).max(opts.mtp + 1).max(opts.parallel);
         limits::ctx_and_batch(ctx, batch, &cfg, placement::mem_available())
             .map_err(EngineError::Input)?;
-        let model = Model::load(files, &LoadOptions { threads, ctx })?;
+        let (kv, kv_why) = opts.kv_types();
+        let model = Model::load(files, &LoadOptions { threads, ctx, kv })?;
         let tok = load_tokenizer(files)?;
         let k = opts.mtp;
         // The MTP layer's KV cache is allocated only with --mtp.
@@ -179,6 +180,19 @@ impl Engine {
             model.new_state(ctx, batch, rows)?
         };
         let say = Say { quiet: opts.quiet };
+        // The cache's element types and why (its bytes are the plan's `kv cache` line).
+        let values = match model.cfg.cache_dims().1 {
+            0 => "none".to_string(),
+            _ => model.kv.v.to_string(),
+        };
+        say.line(&format!(
+            "[plan] kv cache types: keys {}, values {values} ({kv_why}{})",
+            model.kv.k,
+            model
+                .kv_note
+                .as_ref()
+                .map_or(String::new(), |n| format!("; {n}"))
+        ));
         let parallel_line =
             placement::cap_auto_parallel(&mut opts, st.kv_bytes() as u64).or(parallel_line);
         // Where experts stream, the automatic count may be capped again by expert reads (its
@@ -215,6 +229,7 @@ impl Engine {
                         fp,
                         layers,
                         dims,
+                        st.kv_types(),
                         st.block_floats(),
                         opts.kv_max_sessions,
                     )

@@ -10,7 +10,8 @@
 use super::EngineError;
 use crate::experts::{IoMode, Policy};
 use crate::gpu::Staging;
-use crate::model::ModelConfig;
+use crate::kernels::kv::KvType;
+use crate::model::{KvTypes, ModelConfig};
 use crate::plan::gpu_experts::GpuExperts;
 use crate::plan::planner::ExpertMode;
 use crate::sample::SamplingParams;
@@ -40,6 +41,8 @@ pub struct EngineOptions {
     pub mtp: usize,
     pub experts: ExpertOptions,
     pub gpu: GpuRequest,
+    /// `-ctk` / `-ctv` (`None`: the default, see `kv_types`).
+    pub kv: KvRequest,
     /// Save sessions here and restore them (`--kv-dir`), at most `kv_max_sessions`.
     pub kv_dir: Option<PathBuf>,
     pub kv_max_sessions: usize,
@@ -72,6 +75,7 @@ impl EngineOptions {
             mtp: 0,
             experts: ExpertOptions::default(),
             gpu: GpuRequest::default(),
+            kv: KvRequest::default(),
             kv_dir: None,
             kv_max_sessions: 8,
             parallel: 1,
@@ -81,6 +85,34 @@ impl EngineOptions {
             command: "run",
         }
     }
+}
+
+/// `-ctk` / `-ctv`: the KV cache's element types as asked (`None`: left to the default).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvRequest {
+    pub k: Option<KvType>,
+    pub v: Option<KvType>,
+}
+
+impl KvRequest {
+    /// The flags given with a type other than f32 (what the GPU's cache cannot hold).
+    fn not_f32(&self) -> Option<String> {
+        let flags: Vec<String> = [("-ctk", self.k), ("-ctv", self.v)]
+            .into_iter()
+            .filter_map(|(f, t)| t.filter(|t| *t != KvType::F32).map(|t| format!("{f} {t}")))
+            .collect();
+        (!flags.is_empty()).then(|| flags.join(" "))
+    }
+}
+
+/// `-ctk` / `-ctv` (`--cache-type-k` / `--cache-type-v`), llama.cpp's spellings.
+pub fn parse_kv_type(flag: &str, s: &str) -> Result<KvType, EngineError> {
+    KvType::parse(s).ok_or_else(|| {
+        refused(
+            &format!("{flag} {s:?}"),
+            "expected f32, f16, bf16 or q8_0 (the KV cache's element type)",
+        )
+    })
 }
 
 /// Where routed experts live and how they are read.
@@ -285,6 +317,14 @@ impl EngineOptions {
                 return Err(refused("--gpu on", why));
             }
         }
+        if let (true, Some(flags)) = (gpu_on, self.kv.not_f32()) {
+            return Err(refused(
+                &format!("{flags} with --gpu on"),
+                "the GPU's KV cache is f32 only; use -ctk f32 -ctv f32 (the default with --gpu on) or --gpu off",
+            ));
+        }
+        // q8_0 needs whole 32-element blocks per head (`ModelConfig::kv_types` names the width).
+        cfg.kv_types(self.kv_types().0)?;
         if gpu_on && !crate::gpu::BUILT {
             return Err(refused(
                 "--gpu on",
@@ -362,6 +402,11 @@ impl EngineOptions {
         if self.kv_dir.is_some() {
             return Some("--kv-dir keeps KV caches in host memory");
         }
+        if self.kv.not_f32().is_some() {
+            return Some(
+                "-ctk/-ctv other than f32 keep the KV cache on the CPU (the GPU's is f32 only)",
+            );
+        }
         if self.parallel > 1 && !self.parallel_auto {
             // (An automatic count is above 1 only where the GPU cannot run: its own reason.)
             return Some("--parallel batches sequences on the CPU path");
@@ -415,6 +460,31 @@ impl EngineOptions {
                 caches(AUTO_PARALLEL)
             ),
         })
+    }
+
+    /// The KV cache types the CPU state is made with, and why: the flags where given, else
+    /// f16 (llama.cpp's default), f32 with `--gpu on` (the GPU's cache is f32 only; `check`
+    /// refuses other explicit types there).
+    pub fn kv_types(&self) -> (KvTypes, &'static str) {
+        let gpu_on = self.gpu.want == GpuWant::On;
+        let (default, why) = if gpu_on {
+            (
+                KvType::F32,
+                "f32 by default with --gpu on: the GPU's KV cache is f32 only",
+            )
+        } else {
+            (KvType::F16, "f16 by default, as llama.cpp")
+        };
+        let kv = KvTypes {
+            k: self.kv.k.unwrap_or(default),
+            v: self.kv.v.unwrap_or(default),
+        };
+        let why = match (self.kv.k, self.kv.v) {
+            (Some(_), Some(_)) => "-ctk/-ctv",
+            (None, None) => why,
+            _ => "-ctk/-ctv; the other side's default f16 (f32 with --gpu on)",
+        };
+        (kv, why)
     }
 
     /// The context length to run with for a model whose hyperparameters are `cfg`: `ctx`, else

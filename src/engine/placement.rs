@@ -463,7 +463,16 @@ pub(crate) fn place_gpu(
         off("--prefetch runs on the CPU path");
         return Ok(None);
     }
-    attach(model, files, st, o, plan, &off)
+    let dev = attach(model, files, st, o, plan, &off)?;
+    if dev.is_some() && st.kv_types() != crate::model::KvTypes::F32 {
+        // `--gpu auto` with the CPU default: the device keeps its own cache, in f32.
+        say.line(&format!(
+            "[plan] kv cache types: f32 on the GPU (its KV cache is f32 only; the CPU default -ctk {} -ctv {} applies when the CPU runs attention)",
+            st.kv_types().k,
+            st.kv_types().v
+        ));
+    }
+    Ok(dev)
 }
 
 #[cfg(not(feature = "cuda"))]

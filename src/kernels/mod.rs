@@ -14,6 +14,8 @@
 //!   dequantizer (scalar, bit-identical to `gguf.quants.dequantize`) and dot functions per ISA.
 //!   The scalar dot is always present and always tested; SIMD dots must agree with it within
 //!   f32 summation-order noise.
+//! - `kv.rs`: the KV cache's element types (`-ctk`/`-ctv`): row conversion, and attention's
+//!   dots and weighted sums read straight from f16 / bf16 / q8_0 rows.
 //! - `matmul.rs`: multi-threaded matrix x activations over rows.
 //! - `spin.rs`: the spinning thread gang that runs decode's short regions (rayon runs the
 //!   long ones).
@@ -24,6 +26,7 @@
 
 pub mod act;
 pub mod isa;
+pub mod kv;
 mod matmul;
 pub mod spin;
 

@@ -21,21 +21,16 @@ pub fn quantize(dtype: DType, x: &[f32], out: &mut Vec<u8>) -> Result<(), super:
         DType::F32 => x
             .iter()
             .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
-        DType::F16 => x
-            .iter()
-            .for_each(|v| out.extend_from_slice(&half::f16::from_f32(*v).to_bits().to_le_bytes())),
-        DType::BF16 => x
-            .iter()
-            .for_each(|v| out.extend_from_slice(&half::bf16::from_f32(*v).to_bits().to_le_bytes())),
-        DType::Q8_0 => {
-            for b in x.chunks_exact(32) {
-                // As ggml's reference quantizer: d = max|x|/127, q = round(x/d), d stored as f16.
-                let amax = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-                let d = amax / 127.0;
-                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-                out.extend_from_slice(&half::f16::from_f32(d).to_bits().to_le_bytes());
-                out.extend(b.iter().map(|v| (v * id).round() as i8 as u8));
-            }
+        // The KV cache's row conversion (kv.rs), one writer for both.
+        DType::F16 | DType::BF16 | DType::Q8_0 => {
+            let ty = match dtype {
+                DType::F16 => super::kv::KvType::F16,
+                DType::BF16 => super::kv::KvType::BF16,
+                _ => super::kv::KvType::Q8_0,
+            };
+            let at = out.len();
+            out.resize(at + ty.row_bytes(x.len()), 0);
+            super::kv::store_row(ty, x, &mut out[at..]);
         }
         DType::Q4_0 => {
             for b in x.chunks_exact(32) {

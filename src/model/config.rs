@@ -820,13 +820,68 @@ impl ModelConfig {
         }
     }
 
-    /// KV-cache bytes per token (sluice's cache is f32): per layer, MLA keeps the compressed
-    /// latent and the rope key (`kv_lora + rope` floats, not full K/V), GQA keys and values.
-    /// `mtp`: with the one MTP layer `--mtp` runs (cached only then).
-    pub fn kv_bytes_per_token(&self, mtp: bool) -> usize {
+    /// KV-cache bytes per token with the cache's element types `kv` (as `kv_types` settles
+    /// them): per layer, MLA keeps the compressed latent and the rope key (`kv_lora + rope`
+    /// elements, not full K/V), GQA keys and values. `mtp`: with the one MTP layer `--mtp`
+    /// runs (cached only then).
+    pub fn kv_bytes_per_token(&self, mtp: bool, kv: crate::model::KvTypes) -> usize {
         let (k, v) = self.cache_dims();
         let layers = self.kv_layers() + usize::from(mtp && self.n_mtp_layers > 0);
-        layers * (k + v) * std::mem::size_of::<f32>()
+        layers * (kv.k.row_bytes(k) + kv.v.row_bytes(v))
+    }
+
+    /// The cache's element types this model runs with when `want` is asked for (`-ctk`,
+    /// `-ctv`), and, where a side does not follow its flag, why (the run prints it). GQA
+    /// caches follow both flags; MLA's latent + rope key follows `-ctk` (as llama.cpp's), its
+    /// value side is V3.2's indexer keys (f32) or nothing; DeepSeek-V4's caches stay f32.
+    /// q8_0 needs every slice a head reads in whole 32-element blocks: refused otherwise,
+    /// naming the width.
+    pub fn kv_types(
+        &self,
+        want: crate::model::KvTypes,
+    ) -> Result<(crate::model::KvTypes, Option<String>), ModelError> {
+        use crate::kernels::kv::KvType;
+        use crate::model::KvTypes;
+        if self.v4.is_some() {
+            let why = (want != KvTypes::F32).then(|| super::deepseek_v4::KV_F32.to_string());
+            return Ok((KvTypes::F32, why));
+        }
+        let q8_fits = |flag: &str, t: KvType, widths: &[(&str, usize)]| {
+            match widths.iter().find(|(_, w)| !w.is_multiple_of(t.block())) {
+                Some((name, w)) if t == KvType::Q8_0 => Err(ModelError::Config(format!(
+                    "{flag} q8_0: this model's {name} is {w}, not a multiple of q8_0's 32-element blocks; use f16, bf16 or f32"
+                ))),
+                _ => Ok(()),
+            }
+        };
+        match self.attn {
+            AttnKind::Mla { kv_lora, rope, .. } => {
+                q8_fits(
+                    "-ctk",
+                    want.k,
+                    &[("kv_lora_rank", kv_lora), ("qk_rope_head_dim", rope)],
+                )?;
+                let why = (want.v != KvType::F32).then(|| {
+                    if self.indexer.is_some() {
+                        format!("-ctv {}: {}", want.v, super::deepseek2::KV_INDEXER_F32)
+                    } else {
+                        format!("-ctv {}: {}", want.v, super::deepseek2::KV_NO_VALUES)
+                    }
+                });
+                Ok((
+                    KvTypes {
+                        k: want.k,
+                        v: KvType::F32,
+                    },
+                    why,
+                ))
+            }
+            AttnKind::Gqa => {
+                q8_fits("-ctk", want.k, &[("head_dim", self.head_dim)])?;
+                q8_fits("-ctv", want.v, &[("v_head_dim", self.v_head_dim)])?;
+                Ok((want, None))
+            }
+        }
     }
 
     /// Main layers that keep a KV cache: every layer, except in a hybrid model, whose linear

@@ -9,15 +9,14 @@
 //! depend on the order in which experts are computed or arrive from disk.
 
 use super::backend::{At, Backend, Buf, Cache, GqaShape, Rows, Span};
-use super::blocks::{
-    axpy, dot, dot4, rmsnorm, rmsnorm_inplace, silu, softmax, top_k, weighted_rows,
-};
+use super::blocks::{axpy, dot, rmsnorm, rmsnorm_inplace, silu, softmax, top_k};
 use super::config::{AttnKind, ExpertAct, ModelConfig, RopeLayout};
 use super::gptoss;
 use super::qwen3next::{self, DeltaNet, GatedAttn};
 use super::weights::{ExpertBias, Ffn, HeadMat, Mla, Mlp, Moe};
 use super::{Model, ModelError, Prof, State};
 use crate::experts::ExpertCache;
+use crate::kernels::kv::{kv_kernels, store_row as kv_store_row};
 use crate::kernels::{self, Acts, Isa, WeightView};
 
 /// y = M x for a per-head matrix.
@@ -293,12 +292,20 @@ impl CpuBackend<'_, '_, '_> {
     ) -> Result<(), ModelError> {
         let st = &mut *self.st;
         let hd = sh.head_dim;
-        let (qd, kvd) = (sh.heads * hd, sh.kv_heads * hd);
+        let qd = sh.heads * hd;
         let group = sh.heads / sh.kv_heads;
         let scale = sh.scale;
         let ctx = st.ctx;
-        let layer_k = &st.kcache[l * ctx * kvd..(l + 1) * ctx * kvd];
-        let layer_v = &st.vcache[l * ctx * kvd..(l + 1) * ctx * kvd];
+        // Stored rows of this layer, read where they lie in the cache's own element type (the
+        // kernels of `kernels::kv`: f32 rows give `dot` / `weighted_rows`' bits).
+        let (kk, vk) = (
+            kv_kernels(st.kcache.ty(), self.m.isa),
+            kv_kernels(st.vcache.ty(), self.m.isa),
+        );
+        let (krb, vrb) = (st.kcache.row_bytes(), st.vcache.row_bytes());
+        let (khb, vhb) = (kk.ty.row_bytes(hd), vk.ty.row_bytes(hd));
+        let layer_k = &st.kcache.bytes()[l * ctx * krb..(l + 1) * ctx * krb];
+        let layer_v = &st.vcache.bytes()[l * ctx * vrb..(l + 1) * ctx * vrb];
         let q = &st.q;
         // Row i (at cache position pos + i), head hh: `o` its output, `sc` its scores.
         let head = |i: usize, hh: usize, o: &mut [f32], sc: &mut [f32]| {
@@ -309,19 +316,19 @@ impl CpuBackend<'_, '_, '_> {
             let qh = &q[r * qd + hh * hd..r * qd + (hh + 1) * hd];
             let kvh = hh / group;
             let sc = &mut sc[..len - first];
-            let key = |j: usize| &layer_k[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd];
+            let key = |j: usize| &layer_k[j * krb + kvh * khb..j * krb + (kvh + 1) * khb];
             // Four keys per call (`dot4`: each score has `dot`'s bits).
             let mut quads = sc.chunks_exact_mut(4);
             let mut j = first;
             for s4 in &mut quads {
-                let d = dot4(qh, [key(j), key(j + 1), key(j + 2), key(j + 3)]);
+                let d = (kk.dot4)(qh, [key(j), key(j + 1), key(j + 2), key(j + 3)]);
                 for (s, d) in s4.iter_mut().zip(d) {
                     *s = d * scale;
                 }
                 j += 4;
             }
             for s in quads.into_remainder() {
-                *s = dot(qh, key(j)) * scale;
+                *s = (kk.dot)(qh, key(j)) * scale;
                 j += 1;
             }
             match sh.sinks {
@@ -329,7 +336,7 @@ impl CpuBackend<'_, '_, '_> {
                 None => softmax(sc),
             }
             // o = sum_j sc[j] * v_j (the bits of a fill and an axpy per position).
-            weighted_rows(o, sc, &layer_v[first * kvd + kvh * hd..], kvd);
+            (vk.weighted)(o, sc, &layer_v[first * vrb + kvh * vhb..], vrb);
         };
         let heads = sh.heads;
         // Work of the whole call in score elements x head width; small calls stay serial.
@@ -565,11 +572,22 @@ impl Backend for CpuBackend<'_, '_, '_> {
             Cache::K => &mut self.st.kcache,
             Cache::V => &mut self.st.vcache,
         };
-        for i in 0..n {
-            let base = (layer * ctx + pos + i) * w;
-            cache[base..base + w].copy_from_slice(&s[row(src, i)]);
+        let (ty, rb) = (cache.ty(), cache.row_bytes());
+        let fits = cache.width() == w && (layer * ctx + pos + n) * rb <= cache.bytes().len();
+        if fits {
+            // Each new position's row converted once into the cache's element type.
+            let bytes = cache.bytes_mut();
+            for i in 0..n {
+                let base = (layer * ctx + pos + i) * rb;
+                kv_store_row(ty, &s[row(src, i)], &mut bytes[base..base + rb]);
+            }
         }
         *vec_of(self.st, src.buf) = s;
+        if !fits {
+            return Err(ModelError::Input(format!(
+                "backend: {n} rows of {w} at position {pos} of layer {layer} do not fit the {side:?} cache"
+            )));
+        }
         Ok(())
     }
 
@@ -586,6 +604,7 @@ impl Backend for CpuBackend<'_, '_, '_> {
         };
         if s.ctx != self.st.ctx
             || s.cache_dims != self.st.cache_dims
+            || s.kv_types() != self.st.kv_types()
             || s.hybrid.conv.len() != self.st.hybrid.conv.len()
             || s.hybrid.rec.len() != self.st.hybrid.rec.len()
         {
@@ -657,8 +676,10 @@ impl Backend for CpuBackend<'_, '_, '_> {
             return Err(ModelError::Config("MLA weights in a GQA model".into()));
         };
         let (nh, qk, isa) = (cfg.n_heads, cfg.head_dim, m.isa);
-        let kc = kv_lora + rope;
         let ctx = st.ctx;
+        let kk = kv_kernels(st.kcache.ty(), isa);
+        let (krb, lat_b) = (st.kcache.row_bytes(), kk.ty.row_bytes(kv_lora));
+        debug_assert_eq!(st.kcache.width(), kv_lora + rope);
         for i in 0..n {
             let len = pos + i + 1;
             // V3.2: past `index_topk` positions, attend only to those the indexer selects.
@@ -682,19 +703,25 @@ impl Backend for CpuBackend<'_, '_, '_> {
                 let (q_lat, c_lat) = st.lat.split_at_mut(kv_lora);
                 head_matvec(&a.k_b[hh], &q[..nope], q_lat, &mut st.acts, isa)?;
                 let sc = &mut st.scores[hh * ctx..hh * ctx + cnt];
-                let layer = &st.kcache[l * ctx * kc..];
+                // Rows of [latent | rope key] in the cache's element type (`-ctk`), read in
+                // place (an f32 cache gives `dot` / `axpy`'s bits).
+                let layer = &st.kcache.bytes()[l * ctx * krb..(l + 1) * ctx * krb];
                 let at = |jj: usize| if sparse { sel[jj] as usize } else { jj };
                 for (jj, s) in sc.iter_mut().enumerate() {
                     let j = at(jj);
-                    let c = &layer[j * kc..(j + 1) * kc];
-                    *s = (dot(q_lat, &c[..kv_lora]) + dot(&q[nope..], &c[kv_lora..]))
+                    let c = &layer[j * krb..(j + 1) * krb];
+                    *s = ((kk.dot)(q_lat, &c[..lat_b]) + (kk.dot)(&q[nope..], &c[lat_b..]))
                         * cfg.attn_scale;
                 }
                 softmax(sc);
-                c_lat.fill(0.0);
-                for (jj, s) in sc.iter().enumerate() {
-                    let j = at(jj);
-                    axpy(c_lat, *s, &layer[j * kc..j * kc + kv_lora]);
+                if sparse {
+                    c_lat.fill(0.0);
+                    for (jj, s) in sc.iter().enumerate() {
+                        (kk.axpy)(c_lat, *s, &layer[at(jj) * krb..][..lat_b]);
+                    }
+                } else {
+                    // The bits of the fill and one axpy per position in order.
+                    (kk.weighted)(c_lat, sc, layer, krb);
                 }
                 let out =
                     &mut st.att[r * nh * v_dim + hh * v_dim..r * nh * v_dim + (hh + 1) * v_dim];

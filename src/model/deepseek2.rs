@@ -19,6 +19,15 @@ use super::weights::Mla;
 use super::{Model, ModelError, State};
 use rayon::prelude::*;
 
+/// Why `-ctv` sets nothing here: MLA caches the latent + rope key (which follows `-ctk`, as
+/// llama.cpp's MLA cache does) and no values.
+pub const KV_NO_VALUES: &str =
+    "MLA caches no value rows (the latent, which follows -ctk, stands for both)";
+/// Why V3.2's / GLM-5's value side stays f32: it holds the lightning indexer's keys, which
+/// `indexer_select` scores as f32 rows.
+pub const KV_INDEXER_F32: &str =
+    "the value side holds the lightning indexer's keys, kept f32 (its scores read f32 rows)";
+
 pub const HF_MOE: &[(Role, &str)] = HF_MLP_MOE;
 
 pub static SPEC: FamilySpec = FamilySpec {
@@ -373,7 +382,7 @@ impl<'a> Model<'a> {
         let (d, nh, ctx) = (dims.head_dim, dims.heads, st.ctx());
         let q = &st.idx.q[i * nh * d..(i + 1) * nh * d];
         let w = &st.idx.w[i * nh..(i + 1) * nh];
-        let keys = &st.vcache[l * ctx * d..(l * ctx + len) * d];
+        let keys = &st.vcache.f32s()[l * ctx * d..(l * ctx + len) * d];
         let scale = (d as f32).powf(-0.5);
         let score_chunk = |(c, out): (usize, &mut [f32])| {
             for (j, o) in out.iter_mut().enumerate() {

@@ -51,6 +51,11 @@ use crate::format::{ByteRange, FileKind, ModelFiles, TensorInfo};
 use crate::kernels::{self, Acts, Isa, WeightView};
 use serde_json::Value;
 
+/// Why `-ctk` / `-ctv` leave V4's caches f32: its compressed and sliding-window caches are read
+/// as f32 rows by this file's attention and by the CUDA backend.
+pub const KV_F32: &str =
+    "DeepSeek-V4's compressed and window caches stay f32 (its attention reads f32 rows)";
+
 pub static SPEC: FamilySpec = FamilySpec {
     family: Family::DeepseekV4,
     name: "deepseek4",
@@ -1823,7 +1828,7 @@ pub(crate) fn cpu_attention(
         rms_weighted(kv, &a.kv_norm, eps);
         rotate(&mut kv[hd - rd..], freq, pos + i, false);
         let r = kbase + (pos + i) * kw;
-        st.kcache[r..r + hd].copy_from_slice(kv);
+        st.kcache.f32s_mut()[r..r + hd].copy_from_slice(kv);
     }
     // The compressors: raw projections into the V rows, then every window that closes in this
     // chunk pooled into the K row of its last position.
@@ -1851,8 +1856,8 @@ pub(crate) fn cpu_attention(
         mm(&p.gate, &st.xn, n, &mut s.cgate, &mut st.acts, pool, isa)?;
         for i in 0..n {
             let r = vbase + (pos + i) * vw + voff;
-            st.vcache[r..r + wd].copy_from_slice(&s.ckv[i * wd..(i + 1) * wd]);
-            st.vcache[r + 2 * dim..r + 2 * dim + wd]
+            st.vcache.f32s_mut()[r..r + wd].copy_from_slice(&s.ckv[i * wd..(i + 1) * wd]);
+            st.vcache.f32s_mut()[r + 2 * dim..r + 2 * dim + wd]
                 .copy_from_slice(&s.cgate[i * wd..(i + 1) * wd]);
         }
         for t in pos..pos + n {
@@ -1860,9 +1865,9 @@ pub(crate) fn cpu_attention(
                 continue;
             }
             let win = t / rate;
-            let vrows = &st.vcache[vbase..vbase + ctx * vw];
+            let vrows = &st.vcache.f32s()[vbase..vbase + ctx * vw];
             let r = kbase + t * kw + koff;
-            let out = &mut st.kcache[r..r + dim];
+            let out = &mut st.kcache.f32s_mut()[r..r + dim];
             pool_entry(
                 vrows,
                 vw,
@@ -1912,7 +1917,7 @@ pub(crate) fn cpu_attention(
                 let (ih, id) = (v.idx_heads, v.idx_dim);
                 let sm = (id as f32).powf(-0.5);
                 for e in 0..visible {
-                    let key = &st.kcache[kbase + ((e + 1) * rate - 1) * kw + 2 * hd..][..id];
+                    let key = &st.kcache.f32s()[kbase + ((e + 1) * rate - 1) * kw + 2 * hd..][..id];
                     let mut sc = 0f32;
                     for hh in 0..ih {
                         let q = &s.iq[(i * ih + hh) * id..(i * ih + hh + 1) * id];
@@ -1942,14 +1947,14 @@ pub(crate) fn cpu_attention(
         for hh in 0..heads {
             let q = &st.q[(i * heads + hh) * hd..(i * heads + hh + 1) * hd];
             for (j, &r) in s.rows.iter().enumerate() {
-                s.logits[j] = dot(q, &st.kcache[r..r + hd]) * scale;
+                s.logits[j] = dot(q, &st.kcache.f32s()[r..r + hd]) * scale;
             }
             softmax_with_sink(&mut s.logits[..nr], a.sinks[hh]);
             let o = &mut st.att[(i * heads + hh) * hd..(i * heads + hh + 1) * hd];
             o.fill(0.0);
             for (j, &r) in s.rows.iter().enumerate() {
                 let p = s.logits[j];
-                for (x, k) in o.iter_mut().zip(&st.kcache[r..r + hd]) {
+                for (x, k) in o.iter_mut().zip(&st.kcache.f32s()[r..r + hd]) {
                     *x += p * k;
                 }
             }

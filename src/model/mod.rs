@@ -36,7 +36,7 @@ pub mod weights;
 
 pub use config::{Family, ModelConfig};
 pub use seq::{CacheDims, Part, PartKind, Snapshot};
-pub use state::{Prof, State};
+pub use state::{KvRows, KvTypes, Prof, State};
 pub use weights::Weights;
 
 use crate::format::{FormatError, ModelFiles};
@@ -74,15 +74,23 @@ pub struct Model<'a> {
     pub rope: blocks::Rope,
     pub pool: rayon::ThreadPool,
     pub isa: Isa,
+    /// The KV cache's element types of every state made here (`ModelConfig::kv_types` of the
+    /// asked ones), and why a side stays f32 where it was asked otherwise.
+    pub kv: KvTypes,
+    pub kv_note: Option<String>,
 }
 
-/// Options that do not change what is computed, only how.
+/// How a model is loaded. Threads and context change only how; `kv` (the KV cache's
+/// precision) changes what is computed: f32 is exact, the default f16 (llama.cpp's) rounds
+/// each cached key and value once.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
     /// Compute threads (0 = all cores).
     pub threads: usize,
     /// Longest sequence the rotary tables cover (the run's context length).
     pub ctx: usize,
+    /// The KV cache's element types asked for (`-ctk`, `-ctv`).
+    pub kv: KvTypes,
 }
 
 impl Default for LoadOptions {
@@ -90,6 +98,7 @@ impl Default for LoadOptions {
         LoadOptions {
             threads: 0,
             ctx: 4096,
+            kv: KvTypes::default(),
         }
     }
 }
@@ -97,6 +106,7 @@ impl Default for LoadOptions {
 impl<'a> Model<'a> {
     pub fn load(files: &'a ModelFiles, opts: &LoadOptions) -> Result<Model<'a>, ModelError> {
         let mut cfg = ModelConfig::from_files(files)?;
+        let (kv, kv_note) = cfg.kv_types(opts.kv)?;
         let weights = Weights::load(files, &mut cfg)?;
         let rope = blocks::Rope::new(
             cfg.rotary_dim,
@@ -125,6 +135,8 @@ impl<'a> Model<'a> {
             rope,
             pool,
             isa: Isa::detect(),
+            kv,
+            kv_note,
         })
     }
 
@@ -167,7 +179,9 @@ impl<'a> Model<'a> {
                 self.rope.ctx()
             )));
         }
-        Ok(State::with_mtp(&self.cfg, ctx, batch, logit_rows, mtp))
+        Ok(State::with_mtp(
+            &self.cfg, ctx, batch, logit_rows, mtp, self.kv,
+        ))
     }
 
     /// Feed `tokens` (prefill, in batches) and return the logits of the last one.

@@ -2,9 +2,10 @@
 //! (`truncate`), in-memory snapshots (`snapshot` / `restore`) and `--kv-dir` session files
 //! (serve/kv_store.rs, through `parts` / `part_rows`) go through.
 //!
-//! Today every part is positional: the KV cache, per cache layer one part of keys (`k` floats
-//! per position; MLA: latent + rope key) and one of values (`v` floats; V3.2: the indexer key;
-//! 0 for plain MLA), the widths of `ModelConfig::cache_dims()`. A positional part can keep any
+//! Today every part is positional: the KV cache, per cache layer one part of keys (`k` elements
+//! per position; MLA: latent + rope key) and one of values (`v` elements; V3.2: the indexer key;
+//! 0 for plain MLA), the widths of `ModelConfig::cache_dims()`, each stored in its cache's
+//! element type (`Part::ty`, `-ctk` / `-ctv`): parts are read and written as bytes. A positional part can keep any
 //! prefix of its rows. A recurrent layer (Gated DeltaNet's conv and recurrent state) joins as
 //! a `PartKind` with `per_position == false`: one block, the state after the last position,
 //! which cannot be cut to a shorter prefix: `truncate` then resets the sequence and reports
@@ -17,6 +18,7 @@
 //! generation is bit-identical.
 
 use super::{ModelError, State};
+use crate::kernels::kv::{f32_bytes, f32_bytes_mut, KvType};
 
 /// Widths of one cached position in one layer: (key floats, value floats).
 pub type CacheDims = (usize, usize);
@@ -40,8 +42,10 @@ pub struct Part {
     /// Cache layer (the MTP layer, when the state has one, is `n_layers`).
     pub layer: usize,
     pub kind: PartKind,
-    /// Floats per position (per_position) or in all (a block).
+    /// Elements per position (per_position) or in all (a block).
     pub width: usize,
+    /// Their element type (a recurrent block: f32).
+    pub ty: KvType,
     /// One row per position (any prefix can be kept), or one block for the whole sequence.
     pub per_position: bool,
 }
@@ -51,8 +55,8 @@ pub struct Part {
 pub struct Snapshot {
     pos: usize,
     mtp_pos: usize,
-    /// The parts, in `State::parts` order, each `pos * width` floats (a block: `width`).
-    data: Vec<Vec<f32>>,
+    /// The parts' bytes, in `State::parts` order, each `pos` rows (a block: one).
+    data: Vec<Vec<u8>>,
 }
 
 impl Snapshot {
@@ -63,7 +67,7 @@ impl Snapshot {
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.data.iter().map(|d| d.len() * 4).sum()
+        self.data.iter().map(|d| d.len()).sum()
     }
 }
 
@@ -77,14 +81,18 @@ impl State {
     /// layer its keys, then its values.
     pub fn parts(&self) -> impl Iterator<Item = Part> + '_ {
         let (kd, vd) = self.cache_dims;
+        let (kt, vt) = (self.kcache.ty(), self.vcache.ty());
         let hy = &self.hybrid;
         (0..self.cache_layers)
             .flat_map(move |layer| {
-                [(PartKind::Keys, kd), (PartKind::Values, vd)].map(|(kind, width)| Part {
-                    layer,
-                    kind,
-                    width,
-                    per_position: true,
+                [(PartKind::Keys, kd, kt), (PartKind::Values, vd, vt)].map(|(kind, width, ty)| {
+                    Part {
+                        layer,
+                        kind,
+                        width,
+                        ty,
+                        per_position: true,
+                    }
                 })
             })
             .chain(hy.layers.iter().flat_map(move |&layer| {
@@ -96,6 +104,7 @@ impl State {
                     layer,
                     kind,
                     width,
+                    ty: KvType::F32,
                     per_position: false,
                 })
             }))
@@ -119,7 +128,9 @@ impl State {
             _ => hy.rec_width,
         };
         match i {
-            Some(i) if part.width == w && !part.per_position => Ok(i * w..(i + 1) * w),
+            Some(i) if part.width == w && !part.per_position && part.ty == KvType::F32 => {
+                Ok(i * w..(i + 1) * w)
+            }
             _ => Err(ModelError::Input(format!(
                 "state part {part:?} does not match the state's recurrent layers {:?}",
                 hy.layers
@@ -127,55 +138,62 @@ impl State {
         }
     }
 
-    /// The floats of `part` for positions `0..n` (`n * width`).
-    pub fn part_rows(&self, part: Part, n: usize) -> Result<&[f32], ModelError> {
+    /// The bytes of `part` for positions `0..n` (`n` rows of `part.ty.row_bytes(width)`; a
+    /// block: its f32s).
+    pub fn part_rows(&self, part: Part, n: usize) -> Result<&[u8], ModelError> {
         match part.kind {
-            PartKind::Conv => return Ok(&self.hybrid.conv[self.block_range(part)?]),
-            PartKind::Recurrent => return Ok(&self.hybrid.rec[self.block_range(part)?]),
+            PartKind::Conv => return Ok(f32_bytes(&self.hybrid.conv[self.block_range(part)?])),
+            PartKind::Recurrent => return Ok(f32_bytes(&self.hybrid.rec[self.block_range(part)?])),
             _ => {}
         }
         let r = self.part_range(part, n)?;
         Ok(match part.kind {
-            PartKind::Values => &self.vcache[r],
-            _ => &self.kcache[r],
+            PartKind::Values => &self.vcache.bytes()[r],
+            _ => &self.kcache.bytes()[r],
         })
     }
 
-    /// Writable floats of `part` for positions `0..n`; call `set_pos(n)` when every part is
+    /// Writable bytes of `part` for positions `0..n`; call `set_pos(n)` when every part is
     /// written.
-    pub fn part_rows_mut(&mut self, part: Part, n: usize) -> Result<&mut [f32], ModelError> {
+    pub fn part_rows_mut(&mut self, part: Part, n: usize) -> Result<&mut [u8], ModelError> {
         match part.kind {
             PartKind::Conv => {
                 let r = self.block_range(part)?;
-                return Ok(&mut self.hybrid.conv[r]);
+                return Ok(f32_bytes_mut(&mut self.hybrid.conv[r]));
             }
             PartKind::Recurrent => {
                 let r = self.block_range(part)?;
-                return Ok(&mut self.hybrid.rec[r]);
+                return Ok(f32_bytes_mut(&mut self.hybrid.rec[r]));
             }
             _ => {}
         }
         let r = self.part_range(part, n)?;
         Ok(match part.kind {
-            PartKind::Values => &mut self.vcache[r],
-            _ => &mut self.kcache[r],
+            PartKind::Values => &mut self.vcache.bytes_mut()[r],
+            _ => &mut self.kcache.bytes_mut()[r],
         })
     }
 
+    /// The byte range of positions `0..n` of a positional part.
     fn part_range(&self, part: Part, n: usize) -> Result<std::ops::Range<usize>, ModelError> {
         let (kd, vd) = self.cache_dims;
-        let want = match part.kind {
-            PartKind::Values => vd,
-            _ => kd,
+        let (want, cache) = match part.kind {
+            PartKind::Values => (vd, &self.vcache),
+            _ => (kd, &self.kcache),
         };
-        if part.layer >= self.cache_layers || part.width != want || n > self.ctx {
+        if part.layer >= self.cache_layers
+            || part.width != want
+            || part.ty != cache.ty()
+            || n > self.ctx
+        {
             return Err(ModelError::Input(format!(
-                "state part {part:?} for {n} positions does not match the state ({} cache layers, widths ({kd}, {vd}), {} positions)",
-                self.cache_layers, self.ctx
+                "state part {part:?} for {n} positions does not match the state ({} cache layers, widths ({kd}, {vd}), types (-ctk {}, -ctv {}), {} positions)",
+                self.cache_layers, self.kcache.ty(), self.vcache.ty(), self.ctx
             )));
         }
-        let base = part.layer * self.ctx * want;
-        Ok(base..base + n * want)
+        let rb = cache.row_bytes();
+        let base = part.layer * self.ctx * rb;
+        Ok(base..base + n * rb)
     }
 
     /// After writing parts with `part_rows_mut`: the sequence holds positions `0..n` (the MTP
@@ -227,7 +245,7 @@ impl State {
         }
         let data = self
             .parts()
-            .map(|p| self.part_rows(p, n).map(<[f32]>::to_vec))
+            .map(|p| self.part_rows(p, n).map(<[u8]>::to_vec))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Snapshot {
             pos: n,
@@ -251,7 +269,7 @@ impl State {
             let dst = self.part_rows_mut(p, s.pos)?;
             if dst.len() != d.len() {
                 return Err(ModelError::Input(format!(
-                    "snapshot part {p:?} holds {} floats, the state wants {}",
+                    "snapshot part {p:?} holds {} bytes, the state wants {}",
                     d.len(),
                     dst.len()
                 )));
@@ -273,14 +291,14 @@ impl State {
         }
     }
 
-    /// The cached keys (`n * dims.0` floats) and values (`n * dims.1`) of positions `0..n` of
-    /// cache layer `layer`.
+    /// The cached keys (`n` rows of `dims.0` elements) and values (`dims.1`) of positions
+    /// `0..n` of cache layer `layer`, as bytes of the cache's element types.
     pub fn kv_rows(
         &self,
         layer: usize,
         dims: CacheDims,
         n: usize,
-    ) -> Result<(&[f32], &[f32]), ModelError> {
+    ) -> Result<(&[u8], &[u8]), ModelError> {
         let (k, v) = self.kv_parts(layer, dims);
         Ok((self.part_rows(k, n)?, self.part_rows(v, n)?))
     }
@@ -291,20 +309,27 @@ impl State {
         layer: usize,
         dims: CacheDims,
         n: usize,
-    ) -> Result<(&mut [f32], &mut [f32]), ModelError> {
+    ) -> Result<(&mut [u8], &mut [u8]), ModelError> {
         let (k, v) = self.kv_parts(layer, dims);
         let (kr, vr) = (self.part_range(k, n)?, self.part_range(v, n)?);
-        Ok((&mut self.kcache[kr], &mut self.vcache[vr]))
+        Ok((
+            &mut self.kcache.bytes_mut()[kr],
+            &mut self.vcache.bytes_mut()[vr],
+        ))
     }
 
     fn kv_parts(&self, layer: usize, (kd, vd): CacheDims) -> (Part, Part) {
-        let p = |kind, width| Part {
+        let p = |kind, width, ty| Part {
             layer,
             kind,
             width,
+            ty,
             per_position: true,
         };
-        (p(PartKind::Keys, kd), p(PartKind::Values, vd))
+        (
+            p(PartKind::Keys, kd, self.kcache.ty()),
+            p(PartKind::Values, vd, self.vcache.ty()),
+        )
     }
 }
 

@@ -5,7 +5,107 @@
 
 use super::config::{AttnKind, ModelConfig};
 use crate::experts::ExpertCache;
+use crate::kernels::kv::{f32_bytes, f32_bytes_mut, KvType};
 use crate::kernels::Acts;
+
+/// The element types of the KV cache's two sides (`-ctk`, `-ctv`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvTypes {
+    pub k: KvType,
+    pub v: KvType,
+}
+
+impl KvTypes {
+    /// Both sides f32 (exact: what the transformers references are compared with).
+    pub const F32: KvTypes = KvTypes {
+        k: KvType::F32,
+        v: KvType::F32,
+    };
+    /// llama.cpp's default, and sluice's on the CPU.
+    pub const F16: KvTypes = KvTypes {
+        k: KvType::F16,
+        v: KvType::F16,
+    };
+
+    pub fn both(t: KvType) -> KvTypes {
+        KvTypes { k: t, v: t }
+    }
+}
+
+impl Default for KvTypes {
+    fn default() -> Self {
+        KvTypes::F16
+    }
+}
+
+/// One side (keys or values) of the KV cache: `(layers, ctx)` rows of `width` elements of
+/// `ty`, row r at byte `r * row_bytes`. The storage is f32 words, so an f32 cache is a plain
+/// `[f32]` for the code that keeps f32 (MLA, the indexer, DeepSeek-V4).
+pub struct KvRows {
+    ty: KvType,
+    width: usize,
+    row_bytes: usize,
+    rows: usize,
+    words: Vec<f32>,
+}
+
+impl KvRows {
+    pub fn new(ty: KvType, width: usize, rows: usize) -> KvRows {
+        let row_bytes = ty.row_bytes(width);
+        KvRows {
+            ty,
+            width,
+            row_bytes,
+            rows,
+            words: vec![0.0; (rows * row_bytes).div_ceil(4)],
+        }
+    }
+
+    pub fn ty(&self) -> KvType {
+        self.ty
+    }
+
+    /// Elements per row.
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
+    pub fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
+
+    /// Every row's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &f32_bytes(&self.words)[..self.rows * self.row_bytes]
+    }
+
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        let n = self.rows * self.row_bytes;
+        &mut f32_bytes_mut(&mut self.words)[..n]
+    }
+
+    /// The rows as f32 (an f32 cache only: asking another type for floats is a bug).
+    pub fn f32s(&self) -> &[f32] {
+        assert_eq!(self.ty, KvType::F32, "KV cache read as f32");
+        &self.words
+    }
+
+    pub fn f32s_mut(&mut self) -> &mut [f32] {
+        assert_eq!(self.ty, KvType::F32, "KV cache written as f32");
+        &mut self.words
+    }
+
+    /// Bytes allocated.
+    pub fn heap_bytes(&self) -> usize {
+        self.words.capacity() * 4
+    }
+
+    /// Free the rows (a batch state's buffers; `Model::forward_seqs` swaps caches in).
+    fn release(&mut self) {
+        self.words = Vec::new();
+        self.rows = 0;
+    }
+}
 
 /// Buffers for one sequence: activations for up to `batch` tokens and the KV cache for `ctx`.
 pub struct State {
@@ -14,7 +114,7 @@ pub struct State {
     pub(super) logit_rows: usize,
     /// Layers in the KV cache (the MTP layer included when the state has one).
     pub(super) cache_layers: usize,
-    /// Floats per position and cache layer: (keys, values) (`ModelConfig::cache_dims`).
+    /// Elements per position and cache layer: (keys, values) (`ModelConfig::cache_dims`).
     pub(super) cache_dims: (usize, usize),
     /// Tokens already in the KV cache.
     pub pos: usize,
@@ -29,8 +129,8 @@ pub struct State {
     pub(super) lat: Vec<f32>,    // (2, kv_lora) MLA: q folded into latent space, latent context
     pub(super) proj: Vec<f32>,   // (batch, hidden) sub-block output
     pub(crate) hfin: Vec<f32>,   // (batch, hidden) final-normed hidden states of the last chunk
-    pub(super) kcache: Vec<f32>, // (layers, ctx, k_dim) GQA keys, or MLA latent + rope key
-    pub(super) vcache: Vec<f32>, // (layers, ctx, v_dim) GQA values, or V3.2 indexer keys
+    pub(super) kcache: KvRows,   // (layers, ctx, k_dim) GQA keys, or MLA latent + rope key
+    pub(super) vcache: KvRows,   // (layers, ctx, v_dim) GQA values, or V3.2 indexer keys
     pub(super) idx: super::deepseek2::IndexerScratch, // V3.2 indexer buffers (empty otherwise)
     pub(super) v4: super::deepseek_v4::Scratch, // DeepSeek-V4 buffers (empty otherwise)
     pub(crate) router: Vec<f32>, // (batch, n_experts) router scores
@@ -95,9 +195,16 @@ pub struct Prof {
 impl State {
     /// `batch`: most tokens per forward chunk (prefill speed vs memory); `logit_rows`: most
     /// positions whose logits one chunk returns (1 for generation).
-    /// No MTP layer cache or buffers (see `with_mtp`).
-    pub fn new(cfg: &ModelConfig, ctx: usize, batch: usize, logit_rows: usize) -> State {
-        State::with_mtp(cfg, ctx, batch, logit_rows, false)
+    /// No MTP layer cache or buffers (see `with_mtp`). `kv`: the cache's element types, as
+    /// `ModelConfig::kv_types` settles them for this model.
+    pub fn new(
+        cfg: &ModelConfig,
+        ctx: usize,
+        batch: usize,
+        logit_rows: usize,
+        kv: KvTypes,
+    ) -> State {
+        State::with_mtp(cfg, ctx, batch, logit_rows, false, kv)
     }
 
     /// `new`, plus, when `mtp` is set and the model has an MTP layer, that layer's KV cache
@@ -109,6 +216,7 @@ impl State {
         batch: usize,
         logit_rows: usize,
         mtp: bool,
+        kv: KvTypes,
     ) -> State {
         let mtp = mtp && cfg.n_mtp_layers > 0;
         // DeepSeek-V4's MTP input rows are its `hc` residual streams.
@@ -158,8 +266,8 @@ impl State {
             lat: vec![0.0; 2 * kv_lora],
             proj: vec![0.0; batch * h],
             hfin: vec![0.0; batch * h],
-            kcache: vec![0.0; cache_layers * ctx * kc],
-            vcache: vec![0.0; cache_layers * ctx * vc],
+            kcache: KvRows::new(kv.k, kc, cache_layers * ctx),
+            vcache: KvRows::new(kv.v, vc, cache_layers * ctx),
             idx: super::deepseek2::IndexerScratch::new(cfg, ctx, batch),
             v4: super::deepseek_v4::Scratch::new(cfg, ctx, batch),
             hybrid: super::qwen3next::HybridState::new(cfg, batch, mtp),
@@ -217,15 +325,23 @@ impl State {
 
     /// Bytes held by the KV cache: `ctx` x `ModelConfig::kv_bytes_per_token(mtp)`.
     pub fn kv_bytes(&self) -> usize {
-        (self.kcache.len() + self.vcache.len()) * 4
+        self.kcache.heap_bytes() + self.vcache.heap_bytes()
+    }
+
+    /// The element types of the cache's keys and values.
+    pub fn kv_types(&self) -> KvTypes {
+        KvTypes {
+            k: self.kcache.ty(),
+            v: self.vcache.ty(),
+        }
     }
 
     /// Free the KV cache of a state that serves only as the buffers of batched forwards
     /// (`Model::forward_seqs` swaps each sequence's own cache in while it runs that
     /// sequence's attention). No forward of its own may run on it after this.
     pub fn release_kv(&mut self) {
-        self.kcache = Vec::new();
-        self.vcache = Vec::new();
+        self.kcache.release();
+        self.vcache.release();
     }
 
     /// Bytes of every buffer but the KV cache (activations, router and expert scratch,

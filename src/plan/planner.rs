@@ -697,7 +697,7 @@ fn budget_decision(
     ds.push(d(
         "kv cache",
         human(m.kv_bytes),
-        "-c context x layers x KV width, f32",
+        "-c context x layers x KV row bytes, in the cache's types (-ctk/-ctv; see kv cache types)",
     ));
     ds.push(d(
         "process",
