@@ -254,6 +254,10 @@ impl Generator {
             self.metrics.in_flight.store(1, Ordering::Relaxed);
             let outcome = self.generate(&job, abort);
             self.metrics.in_flight.store(0, Ordering::Relaxed);
+            // The figures before the answer: a client that reads /metrics after its reply
+            // sees its own generation's reads.
+            self.metrics
+                .set_expert_stats(self.engine.state().expert_stats());
             match outcome {
                 Ok(f) => {
                     if f.reason == FinishReason::Cancelled {
@@ -266,8 +270,6 @@ impl Generator {
                 }
             }
             drop(job);
-            self.metrics
-                .set_expert_stats(self.engine.state().expert_stats());
             self.save_session();
             queue.idle();
         }
@@ -331,13 +333,16 @@ impl Generator {
             );
             self.add_kv_figures(&before, &b.stats);
             let any = !done.is_empty();
+            if any {
+                // Before the answers, as in the one-at-a-time loop.
+                self.metrics
+                    .set_expert_stats(self.engine.state().expert_stats());
+            }
             for d in done {
                 self.answer(d);
             }
             self.metrics.set_slot_figures(b.slot_figures());
             if any {
-                self.metrics
-                    .set_expert_stats(self.engine.state().expert_stats());
                 self.metrics
                     .in_flight
                     .store(b.active() as u64, Ordering::Relaxed);
