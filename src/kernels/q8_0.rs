@@ -28,6 +28,9 @@ pub(super) const DOT4: super::Dot4Kernels = super::Dot4Kernels {
     avx2: Some(x86::dot4_avx2),
     #[cfg(not(target_arch = "x86_64"))]
     avx2: None,
+    #[cfg(target_arch = "x86_64")]
+    avx512: Some(x86::dot4_avx512),
+    #[cfg(not(target_arch = "x86_64"))]
     avx512: None,
 };
 
@@ -98,6 +101,21 @@ mod x86 {
         // SAFETY: AVX2/FMA/F16C present (checked above); `w` holds `nb` whole blocks and each
         // activation row at least `nb` blocks.
         unsafe { avx2_x4(w.as_ptr(), ap, nb, out) }
+    }
+
+    /// Four activation rows against one weight row, bit-identical to four `dot_avx512` calls.
+    pub(super) fn dot4_avx512(w: &[u8], a: &[ActRow<'_>; 4], out: &mut [f32; 4]) {
+        if !Isa::Avx512.supported() {
+            return dot4_avx2(w, a, out);
+        }
+        let nb = a
+            .iter()
+            .map(|a| a.q8_32.len())
+            .fold(w.len() / BB, usize::min);
+        let ap = std::array::from_fn(|r| a[r].q8_32.as_ptr());
+        // SAFETY: AVX-512 F/BW/VL/VNNI/DQ present (checked above); `w` holds `nb` whole blocks
+        // and each activation row at least `nb` blocks.
+        unsafe { avx512_x4(w.as_ptr(), ap, nb, out) }
     }
 
     /// Integer dot of one block as 8 i32 lanes: sign trick (|w| * (a * sign w)) so `maddubs`
@@ -265,5 +283,91 @@ mod x86 {
             sum += hsum_ps256(_mm256_cvtepi32_ps(p)) * (f16_at(b) * ab.d);
         }
         sum
+    }
+
+    /// `avx512` for four activation rows: per group of 16 blocks the weight scales are
+    /// gathered and converted once, per pair of blocks the weight bytes loaded, their absolute
+    /// values and sign mask taken once; per row every operation is `avx512`'s in its order (one
+    /// accumulator, the pair tail, the last odd block added after the horizontal sum), so each
+    /// result has its bits.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL/VNNI/DQ + F16C; `w` valid for `nb` blocks, each `a[r]` for `nb`
+    /// activation blocks.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx2,fma,f16c")]
+    unsafe fn avx512_x4(w: *const u8, a: [*const BlockQ8_32; 4], nb: usize, out: &mut [f32; 4]) {
+        let mut acc = [_mm512_setzero_ps(); 4];
+        let pf = prefetch_distance();
+        let w_offs = _mm512_loadu_si512(W_OFFS.as_ptr() as *const __m512i);
+        let a_offs = _mm512_loadu_si512(A_OFFS.as_ptr() as *const __m512i);
+        let mut i = 0;
+        while i + 16 <= nb {
+            let b0 = w.add(i * BB);
+            prefetch(b0, pf, 16 * BB);
+            let dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32::<1>(
+                w_offs,
+                b0 as *const _,
+            )));
+            let mut dv = [dw; 4];
+            for r in 0..4 {
+                dv[r] = _mm512_mul_ps(
+                    dw,
+                    _mm512_i32gather_ps::<1>(a_offs, a[r].add(i) as *const _),
+                );
+            }
+            for (k, pair) in PAIR.iter().enumerate() {
+                let b = b0.add(2 * k * BB);
+                let qw = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256(b.add(2) as *const __m256i)),
+                    _mm256_loadu_si256(b.add(BB + 2) as *const __m256i),
+                    1,
+                );
+                let (aw, neg) = (_mm512_abs_epi8(qw), _mm512_movepi8_mask(qw));
+                let perm = _mm512_loadu_si512(pair.as_ptr() as *const __m512i);
+                for r in 0..4 {
+                    let a0 = a[r].add(i + 2 * k);
+                    let qa = _mm512_inserti64x4(
+                        _mm512_castsi256_si512(_mm256_loadu_si256(
+                            (*a0).qs.as_ptr() as *const __m256i
+                        )),
+                        _mm256_loadu_si256((*a0.add(1)).qs.as_ptr() as *const __m256i),
+                        1,
+                    );
+                    let sa = _mm512_mask_sub_epi8(qa, neg, _mm512_setzero_si512(), qa);
+                    let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), aw, sa);
+                    let d = _mm512_permutexvar_ps(perm, dv[r]);
+                    acc[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc[r]);
+                }
+            }
+            i += 16;
+        }
+        while i + 2 <= nb {
+            let b0 = w.add(i * BB);
+            prefetch(b0, pf, 2 * BB);
+            for r in 0..4 {
+                let p = pair_dot(b0, a[r].add(i));
+                let d = _mm512_insertf32x8(
+                    _mm512_set1_ps(f16_at(b0) * (*a[r].add(i)).d),
+                    _mm256_set1_ps(f16_at(b0.add(BB)) * (*a[r].add(i + 1)).d),
+                    1,
+                );
+                acc[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc[r]);
+            }
+            i += 2;
+        }
+        for r in 0..4 {
+            let mut sum = hsum_ps512(acc[r]);
+            if i < nb {
+                let b = w.add(i * BB);
+                let ab = &*a[r].add(i);
+                let qw = _mm256_loadu_si256(b.add(2) as *const __m256i);
+                let qa = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
+                let sa =
+                    _mm256_mask_sub_epi8(qa, _mm256_movepi8_mask(qw), _mm256_setzero_si256(), qa);
+                let p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(qw), sa);
+                sum += hsum_ps256(_mm256_cvtepi32_ps(p)) * (f16_at(b) * ab.d);
+            }
+            out[r] = sum;
+        }
     }
 }
