@@ -278,6 +278,11 @@ impl<'m, 'a, 's> CpuBackend<'m, 'a, 's> {
 
 /// Fewest rows that `each_row` / `each_pair` split across threads, and rows per task.
 const PAR_ROWS: usize = 16;
+/// Prompt attention: rows of one head whose scores are made together, key block by key block
+/// (`State::scores` holds this many rows per head).
+pub(super) const ATT_ROW_TILE: usize = 8;
+/// Keys per block of prompt attention's scores (256 f16 keys of 128 dims: 64 KiB, in L2).
+const ATT_KEY_BLOCK: usize = 256;
 const ROWS_PER_TASK: usize = 4;
 
 impl CpuBackend<'_, '_, '_> {
@@ -307,19 +312,24 @@ impl CpuBackend<'_, '_, '_> {
         let layer_k = &st.kcache.bytes()[l * ctx * krb..(l + 1) * ctx * krb];
         let layer_v = &st.vcache.bytes()[l * ctx * vrb..(l + 1) * ctx * vrb];
         let q = &st.q;
-        // Row i (at cache position pos + i), head hh: `o` its output, `sc` its scores.
-        let head = |i: usize, hh: usize, o: &mut [f32], sc: &mut [f32]| {
-            // Causal: positions first..=pos+i; a sliding window keeps the last W of them.
+        // Row i (at cache position pos + i) attends positions first(i)..=pos+i (causal; a
+        // sliding window keeps the last W of them).
+        let span = |i: usize| {
             let len = pos + i + 1;
-            let first = sh.window.map_or(0, |w| len.saturating_sub(w));
+            (sh.window.map_or(0, |w| len.saturating_sub(w)), len)
+        };
+        // Scores of row i, head hh, for positions j0..j1 (inside its span) into sc, which holds
+        // the row's span from `first` on; each score is `scale * dot` of query and key (`dot4`
+        // gives each of its four keys `dot`'s bits, so how positions are grouped is free).
+        let score = |i: usize, hh: usize, j0: usize, j1: usize, sc: &mut [f32]| {
+            let (first, _) = span(i);
             let r = row0 + i;
             let qh = &q[r * qd + hh * hd..r * qd + (hh + 1) * hd];
             let kvh = hh / group;
-            let sc = &mut sc[..len - first];
             let key = |j: usize| &layer_k[j * krb + kvh * khb..j * krb + (kvh + 1) * khb];
-            // Four keys per call (`dot4`: each score has `dot`'s bits).
+            let sc = &mut sc[j0 - first..j1 - first];
             let mut quads = sc.chunks_exact_mut(4);
-            let mut j = first;
+            let mut j = j0;
             for s4 in &mut quads {
                 let d = (kk.dot4)(qh, [key(j), key(j + 1), key(j + 2), key(j + 3)]);
                 for (s, d) in s4.iter_mut().zip(d) {
@@ -331,14 +341,25 @@ impl CpuBackend<'_, '_, '_> {
                 *s = (kk.dot)(qh, key(j)) * scale;
                 j += 1;
             }
+        };
+        // Softmax of row i's scores, then o = sum_j sc[j] * v_j (the bits of a fill and an
+        // axpy per position).
+        let finish = |i: usize, hh: usize, o: &mut [f32], sc: &mut [f32]| {
+            let (first, len) = span(i);
+            let sc = &mut sc[..len - first];
             match sh.sinks {
                 Some(sk) => gptoss::softmax_with_sink(sc, sk[hh]),
                 None => softmax(sc),
             }
-            // o = sum_j sc[j] * v_j (the bits of a fill and an axpy per position).
-            (vk.weighted)(o, sc, &layer_v[first * vrb + kvh * vhb..], vrb);
+            (vk.weighted)(o, sc, &layer_v[first * vrb + (hh / group) * vhb..], vrb);
+        };
+        let head = |i: usize, hh: usize, o: &mut [f32], sc: &mut [f32]| {
+            let (first, len) = span(i);
+            score(i, hh, first, len, sc);
+            finish(i, hh, o, sc);
         };
         let heads = sh.heads;
+        let tile = st.scores.len() / (heads * ctx);
         // Work of the whole call in score elements x head width; small calls stay serial.
         let work = n * (pos + n) * qd;
         if work <= 1 << 14 {
@@ -361,18 +382,45 @@ impl CpuBackend<'_, '_, '_> {
             SendPtr(st.att.as_mut_ptr()),
             SendPtr(st.scores.as_mut_ptr()),
         );
-        debug_assert!(st.att.len() >= (row0 + n) * qd && st.scores.len() >= heads * ctx);
+        debug_assert!(
+            st.att.len() >= (row0 + n) * qd && tile >= 1 && st.scores.len() >= heads * tile * ctx
+        );
         kernels::par_for(Some(&self.m.pool), heads, &|hh| {
             let (op, sp) = (&op, &sp);
-            // SAFETY: head hh alone writes scores[hh * ctx..][..ctx] and, in each row r,
-            // att[r * qd + hh * hd..][..hd] (att holds row0 + n rows of qd = heads * hd,
-            // scores heads * ctx); no two heads share an element, and nothing else touches
-            // these buffers during the region.
-            let sc = unsafe { std::slice::from_raw_parts_mut(sp.0.add(hh * ctx), ctx) };
-            for i in 0..n {
-                let r = row0 + i;
-                let o = unsafe { std::slice::from_raw_parts_mut(op.0.add(r * qd + hh * hd), hd) };
-                head(i, hh, o, sc);
+            // SAFETY: head hh alone writes scores[hh * tile * ctx..][..tile * ctx] and, in each
+            // row r, att[r * qd + hh * hd..][..hd] (att holds row0 + n rows of qd = heads * hd,
+            // scores heads * tile * ctx); no two heads share an element, and nothing else
+            // touches these buffers during the region.
+            let sc =
+                unsafe { std::slice::from_raw_parts_mut(sp.0.add(hh * tile * ctx), tile * ctx) };
+            // Rows in tiles: the tile's scores key block by key block, so a block of keys is
+            // read from memory once for all the tile's rows, not once per row (each score keeps
+            // its bits: see `score`); then each row's softmax and values.
+            let mut i0 = 0;
+            while i0 < n {
+                let rows = tile.min(n - i0);
+                let lo = (i0..i0 + rows).map(|i| span(i).0).min().unwrap_or(0);
+                let hi = span(i0 + rows - 1).1;
+                let mut j0 = lo;
+                while j0 < hi {
+                    let j1 = (j0 + ATT_KEY_BLOCK).min(hi);
+                    for (t, sc) in sc.chunks_mut(ctx).take(rows).enumerate() {
+                        let (first, len) = span(i0 + t);
+                        let (a, b) = (j0.max(first), j1.min(len));
+                        if a < b {
+                            score(i0 + t, hh, a, b, sc);
+                        }
+                    }
+                    j0 = j1;
+                }
+                for (t, sc) in sc.chunks_mut(ctx).take(rows).enumerate() {
+                    let r = row0 + i0 + t;
+                    // SAFETY: row r's slice of head hh, as above.
+                    let o =
+                        unsafe { std::slice::from_raw_parts_mut(op.0.add(r * qd + hh * hd), hd) };
+                    finish(i0 + t, hh, o, sc);
+                }
+                i0 += rows;
             }
         });
         Ok(())

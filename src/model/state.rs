@@ -125,7 +125,7 @@ pub struct State {
     pub(super) k: Vec<f32>,      // (batch, max(kv_dim, kv_lora + rope))
     pub(super) v: Vec<f32>,      // (batch, kv_dim)
     pub(super) att: Vec<f32>,    // (batch, att_dim) attention output before o_proj
-    pub(super) scores: Vec<f32>, // (n_heads, ctx)
+    pub(super) scores: Vec<f32>, // (n_heads, min(batch, ATT_ROW_TILE), ctx)
     pub(super) lat: Vec<f32>,    // (2, kv_lora) MLA: q folded into latent space, latent context
     pub(super) proj: Vec<f32>,   // (batch, hidden) sub-block output
     pub(crate) hfin: Vec<f32>,   // (batch, hidden) final-normed hidden states of the last chunk
@@ -262,7 +262,7 @@ impl State {
             k: vec![0.0; batch * kvd.max(kc)],
             v: vec![0.0; batch * kvd],
             att: vec![0.0; batch * cfg.att_dim()],
-            scores: vec![0.0; cfg.n_heads * ctx],
+            scores: vec![0.0; cfg.n_heads * ctx * batch.min(super::cpu::ATT_ROW_TILE)],
             lat: vec![0.0; 2 * kv_lora],
             proj: vec![0.0; batch * h],
             hfin: vec![0.0; batch * h],
