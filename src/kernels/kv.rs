@@ -181,6 +181,26 @@ fn store_f16_scalar(src: &[f32], dst: &mut [u8]) {
 
 /// The f32 values of a stored row (exact; `dst.len()` elements).
 pub fn load_row(ty: KvType, src: &[u8], dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (n, isa) = (dst.len(), Isa::detect());
+        if n.is_multiple_of(16) && isa >= Isa::Avx2 && src.len() >= ty.row_bytes(n) {
+            macro_rules! simd {
+                ($e:ty) => {
+                    // SAFETY: the CPU has the ISA (`Isa::detect` never exceeds the hardware);
+                    // `src` holds the bytes of n elements, `dst` n floats, n a multiple of 16.
+                    unsafe { x86::load_simd::<$e>(src.as_ptr(), dst, isa == Isa::Avx512) }
+                };
+            }
+            match ty {
+                KvType::F32 => simd!(F32E),
+                KvType::F16 => simd!(F16E),
+                KvType::BF16 => simd!(Bf16E),
+                KvType::Q8_0 => simd!(Q8E),
+            }
+            return;
+        }
+    }
     for (i, o) in dst.iter_mut().enumerate() {
         *o = match ty {
             KvType::F32 => F32E::get(src, i),
@@ -537,6 +557,32 @@ mod x86 {
         }
         // SAFETY: AVX2+F16C present (checked); as `axpy_avx512`.
         unsafe { axpy_256::<E>(o, w, row.as_ptr()) }
+    }
+
+    /// A stored row widened to f32 (the elements `Elem::get` gives), 16 or 8 at a time.
+    /// # Safety
+    /// AVX2 + F16C, and AVX-512F/BW when `wide`; `row` valid for `o.len()` elements, a
+    /// multiple of 16.
+    pub(super) unsafe fn load_simd<E: Elem>(row: *const u8, o: &mut [f32], wide: bool) {
+        if wide {
+            load_512::<E>(row, o)
+        } else {
+            load_256::<E>(row, o)
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
+    unsafe fn load_512<E: Elem>(row: *const u8, o: &mut [f32]) {
+        for c in (0..o.len()).step_by(16) {
+            _mm512_storeu_ps(o.as_mut_ptr().add(c), E::load16(row, c));
+        }
+    }
+
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn load_256<E: Elem>(row: *const u8, o: &mut [f32]) {
+        for c in (0..o.len()).step_by(8) {
+            _mm256_storeu_ps(o.as_mut_ptr().add(c), E::load8(row, c));
+        }
     }
 
     /// # Safety

@@ -25,6 +25,7 @@
 //! so kernels may index without re-validating.
 
 pub mod act;
+pub mod attn;
 pub mod isa;
 pub mod kv;
 mod matmul;

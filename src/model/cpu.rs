@@ -16,7 +16,8 @@ use super::qwen3next::{self, DeltaNet, GatedAttn};
 use super::weights::{ExpertBias, Ffn, HeadMat, Mla, Mlp, Moe};
 use super::{Model, ModelError, Prof, State};
 use crate::experts::ExpertCache;
-use crate::kernels::kv::{kv_kernels, store_row as kv_store_row};
+use crate::kernels::attn;
+use crate::kernels::kv::{kv_kernels, load_row as kv_load_row, store_row as kv_store_row};
 use crate::kernels::{self, Acts, Isa, WeightView};
 
 /// y = M x for a per-head matrix.
@@ -285,6 +286,12 @@ pub(super) const ATT_ROW_TILE: usize = 8;
 const ATT_KEY_BLOCK: usize = 256;
 const ROWS_PER_TASK: usize = 4;
 
+thread_local! {
+    /// `gqa_blocks`' widened key/value rows, transposed keys and block scores (per thread,
+    /// grown once to the largest shape seen).
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 impl CpuBackend<'_, '_, '_> {
     /// `Backend::attend_rows` (grouped-query attention of rows row0..row0 + n).
     fn gqa_rows(
@@ -301,6 +308,7 @@ impl CpuBackend<'_, '_, '_> {
         let group = sh.heads / sh.kv_heads;
         let scale = sh.scale;
         let ctx = st.ctx;
+        let isa = self.m.isa;
         // Stored rows of this layer, read where they lie in the cache's own element type (the
         // kernels of `kernels::kv`: f32 rows give `dot` / `weighted_rows`' bits).
         let (kk, vk) = (
@@ -347,10 +355,7 @@ impl CpuBackend<'_, '_, '_> {
         let finish = |i: usize, hh: usize, o: &mut [f32], sc: &mut [f32]| {
             let (first, len) = span(i);
             let sc = &mut sc[..len - first];
-            match sh.sinks {
-                Some(sk) => gptoss::softmax_with_sink(sc, sk[hh]),
-                None => softmax(sc),
-            }
+            attn::softmax(sc, sh.sinks.map(|sk| sk[hh]), isa);
             (vk.weighted)(o, sc, &layer_v[first * vrb + (hh / group) * vhb..], vrb);
         };
         let head = |i: usize, hh: usize, o: &mut [f32], sc: &mut [f32]| {
@@ -375,6 +380,9 @@ impl CpuBackend<'_, '_, '_> {
                 }
             }
             return Ok(());
+        }
+        if hd.is_multiple_of(attn::LANES) {
+            return self.gqa_blocks(l, row0, n, pos, sh);
         }
         // One parallel region for all rows: a task per head runs its rows in order (each head
         // has the same causal work, and its scores slot is its own).
@@ -422,6 +430,189 @@ impl CpuBackend<'_, '_, '_> {
                 }
                 i0 += rows;
             }
+        });
+        Ok(())
+    }
+
+    /// `gqa_rows` for head widths that are a multiple of 16, many rows or a long context: a
+    /// task per group of heads that share a KV head (all of the group when that leaves a task
+    /// per thread) runs the chunk's rows in tiles; for each tile, each block of keys is widened
+    /// and transposed once and scored against every query of the tile's rows and the task's
+    /// heads (`attn::scores`), then after each row's softmax each block of values is widened
+    /// once and summed into every query's output (`attn::values`). Every score and output has
+    /// the bits of the one-query path (`kernels::attn`'s invariant).
+    fn gqa_blocks(
+        &mut self,
+        l: usize,
+        row0: usize,
+        n: usize,
+        pos: usize,
+        sh: GqaShape<'_>,
+    ) -> Result<(), ModelError> {
+        let st = &mut *self.st;
+        let isa = self.m.isa;
+        let hd = sh.head_dim;
+        let heads = sh.heads;
+        let qd = heads * hd;
+        let group = heads / sh.kv_heads;
+        let ctx = st.ctx;
+        let tile = st.scores.len() / (heads * ctx);
+        let (kty, vty) = (st.kcache.ty(), st.vcache.ty());
+        let (krb, vrb) = (st.kcache.row_bytes(), st.vcache.row_bytes());
+        let (khb, vhb) = (kty.row_bytes(hd), vty.row_bytes(hd));
+        let layer_k = &st.kcache.bytes()[l * ctx * krb..(l + 1) * ctx * krb];
+        let layer_v = &st.vcache.bytes()[l * ctx * vrb..(l + 1) * ctx * vrb];
+        let span = |i: usize| {
+            let len = pos + i + 1;
+            (sh.window.map_or(0, |w| len.saturating_sub(w)), len)
+        };
+        // Queries scored together (fixed arrays: the decode step allocates nothing).
+        const MAXQ: usize = 64;
+        // Heads per task: the largest divisor of the group that still gives every thread a task.
+        let threads = self.m.pool.current_num_threads().max(1);
+        let sub = (1..=group.min(MAXQ))
+            .rev()
+            .find(|d| group.is_multiple_of(*d) && heads / d >= threads)
+            .unwrap_or(1);
+        // Rows per tile: the scores slots hold `tile`; the queries of a tile fit MAXQ.
+        let tile_rows = tile.min(MAXQ / sub).max(1);
+        let q = &st.q;
+        let (op, sp) = (
+            SendPtr(st.att.as_mut_ptr()),
+            SendPtr(st.scores.as_mut_ptr()),
+        );
+        assert!(
+            st.att.len() >= (row0 + n) * qd && tile >= 1 && st.scores.len() >= heads * tile * ctx,
+            "backend: attention buffers shorter than {n} rows"
+        );
+        const KB: usize = 64;
+        kernels::par_for(Some(&self.m.pool), heads / sub, &|task| {
+            let (op, sp) = (&op, &sp);
+            let (h0, kvh) = (task * sub, task * sub / group);
+            SCRATCH.with_borrow_mut(|scr| {
+                let need = 3 * KB * hd + sub * tile * KB;
+                if scr.len() < need {
+                    scr.resize(need, 0.0);
+                }
+                let (rows_f, rest) = scr.split_at_mut(KB * hd);
+                let (kt, rest) = rest.split_at_mut(KB * hd);
+                let (blk, _) = rest.split_at_mut(sub * tile * KB);
+                let key = |j: usize| &layer_k[j * krb + kvh * khb..j * krb + (kvh + 1) * khb];
+                let val = |j: usize| &layer_v[j * vrb + kvh * vhb..j * vrb + (kvh + 1) * vhb];
+                let mut i0 = 0;
+                while i0 < n {
+                    let rows = tile_rows.min(n - i0);
+                    // Query x of the tile: head h0 + x / rows, row i0 + x % rows.
+                    let nq = sub * rows;
+                    let at = |x: usize| (h0 + x / rows, i0 + x % rows);
+                    let mut scs: [&mut [f32]; MAXQ] = std::array::from_fn(|_| &mut [][..]);
+                    let mut os: [&mut [f32]; MAXQ] = std::array::from_fn(|_| &mut [][..]);
+                    let mut qs: [&[f32]; MAXQ] = [&[]; MAXQ];
+                    let mut spans = [(0usize, 0usize); MAXQ];
+                    for x in 0..nq {
+                        let (hh, i) = at(x);
+                        let r = row0 + i;
+                        // SAFETY: this task alone writes the score slots of heads h0..h0 + sub
+                        // (scores[(hh * tile + t) * ctx..][..ctx], t < tile) and, in each row r,
+                        // att[r * qd + hh * hd..][..hd] of those heads; no other task touches
+                        // them during the region, and each (head, row) is taken once.
+                        scs[x] = unsafe {
+                            std::slice::from_raw_parts_mut(
+                                sp.0.add((hh * tile + (i - i0)) * ctx),
+                                ctx,
+                            )
+                        };
+                        // SAFETY: as above (this task's heads in the tile's rows).
+                        os[x] = unsafe {
+                            std::slice::from_raw_parts_mut(op.0.add(r * qd + hh * hd), hd)
+                        };
+                        qs[x] = &q[r * qd + hh * hd..r * qd + (hh + 1) * hd];
+                        spans[x] = span(i);
+                    }
+                    let (scs, os, qs, spans) =
+                        (&mut scs[..nq], &mut os[..nq], &qs[..nq], &spans[..nq]);
+                    let lo = spans.iter().map(|s| s.0).min().unwrap_or(0);
+                    let hi = spans.iter().map(|s| s.1).max().unwrap_or(0);
+                    // Scores, a block of keys at a time.
+                    let mut j0 = lo;
+                    while j0 < hi {
+                        let j1 = (j0 + KB).min(hi);
+                        let nk = j1 - j0;
+                        let kb = nk.div_ceil(attn::LANES) * attn::LANES;
+                        for j in j0..j1 {
+                            kv_load_row(kty, key(j), &mut rows_f[(j - j0) * hd..(j - j0 + 1) * hd]);
+                        }
+                        attn::transpose(rows_f, hd, nk, kt, kb, isa);
+                        attn::scores(qs, kt, hd, kb, sh.scale, blk, isa);
+                        for (x, sc) in scs.iter_mut().enumerate() {
+                            let (first, len) = spans[x];
+                            let (a, b) = (j0.max(first), j1.min(len));
+                            if a < b {
+                                sc[a - first..b - first]
+                                    .copy_from_slice(&blk[x * kb + a - j0..x * kb + b - j0]);
+                            }
+                        }
+                        j0 = j1;
+                    }
+                    for (x, sc) in scs.iter_mut().enumerate() {
+                        let (first, len) = spans[x];
+                        let sc = &mut sc[..len - first];
+                        attn::softmax(sc, sh.sinks.map(|sk| sk[at(x).0]), isa);
+                    }
+                    os.iter_mut().for_each(|o| o.fill(0.0));
+                    // Values, a block of rows at a time; each output takes its span's rows in
+                    // order (those before the block's common part, the common part with all
+                    // queries at once, those after it).
+                    let mut j0 = lo;
+                    while j0 < hi {
+                        let j1 = (j0 + KB).min(hi);
+                        for j in j0..j1 {
+                            kv_load_row(vty, val(j), &mut rows_f[(j - j0) * hd..(j - j0 + 1) * hd]);
+                        }
+                        let part = |x: usize| (j0.max(spans[x].0), j1.min(spans[x].1));
+                        let a = (0..nq).map(|x| part(x).0).max().unwrap_or(j0);
+                        let b = (0..nq).map(|x| part(x).1).min().unwrap_or(j0);
+                        let one = |x: usize, s: usize, e: usize, o: &mut [f32], sc: &[f32]| {
+                            if s < e {
+                                let f = spans[x].0;
+                                attn::values(
+                                    &[&sc[s - f..e - f]],
+                                    &rows_f[(s - j0) * hd..(e - j0) * hd],
+                                    hd,
+                                    &mut [o],
+                                    isa,
+                                );
+                            }
+                        };
+                        if a < b {
+                            for (x, (o, sc)) in os.iter_mut().zip(scs.iter()).enumerate() {
+                                one(x, part(x).0, a, o, sc);
+                            }
+                            let mut ws: [&[f32]; MAXQ] = [&[]; MAXQ];
+                            for (w, (sc, &(f, _))) in ws.iter_mut().zip(scs.iter().zip(spans)) {
+                                *w = &sc[a - f..b - f];
+                            }
+                            attn::values(
+                                &ws[..nq],
+                                &rows_f[(a - j0) * hd..(b - j0) * hd],
+                                hd,
+                                os,
+                                isa,
+                            );
+                            for (x, (o, sc)) in os.iter_mut().zip(scs.iter()).enumerate() {
+                                one(x, b, part(x).1, o, sc);
+                            }
+                        } else {
+                            for (x, (o, sc)) in os.iter_mut().zip(scs.iter()).enumerate() {
+                                let (s, e) = part(x);
+                                one(x, s, e, o, sc);
+                            }
+                        }
+                        j0 = j1;
+                    }
+                    i0 += rows;
+                }
+            });
         });
         Ok(())
     }
@@ -761,7 +952,7 @@ impl Backend for CpuBackend<'_, '_, '_> {
                     *s = ((kk.dot)(q_lat, &c[..lat_b]) + (kk.dot)(&q[nope..], &c[lat_b..]))
                         * cfg.attn_scale;
                 }
-                softmax(sc);
+                attn::softmax(sc, None, isa);
                 if sparse {
                     c_lat.fill(0.0);
                     for (jj, s) in sc.iter().enumerate() {
