@@ -81,18 +81,20 @@ fn scores_scalar(qs: &[&[f32]], kt: &[f32], hd: usize, kb: usize, scale: f32, ou
     }
 }
 
-/// `os[i][c] += sum_j ws[i][j] * v[j * hd + c]`, rows j in order, each product and sum rounded
-/// on its own (every `ws[i]` has the same length m; `v` holds m rows of `hd`; every `os[i]`
-/// `hd` floats). `hd` a multiple of 16.
-pub fn values(ws: &[&[f32]], v: &[f32], hd: usize, os: &mut [&mut [f32]], isa: Isa) {
+/// `os[i][c] += sum_j ws[i][j] * v[j * stride + c]`, rows j in order, each product and sum
+/// rounded on its own (every `ws[i]` has the same length m; every `os[i]` `hd` floats; `v`
+/// holds m rows `stride` apart, the first `hd` of each read). `hd` a multiple of 16.
+pub fn values(ws: &[&[f32]], v: &[f32], stride: usize, os: &mut [&mut [f32]], isa: Isa) {
     let m = ws.first().map_or(0, |w| w.len());
+    let hd = os.first().map_or(0, |o| o.len());
     assert!(
         hd.is_multiple_of(LANES)
+            && hd <= stride
             && ws.len() == os.len()
             && ws.iter().all(|w| w.len() == m)
             && os.iter().all(|o| o.len() == hd)
-            && v.len() >= m * hd,
-        "attn values: {} weight rows, {} outputs, {m} rows of {hd} in {} floats",
+            && (m == 0 || v.len() >= (m - 1) * stride + hd),
+        "attn values: {} weight rows, {} outputs, {m} rows of {hd} at stride {stride} in {} floats",
         ws.len(),
         os.len(),
         v.len()
@@ -102,41 +104,50 @@ pub fn values(ws: &[&[f32]], v: &[f32], hd: usize, os: &mut [&mut [f32]], isa: I
     match isa {
         // SAFETY: the CPU has the features; every output holds hd floats, v m rows of hd, every
         // weight row m (asserted above).
-        Isa::Avx512 => return unsafe { x86::values_512(ws, v.as_ptr(), hd, m, os) },
+        Isa::Avx512 => return unsafe { x86::values_512(ws, v.as_ptr(), stride, hd, m, os) },
         // SAFETY: as above, AVX2.
-        Isa::Avx2 => return unsafe { x86::values_256(ws, v.as_ptr(), hd, m, os) },
+        Isa::Avx2 => return unsafe { x86::values_256(ws, v.as_ptr(), stride, hd, m, os) },
         Isa::Scalar => {}
     }
     for (w, o) in ws.iter().zip(os.iter_mut()) {
         for (j, &wj) in w.iter().enumerate() {
-            for (x, y) in o.iter_mut().zip(&v[j * hd..(j + 1) * hd]) {
+            for (x, y) in o.iter_mut().zip(&v[j * stride..j * stride + hd]) {
                 *x += wj * y;
             }
         }
     }
 }
 
-/// `kt[d * kb + j] = rows[j * hd + d]` for the `nk` rows given, zero for j in nk..kb (`kb` a
-/// multiple of 16, `hd` of 16).
-pub fn transpose(rows: &[f32], hd: usize, nk: usize, kt: &mut [f32], kb: usize, isa: Isa) {
+/// `kt[d * kb + j] = rows[j * stride + d]` for d < hd and the `nk` rows given, zero for j in
+/// nk..kb (`kb` a multiple of 16, `hd` of 16, `hd <= stride`).
+pub fn transpose(
+    rows: &[f32],
+    stride: usize,
+    hd: usize,
+    nk: usize,
+    kt: &mut [f32],
+    kb: usize,
+    isa: Isa,
+) {
     assert!(
-        hd.is_multiple_of(LANES) && kb.is_multiple_of(LANES) && nk <= kb,
-        "attn transpose: {nk} rows of {hd} into a block of {kb}"
+        hd.is_multiple_of(LANES) && kb.is_multiple_of(LANES) && nk <= kb && hd <= stride,
+        "attn transpose: {nk} rows of {hd} (stride {stride}) into a block of {kb}"
     );
     assert!(
-        rows.len() >= nk * hd && kt.len() >= hd * kb,
+        (nk == 0 || rows.len() >= (nk - 1) * stride + hd) && kt.len() >= hd * kb,
         "attn transpose: short buffers"
     );
     let isa = isa.min(Isa::detect());
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 {
-        // SAFETY: AVX-512 present; rows holds nk * hd floats, kt hd * kb (asserted above).
-        return unsafe { x86::transpose_512(rows.as_ptr(), hd, nk, kt.as_mut_ptr(), kb) };
+        // SAFETY: AVX-512 present; rows holds nk rows of hd floats `stride` apart, kt hd * kb
+        // (asserted above).
+        return unsafe { x86::transpose_512(rows.as_ptr(), stride, hd, nk, kt.as_mut_ptr(), kb) };
     }
     for d in 0..hd {
         let col = &mut kt[d * kb..(d + 1) * kb];
         for (j, x) in col.iter_mut().enumerate() {
-            *x = if j < nk { rows[j * hd + d] } else { 0.0 };
+            *x = if j < nk { rows[j * stride + d] } else { 0.0 };
         }
     }
 }
@@ -498,12 +509,13 @@ mod x86 {
     }
 
     /// # Safety
-    /// AVX-512F; every output `hd` floats, `v` m rows of `hd`, every weight row m; hd a
-    /// multiple of 16.
+    /// AVX-512F; every output `hd` floats, `v` m rows `stride` apart of at least `hd`, every
+    /// weight row m; hd a multiple of 16.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn values_512(
         ws: &[&[f32]],
         v: *const f32,
+        stride: usize,
         hd: usize,
         m: usize,
         os: &mut [&mut [f32]],
@@ -516,14 +528,14 @@ mod x86 {
                 let g = ((hd - c) / LANES).min(4);
                 let (w, o) = (&ws[i..i + n], &mut os[i..i + n]);
                 match (n, g) {
-                    (4, 4) => vtile_512::<4, 4>(w, v, hd, m, c, o),
-                    (4, _) => vtile_512::<4, 1>(w, v, hd, m, c, o),
-                    (3, 4) => vtile_512::<3, 4>(w, v, hd, m, c, o),
-                    (3, _) => vtile_512::<3, 1>(w, v, hd, m, c, o),
-                    (2, 4) => vtile_512::<2, 4>(w, v, hd, m, c, o),
-                    (2, _) => vtile_512::<2, 1>(w, v, hd, m, c, o),
-                    (_, 4) => vtile_512::<1, 4>(w, v, hd, m, c, o),
-                    _ => vtile_512::<1, 1>(w, v, hd, m, c, o),
+                    (4, 4) => vtile_512::<4, 4>(w, v, stride, m, c, o),
+                    (4, _) => vtile_512::<4, 1>(w, v, stride, m, c, o),
+                    (3, 4) => vtile_512::<3, 4>(w, v, stride, m, c, o),
+                    (3, _) => vtile_512::<3, 1>(w, v, stride, m, c, o),
+                    (2, 4) => vtile_512::<2, 4>(w, v, stride, m, c, o),
+                    (2, _) => vtile_512::<2, 1>(w, v, stride, m, c, o),
+                    (_, 4) => vtile_512::<1, 4>(w, v, stride, m, c, o),
+                    _ => vtile_512::<1, 1>(w, v, stride, m, c, o),
                 }
                 c += if g == 4 { 4 * LANES } else { LANES };
             }
@@ -539,7 +551,7 @@ mod x86 {
     unsafe fn vtile_512<const M: usize, const G: usize>(
         w: &[&[f32]],
         v: *const f32,
-        hd: usize,
+        stride: usize,
         m: usize,
         c: usize,
         o: &mut [&mut [f32]],
@@ -549,7 +561,7 @@ mod x86 {
         });
         let wp: [*const f32; M] = std::array::from_fn(|r| w[r].as_ptr());
         for j in 0..m {
-            let row = v.add(j * hd + c);
+            let row = v.add(j * stride + c);
             let x: [__m512; G] = std::array::from_fn(|g| _mm512_loadu_ps(row.add(LANES * g)));
             for r in 0..M {
                 let b = _mm512_set1_ps(*wp[r].add(j));
@@ -571,6 +583,7 @@ mod x86 {
     pub(super) unsafe fn values_256(
         ws: &[&[f32]],
         v: *const f32,
+        stride: usize,
         hd: usize,
         m: usize,
         os: &mut [&mut [f32]],
@@ -581,10 +594,10 @@ mod x86 {
             for c in (0..hd).step_by(16) {
                 let (w, o) = (&ws[i..i + n], &mut os[i..i + n]);
                 match n {
-                    4 => vtile_256::<4>(w, v, hd, m, c, o),
-                    3 => vtile_256::<3>(w, v, hd, m, c, o),
-                    2 => vtile_256::<2>(w, v, hd, m, c, o),
-                    _ => vtile_256::<1>(w, v, hd, m, c, o),
+                    4 => vtile_256::<4>(w, v, stride, m, c, o),
+                    3 => vtile_256::<3>(w, v, stride, m, c, o),
+                    2 => vtile_256::<2>(w, v, stride, m, c, o),
+                    _ => vtile_256::<1>(w, v, stride, m, c, o),
                 }
             }
             i += n;
@@ -599,7 +612,7 @@ mod x86 {
     unsafe fn vtile_256<const M: usize>(
         w: &[&[f32]],
         v: *const f32,
-        hd: usize,
+        stride: usize,
         m: usize,
         c: usize,
         o: &mut [&mut [f32]],
@@ -609,7 +622,7 @@ mod x86 {
         });
         let wp: [*const f32; M] = std::array::from_fn(|r| w[r].as_ptr());
         for j in 0..m {
-            let row = v.add(j * hd + c);
+            let row = v.add(j * stride + c);
             let x = [_mm256_loadu_ps(row), _mm256_loadu_ps(row.add(8))];
             for r in 0..M {
                 let b = _mm256_set1_ps(*wp[r].add(j));
@@ -626,10 +639,12 @@ mod x86 {
     }
 
     /// # Safety
-    /// AVX-512F; `rows` holds nk * hd floats, `kt` hd * kb; hd and kb multiples of 16, nk <= kb.
+    /// AVX-512F; `rows` holds nk rows of hd floats `stride` apart, `kt` hd * kb; hd and kb
+    /// multiples of 16, nk <= kb.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn transpose_512(
         rows: *const f32,
+        stride: usize,
         hd: usize,
         nk: usize,
         kt: *mut f32,
@@ -639,7 +654,7 @@ mod x86 {
             for d0 in (0..hd).step_by(LANES) {
                 let r: [__m512; 16] = std::array::from_fn(|i| {
                     if j0 + i < nk {
-                        _mm512_loadu_ps(rows.add((j0 + i) * hd + d0))
+                        _mm512_loadu_ps(rows.add((j0 + i) * stride + d0))
                     } else {
                         _mm512_setzero_ps()
                     }
@@ -722,7 +737,7 @@ mod tests {
             for (hd, nk, kb) in [(16, 16, 16), (64, 37, 48), (128, 64, 64)] {
                 let rows = values_of(nk * hd, 3);
                 let mut kt = vec![f32::NAN; hd * kb];
-                transpose(&rows, hd, nk, &mut kt, kb, isa);
+                transpose(&rows, hd, hd, nk, &mut kt, kb, isa);
                 for d in 0..hd {
                     for j in 0..kb {
                         let want = if j < nk { rows[j * hd + d] } else { 0.0 };
@@ -752,7 +767,7 @@ mod tests {
                 let q = values_of(nq * hd, 7);
                 let qs: Vec<&[f32]> = q.chunks(hd).collect();
                 let mut kt = vec![0.0; hd * kb];
-                transpose(&keys, hd, nk, &mut kt, kb, isa);
+                transpose(&keys, hd, hd, nk, &mut kt, kb, isa);
                 let mut out = vec![0.0; nq * kb];
                 let scale = 0.0883;
                 scores(&qs, &kt, hd, kb, scale, &mut out, isa);

@@ -287,9 +287,170 @@ const ATT_KEY_BLOCK: usize = 256;
 const ROWS_PER_TASK: usize = 4;
 
 thread_local! {
-    /// `gqa_blocks`' widened key/value rows, transposed keys and block scores (per thread,
+    /// `attend_blocks`' widened key/value rows, transposed keys and block scores (per thread,
     /// grown once to the largest shape seen).
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// `mla_blocks`' absorbed queries and latent outputs of a tile, and the activations of its
+    /// per-head products.
+    static MLA_SCRATCH: std::cell::RefCell<(Vec<f32>, Acts)> =
+        std::cell::RefCell::new((Vec::new(), Acts::new()));
+}
+
+/// Queries scored together by `attend_blocks` (fixed arrays: the decode step allocates
+/// nothing), and keys per block.
+const MAXQ: usize = 64;
+const KB: usize = 64;
+
+/// Heads per task and rows per tile for `attend_blocks`, for tiles of up to `rows` rows: the
+/// largest divisor of `group` (the heads that share a KV head) that keeps a tile's queries
+/// within MAXQ and still gives every thread a task, and the rows that then fit.
+fn block_split(group: usize, heads: usize, rows: usize, threads: usize) -> (usize, usize) {
+    let rows = rows.clamp(1, MAXQ);
+    let sub = (1..=group.min(MAXQ / rows))
+        .rev()
+        .find(|d| group.is_multiple_of(*d) && heads / d >= threads.max(1))
+        .unwrap_or(1);
+    (sub, rows.min(MAXQ / sub))
+}
+
+/// `head_matvec` of `rows` rows of `x` (`rows` x cols) into `y` (`rows` x the matrix's rows):
+/// one product over the rows (each row's bits are those of its own `head_matvec`: `matmul`
+/// gives every row the bits it gives a single row).
+fn head_matmul(
+    m: &HeadMat<'_>,
+    x: &[f32],
+    rows: usize,
+    y: &mut [f32],
+    acts: &mut Acts,
+    isa: Isa,
+) -> Result<(), ModelError> {
+    match m {
+        HeadMat::View(w) => {
+            acts.load(&x[..rows * w.cols], rows, w.cols);
+            kernels::matmul(w, acts, &mut y[..rows * w.rows], None, isa)?;
+        }
+        HeadMat::Owned { rows: mr, cols, data } => {
+            for (xr, yr) in x.chunks(*cols).zip(y.chunks_mut(*mr)).take(rows) {
+                for (r, o) in yr.iter_mut().enumerate() {
+                    *o = dot(&data[r * cols..(r + 1) * cols], xr);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The queries of one tile for `attend_blocks`: each score is (the dot of part 0's query with
+/// its key columns + part 1's ...) * scale, parts as (first key column, width, one query per
+/// tile query); query x attends positions `spans[x]` with an optional sink logit.
+struct BlockQueries<'q> {
+    parts: &'q [(usize, usize, &'q [&'q [f32]])],
+    spans: &'q [(usize, usize)],
+    scale: f32,
+    sink: &'q dyn Fn(usize) -> Option<f32>,
+}
+
+/// Attention of several queries that read the same KV rows, a block of KB positions at a time:
+/// each block of keys is widened once (`key`: position -> `key_w` floats) and each part
+/// transposed once, and scored against every query (`attn::scores`); each query's scores go to
+/// `scs[x][j - first]`; after each query's softmax, each block of values is widened once
+/// (`val`: position -> `os[x].len()` floats, `val_w` of them) and summed into every query's
+/// output, each output taking its span's rows in order (those before the block's common part,
+/// the common part for all queries at once, those after it). Each score, weight and output has
+/// the bits of the one-query kernels (`kernels::attn`'s invariant).
+#[allow(clippy::type_complexity)]
+fn attend_blocks(
+    qb: BlockQueries<'_>,
+    (key_w, key): (usize, &dyn Fn(usize, &mut [f32])),
+    (val_w, val): (usize, &dyn Fn(usize, &mut [f32])),
+    scs: &mut [&mut [f32]],
+    os: &mut [&mut [f32]],
+    scr: &mut Vec<f32>,
+    isa: Isa,
+) {
+    let nq = qb.spans.len();
+    let width: usize = qb.parts.iter().map(|p| p.1).sum();
+    let rw = key_w.max(val_w);
+    let need = KB * rw + KB * width + qb.parts.len() * nq * KB;
+    if scr.len() < need {
+        scr.resize(need, 0.0);
+    }
+    let (rows_f, rest) = scr.split_at_mut(KB * rw);
+    let (kt, blk) = rest.split_at_mut(KB * width);
+    let lo = qb.spans.iter().map(|s| s.0).min().unwrap_or(0);
+    let hi = qb.spans.iter().map(|s| s.1).max().unwrap_or(0);
+    // Scores, a block of keys at a time.
+    let mut j0 = lo;
+    while j0 < hi {
+        let j1 = (j0 + KB).min(hi);
+        let nk = j1 - j0;
+        let kb = nk.div_ceil(attn::LANES) * attn::LANES;
+        for j in j0..j1 {
+            key(j, &mut rows_f[(j - j0) * key_w..(j - j0 + 1) * key_w]);
+        }
+        let mut col = 0;
+        for (p, &(off, pw, qs)) in qb.parts.iter().enumerate() {
+            let kt = &mut kt[col * kb..(col + pw) * kb];
+            attn::transpose(&rows_f[off..], key_w, pw, nk, kt, kb, isa);
+            attn::scores(qs, kt, pw, kb, 1.0, &mut blk[p * nq * kb..(p + 1) * nq * kb], isa);
+            col += pw;
+        }
+        for (x, sc) in scs.iter_mut().enumerate() {
+            let (first, len) = qb.spans[x];
+            for j in j0.max(first)..j1.min(len) {
+                // The parts' dots summed in order, then scaled (one part: dot * scale).
+                let mut v = blk[x * kb + j - j0];
+                for p in 1..qb.parts.len() {
+                    v += blk[(p * nq + x) * kb + j - j0];
+                }
+                sc[j - first] = v * qb.scale;
+            }
+        }
+        j0 = j1;
+    }
+    for (x, sc) in scs.iter_mut().enumerate() {
+        let (first, len) = qb.spans[x];
+        attn::softmax(&mut sc[..len - first], (qb.sink)(x), isa);
+    }
+    os.iter_mut().for_each(|o| o.fill(0.0));
+    // Values, a block of rows at a time.
+    let mut j0 = lo;
+    while j0 < hi {
+        let j1 = (j0 + KB).min(hi);
+        for j in j0..j1 {
+            val(j, &mut rows_f[(j - j0) * val_w..(j - j0 + 1) * val_w]);
+        }
+        let part = |x: usize| (j0.max(qb.spans[x].0), j1.min(qb.spans[x].1));
+        let a = (0..nq).map(|x| part(x).0).max().unwrap_or(j0);
+        let b = (0..nq).map(|x| part(x).1).min().unwrap_or(j0);
+        let one = |x: usize, s: usize, e: usize, o: &mut [f32], sc: &[f32]| {
+            if s < e {
+                let f = qb.spans[x].0;
+                let v = &rows_f[(s - j0) * val_w..(e - j0) * val_w];
+                attn::values(&[&sc[s - f..e - f]], v, val_w, &mut [o], isa);
+            }
+        };
+        if a < b {
+            for (x, (o, sc)) in os.iter_mut().zip(scs.iter()).enumerate() {
+                one(x, part(x).0, a, o, sc);
+            }
+            let mut ws: [&[f32]; MAXQ] = [&[]; MAXQ];
+            for (w, (sc, &(f, _))) in ws.iter_mut().zip(scs.iter().zip(qb.spans)) {
+                *w = &sc[a - f..b - f];
+            }
+            let v = &rows_f[(a - j0) * val_w..(b - j0) * val_w];
+            attn::values(&ws[..nq], v, val_w, os, isa);
+            for (x, (o, sc)) in os.iter_mut().zip(scs.iter()).enumerate() {
+                one(x, b, part(x).1, o, sc);
+            }
+        } else {
+            for (x, (o, sc)) in os.iter_mut().zip(scs.iter()).enumerate() {
+                let (s, e) = part(x);
+                one(x, s, e, o, sc);
+            }
+        }
+        j0 = j1;
+    }
 }
 
 impl CpuBackend<'_, '_, '_> {
@@ -436,11 +597,8 @@ impl CpuBackend<'_, '_, '_> {
 
     /// `gqa_rows` for head widths that are a multiple of 16, many rows or a long context: a
     /// task per group of heads that share a KV head (all of the group when that leaves a task
-    /// per thread) runs the chunk's rows in tiles; for each tile, each block of keys is widened
-    /// and transposed once and scored against every query of the tile's rows and the task's
-    /// heads (`attn::scores`), then after each row's softmax each block of values is widened
-    /// once and summed into every query's output (`attn::values`). Every score and output has
-    /// the bits of the one-query path (`kernels::attn`'s invariant).
+    /// per thread) runs the chunk's rows in tiles, each tile's queries through
+    /// `attend_blocks`. Every score and output has the bits of the one-query path.
     fn gqa_blocks(
         &mut self,
         l: usize,
@@ -466,16 +624,8 @@ impl CpuBackend<'_, '_, '_> {
             let len = pos + i + 1;
             (sh.window.map_or(0, |w| len.saturating_sub(w)), len)
         };
-        // Queries scored together (fixed arrays: the decode step allocates nothing).
-        const MAXQ: usize = 64;
-        // Heads per task: the largest divisor of the group that still gives every thread a task.
-        let threads = self.m.pool.current_num_threads().max(1);
-        let sub = (1..=group.min(MAXQ))
-            .rev()
-            .find(|d| group.is_multiple_of(*d) && heads / d >= threads)
-            .unwrap_or(1);
-        // Rows per tile: the scores slots hold `tile`; the queries of a tile fit MAXQ.
-        let tile_rows = tile.min(MAXQ / sub).max(1);
+        let (sub, tile_rows) =
+            block_split(group, heads, tile.min(n), self.m.pool.current_num_threads());
         let q = &st.q;
         let (op, sp) = (
             SendPtr(st.att.as_mut_ptr()),
@@ -485,20 +635,16 @@ impl CpuBackend<'_, '_, '_> {
             st.att.len() >= (row0 + n) * qd && tile >= 1 && st.scores.len() >= heads * tile * ctx,
             "backend: attention buffers shorter than {n} rows"
         );
-        const KB: usize = 64;
         kernels::par_for(Some(&self.m.pool), heads / sub, &|task| {
             let (op, sp) = (&op, &sp);
             let (h0, kvh) = (task * sub, task * sub / group);
+            let key = |j: usize, o: &mut [f32]| {
+                kv_load_row(kty, &layer_k[j * krb + kvh * khb..j * krb + (kvh + 1) * khb], o)
+            };
+            let val = |j: usize, o: &mut [f32]| {
+                kv_load_row(vty, &layer_v[j * vrb + kvh * vhb..j * vrb + (kvh + 1) * vhb], o)
+            };
             SCRATCH.with_borrow_mut(|scr| {
-                let need = 3 * KB * hd + sub * tile * KB;
-                if scr.len() < need {
-                    scr.resize(need, 0.0);
-                }
-                let (rows_f, rest) = scr.split_at_mut(KB * hd);
-                let (kt, rest) = rest.split_at_mut(KB * hd);
-                let (blk, _) = rest.split_at_mut(sub * tile * KB);
-                let key = |j: usize| &layer_k[j * krb + kvh * khb..j * krb + (kvh + 1) * khb];
-                let val = |j: usize| &layer_v[j * vrb + kvh * vhb..j * vrb + (kvh + 1) * vhb];
                 let mut i0 = 0;
                 while i0 < n {
                     let rows = tile_rows.min(n - i0);
@@ -529,92 +675,163 @@ impl CpuBackend<'_, '_, '_> {
                         qs[x] = &q[r * qd + hh * hd..r * qd + (hh + 1) * hd];
                         spans[x] = span(i);
                     }
-                    let (scs, os, qs, spans) =
-                        (&mut scs[..nq], &mut os[..nq], &qs[..nq], &spans[..nq]);
-                    let lo = spans.iter().map(|s| s.0).min().unwrap_or(0);
-                    let hi = spans.iter().map(|s| s.1).max().unwrap_or(0);
-                    // Scores, a block of keys at a time.
-                    let mut j0 = lo;
-                    while j0 < hi {
-                        let j1 = (j0 + KB).min(hi);
-                        let nk = j1 - j0;
-                        let kb = nk.div_ceil(attn::LANES) * attn::LANES;
-                        for j in j0..j1 {
-                            kv_load_row(kty, key(j), &mut rows_f[(j - j0) * hd..(j - j0 + 1) * hd]);
-                        }
-                        attn::transpose(rows_f, hd, nk, kt, kb, isa);
-                        attn::scores(qs, kt, hd, kb, sh.scale, blk, isa);
-                        for (x, sc) in scs.iter_mut().enumerate() {
-                            let (first, len) = spans[x];
-                            let (a, b) = (j0.max(first), j1.min(len));
-                            if a < b {
-                                sc[a - first..b - first]
-                                    .copy_from_slice(&blk[x * kb + a - j0..x * kb + b - j0]);
-                            }
-                        }
-                        j0 = j1;
-                    }
-                    for (x, sc) in scs.iter_mut().enumerate() {
-                        let (first, len) = spans[x];
-                        let sc = &mut sc[..len - first];
-                        attn::softmax(sc, sh.sinks.map(|sk| sk[at(x).0]), isa);
-                    }
-                    os.iter_mut().for_each(|o| o.fill(0.0));
-                    // Values, a block of rows at a time; each output takes its span's rows in
-                    // order (those before the block's common part, the common part with all
-                    // queries at once, those after it).
-                    let mut j0 = lo;
-                    while j0 < hi {
-                        let j1 = (j0 + KB).min(hi);
-                        for j in j0..j1 {
-                            kv_load_row(vty, val(j), &mut rows_f[(j - j0) * hd..(j - j0 + 1) * hd]);
-                        }
-                        let part = |x: usize| (j0.max(spans[x].0), j1.min(spans[x].1));
-                        let a = (0..nq).map(|x| part(x).0).max().unwrap_or(j0);
-                        let b = (0..nq).map(|x| part(x).1).min().unwrap_or(j0);
-                        let one = |x: usize, s: usize, e: usize, o: &mut [f32], sc: &[f32]| {
-                            if s < e {
-                                let f = spans[x].0;
-                                attn::values(
-                                    &[&sc[s - f..e - f]],
-                                    &rows_f[(s - j0) * hd..(e - j0) * hd],
-                                    hd,
-                                    &mut [o],
-                                    isa,
-                                );
-                            }
-                        };
-                        if a < b {
-                            for (x, (o, sc)) in os.iter_mut().zip(scs.iter()).enumerate() {
-                                one(x, part(x).0, a, o, sc);
-                            }
-                            let mut ws: [&[f32]; MAXQ] = [&[]; MAXQ];
-                            for (w, (sc, &(f, _))) in ws.iter_mut().zip(scs.iter().zip(spans)) {
-                                *w = &sc[a - f..b - f];
-                            }
-                            attn::values(
-                                &ws[..nq],
-                                &rows_f[(a - j0) * hd..(b - j0) * hd],
-                                hd,
-                                os,
-                                isa,
-                            );
-                            for (x, (o, sc)) in os.iter_mut().zip(scs.iter()).enumerate() {
-                                one(x, b, part(x).1, o, sc);
-                            }
-                        } else {
-                            for (x, (o, sc)) in os.iter_mut().zip(scs.iter()).enumerate() {
-                                let (s, e) = part(x);
-                                one(x, s, e, o, sc);
-                            }
-                        }
-                        j0 = j1;
-                    }
+                    attend_blocks(
+                        BlockQueries {
+                            parts: &[(0, hd, &qs[..nq])],
+                            spans: &spans[..nq],
+                            scale: sh.scale,
+                            sink: &|x| sh.sinks.map(|sk| sk[at(x).0]),
+                        },
+                        (hd, &key),
+                        (hd, &val),
+                        &mut scs[..nq],
+                        &mut os[..nq],
+                        scr,
+                        isa,
+                    );
                     i0 += rows;
                 }
             });
         });
         Ok(())
+    }
+
+    /// `attend_mla_rows` of a layer without an indexer, latent and rope widths multiples of
+    /// 16: every head reads the same latent cache (one KV head), so a task per group of heads
+    /// (all heads when that leaves a task per thread) runs the chunk's rows in tiles: each
+    /// query's absorbed latent (`k_b`), the tile's queries through `attend_blocks` (score =
+    /// (latent dot + rope dot) * scale, values = the latent rows), then `v_b`. Each score,
+    /// weight and output has the bits of the row-by-row path.
+    fn mla_blocks(
+        &mut self,
+        l: usize,
+        row0: usize,
+        n: usize,
+        pos: usize,
+        a: &Mla<'_>,
+        (kv_lora, nope, rope, v_dim): (usize, usize, usize, usize),
+    ) -> Result<(), ModelError> {
+        let (m, st) = (self.m, &mut *self.st);
+        let cfg = &m.cfg;
+        let (nh, qk, isa) = (cfg.n_heads, cfg.head_dim, m.isa);
+        let ctx = st.ctx;
+        let tile = st.scores.len() / (nh * ctx);
+        let kty = st.kcache.ty();
+        let (krb, lat_b) = (st.kcache.row_bytes(), kty.row_bytes(kv_lora));
+        let w = kv_lora + rope;
+        let layer = &st.kcache.bytes()[l * ctx * krb..(l + 1) * ctx * krb];
+        let (sub, tile_rows) = block_split(nh, nh, tile.min(n), m.pool.current_num_threads());
+        let q = &st.q;
+        let (op, sp) = (
+            SendPtr(st.att.as_mut_ptr()),
+            SendPtr(st.scores.as_mut_ptr()),
+        );
+        assert!(
+            st.att.len() >= (row0 + n) * nh * v_dim
+                && tile >= 1
+                && st.scores.len() >= nh * tile * ctx
+                && st.q.len() >= (row0 + n) * nh * qk,
+            "backend: attention buffers shorter than {n} rows"
+        );
+        let key = |j: usize, o: &mut [f32]| kv_load_row(kty, &layer[j * krb..(j + 1) * krb], o);
+        let val = |j: usize, o: &mut [f32]| kv_load_row(kty, &layer[j * krb..j * krb + lat_b], o);
+        let failed = std::sync::Mutex::new(None);
+        kernels::par_for(Some(&m.pool), nh / sub, &|task| {
+            let (op, sp) = (&op, &sp);
+            let h0 = task * sub;
+            MLA_SCRATCH.with_borrow_mut(|(lat, acts)| {
+                let need = 2 * MAXQ * kv_lora + MAXQ * nope.max(v_dim);
+                if lat.len() < need {
+                    lat.resize(need, 0.0);
+                }
+                let (q_lat, rest) = lat.split_at_mut(MAXQ * kv_lora);
+                let (c_lat, tmp) = rest.split_at_mut(MAXQ * kv_lora);
+                SCRATCH.with_borrow_mut(|scr| {
+                    let mut i0 = 0;
+                    while i0 < n {
+                        let rows = tile_rows.min(n - i0);
+                        let nq = sub * rows;
+                        let at = |x: usize| (h0 + x / rows, i0 + x % rows);
+                        let qrow = |x: usize| {
+                            let (hh, i) = at(x);
+                            let r = row0 + i;
+                            &q[r * nh * qk + hh * qk..r * nh * qk + (hh + 1) * qk]
+                        };
+                        // Each head's rows of the tile: q_nope gathered, one product with k_b.
+                        for (hx, ql) in q_lat.chunks_mut(rows * kv_lora).take(sub).enumerate() {
+                            for t in 0..rows {
+                                tmp[t * nope..(t + 1) * nope]
+                                    .copy_from_slice(&qrow(hx * rows + t)[..nope]);
+                            }
+                            let r = head_matmul(&a.k_b[h0 + hx], tmp, rows, ql, acts, isa);
+                            if let Err(e) = r {
+                                *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                                return;
+                            }
+                        }
+                        let mut scs: [&mut [f32]; MAXQ] = std::array::from_fn(|_| &mut [][..]);
+                        let mut cs: [&mut [f32]; MAXQ] = std::array::from_fn(|_| &mut [][..]);
+                        let mut qls: [&[f32]; MAXQ] = [&[]; MAXQ];
+                        let mut qrs: [&[f32]; MAXQ] = [&[]; MAXQ];
+                        let mut spans = [(0usize, 0usize); MAXQ];
+                        for (x, c) in c_lat.chunks_mut(kv_lora).take(nq).enumerate() {
+                            let (hh, i) = at(x);
+                            // SAFETY: this task alone writes the score slots of heads h0..h0 +
+                            // sub (scores[(hh * tile + t) * ctx..][..ctx], t < tile); each
+                            // (head, row) is taken once, and nothing else touches them.
+                            scs[x] = unsafe {
+                                std::slice::from_raw_parts_mut(
+                                    sp.0.add((hh * tile + (i - i0)) * ctx),
+                                    ctx,
+                                )
+                            };
+                            cs[x] = c;
+                            qls[x] = &q_lat[x * kv_lora..(x + 1) * kv_lora];
+                            qrs[x] = &qrow(x)[nope..];
+                            spans[x] = (0, pos + i + 1);
+                        }
+                        attend_blocks(
+                            BlockQueries {
+                                parts: &[(0, kv_lora, &qls[..nq]), (kv_lora, rope, &qrs[..nq])],
+                                spans: &spans[..nq],
+                                scale: cfg.attn_scale,
+                                sink: &|_| None,
+                            },
+                            (w, &key),
+                            (kv_lora, &val),
+                            &mut scs[..nq],
+                            &mut cs[..nq],
+                            scr,
+                            isa,
+                        );
+                        for (hx, c) in c_lat.chunks(rows * kv_lora).take(sub).enumerate() {
+                            let hh = h0 + hx;
+                            if let Err(e) = head_matmul(&a.v_b[hh], c, rows, tmp, acts, isa) {
+                                *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                                return;
+                            }
+                            for t in 0..rows {
+                                let r = row0 + i0 + t;
+                                // SAFETY: row r's output of head hh (att holds row0 + n rows of
+                                // nh * v_dim), written by this task alone.
+                                let out = unsafe {
+                                    std::slice::from_raw_parts_mut(
+                                        op.0.add(r * nh * v_dim + hh * v_dim),
+                                        v_dim,
+                                    )
+                                };
+                                out.copy_from_slice(&tmp[t * v_dim..(t + 1) * v_dim]);
+                            }
+                        }
+                        i0 += rows;
+                    }
+                });
+            });
+        });
+        match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// `Backend::matmul`.
@@ -915,6 +1132,16 @@ impl Backend for CpuBackend<'_, '_, '_> {
             return Err(ModelError::Config("MLA weights in a GQA model".into()));
         };
         let (nh, qk, isa) = (cfg.n_heads, cfg.head_dim, m.isa);
+        // Long enough to share blocks (as `gqa_rows`' serial cut-off), no indexer, SIMD widths.
+        if a.indexer.is_none()
+            && !a.shares_indexer
+            && n * (pos + n) * nh * (kv_lora + rope) > 1 << 14
+            && kv_lora.is_multiple_of(attn::LANES)
+            && rope.is_multiple_of(attn::LANES)
+            && qk == nope + rope
+        {
+            return self.mla_blocks(l, row0, n, pos, a, (kv_lora, nope, rope, v_dim));
+        }
         let ctx = st.ctx;
         let kk = kv_kernels(st.kcache.ty(), isa);
         let (krb, lat_b) = (st.kcache.row_bytes(), kk.ty.row_bytes(kv_lora));
