@@ -174,7 +174,7 @@ fn tile8_types() -> Vec<(DType, Isa)> {
     v
 }
 
-/// The 8-row x 4-token tiles give, output by output, the bits of the single-row dot, on random
+/// The 8-row x 8-token tiles give, output by output, the bits of the single-row dot, on random
 /// and extreme blocks, with the eight rows at a stride (as `matmul` hands them).
 #[test]
 fn tile_dots_equal_single_row_dots() {
@@ -196,20 +196,26 @@ fn tile_dots_equal_single_row_dots() {
             let w = blocks(t, cols / be * 8, &mut rng, extreme);
             let rb = w.len() / 8;
             let mut acts = Acts::new();
-            acts.load(&activations(cols, &mut rng), 4, cols);
+            let mut x = activations(cols, &mut rng);
+            x.extend(activations(cols, &mut rng));
+            acts.load(&x, 8, cols);
             acts.prepare(fmt);
-            let rows = [acts.row(0), acts.row(1), acts.row(2), acts.row(3)];
-            let mut got = [[f32::NAN; 8]; 4];
-            tile(&w, rb, &rows, &mut got);
-            for (k, g) in got.iter().enumerate() {
-                for (r, g) in g.iter().enumerate() {
-                    let want = dot(&w[r * rb..(r + 1) * rb], &rows[k]);
-                    assert!(want.is_finite(), "{t} {isa:?}: non-finite reference");
-                    assert_eq!(
+            let all: Vec<_> = (0..8).map(|t| acts.row(t)).collect();
+            // Every token count a tile takes (1..=8): the first n rows of `got` are written.
+            for n in [1usize, 3, 4, 5, 8] {
+                let rows = &all[..n];
+                let mut got = [[f32::NAN; 8]; 8];
+                tile(&w, rb, rows, &mut got);
+                for (k, g) in got[..n].iter().enumerate() {
+                    for (r, g) in g.iter().enumerate() {
+                        let want = dot(&w[r * rb..(r + 1) * rb], &rows[k]);
+                        assert!(want.is_finite(), "{t} {isa:?}: non-finite reference");
+                        assert_eq!(
                         g.to_bits(),
                         want.to_bits(),
-                        "{t} {isa:?} extreme={extreme} weight row {r} act row {k}: {g} vs {want}"
+                        "{t} {isa:?} extreme={extreme} n={n} weight row {r} act row {k}: {g} vs {want}"
                     );
+                    }
                 }
             }
         }

@@ -165,19 +165,21 @@ fn rows_range(
         tile: tile8,
     } = dots;
     let t_rows = src.rows;
+    // Tokens per pass: a tile takes up to eight, the four-row dot four.
+    let group = if tile8.is_some() { 8 } else { 4 };
     let mut t0 = r0;
     while t0 < r1 {
         let t1 = (t0 + tile).min(r1);
         let mut t = 0;
         while t < t_rows {
-            let n = (t_rows - t).min(4);
-            let a: [ActRow<'_>; 4] = std::array::from_fn(|k| src.row(t + k.min(n - 1)));
+            let n = (t_rows - t).min(group);
             let mut r8 = t0;
             // Tiles from two tokens up. One token (decode's matvec) keeps the single-row dot:
             // the tile's eight side-by-side row streams read memory slower (Q4_K AVX-512, one
             // thread: 8.9 vs 12.5 GB/s, docs/PERFORMANCE.md issue 16) though it wins in L2.
             if let Some(tile8) = tile8.filter(|_| n >= 2) {
-                let mut o = [[0.0f32; 8]; 4];
+                let a: [ActRow<'_>; 8] = std::array::from_fn(|k| src.row(t + k.min(n - 1)));
+                let mut o = [[0.0f32; 8]; 8];
                 while r8 + 8 <= t1 {
                     tile8(&w.bytes[r8 * rb..(r8 + 8) * rb], rb, &a[..n], &mut o);
                     for (k, o) in o[..n].iter().enumerate() {
@@ -188,23 +190,30 @@ fn rows_range(
                     r8 += 8;
                 }
             }
-            match dot4.filter(|_| n == 4) {
-                Some(dot4) => {
-                    let mut o = [0.0f32; 4];
-                    for r in r8..t1 {
-                        dot4(&w.bytes[r * rb..(r + 1) * rb], &a, &mut o);
-                        for (k, &v) in o.iter().enumerate() {
-                            out((t + k) * n_rows + r, v);
-                        }
-                    }
-                }
-                None => {
-                    for (k, a) in a[..n].iter().enumerate() {
+            // The rows left (fewer than eight), four tokens at a time.
+            let mut u = t;
+            while u < t + n && r8 < t1 {
+                let m = (t + n - u).min(4);
+                let a: [ActRow<'_>; 4] = std::array::from_fn(|k| src.row(u + k.min(m - 1)));
+                match dot4.filter(|_| m == 4) {
+                    Some(dot4) => {
+                        let mut o = [0.0f32; 4];
                         for r in r8..t1 {
-                            out((t + k) * n_rows + r, dot(&w.bytes[r * rb..(r + 1) * rb], a));
+                            dot4(&w.bytes[r * rb..(r + 1) * rb], &a, &mut o);
+                            for (k, &v) in o.iter().enumerate() {
+                                out((u + k) * n_rows + r, v);
+                            }
+                        }
+                    }
+                    None => {
+                        for (k, a) in a[..m].iter().enumerate() {
+                            for r in r8..t1 {
+                                out((u + k) * n_rows + r, dot(&w.bytes[r * rb..(r + 1) * rb], a));
+                            }
                         }
                     }
                 }
+                u += m;
             }
             t += n;
         }

@@ -104,12 +104,12 @@ pub struct Dot4Kernels {
 }
 
 /// Eight consecutive encoded weight rows (`w`: `8 * rb` bytes, row r at `r * rb`, each row
-/// whole blocks) against one to four activation rows: `out[t][r] = dot(row r, a[t])` for
+/// whole blocks) against one to eight activation rows: `out[t][r] = dot(row r, a[t])` for
 /// t < a.len() (the other rows of `out` are left as they were).
-pub type TileFn = fn(w: &[u8], rb: usize, a: &[ActRow<'_>], out: &mut [[f32; 8]; 4]);
+pub type TileFn = fn(w: &[u8], rb: usize, a: &[ActRow<'_>], out: &mut [[f32; 8]; 8]);
 
-/// A type's 8-row x 4-token tile kernels per ISA (prefill: each weight block is unpacked once
-/// for up to four tokens and each activation block loaded once for several rows). Each must give,
+/// A type's 8-row x 8-token tile kernels per ISA (prefill: each weight block is unpacked once
+/// for up to eight tokens and each activation block loaded once for several rows). Each must give,
 /// per output, exactly the bits of the same ISA's single-row dot.
 pub struct TileKernels {
     pub avx2: Option<TileFn>,
@@ -266,7 +266,7 @@ pub fn dot4_fn(dtype: DType, isa: Isa) -> Option<Dot4Fn> {
     }
 }
 
-/// The 8x4 tile kernel for `dtype` matching the single-row dot [`dot_fn`] picks at `isa`
+/// The 8x8 tile kernel for `dtype` matching the single-row dot [`dot_fn`] picks at `isa`
 /// (bit-identical to it, output by output), if the type has one at that ISA.
 pub fn tile_fn(dtype: DType, isa: Isa) -> Option<TileFn> {
     let k = kernels_for(dtype).ok()?;

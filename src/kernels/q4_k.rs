@@ -39,7 +39,7 @@ pub(super) const DOT4: super::Dot4Kernels = super::Dot4Kernels {
     avx512: None,
 };
 
-/// The 8-row x 4-token tile (prefill): see `kernels::tile_fn`.
+/// The 8-row x 8-token tile (prefill): see `kernels::tile_fn`.
 pub(super) const TILE: super::TileKernels = super::TileKernels {
     #[cfg(target_arch = "x86_64")]
     avx2: Some(x86::tile_avx2),
@@ -135,6 +135,7 @@ pub(super) mod x86 {
     use super::super::simd::x86::{f16x2_at, prefetch};
     use super::{dot_scalar, scales_mins_u64, ActRow, BlockQ8K, BB};
     type Rows4 = [*const BlockQ8K; 4];
+    type Rows8 = [*const BlockQ8K; 8];
     use crate::kernels::Isa;
     use std::arch::x86_64::*;
 
@@ -171,12 +172,13 @@ pub(super) mod x86 {
         unsafe { avx2_x4(w.as_ptr(), ap, nb, out) }
     }
 
-    /// Eight weight rows (`w`: `8 * rb` bytes, row r at `r * rb`) against one to four
-    /// activation rows: `out[t][r]` has the bits of `dot_avx2(row r, a[t])` (= `dot_scalar`'s).
-    pub(super) fn tile_avx2(w: &[u8], rb: usize, a: &[ActRow<'_>], out: &mut [[f32; 8]; 4]) {
+    /// Eight weight rows (`w`: `8 * rb` bytes, row r at `r * rb`) against one to eight
+    /// activation rows (as two halves of up to four): `out[t][r]` has the bits of
+    /// `dot_avx2(row r, a[t])` (= `dot_scalar`'s).
+    pub(super) fn tile_avx2(w: &[u8], rb: usize, a: &[ActRow<'_>], out: &mut [[f32; 8]; 8]) {
         let n = a.len();
         assert!(
-            w.len() >= 8 * rb && (1..=4).contains(&n),
+            w.len() >= 8 * rb && (1..=8).contains(&n),
             "Q4_K tile: {} bytes for 8 rows of {rb}, {n} activation rows",
             w.len()
         );
@@ -188,28 +190,34 @@ pub(super) mod x86 {
             }
             return;
         }
-        let nb = a.iter().map(|a| a.q8k.len()).fold(rb / BB, usize::min);
-        // Missing rows point at row 0 (read, never stored).
-        let ap: Rows4 = std::array::from_fn(|t| a[if t < n { t } else { 0 }].q8k.as_ptr());
-        let (w, o) = (w.as_ptr(), out);
-        // SAFETY: AVX2/FMA/F16C present (checked above); `w` holds 8 rows of `rb` bytes, each
-        // at least `nb` whole blocks, and each activation row at least `nb` blocks.
-        unsafe {
-            match n {
-                1 => avx2_8x4::<1>(w, rb, ap, nb, o),
-                2 => avx2_8x4::<2>(w, rb, ap, nb, o),
-                3 => avx2_8x4::<3>(w, rb, ap, nb, o),
-                _ => avx2_8x4::<4>(w, rb, ap, nb, o),
+        for h in (0..n).step_by(4) {
+            let a = &a[h..n.min(h + 4)];
+            let n = a.len();
+            let nb = a.iter().map(|a| a.q8k.len()).fold(rb / BB, usize::min);
+            // Missing rows point at row 0 (read, never stored).
+            let ap: Rows4 = std::array::from_fn(|t| a[if t < n { t } else { 0 }].q8k.as_ptr());
+            let mut o = [[0.0f32; 8]; 4];
+            let wp = w.as_ptr();
+            // SAFETY: AVX2/FMA/F16C present (checked above); `w` holds 8 rows of `rb` bytes,
+            // each at least `nb` whole blocks, and each activation row at least `nb` blocks.
+            unsafe {
+                match n {
+                    1 => avx2_8x4::<1>(wp, rb, ap, nb, &mut o),
+                    2 => avx2_8x4::<2>(wp, rb, ap, nb, &mut o),
+                    3 => avx2_8x4::<3>(wp, rb, ap, nb, &mut o),
+                    _ => avx2_8x4::<4>(wp, rb, ap, nb, &mut o),
+                }
             }
+            out[h..h + n].copy_from_slice(&o[..n]);
         }
     }
 
-    /// `tile_avx2` with VNNI: `out[t][r]` has the bits of `dot_avx512(row r, a[t])` (=
-    /// `dot_scalar`'s).
-    pub(super) fn tile_avx512(w: &[u8], rb: usize, a: &[ActRow<'_>], out: &mut [[f32; 8]; 4]) {
+    /// `tile_avx2` with VNNI, all eight tokens in one pass: `out[t][r]` has the bits of
+    /// `dot_avx512(row r, a[t])` (= `dot_scalar`'s).
+    pub(super) fn tile_avx512(w: &[u8], rb: usize, a: &[ActRow<'_>], out: &mut [[f32; 8]; 8]) {
         let n = a.len();
         assert!(
-            w.len() >= 8 * rb && (1..=4).contains(&n),
+            w.len() >= 8 * rb && (1..=8).contains(&n),
             "Q4_K tile: {} bytes for 8 rows of {rb}, {n} activation rows",
             w.len()
         );
@@ -218,15 +226,19 @@ pub(super) mod x86 {
         }
         let nb = a.iter().map(|a| a.q8k.len()).fold(rb / BB, usize::min);
         // Missing rows point at row 0 (read, never stored).
-        let ap: Rows4 = std::array::from_fn(|t| a[if t < n { t } else { 0 }].q8k.as_ptr());
+        let ap: Rows8 = std::array::from_fn(|t| a[if t < n { t } else { 0 }].q8k.as_ptr());
         let (w, o) = (w.as_ptr(), out);
         // SAFETY: AVX-512 F/BW/VL/VNNI present (checked above); lengths as in `tile_avx2`.
         unsafe {
             match n {
-                1 => avx512_8x4::<1>(w, rb, ap, nb, o),
-                2 => avx512_8x4::<2>(w, rb, ap, nb, o),
-                3 => avx512_8x4::<3>(w, rb, ap, nb, o),
-                _ => avx512_8x4::<4>(w, rb, ap, nb, o),
+                1 => avx512_8x8::<1>(w, rb, ap, nb, o),
+                2 => avx512_8x8::<2>(w, rb, ap, nb, o),
+                3 => avx512_8x8::<3>(w, rb, ap, nb, o),
+                4 => avx512_8x8::<4>(w, rb, ap, nb, o),
+                5 => avx512_8x8::<5>(w, rb, ap, nb, o),
+                6 => avx512_8x8::<6>(w, rb, ap, nb, o),
+                7 => avx512_8x8::<7>(w, rb, ap, nb, o),
+                _ => avx512_8x8::<8>(w, rb, ap, nb, o),
             }
         }
     }
@@ -847,8 +859,8 @@ pub(super) mod x86 {
         scale_sel512(3),
     ];
 
-    /// 8 weight rows x `T` (1..=4) activation rows with VNNI (`out[t]` for t >= T is not
-    /// written). Per block and 32-byte chunk k of `qs`, the eight rows are transposed in 8-byte
+    /// 8 weight rows x `T` (1..=8) activation rows with VNNI (`out[t]` for t >= T is not
+    /// written); the weight unpacking and the per-block scales and mins serve all T tokens. Per block and 32-byte chunk k of `qs`, the eight rows are transposed in 8-byte
     /// words (register g: word g of rows 0..8, 128-bit lane L = rows 2L, 2L+1) and each
     /// activation's 8 bytes are broadcast against it; `dpbusd` over the four words gives per row
     /// two i32 lanes of 16 products each (|.| <= 16 * 15 * 127 < 2^15), sub-blocks 2k and 2k+1
@@ -861,12 +873,12 @@ pub(super) mod x86 {
     /// AVX-512 F/BW/VL/VNNI + F16C; rows `w + r * rb` (r < 8) valid for `nb` blocks, each
     /// `a[t]` for `nb` activation blocks.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn avx512_8x4<const T: usize>(
+    unsafe fn avx512_8x8<const T: usize>(
         w: *const u8,
         rb: usize,
-        a: Rows4,
+        a: Rows8,
         nb: usize,
-        out: &mut [[f32; 8]; 4],
+        out: &mut [[f32; 8]; 8],
     ) {
         let m4 = _mm512_set1_epi8(0x0F);
         let zero = _mm512_setzero_si512();
@@ -879,11 +891,11 @@ pub(super) mod x86 {
         // f32 lane (L, i) <- row 2L + i % 2.
         let rows_idx = _mm512_setr_epi32(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7);
         // f32 lane (L, i) <- token 2p + i / 2.
-        let tok_idx = [
-            _mm512_setr_epi32(0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1),
-            _mm512_setr_epi32(2, 2, 3, 3, 2, 2, 3, 3, 2, 2, 3, 3, 2, 2, 3, 3),
-        ];
-        const P: usize = 2;
+        let tok_idx: [__m512i; 4] = std::array::from_fn(|p| {
+            let (t, u) = (2 * p as i32, 2 * p as i32 + 1);
+            _mm512_setr_epi32(t, t, u, u, t, t, u, u, t, t, u, u, t, t, u, u)
+        });
+        const P: usize = 4;
         let mut acc = [_mm512_setzero_ps(); P];
         // The eight rows are read block by block side by side, which hardware prefetchers do
         // not follow (short rows): prefetch the same block of the next eight rows, one tile
@@ -904,9 +916,9 @@ pub(super) mod x86 {
                 dh[r] = std::ptr::read_unaligned(b as *const u16);
                 mh[r] = std::ptr::read_unaligned(b.add(2) as *const u16);
             }
-            let ab: [&BlockQ8K; 4] = std::array::from_fn(|t| &*a[t].add(i));
+            let ab: [&BlockQ8K; 8] = std::array::from_fn(|t| &*a[t].add(i));
             let sq = _mm512_loadu_si512(sc.as_ptr() as *const __m512i);
-            let mut s32 = [_mm512_setzero_si512(); 4];
+            let mut s32 = [_mm512_setzero_si512(); 8];
             for (k, &sel) in sel.iter().enumerate() {
                 let ld = |r: usize| _mm256_loadu_si256(blk(r).add(16 + 32 * k) as *const __m256i);
                 let z = |r: usize| _mm512_inserti64x4(_mm512_castsi256_si512(ld(r)), ld(r + 1), 1);
@@ -945,7 +957,7 @@ pub(super) mod x86 {
             }
             // Per 128-bit lane L of s32[t]: [2k of r2L, 2k of r2L+1, 2k+1 of r2L, 2k+1 of r2L+1]
             // summed over k; row sums in lanes 0 and 1.
-            let rs: [__m512i; 4] = std::array::from_fn(|t| {
+            let rs: [__m512i; 8] = std::array::from_fn(|t| {
                 _mm512_add_epi32(s32[t], _mm512_shuffle_epi32::<_MM_PERM_BADC>(s32[t]))
             });
             // Mins of rows (0, 2, 4, 6) and (1, 3, 5, 7), one row per 128-bit lane, as i16.
@@ -968,7 +980,9 @@ pub(super) mod x86 {
                 let bp = _mm512_broadcast_i32x4(p);
                 hadd512(_mm512_madd_epi16(ma, bp), _mm512_madd_epi16(mb, bp))
             };
-            let da = _mm512_castps128_ps512(_mm_setr_ps(ab[0].d, ab[1].d, ab[2].d, ab[3].d));
+            let da = _mm512_castps256_ps512(_mm256_setr_ps(
+                ab[0].d, ab[1].d, ab[2].d, ab[3].d, ab[4].d, ab[5].d, ab[6].d, ab[7].d,
+            ));
             let dw = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128(
                 dh.as_ptr() as *const __m128i
             )));

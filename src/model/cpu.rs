@@ -329,7 +329,11 @@ fn head_matmul(
             acts.load(&x[..rows * w.cols], rows, w.cols);
             kernels::matmul(w, acts, &mut y[..rows * w.rows], None, isa)?;
         }
-        HeadMat::Owned { rows: mr, cols, data } => {
+        HeadMat::Owned {
+            rows: mr,
+            cols,
+            data,
+        } => {
             for (xr, yr) in x.chunks(*cols).zip(y.chunks_mut(*mr)).take(rows) {
                 for (r, o) in yr.iter_mut().enumerate() {
                     *o = dot(&data[r * cols..(r + 1) * cols], xr);
@@ -392,7 +396,15 @@ fn attend_blocks(
         for (p, &(off, pw, qs)) in qb.parts.iter().enumerate() {
             let kt = &mut kt[col * kb..(col + pw) * kb];
             attn::transpose(&rows_f[off..], key_w, pw, nk, kt, kb, isa);
-            attn::scores(qs, kt, pw, kb, 1.0, &mut blk[p * nq * kb..(p + 1) * nq * kb], isa);
+            attn::scores(
+                qs,
+                kt,
+                pw,
+                kb,
+                1.0,
+                &mut blk[p * nq * kb..(p + 1) * nq * kb],
+                isa,
+            );
             col += pw;
         }
         for (x, sc) in scs.iter_mut().enumerate() {
@@ -639,10 +651,18 @@ impl CpuBackend<'_, '_, '_> {
             let (op, sp) = (&op, &sp);
             let (h0, kvh) = (task * sub, task * sub / group);
             let key = |j: usize, o: &mut [f32]| {
-                kv_load_row(kty, &layer_k[j * krb + kvh * khb..j * krb + (kvh + 1) * khb], o)
+                kv_load_row(
+                    kty,
+                    &layer_k[j * krb + kvh * khb..j * krb + (kvh + 1) * khb],
+                    o,
+                )
             };
             let val = |j: usize, o: &mut [f32]| {
-                kv_load_row(vty, &layer_v[j * vrb + kvh * vhb..j * vrb + (kvh + 1) * vhb], o)
+                kv_load_row(
+                    vty,
+                    &layer_v[j * vrb + kvh * vhb..j * vrb + (kvh + 1) * vhb],
+                    o,
+                )
             };
             SCRATCH.with_borrow_mut(|scr| {
                 let mut i0 = 0;
