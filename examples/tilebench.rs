@@ -87,7 +87,7 @@ fn main() {
         }
         if let Some(tl) = tile {
             let t0 = Instant::now();
-            let mut o = [[0.0f32; 8]; 4];
+            let mut o = [[0.0f32; 8]; 8];
             for _ in 0..passes {
                 for r in (0..rows).step_by(8) {
                     tl(&w[r * rb..(r + 8) * rb], rb, &a, &mut o);
