@@ -8,11 +8,11 @@
 //! of our own, so SIMD and scalar code give the same bits), per ISA. Does not own: spans, masks
 //! or which queries share a block (model/cpu.rs's `gqa_rows`).
 //! Invariant: each score has the bits of `kv`'s dot of the query with that key (16 lanes,
-//! lane l summing the products of dimensions 16c + l in order, each product and sum rounded on
-//! its own, then the lane sums in order after the empty tail's sum) times `scale`, and each
-//! output of `values` has the bits of `kv`'s weighted sum (per column, rows in order, from the
-//! value the output holds), so a row's attention has the same bits whether it runs here or
-//! through `kv`'s one-query kernels, at every ISA. `softmax` is defined by its scalar code
+//! lane l a fused multiply-add chain over dimensions 16c + l in order, then the lane sums in
+//! order after the empty tail's sum) times `scale`, and each output of `values` has the bits
+//! of `kv`'s weighted sum (per column, an FMA chain over the rows in order, from the value the
+//! output holds), so a row's attention has the same bits whether it runs here or through
+//! `kv`'s one-query kernels, at every ISA. `softmax` is defined by its scalar code
 //! (each operation rounded on its own, the sum in 16 lanes), which the SIMD code repeats.
 
 use super::Isa;
@@ -72,7 +72,7 @@ fn scores_scalar(qs: &[&[f32]], kt: &[f32], hd: usize, kb: usize, scale: f32, ou
             for l in 0..LANES {
                 let mut p = 0.0f32;
                 for d in (l..hd).step_by(LANES) {
-                    p += q[d] * kt[d * kb + j];
+                    p = q[d].mul_add(kt[d * kb + j], p);
                 }
                 s += p;
             }
@@ -81,8 +81,8 @@ fn scores_scalar(qs: &[&[f32]], kt: &[f32], hd: usize, kb: usize, scale: f32, ou
     }
 }
 
-/// `os[i][c] += sum_j ws[i][j] * v[j * stride + c]`, rows j in order, each product and sum
-/// rounded on its own (every `ws[i]` has the same length m; every `os[i]` `hd` floats; `v`
+/// `os[i][c] += sum_j ws[i][j] * v[j * stride + c]`, rows j in order, one fused multiply-add
+/// each (every `ws[i]` has the same length m; every `os[i]` `hd` floats; `v`
 /// holds m rows `stride` apart, the first `hd` of each read). `hd` a multiple of 16.
 pub fn values(ws: &[&[f32]], v: &[f32], stride: usize, os: &mut [&mut [f32]], isa: Isa) {
     let m = ws.first().map_or(0, |w| w.len());
@@ -112,7 +112,7 @@ pub fn values(ws: &[&[f32]], v: &[f32], stride: usize, os: &mut [&mut [f32]], is
     for (w, o) in ws.iter().zip(os.iter_mut()) {
         for (j, &wj) in w.iter().enumerate() {
             for (x, y) in o.iter_mut().zip(&v[j * stride..j * stride + hd]) {
-                *x += wj * y;
+                *x = wj.mul_add(*y, *x);
             }
         }
     }
@@ -266,7 +266,7 @@ mod x86 {
 
     /// e^x of 8 lanes: `exp1`'s operations.
     #[inline]
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,fma")]
     unsafe fn exp8(x: __m256) -> __m256 {
         use super::{EXP_HI, EXP_LO, EXP_P, LN2_HI, LN2_LO, LOG2E};
         let keep = _mm256_cmp_ps::<_CMP_GE_OQ>(x, _mm256_set1_ps(EXP_LO));
@@ -328,7 +328,7 @@ mod x86 {
 
     /// # Safety
     /// AVX2.
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn softmax_256(x: &mut [f32], sink: Option<f32>) {
         let full = x.len() / LANES * LANES;
         let p = x.as_mut_ptr();
@@ -427,7 +427,7 @@ mod x86 {
                 for r in 0..M {
                     let b = _mm512_set1_ps(*qp[r].add(d));
                     for w in 0..W {
-                        p[r][w] = _mm512_add_ps(p[r][w], _mm512_mul_ps(b, k[w]));
+                        p[r][w] = _mm512_fmadd_ps(b, k[w], p[r][w]);
                     }
                 }
             }
@@ -447,7 +447,7 @@ mod x86 {
 
     /// # Safety
     /// AVX2; as `scores_512`.
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn scores_256(
         qs: &[&[f32]],
         kt: *const f32,
@@ -479,7 +479,7 @@ mod x86 {
     /// # Safety
     /// As `tile_512`, for 8 keys.
     #[inline]
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,fma")]
     unsafe fn tile_256<const M: usize>(
         q: &[&[f32]],
         kt: *const f32,
@@ -495,7 +495,7 @@ mod x86 {
             for d in (l..hd).step_by(LANES) {
                 let k = _mm256_loadu_ps(kt.add(d * kb));
                 for r in 0..M {
-                    p[r] = _mm256_add_ps(p[r], _mm256_mul_ps(_mm256_set1_ps(*qp[r].add(d)), k));
+                    p[r] = _mm256_fmadd_ps(_mm256_set1_ps(*qp[r].add(d)), k, p[r]);
                 }
             }
             for r in 0..M {
@@ -566,7 +566,7 @@ mod x86 {
             for r in 0..M {
                 let b = _mm512_set1_ps(*wp[r].add(j));
                 for g in 0..G {
-                    acc[r][g] = _mm512_add_ps(acc[r][g], _mm512_mul_ps(b, x[g]));
+                    acc[r][g] = _mm512_fmadd_ps(b, x[g], acc[r][g]);
                 }
             }
         }
@@ -579,7 +579,7 @@ mod x86 {
 
     /// # Safety
     /// AVX2; as `values_512`.
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn values_256(
         ws: &[&[f32]],
         v: *const f32,
@@ -608,7 +608,7 @@ mod x86 {
     /// # Safety
     /// As `values_512`, with c + 16 <= hd.
     #[inline]
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,fma")]
     unsafe fn vtile_256<const M: usize>(
         w: &[&[f32]],
         v: *const f32,
@@ -627,7 +627,7 @@ mod x86 {
             for r in 0..M {
                 let b = _mm256_set1_ps(*wp[r].add(j));
                 for g in 0..2 {
-                    acc[r][g] = _mm256_add_ps(acc[r][g], _mm256_mul_ps(b, x[g]));
+                    acc[r][g] = _mm256_fmadd_ps(b, x[g], acc[r][g]);
                 }
             }
         }

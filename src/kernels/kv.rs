@@ -8,10 +8,10 @@
 //! (dot, four dots, weighted sum) per ISA. Does not own: where rows live (model/state.rs) or
 //! which cache follows which flag (model/config.rs, engine/).
 //! Invariant: every stored element widens to f32 exactly (a q8_0 element `d * q` has at most
-//! 11 + 8 significant bits), and the kernels sum in a fixed order with every product and sum
-//! rounded on its own (a dot in 16 lanes as `model::blocks::dot`; a weighted sum per column
-//! in row order as `model::blocks::weighted_rows`), so every ISA gives the scalar path's bits,
-//! and those are the bits of the f32 kernels on the dequantized rows.
+//! 11 + 8 significant bits), and the kernels sum in a fixed order with fused multiply-adds (a
+//! dot in 16 lanes, lane l an FMA chain over elements 16c + l, the lanes then added in order;
+//! a weighted sum per column, an FMA chain over the rows in order), so every ISA gives the
+//! scalar path's bits (`f32::mul_add` is the same single rounding as the SIMD FMA).
 
 use super::Isa;
 use crate::dtype::DType;
@@ -420,7 +420,7 @@ fn dot_scalar<E: Elem>(q: &[f32], row: &[u8]) -> f32 {
     let mut acc = [0.0f32; 16];
     for c in (0..full).step_by(16) {
         for (i, a) in acc.iter_mut().enumerate() {
-            *a += q[c + i] * E::get(row, c + i);
+            *a = q[c + i].mul_add(E::get(row, c + i), *a);
         }
     }
     finish(tail::<E>(q, row, full), &acc)
@@ -436,7 +436,7 @@ fn weighted_scalar<E: Elem>(o: &mut [f32], w: &[f32], rows: &[u8], stride: usize
     for (j, &wj) in w.iter().enumerate() {
         let row = &rows[j * stride..];
         for (c, x) in o.iter_mut().enumerate() {
-            *x += wj * E::get(row, c);
+            *x = wj.mul_add(E::get(row, c), *x);
         }
     }
 }
@@ -444,7 +444,7 @@ fn weighted_scalar<E: Elem>(o: &mut [f32], w: &[f32], rows: &[u8], stride: usize
 fn axpy_scalar<E: Elem>(o: &mut [f32], w: f32, row: &[u8]) {
     assert!(row.len() >= E::bytes(o.len()), "kv axpy: short row");
     for (c, x) in o.iter_mut().enumerate() {
-        *x += w * E::get(row, c);
+        *x = w.mul_add(E::get(row, c), *x);
     }
 }
 
@@ -461,7 +461,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     /// f32 -> f16 (round to nearest even, as the scalar path), 8 at a time, scalar tail.
-    #[target_feature(enable = "avx2,f16c")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn f16_store_avx2(src: &[f32], dst: &mut [u8]) {
         let n = src.len();
         let mut i = 0;
@@ -571,14 +571,14 @@ mod x86 {
         }
     }
 
-    #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
     unsafe fn load_512<E: Elem>(row: *const u8, o: &mut [f32]) {
         for c in (0..o.len()).step_by(16) {
             _mm512_storeu_ps(o.as_mut_ptr().add(c), E::load16(row, c));
         }
     }
 
-    #[target_feature(enable = "avx2,f16c")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn load_256<E: Elem>(row: *const u8, o: &mut [f32]) {
         for c in (0..o.len()).step_by(8) {
             _mm256_storeu_ps(o.as_mut_ptr().add(c), E::load8(row, c));
@@ -587,42 +587,33 @@ mod x86 {
 
     /// # Safety
     /// AVX-512F/BW + F16C; `row` valid for `o.len()` elements, a multiple of 16.
-    #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
     unsafe fn axpy_512<E: Elem>(o: &mut [f32], w: f32, row: *const u8) {
         let s = _mm512_set1_ps(w);
         for c in (0..o.len()).step_by(16) {
             let p = o.as_mut_ptr().add(c);
-            _mm512_storeu_ps(
-                p,
-                _mm512_add_ps(_mm512_loadu_ps(p), _mm512_mul_ps(s, E::load16(row, c))),
-            );
+            _mm512_storeu_ps(p, _mm512_fmadd_ps(s, E::load16(row, c), _mm512_loadu_ps(p)));
         }
     }
 
     /// # Safety
     /// AVX2 + F16C; `row` valid for `o.len()` elements, a multiple of 8.
-    #[target_feature(enable = "avx2,f16c")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn axpy_256<E: Elem>(o: &mut [f32], w: f32, row: *const u8) {
         let s = _mm256_set1_ps(w);
         for c in (0..o.len()).step_by(8) {
             let p = o.as_mut_ptr().add(c);
-            _mm256_storeu_ps(
-                p,
-                _mm256_add_ps(_mm256_loadu_ps(p), _mm256_mul_ps(s, E::load8(row, c))),
-            );
+            _mm256_storeu_ps(p, _mm256_fmadd_ps(s, E::load8(row, c), _mm256_loadu_ps(p)));
         }
     }
 
     /// # Safety
     /// AVX-512F/BW + F16C; `q` valid for n floats and `row` for n elements, n % 16 == 0.
-    #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
     unsafe fn dot1_512<E: Elem>(q: *const f32, row: *const u8, n: usize) -> f32 {
         let mut acc = _mm512_setzero_ps();
         for c in (0..n).step_by(16) {
-            acc = _mm512_add_ps(
-                acc,
-                _mm512_mul_ps(_mm512_loadu_ps(q.add(c)), E::load16(row, c)),
-            );
+            acc = _mm512_fmadd_ps(_mm512_loadu_ps(q.add(c)), E::load16(row, c), acc);
         }
         let mut l = [0.0f32; 16];
         _mm512_storeu_ps(l.as_mut_ptr(), acc);
@@ -631,13 +622,13 @@ mod x86 {
 
     /// # Safety
     /// AVX2 + F16C; as `dot1_512`.
-    #[target_feature(enable = "avx2,f16c")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dot1_256<E: Elem>(q: *const f32, row: *const u8, n: usize) -> f32 {
         let mut acc = [_mm256_setzero_ps(); 2];
         for c in (0..n).step_by(16) {
             for (h, a) in acc.iter_mut().enumerate() {
                 let x = _mm256_loadu_ps(q.add(c + 8 * h));
-                *a = _mm256_add_ps(*a, _mm256_mul_ps(x, E::load8(row, c + 8 * h)));
+                *a = _mm256_fmadd_ps(x, E::load8(row, c + 8 * h), *a);
             }
         }
         let mut l = [0.0f32; 16];
@@ -648,13 +639,13 @@ mod x86 {
 
     /// # Safety
     /// As `dot1_512`, for each of the four rows.
-    #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
     unsafe fn dot4_512<E: Elem>(q: *const f32, rows: [*const u8; 4], n: usize) -> [f32; 4] {
         let mut acc = [_mm512_setzero_ps(); 4];
         for c in (0..n).step_by(16) {
             let x = _mm512_loadu_ps(q.add(c));
             for r in 0..4 {
-                acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(x, E::load16(rows[r], c)));
+                acc[r] = _mm512_fmadd_ps(x, E::load16(rows[r], c), acc[r]);
             }
         }
         let mut out = [0.0f32; 4];
@@ -668,7 +659,7 @@ mod x86 {
 
     /// # Safety
     /// As `dot1_256`, for each of the four rows.
-    #[target_feature(enable = "avx2,f16c")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dot4_256<E: Elem>(q: *const f32, rows: [*const u8; 4], n: usize) -> [f32; 4] {
         let mut acc = [[_mm256_setzero_ps(); 2]; 4];
         for c in (0..n).step_by(16) {
@@ -676,7 +667,7 @@ mod x86 {
             for r in 0..4 {
                 for h in 0..2 {
                     let y = E::load8(rows[r], c + 8 * h);
-                    acc[r][h] = _mm256_add_ps(acc[r][h], _mm256_mul_ps(x[h], y));
+                    acc[r][h] = _mm256_fmadd_ps(x[h], y, acc[r][h]);
                 }
             }
         }
@@ -693,7 +684,7 @@ mod x86 {
     /// # Safety
     /// AVX-512F/BW + F16C; `o.len()` a multiple of 16; row j's elements `0..o.len()` at
     /// `rows + j * stride` readable for every j < w.len().
-    #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
     unsafe fn weighted_512<E: Elem>(o: &mut [f32], w: &[f32], rows: *const u8, stride: usize) {
         // Columns in groups of up to 128 (eight registers) kept over all rows.
         let mut c0 = 0;
@@ -704,7 +695,7 @@ mod x86 {
                 let s = _mm512_set1_ps(wj);
                 let row = rows.add(j * stride);
                 for (k, a) in acc.iter_mut().enumerate().take(g) {
-                    *a = _mm512_add_ps(*a, _mm512_mul_ps(s, E::load16(row, c0 + 16 * k)));
+                    *a = _mm512_fmadd_ps(s, E::load16(row, c0 + 16 * k), *a);
                 }
             }
             for (k, a) in acc.iter().enumerate().take(g) {
@@ -716,7 +707,7 @@ mod x86 {
 
     /// # Safety
     /// AVX2 + F16C; as `weighted_512`.
-    #[target_feature(enable = "avx2,f16c")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn weighted_256<E: Elem>(o: &mut [f32], w: &[f32], rows: *const u8, stride: usize) {
         // Columns in groups of up to 64 (eight registers) kept over all rows.
         let mut c0 = 0;
@@ -727,7 +718,7 @@ mod x86 {
                 let s = _mm256_set1_ps(wj);
                 let row = rows.add(j * stride);
                 for (k, a) in acc.iter_mut().enumerate().take(g) {
-                    *a = _mm256_add_ps(*a, _mm256_mul_ps(s, E::load8(row, c0 + 8 * k)));
+                    *a = _mm256_fmadd_ps(s, E::load8(row, c0 + 8 * k), *a);
                 }
             }
             for (k, a) in acc.iter().enumerate().take(g) {
@@ -772,9 +763,32 @@ mod tests {
         x
     }
 
-    /// The f32 reference sums (`model::blocks::dot`'s and `weighted_rows`' order) on dequantized rows.
+    /// The reference dot on dequantized rows, written out: 16 lanes, lane l a fused
+    /// multiply-add chain over elements 16c + l in order, then the tail's products summed and
+    /// the lanes added in order.
     fn dot_ref(q: &[f32], k: &[f32]) -> f32 {
-        crate::model::blocks::dot(q, k)
+        let full = q.len() / 16 * 16;
+        let mut lanes = [0.0f32; 16];
+        for c in (0..full).step_by(16) {
+            for (l, a) in lanes.iter_mut().enumerate() {
+                *a = q[c + l].mul_add(k[c + l], *a);
+            }
+        }
+        let mut s: f32 = (full..q.len()).map(|i| q[i] * k[i]).sum();
+        for a in lanes {
+            s += a;
+        }
+        s
+    }
+
+    /// The reference weighted sum: o = 0, then per row in order o = fma(w_j, row_j, o).
+    fn weighted_ref(o: &mut [f32], w: &[f32], rows: &[f32], n: usize) {
+        o.fill(0.0);
+        for (j, wj) in w.iter().enumerate() {
+            for (x, v) in o.iter_mut().zip(&rows[j * n..(j + 1) * n]) {
+                *x = wj.mul_add(*v, *x);
+            }
+        }
     }
 
     #[test]
@@ -800,7 +814,7 @@ mod tests {
                 let flat_f: Vec<f32> = deq.concat();
                 let w = values(7, 99);
                 let mut want_o = vec![0.0f32; n];
-                crate::model::blocks::weighted_rows(&mut want_o, &w, &flat_f, n);
+                weighted_ref(&mut want_o, &w, &flat_f, n);
                 for isa in Isa::available() {
                     let k = kv_kernels(ty, isa);
                     for r in 0..7 {

@@ -483,7 +483,7 @@ impl CpuBackend<'_, '_, '_> {
         let ctx = st.ctx;
         let isa = self.m.isa;
         // Stored rows of this layer, read where they lie in the cache's own element type (the
-        // kernels of `kernels::kv`: f32 rows give `dot` / `weighted_rows`' bits).
+        // kernels of `kernels::kv`, fused multiply-adds in a fixed order).
         let (kk, vk) = (
             kv_kernels(st.kcache.ty(), self.m.isa),
             kv_kernels(st.vcache.ty(), self.m.isa),
@@ -1190,7 +1190,7 @@ impl Backend for CpuBackend<'_, '_, '_> {
                 head_matvec(&a.k_b[hh], &q[..nope], q_lat, &mut st.acts, isa)?;
                 let sc = &mut st.scores[hh * ctx..hh * ctx + cnt];
                 // Rows of [latent | rope key] in the cache's element type (`-ctk`), read in
-                // place (an f32 cache gives `dot` / `axpy`'s bits).
+                // place (`kernels::kv`'s dot and weighted sum).
                 let layer = &st.kcache.bytes()[l * ctx * krb..(l + 1) * ctx * krb];
                 let at = |jj: usize| if sparse { sel[jj] as usize } else { jj };
                 for (jj, s) in sc.iter_mut().enumerate() {
