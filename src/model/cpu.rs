@@ -1184,14 +1184,21 @@ impl Backend for CpuBackend<'_, '_, '_> {
             };
             let sel = &st.idx.sel[..if sparse { st.idx.sel.len() } else { 0 }];
             let cnt = if sparse { sel.len() } else { len };
-            for hh in 0..nh {
-                let q = &st.q[r * nh * qk + hh * qk..r * nh * qk + (hh + 1) * qk];
-                let (q_lat, c_lat) = st.lat.split_at_mut(kv_lora);
-                head_matvec(&a.k_b[hh], &q[..nope], q_lat, &mut st.acts, isa)?;
-                let sc = &mut st.scores[hh * ctx..hh * ctx + cnt];
-                // Rows of [latent | rope key] in the cache's element type (`-ctk`), read in
-                // place (`kernels::kv`'s dot and weighted sum).
-                let layer = &st.kcache.bytes()[l * ctx * krb..(l + 1) * ctx * krb];
+            let layer = &st.kcache.bytes()[l * ctx * krb..(l + 1) * ctx * krb];
+            let q_row = &st.q[r * nh * qk..(r + 1) * nh * qk];
+            // One head of row r: absorbed query, scores over the selected (or all) positions,
+            // softmax, the latent sum, v_b. Rows of [latent | rope key] are read in place in
+            // the cache's element type (`-ctk`; `kernels::kv`'s dot and weighted sum).
+            let head = |hh: usize,
+                        lat: &mut [f32],
+                        acts: &mut Acts,
+                        sc: &mut [f32],
+                        out: &mut [f32]|
+             -> Result<(), ModelError> {
+                let q = &q_row[hh * qk..(hh + 1) * qk];
+                let (q_lat, c_lat) = lat[..2 * kv_lora].split_at_mut(kv_lora);
+                head_matvec(&a.k_b[hh], &q[..nope], q_lat, acts, isa)?;
+                let sc = &mut sc[..cnt];
                 let at = |jj: usize| if sparse { sel[jj] as usize } else { jj };
                 for (jj, s) in sc.iter_mut().enumerate() {
                     let j = at(jj);
@@ -1206,12 +1213,50 @@ impl Backend for CpuBackend<'_, '_, '_> {
                         (kk.axpy)(c_lat, *s, &layer[at(jj) * krb..][..lat_b]);
                     }
                 } else {
-                    // The bits of the fill and one axpy per position in order.
+                    // The bits of the fill and one FMA per position in order.
                     (kk.weighted)(c_lat, sc, layer, krb);
                 }
-                let out =
-                    &mut st.att[r * nh * v_dim + hh * v_dim..r * nh * v_dim + (hh + 1) * v_dim];
-                head_matvec(&a.v_b[hh], c_lat, out, &mut st.acts, isa)?;
+                head_matvec(&a.v_b[hh], c_lat, out, acts, isa)
+            };
+            let att = &mut st.att[r * nh * v_dim..(r + 1) * nh * v_dim];
+            if cnt * nh * (kv_lora + rope) <= 1 << 12 || m.pool.current_num_threads() <= 1 {
+                for (hh, (sc, out)) in st
+                    .scores
+                    .chunks_mut(ctx)
+                    .zip(att.chunks_mut(v_dim))
+                    .take(nh)
+                    .enumerate()
+                {
+                    head(hh, &mut st.lat, &mut st.acts, sc, out)?;
+                }
+                continue;
+            }
+            // Heads in parallel (each head's own scores slot and output; per-thread scratch).
+            let tile = st.scores.len() / (nh * ctx);
+            let (op, sp) = (SendPtr(att.as_mut_ptr()), SendPtr(st.scores.as_mut_ptr()));
+            let failed = std::sync::Mutex::new(None);
+            kernels::par_for(Some(&m.pool), nh, &|hh| {
+                let (op, sp) = (&op, &sp);
+                // SAFETY: head hh alone writes scores[hh * tile * ctx..][..ctx] (scores holds
+                // nh * tile * ctx, tile >= 1) and att row r's [hh * v_dim..][..v_dim]; nothing
+                // else touches them during the region.
+                let (sc, out) = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut(sp.0.add(hh * tile * ctx), ctx),
+                        std::slice::from_raw_parts_mut(op.0.add(hh * v_dim), v_dim),
+                    )
+                };
+                MLA_SCRATCH.with_borrow_mut(|(lat, acts)| {
+                    if lat.len() < 2 * kv_lora {
+                        lat.resize(2 * kv_lora, 0.0);
+                    }
+                    if let Err(e) = head(hh, lat, acts, sc, out) {
+                        *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                    }
+                });
+            });
+            if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+                return Err(e);
             }
         }
         Ok(())
