@@ -711,17 +711,9 @@ mod tests {
     use super::*;
     use crate::kernels::kv::{kv_kernels, KvType};
 
+    /// kv's test values (a spread of magnitudes, a few exact f16 ties).
     fn values_of(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2_654_435_761).max(1);
-        (0..n)
-            .map(|i| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                let u = (s as f32 / u32::MAX as f32) * 2.0 - 1.0;
-                u * [0.01f32, 1.0, 30.0][i % 3]
-            })
-            .collect()
+        crate::kernels::kv::tests::values(n, seed)
     }
 
     fn isas() -> Vec<Isa> {

@@ -398,7 +398,7 @@ impl Elem for Q8E {
     }
 }
 
-/// 16 lane sums in order after the remainder's sum: `model::blocks::dot`'s ending.
+/// 16 lane sums in order after the remainder's sum: the dot's ending.
 #[inline(always)]
 fn finish(rem: f32, lanes: &[f32; 16]) -> f32 {
     let mut s = rem;
@@ -730,11 +730,11 @@ mod x86 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// Deterministic values with a spread of magnitudes (a few exact ties for f16 too).
-    fn values(n: usize, seed: u32) -> Vec<f32> {
+    pub(in crate::kernels) fn values(n: usize, seed: u32) -> Vec<f32> {
         let mut s = seed.wrapping_mul(2_654_435_761).max(1);
         (0..n)
             .map(|i| {

@@ -169,78 +169,6 @@ unsafe fn dot4_avx2(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
     ]
 }
 
-/// o = sum_j w[j] * (row j of `v`), rows `stride` apart, each element summed in j order from
-/// 0.0 with every product and sum rounded on its own: the bits of `o.fill(0.0)` followed by
-/// `axpy(o, w[j], row j)` for each j (attention's weighted values). The SIMD versions keep a
-/// block of `o` in registers over all j instead of loading and storing it per row.
-pub fn weighted_rows(o: &mut [f32], w: &[f32], v: &[f32], stride: usize) {
-    let n = o.len();
-    assert!(
-        w.is_empty() || v.len() >= (w.len() - 1) * stride + n,
-        "weighted_rows: {} rows of {n} at stride {stride} need more than {} values",
-        w.len(),
-        v.len()
-    );
-    #[cfg(target_arch = "x86_64")]
-    if n.is_multiple_of(64) {
-        use crate::kernels::Isa;
-        match Isa::detect() {
-            // SAFETY: the CPU has the features; every row read is inside `v` (asserted above)
-            // and `o` has n elements, a multiple of 64.
-            Isa::Avx512 => return unsafe { weighted_rows_avx512(o, w, v, stride) },
-            Isa::Avx2 => return unsafe { weighted_rows_avx2(o, w, v, stride) },
-            Isa::Scalar => {}
-        }
-    }
-    o.fill(0.0);
-    for (j, &wj) in w.iter().enumerate() {
-        axpy(o, wj, &v[j * stride..j * stride + n]);
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn weighted_rows_avx512(o: &mut [f32], w: &[f32], v: &[f32], stride: usize) {
-    use std::arch::x86_64::*;
-    // Columns in groups of up to 128 (eight registers).
-    let mut c0 = 0;
-    while c0 < o.len() {
-        let g = ((o.len() - c0) / 16).min(8);
-        let mut acc = [_mm512_setzero_ps(); 8];
-        for (j, &wj) in w.iter().enumerate() {
-            let s = _mm512_set1_ps(wj);
-            let row = v.as_ptr().add(j * stride + c0);
-            for (k, a) in acc.iter_mut().enumerate().take(g) {
-                *a = _mm512_add_ps(*a, _mm512_mul_ps(s, _mm512_loadu_ps(row.add(16 * k))));
-            }
-        }
-        for (k, a) in acc.iter().enumerate().take(g) {
-            _mm512_storeu_ps(o.as_mut_ptr().add(c0 + 16 * k), *a);
-        }
-        c0 += 16 * g;
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn weighted_rows_avx2(o: &mut [f32], w: &[f32], v: &[f32], stride: usize) {
-    use std::arch::x86_64::*;
-    // Columns in groups of 64 (eight registers).
-    for c0 in (0..o.len()).step_by(64) {
-        let mut acc = [_mm256_setzero_ps(); 8];
-        for (j, &wj) in w.iter().enumerate() {
-            let s = _mm256_set1_ps(wj);
-            let row = v.as_ptr().add(j * stride + c0);
-            for (k, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_add_ps(*a, _mm256_mul_ps(s, _mm256_loadu_ps(row.add(8 * k))));
-            }
-        }
-        for (k, a) in acc.iter().enumerate() {
-            _mm256_storeu_ps(o.as_mut_ptr().add(c0 + 8 * k), *a);
-        }
-    }
-}
-
 /// y += a * x (wider vectors where the CPU has them; each element's result is the same).
 #[inline]
 pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
@@ -435,35 +363,6 @@ impl Rope {
 
 #[cfg(test)]
 mod tests {
-
-    #[test]
-    fn weighted_rows_has_axpy_s_bits() {
-        let mut seed = 11u64;
-        let mut r = || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
-        };
-        for (n, rows, stride) in [
-            (64, 5, 64),
-            (128, 37, 512),
-            (192, 3, 200),
-            (256, 9, 256),
-            (48, 4, 48),
-        ] {
-            let w: Vec<f32> = (0..rows).map(|_| r()).collect();
-            let v: Vec<f32> = (0..rows * stride).map(|_| r()).collect();
-            let mut want = vec![0.0f32; n];
-            for (j, &wj) in w.iter().enumerate() {
-                axpy_body(&mut want, wj, &v[j * stride..j * stride + n]);
-            }
-            let mut got = vec![1.0f32; n];
-            super::weighted_rows(&mut got, &w, &v, stride);
-            let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&got), bits(&want), "n = {n}");
-        }
-    }
 
     #[test]
     fn dot4_has_dot_s_bits() {

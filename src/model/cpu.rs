@@ -279,11 +279,9 @@ impl<'m, 'a, 's> CpuBackend<'m, 'a, 's> {
 
 /// Fewest rows that `each_row` / `each_pair` split across threads, and rows per task.
 const PAR_ROWS: usize = 16;
-/// Prompt attention: rows of one head whose scores are made together, key block by key block
-/// (`State::scores` holds this many rows per head).
+/// Prompt attention: rows of one head whose scores are made together (`State::scores` holds
+/// this many rows per head).
 pub(super) const ATT_ROW_TILE: usize = 8;
-/// Keys per block of prompt attention's scores (256 f16 keys of 128 dims: 64 KiB, in L2).
-const ATT_KEY_BLOCK: usize = 256;
 const ROWS_PER_TASK: usize = 4;
 
 thread_local! {
@@ -294,6 +292,13 @@ thread_local! {
     /// per-head products.
     static MLA_SCRATCH: std::cell::RefCell<(Vec<f32>, Acts)> =
         std::cell::RefCell::new((Vec::new(), Acts::new()));
+}
+
+/// The positions a query at cache position `at` attends: first..at + 1 (causal; a sliding
+/// window keeps the last W of them).
+fn causal_span(at: usize, window: Option<usize>) -> (usize, usize) {
+    let len = at + 1;
+    (window.map_or(0, |w| len.saturating_sub(w)), len)
 }
 
 /// Queries scored together by `attend_blocks` (fixed arrays: the decode step allocates
@@ -493,12 +498,7 @@ impl CpuBackend<'_, '_, '_> {
         let layer_k = &st.kcache.bytes()[l * ctx * krb..(l + 1) * ctx * krb];
         let layer_v = &st.vcache.bytes()[l * ctx * vrb..(l + 1) * ctx * vrb];
         let q = &st.q;
-        // Row i (at cache position pos + i) attends positions first(i)..=pos+i (causal; a
-        // sliding window keeps the last W of them).
-        let span = |i: usize| {
-            let len = pos + i + 1;
-            (sh.window.map_or(0, |w| len.saturating_sub(w)), len)
-        };
+        let span = |i: usize| causal_span(pos + i, sh.window);
         // Scores of row i, head hh, for positions j0..j1 (inside its span) into sc, which holds
         // the row's span from `first` on; each score is `scale * dot` of query and key (`dot4`
         // gives each of its four keys `dot`'s bits, so how positions are grouped is free).
@@ -557,8 +557,8 @@ impl CpuBackend<'_, '_, '_> {
         if hd.is_multiple_of(attn::LANES) {
             return self.gqa_blocks(l, row0, n, pos, sh);
         }
-        // One parallel region for all rows: a task per head runs its rows in order (each head
-        // has the same causal work, and its scores slot is its own).
+        // Head widths the block kernels do not take: a task per head runs its rows in order
+        // (each head has the same causal work, and its scores slot is its own).
         let (op, sp) = (
             SendPtr(st.att.as_mut_ptr()),
             SendPtr(st.scores.as_mut_ptr()),
@@ -568,40 +568,16 @@ impl CpuBackend<'_, '_, '_> {
         );
         kernels::par_for(Some(&self.m.pool), heads, &|hh| {
             let (op, sp) = (&op, &sp);
-            // SAFETY: head hh alone writes scores[hh * tile * ctx..][..tile * ctx] and, in each
-            // row r, att[r * qd + hh * hd..][..hd] (att holds row0 + n rows of qd = heads * hd,
-            // scores heads * tile * ctx); no two heads share an element, and nothing else
-            // touches these buffers during the region.
-            let sc =
-                unsafe { std::slice::from_raw_parts_mut(sp.0.add(hh * tile * ctx), tile * ctx) };
-            // Rows in tiles: the tile's scores key block by key block, so a block of keys is
-            // read from memory once for all the tile's rows, not once per row (each score keeps
-            // its bits: see `score`); then each row's softmax and values.
-            let mut i0 = 0;
-            while i0 < n {
-                let rows = tile.min(n - i0);
-                let lo = (i0..i0 + rows).map(|i| span(i).0).min().unwrap_or(0);
-                let hi = span(i0 + rows - 1).1;
-                let mut j0 = lo;
-                while j0 < hi {
-                    let j1 = (j0 + ATT_KEY_BLOCK).min(hi);
-                    for (t, sc) in sc.chunks_mut(ctx).take(rows).enumerate() {
-                        let (first, len) = span(i0 + t);
-                        let (a, b) = (j0.max(first), j1.min(len));
-                        if a < b {
-                            score(i0 + t, hh, a, b, sc);
-                        }
-                    }
-                    j0 = j1;
-                }
-                for (t, sc) in sc.chunks_mut(ctx).take(rows).enumerate() {
-                    let r = row0 + i0 + t;
-                    // SAFETY: row r's slice of head hh, as above.
-                    let o =
-                        unsafe { std::slice::from_raw_parts_mut(op.0.add(r * qd + hh * hd), hd) };
-                    finish(i0 + t, hh, o, sc);
-                }
-                i0 += rows;
+            // SAFETY: head hh alone writes scores[hh * tile * ctx..][..ctx] and, in each row r,
+            // att[r * qd + hh * hd..][..hd] (att holds row0 + n rows of qd = heads * hd, scores
+            // heads * tile * ctx); no two heads share an element, and nothing else touches
+            // these buffers during the region.
+            let sc = unsafe { std::slice::from_raw_parts_mut(sp.0.add(hh * tile * ctx), ctx) };
+            for i in 0..n {
+                let r = row0 + i;
+                // SAFETY: row r's slice of head hh, as above.
+                let o = unsafe { std::slice::from_raw_parts_mut(op.0.add(r * qd + hh * hd), hd) };
+                head(i, hh, o, sc);
             }
         });
         Ok(())
@@ -632,10 +608,7 @@ impl CpuBackend<'_, '_, '_> {
         let (khb, vhb) = (kty.row_bytes(hd), vty.row_bytes(hd));
         let layer_k = &st.kcache.bytes()[l * ctx * krb..(l + 1) * ctx * krb];
         let layer_v = &st.vcache.bytes()[l * ctx * vrb..(l + 1) * ctx * vrb];
-        let span = |i: usize| {
-            let len = pos + i + 1;
-            (sh.window.map_or(0, |w| len.saturating_sub(w)), len)
-        };
+        let span = |i: usize| causal_span(pos + i, sh.window);
         let (sub, tile_rows) =
             block_split(group, heads, tile.min(n), self.m.pool.current_num_threads());
         let q = &st.q;
@@ -808,7 +781,7 @@ impl CpuBackend<'_, '_, '_> {
                             cs[x] = c;
                             qls[x] = &q_lat[x * kv_lora..(x + 1) * kv_lora];
                             qrs[x] = &qrow(x)[nope..];
-                            spans[x] = (0, pos + i + 1);
+                            spans[x] = causal_span(pos + i, None);
                         }
                         attend_blocks(
                             BlockQueries {
