@@ -406,3 +406,50 @@ fn mtp_head_after_prefix_sync_and_restore_equals_a_fresh_prefill() {
         }
     }
 }
+
+/// `-n 0` (max_tokens 0) prefills the prompt and generates nothing, as llama-cli's `-n 0`
+/// does (and `bench -n 0` times that prefill): the next turn reuses the cached prompt and,
+/// MTP head included, continues as a fresh prefill of the whole text would.
+#[test]
+fn zero_max_tokens_prefills_the_prompt() {
+    use sluice::engine::{Engine, EngineOptions, GenParams, GpuWant};
+    std::env::set_var("SLUICE_CACHE_DIR", cache());
+    let dir = fixture("deepseek_v3");
+    let open = || {
+        let mut o = EngineOptions::new(&dir);
+        o.threads = 2;
+        o.ctx = Some(128);
+        o.batch = 5;
+        o.mtp = 2;
+        o.quiet = true;
+        o.gpu.want = GpuWant::Off;
+        Engine::open(o).unwrap()
+    };
+    let gen = |e: &mut Engine, prompt: &[u32], n: usize| {
+        let mut s = e.sampler();
+        let mut p = GenParams::new(n);
+        p.ignore_eos = true;
+        e.generate(prompt, &mut s, &p, &mut |_| true).unwrap()
+    };
+    let g: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("greedy.json")).unwrap()).unwrap();
+    let p1: Vec<u32> = g["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    let mut p2 = p1.clone();
+    p2.extend_from_slice(&p1[1..6]);
+
+    let mut warm = open();
+    let none = gen(&mut warm, &p1, 0).generation;
+    assert!(none.tokens.is_empty());
+    assert!(none.stats.prefill_done, "the prompt was prefilled");
+    assert_eq!(warm.session.st.pos, p1.len(), "the prompt is in the cache");
+    let second = gen(&mut warm, &p2, 10).generation;
+    assert!(second.stats.reused >= p1.len() - 1, "prefix kept");
+
+    let mut fresh = open();
+    assert_eq!(second.tokens, gen(&mut fresh, &p2, 10).generation.tokens);
+}

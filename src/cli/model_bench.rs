@@ -296,6 +296,10 @@ pub fn run(model: &Path, args: &ModelBench) -> anyhow::Result<()> {
             (format!("pp{}{at}", a.prompt_tokens), &a.pp),
             (format!("tg{}{at}", a.generated), &a.tg),
         ] {
+            // `-n 0` times prefill alone (llama-bench prints no tg row then).
+            if test.starts_with("tg") && args.n_gen == 0 {
+                continue;
+            }
             let (med, mean, sd, min, max) = summary(v);
             let hit = if a.hit.is_empty() {
                 None

@@ -408,13 +408,6 @@ pub fn decode_on(
             on_event,
         },
     };
-    if p.max_tokens == 0 {
-        return Ok(Generation {
-            tokens: Vec::new(),
-            stats,
-            finish: Finish::Length,
-        });
-    }
     let cancelled = || p.cancel.is_some_and(|c| c());
 
     // Prefill in chunks, looking for a cancel between them. With MTP the head catches up
@@ -478,6 +471,18 @@ pub fn decode_on(
     stats.prefill_done = true;
     stats.experts_after_prefill = st.expert_stats();
     stats.gpu_after_prefill = dev.as_ref().map(|d| d.stats());
+    if p.max_tokens == 0 {
+        // The prompt is in the cache (llama-cli's `-n 0`; `bench -n 0` times prefill alone).
+        if k > 0 && st.mtp_pos + 1 == st.pos {
+            st.mtp_pending.copy_from_slice(&pending);
+            st.mtp_pending_pos = Some(st.pos - 1);
+        }
+        return Ok(Generation {
+            tokens: Vec::new(),
+            stats,
+            finish: Finish::Length,
+        });
+    }
 
     let t1 = Instant::now();
     let finish = if k == 0 {
