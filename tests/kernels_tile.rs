@@ -131,12 +131,14 @@ fn four_row_dots_equal_single_row_dots() {
     let mut rng = Rng(16);
     for (t, isa) in cases {
         let (be, _) = t.block_geometry().unwrap();
-        // 32-element types: 67 blocks, so the kernels' 8-block steps leave a tail.
-        let cols = 8 * 256usize.max(be) + if be == 32 { 3 * 32 } else { 0 };
+        // 32-element types: 67 blocks, so the kernels' 8-block steps leave a tail, and 4
+        // blocks (DeepSeek's 128-wide attn_k_b: all tail).
+        let long = 8 * 256usize.max(be) + if be == 32 { 3 * 32 } else { 0 };
         let fmt = kernels::kernels_for(t).unwrap().act;
         let dot = kernels::dot_fn(t, isa).unwrap();
         let dot4 = kernels::dot4_fn(t, isa).unwrap();
-        for extreme in [false, true] {
+        let shapes = [(long, false), (long, true), (4 * be, false), (4 * be, true)];
+        for (cols, extreme) in shapes {
             let w = blocks(t, cols / be * 3, &mut rng, extreme);
             let rb = w.len() / 3;
             let mut acts = Acts::new();

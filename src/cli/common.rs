@@ -16,9 +16,10 @@ pub struct ComputeArgs {
     /// most 4096. More than the model's context length runs with a warning (as llama.cpp).
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx: Option<usize>,
-    /// Prompt tokens per prefill batch. Default: 512 with `--gpu on` (the GPU's prefill GEMM
-    /// and attention run 32- and 64-token tiles: a 512-token prompt prefilled 2.4x faster than
-    /// in 128-token batches on the H200), else 128.
+    /// Prompt tokens per prefill batch (llama.cpp's `-ub`; in `serve`, the rows of one batched
+    /// step, as llama-server's `-b`). Default 512: on the GPU a 512-token prompt prefills 2.4x
+    /// faster than in 128-token batches (H200); on the CPU 1.03-1.08x (each routed expert's
+    /// tile sees more tokens), for 0.3-0.5 GB more activation buffers on a DeepSeek-V3 shape.
     #[arg(short = 'b', long = "batch-size")]
     pub batch: Option<usize>,
     /// KV cache type for keys (`-ctk`, llama.cpp's spelling): f32, f16, bf16 or q8_0. Default
@@ -32,10 +33,8 @@ pub struct ComputeArgs {
     pub cache_type_v: Option<String>,
 }
 
-/// The prefill batch when `-b` is not given: 512 when the GPU is asked for (`--gpu on`), 128
-/// otherwise (CPU, or `--gpu auto`, which may not find one).
-pub const GPU_BATCH: usize = 512;
-pub const CPU_BATCH: usize = 128;
+/// The prefill batch when `-b` is not given (every backend; docs/PERFORMANCE.md has the A/B).
+pub const DEFAULT_BATCH: usize = 512;
 
 /// Sampling options (llama.cpp spellings and defaults).
 #[derive(Args, Debug, Clone)]
@@ -147,7 +146,7 @@ impl ComputeArgs {
         use crate::engine::options::parse_kv_type;
         o.threads = self.threads;
         o.ctx = self.ctx;
-        o.batch = self.batch.unwrap_or(CPU_BATCH);
+        o.batch = self.batch.unwrap_or(DEFAULT_BATCH);
         o.kv.k = self
             .cache_type_k
             .as_deref()
@@ -205,12 +204,6 @@ pub fn engine_options(
     o.sampling = sampling.params();
     o.experts = experts.options()?;
     o.gpu = gpu.request()?;
-    if compute.batch.is_none() && o.gpu.want == crate::engine::options::GpuWant::On {
-        o.batch = GPU_BATCH;
-        o.batch_note = Some(format!(
-            "[batch] prefill in batches of {GPU_BATCH} tokens (the GPU default; -b sets it)"
-        ));
-    }
     Ok(o)
 }
 

@@ -49,7 +49,7 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
     o.batch = args
         .compute
         .batch
-        .unwrap_or(super::common::CPU_BATCH)
+        .unwrap_or(super::common::DEFAULT_BATCH)
         .max(1);
     o.logit_rows = o.batch.min(64);
     o.quiet = true;

@@ -152,9 +152,6 @@ impl Engine {
         let mut opts = opts;
         let parallel_line = opts.resolve_parallel(&cfg);
         opts.check(&cfg)?;
-        if let (Some(note), false) = (&opts.batch_note, opts.quiet) {
-            eprintln!("{note}");
-        }
         let ctx = opts.ctx_for(&cfg)?;
         // Sizes from the command line, checked before anything is allocated with them.
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());

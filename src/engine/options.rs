@@ -30,9 +30,6 @@ pub struct EngineOptions {
     pub min_ctx: usize,
     /// Prompt tokens per prefill batch.
     pub batch: usize,
-    /// Why `batch` is not the flag's value (a backend's default), printed once the options
-    /// pass `check`.
-    pub batch_note: Option<String>,
     /// Positions whose logits one forward returns (1 for generation; `logits` wants more).
     pub logit_rows: usize,
     /// Sampling defaults (a request may bring its own).
@@ -68,8 +65,7 @@ impl EngineOptions {
             threads: 0,
             ctx: None,
             min_ctx: 0,
-            batch: 128,
-            batch_note: None,
+            batch: 512,
             logit_rows: 1,
             sampling: SamplingParams::greedy(),
             mtp: 0,

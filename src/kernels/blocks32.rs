@@ -409,10 +409,54 @@ pub(super) mod x86 {
             }
             i += 8;
         }
+        let tail = tail4::<T, D>(w, a, i, nb);
         for r in 0..4 {
-            let tail = tail::<T, D>(w, &a[r], i, nb);
-            out[r] = hsum_ps256(_mm256_add_ps(acc[r], accm[r])) + tail;
+            out[r] = hsum_ps256(_mm256_add_ps(acc[r], accm[r])) + tail[r];
         }
+    }
+
+    /// `tail` for four activation rows: each block's codes unpacked once and the four rows'
+    /// lane sums reduced together (`half4`); the integer sums are exact, and per row the f32
+    /// operations and their order are `tail`'s. Rows of fewer than 8 blocks (DeepSeek's
+    /// 128-wide `attn_k_b`) are all tail.
+    #[inline(always)]
+    unsafe fn tail4<T: Block32, D: IntDot>(
+        w: *const u8,
+        a: &[ActRow<'_>; 4],
+        mut i: usize,
+        nb: usize,
+    ) -> [f32; 4] {
+        let mut tail = [0.0f32; 4];
+        while i < nb {
+            let b = w.add(i * T::BB);
+            let c = D::codes::<T>(b);
+            let s: [__m256i; 4] = std::array::from_fn(|r| {
+                let q = (*a[r].q8_32.as_ptr().add(i)).qs.as_ptr();
+                D::mul::<T>(c, _mm256_loadu_si256(q as *const __m256i))
+            });
+            // [r0..r3 first halves | second halves] -> the four block sums.
+            let h = D::half4(&s);
+            let v = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+            let mut isum = [0i32; 4];
+            _mm_storeu_si128(isum.as_mut_ptr() as *mut __m128i, v);
+            let (d, m) = (f16_at(b), if T::HAS_MIN { f16_at(b.add(2)) } else { 0.0 });
+            for r in 0..4 {
+                let (da, qsum) = (
+                    *a[r].q8_32_d.as_ptr().add(i),
+                    *a[r].q8_32_sum.as_ptr().add(i),
+                );
+                let mut isum = isum[r];
+                if D::offset::<T>() {
+                    isum -= T::OFF as i32 * qsum;
+                }
+                tail[r] += isum as f32 * (d * da);
+                if T::HAS_MIN {
+                    tail[r] += qsum as f32 * (m * da);
+                }
+            }
+            i += 1;
+        }
+        tail
     }
 
     /// # Safety
