@@ -859,6 +859,27 @@ pub(super) mod x86 {
         scale_sel512(3),
     ];
 
+    /// `scales_mins_u64` of four blocks at once: 128-bit lane L of `v` holds a block's first
+    /// 16 bytes (d, dmin, scales[12]); lane L of the result holds [sc u64, m u64] of it, by the
+    /// same word operations.
+    ///
+    /// # Safety
+    /// AVX-512 F.
+    #[inline(always)]
+    unsafe fn scales_mins_x4(v: __m512i) -> __m512i {
+        // Dwords per lane: v = [dd, a, b, c]; x = [a, c, b, c], y = [a, a, b, b].
+        let x = _mm512_shuffle_epi32::<0b11_10_11_01>(v);
+        let y = _mm512_shuffle_epi32::<0b10_10_01_01>(v);
+        let lo = _mm512_and_si512(x, _mm512_set1_epi32(0x3F3F_3F3F));
+        // c & LOW4 (sc_hi) and (c >> 4) & LOW4 (m_hi) in dwords 1 and 3 ...
+        let sh = _mm512_setr_epi32(0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0, 4);
+        let c4 = _mm512_and_si512(_mm512_srlv_epi32(x, sh), _mm512_set1_epi32(0x0F0F_0F0F));
+        // ... | ((a or b) >> 6 & TOP2) << 4, which is (a or b) >> 2 & 0x30 per byte.
+        let top = _mm512_and_si512(_mm512_srli_epi32::<2>(y), _mm512_set1_epi32(0x3030_3030));
+        let hi = _mm512_or_si512(c4, top);
+        _mm512_mask_blend_epi32(0b1010_1010_1010_1010, lo, hi)
+    }
+
     /// 8 weight rows x `T` (1..=8) activation rows with VNNI (`out[t]` for t >= T is not
     /// written); the weight unpacking and the per-block scales and mins serve all T tokens. Per block and 32-byte chunk k of `qs`, the eight rows are transposed in 8-byte
     /// words (register g: word g of rows 0..8, 128-bit lane L = rows 2L, 2L+1) and each
@@ -888,8 +909,14 @@ pub(super) mod x86 {
         ];
         let sel: [__m512i; 4] =
             std::array::from_fn(|k| _mm512_loadu_si512(SCALE_SEL512[k].as_ptr() as *const __m512i));
-        // f32 lane (L, i) <- row 2L + i % 2.
-        let rows_idx = _mm512_setr_epi32(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7);
+        // f32 lane (L, i) <- d (dmin) of row 2L + i % 2 in `dd`'s interleaved order.
+        let rows_d = _mm512_setr_epi32(0, 2, 0, 2, 4, 6, 4, 6, 8, 10, 8, 10, 12, 14, 12, 14);
+        let rows_m = _mm512_add_epi32(rows_d, _mm512_set1_epi32(1));
+        // Qwords 0, 2, .. (1, 3, ..) of two registers: the rows' scales (mins) in row order.
+        let even_q = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
+        let odd_q = _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15);
+        // Dword 0 of every 128-bit lane of two registers: each row's d and dmin.
+        let first_dw = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0);
         // f32 lane (L, i) <- token 2p + i / 2.
         let tok_idx: [__m512i; 4] = std::array::from_fn(|p| {
             let (t, u) = (2 * p as i32, 2 * p as i32 + 1);
@@ -903,21 +930,25 @@ pub(super) mod x86 {
         let pf = if prefetch_distance() == 0 { 0 } else { 8 * rb };
         for i in 0..nb {
             let blk = |r: usize| w.add(r * rb + i * BB);
-            let mut sc = [0u64; 8];
-            let mut mn = [0u64; 8];
-            let mut dh = [0u16; 8];
-            let mut mh = [0u16; 8];
             for r in 0..8 {
-                let b = blk(r);
-                prefetch(b, pf, BB);
-                let (s, m) = scales_mins_u64(std::slice::from_raw_parts(b.add(4), 12));
-                sc[r] = s;
-                mn[r] = m;
-                dh[r] = std::ptr::read_unaligned(b as *const u16);
-                mh[r] = std::ptr::read_unaligned(b.add(2) as *const u16);
+                prefetch(blk(r), pf, BB);
             }
+            // The eight rows' scales, mins, d and dmin from their first 16 bytes.
+            let head = |r0: usize| {
+                let l = |r: usize| _mm_loadu_si128(blk(r) as *const __m128i);
+                let v = _mm512_inserti32x4::<1>(_mm512_castsi128_si512(l(r0)), l(r0 + 1));
+                let v = _mm512_inserti32x4::<2>(v, l(r0 + 2));
+                _mm512_inserti32x4::<3>(v, l(r0 + 3))
+            };
+            let (v0, v1) = (head(0), head(4));
+            let (u0, u1) = (scales_mins_x4(v0), scales_mins_x4(v1));
+            let sq = _mm512_permutex2var_epi64(u0, even_q, u1);
+            let mq = _mm512_permutex2var_epi64(u0, odd_q, u1);
+            // f16 d and dmin of rows 0..8, interleaved: [d0, dmin0, d1, dmin1, ..].
+            let dd = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi32(
+                v0, first_dw, v1,
+            )));
             let ab: [&BlockQ8K; 8] = std::array::from_fn(|t| &*a[t].add(i));
-            let sq = _mm512_loadu_si512(sc.as_ptr() as *const __m512i);
             let mut s32 = [_mm512_setzero_si512(); 8];
             for (k, &sel) in sel.iter().enumerate() {
                 let ld = |r: usize| _mm256_loadu_si256(blk(r).add(16 + 32 * k) as *const __m256i);
@@ -961,18 +992,10 @@ pub(super) mod x86 {
                 _mm512_add_epi32(s32[t], _mm512_shuffle_epi32::<_MM_PERM_BADC>(s32[t]))
             });
             // Mins of rows (0, 2, 4, 6) and (1, 3, 5, 7), one row per 128-bit lane, as i16.
-            let ma = _mm512_cvtepu8_epi16(_mm256_setr_epi64x(
-                mn[0] as i64,
-                mn[2] as i64,
-                mn[4] as i64,
-                mn[6] as i64,
-            ));
-            let mb = _mm512_cvtepu8_epi16(_mm256_setr_epi64x(
-                mn[1] as i64,
-                mn[3] as i64,
-                mn[5] as i64,
-                mn[7] as i64,
-            ));
+            let ma =
+                _mm512_cvtepu8_epi16(_mm512_castsi512_si256(_mm512_permutexvar_epi64(even_q, mq)));
+            let mb =
+                _mm512_cvtepu8_epi16(_mm512_castsi512_si256(_mm512_permutexvar_epi64(odd_q, mq)));
             // Per token: bsums pair-summed per sub-block (|.| <= 32 * 127), in every 128-bit lane.
             let hm = |t: usize| {
                 let bs = _mm256_loadu_si256(ab[t].bsums.as_ptr() as *const __m256i);
@@ -983,14 +1006,8 @@ pub(super) mod x86 {
             let da = _mm512_castps256_ps512(_mm256_setr_ps(
                 ab[0].d, ab[1].d, ab[2].d, ab[3].d, ab[4].d, ab[5].d, ab[6].d, ab[7].d,
             ));
-            let dw = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128(
-                dh.as_ptr() as *const __m128i
-            )));
-            let dm = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128(
-                mh.as_ptr() as *const __m128i
-            )));
-            let dwq = _mm512_permutexvar_ps(rows_idx, dw);
-            let dmq = _mm512_permutexvar_ps(rows_idx, dm);
+            let dwq = _mm512_permutexvar_ps(rows_d, dd);
+            let dmq = _mm512_permutexvar_ps(rows_m, dd);
             for p in 0..T.div_ceil(2) {
                 let (t, u) = (2 * p, (2 * p + 1).min(T - 1));
                 let isum = _mm512_unpacklo_epi64(rs[t], rs[u]);
