@@ -152,8 +152,8 @@ pub struct Kernel(cu::CUfunction, u32, bool);
 /// and nothing is written, before it), so they may be launched with programmatic dependent
 /// launch: the decode step's kernels. Their blocks start while the kernel before them finishes,
 /// prefetch their weight rows to L2, and wait on the device instead of behind a full launch
-/// gap. Opt-in (`SLUICE_GPU_PDL=1`) until it has run on a device: it was written in session 27,
-/// when none was lent (docs/PERFORMANCE.md); results are the same either way by construction.
+/// gap. On by default (`SLUICE_GPU_PDL=0` turns it off): measured on the H200 in sessions 29 and
+/// 32, tg128 +1-3 % and +3-7 %, logits byte for byte the same (docs/PERFORMANCE.md).
 fn pdl_kernel(name: &str) -> bool {
     matches!(
         name,
@@ -213,7 +213,7 @@ pub struct Gpu {
     pub total_mem: usize,
     pub sm_count: i32,
     names: std::sync::Mutex<Vec<String>>,
-    /// Programmatic dependent launch for the `pdl_kernel`s (on with `SLUICE_GPU_PDL=1`; off
+    /// Programmatic dependent launch for the `pdl_kernel`s (on unless `SLUICE_GPU_PDL=0`; off
     /// while profiling, whose per-launch events would serialize them anyway).
     pdl: bool,
     prof: Option<std::sync::Mutex<KProf>>,
@@ -289,7 +289,7 @@ impl Gpu {
                 total_mem: total,
                 sm_count,
                 names: std::sync::Mutex::new(Vec::new()),
-                pdl: std::env::var("SLUICE_GPU_PDL").is_ok_and(|v| v == "1"),
+                pdl: std::env::var("SLUICE_GPU_PDL").map_or(true, |v| v != "0"),
                 prof: None,
                 gprof: None,
             };
