@@ -447,6 +447,6 @@ fn token_block_bytes() -> usize {
         std::env::var("SLUICE_TOKEN_BLOCK")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(768 * 1024)
+            .unwrap_or(256 * 1024)
     })
 }
