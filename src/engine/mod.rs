@@ -159,7 +159,14 @@ impl Engine {
         if let Some(w) = warning {
             eprintln!("{w}");
         }
-        let batch = opts.batch.max(1).max(opts.mtp + 1).max(opts.parallel);
+        // A prefill batch holds at most the context (llama.cpp clamps n_batch to n_ctx too), at
+        // least the MTP drafts + 1 and one row per sequence slot.
+        let batch = opts
+            .batch
+            .min(ctx)
+            .max(1)
+            .max(opts.mtp + 1)
+            .max(opts.parallel);
         limits::ctx_and_batch(ctx, batch, &cfg, placement::mem_available())
             .map_err(EngineError::Input)?;
         let (kv, kv_why) = opts.kv_types();
@@ -169,7 +176,6 @@ impl Engine {
         // The MTP layer's KV cache is allocated only with --mtp.
         // With --parallel N the session state is the batched step's buffers: N rows at least
         // (one per decoding sequence) and N logit rows.
-        let batch = opts.batch.max(1).max(k + 1).max(opts.parallel);
         let rows = opts.logit_rows.max(k + 1).max(opts.parallel);
         let mut st = if k > 0 {
             model.new_state_mtp(ctx, batch, rows)?

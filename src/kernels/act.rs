@@ -35,13 +35,16 @@ pub struct BlockQ8_32 {
     pub qs: [i8; 32],
 }
 
-/// 256 int8 activations with their scale and per-16 sums of `qs`.
+/// 256 int8 activations with their scale and per-16 and per-32 sums of `qs`.
 #[derive(Clone, Copy, Debug)]
 #[repr(C)]
 pub struct BlockQ8K {
     pub d: f32,
     pub qs: [i8; 256],
     pub bsums: [i16; 16],
+    /// `bsums[2j] + bsums[2j + 1]`: the sums of each 32 (the Q4_K/Q5_K minimum terms' sub-blocks),
+    /// made once per activation row instead of once per weight row.
+    pub bsum32: [i16; 8],
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -101,6 +104,7 @@ const ZEROK: BlockQ8K = BlockQ8K {
     d: 0.0,
     qs: [0; 256],
     bsums: [0; 16],
+    bsum32: [0; 8],
 };
 
 impl Default for Acts {
@@ -447,11 +451,15 @@ pub fn quantize_q8k(x: &[f32], out: &mut BlockQ8K) {
                 Some(&mut out.bsums),
             )
         };
-        return;
+    } else {
+        out.d = quantize_scalar(x, &mut out.qs);
+        for (s, g) in out.bsums.iter_mut().zip(out.qs.chunks_exact(16)) {
+            *s = g.iter().map(|&q| q as i16).sum();
+        }
     }
-    out.d = quantize_scalar(x, &mut out.qs);
-    for (s, g) in out.bsums.iter_mut().zip(out.qs.chunks_exact(16)) {
-        *s = g.iter().map(|&q| q as i16).sum();
+    // |sum of 32| <= 32 * 127: no overflow.
+    for (j, s) in out.bsum32.iter_mut().enumerate() {
+        *s = out.bsums[2 * j] + out.bsums[2 * j + 1];
     }
 }
 
@@ -529,6 +537,7 @@ mod tests {
                 d: 0.0,
                 qs: [0; 256],
                 bsums: [0; 16],
+                bsum32: [0; 8],
             };
             quantize_q8k(v, &mut a);
             // Scalar reference, written out.

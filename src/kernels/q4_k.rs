@@ -268,8 +268,7 @@ pub(super) mod x86 {
     #[inline]
     #[target_feature(enable = "avx2")]
     pub(in crate::kernels) unsafe fn mins_dot(sm: __m256i, ab: &BlockQ8K) -> __m128i {
-        let bs = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
-        let bs8 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+        let bs8 = _mm_loadu_si128(ab.bsum32.as_ptr() as *const __m128i);
         _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), bs8)
     }
 
@@ -676,12 +675,11 @@ pub(super) mod x86 {
                 mh[r] = std::ptr::read_unaligned(b.add(2) as *const u16);
             }
             let ab: [&BlockQ8K; 4] = std::array::from_fn(|t| &*a[t].add(i));
-            // Per token: bsums pair-summed per 32-element sub-block (|.| <= 32 * 127), in both
-            // 128-bit lanes.
+            // Per token: the sums of each 32 (`bsum32`, |.| <= 32 * 127), in both 128-bit lanes.
             let bp: [__m256i; 4] = std::array::from_fn(|t| {
-                let bs = _mm256_loadu_si256(ab[t].bsums.as_ptr() as *const __m256i);
-                let p = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-                _mm256_broadcastsi128_si256(p)
+                _mm256_broadcastsi128_si256(
+                    _mm_loadu_si128(ab[t].bsum32.as_ptr() as *const __m128i),
+                )
             });
             let da = _mm256_castps128_ps256(_mm_setr_ps(ab[0].d, ab[1].d, ab[2].d, ab[3].d));
             let dw = _mm256_cvtph_ps(_mm_loadu_si128(dh.as_ptr() as *const __m128i));
@@ -996,11 +994,11 @@ pub(super) mod x86 {
                 _mm512_cvtepu8_epi16(_mm512_castsi512_si256(_mm512_permutexvar_epi64(even_q, mq)));
             let mb =
                 _mm512_cvtepu8_epi16(_mm512_castsi512_si256(_mm512_permutexvar_epi64(odd_q, mq)));
-            // Per token: bsums pair-summed per sub-block (|.| <= 32 * 127), in every 128-bit lane.
+            // Per token: the sums of each 32 (`bsum32`, |.| <= 32 * 127), in every 128-bit lane.
             let hm = |t: usize| {
-                let bs = _mm256_loadu_si256(ab[t].bsums.as_ptr() as *const __m256i);
-                let p = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-                let bp = _mm512_broadcast_i32x4(p);
+                let bp = _mm512_broadcast_i32x4(_mm_loadu_si128(
+                    ab[t].bsum32.as_ptr() as *const __m128i
+                ));
                 hadd512(_mm512_madd_epi16(ma, bp), _mm512_madd_epi16(mb, bp))
             };
             let da = _mm512_castps256_ps512(_mm256_setr_ps(
