@@ -1,7 +1,7 @@
 //! Issue 20, item 3: absurd sizes from a file or the command line give one-line errors
 //! naming the field, before anything is allocated: no abort, no panic, no hang.
 //! Reproducers: a GGUF whose layer count is 2^31, 2^32 or 2^63 or whose feed_forward_length
-//! is 2^63; `-c 2^64-1`, `-c 2^32`, `-c 100000000`, `-b 1000000000`; `-t 100000`.
+//! is 2^63; `-c 2^64-1`, `-c 2^32`, `-c 100000000`; `-b 1000000000` and `-t 100000` (capped, with a message).
 
 mod reliability_util;
 
@@ -52,7 +52,19 @@ fn absurd_context_and_batch_are_refused_before_allocating() {
     let t = Instant::now();
     assert_clean_failure(&logits_args(m, &["-c", "100000000"]), "-c 100000000");
     assert!(t.elapsed() < Duration::from_secs(30));
-    assert_clean_failure(&logits_args(m, &["-b", "1000000000"]), "-b 1000000000");
+}
+
+/// `-b` past the context is cut to it with a message (llama.cpp clamps n_batch to n_ctx), so
+/// `-b 1000000000` allocates a context's worth of rows, not 10^9.
+#[test]
+fn absurd_batch_is_capped_to_the_context_with_a_message() {
+    let m = reliability_util::fixture("qwen3_moe/model-f32.gguf");
+    let (code, _, err) = sluice(&logits_args(m.to_str().unwrap(), &["-b", "1000000000"]));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("-b 1000000000") && err.contains("using"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -33,8 +33,7 @@ pub struct ComputeArgs {
     pub cache_type_v: Option<String>,
 }
 
-/// The prefill batch when `-b` is not given (every backend; docs/PERFORMANCE.md has the A/B).
-pub const DEFAULT_BATCH: usize = 512;
+pub use crate::engine::options::DEFAULT_BATCH;
 
 /// Sampling options (llama.cpp spellings and defaults).
 #[derive(Args, Debug, Clone)]

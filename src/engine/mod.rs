@@ -160,7 +160,14 @@ impl Engine {
             eprintln!("{w}");
         }
         // A prefill batch holds at most the context (llama.cpp clamps n_batch to n_ctx too), at
-        // least the MTP drafts + 1 and one row per sequence slot.
+        // least the MTP drafts + 1 and one row per sequence slot. A `-b` past the default that the
+        // context cuts is said (the default itself is cut silently).
+        if opts.batch > ctx && opts.batch > crate::engine::options::DEFAULT_BATCH {
+            eprintln!(
+                "[sluice] warning: -b {} is more than the context ({ctx} tokens); using {ctx}",
+                opts.batch
+            );
+        }
         let batch = opts
             .batch
             .min(ctx)

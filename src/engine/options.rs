@@ -17,6 +17,10 @@ use crate::plan::planner::ExpertMode;
 use crate::sample::SamplingParams;
 use std::path::PathBuf;
 
+/// Prompt tokens per prefill batch when `-b` is not given, on every backend (llama.cpp's ubatch;
+/// docs/PERFORMANCE.md, session 32, has the CPU A/B; the GPU's is session 26's).
+pub const DEFAULT_BATCH: usize = 512;
+
 /// Everything `Engine::open` needs, from any front end.
 #[derive(Clone, Debug)]
 pub struct EngineOptions {
@@ -65,7 +69,7 @@ impl EngineOptions {
             threads: 0,
             ctx: None,
             min_ctx: 0,
-            batch: 512,
+            batch: DEFAULT_BATCH,
             logit_rows: 1,
             sampling: SamplingParams::greedy(),
             mtp: 0,
