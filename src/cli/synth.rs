@@ -18,7 +18,7 @@ pub struct SynthArgs {
     /// layers of 128 experts). Both also get their one MTP (NextN) layer (see --no-mtp).
     /// qwen3-next-80b-a3b (qwen3next: 36 Gated DeltaNet + 12 gated-attention layers, 512
     /// experts, a gated shared expert; no MTP layer) | qwen3.5-397b-a17b (qwen35moe: 45 DeltaNet
-    /// + 15 gated-attention layers, 512 experts of 1024, tiled value heads; no MTP layer) |
+    /// and 15 gated-attention layers, 512 experts of 1024, tiled value heads; no MTP layer) |
     /// gpt-oss-120b, gpt-oss-20b (gpt-oss: 36 / 24 layers alternating window-128 and full
     /// attention with sinks, 128 / 32 experts of 2880 top-4 with biases) | deepseek-v4-flash
     /// (deepseek4: 2 sliding + 41 CSA/HCA layers of 256 experts of 2048 top-6, 4

@@ -57,7 +57,7 @@ pub(crate) mod cpu_prof {
     pub const EXPERT_OTHER: usize = 4;
     const NAMES: [&str; 5] = [
         "dense matmuls",
-        "attention core",
+        "attention (GQA, MLA)",
         "router+select",
         "expert matmuls",
         "expert gather/quantize/act/scatter",
@@ -689,6 +689,138 @@ impl CpuBackend<'_, '_, '_> {
         Ok(())
     }
 
+    /// `Backend::attend_mla_rows` (timed there).
+    fn mla_rows(
+        &mut self,
+        l: usize,
+        row0: usize,
+        n: usize,
+        pos: usize,
+        a: &Mla<'_>,
+    ) -> Result<(), ModelError> {
+        let (m, st) = (self.m, &mut *self.st);
+        let cfg = &m.cfg;
+        let AttnKind::Mla {
+            kv_lora,
+            nope,
+            rope,
+            v_dim,
+            ..
+        } = cfg.attn
+        else {
+            return Err(ModelError::Config("MLA weights in a GQA model".into()));
+        };
+        let (nh, qk, isa) = (cfg.n_heads, cfg.head_dim, m.isa);
+        // Long enough to share blocks (as `gqa_rows`' serial cut-off), no indexer, SIMD widths.
+        if a.indexer.is_none()
+            && !a.shares_indexer
+            && n * (pos + n) * nh * (kv_lora + rope) > 1 << 14
+            && kv_lora.is_multiple_of(attn::LANES)
+            && rope.is_multiple_of(attn::LANES)
+            && qk == nope + rope
+        {
+            return self.mla_blocks(l, row0, n, pos, a, (kv_lora, nope, rope, v_dim));
+        }
+        let ctx = st.ctx;
+        let kk = kv_kernels(st.kcache.ty(), isa);
+        let (krb, lat_b) = (st.kcache.row_bytes(), kk.ty.row_bytes(kv_lora));
+        debug_assert_eq!(st.kcache.width(), kv_lora + rope);
+        for i in 0..n {
+            let len = pos + i + 1;
+            // V3.2: past `index_topk` positions, attend only to those the indexer selects.
+            // GLM-5: a shared layer reuses the choice of the last layer that ran its indexer.
+            // Row `r` of Q and Att (one sequence's rows in a batched forward start at row0;
+            // an indexer runs one sequence, row0 = 0).
+            let r = row0 + i;
+            let sparse = match &a.indexer {
+                Some(_) => {
+                    let sparse = m.indexer_select(st, l, i, len);
+                    st.idx.keep(i, sparse);
+                    sparse
+                }
+                None if a.shares_indexer => st.idx.recall(i),
+                None => false,
+            };
+            let sel = &st.idx.sel[..if sparse { st.idx.sel.len() } else { 0 }];
+            let cnt = if sparse { sel.len() } else { len };
+            let layer = &st.kcache.bytes()[l * ctx * krb..(l + 1) * ctx * krb];
+            let q_row = &st.q[r * nh * qk..(r + 1) * nh * qk];
+            // One head of row r: absorbed query, scores over the selected (or all) positions,
+            // softmax, the latent sum, v_b. Rows of [latent | rope key] are read in place in
+            // the cache's element type (`-ctk`; `kernels::kv`'s dot and weighted sum).
+            let head = |hh: usize,
+                        lat: &mut [f32],
+                        acts: &mut Acts,
+                        sc: &mut [f32],
+                        out: &mut [f32]|
+             -> Result<(), ModelError> {
+                let q = &q_row[hh * qk..(hh + 1) * qk];
+                let (q_lat, c_lat) = lat[..2 * kv_lora].split_at_mut(kv_lora);
+                head_matvec(&a.k_b[hh], &q[..nope], q_lat, acts, isa)?;
+                let sc = &mut sc[..cnt];
+                let at = |jj: usize| if sparse { sel[jj] as usize } else { jj };
+                for (jj, s) in sc.iter_mut().enumerate() {
+                    let j = at(jj);
+                    let c = &layer[j * krb..(j + 1) * krb];
+                    *s = ((kk.dot)(q_lat, &c[..lat_b]) + (kk.dot)(&q[nope..], &c[lat_b..]))
+                        * cfg.attn_scale;
+                }
+                attn::softmax(sc, None, isa);
+                if sparse {
+                    c_lat.fill(0.0);
+                    for (jj, s) in sc.iter().enumerate() {
+                        (kk.axpy)(c_lat, *s, &layer[at(jj) * krb..][..lat_b]);
+                    }
+                } else {
+                    // The bits of the fill and one FMA per position in order.
+                    (kk.weighted)(c_lat, sc, layer, krb);
+                }
+                head_matvec(&a.v_b[hh], c_lat, out, acts, isa)
+            };
+            let att = &mut st.att[r * nh * v_dim..(r + 1) * nh * v_dim];
+            if cnt * nh * (kv_lora + rope) <= 1 << 12 || m.pool.current_num_threads() <= 1 {
+                for (hh, (sc, out)) in st
+                    .scores
+                    .chunks_mut(ctx)
+                    .zip(att.chunks_mut(v_dim))
+                    .take(nh)
+                    .enumerate()
+                {
+                    head(hh, &mut st.lat, &mut st.acts, sc, out)?;
+                }
+                continue;
+            }
+            // Heads in parallel (each head's own scores slot and output; per-thread scratch).
+            let tile = st.scores.len() / (nh * ctx);
+            let (op, sp) = (SendPtr(att.as_mut_ptr()), SendPtr(st.scores.as_mut_ptr()));
+            let failed = std::sync::Mutex::new(None);
+            kernels::par_for(Some(&m.pool), nh, &|hh| {
+                let (op, sp) = (&op, &sp);
+                // SAFETY: head hh alone writes scores[hh * tile * ctx..][..ctx] (scores holds
+                // nh * tile * ctx, tile >= 1) and att row r's [hh * v_dim..][..v_dim]; nothing
+                // else touches them during the region.
+                let (sc, out) = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut(sp.0.add(hh * tile * ctx), ctx),
+                        std::slice::from_raw_parts_mut(op.0.add(hh * v_dim), v_dim),
+                    )
+                };
+                MLA_SCRATCH.with_borrow_mut(|(lat, acts)| {
+                    if lat.len() < 2 * kv_lora {
+                        lat.resize(2 * kv_lora, 0.0);
+                    }
+                    if let Err(e) = head(hh, lat, acts, sc, out) {
+                        *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                    }
+                });
+            });
+            if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
     /// `attend_mla_rows` of a layer without an indexer, latent and rope widths multiples of
     /// 16: every head reads the same latent cache (one KV head), so a task per group of heads
     /// (all heads when that leaves a task per thread) runs the chunk's rows in tiles: each
@@ -1112,127 +1244,10 @@ impl Backend for CpuBackend<'_, '_, '_> {
         pos: usize,
         a: &Mla<'_>,
     ) -> Result<(), ModelError> {
-        let (m, st) = (self.m, &mut *self.st);
-        let cfg = &m.cfg;
-        let AttnKind::Mla {
-            kv_lora,
-            nope,
-            rope,
-            v_dim,
-            ..
-        } = cfg.attn
-        else {
-            return Err(ModelError::Config("MLA weights in a GQA model".into()));
-        };
-        let (nh, qk, isa) = (cfg.n_heads, cfg.head_dim, m.isa);
-        // Long enough to share blocks (as `gqa_rows`' serial cut-off), no indexer, SIMD widths.
-        if a.indexer.is_none()
-            && !a.shares_indexer
-            && n * (pos + n) * nh * (kv_lora + rope) > 1 << 14
-            && kv_lora.is_multiple_of(attn::LANES)
-            && rope.is_multiple_of(attn::LANES)
-            && qk == nope + rope
-        {
-            return self.mla_blocks(l, row0, n, pos, a, (kv_lora, nope, rope, v_dim));
-        }
-        let ctx = st.ctx;
-        let kk = kv_kernels(st.kcache.ty(), isa);
-        let (krb, lat_b) = (st.kcache.row_bytes(), kk.ty.row_bytes(kv_lora));
-        debug_assert_eq!(st.kcache.width(), kv_lora + rope);
-        for i in 0..n {
-            let len = pos + i + 1;
-            // V3.2: past `index_topk` positions, attend only to those the indexer selects.
-            // GLM-5: a shared layer reuses the choice of the last layer that ran its indexer.
-            // Row `r` of Q and Att (one sequence's rows in a batched forward start at row0;
-            // an indexer runs one sequence, row0 = 0).
-            let r = row0 + i;
-            let sparse = match &a.indexer {
-                Some(_) => {
-                    let sparse = m.indexer_select(st, l, i, len);
-                    st.idx.keep(i, sparse);
-                    sparse
-                }
-                None if a.shares_indexer => st.idx.recall(i),
-                None => false,
-            };
-            let sel = &st.idx.sel[..if sparse { st.idx.sel.len() } else { 0 }];
-            let cnt = if sparse { sel.len() } else { len };
-            let layer = &st.kcache.bytes()[l * ctx * krb..(l + 1) * ctx * krb];
-            let q_row = &st.q[r * nh * qk..(r + 1) * nh * qk];
-            // One head of row r: absorbed query, scores over the selected (or all) positions,
-            // softmax, the latent sum, v_b. Rows of [latent | rope key] are read in place in
-            // the cache's element type (`-ctk`; `kernels::kv`'s dot and weighted sum).
-            let head = |hh: usize,
-                        lat: &mut [f32],
-                        acts: &mut Acts,
-                        sc: &mut [f32],
-                        out: &mut [f32]|
-             -> Result<(), ModelError> {
-                let q = &q_row[hh * qk..(hh + 1) * qk];
-                let (q_lat, c_lat) = lat[..2 * kv_lora].split_at_mut(kv_lora);
-                head_matvec(&a.k_b[hh], &q[..nope], q_lat, acts, isa)?;
-                let sc = &mut sc[..cnt];
-                let at = |jj: usize| if sparse { sel[jj] as usize } else { jj };
-                for (jj, s) in sc.iter_mut().enumerate() {
-                    let j = at(jj);
-                    let c = &layer[j * krb..(j + 1) * krb];
-                    *s = ((kk.dot)(q_lat, &c[..lat_b]) + (kk.dot)(&q[nope..], &c[lat_b..]))
-                        * cfg.attn_scale;
-                }
-                attn::softmax(sc, None, isa);
-                if sparse {
-                    c_lat.fill(0.0);
-                    for (jj, s) in sc.iter().enumerate() {
-                        (kk.axpy)(c_lat, *s, &layer[at(jj) * krb..][..lat_b]);
-                    }
-                } else {
-                    // The bits of the fill and one FMA per position in order.
-                    (kk.weighted)(c_lat, sc, layer, krb);
-                }
-                head_matvec(&a.v_b[hh], c_lat, out, acts, isa)
-            };
-            let att = &mut st.att[r * nh * v_dim..(r + 1) * nh * v_dim];
-            if cnt * nh * (kv_lora + rope) <= 1 << 12 || m.pool.current_num_threads() <= 1 {
-                for (hh, (sc, out)) in st
-                    .scores
-                    .chunks_mut(ctx)
-                    .zip(att.chunks_mut(v_dim))
-                    .take(nh)
-                    .enumerate()
-                {
-                    head(hh, &mut st.lat, &mut st.acts, sc, out)?;
-                }
-                continue;
-            }
-            // Heads in parallel (each head's own scores slot and output; per-thread scratch).
-            let tile = st.scores.len() / (nh * ctx);
-            let (op, sp) = (SendPtr(att.as_mut_ptr()), SendPtr(st.scores.as_mut_ptr()));
-            let failed = std::sync::Mutex::new(None);
-            kernels::par_for(Some(&m.pool), nh, &|hh| {
-                let (op, sp) = (&op, &sp);
-                // SAFETY: head hh alone writes scores[hh * tile * ctx..][..ctx] (scores holds
-                // nh * tile * ctx, tile >= 1) and att row r's [hh * v_dim..][..v_dim]; nothing
-                // else touches them during the region.
-                let (sc, out) = unsafe {
-                    (
-                        std::slice::from_raw_parts_mut(sp.0.add(hh * tile * ctx), ctx),
-                        std::slice::from_raw_parts_mut(op.0.add(hh * v_dim), v_dim),
-                    )
-                };
-                MLA_SCRATCH.with_borrow_mut(|(lat, acts)| {
-                    if lat.len() < 2 * kv_lora {
-                        lat.resize(2 * kv_lora, 0.0);
-                    }
-                    if let Err(e) = head(hh, lat, acts, sc, out) {
-                        *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-                    }
-                });
-            });
-            if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
-                return Err(e);
-            }
-        }
-        Ok(())
+        let t = cpu_prof::start();
+        let r = self.mla_rows(l, row0, n, pos, a);
+        cpu_prof::add(cpu_prof::ATTEND, t);
+        r
     }
 
     fn swiglu(&mut self, n: usize, f: usize) -> Result<(), ModelError> {
