@@ -325,42 +325,54 @@ fn unsupported_combinations_are_one_line_before_placement() {
     }
 }
 
+/// The deepseek_v3 fixture on the CPU with 2 MTP drafts, prefill batches of 5 and a 128-token
+/// context (`--kv-dir` when given).
+fn open_mtp_engine(kv_dir: Option<&Path>) -> sluice::engine::Engine {
+    use sluice::engine::{Engine, EngineOptions, GpuWant};
+    std::env::set_var("SLUICE_CACHE_DIR", cache());
+    let mut o = EngineOptions::new(fixture("deepseek_v3"));
+    o.threads = 2;
+    o.ctx = Some(128);
+    o.batch = 5;
+    o.mtp = 2;
+    o.quiet = true;
+    o.gpu.want = GpuWant::Off;
+    o.kv_dir = kv_dir.map(Path::to_path_buf);
+    Engine::open(o).unwrap()
+}
+
+/// `n` greedy tokens after `prompt`, past end-of-generation tokens.
+fn generate_n(e: &mut sluice::engine::Engine, prompt: &[u32], n: usize) -> sluice::engine::Outcome {
+    let mut s = e.sampler();
+    let mut p = sluice::engine::GenParams::new(n);
+    p.ignore_eos = true;
+    e.generate(prompt, &mut s, &p, &mut |_| true).unwrap()
+}
+
+/// The prompt ids of the deepseek_v3 fixture's greedy.json.
+fn fixture_prompt() -> Vec<u32> {
+    let path = fixture("deepseek_v3").join("greedy.json");
+    let g: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    g["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect()
+}
+
 /// The MTP head's cache after prefix sync (a second request extending the first) and after a
 /// `--kv-dir` restore equals a fresh prefill's, row for row, in every cache layer: at
 /// temperature 0 the text cannot show a wrong head (drafts only change the acceptance rate),
 /// so this compares the state itself. Prefill batches of 5 make the chunking differ too.
 #[test]
 fn mtp_head_after_prefix_sync_and_restore_equals_a_fresh_prefill() {
-    use sluice::engine::{Engine, EngineOptions, GenParams, GpuWant};
-    std::env::set_var("SLUICE_CACHE_DIR", cache());
-    let dir = fixture("deepseek_v3");
     let kv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("engine-mtp-kv");
     let _ = std::fs::remove_dir_all(&kv);
-    let open = |kv_dir: Option<&Path>| {
-        let mut o = EngineOptions::new(&dir);
-        o.threads = 2;
-        o.ctx = Some(128);
-        o.batch = 5;
-        o.mtp = 2;
-        o.quiet = true;
-        o.gpu.want = GpuWant::Off;
-        o.kv_dir = kv_dir.map(Path::to_path_buf);
-        Engine::open(o).unwrap()
-    };
-    let gen = |e: &mut Engine, prompt: &[u32]| {
-        let mut s = e.sampler();
-        let mut p = GenParams::new(10);
-        p.ignore_eos = true;
-        e.generate(prompt, &mut s, &p, &mut |_| true).unwrap()
-    };
-    let g: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("greedy.json")).unwrap()).unwrap();
-    let p1: Vec<u32> = g["prompt_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
+    let open = open_mtp_engine;
+    let gen = |e: &mut sluice::engine::Engine, prompt: &[u32]| generate_n(e, prompt, 10);
+    let p1 = fixture_prompt();
 
     let mut reused = open(None);
     let first = gen(&mut reused, &p1).generation.tokens;
@@ -412,33 +424,9 @@ fn mtp_head_after_prefix_sync_and_restore_equals_a_fresh_prefill() {
 /// MTP head included, continues as a fresh prefill of the whole text would.
 #[test]
 fn zero_max_tokens_prefills_the_prompt() {
-    use sluice::engine::{Engine, EngineOptions, GenParams, GpuWant};
-    std::env::set_var("SLUICE_CACHE_DIR", cache());
-    let dir = fixture("deepseek_v3");
-    let open = || {
-        let mut o = EngineOptions::new(&dir);
-        o.threads = 2;
-        o.ctx = Some(128);
-        o.batch = 5;
-        o.mtp = 2;
-        o.quiet = true;
-        o.gpu.want = GpuWant::Off;
-        Engine::open(o).unwrap()
-    };
-    let gen = |e: &mut Engine, prompt: &[u32], n: usize| {
-        let mut s = e.sampler();
-        let mut p = GenParams::new(n);
-        p.ignore_eos = true;
-        e.generate(prompt, &mut s, &p, &mut |_| true).unwrap()
-    };
-    let g: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("greedy.json")).unwrap()).unwrap();
-    let p1: Vec<u32> = g["prompt_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
+    let open = || open_mtp_engine(None);
+    let gen = |e: &mut sluice::engine::Engine, prompt: &[u32], n| generate_n(e, prompt, n);
+    let p1 = fixture_prompt();
     let mut p2 = p1.clone();
     p2.extend_from_slice(&p1[1..6]);
 

@@ -473,10 +473,7 @@ pub fn decode_on(
     stats.gpu_after_prefill = dev.as_ref().map(|d| d.stats());
     if p.max_tokens == 0 {
         // The prompt is in the cache (llama-cli's `-n 0`; `bench -n 0` times prefill alone).
-        if k > 0 && st.mtp_pos + 1 == st.pos {
-            st.mtp_pending.copy_from_slice(&pending);
-            st.mtp_pending_pos = Some(st.pos - 1);
-        }
+        keep_mtp_pending(st, k, &pending);
         return Ok(Generation {
             tokens: Vec::new(),
             stats,
@@ -512,11 +509,7 @@ pub fn decode_on(
             p.oracle,
         )?
     };
-    if k > 0 && st.mtp_pos + 1 == st.pos {
-        // Kept for the next turn (`resumes_mtp`).
-        st.mtp_pending.copy_from_slice(&pending);
-        st.mtp_pending_pos = Some(st.pos - 1);
-    }
+    keep_mtp_pending(st, k, &pending);
     let finish = em.finish(finish)?;
     stats.decode_secs = t1.elapsed().as_secs_f64();
     stats.generated = em.e.out.len();
@@ -535,6 +528,15 @@ pub fn decode_on(
         stats,
         finish,
     })
+}
+
+/// With `k` drafts, a state one MTP slot behind keeps that slot's main-model row for the next
+/// turn (`resumes_mtp`).
+fn keep_mtp_pending(st: &mut State, k: usize, pending: &[f32]) {
+    if k > 0 && st.mtp_pos + 1 == st.pos {
+        st.mtp_pending.copy_from_slice(pending);
+        st.mtp_pending_pos = Some(st.pos - 1);
+    }
 }
 
 /// Whether `st` is one MTP slot behind its cache with the main model's row of that slot kept

@@ -164,73 +164,60 @@ fn rows_range(
         dot4,
         tile: tile8,
     } = dots;
+    let t_rows = src.rows;
     // Tokens per pass: a tile takes up to eight, the four-row dot four.
     let group = if tile8.is_some() { 8 } else { 4 };
-    // Tokens per block: their activations (about 1.25 bytes per column in the 8-bit formats,
-    // 4 in f32) stay in L2 while the weight tiles of r0..r1 pass over them, so each block of
-    // tokens re-reads the weights instead of every weight tile re-reading all the tokens.
-    let f32_acts = kernels_for(w.dtype).is_ok_and(|k| k.act == super::ActFormat::F32);
-    let act_row = w.cols.max(1) * if f32_acts { 4 } else { 5 } / 4;
-    let block = (token_block_bytes() / act_row).max(group) / group * group;
-    let mut b0 = 0;
-    while b0 < src.rows {
-        let b1 = (b0 + block).min(src.rows);
-        let mut t0 = r0;
-        while t0 < r1 {
-            let t1 = (t0 + tile).min(r1);
-            let mut t = b0;
-            while t < b1 {
-                let n = (b1 - t).min(group);
-                let mut r8 = t0;
-                // Tiles from two tokens up. One token (decode's matvec) keeps the single-row dot:
-                // the tile's eight side-by-side row streams read memory slower (Q4_K AVX-512, one
-                // thread: 8.9 vs 12.5 GB/s, docs/PERFORMANCE.md issue 16) though it wins in L2.
-                if let Some(tile8) = tile8.filter(|_| n >= 2) {
-                    let a: [ActRow<'_>; 8] = std::array::from_fn(|k| src.row(t + k.min(n - 1)));
-                    let mut o = [[0.0f32; 8]; 8];
-                    while r8 + 8 <= t1 {
-                        tile8(&w.bytes[r8 * rb..(r8 + 8) * rb], rb, &a[..n], &mut o);
-                        for (k, o) in o[..n].iter().enumerate() {
-                            for (j, &v) in o.iter().enumerate() {
-                                out((t + k) * n_rows + r8 + j, v);
-                            }
-                        }
-                        r8 += 8;
-                    }
-                }
-                // The rows left (fewer than eight), four tokens at a time.
-                let mut u = t;
-                while u < t + n && r8 < t1 {
-                    let m = (t + n - u).min(4);
-                    let a: [ActRow<'_>; 4] = std::array::from_fn(|k| src.row(u + k.min(m - 1)));
-                    match dot4.filter(|_| m == 4) {
-                        Some(dot4) => {
-                            let mut o = [0.0f32; 4];
-                            for r in r8..t1 {
-                                dot4(&w.bytes[r * rb..(r + 1) * rb], &a, &mut o);
-                                for (k, &v) in o.iter().enumerate() {
-                                    out((u + k) * n_rows + r, v);
-                                }
-                            }
-                        }
-                        None => {
-                            for (k, a) in a[..m].iter().enumerate() {
-                                for r in r8..t1 {
-                                    out(
-                                        (u + k) * n_rows + r,
-                                        dot(&w.bytes[r * rb..(r + 1) * rb], a),
-                                    );
-                                }
-                            }
+    let mut t0 = r0;
+    while t0 < r1 {
+        let t1 = (t0 + tile).min(r1);
+        let mut t = 0;
+        while t < t_rows {
+            let n = (t_rows - t).min(group);
+            let mut r8 = t0;
+            // Tiles from two tokens up. One token (decode's matvec) keeps the single-row dot:
+            // the tile's eight side-by-side row streams read memory slower (Q4_K AVX-512, one
+            // thread: 8.9 vs 12.5 GB/s, docs/PERFORMANCE.md issue 16) though it wins in L2.
+            if let Some(tile8) = tile8.filter(|_| n >= 2) {
+                let a: [ActRow<'_>; 8] = std::array::from_fn(|k| src.row(t + k.min(n - 1)));
+                let mut o = [[0.0f32; 8]; 8];
+                while r8 + 8 <= t1 {
+                    tile8(&w.bytes[r8 * rb..(r8 + 8) * rb], rb, &a[..n], &mut o);
+                    for (k, o) in o[..n].iter().enumerate() {
+                        for (j, &v) in o.iter().enumerate() {
+                            out((t + k) * n_rows + r8 + j, v);
                         }
                     }
-                    u += m;
+                    r8 += 8;
                 }
-                t += n;
             }
-            t0 = t1;
+            // The rows left (fewer than eight), four tokens at a time.
+            let mut u = t;
+            while u < t + n && r8 < t1 {
+                let m = (t + n - u).min(4);
+                let a: [ActRow<'_>; 4] = std::array::from_fn(|k| src.row(u + k.min(m - 1)));
+                match dot4.filter(|_| m == 4) {
+                    Some(dot4) => {
+                        let mut o = [0.0f32; 4];
+                        for r in r8..t1 {
+                            dot4(&w.bytes[r * rb..(r + 1) * rb], &a, &mut o);
+                            for (k, &v) in o.iter().enumerate() {
+                                out((u + k) * n_rows + r, v);
+                            }
+                        }
+                    }
+                    None => {
+                        for (k, a) in a[..m].iter().enumerate() {
+                            for r in r8..t1 {
+                                out((u + k) * n_rows + r, dot(&w.bytes[r * rb..(r + 1) * rb], a));
+                            }
+                        }
+                    }
+                }
+                u += m;
+            }
+            t += n;
         }
-        b0 = b1;
+        t0 = t1;
     }
 }
 
@@ -439,14 +426,3 @@ pub fn matmul_jobs(
 
 /// Bytes of weight rows per tile in `matmul` (well inside a 1-2 MiB L2).
 const TILE_BYTES: usize = 64 * 1024;
-/// Activation bytes per block of tokens in `rows_range` (a share of a 1-2 MiB L2);
-/// `SLUICE_TOKEN_BLOCK=BYTES` overrides it (benchmarks).
-fn token_block_bytes() -> usize {
-    static B: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *B.get_or_init(|| {
-        std::env::var("SLUICE_TOKEN_BLOCK")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(256 * 1024)
-    })
-}
