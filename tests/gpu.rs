@@ -983,3 +983,131 @@ fn gpu_deepseek_v4_mxfp4_experts_match_their_f32_twin() {
         "MXFP4 experts on the GPU: {err:.2e}, same argmax {same}"
     );
 }
+
+/// Tensor-core prompt attention (`attention_mma_<d>`, an f16 cache) against attention computed
+/// here in f64 from the same f16 keys and values: 100 queries at positions 150.. (causal, so
+/// full, partial and masked key tiles), 8 query heads over 2 key/value heads, every head size
+/// it is built for. What the kernel rounds (each query and each probability to f16, as
+/// llama.cpp's flash attention) stays within 1e-2 of max|ref|; a fragment-layout mistake is
+/// off by the order of the values themselves.
+#[test]
+fn gpu_tensor_core_attention_matches_f64() {
+    if !gpu_or_skip("gpu_tensor_core_attention_matches_f64") {
+        return;
+    }
+    let (n, pos0, heads, kvh) = (100usize, 150usize, 8usize, 2usize);
+    let keys = pos0 + n;
+    for d in [16usize, 32, 64, 128] {
+        let mut r = lcg(d as u64);
+        let f16 = |x: f32| half::f16::from_f32(x).to_f32();
+        let q: Vec<f32> = (0..n * heads * d).map(|_| 2.0 * r()).collect();
+        let k: Vec<f32> = (0..keys * kvh * d).map(|_| f16(2.0 * r())).collect();
+        let v: Vec<f32> = (0..keys * kvh * d).map(|_| f16(r())).collect();
+        let got = check::attention_mma(&q, &k, &v, n, pos0, heads, kvh, d).unwrap();
+        let scale = 1.0 / (d as f64).sqrt();
+        let (mut worst, mut top) = (0f64, 0f64);
+        for t in 0..n {
+            for h in 0..heads {
+                let g = h / (heads / kvh);
+                let qr = &q[(t * heads + h) * d..][..d];
+                let s: Vec<f64> = (0..=pos0 + t)
+                    .map(|j| {
+                        let kr = &k[(j * kvh + g) * d..][..d];
+                        qr.iter().zip(kr).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * scale
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let p: Vec<f64> = s.iter().map(|&x| (x - m).exp()).collect();
+                let l: f64 = p.iter().sum();
+                for c in 0..d {
+                    let want: f64 = p
+                        .iter()
+                        .enumerate()
+                        .map(|(j, &pj)| pj * v[(j * kvh + g) * d + c] as f64)
+                        .sum::<f64>()
+                        / l;
+                    let have = got[(t * heads + h) * d + c] as f64;
+                    worst = worst.max((have - want).abs());
+                    top = top.max(want.abs());
+                }
+            }
+        }
+        eprintln!("attention_mma_{d}: max|Δ| = {worst:.2e}, max|ref| = {top:.2e}");
+        assert!(
+            worst <= 1e-2 * top,
+            "attention_mma_{d}: max|Δ| {worst:.2e} against max|ref| {top:.2e}"
+        );
+    }
+}
+
+/// An f16 KV cache on the GPU holds the numbers the CPU's f16 cache holds: 300 tokens of
+/// logits with `-ctk f16 -ctv f16` on both, one token per forward (decode kernels, f32
+/// arithmetic over the rounded values: within the f32 bound, 1e-4 of max|ref|, same argmax
+/// everywhere) and in chunks of 64 (GQA prompts take the tensor cores, which round each query
+/// and probability to f16: within 1e-2, argmax differences at no more than 2% of positions of
+/// these tiny random models, whose top logits nearly tie).
+#[test]
+fn gpu_f16_cache_matches_cpu_f16_cache() {
+    if !gpu_or_skip("gpu_f16_cache_matches_cpu_f16_cache") {
+        return;
+    }
+    let f16 = sluice::model::KvTypes {
+        k: sluice::kernels::kv::KvType::F16,
+        v: sluice::kernels::kv::KvType::F16,
+    };
+    let ctx = 320;
+    for f in FAMILIES {
+        let d = root().join("tests/fixtures/models").join(f);
+        let files = ModelFiles::open(&d).unwrap();
+        let lo = LoadOptions {
+            kv: f16,
+            threads: 2,
+            ctx,
+        };
+        let model = Model::load(&files, &lo).unwrap();
+        let vocab = model.cfg.vocab;
+        let mut r = lcg(5);
+        let toks: Vec<u32> = (0..300)
+            .map(|_| ((r() * 0.5 + 0.5) * (vocab - 1) as f32) as u32)
+            .collect();
+        let mut cpu_st = model.new_state(ctx, 64, 64).unwrap();
+        assert_eq!(cpu_st.kv_types(), f16);
+        let mut cpu = Vec::new();
+        model.logits_all(&mut cpu_st, &toks, &mut cpu).unwrap();
+        let mla = matches!(model.cfg.attn, sluice::model::config::AttnKind::Mla { .. });
+        for batch in [1, 64] {
+            let mut st = model.new_state(ctx, batch, batch).unwrap();
+            let mut cfg = CacheConfig::new(model.cfg.n_experts);
+            cfg.io = sluice::experts::IoMode::Buffered;
+            st.attach_experts(model.expert_cache(&files, cfg).unwrap());
+            let (g, _) = GpuState::attach(&model, &st, &opts(None, Staging::Arena)).unwrap();
+            let mut run = Run { g: Some(g), st };
+            let mut gpu = Vec::new();
+            let (dev, st) = run.parts();
+            model.logits_all_on(dev, st, &toks, &mut gpu).unwrap();
+            let (mut worst, mut flips) = (0f32, 0);
+            for (a, b) in gpu.chunks(vocab).zip(cpu.chunks(vocab)) {
+                let (e, same) = compare(a, b, vocab);
+                worst = worst.max(e);
+                flips += usize::from(!same);
+            }
+            let mma = batch > 8 && !mla;
+            eprintln!(
+                "{f} f16 cache, batch {batch}{}: gpu vs cpu worst max|Δ|/max|ref| = {worst:.2e}, {flips} argmax differences in {}",
+                if mma { " (tensor cores)" } else { "" },
+                toks.len()
+            );
+            if mma {
+                assert!(
+                    worst <= 1e-2 && flips * 50 <= toks.len(),
+                    "{f} batch {batch}: worst {worst:.2e}, {flips} argmax differences"
+                );
+            } else {
+                assert!(
+                    worst <= 1e-4 && flips == 0,
+                    "{f} batch {batch}: worst {worst:.2e}, {flips} argmax differences"
+                );
+            }
+        }
+    }
+}

@@ -351,13 +351,14 @@ fn cache_type_flags_parse_and_refuse_in_one_line() {
         err.contains("-ctk q8_0") && err.contains("head_dim is 16"),
         "{err}"
     );
-    // An explicit non-f32 cache with the GPU: refused (whatever this build has).
+    // A bf16 or q8_0 cache with the GPU: refused (whatever this build has); the GPU's cache
+    // holds f32 or f16 values.
     let (code, err) = sluice(&[
-        "run", m, "-p", "hi", "-n", "1", "--gpu", "on", "-ctv", "f16",
+        "run", m, "-p", "hi", "-n", "1", "--gpu", "on", "-ctv", "bf16",
     ]);
     assert_ne!(code, 0, "{err}");
     assert!(
-        err.contains("-ctv f16 with --gpu on") && err.contains("f32 only"),
+        err.contains("-ctv bf16 with --gpu on") && err.contains("f32 or f16 values"),
         "{err}"
     );
     // Accepted spellings run, and the run says which types it caches in and why.

@@ -23,7 +23,7 @@ pub struct ComputeArgs {
     #[arg(short = 'b', long = "batch-size")]
     pub batch: Option<usize>,
     /// KV cache type for keys (`-ctk`, llama.cpp's spelling): f32, f16, bf16 or q8_0. Default
-    /// f16 (as llama.cpp); f32 with `--gpu on` (the GPU's cache is f32 only). MLA's latent
+    /// f16 (as llama.cpp; the GPU takes f32 and f16, storing f16 numbers in f32). MLA's latent
     /// cache follows it; DeepSeek-V4's caches stay f32 (the run says so).
     #[arg(long = "cache-type-k", value_name = "TYPE")]
     pub cache_type_k: Option<String>,

@@ -95,11 +95,14 @@ pub struct KvRequest {
 }
 
 impl KvRequest {
-    /// The flags given with a type other than f32 (what the GPU's cache cannot hold).
-    fn not_f32(&self) -> Option<String> {
+    /// The flags given with a type other than f32 and f16 (what the GPU's cache cannot hold).
+    fn not_gpu(&self) -> Option<String> {
         let flags: Vec<String> = [("-ctk", self.k), ("-ctv", self.v)]
             .into_iter()
-            .filter_map(|(f, t)| t.filter(|t| *t != KvType::F32).map(|t| format!("{f} {t}")))
+            .filter_map(|(f, t)| {
+                t.filter(|t| !matches!(t, KvType::F32 | KvType::F16))
+                    .map(|t| format!("{f} {t}"))
+            })
             .collect();
         (!flags.is_empty()).then(|| flags.join(" "))
     }
@@ -317,10 +320,10 @@ impl EngineOptions {
                 return Err(refused("--gpu on", why));
             }
         }
-        if let (true, Some(flags)) = (gpu_on, self.kv.not_f32()) {
+        if let (true, Some(flags)) = (gpu_on, self.kv.not_gpu()) {
             return Err(refused(
                 &format!("{flags} with --gpu on"),
-                "the GPU's KV cache is f32 only; use -ctk f32 -ctv f32 (the default with --gpu on) or --gpu off",
+                "the GPU's KV cache holds f32 or f16 values; use -ctk/-ctv f16 (the default) or f32, or --gpu off",
             ));
         }
         // q8_0 needs whole 32-element blocks per head (`ModelConfig::kv_types` names the width).
@@ -402,9 +405,9 @@ impl EngineOptions {
         if self.kv_dir.is_some() {
             return Some("--kv-dir keeps KV caches in host memory");
         }
-        if self.kv.not_f32().is_some() {
+        if self.kv.not_gpu().is_some() {
             return Some(
-                "-ctk/-ctv other than f32 keep the KV cache on the CPU (the GPU's is f32 only)",
+                "-ctk/-ctv bf16 or q8_0 keep the KV cache on the CPU (the GPU's holds f32 or f16 values)",
             );
         }
         if self.parallel > 1 && !self.parallel_auto {
@@ -462,27 +465,18 @@ impl EngineOptions {
         })
     }
 
-    /// The KV cache types the CPU state is made with, and why: the flags where given, else
-    /// f16 (llama.cpp's default), f32 with `--gpu on` (the GPU's cache is f32 only; `check`
-    /// refuses other explicit types there).
+    /// The KV cache types the state is made with, and why: the flags where given, else f16
+    /// (llama.cpp's default, on the CPU and the GPU; `check` refuses bf16 and q8_0 with
+    /// `--gpu on`).
     pub fn kv_types(&self) -> (KvTypes, &'static str) {
-        let gpu_on = self.gpu.want == GpuWant::On;
-        let (default, why) = if gpu_on {
-            (
-                KvType::F32,
-                "f32 by default with --gpu on: the GPU's KV cache is f32 only",
-            )
-        } else {
-            (KvType::F16, "f16 by default, as llama.cpp")
-        };
         let kv = KvTypes {
-            k: self.kv.k.unwrap_or(default),
-            v: self.kv.v.unwrap_or(default),
+            k: self.kv.k.unwrap_or(KvType::F16),
+            v: self.kv.v.unwrap_or(KvType::F16),
         };
         let why = match (self.kv.k, self.kv.v) {
             (Some(_), Some(_)) => "-ctk/-ctv",
-            (None, None) => why,
-            _ => "-ctk/-ctv; the other side's default f16 (f32 with --gpu on)",
+            (None, None) => "f16 by default, as llama.cpp",
+            _ => "-ctk/-ctv; the other side's default f16",
         };
         (kv, why)
     }

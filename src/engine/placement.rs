@@ -465,9 +465,9 @@ pub(crate) fn place_gpu(
     }
     let dev = attach(model, files, st, o, plan, &off)?;
     if dev.is_some() && st.kv_types() != crate::model::KvTypes::F32 {
-        // `--gpu auto` with the CPU default: the device keeps its own cache, in f32.
+        // The device keeps its own cache: f32 storage, the f16 sides' values rounded to f16.
         say.line(&format!(
-            "[plan] kv cache types: f32 on the GPU (its KV cache is f32 only; the CPU default -ctk {} -ctv {} applies when the CPU runs attention)",
+            "[plan] kv cache types on the GPU: keys {}, values {} (f16 numbers in f32 storage; prompt attention on the tensor cores where both are f16)",
             st.kv_types().k,
             st.kv_types().v
         ));

@@ -358,9 +358,9 @@ impl Backend for GpuBackend<'_, '_> {
             )));
         }
         let (kc, vc) = self.model.cfg.cache_dims();
-        let (cols, cache) = match side {
-            Cache::K => (kc, &self.g.bufs.kcache),
-            Cache::V => (vc, &self.g.bufs.vcache),
+        let (cols, cache, h16) = match side {
+            Cache::K => (kc, &self.g.bufs.kcache, self.g.kv16[0]),
+            Cache::V => (vc, &self.g.bufs.vcache, self.g.kv16[1]),
         };
         if src.width != cols {
             return Err(ModelError::Shape(format!(
@@ -370,7 +370,7 @@ impl Backend for GpuBackend<'_, '_> {
         }
         let dst = cache.f(layer * self.g.ctx * cols);
         let s = self.at(src)?;
-        Ok(self.g.kv_store(s, src.stride, cols, dst, n)?)
+        Ok(self.g.kv_store(s, src.stride, cols, dst, n, h16)?)
     }
 
     fn attend(

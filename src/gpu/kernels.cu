@@ -50,6 +50,13 @@ __device__ __forceinline__ float h2f(u16 h) {
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
 }
+// x rounded to the nearest f16 (ties to even) and widened back: an f16 KV cache's element
+// (-ctk/-ctv f16), bit for bit as the CPU's cache stores it.
+__device__ __forceinline__ float f16r(float x) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h2f(h);
+}
 __device__ __forceinline__ u16 ld16(const u8* p) { return (u16)(p[0] | (p[1] << 8)); }
 __device__ __forceinline__ u32 ld32(const u8* p) {
     return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
@@ -1330,10 +1337,15 @@ extern "C" __global__ void build_jobs(const int* sel, int n, int k, int E, const
     build_block(sel, n, k, E, etab, jobs, tok, dst, njobs, stat, jsh);
 }
 
-// Cache rows for tokens 0..n at position *pp: Dst[(*pp + t)*cols + c] = Src[t*ss + c].
-extern "C" __global__ void kv_store(const float* Src, int ss, float* Dst, int cols, const int* pp) {
+// Cache rows for tokens 0..n at position *pp: Dst[(*pp + t)*cols + c] = Src[t*ss + c], each
+// value rounded to f16 (f16r) when h16 (an f16 cache).
+extern "C" __global__ void kv_store(const float* Src, int ss, float* Dst, int cols, const int* pp,
+                                    int h16) {
     float* d = Dst + (size_t)(*pp + blockIdx.x) * cols;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) d[c] = Src[(size_t)blockIdx.x * ss + c];
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        float v = Src[(size_t)blockIdx.x * ss + c];
+        d[c] = h16 ? f16r(v) : v;
+    }
 }
 
 // ---- Flash-decoding: attention of few tokens split over position chunks ------------------------

@@ -233,13 +233,15 @@ MMQ3_T1_KERNEL(q4_0, QQ4_0, _t1n, )
 // Between the q/k/v projections and attention, per head: optional RMSNorm of each q and k head
 // (qn / kn: hd weights; as rmsnorm over hd-wide parts), rotary embedding of the first 2*half
 // values (as rope, position *rp + rpadd + t), the head written back, and k and v heads stored in
-// the cache layer at position *pp + t (as kv_store). Grid: (n, heads + 2*kv_heads): q heads,
-// then k heads, then v heads. Block 256 (rmsnorm's), shared hd floats; hd <= 256.
+// the cache layer at position *pp + t (as kv_store; keys rounded to f16 when h16 & 1, values when
+// h16 & 2). Grid: (n, heads + 2*kv_heads): q heads, then k heads, then v heads. Block 256
+// (rmsnorm's), shared hd floats; hd <= 256.
 extern "C" __global__ void qk_rope_store(float* Q, int qts, float* K, int kts, const float* V,
                                          int vts, int heads, int kvh, int hd, const float* qn,
                                          const float* kn, float eps, int half, int layout,
                                          const float* cosT, const float* sinT, const int* rp,
-                                         int rpadd, const int* pp, float* KC, float* VC) {
+                                         int rpadd, const int* pp, float* KC, float* VC,
+                                         int h16) {
     __shared__ float red[32];
     extern __shared__ float hsh[];
     pdl_wait();
@@ -249,7 +251,10 @@ extern "C" __global__ void qk_rope_store(float* Q, int qts, float* K, int kts, c
     size_t pos = (size_t)(*pp + t);
     if (hh >= heads + kvh) {
         int g = hh - heads - kvh;
-        if (i < hd) VC[pos * cols + g * hd + i] = V[(size_t)t * vts + g * hd + i];
+        if (i < hd) {
+            float v = V[(size_t)t * vts + g * hd + i];
+            VC[pos * cols + g * hd + i] = h16 & 2 ? f16r(v) : v;
+        }
         return;
     }
     bool isk = hh >= heads;
@@ -278,7 +283,7 @@ extern "C" __global__ void qk_rope_store(float* Q, int qts, float* K, int kts, c
             o = first ? a * c[p] - b * sn[p] : b * c[p] + a * sn[p];
         }
         x[i] = o;
-        if (isk) KC[pos * cols + g * hd + i] = o;
+        if (isk) KC[pos * cols + g * hd + i] = h16 & 1 ? f16r(o) : o;
     }
 }
 

@@ -24,7 +24,7 @@ use super::pool::VramPool;
 use super::{GpuError, GpuOptions, GpuStats, Staging};
 use crate::dtype::DType;
 use crate::kernels::WeightView;
-use crate::model::config::{AttnKind, ExpertAct};
+use crate::model::config::{AttnKind, ExpertAct, ModelConfig};
 use crate::model::weights::{Attention, Ffn, HeadMat, Mlp};
 use crate::model::{Model, ModelError, State};
 use std::borrow::Cow;
@@ -53,6 +53,33 @@ fn att_tiled_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("SLUICE_GPU_ATT_TILED").map_or(true, |v| v != "0"))
 }
+
+/// Whether prompt attention over an f16 cache takes the tensor cores (`attention_mma_<D>`;
+/// `SLUICE_GPU_ATT_MMA=0`: `attention_tiled`, f32 throughout).
+fn att_mma_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SLUICE_GPU_ATT_MMA").map_or(true, |v| v != "0"))
+}
+
+/// Which sides of the GPU's KV cache hold f16 numbers for a state whose cache types are `kv`:
+/// the GPU keeps f32 storage and rounds what it stores to f16 where the type is f16 (the
+/// values the CPU's f16 cache holds); bf16 and q8_0 have no GPU kernels. An MLA cache's value
+/// side holds V3.2's indexer keys, always f32.
+pub fn gpu_kv16(cfg: &ModelConfig, kv: crate::model::KvTypes) -> Result<[bool; 2], GpuError> {
+    use crate::kernels::kv::KvType;
+    let side = |t: KvType, flag: &str| match t {
+        KvType::F32 => Ok(false),
+        KvType::F16 => Ok(true),
+        other => Err(GpuError::Config(format!(
+            "{flag} {other}: the GPU's KV cache holds f32 or f16 values; use -ctk/-ctv f16 or f32, or --gpu off"
+        ))),
+    };
+    let mla = matches!(cfg.attn, AttnKind::Mla { .. });
+    Ok([side(kv.k, "-ctk")?, side(kv.v, "-ctv")? && !mla])
+}
+
+/// Head sizes `attention_mma_<D>` is instantiated for (kernels_mma.cu).
+const MMA_DIMS: [usize; 4] = [16, 32, 64, 128];
 
 fn align(x: usize) -> usize {
     x.div_ceil(ALIGN) * ALIGN
@@ -220,6 +247,9 @@ pub(super) struct Small {
     att_group: Kernel,
     /// Prompt attention in 32-query tiles (kernels_fused.cu `attention_tiled`).
     att_tiled: Kernel,
+    /// Prompt attention over an f16 cache on the tensor cores, per head size `MMA_DIMS`
+    /// (kernels_mma.cu).
+    att_mma: [Kernel; 4],
     route_jobs: Kernel,
     router_route_jobs: Kernel,
 }
@@ -370,6 +400,10 @@ pub struct GpuState {
     pub(super) ctx: usize,
     /// MLA model: the KV cache keeps latent + rope key rows only (no V side).
     pub(super) mla: bool,
+    /// The cache's keys / values are f16 numbers (-ctk / -ctv f16, as the CPU state's): each
+    /// is rounded to f16 as it is stored (the storage stays f32). V3.2's indexer keys, on the
+    /// value side of an MLA cache, stay f32.
+    pub(super) kv16: [bool; 2],
     /// DeepSeek-V3.2 / GLM-5: the lightning indexer's buffers (`ops.rs`).
     pub(super) idx: Option<super::ops::IdxState>,
     /// Qwen3-Next / Qwen3.5: the linear layers' states and the mixers' scratch (`hybrid.rs`).
@@ -631,6 +665,7 @@ impl GpuState {
             return Err(GpuError::Config(why));
         }
         let cfg = &model.cfg;
+        let kv16 = gpu_kv16(cfg, st.kv_types())?;
         let gpu = Gpu::open()?;
         let w = &model.weights;
         let Some(cache) = st.expert_cache.as_ref() else {
@@ -766,6 +801,12 @@ impl GpuState {
             rope: gpu.function("rope")?,
             attention: gpu.function("attention")?,
             att_tiled: gpu.function("attention_tiled")?,
+            att_mma: [
+                gpu.function("attention_mma_16")?,
+                gpu.function("attention_mma_32")?,
+                gpu.function("attention_mma_64")?,
+                gpu.function("attention_mma_128")?,
+            ],
             head_mv: gpu.function("head_mv")?,
             copy2d: gpu.function("copy2d")?,
             combine: gpu.function("moe_combine")?,
@@ -1050,6 +1091,7 @@ impl GpuState {
                 at: (0, 0),
                 ctx,
                 mla: matches!(cfg.attn, AttnKind::Mla { .. }),
+                kv16,
                 idx: cfg
                     .indexer
                     .map(|ix| super::ops::IdxState::new(&gpu, ix, bsz, ctx))
@@ -1300,6 +1342,7 @@ impl GpuState {
                 self.bufs.pos.ptr.into(),
                 self.bufs.kcache.f(layer * self.ctx * kvd).into(),
                 self.bufs.vcache.f(layer * self.ctx * kvd).into(),
+                (i32::from(self.kv16[0]) | (i32::from(self.kv16[1]) << 1)).into(),
             ],
         )
     }
@@ -1682,6 +1725,42 @@ impl GpuState {
                 ],
             );
         }
+        // Prompt attention over an f16 cache (keys and values f16 numbers): the tensor cores,
+        // 64 queries per block (kernels_mma.cu).
+        let mma = MMA_DIMS.iter().position(|&d| d == dk);
+        let mma_ok = [q.1, q.2, o.1, o.2].iter().all(|&x| x % 2 == 0)
+            && [k.1, k.2, v.1, v.2].iter().all(|&x| x % 4 == 0)
+            && [q.0, o.0].iter().all(|&p| p % 8 == 0)
+            && [k.0, v.0].iter().all(|&p| p % 16 == 0);
+        if let (Some(i), true) = (mma, self.kv16 == [true, true] && !self.mla && dk == dv) {
+            if mma_ok && self.v4.is_none() && att_mma_on() {
+                return self.launch(
+                    self.small.att_mma[i],
+                    (heads as u32, n.div_ceil(64) as u32, 1),
+                    128,
+                    0,
+                    &[
+                        q.0.into(),
+                        (q.1 as i32).into(),
+                        (q.2 as i32).into(),
+                        k.0.into(),
+                        (k.1 as i32).into(),
+                        (k.2 as i32).into(),
+                        v.0.into(),
+                        (v.1 as i32).into(),
+                        (v.2 as i32).into(),
+                        (group as i32).into(),
+                        self.bufs.pos.ptr.into(),
+                        padd.into(),
+                        scale.into(),
+                        (n as i32).into(),
+                        o.0.into(),
+                        (o.1 as i32).into(),
+                        (o.2 as i32).into(),
+                    ],
+                );
+            }
+        }
         // Prompt attention: 32 queries per block through shared-memory key/value tiles
         // (`attention_tiled`, ~10x less L2 traffic than a block per query) where its shared
         // memory fits; `SLUICE_GPU_ATT_TILED=0` keeps `attention`.
@@ -1835,6 +1914,8 @@ impl GpuState {
 
     /// Rows 0..n of src (row stride `ss`, `cols` wide) into the layer's cache rows (`cols`
     /// wide) at the chunk's position (read on the device).
+    /// Rows 0..n of `src` into the cache layer at `layer` (device address), from the chunk's
+    /// position; each value rounded to f16 when `h16` (that side of the cache is f16).
     pub(super) fn kv_store(
         &self,
         src: u64,
@@ -1842,6 +1923,7 @@ impl GpuState {
         cols: usize,
         layer: u64,
         n: usize,
+        h16: bool,
     ) -> Result<(), GpuError> {
         self.launch(
             self.small.kv_store,
@@ -1854,6 +1936,7 @@ impl GpuState {
                 layer.into(),
                 (cols as i32).into(),
                 self.bufs.pos.ptr.into(),
+                i32::from(h16).into(),
             ],
         )
     }
@@ -3029,5 +3112,59 @@ pub mod check {
             ],
         )?;
         download_f32(&gpu, &yd, ids.len() * cols)
+    }
+
+    /// Prompt attention on the tensor cores (`attention_mma_<d>`): `n` queries (rows of
+    /// heads x d) at positions `pos0 ..`, over `pos0 + n` keys and values (rows of kv_heads x
+    /// d, f16 numbers), causal, scale 1/sqrt(d); the n x heads x d output.
+    pub fn attention_mma(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        n: usize,
+        pos0: usize,
+        heads: usize,
+        kv_heads: usize,
+        d: usize,
+    ) -> Result<Vec<f32>, GpuError> {
+        let i = MMA_DIMS
+            .iter()
+            .position(|&x| x == d)
+            .ok_or_else(|| GpuError::Config(format!("no attention_mma for head size {d}")))?;
+        let gpu = Gpu::open()?;
+        let f = gpu.function(&format!("attention_mma_{}", MMA_DIMS[i]))?;
+        let (qd, kvd) = (heads * d, kv_heads * d);
+        let qb = upload_new(&gpu, &f32_bytes(q))?;
+        let kb = upload_new(&gpu, &f32_bytes(k))?;
+        let vb = upload_new(&gpu, &f32_bytes(v))?;
+        let pb = upload_new(&gpu, &(pos0 as i32).to_le_bytes())?;
+        let ob = gpu.alloc(4 * n * qd)?;
+        gpu.launch(
+            f,
+            (heads as u32, n.div_ceil(64) as u32, 1),
+            128,
+            0,
+            Stream::Compute,
+            &[
+                qb.ptr.into(),
+                (qd as i32).into(),
+                (d as i32).into(),
+                kb.ptr.into(),
+                (kvd as i32).into(),
+                (d as i32).into(),
+                vb.ptr.into(),
+                (kvd as i32).into(),
+                (d as i32).into(),
+                ((heads / kv_heads) as i32).into(),
+                pb.ptr.into(),
+                0i32.into(),
+                (1.0 / (d as f32).sqrt()).into(),
+                (n as i32).into(),
+                ob.ptr.into(),
+                (qd as i32).into(),
+                (d as i32).into(),
+            ],
+        )?;
+        download_f32(&gpu, &ob, n * qd)
     }
 }

@@ -1,0 +1,203 @@
+// ==== Prompt attention on tensor cores (an f16 KV cache) ====
+//
+// `attention_tiled` runs the scores and the weighted sum on f32 FMA units: ~13 TFLOP/s, so a
+// 512-token prompt at 16k of context spent ~85% of its time there (docs/PERFORMANCE.md, session
+// 32). With an f16 cache (-ctk f16 -ctv f16: every stored key and value is an f16 number, as in
+// llama.cpp's default) the products can run on the tensor cores with the keys and values exact:
+// `mma.sync.m16n8k16` with f16 inputs and f32 accumulators. What rounds, as in llama.cpp's
+// flash attention: each query (once, to f16) and each probability before the weighted sum (to
+// f16); the softmax (running max, sum, rescale) is f32.
+//
+// Block: 4 warps, 64 queries of one head (16 per warp); keys and values in tiles of 64 through
+// shared memory as f16 (converted once per block from the f32 cache). Per warp and tile: S = Q K^T
+// in 8 fragments of 16 x 8, the online softmax on them in registers, O += P V with P taken from
+// S's registers as the A operand (the m16n8 accumulator layout of two key fragments is the
+// m16k16 operand layout) and V's fragments by `ldmatrix.trans`. Causal: query t sees keys
+// 0 ..= *pp + padd + t; a warp skips tiles wholly after its last query. Grid: (heads,
+// ceil(n / 64)), block 128. D = dk = dv, a multiple of 16 (instantiated for 16, 32, 64, 128);
+// Q and O rows 8-byte aligned (float2), K and V rows 16-byte aligned (float4).
+#define MQ 64   // queries per block (16 per warp)
+#define MK 64   // keys per tile
+
+__device__ __forceinline__ u32 pack_h2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ void mma16816(float* c, const u32* a, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <int D>
+__device__ __forceinline__ void attention_mma_body(const float* Q, int qts, int qhs,
+                                                   const float* K, int ks, int khs,
+                                                   const float* V, int vs, int vhs, int group,
+                                                   const int* pp, int padd, float scale, int n,
+                                                   float* O, int ots, int ohs) {
+    constexpr int SR = D + 8;  // shared row stride in halves: 16-byte rows, 4 banks apart
+    __shared__ __align__(16) u16 Ks[MK * SR];
+    __shared__ __align__(16) u16 Vs[MK * SR];
+    const int hh = blockIdx.x, q0 = blockIdx.y * MQ, tid = threadIdx.x;
+    const int warp = tid >> 5, lane = tid & 31, gr = lane >> 2, tq = lane & 3;
+    const int kvh = hh / group, pos0 = *pp + padd;
+    const int nq = min(MQ, n - q0);
+    const int kend = pos0 + q0 + nq;  // keys 0 .. kend - 1 for the block
+    // This warp's rows: queries q0 + 16 warp + gr (accumulator elements 0, 1) and + 8 (2, 3).
+    const int r0 = q0 + warp * 16 + gr, r1 = r0 + 8;
+    const int lim0 = pos0 + min(r0, n - 1), lim1 = pos0 + min(r1, n - 1);
+    const int wlast = pos0 + min(q0 + warp * 16 + 15, n - 1);  // the warp's last visible key
+    // Q fragments (A operand, row-major 16 x 16 per k step), converted once.
+    u32 qa[D / 16][4];
+#pragma unroll
+    for (int s = 0; s < D / 16; s++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int c = s * 16 + h * 8 + 2 * tq;
+            float2 x0 = r0 < n ? *(const float2*)(Q + (size_t)r0 * qts + (size_t)hh * qhs + c)
+                               : make_float2(0.f, 0.f);
+            float2 x1 = r1 < n ? *(const float2*)(Q + (size_t)r1 * qts + (size_t)hh * qhs + c)
+                               : make_float2(0.f, 0.f);
+            qa[s][2 * h] = pack_h2(x0.x, x0.y);
+            qa[s][2 * h + 1] = pack_h2(x1.x, x1.y);
+        }
+    }
+    float o[D / 8][4];
+#pragma unroll
+    for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    const float sl2 = scale * 1.4426950408889634f;  // scores in log2 units
+    for (int k0 = 0; k0 < kend; k0 += MK) {
+        __syncthreads();  // the previous tile's readers are done
+        constexpr int C4 = D / 4;  // float4 columns per row
+#pragma unroll 4
+        for (int i = tid; i < MK * C4; i += 128) {
+            int r = i / C4, c = i % C4, j = k0 + r;
+            float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
+            if (j < kend) {
+                a = ((const float4*)(K + (size_t)j * ks + (size_t)kvh * khs))[c];
+                b = ((const float4*)(V + (size_t)j * vs + (size_t)kvh * vhs))[c];
+            }
+            uint2 ka = make_uint2(pack_h2(a.x, a.y), pack_h2(a.z, a.w));
+            uint2 vb = make_uint2(pack_h2(b.x, b.y), pack_h2(b.z, b.w));
+            *(uint2*)(Ks + r * SR + 4 * c) = ka;
+            *(uint2*)(Vs + r * SR + 4 * c) = vb;
+        }
+        __syncthreads();
+        if (k0 > wlast) continue;  // every key of the tile is after this warp's queries
+        // S = Q K^T: 8 fragments of 16 queries x 8 keys.
+        float sc[MK / 8][4];
+#pragma unroll
+        for (int f = 0; f < MK / 8; f++) {
+            sc[f][0] = sc[f][1] = sc[f][2] = sc[f][3] = 0.f;
+            const u16* kr = Ks + (f * 8 + gr) * SR + 2 * tq;
+#pragma unroll
+            for (int s = 0; s < D / 16; s++) {
+                u32 b0 = *(const u32*)(kr + s * 16), b1 = *(const u32*)(kr + s * 16 + 8);
+                mma16816(sc[f], qa[s], b0, b1);
+            }
+        }
+        // Online softmax per row (this thread: 2 keys of each fragment in rows r0 and r1; the
+        // row's other keys are in the quad's other 3 lanes).
+        const bool mask = k0 + MK - 1 > pos0 + q0 + warp * 16;  // some key after some query
+        float t0 = -INFINITY, t1 = -INFINITY;
+#pragma unroll
+        for (int f = 0; f < MK / 8; f++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int j = k0 + f * 8 + 2 * tq + e;
+                float a = sc[f][e] * sl2, b = sc[f][2 + e] * sl2;
+                if (mask) {
+                    a = j <= lim0 ? a : -INFINITY;
+                    b = j <= lim1 ? b : -INFINITY;
+                }
+                sc[f][e] = a;
+                sc[f][2 + e] = b;
+                t0 = fmaxf(t0, a);
+                t1 = fmaxf(t1, b);
+            }
+        }
+        t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 1));
+        t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 2));
+        t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 1));
+        t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 2));
+        // Key 0 is in every row's first tile, so a row's max is finite from there on.
+        float n0 = fmaxf(m0, t0), n1 = fmaxf(m1, t1);
+        float al0 = exp2f(m0 - n0), al1 = exp2f(m1 - n1);  // 0 on the first tile
+        m0 = n0;
+        m1 = n1;
+        float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+        for (int f = 0; f < MK / 8; f++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float a = exp2f(sc[f][e] - n0), b = exp2f(sc[f][2 + e] - n1);
+                sc[f][e] = a;
+                sc[f][2 + e] = b;
+                s0 += a;
+                s1 += b;
+            }
+        }
+        l0 = l0 * al0 + s0;  // this lane's part of the row sum (the quad's added at the end)
+        l1 = l1 * al1 + s1;
+#pragma unroll
+        for (int d = 0; d < D / 8; d++) {
+            o[d][0] *= al0;
+            o[d][1] *= al0;
+            o[d][2] *= al1;
+            o[d][3] *= al1;
+        }
+        // O += P V, 16 keys per step: P's A operand is two S fragments' registers.
+#pragma unroll
+        for (int s = 0; s < MK / 16; s++) {
+            u32 pa[4] = {pack_h2(sc[2 * s][0], sc[2 * s][1]), pack_h2(sc[2 * s][2], sc[2 * s][3]),
+                         pack_h2(sc[2 * s + 1][0], sc[2 * s + 1][1]),
+                         pack_h2(sc[2 * s + 1][2], sc[2 * s + 1][3])};
+            // Lanes 0-15 address key rows s*16 + lane of dim block d, lanes 16-31 of d + 1.
+            const u16* vrow = Vs + (s * 16 + (lane & 15)) * SR + (lane >> 4) * 8;
+#pragma unroll
+            for (int d = 0; d < D / 8; d += 2) {
+                u32 b0, b1, b2, b3;
+                unsigned addr = (unsigned)__cvta_generic_to_shared(vrow + d * 8);
+                asm volatile(
+                    "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                    : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                    : "r"(addr));
+                mma16816(o[d], pa, b0, b1);
+                mma16816(o[d + 1], pa, b2, b3);
+            }
+        }
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    float i0 = 1.f / l0, i1 = 1.f / l1;
+#pragma unroll
+    for (int d = 0; d < D / 8; d++) {
+        int c = d * 8 + 2 * tq;
+        if (r0 < n)
+            *(float2*)(O + (size_t)r0 * ots + (size_t)hh * ohs + c) =
+                make_float2(o[d][0] * i0, o[d][1] * i0);
+        if (r1 < n)
+            *(float2*)(O + (size_t)r1 * ots + (size_t)hh * ohs + c) =
+                make_float2(o[d][2] * i1, o[d][3] * i1);
+    }
+}
+
+#define ATTENTION_MMA(D)                                                                        \
+    extern "C" __global__ void __launch_bounds__(128) attention_mma_##D(                       \
+        const float* Q, int qts, int qhs, const float* K, int ks, int khs, const float* V,      \
+        int vs, int vhs, int group, const int* pp, int padd, float scale, int n, float* O,      \
+        int ots, int ohs) {                                                                     \
+        attention_mma_body<D>(Q, qts, qhs, K, ks, khs, V, vs, vhs, group, pp, padd, scale, n,   \
+                              O, ots, ohs);                                                     \
+    }
+ATTENTION_MMA(16)
+ATTENTION_MMA(32)
+ATTENTION_MMA(64)
+ATTENTION_MMA(128)
