@@ -467,7 +467,7 @@ pub(crate) fn place_gpu(
     if dev.is_some() && st.kv_types() != crate::model::KvTypes::F32 {
         // The device keeps its own cache: f32 storage, the f16 sides' values rounded to f16.
         say.line(&format!(
-            "[plan] kv cache types on the GPU: keys {}, values {} (f16 numbers in f32 storage; prompt attention on the tensor cores where both are f16)",
+            "[plan] kv cache types on the GPU: keys {}, values {} (f16 numbers in f32 storage, as the CPU's f16 cache holds them)",
             st.kv_types().k,
             st.kv_types().v
         ));

@@ -54,11 +54,13 @@ fn att_tiled_on() -> bool {
     *ON.get_or_init(|| std::env::var("SLUICE_GPU_ATT_TILED").map_or(true, |v| v != "0"))
 }
 
-/// Whether prompt attention over an f16 cache takes the tensor cores (`attention_mma_<D>`;
-/// `SLUICE_GPU_ATT_MMA=0`: `attention_tiled`, f32 throughout).
+/// Whether prompt attention over an f16 cache takes the tensor cores (`attention_mma_<D>`,
+/// `SLUICE_GPU_ATT_MMA=1`; otherwise `attention_tiled`, f32 throughout). Opt-in until it has
+/// run on a device: written in session 33, when none was lent (scripts/s33-device-1.sh runs
+/// its tests and the A/B).
 fn att_mma_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("SLUICE_GPU_ATT_MMA").map_or(true, |v| v != "0"))
+    *ON.get_or_init(|| std::env::var("SLUICE_GPU_ATT_MMA").is_ok_and(|v| v == "1"))
 }
 
 /// Which sides of the GPU's KV cache hold f16 numbers for a state whose cache types are `kv`:
