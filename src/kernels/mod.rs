@@ -272,6 +272,7 @@ pub fn tile_fn(dtype: DType, isa: Isa) -> Option<TileFn> {
     let k = kernels_for(dtype).ok()?;
     let t: &TileKernels = match dtype {
         DType::Q4_K => &q4_k::TILE,
+        DType::Q8_0 => &q8_0::TILE,
         _ => return None,
     };
     match isa.min(Isa::detect()) {

@@ -1,7 +1,10 @@
 //! Q8_0: blocks of 32 elements, 34 bytes: `d` (f16), `qs[32]` (i8); value = qs[i] * d.
 //!
 //! Dots against `Q8_32` activations: per block an exact integer sum of qs_w * qs_a, scaled by
-//! d_w * d_a in f32 (ggml's `ggml_vec_dot_q8_0_q8_0` order).
+//! d_w * d_a in f32 (ggml's `ggml_vec_dot_q8_0_q8_0` order). The scalar dot adds the blocks'
+//! products one by one in block order; the AVX-512 dot, four-row dot and 8x8 tile do exactly
+//! that (the integer sums of 16 blocks at once, their products in one vector, the adds in
+//! order), so they give the scalar dot's bits; the AVX2 dot sums in two vector accumulators.
 
 use super::float::f16_le;
 use super::{ActFormat, ActRow, BlockQ8_32, TypeKernels};
@@ -34,6 +37,16 @@ pub(super) const DOT4: super::Dot4Kernels = super::Dot4Kernels {
     avx512: None,
 };
 
+/// The 8-row x 8-token tile (prefill): see `kernels::tile_fn`. AVX-512 only; AVX2 keeps the
+/// four-row dot.
+pub(super) const TILE: super::TileKernels = super::TileKernels {
+    avx2: None,
+    #[cfg(target_arch = "x86_64")]
+    avx512: Some(x86::tile_avx512),
+    #[cfg(not(target_arch = "x86_64"))]
+    avx512: None,
+};
+
 const BB: usize = 34;
 
 fn dequant(b: &[u8], out: &mut [f32]) {
@@ -61,7 +74,7 @@ fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::super::simd::prefetch_distance;
-    use super::super::simd::x86::{f16_at, hsum_ps256, hsum_ps512, prefetch};
+    use super::super::simd::x86::{f16_at, hsum_ps256, prefetch};
     use super::{dot_scalar, ActRow, BlockQ8_32, BB};
     use crate::kernels::Isa;
     use std::arch::x86_64::*;
@@ -80,9 +93,15 @@ mod x86 {
         if !Isa::Avx512.supported() {
             return dot_scalar(w, a);
         }
-        let nb = a.q8_32.len().min(w.len() / BB);
-        // SAFETY: AVX-512 F/BW/VL/VNNI present (checked above); lengths as in `dot_avx2`.
-        unsafe { avx512(w.as_ptr(), a.q8_32.as_ptr(), nb) }
+        let nb = a
+            .q8_32
+            .len()
+            .min(a.q8_32_d.len())
+            .min(a.q8_32_sum.len())
+            .min(w.len() / BB);
+        // SAFETY: AVX-512 F/BW/VL/VNNI/DQ present (checked above); `w` holds `nb` whole blocks
+        // and each of `a`'s slices at least `nb`.
+        unsafe { avx512(w.as_ptr(), a, nb) }
     }
 
     /// Four activation rows against one weight row, bit-identical to four `dot_avx2` calls.
@@ -110,12 +129,11 @@ mod x86 {
         }
         let nb = a
             .iter()
-            .map(|a| a.q8_32.len())
+            .map(|a| a.q8_32.len().min(a.q8_32_d.len()).min(a.q8_32_sum.len()))
             .fold(w.len() / BB, usize::min);
-        let ap = std::array::from_fn(|r| a[r].q8_32.as_ptr());
         // SAFETY: AVX-512 F/BW/VL/VNNI/DQ present (checked above); `w` holds `nb` whole blocks
-        // and each activation row at least `nb` blocks.
-        unsafe { avx512_x4(w.as_ptr(), ap, nb, out) }
+        // and each activation row's slices at least `nb` blocks.
+        unsafe { avx512_x4(w.as_ptr(), a, nb, out) }
     }
 
     /// Integer dot of one block as 8 i32 lanes: sign trick (|w| * (a * sign w)) so `maddubs`
@@ -188,186 +206,301 @@ mod x86 {
         o
     }
     static W_OFFS: [i32; 16] = offsets(BB as i32);
-    static A_OFFS: [i32; 16] = offsets(std::mem::size_of::<BlockQ8_32>() as i32);
-    /// `vpermps` indices: lanes 0..8 take scale `2k`, lanes 8..16 scale `2k + 1`.
-    const fn pair(k: i32) -> [i32; 16] {
-        let mut o = [0i32; 16];
-        let mut i = 0;
-        while i < 16 {
-            o[i] = 2 * k + (i as i32 / 8);
-            i += 1;
-        }
-        o
-    }
-    static PAIR: [[i32; 16]; 8] = [
-        pair(0),
-        pair(1),
-        pair(2),
-        pair(3),
-        pair(4),
-        pair(5),
-        pair(6),
-        pair(7),
-    ];
+    /// After `isums`' reduction lane j holds block `[0, 2, 4, 6, 1, 3, 5, 7, 8, ..][j]`: the
+    /// lanes to take for blocks 0..16 in order.
+    static NATURAL: [i32; 16] = [0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15];
 
-    /// Integer dot of blocks `b0` and `b0 + BB` with `a0`, `a0 + 1`: 8 i32 lanes per block.
-    #[inline(always)]
-    unsafe fn pair_dot(b0: *const u8, a0: *const BlockQ8_32) -> __m512i {
-        let qw = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_loadu_si256(b0.add(2) as *const __m256i)),
-            _mm256_loadu_si256(b0.add(BB + 2) as *const __m256i),
-            1,
-        );
-        let qa = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_loadu_si256((*a0).qs.as_ptr() as *const __m256i)),
-            _mm256_loadu_si256((*a0.add(1)).qs.as_ptr() as *const __m256i),
-            1,
-        );
-        // Sign trick: |w| (unsigned) x (a * sign w); |w| <= 128, |a| <= 127.
-        let sa = _mm512_mask_sub_epi8(qa, _mm512_movepi8_mask(qw), _mm512_setzero_si512(), qa);
-        _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(qw), sa)
+    /// The weight bytes of blocks `b0 .. b0 + m` (m <= 16) plus 128 (unsigned), two blocks
+    /// per register; blocks past m are zero.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx2,fma,f16c")]
+    unsafe fn wpairs(b0: *const u8, m: usize) -> [__m512i; 8] {
+        let x80 = _mm512_set1_epi8(-128);
+        std::array::from_fn(|k| {
+            let b = b0.add(2 * k * BB);
+            let lo = |b: *const u8| _mm256_loadu_si256(b.add(2) as *const __m256i);
+            let z = match m.saturating_sub(2 * k) {
+                0 => return _mm512_setzero_si512(),
+                1 => _mm512_castsi256_si512(lo(b)),
+                _ => _mm512_inserti64x4(_mm512_castsi256_si512(lo(b)), lo(b.add(BB)), 1),
+            };
+            // Past block m the upper half must stay zero (the xor would make it 128s).
+            let keep: __mmask8 = if m >= 2 * k + 2 { 0xFF } else { 0x0F };
+            _mm512_maskz_xor_epi64(keep, z, x80)
+        })
     }
 
-    /// Two blocks per 512-bit register (`pair_dot`, VNNI `dpbusd`), and the scales of 16 blocks
-    /// at a time: gathered, converted and multiplied once, then spread per pair with `vpermps`
-    /// (per-block scalar scale handling cost as much as the dot itself).
+    /// Exact integer dots of blocks 0..m (m <= 16) given as `wpairs` with activation blocks
+    /// `a` (sums `s`): lane j = sum_i w_i a_i of block j (lanes m.. zero). The unsigned
+    /// weights (w + 128) meet the signed activations in `dpbusd`; 128 * sum(a) comes off.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx2,fma,f16c")]
+    unsafe fn isums(wp: &[__m512i; 8], a: *const BlockQ8_32, s: *const i32, m: usize) -> __m512i {
+        let zero = _mm512_setzero_si512();
+        let p: [__m512i; 8] = std::array::from_fn(|k| {
+            let qa = |j: usize| _mm256_loadu_si256((*a.add(j)).qs.as_ptr() as *const __m256i);
+            let x = match m.saturating_sub(2 * k) {
+                0 => return zero,
+                1 => _mm512_castsi256_si512(qa(2 * k)),
+                _ => _mm512_inserti64x4(_mm512_castsi256_si512(qa(2 * k)), qa(2 * k + 1), 1),
+            };
+            _mm512_dpbusd_epi32(zero, wp[k], x)
+        });
+        // Eight lanes per block summed: pairs of registers per 128-bit lane, then the two
+        // halves of each block (128-bit lanes 0/1 and 2/3).
+        let h: [__m512i; 4] = std::array::from_fn(|k| hadd512(p[2 * k], p[2 * k + 1]));
+        let (g0, g1) = (hadd512(h[0], h[1]), hadd512(h[2], h[3]));
+        let f = _mm512_add_epi32(
+            _mm512_shuffle_i64x2::<0b10_00_10_00>(g0, g1),
+            _mm512_shuffle_i64x2::<0b11_01_11_01>(g0, g1),
+        );
+        let f = _mm512_permutexvar_epi32(_mm512_loadu_si512(NATURAL.as_ptr() as *const _), f);
+        let mask = (1u32 << m).wrapping_sub(1) as u16;
+        _mm512_sub_epi32(f, _mm512_slli_epi32::<7>(_mm512_maskz_loadu_epi32(mask, s)))
+    }
+
+    /// `_mm256_hadd_epi32` per 128-bit lane of 512-bit vectors: [x0+x1, x2+x3, y0+y1, y2+y3].
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx2,fma,f16c")]
+    unsafe fn hadd512(x: __m512i, y: __m512i) -> __m512i {
+        let (x, y) = (_mm512_castsi512_ps(x), _mm512_castsi512_ps(y));
+        let even = _mm512_castps_si512(_mm512_shuffle_ps(x, y, 0b10_00_10_00));
+        let odd = _mm512_castps_si512(_mm512_shuffle_ps(x, y, 0b11_01_11_01));
+        _mm512_add_epi32(even, odd)
+    }
+
+    /// The f16 scales of blocks `b0 .. b0 + m` as f32 (lanes m.. zero).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx2,fma,f16c")]
+    unsafe fn wscales(b0: *const u8, m: usize) -> __m512 {
+        let offs = _mm512_loadu_si512(W_OFFS.as_ptr() as *const __m512i);
+        let mask = (1u32 << m).wrapping_sub(1) as u16;
+        // Each gathered i32 starts at a block: its low 16 bits are the f16 `d`.
+        let g = _mm512_mask_i32gather_epi32::<1>(
+            _mm512_setzero_si512(),
+            mask,
+            offs,
+            b0 as *const i32,
+        );
+        _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g))
+    }
+
+    /// Per block of 16 (and the last m < 16): `p_j = isum_j as f32 * (d_w * d_a)` for the
+    /// blocks at once, then `sum += p_j` in block order: `dot_scalar`'s operations, so its bits.
     ///
     /// # Safety
-    /// AVX-512 F/BW/VL/VNNI + F16C; `w` valid for `nb` blocks, `a` for `nb` activation blocks.
+    /// AVX-512 F/BW/VL/VNNI/DQ + F16C; `w` valid for `nb` blocks, `a`'s slices for `nb` blocks.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx2,fma,f16c")]
-    unsafe fn avx512(w: *const u8, a: *const BlockQ8_32, nb: usize) -> f32 {
-        let mut acc = _mm512_setzero_ps();
+    unsafe fn avx512(w: *const u8, a: &ActRow<'_>, nb: usize) -> f32 {
         let pf = prefetch_distance();
-        let w_offs = _mm512_loadu_si512(W_OFFS.as_ptr() as *const __m512i);
-        let a_offs = _mm512_loadu_si512(A_OFFS.as_ptr() as *const __m512i);
+        let mut sum = 0.0f32;
+        let mut buf = [0.0f32; 16];
         let mut i = 0;
-        while i + 16 <= nb {
+        while i < nb {
+            let m = (nb - i).min(16);
             let b0 = w.add(i * BB);
-            let a0 = a.add(i);
-            prefetch(b0, pf, 16 * BB);
-            // Each gathered i32 starts at a block: its low 16 bits are the f16 `d`.
-            let dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32::<1>(
-                w_offs,
-                b0 as *const _,
-            )));
-            let da = _mm512_i32gather_ps::<1>(a_offs, a0 as *const _);
-            let dv = _mm512_mul_ps(dw, da);
-            for (k, pair) in PAIR.iter().enumerate() {
-                let p = pair_dot(b0.add(2 * k * BB), a0.add(2 * k));
-                let d =
-                    _mm512_permutexvar_ps(_mm512_loadu_si512(pair.as_ptr() as *const __m512i), dv);
-                acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc);
+            prefetch(b0, pf, m * BB);
+            let wp = wpairs(b0, m);
+            let is = isums(&wp, a.q8_32.as_ptr().add(i), a.q8_32_sum.as_ptr().add(i), m);
+            let mask = (1u32 << m).wrapping_sub(1) as u16;
+            let da = _mm512_maskz_loadu_ps(mask, a.q8_32_d.as_ptr().add(i));
+            let p = _mm512_mul_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(wscales(b0, m), da));
+            _mm512_storeu_ps(buf.as_mut_ptr(), p);
+            for &v in &buf[..m] {
+                sum += v;
             }
-            i += 16;
-        }
-        while i + 2 <= nb {
-            let b0 = w.add(i * BB);
-            prefetch(b0, pf, 2 * BB);
-            let p = pair_dot(b0, a.add(i));
-            let d = _mm512_insertf32x8(
-                _mm512_set1_ps(f16_at(b0) * (*a.add(i)).d),
-                _mm256_set1_ps(f16_at(b0.add(BB)) * (*a.add(i + 1)).d),
-                1,
-            );
-            acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc);
-            i += 2;
-        }
-        let mut sum = hsum_ps512(acc);
-        if i < nb {
-            let b = w.add(i * BB);
-            let ab = &*a.add(i);
-            let qw = _mm256_loadu_si256(b.add(2) as *const __m256i);
-            let qa = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
-            let sa = _mm256_mask_sub_epi8(qa, _mm256_movepi8_mask(qw), _mm256_setzero_si256(), qa);
-            let p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(qw), sa);
-            sum += hsum_ps256(_mm256_cvtepi32_ps(p)) * (f16_at(b) * ab.d);
+            i += m;
         }
         sum
     }
 
-    /// `avx512` for four activation rows: per group of 16 blocks the weight scales are
-    /// gathered and converted once, per pair of blocks the weight bytes loaded, their absolute
-    /// values and sign mask taken once; per row every operation is `avx512`'s in its order (one
-    /// accumulator, the pair tail, the last odd block added after the horizontal sum), so each
-    /// result has its bits.
+    /// `avx512` for four activation rows: the weight bytes and scales are loaded once per 16
+    /// blocks; per row every operation is `avx512`'s in its order, so each result has its bits.
     ///
     /// # Safety
-    /// AVX-512 F/BW/VL/VNNI/DQ + F16C; `w` valid for `nb` blocks, each `a[r]` for `nb`
-    /// activation blocks.
+    /// AVX-512 F/BW/VL/VNNI/DQ + F16C; `w` valid for `nb` blocks, each `a[r]` for `nb` blocks.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx2,fma,f16c")]
-    unsafe fn avx512_x4(w: *const u8, a: [*const BlockQ8_32; 4], nb: usize, out: &mut [f32; 4]) {
-        let mut acc = [_mm512_setzero_ps(); 4];
+    unsafe fn avx512_x4(w: *const u8, a: &[ActRow<'_>; 4], nb: usize, out: &mut [f32; 4]) {
         let pf = prefetch_distance();
-        let w_offs = _mm512_loadu_si512(W_OFFS.as_ptr() as *const __m512i);
-        let a_offs = _mm512_loadu_si512(A_OFFS.as_ptr() as *const __m512i);
+        let mut sum = [0.0f32; 4];
+        let mut buf = [[0.0f32; 16]; 4];
         let mut i = 0;
-        while i + 16 <= nb {
+        while i < nb {
+            let m = (nb - i).min(16);
             let b0 = w.add(i * BB);
-            prefetch(b0, pf, 16 * BB);
-            let dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32::<1>(
-                w_offs,
-                b0 as *const _,
-            )));
-            let mut dv = [dw; 4];
-            for r in 0..4 {
-                dv[r] = _mm512_mul_ps(
-                    dw,
-                    _mm512_i32gather_ps::<1>(a_offs, a[r].add(i) as *const _),
-                );
+            prefetch(b0, pf, m * BB);
+            let wp = wpairs(b0, m);
+            let dw = wscales(b0, m);
+            let mask = (1u32 << m).wrapping_sub(1) as u16;
+            for (r, a) in a.iter().enumerate() {
+                let is = isums(&wp, a.q8_32.as_ptr().add(i), a.q8_32_sum.as_ptr().add(i), m);
+                let da = _mm512_maskz_loadu_ps(mask, a.q8_32_d.as_ptr().add(i));
+                let p = _mm512_mul_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, da));
+                _mm512_storeu_ps(buf[r].as_mut_ptr(), p);
             }
-            for (k, pair) in PAIR.iter().enumerate() {
-                let b = b0.add(2 * k * BB);
-                let qw = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_loadu_si256(b.add(2) as *const __m256i)),
-                    _mm256_loadu_si256(b.add(BB + 2) as *const __m256i),
-                    1,
-                );
-                let (aw, neg) = (_mm512_abs_epi8(qw), _mm512_movepi8_mask(qw));
-                let perm = _mm512_loadu_si512(pair.as_ptr() as *const __m512i);
+            for j in 0..m {
                 for r in 0..4 {
-                    let a0 = a[r].add(i + 2 * k);
-                    let qa = _mm512_inserti64x4(
-                        _mm512_castsi256_si512(_mm256_loadu_si256(
-                            (*a0).qs.as_ptr() as *const __m256i
-                        )),
-                        _mm256_loadu_si256((*a0.add(1)).qs.as_ptr() as *const __m256i),
-                        1,
-                    );
-                    let sa = _mm512_mask_sub_epi8(qa, neg, _mm512_setzero_si512(), qa);
-                    let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), aw, sa);
-                    let d = _mm512_permutexvar_ps(perm, dv[r]);
-                    acc[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc[r]);
+                    sum[r] += buf[r][j];
                 }
             }
-            i += 16;
+            i += m;
         }
-        while i + 2 <= nb {
-            let b0 = w.add(i * BB);
-            prefetch(b0, pf, 2 * BB);
-            for r in 0..4 {
-                let p = pair_dot(b0, a[r].add(i));
-                let d = _mm512_insertf32x8(
-                    _mm512_set1_ps(f16_at(b0) * (*a[r].add(i)).d),
-                    _mm256_set1_ps(f16_at(b0.add(BB)) * (*a[r].add(i + 1)).d),
-                    1,
-                );
-                acc[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc[r]);
+        *out = sum;
+    }
+
+    /// Eight weight rows (`w`: row r at `r * rb`) against one to eight activation rows:
+    /// `out[t][r]` has the bits of `dot_avx512(row r, a[t])` (= `dot_scalar`'s).
+    pub(super) fn tile_avx512(w: &[u8], rb: usize, a: &[ActRow<'_>], out: &mut [[f32; 8]; 8]) {
+        let n = a.len();
+        assert!(
+            w.len() >= 8 * rb && (1..=8).contains(&n) && 8 * rb < i32::MAX as usize,
+            "Q8_0 tile: {} bytes for 8 rows of {rb}, {n} activation rows",
+            w.len()
+        );
+        if !Isa::Avx512.supported() {
+            for (o, t) in out.iter_mut().zip(a) {
+                for (r, o) in o.iter_mut().enumerate() {
+                    *o = dot_scalar(&w[r * rb..(r + 1) * rb], t);
+                }
             }
-            i += 2;
+            return;
         }
-        for r in 0..4 {
-            let mut sum = hsum_ps512(acc[r]);
-            if i < nb {
-                let b = w.add(i * BB);
-                let ab = &*a[r].add(i);
-                let qw = _mm256_loadu_si256(b.add(2) as *const __m256i);
-                let qa = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
-                let sa =
-                    _mm256_mask_sub_epi8(qa, _mm256_movepi8_mask(qw), _mm256_setzero_si256(), qa);
-                let p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(qw), sa);
-                sum += hsum_ps256(_mm256_cvtepi32_ps(p)) * (f16_at(b) * ab.d);
+        let nb = a
+            .iter()
+            .map(|a| a.q8_32.len().min(a.q8_32_d.len()).min(a.q8_32_sum.len()))
+            .fold(rb / BB, usize::min);
+        // Missing rows point at row 0 (read, never stored).
+        let ap: [&ActRow<'_>; 8] = std::array::from_fn(|t| &a[if t < n { t } else { 0 }]);
+        let (w, o) = (w.as_ptr(), out);
+        // SAFETY: AVX-512 F/BW/VL/VNNI/DQ present (checked above); `w` holds 8 rows of `rb`
+        // bytes, each at least `nb` whole blocks, every activation row's slices `nb` blocks,
+        // and 8 * rb fits the i32 gather offsets (asserted).
+        unsafe {
+            match n {
+                1 => avx512_8x8::<1>(w, rb, ap, nb, o),
+                2 => avx512_8x8::<2>(w, rb, ap, nb, o),
+                3 => avx512_8x8::<3>(w, rb, ap, nb, o),
+                4 => avx512_8x8::<4>(w, rb, ap, nb, o),
+                5 => avx512_8x8::<5>(w, rb, ap, nb, o),
+                6 => avx512_8x8::<6>(w, rb, ap, nb, o),
+                7 => avx512_8x8::<7>(w, rb, ap, nb, o),
+                _ => avx512_8x8::<8>(w, rb, ap, nb, o),
             }
-            out[r] = sum;
+        }
+    }
+
+    /// 8 weight rows x `T` (1..=8) activation rows, block by block: the eight rows' 32 bytes
+    /// (plus 128) transposed in 8-byte words (register g: word g of rows 0..8, row r in dwords
+    /// 2r, 2r+1), each token's word g broadcast against register g, four `dpbusd` per token
+    /// giving two partial sums per row; tokens (t, u) are paired by one horizontal add into
+    /// lanes [t r2L, t r2L+1, u r2L, u r2L+1] of 128-bit lane L, 128 * sum(a) comes off, and
+    /// `p = isum as f32 * (d_w * d_a)` is added to the running sums: per output `dot_scalar`'s
+    /// operations in its order.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL/VNNI/DQ + F16C; rows `w + r * rb` (r < 8) valid for `nb` blocks, each
+    /// `a[t]`'s slices for `nb` blocks, `8 * rb` below 2^31.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx2,fma,f16c")]
+    unsafe fn avx512_8x8<const T: usize>(
+        w: *const u8,
+        rb: usize,
+        a: [&ActRow<'_>; 8],
+        nb: usize,
+        out: &mut [[f32; 8]; 8],
+    ) {
+        let x80 = _mm512_set1_epi8(-128);
+        let zero = _mm512_setzero_si512();
+        let tr: [__m512i; 2] = [
+            _mm512_setr_epi64(0, 4, 8, 12, 1, 5, 9, 13),
+            _mm512_setr_epi64(2, 6, 10, 14, 3, 7, 11, 15),
+        ];
+        // f32 lane (L, i) <- row 2L + i % 2; token 2p + i / 2.
+        let rows_idx = _mm512_setr_epi32(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7);
+        let tok_idx: [__m512i; 4] = std::array::from_fn(|p| {
+            let (t, u) = (2 * p as i32, 2 * p as i32 + 1);
+            _mm512_setr_epi32(t, t, u, u, t, t, u, u, t, t, u, u, t, t, u, u)
+        });
+        let rb32 = rb as i32;
+        let d_off = _mm256_setr_epi32(0, rb32, 2 * rb32, 3 * rb32, 4 * rb32, 5 * rb32, 6 * rb32, 7 * rb32);
+        // The tokens' block scales and sums by one gather each: byte offsets from token 0's.
+        let (d0, s0) = (a[0].q8_32_d.as_ptr(), a[0].q8_32_sum.as_ptr());
+        let rel = |p: *const u8, q: *const u8| (p as isize - q as isize) as i64;
+        let offd: [i64; 8] = std::array::from_fn(|t| rel(a[t].q8_32_d.as_ptr() as _, d0 as _));
+        let offs: [i64; 8] = std::array::from_fn(|t| rel(a[t].q8_32_sum.as_ptr() as _, s0 as _));
+        let offd = _mm512_loadu_si512(offd.as_ptr() as *const __m512i);
+        let offs = _mm512_loadu_si512(offs.as_ptr() as *const __m512i);
+        let qs: [*const u8; 8] = std::array::from_fn(|t| a[t].q8_32.as_ptr() as *const u8);
+        const AB: usize = std::mem::size_of::<BlockQ8_32>();
+        const QS: usize = std::mem::offset_of!(BlockQ8_32, qs);
+        let mut acc = [_mm512_setzero_ps(); 4];
+        // The eight rows are read block by block side by side: prefetch the same block of the
+        // next eight rows, one tile ahead (off when the prefetch distance is 0).
+        let pf = if prefetch_distance() == 0 { 0 } else { 8 * rb };
+        for i in 0..nb {
+            let blk = |r: usize| w.add(r * rb + i * BB);
+            for r in 0..8 {
+                prefetch(blk(r), pf, BB);
+            }
+            let ld = |r: usize| _mm256_loadu_si256(blk(r).add(2) as *const __m256i);
+            let z = |r: usize| {
+                let v = _mm512_inserti64x4(_mm512_castsi256_si512(ld(r)), ld(r + 1), 1);
+                _mm512_xor_si512(v, x80)
+            };
+            let (z01, z23, z45, z67) = (z(0), z(2), z(4), z(6));
+            let p = [
+                _mm512_permutex2var_epi64(z01, tr[0], z23),
+                _mm512_permutex2var_epi64(z01, tr[1], z23),
+            ];
+            let q = [
+                _mm512_permutex2var_epi64(z45, tr[0], z67),
+                _mm512_permutex2var_epi64(z45, tr[1], z67),
+            ];
+            let wg = [
+                _mm512_shuffle_i64x2(p[0], q[0], 0x44),
+                _mm512_shuffle_i64x2(p[0], q[0], 0xEE),
+                _mm512_shuffle_i64x2(p[1], q[1], 0x44),
+                _mm512_shuffle_i64x2(p[1], q[1], 0xEE),
+            ];
+            let mut s32 = [zero; 8];
+            for t in 0..T {
+                let x = qs[t].add(i * AB + QS);
+                let bc = |g: usize| {
+                    _mm512_set1_epi64(std::ptr::read_unaligned(x.add(8 * g) as *const i64))
+                };
+                let mut v = _mm512_dpbusd_epi32(zero, wg[0], bc(0));
+                for (g, wg) in wg.iter().enumerate().skip(1) {
+                    v = _mm512_dpbusd_epi32(v, *wg, bc(g));
+                }
+                s32[t] = v;
+            }
+            // Row scales (f16 at each block's start) and the tokens' scales and sums.
+            let dw = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_i32gather_epi32::<1>(
+                blk(0) as *const i32,
+                d_off,
+            )));
+            let dwq = _mm512_permutexvar_ps(rows_idx, _mm512_castps256_ps512(dw));
+            let da = _mm512_castps256_ps512(_mm512_i64gather_ps::<1>(offd, d0.add(i)));
+            let sa = _mm512_slli_epi32::<7>(_mm512_castsi256_si512(
+                _mm512_i64gather_epi32::<1>(offs, s0.add(i)),
+            ));
+            for p in 0..T.div_ceil(2) {
+                let (t, u) = (2 * p, (2 * p + 1).min(T - 1));
+                let raw = hadd512(s32[t], s32[u]);
+                let is = _mm512_sub_epi32(raw, _mm512_permutexvar_epi32(tok_idx[p], sa));
+                let sc = _mm512_mul_ps(dwq, _mm512_permutexvar_ps(tok_idx[p], da));
+                acc[p] = _mm512_add_ps(acc[p], _mm512_mul_ps(_mm512_cvtepi32_ps(is), sc));
+            }
+        }
+        for (p, v) in acc.iter().enumerate() {
+            let mut l = [0.0f32; 16];
+            _mm512_storeu_ps(l.as_mut_ptr(), *v);
+            for (k, &v) in l.iter().enumerate() {
+                let t = 2 * p + (k % 4) / 2;
+                let r = 2 * (k / 4) + k % 2;
+                if t < T {
+                    out[t][r] = v;
+                }
+            }
         }
     }
 }
