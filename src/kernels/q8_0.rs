@@ -214,7 +214,8 @@ mod x86 {
     /// per register; blocks past m are zero.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx2,fma,f16c")]
-    unsafe fn wpairs(b0: *const u8, m: usize) -> [__m512i; 8] {
+    unsafe fn wpairs<const M: usize>(b0: *const u8) -> [__m512i; 8] {
+        let m = M;
         let x80 = _mm512_set1_epi8(-128);
         std::array::from_fn(|k| {
             let b = b0.add(2 * k * BB);
@@ -235,7 +236,8 @@ mod x86 {
     /// weights (w + 128) meet the signed activations in `dpbusd`; 128 * sum(a) comes off.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx2,fma,f16c")]
-    unsafe fn isums(wp: &[__m512i; 8], a: *const BlockQ8_32, s: *const i32, m: usize) -> __m512i {
+    unsafe fn isums<const M: usize>(wp: &[__m512i; 8], a: *const BlockQ8_32, s: *const i32) -> __m512i {
+        let m = M;
         let zero = _mm512_setzero_si512();
         let p: [__m512i; 8] = std::array::from_fn(|k| {
             let qa = |j: usize| _mm256_loadu_si256((*a.add(j)).qs.as_ptr() as *const __m256i);
@@ -272,7 +274,8 @@ mod x86 {
     /// The f16 scales of blocks `b0 .. b0 + m` as f32 (lanes m.. zero).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx2,fma,f16c")]
-    unsafe fn wscales(b0: *const u8, m: usize) -> __m512 {
+    unsafe fn wscales<const M: usize>(b0: *const u8) -> __m512 {
+        let m = M;
         let offs = _mm512_loadu_si512(W_OFFS.as_ptr() as *const __m512i);
         let mask = (1u32 << m).wrapping_sub(1) as u16;
         // Each gathered i32 starts at a block: its low 16 bits are the f16 `d`.
@@ -285,67 +288,101 @@ mod x86 {
         _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g))
     }
 
-    /// Per block of 16 (and the last m < 16): `p_j = isum_j as f32 * (d_w * d_a)` for the
-    /// blocks at once, then `sum += p_j` in block order: `dot_scalar`'s operations, so its bits.
-    ///
-    /// # Safety
-    /// AVX-512 F/BW/VL/VNNI/DQ + F16C; `w` valid for `nb` blocks, `a`'s slices for `nb` blocks.
+    /// `sum + p[0] + p[1] + .. + p[m - 1]`, added one at a time in lane order (lane 0 of the
+    /// 128-bit vectors; each lane brought down by a shuffle, off the chain of adds).
+    #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx2,fma,f16c")]
-    unsafe fn avx512(w: *const u8, a: &ActRow<'_>, nb: usize) -> f32 {
-        let pf = prefetch_distance();
-        let mut sum = 0.0f32;
-        let mut buf = [0.0f32; 16];
-        let mut i = 0;
-        while i < nb {
-            let m = (nb - i).min(16);
-            let b0 = w.add(i * BB);
-            prefetch(b0, pf, m * BB);
-            let wp = wpairs(b0, m);
-            let is = isums(&wp, a.q8_32.as_ptr().add(i), a.q8_32_sum.as_ptr().add(i), m);
-            let mask = (1u32 << m).wrapping_sub(1) as u16;
-            let da = _mm512_maskz_loadu_ps(mask, a.q8_32_d.as_ptr().add(i));
-            let p = _mm512_mul_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(wscales(b0, m), da));
-            _mm512_storeu_ps(buf.as_mut_ptr(), p);
-            for &v in &buf[..m] {
-                sum += v;
+    unsafe fn add_in_order(mut sum: __m128, p: __m512, m: usize) -> __m128 {
+        let q = [
+            _mm512_castps512_ps128(p),
+            _mm512_extractf32x4_ps::<1>(p),
+            _mm512_extractf32x4_ps::<2>(p),
+            _mm512_extractf32x4_ps::<3>(p),
+        ];
+        for (c, x) in q.iter().enumerate() {
+            let lanes = [
+                *x,
+                _mm_movehdup_ps(*x),
+                _mm_unpackhi_ps(*x, *x),
+                _mm_shuffle_ps::<0b11_11_11_11>(*x, *x),
+            ];
+            for (l, v) in lanes.iter().enumerate() {
+                if 4 * c + l >= m {
+                    return sum;
+                }
+                sum = _mm_add_ss(sum, *v);
             }
-            i += m;
         }
         sum
     }
 
-    /// `avx512` for four activation rows: the weight bytes and scales are loaded once per 16
-    /// blocks; per row every operation is `avx512`'s in its order, so each result has its bits.
+    /// Blocks `i .. i + M` (M <= 16) of one weight row (at `b0`) against activation rows `a`:
+    /// per row `sum += isum_j as f32 * (d_w * d_a)` for the blocks in order.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx2,fma,f16c")]
+    unsafe fn group<const M: usize, const R: usize>(
+        b0: *const u8,
+        a: &[&ActRow<'_>; R],
+        i: usize,
+        sum: &mut [__m128; R],
+    ) {
+        let wp = wpairs::<M>(b0);
+        let dw = wscales::<M>(b0);
+        let mask = (1u32 << M).wrapping_sub(1) as u16;
+        for (r, a) in a.iter().enumerate() {
+            let is = isums::<M>(&wp, a.q8_32.as_ptr().add(i), a.q8_32_sum.as_ptr().add(i));
+            let da = _mm512_maskz_loadu_ps(mask, a.q8_32_d.as_ptr().add(i));
+            let p = _mm512_mul_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, da));
+            sum[r] = add_in_order(sum[r], p, M);
+        }
+    }
+
+    /// Every block of one weight row against `R` activation rows (`dot_scalar`'s operations per
+    /// row): groups of 16, then the last m < 16 blocks.
     ///
     /// # Safety
-    /// AVX-512 F/BW/VL/VNNI/DQ + F16C; `w` valid for `nb` blocks, each `a[r]` for `nb` blocks.
+    /// AVX-512 F/BW/VL/VNNI/DQ + F16C; `w` valid for `nb` blocks, each row's slices for `nb`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx2,fma,f16c")]
+    unsafe fn rows_dot<const R: usize>(w: *const u8, a: &[&ActRow<'_>; R], nb: usize) -> [f32; R] {
+        let pf = prefetch_distance();
+        let mut sum = [_mm_setzero_ps(); R];
+        let mut i = 0;
+        while i + 16 <= nb {
+            let b0 = w.add(i * BB);
+            prefetch(b0, pf, 16 * BB);
+            group::<16, R>(b0, a, i, &mut sum);
+            i += 16;
+        }
+        let b0 = w.add(i * BB);
+        macro_rules! tail {
+            ($($m:literal)*) => {
+                match nb - i {
+                    $($m => group::<$m, R>(b0, a, i, &mut sum),)*
+                    _ => {}
+                }
+            };
+        }
+        tail!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+        sum.map(|s| _mm_cvtss_f32(s))
+    }
+
+    /// One activation row: `rows_dot`.
+    ///
+    /// # Safety
+    /// As `rows_dot`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx2,fma,f16c")]
+    unsafe fn avx512(w: *const u8, a: &ActRow<'_>, nb: usize) -> f32 {
+        rows_dot::<1>(w, &[a], nb)[0]
+    }
+
+    /// Four activation rows: the weight bytes and scales are loaded once per group; per row
+    /// every operation is `avx512`'s in its order, so each result has its bits.
+    ///
+    /// # Safety
+    /// As `rows_dot`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx2,fma,f16c")]
     unsafe fn avx512_x4(w: *const u8, a: &[ActRow<'_>; 4], nb: usize, out: &mut [f32; 4]) {
-        let pf = prefetch_distance();
-        let mut sum = [0.0f32; 4];
-        let mut buf = [[0.0f32; 16]; 4];
-        let mut i = 0;
-        while i < nb {
-            let m = (nb - i).min(16);
-            let b0 = w.add(i * BB);
-            prefetch(b0, pf, m * BB);
-            let wp = wpairs(b0, m);
-            let dw = wscales(b0, m);
-            let mask = (1u32 << m).wrapping_sub(1) as u16;
-            for (r, a) in a.iter().enumerate() {
-                let is = isums(&wp, a.q8_32.as_ptr().add(i), a.q8_32_sum.as_ptr().add(i), m);
-                let da = _mm512_maskz_loadu_ps(mask, a.q8_32_d.as_ptr().add(i));
-                let p = _mm512_mul_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, da));
-                _mm512_storeu_ps(buf[r].as_mut_ptr(), p);
-            }
-            for j in 0..m {
-                for r in 0..4 {
-                    sum[r] += buf[r][j];
-                }
-            }
-            i += m;
-        }
-        *out = sum;
+        *out = rows_dot::<4>(w, &[&a[0], &a[1], &a[2], &a[3]], nb);
     }
 
     /// Eight weight rows (`w`: row r at `r * rb`) against one to eight activation rows:
