@@ -266,7 +266,20 @@ fn matmul_with_tiles_matches_single_row_dots() {
 
 #[test]
 fn q4_k_simd_dots_have_the_scalar_bits() {
-    let t = DType::Q4_K;
+    k_quant_dots_have_the_scalar_bits(DType::Q4_K, &Isa::available());
+}
+
+/// Q5_K's AVX-512 dot (which its 8x8 tile matches) follows the scalar dot's order too.
+#[test]
+fn q5_k_avx512_dot_has_the_scalar_bits() {
+    let isas: Vec<Isa> = Isa::available()
+        .into_iter()
+        .filter(|&i| i != Isa::Avx2)
+        .collect();
+    k_quant_dots_have_the_scalar_bits(DType::Q5_K, &isas);
+}
+
+fn k_quant_dots_have_the_scalar_bits(t: DType, isas: &[Isa]) {
     let mut rng = Rng(4);
     // 16 blocks (groups of four), 3 (Qwen3-30B-A3B's expert down rows: only a tail), 5, 6, 7.
     for (cols, extreme) in [4096, 768, 1280, 1536, 1792]
@@ -278,7 +291,7 @@ fn q4_k_simd_dots_have_the_scalar_bits() {
         let mut acts = Acts::new();
         acts.load(&activations(cols, &mut rng), 4, cols);
         acts.prepare(kernels::kernels_for(t).unwrap().act);
-        for isa in Isa::available() {
+        for &isa in isas {
             for r in 0..5 {
                 for k in 0..4 {
                     let wr = &w[r * rb..(r + 1) * rb];
@@ -288,7 +301,7 @@ fn q4_k_simd_dots_have_the_scalar_bits() {
                     assert_eq!(
                         s.to_bits(),
                         a.to_bits(),
-                        "{isa:?} row {r} act {k}: {s} vs {a}"
+                        "{t} {isa:?} row {r} act {k}: {s} vs {a}"
                     );
                 }
             }

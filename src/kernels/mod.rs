@@ -273,6 +273,7 @@ pub fn tile_fn(dtype: DType, isa: Isa) -> Option<TileFn> {
     let t: &TileKernels = match dtype {
         DType::Q4_K => &q4_k::TILE,
         DType::Q8_0 => &q8_0::TILE,
+        DType::Q5_K => &q5_k::TILE,
         _ => return None,
     };
     match isa.min(Isa::detect()) {

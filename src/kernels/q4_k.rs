@@ -825,7 +825,7 @@ pub(super) mod x86 {
     /// `_mm256_hadd_epi32` per 128-bit lane of 512-bit vectors: [x0+x1, x2+x3, y0+y1, y2+y3].
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn hadd512(x: __m512i, y: __m512i) -> __m512i {
+    pub(in crate::kernels) unsafe fn hadd512(x: __m512i, y: __m512i) -> __m512i {
         let (x, y) = (_mm512_castsi512_ps(x), _mm512_castsi512_ps(y));
         let even = _mm512_castps_si512(_mm512_shuffle_ps(x, y, 0b10_00_10_00));
         let odd = _mm512_castps_si512(_mm512_shuffle_ps(x, y, 0b11_01_11_01));
@@ -850,7 +850,7 @@ pub(super) mod x86 {
         }
         c
     }
-    static SCALE_SEL512: [[u8; 64]; 4] = [
+    pub(in crate::kernels) static SCALE_SEL512: [[u8; 64]; 4] = [
         scale_sel512(0),
         scale_sel512(1),
         scale_sel512(2),
@@ -864,7 +864,7 @@ pub(super) mod x86 {
     /// # Safety
     /// AVX-512 F.
     #[inline(always)]
-    unsafe fn scales_mins_x4(v: __m512i) -> __m512i {
+    pub(in crate::kernels) unsafe fn scales_mins_x4(v: __m512i) -> __m512i {
         // Dwords per lane: v = [dd, a, b, c]; x = [a, c, b, c], y = [a, a, b, b].
         let x = _mm512_shuffle_epi32::<0b11_10_11_01>(v);
         let y = _mm512_shuffle_epi32::<0b10_10_01_01>(v);
