@@ -242,6 +242,7 @@ pub fn dot4_fn(dtype: DType, isa: Isa) -> Option<Dot4Fn> {
     let k = kernels_for(dtype).ok()?;
     let d4: &Dot4Kernels = match dtype {
         DType::Q4_K => &q4_k::DOT4,
+        DType::Q5_K => &q5_k::DOT4,
         DType::Q6_K => &q6_k::DOT4,
         DType::Q8_0 => &q8_0::DOT4,
         DType::Q4_0 => &q4_0::DOT4,

@@ -24,6 +24,15 @@ pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
     dot_avx512: None,
 });
 
+/// The four-row dot (prefill on AVX2; AVX-512 has the tile): see `kernels::dot4_fn`.
+pub(super) const DOT4: super::Dot4Kernels = super::Dot4Kernels {
+    #[cfg(target_arch = "x86_64")]
+    avx2: Some(x86::dot4_avx2),
+    #[cfg(not(target_arch = "x86_64"))]
+    avx2: None,
+    avx512: None,
+};
+
 /// The 8-row x 8-token tile (prefill): see `kernels::tile_fn`. AVX-512 only.
 pub(super) const TILE: super::TileKernels = super::TileKernels {
     avx2: None,
@@ -107,6 +116,79 @@ mod x86 {
         let nb = a.q8k.len().min(w.len() / BB);
         // SAFETY: AVX-512 F/BW/VL/VNNI present (checked above); lengths as in `dot_avx2`.
         unsafe { avx512(w.as_ptr(), a.q8k.as_ptr(), nb) }
+    }
+
+    /// Four activation rows against one weight row, bit-identical to four `dot_avx2` calls.
+    pub(super) fn dot4_avx2(w: &[u8], a: &[ActRow<'_>; 4], out: &mut [f32; 4]) {
+        if !Isa::Avx2.supported() {
+            out.iter_mut()
+                .zip(a)
+                .for_each(|(o, a)| *o = dot_scalar(w, a));
+            return;
+        }
+        let (nb, ap) = super::super::act::q8k_rows4(w.len() / BB, a);
+        // SAFETY: AVX2/FMA/F16C present (checked above); `w` holds `nb` whole blocks and each
+        // activation row at least `nb` blocks.
+        unsafe { avx2_x4(w.as_ptr(), ap, nb, out) }
+    }
+
+    /// `avx2` for four activation rows: the block's 5-bit codes and scales are unpacked once;
+    /// per row the integer sums and the float operations are `avx2`'s in its order, so each
+    /// result has its bits.
+    ///
+    /// # Safety
+    /// AVX2+FMA+F16C; `w` valid for `nb` blocks, each `a[r]` for `nb` activation blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn avx2_x4(w: *const u8, a: [*const BlockQ8K; 4], nb: usize, out: &mut [f32; 4]) {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let sixteen = _mm256_set1_epi8(0x10);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut accm = [_mm_setzero_ps(); 4];
+        let pf = prefetch_distance();
+        for i in 0..nb {
+            let b = w.add(i * BB);
+            prefetch(b, pf, BB);
+            let fd = f16x2_at(b);
+            let sm = scales_mins16(b);
+            let mut sc = [0i16; 16];
+            _mm256_storeu_si256(sc.as_mut_ptr() as *mut __m256i, sm);
+            let qh = _mm256_loadu_si256(b.add(16) as *const __m256i);
+            let qs = b.add(48);
+            let mut codes = [(_mm256_setzero_si256(), _mm256_setzero_si256()); 4];
+            for (j, c) in codes.iter_mut().enumerate() {
+                let q = _mm256_loadu_si256(qs.add(32 * j) as *const __m256i);
+                let lo = _mm256_and_si256(q, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                let b0 = _mm256_set1_epi8(1 << (2 * j));
+                let b1 = _mm256_set1_epi8((1u8 << (2 * j + 1)) as i8);
+                let h0 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b0), b0), sixteen);
+                let h1 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b1), b1), sixteen);
+                *c = (_mm256_or_si256(lo, h0), _mm256_or_si256(hi, h1));
+            }
+            for r in 0..4 {
+                let ab = &*a[r].add(i);
+                let dd = _mm_mul_ps(fd, _mm_set1_ps(ab.d));
+                let d = _mm_cvtss_f32(dd);
+                let dmin = _mm_cvtss_f32(_mm_movehdup_ps(dd));
+                accm[r] =
+                    _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_dot(sm, ab)), accm[r]);
+                let x = ab.qs.as_ptr();
+                let mut sumi = _mm256_setzero_si256();
+                for (j, &(c0, c1)) in codes.iter().enumerate() {
+                    let x0 = _mm256_loadu_si256(x.add(64 * j) as *const __m256i);
+                    let x1 = _mm256_loadu_si256(x.add(64 * j + 32) as *const __m256i);
+                    let p0 = _mm256_maddubs_epi16(c0, x0);
+                    let p1 = _mm256_maddubs_epi16(c1, x1);
+                    let p0 = _mm256_madd_epi16(p0, _mm256_set1_epi16(sc[2 * j]));
+                    let p1 = _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * j + 1]));
+                    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+                }
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
+            }
+        }
+        for r in 0..4 {
+            out[r] = hsum_ps256(acc[r]) - hsum_ps128(accm[r]);
+        }
     }
 
     /// # Safety
