@@ -1013,7 +1013,11 @@ fn gpu_tensor_core_attention_matches_f64() {
                 let s: Vec<f64> = (0..=pos0 + t)
                     .map(|j| {
                         let kr = &k[(j * kvh + g) * d..][..d];
-                        qr.iter().zip(kr).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * scale
+                        qr.iter()
+                            .zip(kr)
+                            .map(|(&a, &b)| a as f64 * b as f64)
+                            .sum::<f64>()
+                            * scale
                     })
                     .collect();
                 let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -1092,9 +1096,8 @@ fn gpu_f16_cache_matches_cpu_f16_cache() {
                 worst = worst.max(e);
                 flips += usize::from(!same);
             }
-            let mma = std::env::var("SLUICE_GPU_ATT_MMA").is_ok_and(|v| v == "1")
-                && batch > 8
-                && !mla;
+            let mma =
+                std::env::var("SLUICE_GPU_ATT_MMA").is_ok_and(|v| v == "1") && batch > 8 && !mla;
             eprintln!(
                 "{f} f16 cache, batch {batch}{}: gpu vs cpu worst max|Δ|/max|ref| = {worst:.2e}, {flips} argmax differences in {}",
                 if mma { " (tensor cores)" } else { "" },

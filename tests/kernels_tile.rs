@@ -339,7 +339,11 @@ fn q8_0_avx512_dots_have_the_scalar_bits() {
         for r in 0..8 {
             let wr = &w[r * rb..(r + 1) * rb];
             let mut four = [f32::NAN; 4];
-            dot4(wr, &[acts.row(4), acts.row(5), acts.row(6), acts.row(7)], &mut four);
+            dot4(
+                wr,
+                &[acts.row(4), acts.row(5), acts.row(6), acts.row(7)],
+                &mut four,
+            );
             for k in 0..8 {
                 let s = kernels::dot(t, Isa::Scalar, wr, &acts, k).unwrap();
                 let a = kernels::dot(t, Isa::Avx512, wr, &acts, k).unwrap();

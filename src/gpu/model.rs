@@ -69,12 +69,14 @@ fn att_mma_on() -> bool {
 /// side holds V3.2's indexer keys, always f32.
 pub fn gpu_kv16(cfg: &ModelConfig, kv: crate::model::KvTypes) -> Result<[bool; 2], GpuError> {
     use crate::kernels::kv::KvType;
-    let side = |t: KvType, flag: &str| match t {
+    let side = |t: KvType, flag: &str| {
+        match t {
         KvType::F32 => Ok(false),
         KvType::F16 => Ok(true),
         other => Err(GpuError::Config(format!(
             "{flag} {other}: the GPU's KV cache holds f32 or f16 values; use -ctk/-ctv f16 or f32, or --gpu off"
         ))),
+    }
     };
     let mla = matches!(cfg.attn, AttnKind::Mla { .. });
     Ok([side(kv.k, "-ctk")?, side(kv.v, "-ctv")? && !mla])

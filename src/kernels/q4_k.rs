@@ -129,6 +129,73 @@ fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
     sum
 }
 
+/// The float part of a K-quant AVX-512 dot in `dot_scalar`'s order (Q4_K's and Q5_K's
+/// `avx512`): `$block($w, $a, i, args..)` gives block i's exact isum and msum as 8 i32 lanes
+/// each; four blocks are summed across lanes by one `hadd` tree, then per block
+/// `sum += d * d_a * isum - dmin * d_a * msum` in block order. A macro so that each type's
+/// block function is inlined in its own loop.
+#[cfg(target_arch = "x86_64")]
+macro_rules! k_dot_avx512 {
+    ($w:expr, $a:expr, $nb:expr, $bb:expr, $block:ident($($arg:expr),*)) => {{
+        let mut sum = 0.0f32;
+        let mut i = 0;
+        while i + 4 <= $nb {
+            // Calls, not a closure (a closure here is not inlined, and costs 40%); in a loop,
+            // which gets Q5_K's larger block function inlined where four call sites did not.
+            let mut p = [(_mm256_setzero_si256(), _mm256_setzero_si256()); 4];
+            for (k, pk) in p.iter_mut().enumerate() {
+                *pk = $block($w, $a, i + k, $($arg),*);
+            }
+            // Lane k: block i + k's isum / msum.
+            let h = _mm256_hadd_epi32(
+                _mm256_hadd_epi32(p[0].0, p[1].0),
+                _mm256_hadd_epi32(p[2].0, p[3].0),
+            );
+            let isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+            let h = _mm256_hadd_epi32(
+                _mm256_hadd_epi32(p[0].1, p[1].1),
+                _mm256_hadd_epi32(p[2].1, p[3].1),
+            );
+            let msum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+            // d and dmin of the four blocks: [d0, m0, d1, m1 | d2, m2, d3, m3].
+            let dd = |k: usize| std::ptr::read_unaligned($w.add((i + k) * $bb) as *const i32);
+            let f = _mm256_cvtph_ps(_mm_setr_epi32(dd(0), dd(1), dd(2), dd(3)));
+            let (lo, hi) = (_mm256_castps256_ps128(f), _mm256_extractf128_ps(f, 1));
+            let dw = _mm_shuffle_ps(lo, hi, 0b10_00_10_00);
+            let dm = _mm_shuffle_ps(lo, hi, 0b11_01_11_01);
+            let ad = _mm_setr_ps(
+                (*$a.add(i)).d,
+                (*$a.add(i + 1)).d,
+                (*$a.add(i + 2)).d,
+                (*$a.add(i + 3)).d,
+            );
+            let t1 = _mm_mul_ps(_mm_mul_ps(dw, ad), _mm_cvtepi32_ps(isum));
+            let t2 = _mm_mul_ps(_mm_mul_ps(dm, ad), _mm_cvtepi32_ps(msum));
+            let mut d = [0.0f32; 4];
+            _mm_storeu_ps(d.as_mut_ptr(), _mm_sub_ps(t1, t2));
+            for d in d {
+                sum += d;
+            }
+            i += 4;
+        }
+        for i in i..$nb {
+            let (v, mins) = $block($w, $a, i, $($arg),*);
+            // [isum, msum] partial sums, then isum in lane 0 and msum in lane 1.
+            let h = _mm256_hadd_epi32(v, mins);
+            let h = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+            let h = _mm_hadd_epi32(h, h);
+            let t = _mm_mul_ps(
+                _mm_mul_ps(f16x2_at($w.add(i * $bb)), _mm_set1_ps((*$a.add(i)).d)),
+                _mm_cvtepi32_ps(h),
+            );
+            sum += _mm_cvtss_f32(t) - _mm_cvtss_f32(_mm_movehdup_ps(t));
+        }
+        sum
+    }};
+}
+#[cfg(target_arch = "x86_64")]
+pub(super) use k_dot_avx512;
+
 #[cfg(target_arch = "x86_64")]
 pub(super) mod x86 {
     use super::super::simd::prefetch_distance;
@@ -472,62 +539,8 @@ pub(super) mod x86 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     unsafe fn avx512(w: *const u8, a: *const BlockQ8K, nb: usize) -> f32 {
         let min_dup = _mm256_loadu_si256(MIN_DUP.as_ptr() as *const __m256i);
-        let mut sum = 0.0f32;
         let pf = prefetch_distance();
-        let mut i = 0;
-        while i + 4 <= nb {
-            // Explicit calls: a closure here is not inlined, and costs 40%.
-            let p = [
-                isum_msum(w, a, i, min_dup, pf),
-                isum_msum(w, a, i + 1, min_dup, pf),
-                isum_msum(w, a, i + 2, min_dup, pf),
-                isum_msum(w, a, i + 3, min_dup, pf),
-            ];
-            // Lane k: block i + k's isum / msum.
-            let h = _mm256_hadd_epi32(
-                _mm256_hadd_epi32(p[0].0, p[1].0),
-                _mm256_hadd_epi32(p[2].0, p[3].0),
-            );
-            let isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-            let h = _mm256_hadd_epi32(
-                _mm256_hadd_epi32(p[0].1, p[1].1),
-                _mm256_hadd_epi32(p[2].1, p[3].1),
-            );
-            let msum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-            // d and dmin of the four blocks: [d0, m0, d1, m1 | d2, m2, d3, m3].
-            let dd = |k: usize| std::ptr::read_unaligned(w.add((i + k) * BB) as *const i32);
-            let f = _mm256_cvtph_ps(_mm_setr_epi32(dd(0), dd(1), dd(2), dd(3)));
-            let (lo, hi) = (_mm256_castps256_ps128(f), _mm256_extractf128_ps(f, 1));
-            let dw = _mm_shuffle_ps(lo, hi, 0b10_00_10_00);
-            let dm = _mm_shuffle_ps(lo, hi, 0b11_01_11_01);
-            let ad = _mm_setr_ps(
-                (*a.add(i)).d,
-                (*a.add(i + 1)).d,
-                (*a.add(i + 2)).d,
-                (*a.add(i + 3)).d,
-            );
-            let t1 = _mm_mul_ps(_mm_mul_ps(dw, ad), _mm_cvtepi32_ps(isum));
-            let t2 = _mm_mul_ps(_mm_mul_ps(dm, ad), _mm_cvtepi32_ps(msum));
-            let mut d = [0.0f32; 4];
-            _mm_storeu_ps(d.as_mut_ptr(), _mm_sub_ps(t1, t2));
-            for d in d {
-                sum += d;
-            }
-            i += 4;
-        }
-        for i in i..nb {
-            let (v, mins) = isum_msum(w, a, i, min_dup, pf);
-            // [isum, msum] partial sums, then isum in lane 0 and msum in lane 1.
-            let h = _mm256_hadd_epi32(v, mins);
-            let h = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-            let h = _mm_hadd_epi32(h, h);
-            let t = _mm_mul_ps(
-                _mm_mul_ps(f16x2_at(w.add(i * BB)), _mm_set1_ps((*a.add(i)).d)),
-                _mm_cvtepi32_ps(h),
-            );
-            sum += _mm_cvtss_f32(t) - _mm_cvtss_f32(_mm_movehdup_ps(t));
-        }
-        sum
+        k_dot_avx512!(w, a, nb, BB, isum_msum(min_dup, pf))
     }
 
     /// `avx2` for four activation rows: the block's nibbles and scales are unpacked once, each
@@ -825,7 +838,7 @@ pub(super) mod x86 {
     /// `_mm256_hadd_epi32` per 128-bit lane of 512-bit vectors: [x0+x1, x2+x3, y0+y1, y2+y3].
     #[inline]
     #[target_feature(enable = "avx512f")]
-    pub(in crate::kernels) unsafe fn hadd512(x: __m512i, y: __m512i) -> __m512i {
+    unsafe fn hadd512(x: __m512i, y: __m512i) -> __m512i {
         let (x, y) = (_mm512_castsi512_ps(x), _mm512_castsi512_ps(y));
         let even = _mm512_castps_si512(_mm512_shuffle_ps(x, y, 0b10_00_10_00));
         let odd = _mm512_castps_si512(_mm512_shuffle_ps(x, y, 0b11_01_11_01));
@@ -850,7 +863,7 @@ pub(super) mod x86 {
         }
         c
     }
-    pub(in crate::kernels) static SCALE_SEL512: [[u8; 64]; 4] = [
+    static SCALE_SEL512: [[u8; 64]; 4] = [
         scale_sel512(0),
         scale_sel512(1),
         scale_sel512(2),
@@ -864,7 +877,7 @@ pub(super) mod x86 {
     /// # Safety
     /// AVX-512 F.
     #[inline(always)]
-    pub(in crate::kernels) unsafe fn scales_mins_x4(v: __m512i) -> __m512i {
+    unsafe fn scales_mins_x4(v: __m512i) -> __m512i {
         // Dwords per lane: v = [dd, a, b, c]; x = [a, c, b, c], y = [a, a, b, b].
         let x = _mm512_shuffle_epi32::<0b11_10_11_01>(v);
         let y = _mm512_shuffle_epi32::<0b10_10_01_01>(v);
@@ -899,6 +912,29 @@ pub(super) mod x86 {
         nb: usize,
         out: &mut [[f32; 8]; 8],
     ) {
+        avx512_8x8_k::<T, false>(w, rb, a, nb, out)
+    }
+
+    /// `avx512_8x8` for Q4_K (`Q5` false: blocks of `BB` bytes, `qs` at 16) or Q5_K (`Q5`:
+    /// blocks of 176 bytes, `qh[32]` at 16 and `qs` at 48). For Q5_K the rows' `qh` is
+    /// transposed in 8-byte words as `qs` is, and per 32-byte chunk k the low (high) nibbles of
+    /// word g gain 16 where bit 2k (2k + 1) of qh's word g is set; with 5-bit codes four words
+    /// in one lane could reach 16 * 31 * 127 > 2^15, so each nibble half sums words 0-1 and
+    /// 2-3 apart (at most 8 * 31 * 127) and each pair is packed and scaled by its own
+    /// `dpwssd`: the same exact integers.
+    ///
+    /// # Safety
+    /// As `avx512_8x8`, for blocks of the type's size.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(in crate::kernels) unsafe fn avx512_8x8_k<const T: usize, const Q5: bool>(
+        w: *const u8,
+        rb: usize,
+        a: Rows8,
+        nb: usize,
+        out: &mut [[f32; 8]; 8],
+    ) {
+        let (bb, qs_at) = if Q5 { (176, 48) } else { (BB, 16) };
+        let sixteen = _mm512_set1_epi8(0x10);
         let m4 = _mm512_set1_epi8(0x0F);
         let zero = _mm512_setzero_si512();
         let tr: [__m512i; 2] = [
@@ -927,9 +963,9 @@ pub(super) mod x86 {
         // ahead (off when the prefetch distance is 0).
         let pf = if prefetch_distance() == 0 { 0 } else { 8 * rb };
         for i in 0..nb {
-            let blk = |r: usize| w.add(r * rb + i * BB);
+            let blk = |r: usize| w.add(r * rb + i * bb);
             for r in 0..8 {
-                prefetch(blk(r), pf, BB);
+                prefetch(blk(r), pf, bb);
             }
             // The eight rows' scales, mins, d and dmin from their first 16 bytes.
             let head = |r0: usize| {
@@ -947,9 +983,10 @@ pub(super) mod x86 {
                 v0, first_dw, v1,
             )));
             let ab: [&BlockQ8K; 8] = std::array::from_fn(|t| &*a[t].add(i));
-            let mut s32 = [_mm512_setzero_si512(); 8];
-            for (k, &sel) in sel.iter().enumerate() {
-                let ld = |r: usize| _mm256_loadu_si256(blk(r).add(16 + 32 * k) as *const __m256i);
+            // Eight rows' 32 bytes at byte `off` of their block, transposed in 8-byte words:
+            // register g holds word g of rows 0..8 (row r in qword r).
+            let words = |off: usize| -> [__m512i; 4] {
+                let ld = |r: usize| _mm256_loadu_si256(blk(r).add(off) as *const __m256i);
                 let z = |r: usize| _mm512_inserti64x4(_mm512_castsi256_si512(ld(r)), ld(r + 1), 1);
                 let (z01, z23, z45, z67) = (z(0), z(2), z(4), z(6));
                 let p = [
@@ -960,21 +997,50 @@ pub(super) mod x86 {
                     _mm512_permutex2var_epi64(z45, tr[0], z67),
                     _mm512_permutex2var_epi64(z45, tr[1], z67),
                 ];
-                let raw = [
+                [
                     _mm512_shuffle_i64x2(p[0], q[0], 0x44),
                     _mm512_shuffle_i64x2(p[0], q[0], 0xEE),
                     _mm512_shuffle_i64x2(p[1], q[1], 0x44),
                     _mm512_shuffle_i64x2(p[1], q[1], 0xEE),
-                ];
-                let lo: [__m512i; 4] = std::array::from_fn(|g| _mm512_and_si512(raw[g], m4));
-                let hi: [__m512i; 4] =
+                ]
+            };
+            let qh = if Q5 { words(16) } else { [zero; 4] };
+            let mut s32 = [_mm512_setzero_si512(); 8];
+            for (k, &sel) in sel.iter().enumerate() {
+                let raw = words(qs_at + 32 * k);
+                let mut lo: [__m512i; 4] = std::array::from_fn(|g| _mm512_and_si512(raw[g], m4));
+                let mut hi: [__m512i; 4] =
                     std::array::from_fn(|g| _mm512_and_si512(_mm512_srli_epi16(raw[g], 4), m4));
+                if Q5 {
+                    let (bl, bh) = (
+                        _mm512_set1_epi8(1 << (2 * k)),
+                        _mm512_set1_epi8(2 << (2 * k)),
+                    );
+                    for g in 0..4 {
+                        let (ml, mh) = (
+                            _mm512_test_epi8_mask(qh[g], bl),
+                            _mm512_test_epi8_mask(qh[g], bh),
+                        );
+                        lo[g] = _mm512_mask_add_epi8(lo[g], ml, lo[g], sixteen);
+                        hi[g] = _mm512_mask_add_epi8(hi[g], mh, hi[g], sixteen);
+                    }
+                }
                 let s = _mm512_shuffle_epi8(sq, sel);
                 for t in 0..T {
                     let x = ab[t].qs.as_ptr().add(64 * k);
                     let bc = |o: usize| {
                         _mm512_set1_epi64(std::ptr::read_unaligned(x.add(o) as *const i64))
                     };
+                    if Q5 {
+                        for g0 in [0, 2] {
+                            let pl = _mm512_dpbusd_epi32(zero, lo[g0], bc(8 * g0));
+                            let pl = _mm512_dpbusd_epi32(pl, lo[g0 + 1], bc(8 * g0 + 8));
+                            let ph = _mm512_dpbusd_epi32(zero, hi[g0], bc(32 + 8 * g0));
+                            let ph = _mm512_dpbusd_epi32(ph, hi[g0 + 1], bc(40 + 8 * g0));
+                            s32[t] = _mm512_dpwssd_epi32(s32[t], _mm512_packs_epi32(pl, ph), s);
+                        }
+                        continue;
+                    }
                     let mut pl = _mm512_dpbusd_epi32(zero, lo[0], bc(0));
                     let mut ph = _mm512_dpbusd_epi32(zero, hi[0], bc(32));
                     for g in 1..4 {

@@ -92,7 +92,8 @@ fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::super::q4_k::x86::{hadd512, mins_dot, scales_mins16, scales_mins_x4, SCALE_SEL512};
+    use super::super::q4_k::k_dot_avx512;
+    use super::super::q4_k::x86::{avx512_8x8_k, mins_dot, scales_mins16};
     use super::super::simd::prefetch_distance;
     use super::super::simd::x86::{f16x2_at, hsum_ps128, hsum_ps256, prefetch};
     use super::{dot_scalar, ActRow, BlockQ8K, BB};
@@ -170,8 +171,11 @@ mod x86 {
                 let dd = _mm_mul_ps(fd, _mm_set1_ps(ab.d));
                 let d = _mm_cvtss_f32(dd);
                 let dmin = _mm_cvtss_f32(_mm_movehdup_ps(dd));
-                accm[r] =
-                    _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_dot(sm, ab)), accm[r]);
+                accm[r] = _mm_fmadd_ps(
+                    _mm_set1_ps(dmin),
+                    _mm_cvtepi32_ps(mins_dot(sm, ab)),
+                    accm[r],
+                );
                 let x = ab.qs.as_ptr();
                 let mut sumi = _mm256_setzero_si256();
                 for (j, &(c0, c1)) in codes.iter().enumerate() {
@@ -277,10 +281,12 @@ mod x86 {
     /// As `avx512`, with i < nb.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn isum_msum(w: *const u8, a: *const BlockQ8K, i: usize, pf: usize) -> (__m256i, __m256i) {
-        let m4 = _mm512_set1_epi8(0x0F);
-        let sixteen = _mm512_set1_epi8(0x10);
-        let zero = _mm512_setzero_si512();
+    unsafe fn isum_msum(
+        w: *const u8,
+        a: *const BlockQ8K,
+        i: usize,
+        pf: usize,
+    ) -> (__m256i, __m256i) {
         let b = w.add(i * BB);
         prefetch(b, pf, BB);
         let ab = &*a.add(i);
@@ -290,99 +296,67 @@ mod x86 {
         let mins = _mm256_madd_epi16(bs, _mm256_permutexvar_epi16(min_dup, sm));
         let sc = _mm512_castsi256_si512(sm);
         let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(16) as *const __m256i));
-        let qs = b.add(48);
         let x = ab.qs.as_ptr();
-        let mut sumi = _mm512_setzero_si512();
-        for h in 0..2 {
-            let bits = |k: usize| _mm512_loadu_si512(BITS[k].as_ptr() as *const __m512i);
-            let q = _mm512_loadu_si512(qs.add(64 * h) as *const __m512i);
-            let lo = _mm512_and_si512(q, m4);
-            let hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-            let lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(qh, bits(2 * h)), lo, sixteen);
-            let hi =
-                _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(qh, bits(2 * h + 1)), hi, sixteen);
-            let x0 = _mm512_loadu_si512(x.add(128 * h) as *const __m512i);
-            let x1 = _mm512_loadu_si512(x.add(128 * h + 64) as *const __m512i);
-            let plo = _mm512_dpbusd_epi32(zero, lo, _mm512_shuffle_i64x2(x0, x1, 0x44));
-            let phi = _mm512_dpbusd_epi32(zero, hi, _mm512_shuffle_i64x2(x0, x1, 0xEE));
-            let ix = _mm512_loadu_si512(PACKED[h].as_ptr() as *const __m512i);
-            let s = _mm512_permutexvar_epi16(ix, sc);
-            sumi = _mm512_dpwssd_epi32(sumi, _mm512_packs_epi32(plo, phi), s);
-        }
+        let sumi = half_dot(b.add(48), qh, x, sc, 0, _mm512_setzero_si512());
+        let sumi = half_dot(b.add(48), qh, x, sc, 1, sumi);
         (
-            _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64(sumi, 1)),
+            _mm256_add_epi32(
+                _mm512_castsi512_si256(sumi),
+                _mm512_extracti64x4_epi64(sumi, 1),
+            ),
             mins,
         )
     }
 
-    /// Per block the exact integers isum and msum of `dot_scalar` (`isum_msum`), summed across
-    /// lanes four blocks at a time by one `hadd` tree, then its float operations in its order
-    /// (`sum += d * d_a * isum - dmin * d_a * msum`), so the result has `dot_scalar`'s bits (as
-    /// Q4_K's).
+    /// Half h (codes 128h..128h + 128) of a block's scaled integer sums added to `sumi`: the
+    /// 5-bit codes against the activations by `dpbusd`, packed to i16, one `dpwssd` with the
+    /// group scales.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VNNI; `qs` valid for 128 bytes, `x` for 256.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn half_dot(
+        qs: *const u8,
+        qh: __m512i,
+        x: *const i8,
+        sc: __m512i,
+        h: usize,
+        sumi: __m512i,
+    ) -> __m512i {
+        let m4 = _mm512_set1_epi8(0x0F);
+        let sixteen = _mm512_set1_epi8(0x10);
+        let zero = _mm512_setzero_si512();
+        let bits = |k: usize| _mm512_loadu_si512(BITS[k].as_ptr() as *const __m512i);
+        let q = _mm512_loadu_si512(qs.add(64 * h) as *const __m512i);
+        let lo = _mm512_and_si512(q, m4);
+        let hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+        let lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(qh, bits(2 * h)), lo, sixteen);
+        let hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(qh, bits(2 * h + 1)), hi, sixteen);
+        let x0 = _mm512_loadu_si512(x.add(128 * h) as *const __m512i);
+        let x1 = _mm512_loadu_si512(x.add(128 * h + 64) as *const __m512i);
+        let plo = _mm512_dpbusd_epi32(zero, lo, _mm512_shuffle_i64x2(x0, x1, 0x44));
+        let phi = _mm512_dpbusd_epi32(zero, hi, _mm512_shuffle_i64x2(x0, x1, 0xEE));
+        let ix = _mm512_loadu_si512(PACKED[h].as_ptr() as *const __m512i);
+        let s = _mm512_permutexvar_epi16(ix, sc);
+        _mm512_dpwssd_epi32(sumi, _mm512_packs_epi32(plo, phi), s)
+    }
+
+    /// Per block the exact integers isum and msum of `dot_scalar` (`isum_msum`), then its float
+    /// operations in its order: Q4_K's AVX-512 dot (`q4_k::k_dot_avx512`), so the result has
+    /// `dot_scalar`'s bits.
     ///
     /// # Safety
     /// AVX-512 F/BW/VL/VNNI + F16C; `w` valid for `nb` blocks, `a` for `nb` activation blocks.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     unsafe fn avx512(w: *const u8, a: *const BlockQ8K, nb: usize) -> f32 {
-        let mut sum = 0.0f32;
         let pf = prefetch_distance();
-        let mut i = 0;
-        while i + 4 <= nb {
-            let p = [
-                isum_msum(w, a, i, pf),
-                isum_msum(w, a, i + 1, pf),
-                isum_msum(w, a, i + 2, pf),
-                isum_msum(w, a, i + 3, pf),
-            ];
-            // Lane k: block i + k's isum / msum.
-            let h = _mm256_hadd_epi32(
-                _mm256_hadd_epi32(p[0].0, p[1].0),
-                _mm256_hadd_epi32(p[2].0, p[3].0),
-            );
-            let isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-            let h = _mm256_hadd_epi32(
-                _mm256_hadd_epi32(p[0].1, p[1].1),
-                _mm256_hadd_epi32(p[2].1, p[3].1),
-            );
-            let msum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-            // d and dmin of the four blocks: [d0, m0, d1, m1 | d2, m2, d3, m3].
-            let dd = |k: usize| std::ptr::read_unaligned(w.add((i + k) * BB) as *const i32);
-            let f = _mm256_cvtph_ps(_mm_setr_epi32(dd(0), dd(1), dd(2), dd(3)));
-            let (lo, hi) = (_mm256_castps256_ps128(f), _mm256_extractf128_ps(f, 1));
-            let dw = _mm_shuffle_ps(lo, hi, 0b10_00_10_00);
-            let dm = _mm_shuffle_ps(lo, hi, 0b11_01_11_01);
-            let ad = _mm_setr_ps(
-                (*a.add(i)).d,
-                (*a.add(i + 1)).d,
-                (*a.add(i + 2)).d,
-                (*a.add(i + 3)).d,
-            );
-            let t1 = _mm_mul_ps(_mm_mul_ps(dw, ad), _mm_cvtepi32_ps(isum));
-            let t2 = _mm_mul_ps(_mm_mul_ps(dm, ad), _mm_cvtepi32_ps(msum));
-            let mut d = [0.0f32; 4];
-            _mm_storeu_ps(d.as_mut_ptr(), _mm_sub_ps(t1, t2));
-            for d in d {
-                sum += d;
-            }
-            i += 4;
-        }
-        for i in i..nb {
-            let (v, mins) = isum_msum(w, a, i, pf);
-            // [isum, msum] partial sums, then isum in lane 0 and msum in lane 1.
-            let h = _mm256_hadd_epi32(v, mins);
-            let h = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-            let h = _mm_hadd_epi32(h, h);
-            let t = _mm_mul_ps(
-                _mm_mul_ps(f16x2_at(w.add(i * BB)), _mm_set1_ps((*a.add(i)).d)),
-                _mm_cvtepi32_ps(h),
-            );
-            sum += _mm_cvtss_f32(t) - _mm_cvtss_f32(_mm_movehdup_ps(t));
-        }
-        sum
+        k_dot_avx512!(w, a, nb, BB, isum_msum(pf))
     }
 
     /// Eight weight rows (`w`: row r at `r * rb`) against one to eight activation rows:
-    /// `out[t][r]` has the bits of `dot_avx512(row r, a[t])` (= `dot_scalar`'s).
+    /// `out[t][r]` has the bits of `dot_avx512(row r, a[t])` (= `dot_scalar`'s), by Q4_K's tile
+    /// with the fifth bit (`q4_k::x86::avx512_8x8_k`).
     pub(super) fn tile_avx512(w: &[u8], rb: usize, a: &[ActRow<'_>], out: &mut [[f32; 8]; 8]) {
         let n = a.len();
         assert!(
@@ -407,163 +381,14 @@ mod x86 {
         // each at least `nb` whole blocks, and each activation row at least `nb` blocks.
         unsafe {
             match n {
-                1 => avx512_8x8::<1>(w, rb, ap, nb, o),
-                2 => avx512_8x8::<2>(w, rb, ap, nb, o),
-                3 => avx512_8x8::<3>(w, rb, ap, nb, o),
-                4 => avx512_8x8::<4>(w, rb, ap, nb, o),
-                5 => avx512_8x8::<5>(w, rb, ap, nb, o),
-                6 => avx512_8x8::<6>(w, rb, ap, nb, o),
-                7 => avx512_8x8::<7>(w, rb, ap, nb, o),
-                _ => avx512_8x8::<8>(w, rb, ap, nb, o),
-            }
-        }
-    }
-
-    /// Q4_K's 8x8 tile (`q4_k::x86::avx512_8x8`, which see) with the fifth bit: the rows' `qh`
-    /// is transposed in 8-byte words as `qs` is, and per 32-byte chunk k the low (high) nibbles
-    /// of word g gain 16 where bit 2k (2k + 1) of qh's word g is set. With 5-bit codes a lane of
-    /// four `dpbusd` could reach 16 * 31 * 127 > 2^15, so each nibble half sums words 0-1 and
-    /// 2-3 apart (at most 8 * 31 * 127 < 2^15) and each pair is packed and scaled by its own
-    /// `dpwssd`: the same exact integers. The float operations are `dot_scalar`'s in its order.
-    ///
-    /// # Safety
-    /// AVX-512 F/BW/VL/VNNI + F16C; rows `w + r * rb` (r < 8) valid for `nb` blocks, each
-    /// `a[t]` for `nb` activation blocks.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn avx512_8x8<const T: usize>(
-        w: *const u8,
-        rb: usize,
-        a: [*const BlockQ8K; 8],
-        nb: usize,
-        out: &mut [[f32; 8]; 8],
-    ) {
-        let m4 = _mm512_set1_epi8(0x0F);
-        let sixteen = _mm512_set1_epi8(0x10);
-        let zero = _mm512_setzero_si512();
-        let tr: [__m512i; 2] = [
-            _mm512_setr_epi64(0, 4, 8, 12, 1, 5, 9, 13),
-            _mm512_setr_epi64(2, 6, 10, 14, 3, 7, 11, 15),
-        ];
-        let sel: [__m512i; 4] =
-            std::array::from_fn(|k| _mm512_loadu_si512(SCALE_SEL512[k].as_ptr() as *const __m512i));
-        let rows_d = _mm512_setr_epi32(0, 2, 0, 2, 4, 6, 4, 6, 8, 10, 8, 10, 12, 14, 12, 14);
-        let rows_m = _mm512_add_epi32(rows_d, _mm512_set1_epi32(1));
-        let even_q = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
-        let odd_q = _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15);
-        let first_dw = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0);
-        let tok_idx: [__m512i; 4] = std::array::from_fn(|p| {
-            let (t, u) = (2 * p as i32, 2 * p as i32 + 1);
-            _mm512_setr_epi32(t, t, u, u, t, t, u, u, t, t, u, u, t, t, u, u)
-        });
-        const P: usize = 4;
-        let mut acc = [_mm512_setzero_ps(); P];
-        let pf = if prefetch_distance() == 0 { 0 } else { 8 * rb };
-        // Eight rows' 32-byte pieces at byte `off` of their block i, transposed in 8-byte words:
-        // register g holds word g of rows 0..8 (row r in qword r).
-        let words = |i: usize, off: usize| -> [__m512i; 4] {
-            let ld = |r: usize| _mm256_loadu_si256(w.add(r * rb + i * BB + off) as *const __m256i);
-            let z = |r: usize| _mm512_inserti64x4(_mm512_castsi256_si512(ld(r)), ld(r + 1), 1);
-            let (z01, z23, z45, z67) = (z(0), z(2), z(4), z(6));
-            let p = [
-                _mm512_permutex2var_epi64(z01, tr[0], z23),
-                _mm512_permutex2var_epi64(z01, tr[1], z23),
-            ];
-            let q = [
-                _mm512_permutex2var_epi64(z45, tr[0], z67),
-                _mm512_permutex2var_epi64(z45, tr[1], z67),
-            ];
-            [
-                _mm512_shuffle_i64x2(p[0], q[0], 0x44),
-                _mm512_shuffle_i64x2(p[0], q[0], 0xEE),
-                _mm512_shuffle_i64x2(p[1], q[1], 0x44),
-                _mm512_shuffle_i64x2(p[1], q[1], 0xEE),
-            ]
-        };
-        for i in 0..nb {
-            let blk = |r: usize| w.add(r * rb + i * BB);
-            for r in 0..8 {
-                prefetch(blk(r), pf, BB);
-            }
-            let head = |r0: usize| {
-                let l = |r: usize| _mm_loadu_si128(blk(r) as *const __m128i);
-                let v = _mm512_inserti32x4::<1>(_mm512_castsi128_si512(l(r0)), l(r0 + 1));
-                let v = _mm512_inserti32x4::<2>(v, l(r0 + 2));
-                _mm512_inserti32x4::<3>(v, l(r0 + 3))
-            };
-            let (v0, v1) = (head(0), head(4));
-            let (u0, u1) = (scales_mins_x4(v0), scales_mins_x4(v1));
-            let sq = _mm512_permutex2var_epi64(u0, even_q, u1);
-            let mq = _mm512_permutex2var_epi64(u0, odd_q, u1);
-            let dd = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi32(
-                v0, first_dw, v1,
-            )));
-            let ab: [&BlockQ8K; 8] = std::array::from_fn(|t| &*a[t].add(i));
-            let qh = words(i, 16);
-            let mut s32 = [_mm512_setzero_si512(); 8];
-            for (k, &sel) in sel.iter().enumerate() {
-                let raw = words(i, 48 + 32 * k);
-                let (bl, bh) = (_mm512_set1_epi8(1 << (2 * k)), _mm512_set1_epi8(2 << (2 * k)));
-                let lo: [__m512i; 4] = std::array::from_fn(|g| {
-                    let v = _mm512_and_si512(raw[g], m4);
-                    _mm512_mask_add_epi8(v, _mm512_test_epi8_mask(qh[g], bl), v, sixteen)
-                });
-                let hi: [__m512i; 4] = std::array::from_fn(|g| {
-                    let v = _mm512_and_si512(_mm512_srli_epi16(raw[g], 4), m4);
-                    _mm512_mask_add_epi8(v, _mm512_test_epi8_mask(qh[g], bh), v, sixteen)
-                });
-                let s = _mm512_shuffle_epi8(sq, sel);
-                for t in 0..T {
-                    let x = ab[t].qs.as_ptr().add(64 * k);
-                    let bc = |o: usize| {
-                        _mm512_set1_epi64(std::ptr::read_unaligned(x.add(o) as *const i64))
-                    };
-                    for half in 0..2 {
-                        let g0 = 2 * half;
-                        let pl = _mm512_dpbusd_epi32(zero, lo[g0], bc(8 * g0));
-                        let pl = _mm512_dpbusd_epi32(pl, lo[g0 + 1], bc(8 * g0 + 8));
-                        let ph = _mm512_dpbusd_epi32(zero, hi[g0], bc(32 + 8 * g0));
-                        let ph = _mm512_dpbusd_epi32(ph, hi[g0 + 1], bc(32 + 8 * g0 + 8));
-                        s32[t] = _mm512_dpwssd_epi32(s32[t], _mm512_packs_epi32(pl, ph), s);
-                    }
-                }
-            }
-            let rs: [__m512i; 8] = std::array::from_fn(|t| {
-                _mm512_add_epi32(s32[t], _mm512_shuffle_epi32::<_MM_PERM_BADC>(s32[t]))
-            });
-            let ma =
-                _mm512_cvtepu8_epi16(_mm512_castsi512_si256(_mm512_permutexvar_epi64(even_q, mq)));
-            let mb =
-                _mm512_cvtepu8_epi16(_mm512_castsi512_si256(_mm512_permutexvar_epi64(odd_q, mq)));
-            let hm = |t: usize| {
-                let bp = _mm512_broadcast_i32x4(_mm_loadu_si128(
-                    ab[t].bsum32.as_ptr() as *const __m128i
-                ));
-                hadd512(_mm512_madd_epi16(ma, bp), _mm512_madd_epi16(mb, bp))
-            };
-            let da = _mm512_castps256_ps512(_mm256_setr_ps(
-                ab[0].d, ab[1].d, ab[2].d, ab[3].d, ab[4].d, ab[5].d, ab[6].d, ab[7].d,
-            ));
-            let dwq = _mm512_permutexvar_ps(rows_d, dd);
-            let dmq = _mm512_permutexvar_ps(rows_m, dd);
-            for p in 0..T.div_ceil(2) {
-                let (t, u) = (2 * p, (2 * p + 1).min(T - 1));
-                let isum = _mm512_unpacklo_epi64(rs[t], rs[u]);
-                let msum = hadd512(hm(t), hm(u));
-                let dap = _mm512_permutexvar_ps(tok_idx[p], da);
-                let t1 = _mm512_mul_ps(_mm512_mul_ps(dwq, dap), _mm512_cvtepi32_ps(isum));
-                let t2 = _mm512_mul_ps(_mm512_mul_ps(dmq, dap), _mm512_cvtepi32_ps(msum));
-                acc[p] = _mm512_add_ps(acc[p], _mm512_sub_ps(t1, t2));
-            }
-        }
-        for (p, v) in acc.iter().enumerate() {
-            let mut l = [0.0f32; 16];
-            _mm512_storeu_ps(l.as_mut_ptr(), *v);
-            for (k, &v) in l.iter().enumerate() {
-                let t = 2 * p + (k % 4) / 2;
-                let r = 2 * (k / 4) + k % 2;
-                if t < T {
-                    out[t][r] = v;
-                }
+                1 => avx512_8x8_k::<1, true>(w, rb, ap, nb, o),
+                2 => avx512_8x8_k::<2, true>(w, rb, ap, nb, o),
+                3 => avx512_8x8_k::<3, true>(w, rb, ap, nb, o),
+                4 => avx512_8x8_k::<4, true>(w, rb, ap, nb, o),
+                5 => avx512_8x8_k::<5, true>(w, rb, ap, nb, o),
+                6 => avx512_8x8_k::<6, true>(w, rb, ap, nb, o),
+                7 => avx512_8x8_k::<7, true>(w, rb, ap, nb, o),
+                _ => avx512_8x8_k::<8, true>(w, rb, ap, nb, o),
             }
         }
     }

@@ -236,7 +236,11 @@ mod x86 {
     /// weights (w + 128) meet the signed activations in `dpbusd`; 128 * sum(a) comes off.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx2,fma,f16c")]
-    unsafe fn isums<const M: usize>(wp: &[__m512i; 8], a: *const BlockQ8_32, s: *const i32) -> __m512i {
+    unsafe fn isums<const M: usize>(
+        wp: &[__m512i; 8],
+        a: *const BlockQ8_32,
+        s: *const i32,
+    ) -> __m512i {
         let m = M;
         let zero = _mm512_setzero_si512();
         let p: [__m512i; 8] = std::array::from_fn(|k| {
@@ -279,12 +283,8 @@ mod x86 {
         let offs = _mm512_loadu_si512(W_OFFS.as_ptr() as *const __m512i);
         let mask = (1u32 << m).wrapping_sub(1) as u16;
         // Each gathered i32 starts at a block: its low 16 bits are the f16 `d`.
-        let g = _mm512_mask_i32gather_epi32::<1>(
-            _mm512_setzero_si512(),
-            mask,
-            offs,
-            b0 as *const i32,
-        );
+        let g =
+            _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), mask, offs, b0 as *const i32);
         _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g))
     }
 
@@ -458,7 +458,16 @@ mod x86 {
             _mm512_setr_epi32(t, t, u, u, t, t, u, u, t, t, u, u, t, t, u, u)
         });
         let rb32 = rb as i32;
-        let d_off = _mm256_setr_epi32(0, rb32, 2 * rb32, 3 * rb32, 4 * rb32, 5 * rb32, 6 * rb32, 7 * rb32);
+        let d_off = _mm256_setr_epi32(
+            0,
+            rb32,
+            2 * rb32,
+            3 * rb32,
+            4 * rb32,
+            5 * rb32,
+            6 * rb32,
+            7 * rb32,
+        );
         // The tokens' block scales and sums by one gather each: byte offsets from token 0's.
         let (d0, s0) = (a[0].q8_32_d.as_ptr(), a[0].q8_32_sum.as_ptr());
         let rel = |p: *const u8, q: *const u8| (p as isize - q as isize) as i64;
@@ -517,9 +526,10 @@ mod x86 {
             )));
             let dwq = _mm512_permutexvar_ps(rows_idx, _mm512_castps256_ps512(dw));
             let da = _mm512_castps256_ps512(_mm512_i64gather_ps::<1>(offd, d0.add(i)));
-            let sa = _mm512_slli_epi32::<7>(_mm512_castsi256_si512(
-                _mm512_i64gather_epi32::<1>(offs, s0.add(i)),
-            ));
+            let sa = _mm512_slli_epi32::<7>(_mm512_castsi256_si512(_mm512_i64gather_epi32::<1>(
+                offs,
+                s0.add(i),
+            )));
             for p in 0..T.div_ceil(2) {
                 let (t, u) = (2 * p, (2 * p + 1).min(T - 1));
                 let raw = hadd512(s32[t], s32[u]);
