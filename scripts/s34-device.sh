@@ -1,15 +1,17 @@
 #!/bin/bash
-# Session 34 device calls (issue 15), back to back on one machine (the two archives do not fit
-# one call's 64 MiB carry beside the tree). DIR holds bins.tar.xz (the stripped `sluice` and the
-# test binaries of tests/gpu.rs, gpu_gemm.rs, gpu_types.rs and kernels_tile.rs, built with
-# --features cuda; xz -9e, dict 128 MiB) in phase 1 and llama-src.tar.xz (scripts/gpu-anchor.sh's
-# header says how it is made) in phase 2.
-#   phase 1: the AVX-512 tile tests on the host CPU; the tensor-core attention tests and every GPU
-#            test; the 8-layer Qwen3-30B-A3B-shaped Q4_K file; `sluice bench` with prompt
-#            attention on the tensor cores (SLUICE_GPU_ATT_MMA=1) and on attention_tiled, M T T M,
-#            at depth 0, 4096 and 16384.
-#   phase 2: llama.cpp's CUDA build, then llama-bench against `sluice bench` (attention as
-#            SLUICE_GPU_ATT_MMA=${MMA:-1}) L S S L at depth 0, 4096 and 16384.
+# Session 34 device calls (issue 15), back to back on one machine. DIR holds bins.tar.xz (the
+# stripped `sluice` and the test binaries of tests/gpu.rs, gpu_types.rs and kernels_tile.rs,
+# built with --features cuda; xz -9e, dict 128 MiB) and llama-src.tar.xz (scripts/gpu-anchor.sh's
+# header says how it is made). The binaries embed src/gpu/kernels.ptx, so it may stay behind
+# (the carry limit is 64 MiB with the tree).
+#   phase 1: llama.cpp's CUDA build in the background; the AVX-512 tile tests on the host CPU;
+#            the tensor-core attention tests and every GPU test; the 8-layer Qwen3-30B-A3B-shaped
+#            Q4_K file; then, per depth in DEPTHS (0 4096 16384), llama-bench and `sluice bench`
+#            with attention on the tensor cores (X: SLUICE_GPU_ATT_MMA=1 for prompts,
+#            SLUICE_GPU_ATT_MMA_DEC=1 for decode) and without (T: attention_tiled,
+#            attention_split_merge), L X T T X L: pp512 shows the prompt kernel, tg64 the
+#            decode kernel. Depths left when 500 s have gone are skipped.
+#   phase 2: the same bench rows for DEPTHS (the machine warm from phase 1).
 # On the GPU machine: bash scripts/s34-device.sh DIR PHASE
 set -u
 D=${1:-target/devrun-s34}; P=${2:-1}; OO=${OUT:-/tmp/out}; O=/tmp/o$P; mkdir -p $O $OO
@@ -17,41 +19,42 @@ T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 V=/var/tmp/s34; mkdir -p $V; S=$V/sluice; M=/var/tmp/q30-8.gguf
 export SLUICE_ROOT=$PWD
 L=/var/tmp/llama; LBIN=$L/build/bin/llama-bench
+build_llama() {
+  [ -x $LBIN ] && return
+  ( mkdir -p $L && tar -xJf $D/llama-src.tar.xz -C $L && cd $L && cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DGGML_CUDA_FA_ALL_QUANTS=OFF -DLLAMA_CURL=OFF && cmake --build build --target llama-bench -j 16 ) > $O/llama-build.log 2>&1
+}
 if [ "$P" = 1 ]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nproc; grep -m1 "model name" /proc/cpuinfo
-  :
-else
-  [ -x $S ] && [ -s $M ] || { echo "the machine was not warm"; exit 3; }
-  ( mkdir -p $L && tar -xJf $D/llama-src.tar.xz -C $L && cd $L && cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DGGML_CUDA_FA_ALL_QUANTS=OFF -DLLAMA_CURL=OFF && cmake --build build --target llama-bench -j 16 ) > $O/llama-build.log 2>&1 &
-  LB=$!; wait $LB; el "llama build"; tail -n 2 $O/llama-build.log
-fi
-if [ "$P" = 1 ]; then
+  build_llama &
+  LB=$!
   xz -dc $D/bins.tar.xz | tar -xf - -C $V; chmod +x $V/*
   [ -s $M ] || $S synth $M --preset qwen3-30b-a3b --layers 8 --quant q4_k --skew 1.0 --seed 11 > $O/synth.log 2>&1 &
   SY=$!
   timeout 60 $V/kernels-tile --test-threads=2 > $O/tile.log 2>&1; r=$?; el "kernels_tile (host $(grep -o -m1 avx512vnni /proc/cpuinfo)) rc $r"; grep "test result" $O/tile.log
-  timeout 60 $V/gpu-tests gpu_tensor_core gpu_f16_cache --test-threads=1 --nocapture > $O/new.log 2>&1; el "new tests rc $?"
-  SLUICE_GPU_ATT_MMA=1 timeout 60 $V/gpu-tests gpu_f16_cache --test-threads=1 --nocapture >> $O/new.log 2>&1; el "f16 cache with tensor cores rc $?"
-  grep -E "attention_mma|f16 cache|worst|test result|panicked" $O/new.log | head -30
+  timeout 90 $V/gpu-tests gpu_tensor_core gpu_f16_cache --test-threads=1 --nocapture > $O/new.log 2>&1; el "new tests rc $?"
+  SLUICE_GPU_ATT_MMA=1 timeout 60 $V/gpu-tests gpu_f16_cache --test-threads=1 --nocapture >> $O/new.log 2>&1; el "f16 cache, prompt on tensor cores rc $?"
+  SLUICE_GPU_ATT_MMA_DEC=1 timeout 60 $V/gpu-tests gpu_f16_cache --test-threads=1 --nocapture >> $O/new.log 2>&1; el "f16 cache, decode on tensor cores rc $?"
+  grep -E "attention_mma|f16 cache|worst|test result|panicked" $O/new.log | head -40
   timeout 200 $V/gpu-tests --test-threads=1 --skip gpu_tensor_core --skip gpu_f16_cache > $O/gpu.log 2>&1; el "gpu-tests rc $?"
   grep -E "test result|panicked|FAILED|failed" $O/gpu.log | head -20
-  for t in types; do timeout 100 $V/gpu-$t --test-threads=1 > $O/gpu-$t.log 2>&1; el "gpu-$t rc $?"; grep -E "test result|panicked|FAILED" $O/gpu-$t.log | head -8; done
+  timeout 100 $V/gpu-types --test-threads=1 > $O/gpu-types.log 2>&1; el "gpu-types rc $?"; grep -E "test result|panicked|FAILED" $O/gpu-types.log | head -8
   wait $SY; el "synth"; ls -la $M
+  wait $LB; el "llama build"; tail -n 2 $O/llama-build.log
+else
+  [ -x $S ] && [ -s $M ] || { echo "the machine was not warm"; exit 3; }
+  build_llama; el "llama build"
 fi
 R="--gpu on --experts resident"
 lb() { timeout 120 $LBIN -m $M -ngl 99 -p 512 -n $1 $2 -r 1 -o md 2>/dev/null | grep -E "pp512|tg$1" | tr -s ' ' | awk -F'|' '{printf "%s %s;", $(NF-2), $(NF-1)}'; echo; }
-sb() { env $3 timeout 100 $S bench $M -p 512 -n $1 $2 -r 1 --run-flags "$R" > $O/sb.log 2>&1; grep -hE "pp512|tg$1" $O/sb.log | tr -s ' ' | cut -d'|' -f4,5 | tr '\n' ' '; grep -iE "error|panick" $O/sb.log | tail -n 1; echo; }
-for d in 0 4096 16384; do
+sb() { env ${3:-X=1} timeout 100 $S bench $M -p 512 -n $1 $2 -r 1 --run-flags "$R" > $O/sb.log 2>&1; grep -hE "pp512|tg$1" $O/sb.log | tr -s ' ' | cut -d'|' -f4,5 | tr '\n' ' '; grep -iE "error|panick" $O/sb.log | tail -n 1; echo; }
+for d in ${DEPTHS:-0 4096 16384}; do
   [ $(( $(date +%s) - T0 )) -gt 500 ] && { el "out of time before depth $d"; break; }
-  n=64; [ $d = 0 ] && n=128; a=""; [ $d = 0 ] || a="-d $d"
-  if [ "$P" = 1 ]; then
-    for e in 1 0 0 1; do echo "sluice mma=$e d$d: $(sb $n "$a" SLUICE_GPU_ATT_MMA=$e)"; done
-  else
-    [ -x $LBIN ] || break
-    e=SLUICE_GPU_ATT_MMA=${MMA:-1}
-    echo "llama.cpp d$d: $(lb $n "$a")"; echo "sluice $e d$d: $(sb $n "$a" $e)"
-    echo "sluice $e d$d: $(sb $n "$a" $e)"; echo "llama.cpp d$d: $(lb $n "$a")"
-  fi
+  n=64; a=""; [ $d = 0 ] || a="-d $d"
+  x="SLUICE_GPU_ATT_MMA=1 SLUICE_GPU_ATT_MMA_DEC=1"; t="SLUICE_GPU_ATT_MMA=0 SLUICE_GPU_ATT_MMA_DEC=0"
+  [ -x $LBIN ] && echo "llama.cpp d$d: $(lb $n "$a")"
+  echo "sluice tensor cores d$d: $(sb $n "$a" "$x")"; echo "sluice f32 kernels d$d: $(sb $n "$a" "$t")"
+  echo "sluice f32 kernels d$d: $(sb $n "$a" "$t")"; echo "sluice tensor cores d$d: $(sb $n "$a" "$x")"
+  [ -x $LBIN ] && echo "llama.cpp d$d: $(lb $n "$a")"
   el "depth $d"
 done
 grep -hiE "kv cache|attention" $O/sb.log | head -n 3

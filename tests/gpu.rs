@@ -984,6 +984,67 @@ fn gpu_deepseek_v4_mxfp4_experts_match_their_f32_twin() {
     );
 }
 
+/// Causal attention in f64: token t of `n` (at position pos0 + t) over keys and values
+/// 0 ..= pos0 + t, rows of heads x d and kvh x d, scale 1/sqrt(d); the n x heads x d output.
+#[allow(clippy::too_many_arguments)]
+fn attention_f64(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n: usize,
+    pos0: usize,
+    heads: usize,
+    kvh: usize,
+    d: usize,
+) -> Vec<f64> {
+    let scale = 1.0 / (d as f64).sqrt();
+    let mut out = vec![0f64; n * heads * d];
+    for t in 0..n {
+        for h in 0..heads {
+            let g = h / (heads / kvh);
+            let qr = &q[(t * heads + h) * d..][..d];
+            let s: Vec<f64> = (0..=pos0 + t)
+                .map(|j| {
+                    let kr = &k[(j * kvh + g) * d..][..d];
+                    let dot: f64 = qr.iter().zip(kr).map(|(&a, &b)| a as f64 * b as f64).sum();
+                    dot * scale
+                })
+                .collect();
+            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let p: Vec<f64> = s.iter().map(|&x| (x - m).exp()).collect();
+            let l: f64 = p.iter().sum();
+            for c in 0..d {
+                let a: f64 = p
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &pj)| pj * v[(j * kvh + g) * d + c] as f64)
+                    .sum();
+                out[(t * heads + h) * d + c] = a / l;
+            }
+        }
+    }
+    out
+}
+
+/// max|have - want| and max|want|.
+fn worst_of(have: &[f32], want: &[f64]) -> (f64, f64) {
+    have.iter()
+        .zip(want)
+        .fold((0f64, 0f64), |(w, t), (&h, &x)| {
+            (w.max((h as f64 - x).abs()), t.max(x.abs()))
+        })
+}
+
+/// Random queries, and keys and values that are f16 numbers (an f16 cache's).
+fn qkv_f16(seed: u64, nq: usize, nkv: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let mut r = lcg(seed);
+    let f16 = |x: f32| half::f16::from_f32(x).to_f32();
+    let q: Vec<f32> = (0..nq).map(|_| 2.0 * r()).collect();
+    let k: Vec<f32> = (0..nkv).map(|_| f16(2.0 * r())).collect();
+    let v: Vec<f32> = (0..nkv).map(|_| f16(r())).collect();
+    (q, k, v)
+}
+
 /// Tensor-core prompt attention (`attention_mma_<d>`, an f16 cache) against attention computed
 /// here in f64 from the same f16 keys and values: 100 queries at positions 150.. (causal, so
 /// full, partial and masked key tiles), 8 query heads over 2 key/value heads, every head size
@@ -996,46 +1057,10 @@ fn gpu_tensor_core_attention_matches_f64() {
         return;
     }
     let (n, pos0, heads, kvh) = (100usize, 150usize, 8usize, 2usize);
-    let keys = pos0 + n;
     for d in [16usize, 32, 64, 128] {
-        let mut r = lcg(d as u64);
-        let f16 = |x: f32| half::f16::from_f32(x).to_f32();
-        let q: Vec<f32> = (0..n * heads * d).map(|_| 2.0 * r()).collect();
-        let k: Vec<f32> = (0..keys * kvh * d).map(|_| f16(2.0 * r())).collect();
-        let v: Vec<f32> = (0..keys * kvh * d).map(|_| f16(r())).collect();
+        let (q, k, v) = qkv_f16(d as u64, n * heads * d, (pos0 + n) * kvh * d);
         let got = check::attention_mma(&q, &k, &v, n, pos0, heads, kvh, d).unwrap();
-        let scale = 1.0 / (d as f64).sqrt();
-        let (mut worst, mut top) = (0f64, 0f64);
-        for t in 0..n {
-            for h in 0..heads {
-                let g = h / (heads / kvh);
-                let qr = &q[(t * heads + h) * d..][..d];
-                let s: Vec<f64> = (0..=pos0 + t)
-                    .map(|j| {
-                        let kr = &k[(j * kvh + g) * d..][..d];
-                        qr.iter()
-                            .zip(kr)
-                            .map(|(&a, &b)| a as f64 * b as f64)
-                            .sum::<f64>()
-                            * scale
-                    })
-                    .collect();
-                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let p: Vec<f64> = s.iter().map(|&x| (x - m).exp()).collect();
-                let l: f64 = p.iter().sum();
-                for c in 0..d {
-                    let want: f64 = p
-                        .iter()
-                        .enumerate()
-                        .map(|(j, &pj)| pj * v[(j * kvh + g) * d + c] as f64)
-                        .sum::<f64>()
-                        / l;
-                    let have = got[(t * heads + h) * d + c] as f64;
-                    worst = worst.max((have - want).abs());
-                    top = top.max(want.abs());
-                }
-            }
-        }
+        let (worst, top) = worst_of(&got, &attention_f64(&q, &k, &v, n, pos0, heads, kvh, d));
         eprintln!("attention_mma_{d}: max|Δ| = {worst:.2e}, max|ref| = {top:.2e}");
         assert!(
             worst <= 1e-2 * top,
@@ -1044,13 +1069,47 @@ fn gpu_tensor_core_attention_matches_f64() {
     }
 }
 
+/// Tensor-core flash-decoding (`attention_mma_dec_<d>`: a key/value head's query heads as the
+/// rows, 16 keys per warp, the warps' and the splits' partials merged) against f64 attention:
+/// 3 tokens at lengths from 1 (one key: a single warp of a single split) through part-filled
+/// and empty splits to 3000 keys over 16 splits, groups of 16, 8, 4 and 1 query heads, both
+/// head sizes; within 1e-2 of max|ref| (queries and probabilities rounded to f16).
+#[test]
+fn gpu_tensor_core_decode_attention_matches_f64() {
+    if !gpu_or_skip("gpu_tensor_core_decode_attention_matches_f64") {
+        return;
+    }
+    let n = 3;
+    for d in [64usize, 128] {
+        for (heads, kvh) in [(16usize, 1usize), (32, 4), (8, 2), (2, 2)] {
+            for pos0 in [0usize, 13, 100, 700, 2997] {
+                let (q, k, v) = qkv_f16(
+                    (d + heads + pos0) as u64,
+                    n * heads * d,
+                    (pos0 + n) * kvh * d,
+                );
+                let got =
+                    check::attention_mma_dec(&q, &k, &v, n, pos0, heads, kvh, d, 16, 256).unwrap();
+                let want = attention_f64(&q, &k, &v, n, pos0, heads, kvh, d);
+                let (worst, top) = worst_of(&got, &want);
+                assert!(
+                    worst <= 1e-2 * top,
+                    "attention_mma_dec_{d}, {heads} heads over {kvh}, position {pos0}: max|Δ| {worst:.2e} against max|ref| {top:.2e}"
+                );
+            }
+        }
+        eprintln!("attention_mma_dec_{d}: within 1e-2 of max|ref| everywhere");
+    }
+}
+
 /// An f16 KV cache on the GPU holds the numbers the CPU's f16 cache holds: 300 tokens of
 /// logits with `-ctk f16 -ctv f16` on both, one token per forward (decode kernels, f32
 /// arithmetic over the rounded values: within the f32 bound, 1e-4 of max|ref|, same argmax
 /// everywhere) and in chunks of 64 (the same, with `attention_tiled`; with
-/// `SLUICE_GPU_ATT_MMA=1` GQA prompts take the tensor cores, which round each query and
-/// probability to f16: within 1e-2, argmax differences at no more than 2% of positions of these
-/// tiny random models, whose top logits nearly tie).
+/// `SLUICE_GPU_ATT_MMA=1` GQA prompts take the tensor cores, and with
+/// `SLUICE_GPU_ATT_MMA_DEC=1` flash-decoding does, which round each query and probability to
+/// f16: within 1e-2, argmax differences at no more than 2% of positions of these tiny random
+/// models, whose top logits nearly tie).
 #[test]
 fn gpu_f16_cache_matches_cpu_f16_cache() {
     if !gpu_or_skip("gpu_f16_cache_matches_cpu_f16_cache") {
@@ -1096,8 +1155,10 @@ fn gpu_f16_cache_matches_cpu_f16_cache() {
                 worst = worst.max(e);
                 flips += usize::from(!same);
             }
-            let mma =
-                std::env::var("SLUICE_GPU_ATT_MMA").is_ok_and(|v| v == "1") && batch > 8 && !mla;
+            let on = |v: &str| std::env::var(v).is_ok_and(|v| v == "1");
+            let mma = !mla
+                && (on("SLUICE_GPU_ATT_MMA") && batch > 8
+                    || on("SLUICE_GPU_ATT_MMA_DEC") && batch <= 8);
             eprintln!(
                 "{f} f16 cache, batch {batch}{}: gpu vs cpu worst max|Δ|/max|ref| = {worst:.2e}, {flips} argmax differences in {}",
                 if mma { " (tensor cores)" } else { "" },

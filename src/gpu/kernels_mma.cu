@@ -201,3 +201,205 @@ ATTENTION_MMA(16)
 ATTENTION_MMA(32)
 ATTENTION_MMA(64)
 ATTENTION_MMA(128)
+
+// ==== Decode attention on tensor cores: flash-decoding with a key/value head's query heads ====
+//
+// attention_split_merge gives every query head its own block, so the 8 query heads of a
+// Qwen3-30B-A3B key/value head read each key and value row 8 times (through L2); at 16k of
+// context that was ~110 us per layer (docs/PERFORMANCE.md, session 32). Here a block takes key/
+// value head g, token t and split s, with the group's G query heads (G <= 16) as the rows of one
+// m16n8k16 A operand: each key and value row is read once per group. Keys and values go through
+// shared memory in tiles of 64 as f16 (exact for an f16 cache), each warp takes 16 keys of a tile
+// with its own online softmax (rows = heads; the token's keys are the same for every row, so
+// one mask), and the 4 warps' (max, sum, unnormalized output) are combined at the end into the
+// split's partial, which attention_split_merge's consumers read (max in natural-log units). The
+// last split block of (t, g) merges every head of the group (merge_head; quantized when XQ).
+// What rounds: each query (to f16) and each probability before the weighted sum, as the prompt
+// kernel. done: heads*n zeroed counters (left zeroed). Grid: (kv heads, n, splits), block 128.
+template <int D>
+__device__ __forceinline__ void attention_mma_dec_body(
+    const float* Q, int qts, int qhs, const float* K, int ks, int khs, const float* V, int vs,
+    int vhs, int group, const int* pp, int padd, float scale, int chunk, float* PM, float* PL,
+    float* PO, float* O, int ots, int ohs, i8* XQ, float* XD, unsigned* done) {
+    constexpr int SR = D + 8;
+    __shared__ __align__(16) u16 KVs[2 * MK * SR];  // keys then values; the merge reuses it
+    __shared__ float Wm[4][16], Wl[4][16];
+    u16* Ks = KVs;
+    u16* Vs = KVs + MK * SR;
+    const int g = blockIdx.x, t = blockIdx.y, s = blockIdx.z, S = gridDim.z;
+    const int G = group, heads = gridDim.x * G, tid = threadIdx.x;
+    const int warp = tid >> 5, lane = tid & 31, gr = lane >> 2, tq = lane & 3;
+    const int len = *pp + padd + t + 1;
+    chunk = split_chunk(len, chunk, S);
+    const int j0 = s * chunk, j1 = min(len, j0 + chunk);
+    const float* kb = K + (size_t)g * khs;
+    const float* vb = V + (size_t)g * vhs;
+    if (pdl_on)
+        for (int j = j0 + warp; j < j1; j += 4) {
+            prefetch_l2(kb + (size_t)j * ks, 4 * D);
+            prefetch_l2(vb + (size_t)j * vs, 4 * D);
+        }
+    pdl_wait();
+    pdl_go();
+    // Rows gr and gr + 8 are heads g*G + gr and g*G + gr + 8 (zero queries past G).
+    const int r0 = gr, r1 = gr + 8;
+    u32 qa[D / 16][4];
+#pragma unroll
+    for (int k = 0; k < D / 16; k++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int c = k * 16 + h * 8 + 2 * tq;
+            const float* qt = Q + (size_t)t * qts + (size_t)(g * G) * qhs + c;
+            float2 x0 = r0 < G ? *(const float2*)(qt + (size_t)r0 * qhs) : make_float2(0.f, 0.f);
+            float2 x1 = r1 < G ? *(const float2*)(qt + (size_t)r1 * qhs) : make_float2(0.f, 0.f);
+            qa[k][2 * h] = pack_h2(x0.x, x0.y);
+            qa[k][2 * h + 1] = pack_h2(x1.x, x1.y);
+        }
+    }
+    float o[D / 8][4];
+#pragma unroll
+    for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    const float sl2 = scale * 1.4426950408889634f;  // scores in log2 units
+    for (int k0 = j0; k0 < j1; k0 += MK) {
+        __syncthreads();  // the previous tile's readers are done
+        constexpr int C4 = D / 4;
+#pragma unroll 8
+        for (int i = tid; i < MK * C4; i += 128) {
+            int r = i / C4, c = i % C4, j = k0 + r;
+            float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
+            if (j < j1) {
+                a = ((const float4*)(kb + (size_t)j * ks))[c];
+                b = ((const float4*)(vb + (size_t)j * vs))[c];
+            }
+            *(uint2*)(Ks + r * SR + 4 * c) = make_uint2(pack_h2(a.x, a.y), pack_h2(a.z, a.w));
+            *(uint2*)(Vs + r * SR + 4 * c) = make_uint2(pack_h2(b.x, b.y), pack_h2(b.z, b.w));
+        }
+        __syncthreads();
+        const int kw = k0 + 16 * warp;  // this warp's 16 keys
+        if (kw >= j1) continue;
+        float sc[2][4];
+#pragma unroll
+        for (int f = 0; f < 2; f++) {
+            sc[f][0] = sc[f][1] = sc[f][2] = sc[f][3] = 0.f;
+            const u16* kr = Ks + (16 * warp + f * 8 + gr) * SR + 2 * tq;
+#pragma unroll
+            for (int k = 0; k < D / 16; k++) {
+                u32 b0 = *(const u32*)(kr + k * 16), b1 = *(const u32*)(kr + k * 16 + 8);
+                mma16816(sc[f], qa[k], b0, b1);
+            }
+        }
+        float t0 = -INFINITY, t1 = -INFINITY;
+#pragma unroll
+        for (int f = 0; f < 2; f++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                bool in = kw + f * 8 + 2 * tq + e < j1;
+                float a = in ? sc[f][e] * sl2 : -INFINITY, b = in ? sc[f][2 + e] * sl2 : -INFINITY;
+                sc[f][e] = a;
+                sc[f][2 + e] = b;
+                t0 = fmaxf(t0, a);
+                t1 = fmaxf(t1, b);
+            }
+        }
+        t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 1));
+        t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 2));
+        t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 1));
+        t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 2));
+        // Key kw < j1 is in this warp's share, so both maxima are finite.
+        float n0 = fmaxf(m0, t0), n1 = fmaxf(m1, t1);
+        float al0 = exp2f(m0 - n0), al1 = exp2f(m1 - n1);  // 0 on the warp's first keys
+        m0 = n0;
+        m1 = n1;
+        float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+        for (int f = 0; f < 2; f++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float a = exp2f(sc[f][e] - n0), b = exp2f(sc[f][2 + e] - n1);
+                sc[f][e] = a;
+                sc[f][2 + e] = b;
+                s0 += a;
+                s1 += b;
+            }
+        }
+        l0 = l0 * al0 + s0;
+        l1 = l1 * al1 + s1;
+        u32 pa[4] = {pack_h2(sc[0][0], sc[0][1]), pack_h2(sc[0][2], sc[0][3]),
+                     pack_h2(sc[1][0], sc[1][1]), pack_h2(sc[1][2], sc[1][3])};
+        const u16* vrow = Vs + (16 * warp + (lane & 15)) * SR + (lane >> 4) * 8;
+#pragma unroll
+        for (int d = 0; d < D / 8; d += 2) {
+            o[d][0] *= al0;
+            o[d][1] *= al0;
+            o[d][2] *= al1;
+            o[d][3] *= al1;
+            o[d + 1][0] *= al0;
+            o[d + 1][1] *= al0;
+            o[d + 1][2] *= al1;
+            o[d + 1][3] *= al1;
+            u32 b0, b1, b2, b3;
+            unsigned addr = (unsigned)__cvta_generic_to_shared(vrow + d * 8);
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                         : "r"(addr));
+            mma16816(o[d], pa, b0, b1);
+            mma16816(o[d + 1], pa, b2, b3);
+        }
+    }
+    // The 4 warps' states -> the split's partial per head (max in natural-log units).
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    __syncthreads();  // the last tile's readers are done: KVs holds the warps' outputs now
+    float* Wo = (float*)KVs;  // [warp][row 16][D]: 4 * 16 * D floats <= 2 * MK * SR halves
+    if (tq == 0) {
+        Wm[warp][r0] = m0;
+        Wm[warp][r1] = m1;
+        Wl[warp][r0] = l0;
+        Wl[warp][r1] = l1;
+    }
+#pragma unroll
+    for (int d = 0; d < D / 8; d++) {
+        int c = d * 8 + 2 * tq;
+        *(float2*)(Wo + (warp * 16 + r0) * D + c) = make_float2(o[d][0], o[d][1]);
+        *(float2*)(Wo + (warp * 16 + r1) * D + c) = make_float2(o[d][2], o[d][3]);
+    }
+    __syncthreads();
+    for (int i = tid; i < G * D; i += 128) {
+        int r = i / D, c = i % D;
+        float m = fmaxf(fmaxf(Wm[0][r], Wm[1][r]), fmaxf(Wm[2][r], Wm[3][r]));
+        float l = 0.f, a = 0.f;
+        if (m > -INFINITY)
+#pragma unroll
+            for (int w = 0; w < 4; w++) {
+                float f = exp2f(Wm[w][r] - m);  // 0 for a warp that had no keys
+                l += Wl[w][r] * f;
+                a += Wo[(w * 16 + r) * D + c] * f;
+            }
+        size_t part = ((size_t)t * heads + g * G + r) * S + s;
+        PO[part * D + c] = a;
+        if (c == 0) {
+            PM[part] = m > -INFINITY ? m * 0.6931471805599453f : -INFINITY;
+            PL[part] = l;
+        }
+    }
+    if (!last_block(done + (size_t)t * heads + g, S)) return;
+    for (int h = 0; h < G; h++)
+        merge_head(PM, PL, PO, S, min(S, (len + chunk - 1) / chunk), D, O, ots, ohs, XQ, XD,
+                   g * G + h, t, heads);
+}
+
+#define ATTENTION_MMA_DEC(D)                                                                    \
+    extern "C" __global__ void __launch_bounds__(128) attention_mma_dec_##D(                   \
+        const float* Q, int qts, int qhs, const float* K, int ks, int khs, const float* V,      \
+        int vs, int vhs, int group, const int* pp, int padd, float scale, int chunk, float* PM, \
+        float* PL, float* PO, float* O, int ots, int ohs, i8* XQ, float* XD, unsigned* done) {  \
+        attention_mma_dec_body<D>(Q, qts, qhs, K, ks, khs, V, vs, vhs, group, pp, padd, scale,  \
+                                  chunk, PM, PL, PO, O, ots, ohs, XQ, XD, done);                \
+    }
+ATTENTION_MMA_DEC(16)
+ATTENTION_MMA_DEC(32)
+ATTENTION_MMA_DEC(64)
+ATTENTION_MMA_DEC(128)

@@ -63,6 +63,14 @@ fn att_mma_on() -> bool {
     *ON.get_or_init(|| std::env::var("SLUICE_GPU_ATT_MMA").is_ok_and(|v| v == "1"))
 }
 
+/// Whether flash-decoding over an f16 cache takes the tensor cores with a key/value head's
+/// query heads in one block (`attention_mma_dec_<D>`, `SLUICE_GPU_ATT_MMA_DEC=1`; otherwise
+/// `attention_split_merge`). Opt-in until measured on a device (session 34).
+fn att_mma_dec_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SLUICE_GPU_ATT_MMA_DEC").is_ok_and(|v| v == "1"))
+}
+
 /// Which sides of the GPU's KV cache hold f16 numbers for a state whose cache types are `kv`:
 /// the GPU keeps f32 storage and rounds what it stores to f16 where the type is f16 (the
 /// values the CPU's f16 cache holds); bf16 and q8_0 have no GPU kernels. An MLA cache's value
@@ -82,7 +90,8 @@ pub fn gpu_kv16(cfg: &ModelConfig, kv: crate::model::KvTypes) -> Result<[bool; 2
     Ok([side(kv.k, "-ctk")?, side(kv.v, "-ctv")? && !mla])
 }
 
-/// Head sizes `attention_mma_<D>` is instantiated for (kernels_mma.cu).
+/// Head sizes `attention_mma_<D>` and `attention_mma_dec_<D>` are instantiated for
+/// (kernels_mma.cu).
 const MMA_DIMS: [usize; 4] = [16, 32, 64, 128];
 
 fn align(x: usize) -> usize {
@@ -254,6 +263,9 @@ pub(super) struct Small {
     /// Prompt attention over an f16 cache on the tensor cores, per head size `MMA_DIMS`
     /// (kernels_mma.cu).
     att_mma: [Kernel; 4],
+    /// Flash-decoding over an f16 cache on the tensor cores, a key/value head's query heads
+    /// per block, per head size `MMA_DIMS` (kernels_mma.cu).
+    att_mma_dec: [Kernel; 4],
     route_jobs: Kernel,
     router_route_jobs: Kernel,
 }
@@ -810,6 +822,12 @@ impl GpuState {
                 gpu.function("attention_mma_32")?,
                 gpu.function("attention_mma_64")?,
                 gpu.function("attention_mma_128")?,
+            ],
+            att_mma_dec: [
+                gpu.function("attention_mma_dec_16")?,
+                gpu.function("attention_mma_dec_32")?,
+                gpu.function("attention_mma_dec_64")?,
+                gpu.function("attention_mma_dec_128")?,
             ],
             head_mv: gpu.function("head_mv")?,
             copy2d: gpu.function("copy2d")?,
@@ -1588,6 +1606,61 @@ impl GpuState {
                 .iter()
                 .all(|&x| x % 4 == 0)
                 && [q.0, k.0, v.0].iter().all(|&p| p % 16 == 0);
+            // An f16 cache: the group's query heads as the tensor cores' rows (kernels_mma.cu).
+            let dec = MMA_DIMS.iter().position(|&d| d == dk);
+            let dec_ok = [q.1, q.2, o.1, o.2].iter().all(|&x| x % 2 == 0)
+                && [k.1, k.2, v.1, v.2].iter().all(|&x| x % 4 == 0)
+                && q.0 % 8 == 0
+                && [k.0, v.0].iter().all(|&p| p % 16 == 0);
+            if let (Some(i), true) = (dec, self.kv16 == [true, true] && !self.mla && dk == dv) {
+                if dec_ok
+                    && (1..=16).contains(&group)
+                    && heads.is_multiple_of(group)
+                    && self.v4.is_none()
+                    && att_mma_dec_on()
+                {
+                    let q8 = self.fused && dv.is_multiple_of(32) && o.2 == dv && o.1 == heads * dv;
+                    let (xq, xd) = if q8 {
+                        (self.bufs.xq.ptr, self.bufs.xd.ptr)
+                    } else {
+                        (0, 0)
+                    };
+                    self.gpu.launch(
+                        self.small.att_mma_dec[i],
+                        ((heads / group) as u32, n as u32, splits as u32),
+                        128,
+                        0,
+                        Stream::Compute,
+                        &[
+                            q.0.into(),
+                            (q.1 as i32).into(),
+                            (q.2 as i32).into(),
+                            k.0.into(),
+                            (k.1 as i32).into(),
+                            (k.2 as i32).into(),
+                            v.0.into(),
+                            (v.1 as i32).into(),
+                            (v.2 as i32).into(),
+                            (group as i32).into(),
+                            self.bufs.pos.ptr.into(),
+                            padd.into(),
+                            scale.into(),
+                            (chunk as i32).into(),
+                            self.bufs.pm.ptr.into(),
+                            self.bufs.pl.ptr.into(),
+                            self.bufs.po.ptr.into(),
+                            o.0.into(),
+                            (o.1 as i32).into(),
+                            (o.2 as i32).into(),
+                            xq.into(),
+                            xd.into(),
+                            self.bufs.done.at(4).into(),
+                        ],
+                    )?;
+                    self.xq_src.set(q8.then_some((o.0, o.1, n, o.1)));
+                    return Ok(());
+                }
+            }
             if (2..=8).contains(&group)
                 && dk <= 128
                 && dv <= 128
@@ -3116,6 +3189,75 @@ pub mod check {
             ],
         )?;
         download_f32(&gpu, &yd, ids.len() * cols)
+    }
+
+    /// Flash-decoding on the tensor cores (`attention_mma_dec_<d>`): `n` tokens (rows of heads
+    /// x d) at positions `pos0 ..`, token t over keys and values 0 ..= pos0 + t (rows of
+    /// kv_heads x d, f16 numbers) in `splits` splits of at most `chunk` positions (the kernel's
+    /// own split of each token's length), scale 1/sqrt(d); the n x heads x d output.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_mma_dec(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        n: usize,
+        pos0: usize,
+        heads: usize,
+        kv_heads: usize,
+        d: usize,
+        splits: usize,
+        chunk: usize,
+    ) -> Result<Vec<f32>, GpuError> {
+        let i = MMA_DIMS
+            .iter()
+            .position(|&x| x == d)
+            .ok_or_else(|| GpuError::Config(format!("no attention_mma_dec for head size {d}")))?;
+        let gpu = Gpu::open()?;
+        let f = gpu.function(&format!("attention_mma_dec_{}", MMA_DIMS[i]))?;
+        let (qd, kvd) = (heads * d, kv_heads * d);
+        let qb = upload_new(&gpu, &f32_bytes(q))?;
+        let kb = upload_new(&gpu, &f32_bytes(k))?;
+        let vb = upload_new(&gpu, &f32_bytes(v))?;
+        let pb = upload_new(&gpu, &(pos0 as i32).to_le_bytes())?;
+        let parts = n * heads * splits;
+        let pm = gpu.alloc(4 * parts)?;
+        let pl = gpu.alloc(4 * parts)?;
+        let po = gpu.alloc(4 * parts * d)?;
+        let done = upload_new(&gpu, &vec![0u8; 4 * n * heads])?;
+        let ob = gpu.alloc(4 * n * qd)?;
+        gpu.launch(
+            f,
+            (kv_heads as u32, n as u32, splits as u32),
+            128,
+            0,
+            Stream::Compute,
+            &[
+                qb.ptr.into(),
+                (qd as i32).into(),
+                (d as i32).into(),
+                kb.ptr.into(),
+                (kvd as i32).into(),
+                (d as i32).into(),
+                vb.ptr.into(),
+                (kvd as i32).into(),
+                (d as i32).into(),
+                ((heads / kv_heads) as i32).into(),
+                pb.ptr.into(),
+                0i32.into(),
+                (1.0 / (d as f32).sqrt()).into(),
+                (chunk as i32).into(),
+                pm.ptr.into(),
+                pl.ptr.into(),
+                po.ptr.into(),
+                ob.ptr.into(),
+                (qd as i32).into(),
+                (d as i32).into(),
+                0u64.into(),
+                0u64.into(),
+                done.ptr.into(),
+            ],
+        )?;
+        download_f32(&gpu, &ob, n * qd)
     }
 
     /// Prompt attention on the tensor cores (`attention_mma_<d>`): `n` queries (rows of
