@@ -1,6 +1,7 @@
 //! `sluice bench --kernels`: kernel throughput against the machine's memory read bandwidth.
-//! `sluice bench MODEL`: prompt processing and generation tok/s like llama-bench, each
-//! repetition a fresh `sluice run` process; `--ab 'FLAGS_A' 'FLAGS_B'` compares two flag sets
+//! `sluice bench MODEL`: prompt processing and generation tok/s like llama-bench, each test of
+//! each repetition a fresh `sluice run` process (pp from the prompt, tg from a one-token prompt,
+//! both at the depth; `--tg-after-prompt` times tg after the prompt in one run); `--ab 'FLAGS_A' 'FLAGS_B'` compares two flag sets
 //! (see `model_bench.rs`).
 
 use crate::bench::kernels::{bench_type, cpu_model, KernelBenchOpts};
@@ -20,10 +21,14 @@ pub struct BenchArgs {
     #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
     pub n_gen: usize,
     /// Tokens already in the KV cache before the pp and tg tests (llama-bench's `-d`): each run
-    /// first fills the cache with this many tokens, untimed (`sluice run --depth`). The tg test
-    /// follows the prompt, so it runs at depth + prompt tokens (`-p 1` for tg at the depth).
+    /// first fills the cache with this many tokens, untimed (`sluice run --depth`).
     #[arg(short = 'd', long = "depth", default_value_t = 0)]
     pub depth: usize,
+    /// Time generation in the prompt's run, after the prompt (at depth + prompt tokens, with
+    /// the experts the prompt brought in), instead of as llama-bench does: the tg test in its
+    /// own run from a one-token prompt at the depth.
+    #[arg(long)]
+    pub tg_after_prompt: bool,
     /// Repetitions for a MODEL (default 3).
     #[arg(short = 'r', long = "repetitions")]
     pub repetitions: Option<usize>,
@@ -89,6 +94,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             n_prompt: args.n_prompt,
             n_gen: args.n_gen,
             depth: args.depth,
+            tg_after_prompt: args.tg_after_prompt,
             repetitions: args.repetitions,
             json: args.json,
             csv: args.csv,

@@ -125,6 +125,8 @@ pub struct ModelBench {
     pub n_gen: usize,
     /// Tokens in the cache before the tests (`--depth` of each run).
     pub depth: usize,
+    /// Generation timed after the prompt in one run (else in its own run, as llama-bench).
+    pub tg_after_prompt: bool,
     pub repetitions: Option<usize>,
     pub json: bool,
     pub csv: bool,
@@ -152,6 +154,7 @@ pub fn run(model: &Path, args: &ModelBench) -> anyhow::Result<()> {
     }
     let files = ModelFiles::open(model)?;
     let (prompt, prompt_len) = make_prompt(&files, args.n_prompt)?;
+    let (one, _) = make_prompt(&files, 1)?;
     drop(files);
     let exe = std::env::current_exe().context("bench: finding the sluice executable")?;
     let common: Vec<String> = args
@@ -225,30 +228,44 @@ pub fn run(model: &Path, args: &ModelBench) -> anyhow::Result<()> {
                     flags.extend(["-t".to_string(), t.to_string()]);
                 }
             }
-            let _ = std::fs::remove_file(&stats_path);
-            let out = Command::new(&exe)
-                .arg("run")
-                .arg(model)
-                .args(["-p", &prompt, "-n", &args.n_gen.to_string(), "--stats-json"])
-                .arg(&stats_path)
-                .args(&flags)
-                .output()
-                .with_context(|| format!("bench: starting {}", exe.display()))?;
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            if !out.status.success() {
-                let last = stderr.lines().last().unwrap_or("").to_string();
-                bail!(
-                    "bench: arm {} (`sluice run ... {}`) failed: {last}",
-                    arm.name,
-                    flags.join(" ")
-                );
+            // llama-bench's tests: pp in a run that generates nothing, tg in a run of its own
+            // from a one-token prompt (both at the depth); or tg after the prompt in one run.
+            let split = !args.tg_after_prompt && args.n_gen > 0 && prompt_len > 1;
+            let runs: Vec<(&str, usize)> = if split {
+                vec![(prompt.as_str(), 0), (one.as_str(), args.n_gen)]
+            } else {
+                vec![(prompt.as_str(), args.n_gen)]
+            };
+            let mut got = Vec::new();
+            for (text, n_gen) in runs {
+                let _ = std::fs::remove_file(&stats_path);
+                let out = Command::new(&exe)
+                    .arg("run")
+                    .arg(model)
+                    .args(["-p", text, "-n", &n_gen.to_string(), "--stats-json"])
+                    .arg(&stats_path)
+                    .args(&flags)
+                    .output()
+                    .with_context(|| format!("bench: starting {}", exe.display()))?;
+                let stderr = String::from_utf8_lossy(&out.stderr);
+                if !out.status.success() {
+                    let last = stderr.lines().last().unwrap_or("").to_string();
+                    bail!(
+                        "bench: arm {} (`sluice run ... {}`) failed: {last}",
+                        arm.name,
+                        flags.join(" ")
+                    );
+                }
+                let timing = parse_timing(&stderr).with_context(|| {
+                    format!(
+                        "bench: arm {}: no [timing] line in the run's output",
+                        arm.name
+                    )
+                })?;
+                got.push((timing, out.stdout));
             }
-            let (p, pp, g, tg) = parse_timing(&stderr).with_context(|| {
-                format!(
-                    "bench: arm {}: no [timing] line in the run's output",
-                    arm.name
-                )
-            })?;
+            let ((p, pp, _, _), _) = got[0];
+            let ((_, _, g, tg), ref stdout) = got[got.len() - 1];
             arm.pp.push(pp);
             arm.tg.push(tg);
             arm.prompt_tokens = p;
@@ -260,8 +277,7 @@ pub fn run(model: &Path, args: &ModelBench) -> anyhow::Result<()> {
             {
                 arm.hit.push(h);
             }
-            arm.texts
-                .push(String::from_utf8_lossy(&out.stdout).to_string());
+            arm.texts.push(String::from_utf8_lossy(stdout).to_string());
             if !args.json && !args.csv {
                 eprintln!(
                     "[bench] rep {} arm {}: pp {pp:.2} tok/s, tg {tg:.2} tok/s",
