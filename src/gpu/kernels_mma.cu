@@ -33,6 +33,38 @@ __device__ __forceinline__ void mma16816(float* c, const u32* a, u32 b0, u32 b1)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Rows k0 .. k0 + MK of the keys and values (row strides ks, vs) into shared memory as f16 rows
+// of SR halves, rows at or past `lim` zero. Each thread's loads are issued together (up to 8
+// float4 of each matrix) before any store: a store to shared memory between two loads through
+// generic pointers would make each load wait for the one before.
+template <int D, int SR>
+__device__ __forceinline__ void kv_tile_f16(const float* kb, int ks, const float* vb, int vs,
+                                            int k0, int lim, u16* Ks, u16* Vs) {
+    constexpr int C4 = D / 4, N = MK * C4 / 128, B = N < 8 ? N : 8;
+    const int tid = threadIdx.x;
+#pragma unroll
+    for (int b0 = 0; b0 < N; b0 += B) {
+        float4 a[B], b[B];
+#pragma unroll
+        for (int u = 0; u < B; u++) {
+            int i = tid + 128 * (b0 + u), r = i / C4, c = i % C4, j = k0 + r;
+            a[u] = b[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (j < lim) {
+                a[u] = ((const float4*)(kb + (size_t)j * ks))[c];
+                b[u] = ((const float4*)(vb + (size_t)j * vs))[c];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < B; u++) {
+            int i = tid + 128 * (b0 + u), r = i / C4, c = i % C4;
+            *(uint2*)(Ks + r * SR + 4 * c) =
+                make_uint2(pack_h2(a[u].x, a[u].y), pack_h2(a[u].z, a[u].w));
+            *(uint2*)(Vs + r * SR + 4 * c) =
+                make_uint2(pack_h2(b[u].x, b[u].y), pack_h2(b[u].z, b[u].w));
+        }
+    }
+}
+
 template <int D>
 __device__ __forceinline__ void attention_mma_body(const float* Q, int qts, int qhs,
                                                    const float* K, int ks, int khs,
@@ -73,20 +105,7 @@ __device__ __forceinline__ void attention_mma_body(const float* Q, int qts, int 
     const float sl2 = scale * 1.4426950408889634f;  // scores in log2 units
     for (int k0 = 0; k0 < kend; k0 += MK) {
         __syncthreads();  // the previous tile's readers are done
-        constexpr int C4 = D / 4;  // float4 columns per row
-#pragma unroll 4
-        for (int i = tid; i < MK * C4; i += 128) {
-            int r = i / C4, c = i % C4, j = k0 + r;
-            float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
-            if (j < kend) {
-                a = ((const float4*)(K + (size_t)j * ks + (size_t)kvh * khs))[c];
-                b = ((const float4*)(V + (size_t)j * vs + (size_t)kvh * vhs))[c];
-            }
-            uint2 ka = make_uint2(pack_h2(a.x, a.y), pack_h2(a.z, a.w));
-            uint2 vb = make_uint2(pack_h2(b.x, b.y), pack_h2(b.z, b.w));
-            *(uint2*)(Ks + r * SR + 4 * c) = ka;
-            *(uint2*)(Vs + r * SR + 4 * c) = vb;
-        }
+        kv_tile_f16<D, SR>(K + (size_t)kvh * khs, ks, V + (size_t)kvh * vhs, vs, k0, kend, Ks, Vs);
         __syncthreads();
         if (k0 > wlast) continue;  // every key of the tile is after this warp's queries
         // S = Q K^T: 8 fragments of 16 queries x 8 keys.
@@ -212,10 +231,11 @@ ATTENTION_MMA(128)
 // shared memory in tiles of 64 as f16 (exact for an f16 cache), each warp takes 16 keys of a tile
 // with its own online softmax (rows = heads; the token's keys are the same for every row, so
 // one mask), and the 4 warps' (max, sum, unnormalized output) are combined at the end into the
-// split's partial, which attention_split_merge's consumers read (max in natural-log units). The
-// last split block of (t, g) merges every head of the group (merge_head; quantized when XQ).
+// split's partial (max in natural-log units, as attention_split's). The last split block of
+// (t, g) merges every head of the group, a warp per head (quantized as merge_head when XQ).
 // What rounds: each query (to f16) and each probability before the weighted sum, as the prompt
-// kernel. done: heads*n zeroed counters (left zeroed). Grid: (kv heads, n, splits), block 128.
+// kernel. done: heads*n zeroed counters (left zeroed). Grid: (kv heads, n, splits <= 64), block
+// 128.
 template <int D>
 __device__ __forceinline__ void attention_mma_dec_body(
     const float* Q, int qts, int qhs, const float* K, int ks, int khs, const float* V, int vs,
@@ -223,7 +243,7 @@ __device__ __forceinline__ void attention_mma_dec_body(
     float* PO, float* O, int ots, int ohs, i8* XQ, float* XD, unsigned* done) {
     constexpr int SR = D + 8;
     __shared__ __align__(16) u16 KVs[2 * MK * SR];  // keys then values; the merge reuses it
-    __shared__ float Wm[4][16], Wl[4][16];
+    __shared__ float Wm[4][16], Wl[4][16], Wsp[4][64];  // Wsp: split weights in the merge
     u16* Ks = KVs;
     u16* Vs = KVs + MK * SR;
     const int g = blockIdx.x, t = blockIdx.y, s = blockIdx.z, S = gridDim.z;
@@ -263,18 +283,7 @@ __device__ __forceinline__ void attention_mma_dec_body(
     const float sl2 = scale * 1.4426950408889634f;  // scores in log2 units
     for (int k0 = j0; k0 < j1; k0 += MK) {
         __syncthreads();  // the previous tile's readers are done
-        constexpr int C4 = D / 4;
-#pragma unroll 8
-        for (int i = tid; i < MK * C4; i += 128) {
-            int r = i / C4, c = i % C4, j = k0 + r;
-            float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
-            if (j < j1) {
-                a = ((const float4*)(kb + (size_t)j * ks))[c];
-                b = ((const float4*)(vb + (size_t)j * vs))[c];
-            }
-            *(uint2*)(Ks + r * SR + 4 * c) = make_uint2(pack_h2(a.x, a.y), pack_h2(a.z, a.w));
-            *(uint2*)(Vs + r * SR + 4 * c) = make_uint2(pack_h2(b.x, b.y), pack_h2(b.z, b.w));
-        }
+        kv_tile_f16<D, SR>(kb, ks, vb, vs, k0, j1, Ks, Vs);
         __syncthreads();
         const int kw = k0 + 16 * warp;  // this warp's 16 keys
         if (kw >= j1) continue;
@@ -386,9 +395,44 @@ __device__ __forceinline__ void attention_mma_dec_body(
         }
     }
     if (!last_block(done + (size_t)t * heads + g, S)) return;
-    for (int h = 0; h < G; h++)
-        merge_head(PM, PL, PO, S, min(S, (len + chunk - 1) / chunk), D, O, ots, ohs, XQ, XD,
-                   g * G + h, t, heads);
+    // The group's heads merged a warp each (merge_head's sums, with the split weights computed
+    // once per head into shared memory; merge_head in one thread block took the heads one after
+    // another, each through chains of dependent loads).
+    const int S_act = min(S, (len + chunk - 1) / chunk), cols = heads * D;
+    for (int h = g * G + warp; h < (g + 1) * G; h += 4) {
+        size_t base = ((size_t)t * heads + h) * S;
+        float m = -INFINITY;
+        for (int i = lane; i < S_act; i += 32) m = fmaxf(m, PM[base + i]);
+#pragma unroll
+        for (int q = 16; q > 0; q >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, q));
+        float l = 0.f;
+        for (int i = lane; i < S_act; i += 32) {
+            float p = PL[base + i], w = p > 0.f ? expf(PM[base + i] - m) : 0.f;
+            Wsp[warp][i] = w;
+            l += p * w;
+        }
+        l = warp_sum(l);
+        __syncwarp();
+        const float inv = 1.f / l;
+        float* o = O + (size_t)t * ots + (size_t)h * ohs;
+        for (int d = lane; d < D; d += 32) {
+            float a = 0.f;
+#pragma unroll 8
+            for (int i = 0; i < S_act; i++) a += PO[(base + i) * D + d] * Wsp[warp][i];
+            float v = a * inv;
+            o[d] = v;
+            if (!XQ) continue;
+            float am = fabsf(v);
+#pragma unroll
+            for (int q = 16; q > 0; q >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, q));
+            float dq = am / 127.f;
+            float id = dq > 0.f ? 1.f / dq : 0.f;
+            int c = h * D + d;
+            XQ[(size_t)t * cols + c] = (i8)max(-127, min(127, (int)roundf(v * id)));
+            if (lane == 0) XD[(size_t)t * (cols >> 5) + (c >> 5)] = dq;
+        }
+        __syncwarp();
+    }
 }
 
 #define ATTENTION_MMA_DEC(D)                                                                    \

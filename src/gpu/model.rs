@@ -54,13 +54,13 @@ fn att_tiled_on() -> bool {
     *ON.get_or_init(|| std::env::var("SLUICE_GPU_ATT_TILED").map_or(true, |v| v != "0"))
 }
 
-/// Whether prompt attention over an f16 cache takes the tensor cores (`attention_mma_<D>`,
-/// `SLUICE_GPU_ATT_MMA=1`; otherwise `attention_tiled`, f32 throughout). Opt-in until it has
-/// run on a device: written in session 33, when none was lent (scripts/s33-device-1.sh runs
-/// its tests and the A/B).
+/// Whether prompt attention over an f16 cache takes the tensor cores (`attention_mma_<D>`; on
+/// unless `SLUICE_GPU_ATT_MMA=0`, which keeps `attention_tiled`, f32 throughout). Measured in
+/// session 34 (docs/PERFORMANCE.md): pp512 1.16x, 2.6x and 4.6x `attention_tiled` at depth 0,
+/// 4096 and 16384.
 fn att_mma_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("SLUICE_GPU_ATT_MMA").is_ok_and(|v| v == "1"))
+    *ON.get_or_init(|| std::env::var("SLUICE_GPU_ATT_MMA").map_or(true, |v| v != "0"))
 }
 
 /// Whether flash-decoding over an f16 cache takes the tensor cores with a key/value head's
@@ -1614,6 +1614,7 @@ impl GpuState {
                 && [k.0, v.0].iter().all(|&p| p % 16 == 0);
             if let (Some(i), true) = (dec, self.kv16 == [true, true] && !self.mla && dk == dv) {
                 if dec_ok
+                    && splits <= 64
                     && (1..=16).contains(&group)
                     && heads.is_multiple_of(group)
                     && self.v4.is_none()
