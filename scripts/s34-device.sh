@@ -46,8 +46,8 @@ fi
 R="--gpu on --experts resident"
 lb() { timeout 120 $LBIN -m $M -ngl 99 -p 512 -n $1 $2 -r 1 -o md 2>/dev/null | grep -E "pp512|tg$1" | tr -s ' ' | awk -F'|' '{printf "%s %s;", $(NF-2), $(NF-1)}'; echo; }
 sb() { env ${3:-X=1} timeout 100 $S bench $M -p 512 -n $1 $2 -r 1 --run-flags "$R" > $O/sb.log 2>&1; grep -hE "pp512|tg$1" $O/sb.log | tr -s ' ' | cut -d'|' -f4,5 | tr '\n' ' '; grep -iE "error|panick" $O/sb.log | tail -n 1; echo; }
-for d in ${DEPTHS:-0 4096 16384}; do
-  [ $(( $(date +%s) - T0 )) -gt 500 ] && { el "out of time before depth $d"; break; }
+for d in ${DEPTHS:-0 16384 4096}; do
+  [ $(( $(date +%s) - T0 )) -gt ${BUDGET:-500} ] && { el "out of time before depth $d"; break; }
   n=64; a=""; [ $d = 0 ] || a="-d $d"
   x="SLUICE_GPU_ATT_MMA_DEC=1"; t="SLUICE_GPU_ATT_MMA_DEC=0"
   [ -x $LBIN ] && echo "llama.cpp d$d: $(lb $n "$a")"
