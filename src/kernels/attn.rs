@@ -456,14 +456,16 @@ mod x86 {
         scale: f32,
         out: *mut f32,
     ) {
-        let nv = kb / 8;
+        // Two vectors of 8 keys per tile (kb is a multiple of 16): 4M independent FMA chains
+        // instead of M, so the FMA latency no longer bounds the tile (1.x faster scores).
+        let nv = kb / LANES;
         let mut i = 0;
         while i < qs.len() {
             let m = (qs.len() - i).min(4);
             let q = &qs[i..i + m];
             for v in 0..nv {
-                let k = kt.add(8 * v);
-                let o = out.add(i * kb + 8 * v);
+                let k = kt.add(LANES * v);
+                let o = out.add(i * kb + LANES * v);
                 match m {
                     4 => tile_256::<4>(q, k, hd, kb, scale, o),
                     3 => tile_256::<3>(q, k, hd, kb, scale, o),
@@ -475,9 +477,9 @@ mod x86 {
         }
     }
 
-    /// M queries against one vector of 8 keys.
+    /// M queries against two vectors of 8 keys (16 keys from `kt`).
     /// # Safety
-    /// As `tile_512`, for 8 keys.
+    /// As `tile_512`, for 16 keys.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn tile_256<const M: usize>(
@@ -489,22 +491,29 @@ mod x86 {
         out: *mut f32,
     ) {
         let qp: [*const f32; M] = std::array::from_fn(|r| q[r].as_ptr());
-        let mut s = [_mm256_set1_ps(empty_sum()); M];
+        let mut s = [[_mm256_set1_ps(empty_sum()); 2]; M];
         for l in 0..LANES {
-            let mut p = [_mm256_setzero_ps(); M];
+            let mut p = [[_mm256_setzero_ps(); 2]; M];
             for d in (l..hd).step_by(LANES) {
-                let k = _mm256_loadu_ps(kt.add(d * kb));
+                let k = [
+                    _mm256_loadu_ps(kt.add(d * kb)),
+                    _mm256_loadu_ps(kt.add(d * kb + 8)),
+                ];
                 for r in 0..M {
-                    p[r] = _mm256_fmadd_ps(_mm256_set1_ps(*qp[r].add(d)), k, p[r]);
+                    let b = _mm256_set1_ps(*qp[r].add(d));
+                    p[r][0] = _mm256_fmadd_ps(b, k[0], p[r][0]);
+                    p[r][1] = _mm256_fmadd_ps(b, k[1], p[r][1]);
                 }
             }
             for r in 0..M {
-                s[r] = _mm256_add_ps(s[r], p[r]);
+                s[r][0] = _mm256_add_ps(s[r][0], p[r][0]);
+                s[r][1] = _mm256_add_ps(s[r][1], p[r][1]);
             }
         }
         let sc = _mm256_set1_ps(scale);
         for r in 0..M {
-            _mm256_storeu_ps(out.add(r * kb), _mm256_mul_ps(s[r], sc));
+            _mm256_storeu_ps(out.add(r * kb), _mm256_mul_ps(s[r][0], sc));
+            _mm256_storeu_ps(out.add(r * kb + 8), _mm256_mul_ps(s[r][1], sc));
         }
     }
 
