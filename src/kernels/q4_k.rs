@@ -643,6 +643,24 @@ pub(super) mod x86 {
         _mm256_set1_epi64x(std::ptr::read_unaligned(p as *const i64))
     }
 
+    /// `scales_mins_u64` of two blocks at once (`scales_mins_x4`'s word operations on AVX2):
+    /// 128-bit lane L of `v` holds a block's first 16 bytes (d, dmin, scales[12]); lane L of the
+    /// result holds [sc u64, m u64] of it.
+    ///
+    /// # Safety
+    /// AVX2.
+    #[inline(always)]
+    unsafe fn scales_mins_x2(v: __m256i) -> __m256i {
+        // Dwords per lane: v = [dd, a, b, c]; x = [a, c, b, c], y = [a, a, b, b].
+        let x = _mm256_shuffle_epi32::<0b11_10_11_01>(v);
+        let y = _mm256_shuffle_epi32::<0b10_10_01_01>(v);
+        let lo = _mm256_and_si256(x, _mm256_set1_epi32(0x3F3F_3F3F));
+        let sh = _mm256_setr_epi32(0, 0, 0, 4, 0, 0, 0, 4);
+        let c4 = _mm256_and_si256(_mm256_srlv_epi32(x, sh), _mm256_set1_epi32(0x0F0F_0F0F));
+        let top = _mm256_and_si256(_mm256_srli_epi32::<2>(y), _mm256_set1_epi32(0x3030_3030));
+        _mm256_blend_epi32::<0b1010_1010>(lo, _mm256_or_si256(c4, top))
+    }
+
     /// 8 weight rows x `T` (1..=4) activation rows (`out[t]` for t >= T is not written). Per
     /// block, each group of four weight rows is
     /// transposed in 8-byte words so that a register holds the same 8 positions of four rows
@@ -674,19 +692,24 @@ pub(super) mod x86 {
         let pf = if prefetch_distance() == 0 { 0 } else { 8 * rb };
         for i in 0..nb {
             let blk = |r: usize| w.add(r * rb + i * BB);
-            let mut sc = [0u64; 8];
-            let mut mn = [0u64; 8];
             let mut dh = [0u16; 8];
             let mut mh = [0u16; 8];
             for r in 0..8 {
                 let b = blk(r);
                 prefetch(b, pf, BB);
-                let (s, m) = scales_mins_u64(std::slice::from_raw_parts(b.add(4), 12));
-                sc[r] = s;
-                mn[r] = m;
                 dh[r] = std::ptr::read_unaligned(b as *const u16);
                 mh[r] = std::ptr::read_unaligned(b.add(2) as *const u16);
             }
+            // Rows (r, r + 1)'s scales and mins, [sc, m] per 128-bit lane (`scales_mins_x2`).
+            let head = |r: usize| _mm_loadu_si128(blk(r) as *const __m128i);
+            let pair = |r: usize| {
+                scales_mins_x2(_mm256_inserti128_si256(
+                    _mm256_castsi128_si256(head(r)),
+                    head(r + 1),
+                    1,
+                ))
+            };
+            let scm = [pair(0), pair(2), pair(4), pair(6)];
             let ab: [&BlockQ8K; 4] = std::array::from_fn(|t| &*a[t].add(i));
             // Per token: the sums of each 32 (`bsum32`, |.| <= 32 * 127), in both 128-bit lanes.
             let bp: [__m256i; 4] = std::array::from_fn(|t| {
@@ -699,12 +722,10 @@ pub(super) mod x86 {
             let dm = _mm256_cvtph_ps(_mm_loadu_si128(mh.as_ptr() as *const __m128i));
             for (q, acc) in acc.iter_mut().enumerate() {
                 let r0 = 4 * q;
-                let sq = _mm256_setr_epi64x(
-                    sc[r0] as i64,
-                    sc[r0 + 1] as i64,
-                    sc[r0 + 2] as i64,
-                    sc[r0 + 3] as i64,
-                );
+                // [sc r0, sc r1, sc r2, sc r3] and, per 128-bit half, mins (r0, r2) | (r1, r3).
+                let (sa, sb) = (scm[2 * q], scm[2 * q + 1]);
+                let sq = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_unpacklo_epi64(sa, sb));
+                let mins = _mm256_unpackhi_epi64(sa, sb);
                 let mut s32 = [_mm256_setzero_si256(); 4];
                 for k in 0..4 {
                     let raw = transpose_q(std::array::from_fn(|j| {
@@ -746,8 +767,8 @@ pub(super) mod x86 {
                     _mm256_hadd_epi32(s32[2], s32[3]),
                 ];
                 // Mins of rows (0, 2) and (1, 3) of the group, one row per 128-bit lane.
-                let ma = _mm256_cvtepu8_epi16(_mm_set_epi64x(mn[r0 + 2] as i64, mn[r0] as i64));
-                let mb = _mm256_cvtepu8_epi16(_mm_set_epi64x(mn[r0 + 3] as i64, mn[r0 + 1] as i64));
+                let ma = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(mins));
+                let mb = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(mins, 1));
                 let hm = |t: usize| {
                     _mm256_hadd_epi32(_mm256_madd_epi16(ma, bp[t]), _mm256_madd_epi16(mb, bp[t]))
                 };
