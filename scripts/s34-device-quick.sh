@@ -18,7 +18,7 @@ grep -E "attention_mma|f16 cache|test result|panicked" $O/new.log | head -30
 wait $SY; el synth
 R="--gpu on --experts resident"
 sb() { env $3 timeout 60 $S bench $M -p 512 -n $1 $2 -r 1 --run-flags "$R" > $O/sb.log 2>&1; grep -hE "pp512|tg$1" $O/sb.log | tr -s ' ' | cut -d'|' -f4,5 | tr '\n' ' '; grep -iE "error|panick" $O/sb.log | tail -n 1; echo; }
-for d in 0 16384; do
+for d in 16384 0; do
   a=""; [ $d = 0 ] || a="-d $d"
   for e in 1 0 0 1; do echo "sluice dec-mma=$e d$d: $(sb 64 "$a" SLUICE_GPU_ATT_MMA_DEC=$e)"; done
   el "depth $d"
