@@ -105,22 +105,7 @@ __device__ __forceinline__ void attention_mma_body(const float* Q, int qts, int 
     const float sl2 = scale * 1.4426950408889634f;  // scores in log2 units
     for (int k0 = 0; k0 < kend; k0 += MK) {
         __syncthreads();  // the previous tile's readers are done
-        // The loads as measured on the device in session 34 (kv_tile_f16, which issues them
-        // together, is used by the decode kernel; not yet run here).
-        constexpr int C4 = D / 4;  // float4 columns per row
-#pragma unroll 4
-        for (int i = tid; i < MK * C4; i += 128) {
-            int r = i / C4, c = i % C4, j = k0 + r;
-            float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
-            if (j < kend) {
-                a = ((const float4*)(K + (size_t)j * ks + (size_t)kvh * khs))[c];
-                b = ((const float4*)(V + (size_t)j * vs + (size_t)kvh * vhs))[c];
-            }
-            uint2 ka = make_uint2(pack_h2(a.x, a.y), pack_h2(a.z, a.w));
-            uint2 vb = make_uint2(pack_h2(b.x, b.y), pack_h2(b.z, b.w));
-            *(uint2*)(Ks + r * SR + 4 * c) = ka;
-            *(uint2*)(Vs + r * SR + 4 * c) = vb;
-        }
+        kv_tile_f16<D, SR>(K + (size_t)kvh * khs, ks, V + (size_t)kvh * vhs, vs, k0, kend, Ks, Vs);
         __syncthreads();
         if (k0 > wlast) continue;  // every key of the tile is after this warp's queries
         // S = Q K^T: 8 fragments of 16 queries x 8 keys.

@@ -64,11 +64,16 @@ fn att_mma_on() -> bool {
 }
 
 /// Whether flash-decoding over an f16 cache takes the tensor cores with a key/value head's
-/// query heads in one block (`attention_mma_dec_<D>`, `SLUICE_GPU_ATT_MMA_DEC=1`; otherwise
-/// `attention_split_merge`). Opt-in until measured on a device (session 34).
-fn att_mma_dec_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("SLUICE_GPU_ATT_MMA_DEC").is_ok_and(|v| v == "1"))
+/// query heads in one block (`attention_mma_dec_<D>`) for a state of `ctx` positions:
+/// `SLUICE_GPU_ATT_MMA_DEC=1` / `=0` force it on / off; by default it is on for contexts of at
+/// least 8192. Measured in session 34 (H100, docs/PERFORMANCE.md): tg64 at depth 16384 1.34x
+/// `attention_split_merge`, at depth 0 0.93x (too few keys per split to fill the GPU with a
+/// block per group). The decode graph is captured for every position, so the choice follows
+/// the context a state is made for, not the position.
+fn att_mma_dec_on(ctx: usize) -> bool {
+    static ON: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    ON.get_or_init(|| std::env::var("SLUICE_GPU_ATT_MMA_DEC").ok().map(|v| v != "0"))
+        .unwrap_or(ctx >= 8192)
 }
 
 /// Which sides of the GPU's KV cache hold f16 numbers for a state whose cache types are `kv`:
@@ -1618,7 +1623,7 @@ impl GpuState {
                     && (1..=16).contains(&group)
                     && heads.is_multiple_of(group)
                     && self.v4.is_none()
-                    && att_mma_dec_on()
+                    && att_mma_dec_on(ctx)
                 {
                     let q8 = self.fused && dv.is_multiple_of(32) && o.2 == dv && o.1 == heads * dv;
                     let (xq, xd) = if q8 {
