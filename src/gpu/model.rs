@@ -56,8 +56,8 @@ fn att_tiled_on() -> bool {
 
 /// Whether prompt attention over an f16 cache takes the tensor cores (`attention_mma_<D>`; on
 /// unless `SLUICE_GPU_ATT_MMA=0`, which keeps `attention_tiled`, f32 throughout). Measured in
-/// session 34 (docs/PERFORMANCE.md): pp512 1.16x, 2.6x and 4.6x `attention_tiled` at depth 0,
-/// 4096 and 16384.
+/// session 34 (docs/PERFORMANCE.md, H100): pp512 1.18x and 6.1x `attention_tiled` at depth 0 and
+/// 16384, 1.32x and 1.15x llama.cpp's.
 fn att_mma_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("SLUICE_GPU_ATT_MMA").map_or(true, |v| v != "0"))
