@@ -65,6 +65,39 @@ __device__ __forceinline__ void kv_tile_f16(const float* kb, int ks, const float
     }
 }
 
+// One online-softmax step of a warp's rows r0 (accumulator elements 0, 1) and r1 (2, 3) over F
+// score fragments in log2 units, t0 / t1 this thread's maxima of them: the rows' maxima across
+// the quad, the rescale factors of what was summed before (al0, al1), the scores replaced by
+// their exponentials, and this thread's part of each row sum (l0, l1) updated.
+template <int F>
+__device__ __forceinline__ void softmax_step(float (&sc)[F][4], float t0, float t1, float& m0,
+                                             float& m1, float& l0, float& l1, float& al0,
+                                             float& al1) {
+    t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 1));
+    t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 2));
+    t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 1));
+    t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 2));
+    float n0 = fmaxf(m0, t0), n1 = fmaxf(m1, t1);
+    al0 = exp2f(m0 - n0);
+    al1 = exp2f(m1 - n1);
+    m0 = n0;
+    m1 = n1;
+    float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+    for (int f = 0; f < F; f++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            float a = exp2f(sc[f][e] - n0), b = exp2f(sc[f][2 + e] - n1);
+            sc[f][e] = a;
+            sc[f][2 + e] = b;
+            s0 += a;
+            s1 += b;
+        }
+    }
+    l0 = l0 * al0 + s0;  // this lane's part of the row sum (the quad's added at the end)
+    l1 = l1 * al1 + s1;
+}
+
 template <int D>
 __device__ __forceinline__ void attention_mma_body(const float* Q, int qts, int qhs,
                                                    const float* K, int ks, int khs,
@@ -140,29 +173,9 @@ __device__ __forceinline__ void attention_mma_body(const float* Q, int qts, int 
                 t1 = fmaxf(t1, b);
             }
         }
-        t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 1));
-        t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 2));
-        t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 1));
-        t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 2));
         // Key 0 is in every row's first tile, so a row's max is finite from there on.
-        float n0 = fmaxf(m0, t0), n1 = fmaxf(m1, t1);
-        float al0 = exp2f(m0 - n0), al1 = exp2f(m1 - n1);  // 0 on the first tile
-        m0 = n0;
-        m1 = n1;
-        float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-        for (int f = 0; f < MK / 8; f++) {
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                float a = exp2f(sc[f][e] - n0), b = exp2f(sc[f][2 + e] - n1);
-                sc[f][e] = a;
-                sc[f][2 + e] = b;
-                s0 += a;
-                s1 += b;
-            }
-        }
-        l0 = l0 * al0 + s0;  // this lane's part of the row sum (the quad's added at the end)
-        l1 = l1 * al1 + s1;
+        float al0, al1;  // 0 on the first tile
+        softmax_step<MK / 8>(sc, t0, t1, m0, m1, l0, l1, al0, al1);
 #pragma unroll
         for (int d = 0; d < D / 8; d++) {
             o[d][0] *= al0;
@@ -311,29 +324,9 @@ __device__ __forceinline__ void attention_mma_dec_body(
                 t1 = fmaxf(t1, b);
             }
         }
-        t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 1));
-        t0 = fmaxf(t0, __shfl_xor_sync(0xffffffffu, t0, 2));
-        t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 1));
-        t1 = fmaxf(t1, __shfl_xor_sync(0xffffffffu, t1, 2));
         // Key kw < j1 is in this warp's share, so both maxima are finite.
-        float n0 = fmaxf(m0, t0), n1 = fmaxf(m1, t1);
-        float al0 = exp2f(m0 - n0), al1 = exp2f(m1 - n1);  // 0 on the warp's first keys
-        m0 = n0;
-        m1 = n1;
-        float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-        for (int f = 0; f < 2; f++) {
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                float a = exp2f(sc[f][e] - n0), b = exp2f(sc[f][2 + e] - n1);
-                sc[f][e] = a;
-                sc[f][2 + e] = b;
-                s0 += a;
-                s1 += b;
-            }
-        }
-        l0 = l0 * al0 + s0;
-        l1 = l1 * al1 + s1;
+        float al0, al1;  // 0 on the warp's first keys
+        softmax_step<2>(sc, t0, t1, m0, m1, l0, l1, al0, al1);
         u32 pa[4] = {pack_h2(sc[0][0], sc[0][1]), pack_h2(sc[0][2], sc[0][3]),
                      pack_h2(sc[1][0], sc[1][1]), pack_h2(sc[1][2], sc[1][3])};
         const u16* vrow = Vs + (16 * warp + (lane & 15)) * SR + (lane >> 4) * 8;

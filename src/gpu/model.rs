@@ -72,8 +72,12 @@ fn att_mma_on() -> bool {
 /// the context a state is made for, not the position.
 fn att_mma_dec_on(ctx: usize) -> bool {
     static ON: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    ON.get_or_init(|| std::env::var("SLUICE_GPU_ATT_MMA_DEC").ok().map(|v| v != "0"))
-        .unwrap_or(ctx >= 8192)
+    ON.get_or_init(|| {
+        std::env::var("SLUICE_GPU_ATT_MMA_DEC")
+            .ok()
+            .map(|v| v != "0")
+    })
+    .unwrap_or(ctx >= 8192)
 }
 
 /// Which sides of the GPU's KV cache hold f16 numbers for a state whose cache types are `kv`:
@@ -1583,6 +1587,29 @@ impl GpuState {
         )
     }
 
+    /// The tensor-core attention kernels' index for head size `dk` (`MMA_DIMS`), where they
+    /// apply: an f16 cache on both sides (not MLA, not DeepSeek-V4), dk == dv, Q and O rows
+    /// 8-byte aligned (float2), K and V rows 16-byte aligned (float4).
+    fn mma_kernel(
+        &self,
+        dk: usize,
+        dv: usize,
+        q: (u64, usize, usize),
+        k: (u64, usize, usize),
+        v: (u64, usize, usize),
+        o: (u64, usize, usize),
+    ) -> Option<usize> {
+        let aligned = [q.1, q.2, o.1, o.2].iter().all(|&x| x % 2 == 0)
+            && [k.1, k.2, v.1, v.2].iter().all(|&x| x % 4 == 0)
+            && [q.0, o.0].iter().all(|&p| p % 8 == 0)
+            && [k.0, v.0].iter().all(|&p| p % 16 == 0);
+        let f16 = self.kv16 == [true, true] && !self.mla && self.v4.is_none();
+        MMA_DIMS
+            .iter()
+            .position(|&d| d == dk)
+            .filter(|_| f16 && dk == dv && aligned)
+    }
+
     /// Attention of tokens 0..n (row i at device position + `padd` + i), in chunks of
     /// `att_rows` tokens.
     #[allow(clippy::too_many_arguments)]
@@ -1611,60 +1638,66 @@ impl GpuState {
                 .iter()
                 .all(|&x| x % 4 == 0)
                 && [q.0, k.0, v.0].iter().all(|&p| p % 16 == 0);
+            // The merging kernels' arguments: q, k, v, [dk, dv,] group .. done. Each (head,
+            // token)'s last split merges, and quantizes the merged rows when they are the
+            // output projection's packed input (fused path).
+            let q8 = self.fused && dv.is_multiple_of(32) && o.2 == dv && o.1 == heads * dv;
+            let (xq, xd) = if q8 {
+                (self.bufs.xq.ptr, self.bufs.xd.ptr)
+            } else {
+                (0, 0)
+            };
+            let qkv: [Arg; 9] = [
+                q.0.into(),
+                (q.1 as i32).into(),
+                (q.2 as i32).into(),
+                k.0.into(),
+                (k.1 as i32).into(),
+                (k.2 as i32).into(),
+                v.0.into(),
+                (v.1 as i32).into(),
+                (v.2 as i32).into(),
+            ];
+            let rest: [Arg; 14] = [
+                (group as i32).into(),
+                self.bufs.pos.ptr.into(),
+                padd.into(),
+                scale.into(),
+                (chunk as i32).into(),
+                self.bufs.pm.ptr.into(),
+                self.bufs.pl.ptr.into(),
+                self.bufs.po.ptr.into(),
+                o.0.into(),
+                (o.1 as i32).into(),
+                (o.2 as i32).into(),
+                xq.into(),
+                xd.into(),
+                self.bufs.done.at(4).into(),
+            ];
+            let with_dims: [Arg; 25] = std::array::from_fn(|i| match i {
+                0..9 => qkv[i],
+                9 => (dk as i32).into(),
+                10 => (dv as i32).into(),
+                _ => rest[i - 11],
+            });
+            let merging =
+                |f: Kernel, grid: (u32, u32, u32), block: u32, shm: usize, args: &[Arg]| {
+                    self.gpu
+                        .launch(f, grid, block, shm as u32, Stream::Compute, args)?;
+                    self.xq_src.set(q8.then_some((o.0, o.1, n, o.1)));
+                    Ok(())
+                };
             // An f16 cache: the group's query heads as the tensor cores' rows (kernels_mma.cu).
-            let dec = MMA_DIMS.iter().position(|&d| d == dk);
-            let dec_ok = [q.1, q.2, o.1, o.2].iter().all(|&x| x % 2 == 0)
-                && [k.1, k.2, v.1, v.2].iter().all(|&x| x % 4 == 0)
-                && q.0 % 8 == 0
-                && [k.0, v.0].iter().all(|&p| p % 16 == 0);
-            if let (Some(i), true) = (dec, self.kv16 == [true, true] && !self.mla && dk == dv) {
-                if dec_ok
-                    && splits <= 64
+            if let Some(i) = self.mma_kernel(dk, dv, q, k, v, o) {
+                if splits <= 64
                     && (1..=16).contains(&group)
                     && heads.is_multiple_of(group)
-                    && self.v4.is_none()
                     && att_mma_dec_on(ctx)
                 {
-                    let q8 = self.fused && dv.is_multiple_of(32) && o.2 == dv && o.1 == heads * dv;
-                    let (xq, xd) = if q8 {
-                        (self.bufs.xq.ptr, self.bufs.xd.ptr)
-                    } else {
-                        (0, 0)
-                    };
-                    self.gpu.launch(
-                        self.small.att_mma_dec[i],
-                        ((heads / group) as u32, n as u32, splits as u32),
-                        128,
-                        0,
-                        Stream::Compute,
-                        &[
-                            q.0.into(),
-                            (q.1 as i32).into(),
-                            (q.2 as i32).into(),
-                            k.0.into(),
-                            (k.1 as i32).into(),
-                            (k.2 as i32).into(),
-                            v.0.into(),
-                            (v.1 as i32).into(),
-                            (v.2 as i32).into(),
-                            (group as i32).into(),
-                            self.bufs.pos.ptr.into(),
-                            padd.into(),
-                            scale.into(),
-                            (chunk as i32).into(),
-                            self.bufs.pm.ptr.into(),
-                            self.bufs.pl.ptr.into(),
-                            self.bufs.po.ptr.into(),
-                            o.0.into(),
-                            (o.1 as i32).into(),
-                            (o.2 as i32).into(),
-                            xq.into(),
-                            xd.into(),
-                            self.bufs.done.at(4).into(),
-                        ],
-                    )?;
-                    self.xq_src.set(q8.then_some((o.0, o.1, n, o.1)));
-                    return Ok(());
+                    let args: [Arg; 23] =
+                        std::array::from_fn(|i| if i < 9 { qkv[i] } else { rest[i - 9] });
+                    let grid = ((heads / group) as u32, n as u32, splits as u32);
+                    return merging(self.small.att_mma_dec[i], grid, 128, 0, &args);
                 }
             }
             if (2..=8).contains(&group)
@@ -1675,94 +1708,18 @@ impl GpuState {
                 && heads.is_multiple_of(group)
                 && att_group_on()
             {
-                let q8 = self.fused && dv.is_multiple_of(32) && o.2 == dv && o.1 == heads * dv;
-                let (xq, xd) = if q8 {
-                    (self.bufs.xq.ptr, self.bufs.xd.ptr)
-                } else {
-                    (0, 0)
-                };
-                self.gpu.launch(
-                    self.small.att_group,
-                    ((heads / group) as u32, n as u32, splits as u32),
-                    256,
-                    group_shm as u32,
-                    Stream::Compute,
-                    &[
-                        q.0.into(),
-                        (q.1 as i32).into(),
-                        (q.2 as i32).into(),
-                        k.0.into(),
-                        (k.1 as i32).into(),
-                        (k.2 as i32).into(),
-                        v.0.into(),
-                        (v.1 as i32).into(),
-                        (v.2 as i32).into(),
-                        (dk as i32).into(),
-                        (dv as i32).into(),
-                        (group as i32).into(),
-                        self.bufs.pos.ptr.into(),
-                        padd.into(),
-                        scale.into(),
-                        (chunk as i32).into(),
-                        self.bufs.pm.ptr.into(),
-                        self.bufs.pl.ptr.into(),
-                        self.bufs.po.ptr.into(),
-                        o.0.into(),
-                        (o.1 as i32).into(),
-                        (o.2 as i32).into(),
-                        xq.into(),
-                        xd.into(),
-                        self.bufs.done.at(4).into(),
-                    ],
-                )?;
-                self.xq_src.set(q8.then_some((o.0, o.1, n, o.1)));
-                return Ok(());
+                let grid = ((heads / group) as u32, n as u32, splits as u32);
+                return merging(self.small.att_group, grid, 256, group_shm, &with_dims);
             }
             if self.fused {
-                // One launch: each (head, token)'s last split merges them, and quantizes the
-                // merged rows when they are the output projection's packed input.
-                let q8 = dv.is_multiple_of(32) && o.2 == dv && o.1 == heads * dv;
-                let (xq, xd) = if q8 {
-                    (self.bufs.xq.ptr, self.bufs.xd.ptr)
-                } else {
-                    (0, 0)
-                };
-                self.gpu.launch(
+                let grid = (heads as u32, n as u32, splits as u32);
+                return merging(
                     self.small.att_split_merge,
-                    (heads as u32, n as u32, splits as u32),
+                    grid,
                     128,
-                    (4 * (dk + chunk)) as u32,
-                    Stream::Compute,
-                    &[
-                        q.0.into(),
-                        (q.1 as i32).into(),
-                        (q.2 as i32).into(),
-                        k.0.into(),
-                        (k.1 as i32).into(),
-                        (k.2 as i32).into(),
-                        v.0.into(),
-                        (v.1 as i32).into(),
-                        (v.2 as i32).into(),
-                        (dk as i32).into(),
-                        (dv as i32).into(),
-                        (group as i32).into(),
-                        self.bufs.pos.ptr.into(),
-                        padd.into(),
-                        scale.into(),
-                        (chunk as i32).into(),
-                        self.bufs.pm.ptr.into(),
-                        self.bufs.pl.ptr.into(),
-                        self.bufs.po.ptr.into(),
-                        o.0.into(),
-                        (o.1 as i32).into(),
-                        (o.2 as i32).into(),
-                        xq.into(),
-                        xd.into(),
-                        self.bufs.done.at(4).into(),
-                    ],
-                )?;
-                self.xq_src.set(q8.then_some((o.0, o.1, n, o.1)));
-                return Ok(());
+                    4 * (dk + chunk),
+                    &with_dims,
+                );
             }
             self.launch(
                 self.small.att_split,
@@ -1810,39 +1767,32 @@ impl GpuState {
         }
         // Prompt attention over an f16 cache (keys and values f16 numbers): the tensor cores,
         // 64 queries per block (kernels_mma.cu).
-        let mma = MMA_DIMS.iter().position(|&d| d == dk);
-        let mma_ok = [q.1, q.2, o.1, o.2].iter().all(|&x| x % 2 == 0)
-            && [k.1, k.2, v.1, v.2].iter().all(|&x| x % 4 == 0)
-            && [q.0, o.0].iter().all(|&p| p % 8 == 0)
-            && [k.0, v.0].iter().all(|&p| p % 16 == 0);
-        if let (Some(i), true) = (mma, self.kv16 == [true, true] && !self.mla && dk == dv) {
-            if mma_ok && self.v4.is_none() && att_mma_on() {
-                return self.launch(
-                    self.small.att_mma[i],
-                    (heads as u32, n.div_ceil(64) as u32, 1),
-                    128,
-                    0,
-                    &[
-                        q.0.into(),
-                        (q.1 as i32).into(),
-                        (q.2 as i32).into(),
-                        k.0.into(),
-                        (k.1 as i32).into(),
-                        (k.2 as i32).into(),
-                        v.0.into(),
-                        (v.1 as i32).into(),
-                        (v.2 as i32).into(),
-                        (group as i32).into(),
-                        self.bufs.pos.ptr.into(),
-                        padd.into(),
-                        scale.into(),
-                        (n as i32).into(),
-                        o.0.into(),
-                        (o.1 as i32).into(),
-                        (o.2 as i32).into(),
-                    ],
-                );
-            }
+        if let Some(i) = self.mma_kernel(dk, dv, q, k, v, o).filter(|_| att_mma_on()) {
+            return self.launch(
+                self.small.att_mma[i],
+                (heads as u32, n.div_ceil(64) as u32, 1),
+                128,
+                0,
+                &[
+                    q.0.into(),
+                    (q.1 as i32).into(),
+                    (q.2 as i32).into(),
+                    k.0.into(),
+                    (k.1 as i32).into(),
+                    (k.2 as i32).into(),
+                    v.0.into(),
+                    (v.1 as i32).into(),
+                    (v.2 as i32).into(),
+                    (group as i32).into(),
+                    self.bufs.pos.ptr.into(),
+                    padd.into(),
+                    scale.into(),
+                    (n as i32).into(),
+                    o.0.into(),
+                    (o.1 as i32).into(),
+                    (o.2 as i32).into(),
+                ],
+            );
         }
         // Prompt attention: 32 queries per block through shared-memory key/value tiles
         // (`attention_tiled`, ~10x less L2 traffic than a block per query) where its shared
@@ -3197,6 +3147,30 @@ pub mod check {
         download_f32(&gpu, &yd, ids.len() * cols)
     }
 
+    /// The tensor-core kernel `<name>_<d>` on a fresh context, with q, k, v and the position
+    /// `pos0` uploaded.
+    fn mma_inputs(
+        name: &str,
+        d: usize,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        pos0: usize,
+    ) -> Result<(Gpu, Kernel, [DevBuf; 4]), GpuError> {
+        if !MMA_DIMS.contains(&d) {
+            return Err(GpuError::Config(format!("no {name} for head size {d}")));
+        }
+        let gpu = Gpu::open()?;
+        let f = gpu.function(&format!("{name}_{d}"))?;
+        let bufs = [
+            upload_new(&gpu, &f32_bytes(q))?,
+            upload_new(&gpu, &f32_bytes(k))?,
+            upload_new(&gpu, &f32_bytes(v))?,
+            upload_new(&gpu, &(pos0 as i32).to_le_bytes())?,
+        ];
+        Ok((gpu, f, bufs))
+    }
+
     /// Flash-decoding on the tensor cores (`attention_mma_dec_<d>`): `n` tokens (rows of heads
     /// x d) at positions `pos0 ..`, token t over keys and values 0 ..= pos0 + t (rows of
     /// kv_heads x d, f16 numbers) in `splits` splits of at most `chunk` positions (the kernel's
@@ -3214,17 +3188,8 @@ pub mod check {
         splits: usize,
         chunk: usize,
     ) -> Result<Vec<f32>, GpuError> {
-        let i = MMA_DIMS
-            .iter()
-            .position(|&x| x == d)
-            .ok_or_else(|| GpuError::Config(format!("no attention_mma_dec for head size {d}")))?;
-        let gpu = Gpu::open()?;
-        let f = gpu.function(&format!("attention_mma_dec_{}", MMA_DIMS[i]))?;
+        let (gpu, f, [qb, kb, vb, pb]) = mma_inputs("attention_mma_dec", d, q, k, v, pos0)?;
         let (qd, kvd) = (heads * d, kv_heads * d);
-        let qb = upload_new(&gpu, &f32_bytes(q))?;
-        let kb = upload_new(&gpu, &f32_bytes(k))?;
-        let vb = upload_new(&gpu, &f32_bytes(v))?;
-        let pb = upload_new(&gpu, &(pos0 as i32).to_le_bytes())?;
         let parts = n * heads * splits;
         let pm = gpu.alloc(4 * parts)?;
         let pl = gpu.alloc(4 * parts)?;
@@ -3279,17 +3244,8 @@ pub mod check {
         kv_heads: usize,
         d: usize,
     ) -> Result<Vec<f32>, GpuError> {
-        let i = MMA_DIMS
-            .iter()
-            .position(|&x| x == d)
-            .ok_or_else(|| GpuError::Config(format!("no attention_mma for head size {d}")))?;
-        let gpu = Gpu::open()?;
-        let f = gpu.function(&format!("attention_mma_{}", MMA_DIMS[i]))?;
+        let (gpu, f, [qb, kb, vb, pb]) = mma_inputs("attention_mma", d, q, k, v, pos0)?;
         let (qd, kvd) = (heads * d, kv_heads * d);
-        let qb = upload_new(&gpu, &f32_bytes(q))?;
-        let kb = upload_new(&gpu, &f32_bytes(k))?;
-        let vb = upload_new(&gpu, &f32_bytes(v))?;
-        let pb = upload_new(&gpu, &(pos0 as i32).to_le_bytes())?;
         let ob = gpu.alloc(4 * n * qd)?;
         gpu.launch(
             f,
