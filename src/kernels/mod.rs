@@ -108,6 +108,22 @@ pub struct Dot4Kernels {
 /// t < a.len() (the other rows of `out` are left as they were).
 pub type TileFn = fn(w: &[u8], rb: usize, a: &[ActRow<'_>], out: &mut [[f32; 8]; 8]);
 
+/// A tile's result by `dot` one row and activation row at a time (a tile entry's fallback where
+/// its instruction set is missing; `dot` the type's scalar dot, so the bits are the same).
+pub(crate) fn tile_by_dots(
+    w: &[u8],
+    rb: usize,
+    a: &[ActRow<'_>],
+    out: &mut [[f32; 8]; 8],
+    dot: fn(&[u8], &ActRow<'_>) -> f32,
+) {
+    for (o, t) in out.iter_mut().zip(a) {
+        for (r, o) in o.iter_mut().enumerate() {
+            *o = dot(&w[r * rb..(r + 1) * rb], t);
+        }
+    }
+}
+
 /// A type's 8-row x 8-token tile kernels per ISA (prefill: each weight block is unpacked once
 /// for up to eight tokens and each activation block loaded once for several rows). Each must give,
 /// per output, exactly the bits of the same ISA's single-row dot.

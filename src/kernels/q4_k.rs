@@ -250,12 +250,7 @@ pub(super) mod x86 {
             w.len()
         );
         if !Isa::Avx2.supported() {
-            for (o, t) in out.iter_mut().zip(a) {
-                for (r, o) in o.iter_mut().enumerate() {
-                    *o = dot_scalar(&w[r * rb..(r + 1) * rb], t);
-                }
-            }
-            return;
+            return crate::kernels::tile_by_dots(w, rb, a, out, dot_scalar);
         }
         for h in (0..n).step_by(4) {
             let a = &a[h..n.min(h + 4)];

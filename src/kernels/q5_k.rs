@@ -365,12 +365,7 @@ mod x86 {
             w.len()
         );
         if !Isa::Avx512.supported() {
-            for (o, t) in out.iter_mut().zip(a) {
-                for (r, o) in o.iter_mut().enumerate() {
-                    *o = dot_scalar(&w[r * rb..(r + 1) * rb], t);
-                }
-            }
-            return;
+            return crate::kernels::tile_by_dots(w, rb, a, out, dot_scalar);
         }
         let nb = a.iter().map(|a| a.q8k.len()).fold(rb / BB, usize::min);
         // Missing rows point at row 0 (read, never stored).
