@@ -24,6 +24,23 @@
 //! type and an `ActRow` of `n` elements prepared in its `ActFormat`; the dispatcher checks both,
 //! so kernels may index without re-validating.
 
+/// `$f::<T $(, extra)*>(args)` for T = `$n` in 1..=8 (8 for anything larger): a tile kernel
+/// made for each count of activation rows, chosen at run time.
+macro_rules! by_tokens {
+    ($n:expr, $f:ident [$($g:tt)*] ($($arg:expr),* $(,)?)) => {
+        match $n {
+            1 => $f::<1 $($g)*>($($arg),*),
+            2 => $f::<2 $($g)*>($($arg),*),
+            3 => $f::<3 $($g)*>($($arg),*),
+            4 => $f::<4 $($g)*>($($arg),*),
+            5 => $f::<5 $($g)*>($($arg),*),
+            6 => $f::<6 $($g)*>($($arg),*),
+            7 => $f::<7 $($g)*>($($arg),*),
+            _ => $f::<8 $($g)*>($($arg),*),
+        }
+    };
+}
+
 pub mod act;
 pub mod attn;
 pub mod isa;

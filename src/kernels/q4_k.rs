@@ -291,18 +291,7 @@ pub(super) mod x86 {
         let ap: Rows8 = std::array::from_fn(|t| a[if t < n { t } else { 0 }].q8k.as_ptr());
         let (w, o) = (w.as_ptr(), out);
         // SAFETY: AVX-512 F/BW/VL/VNNI present (checked above); lengths as in `tile_avx2`.
-        unsafe {
-            match n {
-                1 => avx512_8x8::<1>(w, rb, ap, nb, o),
-                2 => avx512_8x8::<2>(w, rb, ap, nb, o),
-                3 => avx512_8x8::<3>(w, rb, ap, nb, o),
-                4 => avx512_8x8::<4>(w, rb, ap, nb, o),
-                5 => avx512_8x8::<5>(w, rb, ap, nb, o),
-                6 => avx512_8x8::<6>(w, rb, ap, nb, o),
-                7 => avx512_8x8::<7>(w, rb, ap, nb, o),
-                _ => avx512_8x8::<8>(w, rb, ap, nb, o),
-            }
-        }
+        unsafe { by_tokens!(n, avx512_8x8_k [, false] (w, rb, ap, nb, o)) }
     }
 
     /// Four activation rows against one weight row, bit-identical to four `dot_avx512` calls.
@@ -917,22 +906,7 @@ pub(super) mod x86 {
     /// lanes laid out [t r2L, t r2L+1, u r2L, u r2L+1] per 128-bit lane L for the token pair
     /// (t, u), so every output has `dot_scalar`'s bits.
     ///
-    /// # Safety
-    /// AVX-512 F/BW/VL/VNNI + F16C; rows `w + r * rb` (r < 8) valid for `nb` blocks, each
-    /// `a[t]` for `nb` activation blocks.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn avx512_8x8<const T: usize>(
-        w: *const u8,
-        rb: usize,
-        a: Rows8,
-        nb: usize,
-        out: &mut [[f32; 8]; 8],
-    ) {
-        avx512_8x8_k::<T, false>(w, rb, a, nb, out)
-    }
-
-    /// `avx512_8x8` for Q4_K (`Q5` false: blocks of `BB` bytes, `qs` at 16) or Q5_K (`Q5`:
-    /// blocks of 176 bytes, `qh[32]` at 16 and `qs` at 48). For Q5_K the rows' `qh` is
+    /// For Q4_K (`Q5` false: blocks of `BB` bytes, `qs` at 16) or Q5_K (`Q5`: blocks of 176 bytes, `qh[32]` at 16 and `qs` at 48). For Q5_K the rows' `qh` is
     /// transposed in 8-byte words as `qs` is, and per 32-byte chunk k the low (high) nibbles of
     /// word g gain 16 where bit 2k (2k + 1) of qh's word g is set; with 5-bit codes four words
     /// in one lane could reach 16 * 31 * 127 > 2^15, so each nibble half sums words 0-1 and
@@ -940,7 +914,8 @@ pub(super) mod x86 {
     /// `dpwssd`: the same exact integers.
     ///
     /// # Safety
-    /// As `avx512_8x8`, for blocks of the type's size.
+    /// Rows `w + r * rb` (r < 8) valid for `nb` blocks of the type's size, each `a[t]` for `nb`
+    /// activation blocks; AVX-512 F/BW/VL/VNNI + F16C.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub(in crate::kernels) unsafe fn avx512_8x8_k<const T: usize, const Q5: bool>(
         w: *const u8,

@@ -374,17 +374,6 @@ mod x86 {
         let (w, o) = (w.as_ptr(), out);
         // SAFETY: AVX-512 F/BW/VL/VNNI present (checked above); `w` holds 8 rows of `rb` bytes,
         // each at least `nb` whole blocks, and each activation row at least `nb` blocks.
-        unsafe {
-            match n {
-                1 => avx512_8x8_k::<1, true>(w, rb, ap, nb, o),
-                2 => avx512_8x8_k::<2, true>(w, rb, ap, nb, o),
-                3 => avx512_8x8_k::<3, true>(w, rb, ap, nb, o),
-                4 => avx512_8x8_k::<4, true>(w, rb, ap, nb, o),
-                5 => avx512_8x8_k::<5, true>(w, rb, ap, nb, o),
-                6 => avx512_8x8_k::<6, true>(w, rb, ap, nb, o),
-                7 => avx512_8x8_k::<7, true>(w, rb, ap, nb, o),
-                _ => avx512_8x8_k::<8, true>(w, rb, ap, nb, o),
-            }
-        }
+        unsafe { by_tokens!(n, avx512_8x8_k [, true] (w, rb, ap, nb, o)) }
     }
 }

@@ -407,18 +407,7 @@ mod x86 {
         // SAFETY: AVX-512 F/BW/VL/VNNI/DQ present (checked above); `w` holds 8 rows of `rb`
         // bytes, each at least `nb` whole blocks, every activation row's slices `nb` blocks,
         // and 8 * rb fits the i32 gather offsets (asserted).
-        unsafe {
-            match n {
-                1 => avx512_8x8::<1>(w, rb, ap, nb, o),
-                2 => avx512_8x8::<2>(w, rb, ap, nb, o),
-                3 => avx512_8x8::<3>(w, rb, ap, nb, o),
-                4 => avx512_8x8::<4>(w, rb, ap, nb, o),
-                5 => avx512_8x8::<5>(w, rb, ap, nb, o),
-                6 => avx512_8x8::<6>(w, rb, ap, nb, o),
-                7 => avx512_8x8::<7>(w, rb, ap, nb, o),
-                _ => avx512_8x8::<8>(w, rb, ap, nb, o),
-            }
-        }
+        unsafe { by_tokens!(n, avx512_8x8 [] (w, rb, ap, nb, o)) }
     }
 
     /// 8 weight rows x `T` (1..=8) activation rows, block by block: the eight rows' 32 bytes
