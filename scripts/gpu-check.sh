@@ -6,6 +6,7 @@
 #   cargo build --release --features cuda
 #   cargo test --release --features cuda --no-run --test gpu   # prints the test binary path
 #   mkdir -p .devrun && cp target/release/sluice .devrun/sluice && cp <that path> .devrun/gpu-tests
+#   (optionally tests/gpu_types.rs's binary as .devrun/gpu-types: its ignored bandwidth report)
 #   strip .devrun/*
 # On the GPU machine, from the repository root:
 #   scripts/gpu-check.sh [.devrun] [OUTDIR]
@@ -20,6 +21,10 @@ timeout 400 "$BIN/gpu-tests" --test-threads=1 --nocapture > "$OUTDIR/tests.log" 
 echo "tests exit $?"
 grep -E "^test |test result|panicked" "$OUTDIR/tests.log"
 grep -E "worst|placements|KL" "$OUTDIR/tests.log" | head -40
+if [ -x "$BIN/gpu-types" ]; then
+  echo "== matvec bandwidth per GPU type (tests/gpu_types.rs, ignored in cargo test)"
+  timeout 120 "$BIN/gpu-types" --ignored gpu_types_bandwidth_report --nocapture 2>&1 | grep -vE "^$|running|test result"
+fi
 echo "== benchmark"
 M=/tmp/gpu-bench-model.gguf
 [ -f $M ] || "$BIN/sluice" synth $M --preset qwen3-30b-a3b --layers 8 --quant q4_k --skew 1.0 > "$OUTDIR/synth.log" 2>&1

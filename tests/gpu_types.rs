@@ -656,7 +656,7 @@ fn gpu_runs_every_type_end_to_end_like_cpu() {
 /// and, where the type has one, the dp4a kernel the backend uses) on a matrix of ~512 MiB (far
 /// beyond L2), beside the device's copy bandwidth in the same run. Asserts nothing about speed.
 #[test]
-#[ignore = "GPU benchmark, no assertion: run on the device with --ignored --nocapture (scripts/gpu-check.sh style)"]
+#[ignore = "GPU benchmark, no assertion: scripts/gpu-check.sh runs it on the device (--ignored --nocapture)"]
 fn gpu_types_bandwidth_report() {
     if !gpu_or_skip("gpu_types_bandwidth_report") {
         return;
