@@ -205,7 +205,7 @@ fn tile_dots_equal_single_row_dots() {
             acts.prepare(fmt);
             let all: Vec<_> = (0..8).map(|t| acts.row(t)).collect();
             // Every token count a tile takes (1..=8): the first n rows of `got` are written.
-            for n in [1usize, 3, 4, 5, 8] {
+            for n in 1usize..=8 {
                 let rows = &all[..n];
                 let mut got = [[f32::NAN; 8]; 8];
                 tile(&w, rb, rows, &mut got);

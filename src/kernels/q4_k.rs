@@ -252,25 +252,14 @@ pub(super) mod x86 {
         if !Isa::Avx2.supported() {
             return crate::kernels::tile_by_dots(w, rb, a, out, dot_scalar);
         }
-        for h in (0..n).step_by(4) {
-            let a = &a[h..n.min(h + 4)];
-            let n = a.len();
-            let nb = a.iter().map(|a| a.q8k.len()).fold(rb / BB, usize::min);
-            // Missing rows point at row 0 (read, never stored).
-            let ap: Rows4 = std::array::from_fn(|t| a[if t < n { t } else { 0 }].q8k.as_ptr());
-            let mut o = [[0.0f32; 8]; 4];
-            let wp = w.as_ptr();
-            // SAFETY: AVX2/FMA/F16C present (checked above); `w` holds 8 rows of `rb` bytes,
-            // each at least `nb` whole blocks, and each activation row at least `nb` blocks.
-            unsafe {
-                match n {
-                    1 => avx2_8x4::<1>(wp, rb, ap, nb, &mut o),
-                    2 => avx2_8x4::<2>(wp, rb, ap, nb, &mut o),
-                    3 => avx2_8x4::<3>(wp, rb, ap, nb, &mut o),
-                    _ => avx2_8x4::<4>(wp, rb, ap, nb, &mut o),
-                }
-            }
-            out[h..h + n].copy_from_slice(&o[..n]);
+        let nb = a.iter().map(|a| a.q8k.len()).fold(rb / BB, usize::min);
+        // Missing rows point at row 0 (read, never stored).
+        let ap: Rows8 = std::array::from_fn(|t| a[if t < n { t } else { 0 }].q8k.as_ptr());
+        let wp = w.as_ptr();
+        // SAFETY: AVX2/FMA/F16C present (checked above); `w` holds 8 rows of `rb` bytes,
+        // each at least `nb` whole blocks, and each activation row at least `nb` blocks.
+        unsafe {
+            by_tokens!(n, avx2_8x8 [] (wp, rb, ap, nb, out))
         }
     }
 
@@ -645,14 +634,15 @@ pub(super) mod x86 {
         _mm256_blend_epi32::<0b1010_1010>(lo, _mm256_or_si256(c4, top))
     }
 
-    /// 8 weight rows x `T` (1..=4) activation rows (`out[t]` for t >= T is not written). Per
+    /// 8 weight rows x `T` (1..=8) activation rows (`out[t]` for t >= T is not written). Per
     /// block, each group of four weight rows is
     /// transposed in 8-byte words so that a register holds the same 8 positions of four rows
     /// (i16 lanes 0..4, 4..8, 8..12, 12..16 after `maddubs`: rows 0, 1, 2, 3) and each
     /// activation's 8 bytes are broadcast against it: the four 8-byte groups of a 32-element
     /// sub-block then add in i16 (each lane 8 products, |.| <= 8 * 15 * 127 < 2^15) and one
     /// `madd` applies the four rows' scales. Each weight register serves four activation rows
-    /// and each broadcast two row groups. The per-block integers are `dot_scalar`'s isum and
+    /// and each broadcast two row groups (the transposes and nibbles of a block are made once
+    /// for all eight). The per-block integers are `dot_scalar`'s isum and
     /// msum exactly; the float operations are its, in its order, on lanes laid out
     /// [t0 r0, t0 r1, t1 r0, t1 r1 | t0 r2, t0 r3, t1 r2, t1 r3] per (row group, token pair), so
     /// every output has `dot_scalar`'s bits.
@@ -661,15 +651,16 @@ pub(super) mod x86 {
     /// AVX2+FMA+F16C; rows `w + r * rb` (r < 8) valid for `nb` blocks, each `a[t]` for `nb`
     /// activation blocks.
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn avx2_8x4<const T: usize>(
+    unsafe fn avx2_8x8<const T: usize>(
         w: *const u8,
         rb: usize,
-        a: Rows4,
+        a: Rows8,
         nb: usize,
-        out: &mut [[f32; 8]; 4],
+        out: &mut [[f32; 8]; 8],
     ) {
         let m4 = _mm256_set1_epi8(0x0F);
-        let mut acc = [[_mm256_setzero_ps(); 2]; 2];
+        // Per row group, per token pair.
+        let mut acc = [[_mm256_setzero_ps(); 4]; 2];
         // The eight rows are read block by block side by side, which hardware prefetchers do
         // not follow (short rows): prefetch the same block of the next eight rows, one tile
         // ahead (off when the prefetch distance is 0).
@@ -694,14 +685,16 @@ pub(super) mod x86 {
                 ))
             };
             let scm = [pair(0), pair(2), pair(4), pair(6)];
-            let ab: [&BlockQ8K; 4] = std::array::from_fn(|t| &*a[t].add(i));
+            let ab: [&BlockQ8K; 8] = std::array::from_fn(|t| &*a[t].add(i));
             // Per token: the sums of each 32 (`bsum32`, |.| <= 32 * 127), in both 128-bit lanes.
-            let bp: [__m256i; 4] = std::array::from_fn(|t| {
+            let bp = |t: usize| {
                 _mm256_broadcastsi128_si256(
                     _mm_loadu_si128(ab[t].bsum32.as_ptr() as *const __m128i),
                 )
-            });
-            let da = _mm256_castps128_ps256(_mm_setr_ps(ab[0].d, ab[1].d, ab[2].d, ab[3].d));
+            };
+            let da = _mm256_setr_ps(
+                ab[0].d, ab[1].d, ab[2].d, ab[3].d, ab[4].d, ab[5].d, ab[6].d, ab[7].d,
+            );
             let dw = _mm256_cvtph_ps(_mm_loadu_si128(dh.as_ptr() as *const __m128i));
             let dm = _mm256_cvtph_ps(_mm_loadu_si128(mh.as_ptr() as *const __m128i));
             for (q, acc) in acc.iter_mut().enumerate() {
@@ -710,7 +703,7 @@ pub(super) mod x86 {
                 let (sa, sb) = (scm[2 * q], scm[2 * q + 1]);
                 let sq = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_unpacklo_epi64(sa, sb));
                 let mins = _mm256_unpackhi_epi64(sa, sb);
-                let mut s32 = [_mm256_setzero_si256(); 4];
+                let mut s32 = [_mm256_setzero_si256(); 8];
                 for k in 0..4 {
                     let raw = transpose_q(std::array::from_fn(|j| {
                         _mm256_loadu_si256(blk(r0 + j).add(16 + 32 * k) as *const __m256i)
@@ -746,31 +739,27 @@ pub(super) mod x86 {
                     }
                 }
                 // i32 lanes of s32[t]: [r0, r0, r1, r1 | r2, r2, r3, r3].
-                let isum = [
-                    _mm256_hadd_epi32(s32[0], s32[1]),
-                    _mm256_hadd_epi32(s32[2], s32[3]),
-                ];
+                let isum: [__m256i; 4] =
+                    std::array::from_fn(|p| _mm256_hadd_epi32(s32[2 * p], s32[2 * p + 1]));
                 // Mins of rows (0, 2) and (1, 3) of the group, one row per 128-bit lane.
                 let ma = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(mins));
                 let mb = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(mins, 1));
                 let hm = |t: usize| {
-                    _mm256_hadd_epi32(_mm256_madd_epi16(ma, bp[t]), _mm256_madd_epi16(mb, bp[t]))
+                    let b = bp(t);
+                    _mm256_hadd_epi32(_mm256_madd_epi16(ma, b), _mm256_madd_epi16(mb, b))
                 };
-                let msum = [
-                    _mm256_hadd_epi32(hm(0), hm(1)),
-                    _mm256_hadd_epi32(hm(2), hm(3)),
-                ];
                 let ri = |k: i32| r0 as i32 + k;
                 let rows_idx =
                     _mm256_setr_epi32(ri(0), ri(1), ri(0), ri(1), ri(2), ri(3), ri(2), ri(3));
                 let dwq = _mm256_permutevar8x32_ps(dw, rows_idx);
                 let dmq = _mm256_permutevar8x32_ps(dm, rows_idx);
-                for p in 0..2 {
+                for p in 0..T.div_ceil(2) {
+                    let msum = _mm256_hadd_epi32(hm(2 * p), hm(2 * p + 1));
                     let (u, v) = (2 * p as i32, 2 * p as i32 + 1);
                     let dap =
                         _mm256_permutevar8x32_ps(da, _mm256_setr_epi32(u, u, v, v, u, u, v, v));
                     let t1 = _mm256_mul_ps(_mm256_mul_ps(dwq, dap), _mm256_cvtepi32_ps(isum[p]));
-                    let t2 = _mm256_mul_ps(_mm256_mul_ps(dmq, dap), _mm256_cvtepi32_ps(msum[p]));
+                    let t2 = _mm256_mul_ps(_mm256_mul_ps(dmq, dap), _mm256_cvtepi32_ps(msum));
                     acc[p] = _mm256_add_ps(acc[p], _mm256_sub_ps(t1, t2));
                 }
             }
