@@ -1048,7 +1048,8 @@ fn qkv_f16(seed: u64, nq: usize, nkv: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
 /// Tensor-core prompt attention (`attention_mma_<d>`, an f16 cache) against attention computed
 /// here in f64 from the same f16 keys and values: 100 queries at positions 150.. (causal, so
 /// full, partial and masked key tiles), 8 query heads over 2 key/value heads, every head size
-/// it is built for. What the kernel rounds (each query and each probability to f16, as
+/// it is built for, over a cache of f32 words and one stored as f16 (`attention_mma_h_<d>`).
+/// What the kernel rounds (each query and each probability to f16, as
 /// llama.cpp's flash attention) stays within 1e-2 of max|ref|; a fragment-layout mistake is
 /// off by the order of the values themselves.
 #[test]
@@ -1057,15 +1058,18 @@ fn gpu_tensor_core_attention_matches_f64() {
         return;
     }
     let (n, pos0, heads, kvh) = (100usize, 150usize, 8usize, 2usize);
-    for d in [16usize, 32, 64, 128] {
-        let (q, k, v) = qkv_f16(d as u64, n * heads * d, (pos0 + n) * kvh * d);
-        let got = check::attention_mma(&q, &k, &v, n, pos0, heads, kvh, d).unwrap();
-        let (worst, top) = worst_of(&got, &attention_f64(&q, &k, &v, n, pos0, heads, kvh, d));
-        eprintln!("attention_mma_{d}: max|Δ| = {worst:.2e}, max|ref| = {top:.2e}");
-        assert!(
-            worst <= 1e-2 * top,
-            "attention_mma_{d}: max|Δ| {worst:.2e} against max|ref| {top:.2e}"
-        );
+    for half in [false, true] {
+        for d in [16usize, 32, 64, 128] {
+            let (q, k, v) = qkv_f16(d as u64, n * heads * d, (pos0 + n) * kvh * d);
+            let got = check::attention_mma(&q, &k, &v, n, pos0, heads, kvh, d, half).unwrap();
+            let want = attention_f64(&q, &k, &v, n, pos0, heads, kvh, d);
+            let (worst, top) = worst_of(&got, &want);
+            eprintln!("attention_mma_{d} (f16 storage {half}): max|Δ| = {worst:.2e}, max|ref| = {top:.2e}");
+            assert!(
+                worst <= 1e-2 * top,
+                "attention_mma_{d} (f16 storage {half}): max|Δ| {worst:.2e} against max|ref| {top:.2e}"
+            );
+        }
     }
 }
 
@@ -1073,14 +1077,15 @@ fn gpu_tensor_core_attention_matches_f64() {
 /// rows, 16 keys per warp, the warps' and the splits' partials merged) against f64 attention:
 /// 3 tokens at lengths from 1 (one key: a single warp of a single split) through part-filled
 /// and empty splits to 3000 keys over 16 splits, groups of 16, 8, 4 and 1 query heads, both
-/// head sizes; within 1e-2 of max|ref| (queries and probabilities rounded to f16).
+/// head sizes, a cache of f32 words and one stored as f16 (`attention_mma_dec_h_<d>`); within
+/// 1e-2 of max|ref| (queries and probabilities rounded to f16).
 #[test]
 fn gpu_tensor_core_decode_attention_matches_f64() {
     if !gpu_or_skip("gpu_tensor_core_decode_attention_matches_f64") {
         return;
     }
     let n = 3;
-    for d in [64usize, 128] {
+    for (d, half) in [(64usize, false), (128, false), (64, true), (128, true)] {
         for (heads, kvh) in [(16usize, 1usize), (32, 4), (8, 2), (2, 2)] {
             for pos0 in [0usize, 13, 100, 700, 2997] {
                 let (q, k, v) = qkv_f16(
@@ -1089,16 +1094,17 @@ fn gpu_tensor_core_decode_attention_matches_f64() {
                     (pos0 + n) * kvh * d,
                 );
                 let got =
-                    check::attention_mma_dec(&q, &k, &v, n, pos0, heads, kvh, d, 16, 256).unwrap();
+                    check::attention_mma_dec(&q, &k, &v, n, pos0, heads, kvh, d, 16, 256, half)
+                        .unwrap();
                 let want = attention_f64(&q, &k, &v, n, pos0, heads, kvh, d);
                 let (worst, top) = worst_of(&got, &want);
                 assert!(
                     worst <= 1e-2 * top,
-                    "attention_mma_dec_{d}, {heads} heads over {kvh}, position {pos0}: max|Δ| {worst:.2e} against max|ref| {top:.2e}"
+                    "attention_mma_dec_{d} (f16 storage {half}), {heads} heads over {kvh}, position {pos0}: max|Δ| {worst:.2e} against max|ref| {top:.2e}"
                 );
             }
         }
-        eprintln!("attention_mma_dec_{d}: within 1e-2 of max|ref| everywhere");
+        eprintln!("attention_mma_dec_{d} (f16 storage {half}): within 1e-2 of max|ref| everywhere");
     }
 }
 
@@ -1106,8 +1112,9 @@ fn gpu_tensor_core_decode_attention_matches_f64() {
 /// logits with `-ctk f16 -ctv f16` on both, one token per forward (decode kernels, f32
 /// arithmetic over the rounded values: within the f32 bound, 1e-4 of max|ref|, same argmax
 /// everywhere) and in chunks of 64 (the same with `SLUICE_GPU_ATT_MMA=0`: `attention_tiled`).
-/// Prompts take the tensor cores by default, and with `SLUICE_GPU_ATT_MMA_DEC=1`
-/// flash-decoding does; they round each query and probability to
+/// Prompts take the tensor cores by default, and flash-decoding does with
+/// `SLUICE_GPU_ATT_MMA_DEC=1` or where the cache is stored as f16 (the default where the
+/// tensor-core kernels serve every step: `kv_half_storage`); they round each query and probability to
 /// f16: within 1e-2, argmax differences at no more than 2% of positions of these tiny random
 /// models, whose top logits nearly tie).
 #[test]
@@ -1119,7 +1126,8 @@ fn gpu_f16_cache_matches_cpu_f16_cache() {
         k: sluice::kernels::kv::KvType::F16,
         v: sluice::kernels::kv::KvType::F16,
     };
-    let ctx = 320;
+    // A context long enough that the GPU stores the cache as f16 (`kv_half_storage`).
+    let ctx = 4096;
     for f in FAMILIES {
         let d = root().join("tests/fixtures/models").join(f);
         let files = ModelFiles::open(&d).unwrap();
@@ -1147,6 +1155,7 @@ fn gpu_f16_cache_matches_cpu_f16_cache() {
             cfg.io = sluice::experts::IoMode::Buffered;
             st.attach_experts(model.expert_cache(&files, cfg).unwrap());
             let (g, _) = GpuState::attach(&model, &st, &opts(None, Staging::Arena)).unwrap();
+            let half = g.kv_half();
             let mut run = Run { g: Some(g), st };
             let mut gpu = Vec::new();
             let (dev, st) = run.parts();
@@ -1158,12 +1167,14 @@ fn gpu_f16_cache_matches_cpu_f16_cache() {
                 flips += usize::from(!same);
             }
             let env = |v: &str| std::env::var(v).ok();
-            let mma = !mla
-                && (env("SLUICE_GPU_ATT_MMA").is_none_or(|v| v != "0") && batch > 8
-                    || env("SLUICE_GPU_ATT_MMA_DEC").is_some_and(|v| v == "1") && batch <= 8);
+            let mma = half
+                || !mla
+                    && (env("SLUICE_GPU_ATT_MMA").is_none_or(|v| v != "0") && batch > 8
+                        || env("SLUICE_GPU_ATT_MMA_DEC").is_some_and(|v| v == "1") && batch <= 8);
             eprintln!(
-                "{f} f16 cache, batch {batch}{}: gpu vs cpu worst max|Δ|/max|ref| = {worst:.2e}, {flips} argmax differences in {}",
+                "{f} f16 cache, batch {batch}{}{}: gpu vs cpu worst max|Δ|/max|ref| = {worst:.2e}, {flips} argmax differences in {}",
                 if mma { " (tensor cores)" } else { "" },
+                if half { " (stored as f16)" } else { "" },
                 toks.len()
             );
             if mma {

@@ -568,11 +568,12 @@ fn attach(
     };
     let say = Say { quiet: o.quiet };
     say.line(&format!(
-        "[plan] gpu: on, {} ({:.1} GB): dense weights {:.2} GB, KV cache {:.2} GB, scratch {:.2} GB resident in VRAM",
+        "[plan] gpu: on, {} ({:.1} GB): dense weights {:.2} GB, KV cache {:.2} GB{}, scratch {:.2} GB resident in VRAM",
         sum.device,
         gb(sum.vram_total as u64),
         gb(sum.weights_bytes as u64),
         gb(sum.kv_bytes as u64),
+        if sum.kv_half { " (stored as f16)" } else { "" },
         gb(sum.scratch_bytes as u64)
     ));
     say.line(&format!(

@@ -368,7 +368,7 @@ impl Backend for GpuBackend<'_, '_> {
                 src.width
             )));
         }
-        let dst = cache.f(layer * self.g.ctx * cols);
+        let dst = self.g.cache_layer(cache, layer, cols);
         let s = self.at(src)?;
         Ok(self.g.kv_store(s, src.stride, cols, dst, n, h16)?)
     }
@@ -385,8 +385,8 @@ impl Backend for GpuBackend<'_, '_> {
         let (qd, kvd) = (s.heads * hd, s.kv_heads * hd);
         let g = &self.g;
         let (kl, vl) = (
-            g.bufs.kcache.f(layer * g.ctx * kvd),
-            g.bufs.vcache.f(layer * g.ctx * kvd),
+            g.cache_layer(&g.bufs.kcache, layer, kvd),
+            g.cache_layer(&g.bufs.vcache, layer, kvd),
         );
         let padd = self.padd(pos);
         if s.window.is_some() || s.sinks.is_some() {

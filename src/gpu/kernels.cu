@@ -57,6 +57,18 @@ __device__ __forceinline__ float f16r(float x) {
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
     return h2f(h);
 }
+__device__ __forceinline__ u16 f2h(float x) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+}
+// Stores element i of a cache row: f32 (h16 0), f32 rounded to f16 (1) or f16 storage (2).
+__device__ __forceinline__ void cache_put(void* row, int i, float v, int h16) {
+    if (h16 == 2)
+        ((u16*)row)[i] = f2h(v);
+    else
+        ((float*)row)[i] = h16 ? f16r(v) : v;
+}
 __device__ __forceinline__ u16 ld16(const u8* p) { return (u16)(p[0] | (p[1] << 8)); }
 __device__ __forceinline__ u32 ld32(const u8* p) {
     return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
@@ -1337,15 +1349,14 @@ extern "C" __global__ void build_jobs(const int* sel, int n, int k, int E, const
     build_block(sel, n, k, E, etab, jobs, tok, dst, njobs, stat, jsh);
 }
 
-// Cache rows for tokens 0..n at position *pp: Dst[(*pp + t)*cols + c] = Src[t*ss + c], each
-// value rounded to f16 (f16r) when h16 (an f16 cache).
-extern "C" __global__ void kv_store(const float* Src, int ss, float* Dst, int cols, const int* pp,
+// Cache rows for tokens 0..n at position *pp: row (*pp + t) of Dst (cols elements) = row t of
+// Src (stride ss), stored as cache_put's h16 says (f32, f32 rounded to f16, or f16).
+extern "C" __global__ void kv_store(const float* Src, int ss, void* Dst, int cols, const int* pp,
                                     int h16) {
-    float* d = Dst + (size_t)(*pp + blockIdx.x) * cols;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-        float v = Src[(size_t)blockIdx.x * ss + c];
-        d[c] = h16 ? f16r(v) : v;
-    }
+    size_t row = (size_t)(*pp + blockIdx.x) * cols;
+    void* d = h16 == 2 ? (void*)((u16*)Dst + row) : (void*)((float*)Dst + row);
+    for (int c = threadIdx.x; c < cols; c += blockDim.x)
+        cache_put(d, c, Src[(size_t)blockIdx.x * ss + c], h16);
 }
 
 // ---- Flash-decoding: attention of few tokens split over position chunks ------------------------

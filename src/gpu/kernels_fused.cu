@@ -234,13 +234,13 @@ MMQ3_T1_KERNEL(q4_0, QQ4_0, _t1n, )
 // (qn / kn: hd weights; as rmsnorm over hd-wide parts), rotary embedding of the first 2*half
 // values (as rope, position *rp + rpadd + t), the head written back, and k and v heads stored in
 // the cache layer at position *pp + t (as kv_store; keys rounded to f16 when h16 & 1, values when
-// h16 & 2). Grid: (n, heads + 2*kv_heads): q heads, then k heads, then v heads. Block 256
+// h16 & 2; both stored as f16 when h16 & 4). Grid: (n, heads + 2*kv_heads): q heads, then k heads, then v heads. Block 256
 // (rmsnorm's), shared hd floats; hd <= 256.
 extern "C" __global__ void qk_rope_store(float* Q, int qts, float* K, int kts, const float* V,
                                          int vts, int heads, int kvh, int hd, const float* qn,
                                          const float* kn, float eps, int half, int layout,
                                          const float* cosT, const float* sinT, const int* rp,
-                                         int rpadd, const int* pp, float* KC, float* VC,
+                                         int rpadd, const int* pp, void* KC, void* VC,
                                          int h16) {
     __shared__ float red[32];
     extern __shared__ float hsh[];
@@ -249,11 +249,13 @@ extern "C" __global__ void qk_rope_store(float* Q, int qts, float* K, int kts, c
     int t = blockIdx.x, hh = blockIdx.y, i = threadIdx.x;
     int cols = kvh * hd;
     size_t pos = (size_t)(*pp + t);
+    const int hk = h16 & 4 ? 2 : h16 & 1, hv = h16 & 4 ? 2 : (h16 >> 1) & 1;  // cache_put's
     if (hh >= heads + kvh) {
         int g = hh - heads - kvh;
         if (i < hd) {
             float v = V[(size_t)t * vts + g * hd + i];
-            VC[pos * cols + g * hd + i] = h16 & 2 ? f16r(v) : v;
+            cache_put(hv == 2 ? (void*)((u16*)VC + pos * cols) : (void*)((float*)VC + pos * cols),
+                      g * hd + i, v, hv);
         }
         return;
     }
@@ -283,7 +285,9 @@ extern "C" __global__ void qk_rope_store(float* Q, int qts, float* K, int kts, c
             o = first ? a * c[p] - b * sn[p] : b * c[p] + a * sn[p];
         }
         x[i] = o;
-        if (isk) KC[pos * cols + g * hd + i] = h16 & 1 ? f16r(o) : o;
+        if (isk)
+            cache_put(hk == 2 ? (void*)((u16*)KC + pos * cols) : (void*)((float*)KC + pos * cols),
+                      g * hd + i, o, hk);
     }
 }
 

@@ -9,13 +9,13 @@
 // f16); the softmax (running max, sum, rescale) is f32.
 //
 // Block: 4 warps, 64 queries of one head (16 per warp); keys and values in tiles of 64 through
-// shared memory as f16 (converted once per block from the f32 cache). Per warp and tile: S = Q K^T
+// shared memory as f16 (converted once per block from an f32 cache, copied from an f16 one). Per warp and tile: S = Q K^T
 // in 8 fragments of 16 x 8, the online softmax on them in registers, O += P V with P taken from
 // S's registers as the A operand (the m16n8 accumulator layout of two key fragments is the
 // m16k16 operand layout) and V's fragments by `ldmatrix.trans`. Causal: query t sees keys
 // 0 ..= *pp + padd + t; a warp skips tiles wholly after its last query. Grid: (heads,
 // ceil(n / 64)), block 128. D = dk = dv, a multiple of 16 (instantiated for 16, 32, 64, 128);
-// Q and O rows 8-byte aligned (float2), K and V rows 16-byte aligned (float4).
+// Q and O rows 8-byte aligned (float2), K and V rows 16-byte aligned.
 #define MQ 64   // queries per block (16 per warp)
 #define MK 64   // keys per tile
 
@@ -33,34 +33,41 @@ __device__ __forceinline__ void mma16816(float* c, const u32* a, u32 b0, u32 b1)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Rows k0 .. k0 + MK of the keys and values (row strides ks, vs) into shared memory as f16 rows
-// of SR halves, rows at or past `lim` zero. Each thread's loads are issued together (up to 8
-// float4 of each matrix) before any store: a store to shared memory between two loads through
-// generic pointers would make each load wait for the one before.
-template <int D, int SR>
-__device__ __forceinline__ void kv_tile_f16(const float* kb, int ks, const float* vb, int vs,
-                                            int k0, int lim, u16* Ks, u16* Vs) {
-    constexpr int C4 = D / 4, N = MK * C4 / 128, B = N < 8 ? N : 8;
+// Cache element types: `float` (an f32 cache rounded to f16 values) or `u16` (f16 storage: half
+// the bytes per key and value).
+// Rows k0 .. k0 + MK of the keys and values (row strides ks, vs, in elements of T) into shared
+// memory as f16 rows of SR halves, rows at or past `lim` zero. Each thread's loads are issued
+// together (up to 8 16-byte loads of each matrix) before any store: a store to shared memory
+// between two loads through generic pointers would make each load wait for the one before.
+template <int D, int SR, typename T>
+__device__ __forceinline__ void kv_tile(const T* kb, int ks, const T* vb, int vs, int k0, int lim,
+                                        u16* Ks, u16* Vs) {
+    constexpr int E = 16 / sizeof(T);  // elements per 16-byte load
+    constexpr int C = D / E, N = MK * C / 128, B = N < 8 ? N : 8;
     const int tid = threadIdx.x;
 #pragma unroll
     for (int b0 = 0; b0 < N; b0 += B) {
-        float4 a[B], b[B];
+        uint4 a[B], b[B];
 #pragma unroll
         for (int u = 0; u < B; u++) {
-            int i = tid + 128 * (b0 + u), r = i / C4, c = i % C4, j = k0 + r;
-            a[u] = b[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+            int i = tid + 128 * (b0 + u), r = i / C, c = i % C, j = k0 + r;
+            a[u] = b[u] = make_uint4(0u, 0u, 0u, 0u);
             if (j < lim) {
-                a[u] = ((const float4*)(kb + (size_t)j * ks))[c];
-                b[u] = ((const float4*)(vb + (size_t)j * vs))[c];
+                a[u] = ((const uint4*)(kb + (size_t)j * ks))[c];
+                b[u] = ((const uint4*)(vb + (size_t)j * vs))[c];
             }
         }
 #pragma unroll
         for (int u = 0; u < B; u++) {
-            int i = tid + 128 * (b0 + u), r = i / C4, c = i % C4;
-            *(uint2*)(Ks + r * SR + 4 * c) =
-                make_uint2(pack_h2(a[u].x, a[u].y), pack_h2(a[u].z, a[u].w));
-            *(uint2*)(Vs + r * SR + 4 * c) =
-                make_uint2(pack_h2(b[u].x, b[u].y), pack_h2(b[u].z, b[u].w));
+            int i = tid + 128 * (b0 + u), r = i / C, c = i % C;
+            if constexpr (E == 8) {
+                *(uint4*)(Ks + r * SR + 8 * c) = a[u];
+                *(uint4*)(Vs + r * SR + 8 * c) = b[u];
+            } else {
+                const float4 x = *(const float4*)&a[u], y = *(const float4*)&b[u];
+                *(uint2*)(Ks + r * SR + 4 * c) = make_uint2(pack_h2(x.x, x.y), pack_h2(x.z, x.w));
+                *(uint2*)(Vs + r * SR + 4 * c) = make_uint2(pack_h2(y.x, y.y), pack_h2(y.z, y.w));
+            }
         }
     }
 }
@@ -98,10 +105,10 @@ __device__ __forceinline__ void softmax_step(float (&sc)[F][4], float t0, float 
     l1 = l1 * al1 + s1;
 }
 
-template <int D>
+template <int D, typename T>
 __device__ __forceinline__ void attention_mma_body(const float* Q, int qts, int qhs,
-                                                   const float* K, int ks, int khs,
-                                                   const float* V, int vs, int vhs, int group,
+                                                   const T* K, int ks, int khs,
+                                                   const T* V, int vs, int vhs, int group,
                                                    const int* pp, int padd, float scale, int n,
                                                    float* O, int ots, int ohs) {
     constexpr int SR = D + 8;  // shared row stride in halves: 16-byte rows, 4 banks apart
@@ -138,7 +145,7 @@ __device__ __forceinline__ void attention_mma_body(const float* Q, int qts, int 
     const float sl2 = scale * 1.4426950408889634f;  // scores in log2 units
     for (int k0 = 0; k0 < kend; k0 += MK) {
         __syncthreads();  // the previous tile's readers are done
-        kv_tile_f16<D, SR>(K + (size_t)kvh * khs, ks, V + (size_t)kvh * vhs, vs, k0, kend, Ks, Vs);
+        kv_tile<D, SR>(K + (size_t)kvh * khs, ks, V + (size_t)kvh * vhs, vs, k0, kend, Ks, Vs);
         __syncthreads();
         if (k0 > wlast) continue;  // every key of the tile is after this warp's queries
         // S = Q K^T: 8 fragments of 16 queries x 8 keys.
@@ -221,18 +228,36 @@ __device__ __forceinline__ void attention_mma_body(const float* Q, int qts, int 
     }
 }
 
-#define ATTENTION_MMA(D)                                                                        \
-    extern "C" __global__ void __launch_bounds__(128) attention_mma_##D(                       \
-        const float* Q, int qts, int qhs, const float* K, int ks, int khs, const float* V,      \
-        int vs, int vhs, int group, const int* pp, int padd, float scale, int n, float* O,      \
-        int ots, int ohs) {                                                                     \
+// attention_mma_<D> reads an f32 cache (f16 values), attention_mma_h_<D> an f16 one.
+#define ATTENTION_MMA(NAME, D, T)                                                               \
+    extern "C" __global__ void __launch_bounds__(128) NAME(                                     \
+        const float* Q, int qts, int qhs, const T* K, int ks, int khs, const T* V, int vs,      \
+        int vhs, int group, const int* pp, int padd, float scale, int n, float* O, int ots,     \
+        int ohs) {                                                                              \
         attention_mma_body<D>(Q, qts, qhs, K, ks, khs, V, vs, vhs, group, pp, padd, scale, n,   \
                               O, ots, ohs);                                                     \
     }
-ATTENTION_MMA(16)
-ATTENTION_MMA(32)
-ATTENTION_MMA(64)
-ATTENTION_MMA(128)
+ATTENTION_MMA(attention_mma_16, 16, float)
+ATTENTION_MMA(attention_mma_32, 32, float)
+ATTENTION_MMA(attention_mma_64, 64, float)
+ATTENTION_MMA(attention_mma_128, 128, float)
+ATTENTION_MMA(attention_mma_h_16, 16, u16)
+ATTENTION_MMA(attention_mma_h_32, 32, u16)
+ATTENTION_MMA(attention_mma_h_64, 64, u16)
+ATTENTION_MMA(attention_mma_h_128, 128, u16)
+
+// Lane `lane` of a warp holding 32 consecutive output values (c the value's column, a multiple
+// of 32 at lane 0) quantizes its value v into row t of XQ / XD as quantize_q8 does.
+__device__ __forceinline__ void quantize_lane(float v, i8* XQ, float* XD, int t, int cols, int c,
+                                              int lane) {
+    float am = fabsf(v);
+#pragma unroll
+    for (int q = 16; q > 0; q >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, q));
+    float dq = am / 127.f;
+    float id = dq > 0.f ? 1.f / dq : 0.f;
+    XQ[(size_t)t * cols + c] = (i8)max(-127, min(127, (int)roundf(v * id)));
+    if (lane == 0) XD[(size_t)t * (cols >> 5) + (c >> 5)] = dq;
+}
 
 // ==== Decode attention on tensor cores: flash-decoding with a key/value head's query heads ====
 //
@@ -249,9 +274,9 @@ ATTENTION_MMA(128)
 // What rounds: each query (to f16) and each probability before the weighted sum, as the prompt
 // kernel. done: heads*n zeroed counters (left zeroed). Grid: (kv heads, n, splits <= 64), block
 // 128.
-template <int D>
+template <int D, typename T>
 __device__ __forceinline__ void attention_mma_dec_body(
-    const float* Q, int qts, int qhs, const float* K, int ks, int khs, const float* V, int vs,
+    const float* Q, int qts, int qhs, const T* K, int ks, int khs, const T* V, int vs,
     int vhs, int group, const int* pp, int padd, float scale, int chunk, float* PM, float* PL,
     float* PO, float* O, int ots, int ohs, i8* XQ, float* XD, unsigned* done) {
     constexpr int SR = D + 8;
@@ -265,126 +290,130 @@ __device__ __forceinline__ void attention_mma_dec_body(
     const int len = *pp + padd + t + 1;
     chunk = split_chunk(len, chunk, S);
     const int j0 = s * chunk, j1 = min(len, j0 + chunk);
-    const float* kb = K + (size_t)g * khs;
-    const float* vb = V + (size_t)g * vhs;
+    const T* kb = K + (size_t)g * khs;
+    const T* vb = V + (size_t)g * vhs;
     if (pdl_on)
         for (int j = j0 + warp; j < j1; j += 4) {
-            prefetch_l2(kb + (size_t)j * ks, 4 * D);
-            prefetch_l2(vb + (size_t)j * vs, 4 * D);
+            prefetch_l2(kb + (size_t)j * ks, sizeof(T) * D);
+            prefetch_l2(vb + (size_t)j * vs, sizeof(T) * D);
         }
     pdl_wait();
     pdl_go();
-    // Rows gr and gr + 8 are heads g*G + gr and g*G + gr + 8 (zero queries past G).
-    const int r0 = gr, r1 = gr + 8;
-    u32 qa[D / 16][4];
+    // A split past the token's length (the trailing splits of a short one) computes nothing
+    // and writes no partial: the merge reads only the first S_act splits.
+    if (j0 < j1) {
+        // Rows gr and gr + 8 are heads g*G + gr and g*G + gr + 8 (zero queries past G).
+        const int r0 = gr, r1 = gr + 8;
+        u32 qa[D / 16][4];
 #pragma unroll
-    for (int k = 0; k < D / 16; k++) {
+        for (int k = 0; k < D / 16; k++) {
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int c = k * 16 + h * 8 + 2 * tq;
-            const float* qt = Q + (size_t)t * qts + (size_t)(g * G) * qhs + c;
-            float2 x0 = r0 < G ? *(const float2*)(qt + (size_t)r0 * qhs) : make_float2(0.f, 0.f);
-            float2 x1 = r1 < G ? *(const float2*)(qt + (size_t)r1 * qhs) : make_float2(0.f, 0.f);
-            qa[k][2 * h] = pack_h2(x0.x, x0.y);
-            qa[k][2 * h + 1] = pack_h2(x1.x, x1.y);
+            for (int h = 0; h < 2; h++) {
+                int c = k * 16 + h * 8 + 2 * tq;
+                const float* qt = Q + (size_t)t * qts + (size_t)(g * G) * qhs + c;
+                float2 x0 = r0 < G ? *(const float2*)(qt + (size_t)r0 * qhs) : make_float2(0.f, 0.f);
+                float2 x1 = r1 < G ? *(const float2*)(qt + (size_t)r1 * qhs) : make_float2(0.f, 0.f);
+                qa[k][2 * h] = pack_h2(x0.x, x0.y);
+                qa[k][2 * h + 1] = pack_h2(x1.x, x1.y);
+            }
         }
-    }
-    float o[D / 8][4];
+        float o[D / 8][4];
 #pragma unroll
-    for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-    const float sl2 = scale * 1.4426950408889634f;  // scores in log2 units
-    for (int k0 = j0; k0 < j1; k0 += MK) {
-        __syncthreads();  // the previous tile's readers are done
-        kv_tile_f16<D, SR>(kb, ks, vb, vs, k0, j1, Ks, Vs);
+        for (int d = 0; d < D / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+        float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+        const float sl2 = scale * 1.4426950408889634f;  // scores in log2 units
+        for (int k0 = j0; k0 < j1; k0 += MK) {
+            __syncthreads();  // the previous tile's readers are done
+            kv_tile<D, SR>(kb, ks, vb, vs, k0, j1, Ks, Vs);
+            __syncthreads();
+            const int kw = k0 + 16 * warp;  // this warp's 16 keys
+            if (kw >= j1) continue;
+            float sc[2][4];
+#pragma unroll
+            for (int f = 0; f < 2; f++) {
+                sc[f][0] = sc[f][1] = sc[f][2] = sc[f][3] = 0.f;
+                const u16* kr = Ks + (16 * warp + f * 8 + gr) * SR + 2 * tq;
+#pragma unroll
+                for (int k = 0; k < D / 16; k++) {
+                    u32 b0 = *(const u32*)(kr + k * 16), b1 = *(const u32*)(kr + k * 16 + 8);
+                    mma16816(sc[f], qa[k], b0, b1);
+                }
+            }
+            float t0 = -INFINITY, t1 = -INFINITY;
+#pragma unroll
+            for (int f = 0; f < 2; f++) {
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    bool in = kw + f * 8 + 2 * tq + e < j1;
+                    float a = in ? sc[f][e] * sl2 : -INFINITY, b = in ? sc[f][2 + e] * sl2 : -INFINITY;
+                    sc[f][e] = a;
+                    sc[f][2 + e] = b;
+                    t0 = fmaxf(t0, a);
+                    t1 = fmaxf(t1, b);
+                }
+            }
+            // Key kw < j1 is in this warp's share, so both maxima are finite.
+            float al0, al1;  // 0 on the warp's first keys
+            softmax_step<2>(sc, t0, t1, m0, m1, l0, l1, al0, al1);
+            u32 pa[4] = {pack_h2(sc[0][0], sc[0][1]), pack_h2(sc[0][2], sc[0][3]),
+                         pack_h2(sc[1][0], sc[1][1]), pack_h2(sc[1][2], sc[1][3])};
+            const u16* vrow = Vs + (16 * warp + (lane & 15)) * SR + (lane >> 4) * 8;
+#pragma unroll
+            for (int d = 0; d < D / 8; d += 2) {
+                o[d][0] *= al0;
+                o[d][1] *= al0;
+                o[d][2] *= al1;
+                o[d][3] *= al1;
+                o[d + 1][0] *= al0;
+                o[d + 1][1] *= al0;
+                o[d + 1][2] *= al1;
+                o[d + 1][3] *= al1;
+                u32 b0, b1, b2, b3;
+                unsigned addr = (unsigned)__cvta_generic_to_shared(vrow + d * 8);
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                             : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                             : "r"(addr));
+                mma16816(o[d], pa, b0, b1);
+                mma16816(o[d + 1], pa, b2, b3);
+            }
+        }
+        // The 4 warps' states -> the split's partial per head (max in natural-log units).
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+        __syncthreads();  // the last tile's readers are done: KVs holds the warps' outputs now
+        float* Wo = (float*)KVs;  // [warp][row 16][D]: 4 * 16 * D floats <= 2 * MK * SR halves
+        if (tq == 0) {
+            Wm[warp][r0] = m0;
+            Wm[warp][r1] = m1;
+            Wl[warp][r0] = l0;
+            Wl[warp][r1] = l1;
+        }
+#pragma unroll
+        for (int d = 0; d < D / 8; d++) {
+            int c = d * 8 + 2 * tq;
+            *(float2*)(Wo + (warp * 16 + r0) * D + c) = make_float2(o[d][0], o[d][1]);
+            *(float2*)(Wo + (warp * 16 + r1) * D + c) = make_float2(o[d][2], o[d][3]);
+        }
         __syncthreads();
-        const int kw = k0 + 16 * warp;  // this warp's 16 keys
-        if (kw >= j1) continue;
-        float sc[2][4];
+        for (int i = tid; i < G * D; i += 128) {
+            int r = i / D, c = i % D;
+            float m = fmaxf(fmaxf(Wm[0][r], Wm[1][r]), fmaxf(Wm[2][r], Wm[3][r]));
+            float l = 0.f, a = 0.f;
+            if (m > -INFINITY)
 #pragma unroll
-        for (int f = 0; f < 2; f++) {
-            sc[f][0] = sc[f][1] = sc[f][2] = sc[f][3] = 0.f;
-            const u16* kr = Ks + (16 * warp + f * 8 + gr) * SR + 2 * tq;
-#pragma unroll
-            for (int k = 0; k < D / 16; k++) {
-                u32 b0 = *(const u32*)(kr + k * 16), b1 = *(const u32*)(kr + k * 16 + 8);
-                mma16816(sc[f], qa[k], b0, b1);
+                for (int w = 0; w < 4; w++) {
+                    float f = exp2f(Wm[w][r] - m);  // 0 for a warp that had no keys
+                    l += Wl[w][r] * f;
+                    a += Wo[(w * 16 + r) * D + c] * f;
+                }
+            size_t part = ((size_t)t * heads + g * G + r) * S + s;
+            PO[part * D + c] = a;
+            if (c == 0) {
+                PM[part] = m > -INFINITY ? m * 0.6931471805599453f : -INFINITY;
+                PL[part] = l;
             }
-        }
-        float t0 = -INFINITY, t1 = -INFINITY;
-#pragma unroll
-        for (int f = 0; f < 2; f++) {
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                bool in = kw + f * 8 + 2 * tq + e < j1;
-                float a = in ? sc[f][e] * sl2 : -INFINITY, b = in ? sc[f][2 + e] * sl2 : -INFINITY;
-                sc[f][e] = a;
-                sc[f][2 + e] = b;
-                t0 = fmaxf(t0, a);
-                t1 = fmaxf(t1, b);
-            }
-        }
-        // Key kw < j1 is in this warp's share, so both maxima are finite.
-        float al0, al1;  // 0 on the warp's first keys
-        softmax_step<2>(sc, t0, t1, m0, m1, l0, l1, al0, al1);
-        u32 pa[4] = {pack_h2(sc[0][0], sc[0][1]), pack_h2(sc[0][2], sc[0][3]),
-                     pack_h2(sc[1][0], sc[1][1]), pack_h2(sc[1][2], sc[1][3])};
-        const u16* vrow = Vs + (16 * warp + (lane & 15)) * SR + (lane >> 4) * 8;
-#pragma unroll
-        for (int d = 0; d < D / 8; d += 2) {
-            o[d][0] *= al0;
-            o[d][1] *= al0;
-            o[d][2] *= al1;
-            o[d][3] *= al1;
-            o[d + 1][0] *= al0;
-            o[d + 1][1] *= al0;
-            o[d + 1][2] *= al1;
-            o[d + 1][3] *= al1;
-            u32 b0, b1, b2, b3;
-            unsigned addr = (unsigned)__cvta_generic_to_shared(vrow + d * 8);
-            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                         : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
-                         : "r"(addr));
-            mma16816(o[d], pa, b0, b1);
-            mma16816(o[d + 1], pa, b2, b3);
-        }
-    }
-    // The 4 warps' states -> the split's partial per head (max in natural-log units).
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    __syncthreads();  // the last tile's readers are done: KVs holds the warps' outputs now
-    float* Wo = (float*)KVs;  // [warp][row 16][D]: 4 * 16 * D floats <= 2 * MK * SR halves
-    if (tq == 0) {
-        Wm[warp][r0] = m0;
-        Wm[warp][r1] = m1;
-        Wl[warp][r0] = l0;
-        Wl[warp][r1] = l1;
-    }
-#pragma unroll
-    for (int d = 0; d < D / 8; d++) {
-        int c = d * 8 + 2 * tq;
-        *(float2*)(Wo + (warp * 16 + r0) * D + c) = make_float2(o[d][0], o[d][1]);
-        *(float2*)(Wo + (warp * 16 + r1) * D + c) = make_float2(o[d][2], o[d][3]);
-    }
-    __syncthreads();
-    for (int i = tid; i < G * D; i += 128) {
-        int r = i / D, c = i % D;
-        float m = fmaxf(fmaxf(Wm[0][r], Wm[1][r]), fmaxf(Wm[2][r], Wm[3][r]));
-        float l = 0.f, a = 0.f;
-        if (m > -INFINITY)
-#pragma unroll
-            for (int w = 0; w < 4; w++) {
-                float f = exp2f(Wm[w][r] - m);  // 0 for a warp that had no keys
-                l += Wl[w][r] * f;
-                a += Wo[(w * 16 + r) * D + c] * f;
-            }
-        size_t part = ((size_t)t * heads + g * G + r) * S + s;
-        PO[part * D + c] = a;
-        if (c == 0) {
-            PM[part] = m > -INFINITY ? m * 0.6931471805599453f : -INFINITY;
-            PL[part] = l;
         }
     }
     if (!last_block(done + (size_t)t * heads + g, S)) return;
@@ -414,29 +443,26 @@ __device__ __forceinline__ void attention_mma_dec_body(
             for (int i = 0; i < S_act; i++) a += PO[(base + i) * D + d] * Wsp[warp][i];
             float v = a * inv;
             o[d] = v;
-            if (!XQ) continue;
-            float am = fabsf(v);
-#pragma unroll
-            for (int q = 16; q > 0; q >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, q));
-            float dq = am / 127.f;
-            float id = dq > 0.f ? 1.f / dq : 0.f;
-            int c = h * D + d;
-            XQ[(size_t)t * cols + c] = (i8)max(-127, min(127, (int)roundf(v * id)));
-            if (lane == 0) XD[(size_t)t * (cols >> 5) + (c >> 5)] = dq;
+            if (XQ) quantize_lane(v, XQ, XD, t, cols, h * D + d, lane);
         }
         __syncwarp();
     }
 }
 
-#define ATTENTION_MMA_DEC(D)                                                                    \
-    extern "C" __global__ void __launch_bounds__(128) attention_mma_dec_##D(                   \
-        const float* Q, int qts, int qhs, const float* K, int ks, int khs, const float* V,      \
-        int vs, int vhs, int group, const int* pp, int padd, float scale, int chunk, float* PM, \
+// attention_mma_dec_<D> reads an f32 cache (f16 values), attention_mma_dec_h_<D> an f16 one.
+#define ATTENTION_MMA_DEC(NAME, D, T)                                                           \
+    extern "C" __global__ void __launch_bounds__(128) NAME(                                     \
+        const float* Q, int qts, int qhs, const T* K, int ks, int khs, const T* V, int vs,      \
+        int vhs, int group, const int* pp, int padd, float scale, int chunk, float* PM,         \
         float* PL, float* PO, float* O, int ots, int ohs, i8* XQ, float* XD, unsigned* done) {  \
         attention_mma_dec_body<D>(Q, qts, qhs, K, ks, khs, V, vs, vhs, group, pp, padd, scale,  \
                                   chunk, PM, PL, PO, O, ots, ohs, XQ, XD, done);                \
     }
-ATTENTION_MMA_DEC(16)
-ATTENTION_MMA_DEC(32)
-ATTENTION_MMA_DEC(64)
-ATTENTION_MMA_DEC(128)
+ATTENTION_MMA_DEC(attention_mma_dec_16, 16, float)
+ATTENTION_MMA_DEC(attention_mma_dec_32, 32, float)
+ATTENTION_MMA_DEC(attention_mma_dec_64, 64, float)
+ATTENTION_MMA_DEC(attention_mma_dec_128, 128, float)
+ATTENTION_MMA_DEC(attention_mma_dec_h_16, 16, u16)
+ATTENTION_MMA_DEC(attention_mma_dec_h_32, 32, u16)
+ATTENTION_MMA_DEC(attention_mma_dec_h_64, 64, u16)
+ATTENTION_MMA_DEC(attention_mma_dec_h_128, 128, u16)

@@ -80,6 +80,41 @@ fn att_mma_dec_on(ctx: usize) -> bool {
     .unwrap_or(ctx >= 8192)
 }
 
+/// Whether a state stores its KV cache as f16 (`kv_half`): half the bytes the attention
+/// kernels read at depth (the f32 words holding f16 values were half padding). Only the
+/// tensor-core kernels read f16 storage, so it takes an f16 cache on both sides that they serve
+/// for every prompt and decode step: GQA attention (not MLA or DeepSeek-V4, no sliding window or
+/// sinks), keys and values of one head size in `MMA_DIMS`, at most 16 query heads per key/value
+/// head, at most 64 decode splits, and neither kernel turned off (`SLUICE_GPU_ATT_MMA=0` or
+/// `SLUICE_GPU_ATT_MMA_DEC=0` keep f32 storage, which their kernels read). And a context of at
+/// least `KV_HALF_MIN_CTX` positions (`SLUICE_GPU_ATT_MMA_DEC=1` lowers it to any): decode then
+/// always takes the grouped tensor-core kernel, which at depth 4096 / 16384 decodes 1.14x /
+/// 1.07x faster over f16 storage, but at short contexts (a few dozen positions) 0.95x the
+/// per-head split kernel over f32 words (H100, session 35, docs/PERFORMANCE.md).
+fn kv_half_storage(cfg: &ModelConfig, kv16: [bool; 2], splits: usize, ctx: usize) -> bool {
+    let dec = std::env::var("SLUICE_GPU_ATT_MMA_DEC").ok();
+    let dec_off = dec.as_deref() == Some("0");
+    let long = ctx >= KV_HALF_MIN_CTX || dec.as_deref() == Some("1");
+    let (heads, kvh) = (cfg.n_heads, cfg.n_kv_heads.max(1));
+    kv16 == [true, true]
+        && cfg.attn == AttnKind::Gqa
+        && cfg.v4.is_none()
+        && cfg.sliding_window.is_none()
+        && !cfg.attn_sinks
+        && MMA_DIMS.contains(&cfg.head_dim)
+        && cfg.v_head_dim == cfg.head_dim
+        && heads.is_multiple_of(kvh)
+        && (1..=16).contains(&(heads / kvh))
+        && splits <= 64
+        && att_mma_on()
+        && !dec_off
+        && long
+}
+
+/// The shortest context whose GPU cache is stored as f16 (`kv_half_storage`): llama.cpp's and
+/// sluice's default context (4096) and longer.
+const KV_HALF_MIN_CTX: usize = 4096;
+
 /// Which sides of the GPU's KV cache hold f16 numbers for a state whose cache types are `kv`:
 /// the GPU keeps f32 storage and rounds what it stores to f16 where the type is f16 (the
 /// values the CPU's f16 cache holds); bf16 and q8_0 have no GPU kernels. An MLA cache's value
@@ -275,6 +310,9 @@ pub(super) struct Small {
     /// Flash-decoding over an f16 cache on the tensor cores, a key/value head's query heads
     /// per block, per head size `MMA_DIMS` (kernels_mma.cu).
     att_mma_dec: [Kernel; 4],
+    /// `att_mma` and `att_mma_dec` over an f16-stored cache (`kv_half`).
+    att_mma_h: [Kernel; 4],
+    att_mma_dec_h: [Kernel; 4],
     route_jobs: Kernel,
     router_route_jobs: Kernel,
 }
@@ -429,6 +467,8 @@ pub struct GpuState {
     /// is rounded to f16 as it is stored (the storage stays f32). V3.2's indexer keys, on the
     /// value side of an MLA cache, stay f32.
     pub(super) kv16: [bool; 2],
+    /// The cache is stored as f16 (`kv_half_storage`; else f32 words).
+    pub(super) kv_half: bool,
     /// DeepSeek-V3.2 / GLM-5: the lightning indexer's buffers (`ops.rs`).
     pub(super) idx: Option<super::ops::IdxState>,
     /// Qwen3-Next / Qwen3.5: the linear layers' states and the mixers' scratch (`hybrid.rs`).
@@ -454,6 +494,8 @@ pub struct GpuSummary {
     /// The KV cache and, for the hybrid families, the linear layers' recurrent + conv state
     /// (per sequence, as the KV cache).
     pub kv_bytes: usize,
+    /// The KV cache is stored as f16 (`kv_half_storage`), else as f32 words.
+    pub kv_half: bool,
     pub scratch_bytes: usize,
     pub pool_bytes: usize,
     pub pool_slots_per_layer: usize,
@@ -838,6 +880,18 @@ impl GpuState {
                 gpu.function("attention_mma_dec_64")?,
                 gpu.function("attention_mma_dec_128")?,
             ],
+            att_mma_h: [
+                gpu.function("attention_mma_h_16")?,
+                gpu.function("attention_mma_h_32")?,
+                gpu.function("attention_mma_h_64")?,
+                gpu.function("attention_mma_h_128")?,
+            ],
+            att_mma_dec_h: [
+                gpu.function("attention_mma_dec_h_16")?,
+                gpu.function("attention_mma_dec_h_32")?,
+                gpu.function("attention_mma_dec_h_64")?,
+                gpu.function("attention_mma_dec_h_128")?,
+            ],
             head_mv: gpu.function("head_mv")?,
             copy2d: gpu.function("copy2d")?,
             combine: gpu.function("moe_combine")?,
@@ -907,6 +961,8 @@ impl GpuState {
         let splits = ctx.div_ceil(64).clamp(1, 64);
         let chunk = ctx.div_ceil(splits).min(8192);
         let splits = ctx.div_ceil(chunk);
+        let kv_half = kv_half_storage(cfg, kv16, splits, ctx);
+        let kv_el = if kv_half { 2 } else { 4 };
         let moe_layers_n = experts_per_layer.len();
         let before = gpu.mem_info()?.0;
         let bufs = Bufs {
@@ -942,8 +998,8 @@ impl GpuState {
             dst: gpu.alloc(4 * bsz * k)?,
             selw: dev_f32(&gpu, bsz * k)?,
             jobs: gpu.alloc(JOB_BYTES * e)?,
-            kcache: dev_f32(&gpu, n_layers * ctx * kc)?,
-            vcache: dev_f32(&gpu, n_layers * ctx * vc)?,
+            kcache: gpu.alloc(kv_el * (n_layers * ctx * kc).max(1))?,
+            vcache: gpu.alloc(kv_el * (n_layers * ctx * vc).max(1))?,
             cos: gpu.alloc(4 * model.rope.cos_table().len().max(1))?,
             sin: gpu.alloc(4 * model.rope.sin_table().len().max(1))?,
             xq: gpu.alloc(xq_len)?,
@@ -1066,6 +1122,7 @@ impl GpuState {
             vram_total: gpu.total_mem,
             weights_bytes,
             kv_bytes,
+            kv_half,
             scratch_bytes,
             pool_bytes,
             pool_slots_per_layer: per_layer,
@@ -1123,6 +1180,7 @@ impl GpuState {
                 ctx,
                 mla: matches!(cfg.attn, AttnKind::Mla { .. }),
                 kv16,
+                kv_half,
                 idx: cfg
                     .indexer
                     .map(|ix| super::ops::IdxState::new(&gpu, ix, bsz, ctx))
@@ -1133,6 +1191,11 @@ impl GpuState {
             },
             summary,
         ))
+    }
+
+    /// Whether the KV cache is stored as f16 (`kv_half_storage`).
+    pub fn kv_half(&self) -> bool {
+        self.kv_half
     }
 
     pub fn stats(&self) -> GpuStats {
@@ -1371,9 +1434,12 @@ impl GpuState {
                 (self.bufs.pos.ptr + 4).into(),
                 rpadd.into(),
                 self.bufs.pos.ptr.into(),
-                self.bufs.kcache.f(layer * self.ctx * kvd).into(),
-                self.bufs.vcache.f(layer * self.ctx * kvd).into(),
-                (i32::from(self.kv16[0]) | (i32::from(self.kv16[1]) << 1)).into(),
+                self.cache_layer(&self.bufs.kcache, layer, kvd).into(),
+                self.cache_layer(&self.bufs.vcache, layer, kvd).into(),
+                (i32::from(self.kv16[0])
+                    | (i32::from(self.kv16[1]) << 1)
+                    | (i32::from(self.kv_half) << 2))
+                    .into(),
             ],
         )
     }
@@ -1599,8 +1665,10 @@ impl GpuState {
         v: (u64, usize, usize),
         o: (u64, usize, usize),
     ) -> Option<usize> {
+        // K and V rows in whole 16-byte loads (4 f32 or 8 f16 elements).
+        let per_load = if self.kv_half { 8 } else { 4 };
         let aligned = [q.1, q.2, o.1, o.2].iter().all(|&x| x % 2 == 0)
-            && [k.1, k.2, v.1, v.2].iter().all(|&x| x % 4 == 0)
+            && [k.1, k.2, v.1, v.2].iter().all(|&x| x % per_load == 0)
             && [q.0, o.0].iter().all(|&p| p % 8 == 0)
             && [k.0, v.0].iter().all(|&p| p % 16 == 0);
         let f16 = self.kv16 == [true, true] && !self.mla && self.v4.is_none();
@@ -1692,14 +1760,20 @@ impl GpuState {
                 if splits <= 64
                     && (1..=16).contains(&group)
                     && heads.is_multiple_of(group)
-                    && att_mma_dec_on(ctx)
+                    && (self.kv_half || att_mma_dec_on(ctx))
                 {
                     let args: [Arg; 23] =
                         std::array::from_fn(|i| if i < 9 { qkv[i] } else { rest[i - 9] });
                     let grid = ((heads / group) as u32, n as u32, splits as u32);
-                    return merging(self.small.att_mma_dec[i], grid, 128, 0, &args);
+                    let f = if self.kv_half {
+                        self.small.att_mma_dec_h[i]
+                    } else {
+                        self.small.att_mma_dec[i]
+                    };
+                    return merging(f, grid, 128, 0, &args);
                 }
             }
+            self.half_unserved()?;
             if (2..=8).contains(&group)
                 && dk <= 128
                 && dv <= 128
@@ -1768,8 +1842,13 @@ impl GpuState {
         // Prompt attention over an f16 cache (keys and values f16 numbers): the tensor cores,
         // 64 queries per block (kernels_mma.cu).
         if let Some(i) = self.mma_kernel(dk, dv, q, k, v, o).filter(|_| att_mma_on()) {
+            let f = if self.kv_half {
+                self.small.att_mma_h[i]
+            } else {
+                self.small.att_mma[i]
+            };
             return self.launch(
-                self.small.att_mma[i],
+                f,
                 (heads as u32, n.div_ceil(64) as u32, 1),
                 128,
                 0,
@@ -1794,6 +1873,7 @@ impl GpuState {
                 ],
             );
         }
+        self.half_unserved()?;
         // Prompt attention: 32 queries per block through shared-memory key/value tiles
         // (`attention_tiled`, ~10x less L2 traffic than a block per query) where its shared
         // memory fits; `SLUICE_GPU_ATT_TILED=0` keeps `attention`.
@@ -1948,7 +2028,8 @@ impl GpuState {
     /// Rows 0..n of src (row stride `ss`, `cols` wide) into the layer's cache rows (`cols`
     /// wide) at the chunk's position (read on the device).
     /// Rows 0..n of `src` into the cache layer at `layer` (device address), from the chunk's
-    /// position; each value rounded to f16 when `h16` (that side of the cache is f16).
+    /// position; each value rounded to f16 when `h16` (that side of the cache is f16), stored
+    /// as f16 when the cache is (`kv_half`).
     pub(super) fn kv_store(
         &self,
         src: u64,
@@ -1969,9 +2050,28 @@ impl GpuState {
                 layer.into(),
                 (cols as i32).into(),
                 self.bufs.pos.ptr.into(),
-                i32::from(h16).into(),
+                (if self.kv_half { 2 } else { i32::from(h16) }).into(),
             ],
         )
+    }
+
+    /// An error where a cache stored as f16 reaches a kernel that reads f32 words (never, as
+    /// `kv_half_storage` decides; a wrong answer would be worse than this one).
+    pub(super) fn half_unserved(&self) -> Result<(), GpuError> {
+        if self.kv_half {
+            return Err(GpuError::Config(
+                "internal: the f16-stored KV cache reached an attention kernel that reads f32"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Where `layer` starts in a cache buffer of `cols` elements per position (f16 or f32 as
+    /// `kv_half` says).
+    pub(super) fn cache_layer(&self, buf: &DevBuf, layer: usize, cols: usize) -> u64 {
+        let el = if self.kv_half { 2 } else { 4 };
+        buf.ptr + (el * layer * self.ctx * cols) as u64
     }
 
     /// MLA's absorbed queries of rows 0..n into `qcat` (`kv_lora + rope` per head): q's nope
@@ -3147,25 +3247,33 @@ pub mod check {
         download_f32(&gpu, &yd, ids.len() * cols)
     }
 
-    /// The tensor-core kernel `<name>_<d>` on a fresh context, with q, k, v and the position
-    /// `pos0` uploaded.
+    /// The tensor-core kernel `<name>_<d>` (`<name>_h_<d>` when `half`: keys and values
+    /// stored as f16) on a fresh context, with q, k, v and the position `pos0` uploaded.
     fn mma_inputs(
         name: &str,
         d: usize,
         q: &[f32],
-        k: &[f32],
-        v: &[f32],
+        (k, v, half): (&[f32], &[f32], bool),
         pos0: usize,
     ) -> Result<(Gpu, Kernel, [DevBuf; 4]), GpuError> {
         if !MMA_DIMS.contains(&d) {
             return Err(GpuError::Config(format!("no {name} for head size {d}")));
         }
         let gpu = Gpu::open()?;
-        let f = gpu.function(&format!("{name}_{d}"))?;
+        let f = gpu.function(&format!("{name}{}_{d}", if half { "_h" } else { "" }))?;
+        let cache = |x: &[f32]| -> Vec<u8> {
+            if half {
+                x.iter()
+                    .flat_map(|&y| crate::kernels::kv::f32_to_f16(y).to_le_bytes())
+                    .collect()
+            } else {
+                f32_bytes(x)
+            }
+        };
         let bufs = [
             upload_new(&gpu, &f32_bytes(q))?,
-            upload_new(&gpu, &f32_bytes(k))?,
-            upload_new(&gpu, &f32_bytes(v))?,
+            upload_new(&gpu, &cache(k))?,
+            upload_new(&gpu, &cache(v))?,
             upload_new(&gpu, &(pos0 as i32).to_le_bytes())?,
         ];
         Ok((gpu, f, bufs))
@@ -3173,7 +3281,7 @@ pub mod check {
 
     /// Flash-decoding on the tensor cores (`attention_mma_dec_<d>`): `n` tokens (rows of heads
     /// x d) at positions `pos0 ..`, token t over keys and values 0 ..= pos0 + t (rows of
-    /// kv_heads x d, f16 numbers) in `splits` splits of at most `chunk` positions (the kernel's
+    /// kv_heads x d, f16 numbers, stored as f16 when `half`) in `splits` splits of at most `chunk` positions (the kernel's
     /// own split of each token's length), scale 1/sqrt(d); the n x heads x d output.
     #[allow(clippy::too_many_arguments)]
     pub fn attention_mma_dec(
@@ -3187,8 +3295,9 @@ pub mod check {
         d: usize,
         splits: usize,
         chunk: usize,
+        half: bool,
     ) -> Result<Vec<f32>, GpuError> {
-        let (gpu, f, [qb, kb, vb, pb]) = mma_inputs("attention_mma_dec", d, q, k, v, pos0)?;
+        let (gpu, f, [qb, kb, vb, pb]) = mma_inputs("attention_mma_dec", d, q, (k, v, half), pos0)?;
         let (qd, kvd) = (heads * d, kv_heads * d);
         let parts = n * heads * splits;
         let pm = gpu.alloc(4 * parts)?;
@@ -3233,7 +3342,9 @@ pub mod check {
 
     /// Prompt attention on the tensor cores (`attention_mma_<d>`): `n` queries (rows of
     /// heads x d) at positions `pos0 ..`, over `pos0 + n` keys and values (rows of kv_heads x
-    /// d, f16 numbers), causal, scale 1/sqrt(d); the n x heads x d output.
+    /// d, f16 numbers, stored as f16 when `half`), causal, scale 1/sqrt(d); the n x heads x d
+    /// output.
+    #[allow(clippy::too_many_arguments)]
     pub fn attention_mma(
         q: &[f32],
         k: &[f32],
@@ -3243,8 +3354,9 @@ pub mod check {
         heads: usize,
         kv_heads: usize,
         d: usize,
+        half: bool,
     ) -> Result<Vec<f32>, GpuError> {
-        let (gpu, f, [qb, kb, vb, pb]) = mma_inputs("attention_mma", d, q, k, v, pos0)?;
+        let (gpu, f, [qb, kb, vb, pb]) = mma_inputs("attention_mma", d, q, (k, v, half), pos0)?;
         let (qd, kvd) = (heads * d, kv_heads * d);
         let ob = gpu.alloc(4 * n * qd)?;
         gpu.launch(

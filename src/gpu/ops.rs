@@ -345,6 +345,7 @@ impl GpuState {
         window: usize,
         sinks: u64,
     ) -> Result<(), GpuError> {
+        self.half_unserved()?;
         let b = &self.bufs;
         if n <= SPLIT_ROWS {
             let (splits, chunk) = (self.splits, self.chunk);
