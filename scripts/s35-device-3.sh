@@ -2,8 +2,9 @@
 # Session 35, a short device call (little device time left; issue 15): the tensor-core attention
 # and f16-cache tests of this tree's binary (DIR/bins.tar.xz from scripts/pack-device.sh), then
 # `sluice bench` A B B A: at depth 16384 and 4096 A = the default (decode splits at most 64),
-# B = SLUICE_GPU_DEC_SPLITS=256; at depth 0 A = the default (f16 storage, grouped decode kernel),
-# B = SLUICE_GPU_ATT_MMA_DEC=0 (f32 storage, per-head split kernel); then a partial-VRAM
+# B = SLUICE_GPU_DEC_SPLITS=256; at depth 0 A = the default (a short context: f32 words, per-head
+# split kernel), B = SLUICE_GPU_ATT_MMA_DEC=1 (f16 storage, grouped kernel: one split writes the
+# output itself); then a partial-VRAM
 # prompt's plan lines and prefill rate (stage, hybrid). On the GPU machine:
 # bash scripts/s35-device-3.sh DIR
 set -u
@@ -24,7 +25,7 @@ sb() { env $3 timeout 60 $S bench $M -p 512 -n $1 $2 -r 1 --run-flags "$R" > $O/
 for d in 16384 0 4096; do
   [ $(( $(date +%s) - T0 )) -gt 250 ] && { el "out of time before depth $d"; break; }
   a=""; [ $d = 0 ] || a="-d $d"
-  A=X=1; B=SLUICE_GPU_DEC_SPLITS=256; [ $d = 0 ] && B=SLUICE_GPU_ATT_MMA_DEC=0
+  A=X=1; B=SLUICE_GPU_DEC_SPLITS=256; [ $d = 0 ] && B=SLUICE_GPU_ATT_MMA_DEC=1
   echo "sluice A d$d: $(sb 64 "$a" $A)"; echo "sluice B($B) d$d: $(sb 64 "$a" $B)"
   echo "sluice B($B) d$d: $(sb 64 "$a" $B)"; echo "sluice A d$d: $(sb 64 "$a" $A)"
   el "depth $d"

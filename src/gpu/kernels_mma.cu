@@ -272,8 +272,12 @@ __device__ __forceinline__ void quantize_lane(float v, i8* XQ, float* XD, int t,
 // split's partial (max in natural-log units, as attention_split's). The last split block of
 // (t, g) merges every head of the group, a warp per head (quantized as merge_head when XQ).
 // What rounds: each query (to f16) and each probability before the weighted sum, as the prompt
-// kernel. done: heads*n zeroed counters (left zeroed). Grid: (kv heads, n, splits <= 64), block
-// 128.
+// kernel. Splits are whole tiles of keys where they can be (at least MK), so a token of at most
+// MK positions (every token of a short context) has one split: its block writes the output
+// itself (the merge's sums over one split, bit for bit) and no block counts or merges.
+// done: heads*n zeroed counters (left zeroed). Grid: (kv heads, n, splits <= MAX_DEC_SPLITS),
+// block 128.
+#define MAX_DEC_SPLITS 64  // gpu/model.rs keeps splits <= 64 (256 measured slower)
 template <int D, typename T>
 __device__ __forceinline__ void attention_mma_dec_body(
     const float* Q, int qts, int qhs, const T* K, int ks, int khs, const T* V, int vs,
@@ -281,14 +285,17 @@ __device__ __forceinline__ void attention_mma_dec_body(
     float* PO, float* O, int ots, int ohs, i8* XQ, float* XD, unsigned* done) {
     constexpr int SR = D + 8;
     __shared__ __align__(16) u16 KVs[2 * MK * SR];  // keys then values; the merge reuses it
-    __shared__ float Wm[4][16], Wl[4][16], Wsp[4][64];  // Wsp: split weights in the merge
+    __shared__ float Wm[4][16], Wl[4][16];
+    __shared__ float Wsp[4][MAX_DEC_SPLITS];  // split weights in the merge
     u16* Ks = KVs;
     u16* Vs = KVs + MK * SR;
     const int g = blockIdx.x, t = blockIdx.y, s = blockIdx.z, S = gridDim.z;
     const int G = group, heads = gridDim.x * G, tid = threadIdx.x;
     const int warp = tid >> 5, lane = tid & 31, gr = lane >> 2, tq = lane & 3;
     const int len = *pp + padd + t + 1;
-    chunk = split_chunk(len, chunk, S);
+    chunk = min(max(MK, ((len + S - 1) / S + 15) & ~15), chunk);
+    const int S_act = min(S, (len + chunk - 1) / chunk), cols = heads * D;
+    const bool direct = S_act == 1;  // one split: its block writes the output
     const int j0 = s * chunk, j1 = min(len, j0 + chunk);
     const T* kb = K + (size_t)g * khs;
     const T* vb = V + (size_t)g * vhs;
@@ -408,6 +415,14 @@ __device__ __forceinline__ void attention_mma_dec_body(
                     l += Wl[w][r] * f;
                     a += Wo[(w * 16 + r) * D + c] * f;
                 }
+            if (direct) {
+                // The merge of one split: weight expf(0) = 1, so a * (1 / l) as it computes.
+                const float v = a * (1.f / l);
+                const int h = g * G + r;
+                O[(size_t)t * ots + (size_t)h * ohs + c] = v;
+                if (XQ) quantize_lane(v, XQ, XD, t, cols, h * D + c, lane);
+                continue;
+            }
             size_t part = ((size_t)t * heads + g * G + r) * S + s;
             PO[part * D + c] = a;
             if (c == 0) {
@@ -416,11 +431,10 @@ __device__ __forceinline__ void attention_mma_dec_body(
             }
         }
     }
-    if (!last_block(done + (size_t)t * heads + g, S)) return;
+    if (direct || !last_block(done + (size_t)t * heads + g, S)) return;
     // The group's heads merged a warp each (merge_head's sums, with the split weights computed
     // once per head into shared memory; merge_head in one thread block took the heads one after
     // another, each through chains of dependent loads).
-    const int S_act = min(S, (len + chunk - 1) / chunk), cols = heads * D;
     for (int h = g * G + warp; h < (g + 1) * G; h += 4) {
         size_t base = ((size_t)t * heads + h) * S;
         float m = -INFINITY;

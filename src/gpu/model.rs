@@ -86,15 +86,12 @@ fn att_mma_dec_on(ctx: usize) -> bool {
 /// for every prompt and decode step: GQA attention (not MLA or DeepSeek-V4, no sliding window or
 /// sinks), keys and values of one head size in `MMA_DIMS`, at most 16 query heads per key/value
 /// head, at most 64 decode splits, and neither kernel turned off (`SLUICE_GPU_ATT_MMA=0` or
-/// `SLUICE_GPU_ATT_MMA_DEC=0` keep f32 storage, which their kernels read). And a context of at
-/// least `KV_HALF_MIN_CTX` positions (`SLUICE_GPU_ATT_MMA_DEC=1` lowers it to any): decode then
-/// always takes the grouped tensor-core kernel, which at depth 4096 / 16384 decodes 1.14x /
-/// 1.07x faster over f16 storage, but at short contexts (a few dozen positions) 0.95x the
-/// per-head split kernel over f32 words (H100, session 35, docs/PERFORMANCE.md).
-fn kv_half_storage(cfg: &ModelConfig, kv16: [bool; 2], splits: usize, ctx: usize) -> bool {
-    let dec = std::env::var("SLUICE_GPU_ATT_MMA_DEC").ok();
-    let dec_off = dec.as_deref() == Some("0");
-    let long = ctx >= KV_HALF_MIN_CTX || dec.as_deref() == Some("1");
+/// `SLUICE_GPU_ATT_MMA_DEC=0` keep f32 storage, which their kernels read). Decode then always
+/// takes the grouped tensor-core kernel: at depth 4096 / 16384 1.14x / 1.07x the f32 words'
+/// tg64, at depth 0 level with the per-head split kernel (H100, session 35,
+/// docs/PERFORMANCE.md).
+fn kv_half_storage(cfg: &ModelConfig, kv16: [bool; 2], splits: usize) -> bool {
+    let dec_off = std::env::var("SLUICE_GPU_ATT_MMA_DEC").is_ok_and(|v| v == "0");
     let (heads, kvh) = (cfg.n_heads, cfg.n_kv_heads.max(1));
     kv16 == [true, true]
         && cfg.attn == AttnKind::Gqa
@@ -108,12 +105,7 @@ fn kv_half_storage(cfg: &ModelConfig, kv16: [bool; 2], splits: usize, ctx: usize
         && splits <= 64
         && att_mma_on()
         && !dec_off
-        && long
 }
-
-/// The shortest context whose GPU cache is stored as f16 (`kv_half_storage`): llama.cpp's and
-/// sluice's default context (4096) and longer.
-const KV_HALF_MIN_CTX: usize = 4096;
 
 /// Which sides of the GPU's KV cache hold f16 numbers for a state whose cache types are `kv`:
 /// the GPU keeps f32 storage and rounds what it stores to f16 where the type is f16 (the
@@ -961,7 +953,7 @@ impl GpuState {
         let splits = ctx.div_ceil(64).clamp(1, 64);
         let chunk = ctx.div_ceil(splits).min(8192);
         let splits = ctx.div_ceil(chunk);
-        let kv_half = kv_half_storage(cfg, kv16, splits, ctx);
+        let kv_half = kv_half_storage(cfg, kv16, splits);
         let kv_el = if kv_half { 2 } else { 4 };
         let moe_layers_n = experts_per_layer.len();
         let before = gpu.mem_info()?.0;
