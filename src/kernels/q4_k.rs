@@ -258,9 +258,7 @@ pub(super) mod x86 {
         let wp = w.as_ptr();
         // SAFETY: AVX2/FMA/F16C present (checked above); `w` holds 8 rows of `rb` bytes,
         // each at least `nb` whole blocks, and each activation row at least `nb` blocks.
-        unsafe {
-            by_tokens!(n, avx2_8x8 [] (wp, rb, ap, nb, out))
-        }
+        unsafe { by_tokens!(n, avx2_8x8 [] (wp, rb, ap, nb, out)) }
     }
 
     /// `tile_avx2` with VNNI, all eight tokens in one pass: `out[t][r]` has the bits of
