@@ -63,8 +63,9 @@ fn att_mma_on() -> bool {
     *ON.get_or_init(|| std::env::var("SLUICE_GPU_ATT_MMA").map_or(true, |v| v != "0"))
 }
 
-/// Whether flash-decoding over an f16 cache takes the tensor cores with a key/value head's
-/// query heads in one block (`attention_mma_dec_<D>`) for a state of `ctx` positions:
+/// Whether flash-decoding over an f16 cache of f32 words takes the tensor cores with a
+/// key/value head's query heads in one block (`attention_mma_dec_<D>`) for a state of `ctx`
+/// positions (a cache stored as f16 always does: `kv_half_storage`):
 /// `SLUICE_GPU_ATT_MMA_DEC=1` / `=0` force it on / off; by default it is on for contexts of at
 /// least 8192. Measured in session 34 (H100, docs/PERFORMANCE.md): tg64 at depth 16384 1.34x
 /// `attention_split_merge`, at depth 0 0.93x (too few keys per split to fill the GPU with a
