@@ -84,8 +84,9 @@ fn att_mma_dec_on(ctx: usize) -> bool {
 /// Whether a state stores its KV cache as f16 (`kv_half`): half the bytes the attention
 /// kernels read at depth (the f32 words holding f16 values were half padding). Only the
 /// tensor-core kernels read f16 storage, so it takes an f16 cache on both sides that they serve
-/// for every prompt and decode step: GQA attention (not MLA or DeepSeek-V4, no sliding window or
-/// sinks), keys and values of one head size in `MMA_DIMS`, at most 16 query heads per key/value
+/// for every prompt and decode step: GQA attention (not MLA, DeepSeek-V4 or the hybrid families,
+/// whose tiny fixtures are the only ones with such head sizes and have not run it; no sliding
+/// window or sinks), keys and values of one head size in `MMA_DIMS`, at most 16 query heads per key/value
 /// head, at most 64 decode splits, and neither kernel turned off (`SLUICE_GPU_ATT_MMA=0` or
 /// `SLUICE_GPU_ATT_MMA_DEC=0` keep f32 storage, which their kernels read). Decode then always
 /// takes the grouped tensor-core kernel: at depth 4096 / 16384 1.14x / 1.07x the f32 words'
@@ -97,6 +98,7 @@ fn kv_half_storage(cfg: &ModelConfig, kv16: [bool; 2], splits: usize) -> bool {
     kv16 == [true, true]
         && cfg.attn == AttnKind::Gqa
         && cfg.v4.is_none()
+        && cfg.hybrid.is_none()
         && cfg.sliding_window.is_none()
         && !cfg.attn_sinks
         && MMA_DIMS.contains(&cfg.head_dim)
