@@ -2,10 +2,10 @@
 # Session 35, second device call (issue 15): llama.cpp's CUDA build in the background (the anchor,
 # from DIR/llama-src.tar.xz as in scripts/s34-device.sh); every GPU test of this tree's binary
 # (DIR/bins.tar.xz, scripts/pack-device.sh; the gguf package on PYTHONPATH); then, per depth,
-# `sluice bench` A B B A: at depth 4096 and 16384 A = the default (decode splits at most 64) and
-# B = SLUICE_GPU_DEC_SPLITS=256; at depth 0 A = the default (f16 storage, grouped decode kernel) and
-# B = SLUICE_GPU_ATT_MMA_DEC=0 (f32 storage, per-head split kernel); a partial-VRAM prompt's
-# figures; then, if the build is done in time, llama-bench and A once each per depth. On the GPU machine: bash scripts/s35-device-2.sh DIR
+# `sluice bench` A B B A at depth 16384, 4096 and 0: A = the default (f16 storage, grouped decode
+# kernel), B = SLUICE_GPU_ATT_MMA_DEC=0 (f32 words, per-head split kernel); a partial-VRAM
+# prompt's figures; then, if the build is done in time, llama-bench and A once each per depth.
+# (Written for session 35, not run there: no machine; ready for the next session.) On the GPU machine: bash scripts/s35-device-2.sh DIR
 set -u
 D=${1:-target/devrun-s35}; OO=${OUT:-/tmp/out}; O=/tmp/o2; mkdir -p $O $OO
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
@@ -27,7 +27,7 @@ lb() { timeout 120 $LBIN -m $M -ngl 99 -p 512 -n $1 $2 -r 1 -o md 2>/dev/null | 
 sb() { env $3 timeout 100 $S bench $M -p 512 -n $1 $2 -r 1 --run-flags "$R" > $O/sb.log 2>&1; grep -hE "pp512|tg$1" $O/sb.log | tr -s ' ' | cut -d'|' -f4,5 | tr '\n' ' '; grep -iE "error|panick" $O/sb.log | tail -n 1; echo; }
 for d in 16384 4096 0; do
   a=""; [ $d = 0 ] || a="-d $d"
-  A=X=1; B=SLUICE_GPU_DEC_SPLITS=256; [ $d = 0 ] && B=SLUICE_GPU_ATT_MMA_DEC=0
+  A=X=1; B=SLUICE_GPU_ATT_MMA_DEC=0
   echo "sluice A d$d: $(sb 64 "$a" $A)"; echo "sluice B($B) d$d: $(sb 64 "$a" $B)"
   echo "sluice B($B) d$d: $(sb 64 "$a" $B)"; echo "sluice A d$d: $(sb 64 "$a" $A)"
   el "depth $d"

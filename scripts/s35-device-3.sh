@@ -5,7 +5,8 @@
 # B = SLUICE_GPU_DEC_SPLITS=256; at depth 0 A = the default (a short context: f32 words, per-head
 # split kernel), B = SLUICE_GPU_ATT_MMA_DEC=1 (f16 storage, grouped kernel: one split writes the
 # output itself); then a partial-VRAM
-# prompt's plan lines and prefill rate (stage, hybrid). On the GPU machine:
+# prompt's plan lines and prefill rate (stage, hybrid). (The split-count switch was removed after
+# this call: 256 splits measured slower.) On the GPU machine:
 # bash scripts/s35-device-3.sh DIR
 set -u
 D=${1:-target/devrun-s35}; OO=${OUT:-/tmp/out}; O=/tmp/o3; mkdir -p $O $OO
