@@ -701,26 +701,29 @@ pub(super) mod x86 {
                 let (sa, sb) = (scm[2 * q], scm[2 * q + 1]);
                 let sq = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_unpacklo_epi64(sa, sb));
                 let mins = _mm256_unpackhi_epi64(sa, sb);
-                let mut s32 = [_mm256_setzero_si256(); 8];
+                // The block's nibbles in transposed order, made once (8 steps x 4 registers),
+                // then the tokens in passes of four against them (four accumulators stay in
+                // registers; eight spilled).
+                let mut nibs = [[_mm256_setzero_si256(); 4]; 8];
                 for k in 0..4 {
                     let raw = transpose_q(std::array::from_fn(|j| {
                         _mm256_loadu_si256(blk(r0 + j).add(16 + 32 * k) as *const __m256i)
                     }));
-                    for half in 0..2 {
-                        let nib: [__m256i; 4] = std::array::from_fn(|g| {
-                            let v = if half == 0 {
-                                raw[g]
-                            } else {
-                                _mm256_srli_epi16(raw[g], 4)
-                            };
-                            _mm256_and_si256(v, m4)
-                        });
+                    for g in 0..4 {
+                        nibs[2 * k][g] = _mm256_and_si256(raw[g], m4);
+                        nibs[2 * k + 1][g] = _mm256_and_si256(_mm256_srli_epi16(raw[g], 4), m4);
+                    }
+                }
+                let mut s32 = [_mm256_setzero_si256(); 8];
+                for t0 in (0..T).step_by(4) {
+                    let mut s4 = [_mm256_setzero_si256(); 4];
+                    for (kh, nib) in nibs.iter().enumerate() {
                         let s = _mm256_shuffle_epi8(
                             sq,
-                            _mm256_loadu_si256(SCALE_SEL[2 * k + half].as_ptr() as *const __m256i),
+                            _mm256_loadu_si256(SCALE_SEL[kh].as_ptr() as *const __m256i),
                         );
-                        for t in 0..T {
-                            let x = ab[t].qs.as_ptr().add(64 * k + 32 * half);
+                        for (u, s4) in s4.iter_mut().enumerate().take(T.min(t0 + 4) - t0) {
+                            let x = ab[t0 + u].qs.as_ptr().add(32 * kh);
                             let p01 = _mm256_add_epi16(
                                 _mm256_maddubs_epi16(nib[0], bcast8(x)),
                                 _mm256_maddubs_epi16(nib[1], bcast8(x.add(8))),
@@ -729,12 +732,13 @@ pub(super) mod x86 {
                                 _mm256_maddubs_epi16(nib[2], bcast8(x.add(16))),
                                 _mm256_maddubs_epi16(nib[3], bcast8(x.add(24))),
                             );
-                            s32[t] = _mm256_add_epi32(
-                                s32[t],
+                            *s4 = _mm256_add_epi32(
+                                *s4,
                                 _mm256_madd_epi16(_mm256_add_epi16(p01, p23), s),
                             );
                         }
                     }
+                    s32[t0..(t0 + 4).min(8)].copy_from_slice(&s4[..(8 - t0).min(4)]);
                 }
                 // i32 lanes of s32[t]: [r0, r0, r1, r1 | r2, r2, r3, r3].
                 let isum: [__m256i; 4] =
