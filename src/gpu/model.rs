@@ -137,6 +137,15 @@ fn align(x: usize) -> usize {
     x.div_ceil(ALIGN) * ALIGN
 }
 
+/// `<name>_<d>` for each head size d of `MMA_DIMS`, in that order.
+fn per_mma_dim(gpu: &Gpu, name: &str) -> Result<[Kernel; 4], GpuError> {
+    let mut k = [gpu.function(&format!("{name}_{}", MMA_DIMS[0]))?; 4];
+    for (k, d) in k.iter_mut().zip(MMA_DIMS).skip(1) {
+        *k = gpu.function(&format!("{name}_{d}"))?;
+    }
+    Ok(k)
+}
+
 /// The kernel-name suffix of `d`, if kernels.cu has kernels for it.
 fn type_name(d: DType) -> Option<String> {
     super::GPU_TYPES
@@ -863,30 +872,10 @@ impl GpuState {
             rope: gpu.function("rope")?,
             attention: gpu.function("attention")?,
             att_tiled: gpu.function("attention_tiled")?,
-            att_mma: [
-                gpu.function("attention_mma_16")?,
-                gpu.function("attention_mma_32")?,
-                gpu.function("attention_mma_64")?,
-                gpu.function("attention_mma_128")?,
-            ],
-            att_mma_dec: [
-                gpu.function("attention_mma_dec_16")?,
-                gpu.function("attention_mma_dec_32")?,
-                gpu.function("attention_mma_dec_64")?,
-                gpu.function("attention_mma_dec_128")?,
-            ],
-            att_mma_h: [
-                gpu.function("attention_mma_h_16")?,
-                gpu.function("attention_mma_h_32")?,
-                gpu.function("attention_mma_h_64")?,
-                gpu.function("attention_mma_h_128")?,
-            ],
-            att_mma_dec_h: [
-                gpu.function("attention_mma_dec_h_16")?,
-                gpu.function("attention_mma_dec_h_32")?,
-                gpu.function("attention_mma_dec_h_64")?,
-                gpu.function("attention_mma_dec_h_128")?,
-            ],
+            att_mma: per_mma_dim(&gpu, "attention_mma")?,
+            att_mma_dec: per_mma_dim(&gpu, "attention_mma_dec")?,
+            att_mma_h: per_mma_dim(&gpu, "attention_mma_h")?,
+            att_mma_dec_h: per_mma_dim(&gpu, "attention_mma_dec_h")?,
             head_mv: gpu.function("head_mv")?,
             copy2d: gpu.function("copy2d")?,
             combine: gpu.function("moe_combine")?,

@@ -240,7 +240,7 @@ pub(super) mod x86 {
     }
 
     /// Eight weight rows (`w`: `8 * rb` bytes, row r at `r * rb`) against one to eight
-    /// activation rows (as two halves of up to four): `out[t][r]` has the bits of
+    /// activation rows (`avx2_8x8`): `out[t][r]` has the bits of
     /// `dot_avx2(row r, a[t])` (= `dot_scalar`'s).
     pub(super) fn tile_avx2(w: &[u8], rb: usize, a: &[ActRow<'_>], out: &mut [[f32; 8]; 8]) {
         let n = a.len();
@@ -738,7 +738,7 @@ pub(super) mod x86 {
                             );
                         }
                     }
-                    s32[t0..(t0 + 4).min(8)].copy_from_slice(&s4[..(8 - t0).min(4)]);
+                    s32[t0..t0 + 4].copy_from_slice(&s4);
                 }
                 // i32 lanes of s32[t]: [r0, r0, r1, r1 | r2, r2, r3, r3].
                 let isum: [__m256i; 4] =
