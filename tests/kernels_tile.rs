@@ -6,12 +6,12 @@
 //! and `matmul` uses the single-row dot (tests/kernels_ref.rs `matmul_matches_per_row_dots`
 //! covers that path and the threaded matmul).
 //!
-//! The 8-row x 4-token tiles (`kernels::tile_fn`) likewise give each output the single-row
+//! The 8-row x 8-token tiles (`kernels::tile_fn`) likewise give each output the single-row
 //! dot's bits, alone and inside `matmul` over odd shapes.
 //!
-//! Also: every Q4_K SIMD dot (AVX2 and AVX-512) and Q8_0's AVX-512 dot, four-row dot and tile
-//! compute the scalar dot's per-block integers and float operations in the same order, so they
-//! give the scalar dot's bits.
+//! Also: every Q4_K and Q6_K SIMD dot (AVX2 and AVX-512, single-row and four-row) and Q8_0's
+//! AVX-512 dot, four-row dot and tile compute the scalar dot's per-block integers and float
+//! operations in the same order, so they give the scalar dot's bits.
 
 use sluice::dtype::DType;
 use sluice::kernels::{self, Acts, Isa, MatJob, WeightView};
@@ -164,7 +164,7 @@ fn four_row_dots_equal_single_row_dots() {
     }
 }
 
-/// Types with an 8x4 tile kernel at some ISA of this machine.
+/// Types with an 8x8 tile kernel at some ISA of this machine.
 fn tile8_types() -> Vec<(DType, Isa)> {
     let mut v = Vec::new();
     for t in kernels::supported_types() {
@@ -186,7 +186,7 @@ fn tile_dots_equal_single_row_dots() {
         let t = DType::Q4_K;
         assert!(
             cases.contains(&(t, isa)),
-            "{t} has no 8x4 tile kernel at {isa:?} on this machine"
+            "{t} has no 8x8 tile kernel at {isa:?} on this machine"
         );
     }
     let mut rng = Rng(88);
@@ -269,6 +269,13 @@ fn q4_k_simd_dots_have_the_scalar_bits() {
     k_quant_dots_have_the_scalar_bits(DType::Q4_K, &Isa::available());
 }
 
+/// Every Q6_K dot (scalar, AVX2, AVX-512; single-row and four-row) gives the scalar dot's
+/// bits.
+#[test]
+fn q6_k_simd_dots_have_the_scalar_bits() {
+    k_quant_dots_have_the_scalar_bits(DType::Q6_K, &Isa::available());
+}
+
 /// Q5_K's AVX-512 dot (which its 8x8 tile matches) follows the scalar dot's order too.
 #[test]
 fn q5_k_avx512_dot_has_the_scalar_bits() {
@@ -292,9 +299,15 @@ fn k_quant_dots_have_the_scalar_bits(t: DType, isas: &[Isa]) {
         acts.load(&activations(cols, &mut rng), 4, cols);
         acts.prepare(kernels::kernels_for(t).unwrap().act);
         for &isa in isas {
+            let dot4 = kernels::dot4_fn(t, isa);
             for r in 0..5 {
+                let wr = &w[r * rb..(r + 1) * rb];
+                let mut four = [f32::NAN; 4];
+                if let Some(dot4) = dot4 {
+                    let rows = [acts.row(0), acts.row(1), acts.row(2), acts.row(3)];
+                    dot4(wr, &rows, &mut four);
+                }
                 for k in 0..4 {
-                    let wr = &w[r * rb..(r + 1) * rb];
                     let s = kernels::dot(t, Isa::Scalar, wr, &acts, k);
                     let a = kernels::dot(t, isa, wr, &acts, k);
                     let (s, a) = (s.unwrap(), a.unwrap());
@@ -303,6 +316,13 @@ fn k_quant_dots_have_the_scalar_bits(t: DType, isas: &[Isa]) {
                         a.to_bits(),
                         "{t} {isa:?} row {r} act {k}: {s} vs {a}"
                     );
+                    if dot4.is_some() {
+                        assert_eq!(
+                            s.to_bits(),
+                            four[k].to_bits(),
+                            "{t} {isa:?} four-row dot, row {r} act {k}"
+                        );
+                    }
                 }
             }
         }
