@@ -189,6 +189,12 @@ fn tile_dots_equal_single_row_dots() {
             "{t} has no 8x8 tile kernel at {isa:?} on this machine"
         );
     }
+    if Isa::available().contains(&Isa::Avx2) {
+        assert!(
+            cases.contains(&(DType::Q6_K, Isa::Avx2)),
+            "Q6_K has no AVX2 8x8 tile kernel on this machine"
+        );
+    }
     let mut rng = Rng(88);
     for (t, isa) in cases {
         let (be, _) = t.block_geometry().unwrap();
@@ -270,7 +276,7 @@ fn q4_k_simd_dots_have_the_scalar_bits() {
 }
 
 /// Every Q6_K dot (scalar, AVX2, AVX-512; single-row and four-row) gives the scalar dot's
-/// bits.
+/// bits, so its AVX2 tile stands in for any of them.
 #[test]
 fn q6_k_simd_dots_have_the_scalar_bits() {
     k_quant_dots_have_the_scalar_bits(DType::Q6_K, &Isa::available());

@@ -308,6 +308,7 @@ pub fn tile_fn(dtype: DType, isa: Isa) -> Option<TileFn> {
         DType::Q4_K => &q4_k::TILE,
         DType::Q8_0 => &q8_0::TILE,
         DType::Q5_K => &q5_k::TILE,
+        DType::Q6_K => &q6_k::TILE,
         _ => return None,
     };
     match isa.min(Isa::detect()) {

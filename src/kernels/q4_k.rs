@@ -594,7 +594,7 @@ pub(super) mod x86 {
     /// Four 32-byte rows as 64-bit words transposed: out[g] = word g of rows 0, 1, 2, 3.
     #[inline]
     #[target_feature(enable = "avx2")]
-    unsafe fn transpose_q(r: [__m256i; 4]) -> [__m256i; 4] {
+    pub(in crate::kernels) unsafe fn transpose_q(r: [__m256i; 4]) -> [__m256i; 4] {
         let t0 = _mm256_unpacklo_epi64(r[0], r[1]);
         let t1 = _mm256_unpackhi_epi64(r[0], r[1]);
         let t2 = _mm256_unpacklo_epi64(r[2], r[3]);
@@ -610,7 +610,7 @@ pub(super) mod x86 {
     /// Eight bytes at `p` in every 64-bit lane.
     #[inline]
     #[target_feature(enable = "avx2")]
-    unsafe fn bcast8(p: *const i8) -> __m256i {
+    pub(in crate::kernels) unsafe fn bcast8(p: *const i8) -> __m256i {
         _mm256_set1_epi64x(std::ptr::read_unaligned(p as *const i64))
     }
 

@@ -6,8 +6,8 @@
 //!
 //! Dots against `Q8K` activations: per super-block the exact integer
 //! isum = sum_g sc_g * sum((q - 32) * a) (|isum| < 2^27: exact in i32), then one float step in
-//! block order, sum += (d * d_a) * isum (no FMA). Every SIMD dot (single-row and four-row; AVX2
-//! and AVX-512) computes that integer exactly (as sum_g sc_g * sum(q * a) minus
+//! block order, sum += (d * d_a) * isum (no FMA). Every SIMD dot (single-row, four-row, 8x8 tile;
+//! AVX2 and AVX-512) computes that integer exactly (as sum_g sc_g * sum(q * a) minus
 //! 32 * sum_g sc_g * bsum_g) and then the same float operations, so all give the scalar dot's
 //! bits: a token's logits do not depend on how many tokens share its matmul.
 
@@ -39,6 +39,16 @@ pub(super) const DOT4: super::Dot4Kernels = super::Dot4Kernels {
     #[cfg(not(target_arch = "x86_64"))]
     avx2: None,
     #[cfg(not(target_arch = "x86_64"))]
+    avx512: None,
+};
+
+/// The 8-row x 8-token tile (prefill): see `kernels::tile_fn`. AVX2 only; at AVX-512 prefill
+/// keeps the four-row dot (an AVX2 tile there would give the same bits, but is unmeasured).
+pub(super) const TILE: super::TileKernels = super::TileKernels {
+    #[cfg(target_arch = "x86_64")]
+    avx2: Some(x86::tile_avx2),
+    #[cfg(not(target_arch = "x86_64"))]
+    avx2: None,
     avx512: None,
 };
 
@@ -101,10 +111,12 @@ fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    use super::super::q4_k::x86::{bcast8, transpose_q};
     use super::super::simd::prefetch_distance;
     use super::super::simd::x86::{f16_at, prefetch};
     use super::{dot_scalar, ActRow, BlockQ8K, BB};
     type Rows4 = [*const BlockQ8K; 4];
+    type Rows8 = [*const BlockQ8K; 8];
     use crate::kernels::Isa;
     use std::arch::x86_64::*;
 
@@ -152,6 +164,28 @@ mod x86 {
         let (nb, ap) = super::super::act::q8k_rows4(w.len() / BB, a);
         // SAFETY: AVX-512 F/BW/VL/VNNI present (checked above); lengths as in `dot4_avx2`.
         unsafe { avx512_x4(w.as_ptr(), ap, nb, out) }
+    }
+
+    /// Eight weight rows (`w`: `8 * rb` bytes, row r at `r * rb`) against one to eight
+    /// activation rows (`avx2_8x8`): `out[t][r]` has the bits of `dot_avx2(row r, a[t])`
+    /// (= `dot_scalar`'s).
+    pub(super) fn tile_avx2(w: &[u8], rb: usize, a: &[ActRow<'_>], out: &mut [[f32; 8]; 8]) {
+        let n = a.len();
+        assert!(
+            w.len() >= 8 * rb && (1..=8).contains(&n),
+            "Q6_K tile: {} bytes for 8 rows of {rb}, {n} activation rows",
+            w.len()
+        );
+        if !Isa::Avx2.supported() {
+            return crate::kernels::tile_by_dots(w, rb, a, out, dot_scalar);
+        }
+        let nb = a.iter().map(|a| a.q8k.len()).fold(rb / BB, usize::min);
+        // Missing rows point at row 0 (read, never stored).
+        let ap: Rows8 = std::array::from_fn(|t| a[if t < n { t } else { 0 }].q8k.as_ptr());
+        let wp = w.as_ptr();
+        // SAFETY: AVX2/FMA/F16C present (checked above); `w` holds 8 rows of `rb` bytes,
+        // each at least `nb` whole blocks, and each activation row at least `nb` blocks.
+        unsafe { by_tokens!(n, avx2_8x8 [] (wp, rb, ap, nb, out)) }
     }
 
     /// Lane k: the sum of the eight i32 lanes of `v[k]` (exact in any order).
@@ -526,5 +560,164 @@ mod x86 {
             acc = step4(acc, hsum4(v), b, &a, i);
         }
         _mm_storeu_ps(out.as_mut_ptr(), acc);
+    }
+
+    /// `pshufb` controls for the tile's group scales. Against two rows' scale bytes interleaved
+    /// (`unpack*_epi8`: byte 2g of the first row, 2g + 1 of the second, one row pair per
+    /// 128-bit lane), the high bytes of i16 lanes 0..4 take the first row's scale of group g
+    /// and those of lanes 4..8 the second's; an arithmetic shift by 8 then extends the sign.
+    const fn group_sel(g: u8) -> [u8; 32] {
+        let mut c = [0x80u8; 32];
+        let mut i = 0;
+        while i < 32 {
+            let k = i % 16;
+            if k % 2 == 1 {
+                c[i] = if k < 8 { 2 * g } else { 2 * g + 1 };
+            }
+            i += 1;
+        }
+        c
+    }
+    static GROUP_SEL: [[u8; 32]; 8] = [
+        group_sel(0),
+        group_sel(1),
+        group_sel(2),
+        group_sel(3),
+        group_sel(4),
+        group_sel(5),
+        group_sel(6),
+        group_sel(7),
+    ];
+
+    /// 8 weight rows x `T` (1..=8) activation rows (`out[t]` for t >= T is not written). Per
+    /// block and group of four weight rows, `ql` and `qh` are transposed in 8-byte words (as
+    /// Q4_K's tile) and decoded by `codes`, so a register holds the same 8 positions of the
+    /// four rows (i16 lanes 0..4, 4..8, 8..12, 12..16 after `maddubs`: rows 0, 1, 2, 3); each
+    /// activation's 8 bytes are broadcast against it. The two 8-byte halves of a 16-element
+    /// group then add in i16 (each lane 4 products, |.| <= 4 * 63 * 127 < 2^15) and one `madd`
+    /// applies the four rows' scales of the group: 12 multiplies per block, row and token
+    /// instead of the single-row dot's 16. Codes and scales are made once per block for all
+    /// tokens, which go in passes of four (four accumulators in registers). Less
+    /// 32 * sum_g sc_g * bsum_g, the integers are `dot_scalar`'s isum exactly; the float step
+    /// is its, in its order, on lanes laid out [t0 r0, t0 r1, t1 r0, t1 r1 | t0 r2, t0 r3,
+    /// t1 r2, t1 r3] per (row group, token pair), so every output has `dot_scalar`'s bits.
+    ///
+    /// # Safety
+    /// AVX2+FMA+F16C; rows `w + r * rb` (r < 8) valid for `nb` blocks, each `a[t]` for `nb`
+    /// activation blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn avx2_8x8<const T: usize>(
+        w: *const u8,
+        rb: usize,
+        a: Rows8,
+        nb: usize,
+        out: &mut [[f32; 8]; 8],
+    ) {
+        let zero = _mm256_setzero_si256();
+        // Per row group, per token pair.
+        let mut acc = [[_mm256_setzero_ps(); 4]; 2];
+        // The eight rows are read block by block side by side, which hardware prefetchers do
+        // not follow (short rows): prefetch the same block of the next eight rows, one tile
+        // ahead (off when the prefetch distance is 0).
+        let pf = if prefetch_distance() == 0 { 0 } else { 8 * rb };
+        for i in 0..nb {
+            let blk = |r: usize| w.add(r * rb + i * BB);
+            let mut dh = [0u16; 8];
+            for (r, dh) in dh.iter_mut().enumerate() {
+                let b = blk(r);
+                prefetch(b, pf, BB);
+                *dh = std::ptr::read_unaligned(b.add(208) as *const u16);
+            }
+            let dw = _mm256_cvtph_ps(_mm_loadu_si128(dh.as_ptr() as *const __m128i));
+            let ab: [&BlockQ8K; 8] = std::array::from_fn(|t| &*a[t].add(i));
+            let da = _mm256_setr_ps(
+                ab[0].d, ab[1].d, ab[2].d, ab[3].d, ab[4].d, ab[5].d, ab[6].d, ab[7].d,
+            );
+            for (q, acc) in acc.iter_mut().enumerate() {
+                let r0 = 4 * q;
+                let ld =
+                    |j: usize, o: usize| _mm256_loadu_si256(blk(r0 + j).add(o) as *const __m256i);
+                // cq[4h + k][g]: elements 128h + 32k + 8g .. +8 of the four rows.
+                let mut cq = [[zero; 4]; 8];
+                for h in 0..2 {
+                    let ql0 = transpose_q(std::array::from_fn(|j| ld(j, 64 * h)));
+                    let ql1 = transpose_q(std::array::from_fn(|j| ld(j, 64 * h + 32)));
+                    let qh = transpose_q(std::array::from_fn(|j| ld(j, 128 + 32 * h)));
+                    for g in 0..4 {
+                        let c = codes(ql0[g], ql1[g], qh[g]);
+                        for k in 0..4 {
+                            cq[4 * h + k][g] = c[k];
+                        }
+                    }
+                }
+                // Group scales (i16): sg[G] lanes 0..4 row 0, 4..8 row 1, 8..12 row 2, 12..16 row 3.
+                let sc = |j: usize| _mm_loadu_si128(blk(r0 + j).add(192) as *const __m128i);
+                let pair =
+                    |j: usize| _mm256_inserti128_si256(_mm256_castsi128_si256(sc(j)), sc(j + 2), 1);
+                let (sa, sb) = (pair(0), pair(1));
+                let il = [_mm256_unpacklo_epi8(sa, sb), _mm256_unpackhi_epi8(sa, sb)];
+                let sg: [__m256i; 16] = std::array::from_fn(|g| {
+                    let sel = _mm256_loadu_si256(GROUP_SEL[g % 8].as_ptr() as *const __m256i);
+                    _mm256_srai_epi16(_mm256_shuffle_epi8(il[g / 8], sel), 8)
+                });
+                let mut s32 = [zero; 8];
+                for t0 in (0..T).step_by(4) {
+                    let mut s4 = [zero; 4];
+                    for (g, s) in sg.iter().enumerate() {
+                        // Elements 16g .. 16g + 16: words 2(g % 2) and 2(g % 2) + 1 of cq[g / 2].
+                        let (c0, c1) = (cq[g / 2][2 * (g % 2)], cq[g / 2][2 * (g % 2) + 1]);
+                        for (u, s4) in s4.iter_mut().enumerate().take(T.min(t0 + 4) - t0) {
+                            let x = ab[t0 + u].qs.as_ptr().add(16 * g);
+                            let p = _mm256_add_epi16(
+                                _mm256_maddubs_epi16(c0, bcast8(x)),
+                                _mm256_maddubs_epi16(c1, bcast8(x.add(8))),
+                            );
+                            *s4 = _mm256_add_epi32(*s4, _mm256_madd_epi16(p, *s));
+                        }
+                    }
+                    s32[t0..t0 + 4].copy_from_slice(&s4);
+                }
+                // Per token: s32 less 32 * sum_g sc_g * bsum_g, lanes [r0, r0, r1, r1 | r2, r2,
+                // r3, r3] (each pair sums to a row's isum).
+                let sc16: [__m256i; 4] = std::array::from_fn(|j| _mm256_cvtepi8_epi16(sc(j)));
+                let isum = |t: usize| {
+                    let bs = _mm256_loadu_si256(ab[t].bsums.as_ptr() as *const __m256i);
+                    let m = |j: usize| _mm256_madd_epi16(bs, sc16[j]);
+                    let h01 = _mm256_hadd_epi32(m(0), m(1));
+                    let h23 = _mm256_hadd_epi32(m(2), m(3));
+                    let off = _mm256_add_epi32(
+                        _mm256_permute2x128_si256::<0x20>(h01, h23),
+                        _mm256_permute2x128_si256::<0x31>(h01, h23),
+                    );
+                    _mm256_sub_epi32(s32[t], _mm256_slli_epi32(off, 5))
+                };
+                let ri = |k: i32| r0 as i32 + k;
+                let rows_idx =
+                    _mm256_setr_epi32(ri(0), ri(1), ri(0), ri(1), ri(2), ri(3), ri(2), ri(3));
+                let dwq = _mm256_permutevar8x32_ps(dw, rows_idx);
+                for (p, acc) in acc.iter_mut().enumerate().take(T.div_ceil(2)) {
+                    // [t0 r0, t0 r1, t1 r0, t1 r1 | t0 r2, t0 r3, t1 r2, t1 r3].
+                    let v = _mm256_hadd_epi32(isum(2 * p), isum(2 * p + 1));
+                    let (u, v2) = (2 * p as i32, 2 * p as i32 + 1);
+                    let dap =
+                        _mm256_permutevar8x32_ps(da, _mm256_setr_epi32(u, u, v2, v2, u, u, v2, v2));
+                    let t = _mm256_mul_ps(_mm256_mul_ps(dwq, dap), _mm256_cvtepi32_ps(v));
+                    *acc = _mm256_add_ps(*acc, t);
+                }
+            }
+        }
+        for (q, acc) in acc.iter().enumerate() {
+            for (p, v) in acc.iter().enumerate() {
+                let mut l = [0.0f32; 8];
+                _mm256_storeu_ps(l.as_mut_ptr(), *v);
+                for (k, &v) in l.iter().enumerate() {
+                    let t = 2 * p + (k % 4) / 2;
+                    let r = 4 * q + 2 * (k / 4) + k % 2;
+                    if t < T {
+                        out[t][r] = v;
+                    }
+                }
+            }
+        }
     }
 }
