@@ -219,11 +219,14 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
     unsafe fn add4(mut sum: f32, isum: __m128i, w: *const u8, a: *const BlockQ8K, i: usize) -> f32 {
-        let dh: [u16; 4] = std::array::from_fn(|k| {
-            std::ptr::read_unaligned(w.add((i + k) * BB + 208) as *const u16)
-        });
-        // A full-register load (`vmovq`), not lane inserts (see `f16x2_at`).
-        let dw = _mm_cvtph_ps(_mm_loadl_epi64(dh.as_ptr() as *const __m128i));
+        // The words at bytes 206..210 (d in the upper half): `vmovd` then `vpinsrd`, no 16-bit
+        // inserts into a register LLVM may pick (such as `sum`'s: see `f16x2_at`).
+        let dd = |k: usize| std::ptr::read_unaligned(w.add((i + k) * BB + 206) as *const i32);
+        let f = _mm256_cvtph_ps(_mm_setr_epi32(dd(0), dd(1), dd(2), dd(3)));
+        let dw = _mm_shuffle_ps::<0b11_01_11_01>(
+            _mm256_castps256_ps128(f),
+            _mm256_extractf128_ps::<1>(f),
+        );
         let ad = |k: usize| (*a.add(i + k)).d;
         let da = _mm_setr_ps(ad(0), ad(1), ad(2), ad(3));
         let t = _mm_mul_ps(_mm_mul_ps(dw, da), _mm_cvtepi32_ps(isum));
@@ -258,26 +261,19 @@ mod x86 {
         }};
     }
 
-    /// `pshufb` control: bytes 0..8 pick scale `g`, bytes 8..16 scale `g + 1`.
-    const fn pair_sel(g: u8) -> [u8; 16] {
-        let mut c = [0u8; 16];
+    /// `pshufb` controls against a half of the block's i16 scales in both 128-bit lanes:
+    /// `[m]` gives scale 2m of the half in i16 lanes 0..8 and 2m + 1 in lanes 8..16.
+    const fn pair_sel(m: u8) -> [u8; 32] {
+        let mut c = [0u8; 32];
         let mut i = 0;
-        while i < 16 {
-            c[i] = if i < 8 { g } else { g + 1 };
+        while i < 32 {
+            let s = if i < 16 { 2 * m } else { 2 * m + 1 };
+            c[i] = 2 * s + (i % 2) as u8;
             i += 1;
         }
         c
     }
-    static SEL: [[u8; 16]; 8] = [
-        pair_sel(0),
-        pair_sel(2),
-        pair_sel(4),
-        pair_sel(6),
-        pair_sel(8),
-        pair_sel(10),
-        pair_sel(12),
-        pair_sel(14),
-    ];
+    static SEL: [[u8; 32]; 4] = [pair_sel(0), pair_sel(1), pair_sel(2), pair_sel(3)];
 
     /// The 6-bit codes (0..64) of one half from its `ql[0..32]`, `ql[32..64]` and `qh[0..32]`
     /// (or the same words of several rows, transposed alike: the operations are bytewise):
@@ -323,35 +319,48 @@ mod x86 {
         [c0[0], c0[1], c0[2], c0[3], c1[0], c1[1], c1[2], c1[3]]
     }
 
-    /// The block's scales per 32 codes (`[j]`: scales 2j and 2j+1, eight i16 lanes each).
+    /// The block's 16 scales as i16.
     ///
     /// # Safety
     /// AVX2; `b` valid for a block.
     #[inline]
     #[target_feature(enable = "avx2")]
-    unsafe fn block_scales(b: *const u8) -> [__m256i; 8] {
-        let sc8 = _mm_loadu_si128(b.add(192) as *const __m128i);
+    unsafe fn scales16(b: *const u8) -> __m256i {
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i))
+    }
+
+    /// The block's scales per 32 codes from `scales16` (`[j]`: scales 2j and 2j+1, eight i16
+    /// lanes each): each half of the scales in both 128-bit lanes, then one `pshufb` per pair.
+    ///
+    /// # Safety
+    /// AVX2.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn block_scales(sc16: __m256i) -> [__m256i; 8] {
+        let half = [
+            _mm256_permute4x64_epi64::<0b01_00_01_00>(sc16),
+            _mm256_permute4x64_epi64::<0b11_10_11_10>(sc16),
+        ];
         std::array::from_fn(|j| {
-            let sel = _mm_loadu_si128(SEL[j].as_ptr() as *const __m128i);
-            _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, sel))
+            let sel = _mm256_loadu_si256(SEL[j % 4].as_ptr() as *const __m256i);
+            _mm256_shuffle_epi8(half[j / 4], sel)
         })
     }
 
     /// Eight i32 lanes that sum to the block's isum against activation block `ab`: `maddubs`
     /// of codes and activations (codes <= 63, |a| <= 127: no i16 saturation), `madd` with the
-    /// group scales, less 32 * sum_g sc_g * bsum_g.
+    /// group scales (`s`: `block_scales` of `sc16`), less 32 * sum_g sc_g * bsum_g.
     ///
     /// # Safety
-    /// AVX2; `b` valid for a block.
+    /// AVX2.
     #[inline]
     #[target_feature(enable = "avx2")]
-    unsafe fn isum8(q: &[__m256i; 8], s: &[__m256i; 8], b: *const u8, ab: &BlockQ8K) -> __m256i {
+    unsafe fn isum8(q: &[__m256i; 8], s: &[__m256i; 8], sc16: __m256i, ab: &BlockQ8K) -> __m256i {
         let mut sumi = _mm256_setzero_si256();
         for j in 0..8 {
             let x = _mm256_loadu_si256(ab.qs.as_ptr().add(32 * j) as *const __m256i);
             sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(q[j], x), s[j]));
         }
-        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
         let bs = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
         _mm256_sub_epi32(sumi, _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5))
     }
@@ -365,7 +374,8 @@ mod x86 {
     unsafe fn block_avx2(w: *const u8, a: *const BlockQ8K, i: usize, pf: usize) -> __m256i {
         let b = w.add(i * BB);
         prefetch(b, pf, BB);
-        isum8(&block_codes(b), &block_scales(b), b, &*a.add(i))
+        let sc16 = scales16(b);
+        isum8(&block_codes(b), &block_scales(sc16), sc16, &*a.add(i))
     }
 
     /// Per block the exact isum of `dot_scalar` (`isum8`), then its float step in its order,
@@ -524,13 +534,14 @@ mod x86 {
         for i in 0..nb {
             let b = w.add(i * BB);
             prefetch(b, pf, BB);
-            let (q, s) = (block_codes(b), block_scales(b));
+            let sc16 = scales16(b);
+            let (q, s) = (block_codes(b), block_scales(sc16));
             // Explicit calls: a closure here is not always inlined.
             let v = [
-                isum8(&q, &s, b, &*a[0].add(i)),
-                isum8(&q, &s, b, &*a[1].add(i)),
-                isum8(&q, &s, b, &*a[2].add(i)),
-                isum8(&q, &s, b, &*a[3].add(i)),
+                isum8(&q, &s, sc16, &*a[0].add(i)),
+                isum8(&q, &s, sc16, &*a[1].add(i)),
+                isum8(&q, &s, sc16, &*a[2].add(i)),
+                isum8(&q, &s, sc16, &*a[3].add(i)),
             ];
             acc = step4(acc, hsum4(v), b, &a, i);
         }
