@@ -313,7 +313,7 @@ fn k_quant_dots_have_the_scalar_bits(t: DType, isas: &[Isa]) {
                     let rows = [acts.row(0), acts.row(1), acts.row(2), acts.row(3)];
                     dot4(wr, &rows, &mut four);
                 }
-                for k in 0..4 {
+                for (k, four) in four.iter().enumerate() {
                     let s = kernels::dot(t, Isa::Scalar, wr, &acts, k);
                     let a = kernels::dot(t, isa, wr, &acts, k);
                     let (s, a) = (s.unwrap(), a.unwrap());
@@ -325,7 +325,7 @@ fn k_quant_dots_have_the_scalar_bits(t: DType, isas: &[Isa]) {
                     if dot4.is_some() {
                         assert_eq!(
                             s.to_bits(),
-                            four[k].to_bits(),
+                            four.to_bits(),
                             "{t} {isa:?} four-row dot, row {r} act {k}"
                         );
                     }
