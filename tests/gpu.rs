@@ -1093,15 +1093,19 @@ fn gpu_tensor_core_decode_attention_matches_f64() {
                     n * heads * d,
                     (pos0 + n) * kvh * d,
                 );
-                let got =
-                    check::attention_mma_dec(&q, &k, &v, n, pos0, heads, kvh, d, 16, 256, half)
-                        .unwrap();
                 let want = attention_f64(&q, &k, &v, n, pos0, heads, kvh, d);
-                let (worst, top) = worst_of(&got, &want);
-                assert!(
-                    worst <= 1e-2 * top,
-                    "attention_mma_dec_{d} (f16 storage {half}), {heads} heads over {kvh}, position {pos0}: max|Δ| {worst:.2e} against max|ref| {top:.2e}"
-                );
+                // 16 splits of up to 256 keys, and the kernel's most: 128 of 64.
+                for (splits, chunk) in [(16usize, 256usize), (128, 64)] {
+                    let got = check::attention_mma_dec(
+                        &q, &k, &v, n, pos0, heads, kvh, d, splits, chunk, half,
+                    )
+                    .unwrap();
+                    let (worst, top) = worst_of(&got, &want);
+                    assert!(
+                        worst <= 1e-2 * top,
+                        "attention_mma_dec_{d} (f16 storage {half}), {heads} heads over {kvh}, position {pos0}, {splits} splits: max|Δ| {worst:.2e} against max|ref| {top:.2e}"
+                    );
+                }
             }
         }
         eprintln!("attention_mma_dec_{d} (f16 storage {half}): within 1e-2 of max|ref| everywhere");

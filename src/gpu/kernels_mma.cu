@@ -277,7 +277,7 @@ __device__ __forceinline__ void quantize_lane(float v, i8* XQ, float* XD, int t,
 // itself (the merge's sums over one split, bit for bit) and no block counts or merges.
 // done: heads*n zeroed counters (left zeroed). Grid: (kv heads, n, splits <= MAX_DEC_SPLITS),
 // block 128.
-#define MAX_DEC_SPLITS 64  // gpu/model.rs keeps splits <= 64 (256 measured slower)
+#define MAX_DEC_SPLITS 128  // gpu/model.rs keeps splits <= 128 (dec_splits_max)
 template <int D, typename T>
 __device__ __forceinline__ void attention_mma_dec_body(
     const float* Q, int qts, int qhs, const T* K, int ks, int khs, const T* V, int vs,
@@ -286,7 +286,8 @@ __device__ __forceinline__ void attention_mma_dec_body(
     constexpr int SR = D + 8;
     __shared__ __align__(16) u16 KVs[2 * MK * SR];  // keys then values; the merge reuses it
     __shared__ float Wm[4][16], Wl[4][16];
-    __shared__ float Wsp[4][MAX_DEC_SPLITS];  // split weights in the merge
+    __shared__ float Wsp[16][MAX_DEC_SPLITS];  // split weights per head in the merge
+    __shared__ float Winv[16];
     u16* Ks = KVs;
     u16* Vs = KVs + MK * SR;
     const int g = blockIdx.x, t = blockIdx.y, s = blockIdx.z, S = gridDim.z;
@@ -432,11 +433,13 @@ __device__ __forceinline__ void attention_mma_dec_body(
         }
     }
     if (direct || !last_block(done + (size_t)t * heads + g, S)) return;
-    // The group's heads merged a warp each (merge_head's sums, with the split weights computed
-    // once per head into shared memory; merge_head in one thread block took the heads one after
-    // another, each through chains of dependent loads).
-    for (int h = g * G + warp; h < (g + 1) * G; h += 4) {
-        size_t base = ((size_t)t * heads + h) * S;
+    // The group's heads merged by the whole block: first each head's split weights (a warp per
+    // head, merge_head's max and sums) into shared memory, then every thread 4 consecutive
+    // outputs at once, the splits' partials loaded 16 at a time (one warp per head summing 64
+    // splits one after another spent ~20 us per layer waiting on chains of loads). Each output
+    // is still merge_head's sum over the splits in order, times the same 1 / l: the same bits.
+    for (int r = warp; r < G; r += 4) {
+        size_t base = ((size_t)t * heads + g * G + r) * S;
         float m = -INFINITY;
         for (int i = lane; i < S_act; i += 32) m = fmaxf(m, PM[base + i]);
 #pragma unroll
@@ -444,22 +447,56 @@ __device__ __forceinline__ void attention_mma_dec_body(
         float l = 0.f;
         for (int i = lane; i < S_act; i += 32) {
             float p = PL[base + i], w = p > 0.f ? expf(PM[base + i] - m) : 0.f;
-            Wsp[warp][i] = w;
+            Wsp[r][i] = w;
             l += p * w;
         }
         l = warp_sum(l);
-        __syncwarp();
-        const float inv = 1.f / l;
-        float* o = O + (size_t)t * ots + (size_t)h * ohs;
-        for (int d = lane; d < D; d += 32) {
-            float a = 0.f;
-#pragma unroll 8
-            for (int i = 0; i < S_act; i++) a += PO[(base + i) * D + d] * Wsp[warp][i];
-            float v = a * inv;
-            o[d] = v;
-            if (XQ) quantize_lane(v, XQ, XD, t, cols, h * D + d, lane);
+        if (lane == 0) Winv[r] = 1.f / l;
+    }
+    __syncthreads();
+    // G * D / 4 outputs-of-4 (G * D a multiple of 32 when XQ: dv % 32 == 0): 8 lanes hold one
+    // 32-value block of the quantized row. Every lane of a warp runs the loop's iterations
+    // (the shuffles are warp-wide); those past the end compute nothing.
+    const int n4 = G * D / 4;
+    for (int i0 = 0; i0 < n4; i0 += 128) {
+        const int i = i0 + tid;
+        const bool act = i < n4;
+        const int r = act ? 4 * i / D : 0, c = act ? 4 * i % D : 0, h = g * G + r;
+        const float4* p = (const float4*)(PO + ((size_t)t * heads + h) * S * D + c);
+        const float* wr = Wsp[r];
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (act) {
+#pragma unroll 16
+            for (int q = 0; q < S_act; q++) {
+                const float4 x = p[(size_t)q * (D / 4)];
+                const float w = wr[q];
+                a.x += x.x * w;
+                a.y += x.y * w;
+                a.z += x.z * w;
+                a.w += x.w * w;
+            }
         }
-        __syncwarp();
+        const float inv = Winv[r];
+        const float v[4] = {a.x * inv, a.y * inv, a.z * inv, a.w * inv};
+        if (act) {
+            float* o = O + (size_t)t * ots + (size_t)h * ohs + c;
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[e] = v[e];
+        }
+        if (XQ) {
+            float am = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+            for (int q = 4; q > 0; q >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, q));
+            if (act) {
+                const float dq = am / 127.f;
+                const float id = dq > 0.f ? 1.f / dq : 0.f;
+                const int col = h * D + c;
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    XQ[(size_t)t * cols + col + e] = (i8)max(-127, min(127, (int)roundf(v[e] * id)));
+                if ((lane & 7) == 0) XD[(size_t)t * (cols >> 5) + (col >> 5)] = dq;
+            }
+        }
     }
 }
 

@@ -38,6 +38,20 @@ const ALIGN: usize = 256;
 /// Bytes of one `Job` in kernels.cu (three u64 pointers, two i32).
 const JOB_BYTES: usize = 32;
 
+/// The most flash-decoding splits a state's decode steps use: 64, or `SLUICE_GPU_DEC_SPLITS=N`
+/// (1..=128, the tensor-core decode kernel's limit) to measure where the decode kernel's time
+/// goes (fewer splits: more keys per block and fewer partials to merge; more: more blocks, so
+/// more loads in flight).
+fn dec_splits_max() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("SLUICE_GPU_DEC_SPLITS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .map_or(64, |n| n.clamp(1, 128))
+    })
+}
+
 /// What `GpuState::add_rmsnorm` adds to x before the norm.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) enum Residual {
@@ -87,7 +101,7 @@ fn att_mma_dec_on(ctx: usize) -> bool {
 /// for every prompt and decode step: GQA attention (not MLA, DeepSeek-V4 or the hybrid families,
 /// whose tiny fixtures are the only ones with such head sizes and have not run it; no sliding
 /// window or sinks), keys and values of one head size in `MMA_DIMS`, at most 16 query heads per key/value
-/// head, at most 64 decode splits, and neither kernel turned off (`SLUICE_GPU_ATT_MMA=0` or
+/// head, at most 128 decode splits, and neither kernel turned off (`SLUICE_GPU_ATT_MMA=0` or
 /// `SLUICE_GPU_ATT_MMA_DEC=0` keep f32 storage, which their kernels read). Decode then always
 /// takes the grouped tensor-core kernel: at depth 4096 / 16384 1.14x / 1.07x the f32 words'
 /// tg64, at depth 0 level with the per-head split kernel (H100, session 35,
@@ -105,7 +119,7 @@ fn kv_half_storage(cfg: &ModelConfig, kv16: [bool; 2], splits: usize) -> bool {
         && cfg.v_head_dim == cfg.head_dim
         && heads.is_multiple_of(kvh)
         && (1..=16).contains(&(heads / kvh))
-        && splits <= 64
+        && splits <= 128
         && att_mma_on()
         && !dec_off
 }
@@ -940,9 +954,9 @@ impl GpuState {
         .next_multiple_of(32);
         let xq_len = bsz * max_cols;
         let hq_len = bsz * k * cfg.expert_ffn.max(1).next_multiple_of(32);
-        // Flash-decoding: about 64 splits over the context, each at most 4096 positions of
-        // scores in shared memory.
-        let splits = ctx.div_ceil(64).clamp(1, 64);
+        // Flash-decoding: about 64 splits over the context (at most `dec_splits_max()`), each
+        // at most 8192 positions.
+        let splits = ctx.div_ceil(64).clamp(1, dec_splits_max());
         let chunk = ctx.div_ceil(splits).min(8192);
         let splits = ctx.div_ceil(chunk);
         let kv_half = kv_half_storage(cfg, kv16, splits);
@@ -1741,7 +1755,7 @@ impl GpuState {
                 };
             // An f16 cache: the group's query heads as the tensor cores' rows (kernels_mma.cu).
             if let Some(i) = self.mma_kernel(dk, dv, q, k, v, o) {
-                if splits <= 64
+                if splits <= 128
                     && (1..=16).contains(&group)
                     && heads.is_multiple_of(group)
                     && (self.kv_half || att_mma_dec_on(ctx))
