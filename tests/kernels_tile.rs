@@ -9,9 +9,9 @@
 //! The 8-row x 8-token tiles (`kernels::tile_fn`) likewise give each output the single-row
 //! dot's bits, alone and inside `matmul` over odd shapes.
 //!
-//! Also: every Q4_K and Q6_K SIMD dot (AVX2 and AVX-512, single-row and four-row) and Q8_0's
-//! AVX-512 dot, four-row dot and tile compute the scalar dot's per-block integers and float
-//! operations in the same order, so they give the scalar dot's bits.
+//! Also: every Q4_K, Q6_K and Q8_0 SIMD dot (AVX2 and AVX-512, single-row and four-row; Q8_0's
+//! tiles too) computes the scalar dot's per-block integers and float operations in the same
+//! order, so they give the scalar dot's bits.
 
 use sluice::dtype::DType;
 use sluice::kernels::{self, Acts, Isa, MatJob, WeightView};
@@ -335,16 +335,21 @@ fn k_quant_dots_have_the_scalar_bits(t: DType, isas: &[Isa]) {
     }
 }
 
-/// Q8_0's AVX-512 dot, four-row dot and 8x8 tile add the blocks' products in block order as the
-/// scalar dot does: the scalar bits, on whole groups of 16 blocks, tails (67 blocks, Qwen3's
-/// 768-wide expert rows: 24), short rows (4 blocks, DeepSeek's 128-wide k_b; 1) and extremes.
+/// Every Q8_0 SIMD dot (AVX2 and AVX-512: single-row, four-row; the tiles) adds the blocks'
+/// products in block order as the scalar dot does: the scalar bits, on whole groups of 8 and 16
+/// blocks, tails (67 blocks, Qwen3's 768-wide expert rows: 24), short rows (4 blocks, DeepSeek's
+/// 128-wide k_b; 1) and extremes, so a tile can stand in for the single-token dot at any ISA.
 #[test]
-fn q8_0_avx512_dots_have_the_scalar_bits() {
-    if !Isa::available().contains(&Isa::Avx512) {
-        eprintln!("q8_0_avx512_dots_have_the_scalar_bits: skipped: no AVX-512 VNNI here");
+fn q8_0_simd_dots_have_the_scalar_bits() {
+    let t = DType::Q8_0;
+    let isas: Vec<Isa> = Isa::available()
+        .into_iter()
+        .filter(|&i| i >= Isa::Avx2)
+        .collect();
+    if isas.is_empty() {
+        eprintln!("q8_0_simd_dots_have_the_scalar_bits: skipped: no AVX2 here");
         return;
     }
-    let t = DType::Q8_0;
     let mut rng = Rng(8);
     for (cols, extreme) in [2048usize, 32 * 67, 768, 128, 32]
         .into_iter()
@@ -358,27 +363,33 @@ fn q8_0_avx512_dots_have_the_scalar_bits() {
         acts.load(&x, 8, cols);
         acts.prepare(kernels::kernels_for(t).unwrap().act);
         let rows: Vec<_> = (0..8).map(|k| acts.row(k)).collect();
-        let tile = kernels::tile_fn(t, Isa::Avx512).expect("Q8_0 has an AVX-512 tile");
-        let dot4 = kernels::dot4_fn(t, Isa::Avx512).unwrap();
-        let mut got = [[f32::NAN; 8]; 8];
-        tile(&w, rb, &rows, &mut got);
-        for r in 0..8 {
-            let wr = &w[r * rb..(r + 1) * rb];
-            let mut four = [f32::NAN; 4];
-            dot4(
-                wr,
-                &[acts.row(4), acts.row(5), acts.row(6), acts.row(7)],
-                &mut four,
-            );
-            for k in 0..8 {
-                let s = kernels::dot(t, Isa::Scalar, wr, &acts, k).unwrap();
-                let a = kernels::dot(t, Isa::Avx512, wr, &acts, k).unwrap();
-                assert!(s.is_finite(), "non-finite reference");
-                let what = format!("cols {cols} extreme={extreme} row {r} act {k}");
-                assert_eq!(s.to_bits(), a.to_bits(), "dot, {what}: {s} vs {a}");
-                assert_eq!(s.to_bits(), got[k][r].to_bits(), "tile, {what}");
-                if k >= 4 {
-                    assert_eq!(s.to_bits(), four[k - 4].to_bits(), "dot4, {what}");
+        for &isa in &isas {
+            let tile = kernels::tile_fn(t, isa);
+            let dot4 = kernels::dot4_fn(t, isa).unwrap();
+            let mut got = [[f32::NAN; 8]; 8];
+            if let Some(tile) = tile {
+                tile(&w, rb, &rows, &mut got);
+            }
+            for r in 0..8 {
+                let wr = &w[r * rb..(r + 1) * rb];
+                let mut four = [f32::NAN; 4];
+                dot4(
+                    wr,
+                    &[acts.row(4), acts.row(5), acts.row(6), acts.row(7)],
+                    &mut four,
+                );
+                for k in 0..8 {
+                    let s = kernels::dot(t, Isa::Scalar, wr, &acts, k).unwrap();
+                    let a = kernels::dot(t, isa, wr, &acts, k).unwrap();
+                    assert!(s.is_finite(), "non-finite reference");
+                    let what = format!("{isa:?} cols {cols} extreme={extreme} row {r} act {k}");
+                    assert_eq!(s.to_bits(), a.to_bits(), "dot, {what}: {s} vs {a}");
+                    if tile.is_some() {
+                        assert_eq!(s.to_bits(), got[k][r].to_bits(), "tile, {what}");
+                    }
+                    if k >= 4 {
+                        assert_eq!(s.to_bits(), four[k - 4].to_bits(), "dot4, {what}");
+                    }
                 }
             }
         }

@@ -2,9 +2,10 @@
 //!
 //! Dots against `Q8_32` activations: per block an exact integer sum of qs_w * qs_a, scaled by
 //! d_w * d_a in f32 (ggml's `ggml_vec_dot_q8_0_q8_0` order). The scalar dot adds the blocks'
-//! products one by one in block order; the AVX-512 dot, four-row dot and 8x8 tile do exactly
-//! that (the integer sums of 16 blocks at once, their products in one vector, the adds in
-//! order), so they give the scalar dot's bits; the AVX2 dot sums in two vector accumulators.
+//! products one by one in block order; every SIMD dot (AVX2 and AVX-512 single-row and four-row,
+//! the AVX-512 8x8 tile) does exactly that (the integer sums of 8 or 16 blocks at once, their products
+//! in one vector, the adds in order), so all give the scalar dot's bits: a token's logits do
+//! not depend on how many tokens share its matmul.
 
 use super::float::f16_le;
 use super::{ActFormat, ActRow, BlockQ8_32, TypeKernels};
@@ -74,7 +75,7 @@ fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::super::simd::prefetch_distance;
-    use super::super::simd::x86::{f16_at, hsum_ps256, prefetch};
+    use super::super::simd::x86::{f16_at, prefetch};
     use super::{dot_scalar, ActRow, BlockQ8_32, BB};
     use crate::kernels::Isa;
     use std::arch::x86_64::*;
@@ -83,10 +84,10 @@ mod x86 {
         if !Isa::Avx2.supported() {
             return dot_scalar(w, a);
         }
-        let nb = a.q8_32.len().min(w.len() / BB);
+        let nb = a.q8_32.len().min(a.q8_32_d.len()).min(w.len() / BB);
         // SAFETY: AVX2/FMA/F16C present (checked above); `w` holds `nb` whole blocks and
-        // `a.q8_32` at least `nb` blocks.
-        unsafe { avx2(w.as_ptr(), a.q8_32.as_ptr(), nb) }
+        // `a.q8_32` and `a.q8_32_d` at least `nb` each.
+        unsafe { avx2(w.as_ptr(), a, nb) }
     }
 
     pub(super) fn dot_avx512(w: &[u8], a: &ActRow<'_>) -> f32 {
@@ -114,12 +115,11 @@ mod x86 {
         }
         let nb = a
             .iter()
-            .map(|a| a.q8_32.len())
+            .map(|a| a.q8_32.len().min(a.q8_32_d.len()))
             .fold(w.len() / BB, usize::min);
-        let ap = std::array::from_fn(|r| a[r].q8_32.as_ptr());
         // SAFETY: AVX2/FMA/F16C present (checked above); `w` holds `nb` whole blocks and each
-        // activation row at least `nb` blocks.
-        unsafe { avx2_x4(w.as_ptr(), ap, nb, out) }
+        // activation row's blocks and scales at least `nb`.
+        unsafe { avx2_x4(w.as_ptr(), a, nb, out) }
     }
 
     /// Four activation rows against one weight row, bit-identical to four `dot_avx512` calls.
@@ -145,54 +145,125 @@ mod x86 {
         _mm256_madd_epi16(p, _mm256_set1_epi16(1))
     }
 
-    /// # Safety
-    /// AVX2+FMA+F16C; `w` valid for `nb` blocks, `a` for `nb` activation blocks.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn avx2(w: *const u8, a: *const BlockQ8_32, nb: usize) -> f32 {
-        let mut acc = [_mm256_setzero_ps(); 2];
-        let pf = prefetch_distance();
-        for i in 0..nb {
-            let b = w.add(i * BB);
-            prefetch(b, pf, BB);
-            let ab = &*a.add(i);
-            let d = _mm256_set1_ps(f16_at(b) * ab.d);
-            let qw = _mm256_loadu_si256(b.add(2) as *const __m256i);
-            let qa = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
-            let s = _mm256_cvtepi32_ps(block_dot(qw, qa));
-            acc[i & 1] = _mm256_fmadd_ps(d, s, acc[i & 1]);
-        }
-        hsum_ps256(_mm256_add_ps(acc[0], acc[1]))
-    }
-
-    /// `avx2` for four activation rows: the weight block is loaded, its scale converted and
-    /// its absolute value taken once; per row the integer lanes and the float operations are
-    /// `avx2`'s in the same order (two alternating accumulators), so each result has its bits.
+    /// Lane k: the sum of the eight i32 lanes of `v[k]` (exact in any order).
     ///
     /// # Safety
-    /// AVX2+FMA+F16C; `w` valid for `nb` blocks, each `a[r]` for `nb` activation blocks.
+    /// AVX2.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn hsum8(v: &[__m256i; 8]) -> __m256i {
+        // Per 128-bit lane: [v0 v1 v2 v3] (resp. v4..v8) summed over that lane's four lanes.
+        let h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+        let h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+        _mm256_add_epi32(
+            _mm256_permute2x128_si256::<0x20>(h0, h1),
+            _mm256_permute2x128_si256::<0x31>(h0, h1),
+        )
+    }
+
+    /// The sum of the eight i32 lanes of `v`.
+    ///
+    /// # Safety
+    /// AVX2.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn hsum1(v: __m256i) -> i32 {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+        _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<1>(s)))
+    }
+
+    /// The f16 `d` of eight blocks at `b + k * stride` (k < 8) as f32. Each is read as the
+    /// 32-bit word at its block's start (`vmovd`/`vpinsrd`: no 16-bit inserts into a register
+    /// LLVM may pick, see `f16x2_at`), its low half kept and the halves packed.
+    ///
+    /// # Safety
+    /// AVX2+F16C; `b + k * stride` valid for 4 bytes, k < 8.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn scales8(b: *const u8, stride: usize) -> __m256 {
+        let dd = |k: usize| std::ptr::read_unaligned(b.add(k * stride) as *const i32);
+        let m = _mm_set1_epi32(0xFFFF);
+        let lo = _mm_and_si128(_mm_setr_epi32(dd(0), dd(1), dd(2), dd(3)), m);
+        let hi = _mm_and_si128(_mm_setr_epi32(dd(4), dd(5), dd(6), dd(7)), m);
+        _mm256_cvtph_ps(_mm_packus_epi32(lo, hi))
+    }
+
+    /// `sum + p[0] + .. + p[7]`, one add at a time in lane order (`dot_scalar`'s).
+    ///
+    /// # Safety
+    /// AVX.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn add8(mut sum: f32, p: __m256) -> f32 {
+        let mut l = [0.0f32; 8];
+        _mm256_storeu_ps(l.as_mut_ptr(), p);
+        for x in l {
+            sum += x;
+        }
+        sum
+    }
+
+    /// One weight row against `R` activation rows (`a[r]` blocks, `d[r]` their scales), each
+    /// in `dot_scalar`'s order: per block the exact isum (`block_dot`, eight blocks summed
+    /// across lanes by one `hadd` tree), `isum as f32 * (d_w * d_a)` and the adds in block
+    /// order. The rows share the weight blocks (loaded from L1 after the first).
+    ///
+    /// # Safety
+    /// AVX2+F16C; `w` valid for `nb` blocks, each `a[r]` and `d[r]` for `nb`.
+    #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn avx2_x4(w: *const u8, a: [*const BlockQ8_32; 4], nb: usize, out: &mut [f32; 4]) {
-        let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+    unsafe fn rows_avx2<const R: usize>(
+        w: *const u8,
+        a: [*const BlockQ8_32; R],
+        d: [*const f32; R],
+        nb: usize,
+    ) -> [f32; R] {
         let pf = prefetch_distance();
-        let ones = _mm256_set1_epi16(1);
-        for i in 0..nb {
+        let mut sum = [0.0f32; R];
+        let ld = |b: *const u8| _mm256_loadu_si256(b.add(2) as *const __m256i);
+        let qa = |a: *const BlockQ8_32| _mm256_loadu_si256((*a).qs.as_ptr() as *const __m256i);
+        let mut i = 0;
+        while i + 8 <= nb {
+            let b0 = w.add(i * BB);
+            prefetch(b0, pf, 8 * BB);
+            let dw = scales8(b0, BB);
+            for r in 0..R {
+                let v: [__m256i; 8] =
+                    std::array::from_fn(|k| block_dot(ld(b0.add(k * BB)), qa(a[r].add(i + k))));
+                let dd = _mm256_mul_ps(dw, _mm256_loadu_ps(d[r].add(i)));
+                let p = _mm256_mul_ps(_mm256_cvtepi32_ps(hsum8(&v)), dd);
+                sum[r] = add8(sum[r], p);
+            }
+            i += 8;
+        }
+        for i in i..nb {
             let b = w.add(i * BB);
-            prefetch(b, pf, BB);
             let dw = f16_at(b);
-            let qw = _mm256_loadu_si256(b.add(2) as *const __m256i);
-            let aw = _mm256_sign_epi8(qw, qw);
-            for r in 0..4 {
-                let ab = &*a[r].add(i);
-                let d = _mm256_set1_ps(dw * ab.d);
-                let qa = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
-                let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(qa, qw));
-                let s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-                acc[r][i & 1] = _mm256_fmadd_ps(d, s, acc[r][i & 1]);
+            for r in 0..R {
+                let isum = hsum1(block_dot(ld(b), qa(a[r].add(i))));
+                sum[r] += isum as f32 * (dw * *d[r].add(i));
             }
         }
-        for r in 0..4 {
-            out[r] = hsum_ps256(_mm256_add_ps(acc[r][0], acc[r][1]));
-        }
+        sum
+    }
+
+    /// # Safety
+    /// AVX2+FMA+F16C; `w` valid for `nb` blocks, `a.q8_32` and `a.q8_32_d` for `nb`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn avx2(w: *const u8, a: &ActRow<'_>, nb: usize) -> f32 {
+        rows_avx2::<1>(w, [a.q8_32.as_ptr()], [a.q8_32_d.as_ptr()], nb)[0]
+    }
+
+    /// `avx2` for four activation rows: each result has its (= `dot_scalar`'s) bits.
+    ///
+    /// # Safety
+    /// AVX2+FMA+F16C; `w` valid for `nb` blocks, each row's `q8_32` and `q8_32_d` for `nb`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn avx2_x4(w: *const u8, a: &[ActRow<'_>; 4], nb: usize, out: &mut [f32; 4]) {
+        let ap = std::array::from_fn(|r| a[r].q8_32.as_ptr());
+        let dp = std::array::from_fn(|r| a[r].q8_32_d.as_ptr());
+        *out = rows_avx2::<4>(w, ap, dp, nb);
     }
 
     /// Byte offsets of the scales of 16 consecutive blocks of `stride` bytes.
