@@ -190,10 +190,12 @@ fn tile_dots_equal_single_row_dots() {
         );
     }
     if Isa::available().contains(&Isa::Avx2) {
-        assert!(
-            cases.contains(&(DType::Q6_K, Isa::Avx2)),
-            "Q6_K has no AVX2 8x8 tile kernel on this machine"
-        );
+        for t in [DType::Q6_K, DType::Q8_0] {
+            assert!(
+                cases.contains(&(t, Isa::Avx2)),
+                "{t} has no AVX2 8x8 tile kernel on this machine"
+            );
+        }
     }
     let mut rng = Rng(88);
     for (t, isa) in cases {
@@ -335,10 +337,10 @@ fn k_quant_dots_have_the_scalar_bits(t: DType, isas: &[Isa]) {
     }
 }
 
-/// Every Q8_0 SIMD dot (AVX2 and AVX-512: single-row, four-row; the tiles) adds the blocks'
+/// Every Q8_0 SIMD dot (AVX2 and AVX-512: single-row, four-row, 8x8 tile) adds the blocks'
 /// products in block order as the scalar dot does: the scalar bits, on whole groups of 8 and 16
 /// blocks, tails (67 blocks, Qwen3's 768-wide expert rows: 24), short rows (4 blocks, DeepSeek's
-/// 128-wide k_b; 1) and extremes, so a tile can stand in for the single-token dot at any ISA.
+/// 128-wide k_b; 1) and extremes, so a tile stands in for the single-token dot at any ISA.
 #[test]
 fn q8_0_simd_dots_have_the_scalar_bits() {
     let t = DType::Q8_0;
@@ -364,12 +366,10 @@ fn q8_0_simd_dots_have_the_scalar_bits() {
         acts.prepare(kernels::kernels_for(t).unwrap().act);
         let rows: Vec<_> = (0..8).map(|k| acts.row(k)).collect();
         for &isa in &isas {
-            let tile = kernels::tile_fn(t, isa);
+            let tile = kernels::tile_fn(t, isa).expect("Q8_0 has a tile at AVX2 and AVX-512");
             let dot4 = kernels::dot4_fn(t, isa).unwrap();
             let mut got = [[f32::NAN; 8]; 8];
-            if let Some(tile) = tile {
-                tile(&w, rb, &rows, &mut got);
-            }
+            tile(&w, rb, &rows, &mut got);
             for r in 0..8 {
                 let wr = &w[r * rb..(r + 1) * rb];
                 let mut four = [f32::NAN; 4];
@@ -384,9 +384,7 @@ fn q8_0_simd_dots_have_the_scalar_bits() {
                     assert!(s.is_finite(), "non-finite reference");
                     let what = format!("{isa:?} cols {cols} extreme={extreme} row {r} act {k}");
                     assert_eq!(s.to_bits(), a.to_bits(), "dot, {what}: {s} vs {a}");
-                    if tile.is_some() {
-                        assert_eq!(s.to_bits(), got[k][r].to_bits(), "tile, {what}");
-                    }
+                    assert_eq!(s.to_bits(), got[k][r].to_bits(), "tile, {what}");
                     if k >= 4 {
                         assert_eq!(s.to_bits(), four[k - 4].to_bits(), "dot4, {what}");
                     }

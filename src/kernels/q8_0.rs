@@ -2,8 +2,8 @@
 //!
 //! Dots against `Q8_32` activations: per block an exact integer sum of qs_w * qs_a, scaled by
 //! d_w * d_a in f32 (ggml's `ggml_vec_dot_q8_0_q8_0` order). The scalar dot adds the blocks'
-//! products one by one in block order; every SIMD dot (AVX2 and AVX-512 single-row and four-row,
-//! the AVX-512 8x8 tile) does exactly that (the integer sums of 8 or 16 blocks at once, their products
+//! products one by one in block order; every SIMD dot (AVX2 and AVX-512; single-row, four-row
+//! and 8x8 tile) does exactly that (the integer sums of 8 or 16 blocks at once, their products
 //! in one vector, the adds in order), so all give the scalar dot's bits: a token's logits do
 //! not depend on how many tokens share its matmul.
 
@@ -38,9 +38,11 @@ pub(super) const DOT4: super::Dot4Kernels = super::Dot4Kernels {
     avx512: None,
 };
 
-/// The 8-row x 8-token tile (prefill): see `kernels::tile_fn`. AVX-512 only; AVX2 keeps the
-/// four-row dot.
+/// The 8-row x 8-token tile (prefill): see `kernels::tile_fn`.
 pub(super) const TILE: super::TileKernels = super::TileKernels {
+    #[cfg(target_arch = "x86_64")]
+    avx2: Some(x86::tile_avx2),
+    #[cfg(not(target_arch = "x86_64"))]
     avx2: None,
     #[cfg(target_arch = "x86_64")]
     avx512: Some(x86::tile_avx512),
@@ -74,6 +76,7 @@ fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    use super::super::q4_k::x86::{bcast8, transpose_q};
     use super::super::simd::prefetch_distance;
     use super::super::simd::x86::{f16_at, prefetch};
     use super::{dot_scalar, ActRow, BlockQ8_32, BB};
@@ -264,6 +267,126 @@ mod x86 {
         let ap = std::array::from_fn(|r| a[r].q8_32.as_ptr());
         let dp = std::array::from_fn(|r| a[r].q8_32_d.as_ptr());
         *out = rows_avx2::<4>(w, ap, dp, nb);
+    }
+
+    /// Eight weight rows (`w`: row r at `r * rb`) against one to eight activation rows
+    /// (`avx2_8x8`): `out[t][r]` has the bits of `dot_avx2(row r, a[t])` (= `dot_scalar`'s).
+    pub(super) fn tile_avx2(w: &[u8], rb: usize, a: &[ActRow<'_>], out: &mut [[f32; 8]; 8]) {
+        let n = a.len();
+        assert!(
+            w.len() >= 8 * rb && (1..=8).contains(&n),
+            "Q8_0 tile: {} bytes for 8 rows of {rb}, {n} activation rows",
+            w.len()
+        );
+        if !Isa::Avx2.supported() {
+            return crate::kernels::tile_by_dots(w, rb, a, out, dot_scalar);
+        }
+        let nb = a
+            .iter()
+            .map(|a| a.q8_32.len().min(a.q8_32_d.len()))
+            .fold(rb / BB, usize::min);
+        // Missing rows point at row 0 (read, never stored).
+        let at = |t: usize| &a[if t < n { t } else { 0 }];
+        let ap: [*const BlockQ8_32; 8] = std::array::from_fn(|t| at(t).q8_32.as_ptr());
+        let dp: [*const f32; 8] = std::array::from_fn(|t| at(t).q8_32_d.as_ptr());
+        let wp = w.as_ptr();
+        // SAFETY: AVX2/FMA/F16C present (checked above); `w` holds 8 rows of `rb` bytes,
+        // each at least `nb` whole blocks, and each activation row's blocks and scales `nb`.
+        unsafe { by_tokens!(n, avx2_8x8 [] (wp, rb, ap, dp, nb, out)) }
+    }
+
+    /// 8 weight rows x `T` (1..=8) activation rows (`out[t]` for t >= T is not written). Per
+    /// block and group of four weight rows, the rows' 32 bytes are transposed in 8-byte words
+    /// (as Q4_K's tile: register g holds word g of the four rows, row j in 64-bit lane j) and
+    /// their absolute values taken once; each token's word g is broadcast against register g
+    /// with the sign trick (`maddubs(|w|, a * sign w)`, `madd` to i32), giving two i32 lanes
+    /// per row that sum to the block's isum exactly. Tokens (t, u) are paired by one
+    /// horizontal add into lanes [t r0, t r1, u r0, u r1 | t r2, t r3, u r2, u r3] and
+    /// `isum as f32 * (d_w * d_a)` is added to the running sums: per output `dot_scalar`'s
+    /// operations in its order.
+    ///
+    /// # Safety
+    /// AVX2+FMA+F16C; rows `w + r * rb` (r < 8) valid for `nb` blocks, each `a[t]` and `d[t]`
+    /// for `nb` blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn avx2_8x8<const T: usize>(
+        w: *const u8,
+        rb: usize,
+        a: [*const BlockQ8_32; 8],
+        d: [*const f32; 8],
+        nb: usize,
+        out: &mut [[f32; 8]; 8],
+    ) {
+        let zero = _mm256_setzero_si256();
+        let ones = _mm256_set1_epi16(1);
+        // Per row group, per token pair.
+        let mut acc = [[_mm256_setzero_ps(); 4]; 2];
+        // The eight rows are read block by block side by side: prefetch the same block of the
+        // next eight rows, one tile ahead (off when the prefetch distance is 0).
+        let pf = if prefetch_distance() == 0 { 0 } else { 8 * rb };
+        for i in 0..nb {
+            let blk = |r: usize| w.add(r * rb + i * BB);
+            for r in 0..8 {
+                prefetch(blk(r), pf, BB);
+            }
+            let dw = scales8(blk(0), rb);
+            let da = _mm256_setr_ps(
+                *d[0].add(i),
+                *d[1].add(i),
+                *d[2].add(i),
+                *d[3].add(i),
+                *d[4].add(i),
+                *d[5].add(i),
+                *d[6].add(i),
+                *d[7].add(i),
+            );
+            let x: [*const u8; 8] = std::array::from_fn(|t| (*a[t].add(i)).qs.as_ptr() as _);
+            for (q, acc) in acc.iter_mut().enumerate() {
+                let r0 = 4 * q;
+                let wg = transpose_q(std::array::from_fn(|j| {
+                    _mm256_loadu_si256(blk(r0 + j).add(2) as *const __m256i)
+                }));
+                let aw: [__m256i; 4] = std::array::from_fn(|g| _mm256_sign_epi8(wg[g], wg[g]));
+                let isum = |t: usize| {
+                    if t >= T {
+                        return zero;
+                    }
+                    let bc = |g: usize| bcast8(x[t].add(8 * g) as *const i8);
+                    let mut s = zero;
+                    for g in 0..4 {
+                        let p = _mm256_maddubs_epi16(aw[g], _mm256_sign_epi8(bc(g), wg[g]));
+                        s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));
+                    }
+                    s
+                };
+                let ri = |k: i32| r0 as i32 + k;
+                let rows_idx =
+                    _mm256_setr_epi32(ri(0), ri(1), ri(0), ri(1), ri(2), ri(3), ri(2), ri(3));
+                let dwq = _mm256_permutevar8x32_ps(dw, rows_idx);
+                for (p, acc) in acc.iter_mut().enumerate().take(T.div_ceil(2)) {
+                    // [t r0, t r1, u r0, u r1 | t r2, t r3, u r2, u r3].
+                    let v = _mm256_hadd_epi32(isum(2 * p), isum(2 * p + 1));
+                    let (t, u) = (2 * p as i32, 2 * p as i32 + 1);
+                    let dap =
+                        _mm256_permutevar8x32_ps(da, _mm256_setr_epi32(t, t, u, u, t, t, u, u));
+                    let y = _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(dwq, dap));
+                    *acc = _mm256_add_ps(*acc, y);
+                }
+            }
+        }
+        for (q, acc) in acc.iter().enumerate() {
+            for (p, v) in acc.iter().enumerate() {
+                let mut l = [0.0f32; 8];
+                _mm256_storeu_ps(l.as_mut_ptr(), *v);
+                for (k, &v) in l.iter().enumerate() {
+                    let t = 2 * p + (k % 4) / 2;
+                    let r = 4 * q + 2 * (k / 4) + k % 2;
+                    if t < T {
+                        out[t][r] = v;
+                    }
+                }
+            }
+        }
     }
 
     /// Byte offsets of the scales of 16 consecutive blocks of `stride` bytes.
