@@ -23,7 +23,9 @@ pub struct GpuArgs {
     pub staging: String,
     /// auto | off. `auto`: when the VRAM pool has a slot for every routed expert, copy them
     /// all in at start (as llama.cpp's -ngl 99 loads its weights), so the first prompt does
-    /// not stage them inside its prefill; `off`: stage each expert when a token first needs it.
+    /// not stage them inside its prefill; when it holds part of them and the GPU makes its own
+    /// RAM cache of every expert, read them all into it at start; `off`: read and stage each
+    /// expert when a token first needs it.
     #[arg(long = "gpu-preload", default_value = "auto")]
     pub preload: String,
     /// auto | vram | hybrid | stage: where a routed expert missing from the VRAM pool runs.

@@ -526,10 +526,29 @@ fn attach(
         let mut cfg = CacheConfig::new(max_e.max(1));
         // The plan's IO (the one `--io` parse, O_DIRECT checked there).
         cfg.io = plan.io_mode();
+        // With preload on, every expert is the cache's pinned tier, read by `new` (at load, as
+        // llama.cpp reads its weights), not by the first prompt: a 489-token prompt with a
+        // quarter of the experts in VRAM spent most of its second reading the rest
+        // (docs/PERFORMANCE.md, session 36).
+        if o.gpu.preload {
+            cfg.pinned = (0..store.n_layers())
+                .flat_map(|l| (0..store.n_experts(l)).map(move |e| (l, e)))
+                .collect();
+        }
         let cache = ExpertCache::new(store, cfg)?;
         if !o.quiet {
+            let s = cache.stats();
+            let read = if o.gpu.preload {
+                format!(
+                    ", read at load: {} experts in {:.2} s (--gpu-preload off reads each when a token first needs it)",
+                    cache.n_pinned(),
+                    s.pin_load_secs
+                )
+            } else {
+                String::new()
+            };
             eprintln!(
-                "[plan] gpu: experts fit in RAM, so the VRAM pool stages from a RAM cache of every expert ({:.2} GB)",
+                "[plan] gpu: experts fit in RAM, so the VRAM pool stages from a RAM cache of every expert ({:.2} GB){read}",
                 gb(cache.slab_bytes())
             );
         }
