@@ -144,6 +144,12 @@ pub fn transpose(
         // (asserted above).
         return unsafe { x86::transpose_512(rows.as_ptr(), stride, hd, nk, kt.as_mut_ptr(), kb) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        // SAFETY: AVX2 present; rows holds nk rows of hd floats `stride` apart, kt hd * kb
+        // (asserted above).
+        return unsafe { x86::transpose_256(rows.as_ptr(), stride, hd, nk, kt.as_mut_ptr(), kb) };
+    }
     for d in 0..hd {
         let col = &mut kt[d * kb..(d + 1) * kb];
         for (j, x) in col.iter_mut().enumerate() {
@@ -676,6 +682,60 @@ mod x86 {
         }
     }
 
+    /// `transpose_512` in 8 x 8 blocks.
+    /// # Safety
+    /// AVX2; `rows` holds nk rows of hd floats `stride` apart, `kt` hd * kb; hd and kb
+    /// multiples of 8, nk <= kb.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn transpose_256(
+        rows: *const f32,
+        stride: usize,
+        hd: usize,
+        nk: usize,
+        kt: *mut f32,
+        kb: usize,
+    ) {
+        for j0 in (0..kb).step_by(8) {
+            for d0 in (0..hd).step_by(8) {
+                let r: [__m256; 8] = std::array::from_fn(|i| {
+                    if j0 + i < nk {
+                        _mm256_loadu_ps(rows.add((j0 + i) * stride + d0))
+                    } else {
+                        _mm256_setzero_ps()
+                    }
+                });
+                // Pairs of rows interleaved, then groups of four, then the 128-bit halves.
+                let t: [__m256; 8] = std::array::from_fn(|i| {
+                    let (a, b) = (r[i & !1], r[i | 1]);
+                    if i % 2 == 0 {
+                        _mm256_unpacklo_ps(a, b)
+                    } else {
+                        _mm256_unpackhi_ps(a, b)
+                    }
+                });
+                // u[4k + m]: in 128-bit lane L, column 4L + m of rows 4k..4k + 4.
+                let u: [__m256; 8] = std::array::from_fn(|i| {
+                    let (k, m) = (i / 4, i % 4);
+                    let (a, b) = (t[4 * k + m / 2], t[4 * k + 2 + m / 2]);
+                    if m % 2 == 0 {
+                        _mm256_shuffle_ps::<0x44>(a, b)
+                    } else {
+                        _mm256_shuffle_ps::<0xEE>(a, b)
+                    }
+                });
+                for c in 0..8 {
+                    let (lo, hi) = (u[c % 4], u[4 + c % 4]);
+                    let x = if c < 4 {
+                        _mm256_permute2f128_ps::<0x20>(lo, hi)
+                    } else {
+                        _mm256_permute2f128_ps::<0x31>(lo, hi)
+                    };
+                    _mm256_storeu_ps(kt.add((d0 + c) * kb + j0), x);
+                }
+            }
+        }
+    }
+
     /// Rows r[i] (16 floats each) -> columns: out[c] lane i = r[i] lane c.
     #[inline]
     #[target_feature(enable = "avx512f")]
@@ -735,13 +795,19 @@ mod tests {
     #[test]
     fn transpose_puts_rows_in_columns() {
         for isa in isas() {
-            for (hd, nk, kb) in [(16, 16, 16), (64, 37, 48), (128, 64, 64)] {
-                let rows = values_of(nk * hd, 3);
+            // (hd, stride, nk, kb): rows packed and rows wider than hd (MLA's key parts).
+            for (hd, stride, nk, kb) in [
+                (16, 16, 16, 16),
+                (64, 64, 37, 48),
+                (128, 128, 64, 64),
+                (32, 96, 13, 16),
+            ] {
+                let rows = values_of(nk * stride, 3);
                 let mut kt = vec![f32::NAN; hd * kb];
-                transpose(&rows, hd, hd, nk, &mut kt, kb, isa);
+                transpose(&rows, stride, hd, nk, &mut kt, kb, isa);
                 for d in 0..hd {
                     for j in 0..kb {
-                        let want = if j < nk { rows[j * hd + d] } else { 0.0 };
+                        let want = if j < nk { rows[j * stride + d] } else { 0.0 };
                         assert_eq!(
                             kt[d * kb + j].to_bits(),
                             want.to_bits(),
