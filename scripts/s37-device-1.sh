@@ -45,7 +45,7 @@ if [ -n "$NCU" ]; then
   timeout 120 $NCU --launch-skip 60 --launch-count 150 --metrics gpu__time_duration.sum \
     $S run $M -p "hello there" -n 8 --gpu on --experts resident -c 4096 > $O/ncu-d0.txt 2>&1; el "ncu d0 rc $?"
   awk '/^  [a-z_0-9]+ \(/{k=$1} /gpu__time_duration.sum/{v=$NF; if ($(NF-1)=="ms") v*=1000; print k, v}' $O/ncu-d0.txt \
-    | awk '{s[$1]+=$2; c[$1]++; t+=$2} END{for(k in s) printf "%-34s n=%3d mean %7.2f us total %8.1f\n", k, c[k], s[k]/c[k], s[k]; printf "all %.1f us over %d launches\n", t, NR}' | sort -k6 -n -r | head -30
+    | awk '{s[$1]+=$2; c[$1]++; t+=$2} END{for(k in s) printf "%-34s n=%3d mean %7.2f us total %8.1f\n", k, c[k], s[k]/c[k], s[k]; printf "all %.1f us over %d launches\n", t, NR}' | sort -k7 -g -r | head -30
 fi
 el "done"
 tar -czf $OO/logs.tgz -C $O .
