@@ -296,14 +296,14 @@ mod x86 {
     }
 
     /// 8 weight rows x `T` (1..=8) activation rows (`out[t]` for t >= T is not written). Per
-    /// block and group of four weight rows, the rows' 32 bytes are transposed in 8-byte words
-    /// (as Q4_K's tile: register g holds word g of the four rows, row j in 64-bit lane j) and
-    /// their absolute values taken once; each token's word g is broadcast against register g
-    /// with the sign trick (`maddubs(|w|, a * sign w)`, `madd` to i32), giving two i32 lanes
-    /// per row that sum to the block's isum exactly. Tokens (t, u) are paired by one
-    /// horizontal add into lanes [t r0, t r1, u r0, u r1 | t r2, t r3, u r2, u r3] and
-    /// `isum as f32 * (d_w * d_a)` is added to the running sums: per output `dot_scalar`'s
-    /// operations in its order.
+    /// block, each group of four weight rows has its 32 bytes transposed in 8-byte words (as
+    /// Q4_K's tile: register g holds word g of the four rows, row j in 64-bit lane j) and their
+    /// absolute values taken, once for all the tokens; each token's word g is broadcast against
+    /// register g of both groups with the sign trick (`maddubs(|w|, a * sign w)`, `madd` to
+    /// i32), giving two i32 lanes per row that sum to the block's isum exactly. One horizontal
+    /// add of the two groups' sums gives the token's eight isums (lanes [r0, r1, r4, r5 | r2,
+    /// r3, r6, r7]) and `isum as f32 * (d_w * d_a)` is added to its running sums: per output
+    /// `dot_scalar`'s operations in its order.
     ///
     /// # Safety
     /// AVX2+FMA+F16C; rows `w + r * rb` (r < 8) valid for `nb` blocks, each `a[t]` and `d[t]`
@@ -319,8 +319,10 @@ mod x86 {
     ) {
         let zero = _mm256_setzero_si256();
         let ones = _mm256_set1_epi16(1);
-        // Per row group, per token pair.
-        let mut acc = [[_mm256_setzero_ps(); 4]; 2];
+        // Lane k of a token's sums holds row ROWS[k].
+        const ROWS: [usize; 8] = [0, 1, 4, 5, 2, 3, 6, 7];
+        let rows_idx = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+        let mut acc = [_mm256_setzero_ps(); 8];
         // The eight rows are read block by block side by side: prefetch the same block of the
         // next eight rows, one tile ahead (off when the prefetch distance is 0).
         let pf = if prefetch_distance() == 0 { 0 } else { 8 * rb };
@@ -329,62 +331,35 @@ mod x86 {
             for r in 0..8 {
                 prefetch(blk(r), pf, BB);
             }
-            let dw = scales8(blk(0), rb);
-            let da = _mm256_setr_ps(
-                *d[0].add(i),
-                *d[1].add(i),
-                *d[2].add(i),
-                *d[3].add(i),
-                *d[4].add(i),
-                *d[5].add(i),
-                *d[6].add(i),
-                *d[7].add(i),
-            );
-            let x: [*const u8; 8] = std::array::from_fn(|t| (*a[t].add(i)).qs.as_ptr() as _);
-            for (q, acc) in acc.iter_mut().enumerate() {
-                let r0 = 4 * q;
-                let wg = transpose_q(std::array::from_fn(|j| {
-                    _mm256_loadu_si256(blk(r0 + j).add(2) as *const __m256i)
-                }));
-                let aw: [__m256i; 4] = std::array::from_fn(|g| _mm256_sign_epi8(wg[g], wg[g]));
-                let isum = |t: usize| {
-                    if t >= T {
-                        return zero;
+            let dw = _mm256_permutevar8x32_ps(scales8(blk(0), rb), rows_idx);
+            let wg: [[__m256i; 4]; 2] = std::array::from_fn(|q| {
+                transpose_q(std::array::from_fn(|j| {
+                    _mm256_loadu_si256(blk(4 * q + j).add(2) as *const __m256i)
+                }))
+            });
+            let aw: [[__m256i; 4]; 2] = std::array::from_fn(|q| {
+                std::array::from_fn(|g| _mm256_sign_epi8(wg[q][g], wg[q][g]))
+            });
+            for (t, acc) in acc.iter_mut().enumerate().take(T) {
+                let x = (*a[t].add(i)).qs.as_ptr();
+                let mut s = [zero; 2];
+                for g in 0..4 {
+                    let bc = bcast8(x.add(8 * g));
+                    for q in 0..2 {
+                        let p = _mm256_maddubs_epi16(aw[q][g], _mm256_sign_epi8(bc, wg[q][g]));
+                        s[q] = _mm256_add_epi32(s[q], _mm256_madd_epi16(p, ones));
                     }
-                    let bc = |g: usize| bcast8(x[t].add(8 * g) as *const i8);
-                    let mut s = zero;
-                    for g in 0..4 {
-                        let p = _mm256_maddubs_epi16(aw[g], _mm256_sign_epi8(bc(g), wg[g]));
-                        s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));
-                    }
-                    s
-                };
-                let ri = |k: i32| r0 as i32 + k;
-                let rows_idx =
-                    _mm256_setr_epi32(ri(0), ri(1), ri(0), ri(1), ri(2), ri(3), ri(2), ri(3));
-                let dwq = _mm256_permutevar8x32_ps(dw, rows_idx);
-                for (p, acc) in acc.iter_mut().enumerate().take(T.div_ceil(2)) {
-                    // [t r0, t r1, u r0, u r1 | t r2, t r3, u r2, u r3].
-                    let v = _mm256_hadd_epi32(isum(2 * p), isum(2 * p + 1));
-                    let (t, u) = (2 * p as i32, 2 * p as i32 + 1);
-                    let dap =
-                        _mm256_permutevar8x32_ps(da, _mm256_setr_epi32(t, t, u, u, t, t, u, u));
-                    let y = _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(dwq, dap));
-                    *acc = _mm256_add_ps(*acc, y);
                 }
+                let v = _mm256_cvtepi32_ps(_mm256_hadd_epi32(s[0], s[1]));
+                let dd = _mm256_mul_ps(dw, _mm256_set1_ps(*d[t].add(i)));
+                *acc = _mm256_add_ps(*acc, _mm256_mul_ps(v, dd));
             }
         }
-        for (q, acc) in acc.iter().enumerate() {
-            for (p, v) in acc.iter().enumerate() {
-                let mut l = [0.0f32; 8];
-                _mm256_storeu_ps(l.as_mut_ptr(), *v);
-                for (k, &v) in l.iter().enumerate() {
-                    let t = 2 * p + (k % 4) / 2;
-                    let r = 4 * q + 2 * (k / 4) + k % 2;
-                    if t < T {
-                        out[t][r] = v;
-                    }
-                }
+        for (t, v) in acc.iter().enumerate().take(T) {
+            let mut l = [0.0f32; 8];
+            _mm256_storeu_ps(l.as_mut_ptr(), *v);
+            for (k, &v) in l.iter().enumerate() {
+                out[t][ROWS[k]] = v;
             }
         }
     }
