@@ -155,21 +155,13 @@ fn mtp_logits_match_transformers_on_the_dequantized_weights() {
 }
 
 /// `sluice run` with no model: the note says what it is, and temperature 0 gives this text,
-/// with the default f16 KV cache and with an f32 one. With f32 the 13th token is a near tie
-/// that the Q8_0 dot's float summation order decides: the scalar order (which the AVX-512
-/// kernels follow) gives the f16 cache's text, the AVX2 kernels' two-accumulator order
-/// `EXPECTED_F32` (the text sluice gave before the cache had a precision).
+/// with the default f16 KV cache and with an f32 one, on every instruction set. (With f32 the
+/// 13th token is a near tie that the Q8_0 dot's float summation order decides; every Q8_0 dot
+/// now sums in the scalar dot's order, so the AVX2 kernels no longer give another text.)
 #[test]
 fn run_with_no_model_generates_the_expected_text() {
     let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("tiny-model-cli-cache");
-    let f32_text = match sluice::kernels::Isa::detect() {
-        sluice::kernels::Isa::Avx2 => EXPECTED_F32,
-        _ => EXPECTED,
-    };
-    for (kv, expected) in [
-        (&[][..], EXPECTED),
-        (&["-ctk", "f32", "-ctv", "f32"][..], f32_text),
-    ] {
+    for kv in [&[][..], &["-ctk", "f32", "-ctv", "f32"][..]] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
             .args([
                 "run",
@@ -195,9 +187,8 @@ fn run_with_no_model_generates_the_expected_text() {
         );
         assert!(out.status.success(), "{stderr}");
         assert!(stderr.contains("sluice-tiny-moe"), "{stderr}");
-        assert_eq!(stdout.trim_end(), expected.trim_end(), "{kv:?}: {stderr}");
+        assert_eq!(stdout.trim_end(), EXPECTED.trim_end(), "{kv:?}: {stderr}");
     }
 }
 
 const EXPECTED: &str = "The Python interpreter\n\nThe Python interpreter is started with the Python interpreter. The following command-line arguments are the same as the Python interpreter";
-const EXPECTED_F32: &str = "The Python interpreter\n\nThe Python interpreter is started with the Python interpreter. The interpreter is initialized with the Python interpreter. The interpreter will";
