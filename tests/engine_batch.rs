@@ -355,7 +355,7 @@ fn refusals() {
 #[test]
 fn waiting_prompts_are_admitted_in_one_step() {
     let mut solo = open(1);
-    let mut o = EngineOptions::new(&model());
+    let mut o = EngineOptions::new(model());
     o.threads = 2;
     o.ctx = Some(160);
     o.batch = 64;

@@ -275,7 +275,8 @@ fn with_config(name: &str, f: impl Fn(&mut serde_json::Value)) -> std::path::Pat
 #[test]
 fn unsupported_features_are_refused_by_name() {
     use serde_json::json as j;
-    let cases: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>, &str)> = vec![
+    type Edit = Box<dyn Fn(&mut serde_json::Value)>;
+    let cases: Vec<(&str, Edit, &str)> = vec![
         (
             "quant",
             Box::new(|c| c["quantization_config"] = j!({"quant_method": "fp8"})),

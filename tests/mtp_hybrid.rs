@@ -301,7 +301,7 @@ fn engine_turns_with_mtp_match_fresh_runs() {
         Path::new(env!("CARGO_TARGET_TMPDIR")).join("mtp-hybrid-cache"),
     );
     let open = |mtp: usize| {
-        let mut o = EngineOptions::new(&dir("qwen3_next_mtp"));
+        let mut o = EngineOptions::new(dir("qwen3_next_mtp"));
         o.threads = 2;
         o.ctx = Some(160);
         o.batch = 5;

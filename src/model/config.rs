@@ -970,18 +970,17 @@ mod tests {
 
     #[test]
     fn next_families_are_refused_by_name() {
-        for (arch, name, missing) in [(
+        let (arch, name, missing) = (
             "Qwen3_5MoeForConditionalGeneration",
             "Qwen3.5-MoE",
             "only the text model",
-        )] {
-            let cfg = serde_json::json!({"architectures": [arch], "hidden_size": 64});
-            let e = ModelConfig::from_hf(&cfg).unwrap_err().to_string();
-            assert!(
-                e.contains(name) && e.contains(missing) && !e.contains("unknown"),
-                "{e}"
-            );
-        }
+        );
+        let cfg = serde_json::json!({"architectures": [arch], "hidden_size": 64});
+        let e = ModelConfig::from_hf(&cfg).unwrap_err().to_string();
+        assert!(
+            e.contains(name) && e.contains(missing) && !e.contains("unknown"),
+            "{e}"
+        );
     }
 
     #[test]
