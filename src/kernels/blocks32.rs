@@ -133,7 +133,7 @@ pub(super) unsafe fn nibbles(p: *const u8) -> std::arch::x86_64::__m256i {
 #[cfg(target_arch = "x86_64")]
 pub(super) mod x86 {
     use super::super::simd::prefetch_distance;
-    use super::super::simd::x86::{f16_at, hsum_ps256, prefetch};
+    use super::super::simd::x86::{f16_at, hsum_epi32, hsum_ps256, prefetch};
     use super::{dot_scalar, ActRow, Block32};
     use crate::kernels::Isa;
     use std::arch::x86_64::*;
@@ -275,14 +275,6 @@ pub(super) mod x86 {
         let lo = h(0) | h(1) << 16 | h(2) << 32 | h(3) << 48;
         let hi = h(4) | h(5) << 16 | h(6) << 32 | h(7) << 48;
         _mm256_cvtph_ps(_mm_set_epi64x(hi as i64, lo as i64))
-    }
-
-    /// The sum of the 8 i32 lanes of `v`.
-    #[inline(always)]
-    unsafe fn hsum_epi32(v: __m256i) -> i32 {
-        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-        let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-        _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01)))
     }
 
     /// The loop shared by both ISAs: 8 blocks per step, their integer sums reduced to one lane

@@ -113,7 +113,7 @@ fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
 mod x86 {
     use super::super::q4_k::x86::{bcast8, transpose_q};
     use super::super::simd::prefetch_distance;
-    use super::super::simd::x86::{f16_at, prefetch};
+    use super::super::simd::x86::{f16_at, hsum_epi32, prefetch};
     use super::{dot_scalar, ActRow, BlockQ8K, BB};
     type Rows4 = [*const BlockQ8K; 4];
     type Rows8 = [*const BlockQ8K; 8];
@@ -199,18 +199,6 @@ mod x86 {
         _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1))
     }
 
-    /// The sum of the eight i32 lanes of `v`.
-    ///
-    /// # Safety
-    /// AVX2.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    unsafe fn hsum1(v: __m256i) -> i32 {
-        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-        let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-        _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<1>(s)))
-    }
-
     /// `dot_scalar`'s float step for blocks i..i+4 (isum of block i + k in lane k), in block
     /// order: sum += (d * d_a) * isum, no FMA.
     ///
@@ -254,7 +242,7 @@ mod x86 {
                 i += 4;
             }
             for i in i..$nb {
-                let isum = hsum1($block($w, $a, i, $($arg),*));
+                let isum = hsum_epi32($block($w, $a, i, $($arg),*));
                 sum += f16_at($w.add(i * BB + 208)) * (*$a.add(i)).d * isum as f32;
             }
             sum

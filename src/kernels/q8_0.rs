@@ -78,7 +78,7 @@ fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
 mod x86 {
     use super::super::q4_k::x86::{bcast8, transpose_q};
     use super::super::simd::prefetch_distance;
-    use super::super::simd::x86::{f16_at, prefetch};
+    use super::super::simd::x86::{f16_at, hsum_epi32, prefetch};
     use super::{dot_scalar, ActRow, BlockQ8_32, BB};
     use crate::kernels::Isa;
     use std::arch::x86_64::*;
@@ -164,18 +164,6 @@ mod x86 {
         )
     }
 
-    /// The sum of the eight i32 lanes of `v`.
-    ///
-    /// # Safety
-    /// AVX2.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    unsafe fn hsum1(v: __m256i) -> i32 {
-        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-        let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-        _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<1>(s)))
-    }
-
     /// The f16 `d` of eight blocks at `b + k * stride` (k < 8) as f32. Each is read as the
     /// 32-bit word at its block's start (`vmovd`/`vpinsrd`: no 16-bit inserts into a register
     /// LLVM may pick, see `f16x2_at`), its low half kept and the halves packed.
@@ -244,7 +232,7 @@ mod x86 {
             let b = w.add(i * BB);
             let dw = f16_at(b);
             for r in 0..R {
-                let isum = hsum1(block_dot(ld(b), qa(a[r].add(i))));
+                let isum = hsum_epi32(block_dot(ld(b), qa(a[r].add(i))));
                 sum[r] += isum as f32 * (dw * *d[r].add(i));
             }
         }

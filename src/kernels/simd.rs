@@ -147,6 +147,19 @@ pub(crate) mod x86 {
         _mm_cvtss_f32(x)
     }
 
+    /// The sum of the 8 i32 lanes of `v` (exact in any order). Always inlined into the
+    /// AVX2/AVX-512 kernel that calls it (no target feature of its own, so the callers' generic
+    /// `inline(always)` loops can use it too).
+    ///
+    /// # Safety
+    /// AVX2 available.
+    #[inline(always)]
+    pub unsafe fn hsum_epi32(v: __m256i) -> i32 {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+        _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s)))
+    }
+
     /// # Safety
     /// AVX available.
     #[inline]
