@@ -1094,16 +1094,19 @@ fn gpu_tensor_core_decode_attention_matches_f64() {
                     (pos0 + n) * kvh * d,
                 );
                 let want = attention_f64(&q, &k, &v, n, pos0, heads, kvh, d);
-                // 16 splits of up to 256 keys, and the kernel's most: 128 of 64.
-                for (splits, chunk) in [(16usize, 256usize), (128, 64)] {
+                // 16 splits of up to 256 keys, the kernel's most: 128 of 64, and 128 of at
+                // least 128 from 2048 positions on (as the decode default from 4096: fewer
+                // splits than the grid has).
+                for sp in [(16usize, 256usize, 64usize), (128, 64, 64), (128, 64, 128)] {
+                    let (splits, _, minc) = sp;
                     let got = check::attention_mma_dec(
-                        &q, &k, &v, n, pos0, heads, kvh, d, splits, chunk, half,
+                        &q, &k, &v, n, pos0, heads, kvh, d, sp, half,
                     )
                     .unwrap();
                     let (worst, top) = worst_of(&got, &want);
                     assert!(
                         worst <= 1e-2 * top,
-                        "attention_mma_dec_{d} (f16 storage {half}), {heads} heads over {kvh}, position {pos0}, {splits} splits: max|Δ| {worst:.2e} against max|ref| {top:.2e}"
+                        "attention_mma_dec_{d} (f16 storage {half}), {heads} heads over {kvh}, position {pos0}, {splits} splits of >= {minc}: max|Δ| {worst:.2e} against max|ref| {top:.2e}"
                     );
                 }
             }

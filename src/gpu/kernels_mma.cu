@@ -272,17 +272,18 @@ __device__ __forceinline__ void quantize_lane(float v, i8* XQ, float* XD, int t,
 // split's partial (max in natural-log units, as attention_split's). The last split block of
 // (t, g) merges every head of the group, a warp per head (quantized as merge_head when XQ).
 // What rounds: each query (to f16) and each probability before the weighted sum, as the prompt
-// kernel. Splits are whole tiles of keys where they can be (at least MK), so a token of at most
-// MK positions (every token of a short context) has one split: its block writes the output
-// itself (the merge's sums over one split, bit for bit) and no block counts or merges.
+// kernel. Splits are whole tiles of keys where they can be (at least MK positions, at least
+// minc from 16 * minc on), so a token of at most MK positions (every token of a short context)
+// has one split: its block writes the output itself (the merge's sums over one split, bit for
+// bit) and no block counts or merges.
 // done: heads*n zeroed counters (left zeroed). Grid: (kv heads, n, splits <= MAX_DEC_SPLITS),
 // block 128.
 #define MAX_DEC_SPLITS 128  // gpu/model.rs keeps splits <= 128 (dec_splits_max)
 template <int D, typename T>
 __device__ __forceinline__ void attention_mma_dec_body(
     const float* Q, int qts, int qhs, const T* K, int ks, int khs, const T* V, int vs,
-    int vhs, int group, const int* pp, int padd, float scale, int chunk, float* PM, float* PL,
-    float* PO, float* O, int ots, int ohs, i8* XQ, float* XD, unsigned* done) {
+    int vhs, int group, const int* pp, int padd, float scale, int chunk, int minc, float* PM,
+    float* PL, float* PO, float* O, int ots, int ohs, i8* XQ, float* XD, unsigned* done) {
     constexpr int SR = D + 8;
     __shared__ __align__(16) u16 KVs[2 * MK * SR];  // keys then values; the merge reuses it
     __shared__ float Wm[4][16], Wl[4][16];
@@ -294,7 +295,12 @@ __device__ __forceinline__ void attention_mma_dec_body(
     const int G = group, heads = gridDim.x * G, tid = threadIdx.x;
     const int warp = tid >> 5, lane = tid & 31, gr = lane >> 2, tq = lane & 3;
     const int len = *pp + padd + t + 1;
-    chunk = min(max(MK, ((len + S - 1) / S + 15) & ~15), chunk);
+    // From 16 * minc positions on, splits of at least minc (a multiple of MK): fewer, longer
+    // splits leave less to merge, which at 4096 positions costs more than the blocks they would
+    // keep busy; at 1024 and 2048 the 64-key splits were faster (measured on an H100:
+    // docs/PERFORMANCE.md, session 37).
+    const int lo = len >= 16 * minc ? minc : MK;
+    chunk = max(min(max(MK, ((len + S - 1) / S + 15) & ~15), chunk), lo);
     const int S_act = min(S, (len + chunk - 1) / chunk), cols = heads * D;
     const bool direct = S_act == 1;  // one split: its block writes the output
     const int j0 = s * chunk, j1 = min(len, j0 + chunk);
@@ -504,10 +510,11 @@ __device__ __forceinline__ void attention_mma_dec_body(
 #define ATTENTION_MMA_DEC(NAME, D, T)                                                           \
     extern "C" __global__ void __launch_bounds__(128) NAME(                                     \
         const float* Q, int qts, int qhs, const T* K, int ks, int khs, const T* V, int vs,      \
-        int vhs, int group, const int* pp, int padd, float scale, int chunk, float* PM,         \
-        float* PL, float* PO, float* O, int ots, int ohs, i8* XQ, float* XD, unsigned* done) {  \
+        int vhs, int group, const int* pp, int padd, float scale, int chunk, int minc,          \
+        float* PM, float* PL, float* PO, float* O, int ots, int ohs, i8* XQ, float* XD,         \
+        unsigned* done) {                                                                       \
         attention_mma_dec_body<D>(Q, qts, qhs, K, ks, khs, V, vs, vhs, group, pp, padd, scale,  \
-                                  chunk, PM, PL, PO, O, ots, ohs, XQ, XD, done);                \
+                                  chunk, minc, PM, PL, PO, O, ots, ohs, XQ, XD, done);          \
     }
 ATTENTION_MMA_DEC(attention_mma_dec_16, 16, float)
 ATTENTION_MMA_DEC(attention_mma_dec_32, 32, float)

@@ -52,6 +52,22 @@ fn dec_splits_max() -> usize {
     })
 }
 
+/// From 16 N positions on, the tensor-core decode kernel's splits take at least N positions
+/// (whole 64-key tiles; 64 below): N = 256, or `SLUICE_GPU_DEC_MIN_CHUNK=N` (rounded up to a
+/// multiple of 64, at most 8192; 64 turns it off). Measured on an H100 (docs/PERFORMANCE.md,
+/// session 37): at 4096 positions 16 splits of 256 decode 3 % faster than 64 of 64 (the last
+/// block merges 4x fewer partials); at 1024 and 2048 the 64-key splits are 5 % faster than
+/// 128 or 192; at 16384 both rules give 64 splits of 256.
+fn dec_min_chunk() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("SLUICE_GPU_DEC_MIN_CHUNK")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .map_or(256, |n| n.clamp(64, 8192).next_multiple_of(64))
+    })
+}
+
 /// What `GpuState::add_rmsnorm` adds to x before the norm.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) enum Residual {
@@ -1760,8 +1776,13 @@ impl GpuState {
                     && heads.is_multiple_of(group)
                     && (self.kv_half || att_mma_dec_on(ctx))
                 {
-                    let args: [Arg; 23] =
-                        std::array::from_fn(|i| if i < 9 { qkv[i] } else { rest[i - 9] });
+                    // rest with the split's least positions after chunk (rest[4]).
+                    let args: [Arg; 24] = std::array::from_fn(|i| match i {
+                        0..9 => qkv[i],
+                        9..14 => rest[i - 9],
+                        14 => (dec_min_chunk() as i32).into(),
+                        _ => rest[i - 10],
+                    });
                     let grid = ((heads / group) as u32, n as u32, splits as u32);
                     let f = if self.kv_half {
                         self.small.att_mma_dec_h[i]
@@ -3279,8 +3300,9 @@ pub mod check {
 
     /// Flash-decoding on the tensor cores (`attention_mma_dec_<d>`): `n` tokens (rows of heads
     /// x d) at positions `pos0 ..`, token t over keys and values 0 ..= pos0 + t (rows of
-    /// kv_heads x d, f16 numbers, stored as f16 when `half`) in `splits` splits of at most `chunk` positions (the kernel's
-    /// own split of each token's length), scale 1/sqrt(d); the n x heads x d output.
+    /// kv_heads x d, f16 numbers, stored as f16 when `half`) in `splits` splits of at most
+    /// `chunk` and at least `min_chunk` positions (the kernel's own split of each token's
+    /// length), scale 1/sqrt(d); the n x heads x d output.
     #[allow(clippy::too_many_arguments)]
     pub fn attention_mma_dec(
         q: &[f32],
@@ -3291,8 +3313,7 @@ pub mod check {
         heads: usize,
         kv_heads: usize,
         d: usize,
-        splits: usize,
-        chunk: usize,
+        (splits, chunk, min_chunk): (usize, usize, usize),
         half: bool,
     ) -> Result<Vec<f32>, GpuError> {
         let (gpu, f, [qb, kb, vb, pb]) = mma_inputs("attention_mma_dec", d, q, (k, v, half), pos0)?;
@@ -3324,6 +3345,7 @@ pub mod check {
                 0i32.into(),
                 (1.0 / (d as f32).sqrt()).into(),
                 (chunk as i32).into(),
+                (min_chunk as i32).into(),
                 pm.ptr.into(),
                 pl.ptr.into(),
                 po.ptr.into(),
