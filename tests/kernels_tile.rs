@@ -233,6 +233,53 @@ fn tile_dots_equal_single_row_dots() {
     }
 }
 
+/// The 8-row x 16-token tiles (`kernels::tile16_fn`: Q4_K on AVX2) give, output by output, the
+/// bits of the single-row dot for every token count they take (1..=16), on random and extreme
+/// blocks.
+#[test]
+fn tile16_dots_equal_single_row_dots() {
+    let mut rng = Rng(89);
+    let mut tried = 0;
+    for t in kernels::supported_types() {
+        for isa in Isa::available() {
+            let Some(tile) = kernels::tile16_fn(t, isa) else {
+                continue;
+            };
+            tried += 1;
+            let (be, _) = t.block_geometry().unwrap();
+            let dot = kernels::dot_fn(t, isa).unwrap();
+            let fmt = kernels::kernels_for(t).unwrap().act;
+            for (cols, extreme) in [(8 * 256usize.max(be), false), (3 * 256usize.max(be), true)] {
+                let w = blocks(t, cols / be * 8, &mut rng, extreme);
+                let rb = w.len() / 8;
+                let mut acts = Acts::new();
+                let x: Vec<f32> = (0..4).flat_map(|_| activations(cols, &mut rng)).collect();
+                acts.load(&x, 16, cols);
+                acts.prepare(fmt);
+                let all: Vec<_> = (0..16).map(|t| acts.row(t)).collect();
+                for n in 1usize..=16 {
+                    let rows = &all[..n];
+                    let mut got = [[f32::NAN; 8]; 16];
+                    tile(&w, rb, rows, &mut got);
+                    for (k, g) in got[..n].iter().enumerate() {
+                        for (r, g) in g.iter().enumerate() {
+                            let want = dot(&w[r * rb..(r + 1) * rb], &rows[k]);
+                            assert_eq!(
+                                g.to_bits(),
+                                want.to_bits(),
+                                "{t} {isa:?} extreme={extreme} n={n} weight row {r} act row {k}: {g} vs {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if Isa::available().contains(&Isa::Avx2) {
+        assert!(tried > 0, "no 16-token tile on an AVX2 machine");
+    }
+}
+
 /// `matmul` over row counts that are not multiples of 8 and token counts that are not
 /// multiples of 4 (tiles, four-row dots and single-row dots all in play), one and two threads,
 /// gives each output the single-row dot's bits.
@@ -247,7 +294,7 @@ fn matmul_with_tiles_matches_single_row_dots() {
         let (be, _) = t.block_geometry().unwrap();
         // Large enough (rows x tokens x row bytes >= 256 KiB) for `matmul` to use the pool.
         let cols = 8 * 256usize.max(be);
-        for (rows, toks) in [(37usize, 7usize), (64, 9), (203, 4)] {
+        for (rows, toks) in [(37usize, 7usize), (64, 9), (203, 4), (45, 29)] {
             let w = blocks(t, rows * cols / be, &mut rng, false);
             let view = WeightView::new(t, &w, rows, cols).unwrap();
             let x: Vec<f32> = (0..toks * cols).map(|_| rng.normal()).collect();

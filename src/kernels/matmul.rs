@@ -17,8 +17,8 @@
 
 use super::spin::SpinPool;
 use super::{
-    check_len, dot4_fn, dot_fn, kernels_for, tile_fn, ActRow, Acts, Dot4Fn, DotFn, Isa,
-    KernelError, TileFn,
+    check_len, dot4_fn, dot_fn, kernels_for, tile16_fn, tile_fn, ActRow, Acts, Dot4Fn, DotFn,
+    Isa, KernelError, Tile16Fn, TileFn,
 };
 use crate::dtype::DType;
 use rayon::prelude::*;
@@ -71,6 +71,7 @@ struct Dots {
     dot: DotFn,
     dot4: Option<Dot4Fn>,
     tile: Option<TileFn>,
+    tile16: Option<Tile16Fn>,
 }
 
 impl Dots {
@@ -79,6 +80,7 @@ impl Dots {
             dot: dot_fn(dtype, isa)?,
             dot4: dot4_fn(dtype, isa),
             tile: tile_fn(dtype, isa),
+            tile16: tile16_fn(dtype, isa),
         })
     }
 }
@@ -163,10 +165,15 @@ fn rows_range(
         dot,
         dot4,
         tile: tile8,
+        tile16,
     } = dots;
     let t_rows = src.rows;
-    // Tokens per pass: a tile takes up to eight, the four-row dot four.
-    let group = if tile8.is_some() { 8 } else { 4 };
+    // Tokens per pass: a 16-token tile takes up to sixteen, a tile eight, the four-row dot four.
+    let group = match (tile16, tile8) {
+        (Some(_), Some(_)) => 16,
+        (_, Some(_)) => 8,
+        _ => 4,
+    };
     let mut t0 = r0;
     while t0 < r1 {
         let t1 = (t0 + tile).min(r1);
@@ -177,7 +184,19 @@ fn rows_range(
             // Tiles from two tokens up. One token (decode's matvec) keeps the single-row dot:
             // the tile's eight side-by-side row streams read memory slower (Q4_K AVX-512, one
             // thread: 8.9 vs 12.5 GB/s, docs/PERFORMANCE.md issue 16) though it wins in L2.
-            if let Some(tile8) = tile8.filter(|_| n >= 2) {
+            if let Some(tile16) = tile16.filter(|_| n > 8) {
+                let a: [ActRow<'_>; 16] = std::array::from_fn(|k| src.row(t + k.min(n - 1)));
+                let mut o = [[0.0f32; 8]; 16];
+                while r8 + 8 <= t1 {
+                    tile16(&w.bytes[r8 * rb..(r8 + 8) * rb], rb, &a[..n], &mut o);
+                    for (k, o) in o[..n].iter().enumerate() {
+                        for (j, &v) in o.iter().enumerate() {
+                            out((t + k) * n_rows + r8 + j, v);
+                        }
+                    }
+                    r8 += 8;
+                }
+            } else if let Some(tile8) = tile8.filter(|_| n >= 2) {
                 let a: [ActRow<'_>; 8] = std::array::from_fn(|k| src.row(t + k.min(n - 1)));
                 let mut o = [[0.0f32; 8]; 8];
                 while r8 + 8 <= t1 {

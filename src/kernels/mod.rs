@@ -125,6 +125,18 @@ pub struct Dot4Kernels {
 /// t < a.len() (the other rows of `out` are left as they were).
 pub type TileFn = fn(w: &[u8], rb: usize, a: &[ActRow<'_>], out: &mut [[f32; 8]; 8]);
 
+/// An 8-row x 16-token tile: `TileFn` for up to 16 activation rows (`out[t][r]`, t < a.len()).
+pub type Tile16Fn = fn(w: &[u8], rb: usize, a: &[ActRow<'_>], out: &mut [[f32; 8]; 16]);
+
+/// A type's 16-token tile where it has one for `isa` (Q4_K on AVX2: the 8-token tile's
+/// per-block unpacking then serves twice the tokens), with the single-row dot's bits.
+pub fn tile16_fn(dtype: DType, isa: Isa) -> Option<Tile16Fn> {
+    match (dtype, isa.min(Isa::detect())) {
+        (DType::Q4_K, Isa::Avx2) => q4_k::TILE16_AVX2,
+        _ => None,
+    }
+}
+
 /// A tile's result by `dot` one row and activation row at a time (a tile entry's fallback where
 /// its instruction set is missing; `dot` the type's scalar dot, so the bits are the same).
 pub(crate) fn tile_by_dots(

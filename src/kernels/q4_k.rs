@@ -40,6 +40,12 @@ pub(super) const DOT4: super::Dot4Kernels = super::Dot4Kernels {
 };
 
 /// The 8-row x 8-token tile (prefill): see `kernels::tile_fn`.
+/// The 8-row x 16-token tile on AVX2 (prefill): see `kernels::tile16_fn`.
+#[cfg(target_arch = "x86_64")]
+pub(super) const TILE16_AVX2: Option<super::Tile16Fn> = Some(x86::tile16_avx2);
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) const TILE16_AVX2: Option<super::Tile16Fn> = None;
+
 pub(super) const TILE: super::TileKernels = super::TileKernels {
     #[cfg(target_arch = "x86_64")]
     avx2: Some(x86::tile_avx2),
@@ -203,6 +209,7 @@ pub(super) mod x86 {
     use super::{dot_scalar, scales_mins_u64, ActRow, BlockQ8K, BB};
     type Rows4 = [*const BlockQ8K; 4];
     type Rows8 = [*const BlockQ8K; 8];
+    type Rows16 = [*const BlockQ8K; 16];
     use crate::kernels::Isa;
     use std::arch::x86_64::*;
 
@@ -307,11 +314,48 @@ pub(super) mod x86 {
         }
         let nb = a.iter().map(|a| a.q8k.len()).fold(rb / BB, usize::min);
         // Missing rows point at row 0 (read, never stored).
-        let ap: Rows8 = std::array::from_fn(|t| a[if t < n { t } else { 0 }].q8k.as_ptr());
+        let ap: Rows16 = std::array::from_fn(|t| a[if t < n { t } else { 0 }].q8k.as_ptr());
         let wp = w.as_ptr();
         // SAFETY: AVX2/FMA/F16C present (checked above); `w` holds 8 rows of `rb` bytes,
         // each at least `nb` whole blocks, and each activation row at least `nb` blocks.
-        unsafe { by_tokens!(n, avx2_8x8 [] (wp, rb, ap, nb, out)) }
+        unsafe { by_tokens!(n, avx2_8x8 [] (wp, rb, ap, nb, &mut out[..])) }
+    }
+
+    /// `tile_avx2` for 9 to 16 activation rows: each block's transposed nibbles, scales and
+    /// mins serve all of them (made once per 16 tokens instead of per 8: at eight tokens that
+    /// work was ~20 % of the tile, docs/PERFORMANCE.md session 37); `out[t][r]` has the bits
+    /// of `dot_avx2(row r, a[t])` (= `dot_scalar`'s).
+    pub(super) fn tile16_avx2(w: &[u8], rb: usize, a: &[ActRow<'_>], out: &mut [[f32; 8]; 16]) {
+        let n = a.len();
+        assert!(
+            w.len() >= 8 * rb && (1..=16).contains(&n),
+            "Q4_K tile: {} bytes for 8 rows of {rb}, {n} activation rows",
+            w.len()
+        );
+        if n <= 8 || !Isa::Avx2.supported() {
+            for (a, o) in a.chunks(8).zip(out.chunks_mut(8)) {
+                let mut o8 = [[0.0f32; 8]; 8];
+                tile_avx2(w, rb, a, &mut o8);
+                o[..a.len()].copy_from_slice(&o8[..a.len()]);
+            }
+            return;
+        }
+        let nb = a.iter().map(|a| a.q8k.len()).fold(rb / BB, usize::min);
+        let ap: Rows16 = std::array::from_fn(|t| a[if t < n { t } else { 0 }].q8k.as_ptr());
+        let wp = w.as_ptr();
+        // SAFETY: as in `tile_avx2`.
+        unsafe {
+            match n {
+                9 => avx2_8x8::<9>(wp, rb, ap, nb, out),
+                10 => avx2_8x8::<10>(wp, rb, ap, nb, out),
+                11 => avx2_8x8::<11>(wp, rb, ap, nb, out),
+                12 => avx2_8x8::<12>(wp, rb, ap, nb, out),
+                13 => avx2_8x8::<13>(wp, rb, ap, nb, out),
+                14 => avx2_8x8::<14>(wp, rb, ap, nb, out),
+                15 => avx2_8x8::<15>(wp, rb, ap, nb, out),
+                _ => avx2_8x8::<16>(wp, rb, ap, nb, out),
+            }
+        }
     }
 
     /// `tile_avx2` with VNNI, all eight tokens in one pass: `out[t][r]` has the bits of
@@ -685,7 +729,7 @@ pub(super) mod x86 {
         _mm256_blend_epi32::<0b1010_1010>(lo, _mm256_or_si256(c4, top))
     }
 
-    /// 8 weight rows x `T` (1..=8) activation rows (`out[t]` for t >= T is not written). Per
+    /// 8 weight rows x `T` (1..=16) activation rows (`out[t]` for t >= T is not written). Per
     /// block, each group of four weight rows is
     /// transposed in 8-byte words so that a register holds the same 8 positions of four rows
     /// (i16 lanes 0..4, 4..8, 8..12, 12..16 after `maddubs`: rows 0, 1, 2, 3) and each
@@ -705,13 +749,13 @@ pub(super) mod x86 {
     unsafe fn avx2_8x8<const T: usize>(
         w: *const u8,
         rb: usize,
-        a: Rows8,
+        a: Rows16,
         nb: usize,
-        out: &mut [[f32; 8]; 8],
+        out: &mut [[f32; 8]],
     ) {
         let m4 = _mm256_set1_epi8(0x0F);
         // Per row group, per token pair.
-        let mut acc = [[_mm256_setzero_ps(); 4]; 2];
+        let mut acc = [[_mm256_setzero_ps(); 8]; 2];
         // The eight rows are read block by block side by side, which hardware prefetchers do
         // not follow (short rows): prefetch the same block of the next eight rows, one tile
         // ahead (off when the prefetch distance is 0).
@@ -736,7 +780,7 @@ pub(super) mod x86 {
                 ))
             };
             let scm = [pair(0), pair(2), pair(4), pair(6)];
-            let ab: [&BlockQ8K; 8] = std::array::from_fn(|t| &*a[t].add(i));
+            let ab: [&BlockQ8K; 16] = std::array::from_fn(|t| &*a[t].add(i));
             // Per token: the sums of each 32 (`bsum32`, |.| <= 32 * 127), in both 128-bit lanes.
             let bp = |t: usize| {
                 _mm256_broadcastsi128_si256(
@@ -746,6 +790,14 @@ pub(super) mod x86 {
             let da = _mm256_setr_ps(
                 ab[0].d, ab[1].d, ab[2].d, ab[3].d, ab[4].d, ab[5].d, ab[6].d, ab[7].d,
             );
+            let da_hi = if T > 8 {
+                _mm256_setr_ps(
+                    ab[8].d, ab[9].d, ab[10].d, ab[11].d, ab[12].d, ab[13].d, ab[14].d,
+                    ab[15].d,
+                )
+            } else {
+                da
+            };
             let dw = _mm256_cvtph_ps(_mm_loadu_si128(dh.as_ptr() as *const __m128i));
             let dm = _mm256_cvtph_ps(_mm_loadu_si128(mh.as_ptr() as *const __m128i));
             for (q, acc) in acc.iter_mut().enumerate() {
@@ -767,7 +819,7 @@ pub(super) mod x86 {
                         nibs[2 * k + 1][g] = _mm256_and_si256(_mm256_srli_epi16(raw[g], 4), m4);
                     }
                 }
-                let mut s32 = [_mm256_setzero_si256(); 8];
+                let mut s32 = [_mm256_setzero_si256(); 16];
                 for t0 in (0..T).step_by(4) {
                     let mut s4 = [_mm256_setzero_si256(); 4];
                     for (kh, nib) in nibs.iter().enumerate() {
@@ -794,7 +846,7 @@ pub(super) mod x86 {
                     s32[t0..t0 + 4].copy_from_slice(&s4);
                 }
                 // i32 lanes of s32[t]: [r0, r0, r1, r1 | r2, r2, r3, r3].
-                let isum: [__m256i; 4] =
+                let isum: [__m256i; 8] =
                     std::array::from_fn(|p| _mm256_hadd_epi32(s32[2 * p], s32[2 * p + 1]));
                 // Mins of rows (0, 2) and (1, 3) of the group, one row per 128-bit lane.
                 let ma = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(mins));
@@ -810,9 +862,11 @@ pub(super) mod x86 {
                 let dmq = _mm256_permutevar8x32_ps(dm, rows_idx);
                 for p in 0..T.div_ceil(2) {
                     let msum = _mm256_hadd_epi32(hm(2 * p), hm(2 * p + 1));
-                    let (u, v) = (2 * p as i32, 2 * p as i32 + 1);
+                    // Tokens 2p, 2p + 1 in `da` (p < 4) or `da_hi`.
+                    let (dsrc, u) = if p < 4 { (da, 2 * p as i32) } else { (da_hi, 2 * p as i32 - 8) };
+                    let v = u + 1;
                     let dap =
-                        _mm256_permutevar8x32_ps(da, _mm256_setr_epi32(u, u, v, v, u, u, v, v));
+                        _mm256_permutevar8x32_ps(dsrc, _mm256_setr_epi32(u, u, v, v, u, u, v, v));
                     let t1 = _mm256_mul_ps(_mm256_mul_ps(dwq, dap), _mm256_cvtepi32_ps(isum[p]));
                     let t2 = _mm256_mul_ps(_mm256_mul_ps(dmq, dap), _mm256_cvtepi32_ps(msum));
                     acc[p] = _mm256_add_ps(acc[p], _mm256_sub_ps(t1, t2));
@@ -1017,7 +1071,7 @@ pub(super) mod x86 {
             let dd = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi32(
                 v0, first_dw, v1,
             )));
-            let ab: [&BlockQ8K; 8] = std::array::from_fn(|t| &*a[t].add(i));
+            let ab: [&BlockQ8K; 16] = std::array::from_fn(|t| &*a[t].add(i));
             // Eight rows' 32 bytes at byte `off` of their block, transposed in 8-byte words:
             // register g holds word g of rows 0..8 (row r in qword r).
             let words = |off: usize| -> [__m512i; 4] {
