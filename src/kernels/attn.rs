@@ -27,8 +27,8 @@ fn empty_sum() -> f32 {
 }
 
 /// Scores of `qs` (each `hd` floats) against `kb` keys held transposed in `kt` (element d of key
-/// j at `kt[d * kb + j]`): `out[i * kb + j] = dot(qs[i], key j) * scale`. `hd` a multiple of
-/// 16, `kb` a multiple of 16.
+/// j at `kt[kt_row(d, hd) * kb + j]`, as `transpose` leaves them): `out[i * kb + j] = dot(qs[i],
+/// key j) * scale`. `hd` a multiple of 16, `kb` a multiple of 16.
 pub fn scores(
     qs: &[&[f32]],
     kt: &[f32],
@@ -64,6 +64,15 @@ pub fn scores(
     scores_scalar(qs, kt, hd, kb, scale, out)
 }
 
+/// The row of a transposed key block (`transpose`, `scores`) that holds element d of every key:
+/// the elements a dot sums into one lane (d = l, l + 16, l + 32, ..) sit in consecutive rows.
+/// (Rows in d order put those 16 rows apart: at 64 keys 4 KiB, so every row a lane's sum reads
+/// fell in one L1 set and the AVX2 scores ran at half speed, docs/PERFORMANCE.md session 37.)
+#[inline(always)]
+pub fn kt_row(d: usize, hd: usize) -> usize {
+    (d % LANES) * (hd / LANES) + d / LANES
+}
+
 fn scores_scalar(qs: &[&[f32]], kt: &[f32], hd: usize, kb: usize, scale: f32, out: &mut [f32]) {
     let rem = empty_sum();
     for (q, o) in qs.iter().zip(out.chunks_mut(kb)) {
@@ -72,7 +81,7 @@ fn scores_scalar(qs: &[&[f32]], kt: &[f32], hd: usize, kb: usize, scale: f32, ou
             for l in 0..LANES {
                 let mut p = 0.0f32;
                 for d in (l..hd).step_by(LANES) {
-                    p = q[d].mul_add(kt[d * kb + j], p);
+                    p = q[d].mul_add(kt[kt_row(d, hd) * kb + j], p);
                 }
                 s += p;
             }
@@ -118,8 +127,8 @@ pub fn values(ws: &[&[f32]], v: &[f32], stride: usize, os: &mut [&mut [f32]], is
     }
 }
 
-/// `kt[d * kb + j] = rows[j * stride + d]` for d < hd and the `nk` rows given, zero for j in
-/// nk..kb (`kb` a multiple of 16, `hd` of 16, `hd <= stride`).
+/// `kt[kt_row(d, hd) * kb + j] = rows[j * stride + d]` for d < hd and the `nk` rows given, zero
+/// for j in nk..kb (`kb` a multiple of 16, `hd` of 16, `hd <= stride`).
 pub fn transpose(
     rows: &[f32],
     stride: usize,
@@ -151,7 +160,7 @@ pub fn transpose(
         return unsafe { x86::transpose_256(rows.as_ptr(), stride, hd, nk, kt.as_mut_ptr(), kb) };
     }
     for d in 0..hd {
-        let col = &mut kt[d * kb..(d + 1) * kb];
+        let col = &mut kt[kt_row(d, hd) * kb..(kt_row(d, hd) + 1) * kb];
         for (j, x) in col.iter_mut().enumerate() {
             *x = if j < nk { rows[j * stride + d] } else { 0.0 };
         }
@@ -427,9 +436,9 @@ mod x86 {
         let mut s = [[_mm512_set1_ps(empty_sum()); W]; M];
         for l in 0..LANES {
             let mut p = [[_mm512_setzero_ps(); W]; M];
-            for d in (l..hd).step_by(LANES) {
-                let k: [__m512; W] =
-                    std::array::from_fn(|w| _mm512_loadu_ps(kt.add(d * kb + LANES * w)));
+            for (i, d) in (l..hd).step_by(LANES).enumerate() {
+                let kr = kt.add((l * (hd / LANES) + i) * kb);
+                let k: [__m512; W] = std::array::from_fn(|w| _mm512_loadu_ps(kr.add(LANES * w)));
                 for r in 0..M {
                     let b = _mm512_set1_ps(*qp[r].add(d));
                     for w in 0..W {
@@ -500,11 +509,10 @@ mod x86 {
         let mut s = [[_mm256_set1_ps(empty_sum()); 2]; M];
         for l in 0..LANES {
             let mut p = [[_mm256_setzero_ps(); 2]; M];
-            for d in (l..hd).step_by(LANES) {
-                let k = [
-                    _mm256_loadu_ps(kt.add(d * kb)),
-                    _mm256_loadu_ps(kt.add(d * kb + 8)),
-                ];
+            // Row kt_row(d, hd) = l * hd / 16 + i for d = l + 16 i.
+            for (i, d) in (l..hd).step_by(LANES).enumerate() {
+                let kr = kt.add((l * (hd / LANES) + i) * kb);
+                let k = [_mm256_loadu_ps(kr), _mm256_loadu_ps(kr.add(8))];
                 for r in 0..M {
                     let b = _mm256_set1_ps(*qp[r].add(d));
                     p[r][0] = _mm256_fmadd_ps(b, k[0], p[r][0]);
@@ -676,7 +684,7 @@ mod x86 {
                 });
                 let c = transpose16(r);
                 for (d, x) in c.iter().enumerate() {
-                    _mm512_storeu_ps(kt.add((d0 + d) * kb + j0), *x);
+                    _mm512_storeu_ps(kt.add(super::kt_row(d0 + d, hd) * kb + j0), *x);
                 }
             }
         }
@@ -730,7 +738,7 @@ mod x86 {
                     } else {
                         _mm256_permute2f128_ps::<0x31>(lo, hi)
                     };
-                    _mm256_storeu_ps(kt.add((d0 + c) * kb + j0), x);
+                    _mm256_storeu_ps(kt.add(super::kt_row(d0 + c, hd) * kb + j0), x);
                 }
             }
         }
@@ -809,7 +817,7 @@ mod tests {
                     for j in 0..kb {
                         let want = if j < nk { rows[j * stride + d] } else { 0.0 };
                         assert_eq!(
-                            kt[d * kb + j].to_bits(),
+                            kt[kt_row(d, hd) * kb + j].to_bits(),
                             want.to_bits(),
                             "{isa:?} d {d} j {j}"
                         );
