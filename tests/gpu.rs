@@ -1099,10 +1099,9 @@ fn gpu_tensor_core_decode_attention_matches_f64() {
                 // splits than the grid has).
                 for sp in [(16usize, 256usize, 64usize), (128, 64, 64), (128, 64, 128)] {
                     let (splits, _, minc) = sp;
-                    let got = check::attention_mma_dec(
-                        &q, &k, &v, n, pos0, heads, kvh, d, sp, half,
-                    )
-                    .unwrap();
+                    let got =
+                        check::attention_mma_dec(&q, &k, &v, n, pos0, heads, kvh, d, sp, half)
+                            .unwrap();
                     let (worst, top) = worst_of(&got, &want);
                     assert!(
                         worst <= 1e-2 * top,

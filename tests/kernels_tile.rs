@@ -199,34 +199,46 @@ fn tile_dots_equal_single_row_dots() {
     }
     let mut rng = Rng(88);
     for (t, isa) in cases {
-        let (be, _) = t.block_geometry().unwrap();
         let tile = kernels::tile_fn(t, isa).unwrap();
-        let dot = kernels::dot_fn(t, isa).unwrap();
-        let fmt = kernels::kernels_for(t).unwrap().act;
-        for (cols, extreme) in [(8 * 256usize.max(be), false), (3 * 256usize.max(be), true)] {
-            let w = blocks(t, cols / be * 8, &mut rng, extreme);
-            let rb = w.len() / 8;
-            let mut acts = Acts::new();
-            let mut x = activations(cols, &mut rng);
-            x.extend(activations(cols, &mut rng));
-            acts.load(&x, 8, cols);
-            acts.prepare(fmt);
-            let all: Vec<_> = (0..8).map(|t| acts.row(t)).collect();
-            // Every token count a tile takes (1..=8): the first n rows of `got` are written.
-            for n in 1usize..=8 {
-                let rows = &all[..n];
-                let mut got = [[f32::NAN; 8]; 8];
-                tile(&w, rb, rows, &mut got);
-                for (k, g) in got[..n].iter().enumerate() {
-                    for (r, g) in g.iter().enumerate() {
-                        let want = dot(&w[r * rb..(r + 1) * rb], &rows[k]);
-                        assert!(want.is_finite(), "{t} {isa:?}: non-finite reference");
-                        assert_eq!(
+        tile_matches_dots::<8>(t, isa, &tile, &mut rng);
+    }
+}
+
+/// A tile kernel of N tokens: 8 weight rows (row bytes apart), activation rows, N x 8 outputs.
+type Tile<'f, const N: usize> =
+    dyn Fn(&[u8], usize, &[kernels::ActRow<'_>], &mut [[f32; 8]; N]) + 'f;
+
+/// `tile` (8 weight rows x up to N activation rows) gives, for every token count 1..=N, each
+/// output the bits of the single-row dot at `isa`, on random and extreme blocks with the eight
+/// rows at a stride (as `matmul` hands them); only the first n rows of its output are read.
+fn tile_matches_dots<const N: usize>(t: DType, isa: Isa, tile: &Tile<'_, N>, rng: &mut Rng) {
+    let (be, _) = t.block_geometry().unwrap();
+    let dot = kernels::dot_fn(t, isa).unwrap();
+    let fmt = kernels::kernels_for(t).unwrap().act;
+    for (cols, extreme) in [(8 * 256usize.max(be), false), (3 * 256usize.max(be), true)] {
+        let w = blocks(t, cols / be * 8, rng, extreme);
+        let rb = w.len() / 8;
+        let mut acts = Acts::new();
+        // `activations` gives four rows.
+        let x: Vec<f32> = (0..N.div_ceil(4))
+            .flat_map(|_| activations(cols, rng))
+            .collect();
+        acts.load(&x, 4 * N.div_ceil(4), cols);
+        acts.prepare(fmt);
+        let all: Vec<_> = (0..N).map(|t| acts.row(t)).collect();
+        for n in 1..=N {
+            let rows = &all[..n];
+            let mut got = [[f32::NAN; 8]; N];
+            tile(&w, rb, rows, &mut got);
+            for (k, g) in got[..n].iter().enumerate() {
+                for (r, g) in g.iter().enumerate() {
+                    let want = dot(&w[r * rb..(r + 1) * rb], &rows[k]);
+                    assert!(want.is_finite(), "{t} {isa:?}: non-finite reference");
+                    assert_eq!(
                         g.to_bits(),
                         want.to_bits(),
                         "{t} {isa:?} extreme={extreme} n={n} weight row {r} act row {k}: {g} vs {want}"
                     );
-                    }
                 }
             }
         }
@@ -242,36 +254,9 @@ fn tile16_dots_equal_single_row_dots() {
     let mut tried = 0;
     for t in kernels::supported_types() {
         for isa in Isa::available() {
-            let Some(tile) = kernels::tile16_fn(t, isa) else {
-                continue;
-            };
-            tried += 1;
-            let (be, _) = t.block_geometry().unwrap();
-            let dot = kernels::dot_fn(t, isa).unwrap();
-            let fmt = kernels::kernels_for(t).unwrap().act;
-            for (cols, extreme) in [(8 * 256usize.max(be), false), (3 * 256usize.max(be), true)] {
-                let w = blocks(t, cols / be * 8, &mut rng, extreme);
-                let rb = w.len() / 8;
-                let mut acts = Acts::new();
-                let x: Vec<f32> = (0..4).flat_map(|_| activations(cols, &mut rng)).collect();
-                acts.load(&x, 16, cols);
-                acts.prepare(fmt);
-                let all: Vec<_> = (0..16).map(|t| acts.row(t)).collect();
-                for n in 1usize..=16 {
-                    let rows = &all[..n];
-                    let mut got = [[f32::NAN; 8]; 16];
-                    tile(&w, rb, rows, &mut got);
-                    for (k, g) in got[..n].iter().enumerate() {
-                        for (r, g) in g.iter().enumerate() {
-                            let want = dot(&w[r * rb..(r + 1) * rb], &rows[k]);
-                            assert_eq!(
-                                g.to_bits(),
-                                want.to_bits(),
-                                "{t} {isa:?} extreme={extreme} n={n} weight row {r} act row {k}: {g} vs {want}"
-                            );
-                        }
-                    }
-                }
+            if let Some(tile) = kernels::tile16_fn(t, isa) {
+                tried += 1;
+                tile_matches_dots::<16>(t, isa, &tile, &mut rng);
             }
         }
     }

@@ -17,8 +17,8 @@
 
 use super::spin::SpinPool;
 use super::{
-    check_len, dot4_fn, dot_fn, kernels_for, tile16_fn, tile_fn, ActRow, Acts, Dot4Fn, DotFn,
-    Isa, KernelError, Tile16Fn, TileFn,
+    check_len, dot4_fn, dot_fn, kernels_for, tile16_fn, tile_fn, ActRow, Acts, Dot4Fn, DotFn, Isa,
+    KernelError, Tile16Fn, TileFn,
 };
 use crate::dtype::DType;
 use rayon::prelude::*;
@@ -185,29 +185,16 @@ fn rows_range(
             // the tile's eight side-by-side row streams read memory slower (Q4_K AVX-512, one
             // thread: 8.9 vs 12.5 GB/s, docs/PERFORMANCE.md issue 16) though it wins in L2.
             if let Some(tile16) = tile16.filter(|_| n > 8) {
-                let a: [ActRow<'_>; 16] = std::array::from_fn(|k| src.row(t + k.min(n - 1)));
-                let mut o = [[0.0f32; 8]; 16];
-                while r8 + 8 <= t1 {
-                    tile16(&w.bytes[r8 * rb..(r8 + 8) * rb], rb, &a[..n], &mut o);
-                    for (k, o) in o[..n].iter().enumerate() {
-                        for (j, &v) in o.iter().enumerate() {
-                            out((t + k) * n_rows + r8 + j, v);
-                        }
-                    }
-                    r8 += 8;
-                }
+                r8 = tiles::<16>(
+                    w,
+                    src,
+                    (t, n),
+                    (r8, t1),
+                    &|w, a, o| tile16(w, rb, a, o),
+                    out,
+                );
             } else if let Some(tile8) = tile8.filter(|_| n >= 2) {
-                let a: [ActRow<'_>; 8] = std::array::from_fn(|k| src.row(t + k.min(n - 1)));
-                let mut o = [[0.0f32; 8]; 8];
-                while r8 + 8 <= t1 {
-                    tile8(&w.bytes[r8 * rb..(r8 + 8) * rb], rb, &a[..n], &mut o);
-                    for (k, o) in o[..n].iter().enumerate() {
-                        for (j, &v) in o.iter().enumerate() {
-                            out((t + k) * n_rows + r8 + j, v);
-                        }
-                    }
-                    r8 += 8;
-                }
+                r8 = tiles::<8>(w, src, (t, n), (r8, t1), &|w, a, o| tile8(w, rb, a, o), out);
             }
             // The rows left (fewer than eight), four tokens at a time.
             let mut u = t;
@@ -238,6 +225,35 @@ fn rows_range(
         }
         t0 = t1;
     }
+}
+
+/// A tile for `tiles`: 8 weight rows' bytes, up to N activation rows, the N x 8 outputs.
+type TileCall<'f, const N: usize> = dyn Fn(&[u8], &[ActRow<'_>], &mut [[f32; 8]; N]) + 'f;
+
+/// Tokens t..t + n (n <= N) against the whole eights of rows from r8 up to t1 by `tile` (8
+/// weight rows, up to N activation rows: `o[k][j]` for token k, row j); returns the first row
+/// left (fewer than eight before t1).
+fn tiles<const N: usize>(
+    w: &WeightView<'_>,
+    src: Src<'_>,
+    (t, n): (usize, usize),
+    (mut r8, t1): (usize, usize),
+    tile: &TileCall<'_, N>,
+    out: &mut dyn FnMut(usize, f32),
+) -> usize {
+    let rb = w.row_bytes();
+    let a: [ActRow<'_>; N] = std::array::from_fn(|k| src.row(t + k.min(n - 1)));
+    let mut o = [[0.0f32; 8]; N];
+    while r8 + 8 <= t1 {
+        tile(&w.bytes[r8 * rb..(r8 + 8) * rb], &a[..n], &mut o);
+        for (k, o) in o[..n].iter().enumerate() {
+            for (j, &v) in o.iter().enumerate() {
+                out((t + k) * w.rows + r8 + j, v);
+            }
+        }
+        r8 += 8;
+    }
+    r8
 }
 
 /// y (acts.rows() x w.rows, row-major) = activations x w^T. Prepares `acts` in the weight's

@@ -792,8 +792,7 @@ pub(super) mod x86 {
             );
             let da_hi = if T > 8 {
                 _mm256_setr_ps(
-                    ab[8].d, ab[9].d, ab[10].d, ab[11].d, ab[12].d, ab[13].d, ab[14].d,
-                    ab[15].d,
+                    ab[8].d, ab[9].d, ab[10].d, ab[11].d, ab[12].d, ab[13].d, ab[14].d, ab[15].d,
                 )
             } else {
                 da
@@ -863,7 +862,11 @@ pub(super) mod x86 {
                 for p in 0..T.div_ceil(2) {
                     let msum = _mm256_hadd_epi32(hm(2 * p), hm(2 * p + 1));
                     // Tokens 2p, 2p + 1 in `da` (p < 4) or `da_hi`.
-                    let (dsrc, u) = if p < 4 { (da, 2 * p as i32) } else { (da_hi, 2 * p as i32 - 8) };
+                    let (dsrc, u) = if p < 4 {
+                        (da, 2 * p as i32)
+                    } else {
+                        (da_hi, 2 * p as i32 - 8)
+                    };
                     let v = u + 1;
                     let dap =
                         _mm256_permutevar8x32_ps(dsrc, _mm256_setr_epi32(u, u, v, v, u, u, v, v));
