@@ -39,13 +39,13 @@ pub(super) const DOT4: super::Dot4Kernels = super::Dot4Kernels {
     avx512: None,
 };
 
-/// The 8-row x 8-token tile (prefill): see `kernels::tile_fn`.
 /// The 8-row x 16-token tile on AVX2 (prefill): see `kernels::tile16_fn`.
 #[cfg(target_arch = "x86_64")]
 pub(super) const TILE16_AVX2: Option<super::Tile16Fn> = Some(x86::tile16_avx2);
 #[cfg(not(target_arch = "x86_64"))]
 pub(super) const TILE16_AVX2: Option<super::Tile16Fn> = None;
 
+/// The 8-row x 8-token tile (prefill): see `kernels::tile_fn`.
 pub(super) const TILE: super::TileKernels = super::TileKernels {
     #[cfg(target_arch = "x86_64")]
     avx2: Some(x86::tile_avx2),
@@ -1074,7 +1074,7 @@ pub(super) mod x86 {
             let dd = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi32(
                 v0, first_dw, v1,
             )));
-            let ab: [&BlockQ8K; 16] = std::array::from_fn(|t| &*a[t].add(i));
+            let ab: [&BlockQ8K; 8] = std::array::from_fn(|t| &*a[t].add(i));
             // Eight rows' 32 bytes at byte `off` of their block, transposed in 8-byte words:
             // register g holds word g of rows 0..8 (row r in qword r).
             let words = |off: usize| -> [__m512i; 4] {
