@@ -200,18 +200,14 @@ fn tile_dots_equal_single_row_dots() {
     let mut rng = Rng(88);
     for (t, isa) in cases {
         let tile = kernels::tile_fn(t, isa).unwrap();
-        tile_matches_dots::<8>(t, isa, &tile, &mut rng);
+        tile_matches_dots(t, isa, tile, &mut rng);
     }
 }
-
-/// A tile kernel of N tokens: 8 weight rows (row bytes apart), activation rows, N x 8 outputs.
-type Tile<'f, const N: usize> =
-    dyn Fn(&[u8], usize, &[kernels::ActRow<'_>], &mut [[f32; 8]; N]) + 'f;
 
 /// `tile` (8 weight rows x up to N activation rows) gives, for every token count 1..=N, each
 /// output the bits of the single-row dot at `isa`, on random and extreme blocks with the eight
 /// rows at a stride (as `matmul` hands them); only the first n rows of its output are read.
-fn tile_matches_dots<const N: usize>(t: DType, isa: Isa, tile: &Tile<'_, N>, rng: &mut Rng) {
+fn tile_matches_dots<const N: usize>(t: DType, isa: Isa, tile: kernels::TileNFn<N>, rng: &mut Rng) {
     let (be, _) = t.block_geometry().unwrap();
     let dot = kernels::dot_fn(t, isa).unwrap();
     let fmt = kernels::kernels_for(t).unwrap().act;
@@ -256,7 +252,7 @@ fn tile16_dots_equal_single_row_dots() {
         for isa in Isa::available() {
             if let Some(tile) = kernels::tile16_fn(t, isa) {
                 tried += 1;
-                tile_matches_dots::<16>(t, isa, &tile, &mut rng);
+                tile_matches_dots(t, isa, tile, &mut rng);
             }
         }
     }

@@ -18,7 +18,7 @@
 use super::spin::SpinPool;
 use super::{
     check_len, dot4_fn, dot_fn, kernels_for, tile16_fn, tile_fn, ActRow, Acts, Dot4Fn, DotFn, Isa,
-    KernelError, Tile16Fn, TileFn,
+    KernelError, Tile16Fn, TileFn, TileNFn,
 };
 use crate::dtype::DType;
 use rayon::prelude::*;
@@ -185,16 +185,9 @@ fn rows_range(
             // the tile's eight side-by-side row streams read memory slower (Q4_K AVX-512, one
             // thread: 8.9 vs 12.5 GB/s, docs/PERFORMANCE.md issue 16) though it wins in L2.
             if let Some(tile16) = tile16.filter(|_| n > 8) {
-                r8 = tiles::<16>(
-                    w,
-                    src,
-                    (t, n),
-                    (r8, t1),
-                    &|w, a, o| tile16(w, rb, a, o),
-                    out,
-                );
+                r8 = tiles(w, src, (t, n), (r8, t1), tile16, out);
             } else if let Some(tile8) = tile8.filter(|_| n >= 2) {
-                r8 = tiles::<8>(w, src, (t, n), (r8, t1), &|w, a, o| tile8(w, rb, a, o), out);
+                r8 = tiles(w, src, (t, n), (r8, t1), tile8, out);
             }
             // The rows left (fewer than eight), four tokens at a time.
             let mut u = t;
@@ -227,25 +220,22 @@ fn rows_range(
     }
 }
 
-/// A tile for `tiles`: 8 weight rows' bytes, up to N activation rows, the N x 8 outputs.
-type TileCall<'f, const N: usize> = dyn Fn(&[u8], &[ActRow<'_>], &mut [[f32; 8]; N]) + 'f;
-
-/// Tokens t..t + n (n <= N) against the whole eights of rows from r8 up to t1 by `tile` (8
-/// weight rows, up to N activation rows: `o[k][j]` for token k, row j); returns the first row
-/// left (fewer than eight before t1).
+/// Tokens t..t + n (n <= N) against the whole eights of rows from r8 up to t1 by `tile` (a
+/// `TileFn` for N = 8, a `Tile16Fn` for 16: `o[k][j]` for token k, row j); returns the first
+/// row left (fewer than eight before t1).
 fn tiles<const N: usize>(
     w: &WeightView<'_>,
     src: Src<'_>,
     (t, n): (usize, usize),
     (mut r8, t1): (usize, usize),
-    tile: &TileCall<'_, N>,
+    tile: TileNFn<N>,
     out: &mut dyn FnMut(usize, f32),
 ) -> usize {
     let rb = w.row_bytes();
     let a: [ActRow<'_>; N] = std::array::from_fn(|k| src.row(t + k.min(n - 1)));
     let mut o = [[0.0f32; 8]; N];
     while r8 + 8 <= t1 {
-        tile(&w.bytes[r8 * rb..(r8 + 8) * rb], &a[..n], &mut o);
+        tile(&w.bytes[r8 * rb..(r8 + 8) * rb], rb, &a[..n], &mut o);
         for (k, o) in o[..n].iter().enumerate() {
             for (j, &v) in o.iter().enumerate() {
                 out((t + k) * w.rows + r8 + j, v);

@@ -123,10 +123,15 @@ pub struct Dot4Kernels {
 /// Eight consecutive encoded weight rows (`w`: `8 * rb` bytes, row r at `r * rb`, each row
 /// whole blocks) against one to eight activation rows: `out[t][r] = dot(row r, a[t])` for
 /// t < a.len() (the other rows of `out` are left as they were).
-pub type TileFn = fn(w: &[u8], rb: usize, a: &[ActRow<'_>], out: &mut [[f32; 8]; 8]);
+pub type TileFn = TileNFn<8>;
 
-/// An 8-row x 16-token tile: `TileFn` for up to 16 activation rows (`out[t][r]`, t < a.len()).
-pub type Tile16Fn = fn(w: &[u8], rb: usize, a: &[ActRow<'_>], out: &mut [[f32; 8]; 16]);
+/// An 8-row tile of up to N tokens: 8 weight rows `rb` bytes apart, up to N activation rows,
+/// `out[t][r]` for t < a.len().
+pub type TileNFn<const N: usize> =
+    fn(w: &[u8], rb: usize, a: &[ActRow<'_>], out: &mut [[f32; 8]; N]);
+
+/// An 8-row x 16-token tile: `TileFn` for up to 16 activation rows.
+pub type Tile16Fn = TileNFn<16>;
 
 /// A type's 16-token tile where it has one for `isa` (Q4_K on AVX2: the 8-token tile's
 /// per-block unpacking then serves twice the tokens), with the single-row dot's bits.
