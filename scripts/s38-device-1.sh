@@ -17,7 +17,11 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 L=/var/tmp/llama; LBIN=$L/build/bin/llama-bench
 ( [ -x $LBIN ] || ( mkdir -p $L && tar -xJf $D/llama-src.tar.xz -C $L && cd $L && cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DGGML_CUDA_FA_ALL_QUANTS=OFF -DLLAMA_CURL=OFF && cmake --build build --target llama-bench -j 16 ) > $O/llama-build.log 2>&1 ) &
 LB=$!
-xz -dc $D/bins.tar.xz | tar -xf - -C $V; chmod +x $V/sluice $V/gpu-tests $V/gpu-types
+xz -dc $D/bins.tar.xz | tar -xf - -C $V; chmod +x $V/sluice $V/gpu-tests $V/gpu-types $V/kernels-* $V/lib-tests
+grep -o -m1 'avx512[a-z]*' /proc/cpuinfo | head -n 1
+for K in kernels-tile kernels-ref kernels-iq; do timeout 120 $V/$K > $O/$K.log 2>&1; el "$K rc $? $(grep 'test result' $O/$K.log | cut -c1-80)"; done
+timeout 120 $V/lib-tests kernels:: > $O/lib.log 2>&1; el "lib-tests kernels:: rc $? $(grep 'test result' $O/lib.log | cut -c1-80)"
+grep -hE "panicked|FAILED" $O/kernels-*.log $O/lib.log | cut -c1-200 | head -10
 ( [ -s $M ] || $S synth $M --preset qwen3-30b-a3b --layers 8 --quant q4_k --skew 1.0 --seed 11
   [ -s $M3 ] || $S synth $M3 --preset deepseek-v3 --layers 2 --quant q4_k --no-mtp --seed 11
   [ -s $M8 ] || $S synth $M8 --preset qwen3-30b-a3b --layers 8 --quant q8_0 --skew 1.0 --seed 11 ) > $O/synth.log 2>&1 &

@@ -13,7 +13,11 @@
 //!
 //! Invariant: `run` returns only after every task has finished, and no worker touches the task
 //! closure after that: a worker calls it only for an index it claimed by a compare-and-swap on
-//! the (region, index) word, and a claimed index is a task the caller is still waiting for.
+//! the (region, task count, index) word, and a claimed index is a task the caller is still
+//! waiting for. The count is in that word, not beside it: a worker that saw a region late could
+//! otherwise read the next region's (larger) count, see the finished region's index still below
+//! it and claim a task that does not exist (a task run twice, and the next region's `done`
+//! counted one ahead: found on a 16-core host, `every_task_runs_once_per_region`).
 //! Results cannot depend on which thread ran a task (the callers' tasks write disjoint outputs).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -30,16 +34,17 @@ const YIELD: Duration = Duration::from_millis(2);
 type Task<'t> = &'t (dyn Fn(usize) + Sync);
 
 struct Shared {
-    /// Region number (high 32 bits) and next unclaimed task index (low 32 bits).
+    /// Region number (high 32 bits), its task count (bits 16..32) and the next unclaimed task
+    /// index (low 16 bits): `claim_word`.
     next: AtomicU64,
     /// Tasks of the current region finished.
     done: AtomicUsize,
     /// A task panicked in this region (the caller panics once all have finished).
     panicked: AtomicBool,
-    /// The region's task closure (a fat pointer, as two words) and task count, written by the
-    /// caller between regions; atomics so that a worker reading them late reads a stale value,
-    /// never a torn one it could use (see the module's invariant).
-    job: [AtomicUsize; 3],
+    /// The region's task closure (a fat pointer, as two words), written by the caller between
+    /// regions; atomics so that a worker reading them late reads a stale value, never a torn
+    /// one it could use (see the module's invariant).
+    job: [AtomicUsize; 2],
     /// The last published region number (low 32 bits); workers wait for it to change.
     region: AtomicU64,
     sleepers: AtomicUsize,
@@ -118,12 +123,13 @@ impl SpinPool {
 
     /// Run `task(i)` for every i in 0..n across the gang and the calling thread; returns when
     /// all have finished. Returns false without running anything when another region holds the
-    /// gang (a nested or concurrent call): the caller then runs the tasks some other way.
+    /// gang (a nested or concurrent call) or `n` > `MAX_TASKS` (65535): the caller then runs
+    /// the tasks some other way.
     pub fn try_run(&self, n: usize, task: &(dyn Fn(usize) + Sync)) -> bool {
         if n == 0 {
             return true;
         }
-        if n >= 1 << 32
+        if n > MAX_TASKS
             || self
                 .busy
                 .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
@@ -138,15 +144,14 @@ impl SpinPool {
         let region = s.region.load(Ordering::Relaxed).wrapping_add(1) & 0xFFFF_FFFF;
         s.job[0].store(words[0], Ordering::Relaxed);
         s.job[1].store(words[1], Ordering::Relaxed);
-        s.job[2].store(n, Ordering::Relaxed);
         s.done.store(0, Ordering::Relaxed);
-        s.next.store(region << 32, Ordering::Release);
+        s.next.store(claim_word(region, n, 0), Ordering::Release);
         s.region.store(region, Ordering::SeqCst);
         if s.sleepers.load(Ordering::SeqCst) > 0 {
             let _g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
             s.wake.notify_all();
         }
-        claim_all(s, region, words, n);
+        claim_all(s, region, words);
         let mut w = Backoff::new();
         while s.done.load(Ordering::Acquire) < n {
             w.snooze();
@@ -160,13 +165,22 @@ impl SpinPool {
     }
 }
 
+/// Most tasks in one region (a larger `try_run` is refused: the caller uses rayon).
+const MAX_TASKS: usize = 0xFFFF;
+
+/// The claim word of task `i` of `region`, which has `n` tasks.
+fn claim_word(region: u64, n: usize, i: usize) -> u64 {
+    (region << 32) | ((n as u64) << 16) | i as u64
+}
+
 /// Claim and run tasks of `region` until none is left (or the region is over). `words`: the
 /// region's task closure as `try_run` stored it, turned back into a reference only once a task
 /// has been claimed (then they are the live closure's: module invariant).
-fn claim_all(s: &Shared, region: u64, words: [usize; 2], n: usize) {
+fn claim_all(s: &Shared, region: u64, words: [usize; 2]) {
     let mut cur = s.next.load(Ordering::Acquire);
     loop {
-        if cur >> 32 != region || (cur & 0xFFFF_FFFF) as usize >= n {
+        let (n, i) = ((cur >> 16) & 0xFFFF, cur & 0xFFFF);
+        if cur >> 32 != region || i >= n {
             return;
         }
         match s
@@ -174,11 +188,10 @@ fn claim_all(s: &Shared, region: u64, words: [usize; 2], n: usize) {
             .compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire)
         {
             Ok(_) => {
-                let i = (cur & 0xFFFF_FFFF) as usize;
                 // SAFETY: a task of `region` is claimed, so `try_run` is still waiting and
                 // `words` are its live closure (module invariant).
                 let task = unsafe { std::mem::transmute::<[usize; 2], Task<'_>>(words) };
-                if catch_unwind(AssertUnwindSafe(|| task(i))).is_err() {
+                if catch_unwind(AssertUnwindSafe(|| task(i as usize))).is_err() {
                     s.panicked.store(true, Ordering::Relaxed);
                 }
                 s.done.fetch_add(1, Ordering::Release);
@@ -215,10 +228,9 @@ fn worker(s: &Shared) {
             s.job[0].load(Ordering::Relaxed),
             s.job[1].load(Ordering::Relaxed),
         ];
-        let n = s.job[2].load(Ordering::Relaxed);
         // If the region has moved on since these were read they may be stale or torn; then no
         // claim succeeds and they are never used.
-        claim_all(s, region, words, n);
+        claim_all(s, region, words);
     }
 }
 
@@ -265,17 +277,32 @@ mod tests {
 
     #[test]
     fn every_task_runs_once_per_region() {
-        let g = SpinPool::new(4);
+        // More workers than cores, so that some see a region late (the case that once let a
+        // worker claim a task of a finished region under the next region's count).
+        let g = SpinPool::new(6);
         let hits: Vec<AtomicUsize> = (0..257).map(|_| AtomicUsize::new(0)).collect();
-        for round in 0..2000 {
+        let rounds = 20_000;
+        for round in 0..rounds {
             let n = 1 + round % 257;
             assert!(g.try_run(n, &|i| {
                 hits[i].fetch_add(1, Ordering::Relaxed);
             }));
         }
-        let total: usize = hits.iter().map(|h| h.load(Ordering::Relaxed)).sum();
-        assert_eq!(total, (0..2000).map(|r| 1 + r % 257).sum::<usize>());
-        assert_eq!(hits[0].load(Ordering::Relaxed), 2000);
+        for (i, h) in hits.iter().enumerate() {
+            let want = (0..rounds).filter(|r| 1 + r % 257 > i).count();
+            assert_eq!(h.load(Ordering::Relaxed), want, "task {i}");
+        }
+    }
+
+    #[test]
+    fn a_region_of_too_many_tasks_is_refused() {
+        let g = SpinPool::new(2);
+        assert!(!g.try_run(super::MAX_TASKS + 1, &|_| {}));
+        let c = AtomicUsize::new(0);
+        assert!(g.try_run(super::MAX_TASKS, &|_| {
+            c.fetch_add(1, Ordering::Relaxed);
+        }));
+        assert_eq!(c.load(Ordering::Relaxed), super::MAX_TASKS);
     }
 
     #[test]
