@@ -241,7 +241,8 @@ fn tile_matches_dots<const N: usize>(t: DType, isa: Isa, tile: kernels::TileNFn<
     }
 }
 
-/// The 8-row x 16-token tiles (`kernels::tile16_fn`: Q4_K on AVX2) give, output by output, the
+/// The 8-row x 16-token tiles (`kernels::tile16_fn`: Q4_K on AVX2 and AVX-512, Q5_K on
+/// AVX-512) give, output by output, the
 /// bits of the single-row dot for every token count they take (1..=16), on random and extreme
 /// blocks.
 #[test]

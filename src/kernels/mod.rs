@@ -133,11 +133,19 @@ pub type TileNFn<const N: usize> =
 /// An 8-row x 16-token tile: `TileFn` for up to 16 activation rows.
 pub type Tile16Fn = TileNFn<16>;
 
-/// A type's 16-token tile where it has one for `isa` (Q4_K on AVX2: the 8-token tile's
-/// per-block unpacking then serves twice the tokens), with the single-row dot's bits.
+/// A type's 16-token tile where it has one for `isa` (Q4_K on AVX2 and AVX-512, Q5_K on
+/// AVX-512: the 8-token tile's per-block unpacking then serves twice the tokens), with the
+/// single-row dot's bits (the same choice of instruction set as `tile_fn`).
 pub fn tile16_fn(dtype: DType, isa: Isa) -> Option<Tile16Fn> {
-    match (dtype, isa.min(Isa::detect())) {
-        (DType::Q4_K, Isa::Avx2) => q4_k::TILE16_AVX2,
+    let k = kernels_for(dtype).ok()?;
+    let t: &TileKernels<16> = match dtype {
+        DType::Q4_K => &q4_k::TILE16,
+        DType::Q5_K => &q5_k::TILE16,
+        _ => return None,
+    };
+    match isa.min(Isa::detect()) {
+        Isa::Avx512 if k.dot_avx512.is_some() => t.avx512,
+        Isa::Avx512 | Isa::Avx2 if k.dot_avx2.is_some() => t.avx2,
         _ => None,
     }
 }
@@ -161,9 +169,9 @@ pub(crate) fn tile_by_dots(
 /// A type's 8-row x 8-token tile kernels per ISA (prefill: each weight block is unpacked once
 /// for up to eight tokens and each activation block loaded once for several rows). Each must give,
 /// per output, exactly the bits of the same ISA's single-row dot.
-pub struct TileKernels {
-    pub avx2: Option<TileFn>,
-    pub avx512: Option<TileFn>,
+pub struct TileKernels<const N: usize = 8> {
+    pub avx2: Option<TileNFn<N>>,
+    pub avx512: Option<TileNFn<N>>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -39,11 +39,17 @@ pub(super) const DOT4: super::Dot4Kernels = super::Dot4Kernels {
     avx512: None,
 };
 
-/// The 8-row x 16-token tile on AVX2 (prefill): see `kernels::tile16_fn`.
-#[cfg(target_arch = "x86_64")]
-pub(super) const TILE16_AVX2: Option<super::Tile16Fn> = Some(x86::tile16_avx2);
-#[cfg(not(target_arch = "x86_64"))]
-pub(super) const TILE16_AVX2: Option<super::Tile16Fn> = None;
+/// The 8-row x 16-token tiles (prefill): see `kernels::tile16_fn`.
+pub(super) const TILE16: super::TileKernels<16> = super::TileKernels {
+    #[cfg(target_arch = "x86_64")]
+    avx2: Some(x86::tile16_avx2),
+    #[cfg(target_arch = "x86_64")]
+    avx512: Some(x86::tile16_avx512),
+    #[cfg(not(target_arch = "x86_64"))]
+    avx2: None,
+    #[cfg(not(target_arch = "x86_64"))]
+    avx512: None,
+};
 
 /// The 8-row x 8-token tile (prefill): see `kernels::tile_fn`.
 pub(super) const TILE: super::TileKernels = super::TileKernels {
@@ -208,7 +214,6 @@ pub(super) mod x86 {
     use super::super::simd::x86::{f16x2_at, prefetch};
     use super::{dot_scalar, scales_mins_u64, ActRow, BlockQ8K, BB};
     type Rows4 = [*const BlockQ8K; 4];
-    type Rows8 = [*const BlockQ8K; 8];
     type Rows16 = [*const BlockQ8K; 16];
     use crate::kernels::Isa;
     use std::arch::x86_64::*;
@@ -372,10 +377,61 @@ pub(super) mod x86 {
         }
         let nb = a.iter().map(|a| a.q8k.len()).fold(rb / BB, usize::min);
         // Missing rows point at row 0 (read, never stored).
-        let ap: Rows8 = std::array::from_fn(|t| a[if t < n { t } else { 0 }].q8k.as_ptr());
-        let (w, o) = (w.as_ptr(), out);
+        let ap: Rows16 = std::array::from_fn(|t| a[if t < n { t } else { 0 }].q8k.as_ptr());
+        let (w, o) = (w.as_ptr(), &mut out[..]);
         // SAFETY: AVX-512 F/BW/VL/VNNI present (checked above); lengths as in `tile_avx2`.
         unsafe { by_tokens!(n, avx512_8x8_k [, false] (w, rb, ap, nb, o)) }
+    }
+
+    /// `tile_avx512` for 9 to 16 activation rows (the block's transposes and nibbles made once
+    /// for all of them, as `tile16_avx2`): `out[t][r]` has the bits of `dot_avx512(row r, a[t])`
+    /// (= `dot_scalar`'s).
+    pub(super) fn tile16_avx512(w: &[u8], rb: usize, a: &[ActRow<'_>], out: &mut [[f32; 8]; 16]) {
+        tile16_avx512_k::<false>(w, rb, a, out, tile_avx512)
+    }
+
+    /// The 16-token AVX-512 tile of Q4_K (`Q5` false) and Q5_K (`Q5` true, `w` in Q5_K
+    /// blocks): `tile8` (the type's 8-token tile) serves 1..=8 tokens and machines without
+    /// AVX-512.
+    pub(in crate::kernels) fn tile16_avx512_k<const Q5: bool>(
+        w: &[u8],
+        rb: usize,
+        a: &[ActRow<'_>],
+        out: &mut [[f32; 8]; 16],
+        tile8: super::super::TileFn,
+    ) {
+        let n = a.len();
+        let bb = if Q5 { 176 } else { BB };
+        assert!(
+            w.len() >= 8 * rb && (1..=16).contains(&n),
+            "K-quant tile: {} bytes for 8 rows of {rb}, {n} activation rows",
+            w.len()
+        );
+        if n <= 8 || !Isa::Avx512.supported() {
+            for (a, o) in a.chunks(8).zip(out.chunks_mut(8)) {
+                let mut o8 = [[0.0f32; 8]; 8];
+                tile8(w, rb, a, &mut o8);
+                o[..a.len()].copy_from_slice(&o8[..a.len()]);
+            }
+            return;
+        }
+        let nb = a.iter().map(|a| a.q8k.len()).fold(rb / bb, usize::min);
+        let ap: Rows16 = std::array::from_fn(|t| a[if t < n { t } else { 0 }].q8k.as_ptr());
+        let wp = w.as_ptr();
+        // SAFETY: AVX-512 F/BW/VL/VNNI present (checked above); `w` holds 8 rows of `rb`
+        // bytes, each at least `nb` whole blocks, and each activation row at least `nb` blocks.
+        unsafe {
+            match n {
+                9 => avx512_8x8_k::<9, Q5>(wp, rb, ap, nb, out),
+                10 => avx512_8x8_k::<10, Q5>(wp, rb, ap, nb, out),
+                11 => avx512_8x8_k::<11, Q5>(wp, rb, ap, nb, out),
+                12 => avx512_8x8_k::<12, Q5>(wp, rb, ap, nb, out),
+                13 => avx512_8x8_k::<13, Q5>(wp, rb, ap, nb, out),
+                14 => avx512_8x8_k::<14, Q5>(wp, rb, ap, nb, out),
+                15 => avx512_8x8_k::<15, Q5>(wp, rb, ap, nb, out),
+                _ => avx512_8x8_k::<16, Q5>(wp, rb, ap, nb, out),
+            }
+        }
     }
 
     /// Four activation rows against one weight row, bit-identical to four `dot_avx512` calls.
@@ -1021,9 +1077,9 @@ pub(super) mod x86 {
     pub(in crate::kernels) unsafe fn avx512_8x8_k<const T: usize, const Q5: bool>(
         w: *const u8,
         rb: usize,
-        a: Rows8,
+        a: Rows16,
         nb: usize,
-        out: &mut [[f32; 8]; 8],
+        out: &mut [[f32; 8]],
     ) {
         let (bb, qs_at) = if Q5 { (176, 48) } else { (BB, 16) };
         let sixteen = _mm512_set1_epi8(0x10);
@@ -1048,7 +1104,7 @@ pub(super) mod x86 {
             let (t, u) = (2 * p as i32, 2 * p as i32 + 1);
             _mm512_setr_epi32(t, t, u, u, t, t, u, u, t, t, u, u, t, t, u, u)
         });
-        const P: usize = 4;
+        const P: usize = 8;
         let mut acc = [_mm512_setzero_ps(); P];
         // The eight rows are read block by block side by side, which hardware prefetchers do
         // not follow (short rows): prefetch the same block of the next eight rows, one tile
@@ -1074,7 +1130,7 @@ pub(super) mod x86 {
             let dd = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi32(
                 v0, first_dw, v1,
             )));
-            let ab: [&BlockQ8K; 8] = std::array::from_fn(|t| &*a[t].add(i));
+            let ab: [&BlockQ8K; 16] = std::array::from_fn(|t| &*a[t].add(i));
             // Eight rows' 32 bytes at byte `off` of their block, transposed in 8-byte words:
             // register g holds word g of rows 0..8 (row r in qword r).
             let words = |off: usize| -> [__m512i; 4] {
@@ -1097,7 +1153,7 @@ pub(super) mod x86 {
                 ]
             };
             let qh = if Q5 { words(16) } else { [zero; 4] };
-            let mut s32 = [_mm512_setzero_si512(); 8];
+            let mut s32 = [_mm512_setzero_si512(); 16];
             for (k, &sel) in sel.iter().enumerate() {
                 let raw = words(qs_at + 32 * k);
                 let mut lo: [__m512i; 4] = std::array::from_fn(|g| _mm512_and_si512(raw[g], m4));
@@ -1144,7 +1200,7 @@ pub(super) mod x86 {
             }
             // Per 128-bit lane L of s32[t]: [2k of r2L, 2k of r2L+1, 2k+1 of r2L, 2k+1 of r2L+1]
             // summed over k; row sums in lanes 0 and 1.
-            let rs: [__m512i; 8] = std::array::from_fn(|t| {
+            let rs: [__m512i; 16] = std::array::from_fn(|t| {
                 _mm512_add_epi32(s32[t], _mm512_shuffle_epi32::<_MM_PERM_BADC>(s32[t]))
             });
             // Mins of rows (0, 2, 4, 6) and (1, 3, 5, 7), one row per 128-bit lane, as i16.
@@ -1162,13 +1218,25 @@ pub(super) mod x86 {
             let da = _mm512_castps256_ps512(_mm256_setr_ps(
                 ab[0].d, ab[1].d, ab[2].d, ab[3].d, ab[4].d, ab[5].d, ab[6].d, ab[7].d,
             ));
+            let da_hi = if T > 8 {
+                _mm512_castps256_ps512(_mm256_setr_ps(
+                    ab[8].d, ab[9].d, ab[10].d, ab[11].d, ab[12].d, ab[13].d, ab[14].d, ab[15].d,
+                ))
+            } else {
+                da
+            };
             let dwq = _mm512_permutexvar_ps(rows_d, dd);
             let dmq = _mm512_permutexvar_ps(rows_m, dd);
             for p in 0..T.div_ceil(2) {
                 let (t, u) = (2 * p, (2 * p + 1).min(T - 1));
                 let isum = _mm512_unpacklo_epi64(rs[t], rs[u]);
                 let msum = hadd512(hm(t), hm(u));
-                let dap = _mm512_permutexvar_ps(tok_idx[p], da);
+                // Tokens 2p, 2p + 1 in `da` (p < 4) or `da_hi`.
+                let dap = if p < 4 {
+                    _mm512_permutexvar_ps(tok_idx[p], da)
+                } else {
+                    _mm512_permutexvar_ps(tok_idx[p - 4], da_hi)
+                };
                 let t1 = _mm512_mul_ps(_mm512_mul_ps(dwq, dap), _mm512_cvtepi32_ps(isum));
                 let t2 = _mm512_mul_ps(_mm512_mul_ps(dmq, dap), _mm512_cvtepi32_ps(msum));
                 acc[p] = _mm512_add_ps(acc[p], _mm512_sub_ps(t1, t2));

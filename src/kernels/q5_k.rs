@@ -42,6 +42,15 @@ pub(super) const TILE: super::TileKernels = super::TileKernels {
     avx512: None,
 };
 
+/// The 8-row x 16-token tile (prefill): see `kernels::tile16_fn`. AVX-512 only.
+pub(super) const TILE16: super::TileKernels<16> = super::TileKernels {
+    avx2: None,
+    #[cfg(target_arch = "x86_64")]
+    avx512: Some(x86::tile16_avx512),
+    #[cfg(not(target_arch = "x86_64"))]
+    avx512: None,
+};
+
 const BB: usize = 176;
 
 /// The 5-bit code of element l of sub-block j.
@@ -93,7 +102,7 @@ fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::super::q4_k::k_dot_avx512;
-    use super::super::q4_k::x86::{avx512_8x8_k, mins_dot, scales_mins16};
+    use super::super::q4_k::x86::{avx512_8x8_k, mins_dot, scales_mins16, tile16_avx512_k};
     use super::super::simd::prefetch_distance;
     use super::super::simd::x86::{f16x2_at, hsum_ps128, hsum_ps256, prefetch};
     use super::{dot_scalar, ActRow, BlockQ8K, BB};
@@ -369,11 +378,17 @@ mod x86 {
         }
         let nb = a.iter().map(|a| a.q8k.len()).fold(rb / BB, usize::min);
         // Missing rows point at row 0 (read, never stored).
-        let ap: [*const BlockQ8K; 8] =
+        let ap: [*const BlockQ8K; 16] =
             std::array::from_fn(|t| a[if t < n { t } else { 0 }].q8k.as_ptr());
-        let (w, o) = (w.as_ptr(), out);
+        let (w, o) = (w.as_ptr(), &mut out[..]);
         // SAFETY: AVX-512 F/BW/VL/VNNI present (checked above); `w` holds 8 rows of `rb` bytes,
         // each at least `nb` whole blocks, and each activation row at least `nb` blocks.
         unsafe { by_tokens!(n, avx512_8x8_k [, true] (w, rb, ap, nb, o)) }
+    }
+
+    /// `tile_avx512` for 9 to 16 activation rows (`q4_k::x86::tile16_avx512_k`): `out[t][r]`
+    /// has the bits of `dot_avx512(row r, a[t])` (= `dot_scalar`'s).
+    pub(super) fn tile16_avx512(w: &[u8], rb: usize, a: &[ActRow<'_>], out: &mut [[f32; 8]; 16]) {
+        tile16_avx512_k::<true>(w, rb, a, out, tile_avx512)
     }
 }
