@@ -158,6 +158,7 @@ fn pdl_kernel(name: &str) -> bool {
     matches!(
         name,
         "add_rmsnorm_q8"
+            | "add_rmsnorm_q8_w"
             | "qk_rope_store"
             | "attention_split_merge"
             | "attention_group_split_merge"

@@ -154,6 +154,118 @@ extern "C" __global__ void add_rmsnorm_q8(float* X, int ldx, const float* P, con
     }
 }
 
+// add_rmsnorm_q8 on 1024 threads for rows of up to 4096 values (a decode step's 17 launches of
+// it are latency: at 256 threads a warp spent ~20 cycles per instruction waiting, Nsight Compute
+// session 38). Four times the warps to hide the waits, a quarter of the values each. Every
+// value's operations are add_rmsnorm_q8_regs' (the same expressions in the same order), and the
+// sum of squares is made in the 256-thread order: thread t < 256 sums values t, t + 256, .. (from
+// shared memory), then block_sum's warp sums and warp partials of those eight warps in order. So
+// each output has add_rmsnorm_q8's bits (SLUICE_GPU_NORM_WIDE=0 launches that one instead).
+template <int J>
+__device__ __forceinline__ void add_rmsnorm_q8_wide_regs(float* x, const float* P, const float* SO,
+                                                         const float* selw, int k, const float* w,
+                                                         int dim, float eps, float* y, i8* XQ,
+                                                         float* XD, int row, float* red,
+                                                         float* xs) {
+    float xv[J], wv[J];
+    const int tid = threadIdx.x, bd = 1024;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        int i = min(tid + bd * j, dim - 1);
+        float v = x[i];
+        if (P) v += P[(size_t)row * dim + i];
+        xv[j] = v;
+        wv[j] = w[i];
+    }
+    if (SO) {
+        float acc[J];
+#pragma unroll
+        for (int j = 0; j < J; j++) acc[j] = 0.f;
+        for (int q0 = 0; q0 < k; q0 += 4) {
+            float sv[4][J], sw[4];
+#pragma unroll
+            for (int qq = 0; qq < 4; qq++) {
+                int q = min(q0 + qq, k - 1);
+                sw[qq] = selw[row * k + q];
+#pragma unroll
+                for (int j = 0; j < J; j++)
+                    sv[qq][j] = SO[((size_t)row * k + q) * dim + min(tid + bd * j, dim - 1)];
+            }
+#pragma unroll
+            for (int qq = 0; qq < 4; qq++)
+                if (q0 + qq < k)
+#pragma unroll
+                    for (int j = 0; j < J; j++) acc[j] += sw[qq] * sv[qq][j];
+        }
+#pragma unroll
+        for (int j = 0; j < J; j++) xv[j] += acc[j];
+    }
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        int i = tid + bd * j;
+        if (i < dim) {
+            if (P || SO) x[i] = xv[j];
+            xs[i] = xv[j];
+        }
+    }
+    __syncthreads();
+    int wp = tid >> 5, lane = tid & 31, per = dim >> 5;
+    float s = 0.f;
+    if (tid < 256)
+        for (int i = tid; i < dim; i += 256) s += xs[i] * xs[i];
+    s = warp_sum(s);
+    if (lane == 0 && wp < 8) red[wp] = s;
+    __syncthreads();
+    float t = 0.f;
+    for (int q = 0; q < 8; q++) t += red[q];
+    float inv = 1.f / sqrtf(t / (float)dim + eps);
+    if (!XQ) {
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            int i = tid + bd * j;
+            if (i < dim) y[i] = xv[j] * inv * wv[j];
+        }
+        return;
+    }
+    // Group g = wp + 32j holds values 32g + lane = tid + 1024j: this thread's own.
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        int g = wp + 32 * j;
+        if (g < per) {
+            int i = 32 * g + lane;
+            float v = xv[j] * inv * wv[j];
+            y[i] = v;
+            float a = fabsf(v);
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+            float d = a / 127.f;
+            float id = d > 0.f ? 1.f / d : 0.f;
+            int q = (int)roundf(v * id);
+            XQ[(size_t)row * dim + i] = (i8)max(-127, min(127, q));
+            if (lane == 0) XD[(size_t)row * per + g] = d;
+        }
+    }
+}
+
+// Arguments as add_rmsnorm_q8; blocks of 1024 threads, dim <= 4096.
+extern "C" __global__ void __launch_bounds__(1024)
+    add_rmsnorm_q8_w(float* X, int ldx, const float* P, const float* SO, const float* selw, int k,
+                     const float* w, int dim, float eps, float* Y, int ldy, i8* XQ, float* XD) {
+    __shared__ float red[32];
+    __shared__ float xs[4096];
+    pdl_wait();
+    pdl_go();
+    int row = blockIdx.x;
+    float* x = X + (size_t)row * ldx;
+    float* y = Y + (size_t)row * ldy;
+    if (dim <= 1024)
+        add_rmsnorm_q8_wide_regs<1>(x, P, SO, selw, k, w, dim, eps, y, XQ, XD, row, red, xs);
+    else if (dim <= 2048)
+        add_rmsnorm_q8_wide_regs<2>(x, P, SO, selw, k, w, dim, eps, y, XQ, XD, row, red, xs);
+    else
+        add_rmsnorm_q8_wide_regs<4>(x, P, SO, selw, k, w, dim, eps, y, XQ, XD, row, red, xs);
+}
+
 // Up to three matrices of one quantized type and width against the same quantized input, in
 // one launch: blocks [0, b1) take matrix 0's rows, [b1, b2) matrix 1's, the rest matrix 2's
 // (b1, b2 in blocks of WARPS rows). Each row as mmq computes it.

@@ -247,6 +247,13 @@ fn att_group_on() -> bool {
     *ON.get_or_init(|| std::env::var("SLUICE_GPU_ATT_GROUP").is_ok_and(|v| v == "1"))
 }
 
+/// Whether RMSNorm rows of up to 4096 values take `add_rmsnorm_q8_w` (1024 threads; same
+/// bits) rather than `add_rmsnorm_q8` (`SLUICE_GPU_NORM_WIDE=0`: no).
+fn norm_wide_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SLUICE_GPU_NORM_WIDE").map_or(true, |v| v != "0"))
+}
+
 /// Whether one-token forwards take the `*_t1` kernels (`SLUICE_GPU_T1=0`: no).
 fn t1_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -331,6 +338,8 @@ pub(super) struct Small {
     att_merge: Kernel,
     // kernels_fused.cu
     add_rms_q8: Kernel,
+    /// `add_rmsnorm_q8` on 1024 threads (rows of up to 4096 values; same bits).
+    add_rms_q8w: Kernel,
     qk_rope_store: Kernel,
     att_split_merge: Kernel,
     /// Flash-decoding with a key/value head's query heads in one block (`SLUICE_GPU_ATT_GROUP=1`
@@ -916,6 +925,7 @@ impl GpuState {
             att_split: gpu.function("attention_split")?,
             att_merge: gpu.function("attention_merge")?,
             add_rms_q8: gpu.function("add_rmsnorm_q8")?,
+            add_rms_q8w: gpu.function("add_rmsnorm_q8_w")?,
             qk_rope_store: gpu.function("qk_rope_store")?,
             att_split_merge: gpu.function("attention_split_merge")?,
             att_group: gpu.function("attention_group_split_merge")?,
@@ -1310,10 +1320,17 @@ impl GpuState {
         } else {
             (0, 0)
         };
+        // Rows of up to 4096 values on 1024 threads: the same bits, a quarter of the latency
+        // per warp (docs/PERFORMANCE.md session 38; `SLUICE_GPU_NORM_WIDE=0`: 256 threads).
+        let (kernel, threads) = if dim <= 4096 && norm_wide_on() {
+            (self.small.add_rms_q8w, 1024)
+        } else {
+            (self.small.add_rms_q8, 256)
+        };
         self.gpu.launch(
-            self.small.add_rms_q8,
+            kernel,
             (rows as u32, 1, 1),
-            256,
+            threads,
             0,
             Stream::Compute,
             &[
