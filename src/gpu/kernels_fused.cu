@@ -7,6 +7,82 @@
 // to 75; replayed as a CUDA graph that saved only ~3% (docs/PERFORMANCE.md): what remains is
 // each kernel's own latency.
 
+// Row values tid + BD*j (j < J) of x (+ P) (+ the slots' combine) into xv, and of w into wv,
+// every load in flight at once (the combine 4 slots at a time for all J values, each value's
+// slots still summed in slot order). Each value's operations do not depend on BD.
+template <int J, int BD>
+__device__ __forceinline__ void add_rows_regs(const float* x, const float* P, const float* SO,
+                                              const float* selw, int k, const float* w, int dim,
+                                              int row, float* xv, float* wv) {
+    const int tid = threadIdx.x;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        int i = min(tid + BD * j, dim - 1);
+        float v = x[i];
+        if (P) v += P[(size_t)row * dim + i];
+        xv[j] = v;
+        wv[j] = w[i];
+    }
+    if (SO) {
+        float acc[J];
+#pragma unroll
+        for (int j = 0; j < J; j++) acc[j] = 0.f;
+        for (int q0 = 0; q0 < k; q0 += 4) {
+            float sv[4][J], sw[4];
+#pragma unroll
+            for (int qq = 0; qq < 4; qq++) {
+                int q = min(q0 + qq, k - 1);
+                sw[qq] = selw[row * k + q];
+#pragma unroll
+                for (int j = 0; j < J; j++)
+                    sv[qq][j] = SO[((size_t)row * k + q) * dim + min(tid + BD * j, dim - 1)];
+            }
+#pragma unroll
+            for (int qq = 0; qq < 4; qq++)
+                if (q0 + qq < k)
+#pragma unroll
+                    for (int j = 0; j < J; j++) acc[j] += sw[qq] * sv[qq][j];
+        }
+#pragma unroll
+        for (int j = 0; j < J; j++) xv[j] += acc[j];
+    }
+}
+
+// y = xv * inv * wv for this thread's values tid + BD*j and, if XQ, their 8-bit quantization
+// per 32 values (group g = warp + (BD/32)*j holds values 32g + lane = tid + BD*j: this
+// thread's own), as quantize_q8.
+template <int J, int BD>
+__device__ __forceinline__ void norm_q8_store(const float* xv, const float* wv, float inv, int dim,
+                                              float* y, i8* XQ, float* XD, int row) {
+    const int tid = threadIdx.x;
+    if (!XQ) {
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            int i = tid + BD * j;
+            if (i < dim) y[i] = xv[j] * inv * wv[j];
+        }
+        return;
+    }
+    int wp = tid >> 5, lane = tid & 31, per = dim >> 5;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        int g = wp + (BD / 32) * j;
+        if (g < per) {
+            int i = 32 * g + lane;
+            float v = xv[j] * inv * wv[j];
+            y[i] = v;
+            float a = fabsf(v);
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+            float d = a / 127.f;
+            float id = d > 0.f ? 1.f / d : 0.f;
+            int q = (int)roundf(v * id);
+            XQ[(size_t)row * dim + i] = (i8)max(-127, min(127, q));
+            if (lane == 0) XD[(size_t)row * per + g] = d;
+        }
+    }
+}
+
 // Residual add (optional), RMSNorm and 8-bit quantization of one row per block (256 threads):
 //   x = X row (+ P row, if P) (+ sum over slots s of selw[s] * SO[row*k + s], if SO; in slot
 //   order, as moe_combine), written back to X when anything was added;
@@ -25,39 +101,7 @@ __device__ __forceinline__ void add_rmsnorm_q8_regs(float* x, const float* P, co
                                                     float* XD, int row, float* red) {
     float xv[J], wv[J];
     const int tid = threadIdx.x, bd = 256;
-#pragma unroll
-    for (int j = 0; j < J; j++) {
-        int i = min(tid + bd * j, dim - 1);
-        float v = x[i];
-        if (P) v += P[(size_t)row * dim + i];
-        xv[j] = v;
-        wv[j] = w[i];
-    }
-    if (SO) {
-        // The combine, 4 slots at a time for all J values (4J loads in flight), each value's
-        // slots still summed in slot order.
-        float acc[J];
-#pragma unroll
-        for (int j = 0; j < J; j++) acc[j] = 0.f;
-        for (int q0 = 0; q0 < k; q0 += 4) {
-            float sv[4][J], sw[4];
-#pragma unroll
-            for (int qq = 0; qq < 4; qq++) {
-                int q = min(q0 + qq, k - 1);
-                sw[qq] = selw[row * k + q];
-#pragma unroll
-                for (int j = 0; j < J; j++)
-                    sv[qq][j] = SO[((size_t)row * k + q) * dim + min(tid + bd * j, dim - 1)];
-            }
-#pragma unroll
-            for (int qq = 0; qq < 4; qq++)
-                if (q0 + qq < k)
-#pragma unroll
-                    for (int j = 0; j < J; j++) acc[j] += sw[qq] * sv[qq][j];
-        }
-#pragma unroll
-        for (int j = 0; j < J; j++) xv[j] += acc[j];
-    }
+    add_rows_regs<J, 256>(x, P, SO, selw, k, w, dim, row, xv, wv);
     float s = 0.f;
 #pragma unroll
     for (int j = 0; j < J; j++) {
@@ -69,33 +113,7 @@ __device__ __forceinline__ void add_rmsnorm_q8_regs(float* x, const float* P, co
     }
     s = block_sum(s, red);
     float inv = 1.f / sqrtf(s / (float)dim + eps);
-    if (!XQ) {
-#pragma unroll
-        for (int j = 0; j < J; j++) {
-            int i = tid + bd * j;
-            if (i < dim) y[i] = xv[j] * inv * wv[j];
-        }
-        return;
-    }
-    // Group g = wp + 8j holds values 32g + lane = tid + 256j: this thread's own.
-    int wp = tid >> 5, lane = tid & 31, per = dim >> 5;
-#pragma unroll
-    for (int j = 0; j < J; j++) {
-        int g = wp + 8 * j;
-        if (g < per) {
-            int i = 32 * g + lane;
-            float v = xv[j] * inv * wv[j];
-            y[i] = v;
-            float a = fabsf(v);
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-            float d = a / 127.f;
-            float id = d > 0.f ? 1.f / d : 0.f;
-            int q = (int)roundf(v * id);
-            XQ[(size_t)row * dim + i] = (i8)max(-127, min(127, q));
-            if (lane == 0) XD[(size_t)row * per + g] = d;
-        }
-    }
+    norm_q8_store<J, 256>(xv, wv, inv, dim, y, XQ, XD, row);
 }
 
 extern "C" __global__ void add_rmsnorm_q8(float* X, int ldx, const float* P, const float* SO,
@@ -169,37 +187,7 @@ __device__ __forceinline__ void add_rmsnorm_q8_wide_regs(float* x, const float* 
                                                          float* xs) {
     float xv[J], wv[J];
     const int tid = threadIdx.x, bd = 1024;
-#pragma unroll
-    for (int j = 0; j < J; j++) {
-        int i = min(tid + bd * j, dim - 1);
-        float v = x[i];
-        if (P) v += P[(size_t)row * dim + i];
-        xv[j] = v;
-        wv[j] = w[i];
-    }
-    if (SO) {
-        float acc[J];
-#pragma unroll
-        for (int j = 0; j < J; j++) acc[j] = 0.f;
-        for (int q0 = 0; q0 < k; q0 += 4) {
-            float sv[4][J], sw[4];
-#pragma unroll
-            for (int qq = 0; qq < 4; qq++) {
-                int q = min(q0 + qq, k - 1);
-                sw[qq] = selw[row * k + q];
-#pragma unroll
-                for (int j = 0; j < J; j++)
-                    sv[qq][j] = SO[((size_t)row * k + q) * dim + min(tid + bd * j, dim - 1)];
-            }
-#pragma unroll
-            for (int qq = 0; qq < 4; qq++)
-                if (q0 + qq < k)
-#pragma unroll
-                    for (int j = 0; j < J; j++) acc[j] += sw[qq] * sv[qq][j];
-        }
-#pragma unroll
-        for (int j = 0; j < J; j++) xv[j] += acc[j];
-    }
+    add_rows_regs<J, 1024>(x, P, SO, selw, k, w, dim, row, xv, wv);
 #pragma unroll
     for (int j = 0; j < J; j++) {
         int i = tid + bd * j;
@@ -209,7 +197,7 @@ __device__ __forceinline__ void add_rmsnorm_q8_wide_regs(float* x, const float* 
         }
     }
     __syncthreads();
-    int wp = tid >> 5, lane = tid & 31, per = dim >> 5;
+    int wp = tid >> 5, lane = tid & 31;
     float s = 0.f;
     if (tid < 256)
         for (int i = tid; i < dim; i += 256) s += xs[i] * xs[i];
@@ -219,32 +207,7 @@ __device__ __forceinline__ void add_rmsnorm_q8_wide_regs(float* x, const float* 
     float t = 0.f;
     for (int q = 0; q < 8; q++) t += red[q];
     float inv = 1.f / sqrtf(t / (float)dim + eps);
-    if (!XQ) {
-#pragma unroll
-        for (int j = 0; j < J; j++) {
-            int i = tid + bd * j;
-            if (i < dim) y[i] = xv[j] * inv * wv[j];
-        }
-        return;
-    }
-    // Group g = wp + 32j holds values 32g + lane = tid + 1024j: this thread's own.
-#pragma unroll
-    for (int j = 0; j < J; j++) {
-        int g = wp + 32 * j;
-        if (g < per) {
-            int i = 32 * g + lane;
-            float v = xv[j] * inv * wv[j];
-            y[i] = v;
-            float a = fabsf(v);
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-            float d = a / 127.f;
-            float id = d > 0.f ? 1.f / d : 0.f;
-            int q = (int)roundf(v * id);
-            XQ[(size_t)row * dim + i] = (i8)max(-127, min(127, q));
-            if (lane == 0) XD[(size_t)row * per + g] = d;
-        }
-    }
+    norm_q8_store<J, 1024>(xv, wv, inv, dim, y, XQ, XD, row);
 }
 
 // Arguments as add_rmsnorm_q8; blocks of 1024 threads, dim <= 4096.
