@@ -41,6 +41,22 @@ macro_rules! by_tokens {
     };
 }
 
+/// `by_tokens!` for 9..=16 tokens (16 for anything above 15).
+macro_rules! by_tokens16 {
+    ($n:expr, $f:ident [$($g:tt)*] ($($arg:expr),* $(,)?)) => {
+        match $n {
+            9 => $f::<9 $($g)*>($($arg),*),
+            10 => $f::<10 $($g)*>($($arg),*),
+            11 => $f::<11 $($g)*>($($arg),*),
+            12 => $f::<12 $($g)*>($($arg),*),
+            13 => $f::<13 $($g)*>($($arg),*),
+            14 => $f::<14 $($g)*>($($arg),*),
+            15 => $f::<15 $($g)*>($($arg),*),
+            _ => $f::<16 $($g)*>($($arg),*),
+        }
+    };
+}
+
 pub mod act;
 pub mod attn;
 pub mod isa;

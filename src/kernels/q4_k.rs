@@ -331,36 +331,47 @@ pub(super) mod x86 {
     /// work was ~20 % of the tile, docs/PERFORMANCE.md session 37); `out[t][r]` has the bits
     /// of `dot_avx2(row r, a[t])` (= `dot_scalar`'s).
     pub(super) fn tile16_avx2(w: &[u8], rb: usize, a: &[ActRow<'_>], out: &mut [[f32; 8]; 16]) {
+        let Some((nb, ap)) = tile16_setup(w, rb, BB, a, out, tile_avx2, Isa::Avx2) else {
+            return;
+        };
+        let wp = w.as_ptr();
+        // SAFETY: AVX2/FMA/F16C present (`tile16_setup`); `w` holds 8 rows of `rb` bytes, each
+        // at least `nb` whole blocks, and each activation row at least `nb` blocks.
+        unsafe { by_tokens16!(a.len(), avx2_8x8 [] (wp, rb, ap, nb, out)) }
+    }
+
+    /// The 16-token tiles' common part: checks the sizes; with more than 8 activation rows and
+    /// `isa` present returns their whole block count (at most `rb / bb`) and row pointers
+    /// (missing rows at row 0: read, never stored); otherwise runs them through `tile8` eight at
+    /// a time and returns `None`.
+    fn tile16_setup(
+        w: &[u8],
+        rb: usize,
+        bb: usize,
+        a: &[ActRow<'_>],
+        out: &mut [[f32; 8]; 16],
+        tile8: super::super::TileFn,
+        isa: Isa,
+    ) -> Option<(usize, Rows16)> {
         let n = a.len();
         assert!(
             w.len() >= 8 * rb && (1..=16).contains(&n),
-            "Q4_K tile: {} bytes for 8 rows of {rb}, {n} activation rows",
+            "K-quant tile: {} bytes for 8 rows of {rb}, {n} activation rows",
             w.len()
         );
-        if n <= 8 || !Isa::Avx2.supported() {
+        if n <= 8 || !isa.supported() {
             for (a, o) in a.chunks(8).zip(out.chunks_mut(8)) {
                 let mut o8 = [[0.0f32; 8]; 8];
-                tile_avx2(w, rb, a, &mut o8);
+                tile8(w, rb, a, &mut o8);
                 o[..a.len()].copy_from_slice(&o8[..a.len()]);
             }
-            return;
+            return None;
         }
-        let nb = a.iter().map(|a| a.q8k.len()).fold(rb / BB, usize::min);
-        let ap: Rows16 = std::array::from_fn(|t| a[if t < n { t } else { 0 }].q8k.as_ptr());
-        let wp = w.as_ptr();
-        // SAFETY: as in `tile_avx2`.
-        unsafe {
-            match n {
-                9 => avx2_8x8::<9>(wp, rb, ap, nb, out),
-                10 => avx2_8x8::<10>(wp, rb, ap, nb, out),
-                11 => avx2_8x8::<11>(wp, rb, ap, nb, out),
-                12 => avx2_8x8::<12>(wp, rb, ap, nb, out),
-                13 => avx2_8x8::<13>(wp, rb, ap, nb, out),
-                14 => avx2_8x8::<14>(wp, rb, ap, nb, out),
-                15 => avx2_8x8::<15>(wp, rb, ap, nb, out),
-                _ => avx2_8x8::<16>(wp, rb, ap, nb, out),
-            }
-        }
+        let nb = a.iter().map(|a| a.q8k.len()).fold(rb / bb, usize::min);
+        Some((
+            nb,
+            std::array::from_fn(|t| a[if t < n { t } else { 0 }].q8k.as_ptr()),
+        ))
     }
 
     /// `tile_avx2` with VNNI, all eight tokens in one pass: `out[t][r]` has the bits of
@@ -400,38 +411,14 @@ pub(super) mod x86 {
         out: &mut [[f32; 8]; 16],
         tile8: super::super::TileFn,
     ) {
-        let n = a.len();
         let bb = if Q5 { 176 } else { BB };
-        assert!(
-            w.len() >= 8 * rb && (1..=16).contains(&n),
-            "K-quant tile: {} bytes for 8 rows of {rb}, {n} activation rows",
-            w.len()
-        );
-        if n <= 8 || !Isa::Avx512.supported() {
-            for (a, o) in a.chunks(8).zip(out.chunks_mut(8)) {
-                let mut o8 = [[0.0f32; 8]; 8];
-                tile8(w, rb, a, &mut o8);
-                o[..a.len()].copy_from_slice(&o8[..a.len()]);
-            }
+        let Some((nb, ap)) = tile16_setup(w, rb, bb, a, out, tile8, Isa::Avx512) else {
             return;
-        }
-        let nb = a.iter().map(|a| a.q8k.len()).fold(rb / bb, usize::min);
-        let ap: Rows16 = std::array::from_fn(|t| a[if t < n { t } else { 0 }].q8k.as_ptr());
+        };
         let wp = w.as_ptr();
-        // SAFETY: AVX-512 F/BW/VL/VNNI present (checked above); `w` holds 8 rows of `rb`
+        // SAFETY: AVX-512 F/BW/VL/VNNI present (`tile16_setup`); `w` holds 8 rows of `rb`
         // bytes, each at least `nb` whole blocks, and each activation row at least `nb` blocks.
-        unsafe {
-            match n {
-                9 => avx512_8x8_k::<9, Q5>(wp, rb, ap, nb, out),
-                10 => avx512_8x8_k::<10, Q5>(wp, rb, ap, nb, out),
-                11 => avx512_8x8_k::<11, Q5>(wp, rb, ap, nb, out),
-                12 => avx512_8x8_k::<12, Q5>(wp, rb, ap, nb, out),
-                13 => avx512_8x8_k::<13, Q5>(wp, rb, ap, nb, out),
-                14 => avx512_8x8_k::<14, Q5>(wp, rb, ap, nb, out),
-                15 => avx512_8x8_k::<15, Q5>(wp, rb, ap, nb, out),
-                _ => avx512_8x8_k::<16, Q5>(wp, rb, ap, nb, out),
-            }
-        }
+        unsafe { by_tokens16!(a.len(), avx512_8x8_k [, Q5] (wp, rb, ap, nb, out)) }
     }
 
     /// Four activation rows against one weight row, bit-identical to four `dot_avx512` calls.
