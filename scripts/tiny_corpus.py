@@ -12,7 +12,7 @@ tables are dropped and inline markup is reduced to its text; HTML <pre>, tables 
 dropped. Paragraphs are joined into single lines. Every 25th document (sorted by path) is held
 out for perplexity.
 
-Writes to OUT (default .tinydata/, git-ignored through .git/info/exclude):
+Writes to OUT (default .tinydata/, git-ignored):
   tokenizer.json, tokenizer_config.json   byte-level BPE (Qwen2 pre-tokenizer), DeepSeek specials
   train.bin, heldout.bin                  uint16 token streams: BOS doc EOS BOS doc EOS ...
   corpus_stats.json                       files, bytes and token counts per source
