@@ -296,6 +296,8 @@ fn meaningless_values_are_refused() {
         &["--kv-max-sessions", "3"],
         &["--stats-json", "/tmp/x.json"],
         &["--shutdown-grace=-1"],
+        &["--head-timeout", "0"],
+        &["--body-timeout", "NaN"],
         &["--parallel", "0"],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
