@@ -552,25 +552,30 @@ async fn answer<S: Service>(
             "too many active connections (--max-connections)".into(),
         ))
     } else {
-        read_body(&mut body, &parts.headers, svc.max_body(), svc.timeouts().body)
-            .await
-            .map_err(|(status, message)| refuse(status, message))
-            .map(|body| Request {
-                method: parts.method.as_str().to_string(),
-                path: path.clone(),
-                headers: parts
-                    .headers
-                    .iter()
-                    .map(|(k, v)| {
-                        (
-                            k.as_str().to_string(),
-                            String::from_utf8_lossy(v.as_bytes()).trim().to_string(),
-                        )
-                    })
-                    .collect(),
-                body,
-                keep_alive: keep,
-            })
+        read_body(
+            &mut body,
+            &parts.headers,
+            svc.max_body(),
+            svc.timeouts().body,
+        )
+        .await
+        .map_err(|(status, message)| refuse(status, message))
+        .map(|body| Request {
+            method: parts.method.as_str().to_string(),
+            path: path.clone(),
+            headers: parts
+                .headers
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.as_str().to_string(),
+                        String::from_utf8_lossy(v.as_bytes()).trim().to_string(),
+                    )
+                })
+                .collect(),
+            body,
+            keep_alive: keep,
+        })
     };
     drop(body);
     let conn = Conn {
