@@ -98,7 +98,10 @@ fn a_huge_prompt_is_refused_at_the_context_with_bounded_memory() {
         assert_eq!(*st, 400, "{path}: {r}");
         let r: serde_json::Value = serde_json::from_str(r).unwrap();
         assert_eq!(r["error"]["code"], "context_length_exceeded", "{r}");
-        assert!(*took < Duration::from_secs(8), "{path}: refused after {took:?}");
+        assert!(
+            *took < Duration::from_secs(8),
+            "{path}: refused after {took:?}"
+        );
     }
     // Now the JSON bodies and the rendered prompts (a few copies of 16 MiB each) dominate.
     assert!(grew < 400 << 20, "peak RSS grew by {} MiB", grew >> 20);
@@ -241,9 +244,17 @@ fn the_head_limit_is_exact() {
     let s = Server::start(&[]);
     for parts in [1, 5] {
         let (st, out) = raw_in_parts(&s.addr, &head_of(LIMIT), parts);
-        assert_eq!(st, 200, "a head of exactly {LIMIT} bytes in {parts} part(s): {out}");
+        assert_eq!(
+            st, 200,
+            "a head of exactly {LIMIT} bytes in {parts} part(s): {out}"
+        );
         let (st, out) = raw_in_parts(&s.addr, &head_of(LIMIT + 1), parts);
-        assert_eq!(st, 431, "a head of {} bytes in {parts} part(s): {out}", LIMIT + 1);
+        assert_eq!(
+            st,
+            431,
+            "a head of {} bytes in {parts} part(s): {out}",
+            LIMIT + 1
+        );
     }
     // Far over it, in one write.
     let (st, out) = raw(&s.addr, &head_of(80_000));
@@ -287,7 +298,10 @@ fn trickle_body(
             }
             Err(_) => {}
         }
-        assert!(t.elapsed() < Duration::from_secs(30), "no answer to a slow body");
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "no answer to a slow body"
+        );
     }
     // The rest of the response, then the server's close (end of file or a reset).
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -409,7 +423,10 @@ fn many_head_tricklers_do_not_deny_service() {
         .iter()
         .filter(|o| o.starts_with(b"HTTP/1.1 408"))
         .count();
-    assert_eq!(answered, N, "tricklers answered 408 (all closed after {took:?})");
+    assert_eq!(
+        answered, N,
+        "tricklers answered 408 (all closed after {took:?})"
+    );
     assert!(
         closed.iter().all(|&c| c) && took < Duration::from_secs(6),
         "tricklers closed: {} of {N} after {took:?} (--head-timeout 3)",

@@ -252,7 +252,15 @@ fn midrun_command(m: &Path) -> Command {
         "-t",
         "1",
     ])
-    .args(["--experts", "stream", "--cap", "4", "--temp", "0", "--ignore-eos"])
+    .args([
+        "--experts",
+        "stream",
+        "--cap",
+        "4",
+        "--temp",
+        "0",
+        "--ignore-eos",
+    ])
     .arg("--verify-experts")
     .env("SLUICE_CACHE_DIR", m.parent().unwrap().join("cache"));
     c
@@ -277,7 +285,12 @@ fn experts_corrupted_mid_run_stop_a_verified_run() {
     // The undamaged run (it also records the hashes).
     let o = midrun_command(&m).output().unwrap();
     let reference = String::from_utf8_lossy(&o.stdout).to_string();
-    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     // Every expert region, one byte in its middle.
     let spots: Vec<u64> = {
         let files = ModelFiles::open(&m).unwrap();
@@ -319,7 +332,12 @@ fn experts_corrupted_mid_run_stop_a_verified_run() {
     }
     stdout.read_to_end(&mut seen).unwrap();
     let mut err = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
     let code = child.wait().unwrap().code();
     let printed = String::from_utf8_lossy(&seen).to_string();
     eprintln!(
