@@ -56,8 +56,9 @@ fn main() {
         Command::Plan(a) => cli::plan::run(a),
     };
     if let Err(e) = result {
-        // One line: the chain of causes joined, no backtrace.
-        let msg = format!("{e:#}").replace('\n', " ");
+        // One line: the chain of causes joined, no backtrace, no raw control characters
+        // (text quoted from a hostile file cannot reach the terminal as escape codes).
+        let msg = sluice::format::printable(&format!("{e:#}").replace('\n', " "));
         eprintln!("error: {msg}");
         std::process::exit(1);
     }

@@ -3,6 +3,7 @@
 //! Reproducers (all made from the committed Qwen3-MoE fixture): a safetensors header length
 //! off by one, two tensors' data overlapping, GGUF `general.alignment` 1 on a file laid out
 //! at 32, `rope_theta` 0, a rope factor 0, a negative `rms_norm_eps`, `rope.freq_base` 0.
+//! Item 8: escape codes in a GGUF's keys and string values are escaped in the error line.
 
 mod reliability_util;
 
@@ -203,4 +204,87 @@ fn truncating_a_mapped_model_mid_run_is_an_error_not_sigbus() {
         o.status
     );
     assert!(err.contains("SIGBUS") && err.contains("m.gguf"), "{err}");
+}
+
+/// `args` must fail with one line on stderr that names `needle` and shows the control
+/// characters of the file escaped (`\u{1b}`), none of them raw.
+fn assert_escaped_failure(args: &[&str], needle: &str) {
+    let (code, _, err) = reliability_util::sluice(args);
+    assert_eq!(code, 1, "exit code for {args:?}; stderr: {err:?}");
+    assert!(!err.contains("panicked"), "panic for {args:?}: {err:?}");
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| !l.starts_with("[sluice] warning"))
+        .collect();
+    assert_eq!(lines.len(), 1, "stderr not one line for {args:?}: {err:?}");
+    assert!(
+        !lines[0].chars().any(char::is_control),
+        "a raw control character in the error for {args:?}: {err:?}"
+    );
+    assert!(lines[0].contains("\\u{1b}"), "not escaped: {err:?}");
+    assert!(lines[0].contains(needle), "lacks {needle:?}: {err:?}");
+}
+
+/// Item 8: escape codes from a hostile GGUF (ESC, BEL, carriage return in a metadata key or a
+/// string value) reach the terminal escaped in the one-line error, never raw. One file per
+/// place the text is reported from: the GGUF reader (a key of an unknown value type), the
+/// model config (the architecture), the tokenizer (its model and pre-tokenizer names).
+#[test]
+fn control_characters_from_a_gguf_are_escaped_in_errors() {
+    let evil = "x\u{1b}[2J\u{1b}]0;owned\u{7}\r";
+    let d = tmpdir("escape");
+    let run_args = |p: &std::path::Path| -> Vec<String> {
+        ["run", p.to_str().unwrap(), "-n", "1", "-p", "hi", "-t", "1"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    };
+    // A metadata value of an unknown type under a key holding the escapes.
+    let key = format!("general.{evil}");
+    let p = d.join("key.gguf");
+    rewrite_gguf_with(&p, |_, v| Some(v.clone()), &[(&key, MetaValue::U32(7))]);
+    let mut b = std::fs::read(&p).unwrap();
+    let at = b
+        .windows(key.len())
+        .position(|w| w == key.as_bytes())
+        .unwrap()
+        + key.len();
+    assert_eq!(
+        &b[at..at + 4],
+        &[4, 0, 0, 0],
+        "the value type (u32) after the key"
+    );
+    b[at] = 99;
+    std::fs::write(&p, b).unwrap();
+    let a = run_args(&p);
+    assert_escaped_failure(
+        &a.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+        "value type 99",
+    );
+
+    // String values: the architecture, the tokenizer's model, its pre-tokenizer.
+    for (tag, target, needle) in [
+        ("arch", "general.architecture", "architecture"),
+        ("tok-model", "tokenizer.ggml.model", "tokenizer model"),
+        ("tok-pre", "tokenizer.ggml.pre", "pre-tokenizer"),
+    ] {
+        let p = d.join(format!("{tag}.gguf"));
+        let files = sluice::format::ModelFiles::open(&fixture("qwen3_moe/model-f32.gguf")).unwrap();
+        let had = files.meta(target).is_some();
+        drop(files);
+        let value = MetaValue::String(format!("{evil}qwen2"));
+        if had {
+            rewrite_gguf(&p, |k, v| {
+                Some(if k == target {
+                    value.clone()
+                } else {
+                    v.clone()
+                })
+            });
+        } else {
+            rewrite_gguf_with(&p, |_, v| Some(v.clone()), &[(target, value.clone())]);
+        }
+        let a = run_args(&p);
+        assert_escaped_failure(&a.iter().map(|s| s.as_str()).collect::<Vec<_>>(), needle);
+    }
 }

@@ -3,8 +3,18 @@
 //! the chat-template renderer — each driven by a seeded mutator over real seed inputs for a
 //! bounded time: `SLUICE_FUZZ_SECS` seconds per target (default 3, so the normal test run
 //! stays short; CI's long job sets 60). The property: no panic, no crash, no hang; every
-//! failure is an error value. A failing input is written under target/tmp/fuzz-crashers/ and
-//! the seed printed, so it can be committed below as a regression case.
+//! failure is an error value. Each input runs on a worker thread with a limit
+//! (`SLUICE_FUZZ_INPUT_SECS`, default 20 s): an input that panics or hangs is written under
+//! target/tmp/fuzz-crashers/ and the failure names that file and the seed, so it can be
+//! committed below as a regression case (the HTTP target also counts a server that neither
+//! answers nor closes within half the limit as a hang).
+//!
+//! Runs made (2026-12-06, the 2-core dev box, `SLUICE_FUZZ_SECS=60 cargo test --release --test
+//! reliability_fuzz -- --test-threads=1`, seed 0x5eed_f00d): GGUF reader 17,265 inputs,
+//! safetensors + config.json 10,543, chat templates 117,262 (over 13 templates), HTTP 256,680
+//! requests; no crasher (no panic, no hang) was found, so none is committed. (The issue's own
+//! report, about 37,000 fuzzed runs of `inspect`/`logits`/`run`, led to the reproducers in
+//! tests/reliability_sizes.rs and tests/reliability_files.rs.)
 
 #[path = "serve_util/mod.rs"]
 mod serve_util;
@@ -112,27 +122,131 @@ fn crasher_dir() -> PathBuf {
     d
 }
 
-/// Run `f` over mutations of `seeds` until the time budget is spent; a panic fails the test
-/// after saving the input.
-fn fuzz(target: &str, seeds: &[Vec<u8>], f: impl Fn(&[u8])) -> usize {
+/// How long one input may take before it counts as a hang: `SLUICE_FUZZ_INPUT_SECS` (default
+/// 20; a normal input takes milliseconds).
+fn input_limit() -> Duration {
+    let s: f64 = std::env::var("SLUICE_FUZZ_INPUT_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20.0);
+    Duration::from_secs_f64(s)
+}
+
+/// Save a failing input of `target` under the crasher directory; its path.
+fn save_crasher(target: &str, run: usize, b: &[u8]) -> PathBuf {
+    let p = crasher_dir().join(format!("{target}-{run}.bin"));
+    std::fs::write(&p, b).unwrap();
+    p
+}
+
+/// Run `f` over mutations of `seeds` until the time budget is spent. `f` runs on a worker
+/// thread: an input that panics, or that has not finished after `input_limit()` (a hang: the
+/// worker is left behind), fails the test after saving the input and naming its file.
+fn fuzz(target: &str, seeds: &[Vec<u8>], f: impl Fn(&[u8]) + Send + 'static) -> usize {
+    fuzz_for(target, seeds, budget(), input_limit(), f)
+}
+
+/// `fuzz` for `time`, with a hang declared after `limit`.
+fn fuzz_for(
+    target: &str,
+    seeds: &[Vec<u8>],
+    time: Duration,
+    limit: Duration,
+    f: impl Fn(&[u8]) + Send + 'static,
+) -> usize {
+    let (inputs, worker_in) = std::sync::mpsc::channel::<Vec<u8>>();
+    let (worker_out, results) = std::sync::mpsc::channel::<bool>();
+    std::thread::Builder::new()
+        .name(format!("fuzz-{target}"))
+        .spawn(move || {
+            for b in worker_in {
+                let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&b))).is_ok();
+                if worker_out.send(ok).is_err() {
+                    break;
+                }
+            }
+        })
+        .unwrap();
     let mut r = Rng(seed() ^ (target.len() as u64 * 0x9e37_79b9));
     let t = Instant::now();
     let mut runs = 0;
-    while t.elapsed() < budget() || runs < seeds.len() {
+    while t.elapsed() < time || runs < seeds.len() {
         let mut b = seeds[runs % seeds.len()].clone();
         if runs >= seeds.len() {
             for _ in 0..1 + r.below(4) {
                 mutate(&mut r, &mut b);
             }
         }
-        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&b))).is_err() {
-            let p = crasher_dir().join(format!("{target}-{runs}.bin"));
-            std::fs::write(&p, &b).unwrap();
-            panic!("{target}: input #{runs} panicked; saved to {}", p.display());
+        inputs.send(b.clone()).unwrap();
+        match results.recv_timeout(limit) {
+            Ok(true) => {}
+            Ok(false) => {
+                let p = save_crasher(target, runs, &b);
+                panic!(
+                    "{target}: input #{runs} (SLUICE_FUZZ_SEED={}) panicked; saved to {}",
+                    seed(),
+                    p.display()
+                );
+            }
+            Err(_) => {
+                let p = save_crasher(target, runs, &b);
+                panic!(
+                    "{target}: input #{runs} (SLUICE_FUZZ_SEED={}) hung (no result after {limit:?}); saved to {}",
+                    seed(),
+                    p.display()
+                );
+            }
         }
         runs += 1;
     }
     runs
+}
+
+/// The harness itself: an input that hangs is reported (not waited on forever) with the file
+/// it was saved to, and one that panics likewise.
+#[test]
+fn a_hanging_or_panicking_input_is_reported_with_its_file() {
+    let seeds = vec![b"fine".to_vec(), b"hang".to_vec()];
+    let hung = std::panic::catch_unwind(|| {
+        fuzz_for(
+            "selftest-hang",
+            &seeds,
+            Duration::ZERO,
+            Duration::from_millis(200),
+            |b| {
+                if b == b"hang" {
+                    std::thread::sleep(Duration::from_secs(3600));
+                }
+            },
+        )
+    });
+    let msg = *hung
+        .expect_err("the hang was not reported")
+        .downcast::<String>()
+        .unwrap();
+    assert!(
+        msg.contains("input #1 (") && msg.contains(") hung"),
+        "{msg}"
+    );
+    let path = msg.rsplit("saved to ").next().unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), b"hang", "{msg}");
+    let panicked = std::panic::catch_unwind(|| {
+        fuzz_for(
+            "selftest-panic",
+            &seeds[..1],
+            Duration::ZERO,
+            Duration::from_secs(10),
+            |_| panic!("boom"),
+        )
+    });
+    let msg = *panicked
+        .expect_err("the panic was not reported")
+        .downcast::<String>()
+        .unwrap();
+    assert!(
+        msg.contains("input #0 (") && msg.contains(") panicked"),
+        "{msg}"
+    );
 }
 
 fn fixtures() -> PathBuf {
@@ -160,7 +274,7 @@ fn fuzz_gguf_reader() {
         .map(|n| std::fs::read(fixtures().join("format").join(n)).unwrap())
         .collect();
     let p = crasher_dir().join(format!("work-{}.gguf", std::process::id()));
-    let n = fuzz("gguf", &seeds, |b| {
+    let n = fuzz("gguf", &seeds, move |b| {
         std::fs::write(&p, b).unwrap();
         exercise(&p);
     });
@@ -180,7 +294,7 @@ fn fuzz_safetensors_and_config() {
     let mut seed = cfg.clone();
     seed.push(0xff);
     seed.extend(&head);
-    let runs = fuzz("safetensors", &[seed], |b| {
+    let runs = fuzz("safetensors", &[seed], move |b| {
         let (c, h) = match b.iter().position(|&x| x == 0xff) {
             Some(i) => (&b[..i], &b[i + 1..]),
             None => (b, &b[..0]),
@@ -224,7 +338,8 @@ fn fuzz_chat_templates() {
         .values()
         .map(|c| c.to_string().into_bytes())
         .collect();
-    let runs = fuzz("chat", &seeds, |b| {
+    let n_templates = templates.len();
+    let runs = fuzz("chat", &seeds, move |b| {
         let Ok(serde_json::Value::Array(msgs)) = serde_json::from_slice(b) else {
             return;
         };
@@ -232,7 +347,7 @@ fn fuzz_chat_templates() {
             let _ = sluice::chat::render_chat_json_at(t, &msgs, true, "<s>", "</s>", None, 0);
         }
     });
-    eprintln!("chat: {runs} inputs over {} templates", templates.len());
+    eprintln!("chat: {runs} inputs over {n_templates} templates");
 }
 
 #[test]
@@ -248,15 +363,25 @@ fn fuzz_http_requests() {
         b"GET /v1/models HTTP/1.0\r\nConnection: keep-alive\r\n\r\n".to_vec(),
     ];
     let addr = s.addr.clone();
-    let runs = fuzz("http", &seeds, |b| {
+    // Every input ends its side of the connection, so the server answers or closes at once;
+    // one that does neither within half the input limit is a hang of the server.
+    let wait = input_limit() / 2;
+    let runs = fuzz("http", &seeds, move |b| {
         let Ok(mut c) = std::net::TcpStream::connect(&addr) else {
             panic!("the server stopped accepting connections");
         };
-        c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        c.set_read_timeout(Some(wait)).unwrap();
         let _ = c.write_all(b);
         let _ = c.shutdown(std::net::Shutdown::Write);
         let mut out = Vec::new();
-        let _ = c.read_to_end(&mut out);
+        if let Err(e) = c.read_to_end(&mut out) {
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) {
+                panic!("the server neither answered nor closed within {wait:?}");
+            }
+        }
     });
     let (st, _) = s.get("/health");
     assert_eq!(st, 200, "server unhealthy after fuzzing: {}", s.log_text());

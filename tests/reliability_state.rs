@@ -236,3 +236,123 @@ fn verify_experts_stops_a_run_on_a_corrupt_expert() {
         "without --verify-experts the run is not checked: {err}"
     );
 }
+
+/// `run` of the built-in model streaming its experts through a cache of 4 slots per layer (it
+/// routes 4 of 16 experts per token, so experts are evicted and read again all the time),
+/// checked with `--verify-experts`.
+fn midrun_command(m: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    c.args([
+        "run",
+        m.to_str().unwrap(),
+        "-n",
+        "400",
+        "-p",
+        "The quick brown fox",
+        "-t",
+        "1",
+    ])
+    .args([
+        "--experts",
+        "stream",
+        "--cap",
+        "4",
+        "--temp",
+        "0",
+        "--ignore-eos",
+    ])
+    .arg("--verify-experts")
+    .env("SLUICE_CACHE_DIR", m.parent().unwrap().join("cache"));
+    c
+}
+
+/// Item 6 (experts), mid-run: expert bytes overwritten in the model file while a verified,
+/// streamed run is generating stop it at the next read of a changed expert, with a one-line
+/// error and exit 1; what it printed before is the start of the undamaged run's text (no
+/// token was computed from changed bytes).
+#[test]
+fn experts_corrupted_mid_run_stop_a_verified_run() {
+    use sluice::format::ModelFiles;
+    use std::io::{Read, Seek, SeekFrom, Write};
+    use std::process::Stdio;
+    let d = scratch("verify-midrun");
+    let m = d.join("m.gguf");
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/sluice-tiny-moe.gguf"),
+        &m,
+    )
+    .unwrap();
+    // The undamaged run (it also records the hashes).
+    let o = midrun_command(&m).output().unwrap();
+    let reference = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // Every expert region, one byte in its middle.
+    let spots: Vec<u64> = {
+        let files = ModelFiles::open(&m).unwrap();
+        let mut v = Vec::new();
+        for t in files.tensors().iter().filter(|t| t.name.contains("_exps")) {
+            for e in 0..t.shape[0] as usize {
+                let r = files.expert_range(t, e).unwrap();
+                v.push(r.offset + r.len / 2);
+            }
+        }
+        v
+    };
+    assert!(!spots.is_empty());
+
+    let bytes = std::fs::read(&m).unwrap();
+    let mut child = midrun_command(&m)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    // Wait until it has begun generating, then damage the file under it.
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 256];
+    while seen.len() < 16 {
+        let n = stdout.read(&mut buf).unwrap();
+        assert!(n > 0, "the run ended before it printed anything");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    {
+        let mut f = std::fs::OpenOptions::new().write(true).open(&m).unwrap();
+        let mut one = [0u8; 1];
+        for &at in &spots {
+            one[0] = bytes[at as usize] ^ 0x10;
+            f.seek(SeekFrom::Start(at)).unwrap();
+            f.write_all(&one).unwrap();
+        }
+        f.sync_all().unwrap();
+    }
+    stdout.read_to_end(&mut seen).unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let code = child.wait().unwrap().code();
+    let printed = String::from_utf8_lossy(&seen).to_string();
+    eprintln!(
+        "stopped after {} of the undamaged run's {} bytes: {}",
+        printed.len(),
+        reference.len(),
+        err.lines().last().unwrap_or("")
+    );
+    assert_eq!(code, Some(1), "the run must stop; stderr: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error")).collect();
+    assert_eq!(errors.len(), 1, "{err}");
+    assert!(errors[0].contains("recorded hash"), "{err}");
+    assert!(
+        reference.starts_with(printed.trim_end_matches('\n')) && printed.len() < reference.len(),
+        "the damaged run printed something the undamaged one did not:\n{printed}\n---\n{reference}"
+    );
+}

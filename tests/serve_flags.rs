@@ -164,10 +164,11 @@ fn queue_and_connection_limits() {
         assert!(t.elapsed() < Duration::from_secs(30), "B never queued: {h}");
         std::thread::sleep(Duration::from_millis(20));
     }
-    // C: a third connection, inside a request (idle connections do not count). D: a fourth,
-    // refused.
+    // C: a third connection, inside a request (its head is in, its body not yet; idle
+    // connections and heads still arriving do not count). D: a fourth, refused.
     let mut c = TcpStream::connect(&s.addr).unwrap();
-    c.write_all(b"POST /v1/completions HTTP/1.1\r\n").unwrap();
+    c.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n")
+        .unwrap();
     std::thread::sleep(Duration::from_millis(500));
     // (The server answers 503 as it accepts, before reading anything: D only listens.)
     let d = TcpStream::connect(&s.addr).unwrap();
@@ -295,6 +296,8 @@ fn meaningless_values_are_refused() {
         &["--kv-max-sessions", "3"],
         &["--stats-json", "/tmp/x.json"],
         &["--shutdown-grace=-1"],
+        &["--head-timeout", "0"],
+        &["--body-timeout", "NaN"],
         &["--parallel", "0"],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_sluice"))

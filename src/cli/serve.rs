@@ -55,6 +55,13 @@ pub struct ServeArgs {
     /// most 4x this many may be open.
     #[arg(long = "max-connections", default_value_t = 256)]
     pub max_connections: usize,
+    /// Seconds a request head may take from its first byte to its end (408 after).
+    #[arg(long = "head-timeout", default_value_t = 10.0)]
+    pub head_timeout: f64,
+    /// Seconds of grace for a request body, beyond which it must arrive at 64 KiB/s or faster
+    /// (at any moment it may have taken this long plus 1 s per 64 KiB received; 408 after).
+    #[arg(long = "body-timeout", default_value_t = 30.0)]
+    pub body_timeout: f64,
     /// On SIGINT/SIGTERM, seconds a running generation may go on before it is cancelled.
     #[arg(long = "shutdown-grace", default_value_t = 5.0)]
     pub shutdown_grace: f64,
@@ -113,6 +120,14 @@ pub fn run_cmd(args: ServeArgs) -> anyhow::Result<()> {
     };
     if !(0.0..=3600.0).contains(&args.shutdown_grace) {
         anyhow::bail!("--shutdown-grace must be between 0 and 3600 seconds");
+    }
+    for (flag, v) in [
+        ("--head-timeout", args.head_timeout),
+        ("--body-timeout", args.body_timeout),
+    ] {
+        if !(0.1..=3600.0).contains(&v) {
+            anyhow::bail!("{flag} must be between 0.1 and 3600 seconds (got {v})");
+        }
     }
     let chat_template = match &args.chat_template {
         None => None,
@@ -173,6 +188,10 @@ pub fn run_cmd(args: ServeArgs) -> anyhow::Result<()> {
         max_body: args.max_body,
         max_queue: args.max_queue,
         max_connections: args.max_connections,
+        timeouts: crate::serve::Timeouts {
+            head: Duration::from_secs_f64(args.head_timeout),
+            body: Duration::from_secs_f64(args.body_timeout),
+        },
         shutdown_grace: Duration::from_secs_f64(args.shutdown_grace),
     };
     let engine = run(engine, cfg)?;

@@ -86,8 +86,10 @@ pub enum FormatError {
 }
 
 /// `s` with control characters (terminal escape codes from a hostile file's keys or names)
-/// written as escapes, so an error message prints as the one line it is.
-pub(crate) fn printable(s: &str) -> String {
+/// written as escapes (`\u{1b}`), so an error message prints as the one line it is. The
+/// library's errors that quote a file's text apply it; the CLI applies it once more to the
+/// line it prints.
+pub fn printable(s: &str) -> String {
     if !s.chars().any(char::is_control) {
         return s.to_string();
     }

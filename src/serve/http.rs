@@ -43,11 +43,15 @@ const IDLE: Duration = Duration::from_secs(120);
 /// How long an idle connection may stay while the server is crowded (more connections open
 /// than `--max-connections`): idle sockets must not keep active clients out.
 const IDLE_CROWDED: Duration = Duration::from_secs(1);
-/// How long a request head may take from its first byte to its end, however it trickles in.
-const HEAD_TIME: Duration = Duration::from_secs(10);
-/// A body may take this long plus its length at `BODY_RATE`.
-const BODY_TIME: Duration = Duration::from_secs(30);
-/// The slowest body accepted, in bytes per second (beyond `BODY_TIME`).
+/// How long a request head may take from its first byte to its end, however it trickles in
+/// (`--head-timeout`).
+pub const HEAD_TIME: Duration = Duration::from_secs(10);
+/// A body's grace (`--body-timeout`): at any moment since its head ended, a body may have
+/// taken this long plus the time its bytes so far need at `BODY_RATE`.
+pub const BODY_TIME: Duration = Duration::from_secs(30);
+/// The slowest body accepted beyond its grace, in bytes per second: each byte that arrives
+/// earns `1 / BODY_RATE` s more, so a trickle below the rate runs out of time after about the
+/// grace, whatever length it declared.
 const BODY_RATE: u64 = 64 << 10;
 /// Open connections (idle ones included) per `--max-connections`: beyond this many, new
 /// connections get 503 even though idle ones are being closed.
@@ -79,6 +83,24 @@ impl Request {
     }
 }
 
+/// The server's client timeouts (`--head-timeout`, `--body-timeout`).
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    /// A head, from its first byte to its end.
+    pub head: Duration,
+    /// A body's grace (see `BODY_TIME`).
+    pub body: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Timeouts {
+        Timeouts {
+            head: HEAD_TIME,
+            body: BODY_TIME,
+        }
+    }
+}
+
 /// A request refused before its handler: answer with this status and message, then close.
 #[derive(Debug)]
 pub struct Refusal {
@@ -94,6 +116,8 @@ pub(crate) trait Service: Send + Sync + 'static {
     fn stopping(&self) -> bool;
     /// Largest request body accepted (413 above it).
     fn max_body(&self) -> usize;
+    /// How long a head and a body may take.
+    fn timeouts(&self) -> Timeouts;
     /// Answer one request (or a refusal) through `conn`. Runs on a blocking thread, or on the
     /// runtime's own thread when `quick` says so.
     fn handle(&self, req: Result<Request, Refusal>, conn: Conn);
@@ -104,9 +128,11 @@ pub(crate) trait Service: Send + Sync + 'static {
     fn refused(&self, r: &Refusal);
 }
 
-/// The server's connection counts. A connection is *active* from the first byte of a
-/// request until its response has gone out; only active connections count against
-/// `--max-connections`. Idle ones are closed early while more than that many are open.
+/// The server's connection counts. A connection is *active* from the end of a request's head
+/// until its response has gone out; only active connections count against
+/// `--max-connections`. A head still arriving does not count (clients trickling heads cannot
+/// take the slots; `HEAD_TIME` ends them); idle ones are closed early while more than that many
+/// are open.
 #[derive(Debug, Default)]
 pub struct Slots {
     pub max_active: usize,
@@ -217,12 +243,12 @@ impl ConnState {
         t.refused = false;
     }
 
-    /// Bytes came in.
+    /// Bytes came in: an idle connection starts a head (it takes an active slot only once the
+    /// head is complete, in `on_request`).
     fn on_bytes(&self) {
         let mut t = self.lock();
         if let Phase::Idle(_) = t.phase {
             t.phase = Phase::Head(Instant::now());
-            self.acquire(&mut t);
         }
     }
 
@@ -246,7 +272,7 @@ impl ConnState {
         self.release(&mut t);
     }
 
-    fn check(&self, stopping: bool) -> Verdict {
+    fn check(&self, stopping: bool, head_time: Duration) -> Verdict {
         let t = self.lock();
         match t.phase {
             Phase::Idle(since) => {
@@ -257,7 +283,7 @@ impl ConnState {
                     Verdict::Keep
                 }
             }
-            Phase::Head(since) if since.elapsed() > HEAD_TIME => Verdict::HeadTimeout,
+            Phase::Head(since) if since.elapsed() > head_time => Verdict::HeadTimeout,
             Phase::Head(_) | Phase::Request => Verdict::Keep,
         }
     }
@@ -411,7 +437,7 @@ async fn serve_connection<S: Service>(
     loop {
         tokio::select! {
             _ = conn.as_mut() => break,
-            _ = tick.tick() => match state.check(svc.stopping()) {
+            _ = tick.tick() => match state.check(svc.stopping(), svc.timeouts().head) {
                 Verdict::Keep => {}
                 Verdict::Close => {
                     if !closing {
@@ -526,25 +552,30 @@ async fn answer<S: Service>(
             "too many active connections (--max-connections)".into(),
         ))
     } else {
-        read_body(&mut body, &parts.headers, svc.max_body())
-            .await
-            .map_err(|(status, message)| refuse(status, message))
-            .map(|body| Request {
-                method: parts.method.as_str().to_string(),
-                path: path.clone(),
-                headers: parts
-                    .headers
-                    .iter()
-                    .map(|(k, v)| {
-                        (
-                            k.as_str().to_string(),
-                            String::from_utf8_lossy(v.as_bytes()).trim().to_string(),
-                        )
-                    })
-                    .collect(),
-                body,
-                keep_alive: keep,
-            })
+        read_body(
+            &mut body,
+            &parts.headers,
+            svc.max_body(),
+            svc.timeouts().body,
+        )
+        .await
+        .map_err(|(status, message)| refuse(status, message))
+        .map(|body| Request {
+            method: parts.method.as_str().to_string(),
+            path: path.clone(),
+            headers: parts
+                .headers
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.as_str().to_string(),
+                        String::from_utf8_lossy(v.as_bytes()).trim().to_string(),
+                    )
+                })
+                .collect(),
+            body,
+            keep_alive: keep,
+        })
     };
     drop(body);
     let conn = Conn {
@@ -562,11 +593,13 @@ async fn answer<S: Service>(
     }
 }
 
-/// Read a request body of at most `max` bytes. Err: status and message of the refusal.
+/// Read a request body of at most `max` bytes, at `BODY_RATE` or faster after a grace of
+/// `grace`. Err: status and message of the refusal.
 async fn read_body(
     body: &mut Incoming,
     headers: &hyper::HeaderMap,
     max: usize,
+    grace: Duration,
 ) -> Result<Vec<u8>, (u16, String)> {
     // hyper has checked Content-Length (digits only, repeats agree) and framed the body.
     let declared: Option<usize> = headers
@@ -580,18 +613,17 @@ async fn read_body(
         // Read and drop the body first: a client still sending would otherwise see the
         // connection reset instead of the answer. One that waits for 100-continue gets none.
         if len <= DRAIN_LIMIT && !waits {
-            drain(body, body_time(len)).await;
+            drain(body, Pace::new(grace)).await;
         }
         return Err((
             413,
             format!("request body of {len} bytes is over the limit of {max} bytes (--max-body)"),
         ));
     }
-    let len = declared.unwrap_or(max);
-    let deadline = tokio::time::Instant::now() + body_time(len);
+    let pace = Pace::new(grace);
     let mut out = Vec::with_capacity(declared.unwrap_or(0));
     loop {
-        let frame = tokio::time::timeout_at(deadline, next_frame(body)).await;
+        let frame = tokio::time::timeout_at(pace.deadline(out.len()), next_frame(body)).await;
         match frame {
             Err(_) => return Err((408, "request took too long to arrive".into())),
             Ok(None) => break,
@@ -613,7 +645,7 @@ async fn read_body(
                 if let Ok(data) = frame.into_data() {
                     if out.len() + data.len() > max {
                         let at_least = out.len() + data.len();
-                        drain(body, body_time(DRAIN_LIMIT)).await;
+                        drain(body, pace).await;
                         return Err((413, format!("request body of at least {at_least} bytes is over the limit of {max} bytes (--max-body)")));
                     }
                     out.extend_from_slice(&data);
@@ -628,23 +660,37 @@ async fn next_frame(body: &mut Incoming) -> Option<Result<Frame<Bytes>, hyper::E
     std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await
 }
 
-/// Read and discard up to `DRAIN_LIMIT` bytes of body within `time`.
-async fn drain(body: &mut Incoming, time: Duration) {
-    let _ = tokio::time::timeout(time, async {
-        let mut n = 0usize;
-        while let Some(Ok(f)) = next_frame(body).await {
-            n += f.data_ref().map_or(0, Bytes::len);
-            if n > DRAIN_LIMIT {
-                return;
-            }
+/// Read and discard up to `DRAIN_LIMIT` bytes of body at `pace`'s rate.
+async fn drain(body: &mut Incoming, pace: Pace) {
+    let mut n = 0usize;
+    while n <= DRAIN_LIMIT {
+        match tokio::time::timeout_at(pace.deadline(n), next_frame(body)).await {
+            Ok(Some(Ok(f))) => n += f.data_ref().map_or(0, Bytes::len),
+            _ => return,
         }
-    })
-    .await;
+    }
 }
 
-/// Time allowed for a body of `len` bytes.
-fn body_time(len: usize) -> Duration {
-    BODY_TIME + Duration::from_secs(len as u64 / BODY_RATE)
+/// The minimum byte rate of a body: `grace` from its start, plus `1 / BODY_RATE` s per byte
+/// received.
+#[derive(Clone, Copy)]
+struct Pace {
+    start: tokio::time::Instant,
+    grace: Duration,
+}
+
+impl Pace {
+    fn new(grace: Duration) -> Pace {
+        Pace {
+            start: tokio::time::Instant::now(),
+            grace,
+        }
+    }
+
+    /// When the body's time runs out if no more than `received` bytes have arrived by then.
+    fn deadline(&self, received: usize) -> tokio::time::Instant {
+        self.start + self.grace + Duration::from_secs_f64(received as f64 / BODY_RATE as f64)
+    }
 }
 
 /// Set (to true) when the request's response is dropped before it has been written: the

@@ -36,6 +36,7 @@ pub(crate) mod reasoning;
 mod tools;
 
 pub use error::{ApiError, ServeError};
+pub use http::Timeouts;
 
 use crate::chat::render_chat_json;
 use crate::sample::SamplingParams;
@@ -73,6 +74,8 @@ pub struct ServeConfig {
     pub max_body: usize,
     pub max_queue: usize,
     pub max_connections: usize,
+    /// How long a request head and a body may take (`--head-timeout`, `--body-timeout`).
+    pub timeouts: Timeouts,
     /// On SIGINT/SIGTERM, how long a running generation may go on before it is cancelled.
     pub shutdown_grace: Duration,
 }
@@ -250,6 +253,10 @@ impl http::Service for Shared {
 
     fn max_body(&self) -> usize {
         self.cfg.max_body
+    }
+
+    fn timeouts(&self) -> http::Timeouts {
+        self.cfg.timeouts
     }
 
     fn handle(&self, req: Result<Request, Refusal>, mut conn: Conn) {

@@ -265,7 +265,8 @@ pub(crate) fn from_meta(get: Get<'_, '_>) -> Result<GgufVocab, TokenizerError> {
         "llama" => Kind::SentencePiece,
         other => {
             return Err(TokenizerError::Unsupported(format!(
-                "GGUF tokenizer model `{other}` (sluice reads `gpt2` and `llama`)"
+                "GGUF tokenizer model `{}` (sluice reads `gpt2` and `llama`)",
+                crate::format::printable(other)
             )))
         }
     };
@@ -361,7 +362,10 @@ pub(crate) fn from_meta(get: Get<'_, '_>) -> Result<GgufVocab, TokenizerError> {
     let mut hf = match kind {
         Kind::ByteLevelBpe => {
             let pre = pretok::lookup(pre_name).ok_or_else(|| {
-                TokenizerError::Unsupported(format!("pre-tokenizer `{pre_name}` ({PRE})"))
+                TokenizerError::Unsupported(format!(
+                    "pre-tokenizer `{}` ({PRE})",
+                    crate::format::printable(pre_name)
+                ))
             })?;
             let merges = string_list(get, MERGES)?
                 .ok_or_else(|| meta_err(MERGES, "missing (a gpt2 vocabulary needs merges)"))?;
