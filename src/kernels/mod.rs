@@ -94,7 +94,7 @@ mod iq4_xs;
 mod q4_1;
 mod q5_0;
 mod q5_1;
-// TQ1_0 and TQ2_0 share their SIMD loops (ternary.rs).
+// TQ1_0 and TQ2_0 share their four-row loop (ternary.rs).
 mod ternary;
 mod tq1_0;
 mod tq2_0;

@@ -1,20 +1,23 @@
-//! The SIMD loops shared by the ternary types TQ1_0 and TQ2_0: single-row dots (decode) and
-//! four-row dots (prefill). One small file per type (`tq1_0.rs`, `tq2_0.rs`) describes its
-//! block through [`Ternary`]; this file owns the loops.
+//! The four-row dots (prefill) of the ternary types TQ1_0 and TQ2_0: one loop for both, each
+//! type's file describing its block through [`Ternary`] (its single-row dots stay in its file).
 //!
 //! Both types decode a 256-element super-block to `d * (c_i - 1)` with unsigned codes
 //! `c_i <= 3`, so against `Q8K` activations `da * q_i` a block's dot is the exact integer
 //! `sum(c_i q_i) - sum(q_i)` (`sum(q_i)` from the block's `bsums`) scaled by `d * da`. The
-//! loops hold that integer in 8 i32 lanes (lane j: bytes 4j..4j+3 of every 32-code vector;
-//! AVX2 adds eight `maddubs` pair sums in i16 and widens with one `madd`, AVX-512 accumulates
-//! VNNI `dpbusd` in i32: the same exact lane values), subtract the `bsums` lane by lane, and
-//! add `(d * da) * lanes` into one f32 accumulator per row by one FMA per block.
+//! single-row dots hold that integer in 8 i32 lanes (lane j: bytes 4j..4j+3 of every 32-code
+//! vector; AVX2 adds eight `maddubs` pair sums in i16 and widens with one `madd`, AVX-512
+//! accumulates VNNI `dpbusd` in i32), subtract the `bsums` lane by lane and add
+//! `(d * da) * lanes` into one f32 accumulator by one FMA per block. The four-row loop decodes
+//! a block's codes once and then does exactly that for each row.
 //!
-//! Does not own: block layouts (the per-type files) or dispatch (`mod.rs`).
-//! Invariant: the four-row dot is the single-row loop instantiated for four rows (`body` with
-//! `R = 4`): each weight block's codes are decoded once, and per row the integer lanes and the
-//! f32 operations and their order are those of `R = 1`, so every row has exactly the bits of
-//! the single-row dot of the same ISA (tests/kernels_tile.rs).
+//! Does not own: block layouts and the single-row dots (the per-type files) or dispatch
+//! (`mod.rs`).
+//! Invariant: per row the integer lanes are exact, so their order does not matter, and the f32
+//! operations and their order are the single-row dot's of the same ISA: every row has exactly
+//! its bits (tests/kernels_tile.rs `four_row_dots_equal_single_row_dots`).
+//!
+//! Session 39: one loop over R rows with R = 1 as the single-row dot as well was tried and
+//! not kept: the same instructions, 5% slower in cache on Zen 3 (docs/PERFORMANCE.md).
 
 use super::ActRow;
 
@@ -87,30 +90,31 @@ pub(super) mod x86 {
         _mm256_madd_epi16(bs, _mm256_set1_epi16(1))
     }
 
-    /// `R` activation rows (`a[r]` valid for `nb` blocks) against one weight row of `nb`
-    /// blocks: each block's codes decoded once for all rows; per row the same operations in the
-    /// same order whatever `R`.
+    /// Four activation rows (`a[r]` valid for `nb` blocks) against one weight row of `nb`
+    /// blocks: each block's codes decoded once, then per row the single-row dot's operations.
     #[inline(always)]
-    unsafe fn body<T: Ternary, D: IntDot, const R: usize>(
+    unsafe fn body4<T: Ternary, D: IntDot>(
         w: *const u8,
-        a: [*const BlockQ8K; R],
+        a: [*const BlockQ8K; 4],
         nb: usize,
-    ) -> [f32; R] {
-        let mut acc = [_mm256_setzero_ps(); R];
+    ) -> [f32; 4] {
+        let mut acc = [_mm256_setzero_ps(); 4];
         let pf = prefetch_distance();
         for i in 0..nb {
             let b = w.add(i * T::BB);
             prefetch(b, pf, T::BB);
-            let ab: [&BlockQ8K; R] = std::array::from_fn(|r| &*a[r].add(i));
-            let mut s = [_mm256_setzero_si256(); R];
-            T::for_codes(b, |off, c| {
-                for (s, ab) in s.iter_mut().zip(&ab) {
-                    let x = _mm256_loadu_si256(ab.qs.as_ptr().add(off) as *const __m256i);
-                    *s = D::mac(*s, c, x);
-                }
-            });
+            let ab: [&BlockQ8K; 4] = std::array::from_fn(|r| &*a[r].add(i));
+            // The eight code vectors first, then row by row (rows inner kept all 32 products of
+            // a block live at once: spills).
+            let mut c = [_mm256_setzero_si256(); 8];
+            T::for_codes(b, |off, v| c[off / 32] = v);
             let dw = f16_at(b.add(T::D_AT));
-            for ((acc, s), ab) in acc.iter_mut().zip(s).zip(&ab) {
+            for (acc, ab) in acc.iter_mut().zip(&ab) {
+                let mut s = _mm256_setzero_si256();
+                for (k, &c) in c.iter().enumerate() {
+                    let x = _mm256_loadu_si256(ab.qs.as_ptr().add(32 * k) as *const __m256i);
+                    s = D::mac(s, c, x);
+                }
                 let s = _mm256_sub_epi32(D::lanes(s), bsum_lanes(ab));
                 let d = _mm256_set1_ps(dw * ab.d);
                 *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), *acc);
@@ -122,55 +126,29 @@ pub(super) mod x86 {
     /// # Safety
     /// AVX2+FMA+F16C; `w` valid for `nb` blocks, every `a[r]` for `nb` activation blocks.
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn avx2<T: Ternary, const R: usize>(
-        w: *const u8,
-        a: [*const BlockQ8K; R],
-        nb: usize,
-    ) -> [f32; R] {
-        body::<T, Avx2Dot, R>(w, a, nb)
+    unsafe fn avx2_4<T: Ternary>(w: *const u8, a: [*const BlockQ8K; 4], nb: usize) -> [f32; 4] {
+        body4::<T, Avx2Dot>(w, a, nb)
     }
 
-    /// As `avx2`, with VNNI `dpbusd` for the code x activation sums.
+    /// As `avx2_4`, with VNNI `dpbusd` for the code x activation sums (the AVX-512 single-row
+    /// dots' integer step).
     ///
     /// # Safety
     /// AVX-512 F/BW/VL/VNNI + AVX2/FMA/F16C; `w` valid for `nb` blocks, every `a[r]` for `nb`
     /// activation blocks.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn avx512<T: Ternary, const R: usize>(
-        w: *const u8,
-        a: [*const BlockQ8K; R],
-        nb: usize,
-    ) -> [f32; R] {
-        body::<T, VnniDot, R>(w, a, nb)
+    unsafe fn avx512_4<T: Ternary>(w: *const u8, a: [*const BlockQ8K; 4], nb: usize) -> [f32; 4] {
+        body4::<T, VnniDot>(w, a, nb)
     }
 
     /// The block count `w` and every row of `a` hold.
-    fn blocks<T: Ternary>(w: &[u8], a: &[ActRow<'_>]) -> usize {
+    fn blocks<T: Ternary>(w: &[u8], a: &[ActRow<'_>; 4]) -> usize {
         a.iter()
             .map(|a| a.q8k.len())
             .fold(w.len() / T::BB, usize::min)
     }
 
-    pub(in crate::kernels) fn dot_avx2<T: Ternary>(w: &[u8], a: &ActRow<'_>) -> f32 {
-        if !Isa::Avx2.supported() {
-            return T::dot_scalar(w, a);
-        }
-        let nb = blocks::<T>(w, std::slice::from_ref(a));
-        // SAFETY: AVX2/FMA/F16C present (checked above); `w` holds `nb` whole blocks and
-        // `a.q8k` at least `nb` blocks.
-        unsafe { avx2::<T, 1>(w.as_ptr(), [a.q8k.as_ptr()], nb)[0] }
-    }
-
-    pub(in crate::kernels) fn dot_avx512<T: Ternary>(w: &[u8], a: &ActRow<'_>) -> f32 {
-        if !Isa::Avx512.supported() {
-            return T::dot_scalar(w, a);
-        }
-        let nb = blocks::<T>(w, std::slice::from_ref(a));
-        // SAFETY: AVX-512 F/BW/VL/VNNI present (checked above); lengths as in `dot_avx2`.
-        unsafe { avx512::<T, 1>(w.as_ptr(), [a.q8k.as_ptr()], nb)[0] }
-    }
-
-    /// Four-row dot with `dot_avx2`'s bits per row.
+    /// Four-row dot with the type's `dot_avx2` bits per row.
     pub(in crate::kernels) fn dot4_avx2<T: Ternary>(
         w: &[u8],
         a: &[ActRow<'_>; 4],
@@ -183,10 +161,11 @@ pub(super) mod x86 {
         let nb = blocks::<T>(w, a);
         // SAFETY: AVX2/FMA/F16C present (checked above); `w` and every row's `q8k` hold `nb`
         // blocks.
-        *out = unsafe { avx2::<T, 4>(w.as_ptr(), a.each_ref().map(|a| a.q8k.as_ptr()), nb) };
+        *out = unsafe { avx2_4::<T>(w.as_ptr(), a.each_ref().map(|a| a.q8k.as_ptr()), nb) };
     }
 
-    /// Four-row dot with `dot_avx512`'s bits per row.
+    /// Four-row dot with the type's `dot_avx512` bits per row (untested on hardware in session
+    /// 39: written on a Zen 3 without AVX-512).
     pub(in crate::kernels) fn dot4_avx512<T: Ternary>(
         w: &[u8],
         a: &[ActRow<'_>; 4],
@@ -198,6 +177,6 @@ pub(super) mod x86 {
         }
         let nb = blocks::<T>(w, a);
         // SAFETY: AVX-512 F/BW/VL/VNNI present (checked above); lengths as in `dot4_avx2`.
-        *out = unsafe { avx512::<T, 4>(w.as_ptr(), a.each_ref().map(|a| a.q8k.as_ptr()), nb) };
+        *out = unsafe { avx512_4::<T>(w.as_ptr(), a.each_ref().map(|a| a.q8k.as_ptr()), nb) };
     }
 }

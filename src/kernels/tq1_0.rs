@@ -6,9 +6,8 @@
 //! qh[m] (m < 4, n < 4).
 //!
 //! Dots against `Q8K` activations: per super-block the exact integer
-//! `sum(digit * a) - sum(a)` (`sum(a)` from the block's `bsums`), scaled by d * d_a. The SIMD
-//! dots (single-row and four-row) are the shared loops of `ternary.rs`; this file gives them
-//! the block's digits.
+//! `sum(digit * a) - sum(a)` (`sum(a)` from the block's `bsums`), scaled by d * d_a. The
+//! four-row dots (prefill) are `ternary.rs`'s loop on this file's digits.
 
 use super::float::f16_le;
 #[cfg(target_arch = "x86_64")]
@@ -26,9 +25,9 @@ pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
     dequant,
     dot_scalar,
     #[cfg(target_arch = "x86_64")]
-    dot_avx2: Some(tx86::dot_avx2::<Tq1_0>),
+    dot_avx2: Some(x86::dot_avx2),
     #[cfg(target_arch = "x86_64")]
-    dot_avx512: Some(tx86::dot_avx512::<Tq1_0>),
+    dot_avx512: Some(x86::dot_avx512),
     #[cfg(not(target_arch = "x86_64"))]
     dot_avx2: None,
     #[cfg(not(target_arch = "x86_64"))]
@@ -109,11 +108,32 @@ fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
     sum
 }
 
-/// The AVX2 digit decoding `ternary.rs`'s loops run on.
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::POW3;
+    use super::super::simd::prefetch_distance;
+    use super::super::simd::x86::{f16_at, hsum_ps256, prefetch};
+    use super::{dot_scalar, ActRow, BB, POW3};
+    use crate::kernels::{BlockQ8K, Isa};
     use std::arch::x86_64::*;
+
+    pub(super) fn dot_avx2(w: &[u8], a: &ActRow<'_>) -> f32 {
+        if !Isa::Avx2.supported() {
+            return dot_scalar(w, a);
+        }
+        let nb = a.q8k.len().min(w.len() / BB);
+        // SAFETY: AVX2/FMA/F16C present (checked above); `w` holds `nb` whole blocks and
+        // `a.q8k` at least `nb` blocks.
+        unsafe { avx2(w.as_ptr(), a.q8k.as_ptr(), nb) }
+    }
+
+    pub(super) fn dot_avx512(w: &[u8], a: &ActRow<'_>) -> f32 {
+        if !Isa::Avx512.supported() {
+            return dot_scalar(w, a);
+        }
+        let nb = a.q8k.len().min(w.len() / BB);
+        // SAFETY: AVX-512 F/BW/VL/VNNI present (checked above); lengths as in `dot_avx2`.
+        unsafe { avx512(w.as_ptr(), a.q8k.as_ptr(), nb) }
+    }
 
     /// Per byte: `((q * p mod 256) * 3) >> 8`, the base-3 digit that multiplier `p` selects.
     /// Even and odd bytes go through separate 16-bit lanes so no product spills across.
@@ -154,5 +174,64 @@ mod x86 {
             _mm_set1_epi8(81),
         );
         f(224, digits(_mm256_set_m128i(qh, q1), p_tail));
+    }
+
+    /// sum(a) of a block from its 16 `bsums`, as 8 i32 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn bsum_lanes(ab: &BlockQ8K) -> __m256i {
+        let bs = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
+        _mm256_madd_epi16(bs, _mm256_set1_epi16(1))
+    }
+
+    /// # Safety
+    /// AVX2+FMA+F16C; `w` valid for `nb` blocks, `a` for `nb` activation blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn avx2(w: *const u8, a: *const BlockQ8K, nb: usize) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        let pf = prefetch_distance();
+        for i in 0..nb {
+            let b = w.add(i * BB);
+            prefetch(b, pf, BB);
+            let ab = &*a.add(i);
+            let x = ab.qs.as_ptr();
+            // Digits <= 2, |a| <= 127: eight maddubs pair sums stay within i16.
+            let mut p16 = _mm256_setzero_si256();
+            for_digits(b, |off, c| {
+                let xa = _mm256_loadu_si256(x.add(off) as *const __m256i);
+                p16 = _mm256_add_epi16(p16, _mm256_maddubs_epi16(c, xa));
+            });
+            let s = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+            let s = _mm256_sub_epi32(s, bsum_lanes(ab));
+            let d = _mm256_set1_ps(f16_at(b.add(52)) * ab.d);
+            acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc);
+        }
+        hsum_ps256(acc)
+    }
+
+    /// As `avx2`, with VNNI `dpbusd` for the digit x activation sums.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL/VNNI + AVX2/FMA/F16C; `w` valid for `nb` blocks, `a` for `nb`
+    /// activation blocks.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn avx512(w: *const u8, a: *const BlockQ8K, nb: usize) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        let pf = prefetch_distance();
+        for i in 0..nb {
+            let b = w.add(i * BB);
+            prefetch(b, pf, BB);
+            let ab = &*a.add(i);
+            let x = ab.qs.as_ptr();
+            let mut s = _mm256_setzero_si256();
+            for_digits(b, |off, c| {
+                let xa = _mm256_loadu_si256(x.add(off) as *const __m256i);
+                s = _mm256_dpbusd_epi32(s, c, xa);
+            });
+            let s = _mm256_sub_epi32(s, bsum_lanes(ab));
+            let d = _mm256_set1_ps(f16_at(b.add(52)) * ab.d);
+            acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc);
+        }
+        hsum_ps256(acc)
     }
 }
