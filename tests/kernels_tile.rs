@@ -51,6 +51,8 @@ fn f16_offsets(t: DType) -> &'static [usize] {
         // IQ1_M's d is the top nibbles of four words: set in `blocks`.
         DType::IQ1_M => &[],
         DType::Q4_1 | DType::Q5_1 => &[0, 2],
+        DType::TQ1_0 => &[52],
+        DType::TQ2_0 => &[64],
         other => panic!("no block layout for {other} in this test; add it"),
     }
 }
@@ -122,11 +124,19 @@ fn tiled_types() -> Vec<(DType, Isa)> {
 fn four_row_dots_equal_single_row_dots() {
     let cases = tiled_types();
     if Isa::hardware() >= Isa::Avx2 {
-        for t in [DType::Q4_K, DType::Q6_K, DType::Q8_0] {
-            assert!(
-                cases.iter().any(|(c, _)| *c == t),
-                "{t} has no tile kernel on this AVX2 machine"
-            );
+        for t in [
+            DType::Q4_K,
+            DType::Q6_K,
+            DType::Q8_0,
+            DType::TQ1_0,
+            DType::TQ2_0,
+        ] {
+            for isa in Isa::available().into_iter().filter(|i| *i >= Isa::Avx2) {
+                assert!(
+                    cases.contains(&(t, isa)),
+                    "{t} has no four-row dot at {isa:?} on this machine"
+                );
+            }
         }
     }
     let mut rng = Rng(16);

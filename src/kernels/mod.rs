@@ -94,6 +94,8 @@ mod iq4_xs;
 mod q4_1;
 mod q5_0;
 mod q5_1;
+// TQ1_0 and TQ2_0 share their four-row loop (ternary.rs).
+mod ternary;
 mod tq1_0;
 mod tq2_0;
 
@@ -332,6 +334,8 @@ pub fn dot4_fn(dtype: DType, isa: Isa) -> Option<Dot4Fn> {
         DType::IQ3_S => &iq3_s::DOT4,
         DType::IQ1_S => &iq1::DOT4_S,
         DType::IQ1_M => &iq1::DOT4_M,
+        DType::TQ1_0 => &tq1_0::DOT4,
+        DType::TQ2_0 => &tq2_0::DOT4,
         _ => return None,
     };
     match isa.min(Isa::detect()) {

@@ -6,10 +6,14 @@
 //! qh[m] (m < 4, n < 4).
 //!
 //! Dots against `Q8K` activations: per super-block the exact integer
-//! `sum(digit * a) - sum(a)` (`sum(a)` from the block's `bsums`), scaled by d * d_a.
+//! `sum(digit * a) - sum(a)` (`sum(a)` from the block's `bsums`), scaled by d * d_a. The
+//! four-row dots (prefill) are `ternary.rs`'s loop on this file's digits.
 
 use super::float::f16_le;
-use super::{ActFormat, ActRow, TypeKernels};
+#[cfg(target_arch = "x86_64")]
+use super::ternary::x86 as tx86;
+use super::ternary::Ternary;
+use super::{ActFormat, ActRow, Dot4Kernels, TypeKernels};
 use crate::dtype::DType;
 
 const BB: usize = 54;
@@ -29,6 +33,36 @@ pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
     #[cfg(not(target_arch = "x86_64"))]
     dot_avx512: None,
 });
+
+/// Four-row dots (prefill), each row with the single-row dot's bits.
+pub(super) const DOT4: Dot4Kernels = Dot4Kernels {
+    #[cfg(target_arch = "x86_64")]
+    avx2: Some(tx86::dot4_avx2::<Tq1_0>),
+    #[cfg(target_arch = "x86_64")]
+    avx512: Some(tx86::dot4_avx512::<Tq1_0>),
+    #[cfg(not(target_arch = "x86_64"))]
+    avx2: None,
+    #[cfg(not(target_arch = "x86_64"))]
+    avx512: None,
+};
+
+pub(super) struct Tq1_0;
+
+impl Ternary for Tq1_0 {
+    const BB: usize = BB;
+    const D_AT: usize = 52;
+
+    fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
+        dot_scalar(w, a)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn for_codes(b: *const u8, f: impl FnMut(usize, std::arch::x86_64::__m256i)) {
+        x86::for_digits(b, f)
+    }
+}
 
 /// Digit `n` of byte `v`.
 #[inline]
@@ -125,7 +159,7 @@ mod x86 {
     /// activation offsets.
     #[inline]
     #[target_feature(enable = "avx2")]
-    unsafe fn for_digits(b: *const u8, mut f: impl FnMut(usize, __m256i)) {
+    pub(super) unsafe fn for_digits(b: *const u8, mut f: impl FnMut(usize, __m256i)) {
         let q0 = _mm256_loadu_si256(b as *const __m256i);
         for (n, &p) in POW3.iter().enumerate() {
             f(32 * n, digits(q0, _mm256_set1_epi8(p as i8)));

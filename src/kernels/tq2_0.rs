@@ -4,10 +4,13 @@
 //!
 //! Dots against `Q8K` activations: per super-block the exact integer
 //! `sum(code * a) - sum(a)` (codes 0..=3 before the -1; `sum(a)` from the block's `bsums`),
-//! scaled by d * d_a.
+//! scaled by d * d_a. The four-row dots (prefill) are `ternary.rs`'s loop on this file's codes.
 
 use super::float::f16_le;
-use super::{ActFormat, ActRow, TypeKernels};
+#[cfg(target_arch = "x86_64")]
+use super::ternary::x86 as tx86;
+use super::ternary::Ternary;
+use super::{ActFormat, ActRow, Dot4Kernels, TypeKernels};
 use crate::dtype::DType;
 
 const BB: usize = 66;
@@ -26,6 +29,45 @@ pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
     #[cfg(not(target_arch = "x86_64"))]
     dot_avx512: None,
 });
+
+/// Four-row dots (prefill), each row with the single-row dot's bits.
+pub(super) const DOT4: Dot4Kernels = Dot4Kernels {
+    #[cfg(target_arch = "x86_64")]
+    avx2: Some(tx86::dot4_avx2::<Tq2_0>),
+    #[cfg(target_arch = "x86_64")]
+    avx512: Some(tx86::dot4_avx512::<Tq2_0>),
+    #[cfg(not(target_arch = "x86_64"))]
+    avx2: None,
+    #[cfg(not(target_arch = "x86_64"))]
+    avx512: None,
+};
+
+pub(super) struct Tq2_0;
+
+impl Ternary for Tq2_0 {
+    const BB: usize = BB;
+    const D_AT: usize = 64;
+
+    fn dot_scalar(w: &[u8], a: &ActRow<'_>) -> f32 {
+        dot_scalar(w, a)
+    }
+
+    /// Code vector `4 h + n` is the 2-bit field n of the 32 bytes `qs[32 h..]` (as `x86::avx2`).
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn for_codes(b: *const u8, mut f: impl FnMut(usize, std::arch::x86_64::__m256i)) {
+        use std::arch::x86_64::*;
+        let m3 = _mm256_set1_epi8(3);
+        for h in 0..2 {
+            let q = _mm256_loadu_si256(b.add(32 * h) as *const __m256i);
+            for n in 0..4 {
+                let c = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * n)), m3);
+                f(128 * h + 32 * n as usize, c);
+            }
+        }
+    }
+}
 
 /// Unsigned code (0..=3) of element `i` of the block at the start of `b`.
 #[inline]
