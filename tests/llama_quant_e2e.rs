@@ -20,6 +20,18 @@
 //! difference per position is ~0.05 (on the F16 file: ~0.0015, top-1 1.0). Every top-1
 //! disagreement measured (2-4% of positions per type) had a reference margin below 0.03.
 //!
+//! The fourth test runs the trained model (assets/sluice-tiny-moe.gguf, DeepSeek-V3 with MLA)
+//! through every type and two community-shaped mixes on 256 tokens of real text, where the
+//! issue's bar as written (mean KL <= 1e-3, top-1 >= 0.98 over all positions) was expected to
+//! hold. It does not, for any file (Q8_0 included), and llama.cpp misses it too against the
+//! exact computation (its own logits on the file's F32 dequantization): the trained router has
+//! near-ties that 8-bit activations flip at 1-8% of positions in either engine, and chained
+//! requantization makes the two engines' rounding partly independent. So that test checks what
+//! can be pinned down: the engines agree on the F32 dequantization (KL <= 1e-6, top-1 1.0);
+//! sluice dequantizes every tensor byte for byte as llama.cpp does; sluice's median KL from the
+//! exact computation is llama.cpp's (<= 1.25x, per file) and over all files its mean KL and top-1
+//! are too. It prints the figures per file; docs/FORMATS.md has them with the analysis.
+//!
 //! Binaries come from scripts/build-llama-cpp.sh; without them the test says so and passes,
 //! unless SLUICE_REQUIRE_LLAMA_CPP is set (`.ci/run` sets it).
 
