@@ -735,6 +735,8 @@ fn trained_case(
             .arg(&ours_f32),
         &format!("sluice logits {name} F32"),
     );
+    // 26 MB a file: not kept.
+    std::fs::remove_file(&exact).unwrap();
     let reference = read_f32(&theirs_f32);
     let vocab = reference.len() / POSITIONS;
     let theirs = read_f32(&dir.join(format!("{name}.llama.f32")));
