@@ -20,6 +20,18 @@
 //! difference per position is ~0.05 (on the F16 file: ~0.0015, top-1 1.0). Every top-1
 //! disagreement measured (2-4% of positions per type) had a reference margin below 0.03.
 //!
+//! The fourth test runs the trained model (assets/sluice-tiny-moe.gguf, DeepSeek-V3 with MLA)
+//! through every type and two community-shaped mixes on 256 tokens of real text, where the
+//! issue's bar as written (mean KL <= 1e-3, top-1 >= 0.98 over all positions) was expected to
+//! hold. It does not, for any file (Q8_0 included), and llama.cpp misses it too against the
+//! exact computation (its own logits on the file's F32 dequantization): the trained router has
+//! near-ties that 8-bit activations flip at 1-8% of positions in either engine, and chained
+//! requantization makes the two engines' rounding partly independent. So that test checks what
+//! can be pinned down: the engines agree on the F32 dequantization (KL <= 1e-6, top-1 1.0);
+//! sluice dequantizes every tensor byte for byte as llama.cpp does; sluice's median KL from the
+//! exact computation is llama.cpp's (<= 1.25x, per file) and over all files its mean KL and top-1
+//! are too. It prints the issue's figures per file; docs/FORMATS.md has them with the analysis.
+//!
 //! Binaries come from scripts/build-llama-cpp.sh; without them the test says so and passes,
 //! unless SLUICE_REQUIRE_LLAMA_CPP is set (`.ci/run` sets it).
 
@@ -363,8 +375,7 @@ fn quantize_and_compare(
             "{name}: file has types {types:?}, expected {t}"
         );
     }
-    let mut names: Vec<String> = types.iter().map(|t| t.name()).collect();
-    names.sort();
+    let mix = type_mix(&m);
     let theirs = dir.join(format!("{name}.llama.f32"));
     run(
         Command::new(&logits).arg(&q).arg(tokens).arg(&theirs),
@@ -385,11 +396,26 @@ fn quantize_and_compare(
     assert_eq!(theirs.len(), ours.len(), "{name}: llama.cpp logits size");
     let a = compare(&theirs, &ours, vocab);
     eprintln!(
-        "{name}: types {names:?}: mean KL {:.2e} (median {:.2e}), top-1 {:.4}, top-1 where \
+        "{name}: {mix}: mean KL {:.2e} (median {:.2e}), top-1 {:.4}, top-1 where \
          the margin >= {TIE_MARGIN}: {:.4}",
         a.kl, a.kl_median, a.top1, a.top1_decisive
     );
     a
+}
+
+/// What `m` holds: each type with its tensor count, most tensors first ("Q4_K x40, F32 x28").
+fn type_mix(m: &ModelFiles) -> String {
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    for t in m.tensors() {
+        let name = t.dtype.name();
+        match counts.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, c)) => *c += 1,
+            None => counts.push((name, 1)),
+        }
+    }
+    counts.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let parts: Vec<String> = counts.iter().map(|(n, c)| format!("{n} x{c}")).collect();
+    parts.join(", ")
 }
 
 /// The teacher-forced token ids (comma-separated) for a model of `vocab` tokens.
@@ -605,4 +631,286 @@ fn sluice_matches_llama_cpp_on_deepseek_v3_community_mixes() {
         report.push((name.to_string(), r));
     }
     assert_all(&report, 0.95);
+}
+
+/// The trained model (assets/sluice-tiny-moe.gguf, DeepSeek-V3 with MLA) written as F32 by
+/// `sluice quantize`: the exact values of its Q8_0 matrices, the file llama-quantize reads.
+fn f32_trained(dir: &Path) -> PathBuf {
+    let asset = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/sluice-tiny-moe.gguf");
+    let p = dir.join("tiny.f32.gguf");
+    sluice::convert::quantize_file(&asset, &p, DType::F32, &[], &mut |_, _| {}).unwrap();
+    p
+}
+
+/// `POSITIONS` teacher-forced tokens of real text for `model`, split by its own tokenizer: BOS,
+/// then the last `POSITIONS - 1` tokens of tests/fixtures/imatrix_text.txt, which lie past the
+/// 24 x 128 tokens that `make_imatrix` reads (the importance matrix never saw them).
+fn text_tokens(model: &Path) -> String {
+    let m = ModelFiles::open(model).unwrap();
+    let tok = sluice::tokenizer::Tokenizer::from_gguf_meta(&|k| m.meta(k)).unwrap();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/imatrix_text.txt");
+    let text = std::fs::read_to_string(path).unwrap();
+    let ids = tok.encode(&text, false).unwrap();
+    assert!(
+        ids.len() >= 24 * 128 + POSITIONS,
+        "imatrix_text.txt: {} tokens",
+        ids.len()
+    );
+    let bos = tok.bos_id().unwrap();
+    let tail = &ids[ids.len() - (POSITIONS - 1)..];
+    let all: Vec<String> = std::iter::once(bos)
+        .chain(tail.iter().copied())
+        .map(|t| t.to_string())
+        .collect();
+    all.join(",")
+}
+
+/// `q` dequantized to F32 by llama.cpp (`llama-quantize --allow-requantize ... F32`): the
+/// exact weights both engines compute with. Checked byte for byte against sluice's own
+/// dequantization of `q` (`sluice quantize q f32`), tensor by tensor.
+fn dequantized(dir: &Path, q: &Path, name: &str) -> PathBuf {
+    let theirs = dir.join(format!("{name}.f32.gguf"));
+    run(
+        Command::new(bin("llama-quantize").unwrap())
+            .arg("--allow-requantize")
+            .arg(q)
+            .arg(&theirs)
+            .args(["F32", "2"]),
+        &format!("llama-quantize {name} F32"),
+    );
+    let ours = dir.join(format!("{name}.sluice-f32.gguf"));
+    sluice::convert::quantize_file(q, &ours, DType::F32, &[], &mut |_, _| {}).unwrap();
+    let (a, b) = (
+        ModelFiles::open(&theirs).unwrap(),
+        ModelFiles::open(&ours).unwrap(),
+    );
+    assert_eq!(a.tensors().len(), b.tensors().len(), "{name}: tensor count");
+    for t in a.tensors() {
+        let u = b.tensor(&t.name).unwrap();
+        assert_eq!((t.dtype, &t.shape), (DType::F32, &u.shape), "{}", t.name);
+        assert!(
+            a.bytes(t).unwrap() == b.bytes(u).unwrap(),
+            "{name}: {}: sluice's dequantization differs from llama.cpp's",
+            t.name
+        );
+    }
+    std::fs::remove_file(&ours).unwrap();
+    theirs
+}
+
+/// One trained-model file's figures: sluice against llama.cpp (the issue's bar), each engine
+/// against the exact computation (llama.cpp's logits on the F32 dequantization, where no
+/// activation is quantized), and the two engines on that F32 file (they must agree there).
+struct Trained {
+    vs_llama: Agreement,
+    llama_exact: Agreement,
+    sluice_exact: Agreement,
+    on_f32: Agreement,
+}
+
+fn trained_case(
+    dir: &Path,
+    f32: &Path,
+    name: &str,
+    args: &[&str],
+    must: &[DType],
+    tokens: &str,
+) -> Trained {
+    let vs_llama = quantize_and_compare(dir, f32, name, args, must, tokens);
+    let exact = dequantized(dir, &dir.join(format!("{name}.gguf")), name);
+    let theirs_f32 = dir.join(format!("{name}.exact.f32"));
+    run(
+        Command::new(bin("llama-logits").unwrap())
+            .arg(&exact)
+            .arg(tokens)
+            .arg(&theirs_f32),
+        &format!("llama-logits {name} F32"),
+    );
+    let ours_f32 = dir.join(format!("{name}.exact.npy"));
+    run(
+        Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .arg("logits")
+            .arg(&exact)
+            .args(["--tokens", tokens, "--out"])
+            .arg(&ours_f32),
+        &format!("sluice logits {name} F32"),
+    );
+    // 26 MB a file: not kept.
+    std::fs::remove_file(&exact).unwrap();
+    let reference = read_f32(&theirs_f32);
+    let vocab = reference.len() / POSITIONS;
+    let theirs = read_f32(&dir.join(format!("{name}.llama.f32")));
+    let (_, ours) = sluice::npy::read_f32(&dir.join(format!("{name}.sluice.npy"))).unwrap();
+    let (_, ours_f32) = sluice::npy::read_f32(&ours_f32).unwrap();
+    let t = Trained {
+        vs_llama,
+        llama_exact: compare(&reference, &theirs, vocab),
+        sluice_exact: compare(&reference, &ours, vocab),
+        on_f32: compare(&reference, &ours_f32, vocab),
+    };
+    eprintln!(
+        "{name}: against the exact computation: llama.cpp mean KL {:.2e} (median {:.2e}), \
+         top-1 {:.4}; sluice mean KL {:.2e} (median {:.2e}), top-1 {:.4}; the engines on the \
+         F32 file: mean KL {:.1e}, top-1 {:.4}",
+        t.llama_exact.kl,
+        t.llama_exact.kl_median,
+        t.llama_exact.top1,
+        t.sluice_exact.kl,
+        t.sluice_exact.kl_median,
+        t.sluice_exact.top1,
+        t.on_f32.kl,
+        t.on_f32.top1
+    );
+    t
+}
+
+/// What the trained-model test asserts (module doc: why not the issue's bar as written):
+/// per file, the two engines agree on the exact weights and sluice's typical distance from the
+/// exact computation (median KL) is llama.cpp's; over all files, its mean KL and top-1 are.
+fn assert_trained(report: &[(String, Trained)]) {
+    let n = report.len() as f64;
+    let meets = report
+        .iter()
+        .filter(|(_, t)| t.vs_llama.kl <= 1e-3 && t.vs_llama.top1 >= 0.98)
+        .count();
+    eprintln!(
+        "trained model: {meets} of {} files meet mean KL <= 1e-3 and top-1 >= 0.98 against \
+         llama.cpp",
+        report.len()
+    );
+    for (name, t) in report {
+        assert!(
+            t.on_f32.kl <= 1e-6 && t.on_f32.top1 == 1.0,
+            "{name}: the engines on the F32 dequantization: mean KL {:e}, top-1 {}",
+            t.on_f32.kl,
+            t.on_f32.top1
+        );
+        assert!(
+            t.sluice_exact.kl_median <= 1.25 * t.llama_exact.kl_median,
+            "{name}: median KL from the exact computation: sluice {:e}, llama.cpp {:e}",
+            t.sluice_exact.kl_median,
+            t.llama_exact.kl_median
+        );
+    }
+    let sum = |f: &dyn Fn(&Trained) -> f64| report.iter().map(|(_, t)| f(t)).sum::<f64>();
+    let (kl_s, kl_l) = (sum(&|t| t.sluice_exact.kl), sum(&|t| t.llama_exact.kl));
+    let (top_s, top_l) = (
+        sum(&|t| t.sluice_exact.top1) / n,
+        sum(&|t| t.llama_exact.top1) / n,
+    );
+    eprintln!(
+        "trained model, over all files, from the exact computation: mean KL sluice {:.2e}, \
+         llama.cpp {:.2e}; top-1 sluice {top_s:.4}, llama.cpp {top_l:.4}",
+        kl_s / n,
+        kl_l / n
+    );
+    assert!(
+        kl_s <= 1.25 * kl_l,
+        "mean KL from the exact computation over all files: sluice {:e}, llama.cpp {:e}",
+        kl_s / n,
+        kl_l / n
+    );
+    assert!(
+        top_s >= top_l - 0.01,
+        "top-1 against the exact computation over all files: sluice {top_s}, llama.cpp {top_l}"
+    );
+}
+
+/// The trained model (assets/sluice-tiny-moe.gguf: DeepSeek-V3 with MLA, hidden 256, 16
+/// routed experts of 64) quantized by llama-quantize into every type the issue lists: its own
+/// ftype mixes (rows of 32, 64 and 128 take llama-quantize's fallbacks from the 256-element
+/// types; each file's mix is printed), the i-quants with an importance matrix (the MTP layer,
+/// which neither engine runs here and the matrix does not cover, Q8_0), and two
+/// community-shaped mixes through `--tensor-type`; 256 positions of real text per file.
+#[test]
+fn sluice_matches_llama_cpp_on_the_trained_model() {
+    if bin("llama-quantize").is_none() || bin("llama-logits").is_none() {
+        return;
+    }
+    let Some(imatrix) = bin("llama-imatrix") else {
+        return;
+    };
+    let dir = workdir("llama-quant-e2e-trained");
+    let f32 = f32_trained(&dir);
+    let tokens = text_tokens(&f32);
+    let im = make_imatrix(&imatrix, &dir, &f32, "trained");
+    let im = im.to_str().unwrap();
+    const MTP: &str = r"blk\.4\.=q8_0";
+    let iq = |ty: &'static str| vec!["--imatrix", im, "--tensor-type", MTP, ty];
+    // (name, llama-quantize options with the ftype last, types the file must then hold)
+    let cases: Vec<(&str, Vec<&str>, &[DType])> = vec![
+        ("Q8_0", vec!["Q8_0"], &[DType::Q8_0]),
+        ("Q6_K", vec!["Q6_K"], &[DType::Q6_K]),
+        ("Q5_K_M", vec!["Q5_K_M"], &[DType::Q5_K]),
+        ("Q4_K_M", vec!["Q4_K_M"], &[DType::Q4_K, DType::Q5_0]),
+        ("Q3_K_M", vec!["Q3_K_M"], &[DType::Q3_K]),
+        ("Q2_K", vec!["Q2_K"], &[DType::Q2_K]),
+        ("Q5_1", vec!["Q5_1"], &[DType::Q5_1]),
+        ("Q5_0", vec!["Q5_0"], &[DType::Q5_0]),
+        ("Q4_1", vec!["Q4_1"], &[DType::Q4_1]),
+        ("Q4_0", vec!["Q4_0"], &[DType::Q4_0]),
+        ("IQ4_NL", vec!["IQ4_NL"], &[DType::IQ4_NL]),
+        ("IQ4_XS", vec!["IQ4_XS"], &[DType::IQ4_XS]),
+        ("TQ2_0", vec!["TQ2_0"], &[DType::TQ2_0]),
+        ("TQ1_0", vec!["TQ1_0"], &[DType::TQ1_0]),
+        ("IQ3_S", iq("IQ3_S"), &[DType::IQ3_S]),
+        ("IQ3_XXS", iq("IQ3_XXS"), &[DType::IQ3_XXS]),
+        // llama-quantize's IQ2_M ftype is IQ2_S.
+        ("IQ2_M", iq("IQ2_M"), &[DType::IQ2_S]),
+        ("IQ2_XS", iq("IQ2_XS"), &[DType::IQ2_XS]),
+        ("IQ2_XXS", iq("IQ2_XXS"), &[DType::IQ2_XXS]),
+        ("IQ1_M", iq("IQ1_M"), &[DType::IQ1_M]),
+        ("IQ1_S", iq("IQ1_S"), &[DType::IQ1_S]),
+        (
+            "IQ1_S-mix",
+            vec![
+                "--imatrix",
+                im,
+                "--tensor-type",
+                MTP,
+                "--tensor-type",
+                r"blk\.0\.ffn=q6_k",
+                "--tensor-type",
+                "attn=q4_k",
+                "--tensor-type",
+                "shexp=q8_0",
+                "--token-embedding-type",
+                "q4_k",
+                "--output-tensor-type",
+                "q6_k",
+                "IQ1_S",
+            ],
+            &[DType::IQ1_S, DType::Q4_K, DType::Q8_0, DType::Q6_K],
+        ),
+        (
+            "IQ2_XXS-mix",
+            vec![
+                "--imatrix",
+                im,
+                "--tensor-type",
+                MTP,
+                "--tensor-type",
+                r"blk\.0\.ffn=q8_0",
+                "--tensor-type",
+                "ffn_down_exps=iq3_xxs",
+                "--tensor-type",
+                "attn=q6_k",
+                "--tensor-type",
+                "shexp=q8_0",
+                "--token-embedding-type",
+                "q4_k",
+                "--output-tensor-type",
+                "q8_0",
+                "IQ2_XXS",
+            ],
+            &[DType::IQ2_XXS, DType::Q6_K, DType::Q8_0, DType::Q4_K],
+        ),
+    ];
+    let mut report = Vec::new();
+    for (name, args, must) in cases {
+        let name = format!("trained-{name}");
+        let t = trained_case(&dir, &f32, &name, &args, must, &tokens);
+        report.push((name, t));
+    }
+    assert_trained(&report);
 }
