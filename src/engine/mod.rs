@@ -219,6 +219,10 @@ impl Engine {
             // weights at load).
             files.populate();
         }
+        if device.is_none() {
+            // The CPU's activation buffers mapped now, not by the first prompt's writes.
+            st.prefault();
+        }
         if opts.parallel > 1 && device.is_none() {
             // The session state is the batched step's buffers; each slot has its own cache.
             st.release_kv();

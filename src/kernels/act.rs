@@ -140,6 +140,17 @@ impl Acts {
     }
 
     /// Pre-size for up to `rows` x `cols` so later `load`s of that size do not allocate.
+    /// Writes one element per page of every buffer's reserved capacity (`with_capacity`), so
+    /// its pages are mapped now instead of by a forward's first writes (`State::prefault`).
+    pub fn prefault(&mut self) {
+        prefault_spare(&mut self.f32, 0.0);
+        prefault_spare(&mut self.q8_32, ZERO32);
+        prefault_spare(&mut self.q8_32_d, 0.0);
+        prefault_spare(&mut self.q8_32_sum, 0);
+        prefault_spare(&mut self.q8k, ZEROK);
+        prefault_spare(&mut self.q8k_rows, ZEROK);
+    }
+
     pub fn with_capacity(rows: usize, cols: usize) -> Acts {
         let mut a = Acts::new();
         a.f32.reserve(rows * cols);
@@ -575,5 +586,23 @@ mod tests {
                 }
             }
         }
+    }
+}
+
+/// Writes `zero` into one element per 4 KiB page of `v`'s spare capacity (its length is
+/// unchanged): the pages are faulted in now, not by later writes.
+pub fn prefault_spare<T: Copy>(v: &mut Vec<T>, zero: T) {
+    let per = (4096 / std::mem::size_of::<T>().max(1)).max(1);
+    for x in v.spare_capacity_mut().iter_mut().step_by(per) {
+        x.write(zero);
+    }
+}
+
+/// Writes `zero` into one element per 4 KiB page of `v` (a buffer of zeros whose pages the
+/// allocator may not have mapped yet).
+pub fn prefault_zeros<T: Copy>(v: &mut [T], zero: T) {
+    let per = (4096 / std::mem::size_of::<T>().max(1)).max(1);
+    for x in v.iter_mut().step_by(per) {
+        *x = zero;
     }
 }
