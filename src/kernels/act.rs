@@ -523,6 +523,24 @@ mod x86 {
     }
 }
 
+/// Writes `zero` into one element per 4 KiB page of `v`'s spare capacity (its length is
+/// unchanged): the pages are faulted in now, not by later writes.
+pub fn prefault_spare<T: Copy>(v: &mut Vec<T>, zero: T) {
+    let per = (4096 / std::mem::size_of::<T>().max(1)).max(1);
+    for x in v.spare_capacity_mut().iter_mut().step_by(per) {
+        x.write(zero);
+    }
+}
+
+/// Writes `zero` into one element per 4 KiB page of `v` (a buffer of zeros whose pages the
+/// allocator may not have mapped yet).
+pub fn prefault_zeros<T: Copy>(v: &mut [T], zero: T) {
+    let per = (4096 / std::mem::size_of::<T>().max(1)).max(1);
+    for x in v.iter_mut().step_by(per) {
+        *x = zero;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -586,23 +604,5 @@ mod tests {
                 }
             }
         }
-    }
-}
-
-/// Writes `zero` into one element per 4 KiB page of `v`'s spare capacity (its length is
-/// unchanged): the pages are faulted in now, not by later writes.
-pub fn prefault_spare<T: Copy>(v: &mut Vec<T>, zero: T) {
-    let per = (4096 / std::mem::size_of::<T>().max(1)).max(1);
-    for x in v.spare_capacity_mut().iter_mut().step_by(per) {
-        x.write(zero);
-    }
-}
-
-/// Writes `zero` into one element per 4 KiB page of `v` (a buffer of zeros whose pages the
-/// allocator may not have mapped yet).
-pub fn prefault_zeros<T: Copy>(v: &mut [T], zero: T) {
-    let per = (4096 / std::mem::size_of::<T>().max(1)).max(1);
-    for x in v.iter_mut().step_by(per) {
-        *x = zero;
     }
 }
