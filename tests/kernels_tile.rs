@@ -187,10 +187,9 @@ fn four_row_dots_equal_single_row_dots() {
 const NO_AVX512_DOT4: [DType; 1] = [DType::Q5_K];
 
 /// On an AVX-512 machine every type with an AVX2 four-row dot has one at AVX-512 too (so
-/// `four_row_dots_equal_single_row_dots` checks it there): the grid i-quants' (IQ2_XXS, IQ2_XS,
-/// IQ2_S, IQ3_XXS, IQ3_S) run their VBMI kernels, or the AVX2 ones where the CPU lacks VBMI or
-/// BITALG, as their single-row dots do; IQ1_S and IQ1_M, with no AVX-512 single-row dot, keep
-/// their AVX2 four-row dots.
+/// `four_row_dots_equal_single_row_dots` checks it there): the grid i-quants IQ2_XXS, IQ2_XS,
+/// IQ2_S, IQ3_XXS and IQ3_S run their VBMI kernels, or the AVX2 ones where the CPU lacks VBMI or
+/// BITALG, as their single-row dots do; IQ1_S and IQ1_M their AVX-512 (F/BW/VNNI) kernels.
 #[test]
 fn avx512_has_a_four_row_dot_wherever_avx2_has_one() {
     if !Isa::available().contains(&Isa::Avx512) {
@@ -211,6 +210,8 @@ fn avx512_has_a_four_row_dot_wherever_avx2_has_one() {
         DType::IQ2_S,
         DType::IQ3_XXS,
         DType::IQ3_S,
+        DType::IQ1_S,
+        DType::IQ1_M,
     ] {
         assert!(
             kernels::dot4_fn(t, Isa::Avx512).is_some(),
