@@ -7,7 +7,11 @@
 # the single-row dots, batch 4: the four-row dots) at one thread with the weights in L2, A B B A
 # (main runs IQ1_S/IQ1_M on AVX2 at every batch and the other grid types' single-row AVX-512
 # dot per row at batch 4).
-# Usage: bash THIS DIR (output also in $OUT/out.txt).
+# Usage: bash THIS DIR [BUILD_ROOT] (output also in $OUT/out.txt); BUILD_ROOT is the checkout the
+# test binaries were built in (they read tests/fixtures from that path; default /work/wt/avx512).
+# Packing, on the build machine: build the four tests (`cargo test --release --no-run --test
+# kernels_tile --test kernels_ref --test kernels_iq --test kernels_iq_grid`) and `sluice`, copy
+# the binaries under those names (and main's `sluice` as sluice-base), strip, `xz` each.
 set -u
 D=${1:?DIR}; OO=${OUT:-/tmp/out}; mkdir -p $OO
 exec > >(tee $OO/out.txt) 2>&1
@@ -17,7 +21,8 @@ grep -o -w -E 'avx512(f|bw|vl|dq|vnni|vbmi|bitalg)' /proc/cpuinfo | sort -u | tr
 grep -m1 'model name' /proc/cpuinfo
 export SLUICE_ROOT=$PWD
 # The kernel tests read their fixtures from the path they were built in.
-[ -d /work/wt/avx512/tests/fixtures ] || { mkdir -p /work/wt && ln -sfn "$PWD" /work/wt/avx512; }
+B=${2:-/work/wt/avx512}
+[ -d $B/tests/fixtures ] || { mkdir -p $(dirname $B) && ln -sfn "$PWD" $B; }
 for K in kernels-tile kernels-ref kernels-iq kernels-iq-grid; do
   timeout 200 $V/$K > $OO/$K.log 2>&1; echo "$K rc $? $(grep 'test result' $OO/$K.log | cut -c1-70)"
   grep -E "panicked|FAILED|skipped" $OO/$K.log | head -5
