@@ -143,12 +143,20 @@ fn four_row_dots_equal_single_row_dots() {
     for (t, isa) in cases {
         let (be, _) = t.block_geometry().unwrap();
         // 32-element types: 67 blocks, so the kernels' 8-block steps leave a tail, and 4
-        // blocks (DeepSeek's 128-wide attn_k_b: all tail).
+        // blocks (DeepSeek's 128-wide attn_k_b: all tail). 9 blocks and 1: the AVX-512 grid
+        // kernels that look up two blocks at once (IQ2_XXS, IQ2_XS, IQ2_S) end on a lone block.
         let long = 8 * 256usize.max(be) + if be == 32 { 3 * 32 } else { 0 };
         let fmt = kernels::kernels_for(t).unwrap().act;
         let dot = kernels::dot_fn(t, isa).unwrap();
         let dot4 = kernels::dot4_fn(t, isa).unwrap();
-        let shapes = [(long, false), (long, true), (4 * be, false), (4 * be, true)];
+        let shapes = [
+            (long, false),
+            (long, true),
+            (4 * be, false),
+            (4 * be, true),
+            (9 * be, false),
+            (be, true),
+        ];
         for (cols, extreme) in shapes {
             let w = blocks(t, cols / be * 3, &mut rng, extreme);
             let rb = w.len() / 3;
@@ -171,6 +179,44 @@ fn four_row_dots_equal_single_row_dots() {
                 }
             }
         }
+    }
+}
+
+/// Types whose AVX-512 prefill has no four-row dot: Q5_K's goes through its 8x8 and 16-token
+/// tiles.
+const NO_AVX512_DOT4: [DType; 1] = [DType::Q5_K];
+
+/// On an AVX-512 machine every type with an AVX2 four-row dot has one at AVX-512 too (so
+/// `four_row_dots_equal_single_row_dots` checks it there): the grid i-quants IQ2_XXS, IQ2_XS,
+/// IQ2_S, IQ3_XXS and IQ3_S run their VBMI kernels, or the AVX2 ones where the CPU lacks VBMI or
+/// BITALG, as their single-row dots do; IQ1_S and IQ1_M their AVX-512 (F/BW/VNNI) kernels.
+#[test]
+fn avx512_has_a_four_row_dot_wherever_avx2_has_one() {
+    if !Isa::available().contains(&Isa::Avx512) {
+        eprintln!("avx512_has_a_four_row_dot_wherever_avx2_has_one: skipped: no AVX-512 here");
+        return;
+    }
+    for t in kernels::supported_types() {
+        if kernels::dot4_fn(t, Isa::Avx2).is_some() && !NO_AVX512_DOT4.contains(&t) {
+            assert!(
+                kernels::dot4_fn(t, Isa::Avx512).is_some(),
+                "{t}: a four-row dot at AVX2 but none at AVX-512"
+            );
+        }
+    }
+    for t in [
+        DType::IQ2_XXS,
+        DType::IQ2_XS,
+        DType::IQ2_S,
+        DType::IQ3_XXS,
+        DType::IQ3_S,
+        DType::IQ1_S,
+        DType::IQ1_M,
+    ] {
+        assert!(
+            kernels::dot4_fn(t, Isa::Avx512).is_some(),
+            "{t} has no AVX-512 four-row dot"
+        );
     }
 }
 

@@ -1,4 +1,5 @@
-//! IQ1_S and IQ1_M kernels: dequantize and dot against `Q8K` activations (scalar, AVX2). Both
+//! IQ1_S and IQ1_M kernels: dequantize and dot against `Q8K` activations (scalar, AVX2,
+//! AVX-512). Both
 //! read `IQ1S_GRID` (2048 rows of 8 values -1/0/+1) and shift every value by ±1/8 ("delta").
 //!
 //! IQ1_S block (50 bytes, ggml `block_iq1_s`): `d` (f16), `qs[32]` (low 8 bits of each 8-element
@@ -14,7 +15,8 @@
 //!
 //! Every step is exact in f32. Dot: `(2s + 1) * (grid ± 1/8) = (2s + 1) (8 grid ± 1) / 8`, so a
 //! block contributes `d * da / 8 * sum (2s + 1) * <8 grid ± 1, a>`, an exact integer sum.
-//! AVX-512 machines run the AVX2 kernels (the dispatcher falls back to them).
+//! The AVX-512 kernels (F/BW/VNNI) are the AVX2 ones at 512 bits: the 2048-row grid is too large
+//! for the register-held code tables of the other grid types, so rows still come from the table.
 
 use super::float::{f16_at, f16_to_f32};
 use super::iq_grids::IQ1S_GRID;
@@ -30,7 +32,7 @@ pub(super) const KERNELS_S: Option<TypeKernels> = Some(TypeKernels {
     dequant: dequant_s,
     dot_scalar: dot_scalar_s,
     dot_avx2: simd::AVX2_S,
-    dot_avx512: None,
+    dot_avx512: simd::AVX512_S,
 });
 
 pub(super) const KERNELS_M: Option<TypeKernels> = Some(TypeKernels {
@@ -39,19 +41,18 @@ pub(super) const KERNELS_M: Option<TypeKernels> = Some(TypeKernels {
     dequant: dequant_m,
     dot_scalar: dot_scalar_m,
     dot_avx2: simd::AVX2_M,
-    dot_avx512: None,
+    dot_avx512: simd::AVX512_M,
 });
 
-/// Four-row dots (prefill), each row with the single-row dot's bits; AVX-512 machines run these
-/// AVX2 ones as they do the single-row dots.
+/// Four-row dots (prefill), each row with the same ISA's single-row dot's bits.
 pub(super) const DOT4_S: Dot4Kernels = Dot4Kernels {
     avx2: simd::DOT4_S,
-    avx512: None,
+    avx512: simd::DOT4_AVX512_S,
 };
 
 pub(super) const DOT4_M: Dot4Kernels = Dot4Kernels {
     avx2: simd::DOT4_M,
-    avx512: None,
+    avx512: simd::DOT4_AVX512_M,
 };
 
 /// The `qh` word of IQ1_S group `g` (< 8).
@@ -169,14 +170,19 @@ mod simd {
     pub(super) const AVX2_M: Option<super::super::DotFn> = None;
     pub(super) const DOT4_S: Option<super::super::Dot4Fn> = None;
     pub(super) const DOT4_M: Option<super::super::Dot4Fn> = None;
+    pub(super) const AVX512_S: Option<super::super::DotFn> = None;
+    pub(super) const AVX512_M: Option<super::super::DotFn> = None;
+    pub(super) const DOT4_AVX512_S: Option<super::super::Dot4Fn> = None;
+    pub(super) const DOT4_AVX512_M: Option<super::super::Dot4Fn> = None;
 }
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use super::super::iq_grids::IQ1S_GRID;
+    use super::super::iq_x86::avx512;
     use super::super::iq_x86::{common_blocks, hsums, mul_signed, rows8, scale_pair};
     use super::super::simd::prefetch_distance;
-    use super::super::simd::x86::{f16_at, hsum256, ld128, ld256, prefetch};
+    use super::super::simd::x86::{f16_at, hsum256, ld128, ld256, ld512, prefetch};
     use super::super::{ActRow, BlockQ8K, Dot4Fn, DotFn};
     use super::{m_d, m_scale, m_words, s_qh, M_BYTES, S_BYTES};
     use crate::kernels::Isa;
@@ -186,6 +192,203 @@ mod simd {
     pub(super) const AVX2_M: Option<DotFn> = Some(dot_avx2_m);
     pub(super) const DOT4_S: Option<Dot4Fn> = Some(dot4_avx2_s);
     pub(super) const DOT4_M: Option<Dot4Fn> = Some(dot4_avx2_m);
+    pub(super) const AVX512_S: Option<DotFn> = Some(dot_avx512_s);
+    pub(super) const AVX512_M: Option<DotFn> = Some(dot_avx512_m);
+    pub(super) const DOT4_AVX512_S: Option<Dot4Fn> = Some(dot4_avx512_s);
+    pub(super) const DOT4_AVX512_M: Option<Dot4Fn> = Some(dot4_avx512_m);
+
+    fn dot_avx512_s(w: &[u8], a: &ActRow<'_>) -> f32 {
+        if !Isa::Avx512.supported() {
+            return dot_avx2_s(w, a);
+        }
+        // SAFETY: the CPU has AVX-512 F/BW/VNNI and AVX2/FMA/F16C (checked just above).
+        unsafe { dot_avx512_s_impl::<1>(w, [a.q8k])[0] }
+    }
+
+    /// Four activation rows: the grid rows, deltas and scales of each pair of groups are made
+    /// once; per row the arithmetic is the single-row dot's (the same `dot_avx512_s_impl`), so
+    /// each row gets its bits.
+    fn dot4_avx512_s(w: &[u8], a: &[ActRow<'_>; 4], out: &mut [f32; 4]) {
+        if !Isa::Avx512.supported() {
+            return dot4_avx2_s(w, a, out);
+        }
+        // SAFETY: the CPU has AVX-512 F/BW/VNNI and AVX2/FMA/F16C (checked just above).
+        *out = unsafe { dot_avx512_s_impl::<4>(w, [a[0].q8k, a[1].q8k, a[2].q8k, a[3].q8k]) };
+    }
+
+    fn dot_avx512_m(w: &[u8], a: &ActRow<'_>) -> f32 {
+        if !Isa::Avx512.supported() {
+            return dot_avx2_m(w, a);
+        }
+        // SAFETY: the CPU has AVX-512 F/BW/VNNI and AVX2/FMA/F16C (checked just above).
+        unsafe { dot_avx512_m_impl::<1>(w, [a.q8k])[0] }
+    }
+
+    /// Four activation rows, as `dot4_avx512_s`.
+    fn dot4_avx512_m(w: &[u8], a: &[ActRow<'_>; 4], out: &mut [f32; 4]) {
+        if !Isa::Avx512.supported() {
+            return dot4_avx2_m(w, a, out);
+        }
+        // SAFETY: the CPU has AVX-512 F/BW/VNNI and AVX2/FMA/F16C (checked just above).
+        *out = unsafe { dot_avx512_m_impl::<4>(w, [a[0].q8k, a[1].q8k, a[2].q8k, a[3].q8k]) };
+    }
+
+    /// Grid rows `r[0..8]` of an 8-byte-per-row table as one vector (row k in qword k).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn rows8x8(t: &[u64], r: [usize; 8]) -> __m512i {
+        _mm512_set_epi64(
+            t[r[7]] as i64,
+            t[r[6]] as i64,
+            t[r[5]] as i64,
+            t[r[4]] as i64,
+            t[r[3]] as i64,
+            t[r[2]] as i64,
+            t[r[1]] as i64,
+            t[r[0]] as i64,
+        )
+    }
+
+    /// `8 grid ± 1` per byte (-9..9) for grid bytes -1/0/+1 in `grid`, minus 1 where `neg` is
+    /// set and plus 1 elsewhere. Shifting 16-bit lanes carries into the next byte's low three
+    /// bits, which the mask clears.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn weights(grid: __m512i, neg: __mmask64) -> __m512i {
+        let w8 = _mm512_and_si512(_mm512_slli_epi16::<3>(grid), _mm512_set1_epi8(0xf8u8 as i8));
+        let one = _mm512_set1_epi8(1);
+        _mm512_mask_sub_epi8(_mm512_add_epi8(w8, one), neg, w8, one)
+    }
+
+    /// `isum + sum (w x) s` per dword for weights `w` (|w| <= 9, never 0) and activations `x`
+    /// (|x| <= 127): `maddubs(|w|, x negated where w < 0)`, then `vpdpwssd` with the i16
+    /// scales `s`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    fn add_products(
+        isum: __m512i,
+        aw: __m512i,
+        wneg: __mmask64,
+        x: __m512i,
+        s: __m512i,
+    ) -> __m512i {
+        let x = avx512::negate(x, wneg);
+        _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(aw, x), s)
+    }
+
+    /// IQ1_S at AVX-512 (F/BW/VNNI), the AVX2 kernel at 512 bits with the delta in the weights:
+    /// per pair of groups (64 activations), eight grid rows from the table at the indices
+    /// `s_indices` makes, made `8 grid ± 1` with each group's delta sign; `maddubs` of their
+    /// magnitudes with the activations negated where they are negative, `vpdpwssd` with the
+    /// groups' 2s+1 (low half, high half). For `N` activation rows at once.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+    fn dot_avx512_s_impl<const N: usize>(w: &[u8], a: [&[BlockQ8K]; N]) -> [f32; N] {
+        let mut acc = [_mm512_setzero_ps(); N];
+        let pf = prefetch_distance();
+        let nb = common_blocks(w, S_BYTES, &a);
+        for (i, b) in w.chunks_exact(S_BYTES).take(nb).enumerate() {
+            prefetch(b.as_ptr(), pf, S_BYTES);
+            let idx = s_indices(b);
+            let mut isum = [_mm512_setzero_si512(); N];
+            for v in 0..4 {
+                let grid = rows8x8(&IQ1S_GRID, std::array::from_fn(|k| idx[8 * v + k] as usize));
+                let (q0, q1) = (s_qh(b, 2 * v), s_qh(b, 2 * v + 1));
+                // Delta -1/8 where bit 15 is set: the group's 32 bytes of the mask.
+                let dneg = ((q0 >> 15) as u64).wrapping_neg() & 0xffff_ffff
+                    | ((q1 >> 15) as u64).wrapping_neg() << 32;
+                let wv = weights(grid, dneg);
+                let (aw, wneg) = (_mm512_abs_epi8(wv), _mm512_movepi8_mask(wv));
+                let s = |q: u32| _mm256_set1_epi16((2 * ((q >> 12) & 7) + 1) as i16);
+                let sv = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(s(q0)), s(q1));
+                for (isum, a) in isum.iter_mut().zip(&a) {
+                    let x = ld512(&a[i].qs[64 * v..64 * v + 64]);
+                    *isum = add_products(*isum, aw, wneg, x, sv);
+                }
+            }
+            // SAFETY: `b` holds the block's f16 `d` in its first two bytes; F16C is enabled.
+            let fd = unsafe { f16_at(b.as_ptr()) };
+            for (acc, (isum, a)) in acc.iter_mut().zip(isum.iter().zip(&a)) {
+                let f = a[i].d * fd * 0.125;
+                *acc = _mm512_fmadd_ps(_mm512_set1_ps(f), _mm512_cvtepi32_ps(*isum), *acc);
+            }
+        }
+        avx512::reduce_sums(&acc)
+    }
+
+    /// IQ1_M at AVX-512 (F/BW/VNNI), as IQ1_S's: per pair of groups, eight grid rows made
+    /// `8 grid ± 1` with each row's delta sign (bit 3 of its `qh` nibble, tested per qword with
+    /// one `vpshufb` and `vptestmb`), the four half-groups' 2s+1 one per 128-bit lane
+    /// (`vpermw`). For `N` activation rows at once.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+    fn dot_avx512_m_impl<const N: usize>(w: &[u8], a: [&[BlockQ8K]; N]) -> [f32; N] {
+        let mut acc = [_mm512_setzero_ps(); N];
+        let pf = prefetch_distance();
+        // Qword k (row k of the pair of groups): every byte <- byte k / 2 of the groups' two
+        // `qh` words, whose bit 3 (k even) or 7 (k odd) is the row's delta sign.
+        let dctrl = _mm512_set_epi64(
+            0x0303_0303_0303_0303,
+            0x0303_0303_0303_0303,
+            0x0202_0202_0202_0202,
+            0x0202_0202_0202_0202,
+            0x0101_0101_0101_0101,
+            0x0101_0101_0101_0101,
+            0,
+            0,
+        );
+        let dbit = _mm512_set_epi64(
+            0x8080_8080_8080_8080u64 as i64,
+            0x0808_0808_0808_0808,
+            0x8080_8080_8080_8080u64 as i64,
+            0x0808_0808_0808_0808,
+            0x8080_8080_8080_8080u64 as i64,
+            0x0808_0808_0808_0808,
+            0x8080_8080_8080_8080u64 as i64,
+            0x0808_0808_0808_0808,
+        );
+        // Word j <- scale j / 8 (128-bit lane l: half-group 4v + l after adding 4v).
+        let lane = _mm512_set_epi64(
+            0x0003_0003_0003_0003,
+            0x0003_0003_0003_0003,
+            0x0002_0002_0002_0002,
+            0x0002_0002_0002_0002,
+            0x0001_0001_0001_0001,
+            0x0001_0001_0001_0001,
+            0,
+            0,
+        );
+        let nb = common_blocks(w, M_BYTES, &a);
+        for (i, b) in w.chunks_exact(M_BYTES).take(nb).enumerate() {
+            prefetch(b.as_ptr(), pf, M_BYTES);
+            let sc = m_words(b);
+            let scales: [i16; 16] = std::array::from_fn(|m| (2 * m_scale(&sc, m) + 1) as i16);
+            // SAFETY: `scales` is 32 bytes.
+            let scales = unsafe { _mm256_loadu_si256(scales.as_ptr() as *const __m256i) };
+            let scales = _mm512_castsi256_si512(scales);
+            let mut isum = [_mm512_setzero_si512(); N];
+            for v in 0..4 {
+                let qh = u32::from_le_bytes(b[32 + 4 * v..36 + 4 * v].try_into().expect("4 bytes"));
+                let rows = std::array::from_fn(|k| {
+                    b[8 * v + k] as usize | ((qh >> (4 * k)) as usize & 7) << 8
+                });
+                let grid = rows8x8(&IQ1S_GRID, rows);
+                let dq = _mm512_shuffle_epi8(_mm512_set1_epi32(qh as i32), dctrl);
+                let wv = weights(grid, _mm512_test_epi8_mask(dq, dbit));
+                let (aw, wneg) = (_mm512_abs_epi8(wv), _mm512_movepi8_mask(wv));
+                let sel = _mm512_add_epi16(lane, _mm512_set1_epi16(4 * v as i16));
+                let sv = _mm512_permutexvar_epi16(sel, scales);
+                for (isum, a) in isum.iter_mut().zip(&a) {
+                    let x = ld512(&a[i].qs[64 * v..64 * v + 64]);
+                    *isum = add_products(*isum, aw, wneg, x, sv);
+                }
+            }
+            let fm = m_d(&sc);
+            for (acc, (isum, a)) in acc.iter_mut().zip(isum.iter().zip(&a)) {
+                let f = a[i].d * fm * 0.125;
+                *acc = _mm512_fmadd_ps(_mm512_set1_ps(f), _mm512_cvtepi32_ps(*isum), *acc);
+            }
+        }
+        avx512::reduce_sums(&acc)
+    }
 
     fn dot_avx2_s(w: &[u8], a: &ActRow<'_>) -> f32 {
         if !Isa::Avx2.supported() {

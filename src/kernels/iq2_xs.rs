@@ -28,11 +28,10 @@ pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
     dot_avx512: simd::AVX512,
 });
 
-/// Four-row dots (prefill) on AVX2, each row with the single-row dot's bits. The AVX-512 kernel
-/// has none, so AVX-512 machines run one single-row dot per row.
+/// Four-row dots (prefill), each row with the same ISA's single-row dot's bits.
 pub(super) const DOT4: Dot4Kernels = Dot4Kernels {
     avx2: simd::DOT4,
-    avx512: None,
+    avx512: simd::DOT4_AVX512,
 };
 
 /// Row word `i` (< 32) of block `b`: (grid row, sign index).
@@ -94,6 +93,7 @@ mod simd {
     pub(super) const AVX2: Option<super::super::DotFn> = None;
     pub(super) const AVX512: Option<super::super::DotFn> = None;
     pub(super) const DOT4: Option<super::super::Dot4Fn> = None;
+    pub(super) const DOT4_AVX512: Option<super::super::Dot4Fn> = None;
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -112,13 +112,27 @@ mod simd {
     pub(super) const AVX2: Option<DotFn> = Some(dot_avx2);
     pub(super) const AVX512: Option<DotFn> = Some(dot_avx512);
     pub(super) const DOT4: Option<Dot4Fn> = Some(dot4_avx2);
+    pub(super) const DOT4_AVX512: Option<Dot4Fn> = Some(dot4_avx512);
 
     fn dot_avx512(w: &[u8], a: &ActRow<'_>) -> f32 {
         if !avx512::has_vbmi() {
             return dot_avx2(w, a);
         }
         // SAFETY: the CPU has AVX-512 F/BW/VBMI/BITALG/VNNI and AVX2/FMA/F16C (checked above).
-        unsafe { dot_avx512_impl(w, a.q8k_rows) }
+        unsafe { dot_avx512_impl::<1>(w, [a.q8k_rows])[0] }
+    }
+
+    /// Four activation rows: each block pair's codes, and each block's magnitudes, sign masks
+    /// and scales, are made once; per row the arithmetic is the single-row dot's (the same
+    /// `dot_avx512_impl`), so each row gets its bits. Without VBMI, as the single-row dot, the
+    /// AVX2 kernel.
+    fn dot4_avx512(w: &[u8], a: &[ActRow<'_>; 4], out: &mut [f32; 4]) {
+        if !avx512::has_vbmi() {
+            return dot4_avx2(w, a, out);
+        }
+        let rows = [a[0].q8k_rows, a[1].q8k_rows, a[2].q8k_rows, a[3].q8k_rows];
+        // SAFETY: the CPU has AVX-512 F/BW/VBMI/BITALG/VNNI and AVX2/FMA/F16C (checked above).
+        *out = unsafe { dot_avx512_impl::<4>(w, rows) };
     }
 
     /// The AVX-512 kernel's constant vectors.
@@ -196,35 +210,44 @@ mod simd {
         ]
     }
 
-    /// One block's scaled sum added into `acc`: `qv` its row words, `cv` their u16 codes.
+    /// One block's scaled sum added into each row's accumulator: `qv` its row words, `cv`
+    /// their u16 codes, `q8[r]` row r's activation block. The magnitudes, sign masks and
+    /// scales are made once; each row's integer sums and f32 operations do not depend on `N`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512bitalg,avx512vnni,avx2,fma,f16c")]
-    fn add_block(
+    fn add_block<const N: usize>(
         r: &Regs,
-        acc: __m512,
+        acc: &mut [__m512; N],
         b: &[u8],
         qv: __m512i,
         cv: __m512i,
-        q8: &BlockQ8K,
-    ) -> __m512 {
+        q8: [&BlockQ8K; N],
+    ) {
         let sidx = _mm512_multishift_epi64_epi8(r.ctrl_sign, qv);
         let signs = _mm512_permutex2var_epi8(r.ks_lo, sidx, r.ks_hi);
-        let mut isum = [_mm512_setzero_si512(); 2];
+        let mut mag = [_mm512_setzero_si512(); 4];
+        let mut neg: [__mmask64; 4] = [0; 4];
         for k in 0..4 {
-            let mag =
+            mag[k] =
                 _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(r.ctrl_code[k], cv), r.levels);
-            let neg = _mm512_bitshuffle_epi64_mask(signs, r.ctrl_sbit[k]);
-            let x = avx512::negate(ld512(&q8.qs[64 * k..]), neg);
-            isum[k / 2] = _mm512_dpbusd_epi32(isum[k / 2], mag, x);
+            neg[k] = _mm512_bitshuffle_epi64_mask(signs, r.ctrl_sbit[k]);
         }
         let (s0, s1) = avx512::nibble_scales(&b[66..74]);
-        let isum = _mm512_add_epi32(
-            _mm512_mullo_epi32(isum[0], s0),
-            _mm512_mullo_epi32(isum[1], s1),
-        );
         // SAFETY: `b` holds the block's f16 `d` in its first two bytes; F16C is enabled.
-        let f = q8.d * unsafe { f16_at(b.as_ptr()) } * 0.125;
-        _mm512_fmadd_ps(_mm512_set1_ps(f), _mm512_cvtepi32_ps(isum), acc)
+        let fd = unsafe { f16_at(b.as_ptr()) };
+        for (acc, q8) in acc.iter_mut().zip(q8) {
+            let mut isum = [_mm512_setzero_si512(); 2];
+            for k in 0..4 {
+                let x = avx512::negate(ld512(&q8.qs[64 * k..]), neg[k]);
+                isum[k / 2] = _mm512_dpbusd_epi32(isum[k / 2], mag[k], x);
+            }
+            let isum = _mm512_add_epi32(
+                _mm512_mullo_epi32(isum[0], s0),
+                _mm512_mullo_epi32(isum[1], s1),
+            );
+            let f = q8.d * fd * 0.125;
+            *acc = _mm512_fmadd_ps(_mm512_set1_ps(f), _mm512_cvtepi32_ps(isum), *acc);
+        }
     }
 
     /// AVX-512 (VBMI, BITALG, VNNI) on `Q8KRows` activations, no table loads: a block's 32 row
@@ -236,9 +259,10 @@ mod simd {
     /// `vpermb` maps them to 8/25/43; the sign indices (bits 9..16) are cut into bytes with one
     /// `multishift` and looked up in `KSIGNS_IQ2XS` with one `vpermi2b`, `vpshufbitqmb` makes
     /// the row's 64-bit negate mask; `vpdpbusd` sums rows 0, 1 (half-group 2g) and rows 2, 3
-    /// (half-group 2g+1) apart, each times its scale 2s+1.
+    /// (half-group 2g+1) apart, each times its scale 2s+1. For `N` activation rows at once
+    /// (the weight side made once per block).
     #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512bitalg,avx512vnni,avx2,fma,f16c")]
-    fn dot_avx512_impl(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    fn dot_avx512_impl<const N: usize>(w: &[u8], a: [&[BlockQ8K]; N]) -> [f32; N] {
         let c = &CONSTS;
         let r = Regs {
             lo_t: avx512::ldcs(&c.codes.0),
@@ -253,26 +277,27 @@ mod simd {
             levels: avx512::ldc(&c.levels),
         };
         let pf = prefetch_distance();
-        let mut acc = _mm512_setzero_ps();
-        let nb = (w.len() / BLOCK_BYTES).min(a.len());
+        let mut acc = [_mm512_setzero_ps(); N];
+        let nb = common_blocks(w, BLOCK_BYTES, &a);
         let block = |i: usize| &w[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES];
+        let q8 = |i: usize| -> [&BlockQ8K; N] { std::array::from_fn(|r| &a[r][i]) };
         let mut i = 0;
         while i + 2 <= nb {
             let (ba, bb) = (block(i), block(i + 1));
             prefetch(ba.as_ptr(), pf, 2 * BLOCK_BYTES);
             let (qa, qb) = (ld512(&ba[2..66]), ld512(&bb[2..66]));
             let cv = pair_codes(&r, qa, qb);
-            acc = add_block(&r, acc, ba, qa, cv[0], &a[i]);
-            acc = add_block(&r, acc, bb, qb, cv[1], &a[i + 1]);
+            add_block(&r, &mut acc, ba, qa, cv[0], q8(i));
+            add_block(&r, &mut acc, bb, qb, cv[1], q8(i + 1));
             i += 2;
         }
         if i < nb {
             let b = block(i);
             let q = ld512(&b[2..66]);
             let cv = pair_codes(&r, q, q);
-            acc = add_block(&r, acc, b, q, cv[0], &a[i]);
+            add_block(&r, &mut acc, b, q, cv[0], q8(i));
         }
-        _mm512_reduce_add_ps(acc)
+        avx512::reduce_sums(&acc)
     }
 
     fn dot_avx2(w: &[u8], a: &ActRow<'_>) -> f32 {

@@ -30,11 +30,10 @@ pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
     dot_avx512: simd::AVX512,
 });
 
-/// Four-row dots (prefill) on AVX2, each row with the AVX2 single-row dot's bits. The AVX-512
-/// kernel (`Q8KRows`) has none yet, so AVX-512 machines run one single-row dot per row.
+/// Four-row dots (prefill), each row with the same ISA's single-row dot's bits.
 pub(super) const DOT4: Dot4Kernels = Dot4Kernels {
     avx2: simd::DOT4,
-    avx512: None,
+    avx512: simd::DOT4_AVX512,
 };
 
 /// (aux0, aux1) of group `g` of block `b`.
@@ -94,11 +93,12 @@ mod simd {
     pub(super) const AVX2: Option<super::super::DotFn> = None;
     pub(super) const AVX512: Option<super::super::DotFn> = None;
     pub(super) const DOT4: Option<super::super::Dot4Fn> = None;
+    pub(super) const DOT4_AVX512: Option<super::super::Dot4Fn> = None;
 }
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::super::iq_x86::{hsums, rows8};
+    use super::super::iq_x86::{avx512, hsums, rows8};
     use super::super::simd::prefetch_distance;
     use super::super::simd::x86::{f16_at, hsum256, ld256, ld512, prefetch};
     use super::super::tables::{IQ2XXS_GRID, KSIGNS_IQ2XS};
@@ -110,6 +110,7 @@ mod simd {
     pub(super) const AVX2: Option<DotFn> = Some(dot_avx2);
     pub(super) const AVX512: Option<DotFn> = Some(dot_avx512);
     pub(super) const DOT4: Option<Dot4Fn> = Some(dot4_avx2);
+    pub(super) const DOT4_AVX512: Option<Dot4Fn> = Some(dot4_avx512);
 
     /// AVX-512 as `Isa::Avx512` guarantees, plus VBMI and BITALG (Ice Lake, Zen 4 and later;
     /// Skylake-X and Cascade Lake lack them and take the AVX2 kernel).
@@ -133,7 +134,20 @@ mod simd {
             return dot_avx2(w, a);
         }
         // SAFETY: the CPU has AVX-512 F/BW/VBMI/BITALG/VNNI and AVX2/FMA/F16C (checked above).
-        unsafe { dot_avx512_impl(w, a.q8k_rows) }
+        unsafe { dot_avx512_impl::<1>(w, [a.q8k_rows])[0] }
+    }
+
+    /// Four activation rows (prefill) with `dot_avx512`'s bits per row: each block pair's
+    /// lookups, and each block's magnitudes, sign masks and scales, are made once; per row the
+    /// arithmetic is the single-row dot's (the same `dot_avx512_impl`). Without VBMI and
+    /// BITALG, as the single-row dot, the AVX2 kernel.
+    fn dot4_avx512(w: &[u8], a: &[ActRow<'_>; 4], out: &mut [f32; 4]) {
+        if !has_avx512() {
+            return dot4_avx2(w, a, out);
+        }
+        let rows = [a[0].q8k_rows, a[1].q8k_rows, a[2].q8k_rows, a[3].q8k_rows];
+        // SAFETY: the CPU has AVX-512 F/BW/VBMI/BITALG/VNNI and AVX2/FMA/F16C (checked above).
+        *out = unsafe { dot_avx512_impl::<4>(w, rows) };
     }
 
     /// A block's sign words and scales, both dot kernels' first step: byte k of each word of
@@ -403,21 +417,33 @@ mod simd {
         one: __m512i,
     }
 
-    /// The integer dot of one block per group, `<±grid, q8>_g` in the two dwords of qword g.
-    /// `codes`: qword g holds the low codes of rows 0..4 in bytes 0..4 and the high codes in
-    /// bytes 4..8; `signs`: byte 8g+k is row k's sign byte.
+    /// What every activation row needs of one block, per activation vector k: the magnitudes
+    /// and the negate mask. `codes`: qword g holds the low codes of rows 0..4 in bytes 0..4 and
+    /// the high codes in bytes 4..8; `signs`: byte 8g+k is row k's sign byte.
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512bitalg,avx512vnni")]
-    fn block_isum(r: &Regs, codes: __m512i, signs: __m512i, x: &[i8; 256]) -> __m512i {
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512bitalg")]
+    fn block_rows(r: &Regs, codes: __m512i, signs: __m512i) -> ([__m512i; 4], [__mmask64; 4]) {
+        let mut mag = [_mm512_setzero_si512(); 4];
+        let mut neg: [__mmask64; 4] = [0; 4];
+        for k in 0..4 {
+            let c = _mm512_multishift_epi64_epi8(r.ctrl_code[k], codes);
+            mag[k] = _mm512_permutexvar_epi8(c, r.levels);
+            neg[k] = _mm512_bitshuffle_epi64_mask(signs, r.ctrl_sbit[k]);
+        }
+        (mag, neg)
+    }
+
+    /// The integer dot of one block (`block_rows`) with one activation row `x` per group,
+    /// `<±grid, q8>_g` in the two dwords of qword g.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    fn row_isum(mag: &[__m512i; 4], neg: &[__mmask64; 4], x: &[i8; 256]) -> __m512i {
         let zero = _mm512_setzero_si512();
         let mut isum = zero;
         for k in 0..4 {
-            let c = _mm512_multishift_epi64_epi8(r.ctrl_code[k], codes);
-            let mag = _mm512_permutexvar_epi8(c, r.levels);
-            let neg = _mm512_bitshuffle_epi64_mask(signs, r.ctrl_sbit[k]);
             let xk = ld512(&x[64 * k..]);
-            let xk = _mm512_mask_sub_epi8(xk, neg, zero, xk);
-            isum = _mm512_dpbusd_epi32(isum, mag, xk);
+            let xk = _mm512_mask_sub_epi8(xk, neg[k], zero, xk);
+            isum = _mm512_dpbusd_epi32(isum, mag[k], xk);
         }
         isum
     }
@@ -433,7 +459,7 @@ mod simd {
         _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(f))
     }
 
-    /// What the rows of two blocks need, per block: `codes` and `signs` as `block_isum` takes
+    /// What the rows of two blocks need, per block: `codes` and `signs` as `block_rows` takes
     /// them, and 2ls+1 as i32 in both dwords of qword g.
     struct Pair {
         codes: [__m512i; 2],
@@ -493,9 +519,10 @@ mod simd {
     ///
     /// Measured on Zen 4 (docs/PERFORMANCE.md): the lookups were the dearest part per block,
     /// which is why two blocks share them; `vpshufbitqmb` and `vpmovb2m` occupy both the
-    /// permute and the multiply pipe for a cycle each.
+    /// permute and the multiply pipe for a cycle each. For `N` activation rows at once (the
+    /// weight side made once per block; each row's arithmetic does not depend on `N`).
     #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512bitalg,avx512vnni,avx2,fma,f16c")]
-    fn dot_avx512_impl(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    fn dot_avx512_impl<const N: usize>(w: &[u8], a: [&[BlockQ8K]; N]) -> [f32; N] {
         let c = &CONSTS;
         let r = Regs {
             code_lo: std::array::from_fn(|i| ldc(&c.code_lo[i])),
@@ -510,12 +537,14 @@ mod simd {
             one: _mm512_set1_epi32(1),
         };
         let pf = prefetch_distance();
-        let mut acc = _mm512_setzero_ps();
+        let mut acc = [_mm512_setzero_ps(); N];
         // SAFETY (for `f16_at` below): each block holds its f16 `d` in its first two bytes;
         // F16C is enabled.
-        let scale_of = |b: &[u8], q8: &BlockQ8K| q8.d * unsafe { f16_at(b.as_ptr()) } * 0.125;
+        let d_of = |b: &[u8]| unsafe { f16_at(b.as_ptr()) };
+        // Blocks every activation row holds.
+        let na = a.iter().map(|a| a.len()).fold(usize::MAX, usize::min);
         let wp: &[[u8; 2 * BLOCK_BYTES]] = w.as_chunks::<{ 2 * BLOCK_BYTES }>().0;
-        let np = wp.len().min(a.len() / 2);
+        let np = wp.len().min(na / 2);
         if np > 0 {
             // Software-pipelined: the lookups of pair i + 1 are issued before the rows of pair
             // i, so their latency hides behind independent work (7.2 -> 6.8 ns per block in
@@ -525,20 +554,22 @@ mod simd {
                 prefetch(wp[i].as_ptr(), pf, 2 * BLOCK_BYTES);
                 let next = prepare_pair(&r, &wp[(i + 1).min(np - 1)]);
                 for h in 0..2 {
-                    let (b, q8) = (&wp[i][h * BLOCK_BYTES..], &a[2 * i + h]);
-                    let isum = block_isum(&r, cur.codes[h], cur.signs[h], &q8.qs);
-                    let f = _mm512_mul_ps(
-                        _mm512_cvtepi32_ps(cur.scales[h]),
-                        _mm512_set1_ps(scale_of(b, q8)),
-                    );
-                    acc = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(isum), acc);
+                    let fd = d_of(&wp[i][h * BLOCK_BYTES..]);
+                    let (mag, neg) = block_rows(&r, cur.codes[h], cur.signs[h]);
+                    let sc = _mm512_cvtepi32_ps(cur.scales[h]);
+                    for (acc, a) in acc.iter_mut().zip(&a) {
+                        let q8 = &a[2 * i + h];
+                        let isum = row_isum(&mag, &neg, &q8.qs);
+                        let f = _mm512_mul_ps(sc, _mm512_set1_ps(q8.d * fd * 0.125));
+                        *acc = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(isum), *acc);
+                    }
                 }
                 cur = next;
             }
         }
-        let nb = (w.len() / BLOCK_BYTES).min(a.len());
+        let nb = (w.len() / BLOCK_BYTES).min(na);
         if nb > 2 * np {
-            let (b, q8) = (&w[(nb - 1) * BLOCK_BYTES..nb * BLOCK_BYTES], &a[nb - 1]);
+            let b = &w[(nb - 1) * BLOCK_BYTES..nb * BLOCK_BYTES];
             let qv = ld512(&b[2..]);
             let high = _mm512_movepi8_mask(qv);
             let lo = lookup256(&r.code_lo, qv, high);
@@ -546,10 +577,15 @@ mod simd {
             let codes = _mm512_mask_blend_epi32(0xaaaa, lo, _mm512_slli_epi64::<32>(hi));
             let sidx = _mm512_multishift_epi64_epi8(r.ctrl_sign, qv);
             let signs = _mm512_permutex2var_epi8(r.ks_lo, sidx, r.ks_hi);
-            let i = block_isum(&r, codes, signs, &q8.qs);
-            let f = group_scale(qv, r.one, scale_of(b, q8));
-            acc = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(i), acc);
+            let (mag, neg) = block_rows(&r, codes, signs);
+            let fd = d_of(b);
+            for (acc, a) in acc.iter_mut().zip(&a) {
+                let q8 = &a[nb - 1];
+                let i = row_isum(&mag, &neg, &q8.qs);
+                let f = group_scale(qv, r.one, q8.d * fd * 0.125);
+                *acc = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(i), *acc);
+            }
         }
-        _mm512_reduce_add_ps(acc)
+        avx512::reduce_sums(&acc)
     }
 }

@@ -28,11 +28,10 @@ pub(super) const KERNELS: Option<TypeKernels> = Some(TypeKernels {
     dot_avx512: simd::AVX512,
 });
 
-/// Four-row dots (prefill) on AVX2, each row with the single-row dot's bits. The AVX-512 kernel
-/// has none, so AVX-512 machines run one single-row dot per row.
+/// Four-row dots (prefill), each row with the same ISA's single-row dot's bits.
 pub(super) const DOT4: Dot4Kernels = Dot4Kernels {
     avx2: simd::DOT4,
-    avx512: None,
+    avx512: simd::DOT4_AVX512,
 };
 
 /// The scale-and-signs word of group `g` (< 8).
@@ -90,6 +89,7 @@ mod simd {
     pub(super) const AVX2: Option<super::super::DotFn> = None;
     pub(super) const AVX512: Option<super::super::DotFn> = None;
     pub(super) const DOT4: Option<super::super::Dot4Fn> = None;
+    pub(super) const DOT4_AVX512: Option<super::super::Dot4Fn> = None;
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -108,13 +108,26 @@ mod simd {
     pub(super) const AVX2: Option<DotFn> = Some(dot_avx2);
     pub(super) const AVX512: Option<DotFn> = Some(dot_avx512);
     pub(super) const DOT4: Option<Dot4Fn> = Some(dot4_avx2);
+    pub(super) const DOT4_AVX512: Option<Dot4Fn> = Some(dot4_avx512);
 
     fn dot_avx512(w: &[u8], a: &ActRow<'_>) -> f32 {
         if !avx512::has_vbmi() {
             return dot_avx2(w, a);
         }
         // SAFETY: the CPU has AVX-512 F/BW/VBMI/BITALG/VNNI and AVX2/FMA/F16C (checked above).
-        unsafe { dot_avx512_impl(w, a.q8k_rows) }
+        unsafe { dot_avx512_impl::<1>(w, [a.q8k_rows])[0] }
+    }
+
+    /// Four activation rows: each block's codes, magnitudes, sign masks and scales are made
+    /// once; per row the arithmetic is the single-row dot's (the same `dot_avx512_impl`), so
+    /// each row gets its bits. Without VBMI, as the single-row dot, the AVX2 kernel.
+    fn dot4_avx512(w: &[u8], a: &[ActRow<'_>; 4], out: &mut [f32; 4]) {
+        if !avx512::has_vbmi() {
+            return dot4_avx2(w, a, out);
+        }
+        let rows = [a[0].q8k_rows, a[1].q8k_rows, a[2].q8k_rows, a[3].q8k_rows];
+        // SAFETY: the CPU has AVX-512 F/BW/VBMI/BITALG/VNNI and AVX2/FMA/F16C (checked above).
+        *out = unsafe { dot_avx512_impl::<4>(w, rows) };
     }
 
     /// Half k (0, 1) of a `C` vector: byte j of every qword <- the bit offset of element j % 4 of
@@ -143,22 +156,39 @@ mod simd {
         t
     }
 
-    /// The integer sums of one block: `lo`/`hi` hold the 3-bit codes of its 64 grid rows (row i
-    /// in byte i), `signs` its sign bytes (byte 8g + k: the 8 elements of row k of group g).
+    /// What every activation row needs of one block, per activation vector k: the magnitudes
+    /// and the negate mask. `lo`/`hi` hold the 3-bit codes of its 64 grid rows (row i in byte
+    /// i), `signs` its sign bytes (byte 8g + k: the 8 elements of row k of group g).
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512bitalg,avx512vnni")]
-    fn block_isum(r: &Regs, lo: __m512i, hi: __m512i, signs: __m512i, x: &[i8; 256]) -> __m512i {
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512bitalg")]
+    fn block_rows(
+        r: &Regs,
+        lo: __m512i,
+        hi: __m512i,
+        signs: __m512i,
+    ) -> ([__m512i; 4], [__mmask64; 4]) {
         let cv = [
             _mm512_permutex2var_epi8(lo, r.pack[0], hi),
             _mm512_permutex2var_epi8(lo, r.pack[1], hi),
         ];
-        let mut isum = _mm512_setzero_si512();
+        let mut mag = [_mm512_setzero_si512(); 4];
+        let mut neg: [__mmask64; 4] = [0; 4];
         for k in 0..4 {
             let c = _mm512_multishift_epi64_epi8(r.code[k % 2], cv[k / 2]);
-            let mag = _mm512_permutexvar_epi8(c, r.levels);
-            let neg = _mm512_bitshuffle_epi64_mask(signs, r.sbit[k]);
-            let x = avx512::negate(ld512(&x[64 * k..]), neg);
-            isum = _mm512_dpbusd_epi32(isum, mag, x);
+            mag[k] = _mm512_permutexvar_epi8(c, r.levels);
+            neg[k] = _mm512_bitshuffle_epi64_mask(signs, r.sbit[k]);
+        }
+        (mag, neg)
+    }
+
+    /// The integer sums of one block (`block_rows`) against one activation row `x`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    fn row_isum(mag: &[__m512i; 4], neg: &[__mmask64; 4], x: &[i8; 256]) -> __m512i {
+        let mut isum = _mm512_setzero_si512();
+        for k in 0..4 {
+            let x = avx512::negate(ld512(&x[64 * k..]), neg[k]);
+            isum = _mm512_dpbusd_epi32(isum, mag[k], x);
         }
         isum
     }
@@ -203,9 +233,10 @@ mod simd {
     /// activation vector k needs (rows 8g + 2k, 8g + 2k + 1 in qword g), `multishift` and
     /// `vpermb` make the magnitudes. The sign words (zero-extended so group g is qword g) give
     /// the sign indices by `multishift`, `KSIGNS_IQ2XS` by `vpermi2b`, masks by `vpshufbitqmb`;
-    /// `vpdpbusd` sums, one multiply by 2ls+1 per block.
+    /// `vpdpbusd` sums, one multiply by 2ls+1 per block. For `N` activation rows at once (the
+    /// weight side made once per block).
     #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512bitalg,avx512vnni,avx2,fma,f16c")]
-    fn dot_avx512_impl(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    fn dot_avx512_impl<const N: usize>(w: &[u8], a: [&[BlockQ8K]; N]) -> [f32; N] {
         let c = &CONSTS;
         let (lo_t, hi_t) = (avx512::ldcs(&c.codes.0), avx512::ldcs(&c.codes.1));
         let (ks_lo, ks_hi) = (avx512::ldc(&c.ksigns[0]), avx512::ldc(&c.ksigns[1]));
@@ -218,8 +249,9 @@ mod simd {
         };
         let one = _mm512_set1_epi64(1);
         let pf = prefetch_distance();
-        let mut acc = _mm512_setzero_ps();
-        for (b, q8) in w.chunks_exact(BLOCK_BYTES).zip(a) {
+        let mut acc = [_mm512_setzero_ps(); N];
+        let nb = common_blocks(w, BLOCK_BYTES, &a);
+        for (i, b) in w.chunks_exact(BLOCK_BYTES).take(nb).enumerate() {
             prefetch(b.as_ptr(), pf, BLOCK_BYTES);
             let qs = ld512(&b[2..66]);
             let lo = avx512::lookup_b(&lo_t, qs, 0);
@@ -227,15 +259,20 @@ mod simd {
             let aux = _mm512_cvtepu32_epi64(ld256(&b[66..98]));
             let sidx = _mm512_multishift_epi64_epi8(ctrl_sign, aux);
             let signs = _mm512_permutex2var_epi8(ks_lo, sidx, ks_hi);
-            let isum = block_isum(&r, lo, hi, signs, &q8.qs);
+            let (mag, neg) = block_rows(&r, lo, hi, signs);
             // 2ls + 1 in both dwords of qword g.
             let sc = _mm512_or_si512(_mm512_srli_epi64::<27>(aux), one);
             let sc = _mm512_or_si512(sc, _mm512_slli_epi64::<32>(sc));
             // SAFETY: `b` holds the block's f16 `d` in its first two bytes; F16C is enabled.
-            let f = q8.d * unsafe { f16_at(b.as_ptr()) } * 0.25;
-            acc = avx512::add_block(acc, isum, sc, f);
+            let fd = unsafe { f16_at(b.as_ptr()) };
+            for (acc, a) in acc.iter_mut().zip(&a) {
+                let q8 = &a[i];
+                let isum = row_isum(&mag, &neg, &q8.qs);
+                let f = q8.d * fd * 0.25;
+                *acc = avx512::add_block(*acc, isum, sc, f);
+            }
         }
-        _mm512_reduce_add_ps(acc)
+        avx512::reduce_sums(&acc)
     }
 
     fn dot_avx2(w: &[u8], a: &ActRow<'_>) -> f32 {

@@ -328,6 +328,18 @@ pub(super) mod avx512 {
         _mm512_fmadd_ps(_mm512_set1_ps(f), _mm512_cvtepi32_ps(s), acc)
     }
 
+    /// The horizontal sum of each accumulator (`_mm512_reduce_add_ps`, the single-row
+    /// kernels' last step, so a four-row kernel's row r has the single-row bits).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(in crate::kernels) fn reduce_sums<const N: usize>(acc: &[__m512; N]) -> [f32; N] {
+        let mut out = [0.0f32; N];
+        for (o, &v) in out.iter_mut().zip(acc) {
+            *o = _mm512_reduce_add_ps(v);
+        }
+        out
+    }
+
     /// `x` with the bytes selected by `neg` negated (`|x| <= 127`).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
