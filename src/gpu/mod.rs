@@ -125,30 +125,18 @@ pub const GPU_TYPES: [crate::dtype::DType; 25] = {
 /// checks it again. The forward graph is the CPU's; these are the operations it asks for that
 /// have no kernel here yet.
 pub fn refusal(cfg: &crate::model::ModelConfig, _ctx: usize) -> Option<String> {
-    // Families whose graph has run on the device against transformers (tests/gpu.rs). A new
-    // family's operations reach the GPU as the trait's default bodies until its port is
-    // validated there, so it is refused by name rather than run unchecked. Sliding windows,
+    // Families whose graph has run on the device against transformers (tests/gpu.rs) say so
+    // in their spec (`FamilySpec::gpu_validated`). A new family's operations reach the GPU as
+    // the trait's default bodies until its port is validated there, so it is refused by name
+    // rather than run unchecked. Sliding windows,
     // attention sinks, clip_qkv, gpt-oss's biased clamped-SwiGLU experts and DSA's lightning
     // indexer (V3.2, GLM-5) have kernels (`ops.rs`); Qwen3-Next / Qwen3.5-MoE's hybrid layers
     // too (`hybrid.rs`), and DeepSeek-V4's streams, attention and MoE (`v4.rs`, experts resident
     // in VRAM).
-    use crate::model::Family;
-    if !matches!(
-        cfg.family,
-        Family::Qwen3Moe
-            | Family::Mixtral
-            | Family::Olmoe
-            | Family::DeepseekV3
-            | Family::Glm4Moe
-            | Family::GptOss
-            | Family::GlmDsa
-            | Family::Qwen3Next
-            | Family::Qwen35Moe
-            | Family::DeepseekV4
-    ) {
+    if !cfg.family.spec().gpu_validated {
         return Some(format!(
-            "the {:?} family has not been validated on the GPU backend (tests/gpu.rs); use --gpu off",
-            cfg.family
+            "the {} family has not been validated on the GPU backend (tests/gpu.rs); use --gpu off",
+            cfg.family.spec().name
         ));
     }
     cfg.hybrid.as_deref().and_then(hybrid_refusal)

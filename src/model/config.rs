@@ -420,7 +420,7 @@ impl ModelConfig {
         let sigmoid = spec.sigmoid_router && opt_u("expert_gating_func").unwrap_or(2) == 2;
         // Attention features llama.cpp writes as keys: a window in every layer (a per-layer
         // pattern is refused), and OLMo's q/k/v clamp.
-        if get("attention.sliding_window_pattern").is_some() && family != Family::GptOss {
+        if get("attention.sliding_window_pattern").is_some() && !spec.gguf_window_pattern {
             return Err(ModelError::Config(format!(
                 "{}: per-layer sliding-window patterns are not supported",
                 key("attention.sliding_window_pattern")

@@ -54,6 +54,9 @@ pub static SPEC: FamilySpec = FamilySpec {
     gguf_yarn_cancelled: true,
     hf_qk_norm: family::no_qk_norm,
     hf_sliding_window: family::no_sliding_window,
+    gguf_window_pattern: false,
+    hf_experts_refused: None,
+    gpu_validated: true,
     gguf_hparams,
     hf_hparams,
 };

@@ -64,6 +64,16 @@ pub struct FamilySpec {
     pub hf_qk_norm: fn(&HfKeys<'_>) -> QkNorm,
     /// The sliding window an HF config sets, read where the family's model reads it.
     pub hf_sliding_window: fn(&HfKeys<'_>) -> Result<Option<usize>, ModelError>,
+    /// A GGUF `attention.sliding_window_pattern` (a per-layer window) is the family's own,
+    /// read by its hook (gpt-oss); refused for the others.
+    pub gguf_window_pattern: bool,
+    /// Why the family's routed experts cannot be read from an HF checkpoint (the tensors named
+    /// in the refusal), if they cannot: such a checkpoint is refused at load, naming the layer.
+    pub hf_experts_refused: Option<&'static str>,
+    /// The family's graph has run on the GPU against transformers (tests/gpu.rs); without it
+    /// the CUDA backend refuses the family by name (`gpu::refusal`) rather than run it
+    /// unchecked.
+    pub gpu_validated: bool,
     /// Family-only hyperparameters of a GGUF file, applied to the shared reading.
     pub gguf_hparams: fn(&GgufKeys<'_>, &mut ModelConfig) -> Result<(), ModelError>,
     /// Family-only hyperparameters of an HF config, applied to the shared reading.

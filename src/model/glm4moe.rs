@@ -33,6 +33,9 @@ pub static SPEC: FamilySpec = FamilySpec {
         }
     },
     hf_sliding_window: family::no_sliding_window,
+    gguf_window_pattern: false,
+    hf_experts_refused: None,
+    gpu_validated: true,
     gguf_hparams: family::no_gguf_hparams,
     hf_hparams: family::no_hf_hparams,
 };

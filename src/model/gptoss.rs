@@ -43,6 +43,10 @@ pub static SPEC: FamilySpec = FamilySpec {
     hf_qk_norm: family::no_qk_norm,
     // Read by the hook with the per-layer pattern.
     hf_sliding_window: family::no_sliding_window,
+    // llama.cpp writes its alternating window as a per-layer pattern (read by the hook).
+    gguf_window_pattern: true,
+    hf_experts_refused: Some("MXFP4 *_blocks/*_scales or transposed gate_up_proj"),
+    gpu_validated: true,
     gguf_hparams,
     hf_hparams,
 };

@@ -54,6 +54,9 @@ pub static SPEC: FamilySpec = FamilySpec {
     gguf_yarn_cancelled: false,
     hf_qk_norm: family::no_qk_norm,
     hf_sliding_window,
+    gguf_window_pattern: false,
+    hf_experts_refused: None,
+    gpu_validated: true,
     gguf_hparams: family::no_gguf_hparams,
     hf_hparams: family::no_hf_hparams,
 };

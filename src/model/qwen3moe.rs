@@ -29,6 +29,9 @@ pub static SPEC: FamilySpec = FamilySpec {
     gguf_yarn_cancelled: false,
     hf_qk_norm: |_| QkNorm::PerHead,
     hf_sliding_window,
+    gguf_window_pattern: false,
+    hf_experts_refused: None,
+    gpu_validated: true,
     gguf_hparams: family::no_gguf_hparams,
     hf_hparams,
 };

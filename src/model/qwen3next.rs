@@ -83,6 +83,9 @@ pub static SPEC: FamilySpec = FamilySpec {
     // The per-head q/k norms are the gated attention's own (bound with the mixer).
     hf_qk_norm: family::no_qk_norm,
     hf_sliding_window: family::no_sliding_window,
+    gguf_window_pattern: false,
+    hf_experts_refused: None,
+    gpu_validated: true,
     gguf_hparams: gguf_next,
     hf_hparams: hf_next,
 };
@@ -105,6 +108,9 @@ pub static SPEC35: FamilySpec = FamilySpec {
     gguf_yarn_cancelled: false,
     hf_qk_norm: family::no_qk_norm,
     hf_sliding_window: family::no_sliding_window,
+    gguf_window_pattern: false,
+    hf_experts_refused: None,
+    gpu_validated: true,
     gguf_hparams: gguf_35,
     hf_hparams: hf_35,
 };

@@ -6,7 +6,7 @@
 //! Invariant: after `Weights::load` succeeds every view has the shape the config implies and a
 //! type the kernels support, so the forward pass can not fail on a weight.
 
-use super::config::{AttnKind, Family, ModelConfig, QkNorm};
+use super::config::{AttnKind, ModelConfig, QkNorm};
 use super::names::{self, Role};
 use super::{gptoss, qwen3next, ModelError};
 use crate::dtype::DType;
@@ -337,9 +337,11 @@ impl<'a> Binder<'a, '_> {
             };
             return Ok(zip_experts(gate, up, down));
         }
-        if self.cfg.family == Family::GptOss {
+        let spec = self.cfg.family.spec();
+        if let Some(what) = spec.hf_experts_refused {
             return Err(ModelError::Unsupported(format!(
-                "gpt-oss experts from safetensors (layer {layer}: MXFP4 *_blocks/*_scales or transposed gate_up_proj) are not supported yet; convert the checkpoint to GGUF (llama.cpp's convert_hf_to_gguf.py) and load that"
+                "{} experts from safetensors (layer {layer}: {what}) are not supported yet; convert the checkpoint to GGUF (llama.cpp's convert_hf_to_gguf.py) and load that",
+                spec.name
             )));
         }
         // HF: per-expert tensors, or fused 3-D tensors.
