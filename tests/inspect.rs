@@ -1,5 +1,8 @@
 //! `sluice inspect` numbers against the ones scripts/make_format_fixtures.py computed from the
 //! reference readers' tensor tables (GGUFReader for GGUF, the safetensors package for HF).
+//! KV bytes per token against config fields (DeepSeek-V3, GLM-4.5) and, on small synth files of
+//! the DeepSeek-V4, gpt-oss, Qwen3-Next and Qwen3.5 presets, KV and recurrent-state bytes
+//! against each architecture's cache written out in the test, with the presets' expert counts.
 
 mod format_util;
 
@@ -279,4 +282,138 @@ fn kv_bytes_per_token_from_config_fields() {
         "{out}"
     );
     assert!(out.contains("mtp           1 layer(s)"), "{out}");
+}
+
+/// A synth preset of the 2026 families, kept to `layers` layers and shrunk where the figures
+/// below do not look (hidden 32, routed experts of width 32, the byte-level vocabulary, fewer
+/// query heads and smaller low ranks for DeepSeek-V4) so the file is a few MB; every width a
+/// KV cache or recurrent state is made of, and the expert counts, stay the preset's own.
+fn family_preset(preset: &str, layers: usize) -> sluice::synth::MoeSpec {
+    use sluice::synth::{MoeSpec, SynthArch};
+    let mut s = MoeSpec::preset(preset).unwrap();
+    (s.hidden, s.expert_ffn, s.vocab) = (32, 32, 0);
+    match &mut s.arch {
+        SynthArch::DeepseekV4(v) => {
+            // One KV head of head_dim; the query heads and the low ranks only size weights.
+            (s.heads, v.q_lora, v.o_lora) = (8, 64, 64);
+        }
+        SynthArch::Qwen3Next { shared_ffn, .. } => *shared_ffn = 32,
+        _ => {}
+    }
+    s.cut_layers(layers).unwrap();
+    s
+}
+
+/// `sluice inspect --json` on small synth files of the DeepSeek-V4-Flash, gpt-oss-20b,
+/// Qwen3-Next-80B-A3B and Qwen3.5-397B-A17B presets: the KV bytes per token of context and the
+/// hybrids' recurrent + conv state bytes against the formulas written out here from each
+/// architecture's cache, with the preset's widths; the expert counts as the presets say; and
+/// a state made for the file holds ctx x those KV bytes.
+#[test]
+fn new_family_presets_kv_state_and_experts() {
+    use sluice::synth::SynthArch;
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("inspect-families");
+    std::fs::create_dir_all(&dir).unwrap();
+    // (preset, layers kept, shared experts in the preset's config)
+    for (preset, layers, shared) in [
+        // 2 sliding layers, then CSA, HCA: every layer kind.
+        ("deepseek-v4-flash", 4, 1),
+        // A sliding-window layer and a full one.
+        ("gpt-oss-20b", 2, 0),
+        // Three Gated DeltaNet layers, then gated full attention; twice.
+        ("qwen3-next-80b-a3b", 8, 1),
+        ("qwen3.5-397b-a17b", 4, 1),
+    ] {
+        let spec = family_preset(preset, layers);
+        let path = dir.join(format!("{preset}.gguf"));
+        sluice::synth::write_random(&path, &spec, &mut |_, _| {}).unwrap();
+        let (code, out, err) = sluice(&["inspect", path.to_str().unwrap(), "--json"]);
+        assert_eq!(code, 0, "{preset}: {err}");
+        let v: Value = serde_json::from_str(&out).unwrap();
+        let l = layers as u64;
+        let (f16, f32) = (2u64, 4u64);
+        // Bytes per token of context, and of one sequence's recurrent state.
+        let (kv, types, state) = match &spec.arch {
+            SynthArch::DeepseekV4(x) => {
+                // DeepSeek-V4 caches per position and layer, in f32 (deepseek_v4.rs's module
+                // doc): the K row holds the rotated shared KV (one head of head_dim), the
+                // compressed entry pooled at a closed window's last position (head_dim) and the
+                // indexer's pooled key (index_head_dim); the V row the raw projections the next
+                // windows pool: the compressor's kv and gate, 2 head_dim each (the CSA windows
+                // overlap, so each projection is two heads wide), and the indexer's kv and gate,
+                // 2 index_head_dim each. Every layer keeps both rows, whatever its kind.
+                let (hd, idx) = (spec.head_dim as u64, x.idx_dim as u64);
+                assert_eq!((hd, idx), (512, 128), "{preset}");
+                let k_row = hd + hd + idx;
+                let v_row = 2 * (2 * hd) + 2 * (2 * idx);
+                (l * (k_row + v_row) * f32, "keys f32, values f32", None)
+            }
+            SynthArch::GptOss { .. } => {
+                // GQA: keys and values of every KV head in every layer, f16 by default (the
+                // sliding-window layers are sized for the whole context too).
+                let per_layer = 2 * (spec.kv_heads * spec.head_dim) as u64 * f16;
+                assert_eq!((spec.kv_heads, spec.head_dim), (8, 64), "{preset}");
+                (l * per_layer, "keys f16, values f16", None)
+            }
+            SynthArch::Qwen3Next {
+                linear, interval, ..
+            } => {
+                // Layer i is gated full attention when (i + 1) % interval == 0 (GQA keys and
+                // values, f16), else a Gated DeltaNet with no KV cache and a fixed state: the
+                // causal conv1d over [q; k; v] (2 k_heads k_dim + v_heads v_dim channels) keeps
+                // its last conv - 1 inputs, and the delta rule one k_dim x v_dim matrix per value
+                // head, all f32.
+                let full = (0..layers).filter(|i| (i + 1) % interval == 0).count() as u64;
+                let linear_layers = l - full;
+                assert!(full > 0 && linear_layers > 0, "{preset}");
+                let kv_layer = 2 * (spec.kv_heads * spec.head_dim) as u64 * f16;
+                let channels =
+                    (2 * linear.k_heads * linear.k_dim + linear.v_heads * linear.v_dim) as u64;
+                let conv = (linear.conv as u64 - 1) * channels;
+                let delta = (linear.v_heads * linear.k_dim * linear.v_dim) as u64;
+                (
+                    full * kv_layer,
+                    "keys f16, values f16",
+                    Some(linear_layers * (conv + delta) * f32),
+                )
+            }
+            other => panic!("{preset}: not a new family: {other:?}"),
+        };
+        eprintln!(
+            "{preset} ({layers} layers, {} MB): KV {kv} B/token, state {state:?} B",
+            std::fs::metadata(&path).unwrap().len() >> 20
+        );
+        assert_eq!(v["kv_bytes_per_token"], kv, "{preset}: KV bytes per token");
+        assert_eq!(v["kv_cache_types"], types, "{preset}: KV cache types");
+        assert_eq!(
+            v["recurrent_state_bytes"],
+            state.map_or(Value::Null, Value::from),
+            "{preset}: recurrent + conv state bytes"
+        );
+        assert_eq!(v["layers"], l, "{preset}: layers");
+        assert_eq!(v["moe_layers"], l, "{preset}: every layer is MoE");
+        assert_eq!(v["experts_per_layer"], spec.experts, "{preset}: experts");
+        assert_eq!(v["experts_used_per_token"], spec.experts_used, "{preset}");
+        assert_eq!(v["shared_experts"], shared, "{preset}: shared experts");
+        assert_eq!(v["mtp_layers"], 0, "{preset}: no MTP layer written");
+        assert_eq!(
+            v["resident_bytes"].as_u64().unwrap() + v["routed_expert_bytes"].as_u64().unwrap(),
+            v["total_bytes"].as_u64().unwrap(),
+            "{preset}"
+        );
+
+        // What sluice allocates: ctx x the figure, at the default cache types.
+        let files = ModelFiles::open(&path).unwrap();
+        let model = sluice::model::Model::load(
+            &files,
+            &sluice::model::LoadOptions {
+                kv: sluice::model::KvTypes::default(),
+                threads: 1,
+                ctx: 64,
+            },
+        )
+        .unwrap();
+        let st = model.new_state(64, 1, 1).unwrap();
+        assert_eq!(st.kv_bytes() as u64, 64 * kv, "{preset}: allocated KV");
+    }
 }

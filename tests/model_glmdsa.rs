@@ -7,10 +7,13 @@
 //! and 24, the 16-token greedy continuation must be identical, and the same holds for the
 //! weights written as a `glm-dsa` GGUF (with and without `attention.indexer.types`). Controls
 //! show both GLM-5 differences are exercised: a half-split indexer rotation does not match.
+//! Streamed experts (safetensors and GGUF; direct, buffered and mmap reads; caches of 1, 3
+//! and every expert per layer) give logits and greedy tokens bit-identical to resident ones.
 
 mod model_util;
 
 use model_util::{argmax, compare, dir, ids, json};
+use sluice::experts::{CacheConfig, IoMode};
 use sluice::format::ModelFiles;
 use sluice::model::config::{Family, IndexerDims, RopeLayout};
 use sluice::model::{LoadOptions, Model};
@@ -178,4 +181,100 @@ fn shared_first_layer_is_refused() {
     .expect("a shared first layer must be refused")
     .to_string();
     assert!(e.contains("indexer_types") && e.contains("layer 0"), "{e}");
+}
+
+/// Streaming never changes the numbers: with the routed experts read through the expert cache
+/// (every IO mode; one slot per layer, three, or all eight), the logits of the longest case
+/// (24 tokens, so the indexer picks the attended positions) are bit-identical to the resident
+/// run's for prefill batches of 1 and 8, and a streamed greedy decode gives the resident
+/// decode's logits bit for bit and the transformers tokens. Both checkpoint layouts: per-expert
+/// safetensors tensors and the GGUF's fused `ffn_*_exps`.
+#[test]
+fn streamed_experts_are_bit_identical_to_resident() {
+    let gguf = write_gguf(&[], "glm-dsa-stream.gguf");
+    for (path, what) in [(fixture(), "safetensors"), (gguf, "gguf glm-dsa")] {
+        streamed_matches_resident(&path, what);
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+fn streamed_matches_resident(path: &Path, what: &str) {
+    let files = load(path);
+    let m = model(&files);
+    let n_exp = m.cfg.n_experts;
+    assert_eq!(n_exp, 8, "{what}");
+    let cases = json(&fixture().join("cases.json"));
+    let toks = ids(&cases["cases"][2]["ids"]);
+    assert!(toks.len() > m.cfg.indexer.unwrap().topk, "{what}");
+    let g = &cases["greedy"];
+    let (prompt, want) = (ids(&g["prompt_ids"]), ids(&g["tokens"]));
+    let cache = |io: IoMode, slots: usize| {
+        let mut c = CacheConfig::new(slots);
+        c.io = io;
+        m.expert_cache(&files, c).unwrap()
+    };
+    let logits = |batch: usize, cache: Option<sluice::experts::ExpertCache>| {
+        let mut st = m.new_state(64, batch, batch).unwrap();
+        if let Some(c) = cache {
+            st.attach_experts(c);
+        }
+        let mut out = Vec::new();
+        m.logits_all(&mut st, &toks, &mut out).unwrap();
+        (bits(&out), st.expert_stats())
+    };
+    // Greedy: the prompt as one chunk, then one token per step; every step's logits kept.
+    let greedy = |cache: Option<sluice::experts::ExpertCache>| {
+        let mut st = m.new_state(64, 8, 1).unwrap();
+        if let Some(c) = cache {
+            st.attach_experts(c);
+        }
+        let first = m.feed(&mut st, &prompt).unwrap().to_vec();
+        let mut next = argmax(&first) as u32;
+        let (mut toks, mut all) = (vec![next], bits(&first));
+        while toks.len() < want.len() {
+            let l = m.forward_chunk(&mut st, &[next], 0).unwrap();
+            all.extend(bits(l));
+            next = argmax(l) as u32;
+            toks.push(next);
+        }
+        (toks, all, st.expert_stats())
+    };
+    let (reference, _) = logits(8, None);
+    let (ref_toks, ref_greedy, _) = greedy(None);
+    assert_eq!(ref_toks, want, "{what}: resident greedy continuation");
+    for io in [IoMode::Direct, IoMode::Buffered, IoMode::Mmap] {
+        let probe = cache(io, 1);
+        if probe.io_mode() != io {
+            eprintln!("{what}: {io:?} fell back to {:?}", probe.io_mode());
+        }
+        drop(probe);
+        for slots in [1, 3, n_exp] {
+            for batch in [1, 8] {
+                let (got, stats) = logits(batch, Some(cache(io, slots)));
+                let stats = stats.unwrap();
+                assert!(
+                    stats.misses > 0,
+                    "{what} io {io:?} slots {slots}: the cache read nothing"
+                );
+                // Fewer slots than the experts a layer routes to must evict and re-read.
+                if slots == 1 {
+                    assert!(stats.misses > (n_exp as u64), "{what}: {stats:?}");
+                }
+                assert_eq!(
+                    got, reference,
+                    "{what} io {io:?} slots {slots} batch {batch}: logits"
+                );
+            }
+            let (toks, all, stats) = greedy(Some(cache(io, slots)));
+            assert!(stats.unwrap().misses > 0);
+            assert_eq!(toks, want, "{what} io {io:?} slots {slots}: greedy tokens");
+            assert_eq!(
+                all, ref_greedy,
+                "{what} io {io:?} slots {slots}: greedy logits"
+            );
+        }
+    }
 }
