@@ -98,7 +98,7 @@ mod simd {
     use super::super::iq_x86::avx512::{self, V64};
     use super::super::iq_x86::{common_blocks, hsums, rows8, scale_pair, signs_pm1};
     use super::super::simd::prefetch_distance;
-    use super::super::simd::x86::{f16_at, ld256, ld512, prefetch};
+    use super::super::simd::x86::{f16_at, ld256, prefetch};
     use super::super::{ActRow, BlockQ8K, Dot4Fn, DotFn};
     use super::BLOCK_BYTES;
     use crate::kernels::Isa;
@@ -221,22 +221,10 @@ mod simd {
                 _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(r.ctrl_code[k], cv), r.levels);
             neg[k] = _mm512_bitshuffle_epi64_mask(signs, r.ctrl_sbit[k]);
         }
-        let (s0, s1) = avx512::nibble_scales(&b[74..82]);
+        let scales = avx512::nibble_scales(&b[74..82]);
         // SAFETY: `b` holds the block's f16 `d` in its first two bytes; F16C is enabled.
         let fd = unsafe { f16_at(b.as_ptr()) };
-        for (acc, q8) in acc.iter_mut().zip(q8) {
-            let mut isum = [_mm512_setzero_si512(); 2];
-            for k in 0..4 {
-                let x = avx512::negate(ld512(&q8.qs[64 * k..]), neg[k]);
-                isum[k / 2] = _mm512_dpbusd_epi32(isum[k / 2], mag[k], x);
-            }
-            let isum = _mm512_add_epi32(
-                _mm512_mullo_epi32(isum[0], s0),
-                _mm512_mullo_epi32(isum[1], s1),
-            );
-            let f = q8.d * fd * 0.125;
-            *acc = _mm512_fmadd_ps(_mm512_set1_ps(f), _mm512_cvtepi32_ps(isum), *acc);
-        }
+        avx512::add_half_scaled(acc, &mag, &neg, scales, fd, q8);
     }
 
     /// AVX-512 (VBMI, BITALG, VNNI) on `Q8KRows` activations, no table loads: the 1024-row grid

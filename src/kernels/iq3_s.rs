@@ -179,18 +179,6 @@ mod simd {
         (mag, neg)
     }
 
-    /// The integer sums of one block (`block_rows`) against one activation row `x`.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    fn row_isum(mag: &[__m512i; 4], neg: &[__mmask64; 4], x: &[i8; 256]) -> __m512i {
-        let mut isum = _mm512_setzero_si512();
-        for k in 0..4 {
-            let x = avx512::negate(ld512(&x[64 * k..]), neg[k]);
-            isum = _mm512_dpbusd_epi32(isum, mag[k], x);
-        }
-        isum
-    }
-
     /// The constant vectors, in registers.
     struct Regs {
         pack: [__m512i; 2],
@@ -223,7 +211,7 @@ mod simd {
     /// AVX-512 (VBMI, BITALG, VNNI) on `Q8KRows` activations, no table loads: the block's 64
     /// grid indices (low bytes one vector, bit 8 the `qh` bytes read as a 64-bit mask) are
     /// looked up as 3-bit codes in two 512-byte tables held in 16 registers (`vpermi2b` x4 and
-    /// three blends each), then as IQ3_XXS (`block_rows`, `row_isum`). The sign bytes, zero-extended so that
+    /// three blends each), then as IQ3_XXS (`block_rows`, `avx512::row_isum`). The sign bytes, zero-extended so that
     /// qword g holds group g's four, give each activation row's negate mask by `vpshufbitqmb`.
     /// For `N` activation rows at once (the weight side made once per block).
     #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512bitalg,avx512vnni,avx2,fma,f16c")]
@@ -258,7 +246,7 @@ mod simd {
             let fd = unsafe { f16_at(b.as_ptr()) };
             for (acc, a) in acc.iter_mut().zip(&a) {
                 let q8 = &a[i];
-                let isum = row_isum(&mag, &neg, &q8.qs);
+                let isum = avx512::row_isum(&mag, &neg, &q8.qs);
                 let f = q8.d * fd;
                 *acc = avx512::add_block(*acc, isum, sc, f);
             }

@@ -181,18 +181,6 @@ mod simd {
         (mag, neg)
     }
 
-    /// The integer sums of one block (`block_rows`) against one activation row `x`.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    fn row_isum(mag: &[__m512i; 4], neg: &[__mmask64; 4], x: &[i8; 256]) -> __m512i {
-        let mut isum = _mm512_setzero_si512();
-        for k in 0..4 {
-            let x = avx512::negate(ld512(&x[64 * k..]), neg[k]);
-            isum = _mm512_dpbusd_epi32(isum, mag[k], x);
-        }
-        isum
-    }
-
     /// The constant vectors, in registers.
     struct Regs {
         pack: [__m512i; 2],
@@ -267,7 +255,7 @@ mod simd {
             let fd = unsafe { f16_at(b.as_ptr()) };
             for (acc, a) in acc.iter_mut().zip(&a) {
                 let q8 = &a[i];
-                let isum = row_isum(&mag, &neg, &q8.qs);
+                let isum = avx512::row_isum(&mag, &neg, &q8.qs);
                 let f = q8.d * fd * 0.25;
                 *acc = avx512::add_block(*acc, isum, sc, f);
             }

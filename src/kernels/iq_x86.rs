@@ -347,6 +347,53 @@ pub(super) mod avx512 {
         _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x)
     }
 
+    /// One block's integer sums against one activation row `x`: four 64-byte groups of
+    /// magnitudes `mag` (u8) by `x` with the bytes in `neg` negated, `vpdpbusd` into one
+    /// accumulator (IQ3_XXS, IQ3_S).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub(in crate::kernels) fn row_isum(
+        mag: &[__m512i; 4],
+        neg: &[__mmask64; 4],
+        x: &[i8; 256],
+    ) -> __m512i {
+        let mut isum = _mm512_setzero_si512();
+        for k in 0..4 {
+            let x = negate(super::super::simd::x86::ld512(&x[64 * k..]), neg[k]);
+            isum = _mm512_dpbusd_epi32(isum, mag[k], x);
+        }
+        isum
+    }
+
+    /// One block added into each row's accumulator for the half-group-scaled types (IQ2_XS,
+    /// IQ2_S): per row, the integer sums of groups 0-1 and 2-3 (`vpdpbusd` of the magnitudes
+    /// by the sign-applied activations) times the scales `s0` / `s1` (`nibble_scales`), then
+    /// `acc += (d_a * fd / 8) * isum`. Each row's operations do not depend on `N`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
+    pub(in crate::kernels) fn add_half_scaled<const N: usize>(
+        acc: &mut [__m512; N],
+        mag: &[__m512i; 4],
+        neg: &[__mmask64; 4],
+        (s0, s1): (__m512i, __m512i),
+        fd: f32,
+        q8: [&crate::kernels::BlockQ8K; N],
+    ) {
+        for (acc, q8) in acc.iter_mut().zip(q8) {
+            let mut isum = [_mm512_setzero_si512(); 2];
+            for k in 0..4 {
+                let x = negate(super::super::simd::x86::ld512(&q8.qs[64 * k..]), neg[k]);
+                isum[k / 2] = _mm512_dpbusd_epi32(isum[k / 2], mag[k], x);
+            }
+            let isum = _mm512_add_epi32(
+                _mm512_mullo_epi32(isum[0], s0),
+                _mm512_mullo_epi32(isum[1], s1),
+            );
+            let f = q8.d * fd * 0.125;
+            *acc = _mm512_fmadd_ps(_mm512_set1_ps(f), _mm512_cvtepi32_ps(isum), *acc);
+        }
+    }
+
     /// The low and high nibble of the 8 bytes at `b[..8]`, as i32 `2s + 1` in both dwords of
     /// qword g (byte g's nibbles): the half-group scales of IQ2_XS and IQ2_S.
     #[inline]
