@@ -29,11 +29,8 @@ fn peak_rss(pid: u32) -> u64 {
     kb * 1024
 }
 
-/// Write raw bytes and read the response's status (0 if the connection closed first).
-fn raw(addr: &str, bytes: &[u8]) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let _ = s.write_all(bytes);
+/// Read the whole response and its status (0 if the connection closed first).
+fn read_status(mut s: TcpStream) -> (u16, String) {
     let mut out = Vec::new();
     let _ = s.read_to_end(&mut out);
     let out = String::from_utf8_lossy(&out).to_string();
@@ -43,6 +40,14 @@ fn raw(addr: &str, bytes: &[u8]) -> (u16, String) {
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
     (status, out)
+}
+
+/// Write raw bytes and read the response's status (0 if the connection closed first).
+fn raw(addr: &str, bytes: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let _ = s.write_all(bytes);
+    read_status(s)
 }
 
 /// The body of a request to `path` whose prompt is ordinary text, padded with whitespace to
@@ -225,15 +230,7 @@ fn raw_in_parts(addr: &str, bytes: &[u8], parts: usize) -> (u16, String) {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    let out = String::from_utf8_lossy(&out).to_string();
-    let status = out
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (status, out)
+    read_status(s)
 }
 
 /// The head limit is exact: 64 KiB (request line through the blank line that ends it) is
